@@ -1,0 +1,55 @@
+// moepeak::Error: message with "[host rank r] file:line: " prefix.
+#include "core/error.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+namespace moepeak {
+namespace {
+std::atomic<int> g_rank{-1};
+std::atomic<int> g_world{0};
+
+std::string format_prefix(const char* file, int line) {
+  std::ostringstream os;
+  os << "[" << process_host();
+  int r = g_rank.load();
+  if (r >= 0) {
+    os << " rank " << r << "/" << g_world.load();
+  }
+  os << "] " << file << ":" << line << ": ";
+  return os.str();
+}
+}  // namespace
+
+Error::Error(std::string message, const char* file, int line)
+    : std::runtime_error(format_prefix(file, line) + message),
+      message_(std::move(message)),
+      file_(file),
+      line_(line) {}
+
+void set_process_identity(int rank, int world_size) {
+  g_rank = rank;
+  g_world = world_size;
+}
+
+int process_rank() { return g_rank.load(); }
+
+std::string process_host() {
+  char name[256] = {0};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
+  return name;
+}
+
+namespace detail {
+const char* relative_source_path(const char* file) {
+#ifdef MOEPEAK_SOURCE_DIR
+  const char* prefix = MOEPEAK_SOURCE_DIR "/";
+  size_t n = std::strlen(prefix);
+  if (std::strncmp(file, prefix, n) == 0) return file + n;
+#endif
+  return file;
+}
+}  // namespace detail
+}  // namespace moepeak

@@ -1,0 +1,84 @@
+// Backend: the small interface every op and schedule runs on (DESIGN.md §3), implemented by the
+// CPU backend (always built; what CI runs) and the CUDA backend (built when nvcc is found).
+//
+//   Backend::create(options)   -> device arena with a capacity, pinned host pool with a budget
+//   backend.alloc(bytes, set)  -> device Buffer tagged with its live set
+//   backend.pinned().alloc()   -> pinned host Buffer (NUMA-local)
+//   create_stream / create_event, copy_async, memset_async, synchronize, memory_info
+//
+// Device pointers are only dereferenced by work running on a stream of the same backend; on the
+// CPU they are plain host pointers, so tests can read them after synchronising.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/runtime/arena.h"
+#include "core/runtime/buffer.h"
+#include "core/runtime/pinned_pool.h"
+#include "core/runtime/stream.h"
+
+namespace moepeak {
+
+enum class BackendKind { cpu, cuda };
+
+std::string_view backend_kind_name(BackendKind kind);
+
+enum class CopyKind { host_to_device, device_to_host, device_to_device, host_to_host };
+
+struct BackendOptions {
+  BackendKind kind = BackendKind::cpu;
+  // Arena capacity. 0 means the default: on CUDA the card's free memory less a reserve for the
+  // CUDA context, cuBLAS and NCCL (kCudaReserveBytes); on the CPU 2 GiB.
+  uint64_t device_memory = 0;
+  uint64_t pinned_budget = 1ull << 30;  // pinned host pool budget
+  int device_index = 0;                 // CUDA device (the rank's local GPU)
+  int numa_node = -1;                   // pinned pool node; -1 = the node this thread runs on
+};
+
+struct MemoryInfo {
+  uint64_t capacity = 0;        // arena capacity
+  uint64_t used = 0;            // bytes held by live buffers
+  uint64_t largest_free = 0;    // largest block a request can still get
+  uint64_t physical_total = 0;  // the device's (or host's) total memory
+  uint64_t physical_free = 0;   // free as the driver (or OS) reports it
+};
+
+class Backend {
+ public:
+  // Bytes left outside the arena on a GPU for the CUDA context, cuBLASLt workspaces and NCCL.
+  static constexpr uint64_t kCudaReserveBytes = 2ull << 30;
+  static constexpr uint64_t kCpuDefaultDeviceMemory = 2ull << 30;
+
+  // Throws moepeak::Error when the kind is not compiled in or no device is usable.
+  static std::unique_ptr<Backend> create(const BackendOptions& options);
+  // True when this build has the CUDA backend and a CUDA device can be opened.
+  static bool cuda_available();
+
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+  // One line for logs: "cpu (2 cores, OpenBLAS 0.3.21)" / "cuda:0 NVIDIA H200 (sm_90, 139.8 GiB)".
+  virtual std::string describe() const = 0;
+
+  Buffer alloc(size_t bytes, LiveSet set, std::string_view what) {
+    return arena().alloc(bytes, set, what);
+  }
+  virtual DeviceArena& arena() = 0;
+  virtual PinnedPool& pinned() = 0;
+
+  // The stream work goes to when a caller has no other; created with the backend.
+  virtual Stream& default_stream() = 0;
+  virtual std::unique_ptr<Stream> create_stream(std::string name) = 0;
+  virtual std::unique_ptr<Event> create_event() = 0;
+
+  virtual void copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
+                          Stream& stream) = 0;
+  virtual void memset_async(void* dst, int value, size_t bytes, Stream& stream) = 0;
+  // Blocks until all work on all streams of this backend has finished.
+  virtual void synchronize() = 0;
+  virtual MemoryInfo memory_info() = 0;
+};
+
+}  // namespace moepeak

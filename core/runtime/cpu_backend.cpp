@@ -1,0 +1,91 @@
+#include "core/runtime/cpu_backend.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "topology/numa.h"
+
+namespace moepeak {
+
+CpuBackend::CpuBackend(const BackendOptions& options) {
+  region_bytes_ = options.device_memory != 0 ? options.device_memory : kCpuDefaultDeviceMemory;
+  // NOTES: the region is reserved address space, not committed memory: pages cost RAM only once
+  // touched, so a "80GiB device" on a 24 GiB machine works as long as the live sets stay small —
+  // the capacity is an accounting limit, exactly like a GPU's.
+  region_ = mmap(nullptr, region_bytes_, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (region_ == MAP_FAILED) {
+    region_ = nullptr;
+    MOEPEAK_THROW("cpu backend: cannot reserve ", format_bytes(region_bytes_),
+                  " of address space for runtime.device_memory: ", std::strerror(errno));
+  }
+  arena_ = std::make_unique<DeviceArena>(region_, region_bytes_, "cpu device memory");
+  pinned_ = std::make_unique<PinnedPool>(options.pinned_budget, options.numa_node, nullptr);
+  default_stream_ = make_stream("default");
+}
+
+CpuBackend::~CpuBackend() {
+  default_stream_.reset();
+  pinned_.reset();
+  arena_.reset();
+  if (region_ != nullptr) munmap(region_, region_bytes_);
+}
+
+std::string CpuBackend::describe() const {
+  return "cpu (" + std::to_string(std::thread::hardware_concurrency()) + " cores, " +
+         std::to_string(topology::numa_node_count()) + " NUMA node(s), device memory " +
+         format_bytes(arena_->capacity()) + ", pinned budget " + format_bytes(pinned_->budget()) +
+         " on node " + std::to_string(pinned_->numa_node()) + ")";
+}
+
+std::unique_ptr<CpuStream> CpuBackend::make_stream(std::string name) {
+  auto stream = std::make_unique<CpuStream>(std::move(name), [this](CpuStream* s) {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    streams_.erase(s);
+  });
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  streams_.insert(stream.get());
+  return stream;
+}
+
+std::unique_ptr<Stream> CpuBackend::create_stream(std::string name) {
+  return make_stream(std::move(name));
+}
+
+std::unique_ptr<Event> CpuBackend::create_event() { return std::make_unique<CpuEvent>(); }
+
+void CpuBackend::copy_async(void* dst, const void* src, size_t bytes, CopyKind /*kind*/,
+                            Stream& stream) {
+  as_cpu_stream(stream).enqueue([=] { std::memcpy(dst, src, bytes); });
+}
+
+void CpuBackend::memset_async(void* dst, int value, size_t bytes, Stream& stream) {
+  as_cpu_stream(stream).enqueue([=] { std::memset(dst, value, bytes); });
+}
+
+void CpuBackend::synchronize() {
+  std::vector<CpuStream*> streams;
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    streams.assign(streams_.begin(), streams_.end());
+  }
+  for (CpuStream* s : streams) s->synchronize();
+}
+
+MemoryInfo CpuBackend::memory_info() {
+  MemoryInfo info;
+  info.capacity = arena_->capacity();
+  info.used = arena_->used();
+  info.largest_free = arena_->largest_free_block();
+  auto host = topology::host_memory();
+  info.physical_total = host.total_bytes;
+  info.physical_free = host.free_bytes;
+  return info;
+}
+
+}  // namespace moepeak

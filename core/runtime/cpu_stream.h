@@ -1,0 +1,80 @@
+// CPU streams and events: a stream is a worker thread that runs its queue in order; events and
+// waits order work across streams with CUDA's semantics (see stream.h).
+//
+// CPU ops submit their loops with `as_cpu_stream(stream).enqueue(...)`. A task that throws makes
+// the stream's error sticky: later tasks are skipped and synchronize() rethrows, like a CUDA
+// error surfacing at the next synchronisation.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/runtime/stream.h"
+
+namespace moepeak {
+
+class CpuStream final : public Stream {
+ public:
+  // on_destroy (optional) runs in the destructor, after the queue has drained.
+  explicit CpuStream(std::string name, std::function<void(CpuStream*)> on_destroy = {});
+  ~CpuStream() override;  // finishes queued work, then joins the worker
+
+  void enqueue(std::function<void()> work);
+  void wait(const Event& event) override;
+  void synchronize() override;
+  void* native_handle() const override { return nullptr; }
+  const std::string& name() const override { return name_; }
+
+  // Sleeps this long before every task: tests slow a stream on purpose so that a missing wait
+  // or a buffer reused before its copy finished shows up as a wrong result.
+  void set_debug_delay(std::chrono::microseconds delay);
+
+ private:
+  void run();
+
+  std::string name_;
+  std::mutex mu_;
+  std::condition_variable cv_work_, cv_idle_;
+  std::deque<std::function<void()>> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::chrono::microseconds delay_{0};
+  std::function<void(CpuStream*)> on_destroy_;
+  std::thread worker_;
+};
+
+class CpuEvent final : public Event {
+ public:
+  void record(Stream& stream) override;
+  void synchronize() override;
+  bool query() override;
+  double elapsed_ms(const Event& start) const override;
+
+  // One record() call: done once the stream reaches it. Waits hold on to the record they saw.
+  struct Mark {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::chrono::steady_clock::time_point when;
+    void complete();
+    void block();
+  };
+  std::shared_ptr<Mark> latest() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<Mark> latest_;
+};
+
+// Throws moepeak::Error if `stream` is not a CPU stream (e.g. a CUDA stream passed to a CPU op).
+CpuStream& as_cpu_stream(Stream& stream);
+
+}  // namespace moepeak

@@ -1,0 +1,47 @@
+// Streams and events with CUDA's semantics, implemented per backend.
+//
+// A Stream runs the work submitted to it in order. An Event marks a point in a stream:
+// `event.record(s)` captures all work submitted to `s` so far; `t.wait(event)` makes work submitted
+// to `t` afterwards wait until that captured work has finished (a later re-record does not change
+// what an earlier wait waits for); `event.synchronize()` blocks the host until it has finished.
+// Waiting on an event that was never recorded is a no-op, as in CUDA.
+//
+// On the CPU backend a stream is a worker thread with a queue, so pipelined schedules really
+// overlap and a missing wait is a real race (DESIGN.md §3). On CUDA these wrap cudaStream_t and
+// cudaEvent_t.
+#pragma once
+
+#include <memory>
+#include <string>
+
+namespace moepeak {
+
+class Event;
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual const std::string& name() const = 0;
+  // Work submitted after this call starts only after the event's latest record has completed.
+  virtual void wait(const Event& event) = 0;
+  // Blocks the host until all work submitted so far has finished. Rethrows the first error raised
+  // by work on this stream (errors are sticky, like CUDA's).
+  virtual void synchronize() = 0;
+  // cudaStream_t on CUDA; nullptr on the CPU.
+  virtual void* native_handle() const = 0;
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  // Captures the work submitted to `stream` so far.
+  virtual void record(Stream& stream) = 0;
+  // Blocks the host until the captured work has finished (no-op if never recorded).
+  virtual void synchronize() = 0;
+  // True when the captured work has finished (or the event was never recorded).
+  virtual bool query() = 0;
+  // Milliseconds from `start` to this event; both must have been recorded and completed.
+  virtual double elapsed_ms(const Event& start) const = 0;
+};
+
+}  // namespace moepeak
