@@ -1,0 +1,86 @@
+// Comm: collectives and point-to-point between the W rank processes of a job (DESIGN.md §6).
+//
+// Implementations: MPI (host buffers; the CPU backend), NCCL (device buffers of the CUDA
+// backend; the unique id is broadcast over MPI), and a single-rank one (W = 1, plain copies).
+//
+// Every operation is submitted to a stream, as in NCCL: it runs in that stream's order and the
+// buffers must stay alive until the stream has passed it. Counts are in elements of `dtype`.
+// Like NCCL, operations on one communicator must be issued in the same order on every rank and
+// never from two streams at once; a schedule that overlaps two kinds of traffic uses a second
+// communicator from duplicate().
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/runtime/dtype.h"
+#include "core/runtime/stream.h"
+
+namespace moepeak {
+
+class Backend;
+
+enum class ReduceOp { sum, max, min };
+
+std::string_view reduce_op_name(ReduceOp op);
+
+// Who this process is in the job. Filled by init_process_group (core/comm/process_group.h).
+struct RankInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;  // index among the ranks on this host (selects the GPU and NUMA node)
+  int local_size = 1;
+  std::string host;
+};
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+
+  virtual std::string_view kind() const = 0;  // "mpi", "nccl", "single"
+  const RankInfo& ranks() const { return ranks_; }
+  int rank() const { return ranks_.rank; }
+  int world_size() const { return ranks_.world_size; }
+
+  // Rank r sends send_counts[p] elements starting at send_offsets[p] to each peer p and receives
+  // recv_counts[p] elements at recv_offsets[p] from each p. Spans have world_size entries.
+  virtual void all_to_all_v(const void* send, std::span<const size_t> send_counts,
+                            std::span<const size_t> send_offsets, void* recv,
+                            std::span<const size_t> recv_counts,
+                            std::span<const size_t> recv_offsets, DType dtype, Stream& stream) = 0;
+  // Blocking in stream order until the matching call on the peer.
+  virtual void send(const void* buf, size_t count, DType dtype, int peer, Stream& stream) = 0;
+  virtual void recv(void* buf, size_t count, DType dtype, int peer, Stream& stream) = 0;
+  // Send to `dst` and receive from `src` at once (a ring shift), without deadlock.
+  virtual void sendrecv(const void* send, size_t send_count, int dst, void* recv,
+                        size_t recv_count, int src, DType dtype, Stream& stream) = 0;
+  // `send == recv` is in place.
+  virtual void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                          Stream& stream) = 0;
+  // `send` holds world_size * recv_count elements; rank r receives the reduction of block r.
+  virtual void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                              ReduceOp op, Stream& stream) = 0;
+  // `recv` gets world_size * send_count elements, block r from rank r.
+  virtual void all_gather(const void* send, void* recv, size_t send_count, DType dtype,
+                          Stream& stream) = 0;
+  virtual void broadcast(void* buf, size_t count, DType dtype, int root, Stream& stream) = 0;
+  // Host-blocking barrier across all ranks (not stream-ordered).
+  virtual void barrier() = 0;
+
+  // A second communicator over the same ranks, for traffic that overlaps this one's.
+  virtual std::unique_ptr<Comm> duplicate() = 0;
+
+ protected:
+  explicit Comm(RankInfo ranks) : ranks_(std::move(ranks)) {}
+  RankInfo ranks_;
+};
+
+// The communicator for `backend` over the ranks of init_process_group(): a world of one gets the
+// single-rank Comm; otherwise the CPU backend gets MPI and the CUDA backend NCCL (bootstrapped
+// over MPI_COMM_WORLD; the rank's GPU must be current). Collective: every rank calls it.
+std::unique_ptr<Comm> make_comm(Backend& backend, const RankInfo& ranks);
+
+}  // namespace moepeak
