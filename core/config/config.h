@@ -1,0 +1,289 @@
+// The run configuration: typed structs, one per TOML section (DESIGN.md §9), and the loader.
+//
+//   Config cfg = load_config({"configs/base.toml", "configs/cluster.toml"},
+//                            {"training.steps=50", "job.name=run7"});
+//   cfg.model.head_dim_resolved();  cfg.runtime.device_memory_bytes();
+//   config_to_toml(cfg, /*with_origins=*/true);   // what `moepeak config show` prints
+//
+// The member defaults below are the embedded default job: the `tiny` model on the built-in copy
+// task (configs/tiny.toml writes the same values out). Every key is described, range-checked and
+// documented by the one schema table in core/config/schema.cpp; docs/config.md is its reference.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace moepeak {
+
+// ---- Enumerated settings --------------------------------------------------------------------
+// Enumerator i is spelled EnumNames<E>::names[i] in config files ("auto" is `automatic` in C++).
+
+enum class DatasetKind { copy, bin, megatron };
+enum class TokenDtype { uint16, uint32, llmc };
+enum class ComputeDtype { automatic, float32, bfloat16 };
+enum class DispatchSchedule { standard, llep, pipelined_llep };
+enum class ChunkMembership { strided, contiguous };
+enum class VocabSchedule { materialized, ring_dtp };
+enum class VocabPayload { automatic, activations, weights };
+enum class CheckpointSchedule { none, standard, sco };
+enum class OptimizerKind { adamw };
+enum class OptimizerPlacement { resident, offload_serial, offload_stream };
+enum class LrDecay { cosine, linear, constant };
+enum class ProgressMode { automatic, on, off };
+enum class BackendChoice { automatic, cpu, cuda };
+enum class LogLevel { trace, debug, info, warn, error };
+
+template <typename E>
+struct EnumNames;
+
+template <>
+struct EnumNames<DatasetKind> {
+  static constexpr std::array<std::string_view, 3> names{"copy", "bin", "megatron"};
+};
+template <>
+struct EnumNames<TokenDtype> {
+  static constexpr std::array<std::string_view, 3> names{"uint16", "uint32", "llmc"};
+};
+template <>
+struct EnumNames<ComputeDtype> {
+  static constexpr std::array<std::string_view, 3> names{"auto", "float32", "bfloat16"};
+};
+template <>
+struct EnumNames<DispatchSchedule> {
+  static constexpr std::array<std::string_view, 3> names{"standard", "llep", "pipelined_llep"};
+};
+template <>
+struct EnumNames<ChunkMembership> {
+  static constexpr std::array<std::string_view, 2> names{"strided", "contiguous"};
+};
+template <>
+struct EnumNames<VocabSchedule> {
+  static constexpr std::array<std::string_view, 2> names{"materialized", "ring_dtp"};
+};
+template <>
+struct EnumNames<VocabPayload> {
+  static constexpr std::array<std::string_view, 3> names{"auto", "activations", "weights"};
+};
+template <>
+struct EnumNames<CheckpointSchedule> {
+  static constexpr std::array<std::string_view, 3> names{"none", "standard", "sco"};
+};
+template <>
+struct EnumNames<OptimizerKind> {
+  static constexpr std::array<std::string_view, 1> names{"adamw"};
+};
+template <>
+struct EnumNames<OptimizerPlacement> {
+  static constexpr std::array<std::string_view, 3> names{"resident", "offload_serial", "offload_stream"};
+};
+template <>
+struct EnumNames<LrDecay> {
+  static constexpr std::array<std::string_view, 3> names{"cosine", "linear", "constant"};
+};
+template <>
+struct EnumNames<ProgressMode> {
+  static constexpr std::array<std::string_view, 3> names{"auto", "on", "off"};
+};
+template <>
+struct EnumNames<BackendChoice> {
+  static constexpr std::array<std::string_view, 3> names{"auto", "cpu", "cuda"};
+};
+template <>
+struct EnumNames<LogLevel> {
+  static constexpr std::array<std::string_view, 5> names{"trace", "debug", "info", "warn", "error"};
+};
+
+// The config spelling of an enumerator: enum_name(DispatchSchedule::pipelined_llep) ==
+// "pipelined_llep", enum_name(BackendChoice::automatic) == "auto".
+template <typename E>
+constexpr std::string_view enum_name(E value) {
+  return EnumNames<E>::names[static_cast<size_t>(value)];
+}
+
+template <typename E>
+constexpr std::optional<E> enum_from_name(std::string_view name) {
+  for (size_t i = 0; i < EnumNames<E>::names.size(); ++i) {
+    if (EnumNames<E>::names[i] == name) return static_cast<E>(i);
+  }
+  return std::nullopt;
+}
+
+// ---- Sections -------------------------------------------------------------------------------
+// Ranges and meanings are in schema.cpp and docs/config.md; the comments here are reminders.
+
+struct JobConfig {
+  std::string name = "moepeak";  // [A-Za-z0-9._-]+
+  std::string description;
+  int64_t seed = 1234;
+  std::string run_dir = "runs";  // each run writes under run_dir/name
+
+  std::string run_path() const;  // run_dir + "/" + name
+  bool operator==(const JobConfig&) const = default;
+};
+
+// MixtralConfig field names (HuggingFace), so a model's config.json maps across key for key.
+struct ModelConfig {
+  int64_t vocab_size = 256;
+  int64_t hidden_size = 64;
+  int64_t intermediate_size = 128;
+  int64_t num_hidden_layers = 2;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 2;
+  int64_t head_dim = 16;  // 0 = hidden_size / num_attention_heads
+  int64_t num_local_experts = 4;
+  int64_t num_experts_per_tok = 2;
+  int64_t max_position_embeddings = 512;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  double router_aux_loss_coef = 0.0;  // 0 = no auxiliary load-balancing loss
+  double initializer_range = 0.02;
+
+  int64_t head_dim_resolved() const {
+    return head_dim != 0 ? head_dim : hidden_size / num_attention_heads;
+  }
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct TrainingConfig {
+  int64_t batch_size = 8;  // global sequences per step
+  int64_t seq_len = 128;
+  int64_t steps = 200;
+  double max_norm = 1.0;  // 0 = no gradient clipping
+  DatasetKind dataset = DatasetKind::copy;
+  std::string dataset_path;  // required unless dataset is copy
+  TokenDtype token_dtype = TokenDtype::uint16;
+  ComputeDtype dtype = ComputeDtype::automatic;  // auto: fp32 on the CPU, bf16 on CUDA
+
+  bool operator==(const TrainingConfig&) const = default;
+};
+
+struct ParallelismConfig {
+  int64_t world_size = 0;  // 0 = whatever the launcher starts
+
+  bool operator==(const ParallelismConfig&) const = default;
+};
+
+struct SchedulesConfig {
+  DispatchSchedule dispatch = DispatchSchedule::standard;
+  int64_t dispatch_chunk_tokens = 4096;  // c
+  int64_t dispatch_max_chunks = 16;      // K_max
+  ChunkMembership chunk_membership = ChunkMembership::strided;
+  double llep_lambda = 1.3;
+  double llep_alpha = 1.0;
+  int64_t min_tokens_per_gemm = 32;
+  VocabSchedule vocab = VocabSchedule::materialized;
+  VocabPayload vocab_payload = VocabPayload::automatic;
+  int64_t vocab_strip = 0;  // columns per strip, 0 = whole shard
+  CheckpointSchedule checkpoint = CheckpointSchedule::standard;
+  std::string sco_host_budget = "auto";  // byte size or "auto"
+
+  std::optional<uint64_t> sco_host_budget_bytes() const;  // nullopt = auto
+  bool operator==(const SchedulesConfig&) const = default;
+};
+
+struct OptimizerConfig {
+  OptimizerKind name = OptimizerKind::adamw;
+  double lr = 3e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  OptimizerPlacement placement = OptimizerPlacement::resident;
+  int64_t bucket_elements = 1048576;  // beta
+  int64_t staging_slots = 3;          // s
+
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+struct LrSchedulerConfig {
+  int64_t warmup_steps = 10;
+  LrDecay decay = LrDecay::cosine;
+  double min_lr_ratio = 0.1;
+
+  bool operator==(const LrSchedulerConfig&) const = default;
+};
+
+struct CheckpointConfig {
+  bool enable = false;
+  std::string folder = "checkpoints";  // relative to the run directory
+  int64_t interval = 0;                // 0 = only at the end
+  int64_t keep_latest = 2;
+
+  bool operator==(const CheckpointConfig&) const = default;
+};
+
+struct MetricsConfig {
+  int64_t log_freq = 1;
+  std::string file;  // empty = metrics.jsonl in the run directory
+  ProgressMode progress = ProgressMode::automatic;
+
+  bool operator==(const MetricsConfig&) const = default;
+};
+
+struct RuntimeConfig {
+  BackendChoice backend = BackendChoice::automatic;
+  std::string device_memory = "2GiB";  // byte size or "auto"
+  std::string pinned_memory = "1GiB";  // byte size or "auto"
+  std::string probe_file;
+  LogLevel log_level = LogLevel::info;
+  int64_t threads = 0;     // 0 = this rank's share of the cores
+  int64_t numa_node = -1;  // -1 = the local node
+
+  std::optional<uint64_t> device_memory_bytes() const;  // nullopt = auto
+  std::optional<uint64_t> pinned_memory_bytes() const;  // nullopt = auto
+  bool operator==(const RuntimeConfig&) const = default;
+};
+
+struct Config {
+  JobConfig job;
+  ModelConfig model;
+  TrainingConfig training;
+  ParallelismConfig parallelism;
+  SchedulesConfig schedules;
+  OptimizerConfig optimizer;
+  LrSchedulerConfig lr_scheduler;
+  CheckpointConfig checkpoint;
+  MetricsConfig metrics;
+  RuntimeConfig runtime;
+
+  // "section.key" -> where its value came from: "configs/tiny.toml:12" or
+  // "--set model.hidden_size=128"; absent = the default.
+  std::map<std::string, std::string> origins;
+
+  // origins[key], or "default".
+  std::string origin(const std::string& key) const;
+  // True when every setting is equal; origins are not compared.
+  bool same_settings(const Config& other) const;
+  bool operator==(const Config&) const = default;  // settings and origins
+};
+
+// ---- Loading and printing -------------------------------------------------------------------
+
+// Starts from the embedded default, applies the files in order (a later file overrides the keys
+// it sets, others keep their values) and then the overrides ("section.key=value", last wins), and
+// finally checks the rules that span keys. Throws moepeak::Error naming the file and line (or the
+// --set text) and the full key on an unknown section or key, a wrong type, an out-of-range value,
+// a value outside an enum, a TOML syntax error or a missing file.
+Config load_config(const std::vector<std::string>& files, const std::vector<std::string>& overrides);
+
+// Every key in schema order as valid TOML that load_config re-reads to the same settings; with
+// origins, each key not at its default carries a "  # file:line" (or "# --set ...") comment.
+std::string config_to_toml(const Config& cfg, bool with_origins);
+
+// All keys as "section.key", in schema order.
+std::vector<std::string> config_keys();
+
+// One value as a TOML literal ("64", "1e-05", "\"auto\"", "true"); throws on an unknown key.
+std::string config_value_toml(const Config& cfg, std::string_view key);
+
+// The reference tables of docs/config.md: per section a heading, its description and a
+// | key | type | default | allowed | meaning | table generated from the schema.
+std::string config_reference_markdown();
+
+}  // namespace moepeak

@@ -1,0 +1,556 @@
+// The config schema: the one table of every key (section, key, type, member, allowed values,
+// meaning), value checks against it, and the two things written from it: the TOML that
+// `moepeak config show` prints (config_to_toml) and the reference tables of docs/config.md.
+#include "core/config/schema.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace moepeak::config_schema {
+namespace {
+
+// ---- How a field is checked, beyond its type ------------------------------------------------
+
+struct Rule {
+  std::optional<Bound> lower, upper;
+  bool byte_size = false;  // a std::string member holding a byte size or "auto"
+  std::string (*check_text)(const std::string&) = nullptr;
+  std::string_view text_rule;
+};
+
+Rule no_limit() { return {}; }
+Rule bounded(std::optional<Bound> lower, std::optional<Bound> upper) {
+  Rule r;
+  r.lower = lower;
+  r.upper = upper;
+  return r;
+}
+Rule at_least(double v) { return bounded(Bound{v, true}, std::nullopt); }
+Rule above(double v) { return bounded(Bound{v, false}, std::nullopt); }
+Rule between(Bound lower, Bound upper) { return bounded(lower, upper); }
+Rule byte_size_or_auto(std::optional<Bound> lower = std::nullopt) {
+  Rule r;
+  r.lower = lower;
+  r.byte_size = true;
+  return r;
+}
+Rule text(std::string (*check)(const std::string&), std::string_view rule) {
+  Rule r;
+  r.check_text = check;
+  r.text_rule = rule;
+  return r;
+}
+
+std::string check_non_empty(const std::string& s) {
+  return s.empty() ? "must not be empty" : "";
+}
+
+std::string check_run_name(const std::string& s) {
+  if (s.empty()) return "must not be empty";
+  for (char c : s) {
+    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    if (!ok) return "may contain only letters, digits, '.', '_' and '-'";
+  }
+  if (s == "." || s == "..") return "must not be '.' or '..'";
+  return "";
+}
+
+// ---- Building a field from its members ------------------------------------------------------
+
+template <typename T>
+constexpr bool is_config_enum = std::is_enum_v<T>;
+
+template <auto SectionMember, auto KeyMember>
+Field make_field(std::string_view section, std::string_view key, Rule rule, std::string_view doc) {
+  using Value = std::remove_cvref_t<decltype((std::declval<Config&>().*SectionMember).*KeyMember)>;
+  Field f{};
+  f.section = section;
+  f.key = key;
+  f.doc = doc;
+  f.lower = rule.lower;
+  f.upper = rule.upper;
+  f.check_text = rule.check_text;
+  f.text_rule = rule.text_rule;
+  if constexpr (std::is_same_v<Value, int64_t>) {
+    f.type = FieldType::integer;
+  } else if constexpr (std::is_same_v<Value, double>) {
+    f.type = FieldType::floating;
+  } else if constexpr (std::is_same_v<Value, bool>) {
+    f.type = FieldType::boolean;
+  } else if constexpr (std::is_same_v<Value, std::string>) {
+    f.type = rule.byte_size ? FieldType::byte_size : FieldType::string;
+  } else {
+    static_assert(is_config_enum<Value>, "config members are int64_t, double, bool, string or enum");
+    f.type = FieldType::enumeration;
+    f.choices = EnumNames<Value>::names;
+  }
+  f.get = [](const Config& c) -> FieldValue {
+    const Value& v = (c.*SectionMember).*KeyMember;
+    if constexpr (is_config_enum<Value>) {
+      return std::string(enum_name(v));
+    } else {
+      return v;
+    }
+  };
+  f.set = [](Config& c, const FieldValue& v) {
+    Value& m = (c.*SectionMember).*KeyMember;
+    if constexpr (is_config_enum<Value>) {
+      auto parsed = enum_from_name<Value>(std::get<std::string>(v));
+      MOEPEAK_CHECK(parsed.has_value(), "unchecked enum value ", std::get<std::string>(v));
+      m = *parsed;
+    } else {
+      m = std::get<Value>(v);
+    }
+  };
+  return f;
+}
+
+// FIELD(model, hidden_size, ...) names the member and spells the key from it, so the TOML key and
+// the C++ member cannot differ.
+#define FIELD(section, key, rule, doc) \
+  make_field<&Config::section, &decltype(Config::section)::key>(#section, #key, rule, doc)
+
+// ---- The schema -----------------------------------------------------------------------------
+
+constexpr Section kSections[] = {
+    {"job", "Run identity: name, seed, and where the run's outputs go."},
+    {"model", "Mixtral architecture, with Hugging Face MixtralConfig field names."},
+    {"training", "Batch, sequence length, steps, data and compute dtype."},
+    {"parallelism", "The process count the job expects."},
+    {"schedules", "Standard or bounded schedule per live set (DESIGN.md §7) and their knobs."},
+    {"optimizer", "AdamW hyper-parameters and where the optimizer state lives."},
+    {"lr_scheduler", "Learning-rate warm-up and decay."},
+    {"checkpoint", "Saving checkpoints (HF safetensors + per-rank state) during the run."},
+    {"metrics", "Per-step metrics: console line, JSONL file, progress line."},
+    {"runtime", "Backend, memory capacities, logging and threads."},
+};
+
+const std::vector<Field>& field_table() {
+  static const std::vector<Field> table = {
+      // [job]
+      FIELD(job, name, text(check_run_name, "non-empty; letters, digits, '.', '_', '-'"),
+            "Run name; the run's outputs go to run_dir/name."),
+      FIELD(job, description, no_limit(), "Free text recorded with the run."),
+      FIELD(job, seed, at_least(0), "Seed for weight initialisation and the data order."),
+      FIELD(job, run_dir, text(check_non_empty, "non-empty"),
+            "Directory under which each run gets run_dir/name (\".\" = the working directory)."),
+      // [model]
+      FIELD(model, vocab_size, at_least(2), "Vocabulary size V (embedding and LM-head rows)."),
+      FIELD(model, hidden_size, at_least(1), "Model width H."),
+      FIELD(model, intermediate_size, at_least(1), "Hidden width of each expert's SwiGLU MLP."),
+      FIELD(model, num_hidden_layers, at_least(1), "Decoder layers L."),
+      FIELD(model, num_attention_heads, at_least(1),
+            "Query heads; a multiple of num_key_value_heads."),
+      FIELD(model, num_key_value_heads, at_least(1), "Key/value heads (grouped-query attention)."),
+      FIELD(model, head_dim, at_least(0),
+            "Width per head, even (RoPE rotates pairs); 0 = hidden_size / num_attention_heads."),
+      FIELD(model, num_local_experts, at_least(1), "Experts per MoE layer E."),
+      FIELD(model, num_experts_per_tok, at_least(1),
+            "Experts each token is routed to (top-k); at most num_local_experts."),
+      FIELD(model, max_position_embeddings, at_least(1),
+            "Longest sequence the model takes; training.seq_len may not exceed it."),
+      FIELD(model, rope_theta, above(0), "RoPE base frequency theta."),
+      FIELD(model, rms_norm_eps, above(0), "Epsilon inside RMSNorm."),
+      FIELD(model, router_aux_loss_coef, at_least(0),
+            "Weight of the auxiliary load-balancing loss; 0 = the loss is off."),
+      FIELD(model, initializer_range, above(0),
+            "Standard deviation of the normal weight initialisation."),
+      // [training]
+      FIELD(training, batch_size, at_least(1), "Global sequences per optimizer step B."),
+      FIELD(training, seq_len, at_least(2),
+            "Tokens per sequence T; at most model.max_position_embeddings."),
+      FIELD(training, steps, at_least(1), "Optimizer steps to run."),
+      FIELD(training, max_norm, at_least(0), "Gradient-norm clipping threshold; 0 = no clipping."),
+      FIELD(training, dataset, no_limit(),
+            "copy = the built-in synthetic long-range copy task; bin = llm.c/nanoGPT token file; "
+            "megatron = Megatron .bin/.idx indexed dataset."),
+      FIELD(training, dataset_path, no_limit(),
+            "Data file (for megatron the path of the .bin); required unless dataset = \"copy\"."),
+      FIELD(training, token_dtype, no_limit(),
+            "Token type of a headerless .bin (uint16, uint32), or llmc = llm.c's 256-int32 "
+            "header form."),
+      FIELD(training, dtype, no_limit(),
+            "Compute dtype; auto = float32 on the CPU backend, bfloat16 on CUDA."),
+      // [parallelism]
+      FIELD(parallelism, world_size, at_least(0),
+            "Ranks the job expects; 0 = whatever the launcher starts, otherwise the job refuses "
+            "to start on another count."),
+      // [schedules]
+      FIELD(schedules, dispatch, no_limit(),
+            "Expert dispatch: standard all-to-all, llep (least-loaded EP), or pipelined_llep "
+            "(LLEP in chunks with receive buffers bounded at launch)."),
+      FIELD(schedules, dispatch_chunk_tokens, at_least(1),
+            "PipelinedLLEP token budget c per chunk and source rank."),
+      FIELD(schedules, dispatch_max_chunks, at_least(1),
+            "PipelinedLLEP chunk limit K_max; K = min(ceil(N/c), K_max)."),
+      FIELD(schedules, chunk_membership, no_limit(),
+            "Tokens of chunk i: strided = positions i, i+K, i+2K, ...; contiguous = one slice."),
+      FIELD(schedules, llep_lambda, at_least(1),
+            "LLEP rebalances only when max/mean expert load exceeds lambda."),
+      FIELD(schedules, llep_alpha, above(0),
+            "LLEP capacity factor: each rank takes at most alpha x total/W routes."),
+      FIELD(schedules, min_tokens_per_gemm, at_least(1),
+            "LLEP spills no fewer routes than this to another rank (keeps GEMMs efficient)."),
+      FIELD(schedules, vocab, no_limit(),
+            "Vocabulary projection: materialized N x V logits, or ring_dtp (Ring-DTP strips)."),
+      FIELD(schedules, vocab_payload, no_limit(),
+            "What travels round the Ring-DTP ring; auto = weights when N > V/P, else "
+            "activations."),
+      FIELD(schedules, vocab_strip, at_least(0),
+            "Ring-DTP logit columns per strip; 0 = the whole shard (V/P)."),
+      FIELD(schedules, checkpoint, no_limit(),
+            "Activation checkpointing: none, standard (boundaries stay on device), or sco "
+            "(boundaries offloaded to pinned host memory)."),
+      FIELD(schedules, sco_host_budget, byte_size_or_auto(),
+            "Pinned host bytes SCO may use for boundaries; auto = from the probe's host budget."),
+      // [optimizer]
+      FIELD(optimizer, name, no_limit(), "Optimizer."),
+      FIELD(optimizer, lr, above(0), "Peak learning rate."),
+      FIELD(optimizer, beta1, between({0, true}, {1, false}), "AdamW first-moment decay."),
+      FIELD(optimizer, beta2, between({0, true}, {1, false}), "AdamW second-moment decay."),
+      FIELD(optimizer, eps, above(0), "AdamW epsilon."),
+      FIELD(optimizer, weight_decay, at_least(0), "Decoupled weight decay."),
+      FIELD(optimizer, placement, no_limit(),
+            "resident = fp32 master, m, v on the device; offload_serial = host AdamW after the "
+            "step; offload_stream = OffloadStreamAdamW (host state streamed in buckets)."),
+      FIELD(optimizer, bucket_elements, at_least(1),
+            "OffloadStreamAdamW bucket size beta in parameters."),
+      FIELD(optimizer, staging_slots, at_least(2),
+            "OffloadStreamAdamW device staging slots s."),
+      // [lr_scheduler]
+      FIELD(lr_scheduler, warmup_steps, at_least(0), "Linear warm-up steps from 0 to optimizer.lr."),
+      FIELD(lr_scheduler, decay, no_limit(), "Decay after warm-up down to min_lr_ratio x lr."),
+      FIELD(lr_scheduler, min_lr_ratio, between({0, true}, {1, true}),
+            "Final learning rate as a fraction of optimizer.lr."),
+      // [checkpoint]
+      FIELD(checkpoint, enable, no_limit(), "Write checkpoints."),
+      FIELD(checkpoint, folder, text(check_non_empty, "non-empty"),
+            "Checkpoint directory, relative to the run directory."),
+      FIELD(checkpoint, interval, at_least(0),
+            "Steps between checkpoints; 0 = only at the end."),
+      FIELD(checkpoint, keep_latest, at_least(1), "Checkpoints kept; older ones are deleted."),
+      // [metrics]
+      FIELD(metrics, log_freq, at_least(1), "Steps between console metric lines."),
+      FIELD(metrics, file, no_limit(),
+            "JSONL metrics file; empty = metrics.jsonl in the run directory."),
+      FIELD(metrics, progress, no_limit(),
+            "Progress line; auto = when stdout is a terminal."),
+      // [runtime]
+      FIELD(runtime, backend, no_limit(), "auto = CUDA when built and a GPU is usable, else CPU."),
+      FIELD(runtime, device_memory, byte_size_or_auto(Bound{0, false}),
+            "Device memory capacity; auto = the card's free memory on CUDA, 2 GiB on the CPU."),
+      FIELD(runtime, pinned_memory, byte_size_or_auto(),
+            "Pinned host pool budget; auto = from the probe's host budget."),
+      FIELD(runtime, probe_file, no_limit(),
+            "Topology file written by `moepeak probe`; empty = probe at start-up."),
+      FIELD(runtime, log_level, no_limit(), "Log level of rank 0 (other ranks log warnings up)."),
+      FIELD(runtime, threads, at_least(0),
+            "CPU compute threads per rank; 0 = this rank's share of the cores."),
+      FIELD(runtime, numa_node, at_least(-1),
+            "NUMA node for pinned memory and threads; -1 = the node local to the rank."),
+  };
+  return table;
+}
+#undef FIELD
+
+// Shortest text that reads back as the same double: 0.02, 1e-05, 10000.
+std::string shortest_number(double v) {
+  char buf[64];
+  auto result = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, result.ptr);
+}
+
+std::string range_text(const std::optional<Bound>& lower, const std::optional<Bound>& upper) {
+  if (lower && upper) {
+    return std::string(lower->inclusive ? "[" : "(") + shortest_number(lower->value) + ", " +
+           shortest_number(upper->value) + (upper->inclusive ? "]" : ")");
+  }
+  if (lower) return std::string(lower->inclusive ? ">= " : "> ") + shortest_number(lower->value);
+  if (upper) return std::string(upper->inclusive ? "<= " : "< ") + shortest_number(upper->value);
+  return "";
+}
+
+bool in_range(double v, const std::optional<Bound>& lower, const std::optional<Bound>& upper) {
+  if (lower && (lower->inclusive ? v < lower->value : v <= lower->value)) return false;
+  if (upper && (upper->inclusive ? v > upper->value : v >= upper->value)) return false;
+  return true;
+}
+
+std::string range_phrase(const std::optional<Bound>& lower, const std::optional<Bound>& upper) {
+  std::string r = range_text(lower, upper);
+  return (lower && upper) ? "in " + r : r;
+}
+
+std::string choices_text(std::span<const std::string_view> choices) {
+  std::string out;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (i) out += ", ";
+    out += choices[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+// Escapes the one character that would end a markdown table cell.
+std::string markdown_cell(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '|') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::span<const Section> sections() { return kSections; }
+
+std::span<const Field> fields() { return field_table(); }
+
+const Section* find_section(std::string_view name) {
+  for (const Section& s : kSections) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+const Field* find_field(std::string_view section, std::string_view key) {
+  for (const Field& f : field_table()) {
+    if (f.section == section && f.key == key) return &f;
+  }
+  return nullptr;
+}
+
+std::string_view type_name(FieldType type) {
+  switch (type) {
+    case FieldType::integer: return "integer";
+    case FieldType::floating: return "float";
+    case FieldType::boolean: return "boolean";
+    case FieldType::string: return "string";
+    case FieldType::enumeration: return "enum";
+    case FieldType::byte_size: return "byte size";
+  }
+  return "?";
+}
+
+std::string allowed_text(const Field& field) {
+  switch (field.type) {
+    case FieldType::integer:
+    case FieldType::floating: {
+      std::string r = range_text(field.lower, field.upper);
+      return r.empty() ? "any" : r;
+    }
+    case FieldType::boolean: return "true, false";
+    case FieldType::string: return field.text_rule.empty() ? "any" : std::string(field.text_rule);
+    case FieldType::enumeration: return choices_text(field.choices);
+    case FieldType::byte_size: {
+      std::string r = "byte size (\"16GiB\", \"512MB\", \"4096\") or \"auto\"";
+      if (field.lower || field.upper) r += "; bytes " + range_text(field.lower, field.upper);
+      return r;
+    }
+  }
+  return "";
+}
+
+std::string check_value(const Field& field, const FieldValue& value) {
+  const std::string key = field.full_key();
+  switch (field.type) {
+    case FieldType::integer: {
+      int64_t v = std::get<int64_t>(value);
+      if (!in_range(static_cast<double>(v), field.lower, field.upper)) {
+        return key + " must be " + range_phrase(field.lower, field.upper) + ", got " +
+               std::to_string(v);
+      }
+      return "";
+    }
+    case FieldType::floating: {
+      double v = std::get<double>(value);
+      if (!std::isfinite(v)) return key + " must be a finite number, got " + shortest_number(v);
+      if (!in_range(v, field.lower, field.upper)) {
+        return key + " must be " + range_phrase(field.lower, field.upper) + ", got " +
+               to_toml_literal(value);
+      }
+      return "";
+    }
+    case FieldType::boolean: return "";
+    case FieldType::string: {
+      if (!field.check_text) return "";
+      std::string problem = field.check_text(std::get<std::string>(value));
+      if (problem.empty()) return "";
+      return key + " " + problem + ", got " + quote_toml_string(std::get<std::string>(value));
+    }
+    case FieldType::enumeration: {
+      const std::string& v = std::get<std::string>(value);
+      if (std::find(field.choices.begin(), field.choices.end(), v) != field.choices.end()) return "";
+      std::string msg = key + " must be one of " + choices_text(field.choices) + "; got " +
+                        quote_toml_string(v);
+      if (auto near = closest_match(v, {field.choices.begin(), field.choices.end()})) {
+        msg += " (did you mean '" + *near + "'?)";
+      }
+      return msg;
+    }
+    case FieldType::byte_size: {
+      const std::string& v = std::get<std::string>(value);
+      if (v == "auto") return "";
+      std::optional<uint64_t> bytes = parse_bytes(v);
+      if (!bytes) {
+        return key + " must be a byte size such as \"16GiB\", \"512MB\" or \"4096\", or \"auto\"; got " +
+               quote_toml_string(v);
+      }
+      if (!in_range(static_cast<double>(*bytes), field.lower, field.upper)) {
+        return key + " must be " + range_phrase(field.lower, field.upper) + " bytes, got " +
+               quote_toml_string(v);
+      }
+      return "";
+    }
+  }
+  return "";
+}
+
+std::string quote_toml_string(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    unsigned char u = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (u < 0x20 || u == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04X", static_cast<unsigned>(u));
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string to_toml_literal(const FieldValue& value) {
+  if (auto i = std::get_if<int64_t>(&value)) return std::to_string(*i);
+  if (auto b = std::get_if<bool>(&value)) return *b ? "true" : "false";
+  if (auto s = std::get_if<std::string>(&value)) return quote_toml_string(*s);
+  double d = std::get<double>(value);
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  std::string text = shortest_number(d);
+  if (text.find_first_of(".e") == std::string::npos) text += ".0";  // TOML reads 10000 as integer
+  return text;
+}
+
+std::optional<std::string> closest_match(std::string_view word,
+                                         const std::vector<std::string_view>& candidates) {
+  // Optimal string alignment distance: edits plus adjacent transpositions ("modle" -> "model").
+  auto distance = [](std::string_view a, std::string_view b) {
+    std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+    for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+    for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      for (size_t j = 1; j <= b.size(); ++j) {
+        size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+        d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+        if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+          d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        }
+      }
+    }
+    return d[a.size()][b.size()];
+  };
+  size_t limit = word.size() <= 3 ? 1 : (word.size() <= 8 ? 2 : 3);
+  std::optional<std::string> best;
+  size_t best_distance = limit + 1;
+  for (std::string_view c : candidates) {
+    size_t dist = distance(word, c);
+    if (dist < best_distance) {
+      best_distance = dist;
+      best = std::string(c);
+    }
+  }
+  return best;
+}
+
+}  // namespace moepeak::config_schema
+
+namespace moepeak {
+
+using config_schema::Field;
+using config_schema::Section;
+using config_schema::markdown_cell;
+
+std::string config_to_toml(const Config& cfg, bool with_origins) {
+  std::string out;
+  for (const Section& section : config_schema::sections()) {
+    std::vector<std::pair<std::string, const Field*>> lines;
+    for (const Field& f : config_schema::fields()) {
+      if (f.section != section.name) continue;
+      lines.emplace_back(std::string(f.key) + " = " + config_schema::to_toml_literal(f.get(cfg)),
+                         &f);
+    }
+    size_t width = 0;
+    for (const auto& [line, f] : lines) width = std::max(width, line.size());
+
+    if (!out.empty()) out += "\n";
+    out += "# " + std::string(section.doc) + "\n";
+    out += "[" + std::string(section.name) + "]\n";
+    for (const auto& [line, f] : lines) {
+      out += line;
+      auto origin = cfg.origins.find(f->full_key());
+      if (with_origins && origin != cfg.origins.end()) {
+        std::string where = origin->second;
+        for (char& c : where) {
+          if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';  // keep it one comment
+        }
+        out += std::string(width - line.size() + 2, ' ') + "# " + where;
+      }
+      out += "\n";
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  for (const Field& f : config_schema::fields()) keys.push_back(f.full_key());
+  return keys;
+}
+
+std::string config_value_toml(const Config& cfg, std::string_view key) {
+  size_t dot = key.find('.');
+  const Field* f = dot == std::string_view::npos
+                       ? nullptr
+                       : config_schema::find_field(key.substr(0, dot), key.substr(dot + 1));
+  if (!f) MOEPEAK_THROW("unknown config key '", key, "'");
+  return config_schema::to_toml_literal(f->get(cfg));
+}
+
+std::string config_reference_markdown() {
+  const Config defaults;
+  std::string out;
+  for (const Section& section : config_schema::sections()) {
+    if (!out.empty()) out += "\n";
+    out += "### [" + std::string(section.name) + "]\n\n" + std::string(section.doc) + "\n\n";
+    out += "| key | type | default | allowed | meaning |\n";
+    out += "|-----|------|---------|---------|---------|\n";
+    for (const Field& f : config_schema::fields()) {
+      if (f.section != section.name) continue;
+      out += "| `" + std::string(f.key) + "` | " + std::string(config_schema::type_name(f.type)) +
+             " | `" + markdown_cell(config_schema::to_toml_literal(f.get(defaults))) + "` | " +
+             markdown_cell(config_schema::allowed_text(f)) + " | " +
+             markdown_cell(std::string(f.doc)) + " |\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace moepeak
