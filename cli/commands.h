@@ -1,0 +1,32 @@
+// The subcommands of the `moepeak` binary. Each cli/<name>.cpp registers one subcommand on the
+// app and sets `ctx.action` when it is selected; main() runs the action after parsing, so errors
+// in the action are reported (and exited on) in one place.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace moepeak::cli {
+
+struct Context {
+  std::string log_level = "info";
+  bool log_all_ranks = false;
+  std::function<int()> action;  // set by the selected subcommand; returns the exit code
+};
+
+// --config FILE (repeatable; later files override earlier ones) and --set section.key=value.
+struct ConfigArgs {
+  std::vector<std::string> files;
+  std::vector<std::string> overrides;
+};
+void add_config_options(CLI::App& sub, ConfigArgs& args);
+
+void register_config_command(CLI::App& app, Context& ctx);
+
+// Prints the --version text to stdout.
+void print_version();
+
+}  // namespace moepeak::cli

@@ -1,0 +1,54 @@
+// moepeak: one binary for bounded-memory long-context MoE training.
+//
+//   moepeak --version
+//   moepeak config show [--config F]... [--set section.key=value]...
+//
+// This is the only place that exits: library code throws moepeak::Error, which is printed here
+// (with host, rank and file:line) and turned into exit code 1. Command-line mistakes exit 2
+// with CLI11's message.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+
+int main(int argc, char** argv) {
+  moepeak::cli::Context ctx;
+  CLI::App app{"moepeak: train Mixture-of-Experts models at long context with every device-memory "
+               "peak bounded and known before launch"};
+  app.name("moepeak");
+  app.add_flag_callback(
+      "-V,--version",
+      [] {
+        moepeak::cli::print_version();
+        throw CLI::Success();
+      },
+      "print version, build and library information and exit");
+  app.add_option("--log-level", ctx.log_level, "trace, debug, info, warn, error or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  app.add_flag("--log-all-ranks", ctx.log_all_ranks,
+               "log on every rank at --log-level (default: rank 0 only; others warn and above)");
+  app.require_subcommand(1);
+
+  moepeak::cli::register_config_command(app, ctx);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);  // prints help, version, or the mistake
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    moepeak::log::init(moepeak::log::parse_level(ctx.log_level), 0, 1, ctx.log_all_ranks);
+    return ctx.action ? ctx.action() : 0;
+  } catch (const moepeak::Error& e) {
+    std::fprintf(stderr, "moepeak: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moepeak: internal error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The moepeak binary as a user meets it: exit codes, --version, config show round trip, and
+# clear errors (file, line, key; non-zero exit; nothing on stdout) for bad input.
+# Run: ctest -R test_cli   (or: bash tests/cli/test_cli.sh build/moepeak)
+set -u
+bin="$1"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passes=0
+
+check() {  # check NAME CONDITION-COMMAND...
+  local name="$1"; shift
+  if "$@"; then passes=$((passes + 1)); else echo "FAIL: $name"; failures=$((failures + 1)); fi
+}
+contains() { grep -qF -- "$2" "$1"; }
+
+# --version: exit 0, version line, CUDA line, runtime libraries.
+"$bin" --version >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "--version exits 0" test $rc -eq 0
+check "--version names the version" grep -qE '^moepeak [0-9]+\.[0-9]+\.[0-9]+ \(git ' "$tmp/out"
+check "--version says whether CUDA is compiled in" grep -qE '^CUDA backend: (compiled in|not compiled in)' "$tmp/out"
+check "--version lists MPI" contains "$tmp/out" "MPI"
+check "--version lists OpenBLAS" contains "$tmp/out" "OpenBLAS"
+
+# No subcommand, unknown flag, bad log level: usage errors exit 2.
+"$bin" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "no subcommand exits 2" test $rc -eq 2
+"$bin" config show --no-such-flag >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "unknown flag exits 2" test $rc -eq 2
+"$bin" --log-level loud config show >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bad --log-level exits 2" test $rc -eq 2
+
+# config show: the embedded default, as TOML that reads back to the same config.
+"$bin" config show >"$tmp/a.toml" 2>"$tmp/err"; rc=$?
+check "config show exits 0" test $rc -eq 0
+check "config show prints [model]" contains "$tmp/a.toml" "[model]"
+"$bin" config show -c "$tmp/a.toml" >"$tmp/b.toml" 2>"$tmp/err"; rc=$?
+check "config show reads its own output" test $rc -eq 0
+check "config show round trip is stable" cmp -s "$tmp/a.toml" "$tmp/b.toml"
+
+# Layering: a second file and --set override, and --origins says where each came from.
+printf '[training]\nseq_len = 64\n' >"$tmp/override.toml"
+"$bin" config show -c "$tmp/a.toml" -c "$tmp/override.toml" --set training.steps=7 --origins \
+  >"$tmp/c.toml" 2>"$tmp/err"; rc=$?
+check "layered config exits 0" test $rc -eq 0
+check "second file overrides" grep -qE '^seq_len = 64 .*override.toml:2' "$tmp/c.toml"
+check "--set overrides" grep -qE '^steps = 7 .*--set' "$tmp/c.toml"
+
+# Bad input: clear error naming file, line and key; exit 1; nothing on stdout.
+printf '[model]\nhidden_size = 64\nhiden_size = 32\n' >"$tmp/typo.toml"
+"$bin" config show -c "$tmp/typo.toml" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "unknown key exits 1" test $rc -eq 1
+check "unknown key names file:line" contains "$tmp/err" "typo.toml:3"
+check "unknown key names the key" contains "$tmp/err" "model.hiden_size"
+check "nothing on stdout after an error" test ! -s "$tmp/out"
+"$bin" config show --set training.steps=0 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "out-of-range --set exits 1" test $rc -eq 1
+check "out-of-range --set names the key" contains "$tmp/err" "training.steps"
+"$bin" config show -c "$tmp/does-not-exist.toml" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "missing config file is an error" test $rc -ne 0
+
+echo "$passes passed, $failures failed"
+test $failures -eq 0
