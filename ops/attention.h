@@ -1,0 +1,68 @@
+// attention: causal grouped-query self-attention (HF Mixtral / LLaMA), flash-style forward and
+// backward. Query head h reads kv head h / (nh / nkv); query t attends keys s <= t of its own
+// sequence; scores are scaled by `scale` (1/sqrt(d) in the model, passed explicitly).
+//
+//   q:    (B, T, nh, d)   f32 | f64 (one dtype for every tensor of a call)
+//   k, v: (B, T, nkv, d)  nh % nkv == 0
+//   out:  (B, T, nh, d)   out = softmax(scale * q k^T, causal) v, written (=)
+//   lse:  (B, nh, T)      log-sum-exp of each query row's scaled scores, written (=); saved for
+//                         the backward, which recomputes the probabilities from it
+//   dout: (B, T, nh, d)
+//   dq:   (B, T, nh, d)   written (=)
+//   dk:   (B, T, nkv, d)  written (=); a kv head sums the contributions of all its query heads
+//   dv:   (B, T, nkv, d)  written (=)
+//
+// No T x T matrix exists anywhere: the forward runs an online softmax over key blocks (running
+// max, running sum, rescaled accumulator) and the backward recomputes each block's probabilities
+// from q, k and the saved lse. Scratch is a thread-local block of queries and of scores, of size
+// O(block_rows * (block_keys + d)) — the "shared memory" of a GPU kernel.
+//
+// A query block stacks the nh/nkv query heads of one kv head over a run of positions, so each
+// key/value block is read once for the whole group and the GEMMs have block_rows rows whatever
+// the grouping. Block products are OpenBLAS GEMMs that stride over the (T, heads, d) layout.
+//
+// Threading: the loops run single-threaded on the stream's worker and let OpenBLAS thread each
+// GEMM (its own pool, sized by OPENBLAS_NUM_THREADS); adding threads of our own on top would
+// oversubscribe the cores. Every reduction has a fixed order, so results are bitwise
+// reproducible run to run (with a fixed OpenBLAS thread count).
+#pragma once
+
+#include "core/runtime/stream.h"
+#include "ops/op_common.h"
+
+namespace moepeak::ops {
+
+// Rows of a query block (positions x query heads of one kv head) and keys of a key block.
+struct AttentionBlocks {
+  int query_rows = 128;
+  int keys = 128;
+};
+inline constexpr AttentionBlocks kAttentionBlocks{};
+
+void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                           const Tensor& out, const Tensor& lse, Stream& stream);
+void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                            const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
+                            const Tensor& dk, const Tensor& dv, Stream& stream);
+
+// Throw moepeak::Error naming the op and the shapes unless the arguments fit the table above.
+void check_attention_forward_args(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                  const Tensor& out, const Tensor& lse);
+void check_attention_backward_args(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                   double scale, const Tensor& dq, const Tensor& dk,
+                                   const Tensor& dv);
+
+namespace detail {
+// The same ops with other block sizes: tests use small blocks so that short sequences cross many
+// blocks. Production code calls the entry points above (kAttentionBlocks).
+void attention_forward_cpu_blocked(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   double scale, const Tensor& out, const Tensor& lse,
+                                   AttentionBlocks blocks, Stream& stream);
+void attention_backward_cpu_blocked(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                    double scale, const Tensor& dq, const Tensor& dk,
+                                    const Tensor& dv, AttentionBlocks blocks, Stream& stream);
+}  // namespace detail
+
+}  // namespace moepeak::ops

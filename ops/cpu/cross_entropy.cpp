@@ -1,0 +1,99 @@
+// CPU cross-entropy on materialised (N, V) logits: per row, max and log-sum-exp in double, then
+// the loss (forward) or the softmax minus the one-hot label (backward, in place allowed); see
+// ops/cross_entropy.h.
+#include "ops/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/runtime/cpu_stream.h"
+
+namespace moepeak::ops {
+namespace {
+
+// logits: (N, V) float; labels: (N) i64.
+void check_logits_and_labels(const char* op, const Tensor& logits, const Tensor& labels) {
+  MOEPEAK_CHECK(logits.ndim() == 2 && logits.size(1) > 0, op,
+                ": logits must be (N, V) with V > 0, got ", logits.str());
+  MOEPEAK_CHECK(
+      labels.ndim() == 1 && labels.dtype() == DType::i64 && labels.size(0) == logits.size(0), op,
+      ": labels must be i64 (", logits.size(0), "), got ", labels.str());
+}
+
+// Throws unless the label is -100 or in [0, vocab).
+void check_label(const char* op, int64_t position, int64_t label, int64_t vocab) {
+  if (label != kIgnoreLabel && (label < 0 || label >= vocab)) {
+    MOEPEAK_THROW(op, ": label ", label, " at position ", position, " is outside [0, ", vocab,
+                  ") and is not the ignore label ", kIgnoreLabel);
+  }
+}
+
+// log(sum_v exp(row[v])) with the row max subtracted, accumulated in double.
+template <typename T> double log_sum_exp(const T* row, int64_t vocab) {
+  double row_max = row[0];
+  for (int64_t v = 1; v < vocab; ++v) row_max = std::max(row_max, static_cast<double>(row[v]));
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - row_max);
+  return row_max + std::log(sum);
+}
+
+}  // namespace
+
+void cross_entropy_forward_cpu(const Tensor& logits, const Tensor& labels, const Tensor& losses,
+                               Stream& stream) {
+  const char* op = "cross_entropy_forward_cpu";
+  check_logits_and_labels(op, logits, labels);
+  losses.expect(Shape{logits.size(0)}, logits.dtype(), std::string(op) + ": losses");
+  dispatch_float(logits.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const T* lp = logits.data_as<T>();                 // (N, V)
+    const int64_t* label = labels.data_as<int64_t>();  // (N)
+    T* loss = losses.data_as<T>();                     // (N)
+    int64_t tokens = logits.size(0), vocab = logits.size(1);
+    as_cpu_stream(stream).enqueue([=] {
+      for (int64_t n = 0; n < tokens; ++n) {
+        check_label(op, n, label[n], vocab);
+        if (label[n] == kIgnoreLabel) {
+          loss[n] = T(0);
+          continue;
+        }
+        const T* row = lp + n * vocab;
+        loss[n] = static_cast<T>(log_sum_exp(row, vocab) - static_cast<double>(row[label[n]]));
+      }
+    });
+  });
+}
+
+void cross_entropy_backward_cpu(const Tensor& logits, const Tensor& labels, double scale,
+                                const Tensor& dlogits, Stream& stream) {
+  const char* op = "cross_entropy_backward_cpu";
+  check_logits_and_labels(op, logits, labels);
+  dlogits.expect(logits.shape(), logits.dtype(), std::string(op) + ": dlogits");
+  dispatch_float(logits.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const T* lp = logits.data_as<T>();                 // (N, V), may be dlogits itself
+    const int64_t* label = labels.data_as<int64_t>();  // (N)
+    T* dlp = dlogits.data_as<T>();                     // (N, V)
+    int64_t tokens = logits.size(0), vocab = logits.size(1);
+    as_cpu_stream(stream).enqueue([=] {
+      for (int64_t n = 0; n < tokens; ++n) {
+        check_label(op, n, label[n], vocab);
+        T* drow = dlp + n * vocab;
+        if (label[n] == kIgnoreLabel) {
+          std::fill(drow, drow + vocab, T(0));
+          continue;
+        }
+        const T* row = lp + n * vocab;
+        double lse = log_sum_exp(row, vocab);  // before the row is overwritten when in place
+        for (int64_t v = 0; v < vocab; ++v) {
+          double softmax = std::exp(static_cast<double>(row[v]) - lse);
+          double onehot = v == label[n] ? 1.0 : 0.0;
+          drow[v] = static_cast<T>(scale * (softmax - onehot));
+        }
+      }
+    });
+  });
+}
+
+}  // namespace moepeak::ops

@@ -1,0 +1,98 @@
+// CPU linear: three row-major GEMMs through OpenBLAS CBLAS (see ops/linear.h).
+//   forward   y (M, N)  = x (M, K) . w^T (K, N)
+//   backward  dx (M, K) = dy (M, N) . w (N, K)
+//             dw (N, K) += dy^T (N, M) . x (M, K)
+#include "ops/linear.h"
+
+#include <cblas.h>
+
+#include <string>
+#include <type_traits>
+
+#include "core/runtime/cpu_stream.h"
+
+namespace moepeak::ops {
+namespace {
+
+// C (rows, cols) = alpha * op(A) op(B) + beta * C, row-major, with op(A) (rows, inner) and
+// op(B) (inner, cols). Handles the empty cases BLAS rejects or leaves ambiguous: no output
+// elements does nothing; an empty inner dimension leaves beta * C (zeros when beta == 0, so an
+// output poisoned with NaN is still overwritten).
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner, const T* a,
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (rows == 0 || cols == 0) return;
+  if (inner == 0) {
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        T& out = c[i * ldc + j];
+        out = beta == T(0) ? T(0) : beta * out;
+      }
+    }
+    return;
+  }
+  CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  auto m = static_cast<blasint>(rows), n = static_cast<blasint>(cols),
+       k = static_cast<blasint>(inner);
+  auto la = static_cast<blasint>(lda), lb = static_cast<blasint>(ldb),
+       lc = static_cast<blasint>(ldc);
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, la, b, lb, beta, c, lc);
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, la, b, lb, beta, c, lc);
+  }
+}
+
+// x: (M, K) float; w: (N, K) of x's dtype.
+void check_x_and_w(const char* op, const Tensor& x, const Tensor& w) {
+  MOEPEAK_CHECK(x.ndim() == 2, op, ": x must be (M, K), got ", x.str());
+  MOEPEAK_CHECK(w.ndim() == 2 && w.size(1) == x.size(1) && w.dtype() == x.dtype(), op,
+                ": w must be ", dtype_name(x.dtype()), "(N, ", x.size(1), ") for x ", x.str(),
+                ", got ", w.str());
+}
+
+}  // namespace
+
+void linear_forward_cpu(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate,
+                        Stream& stream) {
+  const char* op = "linear_forward_cpu";
+  check_x_and_w(op, x, w);
+  int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  y.expect(Shape{m, n}, x.dtype(), std::string(op) + ": y");
+  dispatch_float(x.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const T* xp = x.data_as<T>();  // (M, K)
+    const T* wp = w.data_as<T>();  // (N, K)
+    T* yp = y.data_as<T>();        // (M, N)
+    T beta = accumulate ? T(1) : T(0);
+    as_cpu_stream(stream).enqueue(
+        [=] { gemm<T>(false, true, m, n, k, xp, k, wp, k, beta, yp, n); });
+  });
+}
+
+void linear_backward_cpu(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                         bool accumulate_dx, const Tensor& dw, Stream& stream) {
+  const char* op = "linear_backward_cpu";
+  check_x_and_w(op, x, w);
+  int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  dy.expect(Shape{m, n}, x.dtype(), std::string(op) + ": dy");
+  bool want_dx = dx.defined() || dx.ndim() > 0;  // a (0, K) dx may have no bytes but is "given"
+  if (want_dx) dx.expect(x.shape(), x.dtype(), std::string(op) + ": dx");
+  dw.expect(w.shape(), x.dtype(), std::string(op) + ": dw");
+  dispatch_float(x.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const T* xp = x.data_as<T>();                  // (M, K)
+    const T* wp = w.data_as<T>();                  // (N, K)
+    const T* dyp = dy.data_as<T>();                // (M, N)
+    T* dxp = want_dx ? dx.data_as<T>() : nullptr;  // (M, K)
+    T* dwp = dw.data_as<T>();                      // (N, K)
+    T beta_dx = accumulate_dx ? T(1) : T(0);
+    as_cpu_stream(stream).enqueue([=] {
+      if (want_dx) gemm<T>(false, false, m, k, n, dyp, n, wp, k, beta_dx, dxp, k);
+      gemm<T>(true, false, n, k, m, dyp, n, xp, k, T(1), dwp, k);
+    });
+  });
+}
+
+}  // namespace moepeak::ops

@@ -1,0 +1,112 @@
+// CPU router: per token, a max-subtracted softmax over E experts, top-k by repeated arg-max
+// (strict '>' so the lower index wins ties), and renormalisation; the backward is the softmax
+// over the selected logits' gradient (see ops/router.h).
+#include "ops/router.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/runtime/cpu_stream.h"
+
+namespace moepeak::ops {
+
+void router_forward_cpu(const Tensor& logits, int k, const Tensor& probs, const Tensor& topk_index,
+                        const Tensor& topk_weight, Stream& stream) {
+  const char* op = "router_forward_cpu";
+  MOEPEAK_CHECK(logits.ndim() == 2, op, ": logits must be (N, E), got ", logits.str());
+  int64_t tokens = logits.size(0), experts = logits.size(1);
+  MOEPEAK_CHECK(k >= 1 && k <= experts, op, ": k must be in [1, E = ", experts, "], got ", k);
+  probs.expect(logits.shape(), logits.dtype(), std::string(op) + ": probs");
+  topk_index.expect(Shape{tokens, k}, DType::i32, std::string(op) + ": topk_index");
+  topk_weight.expect(Shape{tokens, k}, logits.dtype(), std::string(op) + ": topk_weight");
+  dispatch_float(logits.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const T* lp = logits.data_as<T>();            // (N, E)
+    T* pp = probs.data_as<T>();                   // (N, E)
+    int32_t* ip = topk_index.data_as<int32_t>();  // (N, k)
+    T* wp = topk_weight.data_as<T>();             // (N, k)
+    as_cpu_stream(stream).enqueue([=] {
+      thread_local std::vector<char> chosen;  // (E): scratch of the expert count
+      chosen.resize(static_cast<size_t>(experts));
+      for (int64_t n = 0; n < tokens; ++n) {
+        const T* l = lp + n * experts;
+        T* p = pp + n * experts;
+        T row_max = l[0];
+        for (int64_t e = 1; e < experts; ++e) row_max = std::max(row_max, l[e]);
+        double sum = 0;
+        for (int64_t e = 0; e < experts; ++e) {
+          p[e] = std::exp(l[e] - row_max);
+          sum += p[e];
+        }
+        for (int64_t e = 0; e < experts; ++e) p[e] = static_cast<T>(p[e] / sum);
+
+        std::fill(chosen.begin(), chosen.end(), 0);
+        int32_t* idx = ip + n * k;
+        T* w = wp + n * k;
+        double chosen_sum = 0;
+        for (int j = 0; j < k; ++j) {
+          int64_t best = -1;
+          for (int64_t e = 0; e < experts; ++e) {
+            if (!chosen[e] && (best < 0 || p[e] > p[best])) best = e;
+          }
+          chosen[best] = 1;
+          idx[j] = static_cast<int32_t>(best);
+          chosen_sum += p[best];
+        }
+        for (int j = 0; j < k; ++j) w[j] = static_cast<T>(p[idx[j]] / chosen_sum);
+      }
+    });
+  });
+}
+
+void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
+                         const Tensor& dtopk_weight, const Tensor& dlogits, Stream& stream) {
+  const char* op = "router_backward_cpu";
+  MOEPEAK_CHECK(probs.ndim() == 2, op, ": probs must be (N, E), got ", probs.str());
+  MOEPEAK_CHECK(topk_index.ndim() == 2 && topk_index.size(0) == probs.size(0) &&
+                    topk_index.size(1) >= 1 && topk_index.size(1) <= probs.size(1) &&
+                    topk_index.dtype() == DType::i32,
+                op, ": topk_index must be i32 (", probs.size(0),
+                ", k) with 1 <= k <= ", probs.size(1), ", got ", topk_index.str());
+  int64_t tokens = probs.size(0), experts = probs.size(1), k = topk_index.size(1);
+  topk_weight.expect(topk_index.shape(), probs.dtype(), std::string(op) + ": topk_weight");
+  dtopk_weight.expect(topk_index.shape(), probs.dtype(), std::string(op) + ": dtopk_weight");
+  dlogits.expect(probs.shape(), probs.dtype(), std::string(op) + ": dlogits");
+  dispatch_float(probs.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const int32_t* ip = topk_index.data_as<int32_t>();  // (N, k)
+    const T* wp = topk_weight.data_as<T>();             // (N, k)
+    const T* dwp = dtopk_weight.data_as<T>();           // (N, k)
+    T* dlp = dlogits.data_as<T>();                      // (N, E)
+    as_cpu_stream(stream).enqueue([=] {
+      for (int64_t n = 0; n < tokens; ++n) {
+        const int32_t* idx = ip + n * k;
+        for (int64_t j = 0; j < k; ++j) {
+          if (idx[j] < 0 || idx[j] >= experts) {
+            MOEPEAK_THROW(op, ": topk_index[", n, ", ", j, "] = ", idx[j], " is outside [0, ",
+                          experts, ")");
+          }
+          for (int64_t i = 0; i < j; ++i) {
+            if (idx[i] == idx[j]) {
+              MOEPEAK_THROW(op, ": expert ", idx[j], " chosen twice in row ", n, " (slots ", i,
+                            " and ", j, ")");
+            }
+          }
+        }
+        const T* w = wp + n * k;
+        const T* dw = dwp + n * k;
+        double weighted_dw = 0;  // sum_j dw_j w_j
+        for (int64_t j = 0; j < k; ++j) weighted_dw += static_cast<double>(dw[j]) * w[j];
+        T* dl = dlp + n * experts;
+        for (int64_t e = 0; e < experts; ++e) dl[e] = T(0);
+        for (int64_t j = 0; j < k; ++j) {
+          dl[idx[j]] = static_cast<T>(static_cast<double>(w[j]) * (dw[j] - weighted_dw));
+        }
+      }
+    });
+  });
+}
+
+}  // namespace moepeak::ops

@@ -1,0 +1,494 @@
+// Causal grouped-query attention on the CPU (ops/attention.h): forward against a materialised-
+// softmax float64 reference, gradients against central finite differences, float vs double,
+// causality, bitwise determinism and argument checks.
+//
+//   q, out, dout, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
+//
+// Shapes cross several blocks: the default blocks (128 query rows x 128 keys) with T up to 130,
+// and small blocks (detail::attention_*_cpu_blocked) so that T = 7 or 65 also spans many.
+// Speed (not run by default): ./test_attention --gtest_also_run_disabled_tests
+//                             --gtest_filter='*Speed*'
+#include <gtest/gtest.h>
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "core/error.h"
+#include "core/runtime/backend.h"
+#include "core/runtime/tensor.h"
+#include "ops/attention.h"
+#include "ops/fill.h"
+#include "tests/ops/gradcheck.h"
+
+namespace moepeak {
+namespace {
+
+using testing::max_grad_rel_err;
+using testing::random_vector;
+using testing::rel_err;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct Dims {
+  int64_t batch, seq, heads, kv_heads, head_dim;
+  Shape q_shape() const { return Shape{batch, seq, heads, head_dim}; }
+  Shape kv_shape() const { return Shape{batch, seq, kv_heads, head_dim}; }
+  Shape lse_shape() const { return Shape{batch, heads, seq}; }
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+};
+
+// Every tensor of one forward + backward, in one dtype.
+struct AttentionTensors {
+  OwnedTensor q, k, v, out, lse, dout, dq, dk, dv;
+};
+
+// Host-side inputs in double: q, k, v and the output gradient (the probe of L = sum(out * probe)).
+struct Inputs {
+  std::vector<double> q, k, v, dout;
+};
+
+Inputs random_inputs(const Dims& dims, uint64_t seed) {
+  return Inputs{random_vector(dims.q_shape().numel(), seed),
+                random_vector(dims.kv_shape().numel(), seed + 1),
+                random_vector(dims.kv_shape().numel(), seed + 2),
+                random_vector(dims.q_shape().numel(), seed + 3)};
+}
+
+class AttentionTest : public ::testing::Test {
+ protected:
+  Stream& stream() { return backend_->default_stream(); }
+
+  AttentionTensors allocate(const Dims& dims, DType dtype) {
+    auto make = [&](Shape shape, const char* name) {
+      return OwnedTensor::device(*backend_, shape, dtype, LiveSet::workspace, name);
+    };
+    return AttentionTensors{make(dims.q_shape(), "q"),     make(dims.kv_shape(), "k"),
+                            make(dims.kv_shape(), "v"),    make(dims.q_shape(), "out"),
+                            make(dims.lse_shape(), "lse"), make(dims.q_shape(), "dout"),
+                            make(dims.q_shape(), "dq"),    make(dims.kv_shape(), "dk"),
+                            make(dims.kv_shape(), "dv")};
+  }
+
+  // CPU "device" memory is host memory: written directly, read after synchronising.
+  static void upload(const OwnedTensor& t, const std::vector<double>& values) {
+    ASSERT_EQ(static_cast<int64_t>(values.size()), t.numel());
+    if (t.view().dtype() == DType::f64) {
+      std::memcpy(t.data(), values.data(), values.size() * sizeof(double));
+    } else {
+      float* p = t.data_as<float>();
+      for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<float>(values[i]);
+    }
+  }
+  std::vector<double> download(const OwnedTensor& t) {
+    stream().synchronize();
+    std::vector<double> values(static_cast<size_t>(t.numel()));
+    if (t.view().dtype() == DType::f64) {
+      std::memcpy(values.data(), t.data(), values.size() * sizeof(double));
+    } else {
+      const float* p = t.data_as<float>();
+      for (size_t i = 0; i < values.size(); ++i) values[i] = p[i];
+    }
+    return values;
+  }
+
+  void upload_inputs(const AttentionTensors& t, const Inputs& in) {
+    upload(t.q, in.q);
+    upload(t.k, in.k);
+    upload(t.v, in.v);
+    upload(t.dout, in.dout);
+  }
+
+  // Poisons out and lse with NaN, runs the forward and waits for it.
+  void forward(const AttentionTensors& t, const Dims& dims, ops::AttentionBlocks blocks) {
+    ops::fill(t.out, kNaN, stream());
+    ops::fill(t.lse, kNaN, stream());
+    ops::detail::attention_forward_cpu_blocked(t.q, t.k, t.v, dims.scale(), t.out, t.lse, blocks,
+                                               stream());
+    stream().synchronize();
+  }
+
+  // Poisons dq, dk, dv with NaN, runs the backward (dout = t.dout) and waits for it.
+  void backward(const AttentionTensors& t, const Dims& dims, ops::AttentionBlocks blocks) {
+    ops::fill(t.dq, kNaN, stream());
+    ops::fill(t.dk, kNaN, stream());
+    ops::fill(t.dv, kNaN, stream());
+    ops::detail::attention_backward_cpu_blocked(t.q, t.k, t.v, t.out, t.lse, t.dout,
+                                                dims.scale(), t.dq, t.dk, t.dv, blocks, stream());
+    stream().synchronize();
+  }
+
+  std::unique_ptr<Backend> backend_ = Backend::create(BackendOptions{});
+};
+
+// Materialised softmax in double, one query row at a time.
+struct Reference {
+  std::vector<double> out, lse;
+};
+
+Reference reference_forward(const Dims& dims, const Inputs& in) {
+  const int64_t B = dims.batch, T = dims.seq, nh = dims.heads, nkv = dims.kv_heads,
+                d = dims.head_dim, group = nh / nkv;
+  Reference ref{std::vector<double>(in.q.size()), std::vector<double>(B * nh * T)};
+  std::vector<double> probs(T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const double* qrow = &in.q[((b * T + t) * nh + h) * d];
+        double row_max = -std::numeric_limits<double>::infinity();
+        for (int64_t s = 0; s <= t; ++s) {
+          const double* krow = &in.k[((b * T + s) * nkv + h / group) * d];
+          double dot = 0;
+          for (int64_t i = 0; i < d; ++i) dot += qrow[i] * krow[i];
+          probs[s] = dot * dims.scale();
+          row_max = std::max(row_max, probs[s]);
+        }
+        double sum = 0;
+        for (int64_t s = 0; s <= t; ++s) sum += (probs[s] = std::exp(probs[s] - row_max));
+        double* orow = &ref.out[((b * T + t) * nh + h) * d];
+        for (int64_t i = 0; i < d; ++i) {
+          double acc = 0;
+          for (int64_t s = 0; s <= t; ++s) acc += probs[s] * in.v[((b * T + s) * nkv + h / group) * d + i];
+          orow[i] = acc / sum;
+        }
+        ref.lse[(b * nh + h) * T + t] = row_max + std::log(sum);
+      }
+  return ref;
+}
+
+// Largest relative error; values under `floor` in magnitude are compared absolutely at floor.
+double max_rel_err(const std::vector<double>& got, const std::vector<double>& want,
+                   double floor) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i])) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, rel_err(got[i], want[i], floor));
+  }
+  return worst;
+}
+
+// max |got - want| / max |want|: the error relative to the tensor's scale.
+double norm_rel_err(const std::vector<double>& got, const std::vector<double>& want) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i])) return std::numeric_limits<double>::infinity();
+    diff = std::max(diff, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return diff / scale;
+}
+
+constexpr ops::AttentionBlocks kSmallBlocks{8, 16};
+constexpr ops::AttentionBlocks kOddBlocks{6, 5};  // rows not a multiple of the group of 4
+
+TEST_F(AttentionTest, ForwardMatchesMaterialisedSoftmax) {
+  // float64 online softmax vs materialised softmax: the same sums in another order, so they agree
+  // to a few ulp times log T; 1e-12 relative (values under 1e-3 compared at 1e-3).
+  uint64_t seed = 100;
+  for (int64_t seq : {1, 7, 65, 130})
+    for (int64_t kv_heads : {4, 2, 1})
+      for (int64_t head_dim : {8, 16}) {
+        const Dims dims{2, seq, 4, kv_heads, head_dim};
+        const Inputs in = random_inputs(dims, seed++);
+        const Reference ref = reference_forward(dims, in);
+        AttentionTensors t = allocate(dims, DType::f64);
+        upload_inputs(t, in);
+        for (ops::AttentionBlocks blocks : {ops::kAttentionBlocks, kSmallBlocks, kOddBlocks}) {
+          SCOPED_TRACE(::testing::Message() << "T=" << seq << " nkv=" << kv_heads << " d="
+                                          << head_dim << " blocks " << blocks.query_rows << "x"
+                                          << blocks.keys);
+          forward(t, dims, blocks);
+          EXPECT_LT(max_rel_err(download(t.out), ref.out, 1e-3), 1e-12);
+          EXPECT_LT(max_rel_err(download(t.lse), ref.lse, 1e-3), 1e-12);
+        }
+      }
+}
+
+TEST_F(AttentionTest, DefaultEntryPointsUseDefaultBlocks) {
+  const Dims dims{2, 130, 4, 2, 8};
+  const Inputs in = random_inputs(dims, 7);
+  AttentionTensors t = allocate(dims, DType::f64);
+  upload_inputs(t, in);
+  forward(t, dims, ops::kAttentionBlocks);
+  backward(t, dims, ops::kAttentionBlocks);
+  const auto out = download(t.out), dq = download(t.dq), dk = download(t.dk);
+  ops::fill(t.out, kNaN, stream());
+  ops::fill(t.dq, kNaN, stream());
+  ops::fill(t.dk, kNaN, stream());
+  ops::attention_forward_cpu(t.q, t.k, t.v, dims.scale(), t.out, t.lse, stream());
+  ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(), t.dq, t.dk,
+                              t.dv, stream());
+  EXPECT_EQ(download(t.out), out);
+  EXPECT_EQ(download(t.dq), dq);
+  EXPECT_EQ(download(t.dk), dk);
+}
+
+// dq, dk, dv against central differences of L = sum(out * dout) (gradcheck.h), max rel err 1e-6.
+// Step h = 1e-5 rather than gradcheck's 1e-6: moving one key changes every later row of its
+// group, and their rounding (~1e-16 of L) divided by 2h reaches 1e-9 absolute, 2e-6 relative on
+// the smallest gradients (~5e-5) at h = 1e-6. At 1e-5 that noise is 10x smaller while the
+// truncation error h^2 f'''/6 (~1e-11) stays negligible; measured worst ~2e-7.
+class AttentionGradTest : public AttentionTest {
+ public:
+  static constexpr double kStep = 1e-5;
+
+  void check(const Dims& dims, ops::AttentionBlocks blocks, uint64_t seed) {
+    Inputs in = random_inputs(dims, seed);
+    AttentionTensors t = allocate(dims, DType::f64);
+    upload_inputs(t, in);
+    forward(t, dims, blocks);
+    backward(t, dims, blocks);
+    const auto dq = download(t.dq), dk = download(t.dk), dv = download(t.dv);
+
+    // L in long double so that its rounding (not the op's) stays far below h * 1e-6.
+    auto loss = [&] {
+      upload(t.q, in.q);
+      upload(t.k, in.k);
+      upload(t.v, in.v);
+      forward(t, dims, blocks);
+      const auto out = download(t.out);
+      long double sum = 0;
+      for (size_t i = 0; i < out.size(); ++i) sum += static_cast<long double>(out[i]) * in.dout[i];
+      return static_cast<double>(sum);
+    };
+    EXPECT_LT(max_grad_rel_err(in.q, dq, loss, kStep), 1e-6) << "dq";
+    EXPECT_LT(max_grad_rel_err(in.k, dk, loss, kStep), 1e-6) << "dk";
+    EXPECT_LT(max_grad_rel_err(in.v, dv, loss, kStep), 1e-6) << "dv";
+  }
+};
+
+TEST_F(AttentionGradTest, GroupedQueryAcrossSmallBlocks) {
+  // GQA (4 query heads on 2 kv heads); 8-row blocks hold 4 positions, so T = 13 spans 4 query
+  // blocks and 3 key blocks of 5 (diagonal and fully visible blocks, a ragged last block).
+  check(Dims{2, 13, 4, 2, 8}, ops::AttentionBlocks{8, 5}, 11);
+}
+
+TEST_F(AttentionGradTest, MultiQueryAcrossSmallBlocks) {
+  check(Dims{1, 11, 4, 1, 4}, ops::AttentionBlocks{6, 4}, 12);
+}
+
+TEST_F(AttentionGradTest, GroupedQueryDefaultBlocks) {
+  // Default blocks: 64 positions per 128-row query block of 2 heads, so T = 130 spans three query
+  // blocks and two key blocks of 128.
+  check(Dims{1, 130, 2, 1, 4}, ops::kAttentionBlocks, 13);
+}
+
+TEST_F(AttentionTest, FloatMatchesDouble) {
+  // float32 vs float64 on the same inputs, error relative to each tensor's largest element. The
+  // f32 path rounds every product and sum (eps 6e-8) and uses a ~2 ulp polynomial exp; errors grow
+  // with the reduction lengths (d = 16, up to T = 130 keys, blocks of 128 rows), so about 1e-6 is
+  // expected; we allow 1e-5 (DESIGN.md §2: float32 far under 1e-5).
+  const Dims dims{2, 130, 4, 2, 16};
+  const Inputs in = random_inputs(dims, 21);
+  AttentionTensors t64 = allocate(dims, DType::f64);
+  AttentionTensors t32 = allocate(dims, DType::f32);
+  upload_inputs(t64, in);
+  upload_inputs(t32, in);
+  for (ops::AttentionBlocks blocks : {ops::kAttentionBlocks, kSmallBlocks}) {
+    forward(t64, dims, blocks);
+    backward(t64, dims, blocks);
+    forward(t32, dims, blocks);
+    backward(t32, dims, blocks);
+    EXPECT_LT(norm_rel_err(download(t32.out), download(t64.out)), 1e-5);
+    EXPECT_LT(norm_rel_err(download(t32.lse), download(t64.lse)), 1e-5);
+    EXPECT_LT(norm_rel_err(download(t32.dq), download(t64.dq)), 1e-5);
+    EXPECT_LT(norm_rel_err(download(t32.dk), download(t64.dk)), 1e-5);
+    EXPECT_LT(norm_rel_err(download(t32.dv), download(t64.dv)), 1e-5);
+  }
+}
+
+TEST_F(AttentionTest, FutureKeysDoNotChangeEarlierOutputs) {
+  // Perturbing k and v at position s leaves out, lse and dq at t < s bitwise unchanged: masked
+  // probabilities are exactly 0, never exp(-large).
+  const Dims dims{2, 70, 4, 2, 8};
+  const int64_t s = 37;
+  for (DType dtype : {DType::f64, DType::f32})
+    for (ops::AttentionBlocks blocks : {ops::kAttentionBlocks, kSmallBlocks}) {
+      Inputs in = random_inputs(dims, 31);
+      AttentionTensors t = allocate(dims, dtype);
+      upload_inputs(t, in);
+      forward(t, dims, blocks);
+      backward(t, dims, blocks);
+      const auto out = download(t.out), lse = download(t.lse), dq = download(t.dq);
+
+      const int64_t row = dims.kv_heads * dims.head_dim;
+      for (int64_t b = 0; b < dims.batch; ++b)
+        for (int64_t i = 0; i < row; ++i) {
+          in.k[(b * dims.seq + s) * row + i] += 3.0;
+          in.v[(b * dims.seq + s) * row + i] -= 5.0;
+        }
+      upload_inputs(t, in);
+      forward(t, dims, blocks);
+      backward(t, dims, blocks);
+      const auto out2 = download(t.out), lse2 = download(t.lse), dq2 = download(t.dq);
+
+      const int64_t q_row = dims.heads * dims.head_dim;
+      for (int64_t b = 0; b < dims.batch; ++b)
+        for (int64_t pos = 0; pos < dims.seq; ++pos) {
+          const size_t first = static_cast<size_t>((b * dims.seq + pos) * q_row);
+          const bool same_out = std::equal(out.begin() + first, out.begin() + first + q_row,
+                                           out2.begin() + first);
+          const bool same_dq = std::equal(dq.begin() + first, dq.begin() + first + q_row,
+                                          dq2.begin() + first);
+          EXPECT_EQ(same_out, pos < s) << "out b=" << b << " t=" << pos;
+          EXPECT_EQ(same_dq, pos < s) << "dq b=" << b << " t=" << pos;
+          for (int64_t h = 0; h < dims.heads; ++h) {
+            const size_t i = static_cast<size_t>((b * dims.heads + h) * dims.seq + pos);
+            EXPECT_EQ(lse[i] == lse2[i], pos < s) << "lse b=" << b << " h=" << h << " t=" << pos;
+          }
+        }
+    }
+}
+
+TEST_F(AttentionTest, RunsAreBitwiseIdentical) {
+  const Dims dims{2, 300, 8, 2, 32};
+  const Inputs in = random_inputs(dims, 41);
+  for (DType dtype : {DType::f32, DType::f64}) {
+    AttentionTensors t = allocate(dims, dtype);
+    upload_inputs(t, in);
+    std::vector<std::vector<char>> first;
+    for (int run = 0; run < 2; ++run) {
+      forward(t, dims, ops::kAttentionBlocks);
+      backward(t, dims, ops::kAttentionBlocks);
+      stream().synchronize();
+      for (int i = 0; const OwnedTensor* r : {&t.out, &t.lse, &t.dq, &t.dk, &t.dv}) {
+        const char* bytes = static_cast<const char*>(r->data());
+        std::vector<char> copy(bytes, bytes + r->nbytes());
+        if (run == 0) {
+          first.push_back(std::move(copy));
+        } else {
+          EXPECT_TRUE(copy == first[i]) << "result " << i << " differs between runs";
+        }
+        ++i;
+      }
+    }
+  }
+}
+
+TEST_F(AttentionTest, BadArgumentsThrowAtTheCall) {
+  const Dims dims{2, 5, 4, 2, 8};
+  AttentionTensors t = allocate(dims, DType::f64);
+  const double scale = dims.scale();
+  auto forward_throws = [&](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                            const Tensor& lse, double sc, const char* fragment) {
+    try {
+      ops::attention_forward_cpu(q, k, v, sc, out, lse, stream());
+      ADD_FAILURE() << "no error for " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find("attention_forward"), std::string::npos) << e.message();
+      EXPECT_NE(e.message().find(fragment), std::string::npos) << e.message();
+    }
+  };
+  // nh = 4 on nkv = 3 kv heads.
+  OwnedTensor k3 = OwnedTensor::device(*backend_, Shape{2, 5, 3, 8}, DType::f64,
+                                       LiveSet::workspace, "k3");
+  forward_throws(t.q, k3, k3, t.out, t.lse, scale, "nkv = 3");
+  // k with another sequence length, v unlike k, out unlike q, lse in (B, T, nh).
+  OwnedTensor k_short = OwnedTensor::device(*backend_, Shape{2, 4, 2, 8}, DType::f64,
+                                            LiveSet::workspace, "k_short");
+  forward_throws(t.q, k_short, t.v, t.out, t.lse, scale, "f64(2, 4, 2, 8)");
+  forward_throws(t.q, t.k, t.q, t.out, t.lse, scale, "v must be (B, T, nkv, d)");
+  forward_throws(t.q, t.k, t.v, t.dk, t.lse, scale, "out must be (B, T, nh, d)");
+  Tensor lse_wrong = t.lse.view().reshape(Shape{2, 5, 4});
+  forward_throws(t.q, t.k, t.v, t.out, lse_wrong, scale, "lse must be (B, nh, T)");
+  forward_throws(t.q.view().reshape(Shape{10, 4, 8}), t.k, t.v, t.out, t.lse, scale,
+                 "q must be (B, T, nh, d)");
+  forward_throws(t.q, t.k, t.v, t.out, t.lse, std::nan(""), "scale");
+  // Mixed dtypes; an unsupported dtype.
+  OwnedTensor v32 = OwnedTensor::device(*backend_, dims.kv_shape(), DType::f32,
+                                        LiveSet::workspace, "v32");
+  forward_throws(t.q, t.k, v32, t.out, t.lse, scale, "f32(2, 5, 2, 8)");
+  OwnedTensor q16 = OwnedTensor::device(*backend_, dims.q_shape(), DType::bf16,
+                                        LiveSet::workspace, "q16");
+  forward_throws(q16, t.k, t.v, t.out, t.lse, scale, "bf16");
+  // Backward: dk of the query shape.
+  try {
+    ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, scale, t.dq, t.dq, t.dv,
+                                stream());
+    ADD_FAILURE() << "no error for dk of the wrong shape";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("attention_backward: dk must be (B, T, nkv, d)"),
+              std::string::npos)
+        << e.message();
+  }
+  stream().synchronize();  // nothing was enqueued, nothing failed on the stream
+}
+
+// Forward + backward time in float32 at B=1, T=2048, nh=8, nkv=2, d=64, beside one large sgemm.
+TEST_F(AttentionTest, DISABLED_SpeedFloat32) {
+  using clock = std::chrono::steady_clock;
+  const Dims dims{1, 2048, 8, 2, 64};
+  const Inputs in = random_inputs(dims, 51);
+  AttentionTensors t = allocate(dims, DType::f32);
+  upload_inputs(t, in);
+  if (const char* env = std::getenv("ATTN_BLOCKS")) {  // TEMP: block sweep
+    int rows = 0, keys = 0;
+    std::sscanf(env, "%dx%d", &rows, &keys);
+    ops::AttentionBlocks blocks{rows, keys};
+    double best_f = 1e9, best_b = 1e9;
+    for (int r = 0; r < 4; ++r) {
+      auto start = clock::now();
+      ops::detail::attention_forward_cpu_blocked(t.q, t.k, t.v, dims.scale(), t.out, t.lse, blocks, stream());
+      stream().synchronize();
+      best_f = std::min(best_f, std::chrono::duration<double>(clock::now() - start).count());
+      start = clock::now();
+      ops::detail::attention_backward_cpu_blocked(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(), t.dq, t.dk, t.dv, blocks, stream());
+      stream().synchronize();
+      best_b = std::min(best_b, std::chrono::duration<double>(clock::now() - start).count());
+    }
+    std::printf("blocks %dx%d: fwd %.1f ms bwd %.1f ms\n", rows, keys, best_f * 1e3, best_b * 1e3);
+    return;
+  }
+  auto seconds = [](clock::time_point since) {
+    return std::chrono::duration<double>(clock::now() - since).count();
+  };
+  forward(t, dims, ops::kAttentionBlocks);  // warm-up: scratch, OpenBLAS threads
+  backward(t, dims, ops::kAttentionBlocks);
+  const int reps = 5;
+  double fwd = 1e9, bwd = 1e9;
+  for (int r = 0; r < reps; ++r) {
+    auto start = clock::now();
+    ops::attention_forward_cpu(t.q, t.k, t.v, dims.scale(), t.out, t.lse, stream());
+    stream().synchronize();
+    fwd = std::min(fwd, seconds(start));
+    start = clock::now();
+    ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(), t.dq, t.dk,
+                                t.dv, stream());
+    stream().synchronize();
+    bwd = std::min(bwd, seconds(start));
+  }
+  const double fwd_flops = 2.0 * 2.0 * dims.batch * dims.heads * dims.seq * dims.seq *
+                           dims.head_dim / 2.0;
+  const double bwd_flops = 2.5 * fwd_flops;
+
+  const int n = 2048;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n,
+              0.f, c.data(), n);
+  double gemm = 1e9;
+  for (int r = 0; r < 3; ++r) {
+    auto start = clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n,
+                0.f, c.data(), n);
+    gemm = std::min(gemm, seconds(start));
+  }
+  const double gemm_gflops = 2.0 * n * n * n / gemm / 1e9;
+  std::printf("attention f32 B=1 T=2048 nh=8 nkv=2 d=64 (best of %d)\n", reps);
+  std::printf("  forward   %7.1f ms  %6.1f GFLOP/s\n", fwd * 1e3, fwd_flops / fwd / 1e9);
+  std::printf("  backward  %7.1f ms  %6.1f GFLOP/s\n", bwd * 1e3, bwd_flops / bwd / 1e9);
+  std::printf("  fwd+bwd   %7.1f ms  %6.1f GFLOP/s\n", (fwd + bwd) * 1e3,
+              (fwd_flops + bwd_flops) / (fwd + bwd) / 1e9);
+  std::printf("  sgemm %d^3: %6.1f GFLOP/s (fwd+bwd at %.0f%%)\n", n, gemm_gflops,
+              100.0 * (fwd_flops + bwd_flops) / (fwd + bwd) / 1e9 / gemm_gflops);
+}
+
+}  // namespace
+}  // namespace moepeak

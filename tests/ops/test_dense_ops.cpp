@@ -1,0 +1,482 @@
+// Dense decoder ops on the CPU backend: RMSNorm, RoPE, linear, and the element-wise helpers.
+// For each: float64 forward against a plain double reference in this file, every input gradient
+// against central finite differences (L = sum(y * probe)), the float instantiation against the
+// double one, accumulate flags, and argument errors. Outputs are poisoned with NaN before each run.
+// The MoE ops are in test_moe_ops.cpp, the vocabulary ops in test_vocab_ops.cpp.
+// Run: ./build-ops/tests/ops/test_dense_ops
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/elementwise.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "tests/ops/dense_ops_testing.h"
+
+namespace moepeak {
+namespace {
+
+using testing::all_finite;
+using testing::dot;
+using testing::grad_err;
+using testing::kFloatVsDoubleTol;
+using testing::kForwardTol;
+using testing::kGradTol;
+using testing::max_rel_err;
+using testing::max_scaled_err;
+using testing::OpEnv;
+using testing::random_vector;
+using testing::rounded_to_float;
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm: x (N, H), w (H)
+
+constexpr int64_t kRows = 5, kHidden = 12;
+constexpr double kEps = 1e-5;
+
+struct RmsnormForward {
+  std::vector<double> y, rstd;
+};
+
+RmsnormForward run_rmsnorm_forward(OpEnv& env, DType dtype, const std::vector<double>& x,
+                                   const std::vector<double>& w) {
+  auto xt = env.input({kRows, kHidden}, dtype, x);
+  auto wt = env.input({kHidden}, dtype, w);
+  auto y = env.output({kRows, kHidden}, dtype);
+  auto rstd = env.output({kRows}, dtype);
+  ops::rmsnorm_forward_cpu(xt, wt, kEps, y, rstd, env.stream());
+  return {env.read(y), env.read(rstd)};
+}
+
+struct RmsnormGrads {
+  std::vector<double> dx, dw;
+};
+
+// dw starts at dw_init (the op accumulates into it).
+RmsnormGrads run_rmsnorm_backward(OpEnv& env, DType dtype, const std::vector<double>& x,
+                                  const std::vector<double>& w, const std::vector<double>& dy,
+                                  const std::vector<double>& dw_init) {
+  auto xt = env.input({kRows, kHidden}, dtype, x);
+  auto wt = env.input({kHidden}, dtype, w);
+  auto y = env.output({kRows, kHidden}, dtype);
+  auto rstd = env.output({kRows}, dtype);
+  ops::rmsnorm_forward_cpu(xt, wt, kEps, y, rstd, env.stream());
+  auto dyt = env.input({kRows, kHidden}, dtype, dy);
+  auto dx = env.output({kRows, kHidden}, dtype);
+  auto dw = env.input({kHidden}, dtype, dw_init);
+  ops::rmsnorm_backward_cpu(xt, wt, rstd, dyt, dx, dw, env.stream());
+  return {env.read(dx), env.read(dw)};
+}
+
+TEST(Rmsnorm, ForwardMatchesDoubleReference) {
+  OpEnv env;
+  auto x = random_vector(kRows * kHidden, 1);
+  auto w = random_vector(kHidden, 2);
+  RmsnormForward got = run_rmsnorm_forward(env, DType::f64, x, w);
+  std::vector<double> y_ref(x.size()), rstd_ref(kRows);
+  for (int64_t n = 0; n < kRows; ++n) {
+    double sum_sq = 0;
+    for (int64_t h = 0; h < kHidden; ++h) sum_sq += x[n * kHidden + h] * x[n * kHidden + h];
+    rstd_ref[n] = 1.0 / std::sqrt(sum_sq / kHidden + kEps);
+    for (int64_t h = 0; h < kHidden; ++h) {
+      y_ref[n * kHidden + h] = x[n * kHidden + h] * rstd_ref[n] * w[h];
+    }
+  }
+  EXPECT_LT(max_rel_err(got.y, y_ref), kForwardTol);
+  EXPECT_LT(max_rel_err(got.rstd, rstd_ref), kForwardTol);
+}
+
+TEST(Rmsnorm, BackwardMatchesFiniteDifferences) {
+  OpEnv env;
+  auto x = random_vector(kRows * kHidden, 3);
+  auto w = random_vector(kHidden, 4);
+  auto probe = random_vector(kRows * kHidden, 5);
+  RmsnormGrads g =
+      run_rmsnorm_backward(env, DType::f64, x, w, probe, std::vector<double>(kHidden, 0.0));
+  auto loss = [&] { return dot(run_rmsnorm_forward(env, DType::f64, x, w).y, probe); };
+  EXPECT_LT(grad_err(x, g.dx, loss), kGradTol);
+  EXPECT_LT(grad_err(w, g.dw, loss), kGradTol);
+}
+
+TEST(Rmsnorm, DwAccumulatesAndDxIsWritten) {
+  OpEnv env;
+  auto x = random_vector(kRows * kHidden, 6);
+  auto w = random_vector(kHidden, 7);
+  auto dy = random_vector(kRows * kHidden, 8);
+  auto dw_init = random_vector(kHidden, 9);
+  RmsnormGrads from_zero =
+      run_rmsnorm_backward(env, DType::f64, x, w, dy, std::vector<double>(kHidden, 0.0));
+  RmsnormGrads from_init = run_rmsnorm_backward(env, DType::f64, x, w, dy, dw_init);
+  for (int64_t h = 0; h < kHidden; ++h) {
+    EXPECT_EQ(from_init.dw[h], dw_init[h] + from_zero.dw[h]) << "h=" << h;  // one rounding: T(+=)
+  }
+  EXPECT_EQ(from_init.dx, from_zero.dx);
+}
+
+TEST(Rmsnorm, FloatMatchesDouble) {
+  OpEnv env;
+  auto x = rounded_to_float(random_vector(kRows * kHidden, 10));
+  auto w = rounded_to_float(random_vector(kHidden, 11));
+  auto dy = rounded_to_float(random_vector(kRows * kHidden, 12));
+  std::vector<double> zeros(kHidden, 0.0);
+  RmsnormForward f = run_rmsnorm_forward(env, DType::f32, x, w);
+  RmsnormForward d = run_rmsnorm_forward(env, DType::f64, x, w);
+  EXPECT_LT(max_scaled_err(f.y, d.y), kFloatVsDoubleTol);
+  EXPECT_LT(max_scaled_err(f.rstd, d.rstd), kFloatVsDoubleTol);
+  RmsnormGrads gf = run_rmsnorm_backward(env, DType::f32, x, w, dy, zeros);
+  RmsnormGrads gd = run_rmsnorm_backward(env, DType::f64, x, w, dy, zeros);
+  EXPECT_LT(max_scaled_err(gf.dx, gd.dx), kFloatVsDoubleTol);
+  EXPECT_LT(max_scaled_err(gf.dw, gd.dw), kFloatVsDoubleTol);
+}
+
+TEST(Rmsnorm, RejectsBadShapesAtTheCall) {
+  OpEnv env;
+  auto x = env.input({kRows, kHidden}, DType::f64, random_vector(kRows * kHidden, 13));
+  auto w = env.input({kHidden}, DType::f64, random_vector(kHidden, 14));
+  auto w_short = env.input({kHidden - 1}, DType::f64, random_vector(kHidden - 1, 15));
+  auto w_f32 = env.input({kHidden}, DType::f32, random_vector(kHidden, 16));
+  auto y = env.output({kRows, kHidden}, DType::f64);
+  auto rstd = env.output({kRows}, DType::f64);
+  auto rstd_bad = env.output({kRows + 1}, DType::f64);
+  EXPECT_THROW(ops::rmsnorm_forward_cpu(x, w_short, kEps, y, rstd, env.stream()), Error);
+  EXPECT_THROW(ops::rmsnorm_forward_cpu(x, w_f32, kEps, y, rstd, env.stream()), Error);
+  EXPECT_THROW(ops::rmsnorm_forward_cpu(x, w, kEps, y, rstd_bad, env.stream()), Error);
+  try {
+    ops::rmsnorm_forward_cpu(x, w, kEps, rstd, rstd, env.stream());
+    ADD_FAILURE() << "no error for a wrong y";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("rmsnorm_forward_cpu"), std::string::npos) << m;
+    EXPECT_NE(m.find("(5, 12)"), std::string::npos) << m;
+  }
+  auto dx = env.output({kRows, kHidden}, DType::f64);
+  auto dw = env.output({kHidden}, DType::f64);
+  EXPECT_THROW(ops::rmsnorm_backward_cpu(x, w, rstd, x, dx, w_short, env.stream()), Error);
+  EXPECT_THROW(ops::rmsnorm_backward_cpu(x, w, rstd_bad, x, dx, dw, env.stream()), Error);
+  env.stream().synchronize();
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE: x (N, n_heads, d), positions (N) i64
+
+constexpr int64_t kTokens = 6, kHeads = 3, kHeadDim = 8;
+constexpr double kTheta = 10000.0;
+// Global positions, not 0..N-1: a chunk in the middle of a long sequence, and a large one where
+// double angles matter.
+const std::vector<int64_t> kPositions = {0, 1, 7, 4096, 4097, 131071};
+
+std::vector<double> run_rope(OpEnv& env, DType dtype, const std::vector<double>& x, bool backward) {
+  auto xt = env.input({kTokens, kHeads, kHeadDim}, dtype, x);
+  auto pos = env.indices({kTokens}, DType::i64, kPositions);
+  if (backward) {
+    ops::rope_backward_cpu(xt, pos, kTheta, env.stream());
+  } else {
+    ops::rope_forward_cpu(xt, pos, kTheta, env.stream());
+  }
+  return env.read(xt);
+}
+
+TEST(Rope, ForwardMatchesRotateHalfReference) {
+  OpEnv env;
+  auto x = random_vector(kTokens * kHeads * kHeadDim, 20);
+  auto got = run_rope(env, DType::f64, x, false);
+  std::vector<double> ref(x.size());
+  int64_t half = kHeadDim / 2;
+  for (int64_t n = 0; n < kTokens; ++n) {
+    for (int64_t head = 0; head < kHeads; ++head) {
+      const double* v = x.data() + (n * kHeads + head) * kHeadDim;
+      double* r = ref.data() + (n * kHeads + head) * kHeadDim;
+      for (int64_t i = 0; i < half; ++i) {
+        double angle = static_cast<double>(kPositions[n]) * std::pow(kTheta, -2.0 * i / kHeadDim);
+        // rotate_half(v) = (-v[half:], v[:half]); out = v * cos + rotate_half(v) * sin.
+        r[i] = v[i] * std::cos(angle) - v[i + half] * std::sin(angle);
+        r[i + half] = v[i + half] * std::cos(angle) + v[i] * std::sin(angle);
+      }
+    }
+  }
+  EXPECT_LT(max_scaled_err(got, ref), kForwardTol);
+  // Position 0 is the identity.
+  for (int64_t j = 0; j < kHeads * kHeadDim; ++j) EXPECT_EQ(got[j], x[j]);
+}
+
+TEST(Rope, BackwardMatchesFiniteDifferencesAndInvertsForward) {
+  OpEnv env;
+  auto x = random_vector(kTokens * kHeads * kHeadDim, 21);
+  auto probe = random_vector(x.size(), 22);
+  auto dx = run_rope(env, DType::f64, probe, true);
+  auto loss = [&] { return dot(run_rope(env, DType::f64, x, false), probe); };
+  EXPECT_LT(grad_err(x, dx, loss), kGradTol);
+  // The rotation is orthogonal: its transpose undoes it.
+  auto back = run_rope(env, DType::f64, run_rope(env, DType::f64, x, false), true);
+  EXPECT_LT(max_scaled_err(back, x), 1e-12);
+}
+
+TEST(Rope, FloatMatchesDouble) {
+  OpEnv env;
+  auto x = rounded_to_float(random_vector(kTokens * kHeads * kHeadDim, 23));
+  for (bool backward : {false, true}) {
+    EXPECT_LT(max_scaled_err(run_rope(env, DType::f32, x, backward),
+                             run_rope(env, DType::f64, x, backward)),
+              kFloatVsDoubleTol)
+        << (backward ? "backward" : "forward");
+  }
+}
+
+TEST(Rope, RejectsBadShapesAtTheCall) {
+  OpEnv env;
+  auto odd = env.input({2, 1, 3}, DType::f64, random_vector(6, 24));
+  auto x = env.input({2, 1, 4}, DType::f64, random_vector(8, 25));
+  auto pos2 = env.indices({2}, DType::i64, {0, 1});
+  auto pos3 = env.indices({3}, DType::i64, {0, 1, 2});
+  auto pos_i32 = env.indices({2}, DType::i32, {0, 1});
+  EXPECT_THROW(ops::rope_forward_cpu(odd, pos2, kTheta, env.stream()), Error);
+  EXPECT_THROW(ops::rope_forward_cpu(x, pos3, kTheta, env.stream()), Error);
+  EXPECT_THROW(ops::rope_backward_cpu(x, pos_i32, kTheta, env.stream()), Error);
+  EXPECT_THROW(ops::rope_forward_cpu(x.view().reshape({2, 4}), pos2, kTheta, env.stream()), Error);
+  env.stream().synchronize();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear: x (M, K), w (N, K), y (M, N)
+
+constexpr int64_t kM = 5, kK = 7, kN = 4;
+
+std::vector<double> run_linear_forward(OpEnv& env, DType dtype, int64_t m,
+                                       const std::vector<double>& x, const std::vector<double>& w,
+                                       const std::vector<double>* y_init = nullptr) {
+  auto xt = env.input({m, kK}, dtype, x);
+  auto wt = env.input({kN, kK}, dtype, w);
+  auto y = y_init ? env.input({m, kN}, dtype, *y_init) : env.output({m, kN}, dtype);
+  ops::linear_forward_cpu(xt, wt, y, y_init != nullptr, env.stream());
+  return env.read(y);
+}
+
+struct LinearGrads {
+  std::vector<double> dx, dw;
+};
+
+// dx starts at dx_init when accumulating (else poisoned); dw starts at dw_init.
+LinearGrads run_linear_backward(OpEnv& env, DType dtype, int64_t m, const std::vector<double>& x,
+                                const std::vector<double>& w, const std::vector<double>& dy,
+                                const std::vector<double>* dx_init,
+                                const std::vector<double>& dw_init) {
+  auto xt = env.input({m, kK}, dtype, x);
+  auto wt = env.input({kN, kK}, dtype, w);
+  auto dyt = env.input({m, kN}, dtype, dy);
+  auto dx = dx_init ? env.input({m, kK}, dtype, *dx_init) : env.output({m, kK}, dtype);
+  auto dw = env.input({kN, kK}, dtype, dw_init);
+  ops::linear_backward_cpu(xt, wt, dyt, dx, dx_init != nullptr, dw, env.stream());
+  return {env.read(dx), env.read(dw)};
+}
+
+std::vector<double> matmul_xwt(const std::vector<double>& x, const std::vector<double>& w,
+                               int64_t m) {
+  std::vector<double> y(m * kN, 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < kN; ++j) {
+      for (int64_t k = 0; k < kK; ++k) y[i * kN + j] += x[i * kK + k] * w[j * kK + k];
+    }
+  }
+  return y;
+}
+
+TEST(Linear, ForwardMatchesReferenceAndAccumulates) {
+  OpEnv env;
+  auto x = random_vector(kM * kK, 30);
+  auto w = random_vector(kN * kK, 31);
+  auto ref = matmul_xwt(x, w, kM);
+  EXPECT_LT(max_scaled_err(run_linear_forward(env, DType::f64, kM, x, w), ref), kForwardTol);
+  auto y_init = random_vector(kM * kN, 32);
+  auto acc = run_linear_forward(env, DType::f64, kM, x, w, &y_init);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += y_init[i];
+  EXPECT_LT(max_scaled_err(acc, ref), kForwardTol);
+}
+
+TEST(Linear, BackwardMatchesFiniteDifferences) {
+  OpEnv env;
+  auto x = random_vector(kM * kK, 33);
+  auto w = random_vector(kN * kK, 34);
+  auto probe = random_vector(kM * kN, 35);
+  LinearGrads g = run_linear_backward(env, DType::f64, kM, x, w, probe, nullptr,
+                                      std::vector<double>(kN * kK, 0.0));
+  auto loss = [&] { return dot(run_linear_forward(env, DType::f64, kM, x, w), probe); };
+  EXPECT_LT(grad_err(x, g.dx, loss), kGradTol);
+  EXPECT_LT(grad_err(w, g.dw, loss), kGradTol);
+}
+
+TEST(Linear, BackwardAccumulatesDxOnRequestAndDwAlways) {
+  OpEnv env;
+  auto x = random_vector(kM * kK, 36);
+  auto w = random_vector(kN * kK, 37);
+  auto dy = random_vector(kM * kN, 38);
+  auto dx_init = random_vector(kM * kK, 39);
+  auto dw_init = random_vector(kN * kK, 40);
+  std::vector<double> zeros_w(kN * kK, 0.0);
+  LinearGrads plain = run_linear_backward(env, DType::f64, kM, x, w, dy, nullptr, zeros_w);
+  LinearGrads acc = run_linear_backward(env, DType::f64, kM, x, w, dy, &dx_init, dw_init);
+  std::vector<double> dx_ref = plain.dx, dw_ref = plain.dw;
+  for (size_t i = 0; i < dx_ref.size(); ++i) dx_ref[i] += dx_init[i];
+  for (size_t i = 0; i < dw_ref.size(); ++i) dw_ref[i] += dw_init[i];
+  EXPECT_LT(max_scaled_err(acc.dx, dx_ref), kForwardTol);
+  EXPECT_LT(max_scaled_err(acc.dw, dw_ref), kForwardTol);
+
+  // An undefined dx skips the input gradient; dw still accumulates.
+  auto xt = env.input({kM, kK}, DType::f64, x);
+  auto wt = env.input({kN, kK}, DType::f64, w);
+  auto dyt = env.input({kM, kN}, DType::f64, dy);
+  auto dw = env.input({kN, kK}, DType::f64, dw_init);
+  ops::linear_backward_cpu(xt, wt, dyt, Tensor(), false, dw, env.stream());
+  EXPECT_LT(max_scaled_err(env.read(dw), dw_ref), kForwardTol);
+}
+
+TEST(Linear, ExpertWithNoTokens) {
+  OpEnv env;
+  auto w = random_vector(kN * kK, 41);
+  auto dw_init = random_vector(kN * kK, 42);
+  EXPECT_TRUE(run_linear_forward(env, DType::f64, 0, {}, w).empty());
+  LinearGrads g = run_linear_backward(env, DType::f64, 0, {}, w, {}, nullptr, dw_init);
+  EXPECT_TRUE(g.dx.empty());
+  EXPECT_EQ(g.dw, dw_init);  // dw += 0 rows: unchanged, bit for bit
+  // An empty inner dimension (K = 0): y = x w^T is all zeros, written over the NaN poison.
+  auto x0 = env.input({kM, 0}, DType::f64, {});
+  auto w0 = env.input({kN, 0}, DType::f64, {});
+  auto y = env.output({kM, kN}, DType::f64);
+  ops::linear_forward_cpu(x0, w0, y, false, env.stream());
+  EXPECT_EQ(env.read(y), std::vector<double>(kM * kN, 0.0));
+}
+
+TEST(Linear, FloatMatchesDouble) {
+  OpEnv env;
+  auto x = rounded_to_float(random_vector(kM * kK, 43));
+  auto w = rounded_to_float(random_vector(kN * kK, 44));
+  auto dy = rounded_to_float(random_vector(kM * kN, 45));
+  std::vector<double> zeros(kN * kK, 0.0);
+  EXPECT_LT(max_scaled_err(run_linear_forward(env, DType::f32, kM, x, w),
+                           run_linear_forward(env, DType::f64, kM, x, w)),
+            kFloatVsDoubleTol);
+  LinearGrads gf = run_linear_backward(env, DType::f32, kM, x, w, dy, nullptr, zeros);
+  LinearGrads gd = run_linear_backward(env, DType::f64, kM, x, w, dy, nullptr, zeros);
+  EXPECT_LT(max_scaled_err(gf.dx, gd.dx), kFloatVsDoubleTol);
+  EXPECT_LT(max_scaled_err(gf.dw, gd.dw), kFloatVsDoubleTol);
+}
+
+TEST(Linear, LargerGemmsOverwriteThePoisonAndRepeatBitForBit) {
+  // Large enough for OpenBLAS's blocked, threaded kernels; beta = 0 must overwrite the NaN poison.
+  OpEnv env;
+  constexpr int64_t m = 96, k = 160, n = 72;
+  auto x = env.input({m, k}, DType::f32, random_vector(m * k, 50));
+  auto w = env.input({n, k}, DType::f32, random_vector(n * k, 51));
+  auto dy = env.input({m, n}, DType::f32, random_vector(m * n, 52));
+  std::vector<double> first_y, first_dx, first_dw;
+  for (int run = 0; run < 2; ++run) {
+    auto y = env.output({m, n}, DType::f32);
+    auto dx = env.output({m, k}, DType::f32);
+    auto dw = env.input({n, k}, DType::f32, std::vector<double>(n * k, 0.0));
+    ops::linear_forward_cpu(x, w, y, false, env.stream());
+    ops::linear_backward_cpu(x, w, dy, dx, false, dw, env.stream());
+    auto yv = env.read(y), dxv = env.read(dx), dwv = env.read(dw);
+    EXPECT_TRUE(all_finite(yv) && all_finite(dxv) && all_finite(dwv));
+    if (run == 0) {
+      first_y = yv, first_dx = dxv, first_dw = dwv;
+    } else {
+      EXPECT_EQ(yv, first_y);
+      EXPECT_EQ(dxv, first_dx);
+      EXPECT_EQ(dwv, first_dw);
+    }
+  }
+}
+
+TEST(Linear, RejectsBadShapesAtTheCall) {
+  OpEnv env;
+  auto x = env.input({kM, kK}, DType::f64, random_vector(kM * kK, 46));
+  auto w = env.input({kN, kK}, DType::f64, random_vector(kN * kK, 47));
+  auto w_bad_k = env.input({kN, kK + 1}, DType::f64, random_vector(kN * (kK + 1), 48));
+  auto w_f32 = env.input({kN, kK}, DType::f32, random_vector(kN * kK, 49));
+  auto y = env.output({kM, kN}, DType::f64);
+  auto y_bad = env.output({kM, kN + 1}, DType::f64);
+  EXPECT_THROW(ops::linear_forward_cpu(x, w_bad_k, y, false, env.stream()), Error);
+  EXPECT_THROW(ops::linear_forward_cpu(x, w_f32, y, false, env.stream()), Error);
+  EXPECT_THROW(ops::linear_forward_cpu(x, w, y_bad, false, env.stream()), Error);
+  auto dw = env.output({kN, kK}, DType::f64);
+  auto dx_bad = env.output({kM, kK + 1}, DType::f64);
+  EXPECT_THROW(ops::linear_backward_cpu(x, w, y_bad, Tensor(), false, dw, env.stream()), Error);
+  EXPECT_THROW(ops::linear_backward_cpu(x, w, y, dx_bad, false, dw, env.stream()), Error);
+  EXPECT_THROW(ops::linear_backward_cpu(x, w, y, Tensor(), false, y, env.stream()), Error);
+  env.stream().synchronize();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element-wise helpers
+
+TEST(Elementwise, AddWritesAndMayAliasEitherInput) {
+  OpEnv env;
+  auto a = random_vector(24, 50), b = random_vector(24, 51);
+  std::vector<double> ref(24);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] = a[i] + b[i];
+  for (DType dtype : {DType::f64, DType::f32}) {
+    auto at = env.input({4, 6}, dtype, a);
+    auto bt = env.input({4, 6}, dtype, b);
+    auto out = env.output({4, 6}, dtype);
+    ops::add_cpu(at, bt, out, env.stream());
+    double tol = dtype == DType::f64 ? 0.0 : kFloatVsDoubleTol;
+    EXPECT_LE(max_scaled_err(env.read(out), ref), tol);
+    ops::add_cpu(at, bt, at, env.stream());  // a += b
+    EXPECT_EQ(env.read(at), env.read(out));
+    auto bt2 = env.input({4, 6}, dtype, b);
+    auto at2 = env.input({4, 6}, dtype, a);
+    ops::add_cpu(at2, bt2, bt2, env.stream());  // b = a + b
+    EXPECT_EQ(env.read(bt2), env.read(out));
+  }
+}
+
+TEST(Elementwise, ScaleSumSquaresAndCopy) {
+  OpEnv env;
+  auto x = random_vector(30, 52);
+  auto xt = env.input({5, 6}, DType::f64, x);
+  ops::scale_cpu(xt, -0.375, env.stream());
+  auto scaled = env.read(xt);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(scaled[i], x[i] * -0.375);
+
+  // sum_squares accumulates into out, in double, over f64 and f32 tensors alike.
+  auto out = env.input({1}, DType::f64, {2.5});
+  auto x32 = env.input({30}, DType::f32, x);
+  ops::sum_squares_cpu(xt, out, env.stream());
+  ops::sum_squares_cpu(x32, out, env.stream());
+  double ref = 2.5, s64 = 0, s32 = 0;
+  for (double v : scaled) s64 += v * v;
+  for (double v : x) s32 += static_cast<double>(static_cast<float>(v)) * static_cast<float>(v);
+  ref = (ref + s64) + s32;
+  EXPECT_EQ(env.read(out)[0], ref);  // the same additions in the same order
+
+  auto dst = env.output({5, 6}, DType::f64);
+  ops::copy_cpu(xt, dst, env.stream());
+  EXPECT_EQ(env.read(dst), scaled);
+  auto ids = env.indices({3}, DType::i64, {4, -1, 1LL << 40});
+  auto ids_copy = env.output({3}, DType::i64);
+  ops::copy_cpu(ids, ids_copy, env.stream());
+  EXPECT_EQ(env.read(ids_copy), env.read(ids));
+}
+
+TEST(Elementwise, RejectsBadArgumentsAtTheCall) {
+  OpEnv env;
+  auto a = env.input({4, 6}, DType::f64, random_vector(24, 53));
+  auto a_t = env.input({6, 4}, DType::f64, random_vector(24, 54));
+  auto a32 = env.input({4, 6}, DType::f32, random_vector(24, 55));
+  auto ids = env.indices({4}, DType::i32, {1, 2, 3, 4});
+  auto out32 = env.output({1}, DType::f32);
+  auto out2 = env.output({2}, DType::f64);
+  EXPECT_THROW(ops::add_cpu(a, a_t, a, env.stream()), Error);
+  EXPECT_THROW(ops::add_cpu(a, a32, a, env.stream()), Error);
+  EXPECT_THROW(ops::scale_cpu(ids, 2.0, env.stream()), Error);
+  EXPECT_THROW(ops::sum_squares_cpu(a, out32, env.stream()), Error);
+  EXPECT_THROW(ops::sum_squares_cpu(a, out2, env.stream()), Error);
+  EXPECT_THROW(ops::copy_cpu(a, a_t, env.stream()), Error);
+  EXPECT_THROW(ops::copy_cpu(a, a32, env.stream()), Error);
+  env.stream().synchronize();
+}
+
+}  // namespace
+}  // namespace moepeak

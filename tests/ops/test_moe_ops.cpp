@@ -1,0 +1,485 @@
+// MoE ops on the CPU backend: the router (softmax, top-k, renormalisation), the experts' SwiGLU,
+// and the row gather / scatter-add / weighted combine of the standard dispatch schedule. Same
+// checks as test_dense_ops.cpp: float64 forward against a plain reference, input gradients
+// against central finite differences, float vs double, accumulation, and errors.
+// Run: ./build-ops/tests/ops/test_moe_ops
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/runtime/backend.h"
+#include "ops/permute.h"
+#include "ops/router.h"
+#include "ops/swiglu.h"
+#include "tests/ops/dense_ops_testing.h"
+
+namespace moepeak {
+namespace {
+
+using testing::dot;
+using testing::grad_err;
+using testing::kFloatVsDoubleTol;
+using testing::kForwardTol;
+using testing::kGradTol;
+using testing::max_rel_err;
+using testing::max_scaled_err;
+using testing::OpEnv;
+using testing::random_vector;
+using testing::rounded_to_float;
+
+// Expects the stream to throw a moepeak::Error at synchronize() whose message has every part.
+void expect_stream_error(Stream& stream, const std::vector<std::string>& parts) {
+  try {
+    stream.synchronize();
+    ADD_FAILURE() << "no error at synchronize()";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    for (const auto& part : parts) EXPECT_NE(m.find(part), std::string::npos) << m;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Router: logits (N, E), top-k
+
+constexpr int64_t kTokens = 5, kExperts = 6;
+constexpr int kTopK = 2;
+
+struct RouterForward {
+  std::vector<double> probs, index, weight;
+};
+
+RouterForward run_router_forward(OpEnv& env, DType dtype, const std::vector<double>& logits,
+                                 int64_t tokens, int64_t experts, int k) {
+  auto lt = env.input({tokens, experts}, dtype, logits);
+  auto probs = env.output({tokens, experts}, dtype);
+  auto index = env.output({tokens, k}, DType::i32);
+  auto weight = env.output({tokens, k}, dtype);
+  ops::router_forward_cpu(lt, k, probs, index, weight, env.stream());
+  return {env.read(probs), env.read(index), env.read(weight)};
+}
+
+// dlogits from dtopk_weight, through a fresh forward in the same dtype.
+std::vector<double> run_router_backward(OpEnv& env, DType dtype, const std::vector<double>& logits,
+                                        const std::vector<double>& dweight) {
+  auto lt = env.input({kTokens, kExperts}, dtype, logits);
+  auto probs = env.output({kTokens, kExperts}, dtype);
+  auto index = env.output({kTokens, kTopK}, DType::i32);
+  auto weight = env.output({kTokens, kTopK}, dtype);
+  ops::router_forward_cpu(lt, kTopK, probs, index, weight, env.stream());
+  auto dw = env.input({kTokens, kTopK}, dtype, dweight);
+  auto dlogits = env.output({kTokens, kExperts}, dtype);
+  ops::router_backward_cpu(probs, index, weight, dw, dlogits, env.stream());
+  return env.read(dlogits);
+}
+
+// Plain reference: softmax in double, experts sorted by (probability desc, index asc).
+RouterForward router_reference(const std::vector<double>& logits, int64_t tokens, int64_t experts,
+                               int k) {
+  RouterForward ref;
+  for (int64_t n = 0; n < tokens; ++n) {
+    const double* l = logits.data() + n * experts;
+    double row_max = *std::max_element(l, l + experts), sum = 0;
+    std::vector<double> p(experts);
+    for (int64_t e = 0; e < experts; ++e) sum += (p[e] = std::exp(l[e] - row_max));
+    for (auto& v : p) v /= sum;
+    std::vector<int64_t> order(experts);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+    double chosen = 0;
+    for (int j = 0; j < k; ++j) chosen += p[order[j]];
+    ref.probs.insert(ref.probs.end(), p.begin(), p.end());
+    for (int j = 0; j < k; ++j) {
+      ref.index.push_back(static_cast<double>(order[j]));
+      ref.weight.push_back(p[order[j]] / chosen);
+    }
+  }
+  return ref;
+}
+
+// The smallest gap between neighbours among each row's k+1 most probable experts: selection and
+// order cannot change under a finite-difference step much smaller than this.
+double smallest_topk_gap(const std::vector<double>& probs) {
+  double gap = 1.0;
+  for (int64_t n = 0; n < kTokens; ++n) {
+    std::vector<double> p(probs.begin() + n * kExperts, probs.begin() + (n + 1) * kExperts);
+    std::sort(p.rbegin(), p.rend());
+    for (int j = 0; j < kTopK; ++j) gap = std::min(gap, p[j] - p[j + 1]);
+  }
+  return gap;
+}
+
+TEST(Router, ForwardMatchesReference) {
+  OpEnv env;
+  auto logits = random_vector(kTokens * kExperts, 60, 2.0);
+  for (int k : {1, kTopK, static_cast<int>(kExperts)}) {
+    RouterForward got = run_router_forward(env, DType::f64, logits, kTokens, kExperts, k);
+    RouterForward ref = router_reference(logits, kTokens, kExperts, k);
+    EXPECT_LT(max_rel_err(got.probs, ref.probs), kForwardTol) << "k=" << k;
+    EXPECT_EQ(got.index, ref.index) << "k=" << k;
+    EXPECT_LT(max_rel_err(got.weight, ref.weight), kForwardTol) << "k=" << k;
+    for (int64_t n = 0; n < kTokens; ++n) {
+      double s = 0;
+      for (int j = 0; j < k; ++j) s += got.weight[n * k + j];
+      EXPECT_NEAR(s, 1.0, 1e-14);
+    }
+  }
+}
+
+TEST(Router, TiesGoToTheLowerExpertIndex) {
+  OpEnv env;
+  // Row 0: three experts tie for first place; row 1: all equal; row 2: a tie for second place.
+  std::vector<double> logits = {1.0,  3.0,  3.0, 0.5,  3.0, -1.0,  //
+                                0.7,  0.7,  0.7, 0.7,  0.7, 0.7,   //
+                                -2.0, 0.25, 4.0, 0.25, 0.1, 0.25};
+  for (DType dtype : {DType::f64, DType::f32}) {
+    RouterForward got = run_router_forward(env, dtype, logits, 3, kExperts, 3);
+    EXPECT_EQ(got.index, (std::vector<double>{1, 2, 4, 0, 1, 2, 2, 1, 3}));
+    EXPECT_LT(max_scaled_err(got.weight, router_reference(logits, 3, kExperts, 3).weight),
+              dtype == DType::f64 ? kForwardTol : kFloatVsDoubleTol);
+    EXPECT_EQ(got.weight[0], got.weight[1]);
+    EXPECT_EQ(got.weight[3], got.weight[5]);
+  }
+}
+
+TEST(Router, BackwardMatchesFiniteDifferences) {
+  OpEnv env;
+  auto logits = random_vector(kTokens * kExperts, 61, 1.5);
+  auto probe = random_vector(kTokens * kTopK, 62);
+  RouterForward fwd = run_router_forward(env, DType::f64, logits, kTokens, kExperts, kTopK);
+  // No near-ties: the finite-difference steps (up to 2 * kGradStep = 2e-3 on one logit) move a
+  // probability by at most 5e-4, well below the smallest gap, so selection and order hold.
+  ASSERT_GT(smallest_topk_gap(fwd.probs), 1e-2);
+  auto dlogits = run_router_backward(env, DType::f64, logits, probe);
+  auto loss = [&] {
+    return dot(run_router_forward(env, DType::f64, logits, kTokens, kExperts, kTopK).weight, probe);
+  };
+  EXPECT_LT(grad_err(logits, dlogits, loss), kGradTol);
+  // Experts that were not chosen get exactly zero gradient.
+  for (int64_t n = 0; n < kTokens; ++n) {
+    for (int64_t e = 0; e < kExperts; ++e) {
+      bool chosen = false;
+      for (int j = 0; j < kTopK; ++j) chosen |= fwd.index[n * kTopK + j] == e;
+      if (!chosen) {
+        EXPECT_EQ(dlogits[n * kExperts + e], 0.0) << n << "," << e;
+      }
+    }
+  }
+}
+
+TEST(Router, FloatMatchesDouble) {
+  OpEnv env;
+  auto logits = rounded_to_float(random_vector(kTokens * kExperts, 63, 1.5));
+  auto dweight = rounded_to_float(random_vector(kTokens * kTopK, 64));
+  RouterForward f = run_router_forward(env, DType::f32, logits, kTokens, kExperts, kTopK);
+  RouterForward d = run_router_forward(env, DType::f64, logits, kTokens, kExperts, kTopK);
+  ASSERT_GT(smallest_topk_gap(d.probs), 1e-3);  // far from ties: both pick the same experts
+  EXPECT_EQ(f.index, d.index);
+  EXPECT_LT(max_scaled_err(f.probs, d.probs), kFloatVsDoubleTol);
+  EXPECT_LT(max_scaled_err(f.weight, d.weight), kFloatVsDoubleTol);
+  EXPECT_LT(max_scaled_err(run_router_backward(env, DType::f32, logits, dweight),
+                           run_router_backward(env, DType::f64, logits, dweight)),
+            kFloatVsDoubleTol);
+}
+
+TEST(Router, RejectsBadArguments) {
+  OpEnv env;
+  auto logits = env.input({kTokens, kExperts}, DType::f64, random_vector(kTokens * kExperts, 65));
+  auto probs = env.output({kTokens, kExperts}, DType::f64);
+  auto index = env.output({kTokens, kTopK}, DType::i32);
+  auto index_i64 = env.output({kTokens, kTopK}, DType::i64);
+  auto weight = env.output({kTokens, kTopK}, DType::f64);
+  auto weight_bad = env.output({kTokens, kTopK + 1}, DType::f64);
+  Stream& s = env.stream();
+  EXPECT_THROW(ops::router_forward_cpu(logits, 0, probs, index, weight, s), Error);
+  EXPECT_THROW(ops::router_forward_cpu(logits, kExperts + 1, probs, index, weight, s), Error);
+  EXPECT_THROW(ops::router_forward_cpu(logits, kTopK, probs, index_i64, weight, s), Error);
+  EXPECT_THROW(ops::router_forward_cpu(logits, kTopK, probs, index, weight_bad, s), Error);
+  EXPECT_THROW(ops::router_backward_cpu(probs, index, weight_bad, weight, probs, s), Error);
+  EXPECT_THROW(ops::router_backward_cpu(probs, index, weight, weight, weight, s), Error);
+  s.synchronize();
+
+  // Indices are data: an expert outside [0, E) or chosen twice fails on the stream.
+  auto bad_stream = env.backend().create_stream("router errors");
+  std::vector<int64_t> ids(kTokens * kTopK, 0);
+  for (int64_t n = 0; n < kTokens; ++n) ids[n * kTopK + 1] = 1;
+  ids[3 * kTopK + 1] = kExperts;
+  auto bad_index = env.indices({kTokens, kTopK}, DType::i32, ids);
+  auto w = env.input({kTokens, kTopK}, DType::f64, random_vector(kTokens * kTopK, 66));
+  auto dlogits = env.output({kTokens, kExperts}, DType::f64);
+  ops::router_backward_cpu(probs, bad_index, w, w, dlogits, *bad_stream);
+  expect_stream_error(*bad_stream, {"router_backward_cpu", "topk_index[3, 1] = 6"});
+  auto dup_stream = env.backend().create_stream("router duplicates");
+  ids[3 * kTopK + 1] = 0;
+  auto dup_index = env.indices({kTokens, kTopK}, DType::i32, ids);
+  ops::router_backward_cpu(probs, dup_index, w, w, dlogits, *dup_stream);
+  expect_stream_error(*dup_stream, {"expert 0 chosen twice in row 3"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU: a, b (M, F)
+
+constexpr int64_t kM = 4, kF = 9;
+
+std::vector<double> run_swiglu_forward(OpEnv& env, DType dtype, int64_t m,
+                                       const std::vector<double>& a, const std::vector<double>& b) {
+  auto at = env.input({m, kF}, dtype, a);
+  auto bt = env.input({m, kF}, dtype, b);
+  auto h = env.output({m, kF}, dtype);
+  ops::swiglu_forward_cpu(at, bt, h, env.stream());
+  return env.read(h);
+}
+
+struct SwigluGrads {
+  std::vector<double> da, db;
+};
+
+SwigluGrads run_swiglu_backward(OpEnv& env, DType dtype, const std::vector<double>& a,
+                                const std::vector<double>& b, const std::vector<double>& dh) {
+  auto at = env.input({kM, kF}, dtype, a);
+  auto bt = env.input({kM, kF}, dtype, b);
+  auto dht = env.input({kM, kF}, dtype, dh);
+  auto da = env.output({kM, kF}, dtype);
+  auto db = env.output({kM, kF}, dtype);
+  ops::swiglu_backward_cpu(at, bt, dht, da, db, env.stream());
+  return {env.read(da), env.read(db)};
+}
+
+TEST(Swiglu, ForwardMatchesReference) {
+  OpEnv env;
+  auto a = random_vector(kM * kF, 70, 3.0);  // reaches well into both tails of the sigmoid
+  auto b = random_vector(kM * kF, 71);
+  std::vector<double> ref(a.size());
+  for (size_t i = 0; i < a.size(); ++i) ref[i] = a[i] / (1 + std::exp(-a[i])) * b[i];
+  EXPECT_LT(max_rel_err(run_swiglu_forward(env, DType::f64, kM, a, b), ref), kForwardTol);
+  EXPECT_TRUE(run_swiglu_forward(env, DType::f64, 0, {}, {}).empty());  // an idle expert
+}
+
+TEST(Swiglu, BackwardMatchesFiniteDifferences) {
+  OpEnv env;
+  auto a = random_vector(kM * kF, 72, 3.0);
+  auto b = random_vector(kM * kF, 73);
+  auto probe = random_vector(kM * kF, 74);
+  SwigluGrads g = run_swiglu_backward(env, DType::f64, a, b, probe);
+  auto loss = [&] { return dot(run_swiglu_forward(env, DType::f64, kM, a, b), probe); };
+  EXPECT_LT(grad_err(a, g.da, loss), kGradTol);
+  EXPECT_LT(grad_err(b, g.db, loss), kGradTol);
+}
+
+TEST(Swiglu, FloatMatchesDouble) {
+  OpEnv env;
+  auto a = rounded_to_float(random_vector(kM * kF, 75, 3.0));
+  auto b = rounded_to_float(random_vector(kM * kF, 76));
+  auto dh = rounded_to_float(random_vector(kM * kF, 77));
+  EXPECT_LT(max_scaled_err(run_swiglu_forward(env, DType::f32, kM, a, b),
+                           run_swiglu_forward(env, DType::f64, kM, a, b)),
+            kFloatVsDoubleTol);
+  SwigluGrads gf = run_swiglu_backward(env, DType::f32, a, b, dh);
+  SwigluGrads gd = run_swiglu_backward(env, DType::f64, a, b, dh);
+  EXPECT_LT(max_scaled_err(gf.da, gd.da), kFloatVsDoubleTol);
+  EXPECT_LT(max_scaled_err(gf.db, gd.db), kFloatVsDoubleTol);
+}
+
+TEST(Swiglu, RejectsBadShapesAtTheCall) {
+  OpEnv env;
+  auto a = env.input({kM, kF}, DType::f64, random_vector(kM * kF, 78));
+  auto b_bad = env.input({kM, kF + 1}, DType::f64, random_vector(kM * (kF + 1), 79));
+  auto b32 = env.input({kM, kF}, DType::f32, random_vector(kM * kF, 80));
+  auto h = env.output({kM, kF}, DType::f64);
+  EXPECT_THROW(ops::swiglu_forward_cpu(a, b_bad, h, env.stream()), Error);
+  EXPECT_THROW(ops::swiglu_forward_cpu(a, b32, h, env.stream()), Error);
+  EXPECT_THROW(ops::swiglu_backward_cpu(a, a, a, h, b_bad, env.stream()), Error);
+  env.stream().synchronize();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row gather / scatter-add / combine: token side (N, H), routed side (M, H), index (M) i32
+
+constexpr int64_t kRowsN = 4, kRoutedM = 7, kHidden = 5;
+// Routed rows grouped by expert; tokens 0 and 2 are sent to two experts.
+const std::vector<int64_t> kIndex = {0, 2, 3, 1, 2, 0, 3};
+
+std::vector<double> run_gather(OpEnv& env, DType dtype, const std::vector<double>& src) {
+  auto st = env.input({kRowsN, kHidden}, dtype, src);
+  auto index = env.indices({kRoutedM}, DType::i32, kIndex);
+  auto dst = env.output({kRoutedM, kHidden}, dtype);
+  ops::gather_rows_cpu(st, index, dst, env.stream());
+  return env.read(dst);
+}
+
+std::vector<double> run_scatter_add(OpEnv& env, DType dtype, const std::vector<double>& src,
+                                    const std::vector<double>& dst_init) {
+  auto st = env.input({kRoutedM, kHidden}, dtype, src);
+  auto index = env.indices({kRoutedM}, DType::i32, kIndex);
+  auto dst = env.input({kRowsN, kHidden}, dtype, dst_init);
+  ops::scatter_add_rows_cpu(st, index, dst, env.stream());
+  return env.read(dst);
+}
+
+std::vector<double> run_combine(OpEnv& env, DType dtype, const std::vector<double>& y,
+                                const std::vector<double>& weight,
+                                const std::vector<double>& out_init) {
+  auto yt = env.input({kRoutedM, kHidden}, dtype, y);
+  auto index = env.indices({kRoutedM}, DType::i32, kIndex);
+  auto wt = env.input({kRoutedM}, dtype, weight);
+  auto out = env.input({kRowsN, kHidden}, dtype, out_init);
+  ops::combine_rows_cpu(yt, index, wt, out, env.stream());
+  return env.read(out);
+}
+
+struct CombineGrads {
+  std::vector<double> dy, dweight;
+};
+
+CombineGrads run_combine_backward(OpEnv& env, DType dtype, const std::vector<double>& dout,
+                                  const std::vector<double>& y, const std::vector<double>& weight) {
+  auto doutt = env.input({kRowsN, kHidden}, dtype, dout);
+  auto yt = env.input({kRoutedM, kHidden}, dtype, y);
+  auto index = env.indices({kRoutedM}, DType::i32, kIndex);
+  auto wt = env.input({kRoutedM}, dtype, weight);
+  auto dy = env.output({kRoutedM, kHidden}, dtype);
+  auto dweight = env.output({kRoutedM}, dtype);
+  ops::combine_rows_backward_cpu(doutt, yt, index, wt, dy, dweight, env.stream());
+  return {env.read(dy), env.read(dweight)};
+}
+
+TEST(Permute, GatherAndScatterAddMatchReference) {
+  OpEnv env;
+  auto src = random_vector(kRowsN * kHidden, 90);
+  auto gathered = run_gather(env, DType::f64, src);
+  for (int64_t i = 0; i < kRoutedM; ++i) {
+    for (int64_t h = 0; h < kHidden; ++h) {
+      EXPECT_EQ(gathered[i * kHidden + h], src[kIndex[i] * kHidden + h]);
+    }
+  }
+  // Scatter-add accumulates in increasing i: the same additions in the same order, bit for bit.
+  auto routed = random_vector(kRoutedM * kHidden, 91);
+  auto init = random_vector(kRowsN * kHidden, 92);
+  auto ref = init;
+  for (int64_t i = 0; i < kRoutedM; ++i) {
+    for (int64_t h = 0; h < kHidden; ++h) ref[kIndex[i] * kHidden + h] += routed[i * kHidden + h];
+  }
+  EXPECT_EQ(run_scatter_add(env, DType::f64, routed, init), ref);
+}
+
+TEST(Permute, ScatterAddIsTheGradientOfGather) {
+  OpEnv env;
+  auto src = random_vector(kRowsN * kHidden, 93);
+  auto probe = random_vector(kRoutedM * kHidden, 94);
+  auto dsrc = run_scatter_add(env, DType::f64, probe, std::vector<double>(kRowsN * kHidden, 0.0));
+  auto loss = [&] { return dot(run_gather(env, DType::f64, src), probe); };
+  EXPECT_LT(grad_err(src, dsrc, loss), kGradTol);
+}
+
+TEST(Permute, CombineMatchesReferenceAndAccumulates) {
+  OpEnv env;
+  auto y = random_vector(kRoutedM * kHidden, 95);
+  auto weight = random_vector(kRoutedM, 96);
+  auto init = random_vector(kRowsN * kHidden, 97);
+  auto ref = init;
+  for (int64_t i = 0; i < kRoutedM; ++i) {
+    for (int64_t h = 0; h < kHidden; ++h) {
+      ref[kIndex[i] * kHidden + h] += weight[i] * y[i * kHidden + h];
+    }
+  }
+  EXPECT_EQ(run_combine(env, DType::f64, y, weight, init), ref);
+}
+
+TEST(Permute, CombineBackwardMatchesFiniteDifferences) {
+  OpEnv env;
+  auto y = random_vector(kRoutedM * kHidden, 98);
+  auto weight = random_vector(kRoutedM, 99);
+  auto init = random_vector(kRowsN * kHidden, 100);
+  auto probe = random_vector(kRowsN * kHidden, 101);
+  CombineGrads g = run_combine_backward(env, DType::f64, probe, y, weight);
+  auto loss = [&] { return dot(run_combine(env, DType::f64, y, weight, init), probe); };
+  EXPECT_LT(grad_err(y, g.dy, loss), kGradTol);
+  EXPECT_LT(grad_err(weight, g.dweight, loss), kGradTol);
+
+  // dy may overwrite y in place.
+  auto doutt = env.input({kRowsN, kHidden}, DType::f64, probe);
+  auto yt = env.input({kRoutedM, kHidden}, DType::f64, y);
+  auto index = env.indices({kRoutedM}, DType::i32, kIndex);
+  auto wt = env.input({kRoutedM}, DType::f64, weight);
+  auto dweight = env.output({kRoutedM}, DType::f64);
+  ops::combine_rows_backward_cpu(doutt, yt, index, wt, yt, dweight, env.stream());
+  EXPECT_EQ(env.read(yt), g.dy);
+  EXPECT_EQ(env.read(dweight), g.dweight);
+}
+
+TEST(Permute, FloatMatchesDouble) {
+  OpEnv env;
+  auto tokens = rounded_to_float(random_vector(kRowsN * kHidden, 102));
+  auto routed = rounded_to_float(random_vector(kRoutedM * kHidden, 103));
+  auto weight = rounded_to_float(random_vector(kRoutedM, 104));
+  auto init = rounded_to_float(random_vector(kRowsN * kHidden, 105));
+  EXPECT_EQ(run_gather(env, DType::f32, tokens), run_gather(env, DType::f64, tokens));
+  EXPECT_LT(max_scaled_err(run_scatter_add(env, DType::f32, routed, init),
+                           run_scatter_add(env, DType::f64, routed, init)),
+            kFloatVsDoubleTol);
+  EXPECT_LT(max_scaled_err(run_combine(env, DType::f32, routed, weight, init),
+                           run_combine(env, DType::f64, routed, weight, init)),
+            kFloatVsDoubleTol);
+  CombineGrads gf = run_combine_backward(env, DType::f32, tokens, routed, weight);
+  CombineGrads gd = run_combine_backward(env, DType::f64, tokens, routed, weight);
+  EXPECT_LT(max_scaled_err(gf.dy, gd.dy), kFloatVsDoubleTol);
+  EXPECT_LT(max_scaled_err(gf.dweight, gd.dweight), kFloatVsDoubleTol);
+}
+
+TEST(Permute, NoRoutedRows) {
+  OpEnv env;
+  auto tokens = env.input({kRowsN, kHidden}, DType::f64, random_vector(kRowsN * kHidden, 106));
+  auto before = env.read(tokens);
+  auto empty_index = env.indices({0}, DType::i32, {});
+  auto empty_rows = env.output({0, kHidden}, DType::f64);
+  auto empty_weight = env.output({0}, DType::f64);
+  ops::gather_rows_cpu(tokens, empty_index, empty_rows, env.stream());
+  ops::scatter_add_rows_cpu(empty_rows, empty_index, tokens, env.stream());
+  ops::combine_rows_cpu(empty_rows, empty_index, empty_weight, tokens, env.stream());
+  ops::combine_rows_backward_cpu(tokens, empty_rows, empty_index, empty_weight, empty_rows,
+                                 empty_weight, env.stream());
+  EXPECT_EQ(env.read(tokens), before);
+}
+
+TEST(Permute, RejectsBadArguments) {
+  OpEnv env;
+  auto tokens = env.input({kRowsN, kHidden}, DType::f64, random_vector(kRowsN * kHidden, 107));
+  auto routed = env.output({kRoutedM, kHidden}, DType::f64);
+  auto routed_wide = env.output({kRoutedM, kHidden + 1}, DType::f64);
+  auto index = env.indices({kRoutedM}, DType::i32, kIndex);
+  auto index_i64 = env.indices({kRoutedM}, DType::i64, kIndex);
+  auto weight_short = env.output({kRoutedM - 1}, DType::f64);
+  Stream& s = env.stream();
+  EXPECT_THROW(ops::gather_rows_cpu(tokens, index, routed_wide, s), Error);
+  EXPECT_THROW(ops::gather_rows_cpu(tokens, index_i64, routed, s), Error);
+  EXPECT_THROW(ops::scatter_add_rows_cpu(routed_wide, index, tokens, s), Error);
+  EXPECT_THROW(ops::combine_rows_cpu(routed, index, weight_short, tokens, s), Error);
+  EXPECT_THROW(
+      ops::combine_rows_backward_cpu(tokens, routed, index, weight_short, routed, weight_short, s),
+      Error);
+  s.synchronize();
+
+  // An index outside [0, N) fails on the stream, naming the position; nothing is added.
+  std::vector<int64_t> bad = kIndex;
+  bad[5] = kRowsN;
+  auto bad_index = env.indices({kRoutedM}, DType::i32, bad);
+  auto before = env.read(tokens);
+  auto scatter_stream = env.backend().create_stream("scatter errors");
+  auto routed_src =
+      env.input({kRoutedM, kHidden}, DType::f64, random_vector(kRoutedM * kHidden, 108));
+  ops::scatter_add_rows_cpu(routed_src, bad_index, tokens, *scatter_stream);
+  expect_stream_error(*scatter_stream, {"scatter_add_rows_cpu", "index 4 at position 5"});
+  EXPECT_EQ(env.read(tokens), before);
+  auto gather_stream = env.backend().create_stream("gather errors");
+  bad[2] = -1;
+  auto negative_index = env.indices({kRoutedM}, DType::i32, bad);
+  ops::gather_rows_cpu(tokens, negative_index, routed, *gather_stream);
+  expect_stream_error(*gather_stream, {"gather_rows_cpu", "index -1 at position 2"});
+}
+
+}  // namespace
+}  // namespace moepeak
