@@ -1,0 +1,121 @@
+// Hugging Face safetensors files: the writer for checkpoints and the validating reader.
+//
+// Format (https://huggingface.co/docs/safetensors): an 8-byte little-endian unsigned header size
+// N, N bytes of UTF-8 JSON, then the data. The JSON is an object mapping each tensor name to
+// {"dtype": "F32"|"F64"|"BF16"|"I32"|"I64"|"U8", "shape": [d0, ...], "data_offsets": [begin, end]}
+// with offsets relative to the start of the data, plus an optional "__metadata__" object of
+// string to string. The writer pads the JSON with spaces to a multiple of 8 bytes so that the
+// data starts 8-byte aligned, and lays tensors out back to back in insertion order.
+//
+//   SafetensorsWriter w;
+//   w.add("model.norm.weight", DType::f32, {64}, norm.data(), norm.size() * 4);
+//   w.set_metadata("format", "pt");
+//   w.write("ckpt/model.safetensors");          // atomically (core/checkpoint/atomic_file.h)
+//
+//   SafetensorsFile f = SafetensorsFile::open("ckpt/model.safetensors");
+//   f.info("model.norm.weight");                // {dtype "F32", shape {64}, bytes 256, ...}
+//   f.read("model.norm.weight", dst, 256);
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/runtime/dtype.h"
+
+namespace moepeak {
+
+// The safetensors spelling of a DType: f32 "F32", f64 "F64", bf16 "BF16", i32 "I32", i64 "I64".
+std::string_view safetensors_dtype_name(DType dtype);
+// The DType of a safetensors dtype string; nullopt for "U8" and for names this build does not
+// handle.
+std::optional<DType> dtype_from_safetensors(std::string_view name);
+// Bytes per element of a safetensors dtype this build handles (F32 F64 BF16 I32 I64 U8); 0 for
+// any other name.
+size_t safetensors_element_size(std::string_view name);
+
+struct SafetensorsTensorInfo {
+  std::string dtype;           // "F32", "BF16", "U8", ...
+  std::vector<int64_t> shape;  // {} = a scalar (one element)
+  size_t bytes = 0;            // product(shape) * element size
+  size_t file_offset = 0;      // where the data starts in the file
+
+  int64_t elements() const;
+};
+
+class SafetensorsWriter {
+ public:
+  // Adds a tensor. The data is REFERENCED, not copied: `data` must stay valid and unchanged until
+  // write() returns (checkpoints are large; copying would double host memory). Throws
+  // moepeak::Error on a duplicate or empty name, "__metadata__", a negative dimension, or
+  // bytes != product(shape) * element size.
+  void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+           const void* data, size_t bytes);
+  // The same with the safetensors dtype spelled out; this is how "U8" tensors are added.
+  void add(const std::string& name, std::string_view dtype, const std::vector<int64_t>& shape,
+           const void* data, size_t bytes);
+  void set_metadata(const std::string& key, const std::string& value);
+
+  // The header JSON exactly as write() puts it in the file, padding included.
+  std::string header_json() const;
+  // Writes the file atomically; throws moepeak::Error naming the path on failure, leaving any
+  // existing file at `path` untouched.
+  void write(const std::string& path) const;
+
+  size_t tensor_count() const { return tensors_.size(); }
+  size_t data_bytes() const { return data_bytes_; }
+
+ private:
+  struct Entry {
+    std::string name;
+    std::string dtype;
+    std::vector<int64_t> shape;
+    const void* data;
+    size_t bytes;
+    size_t begin;  // offset in the data section
+  };
+  std::vector<Entry> tensors_;
+  std::map<std::string, std::string> metadata_;
+  size_t data_bytes_ = 0;
+};
+
+// A safetensors file opened for reading. The header is parsed and checked at open; read() reads
+// one tensor's bytes with pread. Move-only (it holds the open file).
+class SafetensorsFile {
+ public:
+  // Throws moepeak::Error naming the file (and the tensor) when it is missing or unreadable, the
+  // header size runs past the end of the file, the JSON is malformed, an entry lacks or
+  // mistypes dtype/shape/data_offsets, a dtype is unknown, shape x element size != the byte
+  // range, a range lies outside the data section, or two ranges overlap.
+  static SafetensorsFile open(const std::string& path);
+
+  SafetensorsFile(SafetensorsFile&& other) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  ~SafetensorsFile();
+
+  const std::string& path() const { return path_; }
+  // Tensor names in the order the header lists them.
+  const std::vector<std::string>& names() const { return names_; }
+  bool contains(const std::string& name) const { return infos_.count(name) != 0; }
+  // Throws moepeak::Error naming the file when there is no such tensor.
+  const SafetensorsTensorInfo& info(const std::string& name) const;
+  // Reads the tensor into dst; throws unless bytes == info(name).bytes, or on a read error.
+  void read(const std::string& name, void* dst, size_t bytes) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  SafetensorsFile() = default;
+  std::string path_;
+  int fd_ = -1;
+  std::vector<std::string> names_;
+  std::map<std::string, SafetensorsTensorInfo> infos_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace moepeak

@@ -1,0 +1,88 @@
+// The synthetic long-range copy task: see core/data/copy_task.h for the exact sequence layout.
+#include "core/data/copy_task.h"
+
+#include <array>
+
+#include "core/error.h"
+
+namespace moepeak {
+
+namespace {
+
+// splitmix64's output function (Steele, Lea, Flood 2014): a bijective 64-bit mixer.
+uint64_t splitmix64_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+constexpr uint64_t kGoldenGamma = 0x9e3779b97f4a7c15ULL;  // splitmix64's increment
+
+// Hashes the counters one after another, each step a splitmix64 round, so that any change in
+// any counter changes the result unpredictably.
+uint64_t counter_hash(std::array<uint64_t, 4> counters) {
+  uint64_t h = 0x6d6f657065616b31ULL;  // "moepeak1"
+  for (uint64_t c : counters) h = splitmix64_mix(h + kGoldenGamma + splitmix64_mix(c + kGoldenGamma));
+  return h;
+}
+
+}  // namespace
+
+int64_t copy_task_random_token(int64_t seed, int64_t step, int64_t sequence, int64_t index,
+                               int64_t vocab_size) {
+  uint64_t bits = counter_hash({static_cast<uint64_t>(seed), static_cast<uint64_t>(step),
+                                static_cast<uint64_t>(sequence), static_cast<uint64_t>(index)});
+  // Multiply-shift maps 64 random bits onto [0, V) (Lemire); the bias is below V / 2^64.
+  unsigned __int128 scaled = static_cast<unsigned __int128>(bits) * static_cast<uint64_t>(vocab_size);
+  return static_cast<int64_t>(static_cast<uint64_t>(scaled >> 64));
+}
+
+CopyTaskLoader::CopyTaskLoader(int64_t batch_size, int64_t seq_len, int64_t vocab_size,
+                               int64_t seed)
+    : batch_size_(batch_size), seq_len_(seq_len), vocab_size_(vocab_size), seed_(seed) {
+  if (batch_size < 1) MOEPEAK_THROW("copy task: training.batch_size ", batch_size, " must be >= 1");
+  if (seq_len < 2) {
+    MOEPEAK_THROW("copy task: training.seq_len ", seq_len,
+                  " must be >= 2 (a random half of seq_len / 2 tokens and its copy)");
+  }
+  if (vocab_size < 1) MOEPEAK_THROW("copy task: model.vocab_size ", vocab_size, " must be >= 1");
+}
+
+void CopyTaskLoader::next_batch(int64_t* input_ids, int64_t* labels) {
+  const int64_t T = seq_len_;
+  const int64_t h = half();
+  std::vector<int64_t> prefix(static_cast<size_t>(h));
+  for (int64_t b = 0; b < batch_size_; ++b) {
+    for (int64_t i = 0; i < h; ++i) {
+      prefix[static_cast<size_t>(i)] = copy_task_random_token(seed_, step_, b, i, vocab_size_);
+    }
+    int64_t* row_inputs = input_ids + b * T;
+    int64_t* row_labels = labels + b * T;
+    for (int64_t t = 0; t < T; ++t) {
+      row_inputs[t] = prefix[static_cast<size_t>(t % h)];
+      row_labels[t] = t + 1 >= h ? prefix[static_cast<size_t>((t + 1) % h)] : kIgnoreLabel;
+    }
+  }
+  ++step_;
+}
+
+std::vector<uint8_t> CopyTaskLoader::state() const {
+  const uint64_t fields[] = {static_cast<uint64_t>(step_)};
+  return encode_loader_state(LoaderKind::copy, fields);
+}
+
+void CopyTaskLoader::restore(std::span<const uint8_t> state) {
+  std::vector<uint64_t> fields = decode_loader_state(state, LoaderKind::copy, 1);
+  if (fields[0] > static_cast<uint64_t>(INT64_MAX)) {
+    MOEPEAK_THROW("data-loader state: copy-task step ", fields[0], " is out of range");
+  }
+  step_ = static_cast<int64_t>(fields[0]);
+}
+
+std::string CopyTaskLoader::describe() const {
+  return detail::concat("copy task: ", batch_size_, " x ", seq_len_, " tokens per step, ",
+                        half(), " random tokens then their copy, vocab ", vocab_size_, ", seed ",
+                        seed_);
+}
+
+}  // namespace moepeak

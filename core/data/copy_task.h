@@ -1,0 +1,57 @@
+// The built-in synthetic long-range copy task, the embedded default dataset (DESIGN.md §9).
+//
+// Sequence b of step s, for sequence length T >= 2 and vocabulary V:
+//
+//   h          = floor(T / 2)                      the length of the random prefix
+//   r[i]       = copy_task_random_token(seed, s, b, i, V), i = 0..h-1, uniform in [0, V)
+//   tokens[i]  = r[i mod h],  i = 0..T             (the prefix, then the prefix again, ...)
+//   input_ids[b, t] = tokens[t]                    t = 0..T-1
+//   labels[b, t]    = tokens[t + 1]   if t + 1 >= h   (a copy of a token already in the input)
+//                   = -100            if t + 1 <  h   (random, cannot be predicted)
+//
+// For even T = 2h the inputs are exactly the prefix twice and the last label is r[0] (the copy
+// wraps around); for odd T = 2h + 1 the inputs are the prefix twice plus r[0] and the last label
+// is r[1 mod h]. Either way T - h + 1 positions per sequence are scored, and each scored label
+// equals the input token h positions earlier, so a model can reach zero loss only by attending
+// back h positions.
+//
+// r comes from a counter-based generator (splitmix64 finalisers over seed, step, sequence, index),
+// so step s is the same whether it is reached by calling next_batch s times or by restoring a
+// state that says s. The state is the step counter alone.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/data/data_loader.h"
+
+namespace moepeak {
+
+// The i-th random token of sequence `sequence` of step `step`: uniform in [0, vocab_size).
+int64_t copy_task_random_token(int64_t seed, int64_t step, int64_t sequence, int64_t index,
+                               int64_t vocab_size);
+
+class CopyTaskLoader final : public DataLoader {
+ public:
+  // Throws moepeak::Error when batch_size < 1, seq_len < 2 or vocab_size < 1.
+  CopyTaskLoader(int64_t batch_size, int64_t seq_len, int64_t vocab_size, int64_t seed);
+
+  int64_t batch_size() const override { return batch_size_; }
+  int64_t seq_len() const override { return seq_len_; }
+  int64_t half() const { return seq_len_ / 2; }  // h
+  int64_t step() const { return step_; }         // the step next_batch fills next
+
+  void next_batch(int64_t* input_ids, int64_t* labels) override;
+  std::vector<uint8_t> state() const override;
+  void restore(std::span<const uint8_t> state) override;
+  std::string describe() const override;
+
+ private:
+  int64_t batch_size_;
+  int64_t seq_len_;
+  int64_t vocab_size_;
+  int64_t seed_;
+  int64_t step_ = 0;
+};
+
+}  // namespace moepeak

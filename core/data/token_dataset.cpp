@@ -1,0 +1,456 @@
+// Token files on disk: the read-only mapping, the llm.c / nanoGPT .bin and Megatron .bin/.idx
+// readers, the token-id scan, and the windowing loader. Formats: core/data/token_dataset.h.
+#include "core/data/token_dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "core/error.h"
+
+static_assert(std::endian::native == std::endian::little,
+              "token files are little-endian and are read in place");
+
+namespace moepeak {
+
+// ---- MappedFile -------------------------------------------------------------------------------
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) MOEPEAK_THROW(path, ": cannot open: ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    MOEPEAK_THROW(path, ": cannot stat: ", std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    MOEPEAK_THROW(path, ": not a regular file");
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) {
+    void* mapping = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (mapping == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      MOEPEAK_THROW(path, ": cannot map ", size_, " bytes: ", std::strerror(err));
+    }
+    data_ = static_cast<const uint8_t*>(mapping);
+  }
+  ::close(fd);  // the mapping stays valid without the descriptor
+}
+
+MappedFile::~MappedFile() { unmap(); }
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    unmap();
+    path_ = std::move(other.path_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void MappedFile::unmap() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+// ---- Token storage types ------------------------------------------------------------------------
+
+size_t token_storage_size(TokenStorage storage) {
+  switch (storage) {
+    case TokenStorage::u8:
+    case TokenStorage::i8: return 1;
+    case TokenStorage::u16:
+    case TokenStorage::i16: return 2;
+    case TokenStorage::u32:
+    case TokenStorage::i32: return 4;
+    case TokenStorage::i64: return 8;
+  }
+  return 0;
+}
+
+std::string_view token_storage_name(TokenStorage storage) {
+  switch (storage) {
+    case TokenStorage::u8: return "uint8";
+    case TokenStorage::i8: return "int8";
+    case TokenStorage::u16: return "uint16";
+    case TokenStorage::i16: return "int16";
+    case TokenStorage::u32: return "uint32";
+    case TokenStorage::i32: return "int32";
+    case TokenStorage::i64: return "int64";
+  }
+  return "?";
+}
+
+namespace {
+
+// Calls fn(T{}) with T the C++ type stored as `storage`.
+template <typename Fn>
+decltype(auto) with_storage_type(TokenStorage storage, Fn&& fn) {
+  switch (storage) {
+    case TokenStorage::u8: return fn(uint8_t{});
+    case TokenStorage::i8: return fn(int8_t{});
+    case TokenStorage::u16: return fn(uint16_t{});
+    case TokenStorage::i16: return fn(int16_t{});
+    case TokenStorage::u32: return fn(uint32_t{});
+    case TokenStorage::i32: return fn(int32_t{});
+    case TokenStorage::i64: return fn(int64_t{});
+  }
+  return fn(uint8_t{});
+}
+
+template <typename T>
+T load_le(const uint8_t* p) {
+  T value;
+  std::memcpy(&value, p, sizeof(T));
+  return value;
+}
+
+}  // namespace
+
+// ---- TokenDataset -------------------------------------------------------------------------------
+
+TokenDataset::TokenDataset(MappedFile file, TokenStorage storage, LoaderKind kind,
+                           std::string format, uint64_t data_begin, const std::vector<Run>& runs)
+    : file_(std::move(file)),
+      storage_(storage),
+      kind_(kind),
+      format_(std::move(format)),
+      data_begin_(data_begin) {
+  const uint64_t element = token_storage_size(storage_);
+  for (const Run& run : runs) {
+    if (run.byte_offset > file_.size() || run.tokens > (file_.size() - run.byte_offset) / element) {
+      MOEPEAK_THROW(path(), ": ", run.tokens, " tokens at byte ", run.byte_offset,
+                    " run past the end of the file (", file_.size(), " bytes)");
+    }
+    if (run.tokens == 0) continue;
+    if (!runs_.empty()) {
+      Run& last = runs_.back();
+      if (last.byte_offset + last.tokens * element == run.byte_offset) {
+        last.tokens += run.tokens;
+        token_count_ += run.tokens;
+        continue;
+      }
+    }
+    runs_.push_back(Run{token_count_, run.byte_offset, run.tokens});
+    token_count_ += run.tokens;
+  }
+}
+
+void TokenDataset::check_token_ids(int64_t vocab_size) const {
+  const uint64_t element = token_storage_size(storage_);
+  with_storage_type(storage_, [&](auto type_tag) {
+    using T = decltype(type_tag);
+    for (const Run& run : runs_) {
+      const uint8_t* base = file_.data() + run.byte_offset;
+      for (uint64_t i = 0; i < run.tokens; ++i) {
+        const int64_t id = static_cast<int64_t>(load_le<T>(base + i * element));
+        if (id >= 0 && id < vocab_size) continue;
+        const uint64_t byte = run.byte_offset + i * element;
+        const uint64_t offset = (byte - data_begin_) / element;
+        if (id < 0) {
+          MOEPEAK_THROW(path(), ": token ", id, " at offset ", offset, " (byte ", byte,
+                        ") is negative");
+        }
+        MOEPEAK_THROW(path(), ": token ", id, " at offset ", offset, " (byte ", byte,
+                      ") is >= model.vocab_size ", vocab_size);
+      }
+    }
+  });
+}
+
+void TokenDataset::read_cyclic(uint64_t begin, uint64_t count, int64_t* out) const {
+  MOEPEAK_CHECK(token_count_ > 0, "reading from an empty token dataset ", path());
+  const uint64_t element = token_storage_size(storage_);
+  uint64_t position = begin % token_count_;
+  with_storage_type(storage_, [&](auto type_tag) {
+    using T = decltype(type_tag);
+    // The run holding `position`: the last one starting at or before it.
+    auto run = std::upper_bound(runs_.begin(), runs_.end(), position,
+                                [](uint64_t pos, const Run& r) { return pos < r.stream_begin; }) -
+               1;
+    while (count > 0) {
+      const uint64_t within = position - run->stream_begin;
+      const uint64_t take = std::min(count, run->tokens - within);
+      const uint8_t* src = file_.data() + run->byte_offset + within * element;
+      for (uint64_t i = 0; i < take; ++i) *out++ = static_cast<int64_t>(load_le<T>(src + i * element));
+      count -= take;
+      position += take;
+      if (++run == runs_.end()) {
+        run = runs_.begin();
+        position = 0;
+      }
+    }
+  });
+}
+
+// ---- llm.c / nanoGPT .bin -----------------------------------------------------------------------
+
+namespace {
+
+constexpr size_t kLlmcHeaderInts = 256;
+constexpr size_t kLlmcHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
+constexpr int32_t kLlmcMagicGpt2 = 20240520;   // version 1, uint16 tokens
+constexpr int32_t kLlmcMagicLlama3 = 20240801;  // version 7, uint32 tokens
+
+TokenDataset open_headerless_bin(MappedFile file, TokenStorage storage) {
+  const size_t element = token_storage_size(storage);
+  if (file.size() % element != 0) {
+    MOEPEAK_THROW(file.path(), ": size ", file.size(), " bytes is not a whole number of ",
+                  token_storage_name(storage), " tokens (", element, " bytes each)");
+  }
+  const uint64_t tokens = file.size() / element;
+  std::string format = detail::concat("headerless ", token_storage_name(storage), " .bin");
+  return TokenDataset(std::move(file), storage, LoaderKind::bin, std::move(format), 0,
+                      {{0, 0, tokens}});
+}
+
+TokenDataset open_llmc_bin(MappedFile file) {
+  if (file.size() < kLlmcHeaderBytes) {
+    MOEPEAK_THROW(file.path(), ": truncated llm.c header: the file has ", file.size(),
+                  " bytes, the header alone is ", kLlmcHeaderBytes);
+  }
+  const int32_t magic = load_le<int32_t>(file.data());
+  const int32_t version = load_le<int32_t>(file.data() + 4);
+  const int32_t declared = load_le<int32_t>(file.data() + 8);
+  TokenStorage storage;
+  std::string model;
+  if (magic == kLlmcMagicGpt2) {
+    if (version != 1) {
+      MOEPEAK_THROW(file.path(), ": unsupported llm.c version ", version, " for magic ", magic,
+                    " (expected 1: uint16 tokens)");
+    }
+    storage = TokenStorage::u16;
+    model = "gpt-2";
+  } else if (magic == kLlmcMagicLlama3) {
+    if (version != 7) {
+      MOEPEAK_THROW(file.path(), ": unsupported llm.c version ", version, " for magic ", magic,
+                    " (expected 7: uint32 tokens)");
+    }
+    storage = TokenStorage::u32;
+    model = "llama-3";
+  } else {
+    MOEPEAK_THROW(file.path(), ": bad llm.c magic ", magic, " at byte 0 (expected ",
+                  kLlmcMagicGpt2, " or ", kLlmcMagicLlama3,
+                  "); for a headerless file set training.token_dtype to uint16 or uint32");
+  }
+  if (declared < 0) {
+    MOEPEAK_THROW(file.path(), ": llm.c header token count ", declared, " (int32 at byte 8) is negative");
+  }
+  const size_t element = token_storage_size(storage);
+  const uint64_t payload = file.size() - kLlmcHeaderBytes;
+  if (payload % element != 0) {
+    MOEPEAK_THROW(file.path(), ": ", payload, " bytes after the ", kLlmcHeaderBytes,
+                  "-byte header are not a whole number of ", token_storage_name(storage),
+                  " tokens (", element, " bytes each)");
+  }
+  if (payload / element != static_cast<uint64_t>(declared)) {
+    MOEPEAK_THROW(file.path(), ": the header says ", declared, " tokens (",
+                  static_cast<uint64_t>(declared) * element, " bytes after the ",
+                  kLlmcHeaderBytes, "-byte header) but the file has ", payload,
+                  " bytes after the header");
+  }
+  std::string format = detail::concat("llm.c ", model, " .bin (", token_storage_name(storage), ")");
+  return TokenDataset(std::move(file), storage, LoaderKind::bin, std::move(format),
+                      kLlmcHeaderBytes, {{0, kLlmcHeaderBytes, static_cast<uint64_t>(declared)}});
+}
+
+}  // namespace
+
+TokenDataset open_token_bin(const std::string& path, TokenDtype token_dtype) {
+  MappedFile file(path);
+  switch (token_dtype) {
+    case TokenDtype::uint16: return open_headerless_bin(std::move(file), TokenStorage::u16);
+    case TokenDtype::uint32: return open_headerless_bin(std::move(file), TokenStorage::u32);
+    case TokenDtype::llmc: return open_llmc_bin(std::move(file));
+  }
+  MOEPEAK_THROW(path, ": unknown token dtype");
+}
+
+// ---- Megatron .bin/.idx -------------------------------------------------------------------------
+
+namespace {
+
+constexpr char kMegatronMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+constexpr size_t kMegatronHeaderBytes = 9 + 8 + 1 + 8 + 8;  // magic, version, dtype, S, D
+
+TokenStorage megatron_storage(uint8_t code, const std::string& idx_path) {
+  switch (code) {
+    case 1: return TokenStorage::u8;
+    case 2: return TokenStorage::i8;
+    case 3: return TokenStorage::i16;
+    case 4: return TokenStorage::i32;
+    case 5: return TokenStorage::i64;
+    case 8: return TokenStorage::u16;
+    case 6:
+    case 7:
+      MOEPEAK_THROW(idx_path, ": dtype code ", int(code), " (byte 17) is a floating-point type (",
+                    code == 6 ? "float64" : "float32", "), not token ids");
+    default:
+      MOEPEAK_THROW(idx_path, ": unknown dtype code ", int(code),
+                    " (byte 17; expected 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64 or 8 uint16)");
+  }
+}
+
+std::string strip_suffix(const std::string& path, std::string_view suffix) {
+  if (path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    return path.substr(0, path.size() - suffix.size());
+  }
+  return path;
+}
+
+}  // namespace
+
+TokenDataset open_megatron_dataset(const std::string& path) {
+  std::string prefix = strip_suffix(strip_suffix(path, ".bin"), ".idx");
+  const std::string idx_path = prefix + ".idx";
+  const std::string bin_path = prefix + ".bin";
+  MappedFile idx(idx_path);
+  MappedFile bin(bin_path);
+
+  const uint8_t* p = idx.data();
+  if (idx.size() < kMegatronHeaderBytes) {
+    MOEPEAK_THROW(idx_path, ": truncated index header: the file has ", idx.size(),
+                  " bytes, the header is ", kMegatronHeaderBytes);
+  }
+  if (std::memcmp(p, kMegatronMagic, sizeof(kMegatronMagic)) != 0) {
+    MOEPEAK_THROW(idx_path, ": bad magic at byte 0 (expected \"MMIDIDX\\x00\\x00\", a Megatron "
+                  "indexed dataset index)");
+  }
+  const uint64_t version = load_le<uint64_t>(p + 9);
+  if (version != 1) MOEPEAK_THROW(idx_path, ": unsupported index version ", version, " (byte 9; expected 1)");
+  const TokenStorage storage = megatron_storage(p[17], idx_path);
+  const uint64_t element = token_storage_size(storage);
+  const uint64_t sequences = load_le<uint64_t>(p + 18);
+  const uint64_t documents = load_le<uint64_t>(p + 26);
+  const uint64_t available = idx.size() - kMegatronHeaderBytes;
+  if (sequences > available / 12 || documents > available / 8 ||
+      sequences * 12 + documents * 8 > available) {
+    MOEPEAK_THROW(idx_path, ": truncated index: ", sequences, " sequences and ", documents,
+                  " documents need ", kMegatronHeaderBytes, " + 12 * ", sequences, " + 8 * ",
+                  documents, " bytes, the file has ", idx.size());
+  }
+  const uint64_t lengths_at = kMegatronHeaderBytes;
+  const uint64_t pointers_at = lengths_at + 4 * sequences;
+  const uint64_t documents_at = pointers_at + 8 * sequences;
+
+  if (bin.size() % element != 0) {
+    MOEPEAK_THROW(bin_path, ": size ", bin.size(), " bytes is not a whole number of ",
+                  token_storage_name(storage), " tokens (", element, " bytes each)");
+  }
+
+  // The document index: where each document's sequences start, ending with S.
+  if (documents == 0) MOEPEAK_THROW(idx_path, ": the document index is empty (it ends with the sequence count)");
+  int64_t previous = 0;
+  for (uint64_t d = 0; d < documents; ++d) {
+    const int64_t start = load_le<int64_t>(p + documents_at + 8 * d);
+    if (start < previous || static_cast<uint64_t>(start) > sequences) {
+      MOEPEAK_THROW(idx_path, ": document index entry ", d, " (byte ", documents_at + 8 * d,
+                    ") is ", start, ", expected non-decreasing values in [0, ", sequences, "]");
+    }
+    previous = start;
+  }
+  if (static_cast<uint64_t>(previous) != sequences) {
+    MOEPEAK_THROW(idx_path, ": the document index ends at ", previous,
+                  ", expected the sequence count ", sequences);
+  }
+  const uint64_t first_sequence = static_cast<uint64_t>(load_le<int64_t>(p + documents_at));
+
+  std::vector<TokenDataset::Run> runs;
+  runs.reserve(static_cast<size_t>(sequences - first_sequence));
+  for (uint64_t s = first_sequence; s < sequences; ++s) {
+    const int32_t length = load_le<int32_t>(p + lengths_at + 4 * s);
+    const int64_t pointer = load_le<int64_t>(p + pointers_at + 8 * s);
+    if (length < 0) {
+      MOEPEAK_THROW(idx_path, ": sequence ", s, " has negative length ", length, " (byte ",
+                    lengths_at + 4 * s, ")");
+    }
+    if (pointer < 0 || static_cast<uint64_t>(pointer) % element != 0) {
+      MOEPEAK_THROW(idx_path, ": sequence ", s, " has pointer ", pointer, " (byte ",
+                    pointers_at + 8 * s, "), expected a non-negative multiple of ", element);
+    }
+    const uint64_t begin = static_cast<uint64_t>(pointer);
+    if (begin > bin.size() || static_cast<uint64_t>(length) > (bin.size() - begin) / element) {
+      MOEPEAK_THROW(idx_path, ": sequence ", s, " (", length, " tokens at byte ", begin,
+                    ") runs past the end of ", bin_path, " (", bin.size(), " bytes)");
+    }
+    runs.push_back({0, begin, static_cast<uint64_t>(length)});
+  }
+  std::string format = detail::concat("Megatron indexed dataset (", token_storage_name(storage), ", ",
+                                      documents - 1, " documents, ", sequences, " sequences)");
+  return TokenDataset(std::move(bin), storage, LoaderKind::megatron, std::move(format), 0,
+                      runs);
+}
+
+// ---- TokenWindowLoader --------------------------------------------------------------------------
+
+TokenWindowLoader::TokenWindowLoader(TokenDataset dataset, int64_t batch_size, int64_t seq_len,
+                                     int64_t vocab_size)
+    : dataset_(std::move(dataset)), batch_size_(batch_size), seq_len_(seq_len) {
+  if (batch_size < 1) MOEPEAK_THROW(dataset_.path(), ": training.batch_size ", batch_size, " must be >= 1");
+  if (seq_len < 1) MOEPEAK_THROW(dataset_.path(), ": training.seq_len ", seq_len, " must be >= 1");
+  if (dataset_.token_count() < static_cast<uint64_t>(seq_len) + 1) {
+    MOEPEAK_THROW(dataset_.path(), ": ", dataset_.token_count(),
+                  " tokens, fewer than training.seq_len + 1 = ", seq_len + 1,
+                  " (one window of inputs and labels)");
+  }
+  dataset_.check_token_ids(vocab_size);
+  window_.resize(static_cast<size_t>(seq_len) + 1);
+}
+
+void TokenWindowLoader::next_batch(int64_t* input_ids, int64_t* labels) {
+  const uint64_t N = dataset_.token_count();
+  const uint64_t T = static_cast<uint64_t>(seq_len_);
+  for (int64_t b = 0; b < batch_size_; ++b) {
+    const uint64_t start = static_cast<uint64_t>(
+        (cursor_ + static_cast<unsigned __int128>(b) * T) % N);
+    dataset_.read_cyclic(start, T + 1, window_.data());
+    std::copy(window_.begin(), window_.end() - 1, input_ids + b * seq_len_);
+    std::copy(window_.begin() + 1, window_.end(), labels + b * seq_len_);
+  }
+  cursor_ = static_cast<uint64_t>(
+      (cursor_ + static_cast<unsigned __int128>(batch_size_) * T) % N);
+}
+
+std::vector<uint8_t> TokenWindowLoader::state() const {
+  const uint64_t fields[] = {cursor_, dataset_.token_count()};
+  return encode_loader_state(dataset_.kind(), fields);
+}
+
+void TokenWindowLoader::restore(std::span<const uint8_t> state) {
+  std::vector<uint64_t> fields = decode_loader_state(state, dataset_.kind(), 2);
+  if (fields[1] != dataset_.token_count()) {
+    MOEPEAK_THROW("data-loader state: saved for a dataset of ", fields[1], " tokens, but ",
+                  dataset_.path(), " has ", dataset_.token_count());
+  }
+  if (fields[0] >= dataset_.token_count()) {
+    MOEPEAK_THROW("data-loader state: token offset ", fields[0], " is past the end of ",
+                  dataset_.path(), " (", dataset_.token_count(), " tokens)");
+  }
+  cursor_ = fields[0];
+}
+
+std::string TokenWindowLoader::describe() const {
+  return detail::concat(dataset_.path(), ": ", dataset_.format(), ", ", dataset_.token_count(),
+                        " tokens; ", batch_size_, " windows of ", seq_len_, " + 1 tokens per step, ",
+                        batch_size_ * seq_len_, " tokens per step");
+}
+
+}  // namespace moepeak

@@ -1,0 +1,138 @@
+// Token datasets on disk, memory-mapped read-only, and the loader that windows them.
+//
+// Formats (all little-endian):
+//   llm.c / nanoGPT .bin, headerless   token_dtype = uint16 | uint32: the file is the tokens.
+//   llm.c .bin with header             token_dtype = llmc: 256 int32 header, then the tokens;
+//       header[0] magic, header[1] version, header[2] token count:
+//       magic 20240520 version 1 = uint16 tokens (GPT-2), magic 20240801 version 7 = uint32
+//       tokens (Llama 3), as llm.c's dev/data/data_common.py writes them.
+//   Megatron-LM indexed dataset        <prefix>.idx + <prefix>.bin (megatron/core/datasets/
+//       indexed_dataset.py). The .idx: "MMIDIDX\0\0" (9 bytes), version uint64 (= 1), dtype code
+//       uint8 (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 8 uint16; 6/7 are floats and refused),
+//       sequence count S uint64, document count D uint64, sequence lengths int32[S] (tokens),
+//       sequence pointers int64[S] (byte offsets into the .bin), document index int64[D]
+//       (sequence index where each document starts, then S). The documents' sequences are
+//       concatenated in index order into one token stream.
+//
+// Windows: the token stream of N tokens is read as a cycle. Step k (cursor p = k*B*T mod N) fills
+// sequence b with the T+1 tokens starting at stream position p + b*T (modulo N):
+//   input_ids[b, t] = stream[(p + b*T + t) mod N],  labels[b, t] = stream[(p + b*T + t + 1) mod N]
+// so consecutive windows overlap by the one token that is both the last label of one and the
+// first input of the next (llm.c style, every position scored), the cursor advances B*T tokens per
+// step, and a window that runs past the end continues at the start. The state is the cursor.
+//
+// Every token id is checked against the vocabulary once, at open, by a linear scan of the mapping.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/data/data_loader.h"
+
+namespace moepeak {
+
+// A whole file mapped read-only (a zero-length file maps to nothing). Move-only.
+class MappedFile {
+ public:
+  // Throws moepeak::Error naming the path when it cannot be opened, stat'ed or mapped.
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void unmap();
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// How token ids are stored in a file.
+enum class TokenStorage { u8, i8, u16, i16, u32, i32, i64 };
+size_t token_storage_size(TokenStorage storage);
+std::string_view token_storage_name(TokenStorage storage);
+
+// A token stream made of runs of tokens in one mapped file, in order.
+class TokenDataset {
+ public:
+  struct Run {
+    uint64_t stream_begin;  // position in the stream of the run's first token
+    uint64_t byte_offset;   // where the run starts in the file
+    uint64_t tokens;        // run length
+  };
+
+  // `runs` (their stream_begin is ignored) must lie inside the file (checked) and are
+  // concatenated in order; adjacent runs that continue each other in the file are merged.
+  // data_begin is the byte where the file's token data starts: token offsets in error messages
+  // count tokens from there.
+  TokenDataset(MappedFile file, TokenStorage storage, LoaderKind kind, std::string format,
+               uint64_t data_begin, const std::vector<Run>& runs);
+
+  const std::string& path() const { return file_.path(); }
+  LoaderKind kind() const { return kind_; }
+  TokenStorage storage() const { return storage_; }
+  const std::string& format() const { return format_; }  // for describe(), e.g. "llm.c .bin"
+  uint64_t token_count() const { return token_count_; }   // N
+
+  // Throws moepeak::Error on the first token id outside [0, vocab_size): "PATH: token X at
+  // offset I (byte B) is >= model.vocab_size V", where I counts tokens of the file's storage
+  // type from the start of the file's token data and B is the byte position in the file.
+  void check_token_ids(int64_t vocab_size) const;
+
+  // Writes the tokens at stream positions begin, begin+1, ... (modulo N), `count` of them.
+  void read_cyclic(uint64_t begin, uint64_t count, int64_t* out) const;
+
+ private:
+  MappedFile file_;
+  TokenStorage storage_;
+  LoaderKind kind_;
+  std::string format_;
+  std::vector<Run> runs_;
+  uint64_t token_count_ = 0;
+  uint64_t data_begin_ = 0;
+};
+
+// Opens an llm.c / nanoGPT token file: headerless uint16/uint32 or, for TokenDtype::llmc, with
+// llm.c's 256 x int32 header. Throws moepeak::Error naming the file on a missing file, a
+// truncated header, a bad magic or version, a token count that disagrees with the file size, or
+// a size that is not a whole number of tokens.
+TokenDataset open_token_bin(const std::string& path, TokenDtype token_dtype);
+
+// Opens a Megatron indexed dataset from its prefix, or the path of its .bin or .idx. Throws
+// moepeak::Error naming the file (and the entry) on anything malformed.
+TokenDataset open_megatron_dataset(const std::string& path);
+
+// The windowing loader described above.
+class TokenWindowLoader final : public DataLoader {
+ public:
+  // Checks token ids against vocab_size and that the stream holds at least seq_len + 1 tokens.
+  TokenWindowLoader(TokenDataset dataset, int64_t batch_size, int64_t seq_len, int64_t vocab_size);
+
+  int64_t batch_size() const override { return batch_size_; }
+  int64_t seq_len() const override { return seq_len_; }
+  uint64_t cursor() const { return cursor_; }  // stream position of the next batch's first token
+  const TokenDataset& dataset() const { return dataset_; }
+
+  void next_batch(int64_t* input_ids, int64_t* labels) override;
+  std::vector<uint8_t> state() const override;
+  void restore(std::span<const uint8_t> state) override;
+  std::string describe() const override;
+
+ private:
+  TokenDataset dataset_;
+  int64_t batch_size_;
+  int64_t seq_len_;
+  uint64_t cursor_ = 0;
+  std::vector<int64_t> window_;  // T + 1 tokens
+};
+
+}  // namespace moepeak
