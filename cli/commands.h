@@ -25,6 +25,8 @@ struct ConfigArgs {
 void add_config_options(CLI::App& sub, ConfigArgs& args);
 
 void register_config_command(CLI::App& app, Context& ctx);
+void register_train_command(CLI::App& app, Context& ctx);
+void register_bench_command(CLI::App& app, Context& ctx);
 
 // Prints the --version text to stdout.
 void print_version();

@@ -2,6 +2,8 @@
 //
 //   moepeak --version
 //   moepeak config show [--config F]... [--set section.key=value]...
+//   moepeak train [--config F]... [--set section.key=value]... [--resume] [--dump-step DIR]
+//   moepeak bench step [--config F]... [--warmup n] [--iters n] [--json FILE]
 //
 // This is the only place that exits: library code throws moepeak::Error, which is printed here
 // (with host, rank and file:line) and turned into exit code 1. Command-line mistakes exit 2
@@ -34,6 +36,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   moepeak::cli::register_config_command(app, ctx);
+  moepeak::cli::register_train_command(app, ctx);
+  moepeak::cli::register_bench_command(app, ctx);
 
   try {
     app.parse(argc, argv);

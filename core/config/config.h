@@ -153,7 +153,7 @@ struct ModelConfig {
 struct TrainingConfig {
   int64_t batch_size = 8;  // global sequences per step
   int64_t seq_len = 128;
-  int64_t steps = 200;
+  int64_t steps = 300;
   double max_norm = 1.0;  // 0 = no gradient clipping
   DatasetKind dataset = DatasetKind::copy;
   std::string dataset_path;  // required unless dataset is copy
@@ -189,7 +189,7 @@ struct SchedulesConfig {
 
 struct OptimizerConfig {
   OptimizerKind name = OptimizerKind::adamw;
-  double lr = 3e-3;
+  double lr = 1e-2;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;

@@ -1,9 +1,10 @@
 // Buffer: an owning handle to bytes taken from the device arena or the pinned host pool, tagged
 // with its live set. Move-only; the bytes go back to their owner when the Buffer dies.
 //
-// NOTES: releasing is immediate on the host. A buffer still in use by queued stream work must
-// be kept alive until that work is known to be done (event.synchronize() or stream.synchronize()),
-// exactly as with cudaFree under a stream-ordered caching allocator used by hand.
+// NOTES: releasing is immediate on the host, as in PyTorch's caching allocator. That is safe
+// when every use of the bytes — the queued work of the old owner and the work of whoever gets them
+// next — runs on one stream: stream order puts the new owner's work after the old owner's. When
+// another stream still uses a buffer, release it only after an event shows that use finished.
 #pragma once
 
 #include <cstddef>

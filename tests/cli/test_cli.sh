@@ -60,5 +60,25 @@ check "out-of-range --set names the key" contains "$tmp/err" "training.steps"
 "$bin" config show -c "$tmp/does-not-exist.toml" >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "missing config file is an error" test $rc -ne 0
 
+# train: a few steps of the embedded default into a temporary run directory.
+"$bin" train --set job.run_dir="$tmp/runs" --set training.steps=3 --set metrics.progress=off \
+  >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "train exits 0" test $rc -eq 0
+check "train writes one metrics line per step" test "$(wc -l <"$tmp/runs/moepeak/metrics.jsonl")" -eq 3
+check "train prints the live-set table" grep -qE '^  dispatch ' "$tmp/out"
+"$bin" train --set job.run_dir="$tmp/bad-runs" --set training.dataset=bin \
+  --set training.dataset_path="$tmp/missing.bin" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "train with a missing dataset exits 1" test $rc -eq 1
+check "the error names the dataset file" contains "$tmp/err" "missing.bin"
+check "a failed start leaves no run directory" test ! -e "$tmp/bad-runs"
+
+# bench step: the table and the JSON object of DESIGN.md section 10.
+"$bin" bench step --warmup 0 --iters 1 --gemm-size 128 --json "$tmp/bench.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench step exits 0" test $rc -eq 0
+check "bench step prints a #-commented header" grep -q '^# moepeak bench step' "$tmp/out"
+check "bench step JSON names the bench" grep -q '"bench": "step"' "$tmp/bench.json"
+check "bench step JSON has tokens_per_s" grep -q '"tokens_per_s"' "$tmp/bench.json"
+check "bench step JSON has the shape's seq_len" grep -q '"seq_len": 128' "$tmp/bench.json"
+
 echo "$passes passed, $failures failed"
 test $failures -eq 0

@@ -1,0 +1,123 @@
+// `moepeak bench <name>`: the benchmarks, nccl-tests style — identical flags, a `#`-commented
+// fixed-column table on stdout, and `--json FILE` with the object of DESIGN.md §10.
+//
+//   moepeak bench step [--config F]... [--set k=v]... [--warmup 2] [--iters 5] [--json FILE]
+//       whole training steps: tokens/s and achieved GFLOP/s (model FLOPs, flops.h) beside a
+//       single-GEMM ceiling measured in the same run on the same machine.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/config/config.h"
+#include "core/error.h"
+#include "core/metrics/flops.h"
+#include "core/train/trainer.h"
+#include "core/units.h"
+
+namespace moepeak::cli {
+namespace {
+
+struct BenchArgs {
+  ConfigArgs config;
+  int warmup = 2;
+  int iters = 5;
+  int gemm_size = 1024;
+  std::string json_path;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string now_utc() {
+  std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
+  return buf;
+}
+
+int run_bench_step(const BenchArgs& args) {
+  Config cfg = load_config(args.config.files, args.config.overrides);
+  cfg.metrics.progress = ProgressMode::off;
+  // NOTES: the LR schedule must not reach its end inside the timed steps, or the run would time a
+  // different optimiser regime than training does; steps only sets the schedule's length here.
+  cfg.training.steps = std::max<int64_t>(cfg.training.steps, args.warmup + args.iters);
+  Trainer trainer(cfg, TrainOptions{});
+  const int64_t B = cfg.training.batch_size, T = cfg.training.seq_len;
+  const double ceiling = measure_cpu_gemm_gflops(DType::f32, args.gemm_size, 5);
+
+  std::printf("# moepeak bench step: %s\n", trainer.describe().c_str());
+  std::printf("# host %s, %s; batch %lld x seq %lld = %lld tokens/step, world 1\n", process_host().c_str(),
+              now_utc().c_str(), static_cast<long long>(B), static_cast<long long>(T),
+              static_cast<long long>(B * T));
+  std::printf("# model FLOPs per step %.4g; GEMM ceiling (f32 %d^3, best of 5) %.2f GFLOP/s\n",
+              trainer.flops_per_step(), args.gemm_size, ceiling);
+  std::printf("# %5s %10s %12s %10s %10s %12s %10s\n", "iter", "time_s", "tokens/s", "GFLOP/s",
+              "%ceiling", "peak", "loss");
+  std::vector<double> times;
+  StepMetrics last;
+  for (int i = 0; i < args.warmup + args.iters; ++i) {
+    StepMetrics m = trainer.step();
+    bool timed = i >= args.warmup;
+    if (timed) times.push_back(m.step_time_s);
+    double gflops = trainer.flops_per_step() / m.step_time_s / 1e9;
+    std::printf("  %5s %10.4f %12.0f %10.2f %9.1f%% %12s %10.4f\n",
+                timed ? std::to_string(i - args.warmup + 1).c_str() : "warm", m.step_time_s,
+                m.tokens_per_s, gflops, 100.0 * gflops / ceiling, format_bytes(m.peak_total).c_str(), m.loss);
+    last = m;
+  }
+  const double t = median(times);
+  const double tokens_per_s = static_cast<double>(B * T) / t;
+  const double gflops = trainer.flops_per_step() / t / 1e9;
+  std::printf("# median over %d steps: %.4f s, %.0f tokens/s, %.2f GFLOP/s = %.1f%% of the GEMM ceiling\n",
+              args.iters, t, tokens_per_s, gflops, 100.0 * gflops / ceiling);
+
+  if (!args.json_path.empty()) {
+    nlohmann::json peak = {{"total", last.peak_total}};
+    for (LiveSet s : kAllLiveSets) peak[std::string(live_set_name(s))] = last.peak_per_set[s];
+    nlohmann::json row = {{"schedule", "standard"}, {"time_s", t}, {"peak_bytes", peak},
+                          {"bound_bytes", nullptr}, {"max_rel_err", 0.0},
+                          {"tokens_per_s", tokens_per_s}, {"gflops", gflops}};
+    nlohmann::json out = {{"bench", "step"},
+                          {"world_size", 1},
+                          {"shape", {{"batch", B}, {"seq_len", T}, {"hidden_size", cfg.model.hidden_size},
+                                     {"num_hidden_layers", cfg.model.num_hidden_layers},
+                                     {"num_local_experts", cfg.model.num_local_experts},
+                                     {"num_experts_per_tok", cfg.model.num_experts_per_tok},
+                                     {"vocab_size", cfg.model.vocab_size}}},
+                          {"gemm_ceiling_gflops", ceiling},
+                          {"host", process_host()},
+                          {"date", now_utc()},
+                          {"rows", nlohmann::json::array({row})}};
+    std::ofstream f(args.json_path);
+    if (!(f << out.dump(2) << "\n")) MOEPEAK_THROW("cannot write ", args.json_path);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_command(CLI::App& app, Context& ctx) {
+  auto* bench = app.add_subcommand("bench", "benchmarks: reference vs bounded schedules, whole steps");
+  bench->require_subcommand(1);
+  static BenchArgs args;
+  auto* step = bench->add_subcommand("step", "time whole training steps against a GEMM ceiling");
+  add_config_options(*step, args.config);
+  step->add_option("--warmup", args.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  step->add_option("--iters", args.iters, "timed steps (the median is reported)")->check(CLI::PositiveNumber);
+  step->add_option("--gemm-size", args.gemm_size, "n of the n^3 GEMM that sets the ceiling")
+      ->check(CLI::Range(64, 8192));
+  step->add_option("--json", args.json_path, "write the results as JSON (DESIGN.md §10)");
+  step->callback([&ctx] { ctx.action = [] { return run_bench_step(args); }; });
+}
+
+}  // namespace moepeak::cli

@@ -1,0 +1,60 @@
+// `moepeak train [--config F]... [--set section.key=value]... [--resume | --resume-from DIR]
+//                [--dump-step DIR]`: runs training (core/train/trainer.h) and ends with a summary of
+// the final loss and the peak of each live set.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "core/comm/process_group.h"
+#include "core/config/config.h"
+#include "core/train/trainer.h"
+#include "core/units.h"
+
+namespace moepeak::cli {
+namespace {
+
+// The last step's device-memory peaks, one row per live set (nccl-tests style table).
+void print_peak_table(const StepMetrics& m) {
+  std::printf("# device memory of the last step (capacity %s)\n", format_bytes(m.capacity).c_str());
+  std::printf("# %-11s %14s %14s %14s\n", "live set", "own peak", "at total peak", "% capacity");
+  auto pct = [&](uint64_t b) { return m.capacity ? 100.0 * static_cast<double>(b) / m.capacity : 0.0; };
+  for (LiveSet s : kAllLiveSets) {
+    std::printf("  %-11s %14s %14s %13.2f%%\n", std::string(live_set_name(s)).c_str(),
+                format_bytes(m.peak_per_set[s]).c_str(), format_bytes(m.at_peak[s]).c_str(),
+                pct(m.peak_per_set[s]));
+  }
+  std::printf("  %-11s %14s %14s %13.2f%%\n", "total", format_bytes(m.peak_total).c_str(),
+              format_bytes(m.at_peak.total()).c_str(), pct(m.peak_total));
+}
+
+}  // namespace
+
+void register_train_command(CLI::App& app, Context& ctx) {
+  auto* cmd = app.add_subcommand("train", "train a model (the embedded default: tiny MoE on the copy task)");
+  static ConfigArgs args;
+  static TrainOptions options;
+  add_config_options(*cmd, args);
+  auto* resume = cmd->add_flag("--resume", options.resume,
+                                 "continue from the latest checkpoint of this run (job.run_dir/job.name)");
+  cmd->add_option("--resume-from", options.resume_from, "continue from this checkpoint directory")
+      ->check(CLI::ExistingDirectory)
+      ->excludes(resume);
+  cmd->add_option("--dump-step", options.dump_step_dir,
+                    "write step 1's weights, batch, loss and gradients (safetensors) into DIR");
+  cmd->callback([&ctx] {
+    ctx.action = [] {
+      Config cfg = load_config(args.files, args.overrides);
+      TrainResult r = train(cfg, options);
+      if (!r.losses.empty()) {
+        spdlog::info("trained steps {}..{}: final loss {:.4f}; metrics in {}", r.first_step, r.last_step,
+                     r.losses.back(), r.metrics_file);
+        print_peak_table(r.last);
+      }
+      finalize_process_group();
+      return 0;
+    };
+  });
+}
+
+}  // namespace moepeak::cli

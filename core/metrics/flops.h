@@ -1,0 +1,25 @@
+// FLOP counts of a training step and the machine's GEMM ceiling they are measured against.
+//
+// Model FLOPs per step (forward + backward, 2 FLOPs per multiply-add, recomputation not counted,
+// as MFU is conventionally defined):
+//   matmuls:   6 * N * P_active        P_active = per layer (q, k, v, o, router, top-k experts' w1,
+//                                       w2, w3) + the LM head; the embedding is a lookup
+//   attention: 6 * B * L * nh * T^2 * d    (QK^T and PV, causal half: forward 2*T^2*d per head
+//                                       per sequence, backward twice that)
+// docs/perf.md repeats this formula.
+#pragma once
+
+#include <cstdint>
+
+#include "core/config/config.h"
+#include "core/runtime/dtype.h"
+
+namespace moepeak {
+
+double step_flops(const ModelConfig& model, int64_t batch, int64_t seq_len);
+
+// Achieved GFLOP/s of one square GEMM of size n (OpenBLAS on the CPU), the best of `repeats`
+// timed runs after one warm-up: the ceiling the step's throughput is compared with.
+double measure_cpu_gemm_gflops(DType dtype, int n, int repeats);
+
+}  // namespace moepeak

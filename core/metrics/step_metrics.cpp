@@ -1,0 +1,79 @@
+#include "core/metrics/step_metrics.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace moepeak {
+
+nlohmann::json step_metrics_json(const StepMetrics& m) {
+  nlohmann::json peak = {{"total", m.peak_total}};
+  for (LiveSet s : kAllLiveSets) peak[std::string(live_set_name(s))] = m.peak_per_set[s];
+  nlohmann::json at_peak = nlohmann::json::object();
+  for (LiveSet s : kAllLiveSets) at_peak[std::string(live_set_name(s))] = m.at_peak[s];
+  return {{"step", m.step},
+          {"loss", m.loss},
+          {"grad_norm", m.grad_norm},
+          {"lr", m.lr},
+          {"step_time_s", m.step_time_s},
+          {"tokens_per_s", m.tokens_per_s},
+          {"tflops", m.tflops},
+          {"mfu", m.mfu},
+          {"peak_bytes", peak},
+          {"peak_breakdown_bytes", at_peak},
+          {"peak_gib", static_cast<double>(m.peak_total) / GiB},
+          {"peak_pct", m.capacity ? 100.0 * static_cast<double>(m.peak_total) / m.capacity : 0.0},
+          {"capacity_bytes", m.capacity}};
+}
+
+std::string step_metrics_line(const StepMetrics& m) {
+  char buf[320];
+  double pct = m.capacity ? 100.0 * static_cast<double>(m.peak_total) / m.capacity : 0.0;
+  std::snprintf(buf, sizeof(buf),
+                "step: %5lld  loss: %8.4f  grad_norm: %8.4f  lr: %.2e  memory: %6.2fGiB(%.1f%%)  "
+                "tps: %9.0f  tflops: %.3f  mfu: %.1f%%",
+                static_cast<long long>(m.step), m.loss, m.grad_norm, m.lr,
+                static_cast<double>(m.peak_total) / GiB, pct, m.tokens_per_s, m.tflops, 100.0 * m.mfu);
+  return buf;
+}
+
+MetricsLog::MetricsLog(const std::string& path, bool progress, int64_t first_step, int64_t last_step)
+    : path_(path), progress_(progress), first_step_(first_step), last_step_(last_step) {
+  file_ = std::fopen(path.c_str(), "a");
+  if (file_ == nullptr) {
+    MOEPEAK_THROW("cannot open the metrics file ", path, " for appending: ", std::strerror(errno));
+  }
+}
+
+MetricsLog::~MetricsLog() {
+  if (progress_) std::fputs("\n", stdout);
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void MetricsLog::record(const StepMetrics& m, bool print) {
+  std::string line = step_metrics_json(m).dump() + "\n";
+  if (std::fputs(line.c_str(), file_) < 0 || std::fflush(file_) != 0) {
+    MOEPEAK_THROW("writing the metrics file ", path_, " failed: ", std::strerror(errno));
+  }
+  elapsed_s_ += m.step_time_s;
+  if (progress_) std::fputs("\r\033[K", stdout);  // clear the progress line before logging
+  if (print) spdlog::info("{}", step_metrics_line(m));
+  if (progress_) {
+    int64_t done = m.step - first_step_ + 1, total = last_step_ - first_step_ + 1;
+    double eta = done > 0 ? elapsed_s_ / done * static_cast<double>(total - done) : 0;
+    constexpr int kWidth = 30;
+    int filled = static_cast<int>(kWidth * done / std::max<int64_t>(total, 1));
+    std::string bar(static_cast<size_t>(filled), '=');
+    bar.resize(kWidth, ' ');
+    std::fprintf(stdout, "\r[%s] step %lld/%lld  loss %.4f  ETA %dm%02ds", bar.c_str(),
+                 static_cast<long long>(m.step), static_cast<long long>(last_step_), m.loss,
+                 static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace moepeak

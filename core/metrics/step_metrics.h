@@ -1,0 +1,59 @@
+// Per-step training metrics: a torchtitan-like console line, one JSON object per step appended
+// to the metrics file (DESIGN.md §10 names), and a progress line with ETA when stdout is a
+// terminal.
+//
+//   step:  10  loss:  2.4512  grad_norm:  0.8123  lr: 3.00e-03  memory:  0.05GiB(2.5%)
+//   tps: 14,512  tflops: 0.021  mfu: 21.3%
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/runtime/memory_stats.h"
+
+namespace moepeak {
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  double tflops = 0;  // achieved model TFLOP/s (flops.h)
+  double mfu = 0;     // tflops / peak, in [0, 1]
+  uint64_t peak_total = 0;      // device bytes at the step's peak
+  MemorySnapshot peak_per_set;  // each live set's own peak during the step
+  MemorySnapshot at_peak;       // live sets at the moment of the total peak
+  uint64_t capacity = 0;        // device memory capacity
+};
+
+nlohmann::json step_metrics_json(const StepMetrics& m);
+std::string step_metrics_line(const StepMetrics& m);
+
+class MetricsLog {
+ public:
+  // path: the JSONL file (created or appended to; its directory must exist). progress: draw a
+  // progress line on stdout.
+  MetricsLog(const std::string& path, bool progress, int64_t first_step, int64_t last_step);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+
+  // Appends the JSON line (flushed, so a killed run keeps every finished step); prints the console
+  // line when `print` and redraws the progress line.
+  void record(const StepMetrics& m, bool print);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  bool progress_;
+  int64_t first_step_, last_step_;
+  double elapsed_s_ = 0;
+};
+
+}  // namespace moepeak

@@ -1,0 +1,226 @@
+#include "core/train/trainer.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "core/checkpoint/atomic_file.h"
+#include "core/checkpoint/train_checkpoint.h"
+#include "core/comm/process_group.h"
+#include "core/data/data_loader.h"
+#include "core/error.h"
+#include "core/metrics/flops.h"
+#include "core/model/mixtral.h"
+#include "core/runtime/backend.h"
+#include "core/train/lr_schedule.h"
+#include "core/units.h"
+#include "ops/elementwise.h"
+#include "ops/fill.h"
+#include "ops/schedules/adamw_resident.h"
+
+namespace moepeak {
+namespace fs = std::filesystem;
+
+namespace {
+
+BackendOptions backend_options(const Config& cfg) {
+  BackendOptions o;
+  if (cfg.runtime.backend == BackendChoice::cuda) {
+    MOEPEAK_THROW("runtime.backend = \"cuda\": training on the CUDA backend is not in this version; "
+                  "use \"cpu\" (or \"auto\")");
+  }
+  o.kind = BackendKind::cpu;
+  o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
+  o.pinned_budget = cfg.runtime.pinned_memory_bytes().value_or(Backend::kCpuDefaultDeviceMemory / 2);
+  o.numa_node = static_cast<int>(cfg.runtime.numa_node);
+  return o;
+}
+
+void check_supported(const Config& cfg) {
+  if (cfg.training.dtype == ComputeDtype::bfloat16) {
+    MOEPEAK_THROW("training.dtype = \"bfloat16\": the CPU backend computes in float32; use \"auto\" or \"float32\"");
+  }
+  auto unsupported = [](const char* key, std::string_view value) {
+    MOEPEAK_THROW(key, " = \"", value, "\" is not available in this version");
+  };
+  if (cfg.schedules.dispatch != DispatchSchedule::standard)
+    unsupported("schedules.dispatch", enum_name(cfg.schedules.dispatch));
+  if (cfg.schedules.vocab != VocabSchedule::materialized)
+    unsupported("schedules.vocab", enum_name(cfg.schedules.vocab));
+  if (cfg.optimizer.placement != OptimizerPlacement::resident)
+    unsupported("optimizer.placement", enum_name(cfg.optimizer.placement));
+}
+
+double global_grad_norm(const ParamStore& params, Backend& backend, Stream& stream) {
+  OwnedTensor acc = OwnedTensor::device(backend, Shape{1}, DType::f64, LiveSet::workspace, "grad norm");
+  ops::fill(acc, 0.0, stream);
+  ops::sum_squares_cpu(params.flat_grads(), acc, stream);
+  double sum = 0;
+  backend.copy_async(&sum, acc.data(), 8, CopyKind::device_to_host, stream);
+  stream.synchronize();
+  return std::sqrt(sum);
+}
+
+}  // namespace
+
+struct Trainer::State {
+  Config cfg;
+  TrainOptions options;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<MixtralModel> model;
+  std::unique_ptr<schedules::ResidentAdamW> optimizer;
+  std::unique_ptr<DataLoader> loader;
+  std::string checkpoint_folder;
+  int64_t completed = 0;
+  std::vector<int64_t> ids, labels, positions;
+  OwnedTensor d_ids, d_labels, d_positions;
+  double flops = 0, ceiling_gflops = 0;
+};
+
+Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_unique<State>()) {
+  check_supported(cfg);
+  const RankInfo ranks = init_process_group();
+  if (ranks.world_size != 1) {
+    MOEPEAK_THROW("this version trains on one rank; the job was started with ", ranks.world_size,
+                  " ranks");
+  }
+  State& s = *s_;
+  s.cfg = cfg;
+  s.options = options;
+  s.backend = Backend::create(backend_options(cfg));
+  Stream& stream = s.backend->default_stream();
+  s.model = std::make_unique<MixtralModel>(*s.backend, stream, cfg.model, cfg.schedules.checkpoint, DType::f32);
+  ParamStore& params = s.model->params();
+  params.initialize(static_cast<uint64_t>(cfg.job.seed), cfg.model.initializer_range, stream);
+  s.optimizer = std::make_unique<schedules::ResidentAdamW>(*s.backend, params, cfg.optimizer);
+  s.loader = make_data_loader(cfg.training, cfg.model, cfg.job.seed);
+  s.checkpoint_folder = (fs::path(cfg.job.run_path()) / cfg.checkpoint.folder).string();
+
+  std::optional<std::string> resume_dir;
+  if (!options.resume_from.empty()) resume_dir = options.resume_from;
+  else if (options.resume) resume_dir = latest_checkpoint(s.checkpoint_folder);
+  if (resume_dir) {
+    s.completed = load_checkpoint(*resume_dir, cfg.model, params, *s.optimizer, *s.loader, *s.backend, stream);
+    spdlog::info("resumed from {} after step {}", *resume_dir, s.completed);
+  } else if (options.resume) {
+    spdlog::info("no checkpoint in {}: starting from step 1", s.checkpoint_folder);
+  }
+
+  const int64_t B = cfg.training.batch_size, T = cfg.training.seq_len, N = B * T;
+  s.ids.resize(static_cast<size_t>(N));
+  s.labels.resize(static_cast<size_t>(N));
+  s.positions.resize(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) s.positions[n] = n % T;
+  s.d_ids = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "input ids");
+  s.d_labels = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
+  s.d_positions = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
+  s.backend->copy_async(s.d_positions.data(), s.positions.data(), N * 8, CopyKind::host_to_device, stream);
+  stream.synchronize();
+  s.flops = step_flops(cfg.model, B, T);
+  s.ceiling_gflops = measure_cpu_gemm_gflops(DType::f32, 512, 3);
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::completed_steps() const { return s_->completed; }
+double Trainer::flops_per_step() const { return s_->flops; }
+double Trainer::gemm_ceiling_gflops() const { return s_->ceiling_gflops; }
+
+std::string Trainer::describe() const {
+  const State& s = *s_;
+  const ParamLayout& layout = s.model->params().layout();
+  return "backend " + s.backend->describe() + "; model " + std::to_string(layout.parameter_count()) +
+         " parameters (" + std::to_string(layout.active_matmul_parameters()) + " active per token), " +
+         std::to_string(s.cfg.model.num_hidden_layers) + " layers x " +
+         std::to_string(s.cfg.model.num_local_experts) + " experts (top-" +
+         std::to_string(s.cfg.model.num_experts_per_tok) + "); data " + s.loader->describe();
+}
+
+StepMetrics Trainer::step() {
+  State& s = *s_;
+  Backend& backend = *s.backend;
+  Stream& stream = backend.default_stream();
+  ParamStore& params = s.model->params();
+  const int64_t step = s.completed + 1;
+  const int64_t B = s.cfg.training.batch_size, T = s.cfg.training.seq_len, N = B * T;
+
+  backend.arena().reset_peaks();
+  auto t0 = std::chrono::steady_clock::now();
+  s.loader->next_batch(s.ids.data(), s.labels.data());
+  TokenBatch batch{s.d_ids, s.d_labels, s.d_positions, B, T, 0};
+  for (int64_t l : s.labels) batch.scored_tokens += l != kIgnoreLabel;
+  backend.copy_async(s.d_ids.data(), s.ids.data(), N * 8, CopyKind::host_to_device, stream);
+  backend.copy_async(s.d_labels.data(), s.labels.data(), N * 8, CopyKind::host_to_device, stream);
+  params.zero_grads(stream);
+  const double loss = s.model->forward_backward(batch, batch.scored_tokens);
+  if (!std::isfinite(loss)) MOEPEAK_THROW("step ", step, ": the loss is ", loss);
+  const double grad_norm = global_grad_norm(params, backend, stream);
+  if (step == 1 && !s.options.dump_step_dir.empty()) {
+    write_step_dump(s.options.dump_step_dir, s.cfg.model, params, s.ids, s.labels, B, T, loss, backend, stream);
+    spdlog::info("wrote the step-1 dump to {}", s.options.dump_step_dir);
+  }
+  const double max_norm = s.cfg.training.max_norm;
+  const double clip = max_norm > 0 && grad_norm > max_norm ? max_norm / (grad_norm + 1e-6) : 1.0;
+  const double lr = learning_rate(s.cfg.optimizer, s.cfg.lr_scheduler, s.cfg.training.steps, step);
+  s.optimizer->step(step, lr, clip, stream);
+  stream.synchronize();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.completed = step;
+
+  MemoryStats mem = backend.arena().stats();
+  StepMetrics m;
+  m.step = step;
+  m.loss = loss;
+  m.grad_norm = grad_norm;
+  m.lr = lr;
+  m.step_time_s = seconds;
+  m.tokens_per_s = static_cast<double>(N) / seconds;
+  m.tflops = s.flops / seconds / 1e12;
+  m.mfu = s.flops / seconds / 1e9 / s.ceiling_gflops;
+  m.peak_total = mem.peak_total();
+  m.peak_per_set = mem.peak_per_set();
+  m.at_peak = mem.at_peak();
+  m.capacity = backend.arena().capacity();
+  return m;
+}
+
+void Trainer::save_checkpoint() const {
+  const State& s = *s_;
+  moepeak::save_checkpoint(s.checkpoint_folder, s.completed, s.cfg.model, s.model->params(), *s.optimizer,
+                           *s.loader, *s.backend, s.backend->default_stream(), s.cfg.checkpoint.keep_latest);
+  spdlog::info("checkpoint: {}/{}", s.checkpoint_folder, checkpoint_dir_name(s.completed));
+}
+
+TrainResult train(const Config& cfg, const TrainOptions& options) {
+  TrainResult result;
+  result.run_dir = cfg.job.run_path();
+  result.metrics_file = cfg.metrics.file.empty() ? (fs::path(result.run_dir) / "metrics.jsonl").string()
+                                                 : cfg.metrics.file;
+  Trainer trainer(cfg, options);
+  spdlog::info("{}", trainer.describe());
+  result.first_step = trainer.completed_steps() + 1;
+  result.last_step = cfg.training.steps;
+  if (trainer.completed_steps() >= cfg.training.steps) {
+    spdlog::info("the run is at step {} >= training.steps = {}: nothing to do", trainer.completed_steps(),
+                 cfg.training.steps);
+    return result;
+  }
+  create_directories(result.run_dir);
+  const bool progress = cfg.metrics.progress == ProgressMode::on ||
+                        (cfg.metrics.progress == ProgressMode::automatic && isatty(STDOUT_FILENO));
+  MetricsLog metrics(result.metrics_file, progress, result.first_step, result.last_step);
+  while (trainer.completed_steps() < cfg.training.steps) {
+    StepMetrics m = trainer.step();
+    metrics.record(m, m.step % cfg.metrics.log_freq == 0 || m.step == cfg.training.steps);
+    result.losses.push_back(m.loss);
+    result.last = m;
+    const bool at_interval = cfg.checkpoint.interval > 0 && m.step % cfg.checkpoint.interval == 0;
+    if (cfg.checkpoint.enable && (at_interval || m.step == cfg.training.steps)) trainer.save_checkpoint();
+  }
+  return result;
+}
+
+}  // namespace moepeak

@@ -1,0 +1,135 @@
+#include "ops/schedules/dispatch_standard.h"
+
+#include "core/error.h"
+#include "ops/fill.h"
+#include "ops/linear.h"
+#include "ops/permute.h"
+#include "ops/swiglu.h"
+
+namespace moepeak::schedules {
+
+uint64_t dispatch_standard_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
+                                 DType dtype) {
+  uint64_t rows = static_cast<uint64_t>(tokens * top_k);
+  uint64_t b = dtype_size(dtype);
+  auto a = [](uint64_t bytes) { return DeviceArena::footprint(bytes); };
+  // Saved from forward to backward: x_rows, y_rows (M, H); a, b (M, F); permutation.
+  uint64_t saved = 2 * a(rows * hidden * b) + 2 * a(rows * ffn * b) + 2 * a(rows * 4) + a(rows * b);
+  // Backward temporaries at their peak: dy, dx_rows (M, H); g, dg, da, db (M, F); d row weight.
+  uint64_t backward = 2 * a(rows * hidden * b) + 4 * a(rows * ffn * b) + a(rows * b);
+  return saved + backward;
+}
+
+StandardDispatch::StandardDispatch(Backend& backend, Stream& stream, DType dtype)
+    : backend_(backend), stream_(stream), dtype_(dtype) {}
+
+void StandardDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& weight,
+                               const std::vector<ExpertWeights>& experts, const Tensor& out) {
+  const int64_t N = x.size(0), H = x.size(1), k = index.size(1);
+  const int64_t E = static_cast<int64_t>(experts.size());
+  const int64_t F = experts.at(0).w1.size(0);
+  MOEPEAK_CHECK(index.size(0) == N && weight.size(0) == N && weight.size(1) == k,
+                "dispatch: index ", index.str(), " and weight ", weight.str(), " for x ", x.str());
+  tokens_ = N;
+  top_k_ = k;
+
+  // Routing decisions to the host (the standard schedule sizes its buffers by them).
+  std::vector<int32_t> host_index(static_cast<size_t>(N * k));
+  backend_.copy_async(host_index.data(), index.data(), host_index.size() * 4,
+                      CopyKind::device_to_host, stream_);
+  stream_.synchronize();
+  counts_.assign(static_cast<size_t>(E), 0);
+  for (int32_t e : host_index) {
+    MOEPEAK_CHECK(e >= 0 && e < E, "dispatch: expert index ", e, " out of range [0, ", E, ")");
+    ++counts_[static_cast<size_t>(e)];
+  }
+  offsets_.assign(static_cast<size_t>(E) + 1, 0);
+  for (int64_t e = 0; e < E; ++e) offsets_[e + 1] = offsets_[e] + counts_[e];
+  const int64_t M = N * k;
+
+  // Rows in expert order, tokens in order inside each expert.
+  std::vector<int32_t> token(static_cast<size_t>(M)), slot(static_cast<size_t>(M));
+  std::vector<int64_t> fill_at(offsets_.begin(), offsets_.end() - 1);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t row = fill_at[host_index[n * k + j]]++;
+      token[row] = static_cast<int32_t>(n);
+      slot[row] = static_cast<int32_t>(n * k + j);
+    }
+  }
+  row_token_ = OwnedTensor::device(backend_, Shape{M}, DType::i32, LiveSet::dispatch, "row token");
+  row_slot_ = OwnedTensor::device(backend_, Shape{M}, DType::i32, LiveSet::dispatch, "row slot");
+  row_weight_ = OwnedTensor::device(backend_, Shape{M}, dtype_, LiveSet::dispatch, "row weight");
+  backend_.copy_async(row_token_.data(), token.data(), M * 4, CopyKind::host_to_device, stream_);
+  backend_.copy_async(row_slot_.data(), slot.data(), M * 4, CopyKind::host_to_device, stream_);
+  // Row weights: gather the (N*k) weights by slot.
+  ops::gather_rows_cpu(weight.reshape(Shape{N * k, 1}), row_slot_, row_weight_.view().reshape(Shape{M, 1}),
+                       stream_);
+
+  x_rows_ = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "dispatched rows");
+  a_ = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "expert w1 rows");
+  b_ = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "expert w3 rows");
+  y_rows_ = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "expert outputs");
+  ops::gather_rows_cpu(x, row_token_, x_rows_, stream_);
+  {
+    OwnedTensor g = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "swiglu");
+    for (int64_t e = 0; e < E; ++e) {
+      int64_t lo = offsets_[e], hi = offsets_[e + 1];
+      if (lo == hi) continue;
+      Tensor xe = x_rows_.view().rows(lo, hi), ae = a_.view().rows(lo, hi), be = b_.view().rows(lo, hi);
+      Tensor ge = g.view().rows(lo, hi);
+      ops::linear_forward_cpu(xe, experts[e].w1, ae, false, stream_);
+      ops::linear_forward_cpu(xe, experts[e].w3, be, false, stream_);
+      ops::swiglu_forward_cpu(ae, be, ge, stream_);
+      ops::linear_forward_cpu(ge, experts[e].w2, y_rows_.view().rows(lo, hi), false, stream_);
+    }
+  }
+  ops::combine_rows_cpu(y_rows_, row_token_, row_weight_, out, stream_);
+  // `token`, `slot` are read by the copies above: finish them before the vectors die.
+  stream_.synchronize();
+}
+
+void StandardDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>& experts,
+                                const Tensor& dx, const Tensor& dweight) {
+  MOEPEAK_CHECK(x_rows_.view().defined(), "dispatch backward without a forward to go with it");
+  const int64_t M = tokens_ * top_k_, H = dout.size(1), F = a_.shape()[1];
+  const int64_t E = static_cast<int64_t>(experts.size());
+  OwnedTensor dy = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "d expert outputs");
+  OwnedTensor drow_weight = OwnedTensor::device(backend_, Shape{M}, dtype_, LiveSet::dispatch, "d row weight");
+  ops::combine_rows_backward_cpu(dout, y_rows_, row_token_, row_weight_, dy, drow_weight, stream_);
+  y_rows_.reset();
+  OwnedTensor dx_rows = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "d dispatched rows");
+  {
+    OwnedTensor g = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "swiglu");
+    OwnedTensor dg = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d swiglu");
+    OwnedTensor da = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d w1 rows");
+    OwnedTensor db = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d w3 rows");
+    for (int64_t e = 0; e < E; ++e) {
+      int64_t lo = offsets_[e], hi = offsets_[e + 1];
+      if (lo == hi) continue;
+      auto rows = [&](const OwnedTensor& t) { return t.view().rows(lo, hi); };
+      ops::swiglu_forward_cpu(rows(a_), rows(b_), rows(g), stream_);
+      ops::linear_backward_cpu(rows(g), experts[e].w2, rows(dy), rows(dg), false, experts[e].dw2, stream_);
+      ops::swiglu_backward_cpu(rows(a_), rows(b_), rows(dg), rows(da), rows(db), stream_);
+      ops::linear_backward_cpu(rows(x_rows_), experts[e].w1, rows(da), rows(dx_rows), false, experts[e].dw1, stream_);
+      ops::linear_backward_cpu(rows(x_rows_), experts[e].w3, rows(db), rows(dx_rows), true, experts[e].dw3, stream_);
+    }
+  }
+  ops::scatter_add_rows_cpu(dx_rows, row_token_, dx, stream_);
+  ops::fill(dweight, 0.0, stream_);
+  ops::scatter_add_rows_cpu(drow_weight.view().reshape(Shape{M, 1}), row_slot_,
+                            dweight.reshape(Shape{tokens_ * top_k_, 1}), stream_);
+  release();
+}
+
+void StandardDispatch::release() {
+  row_token_.reset();
+  row_slot_.reset();
+  row_weight_.reset();
+  x_rows_.reset();
+  a_.reset();
+  b_.reset();
+  y_rows_.reset();
+}
+
+}  // namespace moepeak::schedules

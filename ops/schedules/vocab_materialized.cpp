@@ -1,0 +1,48 @@
+#include "ops/schedules/vocab_materialized.h"
+
+#include <vector>
+
+#include "core/error.h"
+#include "ops/cross_entropy.h"
+#include "ops/linear.h"
+
+namespace moepeak::schedules {
+
+uint64_t vocab_materialized_bytes(int64_t tokens, int64_t vocab, DType dtype) {
+  uint64_t b = dtype_size(dtype);
+  return DeviceArena::footprint(static_cast<uint64_t>(tokens * vocab) * b) +
+         DeviceArena::footprint(static_cast<uint64_t>(tokens) * b);
+}
+
+MaterializedVocab::MaterializedVocab(Backend& backend, Stream& stream, DType dtype)
+    : backend_(backend), stream_(stream), dtype_(dtype) {}
+
+double MaterializedVocab::forward(const Tensor& x, const Tensor& lm_head, const Tensor& labels,
+                                  double loss_scale) {
+  const int64_t N = x.size(0), V = lm_head.size(0);
+  loss_scale_ = loss_scale;
+  labels_ = labels;
+  logits_ = OwnedTensor::device(backend_, Shape{N, V}, dtype_, LiveSet::logits, "logits");
+  OwnedTensor losses = OwnedTensor::device(backend_, Shape{N}, dtype_, LiveSet::logits, "token losses");
+  ops::linear_forward_cpu(x, lm_head, logits_, false, stream_);
+  ops::cross_entropy_forward_cpu(logits_, labels, losses, stream_);
+  std::vector<char> host(losses.nbytes());
+  backend_.copy_async(host.data(), losses.data(), host.size(), CopyKind::device_to_host, stream_);
+  stream_.synchronize();
+  double sum = 0;  // in token order, in double
+  for (int64_t n = 0; n < N; ++n) {
+    sum += dtype_ == DType::f64 ? reinterpret_cast<const double*>(host.data())[n]
+                                : static_cast<double>(reinterpret_cast<const float*>(host.data())[n]);
+  }
+  return sum * loss_scale;
+}
+
+void MaterializedVocab::backward(const Tensor& x, const Tensor& lm_head, const Tensor& dx,
+                                 const Tensor& dlm_head) {
+  MOEPEAK_CHECK(logits_.view().defined(), "vocab backward without a forward to go with it");
+  ops::cross_entropy_backward_cpu(logits_, labels_, loss_scale_, logits_, stream_);  // in place
+  ops::linear_backward_cpu(x, lm_head, logits_, dx, false, dlm_head, stream_);
+  logits_.reset();
+}
+
+}  // namespace moepeak::schedules

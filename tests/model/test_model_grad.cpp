@@ -1,0 +1,128 @@
+// The whole Mixtral model in float64: loss and every parameter's gradient against central finite
+// differences, gradient checkpointing ("standard") bitwise equal to keeping every activation
+// ("none"), and bitwise determinism. Run: ctest -R test_model_grad
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/model/mixtral.h"
+#include "tests/ops/gradcheck.h"
+
+namespace moepeak {
+namespace {
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.vocab_size = 11;
+  m.hidden_size = 8;
+  m.intermediate_size = 12;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 4;
+  m.num_local_experts = 3;
+  m.num_experts_per_tok = 2;
+  m.max_position_embeddings = 16;
+  m.initializer_range = 0.5;  // large enough that routing is far from ties
+  return m;
+}
+
+struct ModelHarness {
+  std::unique_ptr<Backend> backend = Backend::create(BackendOptions{});
+  Stream& stream = backend->default_stream();
+  int64_t B = 2, T = 6;
+  OwnedTensor ids, labels, positions;
+  int64_t scored = 0;
+
+  ModelHarness() {
+    const int64_t N = B * T;
+    ids = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "ids");
+    labels = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
+    positions = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
+    for (int64_t n = 0; n < N; ++n) {
+      ids.data_as<int64_t>()[n] = (n * 7 + 3) % 11;
+      labels.data_as<int64_t>()[n] = n % 5 == 2 ? -100 : (n * 5 + 1) % 11;  // some not scored
+      positions.data_as<int64_t>()[n] = n % T;
+      scored += labels.data_as<int64_t>()[n] != -100;
+    }
+  }
+  TokenBatch batch() const { return TokenBatch{ids, labels, positions, B, T, scored}; }
+};
+
+TEST(ModelGrad, EveryParameterMatchesFiniteDifferences) {
+  ModelHarness h;
+  MixtralModel model(*h.backend, h.stream, small_model(), CheckpointSchedule::none, DType::f64);
+  model.params().initialize(42, 0.5, h.stream);
+  model.params().zero_grads(h.stream);
+  const double loss = model.forward_backward(h.batch(), h.scored);
+  EXPECT_GT(loss, 0.5);
+  const ParamLayout& layout = model.params().layout();
+  double* values = model.params().flat_values().data_as<double>();
+  const double* grads = model.params().flat_grads().data_as<double>();
+  // NOTES: h = 1e-5 balances truncation (~h^2 = 1e-10 relative) against rounding (~1e-16 * loss / h
+  // = 2e-11 absolute); errors are relative to max(|g|, 1e-3 * the largest gradient) so that
+  // tiny gradients (1e-5 and below) are judged by absolute error instead of noise over noise.
+  const double eps = 1e-5;
+  double max_grad = 0;
+  for (int64_t i = 0; i < layout.total_elements(); ++i) max_grad = std::max(max_grad, std::abs(grads[i]));
+  double worst = 0;
+  std::string worst_name;
+  for (const ParamInfo& p : layout.params()) {
+    // Three elements of every tensor: first, middle, last.
+    for (int64_t j : {int64_t{0}, p.shape.numel() / 2, p.shape.numel() - 1}) {
+      double& x = values[p.offset + j];
+      const double saved = x;
+      x = saved + eps;
+      const double up = model.forward_loss(h.batch(), h.scored);
+      x = saved - eps;
+      const double down = model.forward_loss(h.batch(), h.scored);
+      x = saved;
+      const double numeric = (up - down) / (2 * eps);
+      const double err = testing::rel_err(grads[p.offset + j], numeric, 1e-3 * max_grad);
+      if (err > worst) {
+        worst = err;
+        worst_name = p.name + "[" + std::to_string(j) + "] analytic " +
+                     std::to_string(grads[p.offset + j]) + " numeric " + std::to_string(numeric);
+      }
+    }
+  }
+  EXPECT_LT(worst, 1e-6) << "worst at " << worst_name;
+}
+
+TEST(ModelGrad, CheckpointingIsBitwiseEqualToKeepingActivations) {
+  ModelHarness h;
+  std::vector<double> loss(2);
+  std::vector<std::vector<char>> grads(2);
+  int i = 0;
+  for (CheckpointSchedule c : {CheckpointSchedule::none, CheckpointSchedule::standard}) {
+    MixtralModel model(*h.backend, h.stream, small_model(), c, DType::f64);
+    model.params().initialize(7, 0.5, h.stream);
+    model.params().zero_grads(h.stream);
+    loss[i] = model.forward_backward(h.batch(), h.scored);
+    Tensor g = model.params().flat_grads();
+    grads[i].assign(static_cast<char*>(g.data()), static_cast<char*>(g.data()) + g.nbytes());
+    ++i;
+  }
+  EXPECT_EQ(loss[0], loss[1]);
+  EXPECT_EQ(grads[0], grads[1]);
+}
+
+TEST(ModelGrad, BoundariesLiveSetIsOneTensorPerLayerUnderCheckpointing) {
+  ModelHarness h;
+  ModelConfig cfg = small_model();
+  MixtralModel model(*h.backend, h.stream, cfg, CheckpointSchedule::standard, DType::f32);
+  model.params().initialize(7, 0.5, h.stream);
+  h.backend->arena().reset_peaks();
+  model.forward_backward(h.batch(), h.scored);
+  // Layer inputs 0..L-1 plus the final hidden state, each (N, H) f32, at most one extra layer
+  // output alive while a layer is recomputed.
+  const uint64_t one = DeviceArena::footprint(static_cast<uint64_t>(h.B * h.T * cfg.hidden_size) * 4);
+  const uint64_t peak = h.backend->arena().stats().peak_per_set()[LiveSet::boundaries];
+  EXPECT_GE(peak, (cfg.num_hidden_layers + 1) * one);
+  EXPECT_LE(peak, (cfg.num_hidden_layers + 2) * one);
+}
+
+}  // namespace
+}  // namespace moepeak
