@@ -10,6 +10,7 @@ MOEPEAK_PACKAGES=(
   libhwloc-dev libnuma-dev libopenmpi-dev openmpi-bin
   libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
   libgtest-dev libopenblas-dev nlohmann-json3-dev
+  python3-numpy
 )
 
 log() { printf '\033[1m[moepeak]\033[0m %s\n' "$*"; }

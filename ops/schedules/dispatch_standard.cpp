@@ -1,5 +1,7 @@
 #include "ops/schedules/dispatch_standard.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "ops/fill.h"
 #include "ops/linear.h"
@@ -9,15 +11,18 @@
 namespace moepeak::schedules {
 
 uint64_t dispatch_standard_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
-                                 DType dtype) {
-  uint64_t rows = static_cast<uint64_t>(tokens * top_k);
-  uint64_t b = dtype_size(dtype);
-  auto a = [](uint64_t bytes) { return DeviceArena::footprint(bytes); };
-  // Saved from forward to backward: x_rows, y_rows (M, H); a, b (M, F); permutation.
-  uint64_t saved = 2 * a(rows * hidden * b) + 2 * a(rows * ffn * b) + 2 * a(rows * 4) + a(rows * b);
-  // Backward temporaries at their peak: dy, dx_rows (M, H); g, dg, da, db (M, F); d row weight.
-  uint64_t backward = 2 * a(rows * hidden * b) + 4 * a(rows * ffn * b) + a(rows * b);
-  return saved + backward;
+                                 DType dtype, int64_t layers_resident) {
+  const uint64_t M = static_cast<uint64_t>(tokens * top_k), b = dtype_size(dtype);
+  auto fp = [](uint64_t bytes) { return DeviceArena::footprint(bytes); };
+  const uint64_t rows_h = fp(M * hidden * b), rows_f = fp(M * ffn * b);
+  const uint64_t permutation = 2 * fp(M * 4) + fp(M * b);  // row token, row slot, row weight
+  // Forward peak: x_rows, y_rows, a, b, the SwiGLU temporary g.
+  const uint64_t forward = 2 * rows_h + 3 * rows_f + permutation;
+  // Backward peak (y_rows already released): x_rows, a, b kept; dy, dx_rows, d row weight;
+  // g, dg, da, db.
+  const uint64_t backward = 3 * rows_h + 6 * rows_f + permutation + fp(M * b);
+  const uint64_t saved = 2 * rows_h + 2 * rows_f + permutation;  // what forward keeps for backward
+  return std::max(forward, backward) + static_cast<uint64_t>(layers_resident - 1) * saved;
 }
 
 StandardDispatch::StandardDispatch(Backend& backend, Stream& stream, DType dtype)

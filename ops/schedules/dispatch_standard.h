@@ -24,12 +24,15 @@ struct ExpertWeights {
   Tensor dw1, dw2, dw3;
 };
 
-// Bytes the standard dispatch holds for N tokens with top-k routing: the permuted input and the
-// output rows (N*k, H), the SwiGLU activations a, b (N*k, F) kept for backward, plus the
-// permutation (N*k i32 token, slot and weight). Used by the planner and by tests against the
-// measured peak.
+// Peak bytes of the `dispatch` live set for N tokens with top-k routing on one rank (M = N*k
+// rows): the larger of the forward peak (x_rows, y_rows (M, H); a, b, g (M, F); permutation) and
+// the backward peak (x_rows, dy, dx_rows (M, H); a, b, g, dg, da, db (M, F); permutation and
+// row-weight gradient), each buffer rounded to the arena's alignment, plus what the other
+// layers keep from forward to backward when `layers_resident` layers hold their activations at
+// once (1 under gradient checkpointing, L without). Tests hold the measured peak to it; the
+// planner uses it.
 uint64_t dispatch_standard_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
-                                 DType dtype);
+                                 DType dtype, int64_t layers_resident);
 
 class StandardDispatch {
  public:

@@ -1,0 +1,73 @@
+// The standard schedules' live sets, measured in the arena during a real step, against the
+// closed-form bytes the planner uses (ops/schedules/*_bytes): equal, not merely under, since the
+// formulas describe exactly what each schedule allocates. Run: ctest -R test_model_memory
+#include <gtest/gtest.h>
+
+#include "core/model/mixtral.h"
+#include "ops/schedules/adamw_resident.h"
+#include "ops/schedules/checkpoint_standard.h"
+#include "ops/schedules/dispatch_standard.h"
+#include "ops/schedules/vocab_materialized.h"
+
+namespace moepeak {
+namespace {
+
+ModelConfig model_config() {
+  ModelConfig m;
+  m.vocab_size = 96;
+  m.hidden_size = 32;
+  m.intermediate_size = 48;
+  m.num_hidden_layers = 3;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 8;
+  m.num_local_experts = 4;
+  m.num_experts_per_tok = 2;
+  m.max_position_embeddings = 64;
+  return m;
+}
+
+class StandardLiveSets : public ::testing::TestWithParam<CheckpointSchedule> {};
+
+TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
+  const ModelConfig cfg = model_config();
+  auto backend = Backend::create(BackendOptions{});
+  Stream& stream = backend->default_stream();
+  const int64_t B = 3, T = 20, N = B * T;
+  auto ids = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "ids");
+  auto labels = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
+  auto positions = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
+  for (int64_t n = 0; n < N; ++n) {
+    ids.data_as<int64_t>()[n] = (n * 13 + 5) % cfg.vocab_size;
+    labels.data_as<int64_t>()[n] = (n * 7 + 1) % cfg.vocab_size;
+    positions.data_as<int64_t>()[n] = n % T;
+  }
+  MixtralModel model(*backend, stream, cfg, GetParam(), DType::f32);
+  model.params().initialize(3, 0.1, stream);
+  schedules::ResidentAdamW adamw(*backend, model.params(), OptimizerConfig{});
+  backend->arena().reset_peaks();
+  model.forward_backward(TokenBatch{ids, labels, positions, B, T, N}, N);
+  const MemoryStats s = backend->arena().stats();
+  const DType f32 = DType::f32;
+  const int64_t params = model.params().layout().total_elements();
+
+  const int64_t layers_resident = GetParam() == CheckpointSchedule::none ? cfg.num_hidden_layers : 1;
+  EXPECT_EQ(s.peak_per_set()[LiveSet::dispatch],
+            schedules::dispatch_standard_bytes(N, cfg.num_experts_per_tok, cfg.hidden_size,
+                                               cfg.intermediate_size, f32, layers_resident));
+  EXPECT_EQ(s.peak_per_set()[LiveSet::logits], schedules::vocab_materialized_bytes(N, cfg.vocab_size, f32));
+  EXPECT_EQ(s.peak_per_set()[LiveSet::boundaries],
+            schedules::boundaries_standard_bytes(cfg.num_hidden_layers, N, cfg.hidden_size, f32));
+  EXPECT_EQ(s.peak_per_set()[LiveSet::optimizer], schedules::adamw_resident_bytes(params, f32));
+  EXPECT_EQ(s.peak_per_set()[LiveSet::weights], DeviceArena::footprint(params * 4));
+  EXPECT_EQ(s.peak_per_set()[LiveSet::grads], DeviceArena::footprint(params * 4));
+  // The total peak is one moment's sum of live sets, never more than their own peaks added up.
+  EXPECT_LE(s.peak_total(), s.peak_per_set().total());
+  EXPECT_EQ(s.at_peak().total(), s.peak_total());
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpointing, StandardLiveSets,
+                         ::testing::Values(CheckpointSchedule::none, CheckpointSchedule::standard));
+
+}  // namespace
+}  // namespace moepeak
