@@ -45,8 +45,8 @@ std::string now_utc() {
   return buf;
 }
 
-int run_bench_step(const BenchArgs& args) {
-  Config cfg = load_config(args.config.files, args.config.overrides);
+int run_bench_step(const BenchArgs& args, const Context& ctx) {
+  Config cfg = load_config_for_command(args.config, ctx);
   cfg.metrics.progress = ProgressMode::off;
   // NOTES: the LR schedule must not reach its end inside the timed steps, or the run would time a
   // different optimiser regime than training does; steps only sets the schedule's length here.
@@ -121,7 +121,7 @@ void register_bench_command(CLI::App& app, Context& ctx) {
   step->add_option("--gemm-size", args.gemm_size, "n of the n^3 GEMM that sets the ceiling")
       ->check(CLI::Range(64, 8192));
   step->add_option("--json", args.json_path, "write the results as JSON (DESIGN.md §10)");
-  step->callback([&ctx] { ctx.action = [] { return run_bench_step(args); }; });
+  step->callback([&ctx] { ctx.action = [&ctx] { return run_bench_step(args, ctx); }; });
 }
 
 }  // namespace moepeak::cli

@@ -5,6 +5,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/config/config.h"
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -12,7 +14,7 @@
 namespace moepeak::cli {
 
 struct Context {
-  std::string log_level = "info";
+  std::string log_level;  // empty: runtime.log_level of the config (info without one)
   bool log_all_ranks = false;
   std::function<int()> action;  // set by the selected subcommand; returns the exit code
 };
@@ -23,6 +25,8 @@ struct ConfigArgs {
   std::vector<std::string> overrides;
 };
 void add_config_options(CLI::App& sub, ConfigArgs& args);
+// Loads the config and, unless --log-level was given, applies its runtime.log_level.
+Config load_config_for_command(const ConfigArgs& args, const Context& ctx);
 
 void register_config_command(CLI::App& app, Context& ctx);
 void register_train_command(CLI::App& app, Context& ctx);

@@ -1,10 +1,13 @@
 // `moepeak config show [--config F]... [--set section.key=value]... [--origins]`: prints the
 // resolved configuration as TOML — the embedded default, then each file in order, then each
 // --set — so what a run will use can be read (and saved, and passed back with --config).
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 
 #include "cli/commands.h"
 #include "core/config/config.h"
+#include "core/log.h"
 
 namespace moepeak::cli {
 
@@ -13,6 +16,12 @@ void add_config_options(CLI::App& sub, ConfigArgs& args) {
                  "TOML config file; repeat to layer files (later ones override earlier keys)")
       ->check(CLI::ExistingFile);
   sub.add_option("--set", args.overrides, "override one key: section.key=value (repeatable)");
+}
+
+Config load_config_for_command(const ConfigArgs& args, const Context& ctx) {
+  Config cfg = load_config(args.files, args.overrides);
+  if (ctx.log_level.empty()) spdlog::set_level(log::parse_level(enum_name(cfg.runtime.log_level)));
+  return cfg;
 }
 
 void register_config_command(CLI::App& app, Context& ctx) {

@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   try {
-    moepeak::log::init(moepeak::log::parse_level(ctx.log_level), 0, 1, ctx.log_all_ranks);
+    moepeak::log::init(moepeak::log::parse_level(ctx.log_level.empty() ? "info" : ctx.log_level), 0, 1,
+                       ctx.log_all_ranks);
     return ctx.action ? ctx.action() : 0;
   } catch (const moepeak::Error& e) {
     std::fprintf(stderr, "moepeak: error: %s\n", e.what());

@@ -43,8 +43,8 @@ void register_train_command(CLI::App& app, Context& ctx) {
   cmd->add_option("--dump-step", options.dump_step_dir,
                     "write step 1's weights, batch, loss and gradients (safetensors) into DIR");
   cmd->callback([&ctx] {
-    ctx.action = [] {
-      Config cfg = load_config(args.files, args.overrides);
+    ctx.action = [&ctx] {
+      Config cfg = load_config_for_command(args, ctx);
       TrainResult r = train(cfg, options);
       if (!r.losses.empty()) {
         spdlog::info("trained steps {}..{}: final loss {:.4f}; metrics in {}", r.first_step, r.last_step,

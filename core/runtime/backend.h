@@ -36,6 +36,7 @@ struct BackendOptions {
   uint64_t pinned_budget = 1ull << 30;  // pinned host pool budget
   int device_index = 0;                 // CUDA device (the rank's local GPU)
   int numa_node = -1;                   // pinned pool node; -1 = the node this thread runs on
+  int cpu_threads = 0;                  // CPU backend: OpenBLAS threads; 0 = OpenBLAS's default
 };
 
 struct MemoryInfo {

@@ -1,5 +1,7 @@
 #include "core/runtime/cpu_backend.h"
 
+#include <cblas.h>
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -25,6 +27,7 @@ CpuBackend::CpuBackend(const BackendOptions& options) {
                   " of address space for runtime.device_memory: ", std::strerror(errno));
   }
   arena_ = std::make_unique<DeviceArena>(region_, region_bytes_, "cpu device memory");
+  if (options.cpu_threads > 0) openblas_set_num_threads(options.cpu_threads);
   pinned_ = std::make_unique<PinnedPool>(options.pinned_budget, options.numa_node, nullptr);
   default_stream_ = make_stream("default");
 }
@@ -37,7 +40,8 @@ CpuBackend::~CpuBackend() {
 }
 
 std::string CpuBackend::describe() const {
-  return "cpu (" + std::to_string(std::thread::hardware_concurrency()) + " cores, " +
+  return "cpu (" + std::to_string(std::thread::hardware_concurrency()) + " cores, OpenBLAS " +
+         std::to_string(openblas_get_num_threads()) + " threads, " +
          std::to_string(topology::numa_node_count()) + " NUMA node(s), device memory " +
          format_bytes(arena_->capacity()) + ", pinned budget " + format_bytes(pinned_->budget()) +
          " on node " + std::to_string(pinned_->numa_node()) + ")";

@@ -36,6 +36,7 @@ BackendOptions backend_options(const Config& cfg) {
   o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
   o.pinned_budget = cfg.runtime.pinned_memory_bytes().value_or(Backend::kCpuDefaultDeviceMemory / 2);
   o.numa_node = static_cast<int>(cfg.runtime.numa_node);
+  o.cpu_threads = static_cast<int>(cfg.runtime.threads);
   return o;
 }
 
