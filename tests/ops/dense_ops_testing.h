@@ -11,8 +11,10 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/tensor.h"
 #include "ops/fill.h"
@@ -88,6 +90,17 @@ class OpEnv {
 inline std::vector<double> rounded_to_float(std::vector<double> v) {
   for (auto& x : v) x = static_cast<float>(x);
   return v;
+}
+
+// Expects the stream to throw a moepeak::Error at synchronize() whose message has every part.
+inline void expect_stream_error(Stream& stream, const std::vector<std::string>& parts) {
+  try {
+    stream.synchronize();
+    ADD_FAILURE() << "no error at synchronize()";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    for (const auto& part : parts) EXPECT_NE(m.find(part), std::string::npos) << m;
+  }
 }
 
 inline double dot(const std::vector<double>& a, const std::vector<double>& b) {

@@ -32,16 +32,7 @@ using testing::OpEnv;
 using testing::random_vector;
 using testing::rounded_to_float;
 
-// Expects the stream to throw a moepeak::Error at synchronize() whose message has every part.
-void expect_stream_error(Stream& stream, const std::vector<std::string>& parts) {
-  try {
-    stream.synchronize();
-    ADD_FAILURE() << "no error at synchronize()";
-  } catch (const Error& e) {
-    std::string m = e.what();
-    for (const auto& part : parts) EXPECT_NE(m.find(part), std::string::npos) << m;
-  }
-}
+using testing::expect_stream_error;
 
 // ---------------------------------------------------------------------------------------------
 // Router: logits (N, E), top-k
