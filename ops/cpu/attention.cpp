@@ -17,6 +17,8 @@
 // Backward, per query block: D = rowsum(dout * out); for each key block,
 //   P = exp(S - lse), dP = dout V^T, dV += P^T dout, dS = P * (dP - D),
 //   dQ += scale * dS K, dK += scale * dS^T Q  (dK, dV straight into dk, dv with beta = 1).
+// Masking writes exact zeros into P past each row's position (no -inf arithmetic), and a block's
+// last key block stops at its last position, so keys after t never touch row t's bits.
 // Query blocks run in a fixed order (b, g, t0), so dk/dv sum the blocks — and, inside a block's
 // GEMM, the query heads of the group — in a fixed order: results are bitwise reproducible.
 #include <cblas.h>
@@ -26,9 +28,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
-#include <thread>
-#include <cstdlib>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -319,20 +320,10 @@ int64_t visible_keys(const BlockPlan& plan, const QueryBlock& blk, int64_t r, in
 // Calls f(block) for every query block in the fixed order (b, kv head, t0).
 template <typename F>
 void for_each_query_block(const Geometry& geo, const BlockPlan& plan, F&& f) {
-  static const int threads = std::getenv("ATTN_THREADS") ? std::atoi(std::getenv("ATTN_THREADS")) : 1;
-  auto work = [&](int tid) {
-    int64_t unit = 0;
-    for (int64_t b = 0; b < geo.batch; ++b)
-      for (int64_t g = 0; g < geo.kv_heads; ++g, ++unit) {
-        if (unit % threads != tid) continue;
-        for (int64_t t0 = 0; t0 < geo.seq; t0 += plan.positions)
-          f(QueryBlock{b, g, t0, std::min(plan.positions, geo.seq - t0)});
-      }
-  };
-  std::vector<std::thread> pool;
-  for (int i = 1; i < threads; ++i) pool.emplace_back(work, i);
-  work(0);
-  for (auto& th : pool) th.join();
+  for (int64_t b = 0; b < geo.batch; ++b)
+    for (int64_t g = 0; g < geo.kv_heads; ++g)
+      for (int64_t t0 = 0; t0 < geo.seq; t0 += plan.positions)
+        f(QueryBlock{b, g, t0, std::min(plan.positions, geo.seq - t0)});
 }
 
 // ---- Forward -------------------------------------------------------------------------------------
@@ -340,13 +331,12 @@ void for_each_query_block(const Geometry& geo, const BlockPlan& plan, F&& f) {
 template <typename T>
 void forward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, const T* k,
                     const T* v, T scale, T* out, T* lse) {
-
+  Scratch<T>& s = thread_scratch<T>();
+  s.reserve(plan, geo.head_dim, /*backward=*/false);
   const int64_t d = geo.head_dim;
   const int64_t kv_stride = geo.kv_heads * d;  // between consecutive positions of one kv head
 
   for_each_query_block(geo, plan, [&](const QueryBlock& blk) {
-    Scratch<T>& s = thread_scratch<T>();
-    s.reserve(plan, geo.head_dim, /*backward=*/false);
     const int64_t rows = blk.rows(plan);
     gather_rows(geo, plan, blk, q, s.q_rows.data());
     std::fill_n(s.row_max.begin(), rows, -std::numeric_limits<T>::infinity());
@@ -397,7 +387,8 @@ template <typename T>
 void backward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, const T* k,
                      const T* v, const T* out, const T* lse, const T* dout, T scale, T* dq, T* dk,
                      T* dv) {
-
+  Scratch<T>& s = thread_scratch<T>();
+  s.reserve(plan, geo.head_dim, /*backward=*/true);
   const int64_t d = geo.head_dim;
   const int64_t kv_stride = geo.kv_heads * d;
   const int64_t kv_numel = geo.batch * geo.seq * geo.kv_heads * d;
@@ -405,8 +396,6 @@ void backward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, con
   std::fill_n(dv, kv_numel, T(0));
 
   for_each_query_block(geo, plan, [&](const QueryBlock& blk) {
-    Scratch<T>& s = thread_scratch<T>();
-    s.reserve(plan, geo.head_dim, /*backward=*/true);
     const int64_t rows = blk.rows(plan);
     T* q_rows = s.q_rows.data();
     T* dout_rows = s.dout_rows.data();

@@ -4,7 +4,7 @@
 //
 //   q, out, dout, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
 //
-// Shapes cross several blocks: the default blocks (128 query rows x 128 keys) with T up to 130,
+// Shapes cross several blocks: the default blocks (256 query rows x 256 keys) with T = 300 or 600,
 // and small blocks (detail::attention_*_cpu_blocked) so that T = 7 or 65 also spans many.
 // Speed (not run by default): ./test_attention --gtest_also_run_disabled_tests
 //                             --gtest_filter='*Speed*'
@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -212,8 +211,23 @@ TEST_F(AttentionTest, ForwardMatchesMaterialisedSoftmax) {
       }
 }
 
+TEST_F(AttentionTest, ForwardMatchesAcrossDefaultBlocks) {
+  // Default blocks: with 4 query heads per kv head a block holds 64 positions (10 query blocks at
+  // T = 600), with one it holds 256 (3 query blocks); 3 key blocks either way.
+  for (int64_t kv_heads : {1, 4}) {
+    const Dims dims{1, 600, 4, kv_heads, 8};
+    const Inputs in = random_inputs(dims, 60 + kv_heads);
+    const Reference ref = reference_forward(dims, in);
+    AttentionTensors t = allocate(dims, DType::f64);
+    upload_inputs(t, in);
+    forward(t, dims, ops::kAttentionBlocks);
+    EXPECT_LT(max_rel_err(download(t.out), ref.out, 1e-3), 1e-12) << "nkv=" << kv_heads;
+    EXPECT_LT(max_rel_err(download(t.lse), ref.lse, 1e-3), 1e-12) << "nkv=" << kv_heads;
+  }
+}
+
 TEST_F(AttentionTest, DefaultEntryPointsUseDefaultBlocks) {
-  const Dims dims{2, 130, 4, 2, 8};
+  const Dims dims{2, 300, 4, 2, 8};
   const Inputs in = random_inputs(dims, 7);
   AttentionTensors t = allocate(dims, DType::f64);
   upload_inputs(t, in);
@@ -240,7 +254,10 @@ class AttentionGradTest : public AttentionTest {
  public:
   static constexpr double kStep = 1e-5;
 
-  void check(const Dims& dims, ops::AttentionBlocks blocks, uint64_t seed) {
+  // Checks every coordinate of q, k and v, or with `positions` only those of these positions
+  // (all heads and batches): long sequences check the block boundaries and stay fast.
+  void check(const Dims& dims, ops::AttentionBlocks blocks, uint64_t seed,
+             const std::vector<int64_t>& positions = {}) {
     Inputs in = random_inputs(dims, seed);
     AttentionTensors t = allocate(dims, DType::f64);
     upload_inputs(t, in);
@@ -259,9 +276,32 @@ class AttentionGradTest : public AttentionTest {
       for (size_t i = 0; i < out.size(); ++i) sum += static_cast<long double>(out[i]) * in.dout[i];
       return static_cast<double>(sum);
     };
-    EXPECT_LT(max_grad_rel_err(in.q, dq, loss, kStep), 1e-6) << "dq";
-    EXPECT_LT(max_grad_rel_err(in.k, dk, loss, kStep), 1e-6) << "dk";
-    EXPECT_LT(max_grad_rel_err(in.v, dv, loss, kStep), 1e-6) << "dv";
+    auto check_input = [&](std::vector<double>& input, const std::vector<double>& grad,
+                           int64_t heads, const char* name) {
+      if (positions.empty()) {
+        EXPECT_LT(max_grad_rel_err(input, grad, loss, kStep), 1e-6) << name;
+        return;
+      }
+      const int64_t row = heads * dims.head_dim;  // elements of one position
+      std::vector<size_t> chosen;
+      for (int64_t b = 0; b < dims.batch; ++b)
+        for (int64_t pos : positions)
+          for (int64_t i = 0; i < row; ++i) chosen.push_back((b * dims.seq + pos) * row + i);
+      std::vector<double> x, x_grad;
+      for (size_t i : chosen) {
+        x.push_back(input[i]);
+        x_grad.push_back(grad[i]);
+      }
+      auto subset_loss = [&] {
+        for (size_t j = 0; j < chosen.size(); ++j) input[chosen[j]] = x[j];
+        return loss();
+      };
+      EXPECT_LT(max_grad_rel_err(x, x_grad, subset_loss, kStep), 1e-6) << name;
+      for (size_t j = 0; j < chosen.size(); ++j) input[chosen[j]] = x[j];
+    };
+    check_input(in.q, dq, dims.heads, "dq");
+    check_input(in.k, dk, dims.kv_heads, "dk");
+    check_input(in.v, dv, dims.kv_heads, "dv");
   }
 };
 
@@ -276,17 +316,17 @@ TEST_F(AttentionGradTest, MultiQueryAcrossSmallBlocks) {
 }
 
 TEST_F(AttentionGradTest, GroupedQueryDefaultBlocks) {
-  // Default blocks: 64 positions per 128-row query block of 2 heads, so T = 130 spans three query
-  // blocks and two key blocks of 128.
-  check(Dims{1, 130, 2, 1, 4}, ops::kAttentionBlocks, 13);
+  // Default blocks: 64 positions per 256-row query block of 4 heads, so T = 300 spans five query
+  // blocks and two key blocks of 256; positions on both sides of each boundary are checked.
+  check(Dims{1, 300, 4, 1, 4}, ops::kAttentionBlocks, 13, {0, 63, 64, 191, 192, 255, 256, 299});
 }
 
 TEST_F(AttentionTest, FloatMatchesDouble) {
   // float32 vs float64 on the same inputs, error relative to each tensor's largest element. The
   // f32 path rounds every product and sum (eps 6e-8) and uses a ~2 ulp polynomial exp; errors grow
-  // with the reduction lengths (d = 16, up to T = 130 keys, blocks of 128 rows), so about 1e-6 is
-  // expected; we allow 1e-5 (DESIGN.md §2: float32 far under 1e-5).
-  const Dims dims{2, 130, 4, 2, 16};
+  // with the reduction lengths (d = 16, up to T = 300 keys, 256 rows in dK/dV's sums), so about
+  // 1e-6 is expected; we allow 1e-5 (DESIGN.md §2: float32 far under 1e-5).
+  const Dims dims{2, 300, 4, 2, 16};
   const Inputs in = random_inputs(dims, 21);
   AttentionTensors t64 = allocate(dims, DType::f64);
   AttentionTensors t32 = allocate(dims, DType::f32);
@@ -429,24 +469,6 @@ TEST_F(AttentionTest, DISABLED_SpeedFloat32) {
   const Inputs in = random_inputs(dims, 51);
   AttentionTensors t = allocate(dims, DType::f32);
   upload_inputs(t, in);
-  if (const char* env = std::getenv("ATTN_BLOCKS")) {  // TEMP: block sweep
-    int rows = 0, keys = 0;
-    std::sscanf(env, "%dx%d", &rows, &keys);
-    ops::AttentionBlocks blocks{rows, keys};
-    double best_f = 1e9, best_b = 1e9;
-    for (int r = 0; r < 4; ++r) {
-      auto start = clock::now();
-      ops::detail::attention_forward_cpu_blocked(t.q, t.k, t.v, dims.scale(), t.out, t.lse, blocks, stream());
-      stream().synchronize();
-      best_f = std::min(best_f, std::chrono::duration<double>(clock::now() - start).count());
-      start = clock::now();
-      ops::detail::attention_backward_cpu_blocked(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(), t.dq, t.dk, t.dv, blocks, stream());
-      stream().synchronize();
-      best_b = std::min(best_b, std::chrono::duration<double>(clock::now() - start).count());
-    }
-    std::printf("blocks %dx%d: fwd %.1f ms bwd %.1f ms\n", rows, keys, best_f * 1e3, best_b * 1e3);
-    return;
-  }
   auto seconds = [](clock::time_point since) {
     return std::chrono::duration<double>(clock::now() - since).count();
   };
