@@ -1,6 +1,7 @@
 #include "core/model/mixtral.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 #include "ops/attention.h"
@@ -39,10 +40,6 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, const ModelConfig& 
       params_(backend, model, dtype) {
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "the CPU model computes in f32 or f64, not ",
                 dtype_name(dtype));
-  if (model.router_aux_loss_coef != 0.0) {
-    MOEPEAK_THROW("model.router_aux_loss_coef = ", model.router_aux_loss_coef,
-                  ": the auxiliary load-balancing loss is not available in this version; set it to 0");
-  }
   MOEPEAK_CHECK(checkpoint != CheckpointSchedule::sco,
                 "schedules.checkpoint = \"sco\" is not available in this version; use \"standard\" or \"none\"");
 }
@@ -64,7 +61,7 @@ std::vector<schedules::ExpertWeights> MixtralModel::experts_of(int layer) const 
 }
 
 OwnedTensor MixtralModel::layer_forward(int layer, const Tensor& x, const TokenBatch& batch,
-                                        LayerActivations& a) {
+                                        LayerActivations& a, bool recompute) {
   const LayerParamIndex& L = params_.layout().layers[layer];
   const int64_t N = x.size(0), H = model_.hidden_size, B = batch.batch, T = batch.seq_len;
   const int64_t nh = model_.num_attention_heads, nkv = model_.num_key_value_heads;
@@ -112,7 +109,10 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Tensor& x, const TokenB
   ops::copy_cpu(a.h, y, stream_);
   if (!a.dispatch) a.dispatch = std::make_unique<schedules::StandardDispatch>(backend_, stream_, dtype_);
   a.dispatch->forward(a.n2, a.topk_index, a.topk_weight, experts_of(layer), y);
-  expert_load_[layer] = a.dispatch->expert_counts();
+  if (!recompute) {
+    expert_load_[layer] = a.dispatch->expert_counts();
+    if (model_.router_aux_loss_coef != 0.0) accumulate_router_prob_sums(a.probs);
+  }
   return y;
 }
 
@@ -134,6 +134,7 @@ OwnedTensor MixtralModel::layer_backward(int layer, const Tensor& dy, const Tens
     a.dispatch->backward(dy, experts_of(layer), dn2, dtopk_weight);
     OwnedTensor drouter = device(Shape{N, E}, LiveSet::workspace, "d router logits");
     ops::router_backward_cpu(a.probs, a.topk_index, a.topk_weight, dtopk_weight, drouter, stream_);
+    if (aux_dprobs_.view().defined()) ops::router_aux_backward_cpu(a.probs, aux_dprobs_, drouter, stream_);
     ops::linear_backward_cpu(a.n2, w(L.gate), drouter, dn2, true, g(L.gate), stream_);
   }
   OwnedTensor dh = device(Shape{N, H}, LiveSet::workspace, "d attention residual");
@@ -178,6 +179,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   MOEPEAK_CHECK(loss_tokens > 0, "a batch with no scored tokens (every label is -100)");
   const ParamLayout& P = params_.layout();
   expert_load_.assign(static_cast<size_t>(Lc), {});
+  router_prob_sums_.assign(static_cast<size_t>(model_.num_local_experts), 0.0);
 
   // inputs[l] is layer l's input (the checkpoint boundary); inputs[L] feeds the final norm.
   std::vector<OwnedTensor> inputs(static_cast<size_t>(Lc) + 1);
@@ -185,7 +187,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   inputs[0] = device(Shape{N, H}, LiveSet::boundaries, "embedding output");
   ops::embedding_forward_cpu(batch.input_ids, params_.value(P.embed), inputs[0], stream_);
   for (int l = 0; l < Lc; ++l) {
-    inputs[l + 1] = layer_forward(l, inputs[l], batch, acts[l]);
+    inputs[l + 1] = layer_forward(l, inputs[l], batch, acts[l], false);
     if (checkpoint_ == CheckpointSchedule::standard || !with_backward) acts[l].release();
     if (!with_backward) inputs[l].reset();
   }
@@ -195,8 +197,9 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   ops::rmsnorm_forward_cpu(inputs[Lc], params_.value(P.final_norm), model_.rms_norm_eps, xf, rstdf,
                            stream_);
   schedules::MaterializedVocab vocab(backend_, stream_, dtype_);
-  const double loss = vocab.forward(xf, params_.value(P.lm_head), batch.labels,
-                                    1.0 / static_cast<double>(loss_tokens));
+  double loss = vocab.forward(xf, params_.value(P.lm_head), batch.labels,
+                              1.0 / static_cast<double>(loss_tokens));
+  if (model_.router_aux_loss_coef != 0.0) loss += router_aux_loss(N, with_backward);
   if (!with_backward) return loss;
 
   OwnedTensor dxf = device(Shape{N, H}, LiveSet::workspace, "d final norm");
@@ -209,14 +212,55 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   inputs[Lc].reset();
   for (int l = Lc - 1; l >= 0; --l) {
     if (checkpoint_ == CheckpointSchedule::standard) {
-      layer_forward(l, inputs[l], batch, acts[l]);  // recompute; the output is dropped
+      layer_forward(l, inputs[l], batch, acts[l], true);  // recompute; the output is dropped
     }
     dx = layer_backward(l, dx, inputs[l], batch, acts[l]);
     if (l > 0) inputs[l].reset();
   }
   ops::embedding_backward_cpu(batch.input_ids, dx, params_.grad(P.embed), stream_);
   stream_.synchronize();
+  aux_dprobs_.reset();
   return loss;
+}
+
+void MixtralModel::accumulate_router_prob_sums(const Tensor& probs) {
+  const int64_t N = probs.size(0), E = probs.size(1);
+  std::vector<char> host(probs.nbytes());
+  backend_.copy_async(host.data(), probs.data(), host.size(), CopyKind::device_to_host, stream_);
+  stream_.synchronize();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t e = 0; e < E; ++e) {
+      router_prob_sums_[e] += dtype_ == DType::f64 ? reinterpret_cast<const double*>(host.data())[n * E + e]
+                                                   : reinterpret_cast<const float*>(host.data())[n * E + e];
+    }
+  }
+}
+
+double MixtralModel::router_aux_loss(int64_t tokens, bool with_backward) {
+  // Mixtral's load_balancing_loss_func over all layers' router rows (R = tokens x layers):
+  //   aux = E * sum_e (c_e / R) * (S_e / R),  c_e = routed (token, slot) pairs to e, S_e = sum of
+  //   probs[., e]; d aux / d probs[row, e] = E * c_e / R^2 for every row of every layer.
+  const int64_t E = model_.num_local_experts;
+  const double R = static_cast<double>(tokens * model_.num_hidden_layers);
+  std::vector<double> counts(static_cast<size_t>(E), 0.0);
+  for (const auto& layer : expert_load_) {
+    for (int64_t e = 0; e < E; ++e) counts[e] += static_cast<double>(layer[e]);
+  }
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) aux += (counts[e] / R) * (router_prob_sums_[e] / R);
+  aux *= static_cast<double>(E);
+  if (with_backward) {
+    aux_dprobs_ = device(Shape{E}, LiveSet::workspace, "aux loss d probs");
+    std::vector<char> host(aux_dprobs_.nbytes());
+    for (int64_t e = 0; e < E; ++e) {
+      double g = model_.router_aux_loss_coef * static_cast<double>(E) * counts[e] / (R * R);
+      if (dtype_ == DType::f64) reinterpret_cast<double*>(host.data())[e] = g;
+      else reinterpret_cast<float*>(host.data())[e] = static_cast<float>(g);
+    }
+    backend_.copy_async(aux_dprobs_.data(), host.data(), host.size(), CopyKind::host_to_device, stream_);
+    stream_.synchronize();
+  }
+  return model_.router_aux_loss_coef * aux;
 }
 
 double MixtralModel::forward_backward(const TokenBatch& batch, int64_t loss_tokens) {

@@ -40,7 +40,9 @@ class MixtralModel {
   ParamStore& params() { return params_; }
   const ModelConfig& config() const { return model_; }
 
-  // Mean cross-entropy over the scored tokens, and its gradients accumulated (+=) into
+  // Mean cross-entropy over the scored tokens (plus router_aux_loss_coef times Mixtral's
+  // load-balancing loss when the coefficient is not 0, as HF's MixtralForCausalLM reports it),
+  // and its gradients accumulated (+=) into
   // params().flat_grads(). loss_tokens: the number of scored tokens the mean is over (the global
   // count when the batch is one rank's share).
   double forward_backward(const TokenBatch& batch, int64_t loss_tokens);
@@ -53,11 +55,16 @@ class MixtralModel {
  private:
   struct LayerActivations;
   OwnedTensor layer_forward(int layer, const Tensor& x, const TokenBatch& batch,
-                            LayerActivations& acts);
+                            LayerActivations& acts, bool recompute);
   OwnedTensor layer_backward(int layer, const Tensor& dy, const Tensor& x, const TokenBatch& batch,
                              LayerActivations& acts);
   double run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward);
   std::vector<schedules::ExpertWeights> experts_of(int layer) const;
+  // Mixtral's auxiliary load-balancing loss (router_aux_loss_coef > 0), HF's formula over all
+  // layers: adds each layer's column sums of the router probabilities, then forms the loss and
+  // (for backward) its constant per-expert gradient with respect to the probabilities.
+  void accumulate_router_prob_sums(const Tensor& probs);
+  double router_aux_loss(int64_t tokens, bool with_backward);
   OwnedTensor device(Shape shape, LiveSet set, const char* what) const;
 
   Backend& backend_;
@@ -67,6 +74,8 @@ class MixtralModel {
   DType dtype_;
   ParamStore params_;
   std::vector<std::vector<int64_t>> expert_load_;
+  std::vector<double> router_prob_sums_;  // per expert, over all layers of the current forward
+  OwnedTensor aux_dprobs_;                // (E) d(coef * aux)/d probs, during backward
 };
 
 }  // namespace moepeak

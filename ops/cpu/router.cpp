@@ -110,3 +110,32 @@ void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Te
 }
 
 }  // namespace moepeak::ops
+
+namespace moepeak::ops {
+
+void router_aux_backward_cpu(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,
+                             Stream& stream) {
+  const char* op = "router_aux_backward_cpu";
+  MOEPEAK_CHECK(probs.ndim() == 2, op, ": probs must be (N, E), got ", probs.str());
+  const int64_t tokens = probs.size(0), experts = probs.size(1);
+  dprobs.expect(Shape{experts}, probs.dtype(), std::string(op) + ": dprobs");
+  dlogits.expect(probs.shape(), probs.dtype(), std::string(op) + ": dlogits");
+  dispatch_float(probs.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const T* p = probs.data_as<T>();   // (N, E)
+    const T* dp = dprobs.data_as<T>();  // (E)
+    T* dl = dlogits.data_as<T>();       // (N, E)
+    as_cpu_stream(stream).enqueue([=] {
+      for (int64_t n = 0; n < tokens; ++n) {
+        const T* pn = p + n * experts;
+        double mean = 0;  // sum_j p_j dp_j, in double
+        for (int64_t e = 0; e < experts; ++e) mean += static_cast<double>(pn[e]) * dp[e];
+        for (int64_t e = 0; e < experts; ++e) {
+          dl[n * experts + e] += static_cast<T>(static_cast<double>(pn[e]) * (dp[e] - mean));
+        }
+      }
+    });
+  });
+}
+
+}  // namespace moepeak::ops

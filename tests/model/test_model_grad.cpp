@@ -51,9 +51,13 @@ struct ModelHarness {
   TokenBatch batch() const { return TokenBatch{ids, labels, positions, B, T, scored}; }
 };
 
-TEST(ModelGrad, EveryParameterMatchesFiniteDifferences) {
+class ModelGradAux : public ::testing::TestWithParam<double> {};  // router_aux_loss_coef
+
+TEST_P(ModelGradAux, EveryParameterMatchesFiniteDifferences) {
   ModelHarness h;
-  MixtralModel model(*h.backend, h.stream, small_model(), CheckpointSchedule::none, DType::f64);
+  ModelConfig cfg = small_model();
+  cfg.router_aux_loss_coef = GetParam();
+  MixtralModel model(*h.backend, h.stream, cfg, CheckpointSchedule::none, DType::f64);
   model.params().initialize(42, 0.5, h.stream);
   model.params().zero_grads(h.stream);
   const double loss = model.forward_backward(h.batch(), h.scored);
@@ -90,6 +94,10 @@ TEST(ModelGrad, EveryParameterMatchesFiniteDifferences) {
   }
   EXPECT_LT(worst, 1e-6) << "worst at " << worst_name;
 }
+
+// Without and with Mixtral's auxiliary load-balancing loss (a large coefficient so its gradient
+// is not lost next to the cross-entropy's).
+INSTANTIATE_TEST_SUITE_P(AuxLoss, ModelGradAux, ::testing::Values(0.0, 0.5));
 
 TEST(ModelGrad, CheckpointingIsBitwiseEqualToKeepingActivations) {
   ModelHarness h;

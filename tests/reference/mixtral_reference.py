@@ -273,7 +273,7 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:
 def load_balancing_loss(router_logits: List[np.ndarray], num_experts: int, top_k_: int) -> float:
     """transformers' load_balancing_loss_func without an attention mask (Switch Transformer aux
     loss): E * sum_e mean_tokens(one_hot(top-k))[k, e] * mean_tokens(softmax)[e], over all layers'
-    tokens concatenated. Not exercised against moepeak (it rejects router_aux_loss_coef != 0)."""
+    tokens concatenated. The aux_loss case of run_reference_check.sh holds moepeak to it."""
     logits = np.concatenate(router_logits, axis=0)      # (L*N, E)
     routing = softmax(logits, axis=-1)
     selected = top_k(routing, top_k_)                   # (L*N, k)

@@ -48,6 +48,8 @@ run_case mqa_nockpt --set model.num_key_value_heads=1 --set schedules.checkpoint
 run_case mha_shapes --set model.num_key_value_heads=4 --set model.head_dim=8 \
   --set model.num_local_experts=5 --set model.num_experts_per_tok=3 --set model.num_hidden_layers=3 \
   --set model.rms_norm_eps=0.01 --set model.rope_theta=100 --set training.seq_len=24
+# Mixtral's auxiliary load-balancing loss (config.json then says output_router_logits = true).
+run_case aux_loss --set model.router_aux_loss_coef=0.2
 
 if ((failures)); then
   echo "test_hf_reference: $failures case(s) failed" >&2
