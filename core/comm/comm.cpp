@@ -46,4 +46,26 @@ std::unique_ptr<Comm> make_comm(Backend& backend, const RankInfo& ranks) {
                 " in this build");
 }
 
+void Comm::check_peer(int peer, const char* what) const {
+  if (peer < 0 || peer >= world_size()) {
+    MOEPEAK_THROW(what, ": peer rank ", peer, " is outside the communicator's ranks [0, ",
+                  world_size(), ")");
+  }
+}
+
+void Comm::check_all_to_all_v_args(std::span<const size_t> send_counts,
+                                   std::span<const size_t> send_offsets,
+                                   std::span<const size_t> recv_counts,
+                                   std::span<const size_t> recv_offsets) const {
+  const size_t world = static_cast<size_t>(world_size());
+  MOEPEAK_CHECK(send_counts.size() == world && send_offsets.size() == world &&
+                    recv_counts.size() == world && recv_offsets.size() == world,
+                "all_to_all_v: counts and offsets need world_size (", world, ") entries; got send ",
+                send_counts.size(), "/", send_offsets.size(), ", recv ", recv_counts.size(), "/",
+                recv_offsets.size());
+  const int me = rank();
+  MOEPEAK_CHECK(send_counts[me] == recv_counts[me], "all_to_all_v: rank ", me, " sends ",
+                send_counts[me], " elements to itself but expects to receive ", recv_counts[me]);
+}
+
 }  // namespace moepeak

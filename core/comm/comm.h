@@ -75,6 +75,12 @@ class Comm {
 
  protected:
   explicit Comm(RankInfo ranks) : ranks_(std::move(ranks)) {}
+  // Argument checks every implementation makes on the calling thread, before any traffic.
+  void check_peer(int peer, const char* what) const;
+  void check_all_to_all_v_args(std::span<const size_t> send_counts,
+                               std::span<const size_t> send_offsets,
+                               std::span<const size_t> recv_counts,
+                               std::span<const size_t> recv_offsets) const;
   RankInfo ranks_;
 };
 

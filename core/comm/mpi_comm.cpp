@@ -262,26 +262,13 @@ void MpiComm::set_max_elements_per_call(size_t max_elements) {
   max_elements_ = max_elements;
 }
 
-void MpiComm::check_peer(int peer, const char* what) const {
-  if (peer < 0 || peer >= world_size()) {
-    MOEPEAK_THROW(what, ": peer rank ", peer, " is outside the communicator's ranks [0, ",
-                  world_size(), ")");
-  }
-}
-
 void MpiComm::all_to_all_v(const void* send, std::span<const size_t> send_counts,
                            std::span<const size_t> send_offsets, void* recv,
                            std::span<const size_t> recv_counts,
                            std::span<const size_t> recv_offsets, DType dtype, Stream& stream) {
+  check_all_to_all_v_args(send_counts, send_offsets, recv_counts, recv_offsets);
   const size_t world = static_cast<size_t>(world_size());
-  MOEPEAK_CHECK(send_counts.size() == world && send_offsets.size() == world &&
-                    recv_counts.size() == world && recv_offsets.size() == world,
-                "all_to_all_v: counts and offsets need world_size (", world, ") entries; got send ",
-                send_counts.size(), "/", send_offsets.size(), ", recv ", recv_counts.size(), "/",
-                recv_offsets.size());
   const int me = rank();
-  MOEPEAK_CHECK(send_counts[me] == recv_counts[me], "all_to_all_v: rank ", me, " sends ",
-                send_counts[me], " elements to itself but expects to receive ", recv_counts[me]);
   // The spans may not outlive this call: the stream task keeps copies.
   std::vector<size_t> sc(send_counts.begin(), send_counts.end());
   std::vector<size_t> so(send_offsets.begin(), send_offsets.end());

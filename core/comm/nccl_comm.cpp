@@ -163,13 +163,6 @@ NcclComm::~NcclComm() {
   if (!finalized && host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
 }
 
-void NcclComm::check_peer(int peer, const char* what) const {
-  if (peer < 0 || peer >= world_size()) {
-    MOEPEAK_THROW(what, ": peer rank ", peer, " is outside the communicator's ranks [0, ",
-                  world_size(), ")");
-  }
-}
-
 void NcclComm::check_async_error() const {
   ncclResult_t async_error = ncclSuccess;
   MOEPEAK_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async_error));
@@ -183,15 +176,9 @@ void NcclComm::all_to_all_v(const void* send, std::span<const size_t> send_count
                             std::span<const size_t> send_offsets, void* recv,
                             std::span<const size_t> recv_counts,
                             std::span<const size_t> recv_offsets, DType dtype, Stream& stream) {
+  check_all_to_all_v_args(send_counts, send_offsets, recv_counts, recv_offsets);
   const size_t world = static_cast<size_t>(world_size());
-  MOEPEAK_CHECK(send_counts.size() == world && send_offsets.size() == world &&
-                    recv_counts.size() == world && recv_offsets.size() == world,
-                "all_to_all_v: counts and offsets need world_size (", world, ") entries; got send ",
-                send_counts.size(), "/", send_offsets.size(), ", recv ", recv_counts.size(), "/",
-                recv_offsets.size());
   const int me = rank();
-  MOEPEAK_CHECK(send_counts[me] == recv_counts[me], "all_to_all_v: rank ", me, " sends ",
-                send_counts[me], " elements to itself but expects to receive ", recv_counts[me]);
   const size_t es = dtype_size(dtype);
   const ncclDataType_t type = nccl_datatype(dtype);
   cudaStream_t s = cuda_stream(stream);

@@ -72,7 +72,6 @@ class NcclComm final : public Comm {
   std::unique_ptr<Comm> duplicate() override;
 
  private:
-  void check_peer(int peer, const char* what) const;
   void check_async_error() const;
 
   int device_ = 0;

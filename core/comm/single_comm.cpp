@@ -63,11 +63,7 @@ void SingleComm::all_to_all_v(const void* send, std::span<const size_t> send_cou
                               std::span<const size_t> send_offsets, void* recv,
                               std::span<const size_t> recv_counts,
                               std::span<const size_t> recv_offsets, DType dtype, Stream& stream) {
-  MOEPEAK_CHECK(send_counts.size() == 1 && send_offsets.size() == 1 && recv_counts.size() == 1 &&
-                    recv_offsets.size() == 1,
-                "all_to_all_v: counts and offsets need world_size (1) entries");
-  MOEPEAK_CHECK(send_counts[0] == recv_counts[0], "all_to_all_v: rank 0 sends ", send_counts[0],
-                " elements to itself but expects to receive ", recv_counts[0]);
+  check_all_to_all_v_args(send_counts, send_offsets, recv_counts, recv_offsets);
   const size_t es = dtype_size(dtype);
   copy(static_cast<char*>(recv) + recv_offsets[0] * es, at(send, send_offsets[0], es),
        send_counts[0] * es, stream);
