@@ -34,6 +34,14 @@ struct MixtralModel::LayerActivations {
   }
 };
 
+namespace {
+// The sizes a decoder layer works with: tokens N = B*T, hidden H, heads nh/nkv of d, experts E
+// (top-k).
+struct LayerDims {
+  int64_t N, H, B, T, nh, nkv, d, E, k;
+};
+}  // namespace
+
 MixtralModel::MixtralModel(Backend& backend, Stream& stream, const ModelConfig& model,
                            CheckpointSchedule checkpoint, DType dtype)
     : backend_(backend), stream_(stream), model_(model), checkpoint_(checkpoint), dtype_(dtype),
@@ -50,6 +58,12 @@ OwnedTensor MixtralModel::device(Shape shape, LiveSet set, const char* what) con
   return OwnedTensor::device(backend_, shape, dtype_, set, what);
 }
 
+static LayerDims layer_dims_of(const ModelConfig& m, const Tensor& x, const TokenBatch& batch) {
+  return {x.size(0),           m.hidden_size,         batch.batch,
+          batch.seq_len,       m.num_attention_heads, m.num_key_value_heads,
+          m.head_dim_resolved(), m.num_local_experts, m.num_experts_per_tok};
+}
+
 std::vector<schedules::ExpertWeights> MixtralModel::experts_of(int layer) const {
   const LayerParamIndex& L = params_.layout().layers[layer];
   std::vector<schedules::ExpertWeights> experts;
@@ -63,10 +77,7 @@ std::vector<schedules::ExpertWeights> MixtralModel::experts_of(int layer) const 
 OwnedTensor MixtralModel::layer_forward(int layer, const Tensor& x, const TokenBatch& batch,
                                         LayerActivations& a, bool recompute) {
   const LayerParamIndex& L = params_.layout().layers[layer];
-  const int64_t N = x.size(0), H = model_.hidden_size, B = batch.batch, T = batch.seq_len;
-  const int64_t nh = model_.num_attention_heads, nkv = model_.num_key_value_heads;
-  const int64_t d = model_.head_dim_resolved(), E = model_.num_local_experts;
-  const int64_t k = model_.num_experts_per_tok;
+  const auto [N, H, B, T, nh, nkv, d, E, k] = layer_dims_of(model_, x, batch);
   auto w = [&](int i) { return params_.value(i); };
 
   // Attention block: n1 = norm(x); q, k, v; RoPE; causal GQA attention; h = x + o_proj(attn).
@@ -119,10 +130,7 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Tensor& x, const TokenB
 OwnedTensor MixtralModel::layer_backward(int layer, const Tensor& dy, const Tensor& x,
                                          const TokenBatch& batch, LayerActivations& a) {
   const LayerParamIndex& L = params_.layout().layers[layer];
-  const int64_t N = x.size(0), H = model_.hidden_size, B = batch.batch, T = batch.seq_len;
-  const int64_t nh = model_.num_attention_heads, nkv = model_.num_key_value_heads;
-  const int64_t d = model_.head_dim_resolved(), E = model_.num_local_experts;
-  const int64_t k = model_.num_experts_per_tok;
+  const auto [N, H, B, T, nh, nkv, d, E, k] = layer_dims_of(model_, x, batch);
   auto w = [&](int i) { return params_.value(i); };
   auto g = [&](int i) { return params_.grad(i); };
 
