@@ -5,27 +5,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/model/param_init.h"
 #include "ops/fill.h"
 
 namespace moepeak {
-namespace {
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// Box-Muller on splitmix64: portable, so a seed gives the same weights on every platform.
-double next_normal(uint64_t& state) {
-  double u1 = (static_cast<double>(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-  double u2 = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-}
-
-}  // namespace
-
 ParamLayout::ParamLayout(const ModelConfig& m) {
   const int64_t H = m.hidden_size, V = m.vocab_size, F = m.intermediate_size;
   const int64_t d = m.head_dim_resolved(), nh = m.num_attention_heads, nkv = m.num_key_value_heads;
@@ -101,16 +84,9 @@ void ParamStore::initialize(uint64_t seed, double initializer_range, Stream& str
   const auto& params = layout_.params();
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params[i];
-    uint64_t state = seed * 0x100000001b3ull + 0x51ed270b27a7c2e1ull * (i + 1);
     for (int64_t j = 0; j < p.shape.numel(); ++j) {
-      double v = p.is_norm ? 1.0 : initializer_range * next_normal(state);
-      char* dst = host.data() + (p.offset + j) * dtype_size(dtype_);
-      switch (dtype_) {
-        case DType::f32: { float f = static_cast<float>(v); std::memcpy(dst, &f, 4); break; }
-        case DType::f64: std::memcpy(dst, &v, 8); break;
-        case DType::bf16: { bf16 b(static_cast<float>(v)); std::memcpy(dst, &b, 2); break; }
-        default: MOEPEAK_THROW("parameters must be f32, f64 or bf16, not ", dtype_name(dtype_));
-      }
+      double v = param_init::element(seed, i, p.is_norm, initializer_range, j);
+      param_init::store(dtype_, v, host.data() + (p.offset + j) * dtype_size(dtype_));
     }
   }
   backend_.copy_async(values_.data(), host.data(), host.size(), CopyKind::host_to_device, stream);

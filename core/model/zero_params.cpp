@@ -1,0 +1,325 @@
+// ZeroParamStore: ZeRO-3 shards of the dense parameters and whole local experts in one flat
+// weights and one flat grads buffer per rank; gathered groups for use (see zero_params.h).
+#include "core/model/zero_params.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+#include "core/model/param_init.h"
+#include "ops/elementwise.h"
+#include "ops/op_common.h"
+
+namespace moepeak {
+namespace {
+
+int64_t align_up(int64_t n) {
+  constexpr int64_t a = ParamLayout::kAlignElements;
+  return (n + a - 1) / a * a;
+}
+
+int64_t shard_size(int64_t numel, int world) { return (numel + world - 1) / world; }
+
+void check_experts_divisible(const ModelConfig& model, int world) {
+  if (world < 1 || model.num_local_experts % world != 0) {
+    MOEPEAK_THROW("ZeRO-3 with expert parallelism needs num_local_experts (E = ",
+                  model.num_local_experts, ") divisible by the world size (W = ", world, ")");
+  }
+}
+
+// Expert index of every param (-1 for dense ones).
+std::vector<int> expert_of(const ParamLayout& layout) {
+  std::vector<int> e(layout.params().size(), -1);
+  for (const LayerParamIndex& L : layout.layers) {
+    for (size_t j = 0; j < L.w1.size(); ++j) {
+      e[L.w1[j]] = e[L.w2[j]] = e[L.w3[j]] = static_cast<int>(j);
+    }
+  }
+  return e;
+}
+
+// Elements of this rank's flat buffers (the same on every rank).
+int64_t local_elements(const ParamLayout& layout, int experts_per_rank, int world, int rank) {
+  std::vector<int> expert = expert_of(layout);
+  int64_t total = 0;
+  for (size_t i = 0; i < expert.size(); ++i) {
+    int64_t n = layout.params()[i].shape.numel();
+    if (expert[i] < 0) {
+      total += align_up(shard_size(n, world));
+    } else if (expert[i] / experts_per_rank == rank) {
+      total += align_up(n);
+    }
+  }
+  return total;
+}
+
+uint64_t footprint(int64_t elements, DType dtype) {
+  if (elements == 0) return 0;
+  return DeviceArena::footprint(static_cast<uint64_t>(elements) * dtype_size(dtype));
+}
+
+// shard_grad += tmp, on the stream.
+void add_into(const Tensor& shard_grad, const Tensor& tmp, Stream& stream) {
+  if (ops::runs_on_cuda(shard_grad)) {
+    MOEPEAK_THROW("ZeRO-3 reduce_scatter_grads on CUDA needs an element-wise add op (ops/ has only "
+                  "add_cpu so far)");
+  }
+  ops::add_cpu(shard_grad, tmp, shard_grad, stream);
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout) {
+  std::vector<std::vector<int>> groups;
+  groups.push_back({layout.embed});
+  for (const LayerParamIndex& L : layout.layers) {
+    groups.push_back({L.input_norm, L.q, L.k, L.v, L.o, L.post_norm, L.gate});
+  }
+  groups.push_back({layout.final_norm, layout.lm_head});
+  return groups;
+}
+
+ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size) {
+  check_experts_divisible(model, world_size);
+  ParamLayout layout(model);
+  int per_rank = static_cast<int>(model.num_local_experts / world_size);
+  uint64_t b = footprint(local_elements(layout, per_rank, world_size, 0), dtype);
+  return ZeroBytes{b, b};
+}
+
+ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
+                              std::span<const int> params) {
+  ParamLayout layout(model);
+  std::vector<int> expert = expert_of(layout);
+  int64_t elements = 0;
+  for (int p : params) {
+    MOEPEAK_CHECK(p >= 0 && p < static_cast<int>(expert.size()), "no parameter ", p);
+    if (expert[p] >= 0) continue;
+    elements += align_up(world_size * shard_size(layout.params()[p].shape.numel(), world_size));
+  }
+  uint64_t b = footprint(elements, dtype);
+  return ZeroBytes{b, b};
+}
+
+ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int world_size) {
+  ZeroBytes best;
+  for (const auto& g : zero_gather_groups(ParamLayout(model))) {
+    ZeroBytes b = zero_gathered_bytes(model, dtype, world_size, g);
+    if (b.total() > best.total()) best = b;
+  }
+  return best;
+}
+
+ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype, Comm& comm)
+    : layout_(model), dtype_(dtype), backend_(backend), comm_(comm), rank_(comm.rank()),
+      world_(comm.world_size()) {
+  check_experts_divisible(model, world_);
+  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
+                "parameters must be f32, f64 or bf16, not ", dtype_name(dtype));
+  const int per_rank = static_cast<int>(model.num_local_experts / world_);
+  std::vector<int> expert = expert_of(layout_);
+  info_.resize(expert.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < expert.size(); ++i) {
+    Info& info = info_[i];
+    info.expert = expert[i];
+    int64_t n = layout_.params()[i].shape.numel();
+    if (info.expert < 0) {
+      info.local_numel = shard_size(n, world_);
+    } else if (info.expert / per_rank == rank_) {
+      info.local_numel = n;
+    } else {
+      continue;  // another rank's expert
+    }
+    info.offset = total;
+    total += align_up(info.local_numel);
+  }
+  MOEPEAK_CHECK(total == local_elements(layout_, per_rank, world_, rank_), "ZeRO-3 layout drift");
+  values_ = OwnedTensor::device(backend, Shape{total}, dtype, LiveSet::weights,
+                                "ZeRO-3 weight shards");
+  grads_ = OwnedTensor::device(backend, Shape{total}, dtype, LiveSet::grads,
+                               "ZeRO-3 gradient shards");
+  Stream& stream = backend.default_stream();
+  backend.memset_async(values_.data(), 0, values_.nbytes(), stream);
+  backend.memset_async(grads_.data(), 0, grads_.nbytes(), stream);
+  stream.synchronize();
+  for (size_t i = 0; i < info_.size(); ++i) {
+    if (info_[i].offset < 0) continue;
+    int p = static_cast<int>(i);
+    pieces_.push_back(LocalPiece{p, piece(values_, p), piece(grads_, p),
+                                 layout_.params()[i].is_norm, info_[i].expert >= 0});
+  }
+}
+
+int ZeroParamStore::expert_owner(int param) const {
+  int e = info_.at(param).expert;
+  if (e < 0) return -1;
+  int per_rank = static_cast<int>(layout_.layers.front().w1.size()) / world_;
+  return e / per_rank;
+}
+
+Tensor ZeroParamStore::piece(const OwnedTensor& flat, int param) const {
+  const Info& info = info_.at(param);
+  MOEPEAK_CHECK(info.offset >= 0, layout_.params()[param].name, " is expert ", info.expert,
+                " of rank ", expert_owner(param), ", not stored on rank ", rank_);
+  char* base = static_cast<char*>(flat.data()) + info.offset * dtype_size(dtype_);
+  Shape shape = info.expert >= 0 ? layout_.params()[param].shape : Shape{info.local_numel};
+  return Tensor(base, shape, dtype_, Placement::device, &backend_);
+}
+
+Tensor ZeroParamStore::local_value(int param) const { return piece(values_, param); }
+Tensor ZeroParamStore::local_grad(int param) const { return piece(grads_, param); }
+
+void ZeroParamStore::initialize(uint64_t seed, double initializer_range, Stream& stream) {
+  // Generated on the host in float64 (only this rank's elements), converted and copied in.
+  const size_t b = dtype_size(dtype_);
+  std::vector<char> host(values_.nbytes(), 0);
+  for (const LocalPiece& piece : pieces_) {
+    const Info& info = info_[piece.param];
+    int64_t n = layout_.params()[piece.param].shape.numel();
+    int64_t begin = piece.is_expert ? 0 : rank_ * info.local_numel;
+    int64_t end = std::min(n, begin + info.local_numel);
+    for (int64_t j = begin; j < end; ++j) {
+      double v = param_init::element(seed, static_cast<uint64_t>(piece.param), piece.is_norm,
+                                     initializer_range, j);
+      param_init::store(dtype_, v, host.data() + (info.offset + j - begin) * b);
+    }
+  }
+  backend_.copy_async(values_.data(), host.data(), host.size(), CopyKind::host_to_device, stream);
+  stream.synchronize();  // `host` dies here
+}
+
+void ZeroParamStore::zero_grads(Stream& stream) {
+  backend_.memset_async(grads_.data(), 0, grads_.nbytes(), stream);
+}
+
+ZeroParamStore::GatheredGroup ZeroParamStore::gather(std::span<const int> params,
+                                                     Stream& stream) const {
+  GatheredGroup g;
+  g.store_ = this;
+  g.params_.assign(params.begin(), params.end());
+  g.slot_.assign(info_.size(), -1);
+  int64_t total = 0;
+  for (int p : params) {
+    MOEPEAK_CHECK(p >= 0 && p < static_cast<int>(info_.size()), "gather: no parameter ", p);
+    MOEPEAK_CHECK(g.slot_[p] < 0, "gather: ", layout_.params()[p].name, " named twice");
+    if (info_[p].expert >= 0) {
+      piece(values_, p);  // throws unless it is one of this rank's experts
+      g.slot_[p] = 0;     // marks it present; experts are read from the store
+      continue;
+    }
+    g.slot_[p] = total;
+    total += align_up(world_ * info_[p].local_numel);
+  }
+  if (total == 0) return g;
+  g.values_ = OwnedTensor::device(backend_, Shape{total}, dtype_, LiveSet::weights,
+                                  "ZeRO-3 gathered weights");
+  g.grads_ = OwnedTensor::device(backend_, Shape{total}, dtype_, LiveSet::grads,
+                                 "ZeRO-3 gathered grads");
+  backend_.memset_async(g.grads_.data(), 0, g.grads_.nbytes(), stream);
+  const size_t b = dtype_size(dtype_);
+  for (int p : params) {
+    if (info_[p].expert >= 0) continue;
+    char* dst = static_cast<char*>(g.values_.data()) + g.slot_[p] * b;
+    comm_.all_gather(local_value(p).data(), dst, static_cast<size_t>(info_[p].local_numel),
+                     dtype_, stream);
+  }
+  return g;
+}
+
+Tensor ZeroParamStore::GatheredGroup::value(int param) const {
+  MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
+  MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(slot_.size()) && slot_[param] >= 0,
+                "GatheredGroup: parameter ", param, " was not gathered");
+  if (store_->is_expert(param)) return store_->local_value(param);
+  char* base = static_cast<char*>(values_.data()) + slot_[param] * dtype_size(store_->dtype_);
+  return Tensor(base, store_->layout_.params()[param].shape, store_->dtype_, Placement::device,
+                &store_->backend_);
+}
+
+Tensor ZeroParamStore::GatheredGroup::grad(int param) const {
+  MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
+  MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(slot_.size()) && slot_[param] >= 0,
+                "GatheredGroup: parameter ", param, " was not gathered");
+  if (store_->is_expert(param)) return store_->local_grad(param);
+  char* base = static_cast<char*>(grads_.data()) + slot_[param] * dtype_size(store_->dtype_);
+  return Tensor(base, store_->layout_.params()[param].shape, store_->dtype_, Placement::device,
+                &store_->backend_);
+}
+
+void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream) {
+  MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
+  int64_t largest = 0;
+  for (int p : params_) {
+    if (!store_->is_expert(p)) largest = std::max(largest, store_->info_[p].local_numel);
+  }
+  if (largest == 0) return;
+  OwnedTensor tmp = OwnedTensor::device(store_->backend_, Shape{largest}, store_->dtype_,
+                                        LiveSet::workspace, "ZeRO-3 reduce-scatter temporary");
+  const size_t b = dtype_size(store_->dtype_);
+  for (int p : params_) {
+    if (store_->is_expert(p)) continue;
+    int64_t s = store_->info_[p].local_numel;
+    const char* src = static_cast<const char*>(grads_.data()) + slot_[p] * b;
+    store_->comm_.reduce_scatter(src, tmp.data(), static_cast<size_t>(s), store_->dtype_,
+                                 ReduceOp::sum, stream);
+    Tensor part(tmp.data(), Shape{s}, store_->dtype_, Placement::device, &store_->backend_);
+    add_into(store_->local_grad(p), part, stream);
+  }
+  // `tmp` is released here; its last uses are queued on `stream`, as are its next owner's.
+}
+
+std::vector<char> ZeroParamStore::gather_full(int param, Stream& stream) const {
+  MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(info_.size()), "no parameter ", param);
+  const Info& info = info_[param];
+  const size_t b = dtype_size(dtype_);
+  const int64_t n = layout_.params()[param].shape.numel();
+  std::vector<char> full(static_cast<size_t>(n) * b);
+  if (info.expert < 0) {
+    OwnedTensor tmp = OwnedTensor::device(backend_, Shape{world_ * info.local_numel}, dtype_,
+                                          LiveSet::workspace, "ZeRO-3 gather_full");
+    comm_.all_gather(local_value(param).data(), tmp.data(),
+                     static_cast<size_t>(info.local_numel), dtype_, stream);
+    backend_.copy_async(full.data(), tmp.data(), full.size(), CopyKind::device_to_host, stream);
+    stream.synchronize();
+    return full;
+  }
+  const int owner = expert_owner(param);
+  OwnedTensor tmp = OwnedTensor::device(backend_, Shape{n}, dtype_, LiveSet::workspace,
+                                        "ZeRO-3 gather_full");
+  if (owner == rank_) {
+    backend_.copy_async(tmp.data(), local_value(param).data(), full.size(),
+                        CopyKind::device_to_device, stream);
+  }
+  comm_.broadcast(tmp.data(), static_cast<size_t>(n), dtype_, owner, stream);
+  backend_.copy_async(full.data(), tmp.data(), full.size(), CopyKind::device_to_host, stream);
+  stream.synchronize();
+  return full;
+}
+
+void ZeroParamStore::load_full(int param, const void* full, Stream& stream) {
+  MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(info_.size()), "no parameter ", param);
+  const Info& info = info_[param];
+  if (info.offset < 0) return;  // another rank's expert
+  const size_t b = dtype_size(dtype_);
+  const int64_t n = layout_.params()[param].shape.numel();
+  Tensor dst = local_value(param);
+  if (info.expert >= 0) {
+    backend_.copy_async(dst.data(), full, static_cast<size_t>(n) * b, CopyKind::host_to_device,
+                        stream);
+  } else {
+    int64_t begin = std::min(n, rank_ * info.local_numel);
+    int64_t end = std::min(n, begin + info.local_numel);
+    if (end > begin) {
+      backend_.copy_async(dst.data(), static_cast<const char*>(full) + begin * b,
+                          static_cast<size_t>(end - begin) * b, CopyKind::host_to_device, stream);
+    }
+    if (end - begin < info.local_numel) {  // padding stays zero
+      backend_.memset_async(static_cast<char*>(dst.data()) + (end - begin) * b, 0,
+                            static_cast<size_t>(info.local_numel - (end - begin)) * b, stream);
+    }
+  }
+  stream.synchronize();  // `full` may die after the call
+}
+
+}  // namespace moepeak

@@ -1,0 +1,147 @@
+// ZeroParamStore: the model parameters of one rank under ZeRO-3 for the dense weights and expert
+// parallelism for the experts (DESIGN.md §6).
+//
+// W = comm.world_size(), r = comm.rank(); E = num_local_experts must be a multiple of W.
+//   - Dense tensor i (every parameter but model.layers.{l}.block_sparse_moe.experts.{j}.w{1,2,3}:
+//     embedding, norms, attention, router, LM head) of n_i elements is cut in W shards of
+//     s_i = ceil(n_i / W) elements; rank r stores elements [r*s_i, r*s_i + s_i) of the flattened
+//     tensor, the part past n_i (only on the last ranks) being zeros that stay zero.
+//   - Expert j lives whole on rank j / (E/W) (experts [r*E/W, (r+1)*E/W) on rank r); the other
+//     ranks store nothing of it. Expert weights and grads are never sharded or reduced here.
+// This rank's pieces (dense shards and local expert tensors, in ParamLayout order) sit at offsets
+// aligned to ParamLayout::kAlignElements in one flat `weights` buffer and one flat `grads`
+// buffer, both zero-filled at construction, so padding is zero and a sum of squares over
+// flat_grads() on every rank, all-reduced, counts each real element exactly once.
+//
+// A layer is used through a GatheredGroup (RAII): gather() all-gathers the full dense tensors into
+// one `weights` buffer (one all_gather per tensor, straight into its place: rank q's shard lands at
+// q*s_i, so no staging or reordering; the gathered slot of a tensor is W*s_i elements, aligned)
+// and allocates a zeroed `grads` buffer of the same layout; reduce_scatter_grads() sums the
+// gathered grads over ranks into this rank's shard grads (+=: one reduce_scatter per tensor into a
+// `workspace` temporary of max s_i, then an add). Expert params of this rank may be named in a
+// group: value/grad return the stored tensors. Destroying the group frees both buffers at once
+// (host-side, as every Buffer: safe when all their uses ran on the stream the next owner uses).
+//
+// Memory (per rank, bytes as the arena counts them, DeviceArena::footprint):
+//   persistent weights = persistent grads = footprint(sum_i align(piece_i) * b)
+//   gathered weights   = gathered grads   = footprint(sum_{i in group} align(W*s_i) * b)
+// zero_persistent_bytes / zero_gathered_bytes / zero_largest_gathered_bytes give these to the
+// planner; the largest group is over zero_gather_groups(): the embedding, each decoder layer's
+// dense params, and the final norm with the LM head.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/comm/comm.h"
+#include "core/config/config.h"
+#include "core/model/mixtral_params.h"
+#include "core/runtime/backend.h"
+#include "core/runtime/tensor.h"
+
+namespace moepeak {
+
+// Bytes of one kind of buffer in the `weights` and in the `grads` live set.
+struct ZeroBytes {
+  uint64_t weights = 0, grads = 0;
+  uint64_t total() const { return weights + grads; }
+};
+
+// Dense (ZeRO-sharded) params of each gather group, in order of use in the forward pass:
+// {embed}, {layer l: input_norm, q, k, v, o, post_norm, gate} for each l, {final_norm, lm_head}.
+std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout);
+// Persistent shard + local-expert buffers of one rank (the same on every rank).
+ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size);
+// The buffers gather(params) allocates (expert params in `params` cost nothing).
+ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
+                              std::span<const int> params);
+// The largest over zero_gather_groups().
+ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int world_size);
+
+class ZeroParamStore {
+ public:
+  struct LocalPiece {
+    int param;
+    Tensor value, grad;  // dense: 1-D (s_i) shard; expert: the full tensor
+    bool is_norm;
+    bool is_expert;
+  };
+
+  class GatheredGroup {
+   public:
+    GatheredGroup() = default;
+    GatheredGroup(GatheredGroup&&) noexcept = default;
+    GatheredGroup& operator=(GatheredGroup&&) noexcept = default;
+
+    // The full tensor of a gathered dense param, or the stored tensor of a local expert param.
+    Tensor value(int param) const;
+    Tensor grad(int param) const;
+    // shard grads += sum over ranks of the gathered grads (collective: every rank calls it).
+    void reduce_scatter_grads(Stream& stream);
+    const std::vector<int>& params() const { return params_; }
+
+   private:
+    friend class ZeroParamStore;
+    const ZeroParamStore* store_ = nullptr;
+    std::vector<int> params_;
+    std::vector<int64_t> slot_;  // per param of the layout: element offset in the buffers, or -1
+    OwnedTensor values_, grads_;
+  };
+
+  // Throws unless num_local_experts % world_size == 0. Not collective.
+  ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype, Comm& comm);
+
+  const ParamLayout& layout() const { return layout_; }
+  DType dtype() const { return dtype_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  Comm& comm() const { return comm_; }
+
+  bool is_expert(int param) const { return info_.at(param).expert >= 0; }
+  // Rank that stores expert param `param` whole; -1 for dense params.
+  int expert_owner(int param) const;
+  // Stored here: every dense param (its shard) and this rank's expert params.
+  bool is_local(int param) const { return info_.at(param).offset >= 0; }
+  // s_i for a dense param; numel for an expert param.
+  int64_t shard_elements(int param) const { return info_.at(param).local_numel; }
+  // The piece of `param` this rank stores (Error if none).
+  Tensor local_value(int param) const;
+  Tensor local_grad(int param) const;
+
+  const std::vector<LocalPiece>& local_pieces() const { return pieces_; }
+  Tensor flat_values() const { return values_.view(); }
+  Tensor flat_grads() const { return grads_.view(); }
+
+  // Fills this rank's pieces with exactly the values ParamStore::initialize gives those elements.
+  void initialize(uint64_t seed, double initializer_range, Stream& stream);
+  void zero_grads(Stream& stream);
+
+  // Collective: every rank calls it with the same params, in the same order as other collectives.
+  GatheredGroup gather(std::span<const int> params, Stream& stream) const;
+  // The full tensor's bytes (numel * dtype size) on every rank: dense params by all_gather of the
+  // shards, experts by a broadcast from their owner. Collective; synchronises the stream.
+  std::vector<char> gather_full(int param, Stream& stream) const;
+  // Keeps this rank's part of a full host tensor (numel elements of dtype()); not collective.
+  // Synchronises the stream (the host memory may go away after the call).
+  void load_full(int param, const void* full, Stream& stream);
+
+ private:
+  struct Info {
+    int expert = -1;         // expert index j for expert params
+    int64_t offset = -1;     // elements into the flat buffers, -1 if not stored here
+    int64_t local_numel = 0; // s_i (dense) or numel (expert)
+  };
+  Tensor piece(const OwnedTensor& flat, int param) const;
+
+  ParamLayout layout_;
+  DType dtype_;
+  Backend& backend_;
+  Comm& comm_;
+  int rank_, world_;
+  std::vector<Info> info_;
+  std::vector<LocalPiece> pieces_;
+  OwnedTensor values_, grads_;
+};
+
+}  // namespace moepeak

@@ -1,0 +1,7 @@
+# ZeRO-3 storage of the dense weights with whole local experts (core/model/zero_params.*) on real
+# rank processes, against the single-rank ParamStore. Included from tests/parallel/CMakeLists.txt.
+# Run: ctest -R zero_params --output-on-failure
+moepeak_add_mpi_test(test_zero_params NP 4
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_zero_params.cpp)
+moepeak_add_mpi_test(test_zero_params_np2 NP 2
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_zero_params.cpp)
