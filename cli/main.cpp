@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   app.add_flag("--log-all-ranks", ctx.log_all_ranks,
                "log on every rank at --log-level (default: rank 0 only; others warn and above)");
   app.require_subcommand(1);
+  app.fallthrough();  // --log-level and friends also work after the subcommand
 
   moepeak::cli::register_config_command(app, ctx);
   moepeak::cli::register_train_command(app, ctx);

@@ -31,6 +31,9 @@ check "unknown flag exits 2" test $rc -eq 2
 "$bin" --log-level loud config show >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bad --log-level exits 2" test $rc -eq 2
 
+"$bin" config show --log-level warn >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "global options also work after the subcommand" test $rc -eq 0
+
 # config show: the embedded default, as TOML that reads back to the same config.
 "$bin" config show >"$tmp/a.toml" 2>"$tmp/err"; rc=$?
 check "config show exits 0" test $rc -eq 0
