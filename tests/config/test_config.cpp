@@ -2,6 +2,8 @@
 // and key), several files and --set overrides with their origins, the TOML round trip, and
 // docs/config.md covering every schema key.
 #include <gtest/gtest.h>
+
+#include "tests/temp_dir.h"
 #include <stdlib.h>
 
 #include <cstdlib>
@@ -30,13 +32,6 @@ std::string read_file(const std::string& path) {
 
 class ConfigTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "moepeak_test_config_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // Writes `text` to a file in the temp dir and returns its path.
   std::string write(const std::string& name, const std::string& text) {
@@ -57,7 +52,8 @@ class ConfigTest : public ::testing::Test {
     return "";
   }
 
-  std::filesystem::path dir_;
+  test_support::TempDir temp_{"moepeak_test_config"};
+  const std::filesystem::path& dir_ = temp_.path();
 };
 
 #define EXPECT_CONTAINS(haystack, needle)                                          \

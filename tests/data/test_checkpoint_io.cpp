@@ -3,6 +3,8 @@
 // (each error must name the file), atomic writes that leave the old file intact on failure, and
 // the HF config.json round trip and field names.
 #include <gtest/gtest.h>
+
+#include "tests/temp_dir.h"
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -45,13 +47,6 @@ std::string error_of(Fn&& fn) {
 
 class CheckpointIoTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "moepeak_test_ckpt_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
@@ -81,7 +76,8 @@ class CheckpointIoTest : public ::testing::Test {
     return bytes + header + data;
   }
 
-  std::filesystem::path dir_;
+  test_support::TempDir temp_{"moepeak_test_ckpt"};
+  const std::filesystem::path& dir_ = temp_.path();
 };
 
 // ---- Safetensors ------------------------------------------------------------------------------

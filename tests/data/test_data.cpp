@@ -3,6 +3,8 @@
 // datasets written here byte by byte, their windows, wrap-around and resume; and every error,
 // whose message must name the file and the position.
 #include <gtest/gtest.h>
+
+#include "tests/temp_dir.h"
 #include <stdlib.h>
 
 #include <cstdint>
@@ -189,13 +191,6 @@ TEST(MakeDataLoader, DefaultIsTheCopyTask) {
 
 class TokenFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "moepeak_test_data_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
@@ -320,7 +315,8 @@ class TokenFileTest : public ::testing::Test {
     }
   }
 
-  std::filesystem::path dir_;
+  test_support::TempDir temp_{"moepeak_test_data"};
+  const std::filesystem::path& dir_ = temp_.path();
 };
 
 TEST_F(TokenFileTest, HeaderlessUint16WindowsAndWrap) {

@@ -14,19 +14,13 @@
 #include "core/config/config.h"
 #include "core/model/mixtral_params.h"
 #include "core/train/trainer.h"
+#include "tests/temp_dir.h"
 
 namespace moepeak {
 namespace {
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/moepeak_train_XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using test_support::TempDir;
 
 // A small, quick copy task: vocab 32, 16 sequences of 32 tokens.
 Config quick_config(const fs::path& run_dir, int64_t steps) {
@@ -37,7 +31,7 @@ Config quick_config(const fs::path& run_dir, int64_t steps) {
 
 TEST(Train, LearnsTheCopyTask) {
   TempDir dir;
-  TrainResult r = train(quick_config(dir.path, 100), {});
+  TrainResult r = train(quick_config(dir.path(), 100), {});
   ASSERT_EQ(r.losses.size(), 100u);
   EXPECT_GT(r.losses.front(), 3.0);  // ~ln(32) = 3.47 at the start
   EXPECT_LT(r.losses.back(), 0.05) << "the copied half should be predicted almost perfectly";
@@ -60,11 +54,11 @@ TEST(Train, LearnsTheCopyTask) {
 
 TEST(Train, SameSeedGivesBitwiseEqualLosses) {
   TempDir a, b;
-  TrainResult ra = train(quick_config(a.path, 6), {});
-  TrainResult rb = train(quick_config(b.path, 6), {});
+  TrainResult ra = train(quick_config(a.path(), 6), {});
+  TrainResult rb = train(quick_config(b.path(), 6), {});
   ASSERT_EQ(ra.losses.size(), 6u);
   EXPECT_EQ(ra.losses, rb.losses);  // exact
-  Config other = quick_config(a.path, 6);
+  Config other = quick_config(a.path(), 6);
   other.job.seed = 99;
   other.job.name = "other-seed";
   EXPECT_NE(train(other, {}).losses, ra.losses);
@@ -72,7 +66,7 @@ TEST(Train, SameSeedGivesBitwiseEqualLosses) {
 
 TEST(Train, ResumeContinuesBitForBit) {
   TempDir dir;
-  Config cfg = quick_config(dir.path, 8);
+  Config cfg = quick_config(dir.path(), 8);
   cfg.checkpoint.enable = true;
   cfg.checkpoint.interval = 4;
   cfg.checkpoint.keep_latest = 5;
@@ -101,7 +95,7 @@ TEST(Train, ResumeContinuesBitForBit) {
 
 TEST(Train, ResumeRejectsACheckpointOfAnotherModel) {
   TempDir dir;
-  Config cfg = quick_config(dir.path, 2);
+  Config cfg = quick_config(dir.path(), 2);
   cfg.checkpoint.enable = true;
   TrainResult r = train(cfg, {});
   Config wider = cfg;
@@ -116,10 +110,10 @@ TEST(Train, ResumeRejectsACheckpointOfAnotherModel) {
 TEST(Train, StepDumpHasWeightsBatchLossAndGrads) {
   TempDir dir;
   TrainOptions options;
-  options.dump_step_dir = (dir.path / "dump").string();
-  Config cfg = quick_config(dir.path, 1);
+  options.dump_step_dir = (dir.path() / "dump").string();
+  Config cfg = quick_config(dir.path(), 1);
   TrainResult r = train(cfg, options);
-  const fs::path d = dir.path / "dump";
+  const fs::path d = dir.path() / "dump";
   auto model = SafetensorsFile::open((d / "model.safetensors").string());
   auto grads = SafetensorsFile::open((d / "grads.safetensors").string());
   auto batch = SafetensorsFile::open((d / "batch.safetensors").string());
