@@ -5,3 +5,6 @@ moepeak_add_mpi_test(test_zero_params NP 4
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_zero_params.cpp)
 moepeak_add_mpi_test(test_zero_params_np2 NP 2
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_zero_params.cpp)
+# AdamW over the ZeRO-3 pieces against AdamW over the whole model.
+moepeak_add_mpi_test(test_zero_adamw NP 4 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_zero_adamw.cpp)
+moepeak_add_mpi_test(test_zero_adamw_np2 NP 2 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_zero_adamw.cpp)
