@@ -10,6 +10,7 @@
 #include "core/checkpoint/atomic_file.h"
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/comm/process_group.h"
+#include "core/data/batch_shard.h"
 #include "core/data/data_loader.h"
 #include "core/error.h"
 #include "core/metrics/flops.h"
@@ -151,8 +152,7 @@ StepMetrics Trainer::step() {
   backend.arena().reset_peaks();
   auto t0 = std::chrono::steady_clock::now();
   s.loader->next_batch(s.ids.data(), s.labels.data());
-  TokenBatch batch{s.d_ids, s.d_labels, s.d_positions, B, T, 0};
-  for (int64_t l : s.labels) batch.scored_tokens += l != kIgnoreLabel;
+  TokenBatch batch{s.d_ids, s.d_labels, s.d_positions, B, T, count_scored(s.labels)};
   backend.copy_async(s.d_ids.data(), s.ids.data(), N * 8, CopyKind::host_to_device, stream);
   backend.copy_async(s.d_labels.data(), s.labels.data(), N * 8, CopyKind::host_to_device, stream);
   params.zero_grads(stream);
