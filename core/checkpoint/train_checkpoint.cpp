@@ -19,13 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<char> download(const Tensor& t, Backend& backend, Stream& stream) {
-  std::vector<char> host(t.nbytes());
-  backend.copy_async(host.data(), t.data(), host.size(), CopyKind::device_to_host, stream);
-  stream.synchronize();
-  return host;
-}
-
 void upload(const Tensor& t, const std::vector<char>& host, Backend& backend, Stream& stream) {
   backend.copy_async(t.data(), host.data(), host.size(), CopyKind::host_to_device, stream);
   stream.synchronize();
@@ -87,7 +80,7 @@ std::string checkpoint_dir_name(int64_t step) {
 
 void write_params_safetensors(const std::string& path, const ParamStore& params, bool gradients,
                               Backend& backend, Stream& stream) {
-  std::vector<char> flat = download(gradients ? params.flat_grads() : params.flat_values(), backend, stream);
+  std::vector<char> flat = copy_to_host(gradients ? params.flat_grads() : params.flat_values(), backend, stream);
   SafetensorsWriter writer;
   const size_t elem = dtype_size(params.dtype());
   for (const ParamInfo& p : params.layout().params()) {
@@ -112,8 +105,8 @@ void save_checkpoint(const std::string& folder, int64_t step, const ModelConfig&
   write_params_safetensors((tmp_dir / "model.safetensors").string(), params, false, backend, stream);
   write_config_json((tmp_dir / "config.json").string(), model);
   {
-    std::vector<char> m = download(optimizer.m(), backend, stream);
-    std::vector<char> v = download(optimizer.v(), backend, stream);
+    std::vector<char> m = copy_to_host(optimizer.m(), backend, stream);
+    std::vector<char> v = copy_to_host(optimizer.v(), backend, stream);
     SafetensorsWriter writer;
     const int64_t n = params.layout().total_elements();
     writer.add("optimizer.exp_avg", params.dtype(), {n}, m.data(), m.size());

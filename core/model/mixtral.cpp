@@ -233,14 +233,9 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
 
 void MixtralModel::accumulate_router_prob_sums(const Tensor& probs) {
   const int64_t N = probs.size(0), E = probs.size(1);
-  std::vector<char> host(probs.nbytes());
-  backend_.copy_async(host.data(), probs.data(), host.size(), CopyKind::device_to_host, stream_);
-  stream_.synchronize();
+  const std::vector<double> host = copy_to_host_as_double(probs, backend_, stream_);
   for (int64_t n = 0; n < N; ++n) {
-    for (int64_t e = 0; e < E; ++e) {
-      router_prob_sums_[e] += dtype_ == DType::f64 ? reinterpret_cast<const double*>(host.data())[n * E + e]
-                                                   : reinterpret_cast<const float*>(host.data())[n * E + e];
-    }
+    for (int64_t e = 0; e < E; ++e) router_prob_sums_[e] += host[n * E + e];
   }
 }
 

@@ -23,6 +23,25 @@ std::unique_ptr<Backend> Backend::create(const BackendOptions& options) {
 #endif
 }
 
+std::vector<char> copy_to_host(const Tensor& t, Backend& backend, Stream& stream) {
+  std::vector<char> host(t.nbytes());
+  backend.copy_async(host.data(), t.data(), host.size(), CopyKind::device_to_host, stream);
+  stream.synchronize();
+  return host;
+}
+
+std::vector<double> copy_to_host_as_double(const Tensor& t, Backend& backend, Stream& stream) {
+  MOEPEAK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64,
+                "copy_to_host_as_double: f32 or f64 tensor expected, got ", t.str());
+  std::vector<char> raw = copy_to_host(t, backend, stream);
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = t.dtype() == DType::f64 ? reinterpret_cast<const double*>(raw.data())[i]
+                                     : static_cast<double>(reinterpret_cast<const float*>(raw.data())[i]);
+  }
+  return out;
+}
+
 bool Backend::cuda_available() {
 #ifdef MOEPEAK_WITH_CUDA
   return cuda_device_count() > 0;

@@ -14,11 +14,13 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/runtime/arena.h"
 #include "core/runtime/buffer.h"
 #include "core/runtime/pinned_pool.h"
 #include "core/runtime/stream.h"
+#include "core/runtime/tensor.h"
 
 namespace moepeak {
 
@@ -46,6 +48,13 @@ struct MemoryInfo {
   uint64_t physical_total = 0;  // the device's (or host's) total memory
   uint64_t physical_free = 0;   // free as the driver (or OS) reports it
 };
+
+class Backend;
+
+// Copies a tensor's bytes to a new host vector and waits for the stream (small results,
+// checkpoints, tests). The second form converts f32 or f64 elements to double.
+std::vector<char> copy_to_host(const Tensor& t, Backend& backend, Stream& stream);
+std::vector<double> copy_to_host_as_double(const Tensor& t, Backend& backend, Stream& stream);
 
 class Backend {
  public:

@@ -26,14 +26,8 @@ double MaterializedVocab::forward(const Tensor& x, const Tensor& lm_head, const 
   OwnedTensor losses = OwnedTensor::device(backend_, Shape{N}, dtype_, LiveSet::logits, "token losses");
   ops::linear_forward_cpu(x, lm_head, logits_, false, stream_);
   ops::cross_entropy_forward_cpu(logits_, labels, losses, stream_);
-  std::vector<char> host(losses.nbytes());
-  backend_.copy_async(host.data(), losses.data(), host.size(), CopyKind::device_to_host, stream_);
-  stream_.synchronize();
   double sum = 0;  // in token order, in double
-  for (int64_t n = 0; n < N; ++n) {
-    sum += dtype_ == DType::f64 ? reinterpret_cast<const double*>(host.data())[n]
-                                : static_cast<double>(reinterpret_cast<const float*>(host.data())[n]);
-  }
+  for (double loss : copy_to_host_as_double(losses, backend_, stream_)) sum += loss;
   return sum * loss_scale;
 }
 
