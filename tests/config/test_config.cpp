@@ -3,6 +3,7 @@
 // docs/config.md covering every schema key.
 #include <gtest/gtest.h>
 
+#include "tests/expect_contains.h"
 #include "tests/temp_dir.h"
 #include <stdlib.h>
 
@@ -55,10 +56,6 @@ class ConfigTest : public ::testing::Test {
   test_support::TempDir temp_{"moepeak_test_config"};
   const std::filesystem::path& dir_ = temp_.path();
 };
-
-#define EXPECT_CONTAINS(haystack, needle)                                          \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos)                 \
-      << "expected to find\n  " << (needle) << "\nin\n  " << (haystack)
 
 // ---- Defaults -------------------------------------------------------------------------------
 

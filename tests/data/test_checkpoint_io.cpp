@@ -4,6 +4,7 @@
 // the HF config.json round trip and field names.
 #include <gtest/gtest.h>
 
+#include "tests/expect_contains.h"
 #include "tests/temp_dir.h"
 #include <stdlib.h>
 #include <unistd.h>
@@ -25,14 +26,6 @@
 
 namespace moepeak {
 namespace {
-
-void expect_contains(const std::string& haystack, const std::string& needle, const char* file,
-                     int line) {
-  if (haystack.find(needle) == std::string::npos) {
-    ADD_FAILURE_AT(file, line) << "expected to find: " << needle << "\n               in: " << haystack;
-  }
-}
-#define EXPECT_CONTAINS(haystack, needle) expect_contains((haystack), (needle), __FILE__, __LINE__)
 
 template <typename Fn>
 std::string error_of(Fn&& fn) {

@@ -4,6 +4,7 @@
 // whose message must name the file and the position.
 #include <gtest/gtest.h>
 
+#include "tests/expect_contains.h"
 #include "tests/temp_dir.h"
 #include <stdlib.h>
 
@@ -23,15 +24,6 @@
 
 namespace moepeak {
 namespace {
-
-// Expects `needle` in `haystack` (each evaluated once) and prints both when it is not there.
-void expect_contains(const std::string& haystack, const std::string& needle, const char* file,
-                     int line) {
-  if (haystack.find(needle) == std::string::npos) {
-    ADD_FAILURE_AT(file, line) << "expected to find: " << needle << "\n               in: " << haystack;
-  }
-}
-#define EXPECT_CONTAINS(haystack, needle) expect_contains((haystack), (needle), __FILE__, __LINE__)
 
 struct Batch {
   std::vector<int64_t> inputs, labels;

@@ -1,0 +1,21 @@
+// EXPECT_CONTAINS(haystack, needle): a non-fatal gtest expectation that `needle` occurs in
+// `haystack` (each evaluated once), printing both when it does not — for error messages.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace moepeak::test_support {
+
+inline void expect_contains(const std::string& haystack, const std::string& needle, const char* file,
+                            int line) {
+  if (haystack.find(needle) == std::string::npos) {
+    ADD_FAILURE_AT(file, line) << "expected to find: " << needle << "\n               in: " << haystack;
+  }
+}
+
+}  // namespace moepeak::test_support
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  ::moepeak::test_support::expect_contains((haystack), (needle), __FILE__, __LINE__)
