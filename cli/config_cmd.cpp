@@ -20,7 +20,7 @@ void add_config_options(CLI::App& sub, ConfigArgs& args) {
 
 Config load_config_for_command(const ConfigArgs& args, const Context& ctx) {
   Config cfg = load_config(args.files, args.overrides);
-  if (ctx.log_level.empty()) spdlog::set_level(log::parse_level(enum_name(cfg.runtime.log_level)));
+  if (ctx.log_level.empty()) log::set_level(log::parse_level(enum_name(cfg.runtime.log_level)));
   return cfg;
 }
 

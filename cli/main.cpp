@@ -6,7 +6,8 @@
 //   moepeak bench step [--config F]... [--warmup n] [--iters n] [--json FILE]
 //
 // This is the only place that exits: library code throws moepeak::Error, which is printed here
-// (with host, rank and file:line) and turned into exit code 1. Command-line mistakes exit 2
+// (with host, rank and file:line) and turned into exit code 1 (in a job of several ranks, by
+// MPI_Abort, so that no rank is left waiting in a collective for the one that failed). Command-line mistakes exit 2
 // with CLI11's message.
 #include <CLI/CLI.hpp>
 
@@ -14,6 +15,7 @@
 #include <exception>
 
 #include "cli/commands.h"
+#include "core/comm/process_group.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -52,9 +54,11 @@ int main(int argc, char** argv) {
     return ctx.action ? ctx.action() : 0;
   } catch (const moepeak::Error& e) {
     std::fprintf(stderr, "moepeak: error: %s\n", e.what());
+    moepeak::abort_process_group(1);  // W > 1: the other ranks may wait for this one forever
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moepeak: internal error: %s\n", e.what());
+    moepeak::abort_process_group(1);
     return 1;
   }
 }

@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "core/comm/process_group.h"
 #include "core/config/config.h"
+#include "core/log.h"
 #include "core/train/trainer.h"
 #include "core/units.h"
 
@@ -45,8 +46,10 @@ void register_train_command(CLI::App& app, Context& ctx) {
   cmd->callback([&ctx] {
     ctx.action = [&ctx] {
       Config cfg = load_config_for_command(args, ctx);
+      const RankInfo ranks = init_process_group();  // mpirun / srun ranks, or a world of one
+      log::set_ranks(ranks.rank, ranks.world_size);
       TrainResult r = train(cfg, options);
-      if (!r.losses.empty()) {
+      if (!r.losses.empty() && ranks.rank == 0) {
         spdlog::info("trained steps {}..{}: final loss {:.4f}; metrics in {}", r.first_step, r.last_step,
                      r.losses.back(), r.metrics_file);
         print_peak_table(r.last);

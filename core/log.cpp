@@ -18,14 +18,46 @@ spdlog::level::level_enum parse_level(std::string_view name) {
   MOEPEAK_THROW("unknown log level '", name, "' (expected trace, debug, info, warn, error or off)");
 }
 
-void init(spdlog::level::level_enum level, int rank, int world_size, bool all_ranks) {
+namespace {
+struct Settings {
+  spdlog::level::level_enum level = spdlog::level::info;
+  int rank = 0, world_size = 1;
+  bool all_ranks = false;
+};
+Settings& settings() {
+  static Settings s;
+  return s;
+}
+void apply() {
+  const Settings& s = settings();
+  spdlog::drop("moepeak");
   auto logger = spdlog::stderr_color_mt("moepeak");
   std::string pattern = "[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] ";
-  if (world_size > 1) pattern += "[rank " + std::to_string(rank) + "/" + std::to_string(world_size) + "] ";
+  if (s.world_size > 1) {
+    pattern += "[rank " + std::to_string(s.rank) + "/" + std::to_string(s.world_size) + "] ";
+  }
   logger->set_pattern(pattern + "%v");
-  if (rank != 0 && !all_ranks && level < spdlog::level::warn) level = spdlog::level::warn;
+  spdlog::level::level_enum level = s.level;
+  if (s.rank != 0 && !s.all_ranks && level < spdlog::level::warn) level = spdlog::level::warn;
   logger->set_level(level);
   spdlog::set_default_logger(logger);
+}
+}  // namespace
+
+void init(spdlog::level::level_enum level, int rank, int world_size, bool all_ranks) {
+  settings() = Settings{level, rank, world_size, all_ranks};
+  apply();
+}
+
+void set_level(spdlog::level::level_enum level) {
+  settings().level = level;
+  apply();
+}
+
+void set_ranks(int rank, int world_size) {
+  settings().rank = rank;
+  settings().world_size = world_size;
+  apply();
 }
 
 }  // namespace moepeak::log

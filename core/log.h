@@ -15,7 +15,10 @@ namespace moepeak::log {
 spdlog::level::level_enum parse_level(std::string_view name);
 
 // Sets the default logger: stderr, pattern "[time] [level] [rank r/W] msg". Non-zero ranks get
-// max(level, warn) unless all_ranks.
+// max(level, warn) unless all_ranks. May be called again (replaces the logger).
 void init(spdlog::level::level_enum level, int rank, int world_size, bool all_ranks);
+// Change one setting of the last init, keeping the others (the rank rule still applies).
+void set_level(spdlog::level::level_enum level);
+void set_ranks(int rank, int world_size);
 
 }  // namespace moepeak::log

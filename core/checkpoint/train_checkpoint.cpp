@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,17 +14,13 @@
 #include "core/checkpoint/atomic_file.h"
 #include "core/checkpoint/hf_config.h"
 #include "core/checkpoint/safetensors.h"
+#include "core/comm/comm.h"
 #include "core/error.h"
 
 namespace moepeak {
 namespace fs = std::filesystem;
 
 namespace {
-
-void upload(const Tensor& t, const std::vector<char>& host, Backend& backend, Stream& stream) {
-  backend.copy_async(t.data(), host.data(), host.size(), CopyKind::host_to_device, stream);
-  stream.synchronize();
-}
 
 std::vector<int64_t> dims(const Shape& s) {
   std::vector<int64_t> d;
@@ -54,20 +52,64 @@ std::vector<uint8_t> unhex(const std::string& text, const std::string& where) {
   return out;
 }
 
-// Reads tensor `name` of `file` into device tensor `t`, checking dtype and shape.
-void read_into(const SafetensorsFile& file, const std::string& name, const Tensor& t, Backend& backend,
-               Stream& stream) {
+// Reads tensor `name` of `file` (the full tensor of param `index`) and keeps this rank's part of
+// it in `flat` (laid out like the store's values: the weights, m or v), checking dtype and shape.
+void read_into(const SafetensorsFile& file, const std::string& name, ZeroParamStore& params,
+               int index, const Tensor& flat, Stream& stream) {
   if (!file.contains(name)) MOEPEAK_THROW(file.path(), ": no tensor '", name, "'");
   const SafetensorsTensorInfo& info = file.info(name);
-  if (info.dtype != safetensors_dtype_name(t.dtype()) || info.shape != dims(t.shape())) {
+  const ParamInfo& p = params.layout().params()[index];
+  if (info.dtype != safetensors_dtype_name(params.dtype()) || info.shape != dims(p.shape)) {
     std::ostringstream got;
     for (int64_t d : info.shape) got << d << ",";
     MOEPEAK_THROW(file.path(), ": tensor '", name, "' is ", info.dtype, " (", got.str(),
-                  ") but this model expects ", t.str());
+                  ") but this model expects ", safetensors_dtype_name(params.dtype()), " ",
+                  p.shape.str());
   }
-  std::vector<char> host(t.nbytes());
+  std::vector<char> host(static_cast<size_t>(p.shape.numel()) * dtype_size(params.dtype()));
   file.read(name, host.data(), host.size());
-  upload(t, host, backend, stream);
+  params.load_full(index, host.data(), flat, stream);
+}
+
+// The full tensors of every param from `flat` (values, grads, m or v), gathered on every rank
+// (collective) and kept on rank 0 only, in layout order.
+std::vector<std::vector<char>> gather_all(const ZeroParamStore& params, const Tensor& flat,
+                                          Stream& stream) {
+  std::vector<std::vector<char>> full(params.layout().params().size());
+  for (size_t i = 0; i < full.size(); ++i) {
+    std::vector<char> t = params.gather_full(static_cast<int>(i), flat, stream);
+    if (params.rank() == 0) full[i] = std::move(t);
+  }
+  return full;
+}
+
+void add_params(SafetensorsWriter& writer, const ZeroParamStore& params,
+                const std::vector<std::vector<char>>& full, const std::string& prefix) {
+  const auto& infos = params.layout().params();
+  for (size_t i = 0; i < infos.size(); ++i) {
+    writer.add(prefix + infos[i].name, params.dtype(), dims(infos[i].shape), full[i].data(),
+               full[i].size());
+  }
+}
+
+// Runs `write` on rank 0 and makes its outcome every rank's: rank 0 rethrows its own error, the
+// others throw one that points to it (so no rank goes on to a collective rank 0 will not join).
+void write_on_rank0(const ZeroParamStore& params, Stream& stream, const std::string& what,
+                    const std::function<void()>& write) {
+  std::exception_ptr failure;
+  if (params.rank() == 0) {
+    try {
+      write();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  double failed[1] = {failure ? 1.0 : 0.0};
+  if (params.world_size() > 1) {
+    all_reduce_host(params.comm(), params.backend(), stream, failed, ReduceOp::max);
+  }
+  if (failure) std::rethrow_exception(failure);
+  if (failed[0] != 0) MOEPEAK_THROW("rank 0 could not write ", what, " (its error is in its log)");
 }
 
 }  // namespace
@@ -78,59 +120,63 @@ std::string checkpoint_dir_name(int64_t step) {
   return buf;
 }
 
-void write_params_safetensors(const std::string& path, const ParamStore& params, bool gradients,
-                              Backend& backend, Stream& stream) {
-  std::vector<char> flat = copy_to_host(gradients ? params.flat_grads() : params.flat_values(), backend, stream);
-  SafetensorsWriter writer;
-  const size_t elem = dtype_size(params.dtype());
-  for (const ParamInfo& p : params.layout().params()) {
-    writer.add(p.name, params.dtype(), dims(p.shape), flat.data() + p.offset * elem,
-               static_cast<size_t>(p.shape.numel()) * elem);
-  }
-  writer.set_metadata("format", "pt");
-  writer.write(path);
+void write_params_safetensors(const std::string& path, const ZeroParamStore& params, bool gradients,
+                              Stream& stream) {
+  auto full = gather_all(params, gradients ? params.flat_grads() : params.flat_values(), stream);
+  write_on_rank0(params, stream, path, [&] {
+    SafetensorsWriter writer;
+    add_params(writer, params, full, "");
+    writer.set_metadata("format", "pt");
+    writer.write(path);
+  });
 }
 
 void save_checkpoint(const std::string& folder, int64_t step, const ModelConfig& model,
-                     const ParamStore& params, const schedules::ResidentAdamW& optimizer,
-                     const DataLoader& loader, Backend& backend, Stream& stream, int64_t keep_latest) {
-  create_directories(folder);
+                     const ZeroParamStore& params, const schedules::ResidentAdamW& optimizer,
+                     const DataLoader& loader, Stream& stream, int64_t keep_latest) {
+  const auto weights = gather_all(params, params.flat_values(), stream);
+  const auto m = gather_all(params, optimizer.m(), stream);
+  const auto v = gather_all(params, optimizer.v(), stream);
   const std::string name = checkpoint_dir_name(step);
-  const fs::path final_dir = fs::path(folder) / name;
-  const fs::path tmp_dir = fs::path(folder) / (".tmp_" + name);
-  std::error_code ec;
-  fs::remove_all(tmp_dir, ec);
-  create_directories(tmp_dir.string());
+  write_on_rank0(params, stream, "checkpoint " + (fs::path(folder) / name).string(), [&] {
+    create_directories(folder);
+    const fs::path final_dir = fs::path(folder) / name;
+    const fs::path tmp_dir = fs::path(folder) / (".tmp_" + name);
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);
+    create_directories(tmp_dir.string());
+    {
+      SafetensorsWriter writer;
+      add_params(writer, params, weights, "");
+      writer.set_metadata("format", "pt");
+      writer.write((tmp_dir / "model.safetensors").string());
+    }
+    write_config_json((tmp_dir / "config.json").string(), model);
+    {
+      SafetensorsWriter writer;
+      add_params(writer, params, m, "exp_avg.");
+      add_params(writer, params, v, "exp_avg_sq.");
+      writer.set_metadata("step", std::to_string(step));
+      writer.set_metadata("data_loader_state", hex(loader.state()));
+      writer.set_metadata("world_size", std::to_string(params.world_size()));
+      writer.write((tmp_dir / "optimizer.safetensors").string());
+    }
+    fs::remove_all(final_dir, ec);
+    fs::rename(tmp_dir, final_dir, ec);
+    if (ec) MOEPEAK_THROW("cannot move checkpoint ", tmp_dir.string(), " into place: ", ec.message());
+    write_file_atomically((fs::path(folder) / "latest").string(), name + "\n");
 
-  write_params_safetensors((tmp_dir / "model.safetensors").string(), params, false, backend, stream);
-  write_config_json((tmp_dir / "config.json").string(), model);
-  {
-    std::vector<char> m = copy_to_host(optimizer.m(), backend, stream);
-    std::vector<char> v = copy_to_host(optimizer.v(), backend, stream);
-    SafetensorsWriter writer;
-    const int64_t n = params.layout().total_elements();
-    writer.add("optimizer.exp_avg", params.dtype(), {n}, m.data(), m.size());
-    writer.add("optimizer.exp_avg_sq", params.dtype(), {n}, v.data(), v.size());
-    writer.set_metadata("step", std::to_string(step));
-    writer.set_metadata("data_loader_state", hex(loader.state()));
-    writer.set_metadata("param_elements", std::to_string(n));
-    writer.write((tmp_dir / "rank_00000.safetensors").string());
-  }
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp_dir, final_dir, ec);
-  if (ec) MOEPEAK_THROW("cannot move checkpoint ", tmp_dir.string(), " into place: ", ec.message());
-  write_file_atomically((fs::path(folder) / "latest").string(), name + "\n");
-
-  // Keep the newest keep_latest step directories.
-  std::vector<std::string> steps;
-  for (const auto& entry : fs::directory_iterator(folder)) {
-    std::string n = entry.path().filename().string();
-    if (entry.is_directory() && n.rfind("step_", 0) == 0) steps.push_back(n);
-  }
-  std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; i + static_cast<size_t>(keep_latest) < steps.size(); ++i) {
-    fs::remove_all(fs::path(folder) / steps[i], ec);
-  }
+    // Keep the newest keep_latest step directories.
+    std::vector<std::string> steps;
+    for (const auto& entry : fs::directory_iterator(folder)) {
+      std::string n = entry.path().filename().string();
+      if (entry.is_directory() && n.rfind("step_", 0) == 0) steps.push_back(n);
+    }
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + static_cast<size_t>(keep_latest) < steps.size(); ++i) {
+      fs::remove_all(fs::path(folder) / steps[i], ec);
+    }
+  });
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& folder) {
@@ -144,9 +190,8 @@ std::optional<std::string> latest_checkpoint(const std::string& folder) {
   return dir.string();
 }
 
-int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ParamStore& params,
-                        schedules::ResidentAdamW& optimizer, DataLoader& loader, Backend& backend,
-                        Stream& stream) {
+int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroParamStore& params,
+                        schedules::ResidentAdamW& optimizer, DataLoader& loader, Stream& stream) {
   const fs::path root(dir);
   {
     std::ifstream in(root / "config.json");
@@ -165,43 +210,54 @@ int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ParamS
       MOEPEAK_THROW("checkpoint ", dir, " was saved for another model shape than [model] in the config");
     }
   }
+  const auto& infos = params.layout().params();
   SafetensorsFile weights = SafetensorsFile::open((root / "model.safetensors").string());
-  for (size_t i = 0; i < params.layout().params().size(); ++i) {
-    read_into(weights, params.layout().params()[i].name, params.value(static_cast<int>(i)), backend, stream);
+  SafetensorsFile state = SafetensorsFile::open((root / "optimizer.safetensors").string());
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const int p = static_cast<int>(i);
+    read_into(weights, infos[i].name, params, p, params.flat_values(), stream);
+    read_into(state, "exp_avg." + infos[i].name, params, p, optimizer.m(), stream);
+    read_into(state, "exp_avg_sq." + infos[i].name, params, p, optimizer.v(), stream);
   }
-  SafetensorsFile rank = SafetensorsFile::open((root / "rank_00000.safetensors").string());
-  read_into(rank, "optimizer.exp_avg", optimizer.m(), backend, stream);
-  read_into(rank, "optimizer.exp_avg_sq", optimizer.v(), backend, stream);
-  const auto& meta = rank.metadata();
+  const auto& meta = state.metadata();
   auto field = [&](const std::string& key) -> const std::string& {
     auto it = meta.find(key);
-    if (it == meta.end()) MOEPEAK_THROW(rank.path(), ": metadata has no '", key, "'");
+    if (it == meta.end()) MOEPEAK_THROW(state.path(), ": metadata has no '", key, "'");
     return it->second;
   };
-  loader.restore(unhex(field("data_loader_state"), rank.path()));
+  loader.restore(unhex(field("data_loader_state"), state.path()));
   int64_t step = 0;
   try {
     step = std::stoll(field("step"));
   } catch (const std::exception&) {
-    MOEPEAK_THROW(rank.path(), ": metadata 'step' is not a number: ", field("step"));
+    MOEPEAK_THROW(state.path(), ": metadata 'step' is not a number: ", field("step"));
   }
   return step;
 }
 
-void write_step_dump(const std::string& dir, const ModelConfig& model, const ParamStore& params,
+void write_step_dump(const std::string& dir, const ModelConfig& model, const ZeroParamStore& params,
                      const std::vector<int64_t>& input_ids, const std::vector<int64_t>& labels,
-                     int64_t batch, int64_t seq_len, double loss, Backend& backend, Stream& stream) {
-  create_directories(dir);
+                     int64_t batch, int64_t seq_len, double loss, Stream& stream) {
   const fs::path root(dir);
-  write_params_safetensors((root / "model.safetensors").string(), params, false, backend, stream);
-  write_params_safetensors((root / "grads.safetensors").string(), params, true, backend, stream);
-  write_config_json((root / "config.json").string(), model);
-  SafetensorsWriter writer;
-  writer.add("input_ids", DType::i64, {batch, seq_len}, input_ids.data(), input_ids.size() * 8);
-  writer.add("labels", DType::i64, {batch, seq_len}, labels.data(), labels.size() * 8);
-  writer.write((root / "batch.safetensors").string());
-  nlohmann::json j = {{"loss", loss}};
-  write_file_atomically((root / "loss.json").string(), j.dump(2) + "\n");
+  const auto weights = gather_all(params, params.flat_values(), stream);
+  const auto grads = gather_all(params, params.flat_grads(), stream);
+  write_on_rank0(params, stream, "the step dump in " + dir, [&] {
+    create_directories(dir);
+    for (const auto& [file, tensors] : {std::pair{"model.safetensors", &weights},
+                                        std::pair{"grads.safetensors", &grads}}) {
+      SafetensorsWriter writer;
+      add_params(writer, params, *tensors, "");
+      writer.set_metadata("format", "pt");
+      writer.write((root / file).string());
+    }
+    write_config_json((root / "config.json").string(), model);
+    SafetensorsWriter writer;
+    writer.add("input_ids", DType::i64, {batch, seq_len}, input_ids.data(), input_ids.size() * 8);
+    writer.add("labels", DType::i64, {batch, seq_len}, labels.data(), labels.size() * 8);
+    writer.write((root / "batch.safetensors").string());
+    nlohmann::json j = {{"loss", loss}};
+    write_file_atomically((root / "loss.json").string(), j.dump(2) + "\n");
+  });
 }
 
 }  // namespace moepeak

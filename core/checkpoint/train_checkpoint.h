@@ -1,21 +1,29 @@
-// Training checkpoints and step dumps.
+// Training checkpoints and step dumps, on any number of ranks.
 //
 // A checkpoint is a directory, written under a temporary name and renamed into place when every
 // file in it is complete (each file itself written atomically), so a crash never leaves a
 // checkpoint that looks finished but is not:
 //
 //   <folder>/step_00000100/
-//       model.safetensors       weights, Hugging Face Mixtral tensor names, model dtype
-//       config.json             MixtralConfig (loads in transformers)
-//       rank_00000.safetensors  this rank's optimizer state (flat m, v), metadata: step, data
-//                               loader cursor, parameter layout size
-//   <folder>/latest             "step_00000100", replaced atomically after the directory
+//       model.safetensors      the full weights, Hugging Face Mixtral tensor names, model dtype
+//       config.json            MixtralConfig (loads in transformers)
+//       optimizer.safetensors  AdamW's m and v of every parameter, full tensors named
+//                              "exp_avg.<name>" and "exp_avg_sq.<name>"; metadata: step, data
+//                              loader cursor, the world size that saved it
+//   <folder>/latest            "step_00000100", replaced atomically after the directory
 //
-// Resuming reads the very bytes that were saved, so the run continues bit for bit.
+// Every tensor is whole (gathered from the ZeRO-3 shards and the experts' owners), so the
+// checkpoint does not depend on the rank count: a run saved on W ranks resumes on any W' that can
+// train the model (each rank keeps its part of every tensor). Resuming on the same W reads the
+// very bytes that were saved, so the run continues bit for bit. Saving is collective (every rank
+// gathers, rank 0 writes; the node running rank 0 needs host memory for the model and its
+// optimizer state); loading is not (each rank reads the files, which must be on a file system
+// every rank sees).
 //
 // A step dump (`moepeak train --dump-step DIR`) writes what any Mixtral implementation needs to
 // check one training step: model.safetensors (weights before the step), config.json,
-// batch.safetensors (input_ids, labels: int64 (B, T)), loss.json, grads.safetensors.
+// batch.safetensors (input_ids, labels: int64 (B, T), the global batch), loss.json,
+// grads.safetensors (the full gradients, summed over ranks). Collective; rank 0 writes.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +31,7 @@
 #include <string>
 
 #include "core/data/data_loader.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/zero_params.h"
 #include "ops/schedules/adamw_resident.h"
 
 namespace moepeak {
@@ -31,10 +39,11 @@ namespace moepeak {
 std::string checkpoint_dir_name(int64_t step);  // "step_00000100"
 
 // Writes the checkpoint of `step` into `folder` (created if needed), updates `latest`, and
-// removes the oldest step directories beyond keep_latest.
+// removes the oldest step directories beyond keep_latest. Collective: if rank 0 fails to write,
+// every rank throws.
 void save_checkpoint(const std::string& folder, int64_t step, const ModelConfig& model,
-                     const ParamStore& params, const schedules::ResidentAdamW& optimizer,
-                     const DataLoader& loader, Backend& backend, Stream& stream, int64_t keep_latest);
+                     const ZeroParamStore& params, const schedules::ResidentAdamW& optimizer,
+                     const DataLoader& loader, Stream& stream, int64_t keep_latest);
 
 // The directory `latest` points to, or nullopt when the folder holds no checkpoint.
 std::optional<std::string> latest_checkpoint(const std::string& folder);
@@ -42,16 +51,18 @@ std::optional<std::string> latest_checkpoint(const std::string& folder);
 // Loads weights, optimizer state and the loader cursor; returns the step the checkpoint was taken
 // after. Throws moepeak::Error naming the file and tensor when anything does not match this
 // model (config, names, shapes, dtypes, sizes).
-int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ParamStore& params,
-                        schedules::ResidentAdamW& optimizer, DataLoader& loader, Backend& backend,
-                        Stream& stream);
+// Not collective.
+int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroParamStore& params,
+                        schedules::ResidentAdamW& optimizer, DataLoader& loader, Stream& stream);
 
-// Writes params (or their gradients) with Hugging Face names to a safetensors file.
-void write_params_safetensors(const std::string& path, const ParamStore& params, bool gradients,
-                              Backend& backend, Stream& stream);
+// Writes the full params (or their gradients) with Hugging Face names to a safetensors file.
+// Collective (the tensors are gathered on every rank); rank 0 writes.
+void write_params_safetensors(const std::string& path, const ZeroParamStore& params, bool gradients,
+                              Stream& stream);
 
-void write_step_dump(const std::string& dir, const ModelConfig& model, const ParamStore& params,
+// Collective; rank 0 writes (see above). input_ids, labels: the global batch (B*T).
+void write_step_dump(const std::string& dir, const ModelConfig& model, const ZeroParamStore& params,
                      const std::vector<int64_t>& input_ids, const std::vector<int64_t>& labels,
-                     int64_t batch, int64_t seq_len, double loss, Backend& backend, Stream& stream);
+                     int64_t batch, int64_t seq_len, double loss, Stream& stream);
 
 }  // namespace moepeak

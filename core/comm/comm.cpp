@@ -7,6 +7,7 @@
 #include "core/comm/single_comm.h"
 #include "core/error.h"
 #include "core/runtime/backend.h"
+#include "core/runtime/tensor.h"
 #ifdef MOEPEAK_WITH_CUDA
 #include "core/comm/nccl_comm.h"
 #endif
@@ -44,6 +45,35 @@ std::unique_ptr<Comm> make_comm(Backend& backend, const RankInfo& ranks) {
   }
   MOEPEAK_THROW("no communicator for backend ", backend_kind_name(backend.kind()),
                 " in this build");
+}
+
+void all_reduce_host(Comm& comm, Backend& backend, Stream& stream, std::span<double> values,
+                     ReduceOp op) {
+  if (values.empty()) return;
+  OwnedTensor buf = OwnedTensor::device(backend, Shape{static_cast<int64_t>(values.size())},
+                                        DType::f64, LiveSet::workspace, "host all_reduce");
+  const size_t bytes = values.size_bytes();
+  backend.copy_async(buf.data(), values.data(), bytes, CopyKind::host_to_device, stream);
+  comm.all_reduce(buf.data(), buf.data(), values.size(), DType::f64, op, stream);
+  backend.copy_async(values.data(), buf.data(), bytes, CopyKind::device_to_host, stream);
+  stream.synchronize();
+}
+
+std::vector<double> all_gather_host(Comm& comm, Backend& backend, Stream& stream,
+                                    std::span<const double> mine) {
+  const size_t n = mine.size(), W = static_cast<size_t>(comm.world_size());
+  std::vector<double> all(n * W);
+  if (n == 0) return all;
+  OwnedTensor send = OwnedTensor::device(backend, Shape{static_cast<int64_t>(n)}, DType::f64,
+                                         LiveSet::workspace, "host all_gather send");
+  OwnedTensor recv = OwnedTensor::device(backend, Shape{static_cast<int64_t>(n * W)}, DType::f64,
+                                         LiveSet::workspace, "host all_gather receive");
+  backend.copy_async(send.data(), mine.data(), mine.size_bytes(), CopyKind::host_to_device, stream);
+  comm.all_gather(send.data(), recv.data(), n, DType::f64, stream);
+  backend.copy_async(all.data(), recv.data(), all.size() * sizeof(double), CopyKind::device_to_host,
+                     stream);
+  stream.synchronize();
+  return all;
 }
 
 void Comm::check_peer(int peer, const char* what) const {

@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/runtime/dtype.h"
 #include "core/runtime/stream.h"
@@ -88,5 +89,14 @@ class Comm {
 // single-rank Comm; otherwise the CPU backend gets MPI and the CUDA backend NCCL (bootstrapped
 // over MPI_COMM_WORLD; the rank's GPU must be current). Collective: every rank calls it.
 std::unique_ptr<Comm> make_comm(Backend& backend, const RankInfo& ranks);
+
+// A few host doubles through a collective (a step's loss, squared grad norm, metrics): copied
+// into a device buffer of `backend` (LiveSet::workspace), reduced or gathered on `stream`,
+// copied back. Synchronises the stream. Not for bulk data.
+void all_reduce_host(Comm& comm, Backend& backend, Stream& stream, std::span<double> values,
+                     ReduceOp op = ReduceOp::sum);
+// Every rank's `mine` (the same length on every rank), rank-major: W * mine.size() values.
+std::vector<double> all_gather_host(Comm& comm, Backend& backend, Stream& stream,
+                                    std::span<const double> mine);
 
 }  // namespace moepeak

@@ -191,6 +191,18 @@ void finalize_process_group() {
   if (rc != MPI_SUCCESS) MOEPEAK_THROW("MPI_Finalize failed: ", mpi_error_string(rc));
 }
 
+void abort_process_group(int exit_code) noexcept {
+  GroupState& state = group_state();
+  bool abort = false;
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    abort = state.initialized && state.uses_mpi && state.ranks.world_size > 1;
+  }
+  int finalized = 1;
+  if (abort) MPI_Finalized(&finalized);
+  if (abort && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
+}
+
 bool process_group_initialized() {
   GroupState& state = group_state();
   std::lock_guard<std::mutex> lock(state.mu);

@@ -42,6 +42,10 @@ namespace moepeak {
 
 RankInfo init_process_group();
 void finalize_process_group();
+// After an error on this rank of a job of W > 1 ranks: MPI_Abort, so the other ranks (which may
+// be waiting in a collective this rank will never join) end too, with `exit_code`. Does nothing
+// for a world of one or without MPI (the caller then just exits).
+void abort_process_group(int exit_code) noexcept;
 
 // True between init_process_group() and finalize_process_group().
 bool process_group_initialized();

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -9,6 +10,12 @@
 #include "core/units.h"
 
 namespace moepeak {
+
+uint64_t StepMetrics::max_rank_peak() const {
+  uint64_t peak = peak_total;
+  for (uint64_t b : rank_peak_bytes) peak = std::max(peak, b);
+  return peak;
+}
 
 nlohmann::json step_metrics_json(const StepMetrics& m) {
   nlohmann::json peak = {{"total", m.peak_total}};
@@ -27,17 +34,21 @@ nlohmann::json step_metrics_json(const StepMetrics& m) {
           {"peak_breakdown_bytes", at_peak},
           {"peak_gib", static_cast<double>(m.peak_total) / GiB},
           {"peak_pct", m.capacity ? 100.0 * static_cast<double>(m.peak_total) / m.capacity : 0.0},
-          {"capacity_bytes", m.capacity}};
+          {"capacity_bytes", m.capacity},
+          {"world_size", m.world_size},
+          {"rank_tokens_per_s", m.rank_tokens_per_s},
+          {"rank_peak_bytes", m.rank_peak_bytes}};
 }
 
 std::string step_metrics_line(const StepMetrics& m) {
   char buf[320];
-  double pct = m.capacity ? 100.0 * static_cast<double>(m.peak_total) / m.capacity : 0.0;
+  const uint64_t peak = m.max_rank_peak();  // the fullest rank's
+  double pct = m.capacity ? 100.0 * static_cast<double>(peak) / m.capacity : 0.0;
   std::snprintf(buf, sizeof(buf),
                 "step: %5lld  loss: %8.4f  grad_norm: %8.4f  lr: %.2e  memory: %6.2fGiB(%.1f%%)  "
                 "tps: %9.0f  tflops: %.3f  mfu: %.1f%%",
                 static_cast<long long>(m.step), m.loss, m.grad_norm, m.lr,
-                static_cast<double>(m.peak_total) / GiB, pct, m.tokens_per_s, m.tflops, 100.0 * m.mfu);
+                static_cast<double>(peak) / GiB, pct, m.tokens_per_s, m.tflops, 100.0 * m.mfu);
   return buf;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,13 +23,19 @@ struct StepMetrics {
   double grad_norm = 0;
   double lr = 0;
   double step_time_s = 0;
-  double tokens_per_s = 0;
+  double tokens_per_s = 0;  // the job's: B*T over the slowest rank's step time
+  int world_size = 1;
   double tflops = 0;  // achieved model TFLOP/s (flops.h)
   double mfu = 0;     // tflops / peak, in [0, 1]
   uint64_t peak_total = 0;      // device bytes at the step's peak
   MemorySnapshot peak_per_set;  // each live set's own peak during the step
   MemorySnapshot at_peak;       // live sets at the moment of the total peak
   uint64_t capacity = 0;        // device memory capacity
+  // Per rank (W entries, rank order): this rank's tokens over its own step time, and its total
+  // device peak. The console line shows the largest peak.
+  std::vector<double> rank_tokens_per_s;
+  std::vector<uint64_t> rank_peak_bytes;
+  uint64_t max_rank_peak() const;
 };
 
 nlohmann::json step_metrics_json(const StepMetrics& m);

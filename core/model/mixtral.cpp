@@ -1,3 +1,4 @@
+// MixtralModel: the decoder's forward and backward on W ranks (see mixtral.h for the layout).
 #include "core/model/mixtral.h"
 
 #include <cmath>
@@ -12,21 +13,29 @@
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "ops/router.h"
+#include "ops/schedules/dispatch_expert_parallel.h"
+#include "ops/schedules/dispatch_standard.h"
+#include "ops/schedules/vocab_materialized.h"
 
 namespace moepeak {
 
-// What one layer keeps from its forward for its backward.
+using schedules::HeadKind;
+
+// What one layer keeps from its forward for its backward. q, k, v, out and lse are in the head
+// layout of the attention (B, T, h_r, d) (with W = 1 that is the token layout); attn is the
+// attention output back in this rank's token layout, kept for o_proj's backward (W > 1 only).
 struct MixtralModel::LayerActivations {
   OwnedTensor n1, rstd1;        // input norm (N, H), (N)
-  OwnedTensor q, k, v;          // (N, nh*d), (N, nkv*d) x2, after RoPE
-  OwnedTensor attn, lse;        // (N, nh*d), (B, nh, T)
+  OwnedTensor q, k, v;          // (B, T, hq_r, d), (B, T, hkv_r, d) x2, after RoPE
+  OwnedTensor out, lse;         // (B, T, hq_r, d), (B, hq_r, T)
+  OwnedTensor attn;             // (N, nh*d) when W > 1
   OwnedTensor h;                // (N, H) x + o_proj(attn)
   OwnedTensor n2, rstd2;        // post-attention norm (N, H), (N)
   OwnedTensor probs, topk_index, topk_weight;  // (N, E), (N, k) i32, (N, k)
-  std::unique_ptr<schedules::StandardDispatch> dispatch;
+  std::unique_ptr<schedules::ExpertDispatch> dispatch;
 
   void release() {
-    for (OwnedTensor* t : {&n1, &rstd1, &q, &k, &v, &attn, &lse, &h, &n2, &rstd2, &probs,
+    for (OwnedTensor* t : {&n1, &rstd1, &q, &k, &v, &out, &lse, &attn, &h, &n2, &rstd2, &probs,
                            &topk_index, &topk_weight}) {
       t->reset();
     }
@@ -34,18 +43,11 @@ struct MixtralModel::LayerActivations {
   }
 };
 
-namespace {
-// The sizes a decoder layer works with: tokens N = B*T, hidden H, heads nh/nkv of d, experts E
-// (top-k).
-struct LayerDims {
-  int64_t N, H, B, T, nh, nkv, d, E, k;
-};
-}  // namespace
-
-MixtralModel::MixtralModel(Backend& backend, Stream& stream, const ModelConfig& model,
+MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                            CheckpointSchedule checkpoint, DType dtype)
-    : backend_(backend), stream_(stream), model_(model), checkpoint_(checkpoint), dtype_(dtype),
-      params_(backend, model, dtype) {
+    : backend_(backend), stream_(stream), comm_(comm), model_(model), checkpoint_(checkpoint),
+      dtype_(dtype), params_(backend, model, dtype, comm),
+      groups_(zero_gather_groups(params_.layout())) {
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "the CPU model computes in f32 or f64, not ",
                 dtype_name(dtype));
   MOEPEAK_CHECK(checkpoint != CheckpointSchedule::sco,
@@ -54,72 +56,184 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, const ModelConfig& 
 
 MixtralModel::~MixtralModel() = default;
 
+void MixtralModel::check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len, int world) {
+  if (world < 1 || model.num_local_experts % world != 0) {
+    MOEPEAK_THROW("expert parallelism over W = ", world, " ranks needs model.num_local_experts (",
+                  model.num_local_experts, ") divisible by W");
+  }
+  schedules::UlyssesLayout::make(batch, seq_len, world, 0, model.num_attention_heads,
+                                 model.num_key_value_heads, model.head_dim_resolved());
+}
+
 OwnedTensor MixtralModel::device(Shape shape, LiveSet set, const char* what) const {
   return OwnedTensor::device(backend_, shape, dtype_, set, what);
 }
 
-static LayerDims layer_dims_of(const ModelConfig& m, const Tensor& x, const TokenBatch& batch) {
-  return {x.size(0),           m.hidden_size,         batch.batch,
-          batch.seq_len,       m.num_attention_heads, m.num_key_value_heads,
-          m.head_dim_resolved(), m.num_local_experts, m.num_experts_per_tok};
+std::unique_ptr<schedules::ExpertDispatch> MixtralModel::make_dispatch() const {
+  if (comm_.world_size() == 1) return std::make_unique<schedules::StandardDispatch>(backend_, stream_, dtype_);
+  return std::make_unique<schedules::ExpertParallelDispatch>(backend_, stream_, comm_, dtype_,
+                                                             model_.num_local_experts);
 }
 
-std::vector<schedules::ExpertWeights> MixtralModel::experts_of(int layer) const {
+std::vector<schedules::ExpertWeights> MixtralModel::local_experts_of(int layer) const {
   const LayerParamIndex& L = params_.layout().layers[layer];
   std::vector<schedules::ExpertWeights> experts;
   for (size_t j = 0; j < L.w1.size(); ++j) {
-    experts.push_back({params_.value(L.w1[j]), params_.value(L.w2[j]), params_.value(L.w3[j]),
-                       params_.grad(L.w1[j]), params_.grad(L.w2[j]), params_.grad(L.w3[j])});
+    if (!params_.is_local(L.w1[j])) continue;
+    experts.push_back({params_.local_value(L.w1[j]), params_.local_value(L.w2[j]),
+                       params_.local_value(L.w3[j]), params_.local_grad(L.w1[j]),
+                       params_.local_grad(L.w2[j]), params_.local_grad(L.w3[j])});
   }
   return experts;
 }
 
-OwnedTensor MixtralModel::layer_forward(int layer, const Tensor& x, const TokenBatch& batch,
-                                        LayerActivations& a, bool recompute) {
-  const LayerParamIndex& L = params_.layout().layers[layer];
-  const auto [N, H, B, T, nh, nkv, d, E, k] = layer_dims_of(model_, x, batch);
-  auto w = [&](int i) { return params_.value(i); };
+OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Group& w, const Tensor& x,
+                                            const TokenBatch& batch, LayerActivations& a) {
+  const schedules::UlyssesLayout& U = ulysses_;
+  const int64_t N = x.size(0), H = model_.hidden_size, B = batch.batch, T = batch.seq_len;
+  const int64_t nh = model_.num_attention_heads, nkv = model_.num_key_value_heads;
+  const int64_t d = model_.head_dim_resolved();
+  const bool exchange = comm_.world_size() > 1;
 
-  // Attention block: n1 = norm(x); q, k, v; RoPE; causal GQA attention; h = x + o_proj(attn).
+  // n1 = norm(x); q, k, v of this rank's tokens; RoPE at their global positions.
   a.n1 = device(Shape{N, H}, LiveSet::attention, "input norm");
   a.rstd1 = device(Shape{N}, LiveSet::attention, "input norm rstd");
-  ops::rmsnorm_forward_cpu(x, w(L.input_norm), model_.rms_norm_eps, a.n1, a.rstd1, stream_);
-  a.q = device(Shape{N, nh * d}, LiveSet::attention, "q");
-  a.k = device(Shape{N, nkv * d}, LiveSet::attention, "k");
-  a.v = device(Shape{N, nkv * d}, LiveSet::attention, "v");
-  ops::linear_forward_cpu(a.n1, w(L.q), a.q, false, stream_);
-  ops::linear_forward_cpu(a.n1, w(L.k), a.k, false, stream_);
-  ops::linear_forward_cpu(a.n1, w(L.v), a.v, false, stream_);
-  ops::rope_forward_cpu(a.q.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta, stream_);
-  ops::rope_forward_cpu(a.k.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta, stream_);
-  a.attn = device(Shape{N, nh * d}, LiveSet::attention, "attention output");
-  a.lse = device(Shape{B, nh, T}, LiveSet::attention, "attention lse");
+  ops::rmsnorm_forward_cpu(x, w.value(L.input_norm), model_.rms_norm_eps, a.n1, a.rstd1, stream_);
+  OwnedTensor q = device(Shape{N, nh * d}, LiveSet::attention, "q");
+  OwnedTensor k = device(Shape{N, nkv * d}, LiveSet::attention, "k");
+  OwnedTensor v = device(Shape{N, nkv * d}, LiveSet::attention, "v");
+  ops::linear_forward_cpu(a.n1, w.value(L.q), q, false, stream_);
+  ops::linear_forward_cpu(a.n1, w.value(L.k), k, false, stream_);
+  ops::linear_forward_cpu(a.n1, w.value(L.v), v, false, stream_);
+  ops::rope_forward_cpu(q.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta, stream_);
+  ops::rope_forward_cpu(k.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta, stream_);
+
+  // To the head layout: whole sequences of this rank's heads.
+  OwnedTensor staging;
+  if (!exchange) {
+    a.q = std::move(q);
+    a.k = std::move(k);
+    a.v = std::move(v);
+  } else {
+    staging = schedules::make_ulysses_staging(backend_, U, dtype_);
+    auto to_heads = [&](const OwnedTensor& seq, HeadKind kind, const char* what) {
+      OwnedTensor heads = device(U.heads_shape(kind), LiveSet::attention, what);
+      schedules::seq_to_heads(seq.view().reshape(U.seq_shape(kind)), heads, kind, staging, U,
+                              comm_, stream_);
+      return heads;
+    };
+    a.q = to_heads(q, HeadKind::query, "q (head layout)");
+    a.k = to_heads(k, HeadKind::kv, "k (head layout)");
+    a.v = to_heads(v, HeadKind::kv, "v (head layout)");
+    q.reset();
+    k.reset();
+    v.reset();
+  }
+  const Shape q_heads = U.heads_shape(HeadKind::query), kv_heads = U.heads_shape(HeadKind::kv);
+  a.out = device(Shape{N * nh * d}, LiveSet::attention, "attention output");
+  a.lse = device(Shape{B, q_heads[2], T}, LiveSet::attention, "attention lse");
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  ops::attention_forward_cpu(a.q.view().reshape(Shape{B, T, nh, d}),
-                             a.k.view().reshape(Shape{B, T, nkv, d}),
-                             a.v.view().reshape(Shape{B, T, nkv, d}), scale,
-                             a.attn.view().reshape(Shape{B, T, nh, d}), a.lse, stream_);
-  a.h = device(Shape{N, H}, LiveSet::workspace, "attention residual");
-  ops::linear_forward_cpu(a.attn, w(L.o), a.h, false, stream_);
-  ops::add_cpu(a.h, x, a.h, stream_);
+  ops::attention_forward_cpu(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
+                             a.v.view().reshape(kv_heads), scale, a.out.view().reshape(q_heads),
+                             a.lse, stream_);
+  Tensor attn = a.out.view().reshape(Shape{N, nh * d});
+  if (exchange) {
+    a.attn = device(Shape{N, nh * d}, LiveSet::attention, "attention output (token layout)");
+    schedules::heads_to_seq(a.out.view().reshape(q_heads),
+                            a.attn.view().reshape(U.seq_shape(HeadKind::query)), HeadKind::query,
+                            false, staging, U, comm_, stream_);
+    attn = a.attn.view();
+  }
+  OwnedTensor h = device(Shape{N, H}, LiveSet::workspace, "attention residual");
+  ops::linear_forward_cpu(attn, w.value(L.o), h, false, stream_);
+  ops::add_cpu(h, x, h, stream_);
+  return h;
+}
+
+OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Group& w,
+                                             const Tensor& dh, const Tensor& x,
+                                             const TokenBatch& batch, LayerActivations& a) {
+  const schedules::UlyssesLayout& U = ulysses_;
+  const int64_t N = x.size(0), H = model_.hidden_size;
+  const int64_t nh = model_.num_attention_heads, nkv = model_.num_key_value_heads;
+  const int64_t d = model_.head_dim_resolved();
+  const bool exchange = comm_.world_size() > 1;
+  const Shape q_heads = U.heads_shape(HeadKind::query), kv_heads = U.heads_shape(HeadKind::kv);
+
+  Tensor attn = exchange ? a.attn.view() : a.out.view().reshape(Shape{N, nh * d});
+  OwnedTensor dattn = device(Shape{N, nh * d}, LiveSet::workspace, "d attention output");
+  ops::linear_backward_cpu(attn, w.value(L.o), dh, dattn, false, w.grad(L.o), stream_);
+  OwnedTensor staging, dout;
+  if (exchange) {
+    staging = schedules::make_ulysses_staging(backend_, U, dtype_);
+    dout = device(q_heads, LiveSet::workspace, "d attention output (head layout)");
+    schedules::seq_to_heads(dattn.view().reshape(U.seq_shape(HeadKind::query)), dout,
+                            HeadKind::query, staging, U, comm_, stream_);
+    dattn.reset();
+  } else {
+    dout = std::move(dattn);
+  }
+  OwnedTensor dq = device(q_heads, LiveSet::workspace, "dq");
+  OwnedTensor dk = device(kv_heads, LiveSet::workspace, "dk");
+  OwnedTensor dv = device(kv_heads, LiveSet::workspace, "dv");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  ops::attention_backward_cpu(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
+                              a.v.view().reshape(kv_heads), a.out.view().reshape(q_heads), a.lse,
+                              dout.view().reshape(q_heads), scale, dq, dk, dv, stream_);
+  dout.reset();
+  if (exchange) {
+    // Back to this rank's tokens; a kv head replicated on several ranks sums their gradients.
+    auto to_tokens = [&](OwnedTensor& heads, HeadKind kind, int64_t width, const char* what) {
+      OwnedTensor seq = device(Shape{N, width}, LiveSet::workspace, what);
+      schedules::heads_to_seq(heads, seq.view().reshape(U.seq_shape(kind)), kind, true, staging,
+                              U, comm_, stream_);
+      heads.reset();
+      return seq;
+    };
+    dq = to_tokens(dq, HeadKind::query, nh * d, "dq (token layout)");
+    dk = to_tokens(dk, HeadKind::kv, nkv * d, "dk (token layout)");
+    dv = to_tokens(dv, HeadKind::kv, nkv * d, "dv (token layout)");
+  }
+  ops::rope_backward_cpu(dq.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta, stream_);
+  ops::rope_backward_cpu(dk.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta, stream_);
+  OwnedTensor dn1 = device(Shape{N, H}, LiveSet::workspace, "d input norm");
+  ops::linear_backward_cpu(a.n1, w.value(L.q), dq.view().reshape(Shape{N, nh * d}), dn1, false,
+                           w.grad(L.q), stream_);
+  ops::linear_backward_cpu(a.n1, w.value(L.k), dk.view().reshape(Shape{N, nkv * d}), dn1, true,
+                           w.grad(L.k), stream_);
+  ops::linear_backward_cpu(a.n1, w.value(L.v), dv.view().reshape(Shape{N, nkv * d}), dn1, true,
+                           w.grad(L.v), stream_);
+  OwnedTensor dx = device(Shape{N, H}, LiveSet::workspace, "d layer input");
+  ops::rmsnorm_backward_cpu(x, w.value(L.input_norm), a.rstd1, dn1, dx, w.grad(L.input_norm), stream_);
+  ops::add_cpu(dx, dh, dx, stream_);
+  return dx;
+}
+
+OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor& x,
+                                        const TokenBatch& batch, LayerActivations& a, bool recompute) {
+  const LayerParamIndex& L = params_.layout().layers[layer];
+  const int64_t N = x.size(0), H = model_.hidden_size;
+  const int64_t E = model_.num_local_experts, k = model_.num_experts_per_tok;
+
+  a.h = attention_forward(L, w, x, batch, a);
 
   // MoE block: n2 = norm(h); router; y = h + sum of weighted experts.
   a.n2 = device(Shape{N, H}, LiveSet::workspace, "post-attention norm");
   a.rstd2 = device(Shape{N}, LiveSet::workspace, "post-attention norm rstd");
-  ops::rmsnorm_forward_cpu(a.h, w(L.post_norm), model_.rms_norm_eps, a.n2, a.rstd2, stream_);
+  ops::rmsnorm_forward_cpu(a.h, w.value(L.post_norm), model_.rms_norm_eps, a.n2, a.rstd2, stream_);
   a.probs = device(Shape{N, E}, LiveSet::workspace, "router probabilities");
   a.topk_index = OwnedTensor::device(backend_, Shape{N, k}, DType::i32, LiveSet::workspace, "top-k experts");
   a.topk_weight = device(Shape{N, k}, LiveSet::workspace, "top-k weights");
   {
     OwnedTensor router_logits = device(Shape{N, E}, LiveSet::workspace, "router logits");
-    ops::linear_forward_cpu(a.n2, w(L.gate), router_logits, false, stream_);
+    ops::linear_forward_cpu(a.n2, w.value(L.gate), router_logits, false, stream_);
     ops::router_forward_cpu(router_logits, static_cast<int>(k), a.probs, a.topk_index,
                             a.topk_weight, stream_);
   }
   OwnedTensor y = device(Shape{N, H}, LiveSet::boundaries, "layer output");
   ops::copy_cpu(a.h, y, stream_);
-  if (!a.dispatch) a.dispatch = std::make_unique<schedules::StandardDispatch>(backend_, stream_, dtype_);
-  a.dispatch->forward(a.n2, a.topk_index, a.topk_weight, experts_of(layer), y);
+  if (!a.dispatch) a.dispatch = make_dispatch();
+  a.dispatch->forward(a.n2, a.topk_index, a.topk_weight, local_experts_of(layer), y);
   if (!recompute) {
     expert_load_[layer] = a.dispatch->expert_counts();
     if (model_.router_aux_loss_coef != 0.0) accumulate_router_prob_sums(a.probs);
@@ -127,105 +241,109 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Tensor& x, const TokenB
   return y;
 }
 
-OwnedTensor MixtralModel::layer_backward(int layer, const Tensor& dy, const Tensor& x,
+OwnedTensor MixtralModel::layer_backward(int layer, const Group& w, const Tensor& dy, const Tensor& x,
                                          const TokenBatch& batch, LayerActivations& a) {
   const LayerParamIndex& L = params_.layout().layers[layer];
-  const auto [N, H, B, T, nh, nkv, d, E, k] = layer_dims_of(model_, x, batch);
-  auto w = [&](int i) { return params_.value(i); };
-  auto g = [&](int i) { return params_.grad(i); };
+  const int64_t N = x.size(0), H = model_.hidden_size;
+  const int64_t E = model_.num_local_experts, k = model_.num_experts_per_tok;
 
   // MoE block: dh = dy (residual) + norm backward of (experts' and router's dn2).
   OwnedTensor dn2 = device(Shape{N, H}, LiveSet::workspace, "d post-attention norm");
   ops::fill(dn2, 0.0, stream_);
   {
     OwnedTensor dtopk_weight = device(Shape{N, k}, LiveSet::workspace, "d top-k weights");
-    a.dispatch->backward(dy, experts_of(layer), dn2, dtopk_weight);
+    a.dispatch->backward(dy, local_experts_of(layer), dn2, dtopk_weight);
     OwnedTensor drouter = device(Shape{N, E}, LiveSet::workspace, "d router logits");
     ops::router_backward_cpu(a.probs, a.topk_index, a.topk_weight, dtopk_weight, drouter, stream_);
     if (aux_dprobs_.view().defined()) ops::router_aux_backward_cpu(a.probs, aux_dprobs_, drouter, stream_);
-    ops::linear_backward_cpu(a.n2, w(L.gate), drouter, dn2, true, g(L.gate), stream_);
+    ops::linear_backward_cpu(a.n2, w.value(L.gate), drouter, dn2, true, w.grad(L.gate), stream_);
   }
   OwnedTensor dh = device(Shape{N, H}, LiveSet::workspace, "d attention residual");
-  ops::rmsnorm_backward_cpu(a.h, w(L.post_norm), a.rstd2, dn2, dh, g(L.post_norm), stream_);
+  ops::rmsnorm_backward_cpu(a.h, w.value(L.post_norm), a.rstd2, dn2, dh, w.grad(L.post_norm), stream_);
   dn2.reset();
   ops::add_cpu(dh, dy, dh, stream_);
 
-  // Attention block.
-  OwnedTensor dattn = device(Shape{N, nh * d}, LiveSet::workspace, "d attention output");
-  ops::linear_backward_cpu(a.attn, w(L.o), dh, dattn, false, g(L.o), stream_);
-  OwnedTensor dq = device(Shape{N, nh * d}, LiveSet::workspace, "dq");
-  OwnedTensor dk = device(Shape{N, nkv * d}, LiveSet::workspace, "dk");
-  OwnedTensor dv = device(Shape{N, nkv * d}, LiveSet::workspace, "dv");
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  ops::attention_backward_cpu(
-      a.q.view().reshape(Shape{B, T, nh, d}), a.k.view().reshape(Shape{B, T, nkv, d}),
-      a.v.view().reshape(Shape{B, T, nkv, d}), a.attn.view().reshape(Shape{B, T, nh, d}), a.lse,
-      dattn.view().reshape(Shape{B, T, nh, d}), scale, dq.view().reshape(Shape{B, T, nh, d}),
-      dk.view().reshape(Shape{B, T, nkv, d}), dv.view().reshape(Shape{B, T, nkv, d}), stream_);
-  dattn.reset();
-  ops::rope_backward_cpu(dq.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta, stream_);
-  ops::rope_backward_cpu(dk.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta, stream_);
-  OwnedTensor dn1 = device(Shape{N, H}, LiveSet::workspace, "d input norm");
-  ops::linear_backward_cpu(a.n1, w(L.q), dq, dn1, false, g(L.q), stream_);
-  ops::linear_backward_cpu(a.n1, w(L.k), dk, dn1, true, g(L.k), stream_);
-  ops::linear_backward_cpu(a.n1, w(L.v), dv, dn1, true, g(L.v), stream_);
-  OwnedTensor dx = device(Shape{N, H}, LiveSet::workspace, "d layer input");
-  ops::rmsnorm_backward_cpu(x, w(L.input_norm), a.rstd1, dn1, dx, g(L.input_norm), stream_);
-  ops::add_cpu(dx, dh, dx, stream_);
+  OwnedTensor dx = attention_backward(L, w, dh, x, batch, a);
   a.release();
   return dx;
 }
 
 double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward) {
-  const int64_t N = batch.batch * batch.seq_len, H = model_.hidden_size;
+  const int W = comm_.world_size();
+  const int64_t B = batch.batch, T = batch.seq_len, H = model_.hidden_size;
   const int Lc = static_cast<int>(model_.num_hidden_layers);
+  check_layout(model_, B, T, W);
+  ulysses_ = schedules::UlyssesLayout::make(B, T, W, comm_.rank(), model_.num_attention_heads,
+                                            model_.num_key_value_heads, model_.head_dim_resolved());
+  const int64_t N = ulysses_.local_tokens();
   MOEPEAK_CHECK(batch.input_ids.numel() == N && batch.labels.numel() == N &&
                     batch.positions.numel() == N,
-                "batch of ", batch.batch, " x ", batch.seq_len, " tokens with input_ids ",
-                batch.input_ids.str(), ", labels ", batch.labels.str(), ", positions ",
-                batch.positions.str());
+                "rank ", comm_.rank(), " of ", W, ": a batch of ", B, " x ", T, " tokens needs ", N,
+                " tokens per rank, not input_ids ", batch.input_ids.str(), ", labels ",
+                batch.labels.str(), ", positions ", batch.positions.str());
   MOEPEAK_CHECK(loss_tokens > 0, "a batch with no scored tokens (every label is -100)");
-  const ParamLayout& P = params_.layout();
   expert_load_.assign(static_cast<size_t>(Lc), {});
   router_prob_sums_.assign(static_cast<size_t>(model_.num_local_experts), 0.0);
+  const auto forward_parts = GatherParts::values;
+  const auto backward_parts = GatherParts::values_and_grads;
+  const ParamLayout& P = params_.layout();
 
   // inputs[l] is layer l's input (the checkpoint boundary); inputs[L] feeds the final norm.
   std::vector<OwnedTensor> inputs(static_cast<size_t>(Lc) + 1);
   std::vector<LayerActivations> acts(static_cast<size_t>(Lc));
   inputs[0] = device(Shape{N, H}, LiveSet::boundaries, "embedding output");
-  ops::embedding_forward_cpu(batch.input_ids, params_.value(P.embed), inputs[0], stream_);
+  {
+    Group embed = params_.gather(groups_.front(), stream_, forward_parts);
+    ops::embedding_forward_cpu(batch.input_ids, embed.value(P.embed), inputs[0], stream_);
+  }
   for (int l = 0; l < Lc; ++l) {
-    inputs[l + 1] = layer_forward(l, inputs[l], batch, acts[l], false);
+    // Without checkpointing, backward reuses this forward's activations but gathers the weights
+    // again; with it, backward recomputes the layer from its input under one backward gather.
+    Group w = params_.gather(groups_[1 + l], stream_, forward_parts);
+    inputs[l + 1] = layer_forward(l, w, inputs[l], batch, acts[l], false);
     if (checkpoint_ == CheckpointSchedule::standard || !with_backward) acts[l].release();
     if (!with_backward) inputs[l].reset();
   }
 
+  Group head = params_.gather(groups_.back(), stream_, with_backward ? backward_parts : forward_parts);
   OwnedTensor xf = device(Shape{N, H}, LiveSet::workspace, "final norm");
   OwnedTensor rstdf = device(Shape{N}, LiveSet::workspace, "final norm rstd");
-  ops::rmsnorm_forward_cpu(inputs[Lc], params_.value(P.final_norm), model_.rms_norm_eps, xf, rstdf,
-                           stream_);
+  ops::rmsnorm_forward_cpu(inputs[Lc], head.value(P.final_norm), model_.rms_norm_eps, xf, rstdf, stream_);
   schedules::MaterializedVocab vocab(backend_, stream_, dtype_);
-  double loss = vocab.forward(xf, params_.value(P.lm_head), batch.labels,
+  double loss = vocab.forward(xf, head.value(P.lm_head), batch.labels,
                               1.0 / static_cast<double>(loss_tokens));
-  if (model_.router_aux_loss_coef != 0.0) loss += router_aux_loss(N, with_backward);
+  if (W > 1) {
+    double total[1] = {loss};
+    all_reduce_host(comm_, backend_, stream_, total);
+    loss = total[0];
+  }
+  if (model_.router_aux_loss_coef != 0.0) loss += router_aux_loss(B * T, with_backward);
   if (!with_backward) return loss;
 
   OwnedTensor dxf = device(Shape{N, H}, LiveSet::workspace, "d final norm");
-  vocab.backward(xf, params_.value(P.lm_head), dxf, params_.grad(P.lm_head));
+  vocab.backward(xf, head.value(P.lm_head), dxf, head.grad(P.lm_head));
   OwnedTensor dx = device(Shape{N, H}, LiveSet::workspace, "d final hidden");
-  ops::rmsnorm_backward_cpu(inputs[Lc], params_.value(P.final_norm), rstdf, dxf, dx,
-                            params_.grad(P.final_norm), stream_);
+  ops::rmsnorm_backward_cpu(inputs[Lc], head.value(P.final_norm), rstdf, dxf, dx,
+                            head.grad(P.final_norm), stream_);
   xf.reset();
   dxf.reset();
   inputs[Lc].reset();
+  head.reduce_scatter_grads(stream_);
+  head = Group();
   for (int l = Lc - 1; l >= 0; --l) {
+    Group w = params_.gather(groups_[1 + l], stream_, backward_parts);
     if (checkpoint_ == CheckpointSchedule::standard) {
-      layer_forward(l, inputs[l], batch, acts[l], true);  // recompute; the output is dropped
+      layer_forward(l, w, inputs[l], batch, acts[l], true);  // recompute; the output is dropped
     }
-    dx = layer_backward(l, dx, inputs[l], batch, acts[l]);
+    dx = layer_backward(l, w, dx, inputs[l], batch, acts[l]);
+    w.reduce_scatter_grads(stream_);
     if (l > 0) inputs[l].reset();
   }
-  ops::embedding_backward_cpu(batch.input_ids, dx, params_.grad(P.embed), stream_);
+  {
+    Group embed = params_.gather(groups_.front(), stream_, GatherParts::grads);
+    ops::embedding_backward_cpu(batch.input_ids, dx, embed.grad(P.embed), stream_);
+    embed.reduce_scatter_grads(stream_);
+  }
   stream_.synchronize();
   aux_dprobs_.reset();
   return loss;
@@ -233,14 +351,20 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
 
 void MixtralModel::accumulate_router_prob_sums(const Tensor& probs) {
   const int64_t N = probs.size(0), E = probs.size(1);
-  const std::vector<double> host = copy_to_host_as_double(probs, backend_, stream_);
+  std::vector<double> host = copy_to_host_as_double(probs, backend_, stream_);
+  std::vector<double> sums(static_cast<size_t>(E), 0.0);
   for (int64_t n = 0; n < N; ++n) {
-    for (int64_t e = 0; e < E; ++e) router_prob_sums_[e] += host[n * E + e];
+    for (int64_t e = 0; e < E; ++e) sums[e] += host[n * E + e];
   }
+  // NOTES: each rank sums its own tokens first, then the ranks' sums are added; on one rank the
+  // order is the plain token order, so W ranks agree with one rank to rounding, not bitwise.
+  if (comm_.world_size() > 1) all_reduce_host(comm_, backend_, stream_, sums);
+  for (int64_t e = 0; e < E; ++e) router_prob_sums_[e] += sums[e];
 }
 
 double MixtralModel::router_aux_loss(int64_t tokens, bool with_backward) {
-  // Mixtral's load_balancing_loss_func over all layers' router rows (R = tokens x layers):
+  // Mixtral's load_balancing_loss_func over all layers' router rows (R = tokens x layers, the
+  // job's tokens):
   //   aux = E * sum_e (c_e / R) * (S_e / R),  c_e = routed (token, slot) pairs to e, S_e = sum of
   //   probs[., e]; d aux / d probs[row, e] = E * c_e / R^2 for every row of every layer.
   const int64_t E = model_.num_local_experts;

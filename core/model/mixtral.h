@@ -1,78 +1,114 @@
-// The Mixtral decoder (DESIGN.md §5) on one rank: forward and backward of a batch with the
-// standard schedule of each live set — materialised logits, all-at-once expert dispatch, and
-// per-layer gradient checkpointing ("none": every activation kept; "standard": only each layer's
-// input kept, the layer recomputed in backward).
+// The Mixtral decoder (DESIGN.md §5) on W ranks in the layout of DESIGN.md §6 (W = 1 is one
+// rank): forward and backward of a batch with the standard schedule of each live set —
+// materialised logits, all-at-once expert dispatch, and per-layer gradient checkpointing ("none":
+// every activation kept; "standard": only each layer's input kept, the layer recomputed in
+// backward).
 //
-//   input_ids, labels, positions (N) i64 with N = B*T tokens, sequence-major
+//   this rank's tokens  N = B*T/W: positions [r*T/W, (r+1)*T/W) of each of the B sequences
+//   input_ids, labels, positions (N) i64, sequence-major, positions global
 //   embedding -> L x [x += attn(norm(x)); x += moe(norm(x))] -> norm -> lm_head -> cross-entropy
 //
-// Live sets: weights and grads (ParamStore), attention (norm, q, k, v, attention output, lse),
-// dispatch (StandardDispatch), logits (MaterializedVocab), boundaries (each layer's output, the
-// next layer's input), workspace (everything else).
+// Parallel layout (W > 1; with W = 1 every exchange below is skipped and every gather is a view):
+//   - parameters: ZeroParamStore — dense tensors ZeRO-3 sharded, gathered one group at a time
+//     (the embedding, each layer's attention/norms/router, the final norm with the LM head) right
+//     before use in forward and again in backward, their gradients reduce-scattered after use;
+//     expert e whole on rank e / (E/W);
+//   - attention: q, k, v from this rank's tokens, RoPE at global positions, then Ulysses
+//     all-to-alls to whole sequences of nh/W query heads (and their kv heads, replicated when
+//     nkv < W), attention, and back (ops/schedules/ulysses.h);
+//   - MoE: router on this rank's tokens, ExpertParallelDispatch to the experts' ranks;
+//   - loss: each rank's share of the global mean, all-reduced; the load-balancing loss from the
+//     job-wide expert counts and router-probability sums.
+//
+// Live sets: weights and grads (ZeroParamStore: shards, local experts, the gathered group),
+// attention (norm, q, k, v, attention output, lse, exchange staging), dispatch (the expert
+// dispatcher), logits (MaterializedVocab), boundaries (each layer's output, the next layer's
+// input), workspace (everything else).
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "core/comm/comm.h"
 #include "core/config/config.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/zero_params.h"
 #include "core/runtime/backend.h"
-#include "ops/schedules/dispatch_standard.h"
-#include "ops/schedules/vocab_materialized.h"
+#include "ops/schedules/dispatch.h"
+#include "ops/schedules/ulysses.h"
 
 namespace moepeak {
 
 struct TokenBatch {
-  Tensor input_ids;  // (N) i64, device
+  Tensor input_ids;  // (N) i64, device; N = batch * seq_len / W, this rank's slice of each sequence
   Tensor labels;     // (N) i64, device; -100 = not scored
   Tensor positions;  // (N) i64, device; global positions in each sequence
-  int64_t batch = 0, seq_len = 0;
-  int64_t scored_tokens = 0;  // labels != -100 (the loss is their mean)
+  int64_t batch = 0, seq_len = 0;  // B and the whole sequence length T (not T/W)
+  int64_t scored_tokens = 0;  // this rank's labels != -100
 };
 
 class MixtralModel {
  public:
-  // dtype: f32 (training on the CPU) or f64 (gradient checks).
-  MixtralModel(Backend& backend, Stream& stream, const ModelConfig& model,
+  // dtype: f32 (training on the CPU) or f64 (gradient checks). `comm` spans the W ranks (a
+  // single-rank Comm for W = 1); E must be a multiple of W.
+  MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                CheckpointSchedule checkpoint, DType dtype);
   ~MixtralModel();
 
-  ParamStore& params() { return params_; }
-  const ModelConfig& config() const { return model_; }
+  // Throws moepeak::Error, naming the numbers, unless a batch of B x T tokens can be trained on
+  // W ranks: E % W == 0 and the sequence-parallel attention's conditions (UlyssesLayout::make).
+  // Not collective: every rank reaches the same verdict before any work.
+  static void check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len, int world);
 
-  // Mean cross-entropy over the scored tokens (plus router_aux_loss_coef times Mixtral's
-  // load-balancing loss when the coefficient is not 0, as HF's MixtralForCausalLM reports it),
-  // and its gradients accumulated (+=) into
-  // params().flat_grads(). loss_tokens: the number of scored tokens the mean is over (the global
-  // count when the batch is one rank's share).
+  ZeroParamStore& params() { return params_; }
+  const ZeroParamStore& params() const { return params_; }
+  const ModelConfig& config() const { return model_; }
+  Comm& comm() const { return comm_; }
+
+  // The job's mean cross-entropy over the scored tokens (plus router_aux_loss_coef times
+  // Mixtral's load-balancing loss when the coefficient is not 0, as HF's MixtralForCausalLM
+  // reports it) — the same value on every rank — and its gradients accumulated (+=) into this
+  // rank's params().flat_grads() (dense shards: the sum over ranks; local experts).
+  // loss_tokens: the number of scored tokens of the whole global batch. Collective.
   double forward_backward(const TokenBatch& batch, int64_t loss_tokens);
-  // The same loss without gradients (evaluation, finite differences).
+  // The same loss without gradients (evaluation, finite differences). Collective.
   double forward_loss(const TokenBatch& batch, int64_t loss_tokens);
 
-  // Tokens routed to each expert of each layer in the last forward: [layer][expert].
+  // Tokens routed to each expert of each layer in the last forward, over the job: [layer][expert].
   const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }
 
  private:
   struct LayerActivations;
-  OwnedTensor layer_forward(int layer, const Tensor& x, const TokenBatch& batch,
+  using Group = ZeroParamStore::GatheredGroup;
+  OwnedTensor layer_forward(int layer, const Group& w, const Tensor& x, const TokenBatch& batch,
                             LayerActivations& acts, bool recompute);
-  OwnedTensor layer_backward(int layer, const Tensor& dy, const Tensor& x, const TokenBatch& batch,
-                             LayerActivations& acts);
+  OwnedTensor layer_backward(int layer, const Group& w, const Tensor& dy, const Tensor& x,
+                             const TokenBatch& batch, LayerActivations& acts);
+  // h = x + o_proj(attention(norm(x))), keeping what attention_backward needs.
+  OwnedTensor attention_forward(const LayerParamIndex& L, const Group& w, const Tensor& x,
+                                const TokenBatch& batch, LayerActivations& a);
+  // dx = d layer input from dh (the residual's gradient), param grads += into the group.
+  OwnedTensor attention_backward(const LayerParamIndex& L, const Group& w, const Tensor& dh,
+                                 const Tensor& x, const TokenBatch& batch, LayerActivations& a);
   double run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward);
-  std::vector<schedules::ExpertWeights> experts_of(int layer) const;
+  std::unique_ptr<schedules::ExpertDispatch> make_dispatch() const;
+  std::vector<schedules::ExpertWeights> local_experts_of(int layer) const;
   // Mixtral's auxiliary load-balancing loss (router_aux_loss_coef > 0), HF's formula over all
-  // layers: adds each layer's column sums of the router probabilities, then forms the loss and
-  // (for backward) its constant per-expert gradient with respect to the probabilities.
+  // layers and the job's tokens: adds each layer's column sums of the router probabilities,
+  // then forms the loss and (for backward) its constant per-expert gradient with respect to the
+  // probabilities.
   void accumulate_router_prob_sums(const Tensor& probs);
   double router_aux_loss(int64_t tokens, bool with_backward);
   OwnedTensor device(Shape shape, LiveSet set, const char* what) const;
 
   Backend& backend_;
   Stream& stream_;
+  Comm& comm_;
   ModelConfig model_;
   CheckpointSchedule checkpoint_;
   DType dtype_;
-  ParamStore params_;
+  ZeroParamStore params_;
+  std::vector<std::vector<int>> groups_;  // zero_gather_groups: embed, layers..., final norm + head
+  schedules::UlyssesLayout ulysses_;      // of the current batch
   std::vector<std::vector<int64_t>> expert_load_;
   std::vector<double> router_prob_sums_;  // per expert, over all layers of the current forward
   OwnedTensor aux_dprobs_;                // (E) d(coef * aux)/d probs, during backward

@@ -88,7 +88,7 @@ ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world
 }
 
 ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
-                              std::span<const int> params) {
+                              std::span<const int> params, GatherParts parts) {
   ParamLayout layout(model);
   std::vector<int> expert = expert_of(layout);
   int64_t elements = 0;
@@ -97,8 +97,9 @@ ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, int world_s
     if (expert[p] >= 0) continue;
     elements += align_up(world_size * shard_size(layout.params()[p].shape.numel(), world_size));
   }
+  if (world_size == 1) return ZeroBytes{};  // views of the stored tensors
   uint64_t b = footprint(elements, dtype);
-  return ZeroBytes{b, b};
+  return ZeroBytes{parts == GatherParts::grads ? 0 : b, parts == GatherParts::values ? 0 : b};
 }
 
 ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int world_size) {
@@ -146,7 +147,7 @@ ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType
   for (size_t i = 0; i < info_.size(); ++i) {
     if (info_[i].offset < 0) continue;
     int p = static_cast<int>(i);
-    pieces_.push_back(LocalPiece{p, piece(values_, p), piece(grads_, p),
+    pieces_.push_back(LocalPiece{p, piece(values_.view(), p), piece(grads_.view(), p),
                                  layout_.params()[i].is_norm, info_[i].expert >= 0});
   }
 }
@@ -158,8 +159,11 @@ int ZeroParamStore::expert_owner(int param) const {
   return e / per_rank;
 }
 
-Tensor ZeroParamStore::piece(const OwnedTensor& flat, int param) const {
+Tensor ZeroParamStore::piece(const Tensor& flat, int param) const {
   const Info& info = info_.at(param);
+  MOEPEAK_CHECK(flat.numel() == values_.view().numel() && flat.dtype() == dtype_,
+                "a flat buffer laid out like this rank's parameters has ", values_.view().numel(),
+                " elements of ", dtype_name(dtype_), ", not ", flat.str());
   MOEPEAK_CHECK(info.offset >= 0, layout_.params()[param].name, " is expert ", info.expert,
                 " of rank ", expert_owner(param), ", not stored on rank ", rank_);
   char* base = static_cast<char*>(flat.data()) + info.offset * dtype_size(dtype_);
@@ -167,8 +171,8 @@ Tensor ZeroParamStore::piece(const OwnedTensor& flat, int param) const {
   return Tensor(base, shape, dtype_, Placement::device, &backend_);
 }
 
-Tensor ZeroParamStore::local_value(int param) const { return piece(values_, param); }
-Tensor ZeroParamStore::local_grad(int param) const { return piece(grads_, param); }
+Tensor ZeroParamStore::local_value(int param) const { return piece(values_.view(), param); }
+Tensor ZeroParamStore::local_grad(int param) const { return piece(grads_.view(), param); }
 
 void ZeroParamStore::initialize(uint64_t seed, double initializer_range, Stream& stream) {
   // Generated on the host in float64 (only this rank's elements), converted and copied in.
@@ -193,10 +197,11 @@ void ZeroParamStore::zero_grads(Stream& stream) {
   backend_.memset_async(grads_.data(), 0, grads_.nbytes(), stream);
 }
 
-ZeroParamStore::GatheredGroup ZeroParamStore::gather(std::span<const int> params,
-                                                     Stream& stream) const {
+ZeroParamStore::GatheredGroup ZeroParamStore::gather(std::span<const int> params, Stream& stream,
+                                                     GatherParts parts) const {
   GatheredGroup g;
   g.store_ = this;
+  g.parts_ = parts;
   g.params_.assign(params.begin(), params.end());
   g.slot_.assign(info_.size(), -1);
   int64_t total = 0;
@@ -204,25 +209,31 @@ ZeroParamStore::GatheredGroup ZeroParamStore::gather(std::span<const int> params
     MOEPEAK_CHECK(p >= 0 && p < static_cast<int>(info_.size()), "gather: no parameter ", p);
     MOEPEAK_CHECK(g.slot_[p] < 0, "gather: ", layout_.params()[p].name, " named twice");
     if (info_[p].expert >= 0) {
-      piece(values_, p);  // throws unless it is one of this rank's experts
-      g.slot_[p] = 0;     // marks it present; experts are read from the store
+      local_value(p);  // throws unless it is one of this rank's experts
+      g.slot_[p] = 0;  // marks it present; experts are read from the store
       continue;
     }
     g.slot_[p] = total;
     total += align_up(world_ * info_[p].local_numel);
   }
-  if (total == 0) return g;
-  g.values_ = OwnedTensor::device(backend_, Shape{total}, dtype_, LiveSet::weights,
-                                  "ZeRO-3 gathered weights");
-  g.grads_ = OwnedTensor::device(backend_, Shape{total}, dtype_, LiveSet::grads,
-                                 "ZeRO-3 gathered grads");
-  backend_.memset_async(g.grads_.data(), 0, g.grads_.nbytes(), stream);
+  // NOTES: with one rank a shard is the whole tensor, so the group reads and accumulates into
+  // the store itself (value()/grad() check world_ before they look at the buffers).
+  if (total == 0 || world_ == 1) return g;
   const size_t b = dtype_size(dtype_);
-  for (int p : params) {
-    if (info_[p].expert >= 0) continue;
-    char* dst = static_cast<char*>(g.values_.data()) + g.slot_[p] * b;
-    comm_.all_gather(local_value(p).data(), dst, static_cast<size_t>(info_[p].local_numel),
-                     dtype_, stream);
+  if (parts != GatherParts::grads) {
+    g.values_ = OwnedTensor::device(backend_, Shape{total}, dtype_, LiveSet::weights,
+                                    "ZeRO-3 gathered weights");
+    for (int p : params) {
+      if (info_[p].expert >= 0) continue;
+      char* dst = static_cast<char*>(g.values_.data()) + g.slot_[p] * b;
+      comm_.all_gather(local_value(p).data(), dst, static_cast<size_t>(info_[p].local_numel),
+                       dtype_, stream);
+    }
+  }
+  if (parts != GatherParts::values) {
+    g.grads_ = OwnedTensor::device(backend_, Shape{total}, dtype_, LiveSet::grads,
+                                   "ZeRO-3 gathered grads");
+    backend_.memset_async(g.grads_.data(), 0, g.grads_.nbytes(), stream);
   }
   return g;
 }
@@ -231,24 +242,33 @@ Tensor ZeroParamStore::GatheredGroup::value(int param) const {
   MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
   MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(slot_.size()) && slot_[param] >= 0,
                 "GatheredGroup: parameter ", param, " was not gathered");
+  const Shape& shape = store_->layout_.params()[param].shape;
   if (store_->is_expert(param)) return store_->local_value(param);
+  MOEPEAK_CHECK(parts_ != GatherParts::grads, "GatheredGroup: ",
+                store_->layout_.params()[param].name, " was gathered for its gradient only");
+  if (store_->world_ == 1) return store_->local_value(param).reshape(shape);
   char* base = static_cast<char*>(values_.data()) + slot_[param] * dtype_size(store_->dtype_);
-  return Tensor(base, store_->layout_.params()[param].shape, store_->dtype_, Placement::device,
-                &store_->backend_);
+  return Tensor(base, shape, store_->dtype_, Placement::device, &store_->backend_);
 }
 
 Tensor ZeroParamStore::GatheredGroup::grad(int param) const {
   MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
   MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(slot_.size()) && slot_[param] >= 0,
                 "GatheredGroup: parameter ", param, " was not gathered");
+  const Shape& shape = store_->layout_.params()[param].shape;
   if (store_->is_expert(param)) return store_->local_grad(param);
+  MOEPEAK_CHECK(parts_ != GatherParts::values, "GatheredGroup: ",
+                store_->layout_.params()[param].name, " was gathered without its gradient");
+  if (store_->world_ == 1) return store_->local_grad(param).reshape(shape);
   char* base = static_cast<char*>(grads_.data()) + slot_[param] * dtype_size(store_->dtype_);
-  return Tensor(base, store_->layout_.params()[param].shape, store_->dtype_, Placement::device,
-                &store_->backend_);
+  return Tensor(base, shape, store_->dtype_, Placement::device, &store_->backend_);
 }
 
 void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream) {
   MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
+  MOEPEAK_CHECK(parts_ != GatherParts::values,
+                "GatheredGroup: reduce_scatter_grads of a group gathered without gradients");
+  if (store_->world_ == 1) return;  // the grads were accumulated in place
   int64_t largest = 0;
   for (int p : params_) {
     if (!store_->is_expert(p)) largest = std::max(largest, store_->info_[p].local_numel);
@@ -270,6 +290,10 @@ void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream) {
 }
 
 std::vector<char> ZeroParamStore::gather_full(int param, Stream& stream) const {
+  return gather_full(param, values_.view(), stream);
+}
+
+std::vector<char> ZeroParamStore::gather_full(int param, const Tensor& flat, Stream& stream) const {
   MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(info_.size()), "no parameter ", param);
   const Info& info = info_[param];
   const size_t b = dtype_size(dtype_);
@@ -278,7 +302,7 @@ std::vector<char> ZeroParamStore::gather_full(int param, Stream& stream) const {
   if (info.expert < 0) {
     OwnedTensor tmp = OwnedTensor::device(backend_, Shape{world_ * info.local_numel}, dtype_,
                                           LiveSet::workspace, "ZeRO-3 gather_full");
-    comm_.all_gather(local_value(param).data(), tmp.data(),
+    comm_.all_gather(piece(flat, param).data(), tmp.data(),
                      static_cast<size_t>(info.local_numel), dtype_, stream);
     backend_.copy_async(full.data(), tmp.data(), full.size(), CopyKind::device_to_host, stream);
     stream.synchronize();
@@ -288,7 +312,7 @@ std::vector<char> ZeroParamStore::gather_full(int param, Stream& stream) const {
   OwnedTensor tmp = OwnedTensor::device(backend_, Shape{n}, dtype_, LiveSet::workspace,
                                         "ZeRO-3 gather_full");
   if (owner == rank_) {
-    backend_.copy_async(tmp.data(), local_value(param).data(), full.size(),
+    backend_.copy_async(tmp.data(), piece(flat, param).data(), full.size(),
                         CopyKind::device_to_device, stream);
   }
   comm_.broadcast(tmp.data(), static_cast<size_t>(n), dtype_, owner, stream);
@@ -298,12 +322,16 @@ std::vector<char> ZeroParamStore::gather_full(int param, Stream& stream) const {
 }
 
 void ZeroParamStore::load_full(int param, const void* full, Stream& stream) {
+  load_full(param, full, values_.view(), stream);
+}
+
+void ZeroParamStore::load_full(int param, const void* full, const Tensor& flat, Stream& stream) {
   MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(info_.size()), "no parameter ", param);
   const Info& info = info_[param];
   if (info.offset < 0) return;  // another rank's expert
   const size_t b = dtype_size(dtype_);
   const int64_t n = layout_.params()[param].shape.numel();
-  Tensor dst = local_value(param);
+  Tensor dst = piece(flat, param);
   if (info.expert >= 0) {
     backend_.copy_async(dst.data(), full, static_cast<size_t>(n) * b, CopyKind::host_to_device,
                         stream);

@@ -16,15 +16,22 @@
 // A layer is used through a GatheredGroup (RAII): gather() all-gathers the full dense tensors into
 // one `weights` buffer (one all_gather per tensor, straight into its place: rank q's shard lands at
 // q*s_i, so no staging or reordering; the gathered slot of a tensor is W*s_i elements, aligned)
-// and allocates a zeroed `grads` buffer of the same layout; reduce_scatter_grads() sums the
-// gathered grads over ranks into this rank's shard grads (+=: one reduce_scatter per tensor into a
-// `workspace` temporary of max s_i, then an add). Expert params of this rank may be named in a
-// group: value/grad return the stored tensors. Destroying the group frees both buffers at once
-// (host-side, as every Buffer: safe when all their uses ran on the stream the next owner uses).
+// and, for backward, allocates a zeroed `grads` buffer of the same layout; reduce_scatter_grads()
+// sums the gathered grads over ranks into this rank's shard grads (+=: one reduce_scatter per
+// tensor into a `workspace` temporary of max s_i, then an add). GatherParts says which of the two
+// buffers a use needs (forward: values; embedding backward: grads). Expert params of this rank
+// may be named in a group: value/grad return the stored tensors. Destroying the group frees both
+// buffers at once (host-side, as every Buffer: safe when all their uses ran on the stream the
+// next owner uses).
+//
+// One rank (W = 1): the shards are the whole tensors, so a group is views of the stored tensors:
+// gather() allocates and copies nothing, grads accumulate straight into the stored grads and
+// reduce_scatter_grads() does nothing. The single-rank model thus has the one-rank memory profile.
 //
 // Memory (per rank, bytes as the arena counts them, DeviceArena::footprint):
 //   persistent weights = persistent grads = footprint(sum_i align(piece_i) * b)
-//   gathered weights   = gathered grads   = footprint(sum_{i in group} align(W*s_i) * b)
+//   gathered weights   = gathered grads   = footprint(sum_{i in group} align(W*s_i) * b)  (W > 1;
+//   0 for W = 1, and 0 for a part the GatherParts leaves out)
 // zero_persistent_bytes / zero_gathered_bytes / zero_largest_gathered_bytes give these to the
 // planner; the largest group is over zero_gather_groups(): the embedding, each decoder layer's
 // dense params, and the final norm with the LM head.
@@ -42,6 +49,10 @@
 
 namespace moepeak {
 
+// Which buffers a gathered group allocates: full weights (forward, recompute), zeroed gradient
+// accumulators (backward of ops that need no weights, e.g. the embedding), or both (backward).
+enum class GatherParts { values, grads, values_and_grads };
+
 // Bytes of one kind of buffer in the `weights` and in the `grads` live set.
 struct ZeroBytes {
   uint64_t weights = 0, grads = 0;
@@ -53,9 +64,11 @@ struct ZeroBytes {
 std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout);
 // Persistent shard + local-expert buffers of one rank (the same on every rank).
 ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size);
-// The buffers gather(params) allocates (expert params in `params` cost nothing).
+// The buffers gather(params, parts) allocates (expert params in `params` cost nothing; W = 1
+// costs nothing).
 ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
-                              std::span<const int> params);
+                              std::span<const int> params,
+                              GatherParts parts = GatherParts::values_and_grads);
 // The largest over zero_gather_groups().
 ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int world_size);
 
@@ -75,6 +88,7 @@ class ZeroParamStore {
     GatheredGroup& operator=(GatheredGroup&&) noexcept = default;
 
     // The full tensor of a gathered dense param, or the stored tensor of a local expert param.
+    // Error if the part was not gathered.
     Tensor value(int param) const;
     Tensor grad(int param) const;
     // shard grads += sum over ranks of the gathered grads (collective: every rank calls it).
@@ -86,6 +100,7 @@ class ZeroParamStore {
     const ZeroParamStore* store_ = nullptr;
     std::vector<int> params_;
     std::vector<int64_t> slot_;  // per param of the layout: element offset in the buffers, or -1
+    GatherParts parts_ = GatherParts::values_and_grads;
     OwnedTensor values_, grads_;
   };
 
@@ -97,6 +112,7 @@ class ZeroParamStore {
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   Comm& comm() const { return comm_; }
+  Backend& backend() const { return backend_; }
 
   bool is_expert(int param) const { return info_.at(param).expert >= 0; }
   // Rank that stores expert param `param` whole; -1 for dense params.
@@ -118,13 +134,19 @@ class ZeroParamStore {
   void zero_grads(Stream& stream);
 
   // Collective: every rank calls it with the same params, in the same order as other collectives.
-  GatheredGroup gather(std::span<const int> params, Stream& stream) const;
+  GatheredGroup gather(std::span<const int> params, Stream& stream,
+                       GatherParts parts = GatherParts::values_and_grads) const;
   // The full tensor's bytes (numel * dtype size) on every rank: dense params by all_gather of the
-  // shards, experts by a broadcast from their owner. Collective; synchronises the stream.
+  // shards, experts by a broadcast from their owner. `flat` is any buffer laid out like
+  // flat_values() (the values, the grads, the optimizer's m or v); the first form reads the
+  // values. Collective; synchronises the stream.
   std::vector<char> gather_full(int param, Stream& stream) const;
-  // Keeps this rank's part of a full host tensor (numel elements of dtype()); not collective.
-  // Synchronises the stream (the host memory may go away after the call).
+  std::vector<char> gather_full(int param, const Tensor& flat, Stream& stream) const;
+  // Keeps this rank's part of a full host tensor (numel elements of dtype()) in the values, or
+  // in `flat` laid out like them; not collective. Synchronises the stream (the host memory may go
+  // away after the call).
   void load_full(int param, const void* full, Stream& stream);
+  void load_full(int param, const void* full, const Tensor& flat, Stream& stream);
 
  private:
   struct Info {
@@ -132,7 +154,7 @@ class ZeroParamStore {
     int64_t offset = -1;     // elements into the flat buffers, -1 if not stored here
     int64_t local_numel = 0; // s_i (dense) or numel (expert)
   };
-  Tensor piece(const OwnedTensor& flat, int param) const;
+  Tensor piece(const Tensor& flat, int param) const;
 
   ParamLayout layout_;
   DType dtype_;

@@ -3,12 +3,15 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <thread>
 
 #include "core/checkpoint/atomic_file.h"
 #include "core/checkpoint/train_checkpoint.h"
+#include "core/comm/comm.h"
 #include "core/comm/process_group.h"
 #include "core/data/batch_shard.h"
 #include "core/data/data_loader.h"
@@ -27,7 +30,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-BackendOptions backend_options(const Config& cfg) {
+BackendOptions backend_options(const Config& cfg, const RankInfo& ranks) {
   BackendOptions o;
   if (cfg.runtime.backend == BackendChoice::cuda) {
     MOEPEAK_THROW("runtime.backend = \"cuda\": training on the CUDA backend is not in this version; "
@@ -38,6 +41,11 @@ BackendOptions backend_options(const Config& cfg) {
   o.pinned_budget = cfg.runtime.pinned_memory_bytes().value_or(Backend::kCpuDefaultDeviceMemory / 2);
   o.numa_node = static_cast<int>(cfg.runtime.numa_node);
   o.cpu_threads = static_cast<int>(cfg.runtime.threads);
+  if (o.cpu_threads == 0 && ranks.local_size > 1) {
+    // The ranks on one host share its cores instead of each starting one thread per core.
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    o.cpu_threads = std::max(1, cores / ranks.local_size);
+  }
   return o;
 }
 
@@ -56,14 +64,34 @@ void check_supported(const Config& cfg) {
     unsupported("optimizer.placement", enum_name(cfg.optimizer.placement));
 }
 
-double global_grad_norm(const ParamStore& params, Backend& backend, Stream& stream) {
+// The layout checks, before anything is allocated: every rank reaches the same verdict.
+void check_layout(const Config& cfg, const RankInfo& ranks) {
+  const int64_t want = cfg.parallelism.world_size;
+  if (want != 0 && want != ranks.world_size) {
+    MOEPEAK_THROW("parallelism.world_size = ", want, " but the job was started with ",
+                  ranks.world_size, " rank", ranks.world_size == 1 ? "" : "s",
+                  " (launch it with mpirun -np ", want, " or srun -n ", want,
+                  ", or set parallelism.world_size = 0 to take what the launcher starts)");
+  }
+  try {
+    MixtralModel::check_layout(cfg.model, cfg.training.batch_size, cfg.training.seq_len,
+                               ranks.world_size);
+  } catch (const Error& e) {
+    MOEPEAK_THROW("this config cannot train on ", ranks.world_size, " ranks: ", e.what());
+  }
+}
+
+// sqrt of the sum of squares of every rank's flat grads (shards and local experts: each real
+// element once; the padding is zero).
+double global_grad_norm(const ZeroParamStore& params, Backend& backend, Stream& stream) {
   OwnedTensor acc = OwnedTensor::device(backend, Shape{1}, DType::f64, LiveSet::workspace, "grad norm");
   ops::fill(acc, 0.0, stream);
   ops::sum_squares_cpu(params.flat_grads(), acc, stream);
-  double sum = 0;
-  backend.copy_async(&sum, acc.data(), 8, CopyKind::device_to_host, stream);
+  double sum[1] = {0};
+  backend.copy_async(sum, acc.data(), 8, CopyKind::device_to_host, stream);
   stream.synchronize();
-  return std::sqrt(sum);
+  if (params.world_size() > 1) all_reduce_host(params.comm(), backend, stream, sum);
+  return std::sqrt(sum[0]);
 }
 
 }  // namespace
@@ -71,31 +99,32 @@ double global_grad_norm(const ParamStore& params, Backend& backend, Stream& stre
 struct Trainer::State {
   Config cfg;
   TrainOptions options;
+  RankInfo ranks;
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<Comm> comm;
   std::unique_ptr<MixtralModel> model;
   std::unique_ptr<schedules::ResidentAdamW> optimizer;
   std::unique_ptr<DataLoader> loader;
   std::string checkpoint_folder;
   int64_t completed = 0;
-  std::vector<int64_t> ids, labels, positions;
-  OwnedTensor d_ids, d_labels, d_positions;
+  std::vector<int64_t> ids, labels;  // the global batch (B*T), the same on every rank
+  OwnedTensor d_ids, d_labels, d_positions;  // this rank's N = B*T/W tokens
   double flops = 0, ceiling_gflops = 0;
 };
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_unique<State>()) {
   check_supported(cfg);
-  const RankInfo ranks = init_process_group();
-  if (ranks.world_size != 1) {
-    MOEPEAK_THROW("this version trains on one rank; the job was started with ", ranks.world_size,
-                  " ranks");
-  }
   State& s = *s_;
+  s.ranks = init_process_group();
+  check_layout(cfg, s.ranks);
   s.cfg = cfg;
   s.options = options;
-  s.backend = Backend::create(backend_options(cfg));
+  s.backend = Backend::create(backend_options(cfg, s.ranks));
+  s.comm = make_comm(*s.backend, s.ranks);
   Stream& stream = s.backend->default_stream();
-  s.model = std::make_unique<MixtralModel>(*s.backend, stream, cfg.model, cfg.schedules.checkpoint, DType::f32);
-  ParamStore& params = s.model->params();
+  s.model = std::make_unique<MixtralModel>(*s.backend, stream, *s.comm, cfg.model,
+                                           cfg.schedules.checkpoint, DType::f32);
+  ZeroParamStore& params = s.model->params();
   params.initialize(static_cast<uint64_t>(cfg.job.seed), cfg.model.initializer_range, stream);
   s.optimizer = std::make_unique<schedules::ResidentAdamW>(*s.backend, params, cfg.optimizer);
   s.loader = make_data_loader(cfg.training, cfg.model, cfg.job.seed);
@@ -105,22 +134,19 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   if (!options.resume_from.empty()) resume_dir = options.resume_from;
   else if (options.resume) resume_dir = latest_checkpoint(s.checkpoint_folder);
   if (resume_dir) {
-    s.completed = load_checkpoint(*resume_dir, cfg.model, params, *s.optimizer, *s.loader, *s.backend, stream);
+    s.completed = load_checkpoint(*resume_dir, cfg.model, params, *s.optimizer, *s.loader, stream);
     spdlog::info("resumed from {} after step {}", *resume_dir, s.completed);
   } else if (options.resume) {
     spdlog::info("no checkpoint in {}: starting from step 1", s.checkpoint_folder);
   }
 
-  const int64_t B = cfg.training.batch_size, T = cfg.training.seq_len, N = B * T;
-  s.ids.resize(static_cast<size_t>(N));
-  s.labels.resize(static_cast<size_t>(N));
-  s.positions.resize(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) s.positions[n] = n % T;
+  const int64_t B = cfg.training.batch_size, T = cfg.training.seq_len;
+  const int64_t N = B * T / s.ranks.world_size;
+  s.ids.resize(static_cast<size_t>(B * T));
+  s.labels.resize(static_cast<size_t>(B * T));
   s.d_ids = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "input ids");
   s.d_labels = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
   s.d_positions = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
-  s.backend->copy_async(s.d_positions.data(), s.positions.data(), N * 8, CopyKind::host_to_device, stream);
-  stream.synchronize();
   s.flops = step_flops(cfg.model, B, T);
   s.ceiling_gflops = measure_cpu_gemm_gflops(DType::f32, 512, 3);
 }
@@ -130,12 +156,20 @@ Trainer::~Trainer() = default;
 int64_t Trainer::completed_steps() const { return s_->completed; }
 double Trainer::flops_per_step() const { return s_->flops; }
 double Trainer::gemm_ceiling_gflops() const { return s_->ceiling_gflops; }
+int Trainer::rank() const { return s_->ranks.rank; }
+int Trainer::world_size() const { return s_->ranks.world_size; }
 
 std::string Trainer::describe() const {
   const State& s = *s_;
   const ParamLayout& layout = s.model->params().layout();
-  return "backend " + s.backend->describe() + "; model " + std::to_string(layout.parameter_count()) +
-         " parameters (" + std::to_string(layout.active_matmul_parameters()) + " active per token), " +
+  const int W = s.ranks.world_size;
+  std::string ranks = W == 1 ? "1 rank" : std::to_string(W) + " ranks (" + std::string(s.comm->kind()) +
+                                              "; ZeRO-3 dense, sequence-parallel attention, " +
+                                              std::to_string(s.cfg.model.num_local_experts / W) +
+                                              " experts per rank)";
+  return "backend " + s.backend->describe() + "; " + ranks + "; model " +
+         std::to_string(layout.parameter_count()) + " parameters (" +
+         std::to_string(layout.active_matmul_parameters()) + " active per token), " +
          std::to_string(s.cfg.model.num_hidden_layers) + " layers x " +
          std::to_string(s.cfg.model.num_local_experts) + " experts (top-" +
          std::to_string(s.cfg.model.num_experts_per_tok) + "); data " + s.loader->describe();
@@ -145,22 +179,26 @@ StepMetrics Trainer::step() {
   State& s = *s_;
   Backend& backend = *s.backend;
   Stream& stream = backend.default_stream();
-  ParamStore& params = s.model->params();
+  ZeroParamStore& params = s.model->params();
+  const int W = s.ranks.world_size;
   const int64_t step = s.completed + 1;
-  const int64_t B = s.cfg.training.batch_size, T = s.cfg.training.seq_len, N = B * T;
+  const int64_t B = s.cfg.training.batch_size, T = s.cfg.training.seq_len;
 
   backend.arena().reset_peaks();
   auto t0 = std::chrono::steady_clock::now();
   s.loader->next_batch(s.ids.data(), s.labels.data());
-  TokenBatch batch{s.d_ids, s.d_labels, s.d_positions, B, T, count_scored(s.labels)};
-  backend.copy_async(s.d_ids.data(), s.ids.data(), N * 8, CopyKind::host_to_device, stream);
-  backend.copy_async(s.d_labels.data(), s.labels.data(), N * 8, CopyKind::host_to_device, stream);
+  const LocalBatch local = shard_batch(s.ids, s.labels, B, T, W, s.ranks.rank);
+  const int64_t N = static_cast<int64_t>(local.input_ids.size());
+  TokenBatch batch{s.d_ids, s.d_labels, s.d_positions, B, T, count_scored(local.labels)};
+  backend.copy_async(s.d_ids.data(), local.input_ids.data(), N * 8, CopyKind::host_to_device, stream);
+  backend.copy_async(s.d_labels.data(), local.labels.data(), N * 8, CopyKind::host_to_device, stream);
+  backend.copy_async(s.d_positions.data(), local.positions.data(), N * 8, CopyKind::host_to_device, stream);
   params.zero_grads(stream);
-  const double loss = s.model->forward_backward(batch, batch.scored_tokens);
+  const double loss = s.model->forward_backward(batch, count_scored(s.labels));
   if (!std::isfinite(loss)) MOEPEAK_THROW("step ", step, ": the loss is ", loss);
   const double grad_norm = global_grad_norm(params, backend, stream);
   if (step == 1 && !s.options.dump_step_dir.empty()) {
-    write_step_dump(s.options.dump_step_dir, s.cfg.model, params, s.ids, s.labels, B, T, loss, backend, stream);
+    write_step_dump(s.options.dump_step_dir, s.cfg.model, params, s.ids, s.labels, B, T, loss, stream);
     spdlog::info("wrote the step-1 dump to {}", s.options.dump_step_dir);
   }
   const double max_norm = s.cfg.training.max_norm;
@@ -177,21 +215,34 @@ StepMetrics Trainer::step() {
   m.loss = loss;
   m.grad_norm = grad_norm;
   m.lr = lr;
-  m.step_time_s = seconds;
-  m.tokens_per_s = static_cast<double>(N) / seconds;
-  m.tflops = s.flops / seconds / 1e12;
-  m.mfu = s.flops / seconds / 1e9 / s.ceiling_gflops;
+  m.world_size = W;
   m.peak_total = mem.peak_total();
   m.peak_per_set = mem.peak_per_set();
   m.at_peak = mem.at_peak();
   m.capacity = backend.arena().capacity();
+  // Every rank's time and peak (after the step, so gathering them is not timed).
+  const double mine[2] = {seconds, static_cast<double>(m.peak_total)};
+  const std::vector<double> all = W > 1 ? all_gather_host(*s.comm, backend, stream, mine)
+                                        : std::vector<double>(mine, mine + 2);
+  double slowest = 0;
+  for (int r = 0; r < W; ++r) {
+    const double t = all[2 * r];
+    slowest = std::max(slowest, t);
+    m.rank_tokens_per_s.push_back(static_cast<double>(N) / t);
+    m.rank_peak_bytes.push_back(static_cast<uint64_t>(all[2 * r + 1]));
+  }
+  m.step_time_s = slowest;
+  m.tokens_per_s = static_cast<double>(B * T) / slowest;
+  m.tflops = s.flops / slowest / 1e12;
+  m.mfu = s.flops / W / slowest / 1e9 / s.ceiling_gflops;  // per rank, against one rank's ceiling
   return m;
 }
 
 void Trainer::save_checkpoint() const {
   const State& s = *s_;
-  moepeak::save_checkpoint(s.checkpoint_folder, s.completed, s.cfg.model, s.model->params(), *s.optimizer,
-                           *s.loader, *s.backend, s.backend->default_stream(), s.cfg.checkpoint.keep_latest);
+  moepeak::save_checkpoint(s.checkpoint_folder, s.completed, s.cfg.model, s.model->params(),
+                           *s.optimizer, *s.loader, s.backend->default_stream(),
+                           s.cfg.checkpoint.keep_latest);
   spdlog::info("checkpoint: {}/{}", s.checkpoint_folder, checkpoint_dir_name(s.completed));
 }
 
@@ -209,13 +260,18 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
                  cfg.training.steps);
     return result;
   }
-  create_directories(result.run_dir);
-  const bool progress = cfg.metrics.progress == ProgressMode::on ||
-                        (cfg.metrics.progress == ProgressMode::automatic && isatty(STDOUT_FILENO));
-  MetricsLog metrics(result.metrics_file, progress, result.first_step, result.last_step);
+  // Rank 0 writes the metrics (every rank has the job's loss and the per-rank figures).
+  std::unique_ptr<MetricsLog> metrics;
+  if (trainer.rank() == 0) {
+    create_directories(result.run_dir);
+    const bool progress = cfg.metrics.progress == ProgressMode::on ||
+                          (cfg.metrics.progress == ProgressMode::automatic && isatty(STDOUT_FILENO));
+    metrics = std::make_unique<MetricsLog>(result.metrics_file, progress, result.first_step,
+                                           result.last_step);
+  }
   while (trainer.completed_steps() < cfg.training.steps) {
     StepMetrics m = trainer.step();
-    metrics.record(m, m.step % cfg.metrics.log_freq == 0 || m.step == cfg.training.steps);
+    if (metrics) metrics->record(m, m.step % cfg.metrics.log_freq == 0 || m.step == cfg.training.steps);
     result.losses.push_back(m.loss);
     result.last = m;
     const bool at_interval = cfg.checkpoint.interval > 0 && m.step % cfg.checkpoint.interval == 0;

@@ -1,11 +1,16 @@
 // The training loop (`moepeak train`): backend, data, model, optimizer, learning-rate schedule,
-// clipping, metrics, checkpoints — one rank with the standard schedule of each live set.
+// clipping, metrics, checkpoints — on the W ranks the launcher started (mpirun, srun; W = 1 for a
+// plain process) in the layout of DESIGN.md §6, with the standard schedule of each live set.
 //
-//   per step:  batch -> zero grads -> forward + backward (mean loss over scored tokens)
-//              -> global grad norm -> clip factor -> AdamW(lr(step)) -> metrics -> checkpoint
+//   per step:  global batch (the same on every rank) -> this rank's slice of every sequence
+//              -> zero grads -> forward + backward (the job's mean loss over scored tokens)
+//              -> grad norm over all ranks' shards -> clip factor -> AdamW on this rank's shard
+//              -> metrics (job and per rank) -> checkpoint
 //
-// Peak memory is measured per step: the arena's peaks are reset when a step starts, so each
-// metrics line shows that step's peak per live set beside the capacity.
+// Every rank computes the same loss, grad norm and learning rate; rank 0 writes the metrics file
+// and the checkpoints. Peak memory is measured per step: the arena's peaks are reset when a step
+// starts, so each metrics line shows that step's peak per live set beside the capacity (rank
+// 0's live sets, every rank's total).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +42,8 @@ struct TrainResult {
 class Trainer {
  public:
   // Sets everything up (and resumes, when the options say so). Creates nothing on disk.
+  // Collective over the launcher's ranks; a config the layout cannot train on W ranks (experts
+  // or query heads not divisible by W, T % W != 0, ...) is an Error on every rank before any work.
   Trainer(const Config& config, const TrainOptions& options);
   ~Trainer();
   Trainer(const Trainer&) = delete;
@@ -45,7 +52,9 @@ class Trainer {
   // Runs the next step (loads its batch, forward, backward, clip, AdamW) and returns its metrics.
   StepMetrics step();
   int64_t completed_steps() const;  // steps done so far, including those before a resume
-  void save_checkpoint() const;     // into the run's checkpoint folder, after completed_steps()
+  void save_checkpoint() const;     // into the run's checkpoint folder (collective; rank 0 writes)
+  int rank() const;
+  int world_size() const;
   double flops_per_step() const;
   double gemm_ceiling_gflops() const;  // measured once at setup (flops.h)
   std::string describe() const;        // backend, model and data, for the log

@@ -49,6 +49,10 @@ ResidentAdamW::ResidentAdamW(Backend& backend, const Tensor& flat_values,
 ResidentAdamW::ResidentAdamW(Backend& backend, const ParamStore& params, const OptimizerConfig& config)
     : ResidentAdamW(backend, params.flat_values(), optimizer_pieces(params), config) {}
 
+ResidentAdamW::ResidentAdamW(Backend& backend, const ZeroParamStore& params,
+                             const OptimizerConfig& config)
+    : ResidentAdamW(backend, params.flat_values(), optimizer_pieces(params), config) {}
+
 Tensor ResidentAdamW::state_view(const OwnedTensor& state, const Slot& slot) const {
   return Tensor(static_cast<char*>(state.data()) + slot.offset * dtype_size(slot.piece.value.dtype()),
                 slot.piece.value.shape(), slot.piece.value.dtype(), Placement::device,

@@ -37,6 +37,7 @@ class ResidentAdamW {
   ResidentAdamW(Backend& backend, const Tensor& flat_values, std::vector<OptimizerPiece> pieces,
                 const OptimizerConfig& config);
   ResidentAdamW(Backend& backend, const ParamStore& params, const OptimizerConfig& config);
+  ResidentAdamW(Backend& backend, const ZeroParamStore& params, const OptimizerConfig& config);
 
   // One update with learning rate `lr` and the clipping factor `grad_scale`; `step` is 1-based.
   void step(int64_t step, double lr, double grad_scale, Stream& stream);

@@ -51,7 +51,7 @@ namespace moepeak::schedules {
 uint64_t dispatch_expert_parallel_bytes(int64_t tokens_local, int64_t top_k, int64_t hidden,
                                         int64_t ffn, DType dtype, int64_t received_rows);
 
-class ExpertParallelDispatch {
+class ExpertParallelDispatch final : public ExpertDispatch {
  public:
   // num_experts is E, the global count; E % W must be 0 (an Error naming E and W otherwise).
   ExpertParallelDispatch(Backend& backend, Stream& stream, Comm& comm, DType dtype,
@@ -59,17 +59,17 @@ class ExpertParallelDispatch {
 
   // Forward: out += MoE(x). Keeps what backward needs until backward() or release().
   void forward(const Tensor& x, const Tensor& index, const Tensor& weight,
-               const std::vector<ExpertWeights>& local_experts, const Tensor& out);
+               const std::vector<ExpertWeights>& local_experts, const Tensor& out) override;
   // Backward from dout (N, H): dx (N, H) +=, dweight (N, k) =, local expert weight grads +=.
   void backward(const Tensor& dout, const std::vector<ExpertWeights>& local_experts,
-                const Tensor& dx, const Tensor& dweight);
-  void release();
+                const Tensor& dx, const Tensor& dweight) override;
+  void release() override;
 
   int64_t num_experts() const { return num_experts_; }
   int64_t num_local_experts() const { return local_experts_; }
   int64_t first_local_expert() const { return first_expert_; }
   // Rows each expert received in the last forward, summed over all ranks (E entries; metrics).
-  const std::vector<int64_t>& expert_counts() const { return counts_; }
+  const std::vector<int64_t>& expert_counts() const override { return counts_; }
   // Rows this rank received in the last forward (R): what its dispatch buffers were sized by.
   int64_t received_rows() const { return received_rows_; }
   // Rows this rank sent in the last forward (N*k, itself included).

@@ -15,14 +15,9 @@
 
 #include "core/runtime/backend.h"
 #include "core/runtime/tensor.h"
+#include "ops/schedules/dispatch.h"
 
 namespace moepeak::schedules {
-
-// One expert's weights: w1, w3 (F, H), w2 (H, F), and their gradients (accumulated).
-struct ExpertWeights {
-  Tensor w1, w2, w3;
-  Tensor dw1, dw2, dw3;
-};
 
 // Peak bytes of the `dispatch` live set for N tokens with top-k routing on one rank (M = N*k
 // rows): the larger of the forward peak (x_rows, y_rows (M, H); a, b, g (M, F); permutation) and
@@ -34,20 +29,20 @@ struct ExpertWeights {
 uint64_t dispatch_standard_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
                                  DType dtype, int64_t layers_resident);
 
-class StandardDispatch {
+class StandardDispatch final : public ExpertDispatch {
  public:
   StandardDispatch(Backend& backend, Stream& stream, DType dtype);
 
   // Forward: out += MoE(x). Keeps what backward needs until backward() or release().
   void forward(const Tensor& x, const Tensor& index, const Tensor& weight,
-               const std::vector<ExpertWeights>& experts, const Tensor& out);
+               const std::vector<ExpertWeights>& experts, const Tensor& out) override;
   // Backward from dout (N, H): dx (N, H) +=, dweight (N, k) =, expert weight grads +=.
   void backward(const Tensor& dout, const std::vector<ExpertWeights>& experts, const Tensor& dx,
-                const Tensor& dweight);
-  void release();
+                const Tensor& dweight) override;
+  void release() override;
 
   // Tokens each expert received in the last forward (for load statistics).
-  const std::vector<int64_t>& expert_counts() const { return counts_; }
+  const std::vector<int64_t>& expert_counts() const override { return counts_; }
 
  private:
   Backend& backend_;

@@ -32,6 +32,7 @@ ModelConfig small_model() {
 struct ModelHarness {
   std::unique_ptr<Backend> backend = Backend::create(BackendOptions{});
   Stream& stream = backend->default_stream();
+  std::unique_ptr<Comm> comm = make_comm(*backend, RankInfo{});  // one rank
   int64_t B = 2, T = 6;
   OwnedTensor ids, labels, positions;
   int64_t scored = 0;
@@ -57,26 +58,31 @@ TEST_P(ModelGradAux, EveryParameterMatchesFiniteDifferences) {
   ModelHarness h;
   ModelConfig cfg = small_model();
   cfg.router_aux_loss_coef = GetParam();
-  MixtralModel model(*h.backend, h.stream, cfg, CheckpointSchedule::none, DType::f64);
+  MixtralModel model(*h.backend, h.stream, *h.comm, cfg, CheckpointSchedule::none, DType::f64);
   model.params().initialize(42, 0.5, h.stream);
   model.params().zero_grads(h.stream);
   const double loss = model.forward_backward(h.batch(), h.scored);
   EXPECT_GT(loss, 0.5);
   const ParamLayout& layout = model.params().layout();
-  double* values = model.params().flat_values().data_as<double>();
-  const double* grads = model.params().flat_grads().data_as<double>();
+  const ZeroParamStore& store = model.params();
   // NOTES: h = 1e-5 balances truncation (~h^2 = 1e-10 relative) against rounding (~1e-16 * loss / h
   // = 2e-11 absolute); errors are relative to max(|g|, 1e-3 * the largest gradient) so that
   // tiny gradients (1e-5 and below) are judged by absolute error instead of noise over noise.
   const double eps = 1e-5;
   double max_grad = 0;
-  for (int64_t i = 0; i < layout.total_elements(); ++i) max_grad = std::max(max_grad, std::abs(grads[i]));
+  const Tensor flat_grads = store.flat_grads();
+  for (int64_t i = 0; i < flat_grads.numel(); ++i) {
+    max_grad = std::max(max_grad, std::abs(flat_grads.data_as<double>()[i]));
+  }
   double worst = 0;
   std::string worst_name;
-  for (const ParamInfo& p : layout.params()) {
+  for (size_t index = 0; index < layout.params().size(); ++index) {
+    const ParamInfo& p = layout.params()[index];
+    double* values = store.local_value(static_cast<int>(index)).data_as<double>();
+    const double* grads = store.local_grad(static_cast<int>(index)).data_as<double>();
     // Three elements of every tensor: first, middle, last.
     for (int64_t j : {int64_t{0}, p.shape.numel() / 2, p.shape.numel() - 1}) {
-      double& x = values[p.offset + j];
+      double& x = values[j];
       const double saved = x;
       x = saved + eps;
       const double up = model.forward_loss(h.batch(), h.scored);
@@ -84,11 +90,11 @@ TEST_P(ModelGradAux, EveryParameterMatchesFiniteDifferences) {
       const double down = model.forward_loss(h.batch(), h.scored);
       x = saved;
       const double numeric = (up - down) / (2 * eps);
-      const double err = testing::rel_err(grads[p.offset + j], numeric, 1e-3 * max_grad);
+      const double err = testing::rel_err(grads[j], numeric, 1e-3 * max_grad);
       if (err > worst) {
         worst = err;
         worst_name = p.name + "[" + std::to_string(j) + "] analytic " +
-                     std::to_string(grads[p.offset + j]) + " numeric " + std::to_string(numeric);
+                     std::to_string(grads[j]) + " numeric " + std::to_string(numeric);
       }
     }
   }
@@ -105,7 +111,7 @@ TEST(ModelGrad, CheckpointingIsBitwiseEqualToKeepingActivations) {
   std::vector<std::vector<char>> grads(2);
   int i = 0;
   for (CheckpointSchedule c : {CheckpointSchedule::none, CheckpointSchedule::standard}) {
-    MixtralModel model(*h.backend, h.stream, small_model(), c, DType::f64);
+    MixtralModel model(*h.backend, h.stream, *h.comm, small_model(), c, DType::f64);
     model.params().initialize(7, 0.5, h.stream);
     model.params().zero_grads(h.stream);
     loss[i] = model.forward_backward(h.batch(), h.scored);
@@ -120,7 +126,7 @@ TEST(ModelGrad, CheckpointingIsBitwiseEqualToKeepingActivations) {
 TEST(ModelGrad, BoundariesLiveSetIsOneTensorPerLayerUnderCheckpointing) {
   ModelHarness h;
   ModelConfig cfg = small_model();
-  MixtralModel model(*h.backend, h.stream, cfg, CheckpointSchedule::standard, DType::f32);
+  MixtralModel model(*h.backend, h.stream, *h.comm, cfg, CheckpointSchedule::standard, DType::f32);
   model.params().initialize(7, 0.5, h.stream);
   h.backend->arena().reset_peaks();
   model.forward_backward(h.batch(), h.scored);

@@ -42,7 +42,8 @@ TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
     labels.data_as<int64_t>()[n] = (n * 7 + 1) % cfg.vocab_size;
     positions.data_as<int64_t>()[n] = n % T;
   }
-  MixtralModel model(*backend, stream, cfg, GetParam(), DType::f32);
+  auto comm = make_comm(*backend, RankInfo{});  // one rank
+  MixtralModel model(*backend, stream, *comm, cfg, GetParam(), DType::f32);
   model.params().initialize(3, 0.1, stream);
   schedules::ResidentAdamW adamw(*backend, model.params(), OptimizerConfig{});
   backend->arena().reset_peaks();

@@ -1,0 +1,41 @@
+// The expert-dispatch interface the model's MoE block calls (DESIGN.md §7): route each token's
+// normalised hidden state to its top-k experts, run their SwiGLU GEMMs, combine the weighted
+// outputs, and in backward the reverse. Implementations:
+//   StandardDispatch        one rank, all routed rows at once       (dispatch_standard.h)
+//   ExpertParallelDispatch  W ranks, one all_to_all_v each way      (dispatch_expert_parallel.h)
+//
+//   x       (N, H)   this rank's tokens
+//   index   (N, k)   i32 top-k expert ids (global, in [0, E)), weight (N, k) their weights
+//   experts          the experts this rank stores, in id order
+//   out     (N, H)   += sum_j weight[n, j] * expert_{index[n, j]}(x[n])
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/runtime/tensor.h"
+
+namespace moepeak::schedules {
+
+// One expert's weights: w1, w3 (F, H), w2 (H, F), and their gradients (accumulated).
+struct ExpertWeights {
+  Tensor w1, w2, w3;
+  Tensor dw1, dw2, dw3;
+};
+
+class ExpertDispatch {
+ public:
+  virtual ~ExpertDispatch() = default;
+  // Forward: out += MoE(x). Keeps what backward needs until backward() or release().
+  virtual void forward(const Tensor& x, const Tensor& index, const Tensor& weight,
+                       const std::vector<ExpertWeights>& experts, const Tensor& out) = 0;
+  // Backward from dout (N, H): dx (N, H) +=, dweight (N, k) =, expert weight grads +=.
+  virtual void backward(const Tensor& dout, const std::vector<ExpertWeights>& experts,
+                        const Tensor& dx, const Tensor& dweight) = 0;
+  virtual void release() = 0;
+  // Rows each expert received in the last forward, over the whole job (E entries; metrics and
+  // the auxiliary load-balancing loss).
+  virtual const std::vector<int64_t>& expert_counts() const = 0;
+};
+
+}  // namespace moepeak::schedules
