@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "core/comm/process_group.h"
 #include "core/config/config.h"
 #include "core/error.h"
 #include "core/metrics/flops.h"
@@ -52,19 +53,26 @@ int run_bench_step(const BenchArgs& args, const Context& ctx) {
   // different optimiser regime than training does; steps only sets the schedule's length here.
   cfg.training.steps = std::max<int64_t>(cfg.training.steps, args.warmup + args.iters);
   Trainer trainer(cfg, TrainOptions{});
+  const int W = trainer.world_size();
+  const bool root = trainer.rank() == 0;  // rank 0 prints and writes the JSON
   const int64_t B = cfg.training.batch_size, T = cfg.training.seq_len;
   // NOTES: the ceiling is measured before and after the timed steps and the higher value kept,
-  // so a machine that was busy during one measurement does not flatter the ratio.
-  double ceiling = measure_cpu_gemm_gflops(DType::f32, args.gemm_size, 5);
+  // so a machine that was busy during one measurement does not flatter the ratio. With W ranks
+  // every rank measures at once (sharing the host as the steps do) and the job's ceiling is the
+  // sum.
+  double ceiling = trainer.sum_over_ranks(measure_cpu_gemm_gflops(DType::f32, args.gemm_size, 5));
 
-  std::printf("# moepeak bench step: %s\n", trainer.describe().c_str());
-  std::printf("# host %s, %s; batch %lld x seq %lld = %lld tokens/step, world 1\n", process_host().c_str(),
-              now_utc().c_str(), static_cast<long long>(B), static_cast<long long>(T),
-              static_cast<long long>(B * T));
-  std::printf("# model FLOPs per step %.4g; GEMM ceiling (f32 %d^3, best of 5) %.2f GFLOP/s\n",
-              trainer.flops_per_step(), args.gemm_size, ceiling);
-  std::printf("# %5s %10s %12s %10s %10s %12s %10s\n", "iter", "time_s", "tokens/s", "GFLOP/s",
-              "%ceiling", "peak", "loss");
+  if (root) {
+    std::printf("# moepeak bench step: %s\n", trainer.describe().c_str());
+    std::printf("# host %s, %s; batch %lld x seq %lld = %lld tokens/step, world %d\n",
+                process_host().c_str(), now_utc().c_str(), static_cast<long long>(B),
+                static_cast<long long>(T), static_cast<long long>(B * T), W);
+    std::printf("# model FLOPs per step %.4g; GEMM ceiling (f32 %d^3, best of 5, summed over ranks) "
+                "%.2f GFLOP/s\n",
+                trainer.flops_per_step(), args.gemm_size, ceiling);
+    std::printf("# %5s %10s %12s %10s %10s %12s %10s\n", "iter", "time_s", "tokens/s", "GFLOP/s",
+                "%ceiling", "peak", "loss");
+  }
   std::vector<double> times;
   StepMetrics last;
   for (int i = 0; i < args.warmup + args.iters; ++i) {
@@ -72,27 +80,33 @@ int run_bench_step(const BenchArgs& args, const Context& ctx) {
     bool timed = i >= args.warmup;
     if (timed) times.push_back(m.step_time_s);
     double gflops = trainer.flops_per_step() / m.step_time_s / 1e9;
-    std::printf("  %5s %10.4f %12.0f %10.2f %9.1f%% %12s %10.4f\n",
-                timed ? std::to_string(i - args.warmup + 1).c_str() : "warm", m.step_time_s,
-                m.tokens_per_s, gflops, 100.0 * gflops / ceiling, format_bytes(m.peak_total).c_str(), m.loss);
+    if (root) {
+      std::printf("  %5s %10.4f %12.0f %10.2f %9.1f%% %12s %10.4f\n",
+                  timed ? std::to_string(i - args.warmup + 1).c_str() : "warm", m.step_time_s,
+                  m.tokens_per_s, gflops, 100.0 * gflops / ceiling,
+                  format_bytes(m.max_rank_peak()).c_str(), m.loss);
+    }
     last = m;
   }
-  ceiling = std::max(ceiling, measure_cpu_gemm_gflops(DType::f32, args.gemm_size, 5));
-  std::printf("# GEMM ceiling measured again after the steps: max %.2f GFLOP/s\n", ceiling);
+  ceiling = std::max(ceiling, trainer.sum_over_ranks(measure_cpu_gemm_gflops(DType::f32, args.gemm_size, 5)));
   const double t = median(times);
   const double tokens_per_s = static_cast<double>(B * T) / t;
   const double gflops = trainer.flops_per_step() / t / 1e9;
-  std::printf("# median over %d steps: %.4f s, %.0f tokens/s, %.2f GFLOP/s = %.1f%% of the GEMM ceiling\n",
-              args.iters, t, tokens_per_s, gflops, 100.0 * gflops / ceiling);
+  if (!root) return 0;
+  std::printf("# GEMM ceiling measured again after the steps: max %.2f GFLOP/s\n", ceiling);
+  std::printf("# median over %d steps: %.4f s, %.0f tokens/s, %.2f GFLOP/s = %.1f%% of the GEMM ceiling; "
+              "peak %s on the fullest rank\n",
+              args.iters, t, tokens_per_s, gflops, 100.0 * gflops / ceiling,
+              format_bytes(last.max_rank_peak()).c_str());
 
   if (!args.json_path.empty()) {
-    nlohmann::json peak = {{"total", last.peak_total}};
+    nlohmann::json peak = {{"total", last.max_rank_peak()}, {"rank_totals", last.rank_peak_bytes}};
     for (LiveSet s : kAllLiveSets) peak[std::string(live_set_name(s))] = last.peak_per_set[s];
     nlohmann::json row = {{"schedule", "standard"}, {"time_s", t}, {"peak_bytes", peak},
                           {"bound_bytes", nullptr}, {"max_rel_err", 0.0},
                           {"tokens_per_s", tokens_per_s}, {"gflops", gflops}};
     nlohmann::json out = {{"bench", "step"},
-                          {"world_size", 1},
+                          {"world_size", W},
                           {"shape", {{"batch", B}, {"seq_len", T}, {"hidden_size", cfg.model.hidden_size},
                                      {"num_hidden_layers", cfg.model.num_hidden_layers},
                                      {"num_local_experts", cfg.model.num_local_experts},
@@ -121,7 +135,14 @@ void register_bench_command(CLI::App& app, Context& ctx) {
   step->add_option("--gemm-size", args.gemm_size, "n of the n^3 GEMM that sets the ceiling")
       ->check(CLI::Range(64, 8192));
   step->add_option("--json", args.json_path, "write the results as JSON (DESIGN.md §10)");
-  step->callback([&ctx] { ctx.action = [&ctx] { return run_bench_step(args, ctx); }; });
+  step->callback([&ctx] {
+    ctx.action = [&ctx] {
+      join_ranks();
+      int rc = run_bench_step(args, ctx);
+      finalize_process_group();
+      return rc;
+    };
+  });
 }
 
 }  // namespace moepeak::cli

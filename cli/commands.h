@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/comm/comm.h"
 #include "core/config/config.h"
 
 #include <functional>
@@ -27,6 +28,9 @@ struct ConfigArgs {
 void add_config_options(CLI::App& sub, ConfigArgs& args);
 // Loads the config and, unless --log-level was given, applies its runtime.log_level.
 Config load_config_for_command(const ConfigArgs& args, const Context& ctx);
+// Joins the job's ranks (mpirun, srun, or a world of one: init_process_group) and puts the rank
+// into the log prefix. Commands that train call it; finalize_process_group() at their end.
+RankInfo join_ranks();
 
 void register_config_command(CLI::App& app, Context& ctx);
 void register_train_command(CLI::App& app, Context& ctx);

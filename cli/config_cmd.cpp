@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "core/comm/process_group.h"
 #include "core/config/config.h"
 #include "core/log.h"
 
@@ -22,6 +23,12 @@ Config load_config_for_command(const ConfigArgs& args, const Context& ctx) {
   Config cfg = load_config(args.files, args.overrides);
   if (ctx.log_level.empty()) log::set_level(log::parse_level(enum_name(cfg.runtime.log_level)));
   return cfg;
+}
+
+RankInfo join_ranks() {
+  const RankInfo ranks = init_process_group();
+  log::set_ranks(ranks.rank, ranks.world_size);
+  return ranks;
 }
 
 void register_config_command(CLI::App& app, Context& ctx) {

@@ -8,7 +8,6 @@
 #include "cli/commands.h"
 #include "core/comm/process_group.h"
 #include "core/config/config.h"
-#include "core/log.h"
 #include "core/train/trainer.h"
 #include "core/units.h"
 
@@ -46,8 +45,7 @@ void register_train_command(CLI::App& app, Context& ctx) {
   cmd->callback([&ctx] {
     ctx.action = [&ctx] {
       Config cfg = load_config_for_command(args, ctx);
-      const RankInfo ranks = init_process_group();  // mpirun / srun ranks, or a world of one
-      log::set_ranks(ranks.rank, ranks.world_size);
+      const RankInfo ranks = join_ranks();
       TrainResult r = train(cfg, options);
       if (!r.losses.empty() && ranks.rank == 0) {
         spdlog::info("trained steps {}..{}: final loss {:.4f}; metrics in {}", r.first_step, r.last_step,

@@ -159,6 +159,14 @@ double Trainer::gemm_ceiling_gflops() const { return s_->ceiling_gflops; }
 int Trainer::rank() const { return s_->ranks.rank; }
 int Trainer::world_size() const { return s_->ranks.world_size; }
 
+double Trainer::sum_over_ranks(double value) const {
+  double v[1] = {value};
+  if (s_->ranks.world_size > 1) {
+    all_reduce_host(*s_->comm, *s_->backend, s_->backend->default_stream(), v);
+  }
+  return v[0];
+}
+
 std::string Trainer::describe() const {
   const State& s = *s_;
   const ParamLayout& layout = s.model->params().layout();

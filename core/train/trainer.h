@@ -55,6 +55,8 @@ class Trainer {
   void save_checkpoint() const;     // into the run's checkpoint folder (collective; rank 0 writes)
   int rank() const;
   int world_size() const;
+  // The sum of `value` over the ranks (collective; `value` itself on one rank).
+  double sum_over_ranks(double value) const;
   double flops_per_step() const;
   double gemm_ceiling_gflops() const;  // measured once at setup (flops.h)
   std::string describe() const;        // backend, model and data, for the log
