@@ -1,19 +1,21 @@
-// `moepeak bench <name>`: the benchmarks, nccl-tests style — identical flags, a `#`-commented
-// fixed-column table on stdout, and `--json FILE` with the object of DESIGN.md §10.
+// `moepeak bench step`: whole training steps — tokens/s and achieved GFLOP/s (model FLOPs,
+// flops.h) beside a single-GEMM ceiling measured in the same run on the same machine; on W ranks
+// under mpirun the ceiling is summed over the ranks, measured while all run at once.
 //
-//   moepeak bench step [--config F]... [--set k=v]... [--warmup 2] [--iters 5] [--json FILE]
-//       whole training steps: tokens/s and achieved GFLOP/s (model FLOPs, flops.h) beside a
-//       single-GEMM ceiling measured in the same run on the same machine.
+//   moepeak bench step [--config F]... [--set k=v]... [--warmup 2] [--iters 5] [--gemm-size n]
+//                      [--json FILE]
+//
+// The `bench` command itself is registered here; each bench is a file cli/bench_<name>.cpp
+// (bench_common.h has the shared flags, table and JSON helpers).
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_common.h"
 #include "cli/commands.h"
 #include "core/comm/process_group.h"
 #include "core/config/config.h"
@@ -26,32 +28,16 @@ namespace moepeak::cli {
 namespace {
 
 struct BenchArgs {
-  ConfigArgs config;
-  int warmup = 2;
-  int iters = 5;
+  BenchCommonArgs common;
   int gemm_size = 1024;
-  std::string json_path;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::string now_utc() {
-  std::time_t t = std::time(nullptr);
-  char buf[64];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
-  return buf;
-}
-
 int run_bench_step(const BenchArgs& args, const Context& ctx) {
-  Config cfg = load_config_for_command(args.config, ctx);
+  Config cfg = load_config_for_command(args.common.config, ctx);
   cfg.metrics.progress = ProgressMode::off;
   // NOTES: the LR schedule must not reach its end inside the timed steps, or the run would time a
   // different optimiser regime than training does; steps only sets the schedule's length here.
-  cfg.training.steps = std::max<int64_t>(cfg.training.steps, args.warmup + args.iters);
+  cfg.training.steps = std::max<int64_t>(cfg.training.steps, args.common.warmup + args.common.iters);
   Trainer trainer(cfg, TrainOptions{});
   const int W = trainer.world_size();
   const bool root = trainer.rank() == 0;  // rank 0 prints and writes the JSON
@@ -75,14 +61,14 @@ int run_bench_step(const BenchArgs& args, const Context& ctx) {
   }
   std::vector<double> times;
   StepMetrics last;
-  for (int i = 0; i < args.warmup + args.iters; ++i) {
+  for (int i = 0; i < args.common.warmup + args.common.iters; ++i) {
     StepMetrics m = trainer.step();
-    bool timed = i >= args.warmup;
+    bool timed = i >= args.common.warmup;
     if (timed) times.push_back(m.step_time_s);
     double gflops = trainer.flops_per_step() / m.step_time_s / 1e9;
     if (root) {
       std::printf("  %5s %10.4f %12.0f %10.2f %9.1f%% %12s %10.4f\n",
-                  timed ? std::to_string(i - args.warmup + 1).c_str() : "warm", m.step_time_s,
+                  timed ? std::to_string(i - args.common.warmup + 1).c_str() : "warm", m.step_time_s,
                   m.tokens_per_s, gflops, 100.0 * gflops / ceiling,
                   format_bytes(m.max_rank_peak()).c_str(), m.loss);
     }
@@ -96,45 +82,34 @@ int run_bench_step(const BenchArgs& args, const Context& ctx) {
   std::printf("# GEMM ceiling measured again after the steps: max %.2f GFLOP/s\n", ceiling);
   std::printf("# median over %d steps: %.4f s, %.0f tokens/s, %.2f GFLOP/s = %.1f%% of the GEMM ceiling; "
               "peak %s on the fullest rank\n",
-              args.iters, t, tokens_per_s, gflops, 100.0 * gflops / ceiling,
+              args.common.iters, t, tokens_per_s, gflops, 100.0 * gflops / ceiling,
               format_bytes(last.max_rank_peak()).c_str());
 
-  if (!args.json_path.empty()) {
-    nlohmann::json peak = {{"total", last.max_rank_peak()}, {"rank_totals", last.rank_peak_bytes}};
+  if (!args.common.json_path.empty()) {
+    nlohmann::json peak = {{"total", last.max_rank_peak()}};  // the fullest rank's
     for (LiveSet s : kAllLiveSets) peak[std::string(live_set_name(s))] = last.peak_per_set[s];
+    peak["rank_totals"] = last.rank_peak_bytes;
     nlohmann::json row = {{"schedule", "standard"}, {"time_s", t}, {"peak_bytes", peak},
                           {"bound_bytes", nullptr}, {"max_rel_err", 0.0},
                           {"tokens_per_s", tokens_per_s}, {"gflops", gflops}};
-    nlohmann::json out = {{"bench", "step"},
-                          {"world_size", W},
-                          {"shape", {{"batch", B}, {"seq_len", T}, {"hidden_size", cfg.model.hidden_size},
-                                     {"num_hidden_layers", cfg.model.num_hidden_layers},
-                                     {"num_local_experts", cfg.model.num_local_experts},
-                                     {"num_experts_per_tok", cfg.model.num_experts_per_tok},
-                                     {"vocab_size", cfg.model.vocab_size}}},
-                          {"gemm_ceiling_gflops", ceiling},
-                          {"host", process_host()},
-                          {"date", now_utc()},
-                          {"rows", nlohmann::json::array({row})}};
-    std::ofstream f(args.json_path);
-    if (!(f << out.dump(2) << "\n")) MOEPEAK_THROW("cannot write ", args.json_path);
+    nlohmann::json shape = {{"batch", B}, {"seq_len", T}, {"hidden_size", cfg.model.hidden_size},
+                            {"num_hidden_layers", cfg.model.num_hidden_layers},
+                            {"num_local_experts", cfg.model.num_local_experts},
+                            {"num_experts_per_tok", cfg.model.num_experts_per_tok},
+                            {"vocab_size", cfg.model.vocab_size}};
+    write_bench_json(args.common.json_path, "step", W, shape, nlohmann::json::array({row}));
   }
   return 0;
 }
 
 }  // namespace
 
-void register_bench_command(CLI::App& app, Context& ctx) {
-  auto* bench = app.add_subcommand("bench", "benchmarks: reference vs bounded schedules, whole steps");
-  bench->require_subcommand(1);
+void register_bench_step(CLI::App& bench, Context& ctx) {
   static BenchArgs args;
-  auto* step = bench->add_subcommand("step", "time whole training steps against a GEMM ceiling");
-  add_config_options(*step, args.config);
-  step->add_option("--warmup", args.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
-  step->add_option("--iters", args.iters, "timed steps (the median is reported)")->check(CLI::PositiveNumber);
+  auto* step = bench.add_subcommand("step", "time whole training steps against a GEMM ceiling");
+  add_bench_common_options(*step, args.common);
   step->add_option("--gemm-size", args.gemm_size, "n of the n^3 GEMM that sets the ceiling")
       ->check(CLI::Range(64, 8192));
-  step->add_option("--json", args.json_path, "write the results as JSON (DESIGN.md §10)");
   step->callback([&ctx] {
     ctx.action = [&ctx] {
       join_ranks();
@@ -143,6 +118,12 @@ void register_bench_command(CLI::App& app, Context& ctx) {
       return rc;
     };
   });
+}
+
+void register_bench_command(CLI::App& app, Context& ctx) {
+  auto* bench = app.add_subcommand("bench", "benchmarks: reference vs bounded schedules, whole steps");
+  bench->require_subcommand(1);
+  register_bench_step(*bench, ctx);
 }
 
 }  // namespace moepeak::cli

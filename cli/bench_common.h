@@ -1,0 +1,41 @@
+// Shared by the `moepeak bench <name>` subcommands (one file each, cli/bench_*.cpp), nccl-tests
+// style: every bench takes the same core flags, prints a `#`-commented header (what, host, date,
+// world size) and a fixed-column table on stdout from rank 0, and with --json FILE writes the
+// object of DESIGN.md §10:
+//   {"bench", "world_size", "shape": {...}, "rows": [{"schedule", "time_s", "peak_bytes":
+//    {"total", <live set>...}, "bound_bytes", "max_rel_err", ...}], "host", "date"}
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/runtime/memory_stats.h"
+
+namespace moepeak::cli {
+
+// The flags every bench has: --config/--set, --warmup, --iters, --json.
+struct BenchCommonArgs {
+  ConfigArgs config;
+  int warmup = 2;
+  int iters = 5;
+  std::string json_path;
+};
+void add_bench_common_options(CLI::App& sub, BenchCommonArgs& args);
+
+double median(std::vector<double> v);
+std::string now_utc();  // "2026-11-29 21:38:19 UTC"
+
+// {"total": peak_total, "<live set>": that set's own peak, ...}
+nlohmann::json peak_bytes_json(const MemoryStats& stats);
+
+// Writes the §10 object (adding "host" and "date"); throws moepeak::Error naming the path.
+void write_bench_json(const std::string& path, const std::string& bench, int world_size,
+                      const nlohmann::json& shape, const nlohmann::json& rows);
+
+// Bench subcommands registered on `moepeak bench` (each in its own cli/bench_<name>.cpp).
+void register_bench_step(CLI::App& bench, Context& ctx);
+
+}  // namespace moepeak::cli
