@@ -43,14 +43,26 @@ struct MixtralModel::LayerActivations {
   }
 };
 
+namespace {
+SchedulesConfig with_checkpoint(CheckpointSchedule checkpoint) {
+  SchedulesConfig s;
+  s.checkpoint = checkpoint;
+  return s;
+}
+}  // namespace
+
 MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                            CheckpointSchedule checkpoint, DType dtype)
-    : backend_(backend), stream_(stream), comm_(comm), model_(model), checkpoint_(checkpoint),
-      dtype_(dtype), params_(backend, model, dtype, comm),
+    : MixtralModel(backend, stream, comm, model, with_checkpoint(checkpoint), dtype) {}
+
+MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
+                           const SchedulesConfig& schedules, DType dtype)
+    : backend_(backend), stream_(stream), comm_(comm), model_(model), schedules_(schedules),
+      checkpoint_(schedules.checkpoint), dtype_(dtype), params_(backend, model, dtype, comm),
       groups_(zero_gather_groups(params_.layout())) {
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "the CPU model computes in f32 or f64, not ",
                 dtype_name(dtype));
-  MOEPEAK_CHECK(checkpoint != CheckpointSchedule::sco,
+  MOEPEAK_CHECK(checkpoint_ != CheckpointSchedule::sco,
                 "schedules.checkpoint = \"sco\" is not available in this version; use \"standard\" or \"none\"");
 }
 

@@ -49,7 +49,11 @@ struct TokenBatch {
 class MixtralModel {
  public:
   // dtype: f32 (training on the CPU) or f64 (gradient checks). `comm` spans the W ranks (a
-  // single-rank Comm for W = 1); E must be a multiple of W.
+  // single-rank Comm for W = 1); E must be a multiple of W. `schedules`: the [schedules] section
+  // of the config (the schedule of each live set the model owns and their knobs).
+  MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
+               const SchedulesConfig& schedules, DType dtype);
+  // The default schedules with this checkpointing (tests).
   MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                CheckpointSchedule checkpoint, DType dtype);
   ~MixtralModel();
@@ -104,6 +108,7 @@ class MixtralModel {
   Stream& stream_;
   Comm& comm_;
   ModelConfig model_;
+  SchedulesConfig schedules_;
   CheckpointSchedule checkpoint_;
   DType dtype_;
   ZeroParamStore params_;

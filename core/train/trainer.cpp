@@ -122,8 +122,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   s.backend = Backend::create(backend_options(cfg, s.ranks));
   s.comm = make_comm(*s.backend, s.ranks);
   Stream& stream = s.backend->default_stream();
-  s.model = std::make_unique<MixtralModel>(*s.backend, stream, *s.comm, cfg.model,
-                                           cfg.schedules.checkpoint, DType::f32);
+  s.model = std::make_unique<MixtralModel>(*s.backend, stream, *s.comm, cfg.model, cfg.schedules,
+                                           DType::f32);
   ZeroParamStore& params = s.model->params();
   params.initialize(static_cast<uint64_t>(cfg.job.seed), cfg.model.initializer_range, stream);
   s.optimizer = std::make_unique<schedules::ResidentAdamW>(*s.backend, params, cfg.optimizer);
