@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# `moepeak train` on W = 1 (a plain process), 2 and 4 real rank processes (mpirun), with the
+# unchanged configs/tiny.toml:
+#   - every step's loss and grad norm on 2 and 4 ranks equal the 1-rank ones (1e-5 relative),
+#     metrics carry world_size and one peak per rank, and 4 ranks peak below one rank;
+#   - the step-1 dump (--dump-step) on 4 ranks has the 1-rank dump's tensors: the same batch and
+#     initial weights bitwise, gradients within 1e-5 relative, the loss within 1e-6;
+#   - a checkpoint saved on 2 ranks resumes bit for bit on 2 ranks and within 1e-5 on 4 and 1;
+#   - a config the layout cannot split over W ranks is rejected before any work (non-zero exit,
+#     numbers in the message), and one rank's failure ends the whole job instead of hanging it.
+# Every run is under `timeout 120`: a hang is a failure (exit 124), not a blocked test.
+# Run: ctest -R test_train_ranks   (or: OMPI_MCA_btl=self,vader
+#   OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_ALLOW_RUN_AS_ROOT=1
+#   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 bash tests/cli/test_train_ranks.sh build/moepeak "$(which mpirun)" .)
+set -u
+bin="$1"
+mpirun="$2"
+src="$3"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passes=0
+
+check() {  # check NAME CONDITION-COMMAND...
+  local name="$1"; shift
+  if "$@"; then passes=$((passes + 1)); else echo "FAIL: $name"; failures=$((failures + 1)); fi
+}
+contains() { grep -qF -- "$2" "$1"; }
+is_failure() { test "$1" -ne 0 && test "$1" -ne 124; }  # non-zero, and not the timeout's 124
+# A python3 with numpy (the first on PATH may lack it; Debian's python3-numpy is /usr/bin's).
+py=python3
+"$py" -c 'import numpy' 2>/dev/null || py=/usr/bin/python3
+
+# train W NAME LOG [ARGS...]: `moepeak train` of configs/tiny.toml on W ranks (W = 1: a plain
+# process, no mpirun) as job NAME under $tmp/runs; stdout/stderr in LOG.out/LOG.err; returns
+# the exit code (124: it hung and timeout ended it).
+train() {
+  local w="$1" name="$2" log="$3"; shift 3
+  local launch=()
+  if [ "$w" -gt 1 ]; then launch=("$mpirun" --allow-run-as-root --oversubscribe -np "$w"); fi
+  timeout -k 10 120 "${launch[@]}" "$bin" train --config "$src/configs/tiny.toml" \
+    --set metrics.progress=off --set job.run_dir="$tmp/runs" --set job.name="$name" "$@" \
+    >"$log.out" 2>"$log.err"
+}
+metrics() { echo "$tmp/runs/$1/metrics.jsonl"; }
+# every_rank LOG W PATTERN: each of the W ranks printed the error PATTERN (ERE) to LOG.err.
+every_rank() {
+  local r
+  for r in $(seq 0 $(($2 - 1))); do
+    grep -qE -- "moepeak: error: \[[^]]* rank $r/$2\] .*$3" "$1.err" || { echo "  rank $r/$2 did not print it"; return 1; }
+  done
+}
+
+# metrics_shape FILE FIRST LAST W: one line per step FIRST..LAST, world_size = W, W rank peaks.
+metrics_shape() {
+  "$py" - "$@" <<'PY'
+import json, sys
+path, first, last, w = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+try:
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+except (OSError, ValueError) as e:
+    sys.exit(f"  {path}: {e}")
+steps = [r["step"] for r in rows]
+if steps != list(range(first, last + 1)):
+    sys.exit(f"  {path}: steps {steps}, want {first}..{last}")
+for r in rows:
+    if r.get("world_size") != w or len(r.get("rank_peak_bytes", [])) != w:
+        sys.exit(f"  {path}: step {r['step']}: world_size {r.get('world_size')}, "
+                 f"rank_peak_bytes {r.get('rank_peak_bytes')}, want {w} ranks")
+PY
+}
+
+# series_match REF RUN KEY RTOL: RUN's KEY at each of its steps equals REF's at the same step,
+# within RTOL relative (RTOL = 0: the same float exactly). RUN must have at least one step.
+series_match() {
+  "$py" - "$@" <<'PY'
+import json, sys
+ref_path, run_path, key, rtol = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+def load(p):
+    try:
+        return {r["step"]: r[key] for r in (json.loads(l) for l in open(p) if l.strip())}
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"  {p}: {e}")
+ref, run = load(ref_path), load(run_path)
+if not run:
+    sys.exit(f"  {run_path}: no steps")
+bad = 0
+for step, b in sorted(run.items()):
+    if step not in ref:
+        sys.exit(f"  step {step} of {run_path} is not in {ref_path}")
+    a = ref[step]
+    ok = a == b if rtol == 0 else abs(a - b) <= rtol * max(abs(a), abs(b))
+    if not ok:
+        print(f"  step {step} {key}: {b!r} vs {a!r} (relative {abs(a - b) / max(abs(a), 1e-300):.3g})")
+        bad += 1
+sys.exit(1 if bad else 0)
+PY
+}
+
+# peak_below SMALL BIG: the largest per-rank peak of any step in SMALL < the largest in BIG.
+peak_below() {
+  "$py" - "$@" <<'PY'
+import json, sys
+def peak(p):
+    return max(max(r["rank_peak_bytes"]) for r in (json.loads(l) for l in open(p) if l.strip()))
+try:
+    a, b = peak(sys.argv[1]), peak(sys.argv[2])
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f"  {e}")
+if not a < b:
+    sys.exit(f"  largest rank peak {a} bytes is not below {b} bytes")
+PY
+}
+
+# dump_cmp WHAT DIR_A DIR_B: compares two step dumps. WHAT: names (the same tensors in each
+# .safetensors file), batch (bitwise), weights (bitwise), grads (each tensor: max|a-b| <=
+# 1e-5 max|a|), loss (1e-6 relative). The safetensors files are read here: an 8-byte
+# little-endian header length, a JSON header, then the raw tensor bytes.
+dump_cmp() {
+  "$py" - "$@" <<'PY'
+import json, struct, sys
+import numpy as np
+what, da, db = sys.argv[1], sys.argv[2], sys.argv[3]
+DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32}
+def load(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    data = raw[8 + n:]
+    out = {}
+    for name, e in header.items():
+        lo, hi = e["data_offsets"]
+        out[name] = np.frombuffer(data[lo:hi], dtype=DTYPES[e["dtype"]]).reshape(e["shape"])
+    return out
+def pair(file):
+    try:
+        return load(f"{da}/{file}"), load(f"{db}/{file}")
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"  {file}: {e}")
+bad = []
+if what == "names":
+    for file in ("model.safetensors", "grads.safetensors", "batch.safetensors"):
+        a, b = pair(file)
+        if not a or sorted(a) != sorted(b):
+            bad.append(f"{file}: tensors {sorted(set(a) ^ set(b))} in only one dump ({len(a)}, {len(b)})")
+elif what in ("batch", "weights"):
+    a, b = pair("batch.safetensors" if what == "batch" else "model.safetensors")
+    for name in sorted(set(a) & set(b)):
+        x, y = a[name], b[name]
+        if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
+            bad.append(f"{name}: not bitwise equal")
+    if not a:
+        bad.append("no tensors")
+elif what == "grads":
+    a, b = pair("grads.safetensors")
+    for name in sorted(set(a) & set(b)):
+        x, y = a[name].astype(np.float64), b[name].astype(np.float64)
+        if x.shape != y.shape:
+            bad.append(f"{name}: shape {x.shape} vs {y.shape}")
+            continue
+        diff, scale = float(np.max(np.abs(x - y))), max(float(np.max(np.abs(x))), 1e-30)
+        if not diff <= 1e-5 * scale:
+            bad.append(f"{name}: max|a-b| {diff:.3g} > 1e-5 * max|a| {scale:.3g}")
+    if not a:
+        bad.append("no tensors")
+elif what == "loss":
+    try:
+        a = json.load(open(f"{da}/loss.json"))["loss"]
+        b = json.load(open(f"{db}/loss.json"))["loss"]
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"  loss.json: {e}")
+    if not abs(a - b) <= 1e-6 * max(abs(a), abs(b)):
+        bad.append(f"loss {a!r} vs {b!r}")
+else:
+    sys.exit(f"  dump_cmp: unknown {what}")
+for line in bad[:10]:
+    print(f"  {line}")
+sys.exit(1 if bad else 0)
+PY
+}
+
+# 1. configs/tiny.toml unchanged on 1, 2 and 4 ranks: the same losses and grad norms each step.
+for w in 1 2 4; do
+  train $w "w$w" "$tmp/w$w" --set training.steps=10; rc=$?
+  check "tiny.toml on $w rank(s) exits 0 (rc $rc)" test $rc -eq 0
+  check "tiny.toml on $w rank(s): 10 metrics lines, world_size $w, $w rank peaks" \
+    metrics_shape "$(metrics w$w)" 1 10 $w
+done
+for w in 2 4; do
+  check "losses on $w ranks equal 1 rank's (1e-5 relative)" \
+    series_match "$(metrics w1)" "$(metrics w$w)" loss 1e-5
+  check "grad norms on $w ranks equal 1 rank's (1e-5 relative)" \
+    series_match "$(metrics w1)" "$(metrics w$w)" grad_norm 1e-5
+done
+check "the largest rank peak on 4 ranks is below the 1-rank peak" \
+  peak_below "$(metrics w4)" "$(metrics w1)"
+
+# 2. The step-1 dump does not depend on W (beyond the order of gradient sums).
+for w in 1 4; do
+  train $w "dump$w" "$tmp/dump$w" --set training.steps=1 --dump-step "$tmp/dump$w"; rc=$?
+  check "--dump-step on $w rank(s) exits 0 (rc $rc)" test $rc -eq 0
+  for f in model.safetensors grads.safetensors batch.safetensors loss.json config.json; do
+    check "--dump-step on $w rank(s) writes $f" test -s "$tmp/dump$w/$f"
+  done
+done
+check "dumps on 1 and 4 ranks hold the same tensor names" dump_cmp names "$tmp/dump1" "$tmp/dump4"
+check "dumps on 1 and 4 ranks hold the same batch" dump_cmp batch "$tmp/dump1" "$tmp/dump4"
+check "initial weights on 1 and 4 ranks are bitwise equal" dump_cmp weights "$tmp/dump1" "$tmp/dump4"
+check "gradients on 4 ranks equal 1 rank's (1e-5 relative)" dump_cmp grads "$tmp/dump1" "$tmp/dump4"
+check "loss.json on 4 ranks equals 1 rank's (1e-6 relative)" dump_cmp loss "$tmp/dump1" "$tmp/dump4"
+
+# 3. A checkpoint saved on 2 ranks resumes on 2 (bit for bit), 4 and 1 rank(s).
+ckpt=(--set checkpoint.enable=true --set checkpoint.interval=3 --set checkpoint.keep_latest=5)
+train 2 ck2 "$tmp/ck2" --set training.steps=6 "${ckpt[@]}"; rc=$?
+check "2 ranks with checkpoints exits 0 (rc $rc)" test $rc -eq 0
+check "2 ranks with checkpoints: 6 metrics lines" metrics_shape "$(metrics ck2)" 1 6 2
+step3="$tmp/runs/ck2/checkpoints/step_00000003"
+for f in model.safetensors config.json optimizer.safetensors; do
+  check "checkpoint step_00000003 has $f" test -s "$step3/$f"
+done
+for w in 2 4 1; do
+  train $w "resume$w" "$tmp/resume$w" --set training.steps=6 --resume-from "$step3"; rc=$?
+  check "resume on $w rank(s) from the 2-rank checkpoint exits 0 (rc $rc)" test $rc -eq 0
+  check "resume on $w rank(s) runs steps 4..6" metrics_shape "$(metrics resume$w)" 4 6 $w
+done
+check "resume on 2 ranks: losses of steps 4..6 bitwise equal the uninterrupted run's" \
+  series_match "$(metrics ck2)" "$(metrics resume2)" loss 0
+check "resume on 4 ranks: losses of steps 4..6 equal the uninterrupted run's (1e-5 relative)" \
+  series_match "$(metrics ck2)" "$(metrics resume4)" loss 1e-5
+check "resume on 1 rank: losses of steps 4..6 equal the uninterrupted run's (1e-5 relative)" \
+  series_match "$(metrics ck2)" "$(metrics resume1)" loss 1e-5
+
+# 4. Layouts that cannot be split over W ranks: an error on every rank before any work. Each
+# rank checks on its own (no collective), and the first to fail calls MPI_Abort, which may kill the
+# others before they print: mpi_abort_delay (Open MPI) holds the abort back a second, so every
+# rank's message reaches stderr.
+export OMPI_MCA_mpi_abort_delay=1
+train 2 heads "$tmp/heads" --set training.steps=10 \
+  --set model.num_attention_heads=3 --set model.num_key_value_heads=1; rc=$?
+check "3 query heads on 2 ranks fails (rc $rc)" is_failure $rc
+check "3 query heads on 2 ranks: every rank says 3 heads cannot be split over 2 ranks" \
+  every_rank "$tmp/heads" 2 "3 query heads cannot be split over 2 ranks"
+check "3 query heads on 2 ranks: no run directory (rejected before any work)" test ! -e "$tmp/runs/heads"
+
+train 2 world "$tmp/world" --set training.steps=10 --set parallelism.world_size=4; rc=$?
+check "parallelism.world_size=4 on 2 ranks fails (rc $rc)" is_failure $rc
+check "parallelism.world_size=4 on 2 ranks: every rank names 4 and 2" \
+  every_rank "$tmp/world" 2 "parallelism\.world_size = 4 but the job was started with 2 ranks"
+check "parallelism.world_size=4 on 2 ranks: no run directory" test ! -e "$tmp/runs/world"
+
+train 4 experts "$tmp/experts" --set training.steps=10 \
+  --set model.num_local_experts=6 --set model.num_experts_per_tok=2; rc=$?
+check "6 experts on 4 ranks fails (rc $rc)" is_failure $rc
+check "6 experts on 4 ranks: every rank names 6 and 4" \
+  every_rank "$tmp/experts" 4 "over W = 4 ranks needs model\.num_local_experts \(6\) divisible by W"
+check "6 experts on 4 ranks: no run directory" test ! -e "$tmp/runs/experts"
+unset OMPI_MCA_mpi_abort_delay
+
+# 5. One rank's failure ends the job: only rank 0 creates the run directory (here under a regular
+# file, so it fails) while rank 1 enters step 1's collectives; MPI_Abort must end both.
+touch "$tmp/afile"
+timeout -k 10 120 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$bin" train \
+  --config "$src/configs/tiny.toml" --set training.steps=10 --set metrics.progress=off \
+  --set job.run_dir="$tmp/afile/runs" --set job.name=abort >"$tmp/abort.out" 2>"$tmp/abort.err"; rc=$?
+check "rank 0 failing alone ends the 2-rank job with an error, not a hang (rc $rc)" is_failure $rc
+rank0_error_names() { grep -F 'moepeak: error: ' "$1" | grep -F ' rank 0/2] ' | grep -qF -- "$2"; }
+check "rank 0's error names the run directory" rank0_error_names "$tmp/abort.err" "$tmp/afile/runs"
+
+echo "$passes passed, $failures failed"
+test $failures -eq 0
