@@ -38,17 +38,36 @@ std::vector<int> expert_of(const ParamLayout& layout) {
   return e;
 }
 
-// Elements of this rank's flat buffers (the same on every rank).
-int64_t local_elements(const ParamLayout& layout, int experts_per_rank, int world, int rank) {
+// What rank `rank` stores of param i: elements [first, first + numel) of the flattened tensor
+// (numel = 0: nothing). Dense: the ZeRO-3 slice [r*s, r*s + s) (the part past n is padding);
+// expert: all of it on the owner; vocabulary rows: rows [floor(rV/W), floor((r+1)V/W)).
+struct Extent {
+  int64_t first = 0, numel = 0;
+  bool rows = false;
+};
+Extent extent_of(const ParamLayout& layout, const std::vector<int>& expert, size_t i,
+                 int experts_per_rank, int world, int rank, LmHeadSharding lm_head) {
+  const int64_t n = layout.params()[i].shape.numel();
+  if (expert[i] >= 0) {
+    if (expert[i] / experts_per_rank != rank) return {};
+    return {0, n, false};
+  }
+  if (lm_head == LmHeadSharding::vocab_rows && static_cast<int>(i) == layout.lm_head) {
+    const Shape& shape = layout.params()[i].shape;
+    const auto [begin, end] = lm_head_rows(shape[0], world, rank);
+    return {begin * shape[1], (end - begin) * shape[1], true};
+  }
+  const int64_t s = shard_size(n, world);
+  return {rank * s, s, false};
+}
+
+// Elements of rank `rank`'s flat buffers.
+int64_t local_elements(const ParamLayout& layout, int experts_per_rank, int world, int rank,
+                       LmHeadSharding lm_head) {
   std::vector<int> expert = expert_of(layout);
   int64_t total = 0;
   for (size_t i = 0; i < expert.size(); ++i) {
-    int64_t n = layout.params()[i].shape.numel();
-    if (expert[i] < 0) {
-      total += align_up(shard_size(n, world));
-    } else if (expert[i] / experts_per_rank == rank) {
-      total += align_up(n);
-    }
+    total += align_up(extent_of(layout, expert, i, experts_per_rank, world, rank, lm_head).numel);
   }
   return total;
 }
@@ -69,21 +88,34 @@ void add_into(const Tensor& shard_grad, const Tensor& tmp, Stream& stream) {
 
 }  // namespace
 
-std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout) {
+std::pair<int64_t, int64_t> lm_head_rows(int64_t vocab, int world, int rank) {
+  MOEPEAK_CHECK(world > 0 && rank >= 0 && rank < world, "lm_head_rows: rank ", rank, " of ", world);
+  MOEPEAK_CHECK(vocab >= world, "the LM head split by vocabulary rows needs at least one row per "
+                "rank: vocab_size = ", vocab, ", W = ", world);
+  return {rank * vocab / world, (rank + 1) * vocab / world};
+}
+
+std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout, LmHeadSharding lm_head) {
   std::vector<std::vector<int>> groups;
   groups.push_back({layout.embed});
   for (const LayerParamIndex& L : layout.layers) {
     groups.push_back({L.input_norm, L.q, L.k, L.v, L.o, L.post_norm, L.gate});
   }
-  groups.push_back({layout.final_norm, layout.lm_head});
+  if (lm_head == LmHeadSharding::vocab_rows) groups.push_back({layout.final_norm});
+  else groups.push_back({layout.final_norm, layout.lm_head});
   return groups;
 }
 
-ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size) {
+ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size,
+                                LmHeadSharding lm_head) {
   check_experts_divisible(model, world_size);
   ParamLayout layout(model);
   int per_rank = static_cast<int>(model.num_local_experts / world_size);
-  uint64_t b = footprint(local_elements(layout, per_rank, world_size, 0), dtype);
+  int64_t largest = 0;
+  for (int r = 0; r < world_size; ++r) {
+    largest = std::max(largest, local_elements(layout, per_rank, world_size, r, lm_head));
+  }
+  uint64_t b = footprint(largest, dtype);
   return ZeroBytes{b, b};
 }
 
@@ -102,18 +134,20 @@ ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, int world_s
   return ZeroBytes{parts == GatherParts::grads ? 0 : b, parts == GatherParts::values ? 0 : b};
 }
 
-ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int world_size) {
+ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
+                                      LmHeadSharding lm_head) {
   ZeroBytes best;
-  for (const auto& g : zero_gather_groups(ParamLayout(model))) {
+  for (const auto& g : zero_gather_groups(ParamLayout(model), lm_head)) {
     ZeroBytes b = zero_gathered_bytes(model, dtype, world_size, g);
     if (b.total() > best.total()) best = b;
   }
   return best;
 }
 
-ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype, Comm& comm)
-    : layout_(model), dtype_(dtype), backend_(backend), comm_(comm), rank_(comm.rank()),
-      world_(comm.world_size()) {
+ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype, Comm& comm,
+                               LmHeadSharding lm_head)
+    : layout_(model), dtype_(dtype), lm_head_(lm_head), backend_(backend), comm_(comm),
+      rank_(comm.rank()), world_(comm.world_size()) {
   check_experts_divisible(model, world_);
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
                 "parameters must be f32, f64 or bf16, not ", dtype_name(dtype));
@@ -124,18 +158,16 @@ ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType
   for (size_t i = 0; i < expert.size(); ++i) {
     Info& info = info_[i];
     info.expert = expert[i];
-    int64_t n = layout_.params()[i].shape.numel();
-    if (info.expert < 0) {
-      info.local_numel = shard_size(n, world_);
-    } else if (info.expert / per_rank == rank_) {
-      info.local_numel = n;
-    } else {
-      continue;  // another rank's expert
-    }
+    const Extent e = extent_of(layout_, expert, i, per_rank, world_, rank_, lm_head_);
+    info.rows = e.rows;
+    if (e.numel == 0 && info.expert >= 0) continue;  // another rank's expert
+    info.first = e.first;
+    info.local_numel = e.numel;
     info.offset = total;
     total += align_up(info.local_numel);
   }
-  MOEPEAK_CHECK(total == local_elements(layout_, per_rank, world_, rank_), "ZeRO-3 layout drift");
+  MOEPEAK_CHECK(total == local_elements(layout_, per_rank, world_, rank_, lm_head_),
+                "ZeRO-3 layout drift");
   values_ = OwnedTensor::device(backend, Shape{total}, dtype, LiveSet::weights,
                                 "ZeRO-3 weight shards");
   grads_ = OwnedTensor::device(backend, Shape{total}, dtype, LiveSet::grads,
@@ -167,7 +199,10 @@ Tensor ZeroParamStore::piece(const Tensor& flat, int param) const {
   MOEPEAK_CHECK(info.offset >= 0, layout_.params()[param].name, " is expert ", info.expert,
                 " of rank ", expert_owner(param), ", not stored on rank ", rank_);
   char* base = static_cast<char*>(flat.data()) + info.offset * dtype_size(dtype_);
-  Shape shape = info.expert >= 0 ? layout_.params()[param].shape : Shape{info.local_numel};
+  const Shape& full = layout_.params()[param].shape;
+  Shape shape = info.expert >= 0 ? full
+                : info.rows      ? Shape{info.local_numel / full[1], full[1]}
+                                 : Shape{info.local_numel};
   return Tensor(base, shape, dtype_, Placement::device, &backend_);
 }
 
@@ -181,7 +216,7 @@ void ZeroParamStore::initialize(uint64_t seed, double initializer_range, Stream&
   for (const LocalPiece& piece : pieces_) {
     const Info& info = info_[piece.param];
     int64_t n = layout_.params()[piece.param].shape.numel();
-    int64_t begin = piece.is_expert ? 0 : rank_ * info.local_numel;
+    int64_t begin = info.first;
     int64_t end = std::min(n, begin + info.local_numel);
     for (int64_t j = begin; j < end; ++j) {
       double v = param_init::element(seed, static_cast<uint64_t>(piece.param), piece.is_norm,
@@ -208,6 +243,8 @@ ZeroParamStore::GatheredGroup ZeroParamStore::gather(std::span<const int> params
   for (int p : params) {
     MOEPEAK_CHECK(p >= 0 && p < static_cast<int>(info_.size()), "gather: no parameter ", p);
     MOEPEAK_CHECK(g.slot_[p] < 0, "gather: ", layout_.params()[p].name, " named twice");
+    MOEPEAK_CHECK(!info_[p].rows, "gather: ", layout_.params()[p].name,
+                  " is stored by vocabulary rows (Ring-DTP) and never gathered; use local_value");
     if (info_[p].expert >= 0) {
       local_value(p);  // throws unless it is one of this rank's experts
       g.slot_[p] = 0;  // marks it present; experts are read from the store
@@ -299,6 +336,32 @@ std::vector<char> ZeroParamStore::gather_full(int param, const Tensor& flat, Str
   const size_t b = dtype_size(dtype_);
   const int64_t n = layout_.params()[param].shape.numel();
   std::vector<char> full(static_cast<size_t>(n) * b);
+  if (info.rows) {
+    // Ranks hold floor or ceil(V/W) rows: pad every part to the largest for one all_gather.
+    int64_t most = 0;
+    for (int r = 0; r < world_; ++r) {
+      const auto [begin, end] = lm_head_rows(layout_.params()[param].shape[0], world_, r);
+      most = std::max(most, end - begin);
+    }
+    const int64_t H = layout_.params()[param].shape[1];
+    OwnedTensor mine = OwnedTensor::device(backend_, Shape{most * H}, dtype_, LiveSet::workspace,
+                                           "vocabulary rows gather_full send");
+    OwnedTensor all = OwnedTensor::device(backend_, Shape{world_ * most * H}, dtype_,
+                                          LiveSet::workspace, "vocabulary rows gather_full");
+    backend_.copy_async(mine.data(), piece(flat, param).data(),
+                        static_cast<size_t>(info.local_numel) * b, CopyKind::device_to_device, stream);
+    comm_.all_gather(mine.data(), all.data(), static_cast<size_t>(most * H), dtype_, stream);
+    std::vector<char> padded(all.nbytes());
+    backend_.copy_async(padded.data(), all.data(), padded.size(), CopyKind::device_to_host, stream);
+    stream.synchronize();
+    for (int r = 0; r < world_; ++r) {
+      const auto [begin, end] = lm_head_rows(layout_.params()[param].shape[0], world_, r);
+      std::copy_n(padded.data() + static_cast<size_t>(r * most * H) * b,
+                  static_cast<size_t>((end - begin) * H) * b,
+                  full.data() + static_cast<size_t>(begin * H) * b);
+    }
+    return full;
+  }
   if (info.expert < 0) {
     OwnedTensor tmp = OwnedTensor::device(backend_, Shape{world_ * info.local_numel}, dtype_,
                                           LiveSet::workspace, "ZeRO-3 gather_full");
@@ -336,7 +399,7 @@ void ZeroParamStore::load_full(int param, const void* full, const Tensor& flat, 
     backend_.copy_async(dst.data(), full, static_cast<size_t>(n) * b, CopyKind::host_to_device,
                         stream);
   } else {
-    int64_t begin = std::min(n, rank_ * info.local_numel);
+    int64_t begin = std::min(n, info.first);
     int64_t end = std::min(n, begin + info.local_numel);
     if (end > begin) {
       backend_.copy_async(dst.data(), static_cast<const char*>(full) + begin * b,

@@ -8,6 +8,10 @@
 //     tensor, the part past n_i (only on the last ranks) being zeros that stay zero.
 //   - Expert j lives whole on rank j / (E/W) (experts [r*E/W, (r+1)*E/W) on rank r); the other
 //     ranks store nothing of it. Expert weights and grads are never sharded or reduced here.
+//   - With LmHeadSharding::vocab_rows (Ring-DTP), lm_head.weight (V, H) is split by vocabulary
+//     rows instead: rank r keeps rows [floor(r*V/W), floor((r+1)*V/W)) (lm_head_rows(), the same
+//     intervals as Ring-DTP's vocab_shard) as a (V_r, H) tensor, never gathered; its gradient
+//     accumulates there. With W = 1 both layouts are the whole tensor.
 // This rank's pieces (dense shards and local expert tensors, in ParamLayout order) sit at offsets
 // aligned to ParamLayout::kAlignElements in one flat `weights` buffer and one flat `grads`
 // buffer, both zero-filled at construction, so padding is zero and a sum of squares over
@@ -39,6 +43,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/comm/comm.h"
@@ -48,6 +53,14 @@
 #include "core/runtime/tensor.h"
 
 namespace moepeak {
+
+// How the LM head is stored: ZeRO-3 like every dense tensor (gathered for the materialised
+// projection), or by vocabulary rows for Ring-DTP.
+enum class LmHeadSharding { zero3, vocab_rows };
+
+// Rank r's LM-head rows [begin, end) under LmHeadSharding::vocab_rows: floor(r*V/W) ..
+// floor((r+1)*V/W). Requires V >= W.
+std::pair<int64_t, int64_t> lm_head_rows(int64_t vocab, int world, int rank);
 
 // Which buffers a gathered group allocates: full weights (forward, recompute), zeroed gradient
 // accumulators (backward of ops that need no weights, e.g. the embedding), or both (backward).
@@ -60,17 +73,22 @@ struct ZeroBytes {
 };
 
 // Dense (ZeRO-sharded) params of each gather group, in order of use in the forward pass:
-// {embed}, {layer l: input_norm, q, k, v, o, post_norm, gate} for each l, {final_norm, lm_head}.
-std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout);
-// Persistent shard + local-expert buffers of one rank (the same on every rank).
-ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size);
+// {embed}, {layer l: input_norm, q, k, v, o, post_norm, gate} for each l, {final_norm, lm_head}
+// ({final_norm} alone when the LM head is stored by vocabulary rows).
+std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout,
+                                                 LmHeadSharding lm_head = LmHeadSharding::zero3);
+// Persistent shard + local-expert buffers of one rank: the same on every rank, except that
+// vocabulary rows differ by one row between ranks — then the largest rank's.
+ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size,
+                                LmHeadSharding lm_head = LmHeadSharding::zero3);
 // The buffers gather(params, parts) allocates (expert params in `params` cost nothing; W = 1
 // costs nothing).
 ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
                               std::span<const int> params,
                               GatherParts parts = GatherParts::values_and_grads);
 // The largest over zero_gather_groups().
-ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int world_size);
+ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
+                                      LmHeadSharding lm_head = LmHeadSharding::zero3);
 
 class ZeroParamStore {
  public:
@@ -104,8 +122,10 @@ class ZeroParamStore {
     OwnedTensor values_, grads_;
   };
 
-  // Throws unless num_local_experts % world_size == 0. Not collective.
-  ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype, Comm& comm);
+  // Throws unless num_local_experts % world_size == 0 (and V >= W for vocab_rows). Not
+  // collective.
+  ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype, Comm& comm,
+                 LmHeadSharding lm_head = LmHeadSharding::zero3);
 
   const ParamLayout& layout() const { return layout_; }
   DType dtype() const { return dtype_; }
@@ -115,13 +135,17 @@ class ZeroParamStore {
   Backend& backend() const { return backend_; }
 
   bool is_expert(int param) const { return info_.at(param).expert >= 0; }
+  // Stored by vocabulary rows (the LM head under LmHeadSharding::vocab_rows).
+  bool is_row_sharded(int param) const { return info_.at(param).rows; }
+  LmHeadSharding lm_head_sharding() const { return lm_head_; }
   // Rank that stores expert param `param` whole; -1 for dense params.
   int expert_owner(int param) const;
   // Stored here: every dense param (its shard) and this rank's expert params.
   bool is_local(int param) const { return info_.at(param).offset >= 0; }
-  // s_i for a dense param; numel for an expert param.
+  // s_i for a dense param; numel for an expert param; V_r * H for row-sharded.
   int64_t shard_elements(int param) const { return info_.at(param).local_numel; }
-  // The piece of `param` this rank stores (Error if none).
+  // The piece of `param` this rank stores (Error if none): a 1-D shard (dense), the full tensor
+  // (expert) or (V_r, H) rows (row-sharded).
   Tensor local_value(int param) const;
   Tensor local_grad(int param) const;
 
@@ -151,13 +175,16 @@ class ZeroParamStore {
  private:
   struct Info {
     int expert = -1;         // expert index j for expert params
+    bool rows = false;       // stored by vocabulary rows
     int64_t offset = -1;     // elements into the flat buffers, -1 if not stored here
-    int64_t local_numel = 0; // s_i (dense) or numel (expert)
+    int64_t local_numel = 0; // s_i (dense), numel (expert), V_r * H (rows)
+    int64_t first = 0;       // the first element of the flattened tensor this rank stores
   };
   Tensor piece(const Tensor& flat, int param) const;
 
   ParamLayout layout_;
   DType dtype_;
+  LmHeadSharding lm_head_;
   Backend& backend_;
   Comm& comm_;
   int rank_, world_;

@@ -380,6 +380,58 @@ TEST(ZeroParams, LoadFullRoundTrip) {
   }
 }
 
+// The LM head stored by vocabulary rows (Ring-DTP): rank r keeps rows [floor(rV/W),
+// floor((r+1)V/W)) — V = 11 splits unevenly on 2 and 4 ranks — whole and never gathered; the
+// other params keep their ZeRO-3 layout; gather_full and load_full see the full tensor.
+TEST(ZeroParams, LmHeadByVocabularyRows) {
+  const ModelConfig model = tiny_model();
+  for (DType dtype : kDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    auto ref = reference_values(model, dtype);
+    Env env;
+    const int rank = env.comm().rank(), world = env.comm().world_size();
+    env.backend().arena().reset_peaks();
+    ZeroParamStore store(env.backend(), model, dtype, env.comm(), LmHeadSharding::vocab_rows);
+    store.initialize(kSeed, kRange, env.stream());
+    const ParamLayout& layout = store.layout();
+    const int head = layout.lm_head;
+    const int64_t V = model.vocab_size, H = model.hidden_size;
+    const auto [begin, end] = lm_head_rows(V, world, rank);
+    EXPECT_EQ(begin, rank * V / world);
+    EXPECT_EQ(end, (rank + 1) * V / world);
+    ASSERT_TRUE(store.is_row_sharded(head));
+    const Tensor rows = store.local_value(head);
+    ASSERT_EQ(rows.shape(), (Shape{end - begin, H}));
+    // This rank's rows are the reference's rows [begin, end), bit for bit.
+    std::vector<char> mine = to_host(env.backend(), rows, env.stream());
+    const size_t b = dtype_size(dtype);
+    EXPECT_EQ(std::memcmp(mine.data(), ref[head].data() + static_cast<size_t>(begin * H) * b,
+                          mine.size()),
+              0);
+    for (size_t i = 0; i < layout.params().size(); ++i) {
+      std::vector<char> full = store.gather_full(static_cast<int>(i), env.stream());
+      EXPECT_EQ(full, ref[i]) << layout.params()[i].name;
+    }
+    // The final group gathers the norm only; naming the head in a gather is an error.
+    const auto groups = zero_gather_groups(layout, LmHeadSharding::vocab_rows);
+    EXPECT_EQ(groups.back(), std::vector<int>{layout.final_norm});
+    std::vector<int> with_head{head};
+    EXPECT_THROW(store.gather(with_head, env.stream()), Error);
+    // Persistent bytes: this rank's buffers, at most the planner's (largest-rank) number.
+    const ZeroBytes planned = zero_persistent_bytes(model, dtype, world, LmHeadSharding::vocab_rows);
+    const uint64_t measured = env.backend().arena().stats().peak_per_set()[LiveSet::weights];
+    EXPECT_LE(measured, planned.weights);
+    if (end - begin == (V + world - 1) / world) {
+      EXPECT_EQ(measured, planned.weights);
+    }
+    // load_full keeps this rank's rows.
+    std::vector<char> poisoned(ref[head].size());
+    for (size_t k = 0; k < poisoned.size(); ++k) poisoned[k] = static_cast<char>(k * 7 + 1);
+    store.load_full(head, poisoned.data(), env.stream());
+    EXPECT_EQ(store.gather_full(head, env.stream()), poisoned);
+  }
+}
+
 TEST(ZeroParams, ExpertsMustDivideWorld) {
   Env env;
   const int world = env.comm().world_size();
