@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <filesystem>
@@ -52,43 +53,134 @@ std::vector<uint8_t> unhex(const std::string& text, const std::string& where) {
   return out;
 }
 
+// Element offset of this rank's piece of `param` in its flat buffers (the param is local).
+int64_t piece_offset(const ZeroParamStore& params, int param) {
+  const char* base = static_cast<const char*>(params.flat_values().data());
+  const char* at = static_cast<const char*>(params.local_value(param).data());
+  return static_cast<int64_t>(at - base) / static_cast<int64_t>(dtype_size(params.dtype()));
+}
+
+// True when `flat` is what ZeroParamStore's gather_full / load_full take: device memory in the
+// store's dtype (the weights, the grads, resident m and v).
+bool store_layout_on_device(const ZeroParamStore& params, const Tensor& flat) {
+  return flat.placement() == Placement::device && flat.dtype() == params.dtype();
+}
+
+void check_flat(const ZeroParamStore& params, const Tensor& flat) {
+  MOEPEAK_CHECK(flat.numel() == params.flat_values().numel(), "optimizer state ", flat.str(),
+                " is not laid out like this rank's ", params.flat_values().numel(), " parameter elements");
+}
+
+// The full tensor of `param` from `flat` (laid out like the store's values) on every rank
+// (collective). Device state in the store's dtype goes through gather_full. Other state (pinned
+// host memory, or another dtype) is staged through a device `workspace` buffer into the same
+// collectives gather_full uses — all_gather of the dense shards, broadcast from an expert's
+// owner — since NCCL reads device memory only (on the CPU backend both are host memory).
+std::vector<char> gather_state_full(const ZeroParamStore& params, int param, const Tensor& flat,
+                                    Stream& stream) {
+  if (store_layout_on_device(params, flat)) return params.gather_full(param, flat, stream);
+  check_flat(params, flat);
+  Backend& backend = params.backend();
+  const DType dtype = flat.dtype();
+  const size_t e = dtype_size(dtype);
+  const int64_t n = params.layout().params()[param].shape.numel();
+  const CopyKind in = flat.placement() == Placement::host ? CopyKind::host_to_device
+                                                          : CopyKind::device_to_device;
+  std::vector<char> full(static_cast<size_t>(n) * e);
+  auto local = [&] {
+    return static_cast<const char*>(flat.data()) + static_cast<size_t>(piece_offset(params, param)) * e;
+  };
+  if (!params.is_expert(param)) {
+    const int64_t s = params.shard_elements(param);
+    OwnedTensor piece = OwnedTensor::device(backend, Shape{s}, dtype, LiveSet::workspace,
+                                            "checkpoint state shard");
+    OwnedTensor all = OwnedTensor::device(backend, Shape{params.world_size() * s}, dtype,
+                                          LiveSet::workspace, "checkpoint state gather");
+    backend.copy_async(piece.data(), local(), static_cast<size_t>(s) * e, in, stream);
+    params.comm().all_gather(piece.data(), all.data(), static_cast<size_t>(s), dtype, stream);
+    backend.copy_async(full.data(), all.data(), full.size(), CopyKind::device_to_host, stream);
+    stream.synchronize();
+    return full;
+  }
+  const int owner = params.expert_owner(param);
+  OwnedTensor tmp = OwnedTensor::device(backend, Shape{n}, dtype, LiveSet::workspace,
+                                        "checkpoint state expert");
+  if (owner == params.rank()) backend.copy_async(tmp.data(), local(), full.size(), in, stream);
+  params.comm().broadcast(tmp.data(), static_cast<size_t>(n), dtype, owner, stream);
+  backend.copy_async(full.data(), tmp.data(), full.size(), CopyKind::device_to_host, stream);
+  stream.synchronize();
+  return full;
+}
+
+// Keeps this rank's part of the full host tensor `full` of `param` in `flat` (not collective):
+// rank r's elements [r*s, r*s + s) of a dense tensor (zeros past its end), an expert whole on its
+// owner. Host state is written directly; device state through copies on `stream`.
+void load_state_full(ZeroParamStore& params, int param, const void* full, const Tensor& flat,
+                     Stream& stream) {
+  if (store_layout_on_device(params, flat)) return params.load_full(param, full, flat, stream);
+  check_flat(params, flat);
+  if (!params.is_local(param)) return;  // another rank's expert
+  Backend& backend = params.backend();
+  const size_t e = dtype_size(flat.dtype());
+  const int64_t n = params.layout().params()[param].shape.numel();
+  const int64_t s = params.shard_elements(param);
+  char* dst = static_cast<char*>(flat.data()) + static_cast<size_t>(piece_offset(params, param)) * e;
+  int64_t begin = 0, end = n;
+  if (!params.is_expert(param)) {
+    begin = std::min(n, params.rank() * s);
+    end = std::min(n, begin + s);
+  }
+  const char* src = static_cast<const char*>(full) + static_cast<size_t>(begin) * e;
+  const size_t have = static_cast<size_t>(end - begin) * e;
+  const size_t pad = static_cast<size_t>(s - (end - begin)) * e;  // past a dense tensor's end
+  stream.synchronize();  // nothing queued still uses the state
+  if (flat.placement() == Placement::host) {
+    std::memcpy(dst, src, have);
+    std::memset(dst + have, 0, pad);
+    return;
+  }
+  backend.copy_async(dst, src, have, CopyKind::host_to_device, stream);
+  if (pad > 0) backend.memset_async(dst + have, 0, pad, stream);
+  stream.synchronize();  // `full` may die after the call
+}
+
 // Reads tensor `name` of `file` (the full tensor of param `index`) and keeps this rank's part of
-// it in `flat` (laid out like the store's values: the weights, m or v), checking dtype and shape.
+// it in `flat` (laid out like the store's values: the weights, or an optimizer state), checking
+// dtype (flat's) and shape.
 void read_into(const SafetensorsFile& file, const std::string& name, ZeroParamStore& params,
                int index, const Tensor& flat, Stream& stream) {
   if (!file.contains(name)) MOEPEAK_THROW(file.path(), ": no tensor '", name, "'");
   const SafetensorsTensorInfo& info = file.info(name);
   const ParamInfo& p = params.layout().params()[index];
-  if (info.dtype != safetensors_dtype_name(params.dtype()) || info.shape != dims(p.shape)) {
+  if (info.dtype != safetensors_dtype_name(flat.dtype()) || info.shape != dims(p.shape)) {
     std::ostringstream got;
     for (int64_t d : info.shape) got << d << ",";
     MOEPEAK_THROW(file.path(), ": tensor '", name, "' is ", info.dtype, " (", got.str(),
-                  ") but this model expects ", safetensors_dtype_name(params.dtype()), " ",
+                  ") but this model expects ", safetensors_dtype_name(flat.dtype()), " ",
                   p.shape.str());
   }
-  std::vector<char> host(static_cast<size_t>(p.shape.numel()) * dtype_size(params.dtype()));
+  std::vector<char> host(static_cast<size_t>(p.shape.numel()) * dtype_size(flat.dtype()));
   file.read(name, host.data(), host.size());
-  params.load_full(index, host.data(), flat, stream);
+  load_state_full(params, index, host.data(), flat, stream);
 }
 
-// The full tensors of every param from `flat` (values, grads, m or v), gathered on every rank
-// (collective) and kept on rank 0 only, in layout order.
+// The full tensors of every param from `flat` (values, grads, or an optimizer state), gathered on
+// every rank (collective) and kept on rank 0 only, in layout order.
 std::vector<std::vector<char>> gather_all(const ZeroParamStore& params, const Tensor& flat,
                                           Stream& stream) {
   std::vector<std::vector<char>> full(params.layout().params().size());
   for (size_t i = 0; i < full.size(); ++i) {
-    std::vector<char> t = params.gather_full(static_cast<int>(i), flat, stream);
+    std::vector<char> t = gather_state_full(params, static_cast<int>(i), flat, stream);
     if (params.rank() == 0) full[i] = std::move(t);
   }
   return full;
 }
 
 void add_params(SafetensorsWriter& writer, const ZeroParamStore& params,
-                const std::vector<std::vector<char>>& full, const std::string& prefix) {
+                const std::vector<std::vector<char>>& full, const std::string& prefix, DType dtype) {
   const auto& infos = params.layout().params();
   for (size_t i = 0; i < infos.size(); ++i) {
-    writer.add(prefix + infos[i].name, params.dtype(), dims(infos[i].shape), full[i].data(),
-               full[i].size());
+    writer.add(prefix + infos[i].name, dtype, dims(infos[i].shape), full[i].data(), full[i].size());
   }
 }
 
@@ -125,18 +217,24 @@ void write_params_safetensors(const std::string& path, const ZeroParamStore& par
   auto full = gather_all(params, gradients ? params.flat_grads() : params.flat_values(), stream);
   write_on_rank0(params, stream, path, [&] {
     SafetensorsWriter writer;
-    add_params(writer, params, full, "");
+    add_params(writer, params, full, "", params.dtype());
     writer.set_metadata("format", "pt");
     writer.write(path);
   });
 }
 
 void save_checkpoint(const std::string& folder, int64_t step, const ModelConfig& model,
-                     const ZeroParamStore& params, const schedules::ResidentAdamW& optimizer,
+                     const ZeroParamStore& params, const schedules::Optimizer& optimizer,
                      const DataLoader& loader, Stream& stream, int64_t keep_latest) {
   const auto weights = gather_all(params, params.flat_values(), stream);
-  const auto m = gather_all(params, optimizer.m(), stream);
-  const auto v = gather_all(params, optimizer.v(), stream);
+  struct GatheredState {
+    schedules::OptimizerState state;
+    std::vector<std::vector<char>> full;
+  };
+  std::vector<GatheredState> states;
+  for (const schedules::OptimizerState& st : optimizer.state()) {
+    states.push_back({st, gather_all(params, st.flat, stream)});
+  }
   const std::string name = checkpoint_dir_name(step);
   write_on_rank0(params, stream, "checkpoint " + (fs::path(folder) / name).string(), [&] {
     create_directories(folder);
@@ -147,18 +245,20 @@ void save_checkpoint(const std::string& folder, int64_t step, const ModelConfig&
     create_directories(tmp_dir.string());
     {
       SafetensorsWriter writer;
-      add_params(writer, params, weights, "");
+      add_params(writer, params, weights, "", params.dtype());
       writer.set_metadata("format", "pt");
       writer.write((tmp_dir / "model.safetensors").string());
     }
     write_config_json((tmp_dir / "config.json").string(), model);
     {
       SafetensorsWriter writer;
-      add_params(writer, params, m, "exp_avg.");
-      add_params(writer, params, v, "exp_avg_sq.");
+      for (const GatheredState& st : states) {
+        add_params(writer, params, st.full, st.state.name + ".", st.state.flat.dtype());
+      }
       writer.set_metadata("step", std::to_string(step));
       writer.set_metadata("data_loader_state", hex(loader.state()));
       writer.set_metadata("world_size", std::to_string(params.world_size()));
+      writer.set_metadata("optimizer_placement", std::string(enum_name(optimizer.placement())));
       writer.write((tmp_dir / "optimizer.safetensors").string());
     }
     fs::remove_all(final_dir, ec);
@@ -191,7 +291,7 @@ std::optional<std::string> latest_checkpoint(const std::string& folder) {
 }
 
 int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroParamStore& params,
-                        schedules::ResidentAdamW& optimizer, DataLoader& loader, Stream& stream) {
+                        schedules::Optimizer& optimizer, DataLoader& loader, Stream& stream) {
   const fs::path root(dir);
   {
     std::ifstream in(root / "config.json");
@@ -213,12 +313,21 @@ int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroPa
   const auto& infos = params.layout().params();
   SafetensorsFile weights = SafetensorsFile::open((root / "model.safetensors").string());
   SafetensorsFile state = SafetensorsFile::open((root / "optimizer.safetensors").string());
+  const std::vector<schedules::OptimizerState> states = optimizer.state();
+  // A master is loaded when the optimizer keeps one apart from the weights and the checkpoint
+  // has it; otherwise it is re-derived from the loaded weights below.
+  const bool has_master = !infos.empty() && state.contains("master." + infos[0].name);
+  bool master_loaded = false;
   for (size_t i = 0; i < infos.size(); ++i) {
     const int p = static_cast<int>(i);
     read_into(weights, infos[i].name, params, p, params.flat_values(), stream);
-    read_into(state, "exp_avg." + infos[i].name, params, p, optimizer.m(), stream);
-    read_into(state, "exp_avg_sq." + infos[i].name, params, p, optimizer.v(), stream);
+    for (const schedules::OptimizerState& st : states) {
+      if (st.name == "master" && !has_master) continue;
+      read_into(state, st.name + "." + infos[i].name, params, p, st.flat, stream);
+      if (st.name == "master") master_loaded = true;
+    }
   }
+  if (!master_loaded) optimizer.load_master_from_weights(stream);
   const auto& meta = state.metadata();
   auto field = [&](const std::string& key) -> const std::string& {
     auto it = meta.find(key);
@@ -246,7 +355,7 @@ void write_step_dump(const std::string& dir, const ModelConfig& model, const Zer
     for (const auto& [file, tensors] : {std::pair{"model.safetensors", &weights},
                                         std::pair{"grads.safetensors", &grads}}) {
       SafetensorsWriter writer;
-      add_params(writer, params, *tensors, "");
+      add_params(writer, params, *tensors, "", params.dtype());
       writer.set_metadata("format", "pt");
       writer.write((root / file).string());
     }

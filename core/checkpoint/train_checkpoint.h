@@ -20,6 +20,14 @@
 // optimizer state); loading is not (each rank reads the files, which must be on a file system
 // every rank sees).
 //
+// The optimizer state goes through schedules::Optimizer (ops/schedules/optimizer.h), whatever
+// its placement: state in device memory is gathered with ZeroParamStore::gather_full; state in
+// pinned host memory (the offload placements) is staged piece by piece through a device
+// `workspace` buffer into the same collectives (NCCL reads device memory only; MPI on the CPU
+// backend is given host memory either way) and loaded straight into the host buffers. Every
+// placement saves the same tensors, so a checkpoint of one resumes under any other; a master the
+// checkpoint does not carry is re-derived from the loaded weights.
+//
 // A step dump (`moepeak train --dump-step DIR`) writes what any Mixtral implementation needs to
 // check one training step: model.safetensors (weights before the step), config.json,
 // batch.safetensors (input_ids, labels: int64 (B, T), the global batch), loss.json,
@@ -32,7 +40,7 @@
 
 #include "core/data/data_loader.h"
 #include "core/model/zero_params.h"
-#include "ops/schedules/adamw_resident.h"
+#include "ops/schedules/optimizer.h"
 
 namespace moepeak {
 
@@ -42,7 +50,7 @@ std::string checkpoint_dir_name(int64_t step);  // "step_00000100"
 // removes the oldest step directories beyond keep_latest. Collective: if rank 0 fails to write,
 // every rank throws.
 void save_checkpoint(const std::string& folder, int64_t step, const ModelConfig& model,
-                     const ZeroParamStore& params, const schedules::ResidentAdamW& optimizer,
+                     const ZeroParamStore& params, const schedules::Optimizer& optimizer,
                      const DataLoader& loader, Stream& stream, int64_t keep_latest);
 
 // The directory `latest` points to, or nullopt when the folder holds no checkpoint.
@@ -53,7 +61,7 @@ std::optional<std::string> latest_checkpoint(const std::string& folder);
 // model (config, names, shapes, dtypes, sizes).
 // Not collective.
 int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroParamStore& params,
-                        schedules::ResidentAdamW& optimizer, DataLoader& loader, Stream& stream);
+                        schedules::Optimizer& optimizer, DataLoader& loader, Stream& stream);
 
 // Writes the full params (or their gradients) with Hugging Face names to a safetensors file.
 // Collective (the tensors are gathered on every rank); rank 0 writes.

@@ -195,8 +195,8 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   OptimizerPlacement placement = OptimizerPlacement::resident;
-  int64_t bucket_elements = 1048576;  // beta
-  int64_t staging_slots = 3;          // s
+  int64_t bucket_params = 1048576;  // beta
+  int64_t staging_slots = 3;        // s
 
   bool operator==(const OptimizerConfig&) const = default;
 };

@@ -219,12 +219,16 @@ const std::vector<Field>& field_table() {
       FIELD(optimizer, eps, above(0), "AdamW epsilon."),
       FIELD(optimizer, weight_decay, at_least(0), "Decoupled weight decay."),
       FIELD(optimizer, placement, no_limit(),
-            "resident = fp32 master, m, v on the device; offload_serial = host AdamW after the "
-            "step; offload_stream = OffloadStreamAdamW (host state streamed in buckets)."),
-      FIELD(optimizer, bucket_elements, at_least(1),
-            "OffloadStreamAdamW bucket size beta in parameters."),
+            "resident = m, v on the device beside the weights (fp32 weights are the master); "
+            "offload_serial = master, m, v in pinned host memory, grads to the host, a "
+            "multi-threaded host AdamW, weights back (ZeRO-Offload); offload_stream = "
+            "OffloadStreamAdamW (host state streamed through the device in buckets)."),
+      FIELD(optimizer, bucket_params, at_least(1),
+            "OffloadStreamAdamW bucket size beta: parameters per bucket (device staging is "
+            "staging_slots x 3 x beta values)."),
       FIELD(optimizer, staging_slots, at_least(2),
-            "OffloadStreamAdamW device staging slots s."),
+            "OffloadStreamAdamW device staging slots s; a slot is refilled only after its "
+            "write-back, so 3 overlaps all three stages."),
       // [lr_scheduler]
       FIELD(lr_scheduler, warmup_steps, at_least(0), "Linear warm-up steps from 0 to optimizer.lr."),
       FIELD(lr_scheduler, decay, no_limit(), "Decay after warm-up down to min_lr_ratio x lr."),

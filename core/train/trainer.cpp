@@ -23,7 +23,7 @@
 #include "core/units.h"
 #include "ops/elementwise.h"
 #include "ops/fill.h"
-#include "ops/schedules/adamw_resident.h"
+#include "ops/schedules/optimizer.h"
 
 namespace moepeak {
 namespace fs = std::filesystem;
@@ -60,8 +60,16 @@ void check_supported(const Config& cfg) {
     unsupported("schedules.dispatch", enum_name(cfg.schedules.dispatch));
   if (cfg.schedules.vocab != VocabSchedule::materialized)
     unsupported("schedules.vocab", enum_name(cfg.schedules.vocab));
-  if (cfg.optimizer.placement != OptimizerPlacement::resident)
-    unsupported("optimizer.placement", enum_name(cfg.optimizer.placement));
+}
+
+// "adamw offload_stream (bucket_params 1048576, staging_slots 3)" for the log.
+std::string optimizer_text(const OptimizerConfig& o) {
+  std::string t = std::string(enum_name(o.name)) + " " + std::string(enum_name(o.placement));
+  if (o.placement == OptimizerPlacement::offload_stream) {
+    t += " (bucket_params " + std::to_string(o.bucket_params) + ", staging_slots " +
+         std::to_string(o.staging_slots) + ")";
+  }
+  return t;
 }
 
 // The layout checks, before anything is allocated: every rank reaches the same verdict.
@@ -103,7 +111,7 @@ struct Trainer::State {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Comm> comm;
   std::unique_ptr<MixtralModel> model;
-  std::unique_ptr<schedules::ResidentAdamW> optimizer;
+  std::unique_ptr<schedules::Optimizer> optimizer;  // optimizer.placement's AdamW
   std::unique_ptr<DataLoader> loader;
   std::string checkpoint_folder;
   int64_t completed = 0;
@@ -126,7 +134,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
                                            DType::f32);
   ZeroParamStore& params = s.model->params();
   params.initialize(static_cast<uint64_t>(cfg.job.seed), cfg.model.initializer_range, stream);
-  s.optimizer = std::make_unique<schedules::ResidentAdamW>(*s.backend, params, cfg.optimizer);
+  // The serial offload's host AdamW gets the rank's share of the cores, as OpenBLAS does.
+  s.optimizer = schedules::make_optimizer(*s.backend, params, cfg.optimizer,
+                                          backend_options(cfg, s.ranks).cpu_threads);
   s.loader = make_data_loader(cfg.training, cfg.model, cfg.job.seed);
   s.checkpoint_folder = (fs::path(cfg.job.run_path()) / cfg.checkpoint.folder).string();
 
@@ -180,7 +190,8 @@ std::string Trainer::describe() const {
          std::to_string(layout.active_matmul_parameters()) + " active per token), " +
          std::to_string(s.cfg.model.num_hidden_layers) + " layers x " +
          std::to_string(s.cfg.model.num_local_experts) + " experts (top-" +
-         std::to_string(s.cfg.model.num_experts_per_tok) + "); data " + s.loader->describe();
+         std::to_string(s.cfg.model.num_experts_per_tok) + "); optimizer " +
+         optimizer_text(s.cfg.optimizer) + "; data " + s.loader->describe();
 }
 
 StepMetrics Trainer::step() {

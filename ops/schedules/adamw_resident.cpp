@@ -1,3 +1,4 @@
+// Resident AdamW (see adamw_resident.h) and the pieces of a store (optimizer.h).
 #include "ops/schedules/adamw_resident.h"
 
 #include "core/error.h"
@@ -60,18 +61,15 @@ Tensor ResidentAdamW::state_view(const OwnedTensor& state, const Slot& slot) con
 }
 
 void ResidentAdamW::step(int64_t step, double lr, double grad_scale, Stream& stream) {
-  ops::AdamWHyper h;
-  h.lr = lr;
-  h.beta1 = config_.beta1;
-  h.beta2 = config_.beta2;
-  h.eps = config_.eps;
-  h.weight_decay = config_.weight_decay;
-  h.step = step;
-  h.grad_scale = grad_scale;
+  const ops::AdamWHyper h = adamw_hyper(config_, step, lr, grad_scale);
   for (const Slot& s : slots_) {
     ops::adamw_cpu(s.piece.value, s.piece.grad, state_view(m_, s), state_view(v_, s), h,
                    s.piece.decay, stream);
   }
+}
+
+std::vector<OptimizerState> ResidentAdamW::state() const {
+  return {{"exp_avg", m_.view()}, {"exp_avg_sq", v_.view()}};
 }
 
 }  // namespace moepeak::schedules

@@ -1,12 +1,16 @@
-// Resident AdamW (the reference OffloadStreamAdamW is held to): m and v for every parameter piece
-// this rank updates live in device memory (live set `optimizer`) next to the weights, and the
-// update runs per piece on the compute stream. With fp32 weights (the CPU backend) the weights
-// are the master copy; bf16 working weights with an fp32 master arrive with the CUDA backend.
+// Resident AdamW (optimizer.placement = "resident"; the reference OffloadStreamAdamW and the
+// serial offload are held to): m and v for every parameter piece this rank updates live in
+// device memory (live set `optimizer`) next to the weights, and the update runs per piece on the
+// compute stream. With fp32 weights (the CPU backend) the weights are the master copy; bf16
+// working weights with an fp32 master arrive with the CUDA backend.
 //
-// A piece is a parameter tensor (one rank: ParamStore) or this rank's part of one (ZeRO-3 shard
-// or local expert: ZeroParamStore::local_pieces). Pieces are views into one flat weights buffer;
-// m and v are flat buffers of the same length with each piece at the same offset, so a
-// checkpoint stores them as two flat tensors in the store's own layout.
+// m and v are flat buffers of the flat weights buffer's length with each piece at the same
+// offset (optimizer.h), so a checkpoint stores them as whole tensors gathered like the weights.
+//
+// Device bytes (live set `optimizer`): adamw_resident_bytes(P, dtype) = 2·footprint(P·b), P the
+// flat buffer's elements (ParamLayout::total_elements on one rank). Test:
+// tests/model/test_model_memory.cpp (equal), tests/parallel/test_zero_adamw.cpp (bitwise on
+// ZeRO-3 pieces), tests/ops/test_adamw_offload.cpp (the other placements against it).
 #pragma once
 
 #include <cstdint>
@@ -16,22 +20,14 @@
 #include "core/model/mixtral_params.h"
 #include "core/model/zero_params.h"
 #include "ops/adamw.h"
+#include "ops/schedules/optimizer.h"
 
 namespace moepeak::schedules {
 
 // Bytes of resident optimizer state for `elements` parameters (m and v, in `dtype`).
 uint64_t adamw_resident_bytes(int64_t elements, DType dtype);
 
-struct OptimizerPiece {
-  Tensor value, grad;  // a view into the flat weights buffer and its gradient
-  bool decay = true;   // decoupled weight decay applies (not to RMSNorm weights)
-};
-
-// Every parameter of a one-rank store, or this rank's pieces of a ZeRO-3 store.
-std::vector<OptimizerPiece> optimizer_pieces(const ParamStore& params);
-std::vector<OptimizerPiece> optimizer_pieces(const ZeroParamStore& params);
-
-class ResidentAdamW {
+class ResidentAdamW final : public Optimizer {
  public:
   // flat_values: the buffer every piece's value lies in (m, v mirror its layout).
   ResidentAdamW(Backend& backend, const Tensor& flat_values, std::vector<OptimizerPiece> pieces,
@@ -39,8 +35,10 @@ class ResidentAdamW {
   ResidentAdamW(Backend& backend, const ParamStore& params, const OptimizerConfig& config);
   ResidentAdamW(Backend& backend, const ZeroParamStore& params, const OptimizerConfig& config);
 
-  // One update with learning rate `lr` and the clipping factor `grad_scale`; `step` is 1-based.
-  void step(int64_t step, double lr, double grad_scale, Stream& stream);
+  OptimizerPlacement placement() const override { return OptimizerPlacement::resident; }
+  void step(int64_t step, double lr, double grad_scale, Stream& stream) override;
+  std::vector<OptimizerState> state() const override;
+  void load_master_from_weights(Stream& stream) override { stream.synchronize(); }
 
   Tensor m() const { return m_.view(); }  // flat, same layout as the weights buffer
   Tensor v() const { return v_.view(); }

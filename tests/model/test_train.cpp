@@ -1,11 +1,16 @@
 // The training loop end to end on the CPU: the copy task is learned, runs are bitwise
 // deterministic, a resumed run continues bit for bit, checkpoints and step dumps have the
-// documented layout, and the metrics file has one JSON object per step.
+// documented layout, and the metrics file has one JSON object per step. Each offload placement
+// of the optimizer (offload_serial, offload_stream) trains bitwise like resident (losses, and
+// the weights, m and v the final checkpoint holds) and resumes bit for bit.
 // Run: ctest -R test_train
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -146,6 +151,84 @@ TEST(Train, StepDumpHasWeightsBatchLossAndGrads) {
   EXPECT_EQ(config["model_type"], "mixtral");
   EXPECT_EQ(config["num_local_experts"], cfg.model.num_local_experts);
 }
+
+
+// ---- optimizer.placement: the offload placements against resident --------------------------
+
+Config placement_config(const fs::path& run_dir, int64_t steps, OptimizerPlacement placement) {
+  Config cfg = quick_config(run_dir, steps);
+  cfg.optimizer.placement = placement;
+  cfg.job.name = std::string(enum_name(placement));
+  // Buckets that split parameters and two slots, so slots are reused within a step.
+  cfg.optimizer.bucket_params = 5000;
+  cfg.optimizer.staging_slots = 2;
+  return cfg;
+}
+
+// Every tensor of a safetensors file, by name.
+std::map<std::string, std::vector<char>> read_all(const fs::path& path) {
+  auto file = SafetensorsFile::open(path.string());
+  std::map<std::string, std::vector<char>> out;
+  for (const std::string& name : file.names()) {
+    std::vector<char> bytes(file.info(name).bytes);
+    file.read(name, bytes.data(), bytes.size());
+    out[name] = std::move(bytes);
+  }
+  return out;
+}
+
+class TrainPlacement : public ::testing::TestWithParam<OptimizerPlacement> {};
+
+TEST_P(TrainPlacement, LossesWeightsAndMomentsAreBitwiseResident) {
+  TempDir dir;
+  Config resident_cfg = placement_config(dir.path(), 8, OptimizerPlacement::resident);
+  resident_cfg.checkpoint.enable = true;
+  Config cfg = placement_config(dir.path(), 8, GetParam());
+  cfg.checkpoint.enable = true;
+  const TrainResult resident = train(resident_cfg, {});
+  const TrainResult r = train(cfg, {});
+  ASSERT_EQ(r.losses.size(), 8u);
+  EXPECT_EQ(r.losses, resident.losses);  // exact
+  const fs::path a = fs::path(resident.run_dir) / "checkpoints" / checkpoint_dir_name(8);
+  const fs::path b = fs::path(r.run_dir) / "checkpoints" / checkpoint_dir_name(8);
+  EXPECT_TRUE(read_all(a / "model.safetensors") == read_all(b / "model.safetensors")) << "weights differ";
+  EXPECT_TRUE(read_all(a / "optimizer.safetensors") == read_all(b / "optimizer.safetensors"))
+      << "m or v differ";
+  EXPECT_EQ(SafetensorsFile::open((b / "optimizer.safetensors").string()).metadata().at("optimizer_placement"),
+            enum_name(GetParam()));
+}
+
+TEST_P(TrainPlacement, ResumeContinuesBitForBit) {
+  TempDir dir;
+  Config cfg = placement_config(dir.path(), 8, GetParam());
+  cfg.checkpoint.enable = true;
+  cfg.checkpoint.interval = 4;
+  cfg.checkpoint.keep_latest = 5;
+  TrainResult full = train(cfg, {});
+  ASSERT_EQ(full.losses.size(), 8u);
+  const fs::path ckpt = fs::path(full.run_dir) / "checkpoints" / checkpoint_dir_name(4);
+  Config resumed_cfg = cfg;
+  resumed_cfg.job.name = "resumed";
+  TrainOptions options;
+  options.resume_from = ckpt.string();
+  TrainResult resumed = train(resumed_cfg, options);
+  ASSERT_EQ(resumed.first_step, 5);
+  ASSERT_EQ(resumed.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], full.losses[4 + i]) << "step " << 5 + i;
+  // A checkpoint is placement-independent: resident resumes this one bit for bit too.
+  Config other = resumed_cfg;
+  other.job.name = "resumed-resident";
+  other.optimizer.placement = OptimizerPlacement::resident;
+  TrainResult as_resident = train(other, options);
+  EXPECT_EQ(as_resident.losses, resumed.losses);
+}
+
+INSTANTIATE_TEST_SUITE_P(Offload, TrainPlacement,
+                         ::testing::Values(OptimizerPlacement::offload_serial,
+                                           OptimizerPlacement::offload_stream),
+                         [](const ::testing::TestParamInfo<OptimizerPlacement>& info) {
+                           return std::string(enum_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace moepeak

@@ -1,0 +1,385 @@
+// `moepeak bench adamw`: one optimizer step of each AdamW placement over the same parameters and
+// gradients — resident, the serial CPU offload (ZeRO-Offload's schedule) and OffloadStreamAdamW
+// with a sweep of bucket size beta and staging slots s — beside the host-link floor: 12 bytes per
+// parameter each way (master, m, v) at the pinned copy bandwidth measured in the same run.
+//
+//   moepeak bench adamw [--config F]... [--set k=v]... [--params 16777216] [--buckets 262144,...]
+//                       [--slots 2,3,4] [--threads 0] [--warmup 2] [--iters 5] [--json FILE]
+//
+// Every row starts from the same weights and runs the same steps with the same gradients, so
+// its final weights, m and v must be bitwise resident's (max_rel_err 0; the bench checks it).
+// `time_s` is the median of the timed steps (step() to the stream being idle); `staging` the
+// measured device `optimizer` peak and `bound` its formula (adamw_resident_bytes, 0 for the
+// serial offload, adamw_offload_stream_bytes). The parameters are one flat buffer cut into
+// pieces like a model's (every fourth without weight decay, as norms are). Under mpirun every rank
+// runs its share (--params / W) at once and the slowest rank's time is reported. On the CPU
+// backend the figures have no target: "device" and "host" are the same memory, the copies are
+// memcpy on the copy streams' threads and the host link is the memory bus.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/bench_common.h"
+#include "cli/commands.h"
+#include "core/comm/comm.h"
+#include "core/comm/process_group.h"
+#include "core/config/config.h"
+#include "core/error.h"
+#include "core/runtime/backend.h"
+#include "core/units.h"
+#include "ops/cpu/adamw_simd.h"
+#include "ops/schedules/adamw_offload_serial.h"
+#include "ops/schedules/adamw_offload_stream.h"
+#include "ops/schedules/adamw_resident.h"
+
+namespace moepeak::cli {
+namespace {
+
+struct BenchArgs {
+  BenchCommonArgs common;
+  int64_t params = 16777216;
+  std::vector<int64_t> buckets = {262144, 1048576, 4194304};
+  std::vector<int64_t> slots = {2, 3, 4};
+  int threads = 0;
+};
+
+constexpr int64_t kPieces = 16;
+constexpr int64_t kAlign = 64;  // elements, as ParamLayout aligns pieces
+
+int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// The parameters of one rank: a flat weights buffer and its grads, cut into kPieces pieces.
+struct Params {
+  int64_t elements = 0;  // P, with alignment padding
+  OwnedTensor values, grads;
+  std::vector<schedules::OptimizerPiece> pieces;
+  std::vector<float> initial;  // the weights every row starts from
+};
+
+Params make_params(Backend& backend, int64_t count, Stream& stream) {
+  Params p;
+  const int64_t piece = std::max<int64_t>(1, (count + kPieces - 1) / kPieces);
+  std::vector<std::pair<int64_t, int64_t>> spans;  // offset, length
+  for (int64_t done = 0; done < count; done += piece) {
+    spans.push_back({p.elements, std::min(piece, count - done)});
+    p.elements += align_up(spans.back().second);
+  }
+  p.values = OwnedTensor::device(backend, Shape{p.elements}, DType::f32, LiveSet::weights,
+                                 "bench weights");
+  p.grads =
+      OwnedTensor::device(backend, Shape{p.elements}, DType::f32, LiveSet::grads, "bench grads");
+  std::mt19937_64 rng(1234);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  p.initial.assign(static_cast<size_t>(p.elements), 0.0f);
+  std::vector<float> g(static_cast<size_t>(p.elements), 0.0f);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const auto [off, len] = spans[i];
+    for (int64_t j = 0; j < len; ++j) {
+      p.initial[static_cast<size_t>(off + j)] = 0.02f * normal(rng);
+      g[static_cast<size_t>(off + j)] = 1e-3f * normal(rng) + 1e-5f;
+    }
+    auto view = [&](const OwnedTensor& t) {
+      return Tensor(static_cast<float*>(t.data()) + off, Shape{len}, DType::f32, Placement::device,
+                    &backend);
+    };
+    p.pieces.push_back({view(p.values), view(p.grads), i % 4 != 3});
+  }
+  backend.copy_async(p.grads.data(), g.data(), g.size() * 4, CopyKind::host_to_device, stream);
+  stream.synchronize();
+  return p;
+}
+
+// Best-of-5 pinned copy bandwidth in bytes/s, each way, over a buffer of `bytes`.
+std::pair<double, double> pinned_bandwidth(Backend& backend, uint64_t bytes, Stream& stream) {
+  OwnedTensor host = OwnedTensor::pinned(backend, Shape{static_cast<int64_t>(bytes / 4)},
+                                         DType::f32, LiveSet::workspace, "bench pinned bandwidth");
+  OwnedTensor dev = OwnedTensor::device(backend, Shape{static_cast<int64_t>(bytes / 4)}, DType::f32,
+                                        LiveSet::workspace, "bench device bandwidth");
+  std::memset(host.data(), 1, host.nbytes());
+  auto best = [&](CopyKind kind) {
+    double t_best = 1e30;
+    for (int i = 0; i < 6; ++i) {  // the first run touches the pages; it counts like the others
+      auto t0 = std::chrono::steady_clock::now();
+      if (kind == CopyKind::host_to_device) {
+        backend.copy_async(dev.data(), host.data(), host.nbytes(), kind, stream);
+      } else {
+        backend.copy_async(host.data(), dev.data(), host.nbytes(), kind, stream);
+      }
+      stream.synchronize();
+      t_best = std::min(
+          t_best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return static_cast<double>(host.nbytes()) / t_best;
+  };
+  const double h2d = best(CopyKind::host_to_device);
+  const double d2h = best(CopyKind::device_to_host);
+  return {h2d, d2h};
+}
+
+struct Row {
+  std::string schedule;
+  int64_t bucket = 0, slots = 0;  // offload_stream only
+  double time_s = 0;
+  MemoryStats peaks;
+  uint64_t bound = 0, host_bytes = 0;
+  double max_rel_err = 0;
+  std::vector<float> weights, m, v;  // after the last step, until compared with resident's
+};
+
+std::vector<float> floats_of(const Tensor& t) {
+  const float* p = static_cast<const float*>(t.data());
+  return std::vector<float>(p, p + t.numel());
+}
+
+Tensor state_named(const schedules::Optimizer& o, const char* name) {
+  for (const auto& s : o.state()) {
+    if (s.name == name) return s.flat;
+  }
+  MOEPEAK_THROW("optimizer has no state ", name);
+}
+
+double max_rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], 4) == 0) continue;
+    const double d = std::abs(static_cast<double>(a[i]) - b[i]);
+    worst = std::max(worst, d / std::max(std::abs(static_cast<double>(b[i])), 1e-30));
+  }
+  return worst;
+}
+
+// Runs warmup + iters steps of `optimizer` from the initial weights; the median step time.
+Row time_optimizer(Backend& backend, Params& p, schedules::Optimizer& optimizer,
+                   const BenchArgs& args, Stream& stream) {
+  Row row;
+  std::vector<double> times;
+  backend.arena().reset_peaks();
+  for (int i = 0; i < args.common.warmup + args.common.iters; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    optimizer.step(i + 1, 1e-3, i % 2 ? 0.5 : 1.0, stream);
+    stream.synchronize();
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= args.common.warmup) times.push_back(t);
+  }
+  row.time_s = median(times);
+  row.peaks = backend.arena().stats();
+  row.weights = floats_of(p.values.view());
+  row.m = floats_of(state_named(optimizer, "exp_avg"));
+  row.v = floats_of(state_named(optimizer, "exp_avg_sq"));
+  return row;
+}
+
+int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
+  Config cfg = load_config_for_command(args.common.config, ctx);
+  const RankInfo ranks = join_ranks();
+  const int W = ranks.world_size;
+  const bool root = ranks.rank == 0;
+  if (cfg.runtime.backend == BackendChoice::cuda) {
+    MOEPEAK_THROW(
+        "bench adamw: runtime.backend = \"cuda\" is not in this version (the offload "
+        "kernels run on the CPU backend); use \"cpu\" or \"auto\"");
+  }
+  const int64_t count = (args.params + W - 1) / W;  // this rank's parameters
+  int64_t max_bucket = cfg.optimizer.bucket_params;
+  int64_t max_slots = cfg.optimizer.staging_slots;
+  for (int64_t b : args.buckets) max_bucket = std::max(max_bucket, b);
+  for (int64_t s : args.slots) max_slots = std::max(max_slots, s);
+
+  // The bench sizes its device and pinned pool to what the rows need (a model of its own).
+  const uint64_t P = static_cast<uint64_t>(align_up(count) + kPieces * kAlign);
+  const uint64_t bw_bytes = std::min<uint64_t>(256ull << 20, std::max<uint64_t>(12 * P, 1 << 20));
+  BackendOptions bo;
+  bo.kind = BackendKind::cpu;
+  bo.device_memory = 4 * DeviceArena::footprint(P * 4) +
+                     schedules::adamw_offload_stream_bytes(max_bucket, max_slots, DType::f32) +
+                     DeviceArena::footprint(bw_bytes) + (64ull << 20);
+  bo.pinned_budget =
+      4 * PinnedPool::footprint(P * 4) + PinnedPool::footprint(bw_bytes) + (64ull << 20);
+  bo.numa_node = static_cast<int>(cfg.runtime.numa_node);
+  bo.cpu_threads = args.threads > 0 ? args.threads : static_cast<int>(cfg.runtime.threads);
+  auto backend = Backend::create(bo);
+  auto comm = make_comm(*backend, ranks);
+  Stream& stream = backend->default_stream();
+  const int threads = bo.cpu_threads > 0
+                          ? bo.cpu_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                            std::max(1, ranks.local_size));
+
+  Params p = make_params(*backend, count, stream);
+  auto [h2d, d2h] = pinned_bandwidth(*backend, bw_bytes, stream);
+  double bw[2] = {h2d, d2h};
+  if (W > 1) all_reduce_host(*comm, *backend, stream, bw, ReduceOp::min);
+  const double state_bytes = 12.0 * static_cast<double>(count);
+  const double floor_h2d = state_bytes / bw[0], floor_d2h = state_bytes / bw[1];
+  // NOTES: a GPU's host link is full duplex, so the two directions overlap: the floor is the
+  // slower direction, not the sum. On the CPU backend both are the same memory bus.
+  const double floor_s = std::max(floor_h2d, floor_d2h);
+
+  auto reset = [&] {
+    backend->copy_async(p.values.data(), p.initial.data(), p.initial.size() * 4,
+                        CopyKind::host_to_device, stream);
+    stream.synchronize();
+  };
+  std::vector<Row> rows;
+  std::vector<std::vector<float>> reference;  // resident's weights, m, v after the last step
+  auto run_row = [&](const std::string& name, OptimizerConfig o, uint64_t bound,
+                     uint64_t host_bytes) {
+    reset();
+    o.placement = enum_from_name<OptimizerPlacement>(name).value();
+    std::unique_ptr<schedules::Optimizer> opt;
+    if (o.placement == OptimizerPlacement::resident) {
+      opt = std::make_unique<schedules::ResidentAdamW>(*backend, p.values.view(), p.pieces, o);
+    } else if (o.placement == OptimizerPlacement::offload_serial) {
+      opt = std::make_unique<schedules::SerialOffloadAdamW>(*backend, p.values.view(), p.pieces, o,
+                                                            threads);
+    } else {
+      opt = std::make_unique<schedules::OffloadStreamAdamW>(*backend, p.values.view(), p.pieces, o);
+    }
+    Row row = time_optimizer(*backend, p, *opt, args, stream);
+    if (rows.empty()) {
+      reference = {row.weights, row.m, row.v};  // resident: what every row must equal
+    }
+    row.max_rel_err =
+        std::max({max_rel_err(row.weights, reference[0]), max_rel_err(row.m, reference[1]),
+                  max_rel_err(row.v, reference[2])});
+    row.weights.clear();
+    row.m.clear();
+    row.v.clear();
+    row.schedule = name;
+    row.bound = bound;
+    row.host_bytes = host_bytes;
+    if (o.placement == OptimizerPlacement::offload_stream) {
+      row.bucket = o.bucket_params;
+      row.slots = o.staging_slots;
+    }
+    rows.push_back(std::move(row));
+  };
+  const int64_t E = p.elements;
+  const uint64_t host_state = schedules::adamw_offload_host_bytes(E, DType::f32);
+  run_row("resident", cfg.optimizer, schedules::adamw_resident_bytes(E, DType::f32), 0);
+  run_row("offload_serial", cfg.optimizer, 0,
+          host_state + schedules::adamw_offload_serial_grad_bytes(E, DType::f32));
+  std::vector<std::pair<int64_t, int64_t>> sweep = {
+      {cfg.optimizer.bucket_params, cfg.optimizer.staging_slots}};
+  for (int64_t b : args.buckets) {
+    for (int64_t s : args.slots) {
+      if (std::find(sweep.begin(), sweep.end(), std::pair{b, s}) == sweep.end())
+        sweep.push_back({b, s});
+    }
+  }
+  for (const auto& [b, s] : sweep) {
+    OptimizerConfig o = cfg.optimizer;
+    o.bucket_params = b;
+    o.staging_slots = s;
+    const auto shape = schedules::offload_stream_shape(E, b, s);
+    run_row("offload_stream", o,
+            schedules::adamw_offload_stream_bytes(shape.bucket, shape.slots, DType::f32),
+            host_state);
+  }
+  // Exactness against resident, and the slowest rank's times.
+  std::vector<double> times;
+  for (Row& r : rows) {
+    times.push_back(r.time_s);
+    times.push_back(r.max_rel_err);
+  }
+  if (W > 1) all_reduce_host(*comm, *backend, stream, times, ReduceOp::max);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i].time_s = times[2 * i];
+    rows[i].max_rel_err = times[2 * i + 1];
+  }
+  bool all_exact = true;
+  for (const Row& r : rows) {
+    all_exact =
+        all_exact && r.max_rel_err == 0 && r.peaks.peak_per_set()[LiveSet::optimizer] == r.bound;
+  }
+
+  if (root) {
+    std::printf(
+        "# moepeak bench adamw: %lld parameters (%lld per rank, f32, %lld pieces), world %d\n",
+        static_cast<long long>(args.params), static_cast<long long>(count),
+        static_cast<long long>(kPieces), W);
+    std::printf("# backend %s; host %s, %s\n", backend->describe().c_str(), process_host().c_str(),
+                now_utc().c_str());
+    std::printf(
+        "# pinned copy bandwidth (best of 6, %s): host->device %.2f GB/s, device->host %.2f GB/s\n",
+        format_bytes(bw_bytes).c_str(), bw[0] / 1e9, bw[1] / 1e9);
+    std::printf(
+        "# host-link floor: 12 B/param each way = %.4f s host->device, %.4f s device->host; "
+        "floor %.4f s (the slower way; a full-duplex link overlaps them)\n",
+        floor_h2d, floor_d2h, floor_s);
+    std::printf(
+        "# serial offload: host AdamW on %d thread%s (AVX2 %s); median of %d steps after %d "
+        "warm-up; target: none on the CPU backend\n",
+        threads, threads == 1 ? "" : "s", ops::adamw_avx2_available() ? "on" : "off",
+        args.common.iters, args.common.warmup);
+    std::printf("# %-15s %9s %3s %10s %9s %9s %12s %12s %12s %11s\n", "schedule", "beta", "s",
+                "time_s", "x floor", "x serial", "staging", "bound", "host", "max_rel_err");
+    const double serial = rows[1].time_s;
+    for (const Row& r : rows) {
+      const std::string beta = r.bucket ? std::to_string(r.bucket) : "-";
+      const std::string s = r.slots ? std::to_string(r.slots) : "-";
+      std::printf("  %-15s %9s %3s %10.4f %9.2f %9.2f %12s %12s %12s %11.3g\n", r.schedule.c_str(),
+                  beta.c_str(), s.c_str(), r.time_s, r.time_s / floor_s, serial / r.time_s,
+                  format_bytes(r.peaks.peak_per_set()[LiveSet::optimizer]).c_str(),
+                  format_bytes(r.bound).c_str(), format_bytes(r.host_bytes).c_str(), r.max_rel_err);
+    }
+    std::printf("# every row bitwise resident and its staging peak equal to its bound: %s\n",
+                all_exact ? "yes" : "NO");
+  }
+  if (root && !args.common.json_path.empty()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Row& r : rows) {
+      nlohmann::json row = {{"schedule", r.schedule},
+                            {"time_s", r.time_s},
+                            {"peak_bytes", peak_bytes_json(r.peaks)},
+                            {"bound_bytes", r.bound},
+                            {"max_rel_err", r.max_rel_err},
+                            {"host_bytes", r.host_bytes},
+                            {"floor_ratio", r.time_s / floor_s}};
+      if (r.bucket) {
+        row["bucket_params"] = r.bucket;
+        row["staging_slots"] = r.slots;
+      }
+      out.push_back(row);
+    }
+    nlohmann::json shape = {{"params", args.params},    {"params_per_rank", count},
+                            {"dtype", "f32"},           {"h2d_bytes_per_s", bw[0]},
+                            {"d2h_bytes_per_s", bw[1]}, {"floor_s", floor_s},
+                            {"host_threads", threads}};
+    write_bench_json(args.common.json_path, "adamw", W, shape, out);
+  }
+  finalize_process_group();
+  return all_exact ? 0 : 1;
+}
+
+}  // namespace
+
+void register_bench_adamw(CLI::App& bench, Context& ctx) {
+  static BenchArgs args;
+  auto* cmd = bench.add_subcommand(
+      "adamw", "optimizer step: resident vs serial CPU offload vs OffloadStreamAdamW");
+  add_bench_common_options(*cmd, args.common);
+  cmd->add_option("--params", args.params, "parameters (over all ranks)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 36));
+  cmd->add_option("--buckets", args.buckets, "OffloadStreamAdamW bucket sizes beta to sweep")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--slots", args.slots, "staging slot counts s to sweep")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 64));
+  cmd->add_option("--threads", args.threads,
+                  "host AdamW threads of the serial offload (0 = the rank's cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([&ctx] { ctx.action = [&ctx] { return run_bench_adamw(args, ctx); }; });
+}
+
+}  // namespace moepeak::cli

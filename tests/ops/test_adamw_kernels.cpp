@@ -1,0 +1,267 @@
+// The AdamW kernels of the offload placements against the reference ops::adamw_cpu, bitwise:
+//   - adamw_span, scalar and AVX2 paths, f32 and f64, every tail length 0..40 and a long span,
+//     random inputs (never zeros) and random hyper-parameters, decay on and off;
+//   - adamw_fused_cpu (the device stage of OffloadStreamAdamW): master, m, v as adamw_cpu, and
+//     the working weights equal to the new master; argument errors;
+//   - WorkerPool: every task exactly once, on 1..4 threads, errors propagated, reused;
+//   - CpuAdamW (serial offload's host AdamW): segments with gaps on 1, 2 and 4 threads, each
+//     segment bitwise adamw_cpu's, the gaps untouched.
+// Outputs the kernels must overwrite are compared in full, so an unwritten element fails.
+// Run: ctest -R test_adamw_kernels --output-on-failure
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "core/error.h"
+#include "core/runtime/backend.h"
+#include "ops/adamw.h"
+#include "ops/adamw_fused.h"
+#include "ops/cpu/adamw_simd.h"
+#include "ops/cpu/cpu_adamw.h"
+#include "ops/cpu/worker_pool.h"
+
+namespace moepeak {
+namespace {
+
+template <typename T>
+struct Inputs {
+  std::vector<T> p, g, m, v;
+};
+
+template <typename T>
+Inputs<T> random_inputs(int64_t n, std::mt19937_64& rng) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_real_distribution<double> pos(1e-6, 2.0);
+  Inputs<T> in;
+  for (int64_t i = 0; i < n; ++i) {
+    in.p.push_back(static_cast<T>(normal(rng)));
+    in.g.push_back(static_cast<T>(0.1 * normal(rng)));
+    in.m.push_back(static_cast<T>(0.05 * normal(rng)));
+    in.v.push_back(static_cast<T>(0.01 * pos(rng)));  // a second moment is never negative
+  }
+  return in;
+}
+
+ops::AdamWHyper random_hyper(std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  ops::AdamWHyper h;
+  h.lr = 1e-4 + 1e-2 * u(rng);
+  h.beta1 = 0.8 + 0.19 * u(rng);
+  h.beta2 = 0.9 + 0.0999 * u(rng);
+  h.eps = u(rng) < 0.5 ? 1e-8 : 1e-6;
+  h.weight_decay = 0.3 * u(rng);
+  h.step = 1 + static_cast<int64_t>(u(rng) * 50);
+  h.grad_scale = u(rng) < 0.5 ? 1.0 : 0.1 + 0.9 * u(rng);
+  return h;
+}
+
+template <typename T>
+DType dtype_for() {
+  return std::is_same_v<T, float> ? DType::f32 : DType::f64;
+}
+
+// ops::adamw_cpu on copies of `in` (the reference every placement is held to).
+template <typename T>
+Inputs<T> reference(Backend& backend, const Inputs<T>& in, const ops::AdamWHyper& h, bool decay) {
+  Inputs<T> out = in;
+  const int64_t n = static_cast<int64_t>(in.p.size());
+  const DType dt = dtype_for<T>();
+  auto t = [&](std::vector<T>& x) {
+    return Tensor(x.data(), Shape{n}, dt, Placement::device, &backend);
+  };
+  ops::adamw_cpu(t(out.p), t(out.g), t(out.m), t(out.v), h, decay, backend.default_stream());
+  backend.default_stream().synchronize();
+  return out;
+}
+
+template <typename T>
+void expect_bitwise(const std::vector<T>& got, const std::vector<T>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)), 0) << what << " differs";
+}
+
+std::vector<ops::AdamWSimd> paths() {
+  std::vector<ops::AdamWSimd> p = {ops::AdamWSimd::scalar, ops::AdamWSimd::automatic};
+  if (ops::adamw_avx2_available()) p.push_back(ops::AdamWSimd::avx2);
+  return p;
+}
+
+template <typename T>
+void span_matches_reference() {
+  auto backend = Backend::create(BackendOptions{});
+  std::mt19937_64 rng(7);
+  std::vector<int64_t> sizes;
+  for (int64_t n = 0; n <= 40; ++n) sizes.push_back(n);
+  sizes.push_back(10007);
+  for (ops::AdamWSimd simd : paths()) {
+    for (int64_t n : sizes) {
+      for (bool decay : {true, false}) {
+        const Inputs<T> in = random_inputs<T>(n, rng);
+        const ops::AdamWHyper h = random_hyper(rng);
+        const Inputs<T> want = reference(*backend, in, h, decay);
+        Inputs<T> got = in;
+        std::vector<T> working(static_cast<size_t>(n), static_cast<T>(NAN));
+        ops::adamw_span<T>(got.p.data(), got.g.data(), got.m.data(), got.v.data(), working.data(),
+                           n, ops::AdamWScalars<T>::make(h, decay), simd);
+        SCOPED_TRACE(testing::Message()
+                     << "n " << n << " decay " << decay << " simd " << static_cast<int>(simd));
+        expect_bitwise(got.p, want.p, "param");
+        expect_bitwise(got.m, want.m, "m");
+        expect_bitwise(got.v, want.v, "v");
+        expect_bitwise(working, want.p, "working weights");
+      }
+    }
+  }
+}
+
+TEST(AdamWSpan, EveryPathIsBitwiseTheReferenceF32) { span_matches_reference<float>(); }
+TEST(AdamWSpan, EveryPathIsBitwiseTheReferenceF64) { span_matches_reference<double>(); }
+
+TEST(AdamWSpan, ReportsTheAvx2PathOnThisMachine) {
+  // Informational: the CI machine (AMD EPYC) has AVX2, so the vector path is what runs there.
+  std::printf("AVX2 path available: %s\n", ops::adamw_avx2_available() ? "yes" : "no");
+  if (!ops::adamw_avx2_available()) {
+    std::vector<float> x(1, 1.0f);
+    EXPECT_THROW(
+        ops::adamw_span<float>(x.data(), x.data(), x.data(), x.data(), nullptr, 1,
+                               ops::AdamWScalars<float>::make({}, true), ops::AdamWSimd::avx2),
+        Error);
+  }
+}
+
+template <typename T>
+void fused_matches_reference() {
+  auto backend = Backend::create(BackendOptions{});
+  Stream& stream = backend->default_stream();
+  std::mt19937_64 rng(11);
+  const DType dt = dtype_for<T>();
+  for (int64_t n : {1, 9, 4099}) {
+    for (bool decay : {true, false}) {
+      const Inputs<T> in = random_inputs<T>(n, rng);
+      const ops::AdamWHyper h = random_hyper(rng);
+      const Inputs<T> want = reference(*backend, in, h, decay);
+      Inputs<T> got = in;
+      std::vector<T> working(static_cast<size_t>(n), static_cast<T>(NAN));
+      auto t = [&](std::vector<T>& x) {
+        return Tensor(x.data(), Shape{n}, dt, Placement::device, backend.get());
+      };
+      ops::adamw_fused_cpu(t(got.p), t(got.g), t(got.m), t(got.v), t(working), h, decay, stream);
+      stream.synchronize();
+      expect_bitwise(got.p, want.p, "master");
+      expect_bitwise(got.m, want.m, "m");
+      expect_bitwise(got.v, want.v, "v");
+      expect_bitwise(working, want.p, "working weights");
+    }
+  }
+}
+
+TEST(AdamWFused, MasterMomentsAndWorkingWeightsAreBitwiseTheReferenceF32) {
+  fused_matches_reference<float>();
+}
+TEST(AdamWFused, MasterMomentsAndWorkingWeightsAreBitwiseTheReferenceF64) {
+  fused_matches_reference<double>();
+}
+
+TEST(AdamWFused, RejectsMismatchedArguments) {
+  auto backend = Backend::create(BackendOptions{});
+  Stream& stream = backend->default_stream();
+  std::vector<float> a(8, 1.0f), b(7, 1.0f);
+  std::vector<uint16_t> half(8);
+  Tensor t8(a.data(), Shape{8}, DType::f32, Placement::device, backend.get());
+  Tensor t7(b.data(), Shape{7}, DType::f32, Placement::device, backend.get());
+  Tensor bf(half.data(), Shape{8}, DType::bf16, Placement::device, backend.get());
+  ops::AdamWHyper h;
+  EXPECT_THROW(ops::adamw_fused_cpu(t8, t7, t8, t8, t8, h, true, stream), Error);
+  try {
+    ops::adamw_fused_cpu(t8, t8, t8, t8, bf, h, true, stream);
+    ADD_FAILURE() << "bf16 working weights were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16 working weights need the CUDA kernel"),
+              std::string::npos)
+        << e.what();
+  }
+  h.step = 0;
+  EXPECT_THROW(ops::adamw_fused_cpu(t8, t8, t8, t8, t8, h, true, stream), Error);
+  stream.synchronize();
+}
+
+TEST(WorkerPool, RunsEveryTaskExactlyOnce) {
+  for (int threads : {1, 2, 3, 4}) {
+    ops::WorkerPool pool(threads);
+    EXPECT_EQ(pool.threads(), threads);
+    for (int round = 0; round < 20; ++round) {  // reused many times
+      const int64_t tasks = 1 + round * 37;
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(tasks));
+      pool.run(tasks, [&](int64_t t) { hits[static_cast<size_t>(t)].fetch_add(1); });
+      for (int64_t t = 0; t < tasks; ++t) ASSERT_EQ(hits[static_cast<size_t>(t)].load(), 1) << t;
+    }
+    pool.run(0, [](int64_t) { FAIL() << "no task to run"; });
+  }
+}
+
+TEST(WorkerPool, RethrowsTheFirstErrorAndStaysUsable) {
+  ops::WorkerPool pool(3);
+  EXPECT_THROW(pool.run(100,
+                        [](int64_t t) {
+                          if (t == 42) throw std::runtime_error("task 42");
+                        }),
+               std::runtime_error);
+  std::atomic<int64_t> sum{0};
+  pool.run(10, [&](int64_t t) { sum += t; });
+  EXPECT_EQ(sum.load(), 45);
+}
+
+template <typename T>
+void cpu_adamw_matches_reference() {
+  auto backend = Backend::create(BackendOptions{});
+  std::mt19937_64 rng(13);
+  // Three segments with gaps (as pieces with alignment padding) and one longer than a few tiles.
+  const std::vector<ops::CpuAdamW::Segment> segments = {
+      {3, 100, true},
+      {128, 5 * ops::CpuAdamW::kTileElements + 17, false},
+      {128 + 5 * 16384 + 64, 999, true}};
+  const int64_t n = segments.back().offset + segments.back().length + 5;
+  const Inputs<T> in = random_inputs<T>(n, rng);
+  const ops::AdamWHyper h = random_hyper(rng);
+  // The reference: adamw_cpu on each segment; elements outside stay as they were.
+  Inputs<T> want = in;
+  for (const auto& s : segments) {
+    Inputs<T> part;
+    auto cut = [&](const std::vector<T>& x) {
+      return std::vector<T>(x.begin() + s.offset, x.begin() + s.offset + s.length);
+    };
+    part = {cut(in.p), cut(in.g), cut(in.m), cut(in.v)};
+    Inputs<T> done = reference(*backend, part, h, s.decay);
+    std::copy(done.p.begin(), done.p.end(), want.p.begin() + s.offset);
+    std::copy(done.m.begin(), done.m.end(), want.m.begin() + s.offset);
+    std::copy(done.v.begin(), done.v.end(), want.v.begin() + s.offset);
+  }
+  for (int threads : {1, 2, 4}) {
+    for (ops::AdamWSimd simd : paths()) {
+      ops::CpuAdamW adam(threads, simd);
+      Inputs<T> got = in;
+      adam.step<T>(got.p.data(), got.g.data(), got.m.data(), got.v.data(), segments, h);
+      SCOPED_TRACE(testing::Message() << threads << " threads, simd " << static_cast<int>(simd));
+      expect_bitwise(got.p, want.p, "master");
+      expect_bitwise(got.m, want.m, "m");
+      expect_bitwise(got.v, want.v, "v");
+      expect_bitwise(got.g, in.g, "grad (read only)");
+    }
+  }
+}
+
+TEST(CpuAdamW, SegmentsAreBitwiseTheReferenceOnAnyThreadCountF32) {
+  cpu_adamw_matches_reference<float>();
+}
+TEST(CpuAdamW, SegmentsAreBitwiseTheReferenceOnAnyThreadCountF64) {
+  cpu_adamw_matches_reference<double>();
+}
+
+}  // namespace
+}  // namespace moepeak
