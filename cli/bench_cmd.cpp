@@ -124,6 +124,7 @@ void register_bench_command(CLI::App& app, Context& ctx) {
   auto* bench = app.add_subcommand("bench", "benchmarks: reference vs bounded schedules, whole steps");
   bench->require_subcommand(1);
   register_bench_step(*bench, ctx);
+  register_bench_sco(*bench, ctx);
   register_bench_adamw(*bench, ctx);
 }
 

@@ -210,7 +210,8 @@ const std::vector<Field>& field_table() {
             "Activation checkpointing: none, standard (boundaries stay on device), or sco "
             "(boundaries offloaded to pinned host memory)."),
       FIELD(schedules, sco_host_budget, byte_size_or_auto(),
-            "Pinned host bytes SCO may use for boundaries; auto = from the probe's host budget."),
+            "Pinned host bytes SCO may use for boundaries (layers offloaded from layer 0 on while "
+            "they fit); auto = what runtime.pinned_memory can still give at each step."),
       // [optimizer]
       FIELD(optimizer, name, no_limit(), "Optimizer."),
       FIELD(optimizer, lr, above(0), "Peak learning rate."),

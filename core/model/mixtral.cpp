@@ -13,6 +13,8 @@
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "ops/router.h"
+#include "ops/schedules/checkpoint_sco.h"
+#include "ops/schedules/checkpoint_standard.h"
 #include "ops/schedules/dispatch_expert_parallel.h"
 #include "ops/schedules/dispatch_standard.h"
 #include "ops/schedules/vocab_materialized.h"
@@ -62,8 +64,12 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
       groups_(zero_gather_groups(params_.layout())) {
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "the CPU model computes in f32 or f64, not ",
                 dtype_name(dtype));
-  MOEPEAK_CHECK(checkpoint_ != CheckpointSchedule::sco,
-                "schedules.checkpoint = \"sco\" is not available in this version; use \"standard\" or \"none\"");
+  if (checkpoint_ == CheckpointSchedule::sco) {
+    boundaries_ = std::make_unique<schedules::ScoBoundaries>(backend_, stream_,
+                                                             schedules_.sco_host_budget_bytes());
+  } else {
+    boundaries_ = std::make_unique<schedules::StandardBoundaries>();
+  }
 }
 
 MixtralModel::~MixtralModel() = default;
@@ -300,27 +306,43 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   const auto backward_parts = GatherParts::values_and_grads;
   const ParamLayout& P = params_.layout();
 
-  // inputs[l] is layer l's input (the checkpoint boundary); inputs[L] feeds the final norm.
-  std::vector<OwnedTensor> inputs(static_cast<size_t>(Lc) + 1);
+  // The checkpoint boundaries — each layer's input, from its forward to its backward — live in
+  // boundaries_ (standard: on device; SCO: some in pinned host memory, brought back one layer
+  // ahead); `final_hidden`, the last layer's output, feeds the final norm.
+  const bool recompute = checkpoint_ != CheckpointSchedule::none;
+  schedules::CheckpointBoundaries& boundaries = *boundaries_;
+  boundaries.begin(Lc, Shape{N, H}, dtype_, with_backward);
+  struct DiscardOnExit {  // after end() a no-op; after an error, no copy runs into freed bytes
+    schedules::CheckpointBoundaries& b;
+    ~DiscardOnExit() { b.discard(); }
+  } discard_on_exit{boundaries};
   std::vector<LayerActivations> acts(static_cast<size_t>(Lc));
-  inputs[0] = device(Shape{N, H}, LiveSet::boundaries, "embedding output");
+  Tensor x;  // (N, H) the current layer's input
   {
+    OwnedTensor embedded = device(Shape{N, H}, LiveSet::boundaries, "embedding output");
     Group embed = params_.gather(groups_.front(), stream_, forward_parts);
-    ops::embedding_forward_cpu(batch.input_ids, embed.value(P.embed), inputs[0], stream_);
+    ops::embedding_forward_cpu(batch.input_ids, embed.value(P.embed), embedded, stream_);
+    x = boundaries.keep(0, std::move(embedded));
   }
+  OwnedTensor final_hidden;
   for (int l = 0; l < Lc; ++l) {
     // Without checkpointing, backward reuses this forward's activations but gathers the weights
     // again; with it, backward recomputes the layer from its input under one backward gather.
     Group w = params_.gather(groups_[1 + l], stream_, forward_parts);
-    inputs[l + 1] = layer_forward(l, w, inputs[l], batch, acts[l], false);
-    if (checkpoint_ == CheckpointSchedule::standard || !with_backward) acts[l].release();
-    if (!with_backward) inputs[l].reset();
+    OwnedTensor y = layer_forward(l, w, x, batch, acts[l], false);
+    if (recompute || !with_backward) acts[l].release();
+    boundaries.forward_done(l);
+    if (l + 1 < Lc) {
+      x = boundaries.keep(l + 1, std::move(y));
+    } else {
+      final_hidden = std::move(y);
+    }
   }
 
   Group head = params_.gather(groups_.back(), stream_, with_backward ? backward_parts : forward_parts);
   OwnedTensor xf = device(Shape{N, H}, LiveSet::workspace, "final norm");
   OwnedTensor rstdf = device(Shape{N}, LiveSet::workspace, "final norm rstd");
-  ops::rmsnorm_forward_cpu(inputs[Lc], head.value(P.final_norm), model_.rms_norm_eps, xf, rstdf, stream_);
+  ops::rmsnorm_forward_cpu(final_hidden, head.value(P.final_norm), model_.rms_norm_eps, xf, rstdf, stream_);
   schedules::MaterializedVocab vocab(backend_, stream_, dtype_);
   double loss = vocab.forward(xf, head.value(P.lm_head), batch.labels,
                               1.0 / static_cast<double>(loss_tokens));
@@ -335,21 +357,27 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   OwnedTensor dxf = device(Shape{N, H}, LiveSet::workspace, "d final norm");
   vocab.backward(xf, head.value(P.lm_head), dxf, head.grad(P.lm_head));
   OwnedTensor dx = device(Shape{N, H}, LiveSet::workspace, "d final hidden");
-  ops::rmsnorm_backward_cpu(inputs[Lc], head.value(P.final_norm), rstdf, dxf, dx,
+  ops::rmsnorm_backward_cpu(final_hidden, head.value(P.final_norm), rstdf, dxf, dx,
                             head.grad(P.final_norm), stream_);
   xf.reset();
   dxf.reset();
-  inputs[Lc].reset();
+  final_hidden.reset();
+  // NOTES: the last layer's input comes back only now, after the logits are gone: starting its
+  // copy during the head would add a boundary to the step's largest moment.
+  boundaries.prefetch(Lc - 1);
   head.reduce_scatter_grads(stream_);
   head = Group();
   for (int l = Lc - 1; l >= 0; --l) {
     Group w = params_.gather(groups_[1 + l], stream_, backward_parts);
-    if (checkpoint_ == CheckpointSchedule::standard) {
-      layer_forward(l, w, inputs[l], batch, acts[l], true);  // recompute; the output is dropped
-    }
-    dx = layer_backward(l, w, dx, inputs[l], batch, acts[l]);
+    x = boundaries.restore(l);
+    if (recompute) layer_forward(l, w, x, batch, acts[l], true);  // the output is dropped
+    // NOTES: the next input is fetched after the recompute, not before: the recompute's output
+    // (a boundary too, dropped at once) and the two inputs are then never live together, so SCO
+    // holds at most two boundaries on device. Its copy runs while layer l's backward does.
+    if (l > 0) boundaries.prefetch(l - 1);
+    dx = layer_backward(l, w, dx, x, batch, acts[l]);
     w.reduce_scatter_grads(stream_);
-    if (l > 0) inputs[l].reset();
+    if (l > 0) boundaries.release(l);
   }
   {
     Group embed = params_.gather(groups_.front(), stream_, GatherParts::grads);
@@ -357,6 +385,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
     embed.reduce_scatter_grads(stream_);
   }
   stream_.synchronize();
+  boundaries.end();
   aux_dprobs_.reset();
   return loss;
 }

@@ -2,7 +2,7 @@
 // rank): forward and backward of a batch with the standard schedule of each live set —
 // materialised logits, all-at-once expert dispatch, and per-layer gradient checkpointing ("none":
 // every activation kept; "standard": only each layer's input kept, the layer recomputed in
-// backward).
+// backward; "sco": the same, with inputs offloaded to pinned host memory in between).
 //
 //   this rank's tokens  N = B*T/W: positions [r*T/W, (r+1)*T/W) of each of the B sequences
 //   input_ids, labels, positions (N) i64, sequence-major, positions global
@@ -20,10 +20,16 @@
 //   - loss: each rank's share of the global mean, all-reduced; the load-balancing loss from the
 //     job-wide expert counts and router-probability sums.
 //
+// Checkpoint boundaries (schedules.checkpoint): each layer's input is kept from its forward to
+// its backward by a schedules::CheckpointBoundaries — StandardBoundaries (on device; also for
+// "none") or ScoBoundaries ("sco": the inputs that fit schedules.sco_host_budget go to pinned host
+// memory on a copy stream and come back one layer ahead; ops/schedules/checkpoint_sco.h).
+//
 // Live sets: weights and grads (ZeroParamStore: shards, local experts, the gathered group),
 // attention (norm, q, k, v, attention output, lse, exchange staging), dispatch (the expert
 // dispatcher), logits (MaterializedVocab), boundaries (each layer's output, the next layer's
-// input), workspace (everything else).
+// input, restored inputs under SCO; in the pinned pool, SCO's host copies), workspace
+// (everything else).
 #pragma once
 
 #include <memory>
@@ -33,6 +39,7 @@
 #include "core/config/config.h"
 #include "core/model/zero_params.h"
 #include "core/runtime/backend.h"
+#include "ops/schedules/checkpoint_standard.h"
 #include "ops/schedules/dispatch.h"
 #include "ops/schedules/ulysses.h"
 
@@ -77,6 +84,10 @@ class MixtralModel {
   // The same loss without gradients (evaluation, finite differences). Collective.
   double forward_loss(const TokenBatch& batch, int64_t loss_tokens);
 
+  // Where the layers' inputs are kept between forward and backward (StandardBoundaries, or
+  // schedules::ScoBoundaries under checkpoint = "sco": tests read its |S| and slow its copy stream).
+  schedules::CheckpointBoundaries& boundaries() { return *boundaries_; }
+
   // Tokens routed to each expert of each layer in the last forward, over the job: [layer][expert].
   const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }
 
@@ -117,6 +128,7 @@ class MixtralModel {
   std::vector<std::vector<int64_t>> expert_load_;
   std::vector<double> router_prob_sums_;  // per expert, over all layers of the current forward
   OwnedTensor aux_dprobs_;                // (E) d(coef * aux)/d probs, during backward
+  std::unique_ptr<schedules::CheckpointBoundaries> boundaries_;  // per schedules.checkpoint
 };
 
 }  // namespace moepeak

@@ -8,8 +8,10 @@
 //   - the per-rank `weights` and `grads` peaks: the persistent shards plus exactly one gathered
 //     group (the largest), never the model;
 //   - a layout that cannot be split over W is rejected with its numbers.
+//   - under SCO, each rank's `boundaries` peak equals sco_boundaries_bytes of its N = B*T/W
+//     tokens (the planner's function), and every boundary went through host memory.
 // Configurations: kv heads split over ranks, kv heads replicated (fewer kv heads than ranks), no
-// checkpointing with the load-balancing loss, odd sizes that need shard padding.
+// checkpointing with the load-balancing loss, odd sizes that need shard padding, SCO.
 // Run: ctest -R train_parallel --output-on-failure   (2 and 4 ranks under mpirun)
 #include <gtest/gtest.h>
 
@@ -29,6 +31,7 @@
 #include "ops/elementwise.h"
 #include "ops/fill.h"
 #include "ops/schedules/adamw_resident.h"
+#include "ops/schedules/checkpoint_sco.h"
 #include "tests/expect_contains.h"
 
 namespace moepeak {
@@ -162,6 +165,13 @@ TEST_P(TrainParallel, MatchesOneRankOverTenSteps) {
       const ZeroBytes gathered = zero_largest_gathered_bytes(cfg, DType::f32, ranks.world_size);
       EXPECT_EQ(mem.peak_per_set()[LiveSet::weights], persistent.weights + gathered.weights);
       EXPECT_EQ(mem.peak_per_set()[LiveSet::grads], persistent.grads + gathered.grads);
+      if (c.checkpoint == CheckpointSchedule::sco) {
+        auto& sco = dynamic_cast<schedules::ScoBoundaries&>(dist.model->boundaries());
+        const int64_t L = cfg.num_hidden_layers, N = B * T / ranks.world_size;
+        EXPECT_EQ(sco.offloaded_layers(), L) << "the default pinned budget holds every boundary";
+        EXPECT_EQ(mem.peak_per_set()[LiveSet::boundaries],
+                  schedules::sco_boundaries_bytes(L, sco.offloaded_layers(), N, cfg.hidden_size, DType::f32));
+      }
       // One group at a time is far less than the whole model (the point of ZeRO-3).
       EXPECT_LT(persistent.weights + gathered.weights,
                 DeviceArena::footprint(static_cast<uint64_t>(layout.total_elements()) * 4));
@@ -199,7 +209,9 @@ INSTANTIATE_TEST_SUITE_P(
         // every activation kept, with the load-balancing loss
         Case{"kv4_none_aux", 16, 4, 4, 4, 8, 2, CheckpointSchedule::none, 0.05, 2, 12},
         // hidden 13: every dense shard is padded on 2 and 4 ranks
-        Case{"odd_hidden", 13, 8, 4, 2, 4, 2, CheckpointSchedule::standard, 0.0, 1, 16}),
+        Case{"odd_hidden", 13, 8, 4, 2, 4, 2, CheckpointSchedule::standard, 0.0, 1, 16},
+        // every layer's input offloaded to pinned host memory and brought back one layer ahead
+        Case{"kv2_sco_aux", 16, 4, 2, 4, 4, 2, CheckpointSchedule::sco, 0.02, 2, 8}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(TrainParallelLayout, RejectsWhatCannotBeSplitWithTheNumbers) {
