@@ -125,6 +125,7 @@ void register_bench_command(CLI::App& app, Context& ctx) {
   bench->require_subcommand(1);
   register_bench_step(*bench, ctx);
   register_bench_sco(*bench, ctx);
+  register_bench_vocab(*bench, ctx);
   register_bench_adamw(*bench, ctx);
 }
 

@@ -38,6 +38,7 @@ void write_bench_json(const std::string& path, const std::string& bench, int wor
 // Bench subcommands registered on `moepeak bench` (each in its own cli/bench_<name>.cpp).
 void register_bench_step(CLI::App& bench, Context& ctx);
 void register_bench_sco(CLI::App& bench, Context& ctx);  // cli/bench_sco.cpp
+void register_bench_vocab(CLI::App& bench, Context& ctx);  // cli/bench_vocab.cpp
 void register_bench_adamw(CLI::App& bench, Context& ctx);  // cli/bench_adamw.cpp
 
 }  // namespace moepeak::cli

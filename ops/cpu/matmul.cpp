@@ -1,0 +1,49 @@
+// CPU matmul: one row-major GEMM through OpenBLAS CBLAS, c (M, N) (=|+=) a (M, K) . b (K, N)
+// (see ops/matmul.h). Test: ctest -R test_ring_dtp_ops
+#include "ops/matmul.h"
+
+#include <cblas.h>
+
+#include <string>
+#include <type_traits>
+
+#include "core/runtime/cpu_stream.h"
+
+namespace moepeak::ops {
+
+void matmul_cpu(const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate,
+                Stream& stream) {
+  const char* op = "matmul_cpu";
+  MOEPEAK_CHECK(a.ndim() == 2, op, ": a must be (M, K), got ", a.str());
+  MOEPEAK_CHECK(b.ndim() == 2 && b.size(0) == a.size(1) && b.dtype() == a.dtype(), op,
+                ": b must be ", dtype_name(a.dtype()), "(", a.size(1), ", N) for a ", a.str(),
+                ", got ", b.str());
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  c.expect(Shape{m, n}, a.dtype(), std::string(op) + ": c");
+  dispatch_float(a.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const T* ap = a.data_as<T>();  // (M, K)
+    const T* bp = b.data_as<T>();  // (K, N)
+    T* cp = c.data_as<T>();        // (M, N)
+    as_cpu_stream(stream).enqueue([=] {
+      if (m == 0 || n == 0) return;
+      if (k == 0) {
+        if (!accumulate) {
+          for (int64_t i = 0; i < m * n; ++i) cp[i] = T(0);
+        }
+        return;
+      }
+      const auto bm = static_cast<blasint>(m), bn = static_cast<blasint>(n),
+                 bk = static_cast<blasint>(k);
+      if constexpr (std::is_same_v<T, float>) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bm, bn, bk, 1.0f, ap, bk, bp, bn,
+                    accumulate ? 1.0f : 0.0f, cp, bn);
+      } else {
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bm, bn, bk, 1.0, ap, bk, bp, bn,
+                    accumulate ? 1.0 : 0.0, cp, bn);
+      }
+    });
+  });
+}
+
+}  // namespace moepeak::ops

@@ -1,0 +1,464 @@
+// RingDtpVocab (ops/schedules/vocab_ring_dtp.h) on W real rank processes against
+// MaterializedVocab on the gathered problem.
+//
+// Every rank builds the same full problem from a seed — W batches of N tokens (W N, H), the whole
+// LM head (V, H) with V = 4 k + 3 (uneven shards for W = 2 and 4), labels with about one in five
+// -100, a starting dW (V, H) — and runs MaterializedVocab over all of it as the reference (and
+// over its own batch alone for its loss share). Then Ring-DTP runs on its batch, its labels and
+// its rows vocab_shard(V, W, r) of the LM head. Checked for both payloads, strips of the whole
+// shard and of 7 columns (several strips per shard, the last one narrower), f64 and f32:
+//   - the loss share of this rank, the all-reduced loss, dx (its batch) and dW (its rows), as
+//     max |got - want| / max |want|, within 1e-12 (f64) and 1e-5 (f32): Ring-DTP computes the
+//     same sums in another order — the exponential sum folded shard by shard, dX summed over
+//     shards, dW over batches, GEMMs blocked differently — so f64 differs by a few ulps times
+//     the number of terms (~1e-15 here); in f32 the logits themselves may round differently in
+//     differently blocked GEMMs (6e-8 relative each) and dX, dW add P partial f32 GEMMs, which
+//     stays near 1e-6;
+//   - dx (=) is poisoned with NaN and so is every free byte of the arena before the run (an
+//     internal buffer read before it is written poisons the results); dW (+=) starts from
+//     seeded values;
+//   - memory: the measured `logits` peak in forward, what stays until backward, the peak in
+//     backward equal the fields of ring_dtp_memory(), the whole peak equals ring_dtp_bytes(),
+//     nothing is left after backward, no other live set grows (the schedule allocates in
+//     `logits` only), and the peak stays below one (N, V) tensor — so no N x V tensor, not even
+//     one batch's logits, was ever allocated (except on one rank with strips of the whole
+//     shard, where the one strip is the (N, V) logits by definition);
+//   - the same with the comm stream or the compute stream slowed down (a missing wait between
+//     them is then a wrong result, not a lucky one);
+//   - auto payload, bad labels, V < P and backward without forward.
+//
+//     ctest -R ring_dtp --output-on-failure
+//     mpirun --allow-run-as-root --oversubscribe -np 4 build/tests/parallel/test_ring_dtp
+//
+// Written for any W; registered with 4, 2 and 1 ranks (W = 1: strips within the one shard).
+// N = 48 tokens per rank, H = 12, V = 103: four ranks share two cores, so shapes are tiny.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/comm/comm.h"
+#include "core/comm/process_group.h"
+#include "core/error.h"
+#include "core/runtime/backend.h"
+#include "core/runtime/cpu_stream.h"
+#include "ops/elementwise.h"
+#include "ops/fill.h"
+#include "ops/schedules/vocab_materialized.h"
+#include "ops/schedules/vocab_ring_dtp.h"
+
+namespace moepeak {
+namespace {
+
+using schedules::MaterializedVocab;
+using schedules::ring_dtp_bytes;
+using schedules::ring_dtp_memory;
+using schedules::RingDtpBytes;
+using schedules::RingDtpVocab;
+using schedules::vocab_shard;
+
+constexpr int64_t kTokens = 48, kHidden = 12, kVocab = 4 * 25 + 3;
+
+const char* payload_name(VocabPayload p) {
+  return p == VocabPayload::weights ? "weights" : p == VocabPayload::activations ? "activations"
+                                                                                 : "auto";
+}
+
+// The gathered problem, in doubles.
+struct Problem {
+  int64_t ranks = 1;
+  std::vector<double> x, w, dw0;  // (W N, H), (V, H), (V, H)
+  std::vector<int64_t> labels;    // (W N)
+  int64_t scored = 0;
+};
+
+Problem make_problem(uint64_t seed, int64_t ranks) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uni(-1.0, 1.0), coin(0.0, 1.0);
+  std::uniform_int_distribution<int64_t> pick(0, kVocab - 1);
+  auto vec = [&](int64_t n, double scale) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (auto& e : v) e = scale * uni(rng);
+    return v;
+  };
+  Problem p;
+  p.ranks = ranks;
+  const int64_t T = ranks * kTokens;
+  p.x = vec(T * kHidden, 1.0);
+  p.w = vec(kVocab * kHidden, 1.5);  // logits of a few units: a peaked, not flat, softmax
+  p.dw0 = vec(kVocab * kHidden, 0.1);
+  for (int64_t n = 0; n < T; ++n) p.labels.push_back(coin(rng) < 0.2 ? -100 : pick(rng));
+  p.labels[0] = kVocab - 1;  // the last column of the last shard
+  p.labels[1] = 0;           // the first of the first
+  for (int64_t label : p.labels) p.scored += label != -100;
+  return p;
+}
+
+class Env {
+ public:
+  explicit Env(DType dtype) : dtype_(dtype) {
+    BackendOptions options;
+    options.device_memory = 16ull << 20;
+    options.cpu_threads = 1;
+    backend_ = Backend::create(options);
+    comm_ = make_comm(*backend_, init_process_group());
+  }
+  Backend& backend() { return *backend_; }
+  Stream& stream() { return backend_->default_stream(); }
+  Comm& comm() { return *comm_; }
+  DType dtype() const { return dtype_; }
+  int rank() const { return comm_->rank(); }
+  int ranks() const { return comm_->world_size(); }
+
+  // Rows [begin, end) of a row-major (rows, width) array, in the run's dtype (workspace set).
+  OwnedTensor input(const std::vector<double>& v, int64_t width, int64_t begin, int64_t end) {
+    auto t = OwnedTensor::device(*backend_, Shape{end - begin, width}, dtype_, LiveSet::workspace,
+                                 "test tensor");
+    for (int64_t i = 0; i < (end - begin) * width; ++i) {
+      double value = v[static_cast<size_t>(begin * width + i)];
+      if (dtype_ == DType::f32) {
+        t.data_as<float>()[i] = static_cast<float>(value);
+      } else {
+        t.data_as<double>()[i] = value;
+      }
+    }
+    return t;
+  }
+  OwnedTensor labels(const std::vector<int64_t>& v, int64_t begin, int64_t end) {
+    auto t = OwnedTensor::device(*backend_, Shape{end - begin}, DType::i64, LiveSet::workspace,
+                                 "test labels");
+    std::copy(v.begin() + begin, v.begin() + end, t.data_as<int64_t>());
+    return t;
+  }
+  OwnedTensor nan_output(Shape shape) {
+    auto t = OwnedTensor::device(*backend_, shape, dtype_, LiveSet::workspace, "test output");
+    ops::fill(t, std::numeric_limits<double>::quiet_NaN(), stream());
+    return t;
+  }
+  std::vector<double> read(const Tensor& t) {
+    stream().synchronize();
+    std::vector<double> out(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i] = dtype_ == DType::f32 ? double(t.data_as<float>()[i]) : t.data_as<double>()[i];
+    }
+    return out;
+  }
+  // Every free byte of the arena NaN.
+  void poison_free_arena() {
+    std::vector<OwnedTensor> blocks;
+    for (uint64_t free = backend_->arena().largest_free_block(); free >= 1024;
+         free = backend_->arena().largest_free_block()) {
+      blocks.push_back(OwnedTensor::device(*backend_, Shape{static_cast<int64_t>(free / 8)},
+                                           DType::f64, LiveSet::workspace, "poison"));
+      ops::fill(blocks.back(), std::numeric_limits<double>::quiet_NaN(), stream());
+    }
+    stream().synchronize();
+  }
+  double sum_over_ranks(double v) {
+    double values[1] = {v};
+    all_reduce_host(*comm_, *backend_, stream(), values);
+    return values[0];
+  }
+  double max_over_ranks(double v) {
+    double values[1] = {v};
+    all_reduce_host(*comm_, *backend_, stream(), values, ReduceOp::max);
+    return values[0];
+  }
+
+ private:
+  DType dtype_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Comm> comm_;
+};
+
+// Max |got - want| over max |want| (infinite if got or want holds a NaN).
+double scaled_err(const std::vector<double>& got, const std::vector<double>& want,
+                  size_t begin = 0) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double g = got[i], w = want[begin + i];
+    if (std::isnan(g) || std::isnan(w)) return std::numeric_limits<double>::infinity();
+    err = std::max(err, std::abs(g - w));
+    scale = std::max(scale, std::abs(w));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+struct Reference {
+  double loss = 0, share = 0;
+  std::vector<double> dx, dw;  // (W N, H), (V, H)
+};
+
+// MaterializedVocab over the gathered problem, and over this rank's batch alone for its share.
+Reference run_reference(Env& env, const Problem& p) {
+  const int64_t T = p.ranks * kTokens, r = env.rank();
+  const double scale = 1.0 / static_cast<double>(p.scored);
+  Reference ref;
+  auto w = env.input(p.w, kHidden, 0, kVocab);
+  {
+    auto x = env.input(p.x, kHidden, 0, T);
+    auto labels = env.labels(p.labels, 0, T);
+    auto dx = env.nan_output(Shape{T, kHidden});
+    auto dw = env.input(p.dw0, kHidden, 0, kVocab);
+    MaterializedVocab vocab(env.backend(), env.stream(), env.dtype());
+    ref.loss = vocab.forward(x, w, labels, scale);
+    vocab.backward(x, w, dx, dw);
+    ref.dx = env.read(dx);
+    ref.dw = env.read(dw);
+  }
+  auto x = env.input(p.x, kHidden, r * kTokens, (r + 1) * kTokens);
+  auto labels = env.labels(p.labels, r * kTokens, (r + 1) * kTokens);
+  MaterializedVocab vocab(env.backend(), env.stream(), env.dtype());
+  ref.share = vocab.forward(x, w, labels, scale);  // its logits go with `vocab`
+  return ref;
+}
+
+enum class Slow { none, comm, compute };
+const char* slow_name(Slow s) {
+  return s == Slow::comm ? ", comm stream slowed" : s == Slow::compute ? ", compute stream slowed"
+                                                                       : "";
+}
+
+struct RingRun {
+  double share = 0, loss = 0;
+  std::vector<double> dx, dw;  // (N, H) this rank's batch, (V_r, H) its rows
+  uint64_t forward_peak = 0, kept = 0, backward_peak = 0, left = 0;
+  bool other_sets_grew = false;
+  VocabPayload payload = VocabPayload::automatic;
+};
+
+// A copy of `host` made on the stream into a poisoned tensor: the schedule's inputs are then
+// still being written when the call starts, as the outputs of earlier ops would be.
+OwnedTensor staged(Env& env, const OwnedTensor& host, double poison) {
+  auto t = OwnedTensor::device(env.backend(), host.shape(), host.view().dtype(), LiveSet::workspace,
+                               "staged input");
+  ops::fill(t, poison, env.stream());
+  ops::copy_cpu(host, t, env.stream());
+  return t;
+}
+
+RingRun run_ring(Env& env, const Problem& p, VocabPayload payload, int64_t strip, Slow slow) {
+  const int64_t r = env.rank(), n0 = r * kTokens, n1 = (r + 1) * kTokens;
+  const auto shard = vocab_shard(kVocab, env.ranks(), env.rank());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto x_host = env.input(p.x, kHidden, n0, n1);
+  auto labels_host = env.labels(p.labels, n0, n1);
+  auto w_host = env.input(p.w, kHidden, shard.begin, shard.end);
+  auto dw_host = env.input(p.dw0, kHidden, shard.begin, shard.end);
+  RingDtpVocab vocab(env.backend(), env.stream(), env.comm(), env.dtype(), kVocab, payload, strip);
+  EXPECT_EQ(vocab.shard().begin, shard.begin);
+  EXPECT_EQ(vocab.shard().end, shard.end);
+  env.poison_free_arena();
+  const auto delay = std::chrono::microseconds(1500);
+  if (slow == Slow::comm) as_cpu_stream(vocab.comm_stream()).set_debug_delay(delay);
+  if (slow == Slow::compute) as_cpu_stream(env.stream()).set_debug_delay(delay);
+  auto x = staged(env, x_host, nan), w = staged(env, w_host, nan), dw = staged(env, dw_host, nan);
+  auto labels = staged(env, labels_host, -7);
+  auto dx = env.nan_output(Shape{kTokens, kHidden});
+
+  DeviceArena& arena = env.backend().arena();
+  const MemorySnapshot before = arena.stats().current();
+  arena.reset_peaks();
+  RingRun run;
+  run.share = vocab.forward(x, w, labels, 1.0 / static_cast<double>(p.scored));
+  run.payload = vocab.payload();
+  MemoryStats after_forward = arena.stats();
+  run.forward_peak = after_forward.peak_per_set()[LiveSet::logits];
+  run.kept = after_forward.current()[LiveSet::logits];
+  arena.reset_peaks();
+  vocab.backward(x, w, dx, dw);
+  MemoryStats after_backward = arena.stats();
+  run.backward_peak = after_backward.peak_per_set()[LiveSet::logits];
+  run.left = after_backward.current()[LiveSet::logits];
+  for (LiveSet s : kAllLiveSets) {
+    if (s == LiveSet::logits) continue;
+    run.other_sets_grew = run.other_sets_grew || after_forward.peak_per_set()[s] > before[s] ||
+                          after_backward.peak_per_set()[s] > before[s];
+  }
+  as_cpu_stream(env.stream()).set_debug_delay(std::chrono::microseconds(0));
+  run.dx = env.read(dx);
+  run.dw = env.read(dw);
+  run.loss = env.sum_over_ranks(run.share);
+  return run;
+}
+
+class RingDtpTest : public ::testing::Test {
+ protected:
+  static double tolerance(DType dtype) { return dtype == DType::f64 ? 1e-12 : 1e-5; }
+
+  // Runs one case against the reference and checks everything; returns the worst error.
+  double check_case(DType dtype, VocabPayload payload, int64_t strip, Slow slow, uint64_t seed) {
+    Env env(dtype);
+    const int W = env.ranks(), r = env.rank();
+    const Problem p = make_problem(seed, W);
+    const Reference ref = run_reference(env, p);
+    const RingRun ring = run_ring(env, p, payload, strip, slow);
+    const auto shard = vocab_shard(kVocab, W, r);
+    const double tol = tolerance(dtype);
+    std::ostringstream what_os;
+    what_os << "W=" << W << " " << dtype_name(dtype) << ", " << payload_name(payload)
+            << " payload, strip " << strip << slow_name(slow);
+    const std::string what = what_os.str();
+
+    EXPECT_EQ(ring.payload, payload) << what;
+    const double share = std::abs(ring.share - ref.share) / std::abs(ref.share);
+    const double loss = std::abs(ring.loss - ref.loss) / std::abs(ref.loss);
+    const double dx = scaled_err(ring.dx, ref.dx, static_cast<size_t>(r * kTokens * kHidden));
+    const double dw = scaled_err(ring.dw, ref.dw, static_cast<size_t>(shard.begin * kHidden));
+    EXPECT_LE(share, tol) << what << ": this rank's loss share " << ring.share << " vs "
+                          << ref.share;
+    EXPECT_LE(loss, tol) << what << ": loss " << ring.loss << " vs " << ref.loss;
+    EXPECT_LE(dx, tol) << what << ": dx";
+    EXPECT_LE(dw, tol) << what << ": dW rows [" << shard.begin << ", " << shard.end << ")";
+
+    const RingDtpBytes want =
+        ring_dtp_memory(kTokens, kHidden, kVocab, W, strip, payload, dtype);
+    EXPECT_EQ(ring.forward_peak, want.forward) << what << ": logits peak in forward";
+    EXPECT_EQ(ring.kept, want.saved) << what << ": logits kept from forward to backward";
+    EXPECT_EQ(ring.backward_peak, want.backward) << what << ": logits peak in backward";
+    EXPECT_EQ(std::max(ring.forward_peak, ring.backward_peak),
+              ring_dtp_bytes(kTokens, kHidden, kVocab, W, strip, payload, dtype))
+        << what;
+    EXPECT_EQ(ring.left, 0u) << what << ": logits left after backward";
+    EXPECT_FALSE(ring.other_sets_grew) << what << ": a live set other than logits grew";
+    const uint64_t one_batch_logits =
+        DeviceArena::footprint(static_cast<uint64_t>(kTokens * kVocab) * dtype_size(dtype));
+    if (schedules::ring_dtp_strip_columns(kVocab, W, strip) < kVocab) {
+      EXPECT_LT(want.peak(), one_batch_logits) << what << ": bound not below one N x V tensor";
+    } else {  // one rank, whole shard: the strip is the (N, V) logits, by definition
+      EXPECT_EQ(want.peak(), want.strip + want.state) << what;
+    }
+
+    const double worst = std::max({share, loss, dx, dw});
+    const double worst_all = env.max_over_ranks(worst);
+    if (r == 0) {
+      std::printf("[%s] max rel err over ranks %.3g (rank 0: share %.2g, loss %.2g, dx %.2g, "
+                  "dW %.2g); logits peak %llu B = %.3f of one N x V tensor (%llu B)\n",
+                  what.c_str(), worst_all, share, loss, dx, dw,
+                  static_cast<unsigned long long>(want.peak()),
+                  static_cast<double>(want.peak()) / static_cast<double>(one_batch_logits),
+                  static_cast<unsigned long long>(one_batch_logits));
+      RecordProperty(what, std::to_string(worst_all));
+    }
+    return worst_all;
+  }
+};
+
+TEST_F(RingDtpTest, WeightsPayloadMatchesMaterializedF64) {
+  for (int64_t strip : {0, 7}) check_case(DType::f64, VocabPayload::weights, strip, Slow::none, 11);
+}
+TEST_F(RingDtpTest, ActivationsPayloadMatchesMaterializedF64) {
+  for (int64_t strip : {0, 7}) {
+    check_case(DType::f64, VocabPayload::activations, strip, Slow::none, 12);
+  }
+}
+TEST_F(RingDtpTest, WeightsPayloadMatchesMaterializedF32) {
+  for (int64_t strip : {0, 7}) check_case(DType::f32, VocabPayload::weights, strip, Slow::none, 13);
+}
+TEST_F(RingDtpTest, ActivationsPayloadMatchesMaterializedF32) {
+  for (int64_t strip : {0, 7}) {
+    check_case(DType::f32, VocabPayload::activations, strip, Slow::none, 14);
+  }
+}
+// Strips of one column (P = 1: the fused-kernel regime) and a width that divides no shard.
+TEST_F(RingDtpTest, NarrowStripsMatchMaterialized) {
+  for (int64_t strip : {1, 10}) {
+    check_case(DType::f64, VocabPayload::weights, strip, Slow::none, 15);
+    check_case(DType::f64, VocabPayload::activations, strip, Slow::none, 16);
+  }
+}
+
+// A missing wait between the two streams shows as a wrong result once one of them is slow.
+TEST_F(RingDtpTest, SlowCommOrComputeStreamStillExact) {
+  for (VocabPayload payload : {VocabPayload::weights, VocabPayload::activations}) {
+    check_case(DType::f64, payload, 7, Slow::comm, 21);
+    check_case(DType::f64, payload, 0, Slow::compute, 22);
+  }
+}
+
+TEST_F(RingDtpTest, AutoPayloadMovesWeightsWhenBatchesAreLargerThanShards) {
+  using schedules::ring_dtp_resolve_payload;
+  EXPECT_EQ(ring_dtp_resolve_payload(VocabPayload::automatic, 30, 100, 4), VocabPayload::weights);
+  EXPECT_EQ(ring_dtp_resolve_payload(VocabPayload::automatic, 25, 100, 4),
+            VocabPayload::activations);  // N = V/P: a batch is not larger than a shard
+  EXPECT_EQ(ring_dtp_resolve_payload(VocabPayload::automatic, 25, 103, 4),
+            VocabPayload::activations);  // N = 25 < V/P = 25.75
+  EXPECT_EQ(ring_dtp_resolve_payload(VocabPayload::automatic, 26, 103, 4), VocabPayload::weights);
+  EXPECT_EQ(ring_dtp_resolve_payload(VocabPayload::activations, 1000, 10, 4),
+            VocabPayload::activations);
+  EXPECT_EQ(ring_dtp_resolve_payload(VocabPayload::weights, 1, 1000, 4), VocabPayload::weights);
+  // In a run, N = 48 per rank against V/P = 103/W: weights on 4 ranks (48 > 25.75), activations
+  // on 2 and 1 (48 < 51.5): both choices are seen over the registrations.
+  Env env(DType::f64);
+  const int W = env.ranks();
+  const Problem p = make_problem(31, W);
+  const RingRun ring = run_ring(env, p, VocabPayload::automatic, 0, Slow::none);
+  EXPECT_EQ(ring.payload, kTokens * W > kVocab ? VocabPayload::weights : VocabPayload::activations);
+}
+
+TEST_F(RingDtpTest, ShardsCoverTheVocabularyContiguously) {
+  for (int P : {1, 2, 3, 4, 7}) {
+    int64_t at = 0, largest = 0;
+    for (int r = 0; r < P; ++r) {
+      auto s = vocab_shard(kVocab, P, r);
+      EXPECT_EQ(s.begin, at);
+      EXPECT_GE(s.size(), kVocab / P);
+      EXPECT_LE(s.size(), (kVocab + P - 1) / P);
+      largest = std::max(largest, s.size());
+      at = s.end;
+    }
+    EXPECT_EQ(at, kVocab);
+    EXPECT_EQ(largest, schedules::vocab_shard_max(kVocab, P));
+  }
+  EXPECT_THROW(vocab_shard(3, 4, 0), Error);
+}
+
+TEST_F(RingDtpTest, BadLabelsVocabSmallerThanRanksAndBackwardWithoutForwardAreErrors) {
+  Env env(DType::f64);
+  const int W = env.ranks(), r = env.rank();
+  const auto shard = vocab_shard(kVocab, W, r);
+  const Problem p = make_problem(41, W);
+  auto x = env.input(p.x, kHidden, r * kTokens, (r + 1) * kTokens);
+  auto w = env.input(p.w, kHidden, shard.begin, shard.end);
+  auto dx = env.nan_output(Shape{kTokens, kHidden});
+  RingDtpVocab vocab(env.backend(), env.stream(), env.comm(), DType::f64, kVocab);
+  EXPECT_THROW(vocab.backward(x, w, dx, dx), Error);  // no forward yet
+  // Rank 0 gets a label past V at position 5; every rank finishes the ring, rank 0 then throws.
+  std::vector<int64_t> labels(p.labels.begin() + r * kTokens, p.labels.begin() + (r + 1) * kTokens);
+  if (r == 0) labels[5] = kVocab + 4;
+  auto lt = env.labels(labels, 0, kTokens);
+  if (r == 0) {
+    try {
+      vocab.forward(x, w, lt, 1.0);
+      ADD_FAILURE() << "a label past V was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find("label " + std::to_string(kVocab + 4)), std::string::npos)
+          << e.message();
+      EXPECT_NE(e.message().find("position 5"), std::string::npos) << e.message();
+    }
+  } else {
+    vocab.forward(x, w, lt, 1.0);
+  }
+  vocab.release();
+  // A wrong shard is found at the call, before any traffic.
+  auto wrong = env.input(p.w, kHidden, 0, shard.size() + 1);
+  EXPECT_THROW(vocab.forward(x, wrong, lt, 1.0), Error);
+  if (W > 1) {
+    EXPECT_THROW(RingDtpVocab(env.backend(), env.stream(), env.comm(), DType::f64, W - 1), Error);
+  }
+  EXPECT_THROW(
+      RingDtpVocab(env.backend(), env.stream(), env.comm(), DType::f64, kVocab,
+                   VocabPayload::automatic, -1),
+      Error);
+}
+
+}  // namespace
+}  // namespace moepeak
