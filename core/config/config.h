@@ -178,7 +178,7 @@ struct SchedulesConfig {
   double llep_alpha = 1.0;
   int64_t min_tokens_per_gemm = 32;
   VocabSchedule vocab = VocabSchedule::materialized;
-  VocabPayload vocab_payload = VocabPayload::automatic;
+  VocabPayload ring_payload = VocabPayload::automatic;
   int64_t vocab_strip = 0;  // columns per strip, 0 = whole shard
   CheckpointSchedule checkpoint = CheckpointSchedule::standard;
   std::string sco_host_budget = "auto";  // byte size or "auto"

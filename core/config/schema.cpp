@@ -201,7 +201,7 @@ const std::vector<Field>& field_table() {
             "LLEP spills no fewer routes than this to another rank (keeps GEMMs efficient)."),
       FIELD(schedules, vocab, no_limit(),
             "Vocabulary projection: materialized N x V logits, or ring_dtp (Ring-DTP strips)."),
-      FIELD(schedules, vocab_payload, no_limit(),
+      FIELD(schedules, ring_payload, no_limit(),
             "What travels round the Ring-DTP ring; auto = weights when N > V/P, else "
             "activations."),
       FIELD(schedules, vocab_strip, at_least(0),

@@ -18,6 +18,7 @@
 #include "ops/schedules/dispatch_expert_parallel.h"
 #include "ops/schedules/dispatch_standard.h"
 #include "ops/schedules/vocab_materialized.h"
+#include "ops/schedules/vocab_ring_dtp.h"
 
 namespace moepeak {
 
@@ -45,6 +46,10 @@ struct MixtralModel::LayerActivations {
   }
 };
 
+LmHeadSharding lm_head_sharding(VocabSchedule vocab) {
+  return vocab == VocabSchedule::ring_dtp ? LmHeadSharding::vocab_rows : LmHeadSharding::zero3;
+}
+
 namespace {
 SchedulesConfig with_checkpoint(CheckpointSchedule checkpoint) {
   SchedulesConfig s;
@@ -60,8 +65,9 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
 MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                            const SchedulesConfig& schedules, DType dtype)
     : backend_(backend), stream_(stream), comm_(comm), model_(model), schedules_(schedules),
-      checkpoint_(schedules.checkpoint), dtype_(dtype), params_(backend, model, dtype, comm),
-      groups_(zero_gather_groups(params_.layout())) {
+      checkpoint_(schedules.checkpoint), dtype_(dtype),
+      params_(backend, model, dtype, comm, lm_head_sharding(schedules.vocab)),
+      groups_(zero_gather_groups(params_.layout(), params_.lm_head_sharding())) {
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "the CPU model computes in f32 or f64, not ",
                 dtype_name(dtype));
   if (checkpoint_ == CheckpointSchedule::sco) {
@@ -69,6 +75,11 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
                                                              schedules_.sco_host_budget_bytes());
   } else {
     boundaries_ = std::make_unique<schedules::StandardBoundaries>();
+  }
+  if (schedules_.vocab == VocabSchedule::ring_dtp) {  // collective: duplicates the communicator
+    ring_vocab_ = std::make_unique<schedules::RingDtpVocab>(backend_, stream_, comm_, dtype_,
+                                                            model_.vocab_size, schedules_.ring_payload,
+                                                            schedules_.vocab_strip);
   }
 }
 
@@ -343,9 +354,15 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   OwnedTensor xf = device(Shape{N, H}, LiveSet::workspace, "final norm");
   OwnedTensor rstdf = device(Shape{N}, LiveSet::workspace, "final norm rstd");
   ops::rmsnorm_forward_cpu(final_hidden, head.value(P.final_norm), model_.rms_norm_eps, xf, rstdf, stream_);
-  schedules::MaterializedVocab vocab(backend_, stream_, dtype_);
-  double loss = vocab.forward(xf, head.value(P.lm_head), batch.labels,
-                              1.0 / static_cast<double>(loss_tokens));
+  // The vocabulary projection and cross-entropy: materialised (N, V) logits over the gathered LM
+  // head, or Ring-DTP over this rank's vocabulary rows (never gathered; its gradient accumulates
+  // on this rank for every rank's batch, so it needs no reduce-scatter).
+  schedules::MaterializedVocab materialized(backend_, stream_, dtype_);
+  const Tensor lm_head = ring_vocab_ ? params_.local_value(P.lm_head) : head.value(P.lm_head);
+  const double loss_scale = 1.0 / static_cast<double>(loss_tokens);
+  double loss = ring_vocab_ ? ring_vocab_->forward(xf, lm_head, batch.labels, loss_scale)
+                            : materialized.forward(xf, lm_head, batch.labels, loss_scale);
+  if (ring_vocab_ && !with_backward) ring_vocab_->release();
   if (W > 1) {
     double total[1] = {loss};
     all_reduce_host(comm_, backend_, stream_, total);
@@ -355,7 +372,11 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   if (!with_backward) return loss;
 
   OwnedTensor dxf = device(Shape{N, H}, LiveSet::workspace, "d final norm");
-  vocab.backward(xf, head.value(P.lm_head), dxf, head.grad(P.lm_head));
+  if (ring_vocab_) {
+    ring_vocab_->backward(xf, lm_head, dxf, params_.local_grad(P.lm_head));
+  } else {
+    materialized.backward(xf, lm_head, dxf, head.grad(P.lm_head));
+  }
   OwnedTensor dx = device(Shape{N, H}, LiveSet::workspace, "d final hidden");
   ops::rmsnorm_backward_cpu(final_hidden, head.value(P.final_norm), rstdf, dxf, dx,
                             head.grad(P.final_norm), stream_);

@@ -20,6 +20,11 @@
 //   - loss: each rank's share of the global mean, all-reduced; the load-balancing loss from the
 //     job-wide expert counts and router-probability sums.
 //
+// Vocabulary projection (schedules.vocab): "materialized" gathers the LM head with the final norm
+// and forms the (N, V) logits (MaterializedVocab); "ring_dtp" keeps the LM head stored by
+// vocabulary rows (LmHeadSharding::vocab_rows, never gathered) and folds logit strips into an
+// online log-sum-exp over a ring of the W ranks (RingDtpVocab, ops/schedules/vocab_ring_dtp.h).
+//
 // Checkpoint boundaries (schedules.checkpoint): each layer's input is kept from its forward to
 // its backward by a schedules::CheckpointBoundaries — StandardBoundaries (on device; also for
 // "none") or ScoBoundaries ("sco": the inputs that fit schedules.sco_host_budget go to pinned host
@@ -27,7 +32,7 @@
 //
 // Live sets: weights and grads (ZeroParamStore: shards, local experts, the gathered group),
 // attention (norm, q, k, v, attention output, lse, exchange staging), dispatch (the expert
-// dispatcher), logits (MaterializedVocab), boundaries (each layer's output, the next layer's
+// dispatcher), logits (MaterializedVocab, or RingDtpVocab), boundaries (each layer's output, the next layer's
 // input, restored inputs under SCO; in the pinned pool, SCO's host copies), workspace
 // (everything else).
 #pragma once
@@ -44,6 +49,14 @@
 #include "ops/schedules/ulysses.h"
 
 namespace moepeak {
+
+namespace schedules {
+class RingDtpVocab;
+}
+
+// How the LM head is stored for a vocabulary schedule: by vocabulary rows for ring_dtp, else
+// ZeRO-3 like every dense tensor (the planner sizes `weights` and `grads` with the same choice).
+LmHeadSharding lm_head_sharding(VocabSchedule vocab);
 
 struct TokenBatch {
   Tensor input_ids;  // (N) i64, device; N = batch * seq_len / W, this rank's slice of each sequence
@@ -129,6 +142,7 @@ class MixtralModel {
   std::vector<double> router_prob_sums_;  // per expert, over all layers of the current forward
   OwnedTensor aux_dprobs_;                // (E) d(coef * aux)/d probs, during backward
   std::unique_ptr<schedules::CheckpointBoundaries> boundaries_;  // per schedules.checkpoint
+  std::unique_ptr<schedules::RingDtpVocab> ring_vocab_;  // schedules.vocab = "ring_dtp", else null
 };
 
 }  // namespace moepeak

@@ -58,8 +58,6 @@ void check_supported(const Config& cfg) {
   };
   if (cfg.schedules.dispatch != DispatchSchedule::standard)
     unsupported("schedules.dispatch", enum_name(cfg.schedules.dispatch));
-  if (cfg.schedules.vocab != VocabSchedule::materialized)
-    unsupported("schedules.vocab", enum_name(cfg.schedules.vocab));
 }
 
 // "adamw offload_stream (bucket_params 1048576, staging_slots 3)" for the log.

@@ -6,6 +6,8 @@
 #   - the step-1 dump (--dump-step) on 4 ranks has the 1-rank dump's tensors: the same batch and
 #     initial weights bitwise, gradients within 1e-5 relative, the loss within 1e-6;
 #   - a checkpoint saved on 2 ranks resumes bit for bit on 2 ranks and within 1e-5 on 4 and 1;
+#   - schedules.vocab = "ring_dtp" on 4 ranks gives 1 rank's materialised losses (1e-5), and its
+#     checkpoint resumes under the materialised schedule on 4 ranks;
 #   - a config the layout cannot split over W ranks is rejected before any work (non-zero exit,
 #     numbers in the message), and one rank's failure ends the whole job instead of hanging it.
 # Every run is under `timeout 120`: a hang is a failure (exit 124), not a blocked test.
@@ -231,6 +233,24 @@ check "resume on 4 ranks: losses of steps 4..6 equal the uninterrupted run's (1e
   series_match "$(metrics ck2)" "$(metrics resume4)" loss 1e-5
 check "resume on 1 rank: losses of steps 4..6 equal the uninterrupted run's (1e-5 relative)" \
   series_match "$(metrics ck2)" "$(metrics resume1)" loss 1e-5
+
+# 3b. Ring-DTP (schedules.vocab = "ring_dtp"): the LM head stored by vocabulary rows, the same
+# losses as the materialised logits on 1 rank; its checkpoint (whole tensors) resumes under the
+# materialised schedule on 4 ranks.
+ring=(--set schedules.vocab=ring_dtp)
+train 4 ring4 "$tmp/ring4" --set training.steps=10 "${ring[@]}"; rc=$?
+check "ring_dtp on 4 ranks exits 0 (rc $rc)" test $rc -eq 0
+check "ring_dtp on 4 ranks: losses equal 1 rank's materialised (1e-5 relative)" \
+  series_match "$(metrics w1)" "$(metrics ring4)" loss 1e-5
+check "ring_dtp on 4 ranks: grad norms equal 1 rank's materialised (1e-5 relative)" \
+  series_match "$(metrics w1)" "$(metrics ring4)" grad_norm 1e-5
+train 2 ringck2 "$tmp/ringck2" --set training.steps=6 "${ckpt[@]}" "${ring[@]}"; rc=$?
+check "ring_dtp on 2 ranks with checkpoints exits 0 (rc $rc)" test $rc -eq 0
+train 4 ringresume4 "$tmp/ringresume4" --set training.steps=6 \
+  --resume-from "$tmp/runs/ringck2/checkpoints/step_00000003"; rc=$?
+check "a ring_dtp checkpoint resumes materialised on 4 ranks (rc $rc)" test $rc -eq 0
+check "ring_dtp checkpoint resumed materialised: steps 4..6 equal the uninterrupted run (1e-5)" \
+  series_match "$(metrics ringck2)" "$(metrics ringresume4)" loss 1e-5
 
 # 4. Layouts that cannot be split over W ranks: an error on every rank before any work. Each
 # rank checks on its own (no collective), and the first to fail calls MPI_Abort, which may kill the
