@@ -21,28 +21,24 @@
 // Run: ctest -R model_ring_dtp --output-on-failure   (2 and 4 ranks under mpirun)
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
 
-#include "core/comm/comm.h"
 #include "core/comm/process_group.h"
-#include "core/data/batch_shard.h"
-#include "core/error.h"
 #include "core/model/mixtral.h"
 #include "core/model/zero_params.h"
-#include "ops/elementwise.h"
-#include "ops/fill.h"
-#include "ops/schedules/adamw_resident.h"
 #include "ops/schedules/vocab_ring_dtp.h"
 #include "tests/expect_contains.h"
+#include "tests/parallel/training_run.h"
 
 namespace moepeak {
 namespace {
+
+using test_support::global_batch;
+using test_support::rel;
+using test_support::scaled_error;
+using test_support::TrainingRun;
 
 constexpr DType kDtype = DType::f64;
 constexpr int64_t kBatch = 2, kSeqLen = 8;
@@ -71,98 +67,6 @@ struct Case {
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-// The global batch of a step: (B*T) ids and labels, about one label in seven not scored.
-void global_batch(int step, int64_t n, int64_t vocab, std::vector<int64_t>& ids,
-                  std::vector<int64_t>& labels) {
-  ids.resize(static_cast<size_t>(n));
-  labels.resize(static_cast<size_t>(n));
-  uint64_t x = 0x2545f4914f6cdd1dull * static_cast<uint64_t>(step + 3);
-  auto next = [&] {
-    x += 0x9e3779b97f4a7c15ull;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  for (int64_t i = 0; i < n; ++i) {
-    ids[i] = static_cast<int64_t>(next() % static_cast<uint64_t>(vocab));
-    labels[i] = next() % 7 == 0 ? -100 : static_cast<int64_t>(next() % static_cast<uint64_t>(vocab));
-  }
-}
-
-// A model with the given [schedules] on this rank's share of the W ranks, with its AdamW.
-struct ModelRun {
-  std::unique_ptr<Backend> backend = Backend::create(BackendOptions{});
-  Stream& stream = backend->default_stream();
-  std::unique_ptr<Comm> comm;
-  std::unique_ptr<MixtralModel> model;
-  std::unique_ptr<schedules::ResidentAdamW> adamw;
-  OwnedTensor ids, labels, positions;
-  TokenBatch batch;
-  int64_t loss_tokens = 0;
-
-  ModelRun(const RankInfo& ranks, const ModelConfig& cfg, const SchedulesConfig& schedules) {
-    comm = make_comm(*backend, ranks);
-    model = std::make_unique<MixtralModel>(*backend, stream, *comm, cfg, schedules, kDtype);
-    model->params().initialize(5, cfg.initializer_range, stream);
-    OptimizerConfig opt;
-    opt.weight_decay = 0.1;
-    adamw = std::make_unique<schedules::ResidentAdamW>(*backend, model->params(), opt);
-  }
-
-  void load(const std::vector<int64_t>& gids, const std::vector<int64_t>& glabels) {
-    const LocalBatch local = shard_batch(gids, glabels, kBatch, kSeqLen, comm->world_size(), comm->rank());
-    const int64_t N = static_cast<int64_t>(local.input_ids.size());
-    auto upload = [&](OwnedTensor& t, const std::vector<int64_t>& v, const char* what) {
-      t = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, what);
-      std::memcpy(t.data(), v.data(), static_cast<size_t>(N) * 8);
-    };
-    upload(ids, local.input_ids, "ids");
-    upload(labels, local.labels, "labels");
-    upload(positions, local.positions, "positions");
-    batch = TokenBatch{ids, labels, positions, kBatch, kSeqLen, count_scored(local.labels)};
-    loss_tokens = count_scored(glabels);
-  }
-
-  double forward_backward() {
-    model->params().zero_grads(stream);
-    return model->forward_backward(batch, loss_tokens);
-  }
-
-  double grad_norm() {
-    OwnedTensor acc = OwnedTensor::device(*backend, Shape{1}, DType::f64, LiveSet::workspace, "norm");
-    ops::fill(acc, 0.0, stream);
-    ops::sum_squares_cpu(model->params().flat_grads(), acc, stream);
-    stream.synchronize();
-    double sum[1] = {acc.data_as<double>()[0]};
-    all_reduce_host(*comm, *backend, stream, sum);
-    return std::sqrt(sum[0]);
-  }
-
-  void update(int step, double norm) {
-    const double clip = norm > 1.0 ? 1.0 / (norm + 1e-6) : 1.0;
-    adamw->step(step, 1e-2, clip, stream);
-    stream.synchronize();
-  }
-
-  std::vector<double> gathered(int param, const Tensor& flat) {
-    std::vector<char> bytes = model->params().gather_full(param, flat, stream);
-    std::vector<double> out(bytes.size() / sizeof(double));
-    std::memcpy(out.data(), bytes.data(), bytes.size());
-    return out;
-  }
-};
-
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
-
-// max |got - want| / max |want|
-double scaled_error(const std::vector<double>& got, const std::vector<double>& want) {
-  double scale = 0, worst = 0;
-  for (double w : want) scale = std::max(scale, std::abs(w));
-  for (size_t j = 0; j < want.size(); ++j) worst = std::max(worst, std::abs(got[j] - want[j]));
-  return worst / std::max(scale, 1e-300);
-}
-
 class ModelRingDtp : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ModelRingDtp, MatchesMaterializedLogitsOverThreeSteps) {
@@ -174,17 +78,17 @@ TEST_P(ModelRingDtp, MatchesMaterializedLogitsOverThreeSteps) {
   ring_schedules.vocab = VocabSchedule::ring_dtp;
   ring_schedules.ring_payload = c.payload;
   ring_schedules.vocab_strip = c.strip;
-  ModelRun ref(ranks, cfg, SchedulesConfig{});
-  ModelRun ring(ranks, cfg, ring_schedules);
+  TrainingRun ref(ranks, cfg, SchedulesConfig{}, kDtype, 5);
+  TrainingRun ring(ranks, cfg, ring_schedules, kDtype, 5);
   const ParamLayout& layout = ref.model->params().layout();
   const int64_t N = kBatch * kSeqLen / W, V = cfg.vocab_size, H = cfg.hidden_size;
   ASSERT_TRUE(ring.model->params().is_row_sharded(layout.find("lm_head.weight")) || W == 1);
 
   std::vector<int64_t> gids, glabels;
   for (int step = 1; step <= 3; ++step) {
-    global_batch(step, kBatch * kSeqLen, V, gids, glabels);
-    ref.load(gids, glabels);
-    ring.load(gids, glabels);
+    global_batch(step, kBatch * kSeqLen, V, gids, glabels, /*salt=*/3);
+    ref.load(gids, glabels, kBatch, kSeqLen);
+    ring.load(gids, glabels, kBatch, kSeqLen);
     ref.backend->arena().reset_peaks();
     ring.backend->arena().reset_peaks();
     const double want = ref.forward_backward();
@@ -209,8 +113,8 @@ TEST_P(ModelRingDtp, MatchesMaterializedLogitsOverThreeSteps) {
         EXPECT_LT(scaled_error(g, w), 1e-11) << layout.params()[p].name << " gradient";
       }
     }
-    ref.update(step, want_norm);
-    ring.update(step, got_norm);
+    ref.update(step, want_norm, 1e-2);
+    ring.update(step, got_norm, 1e-2);
   }
   const int head = layout.find("lm_head.weight");
   EXPECT_LT(scaled_error(ring.gathered(head, ring.model->params().flat_values()),

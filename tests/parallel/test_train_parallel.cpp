@@ -17,25 +17,24 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <ostream>
 #include <string>
 #include <vector>
 
-#include "core/comm/comm.h"
 #include "core/comm/process_group.h"
-#include "core/data/batch_shard.h"
 #include "core/error.h"
 #include "core/model/mixtral.h"
 #include "core/model/zero_params.h"
-#include "ops/elementwise.h"
-#include "ops/fill.h"
-#include "ops/schedules/adamw_resident.h"
 #include "ops/schedules/checkpoint_sco.h"
 #include "tests/expect_contains.h"
+#include "tests/parallel/training_run.h"
 
 namespace moepeak {
 namespace {
+
+using test_support::global_batch;
+using test_support::rel;
+using test_support::TrainingRun;
 
 struct Case {
   const char* name;
@@ -64,80 +63,6 @@ ModelConfig model_of(const Case& c) {
   return m;
 }
 
-// The global batch of a step: (B*T) ids and labels, about one label in seven not scored.
-void global_batch(int step, int64_t n, int64_t vocab, std::vector<int64_t>& ids,
-                  std::vector<int64_t>& labels) {
-  ids.resize(static_cast<size_t>(n));
-  labels.resize(static_cast<size_t>(n));
-  uint64_t x = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(step + 1);
-  auto next = [&] {
-    x += 0x9e3779b97f4a7c15ull;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  for (int64_t i = 0; i < n; ++i) {
-    ids[i] = static_cast<int64_t>(next() % static_cast<uint64_t>(vocab));
-    labels[i] = next() % 7 == 0 ? -100 : static_cast<int64_t>(next() % static_cast<uint64_t>(vocab));
-  }
-}
-
-// One trainer-like loop: a model on `comm` (one rank or W), its AdamW, and this rank's batch.
-struct TrainingRun {
-  std::unique_ptr<Backend> backend = Backend::create(BackendOptions{});
-  Stream& stream = backend->default_stream();
-  std::unique_ptr<Comm> comm;
-  std::unique_ptr<MixtralModel> model;
-  std::unique_ptr<schedules::ResidentAdamW> adamw;
-  OwnedTensor ids, labels, positions;
-
-  TrainingRun(const RankInfo& ranks, const ModelConfig& cfg, CheckpointSchedule checkpoint) {
-    comm = make_comm(*backend, ranks);
-    model = std::make_unique<MixtralModel>(*backend, stream, *comm, cfg, checkpoint, DType::f32);
-    model->params().initialize(11, cfg.initializer_range, stream);
-    OptimizerConfig opt;
-    opt.weight_decay = 0.1;
-    adamw = std::make_unique<schedules::ResidentAdamW>(*backend, model->params(), opt);
-  }
-
-  // Forward and backward of this rank's share of the global batch; returns the job's loss.
-  double forward_backward(const std::vector<int64_t>& gids, const std::vector<int64_t>& glabels,
-                          int64_t B, int64_t T) {
-    const int W = comm->world_size();
-    const LocalBatch local = shard_batch(gids, glabels, B, T, W, comm->rank());
-    const int64_t N = static_cast<int64_t>(local.input_ids.size());
-    auto upload = [&](OwnedTensor& t, const std::vector<int64_t>& v, const char* what) {
-      t = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, what);
-      std::memcpy(t.data(), v.data(), static_cast<size_t>(N) * 8);
-    };
-    upload(ids, local.input_ids, "ids");
-    upload(labels, local.labels, "labels");
-    upload(positions, local.positions, "positions");
-    model->params().zero_grads(stream);
-    TokenBatch batch{ids, labels, positions, B, T, count_scored(local.labels)};
-    return model->forward_backward(batch, count_scored(glabels));
-  }
-
-  double grad_norm() {
-    OwnedTensor acc = OwnedTensor::device(*backend, Shape{1}, DType::f64, LiveSet::workspace, "norm");
-    ops::fill(acc, 0.0, stream);
-    ops::sum_squares_cpu(model->params().flat_grads(), acc, stream);
-    stream.synchronize();
-    double sum[1] = {acc.data_as<double>()[0]};
-    all_reduce_host(*comm, *backend, stream, sum);
-    return std::sqrt(sum[0]);
-  }
-
-  void update(int step, double norm) {
-    const double clip = norm > 1.0 ? 1.0 / (norm + 1e-6) : 1.0;
-    adamw->step(step, 1e-2 * std::min(1.0, step / 3.0), clip, stream);
-    stream.synchronize();
-  }
-};
-
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
-
 class TrainParallel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TrainParallel, MatchesOneRankOverTenSteps) {
@@ -145,8 +70,10 @@ TEST_P(TrainParallel, MatchesOneRankOverTenSteps) {
   const RankInfo ranks = init_process_group();
   const ModelConfig cfg = model_of(c);
   const int64_t B = c.batch, T = c.seq_len;
-  TrainingRun ref(RankInfo{}, cfg, c.checkpoint);  // one rank, in this process
-  TrainingRun dist(ranks, cfg, c.checkpoint);      // this rank of W
+  SchedulesConfig schedules;
+  schedules.checkpoint = c.checkpoint;
+  TrainingRun ref(RankInfo{}, cfg, schedules);  // one rank, in this process
+  TrainingRun dist(ranks, cfg, schedules);      // this rank of W
   const ParamLayout& layout = ref.model->params().layout();
 
   std::vector<int64_t> gids, glabels;
@@ -194,8 +121,9 @@ TEST_P(TrainParallel, MatchesOneRankOverTenSteps) {
         }
       }
     }
-    ref.update(step, ref_norm);
-    dist.update(step, norm);
+    const double lr = 1e-2 * std::min(1.0, step / 3.0);
+    ref.update(step, ref_norm, lr);
+    dist.update(step, norm, lr);
   }
 }
 

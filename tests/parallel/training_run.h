@@ -1,0 +1,149 @@
+// The trainer-like harness the multi-rank model tests share: a MixtralModel with its [schedules]
+// on this rank's Comm (one rank or W), ResidentAdamW over it, this rank's share of a seeded global
+// batch, the job's grad norm, and whole gathered tensors to compare across schedules or rank
+// counts. Header-only; each test is one translation unit.
+//
+//   TrainingRun run(init_process_group(), model_config, schedules);   // this rank of W
+//   global_batch(step, B * T, V, ids, labels);                         // the same on every rank
+//   double loss = run.forward_backward(ids, labels, B, T);             // the job's loss
+//   double norm = run.grad_norm();  run.update(step, norm, lr);
+//
+// Used by test_train_parallel, test_model_ring_dtp and test_train_llep (ctest -R parallel|ring|llep).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/comm/comm.h"
+#include "core/comm/process_group.h"
+#include "core/data/batch_shard.h"
+#include "core/error.h"
+#include "core/model/mixtral.h"
+#include "ops/elementwise.h"
+#include "ops/fill.h"
+#include "ops/schedules/adamw_resident.h"
+
+namespace moepeak::test_support {
+
+// The global batch of a step: (n) ids and labels in [0, vocab), about one label in seven -100.
+// `salt` picks an independent sequence of batches (tests differ in it; every rank agrees).
+inline void global_batch(int step, int64_t n, int64_t vocab, std::vector<int64_t>& ids,
+                         std::vector<int64_t>& labels, uint64_t salt = 1) {
+  ids.resize(static_cast<size_t>(n));
+  labels.resize(static_cast<size_t>(n));
+  uint64_t x = 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(step) + salt);
+  auto next = [&] {  // splitmix64
+    x += 0x9e3779b97f4a7c15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = static_cast<int64_t>(next() % static_cast<uint64_t>(vocab));
+    labels[i] = next() % 7 == 0 ? -100 : static_cast<int64_t>(next() % static_cast<uint64_t>(vocab));
+  }
+}
+
+// |a - b| / |b|
+inline double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
+
+// max |got - want| / max |want|
+inline double scaled_error(const std::vector<double>& got, const std::vector<double>& want) {
+  MOEPEAK_CHECK(got.size() == want.size(), "compared tensors differ in size: ", got.size(), " vs ",
+                want.size());
+  double scale = 0, worst = 0;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  for (size_t j = 0; j < want.size(); ++j) worst = std::max(worst, std::abs(got[j] - want[j]));
+  return worst / std::max(scale, 1e-300);
+}
+
+struct TrainingRun {
+  std::unique_ptr<Backend> backend = Backend::create(BackendOptions{});
+  Stream& stream = backend->default_stream();
+  std::unique_ptr<Comm> comm;
+  std::unique_ptr<MixtralModel> model;
+  std::unique_ptr<schedules::ResidentAdamW> adamw;
+  DType dtype;
+  OwnedTensor ids, labels, positions;  // (N) this rank's share of the loaded batch
+  TokenBatch batch;
+  int64_t loss_tokens = 0;  // scored tokens of the whole global batch
+
+  // ranks = RankInfo{} for one rank in this process (no MPI peers).
+  TrainingRun(const RankInfo& ranks, const ModelConfig& cfg, const SchedulesConfig& schedules,
+              DType dtype_ = DType::f32, uint64_t init_seed = 11)
+      : dtype(dtype_) {
+    comm = make_comm(*backend, ranks);
+    model = std::make_unique<MixtralModel>(*backend, stream, *comm, cfg, schedules, dtype);
+    model->params().initialize(init_seed, cfg.initializer_range, stream);
+    OptimizerConfig opt;
+    opt.weight_decay = 0.1;
+    adamw = std::make_unique<schedules::ResidentAdamW>(*backend, model->params(), opt);
+  }
+
+  // Uploads this rank's share of the global (B*T) batch.
+  void load(const std::vector<int64_t>& gids, const std::vector<int64_t>& glabels, int64_t B,
+            int64_t T) {
+    const LocalBatch local = shard_batch(gids, glabels, B, T, comm->world_size(), comm->rank());
+    const int64_t N = static_cast<int64_t>(local.input_ids.size());
+    auto upload = [&](OwnedTensor& t, const std::vector<int64_t>& v, const char* what) {
+      t = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, what);
+      std::memcpy(t.data(), v.data(), static_cast<size_t>(N) * 8);
+    };
+    upload(ids, local.input_ids, "ids");
+    upload(labels, local.labels, "labels");
+    upload(positions, local.positions, "positions");
+    batch = TokenBatch{ids, labels, positions, B, T, count_scored(local.labels)};
+    loss_tokens = count_scored(glabels);
+  }
+
+  // Forward and backward of the loaded batch from zeroed gradients; returns the job's loss.
+  double forward_backward() {
+    model->params().zero_grads(stream);
+    return model->forward_backward(batch, loss_tokens);
+  }
+  double forward_backward(const std::vector<int64_t>& gids, const std::vector<int64_t>& glabels,
+                          int64_t B, int64_t T) {
+    load(gids, glabels, B, T);
+    return forward_backward();
+  }
+
+  // The gradient norm over the job (each element counted once).
+  double grad_norm() {
+    OwnedTensor acc = OwnedTensor::device(*backend, Shape{1}, DType::f64, LiveSet::workspace, "norm");
+    ops::fill(acc, 0.0, stream);
+    ops::sum_squares_cpu(model->params().flat_grads(), acc, stream);
+    stream.synchronize();
+    double sum[1] = {acc.data_as<double>()[0]};
+    all_reduce_host(*comm, *backend, stream, sum);
+    return std::sqrt(sum[0]);
+  }
+
+  // One AdamW step at `lr`, gradients clipped to norm 1.
+  void update(int step, double norm, double lr) {
+    const double clip = norm > 1.0 ? 1.0 / (norm + 1e-6) : 1.0;
+    adamw->step(step, lr, clip, stream);
+    stream.synchronize();
+  }
+
+  // Parameter `param` of `flat` (flat_values() or flat_grads()), gathered whole, as doubles.
+  // Collective.
+  std::vector<double> gathered(int param, const Tensor& flat) {
+    const std::vector<char> bytes = model->params().gather_full(param, flat, stream);
+    std::vector<double> out(bytes.size() / dtype_size(dtype));
+    if (dtype == DType::f64) {
+      std::memcpy(out.data(), bytes.data(), bytes.size());
+    } else {
+      MOEPEAK_CHECK(dtype == DType::f32, "gathered(): f32 or f64, not ", dtype_name(dtype));
+      const float* f = reinterpret_cast<const float*>(bytes.data());
+      for (size_t i = 0; i < out.size(); ++i) out[i] = f[i];
+    }
+    return out;
+  }
+};
+
+}  // namespace moepeak::test_support
