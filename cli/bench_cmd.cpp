@@ -127,6 +127,7 @@ void register_bench_command(CLI::App& app, Context& ctx) {
   register_bench_sco(*bench, ctx);
   register_bench_vocab(*bench, ctx);
   register_bench_adamw(*bench, ctx);
+  register_bench_dispatch(*bench, ctx);
 }
 
 }  // namespace moepeak::cli

@@ -40,5 +40,6 @@ void register_bench_step(CLI::App& bench, Context& ctx);
 void register_bench_sco(CLI::App& bench, Context& ctx);  // cli/bench_sco.cpp
 void register_bench_vocab(CLI::App& bench, Context& ctx);  // cli/bench_vocab.cpp
 void register_bench_adamw(CLI::App& bench, Context& ctx);  // cli/bench_adamw.cpp
+void register_bench_dispatch(CLI::App& bench, Context& ctx);  // cli/bench_dispatch.cpp
 
 }  // namespace moepeak::cli

@@ -171,8 +171,8 @@ struct ParallelismConfig {
 
 struct SchedulesConfig {
   DispatchSchedule dispatch = DispatchSchedule::standard;
-  int64_t dispatch_chunk_tokens = 4096;  // c
-  int64_t dispatch_max_chunks = 16;      // K_max
+  int64_t chunk_tokens = 4096;           // c
+  int64_t max_chunks = 16;               // K_max
   ChunkMembership chunk_membership = ChunkMembership::strided;
   double llep_lambda = 1.3;
   double llep_alpha = 1.0;

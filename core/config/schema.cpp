@@ -187,9 +187,9 @@ const std::vector<Field>& field_table() {
       FIELD(schedules, dispatch, no_limit(),
             "Expert dispatch: standard all-to-all, llep (least-loaded EP), or pipelined_llep "
             "(LLEP in chunks with receive buffers bounded at launch)."),
-      FIELD(schedules, dispatch_chunk_tokens, at_least(1),
+      FIELD(schedules, chunk_tokens, at_least(1),
             "PipelinedLLEP token budget c per chunk and source rank."),
-      FIELD(schedules, dispatch_max_chunks, at_least(1),
+      FIELD(schedules, max_chunks, at_least(1),
             "PipelinedLLEP chunk limit K_max; K = min(ceil(N/c), K_max)."),
       FIELD(schedules, chunk_membership, no_limit(),
             "Tokens of chunk i: strided = positions i, i+K, i+2K, ...; contiguous = one slice."),

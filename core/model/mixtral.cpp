@@ -16,6 +16,8 @@
 #include "ops/schedules/checkpoint_sco.h"
 #include "ops/schedules/checkpoint_standard.h"
 #include "ops/schedules/dispatch_expert_parallel.h"
+#include "ops/schedules/dispatch_llep.h"
+#include "ops/schedules/dispatch_pipelined_llep.h"
 #include "ops/schedules/dispatch_standard.h"
 #include "ops/schedules/vocab_materialized.h"
 #include "ops/schedules/vocab_ring_dtp.h"
@@ -35,7 +37,7 @@ struct MixtralModel::LayerActivations {
   OwnedTensor h;                // (N, H) x + o_proj(attn)
   OwnedTensor n2, rstd2;        // post-attention norm (N, H), (N)
   OwnedTensor probs, topk_index, topk_weight;  // (N, E), (N, k) i32, (N, k)
-  std::unique_ptr<schedules::ExpertDispatch> dispatch;
+  schedules::ExpertDispatch* dispatch = nullptr;  // the layer's, in MixtralModel::dispatchers_
 
   void release() {
     for (OwnedTensor* t : {&n1, &rstd1, &q, &k, &v, &out, &lse, &attn, &h, &n2, &rstd2, &probs,
@@ -99,9 +101,21 @@ OwnedTensor MixtralModel::device(Shape shape, LiveSet set, const char* what) con
 }
 
 std::unique_ptr<schedules::ExpertDispatch> MixtralModel::make_dispatch() const {
-  if (comm_.world_size() == 1) return std::make_unique<schedules::StandardDispatch>(backend_, stream_, dtype_);
-  return std::make_unique<schedules::ExpertParallelDispatch>(backend_, stream_, comm_, dtype_,
-                                                             model_.num_local_experts);
+  const SchedulesConfig& s = schedules_;
+  const int64_t E = model_.num_local_experts;
+  switch (s.dispatch) {
+    case DispatchSchedule::standard:
+      if (comm_.world_size() == 1) return std::make_unique<schedules::StandardDispatch>(backend_, stream_, dtype_);
+      return std::make_unique<schedules::ExpertParallelDispatch>(backend_, stream_, comm_, dtype_, E);
+    case DispatchSchedule::llep:
+      return std::make_unique<schedules::LlepDispatch>(
+          backend_, stream_, comm_, dtype_, E,
+          schedules::LlepParams{s.llep_alpha, s.llep_lambda, s.min_tokens_per_gemm});
+    case DispatchSchedule::pipelined_llep:
+      return std::make_unique<schedules::PipelinedLlepDispatch>(
+          backend_, stream_, comm_, dtype_, E, schedules::pipelined_llep_params(s));
+  }
+  MOEPEAK_THROW("schedules.dispatch: unknown schedule ", static_cast<int>(s.dispatch));
 }
 
 std::vector<schedules::ExpertWeights> MixtralModel::local_experts_of(int layer) const {
@@ -261,8 +275,14 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor&
   }
   OwnedTensor y = device(Shape{N, H}, LiveSet::boundaries, "layer output");
   ops::copy_cpu(a.h, y, stream_);
-  if (!a.dispatch) a.dispatch = make_dispatch();
-  a.dispatch->forward(a.n2, a.topk_index, a.topk_weight, local_experts_of(layer), y);
+  if (dispatchers_.size() <= static_cast<size_t>(layer)) dispatchers_.resize(static_cast<size_t>(layer) + 1);
+  if (!dispatchers_[layer]) dispatchers_[layer] = make_dispatch();
+  a.dispatch = dispatchers_[layer].get();
+  // The recompute's output is dropped: PipelinedLLEP then only plans (an undefined `out`), as
+  // its backward recomputes the experts chunk by chunk anyway (ExpertDispatch::forward).
+  const bool plan_only = recompute && schedules_.dispatch == DispatchSchedule::pipelined_llep;
+  a.dispatch->forward(a.n2, a.topk_index, a.topk_weight, local_experts_of(layer),
+                      plan_only ? Tensor() : y.view());
   if (!recompute) {
     expert_load_[layer] = a.dispatch->expert_counts();
     if (model_.router_aux_loss_coef != 0.0) accumulate_router_prob_sums(a.probs);

@@ -16,7 +16,13 @@
 //   - attention: q, k, v from this rank's tokens, RoPE at global positions, then Ulysses
 //     all-to-alls to whole sequences of nh/W query heads (and their kv heads, replicated when
 //     nkv < W), attention, and back (ops/schedules/ulysses.h);
-//   - MoE: router on this rank's tokens, ExpertParallelDispatch to the experts' ranks;
+//   - MoE: router on this rank's tokens, then the dispatcher schedules.dispatch names (one per
+//     layer, made on the layer's first forward and kept): "standard" — StandardDispatch on one
+//     rank, ExpertParallelDispatch (one all_to_all_v each way) on W; "llep" — LlepDispatch
+//     (least-loaded EP, ops/schedules/dispatch_llep.h); "pipelined_llep" — PipelinedLlepDispatch
+//     (LLEP per chunk of at most c_eff tokens per source, buffers fixed at launch,
+//     ops/schedules/dispatch_pipelined_llep.h). On one rank LLEP has nothing to balance (the
+//     plan keeps every expert home) and the pipeline still chunks, so its bound holds there too;
 //   - loss: each rank's share of the global mean, all-reduced; the load-balancing loss from the
 //     job-wide expert counts and router-probability sums.
 //
@@ -118,6 +124,7 @@ class MixtralModel {
   OwnedTensor attention_backward(const LayerParamIndex& L, const Group& w, const Tensor& dh,
                                  const Tensor& x, const TokenBatch& batch, LayerActivations& a);
   double run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward);
+  // The dispatcher of schedules.dispatch for this world size (see the file comment).
   std::unique_ptr<schedules::ExpertDispatch> make_dispatch() const;
   std::vector<schedules::ExpertWeights> local_experts_of(int layer) const;
   // Mixtral's auxiliary load-balancing loss (router_aux_loss_coef > 0), HF's formula over all
@@ -143,6 +150,9 @@ class MixtralModel {
   OwnedTensor aux_dprobs_;                // (E) d(coef * aux)/d probs, during backward
   std::unique_ptr<schedules::CheckpointBoundaries> boundaries_;  // per schedules.checkpoint
   std::unique_ptr<schedules::RingDtpVocab> ring_vocab_;  // schedules.vocab = "ring_dtp", else null
+  // Per layer, made on its first forward (PipelinedLLEP's constructor is collective: every rank
+  // reaches it at the same layer) and kept across steps.
+  std::vector<std::unique_ptr<schedules::ExpertDispatch>> dispatchers_;
 };
 
 }  // namespace moepeak

@@ -3,6 +3,9 @@
 // outputs, and in backward the reverse. Implementations:
 //   StandardDispatch        one rank, all routed rows at once       (dispatch_standard.h)
 //   ExpertParallelDispatch  W ranks, one all_to_all_v each way      (dispatch_expert_parallel.h)
+//   LlepDispatch            W ranks, least-loaded placement of rows  (dispatch_llep.h)
+//   PipelinedLlepDispatch   LLEP per chunk, buffers fixed at launch  (dispatch_pipelined_llep.h)
+// The model picks one from schedules.dispatch (MixtralModel::make_dispatch).
 //
 //   x       (N, H)   this rank's tokens
 //   index   (N, k)   i32 top-k expert ids (global, in [0, E)), weight (N, k) their weights
@@ -27,6 +30,7 @@ class ExpertDispatch {
  public:
   virtual ~ExpertDispatch() = default;
   // Forward: out += MoE(x). Keeps what backward needs until backward() or release().
+  // PipelinedLlepDispatch also takes an undefined `out` (plan only, for a checkpoint recompute).
   virtual void forward(const Tensor& x, const Tensor& index, const Tensor& weight,
                        const std::vector<ExpertWeights>& experts, const Tensor& out) = 0;
   // Backward from dout (N, H): dx (N, H) +=, dweight (N, k) =, expert weight grads +=.

@@ -1,0 +1,456 @@
+// `moepeak bench dispatch`: the paper's matched component test of expert dispatch — one MoE
+// layer's dispatch, experts and combine, forward and backward, on W ranks — for the standard
+// expert-parallel dispatcher, LLEP, and PipelinedLLEP with strided and contiguous chunks, on the
+// same per-rank tokens, routing and experts. Each row: the median time of forward + backward,
+// the measured peak of every live set (the `dispatch` set is the one the schedules differ in),
+// the formula's bound for that set, and the largest relative error against the standard row
+// over out, dx, dweight and this rank's expert weight gradients.
+//
+//   mpirun -np W moepeak bench dispatch [--tokens N] [--hidden H] [--ffn F] [--experts E]
+//       [--top-k k] [--chunk-tokens c] [--max-chunks K]
+//       [--routing balanced|zipf|segments|adversarial] [--segments 8]
+//       [--zipf-s 1.2] [--lambda 1.3] [--alpha 1] [--min-tokens 32] [--dtype f32|f64]
+//       [--recompute] [--warmup 2] [--iters 5] [--json FILE]
+//
+// N is tokens per rank; c defaults to ceil(N / 10) (K = 10, the paper's setting). Routing:
+// balanced draws k distinct experts uniformly; zipf with p(e) ~ 1 / (e + 1)^s (the hot experts
+// are rank 0's); segments is zipf over a ranking of the experts that changes every N / S
+// positions (S = --segments), as when neighbouring tokens of a text favour the same experts —
+// contiguous chunks then meet one segment's hot experts each, strided chunks all segments;
+// adversarial sends every token to experts 0..k-1. --recompute times what a
+// layer under gradient checkpointing runs: forward, the recompute's forward (its output dropped;
+// PipelinedLLEP only plans there, as its backward recomputes the experts), backward — without
+// it, forward + backward. Rank 0 prints and writes the
+// JSON; times, peaks and errors are the maximum over ranks. Bounds: standard —
+// dispatch_expert_parallel_bytes at its worst case R = W N k; llep — llep_dispatch_bytes;
+// pipelined_llep — pipelined_llep_dispatch_bytes. --config/--set only feed the runtime section
+// (device_memory, threads).
+//
+// Test: ctest -R llep_bench_dispatch (2 ranks, a small shape: the JSON's rows, bounds and errors);
+// results in docs/perf.md.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/bench_common.h"
+#include "cli/commands.h"
+#include "core/comm/process_group.h"
+#include "core/error.h"
+#include "core/runtime/backend.h"
+#include "core/units.h"
+#include "ops/fill.h"
+#include "ops/schedules/dispatch_expert_parallel.h"
+#include "ops/schedules/dispatch_llep.h"
+#include "ops/schedules/dispatch_pipelined_llep.h"
+
+namespace moepeak::cli {
+namespace {
+
+struct DispatchBenchArgs {
+  BenchCommonArgs common;
+  int64_t tokens = 2048;
+  int64_t hidden = 256;
+  int64_t ffn = 512;
+  int64_t experts = 32;
+  int64_t top_k = 8;
+  int64_t chunk_tokens = 0;  // 0: ceil(N / 10)
+  int64_t max_chunks = 16;
+  std::string routing = "zipf";
+  double zipf_s = 1.2;
+  int64_t segments = 8;
+  double lambda = 1.3;
+  double alpha = 1.0;
+  int64_t min_tokens = 32;
+  std::string dtype = "f32";
+  bool recompute = false;
+};
+
+BackendOptions dispatch_backend_options(const Config& cfg, const RankInfo& ranks) {
+  BackendOptions o;
+  o.kind = BackendKind::cpu;
+  o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
+  o.cpu_threads = static_cast<int>(cfg.runtime.threads);
+  if (o.cpu_threads == 0 && ranks.local_size > 1) {  // the ranks of one host share its cores
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    o.cpu_threads = std::max(1, cores / ranks.local_size);
+  }
+  return o;
+}
+
+// One schedule's row as this rank measured it.
+struct Measured {
+  std::string schedule, membership;
+  double time_s = 0;
+  MemoryStats stats;
+  uint64_t bound = 0;
+  std::vector<double> out, dx, dweight, dw;
+  std::string note;
+};
+
+class DispatchBench {
+ public:
+  DispatchBench(const DispatchBenchArgs& args, const Config& cfg, const RankInfo& ranks)
+      : args_(args),
+        dtype_(args.dtype == "f64" ? DType::f64 : DType::f32),
+        backend_(Backend::create(dispatch_backend_options(cfg, ranks))),
+        comm_(make_comm(*backend_, ranks)) {
+    const int64_t N = args.tokens, H = args.hidden, F = args.ffn, E = args.experts,
+                  k = args.top_k, W = comm_->world_size();
+    MOEPEAK_CHECK(E % W == 0 && k <= E, "bench dispatch: E = ", E, " experts on W = ", W,
+                  " ranks with top-", k, " (E % W == 0 and k <= E expected)");
+    std::mt19937_64 rng(4321 + static_cast<uint64_t>(ranks.rank));
+    std::uniform_real_distribution<double> uni(-1.0, 1.0), pos(0.1, 1.0), u01(1e-12, 1.0);
+    x_ = tensor(Shape{N, H}, LiveSet::workspace, "bench x");
+    dout_ = tensor(Shape{N, H}, LiveSet::workspace, "bench dout");
+    out_ = tensor(Shape{N, H}, LiveSet::workspace, "bench out");
+    dx_ = tensor(Shape{N, H}, LiveSet::workspace, "bench dx");
+    weight_ = tensor(Shape{N, k}, LiveSet::workspace, "bench routing weight");
+    dweight_ = tensor(Shape{N, k}, LiveSet::workspace, "bench d routing weight");
+    if (args.recompute) recompute_out_ = tensor(Shape{N, H}, LiveSet::workspace, "bench recompute out");
+    index_ = OwnedTensor::device(*backend_, Shape{N, k}, DType::i32, LiveSet::workspace,
+                                 "bench routing index");
+    fill(x_, [&] { return uni(rng); });
+    fill(dout_, [&] { return uni(rng); });
+    // Routing: k distinct experts per token (exponential keys for weighted sampling).
+    std::vector<double> p(static_cast<size_t>(E), 1.0);
+    if (args.routing == "zipf" || args.routing == "segments") {
+      for (int64_t e = 0; e < E; ++e) p[e] = 1.0 / std::pow(double(e + 1), args.zipf_s);
+    }
+    std::vector<double> w(static_cast<size_t>(N * k));
+    std::mt19937_64 segment_rng(99);  // the same segment rankings on every rank
+    const int64_t segment = std::max<int64_t>(1, (N + args.segments - 1) / args.segments);
+    std::vector<double> base = p;
+    for (int64_t n = 0; n < N; ++n) {
+      if (args.routing == "segments" && n % segment == 0) {  // a new ranking of the experts
+        std::vector<int64_t> rank(static_cast<size_t>(E));
+        for (int64_t e = 0; e < E; ++e) rank[e] = e;
+        std::shuffle(rank.begin(), rank.end(), segment_rng);
+        for (int64_t e = 0; e < E; ++e) p[rank[e]] = base[e];
+      }
+      std::vector<std::pair<double, int64_t>> keys;
+      if (args.routing == "adversarial") {
+        for (int64_t e = 0; e < k; ++e) keys.push_back({u01(rng), e});
+      } else {
+        for (int64_t e = 0; e < E; ++e) keys.push_back({std::pow(u01(rng), 1.0 / p[e]), e});
+      }
+      std::partial_sort(keys.begin(), keys.begin() + k, keys.end(), std::greater<>());
+      double sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += (w[n * k + j] = pos(rng));
+      for (int64_t j = 0; j < k; ++j) {
+        index_.data_as<int32_t>()[n * k + j] = static_cast<int32_t>(keys[j].second);
+        w[n * k + j] /= sum;
+      }
+    }
+    size_t at = 0;
+    fill(weight_, [&] { return w[at++]; });
+    // This rank's experts, the same values whoever owns them (seeded by expert id).
+    const int64_t El = E / W;
+    for (int64_t e = comm_->rank() * El; e < (comm_->rank() + 1) * El; ++e) {
+      std::mt19937_64 erng(777 + static_cast<uint64_t>(e));
+      schedules::ExpertWeights ex;
+      auto add = [&](Shape s, LiveSet set, double scale, Tensor& slot) {
+        storage_.push_back(tensor(s, set, "bench expert"));
+        fill(storage_.back(), [&] { return scale * uni(erng); });
+        slot = storage_.back().view();
+      };
+      add(Shape{F, H}, LiveSet::weights, 1.0 / std::sqrt(double(H)), ex.w1);
+      add(Shape{F, H}, LiveSet::weights, 1.0 / std::sqrt(double(H)), ex.w3);
+      add(Shape{H, F}, LiveSet::weights, 1.0 / std::sqrt(double(F)), ex.w2);
+      add(Shape{F, H}, LiveSet::grads, 0.0, ex.dw1);
+      add(Shape{F, H}, LiveSet::grads, 0.0, ex.dw3);
+      add(Shape{H, F}, LiveSet::grads, 0.0, ex.dw2);
+      experts_.push_back(ex);
+    }
+  }
+
+  int rank() const { return comm_->rank(); }
+  int world() const { return comm_->world_size(); }
+  DType dtype() const { return dtype_; }
+  std::string describe() const { return backend_->describe(); }
+
+  schedules::PipelinedLlepParams pipeline_params(ChunkMembership membership) const {
+    schedules::PipelinedLlepParams q;
+    q.chunk_tokens = chunk_tokens();
+    q.max_chunks = args_.max_chunks;
+    q.membership = membership;
+    q.lambda = args_.lambda;
+    q.alpha = args_.alpha;
+    q.min_tokens_per_gemm = args_.min_tokens;
+    return q;
+  }
+  int64_t chunk_tokens() const {
+    return args_.chunk_tokens > 0 ? args_.chunk_tokens : (args_.tokens + 9) / 10;
+  }
+
+  Measured run_standard() {
+    schedules::ExpertParallelDispatch d(*backend_, stream(), *comm_, dtype_, args_.experts);
+    Measured m = measure("standard", d, recompute_out_.view());
+    m.bound = schedules::dispatch_expert_parallel_bytes(args_.tokens, args_.top_k, args_.hidden,
+                                                        args_.ffn, dtype_,
+                                                        world() * args_.tokens * args_.top_k);
+    return m;
+  }
+  Measured run_llep() {
+    const schedules::LlepParams q{args_.alpha, args_.lambda, args_.min_tokens};
+    schedules::LlepDispatch d(*backend_, stream(), *comm_, dtype_, args_.experts, q);
+    Measured m = measure("llep", d, recompute_out_.view());
+    m.bound = schedules::llep_dispatch_bytes(args_.tokens, args_.top_k, args_.hidden, args_.ffn,
+                                             dtype_, world(), q);
+    m.note = d.plan().spill ? "spilled" : "no spill";
+    return m;
+  }
+  Measured run_pipelined(ChunkMembership membership) {
+    const auto q = pipeline_params(membership);
+    schedules::PipelinedLlepDispatch d(*backend_, stream(), *comm_, dtype_, args_.experts, q);
+    Measured m = measure("pipelined_llep", d, Tensor());  // the recompute only plans
+    m.membership = membership == ChunkMembership::strided ? "strided" : "contiguous";
+    m.bound = schedules::pipelined_llep_dispatch_bytes(args_.tokens, args_.top_k, args_.hidden,
+                                                       args_.ffn, dtype_, world(), q);
+    int64_t spilled = 0;
+    for (const auto& plan : d.plans()) spilled += plan.spill;
+    m.note = std::to_string(spilled) + "/" + std::to_string(d.plans().size()) + " chunks spilled";
+    return m;
+  }
+
+  double max_over_ranks(double v) {
+    std::vector<double> values = {v};
+    all_reduce_host(*comm_, *backend_, stream(), values, ReduceOp::max);
+    return values[0];
+  }
+
+ private:
+  Stream& stream() { return backend_->default_stream(); }
+  OwnedTensor tensor(Shape shape, LiveSet set, const char* what) {
+    return OwnedTensor::device(*backend_, shape, dtype_, set, what);
+  }
+  template <typename F> void fill(const OwnedTensor& t, F&& next) {
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (dtype_ == DType::f32) {
+        t.data_as<float>()[i] = static_cast<float>(next());
+      } else {
+        t.data_as<double>()[i] = next();
+      }
+    }
+  }
+  std::vector<double> read(const Tensor& t) { return copy_to_host_as_double(t, *backend_, stream()); }
+
+  // Warm-up and timed repetitions of forward + backward (with --recompute: forward, release, the
+  // recompute's forward into `recompute_out`, backward), each started together on every rank
+  // with out, dx and the expert gradients zeroed; the peaks cover all of them.
+  Measured measure(const std::string& schedule, schedules::ExpertDispatch& d,
+                   const Tensor& recompute_out) {
+    Measured m;
+    m.schedule = schedule;
+    std::vector<double> times;
+    backend_->arena().reset_peaks();
+    for (int i = 0; i < args_.common.warmup + args_.common.iters; ++i) {
+      ops::fill(out_, 0.0, stream());
+      ops::fill(dx_, 0.0, stream());
+      for (const auto& ex : experts_) {
+        for (const Tensor* g : {&ex.dw1, &ex.dw3, &ex.dw2}) ops::fill(*g, 0.0, stream());
+      }
+      stream().synchronize();
+      comm_->barrier();
+      auto t0 = std::chrono::steady_clock::now();
+      d.forward(x_, index_, weight_, experts_, out_);
+      if (args_.recompute) {
+        d.release();
+        d.forward(x_, index_, weight_, experts_, recompute_out);
+      }
+      d.backward(dout_, experts_, dx_, dweight_);
+      stream().synchronize();
+      auto t1 = std::chrono::steady_clock::now();
+      if (i >= args_.common.warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+    }
+    m.time_s = median(times);
+    m.stats = backend_->arena().stats();
+    m.out = read(out_);
+    m.dx = read(dx_);
+    m.dweight = read(dweight_);
+    for (const auto& ex : experts_) {
+      for (const Tensor* g : {&ex.dw1, &ex.dw3, &ex.dw2}) {
+        std::vector<double> v = read(*g);
+        m.dw.insert(m.dw.end(), v.begin(), v.end());
+      }
+    }
+    return m;
+  }
+
+  const DispatchBenchArgs& args_;
+  DType dtype_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Comm> comm_;
+  OwnedTensor x_, dout_, out_, dx_, weight_, dweight_, index_, recompute_out_;
+  std::vector<OwnedTensor> storage_;
+  std::vector<schedules::ExpertWeights> experts_;
+};
+
+// max |got - want| / max |want|; infinite on a NaN.
+double scaled_err(const std::vector<double>& got, const std::vector<double>& want) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    if (std::isnan(got[i]) || std::isnan(want[i])) return std::numeric_limits<double>::infinity();
+    err = std::max(err, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+int run_bench_dispatch(const DispatchBenchArgs& args, const Context& ctx, const RankInfo& ranks) {
+  Config cfg = load_config_for_command(args.common.config, ctx);
+  DispatchBench bench(args, cfg, ranks);
+  const int W = bench.world();
+  const bool root = bench.rank() == 0;
+  const int64_t N = args.tokens, k = args.top_k;
+  const auto shape = schedules::pipelined_llep_shape(N, k, W, bench.pipeline_params(ChunkMembership::strided));
+  if (root) {
+    std::printf("# moepeak bench dispatch: %s\n", bench.describe().c_str());
+    std::printf("# host %s, %s; world %d; per rank N = %lld tokens, H = %lld, F = %lld, E = %lld "
+                "experts, top-%lld, %s routing%s, %s\n",
+                process_host().c_str(), now_utc().c_str(), W, static_cast<long long>(N),
+                static_cast<long long>(args.hidden), static_cast<long long>(args.ffn),
+                static_cast<long long>(args.experts), static_cast<long long>(k),
+                args.routing.c_str(),
+                args.routing == "zipf" || args.routing == "segments"
+                    ? (" (s = " + std::to_string(args.zipf_s) +
+                       (args.routing == "segments" ? ", " + std::to_string(args.segments) + " segments" : "") + ")")
+                          .c_str()
+                    : "",
+                args.dtype.c_str());
+    std::printf("# LLEP: alpha %.3g, lambda %.3g, min_tokens_per_gemm %lld; pipeline: c = %lld, "
+                "K_max = %lld -> K = %lld, c_eff = %lld, M_c = %lld rows sent, R_c = %lld rows "
+                "received per chunk; 2*Ep*k*c_eff*H*b = %s\n",
+                args.alpha, args.lambda, static_cast<long long>(args.min_tokens),
+                static_cast<long long>(bench.chunk_tokens()), static_cast<long long>(args.max_chunks),
+                static_cast<long long>(shape.chunks), static_cast<long long>(shape.chunk_tokens),
+                static_cast<long long>(shape.rows_per_source),
+                static_cast<long long>(shape.receive_rows),
+                format_bytes(2ull * W * k * shape.chunk_tokens * args.hidden *
+                             dtype_size(bench.dtype()))
+                    .c_str());
+    std::printf("# time: median of %d (after %d warm-up) of %s, max over ranks; peaks: measured, "
+                "max over ranks\n",
+                args.common.iters, args.common.warmup,
+                args.recompute ? "forward + checkpoint recompute + backward" : "forward + backward");
+    std::printf("# %-15s %-10s %10s %12s %12s %12s %12s  %s\n", "schedule", "chunks", "time_s",
+                "dispatch", "bound", "peak_total", "max_rel_err", "plan");
+  }
+  std::vector<Measured> rows;
+  rows.push_back(bench.run_standard());
+  rows.push_back(bench.run_llep());
+  rows.push_back(bench.run_pipelined(ChunkMembership::strided));
+  rows.push_back(bench.run_pipelined(ChunkMembership::contiguous));
+  const Measured& ref = rows.front();
+
+  nlohmann::json json_rows = nlohmann::json::array();
+  std::vector<double> times, dispatch_peaks;
+  for (const Measured& m : rows) {
+    const bool is_ref = &m == &ref;
+    double err = 0;
+    if (!is_ref) {
+      err = std::max({scaled_err(m.out, ref.out), scaled_err(m.dx, ref.dx),
+                      scaled_err(m.dweight, ref.dweight), scaled_err(m.dw, ref.dw)});
+    }
+    err = bench.max_over_ranks(err);
+    const double time_s = bench.max_over_ranks(m.time_s);
+    auto max_bytes = [&](uint64_t v) {  // byte counts are far below 2^53: exact as doubles
+      return static_cast<uint64_t>(bench.max_over_ranks(static_cast<double>(v)));
+    };
+    const uint64_t total = max_bytes(m.stats.peak_total());
+    nlohmann::json peak = {{"total", total}};
+    for (LiveSet s : kAllLiveSets) {
+      peak[std::string(live_set_name(s))] = max_bytes(m.stats.peak_per_set()[s]);
+    }
+    const uint64_t dispatch = peak["dispatch"].get<uint64_t>();
+    const uint64_t bound = max_bytes(m.bound);
+    times.push_back(time_s);
+    dispatch_peaks.push_back(static_cast<double>(dispatch));
+    if (!root) continue;
+    std::printf("  %-15s %-10s %10.4f %12s %12s %12s %12.3g  %s\n", m.schedule.c_str(),
+                m.membership.empty() ? "-" : m.membership.c_str(), time_s,
+                format_bytes(dispatch).c_str(), format_bytes(bound).c_str(),
+                format_bytes(total).c_str(), err, m.note.c_str());
+    nlohmann::json row = {{"schedule", m.schedule}, {"time_s", time_s}, {"peak_bytes", peak},
+                          {"bound_bytes", bound},   {"max_rel_err", err}};
+    if (!m.membership.empty()) row["membership"] = m.membership;
+    if (!m.note.empty()) row["plan"] = m.note;
+    json_rows.push_back(row);
+  }
+  if (!root) return 0;
+  std::printf("# pipelined_llep (strided) vs llep: dispatch peak %.1f%% lower, time x%.3f; "
+              "strided vs contiguous: time x%.3f\n",
+              100.0 * (1.0 - dispatch_peaks[2] / dispatch_peaks[1]), times[2] / times[1],
+              times[2] / times[3]);
+  if (!args.common.json_path.empty()) {
+    nlohmann::json js = {{"tokens_per_rank", N},
+                         {"hidden_size", args.hidden},
+                         {"intermediate_size", args.ffn},
+                         {"num_experts", args.experts},
+                         {"top_k", k},
+                         {"routing", args.routing},
+                         {"dtype", args.dtype},
+                         {"chunk_tokens", bench.chunk_tokens()},
+                         {"max_chunks", args.max_chunks},
+                         {"chunks", shape.chunks},
+                         {"chunk_tokens_effective", shape.chunk_tokens},
+                         {"receive_rows_per_chunk", shape.receive_rows},
+                         {"llep_alpha", args.alpha},
+                         {"llep_lambda", args.lambda},
+                         {"min_tokens_per_gemm", args.min_tokens},
+                         {"recompute", args.recompute}};
+    if (args.routing == "zipf" || args.routing == "segments") js["zipf_s"] = args.zipf_s;
+    if (args.routing == "segments") js["segments"] = args.segments;
+    write_bench_json(args.common.json_path, "dispatch", W, js, json_rows);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_dispatch(CLI::App& bench, Context& ctx) {
+  static DispatchBenchArgs args;
+  auto* sub = bench.add_subcommand(
+      "dispatch", "expert dispatch: standard all-to-all vs LLEP vs PipelinedLLEP");
+  add_bench_common_options(*sub, args.common);
+  sub->add_option("--tokens", args.tokens, "tokens per rank (N)")->check(CLI::PositiveNumber);
+  sub->add_option("--hidden", args.hidden, "hidden size (H)")->check(CLI::PositiveNumber);
+  sub->add_option("--ffn", args.ffn, "expert width (F, intermediate_size)")->check(CLI::PositiveNumber);
+  sub->add_option("--experts", args.experts, "experts (E), a multiple of the world size")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--top-k", args.top_k, "experts per token (k)")->check(CLI::PositiveNumber);
+  sub->add_option("--chunk-tokens", args.chunk_tokens, "c: tokens per source per chunk; 0 = ceil(N/10)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--max-chunks", args.max_chunks, "K_max")->check(CLI::PositiveNumber);
+  sub->add_option("--routing", args.routing, "balanced, zipf, segments or adversarial")
+      ->check(CLI::IsMember({"balanced", "zipf", "segments", "adversarial"}));
+  sub->add_option("--segments", args.segments, "position segments of --routing segments")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--zipf-s", args.zipf_s, "Zipf exponent of --routing zipf")->check(CLI::PositiveNumber);
+  sub->add_option("--lambda", args.lambda, "LLEP's imbalance threshold")->check(CLI::NonNegativeNumber);
+  sub->add_option("--alpha", args.alpha, "LLEP's per-rank capacity factor")->check(CLI::PositiveNumber);
+  sub->add_option("--min-tokens", args.min_tokens, "LLEP's min_tokens_per_gemm")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--dtype", args.dtype, "f32 or f64")->check(CLI::IsMember({"f32", "f64"}));
+  sub->add_flag("--recompute", args.recompute,
+                "time forward, checkpoint recompute and backward (a checkpointed layer)");
+  sub->callback([&ctx] {
+    ctx.action = [&ctx] {
+      const RankInfo ranks = join_ranks();
+      int rc = run_bench_dispatch(args, ctx, ranks);
+      finalize_process_group();
+      return rc;
+    };
+  });
+}
+
+}  // namespace moepeak::cli

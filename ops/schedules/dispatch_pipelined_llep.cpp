@@ -1,0 +1,588 @@
+// PipelinedLlepDispatch: LLEP per chunk, two receive slots, the next chunk's dispatch on a comm
+// stream while this chunk's experts run, experts recomputed in backward (see the header).
+//
+// Stream discipline (NOTES):
+//   - `stream_` (compute) and `comm_stream_` never share a communicator: comm_stream_ uses
+//     comm2_ (duplicated), stream_ uses comm_. Each issues its collectives in chunk order, the
+//     same on every rank, so the per-stream orders merge into one global order
+//     X0, X1, C0, X2, C1, X3, ... (X = a chunk's dispatch, C = its compute and return) in which
+//     every collective waits only for earlier ones: no deadlock.
+//   - comm_stream_ starts after `entry_` (the caller's work on stream_ that produced x, dout).
+//   - chunk i's dispatch waits for slot_free_[i%2] (chunk i-2's return and combine): the receive
+//     slot and the metadata slot are then free. The send staging buffers are used by comm_stream_
+//     alone, the returned-rows, grouped-rows and tile buffers by stream_ alone: stream order
+//     suffices.
+//   - the host never waits inside the loop: every ordering is an event wait, and the buffers are
+//     freed only after both streams are drained.
+//   - weight spilling is done once per pass, not per chunk: every (expert, helper) pair of any
+//     chunk's plan gets its copy before chunk 0 (on comm_stream_), helpers accumulate a spilled
+//     expert's gradient over all chunks and return it once after the last chunk. Per-chunk
+//     transfers would move the same hot experts' 3 F H values up to K times each way; the copies
+//     held are at most the E - E/W foreign experts either way (`weights`, `grads`).
+// Test: ctest -R test_llep
+#include "ops/schedules/dispatch_pipelined_llep.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+#include "ops/fill.h"
+#include "ops/linear.h"
+#include "ops/permute.h"
+#include "ops/swiglu.h"
+
+namespace moepeak::schedules {
+
+namespace {
+
+uint64_t fp(uint64_t bytes) { return DeviceArena::footprint(bytes); }
+
+struct Sizes {
+  uint64_t Mc, Rc, ce, H, F, b;
+};
+Sizes sizes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn, DType dtype, int64_t world,
+            const PipelinedLlepParams& params, bool* empty) {
+  const PipelinedLlepShape s = pipelined_llep_shape(tokens, top_k, world, params);
+  *empty = s.chunks == 0;
+  return {static_cast<uint64_t>(s.rows_per_source), static_cast<uint64_t>(s.receive_rows),
+          static_cast<uint64_t>(s.chunk_tokens),    static_cast<uint64_t>(hidden),
+          static_cast<uint64_t>(ffn),               dtype_size(dtype)};
+}
+
+}  // namespace
+
+PipelinedLlepParams pipelined_llep_params(const SchedulesConfig& schedules) {
+  PipelinedLlepParams q;
+  q.chunk_tokens = schedules.chunk_tokens;
+  q.max_chunks = schedules.max_chunks;
+  q.membership = schedules.chunk_membership;
+  q.lambda = schedules.llep_lambda;
+  q.alpha = schedules.llep_alpha;
+  q.min_tokens_per_gemm = schedules.min_tokens_per_gemm;
+  return q;
+}
+
+PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t world,
+                                        const PipelinedLlepParams& params) {
+  MOEPEAK_CHECK(tokens >= 0 && top_k >= 0 && world >= 1, "pipelined llep shape: ", tokens,
+                " tokens, top-", top_k, ", ", world, " ranks");
+  MOEPEAK_CHECK(params.chunk_tokens >= 1 && params.max_chunks >= 1,
+                "pipelined llep: chunk_tokens = ", params.chunk_tokens,
+                " and max_chunks = ", params.max_chunks, " must be >= 1");
+  PipelinedLlepShape s;
+  if (tokens == 0) return s;
+  s.chunks = std::min((tokens + params.chunk_tokens - 1) / params.chunk_tokens, params.max_chunks);
+  s.chunk_tokens = (tokens + s.chunks - 1) / s.chunks;
+  s.rows_per_source = top_k * s.chunk_tokens;
+  s.receive_rows = llep_receive_capacity(s.rows_per_source, world, params.llep());
+  return s;
+}
+
+uint64_t pipelined_llep_forward_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
+                                      DType dtype, int64_t world,
+                                      const PipelinedLlepParams& params) {
+  bool empty = false;
+  const Sizes z = sizes(tokens, top_k, hidden, ffn, dtype, world, params, &empty);
+  if (empty) return 0;
+  const uint64_t staging = 2 * fp(z.Mc * z.H * z.b);  // x sent, outputs returned
+  // Per chunk slot: send token, slot, weight; grouping permutation and its inverse.
+  const uint64_t meta = 2 * (2 * fp(z.Mc * 4) + fp(z.Mc * z.b) + 2 * fp(z.Rc * 4));
+  const uint64_t receive = 2 * fp(z.Rc * z.H * z.b);     // two slots in flight
+  const uint64_t grouped = fp(z.Rc * z.H * z.b);         // the computing chunk, expert-grouped
+  const uint64_t temporaries = 3 * fp(z.ce * z.F * z.b);  // a, b, g of one tile
+  return staging + meta + receive + grouped + temporaries;
+}
+
+uint64_t pipelined_llep_backward_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
+                                       DType dtype, int64_t world,
+                                       const PipelinedLlepParams& params) {
+  bool empty = false;
+  const Sizes z = sizes(tokens, top_k, hidden, ffn, dtype, world, params, &empty);
+  if (empty) return 0;
+  // Send staging (x, then dout) and weight staging; dx and dweight returned.
+  const uint64_t staging = 2 * fp(z.Mc * z.H * z.b) + 2 * fp(z.Mc * z.b);
+  // Per chunk slot: send token, slot; grouping permutation and its inverse.
+  const uint64_t meta = 2 * (2 * fp(z.Mc * 4) + 2 * fp(z.Rc * 4));
+  const uint64_t receive = 2 * (2 * fp(z.Rc * z.H * z.b) + 2 * fp(z.Rc * z.b));  // x, dout, w, dw
+  const uint64_t grouped = 2 * fp(z.Rc * z.H * z.b) + 2 * fp(z.Rc * z.b);        // the same, grouped
+  const uint64_t temporaries = fp(z.ce * z.H * z.b) + 4 * fp(z.ce * z.F * z.b) + fp(z.ce * 4);
+  return staging + meta + receive + grouped + temporaries;
+}
+
+uint64_t pipelined_llep_dispatch_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
+                                       DType dtype, int64_t world,
+                                       const PipelinedLlepParams& params) {
+  return std::max(pipelined_llep_forward_bytes(tokens, top_k, hidden, ffn, dtype, world, params),
+                  pipelined_llep_backward_bytes(tokens, top_k, hidden, ffn, dtype, world, params));
+}
+
+PipelinedLlepDispatch::PipelinedLlepDispatch(Backend& backend, Stream& stream, Comm& comm,
+                                             DType dtype, int64_t num_experts,
+                                             const PipelinedLlepParams& params)
+    : backend_(backend),
+      stream_(stream),
+      comm_(comm),
+      dtype_(dtype),
+      params_(params),
+      num_experts_(num_experts) {
+  const int64_t W = comm.world_size();
+  MOEPEAK_CHECK(num_experts > 0 && num_experts % W == 0,
+                "pipelined llep dispatch: the number of experts E = ", num_experts,
+                " must be a positive multiple of the number of ranks W = ", W);
+  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "pipelined llep dispatch: dtype ",
+                dtype_name(dtype), " (f32 or f64 expected)");
+  MOEPEAK_CHECK(params.chunk_tokens >= 1 && params.max_chunks >= 1 && params.alpha > 0 &&
+                    params.min_tokens_per_gemm >= 0,
+                "pipelined llep dispatch: chunk_tokens = ", params.chunk_tokens,
+                ", max_chunks = ", params.max_chunks, " (>= 1), llep_alpha = ",
+                params.alpha, " (> 0), min_tokens_per_gemm = ", params.min_tokens_per_gemm,
+                " (>= 0)");
+  local_experts_ = num_experts / W;
+  first_expert_ = comm.rank() * local_experts_;
+  comm2_ = comm.duplicate();
+  comm_stream_ = backend.create_stream("pipelined llep dispatch");
+  entry_ = backend.create_event();
+  for (int s = 0; s < 2; ++s) {
+    recv_ready_[s] = backend.create_event();
+    slot_free_[s] = backend.create_event();
+  }
+}
+
+PipelinedLlepDispatch::~PipelinedLlepDispatch() {
+  drain();
+  release();
+}
+
+void PipelinedLlepDispatch::drain() noexcept {
+  // NOTES: used on error paths too, where a stream may hold a sticky error: it is dropped here,
+  // the error that brought us here is the one the caller sees.
+  for (Stream* s : {comm_stream_.get(), &stream_}) {
+    try {
+      if (s) s->synchronize();
+    } catch (...) {
+    }
+  }
+}
+
+OwnedTensor PipelinedLlepDispatch::buffer(Shape shape, DType dtype, const char* what) {
+  return OwnedTensor::device(backend_, shape, dtype, LiveSet::dispatch, what);
+}
+
+void PipelinedLlepDispatch::exchange_rows(Comm& comm, Stream& stream, const Tensor& send,
+                                          const std::vector<int64_t>& send_rows,
+                                          const Tensor& recv,
+                                          const std::vector<int64_t>& recv_rows, int64_t width) {
+  const size_t W = send_rows.size();
+  std::vector<size_t> sc(W), so(W), rc(W), ro(W);
+  size_t s_at = 0, r_at = 0;
+  for (size_t p = 0; p < W; ++p) {
+    sc[p] = static_cast<size_t>(send_rows[p] * width);
+    rc[p] = static_cast<size_t>(recv_rows[p] * width);
+    so[p] = s_at;
+    ro[p] = r_at;
+    s_at += sc[p];
+    r_at += rc[p];
+  }
+  MOEPEAK_CHECK(s_at == static_cast<size_t>(send.numel()) && r_at == static_cast<size_t>(recv.numel()),
+                "pipelined llep dispatch: exchange of ", s_at, " / ", r_at, " elements for ",
+                send.str(), " / ", recv.str());
+  comm.all_to_all_v(send.data(), sc, so, recv.data(), rc, ro, dtype_, stream);
+}
+
+const ExpertWeights& PipelinedLlepDispatch::weights_of(int64_t expert,
+                                                       const std::vector<ExpertWeights>& local,
+                                                       const LlepExpertCopies& copies) const {
+  if (expert >= first_expert_ && expert < first_expert_ + local_experts_) {
+    return local[static_cast<size_t>(expert - first_expert_)];
+  }
+  return copies.at(expert);
+}
+
+void PipelinedLlepDispatch::copy_metadata(const Chunk& c, const OwnedTensor& token,
+                                          const OwnedTensor& slot, const OwnedTensor& perm,
+                                          const OwnedTensor& inv, Stream& stream) {
+  const int64_t m = c.route.sent(), r = c.route.received();
+  backend_.copy_async(token.data(), c.route.send_token.data(), m * 4, CopyKind::host_to_device,
+                      stream);
+  backend_.copy_async(slot.data(), c.route.send_slot.data(), m * 4, CopyKind::host_to_device, stream);
+  backend_.copy_async(perm.data(), c.perm.data(), r * 4, CopyKind::host_to_device, stream);
+  backend_.copy_async(inv.data(), c.inv.data(), r * 4, CopyKind::host_to_device, stream);
+}
+
+// Routing to the host, K from the largest N, every chunk's counts all-gathered, every chunk's
+// plan and this rank's layouts. Host metadata only.
+void PipelinedLlepDispatch::prepare(const Tensor& x, const Tensor& index, const Tensor& weight) {
+  const int64_t N = x.size(0), k = index.size(1), E = num_experts_;
+  const int64_t W = comm_.world_size(), me = comm_.rank();
+  std::vector<int32_t> host_index(static_cast<size_t>(N * k));
+  backend_.copy_async(host_index.data(), index.data(), host_index.size() * 4,
+                      CopyKind::device_to_host, stream_);
+  stream_.synchronize();
+  for (int32_t e : host_index) {
+    MOEPEAK_CHECK(e >= 0 && e < E, "pipelined llep dispatch: expert index ", e,
+                  " out of range [0, ", E, ")");
+  }
+  x_ = x;
+  index_ = index;
+  weight_ = weight;
+  tokens_ = N;
+  top_k_ = k;
+
+  // N of every rank: K and c_eff come from the largest, so every rank runs the same chunks.
+  std::vector<int64_t> all_n(static_cast<size_t>(W));
+  {
+    OwnedTensor buf = OwnedTensor::device(backend_, Shape{W + 1}, DType::i64, LiveSet::workspace,
+                                          "pipelined llep tokens");
+    auto* p = buf.data_as<int64_t>();
+    backend_.copy_async(p, &N, 8, CopyKind::host_to_device, stream_);
+    comm_.all_gather(p, p + 1, 1, DType::i64, stream_);
+    backend_.copy_async(all_n.data(), p + 1, W * 8, CopyKind::device_to_host, stream_);
+    stream_.synchronize();
+  }
+  const int64_t n_max = *std::max_element(all_n.begin(), all_n.end());
+  shape_ = pipelined_llep_shape(n_max, k, W, params_);
+  const int64_t K = shape_.chunks, ce = shape_.chunk_tokens;
+
+  chunks_.assign(static_cast<size_t>(K), Chunk{});
+  std::vector<int64_t> local(static_cast<size_t>(K * E), 0);
+  for (int64_t i = 0; i < K; ++i) {
+    std::vector<int64_t>& t = chunks_[i].tokens;
+    if (params_.membership == ChunkMembership::strided) {
+      for (int64_t p = i; p < N; p += K) t.push_back(p);
+    } else {
+      for (int64_t p = i * ce; p < std::min(N, (i + 1) * ce); ++p) t.push_back(p);
+    }
+    for (int64_t p : t) {
+      for (int64_t j = 0; j < k; ++j) ++local[i * E + host_index[p * k + j]];
+    }
+  }
+  std::vector<int64_t> all(static_cast<size_t>(W * K * E));
+  if (K > 0) {
+    OwnedTensor buf = OwnedTensor::device(backend_, Shape{(W + 1) * K * E}, DType::i64,
+                                          LiveSet::workspace, "pipelined llep counts");
+    auto* p = buf.data_as<int64_t>();
+    backend_.copy_async(p, local.data(), K * E * 8, CopyKind::host_to_device, stream_);
+    comm_.all_gather(p, p + K * E, static_cast<size_t>(K * E), DType::i64, stream_);
+    backend_.copy_async(all.data(), p + K * E, all.size() * 8, CopyKind::device_to_host, stream_);
+    stream_.synchronize();
+  }
+  counts_.assign(static_cast<size_t>(E), 0);
+  plans_.clear();
+  transfers_.clear();
+  max_received_ = 0;
+  const int64_t capacity = std::max<int64_t>(1, shape_.receive_rows);
+  std::vector<int64_t> chunk_counts(static_cast<size_t>(W * E));
+  for (int64_t i = 0; i < K; ++i) {
+    for (int64_t s = 0; s < W; ++s) {
+      for (int64_t e = 0; e < E; ++e) {
+        chunk_counts[s * E + e] = all[(s * K + i) * E + e];
+        counts_[e] += chunk_counts[s * E + e];
+      }
+    }
+    plans_.push_back(plan_llep(chunk_counts, W, params_.llep(), capacity));
+    Chunk& c = chunks_[i];
+    c.route = make_llep_route(plans_.back(), me, c.tokens, host_index, k);
+    // Expert-grouped order of the arrival rows: expert, then source (then the source's order).
+    // perm[grouped row] = arrival row, inv[arrival row] = grouped row.
+    std::vector<const LlepRoute::Block*> blocks;
+    for (const LlepRoute::Block& b : c.route.blocks) blocks.push_back(&b);
+    std::stable_sort(blocks.begin(), blocks.end(),
+                     [](const LlepRoute::Block* a, const LlepRoute::Block* b) {
+                       return a->expert < b->expert;
+                     });
+    const int64_t R = c.route.received();
+    c.perm.resize(static_cast<size_t>(R));
+    c.inv.resize(static_cast<size_t>(R));
+    int64_t g = 0;
+    for (const LlepRoute::Block* b : blocks) {
+      if (c.groups.empty() || c.groups.back().expert != b->expert) c.groups.push_back({b->expert, g, 0});
+      c.groups.back().rows += b->rows;
+      for (int64_t r = 0; r < b->rows; ++r, ++g) {
+        c.perm[g] = static_cast<int32_t>(b->begin + r);
+        c.inv[b->begin + r] = static_cast<int32_t>(g);
+      }
+    }
+    for (const LlepTransfer& t : llep_transfers(plans_.back())) transfers_.push_back(t);
+    max_received_ = std::max(max_received_, chunks_[i].route.received());
+  }
+  auto key = [](const LlepTransfer& t) { return std::make_pair(t.expert, t.helper); };
+  std::sort(transfers_.begin(), transfers_.end(),
+            [&](const LlepTransfer& a, const LlepTransfer& b) { return key(a) < key(b); });
+  transfers_.erase(std::unique(transfers_.begin(), transfers_.end(),
+                               [&](const LlepTransfer& a, const LlepTransfer& b) {
+                                 return key(a) == key(b);
+                               }),
+                   transfers_.end());
+}
+
+void PipelinedLlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& weight,
+                                    const std::vector<ExpertWeights>& local_experts,
+                                    const Tensor& out) {
+  const int64_t N = x.size(0), H = x.size(1), k = index.size(1);
+  const int64_t El = local_experts_;
+  MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == El, "pipelined llep dispatch: ",
+                local_experts.size(), " local experts given, rank ", comm_.rank(), " owns ", El,
+                " (E = ", num_experts_, ", W = ", comm_.world_size(), ")");
+  const bool plan_only = !out.defined();
+  MOEPEAK_CHECK(x.dtype() == dtype_ && weight.dtype() == dtype_ &&
+                    (plan_only || out.dtype() == dtype_) && index.dtype() == DType::i32,
+                "pipelined llep dispatch: x ", x.str(), ", index ", index.str(), ", weight ",
+                weight.str(), ", out ", out.str(), " for dtype ", dtype_name(dtype_));
+  MOEPEAK_CHECK(index.size(0) == N && weight.size(0) == N && weight.size(1) == k &&
+                    (plan_only || (out.ndim() == 2 && out.size(0) == N && out.size(1) == H)),
+                "pipelined llep dispatch: index ", index.str(), ", weight ", weight.str(),
+                " and out ", out.str(), " for x ", x.str());
+  release();
+  hidden_ = H;
+  ffn_ = local_experts.at(0).w1.size(0);
+  prepare(x, index, weight);
+  if (!plan_only) {
+    try {
+      run_forward(local_experts, out);
+    } catch (...) {
+      drain();
+      release();
+      throw;
+    }
+  }
+  have_forward_ = true;
+}
+
+void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
+                                        const Tensor& out) {
+  const int64_t K = shape_.chunks, H = hidden_, F = ffn_, me = comm_.rank();
+  if (K == 0) return;
+  const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows, ce = shape_.chunk_tokens;
+  const Tensor weight_rows = weight_.reshape(Shape{tokens_ * top_k_, 1});
+  Stream& cs = *comm_stream_;
+  // The fixed buffers: pipelined_llep_forward_bytes, exactly.
+  OwnedTensor x_send = buffer(Shape{Mc, H}, dtype_, "llep chunk rows sent");
+  OwnedTensor y_back = buffer(Shape{Mc, H}, dtype_, "llep chunk outputs returned");
+  OwnedTensor token[2], slot[2], row_weight[2], perm[2], inv[2], recv[2];
+  for (int s = 0; s < 2; ++s) {
+    token[s] = buffer(Shape{Mc}, DType::i32, "llep chunk send token");
+    slot[s] = buffer(Shape{Mc}, DType::i32, "llep chunk send slot");
+    row_weight[s] = buffer(Shape{Mc}, dtype_, "llep chunk send weight");
+    perm[s] = buffer(Shape{Rc}, DType::i32, "llep chunk grouped row");
+    inv[s] = buffer(Shape{Rc}, DType::i32, "llep chunk arrival row");
+  }
+  for (int s = 0; s < 2; ++s) recv[s] = buffer(Shape{Rc, H}, dtype_, "llep chunk received rows");
+  OwnedTensor xg = buffer(Shape{Rc, H}, dtype_, "llep chunk rows by expert");
+  OwnedTensor a = buffer(Shape{ce, F}, dtype_, "llep tile w1 rows");
+  OwnedTensor b = buffer(Shape{ce, F}, dtype_, "llep tile w3 rows");
+  OwnedTensor g = buffer(Shape{ce, F}, dtype_, "llep tile swiglu");
+  copies_.allocate(backend_, dtype_, transfers_, me, H, F, false, stream_);
+  try {
+    entry_->record(stream_);
+    cs.wait(*entry_);
+    copies_.send_weights(*comm2_, cs, transfers_, me, first_expert_, local);
+    for (int64_t i = 0; i < K; ++i) {
+      const int s = static_cast<int>(i % 2);
+      const Chunk& c = chunks_[i];
+      const LlepRoute& r = c.route;
+      const int64_t m = r.sent(), rr = r.received();
+      MOEPEAK_CHECK(m <= Mc && rr <= Rc, "pipelined llep: chunk ", i, " sends ", m, " rows (cap ",
+                    Mc, ") and receives ", rr, " (cap ", Rc, ")");
+
+      // Dispatch on the comm stream, once chunk i-2 has left the slot.
+      if (i >= 2) cs.wait(*slot_free_[s]);
+      copy_metadata(c, token[s], slot[s], perm[s], inv[s], cs);
+      ops::gather_rows_cpu(weight_rows, slot[s].view().rows(0, m),
+                           row_weight[s].view().rows(0, m).reshape(Shape{m, 1}), cs);
+      ops::gather_rows_cpu(x_, token[s].view().rows(0, m), x_send.view().rows(0, m), cs);
+      exchange_rows(*comm2_, cs, x_send.view().rows(0, m), r.send_rows, recv[s].view().rows(0, rr),
+                    r.recv_rows, H);
+      recv_ready_[s]->record(cs);
+
+      // Experts on the compute stream: rows grouped by expert, in tiles of at most c_eff rows;
+      // outputs in place of the inputs, then back to arrival order in the (now free) slot.
+      stream_.wait(*recv_ready_[s]);
+      ops::gather_rows_cpu(recv[s].view().rows(0, rr), perm[s].view().rows(0, rr),
+                           xg.view().rows(0, rr), stream_);
+      for_each_tile(c, ce, [&](int64_t expert, int64_t lo, int64_t hi) {
+        const ExpertWeights& ex = weights_of(expert, local, copies_);
+        const Tensor xs = xg.view().rows(lo, hi);
+        const int64_t n = hi - lo;
+        const Tensor as = a.view().rows(0, n), bs = b.view().rows(0, n), gs = g.view().rows(0, n);
+        ops::linear_forward_cpu(xs, ex.w1, as, false, stream_);
+        ops::linear_forward_cpu(xs, ex.w3, bs, false, stream_);
+        ops::swiglu_forward_cpu(as, bs, gs, stream_);
+        ops::linear_forward_cpu(gs, ex.w2, xs, false, stream_);
+      });
+      ops::gather_rows_cpu(xg.view().rows(0, rr), inv[s].view().rows(0, rr),
+                           recv[s].view().rows(0, rr), stream_);
+      exchange_rows(comm_, stream_, recv[s].view().rows(0, rr), r.recv_rows,
+                    y_back.view().rows(0, m), r.send_rows, H);
+      for (const LlepRoute::Range& rg : r.combine_ranges) {
+        ops::combine_rows_cpu(y_back.view().rows(rg.begin, rg.end),
+                              token[s].view().rows(rg.begin, rg.end),
+                              row_weight[s].view().rows(rg.begin, rg.end), out, stream_);
+      }
+      slot_free_[s]->record(stream_);
+    }
+    cs.synchronize();
+    stream_.synchronize();
+  } catch (...) {
+    drain();
+    copies_.reset();
+    throw;
+  }
+  copies_.reset();
+}
+
+void PipelinedLlepDispatch::backward(const Tensor& dout,
+                                     const std::vector<ExpertWeights>& local_experts,
+                                     const Tensor& dx, const Tensor& dweight) {
+  MOEPEAK_CHECK(have_forward_, "pipelined llep dispatch: backward without a forward to go with it");
+  MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == local_experts_,
+                "pipelined llep dispatch: ", local_experts.size(),
+                " local experts given to backward, ", local_experts_, " expected");
+  dout.expect(Shape{tokens_, hidden_}, dtype_, "pipelined llep dispatch dout");
+  dx.expect(Shape{tokens_, hidden_}, dtype_, "pipelined llep dispatch dx");
+  dweight.expect(Shape{tokens_, top_k_}, dtype_, "pipelined llep dispatch dweight");
+  try {
+    run_backward(dout, local_experts, dx, dweight);
+  } catch (...) {
+    drain();
+    release();
+    throw;
+  }
+  release();
+}
+
+void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<ExpertWeights>& local,
+                                         const Tensor& dx, const Tensor& dweight) {
+  const int64_t K = shape_.chunks, H = hidden_, F = ffn_, me = comm_.rank();
+  const int64_t NK = tokens_ * top_k_;
+  ops::fill(dweight, 0.0, stream_);
+  if (K == 0) return;
+  const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows, ce = shape_.chunk_tokens;
+  const Tensor weight_rows = weight_.reshape(Shape{NK, 1});
+  Stream& cs = *comm_stream_;
+  // The fixed buffers: pipelined_llep_backward_bytes, exactly.
+  OwnedTensor stage = buffer(Shape{Mc, H}, dtype_, "llep chunk rows sent");
+  OwnedTensor w_stage = buffer(Shape{Mc}, dtype_, "llep chunk weights sent");
+  OwnedTensor dx_back = buffer(Shape{Mc, H}, dtype_, "llep chunk d rows returned");
+  OwnedTensor dw_back = buffer(Shape{Mc}, dtype_, "llep chunk d weights returned");
+  OwnedTensor token[2], slot[2], perm[2], inv[2], recv_x[2], recv_d[2], recv_w[2], recv_dw[2];
+  for (int s = 0; s < 2; ++s) {
+    token[s] = buffer(Shape{Mc}, DType::i32, "llep chunk send token");
+    slot[s] = buffer(Shape{Mc}, DType::i32, "llep chunk send slot");
+    perm[s] = buffer(Shape{Rc}, DType::i32, "llep chunk grouped row");
+    inv[s] = buffer(Shape{Rc}, DType::i32, "llep chunk arrival row");
+  }
+  for (int s = 0; s < 2; ++s) {
+    recv_x[s] = buffer(Shape{Rc, H}, dtype_, "llep chunk received rows");
+    recv_d[s] = buffer(Shape{Rc, H}, dtype_, "llep chunk received d outputs");
+    recv_w[s] = buffer(Shape{Rc}, dtype_, "llep chunk received weights");
+    recv_dw[s] = buffer(Shape{Rc}, dtype_, "llep chunk d weights");
+  }
+  OwnedTensor xg = buffer(Shape{Rc, H}, dtype_, "llep chunk rows by expert");
+  OwnedTensor dg_rows = buffer(Shape{Rc, H}, dtype_, "llep chunk d outputs by expert");
+  OwnedTensor wg = buffer(Shape{Rc}, dtype_, "llep chunk weights by expert");
+  OwnedTensor dwg = buffer(Shape{Rc}, dtype_, "llep chunk d weights by expert");
+  OwnedTensor y = buffer(Shape{ce, H}, dtype_, "llep tile outputs");
+  OwnedTensor a = buffer(Shape{ce, F}, dtype_, "llep tile w1 rows");
+  OwnedTensor b = buffer(Shape{ce, F}, dtype_, "llep tile w3 rows");
+  OwnedTensor g = buffer(Shape{ce, F}, dtype_, "llep tile swiglu");
+  OwnedTensor dg = buffer(Shape{ce, F}, dtype_, "llep tile d swiglu");
+  OwnedTensor iota = buffer(Shape{ce}, DType::i32, "llep tile row index");
+  std::vector<int32_t> host_iota(static_cast<size_t>(ce));
+  std::iota(host_iota.begin(), host_iota.end(), 0);
+  backend_.copy_async(iota.data(), host_iota.data(), ce * 4, CopyKind::host_to_device, stream_);
+  // An owner adds each helper's gradients from this scratch (`grads`, as the gradients are).
+  OwnedTensor scratch;
+  if (llep_owns_a_transfer(transfers_, me)) {
+    scratch = OwnedTensor::device(backend_, Shape{3 * F * H}, dtype_, LiveSet::grads,
+                                  "llep returned gradient");
+  }
+  copies_.allocate(backend_, dtype_, transfers_, me, H, F, true, stream_);
+  try {
+    entry_->record(stream_);
+    cs.wait(*entry_);
+    copies_.send_weights(*comm2_, cs, transfers_, me, first_expert_, local);
+    for (int64_t i = 0; i < K; ++i) {
+      const int s = static_cast<int>(i % 2);
+      const Chunk& c = chunks_[i];
+      const LlepRoute& r = c.route;
+      const int64_t m = r.sent(), rr = r.received();
+
+      // Dispatch on the comm stream: x rows, dout rows and routing weights to the compute ranks.
+      if (i >= 2) cs.wait(*slot_free_[s]);
+      copy_metadata(c, token[s], slot[s], perm[s], inv[s], cs);
+      const Tensor tok = token[s].view().rows(0, m), sl = slot[s].view().rows(0, m);
+      ops::gather_rows_cpu(x_, tok, stage.view().rows(0, m), cs);
+      exchange_rows(*comm2_, cs, stage.view().rows(0, m), r.send_rows, recv_x[s].view().rows(0, rr),
+                    r.recv_rows, H);
+      ops::gather_rows_cpu(dout, tok, stage.view().rows(0, m), cs);
+      exchange_rows(*comm2_, cs, stage.view().rows(0, m), r.send_rows, recv_d[s].view().rows(0, rr),
+                    r.recv_rows, H);
+      ops::gather_rows_cpu(weight_rows, sl, w_stage.view().rows(0, m).reshape(Shape{m, 1}), cs);
+      exchange_rows(*comm2_, cs, w_stage.view().rows(0, m), r.send_rows,
+                    recv_w[s].view().rows(0, rr), r.recv_rows, 1);
+      recv_ready_[s]->record(cs);
+
+      // Recompute and backward on the rows grouped by expert, in tiles of at most c_eff rows:
+      // dweight and dy from y, then dx in place of dout; back to arrival order in the slot.
+      stream_.wait(*recv_ready_[s]);
+      const Tensor pm = perm[s].view().rows(0, rr), iv = inv[s].view().rows(0, rr);
+      ops::gather_rows_cpu(recv_x[s].view().rows(0, rr), pm, xg.view().rows(0, rr), stream_);
+      ops::gather_rows_cpu(recv_d[s].view().rows(0, rr), pm, dg_rows.view().rows(0, rr), stream_);
+      ops::gather_rows_cpu(recv_w[s].view().rows(0, rr).reshape(Shape{rr, 1}), pm,
+                           wg.view().rows(0, rr).reshape(Shape{rr, 1}), stream_);
+      for_each_tile(c, ce, [&](int64_t expert, int64_t lo, int64_t hi) {
+        const int64_t n = hi - lo;
+        const ExpertWeights& ex = weights_of(expert, local, copies_);
+        const Tensor xs = xg.view().rows(lo, hi), ds = dg_rows.view().rows(lo, hi);
+        const Tensor ws = wg.view().rows(lo, hi), dws = dwg.view().rows(lo, hi);
+        const Tensor ys = y.view().rows(0, n), as = a.view().rows(0, n), bs = b.view().rows(0, n);
+        const Tensor gs = g.view().rows(0, n), dgs = dg.view().rows(0, n);
+        ops::linear_forward_cpu(xs, ex.w1, as, false, stream_);
+        ops::linear_forward_cpu(xs, ex.w3, bs, false, stream_);
+        ops::swiglu_forward_cpu(as, bs, gs, stream_);
+        ops::linear_forward_cpu(gs, ex.w2, ys, false, stream_);
+        // dweight = dout . y, dy = weight * dout (dy in place of y, as the op allows).
+        ops::combine_rows_backward_cpu(ds, ys, iota.view().rows(0, n), ws, ys, dws, stream_);
+        ops::linear_backward_cpu(gs, ex.w2, ys, dgs, false, ex.dw2, stream_);
+        ops::swiglu_backward_cpu(as, bs, dgs, as, bs, stream_);  // da, db in place of a, b
+        ops::linear_backward_cpu(xs, ex.w1, as, ds, false, ex.dw1, stream_);
+        ops::linear_backward_cpu(xs, ex.w3, bs, ds, true, ex.dw3, stream_);
+      });
+      ops::gather_rows_cpu(dg_rows.view().rows(0, rr), iv, recv_d[s].view().rows(0, rr), stream_);
+      ops::gather_rows_cpu(dwg.view().rows(0, rr).reshape(Shape{rr, 1}), iv,
+                           recv_dw[s].view().rows(0, rr).reshape(Shape{rr, 1}), stream_);
+      exchange_rows(comm_, stream_, recv_d[s].view().rows(0, rr), r.recv_rows,
+                    dx_back.view().rows(0, m), r.send_rows, H);
+      exchange_rows(comm_, stream_, recv_dw[s].view().rows(0, rr), r.recv_rows,
+                    dw_back.view().rows(0, m), r.send_rows, 1);
+      for (const LlepRoute::Range& rg : r.combine_ranges) {
+        ops::scatter_add_rows_cpu(dx_back.view().rows(rg.begin, rg.end),
+                                  token[s].view().rows(rg.begin, rg.end), dx, stream_);
+      }
+      ops::scatter_add_rows_cpu(dw_back.view().rows(0, m).reshape(Shape{m, 1}),
+                                slot[s].view().rows(0, m), dweight.reshape(Shape{NK, 1}), stream_);
+      slot_free_[s]->record(stream_);
+    }
+    // Spilled experts' gradients, summed over the chunks on their helpers, back to the owners.
+    copies_.return_grads(comm_, stream_, transfers_, me, first_expert_, local, scratch);
+    cs.synchronize();
+    stream_.synchronize();
+  } catch (...) {
+    drain();
+    copies_.reset();
+    throw;
+  }
+  copies_.reset();
+}
+
+void PipelinedLlepDispatch::release() {
+  have_forward_ = false;
+  x_ = Tensor();
+  index_ = Tensor();
+  weight_ = Tensor();
+  chunks_.clear();
+  transfers_.clear();
+  copies_.reset();
+}
+
+}  // namespace moepeak::schedules

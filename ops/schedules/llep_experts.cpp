@@ -1,0 +1,116 @@
+// LlepExpertCopies: spilled experts' weights to helpers, their gradients back (see the header).
+// Test: through tests/parallel/test_llep.cpp
+#include "ops/schedules/llep_experts.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/elementwise.h"
+#include "ops/fill.h"
+
+namespace moepeak::schedules {
+
+void LlepExpertCopies::allocate(Backend& backend, DType dtype,
+                                const std::vector<LlepTransfer>& transfers, int64_t rank,
+                                int64_t hidden, int64_t ffn, bool with_grads,
+                                Stream& grad_stream) {
+  reset();
+  for (const LlepTransfer& t : transfers) {
+    if (t.helper == rank) experts_.push_back(t.expert);
+  }
+  for (size_t i = 0; i < experts_.size(); ++i) {
+    // w1, w3 (F, H) and w2 (H, F) in one buffer each for the values and for the gradients.
+    OwnedTensor w = OwnedTensor::device(backend, Shape{3, ffn, hidden}, dtype, LiveSet::weights,
+                                        "llep expert copy");
+    ExpertWeights v;
+    const Tensor flat = w.view().reshape(Shape{3 * ffn, hidden});
+    v.w1 = flat.rows(0, ffn);
+    v.w3 = flat.rows(ffn, 2 * ffn);
+    v.w2 = flat.rows(2 * ffn, 3 * ffn).reshape(Shape{hidden, ffn});
+    storage_.push_back(std::move(w));
+    if (with_grads) {
+      OwnedTensor g = OwnedTensor::device(backend, Shape{3, ffn, hidden}, dtype, LiveSet::grads,
+                                          "llep expert gradient copy");
+      ops::fill(g, 0.0, grad_stream);
+      const Tensor gflat = g.view().reshape(Shape{3 * ffn, hidden});
+      v.dw1 = gflat.rows(0, ffn);
+      v.dw3 = gflat.rows(ffn, 2 * ffn);
+      v.dw2 = gflat.rows(2 * ffn, 3 * ffn).reshape(Shape{hidden, ffn});
+      storage_.push_back(std::move(g));
+    }
+    views_.push_back(v);
+  }
+}
+
+void LlepExpertCopies::send_weights(Comm& comm, Stream& stream,
+                                    const std::vector<LlepTransfer>& transfers, int64_t rank,
+                                    int64_t first_local,
+                                    const std::vector<ExpertWeights>& local_experts) const {
+  for (const LlepTransfer& t : transfers) {
+    if (t.owner == rank) {
+      const ExpertWeights& w = local_experts.at(static_cast<size_t>(t.expert - first_local));
+      for (const Tensor* p : {&w.w1, &w.w3, &w.w2}) {
+        comm.send(p->data(), static_cast<size_t>(p->numel()), p->dtype(), static_cast<int>(t.helper),
+                  stream);
+      }
+    } else if (t.helper == rank) {
+      const ExpertWeights& w = at(t.expert);
+      for (const Tensor* p : {&w.w1, &w.w3, &w.w2}) {
+        comm.recv(p->data(), static_cast<size_t>(p->numel()), p->dtype(), static_cast<int>(t.owner),
+                  stream);
+      }
+    }
+  }
+}
+
+void LlepExpertCopies::return_grads(Comm& comm, Stream& stream,
+                                    const std::vector<LlepTransfer>& transfers, int64_t rank,
+                                    int64_t first_local,
+                                    const std::vector<ExpertWeights>& local_experts,
+                                    const Tensor& scratch) const {
+  for (const LlepTransfer& t : transfers) {
+    if (t.helper == rank) {
+      const ExpertWeights& w = at(t.expert);
+      for (const Tensor* p : {&w.dw1, &w.dw3, &w.dw2}) {
+        comm.send(p->data(), static_cast<size_t>(p->numel()), p->dtype(), static_cast<int>(t.owner),
+                  stream);
+      }
+    } else if (t.owner == rank) {
+      const ExpertWeights& w = local_experts.at(static_cast<size_t>(t.expert - first_local));
+      const int64_t F = w.w1.size(0), H = w.w1.size(1);
+      MOEPEAK_CHECK(scratch.numel() >= 3 * F * H, "llep: gradient scratch ", scratch.str(),
+                    " for experts of (", F, ", ", H, ")");
+      const Tensor flat = scratch.reshape(Shape{scratch.numel()});
+      const Tensor d1 = flat.rows(0, F * H).reshape(w.dw1.shape());
+      const Tensor d3 = flat.rows(F * H, 2 * F * H).reshape(w.dw3.shape());
+      const Tensor d2 = flat.rows(2 * F * H, 3 * F * H).reshape(w.dw2.shape());
+      for (const Tensor* p : {&d1, &d3, &d2}) {
+        comm.recv(p->data(), static_cast<size_t>(p->numel()), p->dtype(), static_cast<int>(t.helper),
+                  stream);
+      }
+      ops::add_cpu(w.dw1, d1, w.dw1, stream);
+      ops::add_cpu(w.dw3, d3, w.dw3, stream);
+      ops::add_cpu(w.dw2, d2, w.dw2, stream);
+    }
+  }
+}
+
+const ExpertWeights& LlepExpertCopies::at(int64_t expert) const {
+  auto it = std::lower_bound(experts_.begin(), experts_.end(), expert);
+  MOEPEAK_CHECK(it != experts_.end() && *it == expert, "llep: no copy of expert ", expert,
+                " on this rank");
+  return views_[static_cast<size_t>(it - experts_.begin())];
+}
+
+void LlepExpertCopies::reset() {
+  experts_.clear();
+  views_.clear();
+  storage_.clear();
+}
+
+bool llep_owns_a_transfer(const std::vector<LlepTransfer>& transfers, int64_t rank) {
+  return std::any_of(transfers.begin(), transfers.end(),
+                     [&](const LlepTransfer& t) { return t.owner == rank; });
+}
+
+}  // namespace moepeak::schedules

@@ -1,0 +1,332 @@
+// The LLEP planner (ops/schedules/llep_plan.h) as a pure function, on count matrices drawn
+// balanced, Zipf-skewed and adversarial (every source routes its rows to the same experts), over
+// W in {1, 2, 4, 8}, several alpha, lambda, min_tokens_per_gemm and hard capacities. Invariants:
+//   - every routed row is assigned exactly once: each (expert, source) range [0, count) is tiled
+//     by its assignments, each expert's pieces tile [0, L_e), rank loads add up;
+//   - the hard capacity is never exceeded;
+//   - gate: no spill (every row on its owner) iff max/mean native load <= lambda and no native
+//     load exceeds the capacity;
+//   - soft cap: with nothing forced, no rank computes more than ceil(alpha T / W); with alpha >= 1
+//     and min_tokens_per_gemm <= 1 nothing is ever forced; forced overflow (no capacity) stays
+//     under (W - 1) * (min_tokens_per_gemm - 1) rows past the cap;
+//   - min_tokens_per_gemm: without a binding capacity every helper piece below it is the last
+//     piece of its expert (the remainder);
+//   - the receive capacity formula covers every plan of a receiver-bounded exchange;
+//   - hand-checked plans (one hot expert spread over the ranks), determinism, and errors.
+//
+//     ctest -R test_llep_plan --output-on-failure
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/schedules/llep_plan.h"
+
+namespace moepeak {
+namespace {
+
+using schedules::kNoCapacity;
+using schedules::llep_receive_capacity;
+using schedules::llep_transfers;
+using schedules::LlepParams;
+using schedules::LlepPlan;
+using schedules::plan_llep;
+
+enum class Skew { balanced, zipf, adversarial };
+
+// (W, E) counts: every source routes `rows` rows (`rows / k` tokens, top-k distinct experts).
+std::vector<int64_t> draw_counts(std::mt19937_64& rng, int64_t W, int64_t E, int64_t tokens,
+                                 int64_t k, Skew skew) {
+  std::vector<double> p(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    p[e] = skew == Skew::zipf ? 1.0 / std::pow(double(e + 1), 1.2) : 1.0;
+  }
+  std::vector<int64_t> counts(static_cast<size_t>(W * E), 0);
+  std::vector<int64_t> order(static_cast<size_t>(E));
+  for (int64_t s = 0; s < W; ++s) {
+    for (int64_t n = 0; n < tokens; ++n) {
+      if (skew == Skew::adversarial) {
+        for (int64_t j = 0; j < k; ++j) ++counts[s * E + j];  // everyone picks experts 0..k-1
+        continue;
+      }
+      // k distinct experts drawn with weights p (Efraimidis-Spirakis keys).
+      std::vector<std::pair<double, int64_t>> keys;
+      std::uniform_real_distribution<double> u(1e-12, 1.0);
+      for (int64_t e = 0; e < E; ++e) keys.push_back({std::pow(u(rng), 1.0 / p[e]), e});
+      std::partial_sort(keys.begin(), keys.begin() + k, keys.end(), std::greater<>());
+      for (int64_t j = 0; j < k; ++j) ++counts[s * E + keys[j].second];
+    }
+  }
+  return counts;
+}
+
+std::string describe(const LlepPlan& p, const LlepParams& q) {
+  std::string s = "W=" + std::to_string(p.world) + " E=" + std::to_string(p.num_experts) +
+                  " T=" + std::to_string(p.total_rows) + " alpha=" + std::to_string(q.alpha) +
+                  " lambda=" + std::to_string(q.lambda) +
+                  " min=" + std::to_string(q.min_tokens_per_gemm) + " cap=" +
+                  (p.capacity == kNoCapacity ? std::string("none") : std::to_string(p.capacity)) +
+                  " imbalance=" + std::to_string(p.imbalance) + " loads";
+  for (int64_t l : p.rank_load) s += " " + std::to_string(l);
+  return s;
+}
+
+// Every invariant that holds for any plan; returns whether forced pieces could be below
+// min_tokens_per_gemm for reasons of capacity (then that rule is not checked).
+void check_plan(const LlepPlan& p, const std::vector<int64_t>& counts, const LlepParams& q) {
+  const int64_t W = p.world, E = p.num_experts, El = E / W;
+  const std::string what = describe(p, q);
+  // Each (expert, source) range tiled once, in order.
+  std::vector<int64_t> load(static_cast<size_t>(W), 0);
+  size_t a = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t s = 0; s < W; ++s) {
+      int64_t at = 0;
+      while (a < p.assignments.size() && p.assignments[a].expert == e &&
+             p.assignments[a].source == s) {
+        const auto& x = p.assignments[a++];
+        ASSERT_EQ(x.begin, at) << what << ": expert " << e << " source " << s;
+        ASSERT_GT(x.end, x.begin) << what;
+        ASSERT_TRUE(x.rank >= 0 && x.rank < W) << what;
+        load[x.rank] += x.end - x.begin;
+        at = x.end;
+      }
+      ASSERT_EQ(at, counts[s * E + e]) << what << ": expert " << e << " source " << s;
+    }
+  }
+  ASSERT_EQ(a, p.assignments.size()) << what << ": assignments out of order";
+  EXPECT_EQ(load, p.rank_load) << what;
+  int64_t T = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t at = 0;
+    for (const auto& piece : p.pieces[e]) {
+      EXPECT_EQ(piece.begin, at) << what << ": pieces of expert " << e;
+      at = piece.end;
+    }
+    EXPECT_EQ(at, p.expert_load[e]) << what;
+    T += p.expert_load[e];
+  }
+  EXPECT_EQ(T, p.total_rows);
+  // Hard capacity, always.
+  EXPECT_LE(p.max_rank_load(), p.capacity) << what;
+  // The gate.
+  const int64_t max_native = *std::max_element(p.native_load.begin(), p.native_load.end());
+  const bool should_spill = T > 0 && (p.imbalance > q.lambda || max_native > p.capacity);
+  EXPECT_EQ(p.spill, should_spill) << what;
+  if (!p.spill) {
+    for (const auto& x : p.assignments) EXPECT_EQ(x.rank, x.expert / El) << what;
+    EXPECT_TRUE(llep_transfers(p).empty()) << what;
+  }
+  // Soft cap: only forced rows go past it.
+  if (p.forced_rows == 0 && p.spill) {
+    EXPECT_LE(p.max_rank_load(), p.soft_cap) << what;
+  }
+  if (p.spill && q.alpha >= 1.0 && q.min_tokens_per_gemm <= 1) {
+    EXPECT_EQ(p.forced_rows, 0) << what;
+  }
+  if (p.spill && q.alpha >= 1.0 && p.capacity == kNoCapacity) {
+    EXPECT_LE(p.max_rank_load(),
+              p.soft_cap + (W - 1) * std::max<int64_t>(0, q.min_tokens_per_gemm - 1))
+        << what;
+  }
+  // min_tokens_per_gemm: a small helper piece is its expert's remainder (without a capacity).
+  if (p.capacity == kNoCapacity) {
+    for (int64_t e = 0; e < E; ++e) {
+      for (const auto& piece : p.pieces[e]) {
+        if (piece.rank == e / El) continue;
+        if (piece.end - piece.begin < q.min_tokens_per_gemm) {
+          EXPECT_EQ(piece.end, p.expert_load[e]) << what << ": a spill of "
+                                                 << piece.end - piece.begin << " rows of expert "
+                                                 << e << " that is not the remainder";
+        }
+      }
+    }
+  }
+  // Transfers: exactly the (expert, helper != owner) pairs with rows.
+  for (const auto& t : llep_transfers(p)) {
+    EXPECT_EQ(t.owner, t.expert / El);
+    EXPECT_NE(t.helper, t.owner);
+    EXPECT_TRUE(std::any_of(p.pieces[t.expert].begin(), p.pieces[t.expert].end(),
+                            [&](const auto& x) { return x.rank == t.helper; }));
+  }
+}
+
+TEST(LlepPlan, InvariantsOverRandomCounts) {
+  std::mt19937_64 rng(20261129);
+  int64_t cases = 0, spilled = 0, forced = 0;
+  for (int64_t W : {1, 2, 4, 8}) {
+    for (int64_t E : {8, 16, 32}) {
+      if (E % W != 0) continue;
+      for (Skew skew : {Skew::balanced, Skew::zipf, Skew::adversarial}) {
+        for (int64_t tokens : {0, 1, 7, 50, 200}) {
+          const int64_t k = std::min<int64_t>(4, E);
+          const std::vector<int64_t> counts = draw_counts(rng, W, E, tokens, k, skew);
+          for (double alpha : {1.0, 1.1, 0.8}) {
+            for (double lambda : {1.0, 1.3, 2.0}) {
+              for (int64_t min_tokens : {0, 1, 8, 64}) {
+                LlepParams q{alpha, lambda, min_tokens};
+                // No hard cap, and the receiver-bounded one (every source sent tokens * k rows).
+                for (bool bounded : {false, true}) {
+                  const int64_t cap =
+                      bounded ? std::max<int64_t>(1, llep_receive_capacity(tokens * k, W, q))
+                              : kNoCapacity;
+                  LlepPlan p = plan_llep(counts, W, q, cap);
+                  check_plan(p, counts, q);
+                  if (HasFatalFailure()) return;
+                  ++cases;
+                  spilled += p.spill;
+                  forced += p.forced_rows > 0;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("%lld plans checked, %lld spilled, %lld with forced rows\n",
+              static_cast<long long>(cases), static_cast<long long>(spilled),
+              static_cast<long long>(forced));
+  EXPECT_GT(spilled, cases / 10);
+  EXPECT_GT(forced, 0);
+}
+
+TEST(LlepPlan, ReceiveCapacityHoldsEveryPlanOfABoundedExchange) {
+  // The capacity formula is what sizes PipelinedLLEP's receive slots: with each source sending
+  // at most M rows, the plan stays under it without the planner having to force anything past
+  // the soft cap except for min_tokens_per_gemm.
+  std::mt19937_64 rng(7);
+  for (int64_t W : {2, 4, 8}) {
+    const int64_t E = 4 * W, k = 4, tokens = 40, M = tokens * k;
+    for (Skew skew : {Skew::balanced, Skew::zipf, Skew::adversarial}) {
+      const std::vector<int64_t> counts = draw_counts(rng, W, E, tokens, k, skew);
+      for (double lambda : {1.0, 1.3, 3.0}) {
+        LlepParams q{1.0, lambda, 1};
+        const int64_t cap = llep_receive_capacity(M, W, q);
+        EXPECT_EQ(cap, std::min(W * M, std::max(M, static_cast<int64_t>(std::floor(lambda * M)))));
+        LlepPlan p = plan_llep(counts, W, q, cap);
+        check_plan(p, counts, q);
+        EXPECT_EQ(p.forced_rows, 0);
+        // The gate alone decides: the capacity never overrides it here.
+        const int64_t max_native = *std::max_element(p.native_load.begin(), p.native_load.end());
+        EXPECT_EQ(p.spill, p.imbalance > lambda) << "max native " << max_native << " cap " << cap;
+      }
+    }
+  }
+  EXPECT_EQ(llep_receive_capacity(0, 4, {}), 0);
+  EXPECT_EQ(llep_receive_capacity(100, 4, {1.0, 1.3, 32}), 130);
+  EXPECT_EQ(llep_receive_capacity(100, 4, {2.0, 1.3, 32}), 200);
+  EXPECT_EQ(llep_receive_capacity(100, 1, {2.0, 1.3, 32}), 100);  // never past W * M
+}
+
+TEST(LlepPlan, OneHotExpertIsSpreadOverTheLeastLoadedRanks) {
+  // W = 4, E = 8 (2 per rank); every source sends 30 rows to expert 0 and 10 to expert 5.
+  const int64_t W = 4, E = 8;
+  std::vector<int64_t> counts(W * E, 0);
+  for (int64_t s = 0; s < W; ++s) {
+    counts[s * E + 0] = 30;
+    counts[s * E + 5] = 10;
+  }
+  // T = 160, mean 40, native loads: rank 0 120, rank 2 40 -> imbalance 3 > 1.3.
+  LlepPlan p = plan_llep(counts, W, {1.0, 1.3, 4});
+  check_plan(p, counts, {1.0, 1.3, 4});
+  EXPECT_TRUE(p.spill);
+  EXPECT_DOUBLE_EQ(p.imbalance, 3.0);
+  EXPECT_EQ(p.soft_cap, 40);
+  // Expert 0 (120 rows, taken first): its owner keeps 40; rank 2's effective load is its pending
+  // expert 5 (40), so ranks 1 and 3 (0) take 40 each first, rank 2 gets nothing of it; expert 5
+  // stays home.
+  ASSERT_EQ(p.pieces[0].size(), 3u);
+  EXPECT_EQ(p.pieces[0][0].rank, 0);
+  EXPECT_EQ(p.pieces[0][0].end, 40);
+  EXPECT_EQ(p.pieces[0][1].rank, 1);
+  EXPECT_EQ(p.pieces[0][1].end, 80);
+  EXPECT_EQ(p.pieces[0][2].rank, 3);
+  EXPECT_EQ(p.pieces[0][2].end, 120);
+  ASSERT_EQ(p.pieces[5].size(), 1u);
+  EXPECT_EQ(p.pieces[5][0].rank, 2);
+  EXPECT_EQ(p.rank_load, (std::vector<int64_t>{40, 40, 40, 40}));
+  // Source-major row order: the owner keeps sources 0 and 1 (30 + 10 of source 1's rows).
+  EXPECT_EQ(p.assignments[0].source, 0);
+  EXPECT_EQ(p.assignments[0].rank, 0);
+  EXPECT_EQ(p.assignments[1].source, 1);
+  EXPECT_EQ(p.assignments[1].end, 10);
+  EXPECT_EQ(p.assignments[2].rank, 1);
+  const auto t = llep_transfers(p);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].expert, 0);
+  EXPECT_EQ(t[0].helper, 1);
+  EXPECT_EQ(t[1].helper, 3);
+  // The same input gives the same plan.
+  LlepPlan again = plan_llep(counts, W, {1.0, 1.3, 4});
+  EXPECT_EQ(again.rank_load, p.rank_load);
+  ASSERT_EQ(again.assignments.size(), p.assignments.size());
+  for (size_t i = 0; i < p.assignments.size(); ++i) {
+    EXPECT_EQ(again.assignments[i].rank, p.assignments[i].rank);
+    EXPECT_EQ(again.assignments[i].end, p.assignments[i].end);
+  }
+}
+
+TEST(LlepPlan, LambdaGate) {
+  // W = 2, E = 2: native loads 13 and 10 (imbalance 26/23 = 1.13) and 16 and 10 (1.23).
+  const LlepParams q{1.0, 1.2, 1};
+  std::vector<int64_t> mild = {13, 10, 0, 0};
+  std::vector<int64_t> hot = {16, 10, 0, 0};
+  LlepPlan a = plan_llep(mild, 2, q), b = plan_llep(hot, 2, q);
+  EXPECT_FALSE(a.spill);
+  EXPECT_EQ(a.rank_load, (std::vector<int64_t>{13, 10}));
+  EXPECT_TRUE(b.spill);
+  EXPECT_EQ(b.rank_load, (std::vector<int64_t>{13, 13}));
+  // The hard capacity overrides the gate: 13 rows do not fit a capacity of 12.
+  LlepPlan c = plan_llep(mild, 2, q, 12);
+  EXPECT_TRUE(c.spill);
+  EXPECT_LE(c.max_rank_load(), 12);
+}
+
+TEST(LlepPlan, SmallSpillsWaitForTheRemainder) {
+  // W = 4, E = 4: expert 0 has 100 rows, the others 20 each; cap = ceil(160 / 4) = 40.
+  // Expert 0 keeps 40 on its owner; the helpers' effective loads are 20 each (their own expert
+  // pending), room 20 each: with min_tokens_per_gemm = 25 none qualifies and the remainder of 60
+  // is forced onto rank 1, past its soft cap.
+  std::vector<int64_t> counts = {100, 20, 20, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  LlepPlan p = plan_llep(counts, 4, {1.0, 1.3, 25});
+  check_plan(p, counts, {1.0, 1.3, 25});
+  ASSERT_EQ(p.pieces[0].size(), 2u);
+  EXPECT_EQ(p.pieces[0][1].rank, 1);
+  EXPECT_EQ(p.pieces[0][1].end - p.pieces[0][1].begin, 60);
+  EXPECT_EQ(p.forced_rows, 60);
+  // With min_tokens_per_gemm = 20 the helpers take 20 each.
+  LlepPlan q = plan_llep(counts, 4, {1.0, 1.3, 20});
+  EXPECT_EQ(q.pieces[0].size(), 4u);
+  EXPECT_EQ(q.forced_rows, 0);
+  EXPECT_EQ(q.rank_load, (std::vector<int64_t>{40, 40, 40, 40}));
+  // A hard capacity of 50 cuts the forced remainder: 50 on rank 1, 10 more on rank 2.
+  LlepPlan r = plan_llep(counts, 4, {1.0, 1.3, 25}, 50);
+  check_plan(r, counts, {1.0, 1.3, 25});
+  EXPECT_LE(r.max_rank_load(), 50);
+}
+
+TEST(LlepPlan, Errors) {
+  std::vector<int64_t> counts = {1, 2, 3, 4, 5, 6};
+  EXPECT_THROW(plan_llep(counts, 4, {}), Error);  // 6 counts for 4 ranks
+  EXPECT_THROW(plan_llep(counts, 2, {}), Error);  // E = 3 not a multiple of W = 2
+  std::vector<int64_t> neg = {1, -1, 0, 0};
+  EXPECT_THROW(plan_llep(neg, 2, {}), Error);
+  std::vector<int64_t> ok = {10, 10, 10, 10};
+  EXPECT_THROW(plan_llep(ok, 2, {0.0, 1.3, 1}), Error);  // alpha
+  EXPECT_THROW(plan_llep(ok, 2, {}, 19), Error);         // 2 * 19 < 40 rows
+  EXPECT_NO_THROW(plan_llep(ok, 2, {}, 20));
+  try {
+    plan_llep(counts, 2, {});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("E = 3"), std::string::npos) << e.message();
+  }
+}
+
+}  // namespace
+}  // namespace moepeak

@@ -1,0 +1,597 @@
+// LlepDispatch and PipelinedLlepDispatch on W real rank processes against the standard
+// expert-parallel dispatcher (ExpertParallelDispatch) on the same ranks and inputs.
+//
+// Every rank builds the same full problem from a seed — N_r = 20 + 2r tokens on rank r (uneven,
+// so K and c_eff come from the largest), E = 8 experts of H = 8, F = 12, top-2 — and runs on its
+// token slice and its experts [r*E/W, (r+1)*E/W). Routing: balanced (uniform), Zipf-skewed
+// (p(e) ~ 1/(e+1)^2, expert 0 hot) and adversarial (every token picks experts 0 and 1, both on
+// rank 0). Checked, in f64 and f32:
+//   - out, dx, dweight and every local expert weight gradient within 1e-13 (f64) / 2e-6 (f32)
+//     relative of the standard's, and in f32 also within 2e-6 of the standard dispatcher run in
+//     f64 (float64-checked). Why not bitwise: a row's expert output is the same dot products in
+//     the same order, but OpenBLAS computes the rows of a GEMM with different kernels depending
+//     on where they fall in its register blocking (the M remainder), so the same row can round
+//     differently in a GEMM of another row count (checked: most sub-GEMMs of a 40-row GEMM differ
+//     in the last bit). The pipeline runs each expert over per-chunk tiles, and a spill
+//     splits an expert's rows between ranks, so rows land in other GEMMs: differences of an ulp
+//     or so (measured <= 5e-16 f64, <= 3.4e-7 f32 on 2 and 4 ranks). Weight gradients are
+//     moreover summed per chunk, per tile and per helper in another order (measured <= 1e-15
+//     f64, <= 3.8e-7 f32); the f32 results are within 3.3e-7 of the f64 standard, as close as
+//     the f32 standard itself (3.3e-7). The tolerances leave a 5x (f32) and 100x (f64) margin.
+//     Bitwise where the GEMMs are the same: LlepDispatch when no expert is split (the gate
+//     kept every expert home, or whole experts moved) gives bitwise out, dx, dweight and dW —
+//     checked;
+//   - poisoned inputs: dweight (=) NaN beforehand, the whole free arena NaN (a buffer read before
+//     it is written shows up); out, dx and dW (+=) start from seeded values;
+//   - the global expert counts equal the standard's (routing is never changed);
+//   - memory: LLEP's measured `dispatch` peak equals dispatch_expert_parallel_bytes for the rows
+//     it computed and stays under llep_dispatch_bytes; PipelinedLLEP's equals
+//     pipelined_llep_dispatch_bytes in all three routings (fixed at launch), its receive slots
+//     2 * R_c * H * b are under 2 * Ep * k * c_eff * H * b, no chunk receives more than R_c
+//     rows; the standard dispatcher's peak on rank 0 grows from balanced to adversarial;
+//   - spills happen (adversarial: every chunk's plan spills, weights travel, gradients return);
+//   - both streams slowed on purpose (a missing wait would corrupt a slot); forward, then the
+//     checkpoint's recompute as a plan-only forward (undefined `out`), then backward; LLEP with
+//     the recompute as a full forward; strided and contiguous chunks; K capped by K_max; errors.
+//
+//     ctest -R test_llep --output-on-failure
+//     mpirun --allow-run-as-root --oversubscribe -np 4 build/tests/parallel/test_llep
+//
+// Registered with 4 and 2 ranks (tests/parallel/llep.cmake); 2 cores serve them, so shapes are
+// tiny.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/comm/comm.h"
+#include "core/comm/process_group.h"
+#include "core/error.h"
+#include "core/runtime/backend.h"
+#include "core/runtime/cpu_stream.h"
+#include "ops/fill.h"
+#include "ops/schedules/dispatch_expert_parallel.h"
+#include "ops/schedules/dispatch_llep.h"
+#include "ops/schedules/dispatch_pipelined_llep.h"
+
+namespace moepeak {
+namespace {
+
+using schedules::ExpertDispatch;
+using schedules::ExpertParallelDispatch;
+using schedules::ExpertWeights;
+using schedules::LlepDispatch;
+using schedules::LlepParams;
+using schedules::PipelinedLlepDispatch;
+using schedules::PipelinedLlepParams;
+
+constexpr int64_t kHidden = 8, kFfn = 12, kExperts = 8, kTopK = 2;
+
+int64_t tokens_of(int64_t rank) { return 20 + 2 * rank; }
+int64_t first_token_of(int64_t rank) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < rank; ++r) n += tokens_of(r);
+  return n;
+}
+
+enum class Routing { balanced, zipf, adversarial };
+const char* routing_name(Routing r) {
+  switch (r) {
+    case Routing::balanced: return "balanced";
+    case Routing::zipf: return "zipf";
+    case Routing::adversarial: return "adversarial";
+  }
+  return "?";
+}
+
+// The full problem, in doubles (written to tensors in the run's dtype).
+struct Problem {
+  int64_t tokens = 0;                              // all ranks'
+  std::vector<double> x, weight, dout, out0, dx0;  // (T, H), (T, k), (T, H) x 3
+  std::vector<int64_t> index;                      // (T, k)
+  std::vector<std::vector<double>> w1, w2, w3, dw1, dw2, dw3;
+};
+
+Problem make_problem(uint64_t seed, Routing routing, int64_t world) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uni(-1.0, 1.0), pos(0.1, 1.0), u01(1e-12, 1.0);
+  auto vec = [&](int64_t n, double scale) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (auto& e : v) e = scale * uni(rng);
+    return v;
+  };
+  Problem p;
+  p.tokens = first_token_of(world);
+  const int64_t T = p.tokens;
+  p.x = vec(T * kHidden, 1.0);
+  p.dout = vec(T * kHidden, 1.0);
+  p.out0 = vec(T * kHidden, 0.5);
+  p.dx0 = vec(T * kHidden, 0.5);
+  for (int64_t e = 0; e < kExperts; ++e) {
+    p.w1.push_back(vec(kFfn * kHidden, 1.0 / std::sqrt(double(kHidden))));
+    p.w3.push_back(vec(kFfn * kHidden, 1.0 / std::sqrt(double(kHidden))));
+    p.w2.push_back(vec(kHidden * kFfn, 1.0 / std::sqrt(double(kFfn))));
+    p.dw1.push_back(vec(kFfn * kHidden, 0.1));
+    p.dw3.push_back(vec(kFfn * kHidden, 0.1));
+    p.dw2.push_back(vec(kHidden * kFfn, 0.1));
+  }
+  for (int64_t n = 0; n < T; ++n) {
+    std::vector<int64_t> pick;
+    if (routing == Routing::adversarial) {
+      pick = {0, 1};
+      std::shuffle(pick.begin(), pick.end(), rng);
+    } else {
+      // k distinct experts, weights 1 (balanced) or 1/(e+1)^2 (Zipf), by exponential keys.
+      std::vector<std::pair<double, int64_t>> keys;
+      for (int64_t e = 0; e < kExperts; ++e) {
+        double pe = routing == Routing::zipf ? 1.0 / double((e + 1) * (e + 1)) : 1.0;
+        keys.push_back({std::pow(u01(rng), 1.0 / pe), e});
+      }
+      std::sort(keys.begin(), keys.end(), std::greater<>());
+      for (int64_t j = 0; j < kTopK; ++j) pick.push_back(keys[j].second);
+    }
+    double sum = 0;
+    std::vector<double> w(kTopK);
+    for (auto& v : w) sum += (v = pos(rng));
+    for (int64_t j = 0; j < kTopK; ++j) {
+      p.index.push_back(pick[j]);
+      p.weight.push_back(w[j] / sum);
+    }
+  }
+  return p;
+}
+
+class Env {
+ public:
+  explicit Env(DType dtype) : dtype_(dtype) {
+    BackendOptions options;
+    options.device_memory = 16ull << 20;
+    options.cpu_threads = 1;
+    backend_ = Backend::create(options);
+    comm_ = make_comm(*backend_, init_process_group());
+  }
+  Backend& backend() { return *backend_; }
+  Stream& stream() { return backend_->default_stream(); }
+  Comm& comm() { return *comm_; }
+  DType dtype() const { return dtype_; }
+  int64_t rank() const { return comm_->rank(); }
+  int64_t world() const { return comm_->world_size(); }
+
+  // Rows [begin, end) of a row-major (rows, width) array as a tensor of the run's dtype.
+  OwnedTensor input(const std::vector<double>& v, int64_t width, int64_t begin, int64_t end) {
+    auto t = OwnedTensor::device(*backend_, Shape{end - begin, width}, dtype_, LiveSet::workspace,
+                                 "test tensor");
+    for (int64_t i = 0; i < (end - begin) * width; ++i) {
+      double value = v[static_cast<size_t>(begin * width + i)];
+      if (dtype_ == DType::f32) {
+        t.data_as<float>()[i] = static_cast<float>(value);
+      } else {
+        t.data_as<double>()[i] = value;
+      }
+    }
+    return t;
+  }
+  OwnedTensor index(const std::vector<int64_t>& v, int64_t begin, int64_t end) {
+    auto t = OwnedTensor::device(*backend_, Shape{end - begin, kTopK}, DType::i32,
+                                 LiveSet::workspace, "test index");
+    for (int64_t i = 0; i < (end - begin) * kTopK; ++i) {
+      t.data_as<int32_t>()[i] = static_cast<int32_t>(v[static_cast<size_t>(begin * kTopK + i)]);
+    }
+    return t;
+  }
+  OwnedTensor nan_output(Shape shape) {
+    auto t = OwnedTensor::device(*backend_, shape, dtype_, LiveSet::workspace, "test output");
+    ops::fill(t, std::numeric_limits<double>::quiet_NaN(), stream());
+    return t;
+  }
+  std::vector<double> read(const Tensor& t) {
+    return copy_to_host_as_double(t, *backend_, stream());
+  }
+  void poison_free_arena() {
+    std::vector<OwnedTensor> blocks;
+    for (uint64_t free = backend_->arena().largest_free_block(); free >= 1024;
+         free = backend_->arena().largest_free_block()) {
+      blocks.push_back(OwnedTensor::device(*backend_, Shape{static_cast<int64_t>(free / 8)},
+                                           DType::f64, LiveSet::workspace, "poison"));
+      ops::fill(blocks.back(), std::numeric_limits<double>::quiet_NaN(), stream());
+    }
+    stream().synchronize();
+  }
+  std::vector<double> all_gather(double v) {
+    std::vector<double> mine = {v};
+    return all_gather_host(*comm_, *backend_, stream(), mine);
+  }
+
+ private:
+  DType dtype_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Comm> comm_;
+};
+
+struct Experts {
+  std::vector<ExpertWeights> weights;
+  std::vector<OwnedTensor> storage;
+};
+Experts make_experts(Env& env, const Problem& p, int64_t first, int64_t count) {
+  Experts ex;
+  for (int64_t e = first; e < first + count; ++e) {
+    ExpertWeights w;
+    auto add = [&](const std::vector<double>& v, int64_t rows, int64_t cols, Tensor& slot) {
+      ex.storage.push_back(env.input(v, cols, 0, rows));
+      slot = ex.storage.back().view();
+    };
+    add(p.w1[e], kFfn, kHidden, w.w1);
+    add(p.w3[e], kFfn, kHidden, w.w3);
+    add(p.w2[e], kHidden, kFfn, w.w2);
+    add(p.dw1[e], kFfn, kHidden, w.dw1);
+    add(p.dw3[e], kFfn, kHidden, w.dw3);
+    add(p.dw2[e], kHidden, kFfn, w.dw2);
+    ex.weights.push_back(w);
+  }
+  return ex;
+}
+
+struct Result {
+  std::vector<double> out, dx, dweight;
+  std::vector<std::vector<double>> dw;  // per local expert: dw1, dw3, dw2
+  std::vector<int64_t> counts;
+  uint64_t dispatch_peak = 0, dispatch_left = 0;
+};
+
+// One dispatcher over this rank's slice: forward, backward; with `recompute` as a checkpointed
+// layer does it — forward (its output kept), release, forward again (the recompute, its output
+// dropped: PipelinedLLEP gets an undefined `out` and only plans), backward. `after_forward`
+// sees the dispatcher before backward.
+Result run_dispatch(Env& env, const Problem& p, ExpertDispatch& dispatch, bool recompute = false,
+                    const std::function<void()>& after_forward = {}) {
+  const int64_t r = env.rank(), El = kExperts / env.world();
+  const int64_t n0 = first_token_of(r), n1 = n0 + tokens_of(r);
+  Experts ex = make_experts(env, p, r * El, El);
+  auto x = env.input(p.x, kHidden, n0, n1), weight = env.input(p.weight, kTopK, n0, n1);
+  auto index = env.index(p.index, n0, n1);
+  auto out = env.input(p.out0, kHidden, n0, n1), dout = env.input(p.dout, kHidden, n0, n1);
+  auto dx = env.input(p.dx0, kHidden, n0, n1);
+  auto dweight = env.nan_output(Shape{n1 - n0, kTopK});
+  auto scratch = env.input(p.out0, kHidden, n0, n1);
+  env.poison_free_arena();
+  env.backend().arena().reset_peaks();
+  dispatch.forward(x, index, weight, ex.weights, out);
+  if (recompute) {
+    dispatch.release();
+    const bool plan_only = dynamic_cast<PipelinedLlepDispatch*>(&dispatch) != nullptr;
+    dispatch.forward(x, index, weight, ex.weights, plan_only ? Tensor() : scratch.view());
+  }
+  if (after_forward) after_forward();
+  Result run;
+  run.counts = dispatch.expert_counts();
+  dispatch.backward(dout, ex.weights, dx, dweight);
+  env.stream().synchronize();
+  MemoryStats stats = env.backend().arena().stats();
+  run.dispatch_peak = stats.peak_per_set()[LiveSet::dispatch];
+  run.dispatch_left = stats.current()[LiveSet::dispatch];
+  run.out = env.read(out);
+  run.dx = env.read(dx);
+  run.dweight = env.read(dweight);
+  for (const auto& w : ex.weights) {
+    std::vector<double> all = env.read(w.dw1), d3 = env.read(w.dw3), d2 = env.read(w.dw2);
+    all.insert(all.end(), d3.begin(), d3.end());
+    all.insert(all.end(), d2.begin(), d2.end());
+    run.dw.push_back(all);
+  }
+  return run;
+}
+
+Result run_standard(Env& env, const Problem& p) {
+  ExpertParallelDispatch d(env.backend(), env.stream(), env.comm(), env.dtype(), kExperts);
+  return run_dispatch(env, p, d);
+}
+
+struct Diff {
+  bool bitwise = true;
+  double rel = 0;
+  std::string str() const {
+    if (bitwise) return "bitwise";
+    std::ostringstream os;
+    os << "rel " << rel;
+    return os.str();
+  }
+  void merge(const Diff& o) {
+    bitwise = bitwise && o.bitwise;
+    rel = std::max(rel, o.rel);
+  }
+};
+// Max |got - want| over max |want| (infinite on a NaN), and whether the bits agree.
+Diff compare(const std::vector<double>& got, const std::vector<double>& want) {
+  Diff d;
+  double err = 0, scale = 0;
+  EXPECT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    double g = got[i], w = want[i];
+    if (std::isnan(g) || std::isnan(w)) err = std::numeric_limits<double>::infinity();
+    if (g != w || std::signbit(g) != std::signbit(w)) d.bitwise = false;
+    err = std::max(err, std::abs(g - w));
+    scale = std::max(scale, std::abs(w));
+  }
+  d.rel = scale > 0 ? err / scale : err;
+  return d;
+}
+
+// See the file comment: an ulp or so per row, weight gradients summed in another order.
+double tolerance(DType dtype) { return dtype == DType::f64 ? 1e-13 : 2e-6; }
+
+// Holds `got` to the standard run `ref` (same dtype) and, in f32, to `ref64` (the standard in
+// f64). Returns the dW difference; prints one line from rank 0.
+Diff check_against_standard(Env& env, const Result& got, const Result& ref, const Result* ref64,
+                            const std::string& what, bool expect_bitwise) {
+  const double tol = tolerance(env.dtype());
+  Diff out = compare(got.out, ref.out), dx = compare(got.dx, ref.dx);
+  Diff dweight = compare(got.dweight, ref.dweight);
+  EXPECT_LE(out.rel, tol) << what << ": out";
+  EXPECT_LE(dx.rel, tol) << what << ": dx";
+  EXPECT_LE(dweight.rel, tol) << what << ": dweight";
+  Diff dw, dw64, row64;
+  if (ref64) {
+    row64 = compare(got.out, ref64->out);
+    row64.merge(compare(got.dx, ref64->dx));
+    row64.merge(compare(got.dweight, ref64->dweight));
+    EXPECT_LE(row64.rel, tolerance(DType::f32)) << what << ": out, dx, dweight against f64";
+  }
+  for (size_t l = 0; l < got.dw.size(); ++l) {
+    Diff d = compare(got.dw[l], ref.dw[l]);
+    EXPECT_LE(d.rel, tol) << what << ": weight grads of local expert " << l;
+    dw.merge(d);
+    if (ref64) {
+      Diff d64 = compare(got.dw[l], ref64->dw[l]);
+      EXPECT_LE(d64.rel, tolerance(DType::f32)) << what << ": against f64, local expert " << l;
+      dw64.merge(d64);
+    }
+  }
+  if (expect_bitwise) {
+    EXPECT_TRUE(out.bitwise && dx.bitwise && dweight.bitwise && dw.bitwise)
+        << what << ": no expert split, so the same GEMMs: out " << out.str() << ", dx "
+        << dx.str() << ", dweight " << dweight.str() << ", dW " << dw.str();
+  }
+  EXPECT_EQ(got.counts, ref.counts) << what << ": global expert counts";
+  EXPECT_EQ(got.dispatch_left, 0u) << what << ": dispatch buffers left after backward";
+  Diff rows = out;
+  rows.merge(dx);
+  rows.merge(dweight);
+  std::vector<double> row_rel = env.all_gather(rows.rel), dw_rel = env.all_gather(dw.rel);
+  std::vector<double> vs64 = env.all_gather(std::max(row64.rel, dw64.rel));
+  std::vector<double> bits = env.all_gather(rows.bitwise && dw.bitwise ? 1.0 : 0.0);
+  if (env.rank() == 0) {
+    auto worst = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+    int bitwise_ranks = 0;
+    for (double b : bits) bitwise_ranks += b > 0;
+    std::printf("[W=%lld %s] max rel over ranks: out/dx/dweight %.3g, dW %.3g; f32 vs the f64 "
+                "standard %.3g; all bitwise on %d/%lld ranks\n",
+                static_cast<long long>(env.world()), what.c_str(), worst(row_rel), worst(dw_rel),
+                ref64 ? worst(vs64) : 0.0, bitwise_ranks, static_cast<long long>(env.world()));
+  }
+  return dw;
+}
+
+PipelinedLlepParams pipeline_params(int64_t c, int64_t k_max, ChunkMembership membership) {
+  PipelinedLlepParams q;
+  q.chunk_tokens = c;
+  q.max_chunks = k_max;
+  q.membership = membership;
+  q.min_tokens_per_gemm = 2;
+  return q;
+}
+
+class LlepTest : public ::testing::Test {
+ protected:
+  // Standard runs for a problem, in the run's dtype and (for f32) in f64.
+  struct References {
+    Result ref, ref64;
+    bool has64 = false;
+  };
+  References references(DType dtype, const Problem& p) {
+    References r;
+    {
+      Env env(dtype);
+      r.ref = run_standard(env, p);
+    }
+    if (dtype == DType::f32) {
+      Env env64(DType::f64);
+      r.ref64 = run_standard(env64, p);
+      r.has64 = true;
+    }
+    return r;
+  }
+
+  void check_llep(DType dtype, Routing routing, uint64_t seed) {
+    Env env(dtype);
+    const Problem p = make_problem(seed, routing, env.world());
+    References refs = references(dtype, p);
+    LlepParams q{1.0, 1.3, 2};
+    LlepDispatch d(env.backend(), env.stream(), env.comm(), dtype, kExperts, q);
+    int64_t received = 0;
+    bool spilled = false, split = false;
+    Result got = run_dispatch(env, p, d, false, [&] {
+      received = d.received_rows();
+      spilled = d.plan().spill;
+      for (const auto& pieces : d.plan().pieces) split = split || pieces.size() > 1;
+      EXPECT_LE(received, d.capacity());
+    });
+    const std::string what = std::string("llep ") + std::string(dtype_name(dtype)) + " " +
+                             routing_name(routing) + (split ? " (experts split)" : "");
+    check_against_standard(env, got, refs.ref, refs.has64 ? &refs.ref64 : nullptr, what, !split);
+    const int64_t n = tokens_of(env.rank()), n_max = tokens_of(env.world() - 1);
+    EXPECT_EQ(got.dispatch_peak, schedules::dispatch_expert_parallel_bytes(n, kTopK, kHidden, kFfn,
+                                                                           dtype, received))
+        << what << ": " << received << " rows computed";
+    EXPECT_LE(got.dispatch_peak, schedules::llep_dispatch_bytes(n_max, kTopK, kHidden, kFfn, dtype,
+                                                                env.world(), q))
+        << what;
+    if (routing == Routing::adversarial && env.world() > 1) {
+      EXPECT_TRUE(spilled) << what;
+    }
+  }
+
+  // Returns this rank's dispatch peak.
+  uint64_t check_pipelined(DType dtype, Routing routing, uint64_t seed,
+                           const PipelinedLlepParams& q, bool recompute = false,
+                           int slowed_stream = -1) {
+    Env env(dtype);
+    const int64_t W = env.world();
+    const Problem p = make_problem(seed, routing, W);
+    References refs = references(dtype, p);
+    PipelinedLlepDispatch d(env.backend(), env.stream(), env.comm(), dtype, kExperts, q);
+    if (slowed_stream == 0) as_cpu_stream(env.stream()).set_debug_delay(std::chrono::microseconds(300));
+    if (slowed_stream == 1) as_cpu_stream(d.comm_stream()).set_debug_delay(std::chrono::microseconds(300));
+    schedules::PipelinedLlepShape shape;
+    int64_t max_rows = 0;
+    bool all_spilled = true;
+    Result got = run_dispatch(env, p, d, recompute, [&] {
+      shape = d.shape();
+      max_rows = d.max_received_rows();
+      for (const auto& plan : d.plans()) all_spilled = all_spilled && plan.spill;
+    });
+    as_cpu_stream(env.stream()).set_debug_delay(std::chrono::microseconds(0));
+    as_cpu_stream(d.comm_stream()).set_debug_delay(std::chrono::microseconds(0));
+    std::ostringstream name;
+    name << "pipelined " << (q.membership == ChunkMembership::strided ? "strided" : "contiguous")
+         << " K=" << shape.chunks << " c_eff=" << shape.chunk_tokens << " " << dtype_name(dtype)
+         << " " << routing_name(routing) << (recompute ? " recompute" : "")
+         << (slowed_stream == 0 ? " slowed compute" : slowed_stream == 1 ? " slowed comm" : "");
+    const std::string what = name.str();
+    check_against_standard(env, got, refs.ref, refs.has64 ? &refs.ref64 : nullptr, what, false);
+
+    // The shape comes from the largest N; the bound is fixed by it.
+    const int64_t n_max = tokens_of(W - 1);
+    const auto expect_shape = schedules::pipelined_llep_shape(n_max, kTopK, W, q);
+    EXPECT_EQ(shape.chunks, expect_shape.chunks);
+    EXPECT_EQ(shape.chunks, std::min((n_max + q.chunk_tokens - 1) / q.chunk_tokens, q.max_chunks));
+    EXPECT_EQ(shape.chunk_tokens, (n_max + shape.chunks - 1) / shape.chunks);
+    EXPECT_LE(max_rows, shape.receive_rows) << what;
+    EXPECT_LE(shape.receive_rows, W * kTopK * shape.chunk_tokens);
+    const uint64_t bound =
+        schedules::pipelined_llep_dispatch_bytes(n_max, kTopK, kHidden, kFfn, dtype, W, q);
+    EXPECT_EQ(got.dispatch_peak, bound) << what << ": measured dispatch peak against the formula";
+    const uint64_t b = dtype_size(dtype);
+    const uint64_t receive_slots = 2 * static_cast<uint64_t>(shape.receive_rows) * kHidden * b;
+    EXPECT_LE(receive_slots, 2ull * W * kTopK * shape.chunk_tokens * kHidden * b) << what;
+    if (routing == Routing::adversarial && W > 1) {
+      EXPECT_TRUE(all_spilled) << what;
+    }
+    return got.dispatch_peak;
+  }
+};
+
+TEST_F(LlepTest, LlepMatchesStandardF64) {
+  for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial}) check_llep(DType::f64, r, 31);
+}
+TEST_F(LlepTest, LlepMatchesStandardF32) {
+  for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial}) check_llep(DType::f32, r, 32);
+}
+
+TEST_F(LlepTest, PipelinedStridedMatchesStandardF64) {
+  const auto q = pipeline_params(5, 16, ChunkMembership::strided);
+  for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial}) {
+    check_pipelined(DType::f64, r, 41, q);
+  }
+}
+TEST_F(LlepTest, PipelinedStridedMatchesStandardF32) {
+  const auto q = pipeline_params(5, 16, ChunkMembership::strided);
+  for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial}) {
+    check_pipelined(DType::f32, r, 42, q);
+  }
+}
+TEST_F(LlepTest, PipelinedContiguousAndCappedChunkCountMatchStandard) {
+  // Contiguous membership; and c = 1 with K_max = 3: K = 3 chunks of c_eff = ceil(N_max / 3).
+  check_pipelined(DType::f64, Routing::zipf, 51, pipeline_params(5, 16, ChunkMembership::contiguous));
+  check_pipelined(DType::f32, Routing::adversarial, 52,
+                  pipeline_params(5, 16, ChunkMembership::contiguous));
+  check_pipelined(DType::f64, Routing::adversarial, 53, pipeline_params(1, 3, ChunkMembership::strided));
+  // One chunk (c >= N): the pipeline degenerates to LLEP with recompute.
+  check_pipelined(DType::f64, Routing::zipf, 54, pipeline_params(1000, 16, ChunkMembership::strided));
+}
+
+TEST_F(LlepTest, DispatchPeakIsFixedWhileTheStandardGrowsWithSkew) {
+  const auto q = pipeline_params(5, 16, ChunkMembership::strided);
+  for (DType dtype : {DType::f64, DType::f32}) {
+    std::vector<uint64_t> pipelined, standard;
+    for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial}) {
+      pipelined.push_back(check_pipelined(dtype, r, 61, q));
+      Env env(dtype);
+      standard.push_back(run_standard(env, make_problem(61, r, env.world())).dispatch_peak);
+    }
+    Env env(dtype);
+    EXPECT_EQ(pipelined[0], pipelined[1]);
+    EXPECT_EQ(pipelined[0], pipelined[2]);
+    if (env.rank() == 0 && env.world() > 1) {
+      // Rank 0 owns experts 0 and 1: the adversarial routing sends it every row.
+      EXPECT_GT(standard[2], standard[0]);
+      EXPECT_GE(standard[1], standard[0]);
+      std::printf("[W=%lld %s] rank 0 dispatch peak bytes: standard %llu / %llu / %llu "
+                  "(balanced / zipf / adversarial), pipelined llep %llu in all three\n",
+                  static_cast<long long>(env.world()), std::string(dtype_name(dtype)).c_str(),
+                  static_cast<unsigned long long>(standard[0]),
+                  static_cast<unsigned long long>(standard[1]),
+                  static_cast<unsigned long long>(standard[2]),
+                  static_cast<unsigned long long>(pipelined[0]));
+    }
+  }
+}
+
+TEST_F(LlepTest, SlowedStreamsAndRecompute) {
+  const auto q = pipeline_params(4, 16, ChunkMembership::strided);
+  check_pipelined(DType::f64, Routing::adversarial, 71, q, false, 0);
+  check_pipelined(DType::f64, Routing::zipf, 72, q, false, 1);
+  check_pipelined(DType::f32, Routing::adversarial, 73, q, true, -1);
+  check_pipelined(DType::f64, Routing::zipf, 74, q, true, 1);
+}
+
+TEST_F(LlepTest, LlepWithRecompute) {
+  Env env(DType::f64);
+  const Problem p = make_problem(81, Routing::zipf, env.world());
+  References refs = references(DType::f64, p);
+  LlepDispatch d(env.backend(), env.stream(), env.comm(), DType::f64, kExperts, {1.0, 1.3, 2});
+  Result got = run_dispatch(env, p, d, true);
+  check_against_standard(env, got, refs.ref, nullptr, "llep f64 zipf recompute", false);
+}
+
+TEST_F(LlepTest, Errors) {
+  Env env(DType::f64);
+  const int64_t W = env.world();
+  if (W > 1) {
+    EXPECT_THROW(LlepDispatch(env.backend(), env.stream(), env.comm(), DType::f64, W + 1), Error);
+    try {
+      PipelinedLlepDispatch d(env.backend(), env.stream(), env.comm(), DType::f64, W + 1);
+      FAIL() << "E = W + 1 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find("E = " + std::to_string(W + 1)), std::string::npos) << e.message();
+      EXPECT_NE(e.message().find("W = " + std::to_string(W)), std::string::npos) << e.message();
+    }
+  }
+  PipelinedLlepParams bad;
+  bad.chunk_tokens = 0;
+  EXPECT_THROW(PipelinedLlepDispatch(env.backend(), env.stream(), env.comm(), DType::f64, kExperts, bad),
+               Error);
+  PipelinedLlepDispatch d(env.backend(), env.stream(), env.comm(), DType::f64, kExperts);
+  LlepDispatch l(env.backend(), env.stream(), env.comm(), DType::f64, kExperts);
+  auto t = env.nan_output(Shape{2, kHidden});
+  auto w = env.nan_output(Shape{2, kTopK});
+  EXPECT_THROW(d.backward(t, {}, t, w), Error);
+  EXPECT_THROW(l.backward(t, {}, t, w), Error);
+  // A wrong number of local experts is found before any collective.
+  Problem p = make_problem(5, Routing::balanced, W);
+  Experts too_many = make_experts(env, p, 0, kExperts / W + 1);
+  auto index = env.index(p.index, 0, 2);
+  EXPECT_THROW(d.forward(t, index, w, too_many.weights, t), Error);
+  EXPECT_THROW(l.forward(t, index, w, too_many.weights, t), Error);
+}
+
+}  // namespace
+}  // namespace moepeak
