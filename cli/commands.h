@@ -7,7 +7,9 @@
 
 #include "core/comm/comm.h"
 #include "core/config/config.h"
+#include "core/plan/plan.h"
 
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -35,6 +37,11 @@ RankInfo join_ranks();
 void register_config_command(CLI::App& app, Context& ctx);
 void register_train_command(CLI::App& app, Context& ctx);
 void register_bench_command(CLI::App& app, Context& ctx);
+void register_plan_command(CLI::App& app, Context& ctx);
+
+// The plan table (nccl-tests style, `#` comment lines; cli/plan_cmd.cpp), also printed by
+// `moepeak train` when it refuses to start.
+void print_plan(const Plan& plan, std::FILE* out);
 
 // Prints the --version text to stdout.
 void print_version();

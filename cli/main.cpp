@@ -2,7 +2,8 @@
 //
 //   moepeak --version
 //   moepeak config show [--config F]... [--set section.key=value]...
-//   moepeak train [--config F]... [--set section.key=value]... [--resume] [--dump-step DIR]
+//   moepeak plan [--config F]... [--set section.key=value]... [-n W] [--json FILE] [--max-context]
+//   moepeak train [--config F]... [--set section.key=value]... [--resume] [--dump-step DIR] [--force]
 //   moepeak bench step [--config F]... [--warmup n] [--iters n] [--json FILE]
 //
 // This is the only place that exits: library code throws moepeak::Error, which is printed here
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
 
   moepeak::cli::register_config_command(app, ctx);
   moepeak::cli::register_train_command(app, ctx);
+  moepeak::cli::register_plan_command(app, ctx);
   moepeak::cli::register_bench_command(app, ctx);
 
   try {

@@ -1,13 +1,19 @@
 // `moepeak train [--config F]... [--set section.key=value]... [--resume | --resume-from DIR]
-//                [--dump-step DIR]`: runs training (core/train/trainer.h) and ends with a summary of
-// the final loss and the peak of each live set.
+//                [--dump-step DIR] [--force]`: runs training (core/train/trainer.h) and ends with a
+// summary of the final loss and the peak of each live set. First it plans the run's memory
+// (core/plan/plan.h, the same table as `moepeak plan`) and refuses to start, printing the plan and
+// exiting 2, when the plan does not fit the device capacity or the host budget (--force: start
+// anyway).
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <optional>
 
 #include "cli/commands.h"
 #include "core/comm/process_group.h"
 #include "core/config/config.h"
+#include "core/error.h"
+#include "core/plan/plan.h"
 #include "core/train/trainer.h"
 #include "core/units.h"
 
@@ -42,10 +48,31 @@ void register_train_command(CLI::App& app, Context& ctx) {
       ->excludes(resume);
   cmd->add_option("--dump-step", options.dump_step_dir,
                     "write step 1's weights, batch, loss and gradients (safetensors) into DIR");
+  static bool force = false;
+  cmd->add_flag("--force", force, "start even when the memory plan (moepeak plan) does not fit");
   cmd->callback([&ctx] {
     ctx.action = [&ctx] {
       Config cfg = load_config_for_command(args, ctx);
       const RankInfo ranks = join_ranks();
+      // The launch check: every rank reaches the same verdict from the same config. A config the
+      // plan cannot lay out is left to the trainer, whose error names the launch.
+      std::optional<Plan> plan;
+      try {
+        plan = make_plan(cfg, plan_inputs(cfg, ranks.world_size));
+      } catch (const Error&) {
+      }
+      if (plan && !plan->fits()) {
+        if (!force) {
+          if (ranks.rank == 0) {
+            print_plan(*plan, stdout);
+            std::fflush(stdout);
+            spdlog::error("the memory plan does not fit; not starting (--force starts anyway)");
+          }
+          finalize_process_group();
+          return 2;
+        }
+        spdlog::warn("--force: starting although the memory plan does not fit: {}", plan->verdict());
+      }
       TrainResult r = train(cfg, options);
       if (!r.losses.empty() && ranks.rank == 0) {
         spdlog::info("trained steps {}..{}: final loss {:.4f}; metrics in {}", r.first_step, r.last_step,

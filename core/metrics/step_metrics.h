@@ -31,6 +31,7 @@ struct StepMetrics {
   MemorySnapshot peak_per_set;  // each live set's own peak during the step
   MemorySnapshot at_peak;       // live sets at the moment of the total peak
   uint64_t capacity = 0;        // device memory capacity
+  MemorySnapshot host_peak_per_set;  // pinned host pool, each live set's peak so far in the run
   // Per rank (W entries, rank order): this rank's tokens over its own step time, and its total
   // device peak. The console line shows the largest peak.
   std::vector<double> rank_tokens_per_s;

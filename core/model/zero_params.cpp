@@ -106,8 +106,7 @@ std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout, LmHe
   return groups;
 }
 
-ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size,
-                                LmHeadSharding lm_head) {
+int64_t zero_persistent_elements(const ModelConfig& model, int world_size, LmHeadSharding lm_head) {
   check_experts_divisible(model, world_size);
   ParamLayout layout(model);
   int per_rank = static_cast<int>(model.num_local_experts / world_size);
@@ -115,7 +114,12 @@ ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world
   for (int r = 0; r < world_size; ++r) {
     largest = std::max(largest, local_elements(layout, per_rank, world_size, r, lm_head));
   }
-  uint64_t b = footprint(largest, dtype);
+  return largest;
+}
+
+ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size,
+                                LmHeadSharding lm_head) {
+  uint64_t b = footprint(zero_persistent_elements(model, world_size, lm_head), dtype);
   return ZeroBytes{b, b};
 }
 

@@ -81,6 +81,9 @@ std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout,
 // vocabulary rows differ by one row between ranks — then the largest rank's.
 ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size,
                                 LmHeadSharding lm_head = LmHeadSharding::zero3);
+// The elements of that flat buffer on the largest rank (the P the optimizer's byte functions take).
+int64_t zero_persistent_elements(const ModelConfig& model, int world_size,
+                                 LmHeadSharding lm_head = LmHeadSharding::zero3);
 // The buffers gather(params, parts) allocates (expert params in `params` cost nothing; W = 1
 // costs nothing).
 ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,

@@ -233,6 +233,7 @@ StepMetrics Trainer::step() {
   m.peak_total = mem.peak_total();
   m.peak_per_set = mem.peak_per_set();
   m.at_peak = mem.at_peak();
+  m.host_peak_per_set = backend.pinned().stats().peak_per_set();
   m.capacity = backend.arena().capacity();
   // Every rank's time and peak (after the step, so gathering them is not timed).
   const double mine[2] = {seconds, static_cast<double>(m.peak_total)};

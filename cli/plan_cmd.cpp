@@ -1,0 +1,155 @@
+// `moepeak plan [--config F]... [--set k=v]... [-n W] [--json FILE] [--max-context] [--max-batch]`:
+// the closed-form per-rank memory plan of a config (core/plan/plan.h; DESIGN.md §4, paper eq. 6)
+// — one row per live set with the function that gave it, the total against the device capacity,
+// the pinned host terms against the host budget, and the verdict. Exit 0 when it fits, 3 when it
+// does not (so scripts can branch on it), 1 for a bad config. `moepeak train` prints the same
+// table and refuses to start (exit 2) when the plan does not fit, unless --force.
+// Test: ctest -R test_plan_cli (tests/plan/test_plan_cli.sh).
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/checkpoint/atomic_file.h"
+#include "core/config/config.h"
+#include "core/error.h"
+#include "core/plan/plan.h"
+#include "core/units.h"
+
+namespace moepeak::cli {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+double pct(uint64_t part, uint64_t whole) {
+  return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+
+struct PlanArgs {
+  ConfigArgs config;
+  int world = 0;
+  std::string json_path;
+  bool max_context = false, max_batch = false;
+};
+
+struct Reach {
+  int64_t configured = 0, standard = 0;
+};
+
+}  // namespace
+
+void print_plan(const Plan& p, std::FILE* out) {
+  const PlanInputs& in = p.inputs;
+  std::fprintf(out, "# moepeak plan: per-rank device memory on W = %d rank%s, batch %lld x seq_len %lld, "
+               "N = %lld tokens per rank, %s\n",
+               in.world, in.world == 1 ? "" : "s", static_cast<long long>(in.batch),
+               static_cast<long long>(in.seq_len), static_cast<long long>(p.tokens_per_rank),
+               std::string(dtype_name(in.dtype)).c_str());
+  std::fprintf(out, "# capacity %s per rank, host (pinned) budget %s\n", format_bytes(in.capacity).c_str(),
+               format_bytes(in.host_budget).c_str());
+  std::fprintf(out, "# total = the sum of each live set's own peak (they peak at different moments): "
+               "an upper bound of the step's peak\n");
+  std::fprintf(out, "# %-11s %-17s %16s %10s %9s  %s\n", "live set", "schedule", "bytes", "GiB",
+               "%cap", "function");
+  for (const PlanTerm& t : p.terms) {
+    std::fprintf(out, "  %-11s %-17s %16llu %10.4f %8.2f%%  %s\n", std::string(live_set_name(t.set)).c_str(),
+                 t.schedule.c_str(), static_cast<unsigned long long>(t.bytes), t.bytes / kGiB,
+                 pct(t.bytes, in.capacity), t.function.c_str());
+  }
+  std::fprintf(out, "  %-11s %-17s %16llu %10.4f %8.2f%%  %s\n", "total", "",
+               static_cast<unsigned long long>(p.total), p.total / kGiB, pct(p.total, in.capacity),
+               p.device_fits ? "fits" : "DOES NOT FIT");
+  std::fprintf(out, "# host (pinned) %-14s %16s %10s %9s  %s\n", "term", "bytes", "GiB", "%budget", "function");
+  for (const HostTerm& h : p.host) {
+    std::fprintf(out, "  %-29s %16llu %10.4f %8.2f%%  %s\n", h.name.c_str(),
+                 static_cast<unsigned long long>(h.bytes), h.bytes / kGiB, pct(h.bytes, in.host_budget),
+                 h.function.c_str());
+  }
+  std::fprintf(out, "  %-29s %16llu %10.4f %8.2f%%  %s\n", "host total",
+               static_cast<unsigned long long>(p.host_total), p.host_total / kGiB,
+               pct(p.host_total, in.host_budget), p.host_fits ? "fits" : "DOES NOT FIT");
+  std::fprintf(out, "# verdict: %s\n", p.verdict().c_str());
+}
+
+namespace {
+
+nlohmann::json plan_json(const Plan& p) {
+  nlohmann::json sets = nlohmann::json::object(), functions = nlohmann::json::object(),
+                 scheds = nlohmann::json::object(), host = nlohmann::json::object();
+  for (const PlanTerm& t : p.terms) {
+    const std::string name(live_set_name(t.set));
+    sets[name] = t.bytes;
+    functions[name] = t.function;
+    scheds[name] = t.schedule;
+  }
+  for (const HostTerm& h : p.host) host[h.name] = h.bytes;
+  return {{"world_size", p.inputs.world},
+          {"batch", p.inputs.batch},
+          {"seq_len", p.inputs.seq_len},
+          {"tokens_per_rank", p.tokens_per_rank},
+          {"dtype", std::string(dtype_name(p.inputs.dtype))},
+          {"live_sets", sets},
+          {"functions", functions},
+          {"schedules", scheds},
+          {"total_bytes", p.total},
+          {"capacity_bytes", p.inputs.capacity},
+          {"host_terms", host},
+          {"host_bytes", p.host_total},
+          {"host_budget_bytes", p.inputs.host_budget},
+          {"sco_offloaded_layers", p.sco_offloaded_layers},
+          {"device_fits", p.device_fits},
+          {"host_fits", p.host_fits},
+          {"fits", p.fits()},
+          {"overflow", p.overflow()},
+          {"verdict", p.verdict()}};
+}
+
+int run_plan(const PlanArgs& args, const Context& ctx) {
+  const Config cfg = load_config_for_command(args.config, ctx);
+  const PlanInputs in = plan_inputs(cfg, args.world);
+  const Plan p = make_plan(cfg, in);
+  print_plan(p, stdout);
+  nlohmann::json j = plan_json(p);
+  // The search: the same make_plan over seq_len (multiples of W) or batch, for the configured
+  // schedules and for the all-standard ones.
+  if (args.max_context) {
+    const Reach r{max_seq_len(cfg, in), max_seq_len(with_standard_schedules(cfg), in)};
+    std::printf("# max context (seq_len, batch %lld): configured schedules %lld, all standard %lld\n",
+                static_cast<long long>(in.batch), static_cast<long long>(r.configured),
+                static_cast<long long>(r.standard));
+    j["max_context"] = {{"configured", r.configured}, {"standard", r.standard}};
+  }
+  if (args.max_batch) {
+    const Reach r{max_batch(cfg, in), max_batch(with_standard_schedules(cfg), in)};
+    std::printf("# max batch (seq_len %lld): configured schedules %lld, all standard %lld\n",
+                static_cast<long long>(in.seq_len), static_cast<long long>(r.configured),
+                static_cast<long long>(r.standard));
+    j["max_batch"] = {{"configured", r.configured}, {"standard", r.standard}};
+  }
+  if (!args.json_path.empty()) write_file_atomically(args.json_path, j.dump(2) + "\n");
+  return p.fits() ? 0 : 3;
+}
+
+}  // namespace
+
+void register_plan_command(CLI::App& app, Context& ctx) {
+  auto* cmd = app.add_subcommand(
+      "plan", "per-rank memory plan of a config: each live set's bytes, the total against the "
+              "capacity, host memory, and whether it fits (exit 3 when it does not)");
+  static PlanArgs args;
+  add_config_options(*cmd, args.config);
+  cmd->add_option("-n,--world-size", args.world,
+                  "ranks W to plan for (default: parallelism.world_size, or 1 when that is 0)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--json", args.json_path, "also write the plan as JSON (DESIGN.md §10)");
+  cmd->add_flag("--max-context", args.max_context,
+                "find the largest seq_len that fits, configured and all-standard schedules");
+  cmd->add_flag("--max-batch", args.max_batch,
+                "find the largest batch_size that fits, configured and all-standard schedules");
+  cmd->callback([&ctx] {
+    ctx.action = [&ctx] { return run_plan(args, ctx); };
+  });
+}
+
+}  // namespace moepeak::cli

@@ -1,0 +1,164 @@
+// attention_bytes / workspace_bytes: the model's own live sets (see mixtral_memory.h; every term
+// names the allocation in core/model/mixtral.cpp it stands for). Test: ctest -R test_plan
+#include "core/model/mixtral_memory.h"
+
+#include <algorithm>
+#include <initializer_list>
+
+#include "core/error.h"
+#include "core/model/mixtral.h"
+#include "core/model/mixtral_params.h"
+#include "core/runtime/arena.h"
+#include "ops/schedules/dispatch_pipelined_llep.h"
+#include "ops/schedules/ulysses.h"
+
+namespace moepeak {
+namespace {
+
+uint64_t fp(int64_t bytes) { return DeviceArena::footprint(static_cast<uint64_t>(bytes)); }
+
+uint64_t max_of(std::initializer_list<uint64_t> v) { return *std::max_element(v.begin(), v.end()); }
+
+int64_t numel(const Shape& s) { return s.numel(); }
+
+// Layers whose activations are live at once during backward.
+int64_t resident_layers(const ModelConfig& model, CheckpointSchedule checkpoint) {
+  return checkpoint == CheckpointSchedule::none ? model.num_hidden_layers : 1;
+}
+
+schedules::UlyssesLayout layout_of(const ModelConfig& m, int64_t B, int64_t T, int world, int rank) {
+  return schedules::UlyssesLayout::make(B, T, world, rank, m.num_attention_heads,
+                                        m.num_key_value_heads, m.head_dim_resolved());
+}
+
+// The largest ZeRO-3 shard (ceil(n_i / W) elements) of the dense params in `group`: the
+// reduce-scatter temporary of GatheredGroup::reduce_scatter_grads (0 on one rank).
+int64_t largest_shard(const ParamLayout& layout, const std::vector<int>& group, int world) {
+  if (world == 1) return 0;
+  int64_t most = 0;
+  for (int p : group) most = std::max(most, (numel(layout.params()[p].shape) + world - 1) / world);
+  return most;
+}
+
+uint64_t attention_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world, int rank,
+                           CheckpointSchedule checkpoint, DType dtype) {
+  const schedules::UlyssesLayout U = layout_of(m, B, T, world, rank);
+  const int64_t b = static_cast<int64_t>(dtype_size(dtype));
+  const int64_t N = U.local_tokens(), H = m.hidden_size, d = m.head_dim_resolved();
+  const int64_t nh = m.num_attention_heads, nkv = m.num_key_value_heads;
+  const uint64_t NH = fp(N * H * b), Nb = fp(N * b);
+  const uint64_t Q = fp(N * nh * d * b), KV = fp(N * nkv * d * b);
+  const uint64_t Qh = fp(numel(U.heads_shape(schedules::HeadKind::query)) * b);
+  const uint64_t KVh = fp(numel(U.heads_shape(schedules::HeadKind::kv)) * b);
+  const uint64_t out = fp(N * nh * d * b);                              // "attention output"
+  const uint64_t lse = fp(B * U.heads_count(schedules::HeadKind::query, rank) * T * b);
+  if (world == 1) {
+    // n1, rstd1, q, k, v (moved into the layer's activations), out, lse.
+    const uint64_t kept = NH + Nb + Q + 2 * KV + out + lse;
+    return static_cast<uint64_t>(resident_layers(m, checkpoint)) * kept;
+  }
+  const uint64_t S = schedules::ulysses_exchange_bytes(U, dtype);
+  // Kept: n1, rstd1, q/k/v in the head layout, out, lse, and the token-layout output.
+  const uint64_t kept = NH + Nb + Qh + 2 * KVh + out + lse + Q;
+  // Forward: the token-layout q, k, v beside the staging and the head-layout ones, before they
+  // are freed; then out, lse and the token-layout output beside the staging. Backward: kept + S.
+  const uint64_t forward = NH + Nb + S + Qh + 2 * KVh + std::max(Q + 2 * KV, out + lse + Q);
+  return static_cast<uint64_t>(resident_layers(m, checkpoint) - 1) * kept +
+         std::max(forward, kept + S);
+}
+
+uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world, int rank,
+                           const SchedulesConfig& s, DType dtype) {
+  const schedules::UlyssesLayout U = layout_of(m, B, T, world, rank);
+  const int64_t b = static_cast<int64_t>(dtype_size(dtype));
+  const int64_t N = U.local_tokens(), H = m.hidden_size, d = m.head_dim_resolved();
+  const int64_t nh = m.num_attention_heads, nkv = m.num_key_value_heads;
+  const int64_t E = m.num_local_experts, k = m.num_experts_per_tok, L = m.num_hidden_layers;
+  const uint64_t NH = fp(N * H * b), Nb = fp(N * b), NE = fp(N * E * b);
+  const uint64_t Ki = fp(N * k * 4), Kb = fp(N * k * b);
+  const uint64_t Q = fp(N * nh * d * b), KV = fp(N * nkv * d * b);
+  const uint64_t Qh = fp(numel(U.heads_shape(schedules::HeadKind::query)) * b);
+  const uint64_t KVh = fp(numel(U.heads_shape(schedules::HeadKind::kv)) * b);
+  const bool none = s.checkpoint == CheckpointSchedule::none;
+  const bool aux = m.router_aux_loss_coef != 0.0;
+
+  // The trainer's batch: input ids, labels, positions (i64), for the whole run.
+  const uint64_t batch_tensors = 3 * fp(8 * N);
+  // The dispatchers' small count exchanges (workspace, during their forward's planning):
+  // ExpertParallelDispatch "dispatch counts" (3, E) i64; LlepDispatch "llep counts"
+  // ((W+1)(E+1)) i64; PipelinedLlepDispatch its tokens ((W+1)) and counts ((W+1) K E) i64.
+  uint64_t counts = 0;
+  if (s.dispatch == DispatchSchedule::standard) {
+    counts = world > 1 ? fp(3 * E * 8) : 0;
+  } else if (s.dispatch == DispatchSchedule::llep) {
+    counts = fp((world + 1) * (E + 1) * 8);
+  } else {
+    const auto shape = schedules::pipelined_llep_shape(N, k, world, schedules::pipelined_llep_params(s));
+    counts = std::max(fp((world + 1) * 8), fp((world + 1) * shape.chunks * E * 8));
+  }
+  // The load-balancing loss: its per-expert gradient (E) from the head to the end of backward,
+  // and the all-reduce of the probability sums in each layer's forward (W > 1).
+  const uint64_t aux_dprobs = aux ? fp(E * b) : 0;
+  const uint64_t aux_reduce = aux && world > 1 ? fp(E * 8) : 0;
+
+  // What each layer keeps from forward (LayerActivations in workspace): the attention residual
+  // h, n2, rstd2, probs (N, E), top-k index (i32) and weights.
+  const uint64_t Aw = 2 * NH + Nb + NE + Ki + Kb;
+  const uint64_t earlier = none ? static_cast<uint64_t>(L - 1) * Aw : 0;  // before the last layer
+  const uint64_t all_kept = none ? static_cast<uint64_t>(L) * Aw : 0;    // at the head
+
+  // Forward of the last layer (and the recompute under checkpointing, which adds the incoming
+  // gradient and the final rstd): its activations plus the router logits, or a count exchange.
+  const uint64_t forward = earlier + Aw + max_of({NE, counts, aux_reduce});
+  const uint64_t recompute = none ? 0 : Nb + aux_dprobs + NH + Aw + max_of({NE, counts});
+  // Head: final norm xf and rstdf, d xf and d final hidden; then the head group's reduce-scatter.
+  const ParamLayout layout(m);
+  const auto groups = zero_gather_groups(layout, lm_head_sharding(s.vocab));
+  const uint64_t rs_head = fp(largest_shard(layout, groups.back(), world) * b);
+  const uint64_t head = all_kept + aux_dprobs + std::max(NH + Nb + NH + NH, Nb + NH + rs_head);
+  // Backward of the last layer: rstdf, the incoming gradient dy, the layer's activations, then
+  // per moment dn2 with the router's gradients, dn2 with dh, and attention's gradients beside dh.
+  const uint64_t base = Nb + aux_dprobs + NH + (none ? all_kept : Aw);
+  uint64_t attn;
+  if (world == 1) {
+    attn = std::max(2 * Q + 2 * KV, Q + 2 * KV + 2 * NH);  // dattn=dout, dq, dk, dv; dn1, dx
+  } else {
+    attn = max_of({Q + Qh, 2 * Qh + 2 * KVh, Qh + 2 * KVh + Q, Q + 2 * KVh + KV,
+                   Q + KVh + 2 * KV, Q + 2 * KV + 2 * NH});
+  }
+  const uint64_t backward = base + max_of({NH + Kb + counts, NH + Kb + NE, NH + NH, NH + attn});
+  // After a layer's backward: its new dx, the earlier layers' activations, the reduce-scatter.
+  int64_t layer_shard = 0;
+  for (size_t g = 1; g + 1 < groups.size(); ++g) {
+    layer_shard = std::max(layer_shard, largest_shard(layout, groups[g], world));
+  }
+  const uint64_t reduce = Nb + aux_dprobs + NH + earlier + fp(layer_shard * b);
+  const uint64_t embed = Nb + aux_dprobs + NH + fp(largest_shard(layout, groups.front(), world) * b);
+  // After the step: the grad norm (f64) and its all-reduce; the metrics' all-gather.
+  const uint64_t after = std::max(fp(8) + (world > 1 ? fp(8) : 0),
+                                  world > 1 ? fp(16) + fp(16 * world) : 0);
+  return batch_tensors +
+         max_of({forward, recompute, head, backward, reduce, world > 1 ? embed : 0, after});
+}
+
+}  // namespace
+
+uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len, int world,
+                         CheckpointSchedule checkpoint, DType dtype) {
+  uint64_t most = 0;
+  for (int r = 0; r < world; ++r) {
+    most = std::max(most, attention_on_rank(model, batch, seq_len, world, r, checkpoint, dtype));
+  }
+  return most;
+}
+
+uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len, int world,
+                         const SchedulesConfig& schedules, DType dtype) {
+  uint64_t most = 0;
+  for (int r = 0; r < world; ++r) {
+    most = std::max(most, workspace_on_rank(model, batch, seq_len, world, r, schedules, dtype));
+  }
+  return most;
+}
+
+}  // namespace moepeak

@@ -1,0 +1,40 @@
+// The bytes of the two live sets the model itself allocates — `attention` and `workspace` —
+// as closed-form functions of the model, the batch and the layout, derived line by line from
+// MixtralModel (core/model/mixtral.cpp) and the trainer's step (core/train/trainer.cpp). The
+// planner (core/plan/plan.h, `moepeak plan`) sums these beside the schedules' own functions
+// (ops/schedules/*_bytes), so the plan and the run share one source of truth.
+//
+// Test: ctest -R 'test_plan' (tests/plan/: measured peak <= these bytes, within 10%).
+//
+// With fp = DeviceArena::footprint, b = dtype bytes, N = B*T/W this rank's tokens, Qh/KVh the
+// head-layout q and k/v of UlyssesLayout (= the token layout when W = 1), S the Ulysses staging
+// (ulysses_exchange_bytes, W > 1 only), l_res = L under checkpoint = "none", else 1:
+//   attention: per resident layer Aa = fp(NHb) + fp(Nb) + fp(Qh b) + 2 fp(KVh b) + fp(N nh d b)
+//              + fp(B h_q T b) [+ fp(N nh d b) the token-layout output, W > 1];
+//              peak = (l_res - 1) Aa + the forward peak of one layer (W > 1: the token-layout
+//              q, k, v and the staging beside the head-layout ones).
+//   workspace: the batch (3 fp(8N) ids, labels, positions) + the largest moment of the step:
+//              a layer's forward (kept MoE inputs: residual, norm, rstd, probs, top-k, plus the
+//              router logits), the head (final norm, its rstd, their gradients), a layer's
+//              backward (incoming gradient, dn2, the router's gradients, dh, the attention
+//              gradients in both layouts, dn1, dx), and the ZeRO-3 reduce-scatter temporaries.
+#pragma once
+
+#include <cstdint>
+
+#include "core/config/config.h"
+#include "core/runtime/dtype.h"
+
+namespace moepeak {
+
+// Peak bytes of the `attention` live set on the largest rank for a global batch of B x T tokens
+// on W ranks. `checkpoint` decides how many layers keep their attention activations at once.
+uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len, int world,
+                         CheckpointSchedule checkpoint, DType dtype);
+
+// Peak bytes of the `workspace` live set of one training step (forward, backward, grad norm,
+// optimizer step, metrics) on the largest rank, including the trainer's batch tensors.
+uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len, int world,
+                         const SchedulesConfig& schedules, DType dtype);
+
+}  // namespace moepeak

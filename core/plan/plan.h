@@ -1,0 +1,86 @@
+// The closed-form per-rank memory plan (`moepeak plan`; paper eq. 6, DESIGN.md §4): one term per
+// live set, each from the very function the schedule sizes its buffers with (or the model's own,
+// core/model/mixtral_memory.h), the device capacity, the pinned host terms against the host
+// budget, and a verdict naming the terms that overflow.
+//
+//   PlanInputs in = plan_inputs(cfg, world);       // W, B, T, dtype, capacity, host budget
+//   Plan p = make_plan(cfg, in);                   // p.fits, p.overflow()
+//   int64_t T = max_seq_len(cfg, in);              // the search: a loop over make_plan
+//
+// The plan's device total is the SUM of the per-set peaks. The sets peak at different moments
+// of a step (the optimizer's staging after backward, the logits at the head, ...), so the sum is
+// an upper bound of the measured total peak, not its value. Terms are for the largest rank.
+// Test: ctest -R test_plan (tests/plan/: every measured per-set peak <= its term, and within 10%
+// except the documented router-dependent bounds).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/runtime/dtype.h"
+#include "core/runtime/live_set.h"
+
+namespace moepeak {
+
+struct PlanInputs {
+  int world = 1;                  // W ranks
+  int64_t batch = 0, seq_len = 0; // the global batch B x T
+  DType dtype = DType::f32;       // compute dtype (weights, activations)
+  uint64_t capacity = 0;          // device bytes per rank
+  uint64_t host_budget = 0;       // pinned host bytes per rank
+};
+
+// W: `world` when > 0, else parallelism.world_size, else 1. Capacity: runtime.device_memory, or
+// for "auto" the CPU arena's default (the CPU backend's "device"); "auto" with backend "cuda" is
+// an Error asking for a size. Host budget: runtime.pinned_memory, or for "auto" what the CPU
+// backend takes then (half the default device memory). dtype: training.dtype ("auto": float32
+// unless the backend is cuda).
+PlanInputs plan_inputs(const Config& cfg, int world = 0);
+
+struct PlanTerm {
+  LiveSet set;
+  uint64_t bytes = 0;
+  std::string function;  // what gave the bytes: "dispatch_standard_bytes(N=..., ...)"
+  std::string schedule;  // the schedule of the set as the config spells it
+};
+
+struct HostTerm {
+  std::string name;  // "sco_boundaries", "optimizer_state", "optimizer_grad_copy"
+  uint64_t bytes = 0;
+  std::string function;
+};
+
+struct Plan {
+  PlanInputs inputs;
+  int64_t tokens_per_rank = 0;        // N = B*T/W
+  std::array<PlanTerm, kNumLiveSets> terms{};  // kAllLiveSets order
+  std::vector<HostTerm> host;
+  int64_t sco_offloaded_layers = 0;   // |S| under checkpoint = "sco"
+  uint64_t total = 0, host_total = 0;
+  bool device_fits = false, host_fits = false;
+  bool fits() const { return device_fits && host_fits; }
+  const PlanTerm& term(LiveSet s) const { return terms[static_cast<size_t>(s)]; }
+  // "does not fit: total 3.2 GiB > capacity 2 GiB by 1.2 GiB; largest terms logits 2.1 GiB (65.6%),
+  //  ..." or "fits: ..." — one line naming what overflows and by how much.
+  std::string verdict() const;
+  // The terms that overflow: every set that alone exceeds the capacity, else the largest terms
+  // whose removal would make the total fit (largest first); host terms likewise.
+  std::vector<std::string> overflow() const;
+};
+
+// Throws moepeak::Error (naming the key) for a config the model cannot lay out on W ranks or
+// whose shapes are not positive.
+Plan make_plan(const Config& cfg, const PlanInputs& inputs);
+
+// The same config with every schedule standard (dispatch, vocab, checkpoint, optimizer placement).
+Config with_standard_schedules(const Config& cfg);
+
+// The largest seq_len (a multiple of W, at most `limit`) / batch size whose plan fits, or 0 if
+// none does. Each candidate is a make_plan call.
+int64_t max_seq_len(const Config& cfg, const PlanInputs& inputs, int64_t limit = int64_t{1} << 24);
+int64_t max_batch(const Config& cfg, const PlanInputs& inputs, int64_t limit = int64_t{1} << 20);
+
+}  // namespace moepeak

@@ -1,0 +1,162 @@
+// The memory plan (core/plan/plan.h) on one rank: real training steps on the CPU backend under
+// several schedule combinations, every live set's measured peak at or under its planned bytes and
+// within 10% of them (plan_check.h); the verdict naming the overflowing terms and by how much; the
+// max-context / max-batch search; bad configs rejected with their numbers.
+// Run: ctest -R 'test_plan$' --output-on-failure
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/runtime/backend.h"
+#include "tests/expect_contains.h"
+#include "tests/plan/plan_check.h"
+
+namespace moepeak {
+namespace {
+
+using test_support::expect_within_plan;
+using test_support::tiny_plan_config;
+
+// The statement throws moepeak::Error whose message contains `needle`.
+#define EXPECT_THROW_CONTAINS(statement, needle)                    \
+  do {                                                              \
+    try {                                                           \
+      (void)(statement);                                            \
+      ADD_FAILURE() << #statement " did not throw";                 \
+    } catch (const Error& e) {                                      \
+      EXPECT_CONTAINS(std::string(e.what()), needle);               \
+    }                                                               \
+  } while (0)
+
+TEST(PlanMeasured, StandardSchedules) { expect_within_plan("standard", tiny_plan_config()); }
+
+TEST(PlanMeasured, NoCheckpointing) {
+  Config c = tiny_plan_config();
+  c.schedules.checkpoint = CheckpointSchedule::none;
+  expect_within_plan("none", c);
+}
+
+TEST(PlanMeasured, ScoRingDtpOffloadStream) {
+  Config c = tiny_plan_config();
+  c.schedules.checkpoint = CheckpointSchedule::sco;
+  c.schedules.vocab = VocabSchedule::ring_dtp;
+  c.schedules.vocab_strip = 16;
+  c.optimizer.placement = OptimizerPlacement::offload_stream;
+  expect_within_plan("sco+ring_dtp+offload_stream", c);
+}
+
+TEST(PlanMeasured, PipelinedLlepOffloadSerialPartialSco) {
+  Config c = tiny_plan_config();
+  c.schedules.dispatch = DispatchSchedule::pipelined_llep;
+  c.schedules.chunk_tokens = 24;
+  c.schedules.checkpoint = CheckpointSchedule::sco;
+  c.schedules.sco_host_budget = "2MiB";  // one 2 MiB pinned block: every layer fits in it
+  c.optimizer.placement = OptimizerPlacement::offload_serial;
+  c.model.router_aux_loss_coef = 0.01;
+  expect_within_plan("pipelined_llep+sco+offload_serial+aux", c);
+}
+
+TEST(PlanMeasured, LlepNoneCheckpointing) {
+  Config c = tiny_plan_config();
+  c.schedules.dispatch = DispatchSchedule::llep;
+  c.schedules.checkpoint = CheckpointSchedule::none;
+  c.schedules.vocab = VocabSchedule::ring_dtp;
+  expect_within_plan("llep+none+ring_dtp", c);
+}
+
+TEST(PlanVerdict, NamesTheOverflowingTermAndTheAmount) {
+  Config c = tiny_plan_config();
+  PlanInputs in = plan_inputs(c, 1);
+  const Plan fits = make_plan(c, in);
+  ASSERT_TRUE(fits.fits()) << fits.verdict();
+  EXPECT_TRUE(fits.overflow().empty());
+  EXPECT_EQ(fits.verdict().rfind("FITS", 0), 0u) << fits.verdict();
+
+  // A capacity just under the total: the largest term(s) are named with the overflow amount.
+  in.capacity = fits.total - 1000;
+  const Plan over = make_plan(c, in);
+  EXPECT_FALSE(over.fits());
+  EXPECT_FALSE(over.device_fits);
+  EXPECT_TRUE(over.host_fits);
+  const auto names = over.overflow();
+  ASSERT_EQ(names.size(), 1u);
+  LiveSet largest = LiveSet::weights;
+  for (const PlanTerm& t : over.terms) {
+    if (t.bytes > over.term(largest).bytes) largest = t.set;
+  }
+  EXPECT_CONTAINS(names[0], std::string(live_set_name(largest)));
+  EXPECT_CONTAINS(over.verdict(), "DOES NOT FIT");
+  EXPECT_CONTAINS(over.verdict(), "by 1000 B");
+
+  // The logits alone past the capacity (N x V = 96 x 40000 f32, 14.6 MiB; weights 10 MiB): named
+  // on their own, with the amount (the optimizer state offloaded, so that it is not a term too).
+  c.model.vocab_size = 40000;
+  c.optimizer.placement = OptimizerPlacement::offload_stream;
+  in.capacity = 12ull << 20;
+  const Plan logits = make_plan(c, in);
+  ASSERT_FALSE(logits.fits());
+  ASSERT_EQ(logits.overflow().size(), 1u) << logits.verdict();
+  EXPECT_CONTAINS(logits.overflow()[0], "logits");
+  EXPECT_CONTAINS(logits.overflow()[0], "> capacity 12.00 MiB by");
+
+  // Host: the offloaded optimizer state past the pinned budget.
+  Config h = tiny_plan_config();
+  h.optimizer.placement = OptimizerPlacement::offload_stream;
+  PlanInputs hin = plan_inputs(h, 1);
+  hin.host_budget = 1 << 20;
+  const Plan host = make_plan(h, hin);
+  EXPECT_TRUE(host.device_fits);
+  EXPECT_FALSE(host.host_fits);
+  EXPECT_CONTAINS(host.verdict(), "host");
+  EXPECT_CONTAINS(host.verdict(), "optimizer_state");
+}
+
+TEST(PlanInputsTest, WorldSizeCapacityAndBudgetFromTheConfig) {
+  Config c = tiny_plan_config();
+  EXPECT_EQ(plan_inputs(c).world, 1);
+  c.parallelism.world_size = 4;
+  EXPECT_EQ(plan_inputs(c).world, 4);
+  EXPECT_EQ(plan_inputs(c, 2).world, 2);
+  EXPECT_EQ(plan_inputs(c).capacity, 256ull << 20);
+  EXPECT_EQ(plan_inputs(c).host_budget, 64ull << 20);
+  c.runtime.device_memory = "auto";
+  EXPECT_EQ(plan_inputs(c).capacity, Backend::kCpuDefaultDeviceMemory);
+  c.runtime.backend = BackendChoice::cuda;
+  EXPECT_THROW_CONTAINS(plan_inputs(c), "runtime.device_memory");
+}
+
+TEST(PlanSearch, MaxContextAndBatchAreTheLargestThatFit) {
+  Config c = tiny_plan_config();
+  c.schedules.vocab = VocabSchedule::ring_dtp;
+  c.schedules.vocab_strip = 16;
+  c.schedules.checkpoint = CheckpointSchedule::sco;
+  c.model.vocab_size = 4096;
+  PlanInputs in = plan_inputs(c, 2);
+  in.capacity = 24ull << 20;
+  const int64_t T = max_seq_len(c, in);
+  const int64_t Ts = max_seq_len(with_standard_schedules(c), in);
+  ASSERT_GT(T, 0);
+  EXPECT_EQ(T % 2, 0);
+  EXPECT_GT(T, Ts);  // the bounded schedules reach further
+  PlanInputs at = in;
+  at.seq_len = T;
+  EXPECT_TRUE(make_plan(c, at).fits());
+  at.seq_len = T + 2;
+  EXPECT_FALSE(make_plan(c, at).fits());
+  const int64_t B = max_batch(c, in);
+  ASSERT_GT(B, 0);
+  at = in;
+  at.batch = B;
+  EXPECT_TRUE(make_plan(c, at).fits());
+  at.batch = B + 1;
+  EXPECT_FALSE(make_plan(c, at).fits());
+}
+
+TEST(PlanErrors, BadConfigsAreRejectedWithTheirNumbers) {
+  Config c = tiny_plan_config();
+  EXPECT_THROW_CONTAINS(make_plan(c, plan_inputs(c, 3)), "W = 3");  // 4 experts over 3 ranks
+  c.training.seq_len = 0;
+  EXPECT_THROW_CONTAINS(make_plan(c, plan_inputs(c, 1)), "training.seq_len");
+}
+
+}  // namespace
+}  // namespace moepeak

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# `moepeak plan` and the launch check of `moepeak train` as a user meets them: the table (one row
+# per live set, total, host, verdict), --json fields, --max-context, a bad config's error, and
+# `moepeak train` refusing with exit 2 and the plan table when the plan does not fit (starting
+# with --force). Run: ctest -R test_plan_cli   (or: bash tests/plan/test_plan_cli.sh build/moepeak)
+set -u
+bin="$1"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passes=0
+
+check() {  # check NAME CONDITION-COMMAND...
+  local name="$1"; shift
+  if "$@"; then passes=$((passes + 1)); else echo "FAIL: $name"; failures=$((failures + 1)); fi
+}
+contains() { grep -qF -- "$2" "$1"; }
+small=(--set training.batch_size=2 --set training.seq_len=32 --set training.steps=1
+       --set metrics.progress=off --set job.run_dir="$tmp/runs")
+
+# The table of the embedded default: every live set, the total, host, a FITS verdict, exit 0.
+"$bin" plan >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan exits 0 when it fits" test $rc -eq 0
+for s in weights grads optimizer attention dispatch logits boundaries workspace; do
+  check "plan table has a $s row" grep -qE "^  $s " "$tmp/out"
+done
+check "plan table has a total row" grep -qE '^  total ' "$tmp/out"
+check "plan table has a host total row" grep -qE '^  host total ' "$tmp/out"
+check "plan names the byte functions" contains "$tmp/out" "dispatch_standard_bytes("
+check "plan says the total is a sum of per-set peaks" contains "$tmp/out" "upper bound"
+check "plan verdict FITS" grep -qE '^# verdict: FITS' "$tmp/out"
+check "comment lines start with #" sh -c "! grep -vE '^(#|  )' '$tmp/out'"
+
+# --json: the DESIGN.md §10 fields; bounded schedules and SCO's host term; -n 2.
+"$bin" plan -n 2 --set schedules.checkpoint=sco --set schedules.vocab=ring_dtp \
+  --set optimizer.placement=offload_stream --json "$tmp/plan.json" --max-context \
+  >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan --json exits 0" test $rc -eq 0
+check "plan --json parses and has the fields" python3 - "$tmp/plan.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+sets = {"weights", "grads", "optimizer", "attention", "dispatch", "logits", "boundaries", "workspace"}
+assert set(j["live_sets"]) == sets, j["live_sets"]
+assert j["total_bytes"] == sum(j["live_sets"].values())
+assert j["world_size"] == 2 and j["fits"] is True
+for k in ("capacity_bytes", "host_bytes", "host_budget_bytes", "functions", "overflow", "verdict"):
+    assert k in j, k
+assert "sco_boundaries" in j["host_terms"] and "optimizer_state" in j["host_terms"]
+assert j["host_bytes"] == sum(j["host_terms"].values())
+assert j["functions"]["logits"].startswith("ring_dtp_bytes(")
+assert j["max_context"]["configured"] >= j["max_context"]["standard"] > 0
+PY
+check "plan --max-context prints both" contains "$tmp/out" "all standard"
+
+# Does not fit: exit 3, the verdict names the term and the amount.
+"$bin" plan --set runtime.device_memory=1MiB >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan exits 3 when it does not fit" test $rc -eq 3
+check "plan verdict DOES NOT FIT" grep -qE '^# verdict: DOES NOT FIT: device total .* > capacity 1.00 MiB by ' "$tmp/out"
+
+# Bad configs: a clear error, exit 1, nothing on stdout.
+"$bin" plan -n 3 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan on an impossible layout exits 1" test $rc -eq 1
+check "plan layout error names W" contains "$tmp/err" "W = 3"
+check "nothing on stdout after a plan error" test ! -s "$tmp/out"
+"$bin" plan --set model.hiden_size=3 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan with an unknown key exits 1" test $rc -eq 1
+check "plan unknown key is named" contains "$tmp/err" "model.hiden_size"
+"$bin" plan -n 0 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan -n 0 is a usage error" test $rc -eq 2
+
+# moepeak train refuses a run that does not fit: exit 2, the table, no run started.
+"$bin" train "${small[@]}" --set runtime.device_memory=1MiB >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "train refuses with exit 2" test $rc -eq 2
+check "train prints the plan table" grep -qE '^# verdict: DOES NOT FIT' "$tmp/out"
+check "train says why it did not start" contains "$tmp/err" "--force"
+check "train did not run a step" test ! -e "$tmp/runs/moepeak/metrics.jsonl"
+# --force starts it (and the 1 MiB arena then runs out of memory for real: exit 1, an OOM).
+"$bin" train "${small[@]}" --set runtime.device_memory=1MiB --force >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "train --force starts (and the arena is really too small)" test $rc -eq 1
+check "train --force reached the allocation" contains "$tmp/err" "out of device memory"
+# A run that fits starts normally.
+"$bin" train "${small[@]}" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "train that fits exits 0" test $rc -eq 0
+check "train that fits wrote metrics" test -s "$tmp/runs/moepeak/metrics.jsonl"
+
+echo "test_plan_cli: $passes passed, $failures failed"
+test $failures -eq 0
