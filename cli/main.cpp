@@ -3,6 +3,7 @@
 //   moepeak --version
 //   moepeak config show [--config F]... [--set section.key=value]...
 //   moepeak plan [--config F]... [--set section.key=value]... [-n W] [--json FILE] [--max-context]
+//   moepeak probe [--ranks-per-node N] [--output probe.toml] [--json FILE] [--no-bench] [--topology-xml F]
 //   moepeak train [--config F]... [--set section.key=value]... [--resume] [--dump-step DIR] [--force]
 //   moepeak bench step [--config F]... [--warmup n] [--iters n] [--json FILE]
 //
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   moepeak::cli::register_config_command(app, ctx);
   moepeak::cli::register_train_command(app, ctx);
   moepeak::cli::register_plan_command(app, ctx);
+  moepeak::cli::register_probe_command(app, ctx);
   moepeak::cli::register_bench_command(app, ctx);
 
   try {

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# `moepeak probe` as a user meets it: the `#` tables, --json, the probe file (reading it back is
+# test_probe_file's), a synthetic topology, and clear errors for a bad --topology-xml (exit 1,
+# the file named, nothing on stdout, no probe file).
+# Run: ctest -R test_probe_cli   (or: bash tests/topology/test_probe_cli.sh build/moepeak tests/topology/data)
+set -u
+bin="$1"
+data="$2"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passes=0
+check() {  # check NAME CONDITION-COMMAND...
+  local name="$1"; shift
+  if "$@"; then passes=$((passes + 1)); else echo "FAIL: $name"; failures=$((failures + 1)); fi
+}
+contains() { grep -qF -- "$2" "$1"; }
+json_get() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval('d'+sys.argv[2]))" "$1" "$2"; }
+
+# This machine, no bench: tables, probe file, JSON.
+"$bin" probe --no-bench --ranks-per-node 2 --cpu -o "$tmp/probe.toml" --json "$tmp/probe.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "probe --no-bench exits 0" test $rc -eq 0
+check "header line" grep -qE '^# moepeak probe: host ' "$tmp/out"
+check "NUMA table" grep -qE '^# node package +memory +cores +pus +cpus' "$tmp/out"
+check "budget table has two ranks" test "$(grep -cE '^ +[01] +- +[0-9]+ ' "$tmp/out")" -ge 2
+check "no bench said so" contains "$tmp/out" "not measured (--no-bench)"
+check "every non-table line is a # comment" test -z "$(grep -vE '^(#|  )' "$tmp/out")"
+check "probe file written" grep -q '^\[\[rank\]\]' "$tmp/probe.toml"
+check "probe file has format 1" grep -q '^format = 1$' "$tmp/probe.toml"
+check "json has two ranks" test "$(json_get "$tmp/probe.json" '["budget"]["ranks_per_node"]')" = 2
+check "json host budget matches file" test "$(json_get "$tmp/probe.json" '["rank"][1]["host_budget_bytes"]')" = \
+  "$(grep -A5 'local_rank = 1' "$tmp/probe.toml" | sed -n 's/^host_budget_bytes = //p')"
+check "no temporary files left" test "$(ls -A "$tmp" | grep -c tmp)" -eq 0
+
+# This machine with a small bench: rates in the table and the file.
+"$bin" probe --bench-bytes 4MiB --iters 2 -o "$tmp/bench.toml" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "probe with bench exits 0" test $rc -eq 0
+check "memcpy pinned row" grep -qE '^  memcpy +pinned ' "$tmp/out"
+check "memcpy pageable row" grep -qE '^  memcpy +pageable ' "$tmp/out"
+check "pinning line" grep -qE '^# pinning 4.00 MiB on node' "$tmp/out"
+check "bench rows in the file" grep -q '^\[\[bench.row\]\]' "$tmp/bench.toml"
+
+# A synthetic 2 x 4 GPU topology: GPU ranks on their NUMA node, NICs on package 1.
+"$bin" probe --topology-xml "$data/2pkg_4gpu.xml" --json "$tmp/x.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "probe --topology-xml exits 0" test $rc -eq 0
+check "eight ranks by default" test "$(json_get "$tmp/x.json" '["budget"]["ranks_per_node"]')" = 8
+check "rank 5 on node 1" test "$(json_get "$tmp/x.json" '["rank"][5]["numa_node"]')" = 1
+check "mlx5 on node 1" grep -qE '^  nic +0000:9b:00.0 +0207 15b3:101b +1  mlx5_0,ib0' "$tmp/out"
+check "GPU rows" test "$(grep -cE '^  gpu  ' "$tmp/out")" -eq 8
+"$bin" probe --topology-xml "$data/2pkg_4gpu.xml" --ranks-per-node 9 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "more ranks than GPUs exits 1" test $rc -eq 1
+check "and says how many GPUs" contains "$tmp/err" "8 GPUs"
+
+# Bad input: exit 1, the file named, nothing on stdout, no probe file.
+for bad in "$data/garbage.xml" "$tmp/missing.xml"; do
+  "$bin" probe --topology-xml "$bad" -o "$tmp/never.toml" >"$tmp/out" 2>"$tmp/err"; rc=$?
+  check "bad topology $bad exits 1" test $rc -eq 1
+  check "error names $bad" contains "$tmp/err" "$bad"
+  check "nothing on stdout for $bad" test ! -s "$tmp/out"
+  check "no probe file for $bad" test ! -e "$tmp/never.toml"
+done
+"$bin" probe --no-bench --bench-bytes 1MiB >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "--no-bench with --bench-bytes is a usage error" test $rc -eq 2
+"$bin" probe --bench-bytes lots >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bad --bench-bytes exits 1" test $rc -eq 1
+check "bad --bench-bytes is named" contains "$tmp/err" "--bench-bytes"
+
+echo "test_probe_cli: $passes passed, $failures failed"
+test $failures -eq 0

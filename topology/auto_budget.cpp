@@ -1,0 +1,58 @@
+// auto_budget.h: "auto" host budgets from the probe file or a start-up probe.
+// Tests: ctest -R test_probe_file.
+#include "topology/auto_budget.h"
+
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "topology/node_topology.h"
+#include "topology/probe_file.h"
+
+namespace moepeak::topology {
+
+std::string resolve_probe_path(const std::string& configured) {
+  std::string path = configured;
+  const std::string key = "{host}";
+  for (size_t at; (at = path.find(key)) != std::string::npos;) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    path.replace(at, key.size(), host);
+  }
+  return path;
+}
+
+AutoHostBudget probe_host_budgets(const Config& cfg, int rank, int local_rank, int local_size, bool cpu_backend) {
+  MOEPEAK_CHECK(local_rank >= 0 && local_rank < local_size, "local rank ", local_rank, " of ", local_size);
+  AutoHostBudget out;
+  if (!cfg.runtime.probe_file.empty()) {
+    const std::string path = resolve_probe_path(cfg.runtime.probe_file);
+    const ProbeResult probe = read_probe_file(path);
+    if (probe.budgets.ranks_per_node < local_size) {
+      MOEPEAK_THROW("runtime.probe_file ", path, " was written for ", probe.budgets.ranks_per_node,
+                    " ranks per node, but rank ", rank, " is one of ", local_size,
+                    " on this node: rerun `moepeak probe --ranks-per-node ", local_size, "`");
+    }
+    out.rank = rank_budget(probe, local_rank, path);
+    out.source = path;
+    return out;
+  }
+  NodeTopology topo = load_this_machine();
+  BudgetPolicy policy;
+  if (cpu_backend) {
+    topo.gpus.clear();
+    topo.pci_gpus.clear();
+    policy.cpu_device_memory_bytes = cfg.runtime.device_memory_bytes().value_or(2 * GiB);
+  }
+  const HostBudgets budgets = compute_host_budgets(topo, local_size, policy);
+  out.rank = budgets.ranks[local_rank];
+  out.source = "start-up probe of this machine";
+  return out;
+}
+
+uint64_t pinned_memory_budget(const Config& cfg, int rank, int local_rank, int local_size, bool cpu_backend) {
+  if (auto bytes = cfg.runtime.pinned_memory_bytes()) return *bytes;
+  return probe_host_budgets(cfg, rank, local_rank, local_size, cpu_backend).rank.host_budget_bytes;
+}
+
+}  // namespace moepeak::topology
