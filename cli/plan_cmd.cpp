@@ -1,11 +1,16 @@
-// `moepeak plan [--config F]... [--set k=v]... [-n W] [--json FILE] [--max-context] [--max-batch]`:
+// `moepeak plan [--config F]... [--set k=v]... [-n W] [--json FILE] [--max-context] [--max-batch]
+//  [--svg FILE [--svg-range LO:HI]]`:
 // the closed-form per-rank memory plan of a config (core/plan/plan.h; DESIGN.md §4, paper eq. 6)
 // — one row per live set with the function that gave it, the total against the device capacity,
 // the pinned host terms against the host budget, and the verdict. Exit 0 when it fits, 3 when it
 // does not (so scripts can branch on it), 1 for a bad config. `moepeak train` prints the same
-// table and refuses to start (exit 2) when the plan does not fit, unless --force.
+// table and refuses to start (exit 2) when the plan does not fit, unless --force. --svg draws the
+// stacked per-set budget against seq_len, all-standard and configured (core/plan/plan_svg.h).
 // Test: ctest -R test_plan_cli (tests/plan/test_plan_cli.sh).
+#include <algorithm>
 #include <cstdio>
+#include <stdexcept>
+#include <vector>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +20,7 @@
 #include "core/config/config.h"
 #include "core/error.h"
 #include "core/plan/plan.h"
+#include "core/plan/plan_svg.h"
 #include "core/units.h"
 
 namespace moepeak::cli {
@@ -29,7 +35,7 @@ double pct(uint64_t part, uint64_t whole) {
 struct PlanArgs {
   ConfigArgs config;
   int world = 0;
-  std::string json_path;
+  std::string json_path, svg_path, svg_range;
   bool max_context = false, max_batch = false;
 };
 
@@ -105,6 +111,42 @@ nlohmann::json plan_json(const Plan& p) {
           {"verdict", p.verdict()}};
 }
 
+// The --svg picture: one make_plan per power-of-two seq_len in the range ("LO:HI", default from
+// 1024 to the power of two past the larger max context, at most 2^24), all-standard and configured.
+std::string svg_of(const Config& cfg, const PlanInputs& in, const std::string& range) {
+  int64_t lo = 1024, hi = 0;
+  if (!range.empty()) {
+    const auto colon = range.find(':');
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument(range);
+      lo = std::stoll(range.substr(0, colon));
+      hi = std::stoll(range.substr(colon + 1));
+    } catch (const std::exception&) {
+      MOEPEAK_THROW("--svg-range ", range, ": expected LO:HI, two token counts");
+    }
+    if (lo < 1 || hi < lo) MOEPEAK_THROW("--svg-range ", range, ": needs 1 <= LO <= HI");
+  } else {
+    const int64_t reach = std::max(max_seq_len(cfg, in), max_seq_len(with_standard_schedules(cfg), in));
+    hi = 2048;
+    while (hi <= reach && hi < (int64_t{1} << 24)) hi *= 2;
+  }
+  std::vector<PlanSeries> series{{"all standard", {}}, {"configured schedules", {}}};
+  const Config standard = with_standard_schedules(cfg);
+  for (int64_t T : svg_seq_lens(lo, hi, in.world)) {
+    PlanInputs at = in;
+    at.seq_len = T;
+    try {
+      Plan ps = make_plan(standard, at), pc = make_plan(cfg, at);
+      series[0].plans.push_back(std::move(ps));
+      series[1].plans.push_back(std::move(pc));
+    } catch (const Error&) {  // a layout that cannot split this T: no bar
+    }
+  }
+  if (series[1].plans.empty()) MOEPEAK_THROW("--svg: no seq_len in ", lo, ":", hi, " can be laid out on W = ", in.world);
+  return plan_svg(series, cfg.job.name + " on W = " + std::to_string(in.world) + " ranks, batch " +
+                              std::to_string(in.batch) + ", " + std::string(dtype_name(in.dtype)));
+}
+
 int run_plan(const PlanArgs& args, const Context& ctx) {
   const Config cfg = load_config_for_command(args.config, ctx);
   const PlanInputs in = plan_inputs(cfg, args.world);
@@ -127,6 +169,7 @@ int run_plan(const PlanArgs& args, const Context& ctx) {
                 static_cast<long long>(r.standard));
     j["max_batch"] = {{"configured", r.configured}, {"standard", r.standard}};
   }
+  if (!args.svg_path.empty()) write_file_atomically(args.svg_path, svg_of(cfg, in, args.svg_range));
   if (!args.json_path.empty()) write_file_atomically(args.json_path, j.dump(2) + "\n");
   return p.fits() ? 0 : 3;
 }
@@ -143,6 +186,10 @@ void register_plan_command(CLI::App& app, Context& ctx) {
                   "ranks W to plan for (default: parallelism.world_size, or 1 when that is 0)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--json", args.json_path, "also write the plan as JSON (DESIGN.md §10)");
+  cmd->add_option("--svg", args.svg_path,
+                  "also draw the stacked per-live-set budget against seq_len (all standard vs configured) as SVG");
+  cmd->add_option("--svg-range", args.svg_range, "LO:HI: the seq_len range of --svg (powers of two; "
+                                                  "default 1024 to past the max context)");
   cmd->add_flag("--max-context", args.max_context,
                 "find the largest seq_len that fits, configured and all-standard schedules");
   cmd->add_flag("--max-batch", args.max_batch,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `moepeak plan` and the launch check of `moepeak train` as a user meets them: the table (one row
-# per live set, total, host, verdict), --json fields, --max-context, a bad config's error, and
+# per live set, total, host, verdict), --json fields, --max-context, --svg, a bad config's error, and
 # `moepeak train` refusing with exit 2 and the plan table when the plan does not fit (starting
 # with --force). Run: ctest -R test_plan_cli   (or: bash tests/plan/test_plan_cli.sh build/moepeak)
 set -u
@@ -51,6 +51,21 @@ assert j["functions"]["logits"].startswith("ring_dtp_bytes(")
 assert j["max_context"]["configured"] >= j["max_context"]["standard"] > 0
 PY
 check "plan --max-context prints both" contains "$tmp/out" "all standard"
+
+# --svg: a well-formed picture, one live-set group per panel, the capacity line; a bad range exits 1.
+"$bin" plan -n 2 --svg "$tmp/plan.svg" --svg-range 64:4096 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan --svg exits 0" test $rc -eq 0
+check "plan --svg writes well-formed SVG" python3 - "$tmp/plan.svg" <<'PY'
+import sys, xml.dom.minidom as m
+d = m.parse(sys.argv[1]); assert d.documentElement.tagName == "svg"
+sets = [g.getAttribute("data-set") for g in d.getElementsByTagName("g") if g.getAttribute("class") == "set"]
+assert sorted(set(sets)) == sorted(["weights", "grads", "optimizer", "attention", "dispatch", "logits", "boundaries", "workspace"]), sets
+assert len(sets) == 16 and all(len(g.getElementsByTagName("rect")) == 7 for g in d.getElementsByTagName("g") if g.getAttribute("class") == "set")
+assert len([l for l in d.getElementsByTagName("line") if l.getAttribute("class") == "capacity"]) == 2
+PY
+"$bin" plan --svg "$tmp/bad.svg" --svg-range 9:x >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan --svg-range bad exits 1" test $rc -eq 1
+check "plan --svg-range error names it" contains "$tmp/err" "--svg-range"
 
 # Does not fit: exit 3, the verdict names the term and the amount.
 "$bin" plan --set runtime.device_memory=1MiB >"$tmp/out" 2>"$tmp/err"; rc=$?

@@ -1,0 +1,123 @@
+// The plan's reach on the paper's shapes (configs/gpt-oss-20b.toml, gpt-oss-120b.toml,
+// deepseek-v3-like.toml on H200s: 141 GB device, 250 GB pinned host per rank) — plan only, no
+// training — and the --svg picture's structure (core/plan/plan_svg.h). The bounds are the numbers
+// measured in docs/plan.md ("Reach on the paper's shapes") with a little slack: a term that
+// grows (or a bounded schedule that stops bounding) moves them and fails here.
+// Run: ctest -R test_plan_reach --output-on-failure
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <regex>
+#include <string>
+
+#include "core/config/config.h"
+#include "core/plan/plan.h"
+#include "core/plan/plan_svg.h"
+
+namespace moepeak {
+namespace {
+
+const std::string kSourceDir = MOEPEAK_SOURCE_DIR;
+
+Config h200(const std::string& model, bool bounded) {
+  std::vector<std::string> sets = {"runtime.device_memory=141GB", "runtime.pinned_memory=250GB"};
+  if (bounded) {
+    for (const char* s : {"schedules.dispatch=pipelined_llep", "schedules.vocab=ring_dtp", "schedules.checkpoint=sco",
+                          "optimizer.placement=offload_stream"}) {
+      sets.emplace_back(s);
+    }
+  }
+  return load_config({kSourceDir + "/configs/" + model + ".toml"}, sets);
+}
+
+struct Reach {
+  int64_t standard, bounded;
+};
+
+Reach reach(const std::string& model, int world) {
+  const Config b = h200(model, true);
+  const PlanInputs in = plan_inputs(b, world);
+  EXPECT_EQ(in.dtype, DType::bf16) << model;  // training.dtype = "bfloat16"
+  return {max_seq_len(with_standard_schedules(b), in), max_seq_len(b, in)};
+}
+
+// Measured: standard 373,424, bounded 5,950,816 (15.9x). The standard reach is set by the
+// expert-parallel dispatch's worst case (W*N*k rows) and the resident AdamW state; the bounded
+// one by attention + workspace + Ring-DTP strips, which grow with N.
+TEST(PlanReach, GptOss20bOn8H200) {
+  const Reach r = reach("gpt-oss-20b", 8);
+  EXPECT_GE(r.standard, 300000);
+  EXPECT_LE(r.standard, 450000);
+  EXPECT_GE(r.bounded, 5000000);
+  EXPECT_GE(r.bounded, 12 * r.standard);
+}
+
+// The paper's settings: 120B on 16 and the 667B class on 64 H200s train at 1M context.
+// Measured: gpt-oss-120b/16 standard 202,848, bounded 11,748,528; deepseek-v3-like/64 standard
+// 4,544 (resident AdamW alone is 84 GiB of 131), bounded 9,194,048.
+bool fits_at(const std::string& model, int world, bool bounded, int64_t T) {
+  const Config c = h200(model, bounded);
+  PlanInputs in = plan_inputs(bounded ? c : with_standard_schedules(c), world);
+  in.seq_len = T;
+  return make_plan(bounded ? c : with_standard_schedules(c), in).fits();
+}
+
+// Point checks (a max_seq_len search on the 256-expert shape takes over a minute in a debug build).
+TEST(PlanReach, PaperSettingsReachOneMillion) {
+  const int64_t K = 1024;
+  EXPECT_TRUE(fits_at("gpt-oss-120b", 16, true, 1024 * K));
+  EXPECT_TRUE(fits_at("gpt-oss-120b", 16, false, 128 * K));   // all-standard stops between
+  EXPECT_FALSE(fits_at("gpt-oss-120b", 16, false, 256 * K));  // 128K and 256K
+  EXPECT_TRUE(fits_at("deepseek-v3-like", 64, true, 1024 * K));
+  EXPECT_FALSE(fits_at("deepseek-v3-like", 64, false, 32 * K));
+}
+
+TEST(PlanSvg, WellFormed) {
+  const Config b = h200("gpt-oss-20b", true);
+  PlanInputs in = plan_inputs(b, 8);
+  std::vector<PlanSeries> series{{"all standard", {}}, {"bounded", {}}};
+  const std::vector<int64_t> ts = svg_seq_lens(1024, int64_t{1} << 23, 8);
+  ASSERT_EQ(ts.size(), 14u);  // 2^10 .. 2^23
+  for (int64_t T : ts) {
+    in.seq_len = T;
+    series[0].plans.push_back(make_plan(with_standard_schedules(b), in));
+    series[1].plans.push_back(make_plan(b, in));
+  }
+  const std::string svg = plan_svg(series, "gpt-oss-20b <8>");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_NE(svg.find("gpt-oss-20b &lt;8&gt;"), std::string::npos);  // escaped title
+  // One group per live set per panel, each with one rect per plan.
+  for (LiveSet s : kAllLiveSets) {
+    const std::string open = "<g class=\"set\" data-set=\"" + std::string(live_set_name(s)) + "\"";
+    size_t at = 0;
+    int groups = 0;
+    while ((at = svg.find(open, at)) != std::string::npos) {
+      const size_t end = svg.find("</g>", at);
+      ASSERT_NE(end, std::string::npos);
+      const std::string body = svg.substr(at, end - at);
+      size_t rects = 0;
+      for (size_t r = 0; (r = body.find("<rect", r)) != std::string::npos; ++r) ++rects;
+      EXPECT_EQ(rects, ts.size()) << live_set_name(s);
+      ++groups;
+      at = end;
+    }
+    EXPECT_EQ(groups, 2) << live_set_name(s);
+    EXPECT_NE(svg.find(">" + std::string(live_set_name(s)) + "</text>"), std::string::npos) << "legend";
+  }
+  size_t lines = 0;
+  for (size_t r = 0; (r = svg.find("class=\"capacity\"", r)) != std::string::npos; ++r) ++lines;
+  EXPECT_EQ(lines, 2u);
+  EXPECT_NE(svg.find(">over</text>"), std::string::npos);  // the standard panel overflows at 8M
+  // Every number attribute is finite and non-negative.
+  const std::regex attr(R"re(\s(x|y|width|height|x1|x2|y1|y2)="([^"]*)")re");
+  int checked = 0;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), attr); it != std::sregex_iterator(); ++it, ++checked) {
+    const double v = std::stod((*it)[2].str());
+    EXPECT_TRUE(std::isfinite(v) && v >= 0) << (*it)[0].str();
+  }
+  EXPECT_GT(checked, 200);
+}
+
+}  // namespace
+}  // namespace moepeak
