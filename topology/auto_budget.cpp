@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/runtime/backend.h"
 #include "core/units.h"
 #include "topology/node_topology.h"
 #include "topology/probe_file.h"
@@ -52,6 +53,10 @@ AutoHostBudget probe_host_budgets(const Config& cfg, int rank, int local_rank, i
 
 uint64_t pinned_memory_budget(const Config& cfg, int rank, int local_rank, int local_size, bool cpu_backend) {
   if (auto bytes = cfg.runtime.pinned_memory_bytes()) return *bytes;
+  // NOTES: on the CPU backend without a probe file "auto" stays the backend's fixed default: a
+  // start-up probe would split a small VM's node among its ranks and can leave each nothing (4
+  // ranks on a 5 GiB node), which would turn runs that fit today into errors.
+  if (cpu_backend && cfg.runtime.probe_file.empty()) return Backend::kCpuDefaultDeviceMemory / 2;
   return probe_host_budgets(cfg, rank, local_rank, local_size, cpu_backend).rank.host_budget_bytes;
 }
 

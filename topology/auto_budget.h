@@ -6,7 +6,8 @@
 //
 // from runtime.probe_file when it is set (a "{host}" in the path is replaced by this host's name,
 // so one setting serves the per-node files that slurm gathers), else from a probe of this machine
-// at start-up (topology only, no bandwidth runs; cheap). Tests: ctest -R test_probe_file.
+// at start-up (topology only, no bandwidth runs; cheap) — on the CPU backend without a probe file
+// pinned_memory_budget keeps the backend's default instead. Tests: ctest -R test_probe_file.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,9 @@ struct AutoHostBudget {
 AutoHostBudget probe_host_budgets(const Config& cfg, int rank, int local_rank, int local_size, bool cpu_backend);
 
 // runtime.pinned_memory in bytes: the configured size, or for "auto" probe_host_budgets' host
-// budget. What the trainer gives BackendOptions::pinned_budget.
+// budget — except on the CPU backend without runtime.probe_file, where "auto" is the backend's
+// default (Backend::kCpuDefaultDeviceMemory / 2). What the trainer gives
+// BackendOptions::pinned_budget.
 uint64_t pinned_memory_budget(const Config& cfg, int rank, int local_rank, int local_size, bool cpu_backend);
 
 // runtime.probe_file with "{host}" replaced by this host's name.

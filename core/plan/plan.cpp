@@ -23,6 +23,7 @@
 #include "ops/schedules/dispatch_standard.h"
 #include "ops/schedules/vocab_materialized.h"
 #include "ops/schedules/vocab_ring_dtp.h"
+#include "topology/auto_budget.h"
 
 namespace moepeak {
 namespace {
@@ -63,7 +64,9 @@ PlanInputs plan_inputs(const Config& cfg, int world) {
   } else {
     in.capacity = Backend::kCpuDefaultDeviceMemory;  // what the CPU arena takes for "auto"
   }
-  in.host_budget = cfg.runtime.pinned_memory_bytes().value_or(Backend::kCpuDefaultDeviceMemory / 2);
+  // The pinned budget a rank's run takes (runtime.pinned_memory; "auto": the probe file's budget
+  // of local rank 0 — the budgets of a node's ranks are equal shares — else the CPU default).
+  in.host_budget = topology::pinned_memory_budget(cfg, 0, 0, 1, /*cpu_backend=*/!cuda);
   return in;
 }
 

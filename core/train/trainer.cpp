@@ -24,6 +24,7 @@
 #include "ops/elementwise.h"
 #include "ops/fill.h"
 #include "ops/schedules/optimizer.h"
+#include "topology/auto_budget.h"
 
 namespace moepeak {
 namespace fs = std::filesystem;
@@ -38,7 +39,9 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks) {
   }
   o.kind = BackendKind::cpu;
   o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
-  o.pinned_budget = cfg.runtime.pinned_memory_bytes().value_or(Backend::kCpuDefaultDeviceMemory / 2);
+  // "auto": this rank's host budget from runtime.probe_file (`moepeak probe`), else the default.
+  o.pinned_budget = topology::pinned_memory_budget(cfg, ranks.rank, ranks.local_rank, ranks.local_size,
+                                                   /*cpu_backend=*/true);
   o.numa_node = static_cast<int>(cfg.runtime.numa_node);
   o.cpu_threads = static_cast<int>(cfg.runtime.threads);
   if (o.cpu_threads == 0 && ranks.local_size > 1) {

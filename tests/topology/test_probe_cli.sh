@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `moepeak probe` as a user meets it: the `#` tables, --json, the probe file (reading it back is
 # test_probe_file's), a synthetic topology, and clear errors for a bad --topology-xml (exit 1,
-# the file named, nothing on stdout, no probe file).
+# the file named, nothing on stdout, no probe file); `moepeak train` taking runtime.pinned_memory =
+# "auto" from the probe file (and naming a missing one).
 # Run: ctest -R test_probe_cli   (or: bash tests/topology/test_probe_cli.sh build/moepeak tests/topology/data)
 set -u
 bin="$1"
@@ -64,6 +65,22 @@ check "--no-bench with --bench-bytes is a usage error" test $rc -eq 2
 "$bin" probe --bench-bytes lots >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bad --bench-bytes exits 1" test $rc -eq 1
 check "bad --bench-bytes is named" contains "$tmp/err" "--bench-bytes"
+
+# `moepeak train` with runtime.pinned_memory = "auto" takes its pinned budget from the probe file.
+"$bin" probe --no-bench --ranks-per-node 1 --cpu -o "$tmp/one.toml" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "probe for one rank exits 0" test $rc -eq 0
+budget=$(sed -n 's/^host_budget_bytes = //p' "$tmp/one.toml" | head -1)
+want=$(python3 -c "import sys; print('%.2f GiB' % (int(sys.argv[1]) / 2**30))" "$budget")
+train_with_probe() {
+  "$bin" train --set training.steps=1 --set metrics.progress=off --set job.run_dir="$tmp/runs" \
+    --set runtime.pinned_memory=auto --set runtime.probe_file="$1" >"$tmp/train.out" 2>"$tmp/train.err"
+}
+train_with_probe "$tmp/one.toml"; rc=$?
+check "train with the probe file exits 0 (rc $rc)" test $rc -eq 0
+check "train's pinned budget is the probe file's ($want)" grep -qF "pinned budget $want" "$tmp/train.out" "$tmp/train.err"
+train_with_probe "$tmp/missing-probe.toml"; rc=$?
+check "train with a missing probe file fails (rc $rc)" test $rc -eq 1
+check "the error names the probe file" grep -qF "missing-probe.toml" "$tmp/train.err"
 
 echo "test_probe_cli: $passes passed, $failures failed"
 test $failures -eq 0

@@ -13,6 +13,7 @@
 
 #include "core/config/config.h"
 #include "core/error.h"
+#include "core/runtime/backend.h"
 #include "core/units.h"
 #include "tests/expect_contains.h"
 #include "tests/temp_dir.h"
@@ -195,6 +196,11 @@ TEST(AutoBudget, HostPlaceholderAndErrors) {
   EXPECT_CONTAINS(e, "--ranks-per-node 9");
   cfg = config_with({"runtime.probe_file=" + (dir.path() / "none.toml").string(), "runtime.pinned_memory=auto"});
   EXPECT_CONTAINS(error_of([&] { pinned_memory_budget(cfg, 0, 0, 1, true); }), "none.toml");
+}
+
+TEST(AutoBudget, CpuBackendWithoutAFileKeepsTheBackendDefault) {
+  const Config cfg = config_with({"runtime.pinned_memory=auto"});
+  EXPECT_EQ(pinned_memory_budget(cfg, 0, 0, 4, true), Backend::kCpuDefaultDeviceMemory / 2);
 }
 
 TEST(AutoBudget, StartUpProbeWithoutAFile) {
