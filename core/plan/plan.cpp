@@ -21,6 +21,7 @@
 #include "ops/schedules/dispatch_llep.h"
 #include "ops/schedules/dispatch_pipelined_llep.h"
 #include "ops/schedules/dispatch_standard.h"
+#include "ops/schedules/llep_experts.h"
 #include "ops/schedules/vocab_materialized.h"
 #include "ops/schedules/vocab_ring_dtp.h"
 #include "topology/auto_budget.h"
@@ -192,6 +193,39 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
           "pipelined_llep");
       break;
     }
+  }
+
+  // LLEP's weight spilling (W > 1): a helper's copies of spilled experts in `weights` and, in
+  // backward, their gradient buffers plus the owner's returned-gradient scratch in `grads`.
+  // LlepDispatch holds its copies from forward to backward (L layers at once under `none`);
+  // PipelinedLLEP allocates them inside each forward / backward call (one layer, K chunk plans).
+  if (W > 1 && (s.dispatch == DispatchSchedule::llep || s.dispatch == DispatchSchedule::pipelined_llep)) {
+    const int64_t E = m.num_local_experts;
+    const schedules::LlepParams lp{s.llep_alpha, s.llep_lambda, s.min_tokens_per_gemm};
+    int64_t capacity = 0, plans = 0, layers = 1;
+    if (s.dispatch == DispatchSchedule::llep) {
+      capacity = std::max<int64_t>(1, schedules::llep_receive_capacity(N * k, W, lp));
+      plans = 1;
+      layers = layers_resident;
+    } else {
+      const auto shape = schedules::pipelined_llep_shape(N, k, W, schedules::pipelined_llep_params(s));
+      capacity = std::max<int64_t>(1, shape.receive_rows);
+      plans = shape.chunks;
+    }
+    const schedules::LlepSpillCopyBytes spill =
+        schedules::llep_spill_copy_bytes(E, W, H, F, dt, capacity, plans, lp);
+    const std::string f = "llep_spill_copy_bytes(" +
+                          args({{"E", E}, {"W", W}, {"H", H}, {"F", F}, {"cap", capacity}, {"plans", plans}}) +
+                          ", copies=" + std::to_string(spill.copies) + ")";
+    const std::string times = layers > 1 ? std::to_string(layers) + " x " : std::string();
+    PlanTerm& wt = p.terms[static_cast<size_t>(LiveSet::weights)];
+    wt.bytes += static_cast<uint64_t>(layers) * spill.weights;
+    wt.function += " + " + times + f + ".weights";
+    wt.schedule += "+" + std::string(enum_name(s.dispatch));
+    PlanTerm& gt = p.terms[static_cast<size_t>(LiveSet::grads)];
+    gt.bytes += static_cast<uint64_t>(layers) * spill.grads + spill.scratch;
+    gt.function += " + " + times + f + ".grads + .scratch";
+    gt.schedule += "+" + std::string(enum_name(s.dispatch));
   }
 
   // logits.

@@ -130,7 +130,8 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
   received_rows_ = R;
 
   // Spilled experts' weights to their helpers (gradient copies zeroed for backward).
-  copies_.allocate(backend_, dtype_, transfers_, me, H, F, /*with_grads=*/true, stream_);
+  copies_.allocate(backend_, dtype_, transfers_, me, H, F, /*with_grads=*/true, stream_,
+                   llep_max_copies(E, W, capacity, 1, params_));
   copies_.send_weights(comm_, stream_, transfers_, me, first_expert_, local_experts);
 
   // Grouped order on this rank: expert (ascending), source, arrival.

@@ -18,7 +18,8 @@
 //     chunk's plan gets its copy before chunk 0 (on comm_stream_), helpers accumulate a spilled
 //     expert's gradient over all chunks and return it once after the last chunk. Per-chunk
 //     transfers would move the same hot experts' 3 F H values up to K times each way; the copies
-//     held are at most the E - E/W foreign experts either way (`weights`, `grads`).
+//     held are at most llep_max_copies(E, W, R_c, K) <= E - E/W foreign experts either way
+//     (`weights`, `grads`; checked in LlepExpertCopies::allocate, counted by the plan).
 // Test: ctest -R test_llep
 #include "ops/schedules/dispatch_pipelined_llep.h"
 
@@ -187,6 +188,11 @@ void PipelinedLlepDispatch::exchange_rows(Comm& comm, Stream& stream, const Tens
                 "pipelined llep dispatch: exchange of ", s_at, " / ", r_at, " elements for ",
                 send.str(), " / ", recv.str());
   comm.all_to_all_v(send.data(), sc, so, recv.data(), rc, ro, dtype_, stream);
+}
+
+int64_t PipelinedLlepDispatch::max_copies() const {
+  return llep_max_copies(num_experts_, comm_.world_size(),
+                         std::max<int64_t>(1, shape_.receive_rows), shape_.chunks, params_.llep());
 }
 
 const ExpertWeights& PipelinedLlepDispatch::weights_of(int64_t expert,
@@ -371,7 +377,7 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
   OwnedTensor a = buffer(Shape{ce, F}, dtype_, "llep tile w1 rows");
   OwnedTensor b = buffer(Shape{ce, F}, dtype_, "llep tile w3 rows");
   OwnedTensor g = buffer(Shape{ce, F}, dtype_, "llep tile swiglu");
-  copies_.allocate(backend_, dtype_, transfers_, me, H, F, false, stream_);
+  copies_.allocate(backend_, dtype_, transfers_, me, H, F, false, stream_, max_copies());
   try {
     entry_->record(stream_);
     cs.wait(*entry_);
@@ -496,7 +502,7 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
     scratch = OwnedTensor::device(backend_, Shape{3 * F * H}, dtype_, LiveSet::grads,
                                   "llep returned gradient");
   }
-  copies_.allocate(backend_, dtype_, transfers_, me, H, F, true, stream_);
+  copies_.allocate(backend_, dtype_, transfers_, me, H, F, true, stream_, max_copies());
   try {
     entry_->record(stream_);
     cs.wait(*entry_);

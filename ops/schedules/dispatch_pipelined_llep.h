@@ -182,6 +182,8 @@ class PipelinedLlepDispatch final : public ExpertDispatch {
   void exchange_rows(Comm& comm, Stream& stream, const Tensor& send,
                      const std::vector<int64_t>& send_rows, const Tensor& recv,
                      const std::vector<int64_t>& recv_rows, int64_t width);
+  // llep_max_copies for this pass: K plans, each of hard capacity max(1, R_c).
+  int64_t max_copies() const;
   const ExpertWeights& weights_of(int64_t expert, const std::vector<ExpertWeights>& local,
                                   const LlepExpertCopies& copies) const;
   OwnedTensor buffer(Shape shape, DType dtype, const char* what);

@@ -10,14 +10,53 @@
 
 namespace moepeak::schedules {
 
+bool llep_may_spill(int64_t world, const LlepParams& params) {
+  // 1e-9: the imbalance is a double quotient (two roundings), so lambda == W may still spill.
+  return world > 1 && !(params.lambda > static_cast<double>(world) * (1.0 + 1e-9));
+}
+
+int64_t llep_max_copies(int64_t num_experts, int64_t world, int64_t capacity, int64_t plans,
+                        const LlepParams& params) {
+  MOEPEAK_CHECK(world >= 1 && num_experts >= 0 && num_experts % world == 0 && capacity >= 0 &&
+                    plans >= 0,
+                "llep_max_copies: E = ", num_experts, ", W = ", world, ", capacity ", capacity,
+                ", plans ", plans);
+  if (!llep_may_spill(world, params)) return 0;
+  const int64_t foreign = num_experts - num_experts / world;
+  // plans * capacity, saturating (capacity may be kNoCapacity).
+  if (plans == 0 || capacity == 0) return 0;
+  if (capacity >= (foreign + plans - 1) / plans) return foreign;
+  return std::min(foreign, plans * capacity);
+}
+
+LlepSpillCopyBytes llep_spill_copy_bytes(int64_t num_experts, int64_t world, int64_t hidden,
+                                         int64_t ffn, DType dtype, int64_t capacity,
+                                         int64_t plans, const LlepParams& params) {
+  MOEPEAK_CHECK(hidden >= 0 && ffn >= 0, "llep_spill_copy_bytes: hidden ", hidden, ", ffn ", ffn);
+  LlepSpillCopyBytes b;
+  b.copies = llep_max_copies(num_experts, world, capacity, plans, params);
+  if (b.copies == 0) return b;
+  const uint64_t one = DeviceArena::footprint(3 * static_cast<uint64_t>(ffn) *
+                                              static_cast<uint64_t>(hidden) * dtype_size(dtype));
+  b.weights = static_cast<uint64_t>(b.copies) * one;
+  b.grads = static_cast<uint64_t>(b.copies) * one;
+  b.scratch = one;
+  return b;
+}
+
 void LlepExpertCopies::allocate(Backend& backend, DType dtype,
                                 const std::vector<LlepTransfer>& transfers, int64_t rank,
                                 int64_t hidden, int64_t ffn, bool with_grads,
-                                Stream& grad_stream) {
+                                Stream& grad_stream, int64_t max_copies) {
   reset();
   for (const LlepTransfer& t : transfers) {
     if (t.helper == rank) experts_.push_back(t.expert);
   }
+  // NOTES: the invariant behind the plan's spill terms (llep_spill_copy_bytes): never more
+  // copies than llep_max_copies.
+  MOEPEAK_CHECK(static_cast<int64_t>(experts_.size()) <= max_copies, "llep: rank ", rank,
+                " would hold ", experts_.size(), " expert copies, above the bound ", max_copies,
+                " (llep_max_copies)");
   for (size_t i = 0; i < experts_.size(); ++i) {
     // w1, w3 (F, H) and w2 (H, F) in one buffer each for the values and for the gradients.
     OwnedTensor w = OwnedTensor::device(backend, Shape{3, ffn, hidden}, dtype, LiveSet::weights,

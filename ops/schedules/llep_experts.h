@@ -16,10 +16,13 @@
 //
 // NOTES: the weights and gradient copies are not dispatch buffers: they are tagged `weights`
 // and `grads` (a gathered working copy, like a ZeRO-3 gather) and bounded by the number of
-// foreign experts a rank helps with, at most E - E/W per exchange. The caller frees them (reset)
-// only after the streams that use them have passed that use.
+// foreign experts a rank helps with, llep_max_copies (below; at most E - E/W per allocation).
+// allocate() checks that bound (MOEPEAK_CHECK), so the plan's llep_spill_copy_bytes terms can
+// never be exceeded. The caller frees them (reset) only after the streams that use them have
+// passed that use.
 //
-// Test: through tests/parallel/test_llep.cpp (spilled experts' gradients on their owners).
+// Test: through tests/parallel/test_llep.cpp (spilled experts' gradients on their owners);
+// llep_spill_copy_bytes in tests/plan/test_plan.cpp, against spilling runs in test_plan_parallel.
 #pragma once
 
 #include <cstdint>
@@ -33,12 +36,51 @@
 
 namespace moepeak::schedules {
 
+// Whether any plan_llep with the dispatchers' capacity (llep_receive_capacity) can spill on W
+// ranks. Not when lambda > W (1 + 1e-9), the margin covering the rounding of the double max/mean:
+// the imbalance max_native / (T / W) is at most W, so the gate never opens, and
+// floor(lambda * M) >= W * M makes the capacity W * M >= T >= any native load, so the hard cap
+// never forces it either.
+bool llep_may_spill(int64_t world, const LlepParams& params);
+
+// The most foreign experts one rank can hold copies of at once (one LlepExpertCopies), when every
+// plan behind the copies has hard capacity <= `capacity` rows per rank and `plans` plans feed one
+// allocation (LLEP: 1, one exchange; PipelinedLLEP: K, the chunks of a pass, whose spills are
+// all sent before chunk 0):
+//   copies = 0                                        if !llep_may_spill(W, params) (W == 1, lambda > W)
+//          = min(E - E/W, plans * capacity)           otherwise.
+// Derivation: a rank holds a copy of expert e iff it is a helper of e, i.e. some piece of e with
+// >= 1 row is on it and e is not one of its own E/W experts: at most E - E/W experts. Every
+// piece on a rank counts against its hard cap (the owner's share, the helpers' soft-capped
+// pieces and the forced pieces are all cut at `capacity - assigned`), so one plan puts at most
+// `capacity` rows, hence at most `capacity` distinct helped experts, on a rank; K plans, K times
+// that. min_tokens_per_gemm does not tighten it: an expert's remainder and the forced pieces are
+// exempt, so a helper can take a 1-row remainder of every foreign expert.
+int64_t llep_max_copies(int64_t num_experts, int64_t world, int64_t capacity, int64_t plans,
+                        const LlepParams& params);
+
+// The device bytes of one rank's spill copies at their peak, arena footprints (fp) included:
+//   weights  copies * fp(3 F H b)   (the w1, w3, w2 copies; `weights`)
+//   grads    copies * fp(3 F H b)   (their gradient buffers, backward; `grads`)
+//   scratch  fp(3 F H b) if copies > 0, else 0   (the owner's buffer for returned gradients,
+//            one per backward call, in `grads`)
+// with copies = llep_max_copies(E, W, capacity, plans, params). Used by the plan (core/plan/).
+struct LlepSpillCopyBytes {
+  int64_t copies = 0;
+  uint64_t weights = 0, grads = 0, scratch = 0;
+};
+LlepSpillCopyBytes llep_spill_copy_bytes(int64_t num_experts, int64_t world, int64_t hidden,
+                                         int64_t ffn, DType dtype, int64_t capacity,
+                                         int64_t plans, const LlepParams& params);
+
 class LlepExpertCopies {
  public:
   // Allocates the copies of the experts `rank` helps with in `transfers` (hidden H, width F).
-  // With grads, their gradient buffers too, zeroed on `grad_stream`.
+  // With grads, their gradient buffers too, zeroed on `grad_stream`. Throws if they are more than
+  // `max_copies` (llep_max_copies of the plans behind `transfers`).
   void allocate(Backend& backend, DType dtype, const std::vector<LlepTransfer>& transfers,
-                int64_t rank, int64_t hidden, int64_t ffn, bool with_grads, Stream& grad_stream);
+                int64_t rank, int64_t hidden, int64_t ffn, bool with_grads, Stream& grad_stream,
+                int64_t max_copies);
   // Owners send the weights of `local_experts` (experts [first_local, first_local + E/W)) to the
   // helpers; helpers receive them into their copies.
   void send_weights(Comm& comm, Stream& stream, const std::vector<LlepTransfer>& transfers,

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/runtime/backend.h"
+#include "ops/schedules/llep_experts.h"
 #include "tests/expect_contains.h"
 #include "tests/plan/plan_check.h"
 
@@ -61,6 +62,46 @@ TEST(PlanMeasured, LlepNoneCheckpointing) {
   c.schedules.checkpoint = CheckpointSchedule::none;
   c.schedules.vocab = VocabSchedule::ring_dtp;
   expect_within_plan("llep+none+ring_dtp", c);
+}
+
+// LLEP's spill copies (ops/schedules/llep_experts.h): min(E - E/W, plans * capacity) copies of
+// 3 F H elements each (arena footprint), the same again in backward, one scratch; none on one
+// rank or when lambda > W (no plan can spill); the plan adds them to weights and grads.
+TEST(PlanLlepSpill, CopyBoundArithmetic) {
+  using schedules::llep_max_copies;
+  using schedules::llep_spill_copy_bytes;
+  const schedules::LlepParams lp{1.0, 1.0, 1};
+  EXPECT_EQ(llep_max_copies(8, 2, 1000, 1, lp), 4);   // E - E/W
+  EXPECT_EQ(llep_max_copies(8, 4, 1000, 1, lp), 6);
+  EXPECT_EQ(llep_max_copies(8, 4, 2, 1, lp), 2);      // at most `capacity` rows on a rank
+  EXPECT_EQ(llep_max_copies(8, 4, 2, 2, lp), 4);      // K plans: K x capacity
+  EXPECT_EQ(llep_max_copies(8, 4, schedules::kNoCapacity, 3, lp), 6);  // no overflow
+  EXPECT_EQ(llep_max_copies(8, 4, 5, 0, lp), 0);      // no chunks
+  EXPECT_EQ(llep_max_copies(8, 1, 1000, 1, lp), 0);   // one rank: nothing is foreign
+  EXPECT_EQ(llep_max_copies(8, 4, 1000, 1, {1.0, 4.001, 1}), 0);  // lambda > W: never spills
+  EXPECT_EQ(llep_max_copies(8, 4, 1000, 1, {1.0, 4.0, 1}), 6);    // = W: rounding may tip it
+  const auto b = llep_spill_copy_bytes(8, 4, 32, 48, DType::f32, 1000, 1, lp);
+  const uint64_t one = DeviceArena::footprint(3 * 48 * 32 * 4);
+  EXPECT_EQ(b.copies, 6);
+  EXPECT_EQ(b.weights, 6 * one);
+  EXPECT_EQ(b.grads, 6 * one);
+  EXPECT_EQ(b.scratch, one);
+  const auto none = llep_spill_copy_bytes(8, 4, 32, 48, DType::f32, 1000, 1, {1.0, 100.0, 1});
+  EXPECT_EQ(none.weights + none.grads + none.scratch, 0u);
+
+  Config c = tiny_plan_config();  // E = 4, H = 32, F = 48, B x T = 2 x 48, k = 2
+  c.schedules.dispatch = DispatchSchedule::llep;
+  c.schedules.llep_lambda = 1.0;
+  c.schedules.checkpoint = CheckpointSchedule::none;
+  const Plan with = make_plan(c, plan_inputs(c, 2));
+  c.schedules.llep_lambda = 100.0;
+  const Plan without = make_plan(c, plan_inputs(c, 2));
+  const uint64_t tiny = DeviceArena::footprint(3 * 48 * 32 * 4);
+  const uint64_t L = static_cast<uint64_t>(c.model.num_hidden_layers);
+  EXPECT_EQ(with.term(LiveSet::weights).bytes, without.term(LiveSet::weights).bytes + L * 2 * tiny);
+  EXPECT_EQ(with.term(LiveSet::grads).bytes, without.term(LiveSet::grads).bytes + L * 2 * tiny + tiny);
+  EXPECT_CONTAINS(with.term(LiveSet::weights).function, "llep_spill_copy_bytes(");
+  EXPECT_CONTAINS(with.term(LiveSet::grads).function, "copies=2");
 }
 
 TEST(PlanVerdict, NamesTheOverflowingTermAndTheAmount) {

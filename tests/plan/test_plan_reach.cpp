@@ -41,9 +41,10 @@ Reach reach(const std::string& model, int world) {
   return {max_seq_len(with_standard_schedules(b), in), max_seq_len(b, in)};
 }
 
-// Measured: standard 373,424, bounded 5,950,816 (15.9x). The standard reach is set by the
-// expert-parallel dispatch's worst case (W*N*k rows) and the resident AdamW state; the bounded
-// one by attention + workspace + Ring-DTP strips, which grow with N.
+// Measured: standard 373,424, bounded 5,818,528 (15.6x, with the LLEP spill copies). The
+// standard reach is set by the expert-parallel dispatch's worst case (W*N*k rows) and the
+// resident AdamW state; the bounded one by attention + workspace + Ring-DTP strips, which grow
+// with N.
 TEST(PlanReach, GptOss20bOn8H200) {
   const Reach r = reach("gpt-oss-20b", 8);
   EXPECT_GE(r.standard, 300000);
@@ -53,8 +54,8 @@ TEST(PlanReach, GptOss20bOn8H200) {
 }
 
 // The paper's settings: 120B on 16 and the 667B class on 64 H200s train at 1M context.
-// Measured: gpt-oss-120b/16 standard 202,848, bounded 11,748,528; deepseek-v3-like/64 standard
-// 4,544 (resident AdamW alone is 84 GiB of 131), bounded 9,194,048.
+// Measured: gpt-oss-120b/16 standard 202,848, bounded 10,457,648; deepseek-v3-like/64 standard
+// 4,544 (resident AdamW alone is 84 GiB of 131), bounded 5,358,720 (with the LLEP spill copies).
 bool fits_at(const std::string& model, int world, bool bounded, int64_t T) {
   const Config c = h200(model, bounded);
   PlanInputs in = plan_inputs(bounded ? c : with_standard_schedules(c), world);
