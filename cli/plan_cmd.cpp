@@ -56,23 +56,28 @@ void print_plan(const Plan& p, std::FILE* out) {
                format_bytes(in.host_budget).c_str());
   std::fprintf(out, "# total = the sum of each live set's own peak (they peak at different moments): "
                "an upper bound of the step's peak\n");
-  std::fprintf(out, "# %-11s %-17s %16s %10s %9s  %s\n", "live set", "schedule", "bytes", "GiB",
+  // The schedule column is as wide as its longest entry (at least 17), so the columns stay fixed.
+  int sw = 17;
+  for (const PlanTerm& t : p.terms) sw = std::max(sw, static_cast<int>(t.schedule.size()));
+  const int hw = 12 + sw;  // the host table's name column spans "live set" and "schedule"
+  std::fprintf(out, "# %-11s %-*s %16s %10s %9s  %s\n", "live set", sw, "schedule", "bytes", "GiB",
                "%cap", "function");
   for (const PlanTerm& t : p.terms) {
-    std::fprintf(out, "  %-11s %-17s %16llu %10.4f %8.2f%%  %s\n", std::string(live_set_name(t.set)).c_str(),
-                 t.schedule.c_str(), static_cast<unsigned long long>(t.bytes), t.bytes / kGiB,
+    std::fprintf(out, "  %-11s %-*s %16llu %10.4f %8.2f%%  %s\n", std::string(live_set_name(t.set)).c_str(),
+                 sw, t.schedule.c_str(), static_cast<unsigned long long>(t.bytes), t.bytes / kGiB,
                  pct(t.bytes, in.capacity), t.function.c_str());
   }
-  std::fprintf(out, "  %-11s %-17s %16llu %10.4f %8.2f%%  %s\n", "total", "",
+  std::fprintf(out, "  %-11s %-*s %16llu %10.4f %8.2f%%  %s\n", "total", sw, "",
                static_cast<unsigned long long>(p.total), p.total / kGiB, pct(p.total, in.capacity),
                p.device_fits ? "fits" : "DOES NOT FIT");
-  std::fprintf(out, "# host (pinned) %-14s %16s %10s %9s  %s\n", "term", "bytes", "GiB", "%budget", "function");
+  std::fprintf(out, "# host (pinned) %-*s %16s %10s %9s  %s\n", hw - 15, "term", "bytes", "GiB", "%budget",
+               "function");
   for (const HostTerm& h : p.host) {
-    std::fprintf(out, "  %-29s %16llu %10.4f %8.2f%%  %s\n", h.name.c_str(),
+    std::fprintf(out, "  %-*s %16llu %10.4f %8.2f%%  %s\n", hw, h.name.c_str(),
                  static_cast<unsigned long long>(h.bytes), h.bytes / kGiB, pct(h.bytes, in.host_budget),
                  h.function.c_str());
   }
-  std::fprintf(out, "  %-29s %16llu %10.4f %8.2f%%  %s\n", "host total",
+  std::fprintf(out, "  %-*s %16llu %10.4f %8.2f%%  %s\n", hw, "host total",
                static_cast<unsigned long long>(p.host_total), p.host_total / kGiB,
                pct(p.host_total, in.host_budget), p.host_fits ? "fits" : "DOES NOT FIT");
   std::fprintf(out, "# verdict: %s\n", p.verdict().c_str());
