@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <ctime>
 #include <fstream>
+#include <thread>
 
 #include "core/error.h"
 
@@ -15,6 +16,18 @@ void add_bench_common_options(CLI::App& sub, BenchCommonArgs& args) {
   sub.add_option("--iters", args.iters, "timed repetitions (the median is reported)")
       ->check(CLI::PositiveNumber);
   sub.add_option("--json", args.json_path, "write the results as JSON (DESIGN.md §10)");
+}
+
+BackendOptions bench_backend_options(const Config& cfg, const RankInfo& ranks) {
+  BackendOptions o;
+  o.kind = BackendKind::cpu;
+  o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
+  o.cpu_threads = static_cast<int>(cfg.runtime.threads);
+  if (o.cpu_threads == 0 && ranks.local_size > 1) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    o.cpu_threads = std::max(1, cores / ranks.local_size);
+  }
+  return o;
 }
 
 double median(std::vector<double> v) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "core/runtime/backend.h"
 #include "core/runtime/memory_stats.h"
 
 namespace moepeak::cli {
@@ -24,6 +25,10 @@ struct BenchCommonArgs {
   std::string json_path;
 };
 void add_bench_common_options(CLI::App& sub, BenchCommonArgs& args);
+
+// The CPU backend a bench rank runs on: runtime.device_memory as configured, runtime.threads or,
+// for 0, this rank's share of the host's cores (the ranks of one host share them).
+BackendOptions bench_backend_options(const Config& cfg, const RankInfo& ranks);
 
 double median(std::vector<double> v);
 std::string now_utc();  // "2026-11-29 21:38:19 UTC"

@@ -37,7 +37,6 @@
 #include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -75,18 +74,6 @@ struct DispatchBenchArgs {
   bool recompute = false;
 };
 
-BackendOptions dispatch_backend_options(const Config& cfg, const RankInfo& ranks) {
-  BackendOptions o;
-  o.kind = BackendKind::cpu;
-  o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
-  o.cpu_threads = static_cast<int>(cfg.runtime.threads);
-  if (o.cpu_threads == 0 && ranks.local_size > 1) {  // the ranks of one host share its cores
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    o.cpu_threads = std::max(1, cores / ranks.local_size);
-  }
-  return o;
-}
-
 // One schedule's row as this rank measured it.
 struct Measured {
   std::string schedule, membership;
@@ -102,7 +89,7 @@ class DispatchBench {
   DispatchBench(const DispatchBenchArgs& args, const Config& cfg, const RankInfo& ranks)
       : args_(args),
         dtype_(args.dtype == "f64" ? DType::f64 : DType::f32),
-        backend_(Backend::create(dispatch_backend_options(cfg, ranks))),
+        backend_(Backend::create(bench_backend_options(cfg, ranks))),
         comm_(make_comm(*backend_, ranks)) {
     const int64_t N = args.tokens, H = args.hidden, F = args.ffn, E = args.experts,
                   k = args.top_k, W = comm_->world_size();

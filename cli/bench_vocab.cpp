@@ -22,7 +22,6 @@
 #include <limits>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -48,18 +47,6 @@ struct VocabBenchArgs {
   std::vector<int64_t> strips = {0, 1024, 256};
   std::string dtype = "f32";
 };
-
-BackendOptions bench_backend_options(const Config& cfg, const RankInfo& ranks) {
-  BackendOptions o;
-  o.kind = BackendKind::cpu;
-  o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
-  o.cpu_threads = static_cast<int>(cfg.runtime.threads);
-  if (o.cpu_threads == 0 && ranks.local_size > 1) {  // the ranks of one host share its cores
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    o.cpu_threads = std::max(1, cores / ranks.local_size);
-  }
-  return o;
-}
 
 // One schedule's row as this rank measured it.
 struct Measured {
