@@ -58,10 +58,9 @@ ExpertParallelDispatch::ExpertParallelDispatch(Backend& backend, Stream& stream,
   first_expert_ = comm.rank() * local_experts_;
 }
 
-void ExpertParallelDispatch::exchange_rows(const Tensor& send,
-                                           const std::vector<int64_t>& send_rows,
-                                           const Tensor& recv,
-                                           const std::vector<int64_t>& recv_rows, int64_t width) {
+void exchange_rows(Comm& comm, Stream& stream, DType dtype, const char* who, const Tensor& send,
+                   const std::vector<int64_t>& send_rows, const Tensor& recv,
+                   const std::vector<int64_t>& recv_rows, int64_t width) {
   const size_t W = send_rows.size();
   std::vector<size_t> sc(W), so(W), rc(W), ro(W);
   size_t s_at = 0, r_at = 0;
@@ -75,9 +74,16 @@ void ExpertParallelDispatch::exchange_rows(const Tensor& send,
   }
   MOEPEAK_CHECK(
       s_at == static_cast<size_t>(send.numel()) && r_at == static_cast<size_t>(recv.numel()),
-      "expert parallel dispatch: exchange of ", s_at, " / ", r_at, " elements for ", send.str(),
-      " / ", recv.str());
-  comm_.all_to_all_v(send.data(), sc, so, recv.data(), rc, ro, dtype_, stream_);
+      who, ": exchange of ", s_at, " / ", r_at, " elements for ", send.str(), " / ", recv.str());
+  comm.all_to_all_v(send.data(), sc, so, recv.data(), rc, ro, dtype, stream);
+}
+
+void ExpertParallelDispatch::exchange_rows(const Tensor& send,
+                                           const std::vector<int64_t>& send_rows,
+                                           const Tensor& recv,
+                                           const std::vector<int64_t>& recv_rows, int64_t width) {
+  schedules::exchange_rows(comm_, stream_, dtype_, "expert parallel dispatch", send, send_rows, recv,
+                           recv_rows, width);
 }
 
 void ExpertParallelDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& weight,

@@ -44,21 +44,8 @@ LlepDispatch::LlepDispatch(Backend& backend, Stream& stream, Comm& comm, DType d
 void LlepDispatch::exchange_rows(const Tensor& send, const std::vector<int64_t>& send_rows,
                                  const Tensor& recv, const std::vector<int64_t>& recv_rows,
                                  int64_t width) {
-  const size_t W = send_rows.size();
-  std::vector<size_t> sc(W), so(W), rc(W), ro(W);
-  size_t s_at = 0, r_at = 0;
-  for (size_t p = 0; p < W; ++p) {
-    sc[p] = static_cast<size_t>(send_rows[p] * width);
-    rc[p] = static_cast<size_t>(recv_rows[p] * width);
-    so[p] = s_at;
-    ro[p] = r_at;
-    s_at += sc[p];
-    r_at += rc[p];
-  }
-  MOEPEAK_CHECK(s_at == static_cast<size_t>(send.numel()) && r_at == static_cast<size_t>(recv.numel()),
-                "llep dispatch: exchange of ", s_at, " / ", r_at, " elements for ", send.str(),
-                " / ", recv.str());
-  comm_.all_to_all_v(send.data(), sc, so, recv.data(), rc, ro, dtype_, stream_);
+  schedules::exchange_rows(comm_, stream_, dtype_, "llep dispatch", send, send_rows, recv, recv_rows,
+                           width);
 }
 
 const ExpertWeights& LlepDispatch::weights_of(int64_t expert,
