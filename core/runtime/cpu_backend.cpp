@@ -65,10 +65,14 @@ std::unique_ptr<Event> CpuBackend::create_event() { return std::make_unique<CpuE
 
 void CpuBackend::copy_async(void* dst, const void* src, size_t bytes, CopyKind /*kind*/,
                             Stream& stream) {
+  // NOTES: an empty copy may come with null pointers (the data() of an empty vector, a rank that
+  // receives no rows); memcpy with a null pointer is undefined even for 0 bytes (UBSan).
+  if (bytes == 0) return;
   as_cpu_stream(stream).enqueue([=] { std::memcpy(dst, src, bytes); });
 }
 
 void CpuBackend::memset_async(void* dst, int value, size_t bytes, Stream& stream) {
+  if (bytes == 0) return;
   as_cpu_stream(stream).enqueue([=] { std::memset(dst, value, bytes); });
 }
 
