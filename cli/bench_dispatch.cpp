@@ -23,8 +23,10 @@
 // it, forward + backward. Rank 0 prints and writes the
 // JSON; times, peaks and errors are the maximum over ranks. Bounds: standard —
 // dispatch_expert_parallel_bytes at its worst case R = W N k; llep — llep_dispatch_bytes;
-// pipelined_llep — pipelined_llep_dispatch_bytes. --config/--set only feed the runtime section
-// (device_memory, threads).
+// pipelined_llep — pipelined_llep_dispatch_bytes (its formula, which the peak equals); the header
+// also prints PipelinedLLEP's slots S and tile rows T and pipelined_llep_bound_bytes (the paper's
+// 2 Ep k c_eff H b plus the per-chunk metadata), the JSON's shape carries them. --config/--set
+// only feed the runtime section (device_memory, threads).
 //
 // Test: ctest -R llep_bench_dispatch (2 ranks, a small shape: the JSON's rows, bounds and errors);
 // results in docs/perf.md.
@@ -299,7 +301,13 @@ int run_bench_dispatch(const DispatchBenchArgs& args, const Context& ctx, const 
   const int W = bench.world();
   const bool root = bench.rank() == 0;
   const int64_t N = args.tokens, k = args.top_k;
-  const auto shape = schedules::pipelined_llep_shape(N, k, W, bench.pipeline_params(ChunkMembership::strided));
+  const auto pq = bench.pipeline_params(ChunkMembership::strided);
+  const auto shape =
+      schedules::pipelined_llep_shape(N, k, args.hidden, args.ffn, bench.dtype(), W, pq);
+  const uint64_t paper_bound =
+      2ull * W * k * shape.chunk_tokens * args.hidden * dtype_size(bench.dtype());
+  const uint64_t bound_with_metadata =
+      schedules::pipelined_llep_bound_bytes(N, k, args.hidden, args.ffn, bench.dtype(), W, pq);
   if (root) {
     std::printf("# moepeak bench dispatch: %s\n", bench.describe().c_str());
     std::printf("# host %s, %s; world %d; per rank N = %lld tokens, H = %lld, F = %lld, E = %lld "
@@ -321,10 +329,13 @@ int run_bench_dispatch(const DispatchBenchArgs& args, const Context& ctx, const 
                 static_cast<long long>(bench.chunk_tokens()), static_cast<long long>(args.max_chunks),
                 static_cast<long long>(shape.chunks), static_cast<long long>(shape.chunk_tokens),
                 static_cast<long long>(shape.rows_per_source),
-                static_cast<long long>(shape.receive_rows),
-                format_bytes(2ull * W * k * shape.chunk_tokens * args.hidden *
-                             dtype_size(bench.dtype()))
-                    .c_str());
+                static_cast<long long>(shape.receive_rows), format_bytes(paper_bound).c_str());
+    std::printf("# pipeline slots S = %lld (%s), expert tiles of T = %lld rows; bound with the "
+                "per-chunk metadata %s (pipelined_llep_bound_bytes)%s\n",
+                static_cast<long long>(shape.slots),
+                shape.slots == 2 ? "next chunk's dispatch overlapped" : "no overlap",
+                static_cast<long long>(shape.tile_rows), format_bytes(bound_with_metadata).c_str(),
+                shape.bounded ? "" : "; rows over it (max(alpha, lambda) near W or tiny rows)");
     std::printf("# time: median of %d (after %d warm-up) of %s, max over ranks; peaks: measured, "
                 "max over ranks\n",
                 args.common.iters, args.common.warmup,
@@ -391,6 +402,11 @@ int run_bench_dispatch(const DispatchBenchArgs& args, const Context& ctx, const 
                          {"chunks", shape.chunks},
                          {"chunk_tokens_effective", shape.chunk_tokens},
                          {"receive_rows_per_chunk", shape.receive_rows},
+                         {"slots", shape.slots},
+                         {"tile_rows", shape.tile_rows},
+                         {"bounded", shape.bounded},
+                         {"paper_bound_bytes", paper_bound},
+                         {"bound_with_metadata_bytes", bound_with_metadata},
                          {"llep_alpha", args.alpha},
                          {"llep_lambda", args.lambda},
                          {"min_tokens_per_gemm", args.min_tokens},

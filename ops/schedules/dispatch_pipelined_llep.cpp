@@ -1,17 +1,21 @@
-// PipelinedLlepDispatch: LLEP per chunk, two receive slots, the next chunk's dispatch on a comm
-// stream while this chunk's experts run, experts recomputed in backward (see the header).
+// PipelinedLlepDispatch: LLEP per chunk, S receive slots (1 or 2, fixed at launch by the byte
+// budget), with two the next chunk's dispatch on a comm stream while this chunk's experts run,
+// experts per tile written back into the slot, recomputed in backward (see the header).
 //
 // Stream discipline (NOTES):
 //   - `stream_` (compute) and `comm_stream_` never share a communicator: comm_stream_ uses
 //     comm2_ (duplicated), stream_ uses comm_. Each issues its collectives in chunk order, the
-//     same on every rank, so the per-stream orders merge into one global order
-//     X0, X1, C0, X2, C1, X3, ... (X = a chunk's dispatch, C = its compute and return) in which
-//     every collective waits only for earlier ones: no deadlock.
+//     same on every rank, so the per-stream orders merge into one global order — S = 2:
+//     X0, X1, C0, X2, C1, X3, ...; S = 1: X0, C0, X1, C1, ... (X = a chunk's dispatch, C = its
+//     compute and return) — in which every collective waits only for earlier ones: no deadlock.
 //   - comm_stream_ starts after `entry_` (the caller's work on stream_ that produced x, dout).
-//   - chunk i's dispatch waits for slot_free_[i%2] (chunk i-2's return and combine): the receive
-//     slot and the metadata slot are then free. The send staging buffers are used by comm_stream_
-//     alone, the returned-rows, grouped-rows and tile buffers by stream_ alone: stream order
-//     suffices.
+//   - chunk i's dispatch waits for slot_free_[i%S] (chunk i-S's return and combine): the receive
+//     slot and the metadata slot are then free. S = 2: the send staging buffers are used by
+//     comm_stream_ alone, the returned-rows and tile buffers by stream_ alone: stream order
+//     suffices. S = 1: the returned rows land in the staging buffers, written by stream_ after
+//     recv_ready_ (the sends have left them) and refilled by comm_stream_ after slot_free_.
+//   - a tile's rows are read from and written back to the slot on stream_ only; each arrival row
+//     belongs to exactly one tile, so a tile's writes never touch another tile's inputs.
 //   - the host never waits inside the loop: every ordering is an event wait, and the buffers are
 //     freed only after both streams are drained.
 //   - weight spilling is done once per pass, not per chunk: every (expert, helper) pair of any
@@ -39,16 +43,49 @@ namespace {
 
 uint64_t fp(uint64_t bytes) { return DeviceArena::footprint(bytes); }
 
+// One chunk's sizes, unsigned (from the chunking of pipelined_llep_shape).
 struct Sizes {
-  uint64_t Mc, Rc, ce, H, F, b;
+  uint64_t W, Mc, Rc, ce, H, F, b;
 };
-Sizes sizes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn, DType dtype, int64_t world,
-            const PipelinedLlepParams& params, bool* empty) {
-  const PipelinedLlepShape s = pipelined_llep_shape(tokens, top_k, world, params);
-  *empty = s.chunks == 0;
-  return {static_cast<uint64_t>(s.rows_per_source), static_cast<uint64_t>(s.receive_rows),
-          static_cast<uint64_t>(s.chunk_tokens),    static_cast<uint64_t>(hidden),
-          static_cast<uint64_t>(ffn),               dtype_size(dtype)};
+Sizes sizes_of(const PipelinedLlepShape& s, int64_t hidden, int64_t ffn, DType dtype,
+               int64_t world) {
+  return {static_cast<uint64_t>(world),          static_cast<uint64_t>(s.rows_per_source),
+          static_cast<uint64_t>(s.receive_rows), static_cast<uint64_t>(s.chunk_tokens),
+          static_cast<uint64_t>(hidden),         static_cast<uint64_t>(ffn),
+          dtype_size(dtype)};
+}
+
+// The footprints the dispatcher allocates with S slots and T-row tiles, split into rows (buffers
+// with H or F columns: what the bound 2 W M_c H b is about) and metadata. run_forward and
+// run_backward allocate exactly these (the tests compare the measured peak with them).
+struct Footprints {
+  uint64_t rows_forward, meta_forward, rows_backward, meta_backward;
+};
+Footprints footprints(const Sizes& z, uint64_t S, uint64_t T) {
+  const uint64_t row_M = fp(z.Mc * z.H * z.b), row_R = fp(z.Rc * z.H * z.b);
+  const uint64_t tile_H = fp(T * z.H * z.b), tile_F = fp(T * z.F * z.b);
+  const uint64_t staging = (S == 2 ? 2 : 1) * row_M;  // sent rows [, returned rows if S = 2]
+  const uint64_t send_index = 2 * fp(z.Mc * 4);        // per slot: send token, slot (i32)
+  Footprints f;
+  f.rows_forward = staging + S * row_R + tile_H + 3 * tile_F;  // slots; tile; a, b, g
+  f.meta_forward = S * (send_index + fp(z.Mc * z.b));          // + the routing weights
+  // Slots of x and dout rows; x, dout, y tiles; a, b, g, dg.
+  f.rows_backward = staging + 2 * S * row_R + 3 * tile_H + 4 * tile_F;
+  // Weights sent [, dweights returned if S = 2]; per slot the indices and the received
+  // weights (then dweights); a tile's weights and dweights, and its row index (i32).
+  f.meta_backward = (S == 2 ? 2 : 1) * fp(z.Mc * z.b) + S * (send_index + fp(z.Rc * z.b)) +
+                    2 * fp(T * z.b) + fp(T * 4);
+  return f;
+}
+
+// Forward and backward footprints of the whole shape (zero when there is no chunk).
+Footprints footprints_of(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn, DType dtype,
+                         int64_t world, const PipelinedLlepParams& params) {
+  const PipelinedLlepShape s =
+      pipelined_llep_shape(tokens, top_k, hidden, ffn, dtype, world, params);
+  if (s.chunks == 0) return {};
+  return footprints(sizes_of(s, hidden, ffn, dtype, world), static_cast<uint64_t>(s.slots),
+                    static_cast<uint64_t>(s.tile_rows));
 }
 
 }  // namespace
@@ -80,35 +117,60 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t w
   return s;
 }
 
+PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
+                                        DType dtype, int64_t world,
+                                        const PipelinedLlepParams& params) {
+  MOEPEAK_CHECK(hidden >= 0 && ffn >= 0, "pipelined llep shape: H = ", hidden, ", F = ", ffn);
+  PipelinedLlepShape s = pipelined_llep_shape(tokens, top_k, world, params);
+  if (s.chunks == 0) return s;
+  const Sizes z = sizes_of(s, hidden, ffn, dtype, world);
+  const uint64_t budget = 2 * z.W * z.Mc * z.H * z.b;  // 2 Ep k c_eff H b
+  auto fits = [&](uint64_t S, uint64_t T) {
+    const Footprints f = footprints(z, S, T);
+    return f.rows_forward <= budget && f.rows_backward <= budget;
+  };
+  // The largest T in [lo, c_eff] that fits with S slots, given that lo does (footprints grow
+  // with T).
+  auto largest = [&](uint64_t S, uint64_t lo) {
+    uint64_t hi = z.ce;
+    while (lo < hi) {
+      const uint64_t mid = lo + (hi - lo + 1) / 2;
+      if (fits(S, mid)) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return lo;
+  };
+  const uint64_t t_min = std::min<uint64_t>(
+      z.ce, static_cast<uint64_t>(std::max<int64_t>(1, params.min_tokens_per_gemm)));
+  uint64_t S = 1, T = t_min;
+  if (fits(2, t_min)) {
+    S = 2;
+    T = largest(2, t_min);
+  } else if (fits(1, 1)) {
+    T = largest(1, 1);
+  } else {
+    s.bounded = false;  // the corner case of the header's "Bound": T = T_min, over by the rows
+  }
+  s.slots = static_cast<int64_t>(S);
+  s.tile_rows = static_cast<int64_t>(T);
+  return s;
+}
+
 uint64_t pipelined_llep_forward_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
                                       DType dtype, int64_t world,
                                       const PipelinedLlepParams& params) {
-  bool empty = false;
-  const Sizes z = sizes(tokens, top_k, hidden, ffn, dtype, world, params, &empty);
-  if (empty) return 0;
-  const uint64_t staging = 2 * fp(z.Mc * z.H * z.b);  // x sent, outputs returned
-  // Per chunk slot: send token, slot, weight; grouping permutation and its inverse.
-  const uint64_t meta = 2 * (2 * fp(z.Mc * 4) + fp(z.Mc * z.b) + 2 * fp(z.Rc * 4));
-  const uint64_t receive = 2 * fp(z.Rc * z.H * z.b);     // two slots in flight
-  const uint64_t grouped = fp(z.Rc * z.H * z.b);         // the computing chunk, expert-grouped
-  const uint64_t temporaries = 3 * fp(z.ce * z.F * z.b);  // a, b, g of one tile
-  return staging + meta + receive + grouped + temporaries;
+  const Footprints f = footprints_of(tokens, top_k, hidden, ffn, dtype, world, params);
+  return f.rows_forward + f.meta_forward;
 }
 
 uint64_t pipelined_llep_backward_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
                                        DType dtype, int64_t world,
                                        const PipelinedLlepParams& params) {
-  bool empty = false;
-  const Sizes z = sizes(tokens, top_k, hidden, ffn, dtype, world, params, &empty);
-  if (empty) return 0;
-  // Send staging (x, then dout) and weight staging; dx and dweight returned.
-  const uint64_t staging = 2 * fp(z.Mc * z.H * z.b) + 2 * fp(z.Mc * z.b);
-  // Per chunk slot: send token, slot; grouping permutation and its inverse.
-  const uint64_t meta = 2 * (2 * fp(z.Mc * 4) + 2 * fp(z.Rc * 4));
-  const uint64_t receive = 2 * (2 * fp(z.Rc * z.H * z.b) + 2 * fp(z.Rc * z.b));  // x, dout, w, dw
-  const uint64_t grouped = 2 * fp(z.Rc * z.H * z.b) + 2 * fp(z.Rc * z.b);        // the same, grouped
-  const uint64_t temporaries = fp(z.ce * z.H * z.b) + 4 * fp(z.ce * z.F * z.b) + fp(z.ce * 4);
-  return staging + meta + receive + grouped + temporaries;
+  const Footprints f = footprints_of(tokens, top_k, hidden, ffn, dtype, world, params);
+  return f.rows_backward + f.meta_backward;
 }
 
 uint64_t pipelined_llep_dispatch_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
@@ -116,6 +178,17 @@ uint64_t pipelined_llep_dispatch_bytes(int64_t tokens, int64_t top_k, int64_t hi
                                        const PipelinedLlepParams& params) {
   return std::max(pipelined_llep_forward_bytes(tokens, top_k, hidden, ffn, dtype, world, params),
                   pipelined_llep_backward_bytes(tokens, top_k, hidden, ffn, dtype, world, params));
+}
+
+uint64_t pipelined_llep_bound_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
+                                    DType dtype, int64_t world, const PipelinedLlepParams& params) {
+  const PipelinedLlepShape s =
+      pipelined_llep_shape(tokens, top_k, hidden, ffn, dtype, world, params);
+  if (s.chunks == 0) return 0;
+  const Footprints f = footprints_of(tokens, top_k, hidden, ffn, dtype, world, params);
+  return 2 * static_cast<uint64_t>(world) * static_cast<uint64_t>(s.rows_per_source) *
+             static_cast<uint64_t>(hidden) * dtype_size(dtype) +
+         std::max(f.meta_forward, f.meta_backward);
 }
 
 PipelinedLlepDispatch::PipelinedLlepDispatch(Backend& backend, Stream& stream, Comm& comm,
@@ -193,14 +266,28 @@ const ExpertWeights& PipelinedLlepDispatch::weights_of(int64_t expert,
 }
 
 void PipelinedLlepDispatch::copy_metadata(const Chunk& c, const OwnedTensor& token,
-                                          const OwnedTensor& slot, const OwnedTensor& perm,
-                                          const OwnedTensor& inv, Stream& stream) {
-  const int64_t m = c.route.sent(), r = c.route.received();
+                                          const OwnedTensor& slot, Stream& stream) {
+  const int64_t m = c.route.sent();
+  if (m == 0) return;  // an empty vector's data() may be null, which memcpy must not see
   backend_.copy_async(token.data(), c.route.send_token.data(), m * 4, CopyKind::host_to_device,
                       stream);
   backend_.copy_async(slot.data(), c.route.send_slot.data(), m * 4, CopyKind::host_to_device, stream);
-  backend_.copy_async(perm.data(), c.perm.data(), r * 4, CopyKind::host_to_device, stream);
-  backend_.copy_async(inv.data(), c.inv.data(), r * 4, CopyKind::host_to_device, stream);
+}
+
+void PipelinedLlepDispatch::move_tile_rows(const Chunk& c, const Tile& t, const Tensor& arrival,
+                                           const Tensor& tile, bool gather) {
+  int64_t at = 0;
+  for (size_t i = t.first; i < t.first + t.count; ++i) {
+    const Piece& p = c.pieces[i];
+    const Tensor slot_rows = arrival.rows(p.begin, p.begin + p.rows);
+    const Tensor tile_rows = tile.rows(at, at + p.rows);
+    backend_.copy_async(gather ? tile_rows.data() : slot_rows.data(),
+                        gather ? slot_rows.data() : tile_rows.data(), slot_rows.nbytes(),
+                        CopyKind::device_to_device, stream_);
+    at += p.rows;
+  }
+  MOEPEAK_CHECK(at == t.rows && tile.size(0) == t.rows, "pipelined llep: tile of ", t.rows,
+                " rows moved as ", at, " into ", tile.str());
 }
 
 // Routing to the host, K from the largest N, every chunk's counts all-gathered, every chunk's
@@ -234,8 +321,8 @@ void PipelinedLlepDispatch::prepare(const Tensor& x, const Tensor& index, const 
     stream_.synchronize();
   }
   const int64_t n_max = *std::max_element(all_n.begin(), all_n.end());
-  shape_ = pipelined_llep_shape(n_max, k, W, params_);
-  const int64_t K = shape_.chunks, ce = shape_.chunk_tokens;
+  shape_ = pipelined_llep_shape(n_max, k, hidden_, ffn_, dtype_, W, params_);
+  const int64_t K = shape_.chunks, ce = shape_.chunk_tokens, T = shape_.tile_rows;
 
   chunks_.assign(static_cast<size_t>(K), Chunk{});
   std::vector<int64_t> local(static_cast<size_t>(K * E), 0);
@@ -276,24 +363,25 @@ void PipelinedLlepDispatch::prepare(const Tensor& x, const Tensor& index, const 
     plans_.push_back(plan_llep(chunk_counts, W, params_.llep(), capacity));
     Chunk& c = chunks_[i];
     c.route = make_llep_route(plans_.back(), me, c.tokens, host_index, k);
-    // Expert-grouped order of the arrival rows: expert, then source (then the source's order).
-    // perm[grouped row] = arrival row, inv[arrival row] = grouped row.
+    // Tiles: the arrival blocks in expert-grouped order (expert, then source), each expert's
+    // rows cut into tiles of at most T; a tile's rows are runs (pieces) of arrival rows.
     std::vector<const LlepRoute::Block*> blocks;
     for (const LlepRoute::Block& b : c.route.blocks) blocks.push_back(&b);
     std::stable_sort(blocks.begin(), blocks.end(),
                      [](const LlepRoute::Block* a, const LlepRoute::Block* b) {
                        return a->expert < b->expert;
                      });
-    const int64_t R = c.route.received();
-    c.perm.resize(static_cast<size_t>(R));
-    c.inv.resize(static_cast<size_t>(R));
-    int64_t g = 0;
     for (const LlepRoute::Block* b : blocks) {
-      if (c.groups.empty() || c.groups.back().expert != b->expert) c.groups.push_back({b->expert, g, 0});
-      c.groups.back().rows += b->rows;
-      for (int64_t r = 0; r < b->rows; ++r, ++g) {
-        c.perm[g] = static_cast<int32_t>(b->begin + r);
-        c.inv[b->begin + r] = static_cast<int32_t>(g);
+      for (int64_t done = 0; done < b->rows;) {
+        if (c.tiles.empty() || c.tiles.back().expert != b->expert || c.tiles.back().rows == T) {
+          c.tiles.push_back({b->expert, 0, c.pieces.size(), 0});
+        }
+        Tile& t = c.tiles.back();
+        const int64_t take = std::min(b->rows - done, T - t.rows);
+        c.pieces.push_back({b->begin + done, take});
+        t.rows += take;
+        ++t.count;
+        done += take;
       }
     }
     for (const LlepTransfer& t : llep_transfers(plans_.back())) transfers_.push_back(t);
@@ -346,41 +434,45 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
                                         const Tensor& out) {
   const int64_t K = shape_.chunks, H = hidden_, F = ffn_, me = comm_.rank();
   if (K == 0) return;
-  const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows, ce = shape_.chunk_tokens;
+  const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows;
+  const int64_t S = shape_.slots, T = shape_.tile_rows;
+  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1, "pipelined llep: ", S, " slots, tiles of ", T);
   const Tensor weight_rows = weight_.reshape(Shape{tokens_ * top_k_, 1});
   Stream& cs = *comm_stream_;
   // The fixed buffers: pipelined_llep_forward_bytes, exactly.
   OwnedTensor x_send = buffer(Shape{Mc, H}, dtype_, "llep chunk rows sent");
-  OwnedTensor y_back = buffer(Shape{Mc, H}, dtype_, "llep chunk outputs returned");
-  OwnedTensor token[2], slot[2], row_weight[2], perm[2], inv[2], recv[2];
-  for (int s = 0; s < 2; ++s) {
+  // NOTES: with one slot the next dispatch waits for this chunk's combine, so the returned rows
+  // can land in the staging buffer; with two it is refilled while they return.
+  OwnedTensor y_own;
+  if (S == 2) y_own = buffer(Shape{Mc, H}, dtype_, "llep chunk outputs returned");
+  const Tensor y_back = S == 2 ? y_own.view() : x_send.view();
+  OwnedTensor token[2], slot[2], row_weight[2], recv[2];
+  for (int64_t s = 0; s < S; ++s) {
     token[s] = buffer(Shape{Mc}, DType::i32, "llep chunk send token");
     slot[s] = buffer(Shape{Mc}, DType::i32, "llep chunk send slot");
     row_weight[s] = buffer(Shape{Mc}, dtype_, "llep chunk send weight");
-    perm[s] = buffer(Shape{Rc}, DType::i32, "llep chunk grouped row");
-    inv[s] = buffer(Shape{Rc}, DType::i32, "llep chunk arrival row");
+    recv[s] = buffer(Shape{Rc, H}, dtype_, "llep chunk received rows");
   }
-  for (int s = 0; s < 2; ++s) recv[s] = buffer(Shape{Rc, H}, dtype_, "llep chunk received rows");
-  OwnedTensor xg = buffer(Shape{Rc, H}, dtype_, "llep chunk rows by expert");
-  OwnedTensor a = buffer(Shape{ce, F}, dtype_, "llep tile w1 rows");
-  OwnedTensor b = buffer(Shape{ce, F}, dtype_, "llep tile w3 rows");
-  OwnedTensor g = buffer(Shape{ce, F}, dtype_, "llep tile swiglu");
+  OwnedTensor xt = buffer(Shape{T, H}, dtype_, "llep tile rows");
+  OwnedTensor a = buffer(Shape{T, F}, dtype_, "llep tile w1 rows");
+  OwnedTensor b = buffer(Shape{T, F}, dtype_, "llep tile w3 rows");
+  OwnedTensor g = buffer(Shape{T, F}, dtype_, "llep tile swiglu");
   copies_.allocate(backend_, dtype_, transfers_, me, H, F, false, stream_, max_copies());
   try {
     entry_->record(stream_);
     cs.wait(*entry_);
     copies_.send_weights(*comm2_, cs, transfers_, me, first_expert_, local);
     for (int64_t i = 0; i < K; ++i) {
-      const int s = static_cast<int>(i % 2);
+      const int s = static_cast<int>(i % S);
       const Chunk& c = chunks_[i];
       const LlepRoute& r = c.route;
       const int64_t m = r.sent(), rr = r.received();
       MOEPEAK_CHECK(m <= Mc && rr <= Rc, "pipelined llep: chunk ", i, " sends ", m, " rows (cap ",
                     Mc, ") and receives ", rr, " (cap ", Rc, ")");
 
-      // Dispatch on the comm stream, once chunk i-2 has left the slot.
-      if (i >= 2) cs.wait(*slot_free_[s]);
-      copy_metadata(c, token[s], slot[s], perm[s], inv[s], cs);
+      // Dispatch on the comm stream, once chunk i-S has left the slot (and, S = 1, the staging).
+      if (i >= S) cs.wait(*slot_free_[s]);
+      copy_metadata(c, token[s], slot[s], cs);
       ops::gather_rows_cpu(weight_rows, slot[s].view().rows(0, m),
                            row_weight[s].view().rows(0, m).reshape(Shape{m, 1}), cs);
       ops::gather_rows_cpu(x_, token[s].view().rows(0, m), x_send.view().rows(0, m), cs);
@@ -388,28 +480,26 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
                     r.recv_rows, H);
       recv_ready_[s]->record(cs);
 
-      // Experts on the compute stream: rows grouped by expert, in tiles of at most c_eff rows;
-      // outputs in place of the inputs, then back to arrival order in the (now free) slot.
+      // Experts on the compute stream, tile by tile; each tile's outputs over its inputs in the
+      // slot, which then goes back in arrival order.
       stream_.wait(*recv_ready_[s]);
-      ops::gather_rows_cpu(recv[s].view().rows(0, rr), perm[s].view().rows(0, rr),
-                           xg.view().rows(0, rr), stream_);
-      for_each_tile(c, ce, [&](int64_t expert, int64_t lo, int64_t hi) {
-        const ExpertWeights& ex = weights_of(expert, local, copies_);
-        const Tensor xs = xg.view().rows(lo, hi);
-        const int64_t n = hi - lo;
+      const Tensor arrival = recv[s].view().rows(0, rr);  // (rr, H)
+      for (const Tile& t : c.tiles) {
+        const ExpertWeights& ex = weights_of(t.expert, local, copies_);
+        const int64_t n = t.rows, p0 = c.pieces[t.first].begin;
+        const bool in_place = t.count == 1;  // one run of arrival rows: no copy
+        const Tensor xs = in_place ? arrival.rows(p0, p0 + n) : xt.view().rows(0, n);
+        if (!in_place) move_tile_rows(c, t, arrival, xs, true);
         const Tensor as = a.view().rows(0, n), bs = b.view().rows(0, n), gs = g.view().rows(0, n);
         ops::linear_forward_cpu(xs, ex.w1, as, false, stream_);
         ops::linear_forward_cpu(xs, ex.w3, bs, false, stream_);
         ops::swiglu_forward_cpu(as, bs, gs, stream_);
-        ops::linear_forward_cpu(gs, ex.w2, xs, false, stream_);
-      });
-      ops::gather_rows_cpu(xg.view().rows(0, rr), inv[s].view().rows(0, rr),
-                           recv[s].view().rows(0, rr), stream_);
-      exchange_rows(comm_, stream_, recv[s].view().rows(0, rr), r.recv_rows,
-                    y_back.view().rows(0, m), r.send_rows, H);
+        ops::linear_forward_cpu(gs, ex.w2, xs, false, stream_);  // y over x
+        if (!in_place) move_tile_rows(c, t, arrival, xs, false);
+      }
+      exchange_rows(comm_, stream_, arrival, r.recv_rows, y_back.rows(0, m), r.send_rows, H);
       for (const LlepRoute::Range& rg : r.combine_ranges) {
-        ops::combine_rows_cpu(y_back.view().rows(rg.begin, rg.end),
-                              token[s].view().rows(rg.begin, rg.end),
+        ops::combine_rows_cpu(y_back.rows(rg.begin, rg.end), token[s].view().rows(rg.begin, rg.end),
                               row_weight[s].view().rows(rg.begin, rg.end), out, stream_);
       }
       slot_free_[s]->record(stream_);
@@ -450,40 +540,43 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
   const int64_t NK = tokens_ * top_k_;
   ops::fill(dweight, 0.0, stream_);
   if (K == 0) return;
-  const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows, ce = shape_.chunk_tokens;
+  const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows;
+  const int64_t S = shape_.slots, T = shape_.tile_rows;
+  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1, "pipelined llep: ", S, " slots, tiles of ", T);
   const Tensor weight_rows = weight_.reshape(Shape{NK, 1});
   Stream& cs = *comm_stream_;
   // The fixed buffers: pipelined_llep_backward_bytes, exactly.
   OwnedTensor stage = buffer(Shape{Mc, H}, dtype_, "llep chunk rows sent");
   OwnedTensor w_stage = buffer(Shape{Mc}, dtype_, "llep chunk weights sent");
-  OwnedTensor dx_back = buffer(Shape{Mc, H}, dtype_, "llep chunk d rows returned");
-  OwnedTensor dw_back = buffer(Shape{Mc}, dtype_, "llep chunk d weights returned");
-  OwnedTensor token[2], slot[2], perm[2], inv[2], recv_x[2], recv_d[2], recv_w[2], recv_dw[2];
-  for (int s = 0; s < 2; ++s) {
+  // NOTES: as in forward, one slot lets dx and dweight return into the staging buffers.
+  OwnedTensor dx_own, dw_own;
+  if (S == 2) {
+    dx_own = buffer(Shape{Mc, H}, dtype_, "llep chunk d rows returned");
+    dw_own = buffer(Shape{Mc}, dtype_, "llep chunk d weights returned");
+  }
+  const Tensor dx_back = S == 2 ? dx_own.view() : stage.view();
+  const Tensor dw_back = S == 2 ? dw_own.view() : w_stage.view();
+  OwnedTensor token[2], slot[2], recv_x[2], recv_d[2], recv_w[2];
+  for (int64_t s = 0; s < S; ++s) {
     token[s] = buffer(Shape{Mc}, DType::i32, "llep chunk send token");
     slot[s] = buffer(Shape{Mc}, DType::i32, "llep chunk send slot");
-    perm[s] = buffer(Shape{Rc}, DType::i32, "llep chunk grouped row");
-    inv[s] = buffer(Shape{Rc}, DType::i32, "llep chunk arrival row");
-  }
-  for (int s = 0; s < 2; ++s) {
     recv_x[s] = buffer(Shape{Rc, H}, dtype_, "llep chunk received rows");
     recv_d[s] = buffer(Shape{Rc, H}, dtype_, "llep chunk received d outputs");
     recv_w[s] = buffer(Shape{Rc}, dtype_, "llep chunk received weights");
-    recv_dw[s] = buffer(Shape{Rc}, dtype_, "llep chunk d weights");
   }
-  OwnedTensor xg = buffer(Shape{Rc, H}, dtype_, "llep chunk rows by expert");
-  OwnedTensor dg_rows = buffer(Shape{Rc, H}, dtype_, "llep chunk d outputs by expert");
-  OwnedTensor wg = buffer(Shape{Rc}, dtype_, "llep chunk weights by expert");
-  OwnedTensor dwg = buffer(Shape{Rc}, dtype_, "llep chunk d weights by expert");
-  OwnedTensor y = buffer(Shape{ce, H}, dtype_, "llep tile outputs");
-  OwnedTensor a = buffer(Shape{ce, F}, dtype_, "llep tile w1 rows");
-  OwnedTensor b = buffer(Shape{ce, F}, dtype_, "llep tile w3 rows");
-  OwnedTensor g = buffer(Shape{ce, F}, dtype_, "llep tile swiglu");
-  OwnedTensor dg = buffer(Shape{ce, F}, dtype_, "llep tile d swiglu");
-  OwnedTensor iota = buffer(Shape{ce}, DType::i32, "llep tile row index");
-  std::vector<int32_t> host_iota(static_cast<size_t>(ce));
+  OwnedTensor xt = buffer(Shape{T, H}, dtype_, "llep tile rows");
+  OwnedTensor dt = buffer(Shape{T, H}, dtype_, "llep tile d outputs");
+  OwnedTensor yt = buffer(Shape{T, H}, dtype_, "llep tile outputs");
+  OwnedTensor a = buffer(Shape{T, F}, dtype_, "llep tile w1 rows");
+  OwnedTensor b = buffer(Shape{T, F}, dtype_, "llep tile w3 rows");
+  OwnedTensor g = buffer(Shape{T, F}, dtype_, "llep tile swiglu");
+  OwnedTensor dg = buffer(Shape{T, F}, dtype_, "llep tile d swiglu");
+  OwnedTensor wt = buffer(Shape{T}, dtype_, "llep tile weights");
+  OwnedTensor dwt = buffer(Shape{T}, dtype_, "llep tile d weights");
+  OwnedTensor iota = buffer(Shape{T}, DType::i32, "llep tile row index");
+  std::vector<int32_t> host_iota(static_cast<size_t>(T));
   std::iota(host_iota.begin(), host_iota.end(), 0);
-  backend_.copy_async(iota.data(), host_iota.data(), ce * 4, CopyKind::host_to_device, stream_);
+  backend_.copy_async(iota.data(), host_iota.data(), T * 4, CopyKind::host_to_device, stream_);
   // An owner adds each helper's gradients from this scratch (`grads`, as the gradients are).
   OwnedTensor scratch;
   if (llep_owns_a_transfer(transfers_, me)) {
@@ -496,14 +589,15 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
     cs.wait(*entry_);
     copies_.send_weights(*comm2_, cs, transfers_, me, first_expert_, local);
     for (int64_t i = 0; i < K; ++i) {
-      const int s = static_cast<int>(i % 2);
+      const int s = static_cast<int>(i % S);
       const Chunk& c = chunks_[i];
       const LlepRoute& r = c.route;
       const int64_t m = r.sent(), rr = r.received();
 
-      // Dispatch on the comm stream: x rows, dout rows and routing weights to the compute ranks.
-      if (i >= 2) cs.wait(*slot_free_[s]);
-      copy_metadata(c, token[s], slot[s], perm[s], inv[s], cs);
+      // Dispatch on the comm stream: x rows, then dout rows through the one staging buffer, and
+      // the routing weights, to the compute ranks.
+      if (i >= S) cs.wait(*slot_free_[s]);
+      copy_metadata(c, token[s], slot[s], cs);
       const Tensor tok = token[s].view().rows(0, m), sl = slot[s].view().rows(0, m);
       ops::gather_rows_cpu(x_, tok, stage.view().rows(0, m), cs);
       exchange_rows(*comm2_, cs, stage.view().rows(0, m), r.send_rows, recv_x[s].view().rows(0, rr),
@@ -516,20 +610,25 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
                     recv_w[s].view().rows(0, rr), r.recv_rows, 1);
       recv_ready_[s]->record(cs);
 
-      // Recompute and backward on the rows grouped by expert, in tiles of at most c_eff rows:
-      // dweight and dy from y, then dx in place of dout; back to arrival order in the slot.
+      // Recompute and backward tile by tile: dweight and dy from y, then dx over the tile's dout
+      // rows and dweight over its weights in the slot, which then go back in arrival order.
       stream_.wait(*recv_ready_[s]);
-      const Tensor pm = perm[s].view().rows(0, rr), iv = inv[s].view().rows(0, rr);
-      ops::gather_rows_cpu(recv_x[s].view().rows(0, rr), pm, xg.view().rows(0, rr), stream_);
-      ops::gather_rows_cpu(recv_d[s].view().rows(0, rr), pm, dg_rows.view().rows(0, rr), stream_);
-      ops::gather_rows_cpu(recv_w[s].view().rows(0, rr).reshape(Shape{rr, 1}), pm,
-                           wg.view().rows(0, rr).reshape(Shape{rr, 1}), stream_);
-      for_each_tile(c, ce, [&](int64_t expert, int64_t lo, int64_t hi) {
-        const int64_t n = hi - lo;
-        const ExpertWeights& ex = weights_of(expert, local, copies_);
-        const Tensor xs = xg.view().rows(lo, hi), ds = dg_rows.view().rows(lo, hi);
-        const Tensor ws = wg.view().rows(lo, hi), dws = dwg.view().rows(lo, hi);
-        const Tensor ys = y.view().rows(0, n), as = a.view().rows(0, n), bs = b.view().rows(0, n);
+      const Tensor xa = recv_x[s].view().rows(0, rr), da = recv_d[s].view().rows(0, rr);  // (rr, H)
+      const Tensor wa = recv_w[s].view().rows(0, rr);                                      // (rr)
+      for (const Tile& t : c.tiles) {
+        const ExpertWeights& ex = weights_of(t.expert, local, copies_);
+        const int64_t n = t.rows, p0 = c.pieces[t.first].begin;
+        const bool in_place = t.count == 1;  // one run of arrival rows: no copies
+        const Tensor xs = in_place ? xa.rows(p0, p0 + n) : xt.view().rows(0, n);
+        const Tensor ds = in_place ? da.rows(p0, p0 + n) : dt.view().rows(0, n);
+        const Tensor ws = in_place ? wa.rows(p0, p0 + n) : wt.view().rows(0, n);
+        if (!in_place) {
+          move_tile_rows(c, t, xa, xs, true);
+          move_tile_rows(c, t, da, ds, true);
+          move_tile_rows(c, t, wa, ws, true);
+        }
+        const Tensor ys = yt.view().rows(0, n), dws = dwt.view().rows(0, n);
+        const Tensor as = a.view().rows(0, n), bs = b.view().rows(0, n);
         const Tensor gs = g.view().rows(0, n), dgs = dg.view().rows(0, n);
         ops::linear_forward_cpu(xs, ex.w1, as, false, stream_);
         ops::linear_forward_cpu(xs, ex.w3, bs, false, stream_);
@@ -539,21 +638,18 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
         ops::combine_rows_backward_cpu(ds, ys, iota.view().rows(0, n), ws, ys, dws, stream_);
         ops::linear_backward_cpu(gs, ex.w2, ys, dgs, false, ex.dw2, stream_);
         ops::swiglu_backward_cpu(as, bs, dgs, as, bs, stream_);  // da, db in place of a, b
-        ops::linear_backward_cpu(xs, ex.w1, as, ds, false, ex.dw1, stream_);
+        ops::linear_backward_cpu(xs, ex.w1, as, ds, false, ex.dw1, stream_);  // dx over dout
         ops::linear_backward_cpu(xs, ex.w3, bs, ds, true, ex.dw3, stream_);
-      });
-      ops::gather_rows_cpu(dg_rows.view().rows(0, rr), iv, recv_d[s].view().rows(0, rr), stream_);
-      ops::gather_rows_cpu(dwg.view().rows(0, rr).reshape(Shape{rr, 1}), iv,
-                           recv_dw[s].view().rows(0, rr).reshape(Shape{rr, 1}), stream_);
-      exchange_rows(comm_, stream_, recv_d[s].view().rows(0, rr), r.recv_rows,
-                    dx_back.view().rows(0, m), r.send_rows, H);
-      exchange_rows(comm_, stream_, recv_dw[s].view().rows(0, rr), r.recv_rows,
-                    dw_back.view().rows(0, m), r.send_rows, 1);
+        if (!in_place) move_tile_rows(c, t, da, ds, false);
+        move_tile_rows(c, t, wa, dws, false);  // dweight over the (used) weights
+      }
+      exchange_rows(comm_, stream_, da, r.recv_rows, dx_back.rows(0, m), r.send_rows, H);
+      exchange_rows(comm_, stream_, wa, r.recv_rows, dw_back.rows(0, m), r.send_rows, 1);
       for (const LlepRoute::Range& rg : r.combine_ranges) {
-        ops::scatter_add_rows_cpu(dx_back.view().rows(rg.begin, rg.end),
+        ops::scatter_add_rows_cpu(dx_back.rows(rg.begin, rg.end),
                                   token[s].view().rows(rg.begin, rg.end), dx, stream_);
       }
-      ops::scatter_add_rows_cpu(dw_back.view().rows(0, m).reshape(Shape{m, 1}),
+      ops::scatter_add_rows_cpu(dw_back.rows(0, m).reshape(Shape{m, 1}),
                                 slot[s].view().rows(0, m), dweight.reshape(Shape{NK, 1}), stream_);
       slot_free_[s]->record(stream_);
     }

@@ -13,32 +13,54 @@
 // (contiguous), so every source puts at most c_eff tokens, M_c = k * c_eff rows, in a chunk.
 // Per chunk: LLEP plan over the chunk's all-gathered counts with the hard receive capacity
 // R_c = llep_receive_capacity(M_c, W, params) (so no rank computes more than R_c rows of a chunk
-// whatever the routing) -> dispatch (rows in LlepRoute's send order, one all_to_all_v) ->
-// the received rows grouped by expert (a permutation into one more buffer) and the expert GEMMs
-// run in tiles of at most c_eff rows -> the outputs back to arrival order and to their sources
-// (all_to_all_v) -> combine in expert order.
+// whatever the routing) -> dispatch (rows in LlepRoute's send order through one (M_c, H) send
+// staging buffer, one all_to_all_v, into a receive slot (R_c, H)) -> the expert GEMMs per tile of
+// at most T rows of one expert (the tile's rows gathered from the slot into a (T, H) tile buffer,
+// or used in place when they are one run of arrival rows), the outputs written back into the
+// slot at the arrival rows they came from -> the slot, now holding the rows to return in arrival
+// order, back to the sources (all_to_all_v) -> combine in expert order.
 //
-// Overlap: chunk i+1's dispatch runs on this dispatcher's own comm stream with a duplicated
-// communicator while chunk i's experts run on `stream`; two receive slots alternate, guarded by
-// events (slot i%2 is refilled only after chunk i-2 has returned its rows).
+// Slots and overlap: S receive slots, chosen at launch by pipelined_llep_shape (below). S = 2:
+// chunk i+1's dispatch runs on this dispatcher's own comm stream with a duplicated communicator
+// while chunk i's experts run on `stream`; the slots alternate, guarded by events (slot i%2 is
+// refilled only after chunk i-2 has returned its rows); the returned rows land in a buffer of
+// their own. S = 1: chunk i+1 is dispatched once chunk i's rows have returned and been combined
+// (no overlap), and they return into the send staging buffer.
 //
 // Backward recomputes each chunk's experts (nothing routing-sized is kept from forward: the
-// dispatch live set is empty between forward and backward): the source sends x rows, its dout
-// rows and the routing weights; the compute rank recomputes y, forms dweight = dout . y and
-// dy = weight * dout per row, runs the expert backward and returns dx rows and dweight; helpers
-// accumulate spilled experts' weight gradients over the chunks and return them to their owners
-// after the last one (+=).
+// dispatch live set is empty between forward and backward): the source sends x rows, then dout
+// rows, through the one staging buffer (two exchanges on the comm stream) into the slot's x and
+// dout buffers, and its routing weights; the compute rank recomputes y per tile, forms
+// dweight = dout . y and dy = weight * dout per row, runs the expert backward and writes dx over
+// the slot's dout rows and dweight over its weights, and returns both; helpers accumulate
+// spilled experts' weight gradients over the chunks and return them to their owners after the
+// last one (+=).
 //
 // Weight spilling, once per pass: the weights of every expert some chunk's plan spills to a
 // helper are sent owner -> helper before chunk 0 (llep_experts.h), not again per chunk.
 //
-// Bound (pipelined_llep_dispatch_bytes; docs/memory.md "Dispatch bound"): the receive rows of
-// the two chunks in flight are 2 * R_c * H * b <= 2 * Ep * k * c_eff * H * b (Ep = W, since
-// R_c <= W * M_c); with LLEP's cap R_c = max(ceil(alpha M_c), floor(lambda M_c), M_c), i.e.
-// 1.3 * k * c_eff at the defaults. Besides those, the live set holds the computing chunk's rows
-// grouped by expert (R_c), fixed send staging (M_c rows), in backward the dout rows beside the
-// x rows (received and grouped), c_eff-row expert temporaries and the per-chunk metadata; the
-// function is their exact sum, and the measured peak equals it whatever the router does.
+// Bound (docs/memory.md "Dispatch bound"). Every buffer with H or F columns ("rows") counts
+// against 2 * Ep * k * c_eff * H * b = 2 * W * M_c * H * b (Ep = W); the per-chunk metadata — i32
+// send token / slot indices (M_c), per-row routing weights and their gradients (M_c or R_c), a
+// tile's weights and row index (T) — sits beside it: pipelined_llep_bound_bytes is the sum. In
+// units U = M_c * H * b, rho = R_c / M_c (<= max(1, alpha, lambda), 1.3 at the defaults):
+//   S = 2: forward 2 + 2 rho, backward 2 + 4 rho      S = 1: forward 1 + rho, backward 1 + 2 rho
+// plus the tile temporaries: forward a (T, H) tile and a, b, g (T, F); backward x, dout and y
+// tiles (T, H) and a, b, g, dg (T, F). The rule (pipelined_llep_shape), with
+// T_min = min(c_eff, max(1, min_tokens_per_gemm)) and every size an arena footprint:
+//   S = 2 if the two-slot rows with T_min-row tiles fit under 2 W U (forward and backward), with
+//     T the largest <= c_eff that fits;
+//   else S = 1 with T the largest <= c_eff that fits, if T = 1 fits;
+//   else (max(alpha, lambda) near W, e.g. W = 2 with lambda >= 1.5; W = 1, where R_c = M_c and
+//     backward needs 3 U; or rows so narrow that footprint rounding dominates) S = 1, T = T_min
+//     and `bounded` = false: nothing fails, and the peak exceeds the bound by exactly backward's
+//     rows minus 2 W U = fp(M_c H b) + 2 fp(R_c H b) + 3 fp(T H b) + 4 fp(T F b) - 2 W M_c H b.
+// Backward's rows and metadata are never below forward's, so the peak is backward's and the
+// metadata term of the bound is backward's.
+// At the defaults (alpha = 1, lambda = 1.3): S = 1 at W = 2 and 3; S = 2 at W >= 4 once the
+// 0.8 U that W = 4 leaves holds T_min-row tiles, 0.8 M_c H >= T_min (3 H + 4 F) (M_c >= 440 at
+// F = 2 H, 680 at F = 3.5 H with T_min = 32). pipelined_llep_dispatch_bytes is the exact sum
+// of what the dispatcher allocates; the measured peak equals it whatever the router does.
 // Spilled experts' weight copies are `weights`/`grads` (llep_experts.h).
 //
 // Exactness against ExpertParallelDispatch: every row goes through the same expert arithmetic
@@ -95,21 +117,32 @@ struct PipelinedLlepShape {
   int64_t chunk_tokens = 0;     // c_eff = ceil(N_max / K)
   int64_t rows_per_source = 0;  // M_c = k * c_eff
   int64_t receive_rows = 0;     // R_c = llep_receive_capacity(M_c, W, params)
+  // Set by the overload with H, F and the dtype only (0 / true otherwise): see "Bound" above.
+  int64_t slots = 0;      // S: receive slots, 2 (overlapped dispatch) or 1
+  int64_t tile_rows = 0;  // T: rows per expert tile, 1 <= T <= c_eff
+  bool bounded = true;    // the rows fit 2 * W * M_c * H * b (false only in the corner case)
 };
+// The chunking only (K, c_eff, M_c, R_c; slots and tile_rows 0).
 PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t world,
                                         const PipelinedLlepParams& params);
+// The whole shape, S and T included: what the dispatcher runs and the byte functions count.
+PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
+                                        DType dtype, int64_t world,
+                                        const PipelinedLlepParams& params);
 
-// Exact peak bytes of the `dispatch` live set (arena footprints), the larger of
-//   forward:  send staging x (M_c, H) + returned rows (M_c, H) + 2 metadata slots (token, slot
-//             i32 and weight, M_c each; grouping permutation and inverse, i32 R_c each) + 2
-//             receive slots (R_c, H) + the grouped rows (R_c, H) + a, b, g (c_eff, F)
-//   backward: send staging (M_c, H) + weight staging (M_c) + returned dx (M_c, H) and dweight
-//             (M_c) + 2 metadata slots (token, slot i32, M_c each; permutation and inverse, R_c
-//             each) + 2 receive slots of x and dout (R_c, H) and weight and dweight (R_c) + the
-//             same four grouped + y/dy (c_eff, H) + a, b, g, dg (c_eff, F) + an i32 row index
-//             (c_eff)
-// with the shape of pipelined_llep_shape(tokens, top_k, world, params). The dispatcher
-// allocates exactly these at the start of forward and backward and frees them at the end.
+// Exact peak bytes of the `dispatch` live set (arena footprints fp), the larger of
+//   forward:  rows:     send staging (M_c, H) [+ returned rows (M_c, H) if S = 2]
+//                       + S receive slots (R_c, H) + tile (T, H) + a, b, g (T, F)
+//             metadata: S x (send token, slot i32 (M_c) + routing weight (M_c))
+//   backward: rows:     send staging (M_c, H) [+ returned dx (M_c, H) if S = 2]
+//                       + S x receive slots of x and dout (R_c, H) + x, dout, y tiles (T, H)
+//                       + a, b, g, dg (T, F)
+//             metadata: weight staging (M_c) [+ returned dweight (M_c) if S = 2]
+//                       + S x (send token, slot i32 (M_c) + received weights / dweights (R_c))
+//                       + tile weights and dweights (T) + tile row index i32 (T)
+// with the shape of pipelined_llep_shape(tokens, top_k, hidden, ffn, dtype, world, params). The
+// dispatcher allocates exactly these at the start of forward and backward and frees them at the
+// end.
 uint64_t pipelined_llep_dispatch_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
                                        DType dtype, int64_t world,
                                        const PipelinedLlepParams& params);
@@ -119,6 +152,11 @@ uint64_t pipelined_llep_forward_bytes(int64_t tokens, int64_t top_k, int64_t hid
 uint64_t pipelined_llep_backward_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
                                        DType dtype, int64_t world,
                                        const PipelinedLlepParams& params);
+// The paper's bound plus the metadata: 2 * W * M_c * H * b + the larger of forward's and
+// backward's metadata footprints (above). pipelined_llep_dispatch_bytes <= it whenever
+// shape.bounded (0 when N_max == 0).
+uint64_t pipelined_llep_bound_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
+                                    DType dtype, int64_t world, const PipelinedLlepParams& params);
 
 class PipelinedLlepDispatch final : public ExpertDispatch {
  public:
@@ -152,30 +190,30 @@ class PipelinedLlepDispatch final : public ExpertDispatch {
   Stream& comm_stream() { return *comm_stream_; }
 
  private:
-  // One chunk's host metadata: its local token positions, its row layout, and the grouping of
-  // the rows this rank computes by expert (`groups` in the grouped order; perm/inv map grouped
-  // rows to arrival rows and back).
-  struct Group {
-    int64_t expert = 0, begin = 0, rows = 0;
+  // One chunk's host metadata: its local token positions, its row layout, and the tiles of the
+  // rows this rank computes: each tile one expert's rows, at most T, as `pieces` — runs of
+  // arrival rows, in expert-grouped order (expert, then source, then the source's order).
+  struct Piece {
+    int64_t begin = 0, rows = 0;  // arrival rows [begin, begin + rows)
+  };
+  struct Tile {
+    int64_t expert = 0, rows = 0;
+    size_t first = 0, count = 0;  // pieces [first, first + count)
   };
   struct Chunk {
     std::vector<int64_t> tokens;
     LlepRoute route;
-    std::vector<int32_t> perm, inv;
-    std::vector<Group> groups;
+    std::vector<Piece> pieces;
+    std::vector<Tile> tiles;
   };
   void prepare(const Tensor& x, const Tensor& index, const Tensor& weight);
-  // A chunk's send indices and grouping permutations to their device slots, on `stream`.
+  // A chunk's send indices to their device slots, on `stream`.
   void copy_metadata(const Chunk& c, const OwnedTensor& token, const OwnedTensor& slot,
-                     const OwnedTensor& perm, const OwnedTensor& inv, Stream& stream);
-  // fn(expert, begin, end) for the grouped rows of each expert in tiles of at most `tile` rows.
-  template <typename Fn> static void for_each_tile(const Chunk& c, int64_t tile, Fn&& fn) {
-    for (const Group& g : c.groups) {
-      for (int64_t lo = g.begin; lo < g.begin + g.rows; lo += tile) {
-        fn(g.expert, lo, std::min(lo + tile, g.begin + g.rows));
-      }
-    }
-  }
+                     Stream& stream);
+  // The rows of tile t between `arrival` (the slot's rows, arrival order) and `tile` (t.rows
+  // rows, tile order), on stream_: into the tile when `gather`, back to the slot otherwise.
+  void move_tile_rows(const Chunk& c, const Tile& t, const Tensor& arrival, const Tensor& tile,
+                      bool gather);
   void run_forward(const std::vector<ExpertWeights>& local_experts, const Tensor& out);
   void run_backward(const Tensor& dout, const std::vector<ExpertWeights>& local_experts,
                     const Tensor& dx, const Tensor& dweight);
@@ -197,7 +235,7 @@ class PipelinedLlepDispatch final : public ExpertDispatch {
   int64_t num_experts_, local_experts_, first_expert_;
   std::unique_ptr<Comm> comm2_;           // the comm stream's communicator
   std::unique_ptr<Stream> comm_stream_;   // dispatch of the next chunk
-  std::unique_ptr<Event> entry_, recv_ready_[2], slot_free_[2];
+  std::unique_ptr<Event> entry_, recv_ready_[2], slot_free_[2];  // per slot (S <= 2)
   LlepExpertCopies copies_;
 
   // What forward keeps for backward: the caller's tensors (views) and host metadata only.

@@ -12,18 +12,28 @@
 //   - min_tokens_per_gemm: without a binding capacity every helper piece below it is the last
 //     piece of its expert (the remainder);
 //   - the receive capacity formula covers every plan of a receiver-bounded exchange;
-//   - hand-checked plans (one hot expert spread over the ranks), determinism, and errors.
+//   - hand-checked plans (one hot expert spread over the ranks), determinism, and errors;
+//   - PipelinedLLEP's launch shape (ops/schedules/dispatch_pipelined_llep.h, "Bound"): the slots S
+//     and tile rows T against the rule, recomputed here from the buffer list — S = 2 exactly when
+//     the two-slot rows with T_min-row tiles fit 2 W M_c H b, T the largest that fits — so that
+//     the dispatch bytes stay under pipelined_llep_bound_bytes (2 W M_c H b + metadata) whenever
+//     shape.bounded, which holds whenever one slot with a one-row tile fits (in particular for
+//     every grid point with max(alpha, lambda) <= W - 1 here), and otherwise exceed it by exactly
+//     backward's rows past 2 W M_c H b; S = 1 at W = 2, 3 and S = 2 at W = 4, 8 at the defaults.
 //
 //     ctest -R test_llep_plan --output-on-failure
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/runtime/arena.h"
+#include "ops/schedules/dispatch_pipelined_llep.h"
 #include "ops/schedules/llep_plan.h"
 
 namespace moepeak {
@@ -308,6 +318,136 @@ TEST(LlepPlan, SmallSpillsWaitForTheRemainder) {
   LlepPlan r = plan_llep(counts, 4, {1.0, 1.3, 25}, 50);
   check_plan(r, counts, {1.0, 1.3, 25});
   EXPECT_LE(r.max_rank_load(), 50);
+}
+
+// Rows (buffers with H or F columns) of PipelinedLlepDispatch's backward, which is never below
+// its forward, for S slots and T-row tiles: the header's list, in footprints.
+uint64_t pipelined_rows(uint64_t S, uint64_t T, uint64_t Mc, uint64_t Rc, uint64_t H, uint64_t F,
+                        uint64_t b) {
+  auto fp = [](uint64_t v) { return DeviceArena::footprint(v); };
+  return (S == 2 ? 2 : 1) * fp(Mc * H * b) + 2 * S * fp(Rc * H * b) + 3 * fp(T * H * b) +
+         4 * fp(T * F * b);
+}
+
+TEST(PipelinedLlepShape, SlotsAndTilesKeepTheDispatchUnderTheBound) {
+  using schedules::PipelinedLlepParams;
+  int64_t cases = 0, two_slots = 0, unbounded = 0, unbounded_near_w = 0;
+  for (int64_t W : {2, 3, 4, 8, 16}) {
+    for (int64_t k : {1, 2, 8}) {
+      for (int64_t c : {4, 64, 205, 1024}) {
+        for (int64_t H : {64, 256, 1024}) {
+          for (int64_t F : {H / 2, 2 * H, 7 * H / 2}) {
+            for (double alpha : {1.0, 1.5}) {
+              for (double lambda : {1.0, 1.3, 2.0, W - 1.0, W - 0.5}) {
+                if (std::max(alpha, lambda) > W - 0.5) continue;
+                for (DType dtype : {DType::f32, DType::f64}) {
+                  PipelinedLlepParams q;
+                  q.chunk_tokens = c;
+                  q.alpha = alpha;
+                  q.lambda = lambda;
+                  const int64_t N = 3 * c + 1;  // K = 4 chunks of c_eff = ceil(N / 4) <= c
+                  const auto s = schedules::pipelined_llep_shape(N, k, H, F, dtype, W, q);
+                  const std::string what =
+                      "W=" + std::to_string(W) + " k=" + std::to_string(k) + " c=" +
+                      std::to_string(c) + " H=" + std::to_string(H) + " F=" + std::to_string(F) +
+                      " alpha=" + std::to_string(alpha) + " lambda=" + std::to_string(lambda) +
+                      " " + std::string(dtype_name(dtype)) + ": S=" + std::to_string(s.slots) +
+                      " T=" + std::to_string(s.tile_rows);
+                  ++cases;
+                  const uint64_t Mc = s.rows_per_source, Rc = s.receive_rows, ce = s.chunk_tokens;
+                  const uint64_t b = dtype_size(dtype), T = s.tile_rows;
+                  const uint64_t budget = 2ull * W * Mc * H * b;
+                  const uint64_t t_min = std::min<uint64_t>(ce, q.min_tokens_per_gemm);
+                  ASSERT_TRUE(s.slots == 1 || s.slots == 2) << what;
+                  ASSERT_GE(s.tile_rows, 1) << what;
+                  ASSERT_LE(s.tile_rows, s.chunk_tokens) << what;
+                  auto fits = [&](uint64_t S, uint64_t t) {
+                    return pipelined_rows(S, t, Mc, Rc, H, F, b) <= budget;
+                  };
+                  EXPECT_EQ(s.slots == 2, fits(2, t_min)) << what;
+                  if (s.slots == 2 || s.bounded) {
+                    EXPECT_TRUE(fits(s.slots, T)) << what;
+                    EXPECT_TRUE(T == ce || !fits(s.slots, T + 1)) << what << ": T not the largest";
+                  }
+                  EXPECT_EQ(s.bounded, s.slots == 2 || fits(1, 1)) << what;
+                  if (!s.bounded) {
+                    EXPECT_EQ(T, t_min) << what;
+                  }
+                  // One slot with a one-row tile fits when 2 W U - U - 2 R_c H b (what is left
+                  // beside the staging and the slot) covers the tile and the footprint rounding.
+                  auto fp = [](uint64_t v) { return DeviceArena::footprint(v); };
+                  const double left = (2.0 * W - 1) * Mc * H * b - 2.0 * Rc * H * b;
+                  if (left >= 3 * 255 + 3 * fp(H * b) + 4 * fp(F * b)) {
+                    EXPECT_TRUE(s.bounded) << what;
+                  }
+                  if (std::max(alpha, lambda) <= W - 1.0 && Mc >= 64) {
+                    EXPECT_TRUE(s.bounded) << what;
+                  }
+                  // The bound and the dispatch bytes differ by backward's rows past 2 W M_c H b:
+                  // both carry backward's metadata, and the peak is backward's.
+                  const uint64_t bytes =
+                      schedules::pipelined_llep_dispatch_bytes(N, k, H, F, dtype, W, q);
+                  const uint64_t bound =
+                      schedules::pipelined_llep_bound_bytes(N, k, H, F, dtype, W, q);
+                  EXPECT_EQ(bytes,
+                            schedules::pipelined_llep_backward_bytes(N, k, H, F, dtype, W, q));
+                  EXPECT_LE(schedules::pipelined_llep_forward_bytes(N, k, H, F, dtype, W, q),
+                            bytes);
+                  const int64_t rows_over =
+                      static_cast<int64_t>(pipelined_rows(s.slots, T, Mc, Rc, H, F, b)) -
+                      static_cast<int64_t>(budget);
+                  EXPECT_EQ(static_cast<int64_t>(bytes) - static_cast<int64_t>(bound), rows_over)
+                      << what;
+                  if (s.bounded) {
+                    EXPECT_LE(bytes, bound) << what;
+                  }
+                  two_slots += s.slots == 2;
+                  unbounded += !s.bounded;
+                  unbounded_near_w += !s.bounded && std::max(alpha, lambda) > W - 1.0;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("%lld shapes: %lld with two slots, %lld over the bound: %lld with max(alpha, lambda) "
+              "> W - 1, the rest with M_c < 64 rows\n",
+              static_cast<long long>(cases), static_cast<long long>(two_slots),
+              static_cast<long long>(unbounded), static_cast<long long>(unbounded_near_w));
+  EXPECT_GT(two_slots, 0);
+}
+
+TEST(PipelinedLlepShape, DefaultsGiveOneSlotOnTwoAndThreeRanksAndTwoFromFour) {
+  // The bench's shape (docs/perf.md): N = 2048 per rank, top-8, H = 256, F = 512, c = 205, f32;
+  // and a Mixtral-like layer: top-2, H = 4096, F = 14336, c = 4096 (the default), N = 16384.
+  schedules::PipelinedLlepParams bench;
+  bench.chunk_tokens = 205;
+  const schedules::PipelinedLlepParams mixtral;
+  for (int64_t W : {1, 2, 3, 4, 8}) {
+    const auto a = schedules::pipelined_llep_shape(2048, 8, 256, 512, DType::f32, W, bench);
+    const auto m = schedules::pipelined_llep_shape(16384, 2, 4096, 14336, DType::f32, W, mixtral);
+    std::printf("W=%lld: bench S=%lld T=%lld%s; mixtral S=%lld T=%lld%s\n",
+                static_cast<long long>(W), static_cast<long long>(a.slots), static_cast<long long>(a.tile_rows),
+                a.bounded ? "" : " (over)", static_cast<long long>(m.slots),
+                static_cast<long long>(m.tile_rows), m.bounded ? "" : " (over)");
+    for (const auto& s : {a, m}) {
+      EXPECT_EQ(s.slots, W >= 4 ? 2 : 1) << "W=" << W;
+      EXPECT_EQ(s.bounded, W > 1) << "W=" << W;  // one rank: R_c = M_c, backward needs 3 U > 2 U
+    }
+  }
+  // The bench at W = 4: c_eff = 205, M_c = 1640, R_c = 2132; 7.2 U of the 8 U are the
+  // staging, landing and two slots of x and dout, the tiles get the rest: 119 rows.
+  const auto a = schedules::pipelined_llep_shape(2048, 8, 256, 512, DType::f32, 4, bench);
+  EXPECT_EQ(a.chunk_tokens, 205);
+  EXPECT_EQ(a.receive_rows, 2132);
+  EXPECT_EQ(a.tile_rows, 119);
+  // The chunking-only overload leaves S and T unset.
+  const auto c = schedules::pipelined_llep_shape(2048, 8, 4, bench);
+  EXPECT_EQ(c.slots, 0);
+  EXPECT_EQ(c.tile_rows, 0);
+  EXPECT_EQ(c.receive_rows, a.receive_rows);
 }
 
 TEST(LlepPlan, Errors) {

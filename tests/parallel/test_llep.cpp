@@ -1,8 +1,8 @@
 // LlepDispatch and PipelinedLlepDispatch on W real rank processes against the standard
 // expert-parallel dispatcher (ExpertParallelDispatch) on the same ranks and inputs.
 //
-// Every rank builds the same full problem from a seed — N_r = 20 + 2r tokens on rank r (uneven,
-// so K and c_eff come from the largest), E = 8 experts of H = 8, F = 12, top-2 — and runs on its
+// Every rank builds the same full problem from a seed — N_r = 48 + 2r tokens on rank r (uneven,
+// so K and c_eff come from the largest), E = 8 experts of H = 64, F = 64, top-2 — and runs on its
 // token slice and its experts [r*E/W, (r+1)*E/W). Routing: balanced (uniform), Zipf-skewed
 // (p(e) ~ 1/(e+1)^2, expert 0 hot) and adversarial (every token picks experts 0 and 1, both on
 // rank 0). Checked, in f64 and f32:
@@ -12,12 +12,12 @@
 //     the same order, but OpenBLAS computes the rows of a GEMM with different kernels depending
 //     on where they fall in its register blocking (the M remainder), so the same row can round
 //     differently in a GEMM of another row count (checked: most sub-GEMMs of a 40-row GEMM differ
-//     in the last bit). The pipeline runs each expert over per-chunk tiles, and a spill
+//     in the last bit). The pipeline runs each expert over per-chunk tiles of T rows, and a spill
 //     splits an expert's rows between ranks, so rows land in other GEMMs: differences of an ulp
-//     or so (measured <= 5e-16 f64, <= 3.4e-7 f32 on 2 and 4 ranks). Weight gradients are
-//     moreover summed per chunk, per tile and per helper in another order (measured <= 1e-15
-//     f64, <= 3.8e-7 f32); the f32 results are within 3.3e-7 of the f64 standard, as close as
-//     the f32 standard itself (3.3e-7). The tolerances leave a 5x (f32) and 100x (f64) margin.
+//     or so (measured <= 1.1e-15 f64, <= 7.7e-7 f32 on 2 and 4 ranks). Weight gradients are
+//     moreover summed per chunk, per tile and per helper in another order (measured <= 1.2e-15
+//     f64, <= 7e-7 f32); the f32 results are within 4.9e-7 of the f64 standard, as close as
+//     the f32 standard itself (5.7e-7). The tolerances leave a 2.5x (f32) and 80x (f64) margin.
 //     Bitwise where the GEMMs are the same: LlepDispatch when no expert is split (the gate
 //     kept every expert home, or whole experts moved) gives bitwise out, dx, dweight and dW —
 //     checked;
@@ -26,13 +26,19 @@
 //   - the global expert counts equal the standard's (routing is never changed);
 //   - memory: LLEP's measured `dispatch` peak equals dispatch_expert_parallel_bytes for the rows
 //     it computed and stays under llep_dispatch_bytes; PipelinedLLEP's equals
-//     pipelined_llep_dispatch_bytes in all three routings (fixed at launch), its receive slots
-//     2 * R_c * H * b are under 2 * Ep * k * c_eff * H * b, no chunk receives more than R_c
-//     rows; the standard dispatcher's peak on rank 0 grows from balanced to adversarial;
+//     pipelined_llep_dispatch_bytes in all three routings (fixed at launch) and is at most
+//     pipelined_llep_bound_bytes = 2 * Ep * k * c_eff * H * b + the per-chunk metadata (H * b and
+//     F * b are whole 256-byte granules, so footprint rounding leaves the tiles room), no chunk
+//     receives more than R_c rows; the launch shape's slots: S = 1 on 2 ranks, S = 2 on 4 at the
+//     defaults, S = 1 on 4 with lambda = 2 (two slots would not fit), and the corner case
+//     lambda = W - 0.4 (over the bound by exactly the documented rows); the standard dispatcher's
+//     peak on rank 0 grows from balanced to adversarial;
 //   - spills happen (adversarial: every chunk's plan spills, weights travel, gradients return);
-//   - both streams slowed on purpose (a missing wait would corrupt a slot); forward, then the
-//     checkpoint's recompute as a plan-only forward (undefined `out`), then backward; LLEP with
-//     the recompute as a full forward; strided and contiguous chunks; K capped by K_max; errors.
+//   - both streams slowed on purpose (a missing wait would corrupt a slot: with S = 2 on 4 ranks
+//     chunk i+1's dispatch overlaps chunk i's experts; S = 1 once more with the comm stream
+//     slowed); forward, then the checkpoint's recompute as a plan-only forward (undefined
+//     `out`), then backward; LLEP with the recompute as a full forward; strided and contiguous
+//     chunks; K capped by K_max; one chunk; errors.
 //
 //     ctest -R test_llep --output-on-failure
 //     mpirun --allow-run-as-root --oversubscribe -np 4 build/tests/parallel/test_llep
@@ -56,6 +62,7 @@
 #include "core/comm/comm.h"
 #include "core/comm/process_group.h"
 #include "core/error.h"
+#include "core/runtime/arena.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/cpu_stream.h"
 #include "ops/fill.h"
@@ -74,9 +81,11 @@ using schedules::LlepParams;
 using schedules::PipelinedLlepDispatch;
 using schedules::PipelinedLlepParams;
 
-constexpr int64_t kHidden = 8, kFfn = 12, kExperts = 8, kTopK = 2;
+// H * b and F * b are multiples of the arena's 256-byte granule in f32 and f64, so footprint
+// rounding does not eat the room the bound leaves for tiles (see check_pipelined).
+constexpr int64_t kHidden = 64, kFfn = 64, kExperts = 8, kTopK = 2;
 
-int64_t tokens_of(int64_t rank) { return 20 + 2 * rank; }
+int64_t tokens_of(int64_t rank) { return 48 + 2 * rank; }
 int64_t first_token_of(int64_t rank) {
   int64_t n = 0;
   for (int64_t r = 0; r < rank; ++r) n += tokens_of(r);
@@ -380,14 +389,23 @@ Diff check_against_standard(Env& env, const Result& got, const Result& ref, cons
   return dw;
 }
 
-PipelinedLlepParams pipeline_params(int64_t c, int64_t k_max, ChunkMembership membership) {
+PipelinedLlepParams pipeline_params(int64_t c, int64_t k_max, ChunkMembership membership,
+                                    double lambda = 1.3) {
   PipelinedLlepParams q;
   q.chunk_tokens = c;
   q.max_chunks = k_max;
   q.membership = membership;
+  q.lambda = lambda;
   q.min_tokens_per_gemm = 2;
   return q;
 }
+
+// What check_pipelined expects of the launch shape: the slots (0: any) and whether the rows fit
+// 2 * W * M_c * H * b.
+struct Expect {
+  int64_t slots = 0;
+  bool bounded = true;
+};
 
 class LlepTest : public ::testing::Test {
  protected:
@@ -442,7 +460,7 @@ class LlepTest : public ::testing::Test {
   // Returns this rank's dispatch peak.
   uint64_t check_pipelined(DType dtype, Routing routing, uint64_t seed,
                            const PipelinedLlepParams& q, bool recompute = false,
-                           int slowed_stream = -1) {
+                           int slowed_stream = -1, Expect expect = {}) {
     Env env(dtype);
     const int64_t W = env.world();
     const Problem p = make_problem(seed, routing, W);
@@ -462,26 +480,60 @@ class LlepTest : public ::testing::Test {
     as_cpu_stream(d.comm_stream()).set_debug_delay(std::chrono::microseconds(0));
     std::ostringstream name;
     name << "pipelined " << (q.membership == ChunkMembership::strided ? "strided" : "contiguous")
-         << " K=" << shape.chunks << " c_eff=" << shape.chunk_tokens << " " << dtype_name(dtype)
-         << " " << routing_name(routing) << (recompute ? " recompute" : "")
+         << " K=" << shape.chunks << " c_eff=" << shape.chunk_tokens << " S=" << shape.slots
+         << " T=" << shape.tile_rows << (shape.bounded ? "" : " (unbounded)") << " "
+         << dtype_name(dtype) << " " << routing_name(routing) << (recompute ? " recompute" : "")
          << (slowed_stream == 0 ? " slowed compute" : slowed_stream == 1 ? " slowed comm" : "");
     const std::string what = name.str();
     check_against_standard(env, got, refs.ref, refs.has64 ? &refs.ref64 : nullptr, what, false);
 
     // The shape comes from the largest N; the bound is fixed by it.
     const int64_t n_max = tokens_of(W - 1);
-    const auto expect_shape = schedules::pipelined_llep_shape(n_max, kTopK, W, q);
+    const auto expect_shape =
+        schedules::pipelined_llep_shape(n_max, kTopK, kHidden, kFfn, dtype, W, q);
     EXPECT_EQ(shape.chunks, expect_shape.chunks);
     EXPECT_EQ(shape.chunks, std::min((n_max + q.chunk_tokens - 1) / q.chunk_tokens, q.max_chunks));
     EXPECT_EQ(shape.chunk_tokens, (n_max + shape.chunks - 1) / shape.chunks);
+    EXPECT_EQ(shape.slots, expect_shape.slots) << what;
+    EXPECT_EQ(shape.tile_rows, expect_shape.tile_rows) << what;
+    EXPECT_EQ(shape.bounded, expect_shape.bounded) << what;
+    if (expect.slots != 0) {
+      EXPECT_EQ(shape.slots, expect.slots) << what;
+    }
+    EXPECT_EQ(shape.bounded, expect.bounded) << what;
+    EXPECT_GE(shape.tile_rows, 1) << what;
+    EXPECT_LE(shape.tile_rows, shape.chunk_tokens) << what;
     EXPECT_LE(max_rows, shape.receive_rows) << what;
     EXPECT_LE(shape.receive_rows, W * kTopK * shape.chunk_tokens);
-    const uint64_t bound =
+    const uint64_t formula =
         schedules::pipelined_llep_dispatch_bytes(n_max, kTopK, kHidden, kFfn, dtype, W, q);
-    EXPECT_EQ(got.dispatch_peak, bound) << what << ": measured dispatch peak against the formula";
-    const uint64_t b = dtype_size(dtype);
-    const uint64_t receive_slots = 2 * static_cast<uint64_t>(shape.receive_rows) * kHidden * b;
-    EXPECT_LE(receive_slots, 2ull * W * kTopK * shape.chunk_tokens * kHidden * b) << what;
+    EXPECT_EQ(got.dispatch_peak, formula) << what << ": measured dispatch peak against the formula";
+    // The bound: 2 * Ep * k * c_eff * H * b for every buffer with H or F columns, plus the
+    // per-chunk metadata; in the corner case (rows too wide for it even with one slot and
+    // one-row tiles) over it by exactly backward's rows past 2 * W * M_c * H * b.
+    const uint64_t b = dtype_size(dtype), Mc = shape.rows_per_source, Rc = shape.receive_rows;
+    const uint64_t T = shape.tile_rows, H = kHidden, F = kFfn;
+    const uint64_t paper = 2ull * W * Mc * H * b;
+    const uint64_t bound =
+        schedules::pipelined_llep_bound_bytes(n_max, kTopK, kHidden, kFfn, dtype, W, q);
+    EXPECT_GT(bound, paper) << what;
+    if (shape.bounded) {
+      EXPECT_LE(got.dispatch_peak, bound) << what << ": dispatch peak over 2 W M_c H b + metadata";
+    } else {
+      auto fp = [](uint64_t v) { return DeviceArena::footprint(v); };
+      const uint64_t rows =
+          fp(Mc * H * b) + 2 * fp(Rc * H * b) + 3 * fp(T * H * b) + 4 * fp(T * F * b);
+      EXPECT_EQ(shape.slots, 1) << what;
+      EXPECT_EQ(got.dispatch_peak - bound, rows - paper) << what << ": the documented excess";
+    }
+    if (env.rank() == 0) {
+      std::printf("[W=%lld %s] dispatch peak %llu bytes, bound %llu (2 W M_c H b = %llu + "
+                  "metadata %llu)\n",
+                  static_cast<long long>(W), what.c_str(),
+                  static_cast<unsigned long long>(got.dispatch_peak),
+                  static_cast<unsigned long long>(bound), static_cast<unsigned long long>(paper),
+                  static_cast<unsigned long long>(bound - paper));
+    }
     if (routing == Routing::adversarial && W > 1) {
       EXPECT_TRUE(all_spilled) << what;
     }
@@ -496,34 +548,64 @@ TEST_F(LlepTest, LlepMatchesStandardF32) {
   for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial}) check_llep(DType::f32, r, 32);
 }
 
+// At the defaults (lambda = 1.3) and these shapes: one slot on 2 ranks (the two-slot live set
+// would be 2 + 4 rho = 7.2 U > 2 W U = 4 U), two on 4 (7.2 U <= 8 U); both fit the bound.
+int64_t default_slots() { return init_process_group().world_size >= 4 ? 2 : 1; }
+
 TEST_F(LlepTest, PipelinedStridedMatchesStandardF64) {
-  const auto q = pipeline_params(5, 16, ChunkMembership::strided);
+  const auto q = pipeline_params(12, 16, ChunkMembership::strided);
   for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial}) {
-    check_pipelined(DType::f64, r, 41, q);
+    check_pipelined(DType::f64, r, 41, q, false, -1, {default_slots(), true});
   }
 }
 TEST_F(LlepTest, PipelinedStridedMatchesStandardF32) {
-  const auto q = pipeline_params(5, 16, ChunkMembership::strided);
+  const auto q = pipeline_params(12, 16, ChunkMembership::strided);
   for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial}) {
-    check_pipelined(DType::f32, r, 42, q);
+    check_pipelined(DType::f32, r, 42, q, false, -1, {default_slots(), true});
   }
 }
 TEST_F(LlepTest, PipelinedContiguousAndCappedChunkCountMatchStandard) {
   // Contiguous membership; and c = 1 with K_max = 3: K = 3 chunks of c_eff = ceil(N_max / 3).
-  check_pipelined(DType::f64, Routing::zipf, 51, pipeline_params(5, 16, ChunkMembership::contiguous));
+  check_pipelined(DType::f64, Routing::zipf, 51, pipeline_params(12, 16, ChunkMembership::contiguous),
+                  false, -1, {default_slots(), true});
   check_pipelined(DType::f32, Routing::adversarial, 52,
-                  pipeline_params(5, 16, ChunkMembership::contiguous));
-  check_pipelined(DType::f64, Routing::adversarial, 53, pipeline_params(1, 3, ChunkMembership::strided));
+                  pipeline_params(12, 16, ChunkMembership::contiguous), false, -1,
+                  {default_slots(), true});
+  check_pipelined(DType::f64, Routing::adversarial, 53, pipeline_params(1, 3, ChunkMembership::strided),
+                  false, -1, {default_slots(), true});
   // One chunk (c >= N): the pipeline degenerates to LLEP with recompute.
-  check_pipelined(DType::f64, Routing::zipf, 54, pipeline_params(1000, 16, ChunkMembership::strided));
+  check_pipelined(DType::f64, Routing::zipf, 54, pipeline_params(1000, 16, ChunkMembership::strided),
+                  false, -1, {default_slots(), true});
+}
+
+TEST_F(LlepTest, PipelinedOneSlotWhereTwoDoNotFit) {
+  // lambda = 2: R_c = 2 M_c, so two slots would need 2 + 4 * 2 = 10 U > 2 W U on 4 ranks (and
+  // on 2): one slot, 1 + 2 * 2 = 5 U, fits 8 U on 4 ranks; on 2 (4 U) it does not (below).
+  if (init_process_group().world_size < 4) GTEST_SKIP() << "needs 4 ranks";
+  const auto q = pipeline_params(12, 16, ChunkMembership::strided, 2.0);
+  for (Routing r : {Routing::zipf, Routing::adversarial}) {
+    check_pipelined(DType::f64, r, 55, q, false, -1, {1, true});
+  }
+  check_pipelined(DType::f32, Routing::adversarial, 56, q, true, 1, {1, true});  // comm slowed
+}
+
+TEST_F(LlepTest, PipelinedOverTheBoundInTheCornerCase) {
+  // lambda = W - 0.4: one slot needs 1 + 2 rho ~ 2 W + 0.2 U of rows before any tile, over
+  // 2 W U: the dispatcher still runs (S = 1, T = T_min) and is over the bound by exactly the
+  // documented amount.
+  const double lambda = static_cast<double>(init_process_group().world_size) - 0.4;
+  const auto q = pipeline_params(12, 16, ChunkMembership::strided, lambda);
+  for (Routing r : {Routing::zipf, Routing::adversarial}) {
+    check_pipelined(DType::f64, r, 57, q, false, -1, {1, false});
+  }
 }
 
 TEST_F(LlepTest, DispatchPeakIsFixedWhileTheStandardGrowsWithSkew) {
-  const auto q = pipeline_params(5, 16, ChunkMembership::strided);
+  const auto q = pipeline_params(12, 16, ChunkMembership::strided);
   for (DType dtype : {DType::f64, DType::f32}) {
     std::vector<uint64_t> pipelined, standard;
     for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial}) {
-      pipelined.push_back(check_pipelined(dtype, r, 61, q));
+      pipelined.push_back(check_pipelined(dtype, r, 61, q, false, -1, {default_slots(), true}));
       Env env(dtype);
       standard.push_back(run_standard(env, make_problem(61, r, env.world())).dispatch_peak);
     }
@@ -546,11 +628,15 @@ TEST_F(LlepTest, DispatchPeakIsFixedWhileTheStandardGrowsWithSkew) {
 }
 
 TEST_F(LlepTest, SlowedStreamsAndRecompute) {
-  const auto q = pipeline_params(4, 16, ChunkMembership::strided);
-  check_pipelined(DType::f64, Routing::adversarial, 71, q, false, 0);
-  check_pipelined(DType::f64, Routing::zipf, 72, q, false, 1);
-  check_pipelined(DType::f32, Routing::adversarial, 73, q, true, -1);
-  check_pipelined(DType::f64, Routing::zipf, 74, q, true, 1);
+  // Two slots on 4 ranks: chunk i+1's dispatch overlaps chunk i's experts, so a missing event
+  // wait shows up as a corrupted slot when one stream is slowed (one slot on 2 ranks: the
+  // dispatch waits for the previous chunk's combine).
+  const auto q = pipeline_params(12, 16, ChunkMembership::strided);
+  const Expect e{default_slots(), true};
+  check_pipelined(DType::f64, Routing::adversarial, 71, q, false, 0, e);
+  check_pipelined(DType::f64, Routing::zipf, 72, q, false, 1, e);
+  check_pipelined(DType::f32, Routing::adversarial, 73, q, true, -1, e);
+  check_pipelined(DType::f64, Routing::zipf, 74, q, true, 1, e);
 }
 
 TEST_F(LlepTest, LlepWithRecompute) {
