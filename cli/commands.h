@@ -16,6 +16,10 @@
 
 namespace moepeak::cli {
 
+// `moepeak train` stopped by SIGUSR1/SIGTERM at a step boundary with a checkpoint written: the
+// job should be requeued and resumed (EX_TEMPFAIL; slurm/train.sbatch runs `scontrol requeue`).
+inline constexpr int kExitRequeue = 75;
+
 struct Context {
   std::string log_level;  // empty: runtime.log_level of the config (info without one)
   bool log_all_ranks = false;
