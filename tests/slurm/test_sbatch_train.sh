@@ -5,7 +5,7 @@
 #   1. `sbatch slurm/train.sbatch configs/tiny.toml` on 2 tasks runs to COMPLETED with exit 0,
 #      writes its log as <job-name>_<job-id>.out and its run directory as runs/<name>_<id>, and
 #      the loss log (metrics.jsonl) has every step, world_size 2, with the losses of a plain
-#      1-rank run (1e-5 relative);
+#      1-rank run (1e-5 relative); srun here cannot bind, so the ranks bind themselves;
 #   2. the same job signalled with USR1 mid-training (`scancel --signal=USR1 --batch`: what
 #      `--signal=B:USR1@120` does before the time limit) checkpoints at a step boundary, exits 75,
 #      requeues itself (Restarts=1), resumes from that checkpoint in the same run directory and
@@ -92,6 +92,11 @@ log="$tmp/work/full_$job.out"
 check "the job log is <job-name>_<job-id>.out" test -s "$log"
 check "the job log names the run directory" contains "$log" "run directory $tmp/work/runs/full_$job"
 check "srun started 2 ranks" contains "$log" "[rank 0/2]"
+# This Slurm's task/none plugin cannot bind (srun says so), so runtime.bind = "auto" binds each
+# rank itself to its share of the PUs (local rank 0 -> PU 0).
+if [ "$(nproc)" -ge 2 ]; then
+  check "the ranks bound themselves (local rank 0 on PU 0)" contains "$log" "rank 0 bound to PUs 0 ("
+fi
 full="$tmp/work/runs/full_$job/metrics.jsonl"
 check "the loss log has steps 1..$steps, world_size 2, the plain run's losses (1e-5)" \
   /usr/bin/python3 - "$full" "$tmp/plain/plain/metrics.jsonl" "$steps" <<'EOF'
