@@ -26,26 +26,8 @@ fi
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 src=$(cd "$src" && pwd)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=tests/slurm/local_slurm.sh
-source "$here/local_slurm.sh"
-
-tmp=$(mktemp -d)  # short: the private Slurm's UNIX sockets live under it
-chmod 755 "$tmp"
-trap 'local_slurm_stop; rm -rf "$tmp"' EXIT
-trap 'exit 130' INT TERM
-failures=0
-passes=0
-check() {  # check NAME CONDITION-COMMAND...; on failure prints the condition's output after FAIL
-  local name="$1"; shift
-  if "$@" >"$tmp/check.out" 2>&1; then
-    passes=$((passes + 1))
-  else
-    echo "FAIL: $name"
-    sed 's/^/  /' "$tmp/check.out"
-    failures=$((failures + 1))
-    return 1
-  fi
-}
+# shellcheck source=tests/slurm/slurm_test_setup.sh
+source "$here/slurm_test_setup.sh"  # $tmp, check, report; stops the cluster on exit
 contains() { grep -qF -- "$2" "$1" || { echo "no '$2' in $1:"; tail -n 30 "$1"; return 1; }; }
 deadline=$((SECONDS + 400))  # every wait below ends by then, inside CTest's timeout
 job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1; }
@@ -173,5 +155,4 @@ EOF
 check "train.sbatch without a config exits 2" test $? -eq 2
 check "train.sbatch without a config prints its usage" contains "$tmp/usage.out" "usage: sbatch"
 
-echo "$passes passed, $failures failed"
-test $failures -eq 0
+report
