@@ -58,11 +58,14 @@ struct TuneArgs {
   double dispatch_tolerance = 0.03, optimizer_tolerance = 0.05, sco_tolerance = 0.03;
 };
 
-// The progress of the sweeps on rank 0: a bar redrawn in place on a TTY, else a plain `#` line
-// per tick.
+// The progress of the sweeps on rank 0: a bar redrawn in place when metrics.progress is "on", or
+// "auto" on a TTY (as training's progress line), else a plain `#` line per tick.
 class Progress {
  public:
-  Progress(int total, bool show) : total_(total), show_(show), tty_(show && isatty(STDOUT_FILENO)) {}
+  Progress(int total, bool show, ProgressMode mode)
+      : total_(total),
+        show_(show),
+        tty_(show && (mode == ProgressMode::on || (mode == ProgressMode::automatic && isatty(STDOUT_FILENO)))) {}
   ~Progress() {
     if (tty_ && done_ > 0) std::fputs("\n", stdout);
   }
@@ -455,7 +458,7 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
     std::fflush(stdout);
   }
   {
-    Progress progress(total, root);
+    Progress progress(total, root, cfg.metrics.progress);
     run.tick = [&](const std::string& what) { progress.tick(what); };
     if (o.dispatch) o.dispatch_points = sweep_dispatch(cfg, ranks, shape, dgrid, run);
     if (o.optimizer) o.optimizer_sweep = sweep_optimizer(cfg, ranks, shape, ogrid, run);
