@@ -50,6 +50,8 @@ for p in j["optimizer"]["points"]:
     assert p["staging_bytes"] == p["bound_bytes"] > 0, p  # adamw_offload_stream_bytes
 assert j["optimizer"]["floor_s"] > 0
 assert {p["payload"] for p in j["vocab"]["points"]} == {"activations", "weights"}
+for p in j["vocab"]["points"] + j["sco"]["points"]:
+    assert p["peak_bytes"] == p["bound_bytes"] > 0, p   # ring_dtp_bytes, sco_boundaries_bytes
 assert [p["label"] for p in j["sco"]["points"]] == ["none", "half", "all"]
 # the rule, checked on the file's own numbers: the chosen c_eff is the smallest within 3% of the best
 d = [p for p in j["dispatch"]["points"] if p["plan_fits"]]
