@@ -292,7 +292,7 @@ nlohmann::json curves_json(const Outcome& o, const TuneShape& s, const TuneArgs&
 }
 
 // The plots, file name -> SVG text.
-std::map<std::string, std::string> plots(const Outcome& o, const TuneShape& s) {
+std::map<std::string, std::string> plots(const Outcome& o, const TuneShape& s, double sco_tolerance) {
   std::map<std::string, std::string> out;
   const std::string shape = "W = " + std::to_string(s.world) + ", N = " + std::to_string(s.tokens) + " tokens per rank";
   if (o.dispatch) {
@@ -357,11 +357,15 @@ std::map<std::string, std::string> plots(const Outcome& o, const TuneShape& s) {
     out["vocab.svg"] = tune::curve_svg(c);
   }
   if (o.sco) {
-    tune::Curve c{"sco: step overhead over standard checkpointing (" + shape + ")", "layers offloaded |S|",
-                  "overhead (%)", false, {}, {}, -1, -1, o.sco_choice.reason};
+    tune::Curve c{"sco: step time over offloaded layers (" + shape + ")", "layers offloaded |S|",
+                  "median forward + backward (ms)", false, {}, {}, -1, -1, o.sco_choice.reason};
+    const double standard_ms = 1e3 * o.sco_sweep.standard.median_s;
+    c.references.push_back({standard_ms, "standard checkpointing " + ms(o.sco_sweep.standard.median_s) + " ms"});
+    c.references.push_back({standard_ms * (1 + sco_tolerance), "standard + " + std::to_string(static_cast<int>(
+                                                                   100 * sco_tolerance + 0.5)) + "% (the limit)"});
     c.series.push_back({"SCO", {}});
     for (const tune::ScoPoint& p : o.sco_sweep.points) {
-      c.series[0].points.push_back({static_cast<double>(p.offloaded_layers), 100.0 * std::max(0.0, p.overhead),
+      c.series[0].points.push_back({static_cast<double>(p.offloaded_layers), 1e3 * p.time.median_s,
                                     p.label + " (" + std::to_string(p.offloaded_layers) + " layers)", p.plan_fits});
     }
     c.chosen_series = 0;
@@ -568,7 +572,7 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
     const Plan reloaded_plan = make_plan(reloaded, in);
     MOEPEAK_CHECK(reloaded_plan.fits() && reloaded.schedules == base.schedules && reloaded.optimizer == base.optimizer,
                   "tune: tuned.toml does not re-load to the chosen settings");
-    for (const auto& [name, svg] : plots(o, shape)) write_file_atomically(out_dir + "/" + name, svg);
+    for (const auto& [name, svg] : plots(o, shape, args.sco_tolerance)) write_file_atomically(out_dir + "/" + name, svg);
     write_file_atomically(out_dir + "/curves.json", curves_json(o, shape, args, final_plan, command).dump(2) + "\n");
     write_file_atomically(tuned_path, toml);
     std::printf("# wrote %s, %s/curves.json and the plots; train with:\n#   %s\n", tuned_path.c_str(),

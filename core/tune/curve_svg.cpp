@@ -117,10 +117,13 @@ std::string curve_svg(const Curve& c) {
     << escape(c.x_label) << (c.log_x ? " (log2 scale)" : "") << "</text>\n";
   o << "<text x=\"16\" y=\"" << num(kTop + ph / 2) << "\" transform=\"rotate(-90 16 " << num(kTop + ph / 2)
     << ")\" text-anchor=\"middle\">" << escape(c.y_label) << "</text>\n";
-  for (const ReferenceLine& r : c.references) {
+  for (size_t ri = 0; ri < c.references.size(); ++ri) {  // labels at the left, alternately below and above
+    const ReferenceLine& r = c.references[ri];
+    const bool odd = ri % 2 == 1;
     o << "<line class=\"reference\" x1=\"" << num(kLeft) << "\" x2=\"" << num(kLeft + pw) << "\" y1=\"" << num(Y(r.y))
-      << "\" y2=\"" << num(Y(r.y)) << "\" stroke=\"#c00\" stroke-dasharray=\"6 3\"/><text x=\"" << num(kLeft + pw - 4)
-      << "\" y=\"" << num(Y(r.y) - 4) << "\" text-anchor=\"end\" fill=\"#c00\">" << escape(r.label) << "</text>\n";
+      << "\" y2=\"" << num(Y(r.y)) << "\" stroke=\"#c00\" stroke-dasharray=\"6 3\"/><text x=\""
+      << num(kLeft + 110) << "\" y=\"" << num(odd ? Y(r.y) - 4 : Y(r.y) + 12)
+      << "\" text-anchor=\"start\" fill=\"#c00\">" << escape(r.label) << "</text>\n";
   }
   for (size_t si = 0; si < c.series.size(); ++si) {
     const CurveSeries& s = c.series[si];
@@ -154,7 +157,9 @@ std::string curve_svg(const Curve& c) {
       const CurvePoint& p = s.points[static_cast<size_t>(c.chosen_point)];
       o << "<g class=\"chosen\" data-x=\"" << p.x << "\" data-y=\"" << p.y << "\"><circle cx=\"" << num(X(p.x))
         << "\" cy=\"" << num(Y(p.y)) << "\" r=\"8\" fill=\"none\" stroke=\"#c00\" stroke-width=\"2\"/><text x=\""
-        << num(X(p.x)) << "\" y=\"" << num(Y(p.y) - 12) << "\" text-anchor=\"middle\" fill=\"#c00\">chosen: "
+        << num(X(p.x)) << "\" y=\"" << num(Y(p.y) - 12) << "\" text-anchor=\""
+        << (X(p.x) > kLeft + 0.75 * pw ? "end" : X(p.x) < kLeft + 0.25 * pw ? "start" : "middle")
+        << "\" fill=\"#c00\">chosen: "
         << escape(p.label) << "</text></g>\n";
     }
   }
