@@ -16,18 +16,16 @@
 // backend the figures have no target: "device" and "host" are the same memory, the copies are
 // memcpy on the copy streams' threads and the host link is the memory bus.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "cli/adamw_measure.h"
 #include "cli/bench_common.h"
 #include "cli/commands.h"
 #include "core/comm/comm.h"
@@ -52,79 +50,6 @@ struct BenchArgs {
   int threads = 0;
 };
 
-constexpr int64_t kPieces = 16;
-constexpr int64_t kAlign = 64;  // elements, as ParamLayout aligns pieces
-
-int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// The parameters of one rank: a flat weights buffer and its grads, cut into kPieces pieces.
-struct Params {
-  int64_t elements = 0;  // P, with alignment padding
-  OwnedTensor values, grads;
-  std::vector<schedules::OptimizerPiece> pieces;
-  std::vector<float> initial;  // the weights every row starts from
-};
-
-Params make_params(Backend& backend, int64_t count, Stream& stream) {
-  Params p;
-  const int64_t piece = std::max<int64_t>(1, (count + kPieces - 1) / kPieces);
-  std::vector<std::pair<int64_t, int64_t>> spans;  // offset, length
-  for (int64_t done = 0; done < count; done += piece) {
-    spans.push_back({p.elements, std::min(piece, count - done)});
-    p.elements += align_up(spans.back().second);
-  }
-  p.values = OwnedTensor::device(backend, Shape{p.elements}, DType::f32, LiveSet::weights,
-                                 "bench weights");
-  p.grads =
-      OwnedTensor::device(backend, Shape{p.elements}, DType::f32, LiveSet::grads, "bench grads");
-  std::mt19937_64 rng(1234);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  p.initial.assign(static_cast<size_t>(p.elements), 0.0f);
-  std::vector<float> g(static_cast<size_t>(p.elements), 0.0f);
-  for (size_t i = 0; i < spans.size(); ++i) {
-    const auto [off, len] = spans[i];
-    for (int64_t j = 0; j < len; ++j) {
-      p.initial[static_cast<size_t>(off + j)] = 0.02f * normal(rng);
-      g[static_cast<size_t>(off + j)] = 1e-3f * normal(rng) + 1e-5f;
-    }
-    auto view = [&](const OwnedTensor& t) {
-      return Tensor(static_cast<float*>(t.data()) + off, Shape{len}, DType::f32, Placement::device,
-                    &backend);
-    };
-    p.pieces.push_back({view(p.values), view(p.grads), i % 4 != 3});
-  }
-  backend.copy_async(p.grads.data(), g.data(), g.size() * 4, CopyKind::host_to_device, stream);
-  stream.synchronize();
-  return p;
-}
-
-// Best-of-5 pinned copy bandwidth in bytes/s, each way, over a buffer of `bytes`.
-std::pair<double, double> pinned_bandwidth(Backend& backend, uint64_t bytes, Stream& stream) {
-  OwnedTensor host = OwnedTensor::pinned(backend, Shape{static_cast<int64_t>(bytes / 4)},
-                                         DType::f32, LiveSet::workspace, "bench pinned bandwidth");
-  OwnedTensor dev = OwnedTensor::device(backend, Shape{static_cast<int64_t>(bytes / 4)}, DType::f32,
-                                        LiveSet::workspace, "bench device bandwidth");
-  std::memset(host.data(), 1, host.nbytes());
-  auto best = [&](CopyKind kind) {
-    double t_best = 1e30;
-    for (int i = 0; i < 6; ++i) {  // the first run touches the pages; it counts like the others
-      auto t0 = std::chrono::steady_clock::now();
-      if (kind == CopyKind::host_to_device) {
-        backend.copy_async(dev.data(), host.data(), host.nbytes(), kind, stream);
-      } else {
-        backend.copy_async(host.data(), dev.data(), host.nbytes(), kind, stream);
-      }
-      stream.synchronize();
-      t_best = std::min(
-          t_best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return static_cast<double>(host.nbytes()) / t_best;
-  };
-  const double h2d = best(CopyKind::host_to_device);
-  const double d2h = best(CopyKind::device_to_host);
-  return {h2d, d2h};
-}
-
 struct Row {
   std::string schedule;
   int64_t bucket = 0, slots = 0;  // offload_stream only
@@ -132,51 +57,7 @@ struct Row {
   MemoryStats peaks;
   uint64_t bound = 0, host_bytes = 0;
   double max_rel_err = 0;
-  std::vector<float> weights, m, v;  // after the last step, until compared with resident's
 };
-
-std::vector<float> floats_of(const Tensor& t) {
-  const float* p = static_cast<const float*>(t.data());
-  return std::vector<float>(p, p + t.numel());
-}
-
-Tensor state_named(const schedules::Optimizer& o, const char* name) {
-  for (const auto& s : o.state()) {
-    if (s.name == name) return s.flat;
-  }
-  MOEPEAK_THROW("optimizer has no state ", name);
-}
-
-double max_rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], 4) == 0) continue;
-    const double d = std::abs(static_cast<double>(a[i]) - b[i]);
-    worst = std::max(worst, d / std::max(std::abs(static_cast<double>(b[i])), 1e-30));
-  }
-  return worst;
-}
-
-// Runs warmup + iters steps of `optimizer` from the initial weights; the median step time.
-Row time_optimizer(Backend& backend, Params& p, schedules::Optimizer& optimizer,
-                   const BenchArgs& args, Stream& stream) {
-  Row row;
-  std::vector<double> times;
-  backend.arena().reset_peaks();
-  for (int i = 0; i < args.common.warmup + args.common.iters; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    optimizer.step(i + 1, 1e-3, i % 2 ? 0.5 : 1.0, stream);
-    stream.synchronize();
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (i >= args.common.warmup) times.push_back(t);
-  }
-  row.time_s = median(times);
-  row.peaks = backend.arena().stats();
-  row.weights = floats_of(p.values.view());
-  row.m = floats_of(state_named(optimizer, "exp_avg"));
-  row.v = floats_of(state_named(optimizer, "exp_avg_sq"));
-  return row;
-}
 
 int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
   Config cfg = load_config_for_command(args.common.config, ctx);
@@ -195,26 +76,14 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
   for (int64_t s : args.slots) max_slots = std::max(max_slots, s);
 
   // The bench sizes its device and pinned pool to what the rows need (a model of its own).
-  const uint64_t P = static_cast<uint64_t>(align_up(count) + kPieces * kAlign);
-  const uint64_t bw_bytes = std::min<uint64_t>(256ull << 20, std::max<uint64_t>(12 * P, 1 << 20));
-  BackendOptions bo;
-  bo.kind = BackendKind::cpu;
-  bo.device_memory = 4 * DeviceArena::footprint(P * 4) +
-                     schedules::adamw_offload_stream_bytes(max_bucket, max_slots, DType::f32) +
-                     DeviceArena::footprint(bw_bytes) + (64ull << 20);
-  bo.pinned_budget =
-      4 * PinnedPool::footprint(P * 4) + PinnedPool::footprint(bw_bytes) + (64ull << 20);
-  bo.numa_node = static_cast<int>(cfg.runtime.numa_node);
-  bo.cpu_threads = args.threads > 0 ? args.threads : static_cast<int>(cfg.runtime.threads);
+  const uint64_t bw_bytes = adamw_bandwidth_bytes(count);
+  const BackendOptions bo = adamw_backend_options(cfg, count, max_bucket, max_slots, args.threads);
   auto backend = Backend::create(bo);
   auto comm = make_comm(*backend, ranks);
   Stream& stream = backend->default_stream();
-  const int threads = bo.cpu_threads > 0
-                          ? bo.cpu_threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                            std::max(1, ranks.local_size));
+  const int threads = adamw_host_threads(bo, ranks);
 
-  Params p = make_params(*backend, count, stream);
+  AdamwParams p = make_adamw_params(*backend, count, stream);
   auto [h2d, d2h] = pinned_bandwidth(*backend, bw_bytes, stream);
   double bw[2] = {h2d, d2h};
   if (W > 1) all_reduce_host(*comm, *backend, stream, bw, ReduceOp::min);
@@ -224,36 +93,23 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
   // slower direction, not the sum. On the CPU backend both are the same memory bus.
   const double floor_s = std::max(floor_h2d, floor_d2h);
 
-  auto reset = [&] {
-    backend->copy_async(p.values.data(), p.initial.data(), p.initial.size() * 4,
-                        CopyKind::host_to_device, stream);
-    stream.synchronize();
-  };
   std::vector<Row> rows;
   std::vector<std::vector<float>> reference;  // resident's weights, m, v after the last step
   auto run_row = [&](const std::string& name, OptimizerConfig o, uint64_t bound,
                      uint64_t host_bytes) {
-    reset();
+    reset_adamw_params(*backend, p, stream);
     o.placement = enum_from_name<OptimizerPlacement>(name).value();
-    std::unique_ptr<schedules::Optimizer> opt;
-    if (o.placement == OptimizerPlacement::resident) {
-      opt = std::make_unique<schedules::ResidentAdamW>(*backend, p.values.view(), p.pieces, o);
-    } else if (o.placement == OptimizerPlacement::offload_serial) {
-      opt = std::make_unique<schedules::SerialOffloadAdamW>(*backend, p.values.view(), p.pieces, o,
-                                                            threads);
-    } else {
-      opt = std::make_unique<schedules::OffloadStreamAdamW>(*backend, p.values.view(), p.pieces, o);
-    }
-    Row row = time_optimizer(*backend, p, *opt, args, stream);
+    auto opt = make_adamw(*backend, p, o, threads);
+    AdamwRun run = time_adamw(*backend, p, *opt, args.common.warmup, args.common.iters, stream);
     if (rows.empty()) {
-      reference = {row.weights, row.m, row.v};  // resident: what every row must equal
+      reference = {run.weights, run.m, run.v};  // resident: what every row must equal
     }
-    row.max_rel_err =
-        std::max({max_rel_err(row.weights, reference[0]), max_rel_err(row.m, reference[1]),
-                  max_rel_err(row.v, reference[2])});
-    row.weights.clear();
-    row.m.clear();
-    row.v.clear();
+    Row row;
+    row.time_s = median(run.times);
+    row.peaks = run.peaks;
+    row.max_rel_err = std::max({float_max_rel_err(run.weights, reference[0]),
+                                float_max_rel_err(run.m, reference[1]),
+                                float_max_rel_err(run.v, reference[2])});
     row.schedule = name;
     row.bound = bound;
     row.host_bytes = host_bytes;
@@ -306,7 +162,7 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
     std::printf(
         "# moepeak bench adamw: %lld parameters (%lld per rank, f32, %lld pieces), world %d\n",
         static_cast<long long>(args.params), static_cast<long long>(count),
-        static_cast<long long>(kPieces), W);
+        static_cast<long long>(kAdamwPieces), W);
     std::printf("# backend %s; host %s, %s\n", backend->describe().c_str(), process_host().c_str(),
                 now_utc().c_str());
     std::printf(

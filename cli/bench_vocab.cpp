@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_common.h"
+#include "cli/vocab_measure.h"
 #include "cli/commands.h"
 #include "core/comm/process_group.h"
 #include "core/error.h"
@@ -41,153 +42,8 @@ namespace {
 
 struct VocabBenchArgs {
   BenchCommonArgs common;
-  int64_t tokens = 2048;
-  int64_t hidden = 256;
-  int64_t vocab = 16384;
+  VocabShape shape;
   std::vector<int64_t> strips = {0, 1024, 256};
-  std::string dtype = "f32";
-};
-
-// One schedule's row as this rank measured it.
-struct Measured {
-  std::string schedule, payload;
-  int64_t strip = 0;
-  double time_s = 0;
-  MemoryStats stats;
-  uint64_t bound = 0;
-  double loss = 0;
-  std::vector<double> dx, dw;  // (N, H), this rank's rows of dW (V_r, H)
-};
-
-class VocabBench {
- public:
-  VocabBench(const VocabBenchArgs& args, const Config& cfg, const RankInfo& ranks)
-      : args_(args),
-        dtype_(args.dtype == "f64" ? DType::f64 : DType::f32),
-        backend_(Backend::create(bench_backend_options(cfg, ranks))),
-        comm_(make_comm(*backend_, ranks)),
-        shard_(schedules::vocab_shard(args.vocab, ranks.world_size, ranks.rank)) {
-    const int64_t N = args.tokens, H = args.hidden, V = args.vocab;
-    // Inputs every schedule reads: this rank's batch and labels, the whole LM head (the
-    // materialised schedule's replica), its rows (Ring-DTP's shard) and the gradients.
-    std::mt19937_64 rng(1234 + static_cast<uint64_t>(ranks.rank));
-    std::uniform_real_distribution<double> uni(-1.0, 1.0), coin(0.0, 1.0);
-    std::uniform_int_distribution<int64_t> pick(0, V - 1);
-    x_ = tensor(Shape{N, H}, LiveSet::workspace, "bench x");
-    lm_head_ = tensor(Shape{V, H}, LiveSet::weights, "bench lm_head");
-    labels_ = OwnedTensor::device(*backend_, Shape{N}, DType::i64, LiveSet::workspace, "labels");
-    std::mt19937_64 weight_rng(99);  // the same LM head on every rank
-    const double w_scale = 3.0 / std::sqrt(static_cast<double>(H));
-    fill(x_, [&] { return uni(rng); });
-    fill(lm_head_, [&] { return w_scale * uni(weight_rng); });
-    int64_t scored = 0;
-    for (int64_t n = 0; n < N; ++n) {
-      int64_t l = coin(rng) < 0.1 ? -100 : pick(rng);
-      labels_.data_as<int64_t>()[n] = l;
-      scored += l != -100;
-    }
-    std::vector<double> count = {static_cast<double>(scored)};
-    all_reduce_host(*comm_, *backend_, stream(), count);
-    loss_scale_ = 1.0 / count[0];
-    dx_ = tensor(Shape{N, H}, LiveSet::workspace, "bench dx");
-    dw_full_ = tensor(Shape{V, H}, LiveSet::grads, "bench dlm_head");
-  }
-
-  int rank() const { return comm_->rank(); }
-  int world() const { return comm_->world_size(); }
-  DType dtype() const { return dtype_; }
-  Stream& stream() { return backend_->default_stream(); }
-  std::string describe() const { return backend_->describe(); }
-
-  Measured run_materialized() {
-    Measured m;
-    m.schedule = "materialized";
-    m.bound = schedules::vocab_materialized_bytes(args_.tokens, args_.vocab, dtype_);
-    schedules::MaterializedVocab vocab(*backend_, stream(), dtype_);
-    time_rows(m, [&] {
-      m.loss = vocab.forward(x_, lm_head_, labels_, loss_scale_);
-      vocab.backward(x_, lm_head_, dx_, dw_full_);
-      stream().synchronize();
-    });
-    m.dx = read(dx_);
-    // This rank's batch contributed to every row of dW: the sum over ranks is the whole dW.
-    comm_->all_reduce(dw_full_.data(), dw_full_.data(), static_cast<size_t>(dw_full_.numel()),
-                      dtype_, ReduceOp::sum, stream());
-    m.dw = read(dw_full_.view().rows(shard_.begin, shard_.end));
-    return m;
-  }
-
-  Measured run_ring(VocabPayload payload, int64_t strip) {
-    Measured m;
-    m.schedule = "ring_dtp";
-    m.payload = payload == VocabPayload::weights ? "weights" : "activations";
-    m.strip = strip;
-    m.bound = schedules::ring_dtp_bytes(args_.tokens, args_.hidden, args_.vocab, world(), strip,
-                                        payload, dtype_);
-    schedules::RingDtpVocab vocab(*backend_, stream(), *comm_, dtype_, args_.vocab, payload, strip);
-    const Tensor w = lm_head_.view().rows(shard_.begin, shard_.end);
-    const Tensor dw = dw_full_.view().rows(shard_.begin, shard_.end);
-    time_rows(m, [&] {
-      m.loss = vocab.forward(x_, w, labels_, loss_scale_);
-      vocab.backward(x_, w, dx_, dw);
-    });
-    m.dx = read(dx_);
-    m.dw = read(dw);
-    return m;
-  }
-
-  // The job's loss (sum of the ranks' shares) and the maxima over ranks of a double.
-  double sum_over_ranks(double v) {
-    std::vector<double> values = {v};
-    all_reduce_host(*comm_, *backend_, stream(), values);
-    return values[0];
-  }
-  double max_over_ranks(double v) {
-    std::vector<double> values = {v};
-    all_reduce_host(*comm_, *backend_, stream(), values, ReduceOp::max);
-    return values[0];
-  }
-
- private:
-  OwnedTensor tensor(Shape shape, LiveSet set, const char* what) {
-    return OwnedTensor::device(*backend_, shape, dtype_, set, what);
-  }
-  template <typename F> void fill(const OwnedTensor& t, F&& next) {
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      if (dtype_ == DType::f32) {
-        t.data_as<float>()[i] = static_cast<float>(next());
-      } else {
-        t.data_as<double>()[i] = next();
-      }
-    }
-  }
-  std::vector<double> read(const Tensor& t) { return copy_to_host_as_double(t, *backend_, stream()); }
-
-  // Warm-up and timed repetitions of `step` (forward + backward, synchronised), each started
-  // together on every rank, dW zeroed before each; the peaks cover all of them.
-  template <typename F> void time_rows(Measured& m, F&& step) {
-    std::vector<double> times;
-    backend_->arena().reset_peaks();
-    for (int i = 0; i < args_.common.warmup + args_.common.iters; ++i) {
-      ops::fill(dw_full_, 0.0, stream());
-      stream().synchronize();
-      comm_->barrier();
-      auto t0 = std::chrono::steady_clock::now();
-      step();
-      auto t1 = std::chrono::steady_clock::now();
-      if (i >= args_.common.warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
-    }
-    m.time_s = median(times);
-    m.stats = backend_->arena().stats();
-  }
-
-  const VocabBenchArgs& args_;
-  DType dtype_;
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Comm> comm_;
-  schedules::VocabInterval shard_;
-  OwnedTensor x_, lm_head_, labels_, dx_, dw_full_;
-  double loss_scale_ = 1;
 };
 
 // max |got - want| / max |want|; infinite on a NaN.
@@ -202,13 +58,16 @@ double scaled_err(const std::vector<double>& got, const std::vector<double>& wan
 }
 
 int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankInfo& ranks) {
-  MOEPEAK_CHECK(args.dtype == "f32" || args.dtype == "f64", "--dtype ", args.dtype,
+  MOEPEAK_CHECK(args.shape.dtype == "f32" || args.shape.dtype == "f64", "--dtype ", args.shape.dtype,
                 " (f32 or f64)");
   Config cfg = load_config_for_command(args.common.config, ctx);
-  VocabBench bench(args, cfg, ranks);
+  VocabShape shape = args.shape;
+  shape.warmup = args.common.warmup;
+  shape.iters = args.common.iters;
+  VocabBench bench(shape, cfg, ranks);
   const int W = bench.world();
   const bool root = bench.rank() == 0;
-  const int64_t N = args.tokens, H = args.hidden, V = args.vocab;
+  const int64_t N = shape.tokens, H = shape.hidden, V = shape.vocab;
   const uint64_t nv_bytes = static_cast<uint64_t>(N * V) * dtype_size(bench.dtype());
   if (root) {
     std::printf("# moepeak bench vocab: %s\n", bench.describe().c_str());
@@ -217,7 +76,7 @@ int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankIn
                 process_host().c_str(), now_utc().c_str(), W, static_cast<long long>(N),
                 static_cast<long long>(H), static_cast<long long>(V),
                 static_cast<long long>(V / W), static_cast<long long>((V + W - 1) / W),
-                args.dtype.c_str(),
+                shape.dtype.c_str(),
                 schedules::ring_dtp_resolve_payload(VocabPayload::automatic, N, V, W) ==
                         VocabPayload::weights
                     ? "weights"
@@ -229,16 +88,16 @@ int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankIn
                 "time_s", "logits", "bound", "/N*V*b", "peak_total", "max_rel_err");
   }
 
-  std::vector<Measured> rows;
+  std::vector<VocabMeasured> rows;
   rows.push_back(bench.run_materialized());
   for (VocabPayload payload : {VocabPayload::activations, VocabPayload::weights}) {
     for (int64_t strip : args.strips) rows.push_back(bench.run_ring(payload, strip));
   }
-  const Measured& ref = rows.front();
+  const VocabMeasured& ref = rows.front();
   const double ref_loss = bench.sum_over_ranks(ref.loss);
 
   nlohmann::json json_rows = nlohmann::json::array();
-  for (const Measured& m : rows) {
+  for (const VocabMeasured& m : rows) {
     const bool is_ref = &m == &ref;
     double err = 0;
     if (!is_ref) {
@@ -275,9 +134,9 @@ int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankIn
     json_rows.push_back(row);
   }
   if (root && !args.common.json_path.empty()) {
-    nlohmann::json shape = {{"tokens_per_rank", N}, {"hidden_size", H}, {"vocab_size", V},
-                            {"dtype", args.dtype}};
-    write_bench_json(args.common.json_path, "vocab", W, shape, json_rows);
+    nlohmann::json js = {{"tokens_per_rank", N}, {"hidden_size", H}, {"vocab_size", V},
+                         {"dtype", shape.dtype}};
+    write_bench_json(args.common.json_path, "vocab", W, js, json_rows);
   }
   return 0;
 }
@@ -289,14 +148,14 @@ void register_bench_vocab(CLI::App& bench, Context& ctx) {
   auto* vocab = bench.add_subcommand(
       "vocab", "vocabulary projection + cross-entropy: materialised logits vs Ring-DTP");
   add_bench_common_options(*vocab, args.common);
-  vocab->add_option("--tokens", args.tokens, "tokens per rank (N)")->check(CLI::PositiveNumber);
-  vocab->add_option("--hidden", args.hidden, "hidden size (H)")->check(CLI::PositiveNumber);
-  vocab->add_option("--vocab", args.vocab, "vocabulary size (V), at least the world size")
+  vocab->add_option("--tokens", args.shape.tokens, "tokens per rank (N)")->check(CLI::PositiveNumber);
+  vocab->add_option("--hidden", args.shape.hidden, "hidden size (H)")->check(CLI::PositiveNumber);
+  vocab->add_option("--vocab", args.shape.vocab, "vocabulary size (V), at least the world size")
       ->check(CLI::PositiveNumber);
   vocab->add_option("--strips", args.strips, "Ring-DTP strip widths in columns, 0 = whole shard")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
-  vocab->add_option("--dtype", args.dtype, "f32 or f64")->check(CLI::IsMember({"f32", "f64"}));
+  vocab->add_option("--dtype", args.shape.dtype, "f32 or f64")->check(CLI::IsMember({"f32", "f64"}));
   vocab->callback([&ctx] {
     ctx.action = [&ctx] {
       const RankInfo ranks = join_ranks();

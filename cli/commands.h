@@ -16,6 +16,10 @@
 
 namespace moepeak::cli {
 
+// `moepeak train` stopped by SIGUSR1/SIGTERM at a step boundary with a checkpoint written: the
+// job should be requeued and resumed (EX_TEMPFAIL; slurm/train.sbatch runs `scontrol requeue`).
+inline constexpr int kExitRequeue = 75;
+
 struct Context {
   std::string log_level;  // empty: runtime.log_level of the config (info without one)
   bool log_all_ranks = false;
@@ -39,6 +43,7 @@ void register_train_command(CLI::App& app, Context& ctx);
 void register_bench_command(CLI::App& app, Context& ctx);
 void register_plan_command(CLI::App& app, Context& ctx);
 void register_probe_command(CLI::App& app, Context& ctx);  // cli/probe_cmd.cpp
+void register_tune_command(CLI::App& app, Context& ctx);   // cli/tune_cmd.cpp
 
 // The plan table (nccl-tests style, `#` comment lines; cli/plan_cmd.cpp), also printed by
 // `moepeak train` when it refuses to start.

@@ -5,6 +5,7 @@
 //   moepeak plan [--config F]... [--set section.key=value]... [-n W] [--json FILE] [--max-context]
 //   moepeak probe [--ranks-per-node N] [--output probe.toml] [--json FILE] [--no-bench] [--topology-xml F]
 //   moepeak train [--config F]... [--set section.key=value]... [--resume] [--dump-step DIR] [--force]
+//   moepeak tune [--config F]... [--set section.key=value]... --out DIR [--repeats 5] [--only ...]
 //   moepeak bench step [--config F]... [--warmup n] [--iters n] [--json FILE]
 //
 // This is the only place that exits: library code throws moepeak::Error, which is printed here
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   moepeak::cli::register_train_command(app, ctx);
   moepeak::cli::register_plan_command(app, ctx);
   moepeak::cli::register_probe_command(app, ctx);
+  moepeak::cli::register_tune_command(app, ctx);
   moepeak::cli::register_bench_command(app, ctx);
 
   try {

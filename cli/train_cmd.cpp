@@ -4,8 +4,14 @@
 // (core/plan/plan.h, the same table as `moepeak plan`) and refuses to start, printing the plan and
 // exiting 2, when the plan does not fit the device capacity or the host budget (--force: start
 // anyway).
+//
+// Preemption (docs/slurm.md): SIGUSR1 and SIGTERM ask every rank to checkpoint at the next step
+// boundary and exit with kExitRequeue (75), which slurm/train.sbatch answers with `scontrol
+// requeue` (or a cluster's RequeueExit=75); the requeued job's `--resume` continues from it.
 #include <spdlog/spdlog.h>
 
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <optional>
 
@@ -19,6 +25,26 @@
 
 namespace moepeak::cli {
 namespace {
+
+// The preemption flag: the signal's number, stored by the handler (lock-free, so async-signal-safe).
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+extern "C" void on_stop_signal(int signal) { g_stop_signal.store(signal); }
+
+// SIGUSR1 and SIGTERM set the flag instead of ending the process; a second SIGTERM still does
+// not kill it (Slurm's SIGKILL after KillWait does).
+void install_stop_handlers() {
+  struct sigaction action = {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int signal : {SIGUSR1, SIGTERM}) {
+    if (sigaction(signal, &action, nullptr) != 0) {
+      MOEPEAK_THROW("cannot install the handler of signal ", signal, " (preemption)");
+    }
+  }
+}
 
 // The last step's device-memory peaks, one row per live set (nccl-tests style table).
 void print_peak_table(const StepMetrics& m) {
@@ -73,7 +99,18 @@ void register_train_command(CLI::App& app, Context& ctx) {
         }
         spdlog::warn("--force: starting although the memory plan does not fit: {}", plan->verdict());
       }
+      install_stop_handlers();
+      options.stop_signal = &g_stop_signal;
       TrainResult r = train(cfg, options);
+      if (r.stopped_by_signal != 0) {
+        if (ranks.rank == 0) {
+          spdlog::warn("preempted (signal {}) after step {}: checkpoint written; exit {} asks the job "
+                       "script to requeue, and --resume continues from step {}",
+                       r.stopped_by_signal, r.last_step, kExitRequeue, r.last_step + 1);
+        }
+        finalize_process_group();
+        return kExitRequeue;
+      }
       if (!r.losses.empty() && ranks.rank == 0) {
         spdlog::info("trained steps {}..{}: final loss {:.4f}; metrics in {}", r.first_step, r.last_step,
                      r.losses.back(), r.metrics_file);

@@ -38,6 +38,7 @@ enum class LrDecay { cosine, linear, constant };
 enum class ProgressMode { automatic, on, off };
 enum class BackendChoice { automatic, cpu, cuda };
 enum class LogLevel { trace, debug, info, warn, error };
+enum class BindPolicy { automatic, rank, none };
 
 template <typename E>
 struct EnumNames;
@@ -93,6 +94,10 @@ struct EnumNames<ProgressMode> {
 template <>
 struct EnumNames<BackendChoice> {
   static constexpr std::array<std::string_view, 3> names{"auto", "cpu", "cuda"};
+};
+template <>
+struct EnumNames<BindPolicy> {
+  static constexpr std::array<std::string_view, 3> names{"auto", "rank", "none"};
 };
 template <>
 struct EnumNames<LogLevel> {
@@ -234,6 +239,7 @@ struct RuntimeConfig {
   LogLevel log_level = LogLevel::info;
   int64_t threads = 0;     // 0 = this rank's share of the cores
   int64_t numa_node = -1;  // -1 = the local node
+  BindPolicy bind = BindPolicy::automatic;
 
   std::optional<uint64_t> device_memory_bytes() const;  // nullopt = auto
   std::optional<uint64_t> pinned_memory_bytes() const;  // nullopt = auto

@@ -261,6 +261,10 @@ const std::vector<Field>& field_table() {
             "CPU compute threads per rank; 0 = this rank's share of the cores."),
       FIELD(runtime, numa_node, at_least(-1),
             "NUMA node for pinned memory and threads; -1 = the node local to the rank."),
+      FIELD(runtime, bind, no_limit(),
+            "Bind each rank's threads and pinned pool to its place (its GPU's NUMA node, or its "
+            "share of the cores); auto = unless the launcher bound the rank already or the host "
+            "has more ranks than PUs; rank = always; none = never."),
   };
   return table;
 }

@@ -25,13 +25,15 @@
 #include "ops/fill.h"
 #include "ops/schedules/optimizer.h"
 #include "topology/auto_budget.h"
+#include "topology/binding.h"
 
 namespace moepeak {
 namespace fs = std::filesystem;
 
 namespace {
 
-BackendOptions backend_options(const Config& cfg, const RankInfo& ranks) {
+BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
+                               const topology::TrainBinding& binding) {
   BackendOptions o;
   if (cfg.runtime.backend == BackendChoice::cuda) {
     MOEPEAK_THROW("runtime.backend = \"cuda\": training on the CUDA backend is not in this version; "
@@ -42,9 +44,12 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks) {
   // "auto": this rank's host budget from runtime.probe_file (`moepeak probe`), else the default.
   o.pinned_budget = topology::pinned_memory_budget(cfg, ranks.rank, ranks.local_rank, ranks.local_size,
                                                    /*cpu_backend=*/true);
+  // -1: the node of the thread that creates the pool, i.e. the one the rank is bound to.
   o.numa_node = static_cast<int>(cfg.runtime.numa_node);
   o.cpu_threads = static_cast<int>(cfg.runtime.threads);
-  if (o.cpu_threads == 0 && ranks.local_size > 1) {
+  if (o.cpu_threads == 0 && binding.bound) {
+    o.cpu_threads = std::max(1, binding.pus());  // one thread per PU of the rank's share
+  } else if (o.cpu_threads == 0 && ranks.local_size > 1) {
     // The ranks on one host share its cores instead of each starting one thread per core.
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     o.cpu_threads = std::max(1, cores / ranks.local_size);
@@ -106,6 +111,7 @@ struct Trainer::State {
   Config cfg;
   TrainOptions options;
   RankInfo ranks;
+  topology::TrainBinding binding;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Comm> comm;
   std::unique_ptr<MixtralModel> model;
@@ -125,7 +131,17 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   check_layout(cfg, s.ranks);
   s.cfg = cfg;
   s.options = options;
-  s.backend = Backend::create(backend_options(cfg, s.ranks));
+  // Bind before the backend starts its threads and pins its pool (issue 10 item 4).
+  s.binding = topology::bind_for_training(cfg, s.ranks.rank, s.ranks.local_rank, s.ranks.local_size,
+                                          /*cpu_backend=*/true);
+  if (s.binding.bound) {
+    spdlog::info("rank {} bound to PUs {} (NUMA node {}{})", s.ranks.rank, s.binding.cpus,
+                 s.binding.numa_node, s.ranks.world_size > 1 ? "; other ranks alike" : "");
+  } else {
+    spdlog::info("rank {} not bound: {}; it runs on PUs {}", s.ranks.rank, s.binding.reason,
+                 s.binding.cpus);
+  }
+  s.backend = Backend::create(backend_options(cfg, s.ranks, s.binding));
   s.comm = make_comm(*s.backend, s.ranks);
   Stream& stream = s.backend->default_stream();
   s.model = std::make_unique<MixtralModel>(*s.backend, stream, *s.comm, cfg.model, cfg.schedules,
@@ -134,7 +150,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   params.initialize(static_cast<uint64_t>(cfg.job.seed), cfg.model.initializer_range, stream);
   // The serial offload's host AdamW gets the rank's share of the cores, as OpenBLAS does.
   s.optimizer = schedules::make_optimizer(*s.backend, params, cfg.optimizer,
-                                          backend_options(cfg, s.ranks).cpu_threads);
+                                          backend_options(cfg, s.ranks, s.binding).cpu_threads);
   s.loader = make_data_loader(cfg.training, cfg.model, cfg.job.seed);
   s.checkpoint_folder = (fs::path(cfg.job.run_path()) / cfg.checkpoint.folder).string();
 
@@ -173,6 +189,14 @@ double Trainer::sum_over_ranks(double value) const {
     all_reduce_host(*s_->comm, *s_->backend, s_->backend->default_stream(), v);
   }
   return v[0];
+}
+
+double Trainer::max_over_ranks(double value) const {
+  const double mine[1] = {value};
+  if (s_->ranks.world_size == 1) return value;
+  const std::vector<double> all =
+      all_gather_host(*s_->comm, *s_->backend, s_->backend->default_stream(), mine);
+  return *std::max_element(all.begin(), all.end());
 }
 
 std::string Trainer::describe() const {
@@ -293,7 +317,21 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
     result.losses.push_back(m.loss);
     result.last = m;
     const bool at_interval = cfg.checkpoint.interval > 0 && m.step % cfg.checkpoint.interval == 0;
-    if (cfg.checkpoint.enable && (at_interval || m.step == cfg.training.steps)) trainer.save_checkpoint();
+    const bool saved = cfg.checkpoint.enable && (at_interval || m.step == cfg.training.steps);
+    if (saved) trainer.save_checkpoint();
+    if (options.stop_signal == nullptr || m.step == cfg.training.steps) continue;
+    // NOTES: every rank takes part in this collective after every step, signalled or not, so the
+    // ranks leave the loop at the same step whichever of them the signal reached (srun forwards
+    // it to all, a node's SIGTERM reaches only that node's ranks).
+    const int signal = static_cast<int>(trainer.max_over_ranks(options.stop_signal->load()));
+    if (signal == 0) continue;
+    spdlog::warn("signal {} received: stopping at the step {} boundary to be requeued", signal, m.step);
+    // The preemption checkpoint is written even with checkpoint.enable = false: without it the
+    // requeued job would start over.
+    if (!saved) trainer.save_checkpoint();
+    result.last_step = m.step;
+    result.stopped_by_signal = signal;
+    break;
   }
   return result;
 }

@@ -15,6 +15,7 @@
 // 0's live sets, every rank's total).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -30,6 +31,12 @@ struct TrainOptions {
   bool resume = false;          // continue from the latest checkpoint of this run, if any
   std::string resume_from;      // or from this checkpoint directory
   std::string dump_step_dir;    // write the first step's weights, batch, loss and grads here
+  // Preemption (docs/slurm.md): a signal number the caller's handler stores (SIGUSR1 from
+  // `--signal=B:USR1@120` forwarded by slurm/train.sbatch, SIGTERM from scancel or preemption);
+  // 0 = none. After every step the ranks agree on it with one collective (any rank's signal stops
+  // all), checkpoint at that step boundary and return with TrainResult::stopped_by_signal set.
+  // Null: no preemption check (and no collective).
+  const std::atomic<int>* stop_signal = nullptr;
 };
 
 struct TrainResult {
@@ -37,6 +44,9 @@ struct TrainResult {
   std::vector<double> losses;  // one per step run
   StepMetrics last;
   std::string run_dir, metrics_file;
+  // Non-zero: training stopped early at last_step on this signal, with a checkpoint of that step
+  // written (the `moepeak train` exit code is then kExitRequeue; a --resume continues it).
+  int stopped_by_signal = 0;
 };
 
 // One training run's state: backend, model, optimizer, data, step counter. `train()` drives it
@@ -59,6 +69,8 @@ class Trainer {
   int world_size() const;
   // The sum of `value` over the ranks (collective; `value` itself on one rank).
   double sum_over_ranks(double value) const;
+  // The largest of `value` over the ranks (collective).
+  double max_over_ranks(double value) const;
   double flops_per_step() const;
   double gemm_ceiling_gflops() const;  // measured once at setup (flops.h)
   std::string describe() const;        // backend, model and data, for the log

@@ -8,6 +8,12 @@
 #   - a checkpoint saved on 2 ranks resumes bit for bit on 2 ranks and within 1e-5 on 4 and 1;
 #   - schedules.vocab = "ring_dtp" on 4 ranks gives 1 rank's materialised losses (1e-5), and its
 #     checkpoint resumes under the materialised schedule on 4 ranks;
+#   - runtime.bind (issue 10 item 4): each rank binds to its share of the PUs when the launcher
+#     left it unbound and the host has a PU per rank (auto), rebinding under "rank", never under
+#     "none"; binding changes no loss;
+#   - preemption under mpirun: USR1 to mpirun (which forwards it) stops both ranks at one step
+#     boundary with a checkpoint and exit 75; --resume then ends with an uninterrupted run's
+#     losses, bitwise, every step once;
 #   - a config the layout cannot split over W ranks is rejected before any work (non-zero exit,
 #     numbers in the message), and one rank's failure ends the whole job instead of hanging it.
 # Every run is under `timeout 120`: a hang is a failure (exit 124), not a blocked test.
@@ -39,7 +45,7 @@ py=python3
 train() {
   local w="$1" name="$2" log="$3"; shift 3
   local launch=()
-  if [ "$w" -gt 1 ]; then launch=("$mpirun" --allow-run-as-root --oversubscribe -np "$w"); fi
+  if [ "$w" -gt 1 ]; then launch=("$mpirun" --allow-run-as-root --oversubscribe ${MPIRUN_EXTRA:-} -np "$w"); fi
   timeout -k 10 120 "${launch[@]}" "$bin" train --config "$src/configs/tiny.toml" \
     --set metrics.progress=off --set job.run_dir="$tmp/runs" --set job.name="$name" "$@" \
     >"$log.out" 2>"$log.err"
@@ -198,6 +204,63 @@ for w in 2 4; do
 done
 check "the largest rank peak on 4 ranks is below the 1-rank peak" \
   peak_below "$(metrics w4)" "$(metrics w1)"
+
+# 1b. Binding. mpirun --bind-to none leaves the ranks unbound, so "auto" binds them itself.
+online=$(getconf _NPROCESSORS_ONLN)
+MPIRUN_EXTRA="--bind-to none" train 2 bind2 "$tmp/bind2" --set training.steps=3; rc=$?
+check "bind auto on 2 ranks exits 0 (rc $rc)" test $rc -eq 0
+if [ "$online" -ge 2 ]; then
+  check "bind auto on 2 unbound ranks: rank 0 bound to its share, PU 0" \
+    contains "$tmp/bind2.err" "rank 0 bound to PUs 0 ("
+else
+  check "bind auto on 2 ranks of 1 PU: not bound" contains "$tmp/bind2.err" "2 ranks share 1 PUs"
+fi
+check "losses of bound ranks equal 1 rank's (1e-5 relative)" \
+  series_match "$(metrics w1)" "$(metrics bind2)" loss 1e-5
+MPIRUN_EXTRA="--bind-to none" train 2 bindnone "$tmp/bindnone" --set training.steps=1 \
+  --set runtime.bind=none; rc=$?
+check "bind none exits 0 (rc $rc)" test $rc -eq 0
+check "bind none: not bound, says why" contains "$tmp/bindnone.err" 'not bound: runtime.bind = "none"'
+# The launcher binds (OpenMPI binds 2 ranks to a core each): auto keeps it, rank rebinds.
+if [ "$online" -ge 2 ]; then
+  MPIRUN_EXTRA="--bind-to core" train 2 bindmpi "$tmp/bindmpi" --set training.steps=1; rc=$?
+  check "bind auto under mpirun --bind-to core exits 0 (rc $rc)" test $rc -eq 0
+  check "bind auto keeps the launcher's binding" contains "$tmp/bindmpi.err" "the launcher bound it already"
+  MPIRUN_EXTRA="--bind-to core" train 2 bindrank "$tmp/bindrank" --set training.steps=1 \
+    --set runtime.bind=rank; rc=$?
+  check "bind rank under mpirun --bind-to core exits 0 (rc $rc)" test $rc -eq 0
+  check "bind rank rebinds" contains "$tmp/bindrank.err" "rank 0 bound to PUs 0 ("
+fi
+if [ "$online" -lt 4 ]; then
+  check "bind auto with 4 ranks on $online PUs: not bound" \
+    contains "$tmp/w4.err" "4 ranks share $online PUs"
+fi
+
+# 1c. Preemption under mpirun (docs/slurm.md): USR1 -> checkpoint at a step boundary, exit 75.
+train 2 full30 "$tmp/full30" --set training.steps=30; rc=$?
+check "30 steps on 2 ranks exit 0 (rc $rc)" test $rc -eq 0
+timeout -k 10 120 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$bin" train \
+  --config "$src/configs/tiny.toml" --set metrics.progress=off --set job.run_dir="$tmp/runs" \
+  --set job.name=pre30 --set training.steps=30 >"$tmp/pre30.out" 2>"$tmp/pre30.err" &
+launcher=$!
+signalled=no
+for _ in $(seq 2000); do  # up to ~100 s for step 2
+  if [ -f "$(metrics pre30)" ] && [ "$(wc -l <"$(metrics pre30)")" -ge 2 ]; then
+    pkill -USR1 -P "$launcher" && signalled=yes  # timeout's child: the launcher
+    break
+  fi
+  kill -0 "$launcher" 2>/dev/null || break
+  sleep 0.05
+done
+wait "$launcher"; rc=$?
+check "USR1 reached mpirun after step 2" test "$signalled" = yes
+check "the signalled run exits 75 (rc $rc)" test $rc -eq 75
+check "the signalled run says where it stopped" contains "$tmp/pre30.err" "preempted (signal 10) after step"
+train 2 pre30 "$tmp/pre30b" --set training.steps=30 --resume; rc=$?
+check "--resume after the signal exits 0 (rc $rc)" test $rc -eq 0
+check "the resumed run has steps 1..30 once each" metrics_shape "$(metrics pre30)" 1 30 2
+check "its losses equal the uninterrupted run's (bitwise)" \
+  series_match "$(metrics full30)" "$(metrics pre30)" loss 0
 
 # 2. The step-1 dump does not depend on W (beyond the order of gradient sums).
 for w in 1 4; do

@@ -2,10 +2,12 @@
 // deterministic, a resumed run continues bit for bit, checkpoints and step dumps have the
 // documented layout, and the metrics file has one JSON object per step. Each offload placement
 // of the optimizer (offload_serial, offload_stream) trains bitwise like resident (losses, and
-// the weights, m and v the final checkpoint holds) and resumes bit for bit.
+// the weights, m and v the final checkpoint holds) and resumes bit for bit. A stop signal
+// (preemption) checkpoints at the step boundary and the resumed run ends bit for bit the same.
 // Run: ctest -R test_train
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -108,6 +110,53 @@ TEST(Train, ResumeContinuesBitForBit) {
   TrainOptions latest;
   latest.resume = true;
   EXPECT_TRUE(train(cfg, latest).losses.empty());
+}
+
+// Preemption (TrainOptions::stop_signal): a signal seen after a step stops the run at that step
+// boundary with a checkpoint — even with checkpoint.enable = false — and --resume continues it to
+// the uninterrupted run's losses, bit for bit. No signal: the run is untouched.
+TEST(Train, StopSignalCheckpointsAtTheStepBoundaryAndResumes) {
+  TempDir dir;
+  Config cfg = quick_config(dir.path(), 6);
+  cfg.checkpoint.enable = false;
+  const TrainResult full = train(cfg, {});
+  ASSERT_EQ(full.losses.size(), 6u);
+
+  std::atomic<int> signal{0};
+  TrainOptions quiet;
+  quiet.stop_signal = &signal;
+  cfg.job.name = "quiet";
+  const TrainResult untouched = train(cfg, quiet);
+  EXPECT_EQ(untouched.stopped_by_signal, 0);
+  EXPECT_EQ(untouched.losses, full.losses);
+  EXPECT_FALSE(fs::exists(fs::path(untouched.run_dir) / "checkpoints"));
+
+  cfg.job.name = "preempted";
+  signal = 10;  // SIGUSR1, as if it arrived during step 1
+  const TrainResult stopped = train(cfg, quiet);
+  EXPECT_EQ(stopped.stopped_by_signal, 10);
+  EXPECT_EQ(stopped.last_step, 1);
+  ASSERT_EQ(stopped.losses.size(), 1u);
+  EXPECT_EQ(stopped.losses[0], full.losses[0]);
+  EXPECT_TRUE(fs::exists(fs::path(stopped.run_dir) / "checkpoints" / checkpoint_dir_name(1) /
+                         "model.safetensors"));
+
+  signal = 0;
+  TrainOptions resume = quiet;
+  resume.resume = true;
+  const TrainResult rest = train(cfg, resume);
+  EXPECT_EQ(rest.stopped_by_signal, 0);
+  EXPECT_EQ(rest.first_step, 2);
+  ASSERT_EQ(rest.losses.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(rest.losses[i], full.losses[1 + i]) << "step " << 2 + i;
+
+  // A signal after the last step changes nothing: the run is complete.
+  cfg.job.name = "late";
+  cfg.training.steps = 1;
+  signal = 15;
+  const TrainResult late = train(cfg, quiet);
+  EXPECT_EQ(late.stopped_by_signal, 0);
+  EXPECT_EQ(late.losses.size(), 1u);
 }
 
 TEST(Train, ResumeRejectsACheckpointOfAnotherModel) {

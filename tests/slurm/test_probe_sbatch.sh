@@ -21,7 +21,7 @@ local_slurm_start "$tmp/slurm" || { echo "FAIL: the private Slurm did not start"
 
 host=$(hostname)
 MOEPEAK="$bin" MOEPEAK_PROBE_DIR="$tmp/probe" MOEPEAK_PROBE_ARGS="--no-bench" MOEPEAK_RANKS_PER_NODE=2 \
-  timeout -k 10 120 sbatch --wait --chdir "$tmp" -o "$tmp/job.out" "$src/slurm/probe.sbatch" >/dev/null 2>"$tmp/err"
+  timeout -k 10 120 sbatch --wait --chdir "$tmp" -o "$tmp/job.out" --gpus-per-node=0 --cpus-per-task=1 "$src/slurm/probe.sbatch" >/dev/null 2>"$tmp/err"
 rc=$?
 failures=0
 [ $rc -eq 0 ] || { echo "FAIL: sbatch --wait exited $rc"; cat "$tmp/err" "$tmp/job.out"; failures=1; }

@@ -17,27 +17,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=tests/slurm/local_slurm.sh
-source "$here/local_slurm.sh"
-
-tmp=$(mktemp -d)  # short: the private Slurm's UNIX sockets live under it
-chmod 755 "$tmp"  # munged wants every directory above its socket searchable by all
-trap 'local_slurm_stop; rm -rf "$tmp"' EXIT
-trap 'exit 130' INT TERM
-failures=0
-passes=0
-
-check() {  # check NAME CONDITION-COMMAND...; on failure prints the condition's output after FAIL
-  local name="$1"; shift
-  if "$@" >"$tmp/check.out" 2>&1; then
-    passes=$((passes + 1))
-  else
-    echo "FAIL: $name"
-    sed 's/^/  /' "$tmp/check.out"
-    failures=$((failures + 1))
-    return 1
-  fi
-}
+# shellcheck source=tests/slurm/slurm_test_setup.sh
+source "$here/slurm_test_setup.sh"  # $tmp, check, report; stops the cluster on exit
 contains() { grep -qF -- "$2" "$1"; }
 # Prints the last lines of a failed command's stderr, so a FAIL says why.
 show() { echo "----- last lines of $1 -----"; tail -n 25 "$1"; }
@@ -149,5 +130,4 @@ node_idle() {
 }
 check "the node is idle at the end" node_idle
 
-echo "$passes passed, $failures failed"
-test $failures -eq 0
+report

@@ -211,5 +211,48 @@ TEST(Binding, BindsAThreadToItsShareOfThisMachine) {
   EXPECT_CONTAINS(error_of([&] { bind_rank(none); }), "no PUs");
 }
 
+TEST(Binding, DecisionFollowsPolicyLauncherAndPuCount) {
+  // auto: binds when the process may run on every PU and each rank gets at least one.
+  EXPECT_TRUE(decide_binding(BindPolicy::automatic, 2, 16, 16).bind);
+  EXPECT_TRUE(decide_binding(BindPolicy::automatic, 16, 16, 16).bind);
+  const BindDecision launcher = decide_binding(BindPolicy::automatic, 2, 1, 16);
+  EXPECT_FALSE(launcher.bind);
+  EXPECT_CONTAINS(launcher.reason, "launcher bound it already (1 of 16 PUs");
+  const BindDecision crowded = decide_binding(BindPolicy::automatic, 4, 2, 2);
+  EXPECT_FALSE(crowded.bind);
+  EXPECT_CONTAINS(crowded.reason, "4 ranks share 2 PUs");
+  // rank: always; none: never, whatever the launcher did.
+  EXPECT_TRUE(decide_binding(BindPolicy::rank, 4, 1, 2).bind);
+  EXPECT_EQ(decide_binding(BindPolicy::rank, 4, 1, 2).reason, "");
+  EXPECT_FALSE(decide_binding(BindPolicy::none, 1, 16, 16).bind);
+  EXPECT_CONTAINS(decide_binding(BindPolicy::none, 1, 16, 16).reason, "runtime.bind = \"none\"");
+}
+
+TEST(Binding, TrainBindingBindsToTheProbedPlace) {
+  Config cfg;
+  cfg.runtime.bind = BindPolicy::rank;
+  TrainBinding t;
+  std::string error;
+  std::thread worker([&] {  // a fresh thread keeps the test process's own affinity
+    try {
+      t = bind_for_training(cfg, 0, 0, 1, /*cpu_backend=*/true);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  worker.join();
+  ASSERT_EQ(error, "");
+  EXPECT_TRUE(t.bound);
+  const auto places = place_ranks(load_this_machine(), 1);
+  EXPECT_EQ(t.cpus, places[0].cpus);
+  EXPECT_EQ(t.numa_node, places[0].numa_node);
+  EXPECT_EQ(t.pus(), static_cast<int>(parse_index_list(places[0].cpus).size()));
+
+  cfg.runtime.bind = BindPolicy::none;
+  const TrainBinding n = bind_for_training(cfg, 0, 0, 1, true);
+  EXPECT_FALSE(n.bound);
+  EXPECT_GT(n.pus(), 0);  // what the process may run on, unchanged
+}
+
 }  // namespace
 }  // namespace moepeak::topology

@@ -1,0 +1,174 @@
+// AdamW measurement shared by `moepeak bench adamw` and `moepeak tune` (adamw_measure.h).
+// Test: ctest -R bench_adamw, test_tune
+#include "cli/adamw_measure.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "core/comm/comm.h"
+#include "core/error.h"
+#include "core/runtime/arena.h"
+#include "core/runtime/pinned_pool.h"
+#include "ops/schedules/adamw_offload_serial.h"
+#include "ops/schedules/adamw_offload_stream.h"
+#include "ops/schedules/adamw_resident.h"
+
+namespace moepeak::cli {
+namespace {
+
+int64_t align_up(int64_t n) { return (n + kAdamwAlign - 1) / kAdamwAlign * kAdamwAlign; }
+
+Tensor state_named(const schedules::Optimizer& o, const char* name) {
+  for (const auto& s : o.state()) {
+    if (s.name == name) return s.flat;
+  }
+  MOEPEAK_THROW("optimizer has no state ", name);
+}
+
+std::vector<float> floats_of(const Tensor& t) {
+  const float* p = static_cast<const float*>(t.data());
+  return std::vector<float>(p, p + t.numel());
+}
+
+}  // namespace
+
+AdamwParams make_adamw_params(Backend& backend, int64_t count, Stream& stream) {
+  AdamwParams p;
+  const int64_t piece = std::max<int64_t>(1, (count + kAdamwPieces - 1) / kAdamwPieces);
+  std::vector<std::pair<int64_t, int64_t>> spans;  // offset, length
+  for (int64_t done = 0; done < count; done += piece) {
+    spans.push_back({p.elements, std::min(piece, count - done)});
+    p.elements += align_up(spans.back().second);
+  }
+  p.values = OwnedTensor::device(backend, Shape{p.elements}, DType::f32, LiveSet::weights,
+                                 "bench weights");
+  p.grads =
+      OwnedTensor::device(backend, Shape{p.elements}, DType::f32, LiveSet::grads, "bench grads");
+  std::mt19937_64 rng(1234);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  p.initial.assign(static_cast<size_t>(p.elements), 0.0f);
+  std::vector<float> g(static_cast<size_t>(p.elements), 0.0f);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const auto [off, len] = spans[i];
+    for (int64_t j = 0; j < len; ++j) {
+      p.initial[static_cast<size_t>(off + j)] = 0.02f * normal(rng);
+      g[static_cast<size_t>(off + j)] = 1e-3f * normal(rng) + 1e-5f;
+    }
+    auto view = [&](const OwnedTensor& t) {
+      return Tensor(static_cast<float*>(t.data()) + off, Shape{len}, DType::f32, Placement::device,
+                    &backend);
+    };
+    p.pieces.push_back({view(p.values), view(p.grads), i % 4 != 3});
+  }
+  backend.copy_async(p.grads.data(), g.data(), g.size() * 4, CopyKind::host_to_device, stream);
+  stream.synchronize();
+  return p;
+}
+
+void reset_adamw_params(Backend& backend, AdamwParams& p, Stream& stream) {
+  backend.copy_async(p.values.data(), p.initial.data(), p.initial.size() * 4, CopyKind::host_to_device,
+                     stream);
+  stream.synchronize();
+}
+
+uint64_t adamw_bandwidth_bytes(int64_t count) {
+  const uint64_t P = static_cast<uint64_t>(align_up(count) + kAdamwPieces * kAdamwAlign);
+  return std::min<uint64_t>(256ull << 20, std::max<uint64_t>(12 * P, 1 << 20));
+}
+
+BackendOptions adamw_backend_options(const Config& cfg, int64_t count, int64_t max_bucket,
+                                     int64_t max_slots, int threads) {
+  // Sized to what the runs need (a model of its own), not runtime.device_memory.
+  const uint64_t P = static_cast<uint64_t>(align_up(count) + kAdamwPieces * kAdamwAlign);
+  const uint64_t bw_bytes = adamw_bandwidth_bytes(count);
+  BackendOptions bo;
+  bo.kind = BackendKind::cpu;
+  bo.device_memory = 4 * DeviceArena::footprint(P * 4) +
+                     schedules::adamw_offload_stream_bytes(max_bucket, max_slots, DType::f32) +
+                     DeviceArena::footprint(bw_bytes) + (64ull << 20);
+  bo.pinned_budget =
+      4 * PinnedPool::footprint(P * 4) + PinnedPool::footprint(bw_bytes) + (64ull << 20);
+  bo.numa_node = static_cast<int>(cfg.runtime.numa_node);
+  bo.cpu_threads = threads > 0 ? threads : static_cast<int>(cfg.runtime.threads);
+  return bo;
+}
+
+int adamw_host_threads(const BackendOptions& options, const RankInfo& ranks) {
+  return options.cpu_threads > 0
+             ? options.cpu_threads
+             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, ranks.local_size));
+}
+
+std::pair<double, double> pinned_bandwidth(Backend& backend, uint64_t bytes, Stream& stream) {
+  OwnedTensor host = OwnedTensor::pinned(backend, Shape{static_cast<int64_t>(bytes / 4)},
+                                         DType::f32, LiveSet::workspace, "bench pinned bandwidth");
+  OwnedTensor dev = OwnedTensor::device(backend, Shape{static_cast<int64_t>(bytes / 4)}, DType::f32,
+                                        LiveSet::workspace, "bench device bandwidth");
+  std::memset(host.data(), 1, host.nbytes());
+  auto best = [&](CopyKind kind) {
+    double t_best = 1e30;
+    for (int i = 0; i < 6; ++i) {  // the first run touches the pages; it counts like the others
+      auto t0 = std::chrono::steady_clock::now();
+      if (kind == CopyKind::host_to_device) {
+        backend.copy_async(dev.data(), host.data(), host.nbytes(), kind, stream);
+      } else {
+        backend.copy_async(host.data(), dev.data(), host.nbytes(), kind, stream);
+      }
+      stream.synchronize();
+      t_best = std::min(
+          t_best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return static_cast<double>(host.nbytes()) / t_best;
+  };
+  const double h2d = best(CopyKind::host_to_device);
+  const double d2h = best(CopyKind::device_to_host);
+  return {h2d, d2h};
+}
+
+std::unique_ptr<schedules::Optimizer> make_adamw(Backend& backend, AdamwParams& p,
+                                                 const OptimizerConfig& o, int host_threads) {
+  switch (o.placement) {
+    case OptimizerPlacement::resident:
+      return std::make_unique<schedules::ResidentAdamW>(backend, p.values.view(), p.pieces, o);
+    case OptimizerPlacement::offload_serial:
+      return std::make_unique<schedules::SerialOffloadAdamW>(backend, p.values.view(), p.pieces, o,
+                                                             host_threads);
+    case OptimizerPlacement::offload_stream:
+      return std::make_unique<schedules::OffloadStreamAdamW>(backend, p.values.view(), p.pieces, o);
+  }
+  MOEPEAK_THROW("unknown optimizer placement");
+}
+
+AdamwRun time_adamw(Backend& backend, AdamwParams& p, schedules::Optimizer& optimizer, int warmup,
+                    int iters, Stream& stream) {
+  AdamwRun run;
+  backend.arena().reset_peaks();
+  for (int i = 0; i < warmup + iters; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    optimizer.step(i + 1, 1e-3, i % 2 ? 0.5 : 1.0, stream);
+    stream.synchronize();
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= warmup) run.times.push_back(t);
+  }
+  run.peaks = backend.arena().stats();
+  run.weights = floats_of(p.values.view());
+  run.m = floats_of(state_named(optimizer, "exp_avg"));
+  run.v = floats_of(state_named(optimizer, "exp_avg_sq"));
+  return run;
+}
+
+double float_max_rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], 4) == 0) continue;
+    const double d = std::abs(static_cast<double>(a[i]) - b[i]);
+    worst = std::max(worst, d / std::max(std::abs(static_cast<double>(b[i])), 1e-30));
+  }
+  return worst;
+}
+
+}  // namespace moepeak::cli

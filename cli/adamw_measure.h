@@ -1,0 +1,73 @@
+// Measuring AdamW placements on one rank's parameters, shared by `moepeak bench adamw`
+// (cli/bench_adamw.cpp) and `moepeak tune`'s optimizer sweep (cli/tune_sweeps.cpp):
+//
+//   AdamwBackendSize need{count, max_bucket, max_slots};
+//   auto backend = Backend::create(adamw_backend_options(cfg, need, threads));
+//   AdamwParams p = make_adamw_params(*backend, count, stream);   // weights + grads, 16 pieces
+//   auto [h2d, d2h] = pinned_bandwidth(*backend, adamw_bandwidth_bytes(count), stream);
+//   auto opt = make_adamw(*backend, p, optimizer_config, threads);
+//   AdamwRun r = time_adamw(*backend, p, *opt, warmup, iters, stream);  // r.times, r.peaks, weights/m/v
+//
+// The parameters are one flat f32 buffer cut into pieces like a model's (every fourth without
+// weight decay, as norms are), the same values every time (seeded), so runs of different
+// placements compare bitwise. Test: ctest -R bench_adamw, test_tune.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/runtime/backend.h"
+#include "core/runtime/memory_stats.h"
+#include "core/runtime/tensor.h"
+#include "ops/schedules/optimizer.h"
+
+namespace moepeak::cli {
+
+constexpr int64_t kAdamwPieces = 16;
+constexpr int64_t kAdamwAlign = 64;  // elements, as ParamLayout aligns pieces
+
+// The parameters of one rank: a flat weights buffer and its grads, cut into kAdamwPieces pieces.
+struct AdamwParams {
+  int64_t elements = 0;  // P, with alignment padding
+  OwnedTensor values, grads;
+  std::vector<schedules::OptimizerPiece> pieces;
+  std::vector<float> initial;  // the weights every run starts from
+};
+AdamwParams make_adamw_params(Backend& backend, int64_t count, Stream& stream);
+// Copies the initial weights back into p.values (before each run).
+void reset_adamw_params(Backend& backend, AdamwParams& p, Stream& stream);
+
+// The pinned copy buffer size the bandwidth measurement uses for `count` parameters (12 bytes
+// each, at least 1 MiB, at most 256 MiB).
+uint64_t adamw_bandwidth_bytes(int64_t count);
+// The CPU backend that holds `count` parameters, the resident optimizer, the largest staging
+// (max_bucket x max_slots) and the bandwidth buffers; numa node and threads from the config
+// (threads > 0 overrides runtime.threads).
+BackendOptions adamw_backend_options(const Config& cfg, int64_t count, int64_t max_bucket,
+                                     int64_t max_slots, int threads);
+// The host AdamW threads of the serial offload: options.cpu_threads or this rank's cores.
+int adamw_host_threads(const BackendOptions& options, const RankInfo& ranks);
+
+// Best-of-6 pinned copy bandwidth in bytes/s, host->device and device->host, over `bytes`.
+std::pair<double, double> pinned_bandwidth(Backend& backend, uint64_t bytes, Stream& stream);
+
+// The optimizer of `config.placement` over p (its bucket_params and staging_slots for offload_stream).
+std::unique_ptr<schedules::Optimizer> make_adamw(Backend& backend, AdamwParams& p,
+                                                 const OptimizerConfig& config, int host_threads);
+
+struct AdamwRun {
+  std::vector<double> times;         // the timed steps (step() to the stream idle), seconds
+  MemoryStats peaks;                 // device peaks over all steps
+  std::vector<float> weights, m, v;  // after the last step
+};
+// warmup + iters steps of `optimizer` (gradients as in p), peaks reset first.
+AdamwRun time_adamw(Backend& backend, AdamwParams& p, schedules::Optimizer& optimizer, int warmup,
+                    int iters, Stream& stream);
+
+// max |a - b| / |b| over elements that differ bitwise (0 when all are bitwise equal).
+double float_max_rel_err(const std::vector<float>& a, const std::vector<float>& b);
+
+}  // namespace moepeak::cli

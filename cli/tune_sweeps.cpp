@@ -1,0 +1,376 @@
+// The measurements of `moepeak tune` (tune_sweeps.h). The optimizer, vocab and SCO sweeps run the
+// benches' own measurement code (adamw_measure.h, vocab_measure.h, sco_measure.h); the dispatch
+// sweep drives the PipelinedLLEP library API directly (one MoE layer's forward + backward).
+// Test: ctest -R test_tune
+#include "cli/tune_sweeps.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <random>
+#include <set>
+
+#include "cli/adamw_measure.h"
+#include "cli/bench_common.h"
+#include "cli/sco_measure.h"
+#include "cli/vocab_measure.h"
+#include "core/error.h"
+#include "core/model/mixtral.h"
+#include "core/model/zero_params.h"
+#include "core/runtime/backend.h"
+#include "core/units.h"
+#include "ops/fill.h"
+#include "ops/schedules/adamw_offload_stream.h"
+#include "ops/schedules/checkpoint_sco.h"
+#include "ops/schedules/dispatch_pipelined_llep.h"
+#include "ops/schedules/vocab_ring_dtp.h"
+
+namespace moepeak::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The CPU backend a sweep rank measures on: as the benches', with at least the CPU default
+// capacity — the measurement is not what the plan judges (a config whose plan fits nothing must
+// still be measurable, so that the error names the measured points).
+BackendOptions sweep_backend_options(const Config& cfg, const RankInfo& ranks) {
+  BackendOptions o = bench_backend_options(cfg, ranks);
+  o.device_memory = std::max<uint64_t>(o.device_memory, Backend::kCpuDefaultDeviceMemory);
+  return o;
+}
+
+// Each repetition's time (and the peaks) as the slowest rank's.
+void max_over_ranks(Comm& comm, Backend& backend, std::vector<double>& values) {
+  if (comm.world_size() > 1 && !values.empty()) {
+    all_reduce_host(comm, backend, backend.default_stream(), values, ReduceOp::max);
+  }
+}
+
+int64_t next_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+// One MoE layer on this rank for PipelinedLLEP: x (N, H), routing index/weight (N, k), dout,
+// out, dx, dweight, and the E/W local experts w1, w3 (F, H), w2 (H, F) with their gradients.
+class DispatchLayer {
+ public:
+  DispatchLayer(Backend& backend, Comm& comm, const TuneShape& s)
+      : backend_(backend), comm_(comm), s_(s) {
+    const int64_t N = s.tokens, H = s.hidden, F = s.ffn, E = s.experts, k = s.top_k, W = comm.world_size();
+    MOEPEAK_CHECK(E % W == 0 && k <= E, "tune: E = ", E, " experts on W = ", W, " ranks with top-", k,
+                  " (model.num_local_experts % W == 0 and num_experts_per_tok <= E expected)");
+    std::mt19937_64 rng(4321 + static_cast<uint64_t>(comm.rank()));
+    std::uniform_real_distribution<double> uni(-1.0, 1.0), pos(0.1, 1.0), u01(1e-12, 1.0);
+    x_ = tensor(Shape{N, H}, LiveSet::workspace, "tune x");
+    dout_ = tensor(Shape{N, H}, LiveSet::workspace, "tune dout");
+    out_ = tensor(Shape{N, H}, LiveSet::workspace, "tune out");
+    dx_ = tensor(Shape{N, H}, LiveSet::workspace, "tune dx");
+    weight_ = tensor(Shape{N, k}, LiveSet::workspace, "tune routing weight");
+    dweight_ = tensor(Shape{N, k}, LiveSet::workspace, "tune d routing weight");
+    index_ = OwnedTensor::device(backend, Shape{N, k}, DType::i32, LiveSet::workspace, "tune routing index");
+    fill(x_, [&] { return uni(rng); });
+    fill(dout_, [&] { return uni(rng); });
+    // Zipf-skewed routing (p(e) ~ 1 / (e + 1)^1.2, the hot experts rank 0's): k distinct experts
+    // per token by exponential keys; weights positive, renormalised to sum 1.
+    std::vector<double> p(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) p[static_cast<size_t>(e)] = 1.0 / std::pow(double(e + 1), 1.2);
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<std::pair<double, int64_t>> keys;
+      for (int64_t e = 0; e < E; ++e) keys.push_back({std::pow(u01(rng), 1.0 / p[static_cast<size_t>(e)]), e});
+      std::partial_sort(keys.begin(), keys.begin() + k, keys.end(), std::greater<>());
+      std::vector<double> w(static_cast<size_t>(k));
+      double sum = 0;
+      for (double& v : w) sum += (v = pos(rng));
+      for (int64_t j = 0; j < k; ++j) {
+        index_.data_as<int32_t>()[n * k + j] = static_cast<int32_t>(keys[static_cast<size_t>(j)].second);
+        weight_.data_as<float>()[n * k + j] = static_cast<float>(w[static_cast<size_t>(j)] / sum);
+      }
+    }
+    const int64_t El = E / W;
+    for (int64_t e = comm.rank() * El; e < (comm.rank() + 1) * El; ++e) {
+      std::mt19937_64 erng(777 + static_cast<uint64_t>(e));
+      schedules::ExpertWeights ex;
+      auto add = [&](Shape sh, LiveSet set, double scale, Tensor& slot) {
+        storage_.push_back(tensor(sh, set, "tune expert"));
+        fill(storage_.back(), [&] { return scale * uni(erng); });
+        slot = storage_.back().view();
+      };
+      add(Shape{F, H}, LiveSet::weights, 1.0 / std::sqrt(double(H)), ex.w1);
+      add(Shape{F, H}, LiveSet::weights, 1.0 / std::sqrt(double(H)), ex.w3);
+      add(Shape{H, F}, LiveSet::weights, 1.0 / std::sqrt(double(F)), ex.w2);
+      add(Shape{F, H}, LiveSet::grads, 0.0, ex.dw1);
+      add(Shape{F, H}, LiveSet::grads, 0.0, ex.dw3);
+      add(Shape{H, F}, LiveSet::grads, 0.0, ex.dw2);
+      experts_.push_back(ex);
+    }
+  }
+
+  // warmup + repeats of forward + backward with these params, each started together on every
+  // rank; the times (this rank's) and the `dispatch` peak over all of them.
+  std::pair<std::vector<double>, uint64_t> measure(const schedules::PipelinedLlepParams& q, int warmup,
+                                                   int repeats) {
+    Stream& stream = backend_.default_stream();
+    schedules::PipelinedLlepDispatch d(backend_, stream, comm_, DType::f32, s_.experts, q);
+    std::vector<double> times;
+    backend_.arena().reset_peaks();
+    for (int i = 0; i < warmup + repeats; ++i) {
+      ops::fill(out_, 0.0, stream);
+      ops::fill(dx_, 0.0, stream);
+      for (const auto& ex : experts_) {
+        for (const Tensor* g : {&ex.dw1, &ex.dw3, &ex.dw2}) ops::fill(*g, 0.0, stream);
+      }
+      stream.synchronize();
+      comm_.barrier();
+      const auto t0 = Clock::now();
+      d.forward(x_, index_, weight_, experts_, out_);
+      d.backward(dout_, experts_, dx_, dweight_);
+      stream.synchronize();
+      if (i >= warmup) times.push_back(seconds_since(t0));
+    }
+    return {times, backend_.arena().stats().peak_per_set()[LiveSet::dispatch]};
+  }
+
+ private:
+  OwnedTensor tensor(Shape shape, LiveSet set, const char* what) {
+    return OwnedTensor::device(backend_, shape, DType::f32, set, what);
+  }
+  template <typename Fn> static void fill(const OwnedTensor& t, Fn&& next) {
+    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = static_cast<float>(next());
+  }
+
+  Backend& backend_;
+  Comm& comm_;
+  TuneShape s_;
+  OwnedTensor x_, dout_, out_, dx_, weight_, dweight_, index_;
+  std::vector<OwnedTensor> storage_;
+  std::vector<schedules::ExpertWeights> experts_;
+};
+
+}  // namespace
+
+TuneShape tune_shape(const Config& cfg, int world) {
+  const ModelConfig& m = cfg.model;
+  const int64_t B = cfg.training.batch_size, T = cfg.training.seq_len;
+  try {
+    MixtralModel::check_layout(m, B, T, world);
+  } catch (const Error& e) {
+    MOEPEAK_THROW("tune: this config cannot be laid out on W = ", world, " ranks: ", e.what());
+  }
+  TuneShape s;
+  s.world = world;
+  s.tokens = B * T / world;
+  s.hidden = m.hidden_size;
+  s.ffn = m.intermediate_size;
+  s.experts = m.num_local_experts;
+  s.top_k = m.num_experts_per_tok;
+  s.vocab = m.vocab_size;
+  s.layers = m.num_hidden_layers;
+  s.params = zero_persistent_elements(m, world, lm_head_sharding(cfg.schedules.vocab));
+  // This rank's N tokens as one rank's batch: whole sequences when B splits over W, else one
+  // sequence of N positions.
+  if (B % world == 0) {
+    s.sco_batch = B / world;
+    s.sco_seq_len = T;
+  } else {
+    s.sco_batch = 1;
+    s.sco_seq_len = s.tokens;
+  }
+  return s;
+}
+
+std::vector<std::pair<int64_t, int64_t>> dispatch_grid(const Config& cfg, const TuneShape& s) {
+  const auto base = schedules::pipelined_llep_params(cfg.schedules);
+  std::vector<std::pair<int64_t, int64_t>> grid;
+  std::set<std::pair<int64_t, int64_t>> seen;  // effective (K, c_eff)
+  for (int64_t kmax : {base.max_chunks, 2 * base.max_chunks}) {
+    for (int64_t div = 1; div <= 2 * kmax; div *= 2) {
+      const int64_t c = std::max<int64_t>(1, s.tokens / div);
+      auto q = base;
+      q.chunk_tokens = c;
+      q.max_chunks = kmax;
+      const auto shape = schedules::pipelined_llep_shape(s.tokens, s.top_k, s.world, q);
+      if (seen.insert({shape.chunks, shape.chunk_tokens}).second) grid.push_back({c, kmax});
+      if (c == 1) break;
+    }
+  }
+  return grid;
+}
+
+std::vector<std::pair<int64_t, int64_t>> optimizer_grid(const Config& cfg, const TuneShape& s) {
+  const int64_t b = std::min(cfg.optimizer.bucket_params, next_pow2(std::max<int64_t>(s.params, 1)));
+  std::vector<std::pair<int64_t, int64_t>> grid;
+  std::set<std::pair<int64_t, int64_t>> seen;  // effective (bucket, slots)
+  for (int64_t slots : {2, 3, 4}) {
+    for (int64_t beta : {b / 8, b / 4, b / 2, b, 2 * b}) {
+      if (beta < 1) continue;
+      const auto shape = schedules::offload_stream_shape(s.params, beta, slots);
+      if (seen.insert({shape.bucket, shape.slots}).second) grid.push_back({beta, slots});
+    }
+  }
+  return grid;
+}
+
+std::vector<tune::DispatchPoint> sweep_dispatch(const Config& cfg, const RankInfo& ranks, const TuneShape& s,
+                                                const std::vector<std::pair<int64_t, int64_t>>& grid,
+                                                const SweepRun& run) {
+  auto backend = Backend::create(sweep_backend_options(cfg, ranks));
+  auto comm = make_comm(*backend, ranks);
+  DispatchLayer layer(*backend, *comm, s);
+  std::vector<tune::DispatchPoint> points;
+  for (const auto& [c, kmax] : grid) {
+    auto q = schedules::pipelined_llep_params(cfg.schedules);
+    q.chunk_tokens = c;
+    q.max_chunks = kmax;
+    auto [times, peak] = layer.measure(q, run.warmup, run.repeats);
+    times.push_back(static_cast<double>(peak));  // byte counts are far below 2^53: exact
+    max_over_ranks(*comm, *backend, times);
+    tune::DispatchPoint p;
+    p.chunk_tokens = c;
+    p.max_chunks = kmax;
+    const auto shape = schedules::pipelined_llep_shape(s.tokens, s.top_k, s.world, q);
+    p.chunks = shape.chunks;
+    p.chunk_eff = shape.chunk_tokens;
+    p.peak_bytes = static_cast<uint64_t>(times.back());
+    times.pop_back();
+    p.time = tune::summarize(times);
+    p.bound_bytes = schedules::pipelined_llep_dispatch_bytes(s.tokens, s.top_k, s.hidden, s.ffn, DType::f32,
+                                                             s.world, q);
+    MOEPEAK_CHECK(p.peak_bytes == p.bound_bytes, "tune: the measured dispatch peak ", p.peak_bytes,
+                  " B (c = ", c, ", K_max = ", kmax, ") differs from pipelined_llep_dispatch_bytes ",
+                  p.bound_bytes, " B");
+    points.push_back(p);
+    if (run.tick) run.tick("dispatch c=" + std::to_string(c) + " K_max=" + std::to_string(kmax));
+  }
+  return points;
+}
+
+OptimizerSweep sweep_optimizer(const Config& cfg, const RankInfo& ranks, const TuneShape& s,
+                               const std::vector<std::pair<int64_t, int64_t>>& grid, const SweepRun& run) {
+  int64_t max_bucket = 1, max_slots = 1;
+  for (const auto& [b, sl] : grid) {
+    max_bucket = std::max(max_bucket, b);
+    max_slots = std::max(max_slots, sl);
+  }
+  const BackendOptions bo = adamw_backend_options(cfg, s.params, max_bucket, max_slots, 0);
+  auto backend = Backend::create(bo);
+  auto comm = make_comm(*backend, ranks);
+  Stream& stream = backend->default_stream();
+  AdamwParams p = make_adamw_params(*backend, s.params, stream);
+  auto [h2d, d2h] = pinned_bandwidth(*backend, adamw_bandwidth_bytes(s.params), stream);
+  std::vector<double> bw = {-h2d, -d2h};  // the slowest rank's: max of the negated
+  max_over_ranks(*comm, *backend, bw);
+  OptimizerSweep out;
+  out.h2d_bytes_per_s = -bw[0];
+  out.d2h_bytes_per_s = -bw[1];
+  const double state = 12.0 * static_cast<double>(s.params);
+  out.floor_s = std::max(state / out.h2d_bytes_per_s, state / out.d2h_bytes_per_s);
+  for (const auto& [beta, slots] : grid) {
+    OptimizerConfig o = cfg.optimizer;
+    o.placement = OptimizerPlacement::offload_stream;
+    o.bucket_params = beta;
+    o.staging_slots = slots;
+    reset_adamw_params(*backend, p, stream);
+    comm->barrier();
+    auto opt = make_adamw(*backend, p, o, adamw_host_threads(bo, ranks));
+    AdamwRun r = time_adamw(*backend, p, *opt, run.warmup, run.repeats, stream);
+    std::vector<double> times = r.times;
+    times.push_back(static_cast<double>(r.peaks.peak_per_set()[LiveSet::optimizer]));
+    max_over_ranks(*comm, *backend, times);
+    tune::OptimizerPoint pt;
+    pt.bucket_params = beta;
+    pt.staging_slots = slots;
+    const auto shape = schedules::offload_stream_shape(p.elements, beta, slots);
+    pt.bucket = shape.bucket;
+    pt.slots = shape.slots;
+    pt.staging_bytes = static_cast<uint64_t>(times.back());
+    times.pop_back();
+    pt.time = tune::summarize(times);
+    pt.bound_bytes = schedules::adamw_offload_stream_bytes(shape.bucket, shape.slots, DType::f32);
+    MOEPEAK_CHECK(pt.staging_bytes == pt.bound_bytes, "tune: the measured optimizer staging ", pt.staging_bytes,
+                  " B (beta = ", beta, ", s = ", slots, ") differs from adamw_offload_stream_bytes ",
+                  pt.bound_bytes, " B");
+    out.points.push_back(pt);
+    if (run.tick) run.tick("optimizer beta=" + std::to_string(beta) + " s=" + std::to_string(slots));
+  }
+  return out;
+}
+
+std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ranks, const TuneShape& s,
+                                          const SweepRun& run) {
+  MOEPEAK_CHECK(s.vocab >= s.world, "tune: Ring-DTP needs model.vocab_size (", s.vocab, ") >= W (", s.world, ")");
+  Config measure_cfg = cfg;
+  measure_cfg.runtime.device_memory =
+      std::to_string(sweep_backend_options(cfg, ranks).device_memory);  // as the other sweeps
+  VocabShape shape;
+  shape.tokens = s.tokens;
+  shape.hidden = s.hidden;
+  shape.vocab = s.vocab;
+  shape.warmup = run.warmup;
+  shape.iters = run.repeats;
+  VocabBench bench(shape, measure_cfg, ranks);
+  std::vector<tune::VocabPoint> points;
+  for (VocabPayload payload : {VocabPayload::activations, VocabPayload::weights}) {
+    VocabMeasured m = bench.run_ring(payload, cfg.schedules.vocab_strip);
+    std::vector<double> times = m.times;
+    times.push_back(static_cast<double>(m.stats.peak_per_set()[LiveSet::logits]));
+    for (double& t : times) t = bench.max_over_ranks(t);
+    tune::VocabPoint p;
+    p.payload = std::string(enum_name(payload));
+    p.peak_bytes = static_cast<uint64_t>(times.back());
+    times.pop_back();
+    p.time = tune::summarize(times);
+    p.bound_bytes = m.bound;
+    points.push_back(p);
+    if (run.tick) run.tick("vocab payload=" + p.payload);
+  }
+  return points;
+}
+
+ScoSweepResult sweep_sco(const Config& cfg, const RankInfo& ranks, const TuneShape& s, const SweepRun& run) {
+  Config c = cfg;
+  c.runtime.device_memory = std::to_string(sweep_backend_options(cfg, ranks).device_memory);
+  BackendOptions bo = sco_backend_options(c, s.sco_batch, s.sco_seq_len);
+  if (bo.cpu_threads == 0 && ranks.local_size > 1) bo.cpu_threads = bench_backend_options(cfg, ranks).cpu_threads;
+  auto backend = Backend::create(bo);
+  auto world = make_comm(*backend, ranks);  // for the max over ranks; the models run alone
+  world->barrier();
+  ScoSweep sweep = measure_sco_sweep(*backend, c, s.sco_batch, s.sco_seq_len, run.warmup, run.repeats,
+                                     [&](const std::string& label) {
+                                       if (run.tick) run.tick("sco " + label);
+                                     });
+  ScoSweepResult out;
+  const int64_t N = s.sco_batch * s.sco_seq_len;
+  std::vector<double> standard_times;
+  for (const ScoRow& r : sweep.rows) {
+    std::vector<double> times = r.times;
+    times.push_back(static_cast<double>(r.device.peak_per_set()[LiveSet::boundaries]));
+    max_over_ranks(*world, *backend, times);
+    const uint64_t peak = static_cast<uint64_t>(times.back());
+    times.pop_back();
+    if (r.checkpoint == CheckpointSchedule::standard) {
+      out.standard = tune::summarize(times);
+      out.standard_boundaries = peak;
+    } else {
+      tune::ScoPoint p;
+      p.label = r.label.substr(r.label.find(' ') + 1);  // "none", "half", "all"
+      p.offloaded_layers = r.offloaded;
+      p.host_budget = r.host_budget.value_or(0);
+      p.time = tune::summarize(times);
+      p.peak_bytes = peak;
+      p.bound_bytes = schedules::sco_boundaries_bytes(s.layers, r.offloaded, N, s.hidden, DType::f32);
+      out.points.push_back(p);
+    }
+  }
+  for (tune::ScoPoint& p : out.points) p.overhead = p.time.median_s / out.standard.median_s - 1;
+  return out;
+}
+
+}  // namespace moepeak::cli
