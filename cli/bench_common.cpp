@@ -2,8 +2,10 @@
 #include "cli/bench_common.h"
 
 #include <algorithm>
+#include <cmath>
 #include <ctime>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include "core/error.h"
@@ -56,6 +58,39 @@ void write_bench_json(const std::string& path, const std::string& bench, int wor
                         {"rows", rows},   {"host", process_host()},   {"date", now_utc()}};
   std::ofstream f(path);
   if (!(f << out.dump(2) << "\n")) MOEPEAK_THROW("cannot write the bench results to ", path);
+}
+
+std::vector<schedules::ExpertWeights> seeded_local_experts(Backend& backend, DType dtype,
+                                                           int64_t experts, int rank, int world,
+                                                           int64_t hidden, int64_t ffn,
+                                                           std::vector<OwnedTensor>& storage) {
+  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "bench experts: dtype ",
+                dtype_name(dtype), " (f32 or f64 expected)");
+  const int64_t H = hidden, F = ffn, per_rank = experts / world;
+  std::vector<schedules::ExpertWeights> out;
+  for (int64_t e = rank * per_rank; e < (rank + 1) * per_rank; ++e) {
+    std::mt19937_64 rng(777 + static_cast<uint64_t>(e));
+    std::uniform_real_distribution<double> uni(-1.0, 1.0);
+    schedules::ExpertWeights ex;
+    auto add = [&](Shape shape, LiveSet set, double scale, Tensor& slot) {
+      storage.push_back(OwnedTensor::device(backend, shape, dtype, set, "bench expert"));
+      const OwnedTensor& t = storage.back();
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const double v = scale * uni(rng);
+        if (dtype == DType::f32) t.data_as<float>()[i] = static_cast<float>(v);
+        else t.data_as<double>()[i] = v;
+      }
+      slot = t.view();
+    };
+    add(Shape{F, H}, LiveSet::weights, 1.0 / std::sqrt(double(H)), ex.w1);
+    add(Shape{F, H}, LiveSet::weights, 1.0 / std::sqrt(double(H)), ex.w3);
+    add(Shape{H, F}, LiveSet::weights, 1.0 / std::sqrt(double(F)), ex.w2);
+    add(Shape{F, H}, LiveSet::grads, 0.0, ex.dw1);
+    add(Shape{F, H}, LiveSet::grads, 0.0, ex.dw3);
+    add(Shape{H, F}, LiveSet::grads, 0.0, ex.dw2);
+    out.push_back(ex);
+  }
+  return out;
 }
 
 }  // namespace moepeak::cli

@@ -14,6 +14,8 @@
 #include "cli/commands.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/memory_stats.h"
+#include "core/runtime/tensor.h"
+#include "ops/schedules/dispatch.h"
 
 namespace moepeak::cli {
 
@@ -31,6 +33,15 @@ void add_bench_common_options(CLI::App& sub, BenchCommonArgs& args);
 BackendOptions bench_backend_options(const Config& cfg, const RankInfo& ranks);
 
 double median(std::vector<double> v);
+
+// This rank's E/W experts of a bench MoE layer (bench dispatch, tune): w1, w3 (F, H) and w2
+// (H, F) uniform in +-1/sqrt(fan-in), gradients zero, the same values whichever rank owns an
+// expert (each seeded by its id), so runs on any W compute the same layer. f32 or f64 on the CPU
+// backend; the tensors are appended to `storage`, which must outlive the returned views.
+std::vector<schedules::ExpertWeights> seeded_local_experts(Backend& backend, DType dtype,
+                                                           int64_t experts, int rank, int world,
+                                                           int64_t hidden, int64_t ffn,
+                                                           std::vector<OwnedTensor>& storage);
 std::string now_utc();  // "2026-11-29 21:38:19 UTC"
 
 // {"total": peak_total, "<live set>": that set's own peak, ...}

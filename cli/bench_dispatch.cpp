@@ -142,24 +142,7 @@ class DispatchBench {
     }
     size_t at = 0;
     fill(weight_, [&] { return w[at++]; });
-    // This rank's experts, the same values whoever owns them (seeded by expert id).
-    const int64_t El = E / W;
-    for (int64_t e = comm_->rank() * El; e < (comm_->rank() + 1) * El; ++e) {
-      std::mt19937_64 erng(777 + static_cast<uint64_t>(e));
-      schedules::ExpertWeights ex;
-      auto add = [&](Shape s, LiveSet set, double scale, Tensor& slot) {
-        storage_.push_back(tensor(s, set, "bench expert"));
-        fill(storage_.back(), [&] { return scale * uni(erng); });
-        slot = storage_.back().view();
-      };
-      add(Shape{F, H}, LiveSet::weights, 1.0 / std::sqrt(double(H)), ex.w1);
-      add(Shape{F, H}, LiveSet::weights, 1.0 / std::sqrt(double(H)), ex.w3);
-      add(Shape{H, F}, LiveSet::weights, 1.0 / std::sqrt(double(F)), ex.w2);
-      add(Shape{F, H}, LiveSet::grads, 0.0, ex.dw1);
-      add(Shape{F, H}, LiveSet::grads, 0.0, ex.dw3);
-      add(Shape{H, F}, LiveSet::grads, 0.0, ex.dw2);
-      experts_.push_back(ex);
-    }
+    experts_ = seeded_local_experts(*backend_, dtype_, E, comm_->rank(), static_cast<int>(W), H, F, storage_);
   }
 
   int rank() const { return comm_->rank(); }

@@ -94,23 +94,7 @@ class DispatchLayer {
         weight_.data_as<float>()[n * k + j] = static_cast<float>(w[static_cast<size_t>(j)] / sum);
       }
     }
-    const int64_t El = E / W;
-    for (int64_t e = comm.rank() * El; e < (comm.rank() + 1) * El; ++e) {
-      std::mt19937_64 erng(777 + static_cast<uint64_t>(e));
-      schedules::ExpertWeights ex;
-      auto add = [&](Shape sh, LiveSet set, double scale, Tensor& slot) {
-        storage_.push_back(tensor(sh, set, "tune expert"));
-        fill(storage_.back(), [&] { return scale * uni(erng); });
-        slot = storage_.back().view();
-      };
-      add(Shape{F, H}, LiveSet::weights, 1.0 / std::sqrt(double(H)), ex.w1);
-      add(Shape{F, H}, LiveSet::weights, 1.0 / std::sqrt(double(H)), ex.w3);
-      add(Shape{H, F}, LiveSet::weights, 1.0 / std::sqrt(double(F)), ex.w2);
-      add(Shape{F, H}, LiveSet::grads, 0.0, ex.dw1);
-      add(Shape{F, H}, LiveSet::grads, 0.0, ex.dw3);
-      add(Shape{H, F}, LiveSet::grads, 0.0, ex.dw2);
-      experts_.push_back(ex);
-    }
+    experts_ = seeded_local_experts(backend_, DType::f32, E, comm.rank(), static_cast<int>(W), H, F, storage_);
   }
 
   // warmup + repeats of forward + backward with these params, each started together on every

@@ -14,12 +14,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=tests/slurm/local_slurm.sh
-source "$here/local_slurm.sh"
-tmp=$(mktemp -d)
-chmod 755 "$tmp"
-trap 'local_slurm_stop; rm -rf "$tmp"' EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=tests/slurm/slurm_test_setup.sh
+source "$here/slurm_test_setup.sh"  # $tmp, check, report; stops the cluster on exit
 local_slurm_start "$tmp/slurm" || { echo "FAIL: the private Slurm did not start"; exit 1; }
 
 MOEPEAK="$bin" MOEPEAK_TUNE_DIR="$tmp/tune" \
@@ -27,13 +23,11 @@ MOEPEAK="$bin" MOEPEAK_TUNE_DIR="$tmp/tune" \
   --ntasks-per-node=2 "$src/slurm/tune.sbatch" "$src/configs/tiny.toml" --repeats 2 --warmup 1 \
   --sco-tolerance 1 >/dev/null 2>"$tmp/err"
 rc=$?
-failures=0
-[ $rc -eq 0 ] || { echo "FAIL: sbatch --wait exited $rc"; cat "$tmp/err" "$tmp/job.out"; failures=1; }
+check "sbatch --wait exits 0 (rc $rc)" test $rc -eq 0 || cat "$tmp/err" "$tmp/job.out"
 for f in tuned.toml curves.json dispatch_time.svg optimizer.svg vocab.svg sco.svg; do
-  [ -s "$tmp/tune/$f" ] || { echo "FAIL: no $f"; failures=1; }
+  check "the job wrote $f" test -s "$tmp/tune/$f"
 done
-grep -q '"world_size": 2' "$tmp/tune/curves.json" 2>/dev/null || { echo "FAIL: curves.json world_size 2"; failures=1; }
-grep -qF 'srun -n 2 moepeak train --config' "$tmp/tune/tuned.toml" 2>/dev/null || { echo "FAIL: tuned.toml's command"; failures=1; }
-grep -qF 'wrote '"$tmp/tune/tuned.toml" "$tmp/job.out" || { echo "FAIL: the job's summary line"; cat "$tmp/job.out"; failures=1; }
-[ $failures -eq 0 ] && echo "test_tune_sbatch: passed"
-exit $failures
+check "curves.json says world_size 2" grep -q '"world_size": 2' "$tmp/tune/curves.json"
+check "tuned.toml's header has the srun command" grep -qF 'srun -n 2 moepeak train --config' "$tmp/tune/tuned.toml"
+check "the job's summary line" grep -qF "wrote $tmp/tune/tuned.toml" "$tmp/job.out"
+report
