@@ -182,7 +182,7 @@ TEST(AutoBudget, AutoPinnedMemoryTakesTheProbeFilesBudget) {
   EXPECT_EQ(pinned_memory_budget(cfg, 13, 5, 8, false), 3 * GiB);
 }
 
-TEST(AutoBudget, HostPlaceholderAndErrors) {
+TEST(AutoBudget, HostNameInTheProbePathAndErrors) {
   TempDir dir;
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
