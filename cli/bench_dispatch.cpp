@@ -313,11 +313,12 @@ int run_bench_dispatch(const DispatchBenchArgs& args, const Context& ctx, const 
                 static_cast<long long>(shape.chunks), static_cast<long long>(shape.chunk_tokens),
                 static_cast<long long>(shape.rows_per_source),
                 static_cast<long long>(shape.receive_rows), format_bytes(paper_bound).c_str());
-    std::printf("# pipeline slots S = %lld (%s), expert tiles of T = %lld rows; bound with the "
-                "per-chunk metadata %s (pipelined_llep_bound_bytes)%s\n",
+    std::printf("# pipeline slots S = %lld (%s), expert tiles of T = %lld rows in %lld F blocks of "
+                "%lld; bound with the per-chunk metadata %s (pipelined_llep_bound_bytes)%s\n",
                 static_cast<long long>(shape.slots),
                 shape.slots == 2 ? "next chunk's dispatch overlapped" : "no overlap",
-                static_cast<long long>(shape.tile_rows), format_bytes(bound_with_metadata).c_str(),
+                static_cast<long long>(shape.tile_rows), static_cast<long long>(shape.ffn_blocks),
+                static_cast<long long>(shape.ffn_block), format_bytes(bound_with_metadata).c_str(),
                 shape.bounded ? "" : "; rows over it (max(alpha, lambda) near W or tiny rows)");
     std::printf("# time: median of %d (after %d warm-up) of %s, max over ranks; peaks: measured, "
                 "max over ranks\n",
@@ -387,6 +388,8 @@ int run_bench_dispatch(const DispatchBenchArgs& args, const Context& ctx, const 
                          {"receive_rows_per_chunk", shape.receive_rows},
                          {"slots", shape.slots},
                          {"tile_rows", shape.tile_rows},
+                         {"ffn_blocks", shape.ffn_blocks},
+                         {"ffn_block", shape.ffn_block},
                          {"bounded", shape.bounded},
                          {"paper_bound_bytes", paper_bound},
                          {"bound_with_metadata_bytes", bound_with_metadata},

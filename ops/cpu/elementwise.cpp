@@ -1,5 +1,5 @@
-// CPU element-wise helpers: add, in-place scale, sum of squares (double, index order), copy
-// (see ops/elementwise.h).
+// CPU element-wise helpers: add, in-place scale, sum of squares (double, index order), copy,
+// per-row scale and dot (see ops/elementwise.h).
 #include "ops/elementwise.h"
 
 #include <cstring>
@@ -60,6 +60,47 @@ void copy_cpu(const Tensor& src, const Tensor& dst, Stream& stream) {
   size_t bytes = src.nbytes();
   as_cpu_stream(stream).enqueue([=] {
     if (bytes > 0 && from != to) std::memmove(to, from, bytes);
+  });
+}
+
+void scale_rows_cpu(const Tensor& x, const Tensor& weight, Stream& stream) {
+  const char* op = "scale_rows_cpu";
+  MOEPEAK_CHECK(x.ndim() == 2, op, ": x must be (M, C), got ", x.str());
+  weight.expect(Shape{x.size(0)}, x.dtype(), std::string(op) + ": weight (for x " + x.str() + ")");
+  dispatch_float(x.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    T* xp = x.data_as<T>();             // (M, C)
+    const T* wp = weight.data_as<T>();  // (M)
+    const int64_t rows = x.size(0), cols = x.size(1);
+    as_cpu_stream(stream).enqueue([=] {
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t c = 0; c < cols; ++c) xp[i * cols + c] *= wp[i];
+      }
+    });
+  });
+}
+
+void row_dot_cpu(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate,
+                 Stream& stream) {
+  const char* op = "row_dot_cpu";
+  MOEPEAK_CHECK(a.ndim() == 2, op, ": a must be (M, C), got ", a.str());
+  b.expect(a.shape(), a.dtype(), std::string(op) + ": b (like a " + a.str() + ")");
+  out.expect(Shape{a.size(0)}, a.dtype(), std::string(op) + ": out (for a " + a.str() + ")");
+  dispatch_float(a.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const T* ap = a.data_as<T>();  // (M, C)
+    const T* bp = b.data_as<T>();  // (M, C)
+    T* outp = out.data_as<T>();    // (M)
+    const int64_t rows = a.size(0), cols = a.size(1);
+    as_cpu_stream(stream).enqueue([=] {
+      for (int64_t i = 0; i < rows; ++i) {
+        double dot = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          dot += static_cast<double>(ap[i * cols + c]) * bp[i * cols + c];
+        }
+        outp[i] = accumulate ? outp[i] + static_cast<T>(dot) : static_cast<T>(dot);
+      }
+    });
   });
 }
 

@@ -2,6 +2,7 @@
 //   forward   y (M, N)  = x (M, K) . w^T (K, N)
 //   backward  dx (M, K) = dy (M, N) . w (N, K)
 //             dw (N, K) += dy^T (N, M) . x (M, K)
+// A column block w[:, k0 : k0 + K] of an (N, K_w) w is the same GEMMs with leading dimension K_w.
 #include "ops/linear.h"
 
 #include <cblas.h>
@@ -44,55 +45,86 @@ void gemm(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner,
   }
 }
 
-// x: (M, K) float; w: (N, K) of x's dtype.
-void check_x_and_w(const char* op, const Tensor& x, const Tensor& w) {
+// x: (M, K) float; w: (N, K) of x's dtype, or, for a column block (`block`), (N, K_w) with
+// 0 <= k0 and k0 + K <= K_w.
+void check_x_and_w(const char* op, const Tensor& x, const Tensor& w, int64_t k0, bool block) {
   MOEPEAK_CHECK(x.ndim() == 2, op, ": x must be (M, K), got ", x.str());
-  MOEPEAK_CHECK(w.ndim() == 2 && w.size(1) == x.size(1) && w.dtype() == x.dtype(), op,
-                ": w must be ", dtype_name(x.dtype()), "(N, ", x.size(1), ") for x ", x.str(),
-                ", got ", w.str());
+  MOEPEAK_CHECK(w.ndim() == 2 && w.dtype() == x.dtype(), op, ": w must be ",
+                dtype_name(x.dtype()), " (N, K) for x ", x.str(), ", got ", w.str());
+  if (block) {
+    MOEPEAK_CHECK(k0 >= 0 && k0 + x.size(1) <= w.size(1), op, ": columns [", k0, ", ",
+                  k0 + x.size(1), ") of w ", w.str(), " for x ", x.str(), " are out of range");
+  } else {
+    MOEPEAK_CHECK(w.size(1) == x.size(1), op, ": w must be ", dtype_name(x.dtype()), "(N, ",
+                  x.size(1), ") for x ", x.str(), ", got ", w.str());
+  }
+}
+
+// y (M, N) (+)= x (M, K) . w[:, k0 : k0 + K]^T, w (N, K_w).
+void forward(const char* op, bool block, const Tensor& x, const Tensor& w, int64_t k0,
+             const Tensor& y, bool accumulate, Stream& stream) {
+  check_x_and_w(op, x, w, k0, block);
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0), kw = w.size(1);
+  y.expect(Shape{m, n}, x.dtype(), std::string(op) + ": y");
+  dispatch_float(x.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const T* xp = x.data_as<T>();       // (M, K)
+    const T* wp = w.data_as<T>() + k0;  // (N, K) within (N, K_w)
+    T* yp = y.data_as<T>();             // (M, N)
+    T beta = accumulate ? T(1) : T(0);
+    as_cpu_stream(stream).enqueue(
+        [=] { gemm<T>(false, true, m, n, k, xp, k, wp, kw, beta, yp, n); });
+  });
+}
+
+// dx (M, K) (+)= dy (M, N) . w[:, k0 : k0 + K];  dw[:, k0 : k0 + K] += dy^T x.
+void backward(const char* op, bool block, const Tensor& x, const Tensor& w, int64_t k0,
+              const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw,
+              Stream& stream) {
+  check_x_and_w(op, x, w, k0, block);
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0), kw = w.size(1);
+  dy.expect(Shape{m, n}, x.dtype(), std::string(op) + ": dy");
+  // A (0, K) dx, or a dw of a (0, K) w, may have no bytes but is "given".
+  const bool want_dx = dx.defined() || dx.ndim() > 0;
+  const bool want_dw = dw.defined() || dw.ndim() > 0;
+  if (want_dx) dx.expect(x.shape(), x.dtype(), std::string(op) + ": dx");
+  if (want_dw) dw.expect(w.shape(), x.dtype(), std::string(op) + ": dw");
+  dispatch_float(x.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const T* xp = x.data_as<T>();                       // (M, K)
+    const T* wp = w.data_as<T>() + k0;                  // (N, K) within (N, K_w)
+    const T* dyp = dy.data_as<T>();                     // (M, N)
+    T* dxp = want_dx ? dx.data_as<T>() : nullptr;       // (M, K)
+    T* dwp = want_dw ? dw.data_as<T>() + k0 : nullptr;  // (N, K) within (N, K_w)
+    T beta_dx = accumulate_dx ? T(1) : T(0);
+    as_cpu_stream(stream).enqueue([=] {
+      if (want_dx) gemm<T>(false, false, m, k, n, dyp, n, wp, kw, beta_dx, dxp, k);
+      if (want_dw) gemm<T>(true, false, n, k, m, dyp, n, xp, k, T(1), dwp, kw);
+    });
+  });
 }
 
 }  // namespace
 
 void linear_forward_cpu(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate,
                         Stream& stream) {
-  const char* op = "linear_forward_cpu";
-  check_x_and_w(op, x, w);
-  int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  y.expect(Shape{m, n}, x.dtype(), std::string(op) + ": y");
-  dispatch_float(x.dtype(), op, [&](auto zero) {
-    using T = decltype(zero);
-    const T* xp = x.data_as<T>();  // (M, K)
-    const T* wp = w.data_as<T>();  // (N, K)
-    T* yp = y.data_as<T>();        // (M, N)
-    T beta = accumulate ? T(1) : T(0);
-    as_cpu_stream(stream).enqueue(
-        [=] { gemm<T>(false, true, m, n, k, xp, k, wp, k, beta, yp, n); });
-  });
+  forward("linear_forward_cpu", false, x, w, 0, y, accumulate, stream);
 }
 
 void linear_backward_cpu(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                          bool accumulate_dx, const Tensor& dw, Stream& stream) {
-  const char* op = "linear_backward_cpu";
-  check_x_and_w(op, x, w);
-  int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  dy.expect(Shape{m, n}, x.dtype(), std::string(op) + ": dy");
-  bool want_dx = dx.defined() || dx.ndim() > 0;  // a (0, K) dx may have no bytes but is "given"
-  if (want_dx) dx.expect(x.shape(), x.dtype(), std::string(op) + ": dx");
-  dw.expect(w.shape(), x.dtype(), std::string(op) + ": dw");
-  dispatch_float(x.dtype(), op, [&](auto zero) {
-    using T = decltype(zero);
-    const T* xp = x.data_as<T>();                  // (M, K)
-    const T* wp = w.data_as<T>();                  // (N, K)
-    const T* dyp = dy.data_as<T>();                // (M, N)
-    T* dxp = want_dx ? dx.data_as<T>() : nullptr;  // (M, K)
-    T* dwp = dw.data_as<T>();                      // (N, K)
-    T beta_dx = accumulate_dx ? T(1) : T(0);
-    as_cpu_stream(stream).enqueue([=] {
-      if (want_dx) gemm<T>(false, false, m, k, n, dyp, n, wp, k, beta_dx, dxp, k);
-      gemm<T>(true, false, n, k, m, dyp, n, xp, k, T(1), dwp, k);
-    });
-  });
+  backward("linear_backward_cpu", false, x, w, 0, dy, dx, accumulate_dx, dw, stream);
+}
+
+void linear_forward_cols_cpu(const Tensor& x, const Tensor& w, int64_t k0, const Tensor& y,
+                             bool accumulate, Stream& stream) {
+  forward("linear_forward_cols_cpu", true, x, w, k0, y, accumulate, stream);
+}
+
+void linear_backward_cols_cpu(const Tensor& x, const Tensor& w, int64_t k0, const Tensor& dy,
+                              const Tensor& dx, bool accumulate_dx, const Tensor& dw,
+                              Stream& stream) {
+  backward("linear_backward_cols_cpu", true, x, w, k0, dy, dx, accumulate_dx, dw, stream);
 }
 
 }  // namespace moepeak::ops

@@ -28,9 +28,9 @@
 #include "ops/schedules/dispatch_pipelined_llep.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "core/error.h"
+#include "ops/elementwise.h"
 #include "ops/fill.h"
 #include "ops/linear.h"
 #include "ops/permute.h"
@@ -42,6 +42,10 @@ namespace moepeak::schedules {
 namespace {
 
 uint64_t fp(uint64_t bytes) { return DeviceArena::footprint(bytes); }
+
+// The narrowest F block the shape rule picks while a wider one fits: GEMMs with fewer than 64
+// columns per block run well below a full expert GEMM's rate.
+constexpr uint64_t kMinFfnBlock = 64;
 
 // One chunk's sizes, unsigned (from the chunking of pipelined_llep_shape).
 struct Sizes {
@@ -55,26 +59,28 @@ Sizes sizes_of(const PipelinedLlepShape& s, int64_t hidden, int64_t ffn, DType d
           dtype_size(dtype)};
 }
 
-// The footprints the dispatcher allocates with S slots and T-row tiles, split into rows (buffers
-// with H or F columns: what the bound 2 W M_c H b is about) and metadata. run_forward and
-// run_backward allocate exactly these (the tests compare the measured peak with them).
+// The footprints the dispatcher allocates with S slots, T-row tiles and F blocks of Fb columns,
+// split into rows (buffers with H or F columns: what the bound 2 W M_c H b is about) and
+// metadata. run_forward and run_backward allocate exactly these (the tests compare the measured
+// peak with them).
 struct Footprints {
   uint64_t rows_forward, meta_forward, rows_backward, meta_backward;
 };
-Footprints footprints(const Sizes& z, uint64_t S, uint64_t T) {
+Footprints footprints(const Sizes& z, uint64_t S, uint64_t T, uint64_t Fb) {
   const uint64_t row_M = fp(z.Mc * z.H * z.b), row_R = fp(z.Rc * z.H * z.b);
-  const uint64_t tile_H = fp(T * z.H * z.b), tile_F = fp(T * z.F * z.b);
+  const uint64_t tile_H = fp(T * z.H * z.b), tile_F = fp(T * Fb * z.b);
   const uint64_t staging = (S == 2 ? 2 : 1) * row_M;  // sent rows [, returned rows if S = 2]
   const uint64_t send_index = 2 * fp(z.Mc * 4);        // per slot: send token, slot (i32)
   Footprints f;
-  f.rows_forward = staging + S * row_R + tile_H + 3 * tile_F;  // slots; tile; a, b, g
-  f.meta_forward = S * (send_index + fp(z.Mc * z.b));          // + the routing weights
-  // Slots of x and dout rows; x, dout, y tiles; a, b, g, dg.
+  // Slots; x and y tiles; a, b, g blocks.
+  f.rows_forward = staging + S * row_R + 2 * tile_H + 3 * tile_F;
+  f.meta_forward = S * (send_index + fp(z.Mc * z.b));  // + the routing weights
+  // Slots of x and dout rows; x, dout and dx tiles; a, b, g, dg blocks.
   f.rows_backward = staging + 2 * S * row_R + 3 * tile_H + 4 * tile_F;
   // Weights sent [, dweights returned if S = 2]; per slot the indices and the received
-  // weights (then dweights); a tile's weights and dweights, and its row index (i32).
+  // weights (then dweights); a tile's weights and dweights.
   f.meta_backward = (S == 2 ? 2 : 1) * fp(z.Mc * z.b) + S * (send_index + fp(z.Rc * z.b)) +
-                    2 * fp(T * z.b) + fp(T * 4);
+                    2 * fp(T * z.b);
   return f;
 }
 
@@ -85,7 +91,14 @@ Footprints footprints_of(int64_t tokens, int64_t top_k, int64_t hidden, int64_t 
       pipelined_llep_shape(tokens, top_k, hidden, ffn, dtype, world, params);
   if (s.chunks == 0) return {};
   return footprints(sizes_of(s, hidden, ffn, dtype, world), static_cast<uint64_t>(s.slots),
-                    static_cast<uint64_t>(s.tile_rows));
+                    static_cast<uint64_t>(s.tile_rows), static_cast<uint64_t>(s.ffn_block));
+}
+
+// The first n * f elements of a (T, F_b) block buffer as an (n, f) matrix, f <= F_b (the last
+// F block may be narrower than the others).
+Tensor block_of(const OwnedTensor& buffer, int64_t n, int64_t f) {
+  const Tensor flat = buffer.view();
+  return flat.reshape(Shape{flat.numel()}).rows(0, n * f).reshape(Shape{n, f});
 }
 
 }  // namespace
@@ -125,17 +138,15 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
   if (s.chunks == 0) return s;
   const Sizes z = sizes_of(s, hidden, ffn, dtype, world);
   const uint64_t budget = 2 * z.W * z.Mc * z.H * z.b;  // 2 Ep k c_eff H b
-  auto fits = [&](uint64_t S, uint64_t T) {
-    const Footprints f = footprints(z, S, T);
+  auto fits = [&](uint64_t S, uint64_t T, uint64_t Fb) {
+    const Footprints f = footprints(z, S, T, Fb);
     return f.rows_forward <= budget && f.rows_backward <= budget;
   };
-  // The largest T in [lo, c_eff] that fits with S slots, given that lo does (footprints grow
-  // with T).
-  auto largest = [&](uint64_t S, uint64_t lo) {
-    uint64_t hi = z.ce;
+  // The largest v in [lo, hi] with ok(v), given ok(lo) (the footprints grow with T and Fb).
+  auto largest = [](uint64_t lo, uint64_t hi, auto ok) {
     while (lo < hi) {
       const uint64_t mid = lo + (hi - lo + 1) / 2;
-      if (fits(S, mid)) {
+      if (ok(mid)) {
         lo = mid;
       } else {
         hi = mid - 1;
@@ -145,17 +156,45 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
   };
   const uint64_t t_min = std::min<uint64_t>(
       z.ce, static_cast<uint64_t>(std::max<int64_t>(1, params.min_tokens_per_gemm)));
-  uint64_t S = 1, T = t_min;
-  if (fits(2, t_min)) {
+  const uint64_t f_min = std::min<uint64_t>(z.F, kMinFfnBlock);
+  uint64_t S = 1, T = t_min, Fb = std::max<uint64_t>(f_min, 1);
+  if (fits(2, t_min, f_min)) {
     S = 2;
-    T = largest(2, t_min);
-  } else if (fits(1, 1)) {
-    T = largest(1, 1);
-  } else {
-    s.bounded = false;  // the corner case of the header's "Bound": T = T_min, over by the rows
+  } else if (!fits(1, 1, 1)) {
+    s.bounded = false;  // the corner case of the header's "Bound": over by the rows
   }
+  uint64_t blocks = 1;
+  // Equal blocks of at most `widest` columns: ceil(F / blocks) each, which still fit.
+  auto equal_blocks = [&](uint64_t widest) {
+    blocks = widest == 0 ? 1 : std::max<uint64_t>(1, (z.F + widest - 1) / widest);
+    return (z.F + blocks - 1) / blocks;
+  };
+  if (s.bounded) {
+    // NOTES: the per-call costs of an expert tile's GEMMs on top of their flops are a packing
+    // of the weights' block (Fb H, once per tile and block) and of the tile's rows (T H, once
+    // per block), so the overhead per flop goes as 1/T + 1/Fb: among the (T, widest Fb) pairs
+    // that fit, take the one that minimizes it (T on a geometric grid; ties to the larger T).
+    const uint64_t f_lo = fits(S, 1, f_min) ? f_min : 1;
+    const uint64_t t_hi = largest(1, z.ce, [&](uint64_t t) { return fits(S, t, f_lo); });
+    const uint64_t t_lo = S == 2 ? std::min(t_min, t_hi) : 1;
+    double best = 0;
+    for (uint64_t t = t_hi;;) {
+      const uint64_t f = equal_blocks(largest(f_lo, z.F, [&](uint64_t v) { return fits(S, t, v); }));
+      const double cost = 1.0 / static_cast<double>(t) + 1.0 / static_cast<double>(std::max<uint64_t>(f, 1));
+      if (t == t_hi || cost < best) {
+        best = cost;
+        T = t;
+        Fb = f;
+      }
+      if (t <= t_lo) break;
+      t = std::max(t_lo, std::min(t - 1, t * 15 / 16));
+    }
+  }
+  Fb = equal_blocks(Fb);
   s.slots = static_cast<int64_t>(S);
   s.tile_rows = static_cast<int64_t>(T);
+  s.ffn_blocks = static_cast<int64_t>(blocks);
+  s.ffn_block = static_cast<int64_t>(Fb);
   return s;
 }
 
@@ -435,8 +474,9 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
   const int64_t K = shape_.chunks, H = hidden_, F = ffn_, me = comm_.rank();
   if (K == 0) return;
   const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows;
-  const int64_t S = shape_.slots, T = shape_.tile_rows;
-  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1, "pipelined llep: ", S, " slots, tiles of ", T);
+  const int64_t S = shape_.slots, T = shape_.tile_rows, Fb = shape_.ffn_block;
+  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1 && (Fb >= 1 || F == 0), "pipelined llep: ", S,
+                " slots, tiles of ", T, " rows, F blocks of ", Fb);
   const Tensor weight_rows = weight_.reshape(Shape{tokens_ * top_k_, 1});
   Stream& cs = *comm_stream_;
   // The fixed buffers: pipelined_llep_forward_bytes, exactly.
@@ -454,9 +494,10 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
     recv[s] = buffer(Shape{Rc, H}, dtype_, "llep chunk received rows");
   }
   OwnedTensor xt = buffer(Shape{T, H}, dtype_, "llep tile rows");
-  OwnedTensor a = buffer(Shape{T, F}, dtype_, "llep tile w1 rows");
-  OwnedTensor b = buffer(Shape{T, F}, dtype_, "llep tile w3 rows");
-  OwnedTensor g = buffer(Shape{T, F}, dtype_, "llep tile swiglu");
+  OwnedTensor yt = buffer(Shape{T, H}, dtype_, "llep tile outputs");
+  OwnedTensor a = buffer(Shape{T, Fb}, dtype_, "llep tile w1 block");
+  OwnedTensor b = buffer(Shape{T, Fb}, dtype_, "llep tile w3 block");
+  OwnedTensor g = buffer(Shape{T, Fb}, dtype_, "llep tile swiglu block");
   copies_.allocate(backend_, dtype_, transfers_, me, H, F, false, stream_, max_copies());
   try {
     entry_->record(stream_);
@@ -487,15 +528,21 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
       for (const Tile& t : c.tiles) {
         const ExpertWeights& ex = weights_of(t.expert, local, copies_);
         const int64_t n = t.rows, p0 = c.pieces[t.first].begin;
-        const bool in_place = t.count == 1;  // one run of arrival rows: no copy
-        const Tensor xs = in_place ? arrival.rows(p0, p0 + n) : xt.view().rows(0, n);
+        const bool in_place = t.count == 1;  // one run of arrival rows: read in place
+        const Tensor xs = in_place ? arrival.rows(p0, p0 + n) : xt.view().rows(0, n);  // (n, H)
+        const Tensor ys = yt.view().rows(0, n);                                         // (n, H)
         if (!in_place) move_tile_rows(c, t, arrival, xs, true);
-        const Tensor as = a.view().rows(0, n), bs = b.view().rows(0, n), gs = g.view().rows(0, n);
-        ops::linear_forward_cpu(xs, ex.w1, as, false, stream_);
-        ops::linear_forward_cpu(xs, ex.w3, bs, false, stream_);
-        ops::swiglu_forward_cpu(as, bs, gs, stream_);
-        ops::linear_forward_cpu(gs, ex.w2, xs, false, stream_);  // y over x
-        if (!in_place) move_tile_rows(c, t, arrival, xs, false);
+        // y = sum over F blocks fb of silu(x w1[fb]^T) * (x w3[fb]^T) . w2[:, fb]^T
+        for (int64_t f0 = 0; f0 < F; f0 += Fb) {
+          const int64_t f1 = std::min(F, f0 + Fb);
+          const Tensor as = block_of(a, n, f1 - f0), bs = block_of(b, n, f1 - f0);  // (n, f1 - f0)
+          const Tensor gs = block_of(g, n, f1 - f0);
+          ops::linear_forward_cpu(xs, ex.w1.rows(f0, f1), as, false, stream_);
+          ops::linear_forward_cpu(xs, ex.w3.rows(f0, f1), bs, false, stream_);
+          ops::swiglu_forward_cpu(as, bs, gs, stream_);
+          ops::linear_forward_cols_cpu(gs, ex.w2, f0, ys, f0 > 0, stream_);
+        }
+        move_tile_rows(c, t, arrival, ys, false);  // y over x in the slot
       }
       exchange_rows(comm_, stream_, arrival, r.recv_rows, y_back.rows(0, m), r.send_rows, H);
       for (const LlepRoute::Range& rg : r.combine_ranges) {
@@ -541,8 +588,9 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
   ops::fill(dweight, 0.0, stream_);
   if (K == 0) return;
   const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows;
-  const int64_t S = shape_.slots, T = shape_.tile_rows;
-  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1, "pipelined llep: ", S, " slots, tiles of ", T);
+  const int64_t S = shape_.slots, T = shape_.tile_rows, Fb = shape_.ffn_block;
+  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1 && (Fb >= 1 || F == 0), "pipelined llep: ", S,
+                " slots, tiles of ", T, " rows, F blocks of ", Fb);
   const Tensor weight_rows = weight_.reshape(Shape{NK, 1});
   Stream& cs = *comm_stream_;
   // The fixed buffers: pipelined_llep_backward_bytes, exactly.
@@ -566,17 +614,13 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
   }
   OwnedTensor xt = buffer(Shape{T, H}, dtype_, "llep tile rows");
   OwnedTensor dt = buffer(Shape{T, H}, dtype_, "llep tile d outputs");
-  OwnedTensor yt = buffer(Shape{T, H}, dtype_, "llep tile outputs");
-  OwnedTensor a = buffer(Shape{T, F}, dtype_, "llep tile w1 rows");
-  OwnedTensor b = buffer(Shape{T, F}, dtype_, "llep tile w3 rows");
-  OwnedTensor g = buffer(Shape{T, F}, dtype_, "llep tile swiglu");
-  OwnedTensor dg = buffer(Shape{T, F}, dtype_, "llep tile d swiglu");
+  OwnedTensor dxt = buffer(Shape{T, H}, dtype_, "llep tile d rows");
+  OwnedTensor a = buffer(Shape{T, Fb}, dtype_, "llep tile w1 block");
+  OwnedTensor b = buffer(Shape{T, Fb}, dtype_, "llep tile w3 block");
+  OwnedTensor g = buffer(Shape{T, Fb}, dtype_, "llep tile swiglu block");
+  OwnedTensor dg = buffer(Shape{T, Fb}, dtype_, "llep tile d swiglu block");
   OwnedTensor wt = buffer(Shape{T}, dtype_, "llep tile weights");
   OwnedTensor dwt = buffer(Shape{T}, dtype_, "llep tile d weights");
-  OwnedTensor iota = buffer(Shape{T}, DType::i32, "llep tile row index");
-  std::vector<int32_t> host_iota(static_cast<size_t>(T));
-  std::iota(host_iota.begin(), host_iota.end(), 0);
-  backend_.copy_async(iota.data(), host_iota.data(), T * 4, CopyKind::host_to_device, stream_);
   // An owner adds each helper's gradients from this scratch (`grads`, as the gradients are).
   OwnedTensor scratch;
   if (llep_owns_a_transfer(transfers_, me)) {
@@ -618,29 +662,40 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
       for (const Tile& t : c.tiles) {
         const ExpertWeights& ex = weights_of(t.expert, local, copies_);
         const int64_t n = t.rows, p0 = c.pieces[t.first].begin;
-        const bool in_place = t.count == 1;  // one run of arrival rows: no copies
-        const Tensor xs = in_place ? xa.rows(p0, p0 + n) : xt.view().rows(0, n);
-        const Tensor ds = in_place ? da.rows(p0, p0 + n) : dt.view().rows(0, n);
-        const Tensor ws = in_place ? wa.rows(p0, p0 + n) : wt.view().rows(0, n);
+        const bool in_place = t.count == 1;  // one run of arrival rows: read in place
+        const Tensor xs = in_place ? xa.rows(p0, p0 + n) : xt.view().rows(0, n);  // (n, H)
+        const Tensor ds = in_place ? da.rows(p0, p0 + n) : dt.view().rows(0, n);  // (n, H)
+        const Tensor ws = in_place ? wa.rows(p0, p0 + n) : wt.view().rows(0, n);  // (n)
         if (!in_place) {
           move_tile_rows(c, t, xa, xs, true);
           move_tile_rows(c, t, da, ds, true);
           move_tile_rows(c, t, wa, ws, true);
         }
-        const Tensor ys = yt.view().rows(0, n), dws = dwt.view().rows(0, n);
-        const Tensor as = a.view().rows(0, n), bs = b.view().rows(0, n);
-        const Tensor gs = g.view().rows(0, n), dgs = dg.view().rows(0, n);
-        ops::linear_forward_cpu(xs, ex.w1, as, false, stream_);
-        ops::linear_forward_cpu(xs, ex.w3, bs, false, stream_);
-        ops::swiglu_forward_cpu(as, bs, gs, stream_);
-        ops::linear_forward_cpu(gs, ex.w2, ys, false, stream_);
-        // dweight = dout . y, dy = weight * dout (dy in place of y, as the op allows).
-        ops::combine_rows_backward_cpu(ds, ys, iota.view().rows(0, n), ws, ys, dws, stream_);
-        ops::linear_backward_cpu(gs, ex.w2, ys, dgs, false, ex.dw2, stream_);
-        ops::swiglu_backward_cpu(as, bs, dgs, as, bs, stream_);  // da, db in place of a, b
-        ops::linear_backward_cpu(xs, ex.w1, as, ds, false, ex.dw1, stream_);  // dx over dout
-        ops::linear_backward_cpu(xs, ex.w3, bs, ds, true, ex.dw3, stream_);
-        if (!in_place) move_tile_rows(c, t, da, ds, false);
+        const Tensor dxs = dxt.view().rows(0, n), dws = dwt.view().rows(0, n);
+        // Per F block fb, with g = silu(a) * b, a = x w1[fb]^T, b = x w3[fb]^T recomputed, and
+        // dy = weight * dout (the combine's backward, never formed):
+        //   dweight += g . (dout w2[:, fb])   (= dout . y summed block by block: no y needed)
+        //   dg = weight * (dout w2[:, fb]),   dw2[:, fb] += dout^T (weight * g)
+        //   da, db = swiglu'(a, b, dg),       dw1[fb] += da^T x, dw3[fb] += db^T x,
+        //   dx += da w1[fb] + db w3[fb]
+        for (int64_t f0 = 0; f0 < F; f0 += Fb) {
+          const int64_t f1 = std::min(F, f0 + Fb), f = f1 - f0;
+          const Tensor as = block_of(a, n, f), bs = block_of(b, n, f);  // (n, f)
+          const Tensor gs = block_of(g, n, f), dgs = block_of(dg, n, f);
+          const Tensor w1 = ex.w1.rows(f0, f1), w3 = ex.w3.rows(f0, f1);  // (f, H)
+          ops::linear_forward_cpu(xs, w1, as, false, stream_);
+          ops::linear_forward_cpu(xs, w3, bs, false, stream_);
+          ops::swiglu_forward_cpu(as, bs, gs, stream_);
+          ops::linear_backward_cols_cpu(gs, ex.w2, f0, ds, dgs, false, Tensor(), stream_);
+          ops::row_dot_cpu(gs, dgs, dws, f0 > 0, stream_);
+          ops::scale_rows_cpu(dgs, ws, stream_);
+          ops::scale_rows_cpu(gs, ws, stream_);
+          ops::linear_backward_cols_cpu(gs, ex.w2, f0, ds, Tensor(), false, ex.dw2, stream_);
+          ops::swiglu_backward_cpu(as, bs, dgs, as, bs, stream_);  // da, db in place of a, b
+          ops::linear_backward_cpu(xs, w1, as, dxs, f0 > 0, ex.dw1.rows(f0, f1), stream_);
+          ops::linear_backward_cpu(xs, w3, bs, dxs, true, ex.dw3.rows(f0, f1), stream_);
+        }
+        move_tile_rows(c, t, da, dxs, false);  // dx over dout in the slot
         move_tile_rows(c, t, wa, dws, false);  // dweight over the (used) weights
       }
       exchange_rows(comm_, stream_, da, r.recv_rows, dx_back.rows(0, m), r.send_rows, H);

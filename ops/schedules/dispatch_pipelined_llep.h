@@ -14,11 +14,13 @@
 // Per chunk: LLEP plan over the chunk's all-gathered counts with the hard receive capacity
 // R_c = llep_receive_capacity(M_c, W, params) (so no rank computes more than R_c rows of a chunk
 // whatever the routing) -> dispatch (rows in LlepRoute's send order through one (M_c, H) send
-// staging buffer, one all_to_all_v, into a receive slot (R_c, H)) -> the expert GEMMs per tile of
+// staging buffer, one all_to_all_v, into a receive slot (R_c, H)) -> the expert MLP per tile of
 // at most T rows of one expert (the tile's rows gathered from the slot into a (T, H) tile buffer,
-// or used in place when they are one run of arrival rows), the outputs written back into the
-// slot at the arrival rows they came from -> the slot, now holding the rows to return in arrival
-// order, back to the sources (all_to_all_v) -> combine in expert order.
+// or read in place when they are one run of arrival rows), blocked over F: for each block fb of
+// at most F_b of the F columns, a = x w1[fb]^T, b = x w3[fb]^T, g = silu(a) * b (T, F_b) and
+// y += g w2[:, fb]^T into a (T, H) tile, written back into the slot at the arrival rows the tile
+// came from -> the slot, now holding the rows to return in arrival order, back to the sources
+// (all_to_all_v) -> combine in expert order.
 //
 // Slots and overlap: S receive slots, chosen at launch by pipelined_llep_shape (below). S = 2:
 // chunk i+1's dispatch runs on this dispatcher's own comm stream with a duplicated communicator
@@ -30,11 +32,14 @@
 // Backward recomputes each chunk's experts (nothing routing-sized is kept from forward: the
 // dispatch live set is empty between forward and backward): the source sends x rows, then dout
 // rows, through the one staging buffer (two exchanges on the comm stream) into the slot's x and
-// dout buffers, and its routing weights; the compute rank recomputes y per tile, forms
-// dweight = dout . y and dy = weight * dout per row, runs the expert backward and writes dx over
-// the slot's dout rows and dweight over its weights, and returns both; helpers accumulate
-// spilled experts' weight gradients over the chunks and return them to their owners after the
-// last one (+=).
+// dout buffers, and its routing weights; the compute rank runs, per tile and F block, with
+// w = the rows' routing weights: a, b, g recomputed; dweight += g . (dout w2[:, fb]) per row
+// (dout . y summed over the blocks, so y is never formed); dg = w * (dout w2[:, fb]);
+// dw2[:, fb] += dout^T (w * g); da, db from the SwiGLU backward; dw1[fb] += da^T x,
+// dw3[fb] += db^T x; dx += da w1[fb] + db w3[fb] into a (T, H) tile — then writes dx over the
+// slot's dout rows and dweight over its weights, and returns both; helpers accumulate spilled
+// experts' weight gradients over the chunks and return them to their owners after the last one
+// (+=). That is 8 GEMMs per tile and block where a forward and a backward of y take 9.
 //
 // Weight spilling, once per pass: the weights of every expert some chunk's plan spills to a
 // helper are sent owner -> helper before chunk 0 (llep_experts.h), not again per chunk.
@@ -42,33 +47,40 @@
 // Bound (docs/memory.md "Dispatch bound"). Every buffer with H or F columns ("rows") counts
 // against 2 * Ep * k * c_eff * H * b = 2 * W * M_c * H * b (Ep = W); the per-chunk metadata — i32
 // send token / slot indices (M_c), per-row routing weights and their gradients (M_c or R_c), a
-// tile's weights and row index (T) — sits beside it: pipelined_llep_bound_bytes is the sum. In
+// tile's weights and dweights (T) — sits beside it: pipelined_llep_bound_bytes is the sum. In
 // units U = M_c * H * b, rho = R_c / M_c (<= max(1, alpha, lambda), 1.3 at the defaults):
 //   S = 2: forward 2 + 2 rho, backward 2 + 4 rho      S = 1: forward 1 + rho, backward 1 + 2 rho
-// plus the tile temporaries: forward a (T, H) tile and a, b, g (T, F); backward x, dout and y
-// tiles (T, H) and a, b, g, dg (T, F). The rule (pipelined_llep_shape), with
-// T_min = min(c_eff, max(1, min_tokens_per_gemm)) and every size an arena footprint:
-//   S = 2 if the two-slot rows with T_min-row tiles fit under 2 W U (forward and backward), with
-//     T the largest <= c_eff that fits;
-//   else S = 1 with T the largest <= c_eff that fits, if T = 1 fits;
+// plus the tile temporaries: forward x and y tiles (T, H) and a, b, g (T, F_b); backward x, dout
+// and dx tiles (T, H) and a, b, g, dg (T, F_b). The rule (pipelined_llep_shape), with
+// T_min = min(c_eff, max(1, min_tokens_per_gemm)), F_min = min(F, 64) and every size an arena
+// footprint:
+//   S = 2 if the two-slot rows with T_min-row tiles and F_min-column blocks fit under 2 W U
+//     (forward and backward), else S = 1 if T = 1, F_b = 1 fits;
+//   then (T, F_b): a GEMM's per-call packing of the weight block and of the tile's rows costs
+//     about 1/T + 1/F_b per flop, so among T <= c_eff (>= T_min when S = 2) with the widest
+//     F_b >= F_min (>= 1 if F_min does not fit even at T = 1) that fits beside it, the pair
+//     with the smallest 1/T + 1/F_b; F is then cut into ffn_blocks = ceil(F / F_b) equal blocks;
 //   else (max(alpha, lambda) near W, e.g. W = 2 with lambda >= 1.5; W = 1, where R_c = M_c and
-//     backward needs 3 U; or rows so narrow that footprint rounding dominates) S = 1, T = T_min
-//     and `bounded` = false: nothing fails, and the peak exceeds the bound by exactly backward's
-//     rows minus 2 W U = fp(M_c H b) + 2 fp(R_c H b) + 3 fp(T H b) + 4 fp(T F b) - 2 W M_c H b.
+//     backward needs 3 U; or rows so narrow that footprint rounding dominates) S = 1, T = T_min,
+//     F in equal blocks of at most F_min columns and `bounded` = false: nothing fails, and the
+//     peak exceeds the bound by
+//     exactly backward's rows minus 2 W U
+//     = fp(M_c H b) + 2 fp(R_c H b) + 3 fp(T H b) + 4 fp(T F_b b) - 2 W M_c H b.
 // Backward's rows and metadata are never below forward's, so the peak is backward's and the
 // metadata term of the bound is backward's.
 // At the defaults (alpha = 1, lambda = 1.3): S = 1 at W = 2 and 3; S = 2 at W >= 4 once the
-// 0.8 U that W = 4 leaves holds T_min-row tiles, 0.8 M_c H >= T_min (3 H + 4 F) (M_c >= 440 at
-// F = 2 H, 680 at F = 3.5 H with T_min = 32). pipelined_llep_dispatch_bytes is the exact sum
-// of what the dispatcher allocates; the measured peak equals it whatever the router does.
+// 0.8 U that W = 4 leaves holds T_min-row tiles, 0.8 M_c H >= T_min (3 H + 4 F_min) (M_c >= 160
+// at H = 256 with T_min = 32, F >= 64). pipelined_llep_dispatch_bytes is the exact sum of what
+// the dispatcher allocates; the measured peak equals it whatever the router does.
 // Spilled experts' weight copies are `weights`/`grads` (llep_experts.h).
 //
-// Exactness against ExpertParallelDispatch: every row goes through the same expert arithmetic
-// and each token adds its k outputs (and dx rows) in the same expert order, so the results agree
-// to within an ulp or so per row, not bitwise: OpenBLAS rounds a GEMM row differently depending
-// on where it falls in the GEMM's register blocking, and the pipeline runs each expert over
-// per-chunk tiles of other sizes than the standard's one GEMM per expert. Expert weight
-// gradients are summed per chunk, per tile and per helper in another order (fp tolerance).
+// Exactness against ExpertParallelDispatch: the same function in another order of summation,
+// so the results agree within a float tolerance, not bitwise: y and dx are sums over F blocks
+// (the standard sums over F in one GEMM), dweight is g . (dout w2) summed over F where the
+// standard sums dout . y over H, OpenBLAS rounds a GEMM row differently depending on where it
+// falls in the register blocking of per-chunk tiles, and expert weight gradients are summed per
+// chunk, per tile and per helper in another order. Each token still adds its k outputs (and dx
+// rows) in the same expert order.
 // tests/parallel/test_llep.cpp states the tolerances and what was measured.
 //
 // Lifetimes: x, index and weight passed to forward() must stay alive and unchanged until
@@ -120,6 +132,8 @@ struct PipelinedLlepShape {
   // Set by the overload with H, F and the dtype only (0 / true otherwise): see "Bound" above.
   int64_t slots = 0;      // S: receive slots, 2 (overlapped dispatch) or 1
   int64_t tile_rows = 0;  // T: rows per expert tile, 1 <= T <= c_eff
+  int64_t ffn_blocks = 0;  // the expert MLP runs over its F columns in this many blocks,
+  int64_t ffn_block = 0;   // F_b = ceil(F / ffn_blocks) columns each (the last may be narrower)
   bool bounded = true;    // the rows fit 2 * W * M_c * H * b (false only in the corner case)
 };
 // The chunking only (K, c_eff, M_c, R_c; slots and tile_rows 0).
@@ -132,14 +146,14 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
 
 // Exact peak bytes of the `dispatch` live set (arena footprints fp), the larger of
 //   forward:  rows:     send staging (M_c, H) [+ returned rows (M_c, H) if S = 2]
-//                       + S receive slots (R_c, H) + tile (T, H) + a, b, g (T, F)
+//                       + S receive slots (R_c, H) + x, y tiles (T, H) + a, b, g (T, F_b)
 //             metadata: S x (send token, slot i32 (M_c) + routing weight (M_c))
 //   backward: rows:     send staging (M_c, H) [+ returned dx (M_c, H) if S = 2]
-//                       + S x receive slots of x and dout (R_c, H) + x, dout, y tiles (T, H)
-//                       + a, b, g, dg (T, F)
+//                       + S x receive slots of x and dout (R_c, H) + x, dout, dx tiles (T, H)
+//                       + a, b, g, dg (T, F_b)
 //             metadata: weight staging (M_c) [+ returned dweight (M_c) if S = 2]
 //                       + S x (send token, slot i32 (M_c) + received weights / dweights (R_c))
-//                       + tile weights and dweights (T) + tile row index i32 (T)
+//                       + tile weights and dweights (T)
 // with the shape of pipelined_llep_shape(tokens, top_k, hidden, ffn, dtype, world, params). The
 // dispatcher allocates exactly these at the start of forward and backward and frees them at the
 // end.

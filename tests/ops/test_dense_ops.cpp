@@ -408,6 +408,79 @@ TEST(Linear, RejectsBadShapesAtTheCall) {
   env.stream().synchronize();
 }
 
+TEST(Linear, ColumnBlockIsTheLinearOfThatBlockAndTouchesOnlyItsColumnsOfDw) {
+  // w (N, K_w = 11), block [3, 3 + kK): the ops must equal the plain ops on a contiguous copy of
+  // the block, write or add dx as asked, and add to dw's block columns only (the others keep
+  // their seeded values bit for bit); an undefined dw skips the weight gradient.
+  OpEnv env;
+  constexpr int64_t kWide = 11, k0 = 3;
+  auto w_wide = random_vector(kN * kWide, 60);
+  std::vector<double> w_block(kN * kK);
+  for (int64_t j = 0; j < kN; ++j) {
+    for (int64_t k = 0; k < kK; ++k) w_block[j * kK + k] = w_wide[j * kWide + k0 + k];
+  }
+  auto x = random_vector(kM * kK, 61), dy = random_vector(kM * kN, 62);
+  auto dw_seed = random_vector(kN * kWide, 63);
+  std::vector<double> dw_block_seed(kN * kK);
+  for (int64_t j = 0; j < kN; ++j) {
+    for (int64_t k = 0; k < kK; ++k) dw_block_seed[j * kK + k] = dw_seed[j * kWide + k0 + k];
+  }
+  for (DType dtype : {DType::f64, DType::f32}) {
+    const double tol = dtype == DType::f64 ? kForwardTol : kFloatVsDoubleTol;
+    auto xt = env.input({kM, kK}, dtype, x);
+    auto wt = env.input({kN, kWide}, dtype, w_wide);
+    auto dyt = env.input({kM, kN}, dtype, dy);
+    auto y = env.output({kM, kN}, dtype);
+    ops::linear_forward_cols_cpu(xt, wt, k0, y, false, env.stream());
+    EXPECT_LT(max_scaled_err(env.read(y), matmul_xwt(x, w_block, kM)), tol);
+    auto y_init = random_vector(kM * kN, 64);
+    auto y_acc = env.input({kM, kN}, dtype, y_init);
+    ops::linear_forward_cols_cpu(xt, wt, k0, y_acc, true, env.stream());
+    EXPECT_LT(max_scaled_err(env.read(y_acc), run_linear_forward(env, dtype, kM, x, w_block,
+                                                                 &y_init)),
+              tol);
+
+    auto dx = env.output({kM, kK}, dtype);
+    auto dw = env.input({kN, kWide}, dtype, dw_seed);
+    ops::linear_backward_cols_cpu(xt, wt, k0, dyt, dx, false, dw, env.stream());
+    LinearGrads ref = run_linear_backward(env, dtype, kM, x, w_block, dy, nullptr, dw_block_seed);
+    EXPECT_LT(max_scaled_err(env.read(dx), ref.dx), tol);
+    const auto got_dw = env.read(dw), seeded = env.read(env.input({kN, kWide}, dtype, dw_seed));
+    for (int64_t j = 0; j < kN; ++j) {
+      for (int64_t k = 0; k < kWide; ++k) {
+        const double v = got_dw[j * kWide + k];
+        if (k >= k0 && k < k0 + kK) {
+          EXPECT_NEAR(v, ref.dw[j * kK + k - k0], tol * (1 + std::abs(v))) << j << "," << k;
+        } else {
+          EXPECT_EQ(v, seeded[j * kWide + k]) << "column " << k << " outside the block changed";
+        }
+      }
+    }
+    // dx only (dw undefined), accumulated onto a seeded dx; dw only (dx undefined).
+    auto dx_init = random_vector(kM * kK, 65);
+    auto dx_acc = env.input({kM, kK}, dtype, dx_init);
+    ops::linear_backward_cols_cpu(xt, wt, k0, dyt, dx_acc, true, Tensor(), env.stream());
+    LinearGrads ref_acc = run_linear_backward(env, dtype, kM, x, w_block, dy, &dx_init,
+                                              dw_block_seed);
+    EXPECT_LT(max_scaled_err(env.read(dx_acc), ref_acc.dx), tol);
+    auto dw_only = env.input({kN, kWide}, dtype, dw_seed);
+    ops::linear_backward_cols_cpu(xt, wt, k0, dyt, Tensor(), false, dw_only, env.stream());
+    EXPECT_EQ(env.read(dw_only), got_dw);
+  }
+  // Blocks outside w, a negative start, and the plain op on a wider w are rejected.
+  auto xb = env.input({kM, kK}, DType::f64, random_vector(kM * kK, 66));
+  auto wb = env.input({kN, kK + 2}, DType::f64, random_vector(kN * (kK + 2), 67));
+  auto yb = env.output({kM, kN}, DType::f64);
+  auto dxb = env.output({kM, kK}, DType::f64);
+  EXPECT_NO_THROW(ops::linear_forward_cols_cpu(xb, wb, 2, yb, false, env.stream()));
+  EXPECT_THROW(ops::linear_forward_cols_cpu(xb, wb, 3, yb, false, env.stream()), Error);
+  EXPECT_THROW(ops::linear_forward_cols_cpu(xb, wb, -1, yb, false, env.stream()), Error);
+  EXPECT_THROW(ops::linear_backward_cols_cpu(xb, wb, 3, yb, dxb, false, Tensor(), env.stream()),
+               Error);
+  EXPECT_THROW(ops::linear_forward_cpu(xb, wb, yb, false, env.stream()), Error);
+  env.stream().synchronize();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Element-wise helpers
 
@@ -458,6 +531,49 @@ TEST(Elementwise, ScaleSumSquaresAndCopy) {
   auto ids_copy = env.output({3}, DType::i64);
   ops::copy_cpu(ids, ids_copy, env.stream());
   EXPECT_EQ(env.read(ids_copy), env.read(ids));
+}
+
+TEST(Elementwise, ScaleRowsAndRowDotMatchDoubleReferences) {
+  // x (M, C) rows scaled by w (M); out (M) (+)= per-row dot of a and b, accumulated in double.
+  OpEnv env;
+  constexpr int64_t kRows = 6, kCols = 37;
+  auto a = random_vector(kRows * kCols, 70), b = random_vector(kRows * kCols, 71);
+  auto w = random_vector(kRows, 72), seed = random_vector(kRows, 73);
+  std::vector<double> scaled(a), dots(kRows, 0.0);
+  for (int64_t i = 0; i < kRows; ++i) {
+    for (int64_t c = 0; c < kCols; ++c) {
+      scaled[i * kCols + c] *= w[i];
+      dots[i] += a[i * kCols + c] * b[i * kCols + c];
+    }
+  }
+  for (DType dtype : {DType::f64, DType::f32}) {
+    const double tol = dtype == DType::f64 ? kForwardTol : kFloatVsDoubleTol;
+    auto xt = env.input({kRows, kCols}, dtype, a), wt = env.input({kRows}, dtype, w);
+    ops::scale_rows_cpu(xt, wt, env.stream());
+    EXPECT_LT(max_scaled_err(env.read(xt), scaled), tol);
+    auto at = env.input({kRows, kCols}, dtype, a), bt = env.input({kRows, kCols}, dtype, b);
+    auto out = env.output({kRows}, dtype);  // poisoned: written
+    ops::row_dot_cpu(at, bt, out, false, env.stream());
+    EXPECT_LT(max_scaled_err(env.read(out), dots), tol);
+    auto acc = env.input({kRows}, dtype, seed);
+    ops::row_dot_cpu(at, bt, acc, true, env.stream());
+    std::vector<double> ref(seed);
+    for (int64_t i = 0; i < kRows; ++i) ref[i] += dots[i];
+    EXPECT_LT(max_scaled_err(env.read(acc), ref), tol);
+  }
+  // No rows is fine; shapes and dtypes that do not match are rejected.
+  auto empty = env.output({0, kCols}, DType::f64), no_rows = env.output({0}, DType::f64);
+  ops::scale_rows_cpu(empty, no_rows, env.stream());
+  ops::row_dot_cpu(empty, empty, no_rows, false, env.stream());
+  auto x = env.input({kRows, kCols}, DType::f64, a);
+  auto long_w = env.output({kRows + 1}, DType::f64), w32 = env.output({kRows}, DType::f32);
+  auto narrow = env.output({kRows, kCols - 1}, DType::f64), out = env.output({kRows}, DType::f64);
+  auto out_cols = env.output({kCols}, DType::f64);
+  EXPECT_THROW(ops::scale_rows_cpu(x, long_w, env.stream()), Error);
+  EXPECT_THROW(ops::scale_rows_cpu(x, w32, env.stream()), Error);
+  EXPECT_THROW(ops::row_dot_cpu(x, narrow, out, false, env.stream()), Error);
+  EXPECT_THROW(ops::row_dot_cpu(x, x, out_cols, false, env.stream()), Error);
+  env.stream().synchronize();
 }
 
 TEST(Elementwise, RejectsBadArgumentsAtTheCall) {

@@ -322,11 +322,13 @@ TEST(LlepPlan, SmallSpillsWaitForTheRemainder) {
 
 // Rows (buffers with H or F columns) of PipelinedLlepDispatch's backward, which is never below
 // its forward, for S slots and T-row tiles: the header's list, in footprints.
-uint64_t pipelined_rows(uint64_t S, uint64_t T, uint64_t Mc, uint64_t Rc, uint64_t H, uint64_t F,
+// Backward's rows (the larger part) with S slots, T-row tiles and F blocks of Fb columns:
+// staging [+ returned dx], S slots of x and dout, x, dout and dx tiles, a, b, g, dg blocks.
+uint64_t pipelined_rows(uint64_t S, uint64_t T, uint64_t Fb, uint64_t Mc, uint64_t Rc, uint64_t H,
                         uint64_t b) {
   auto fp = [](uint64_t v) { return DeviceArena::footprint(v); };
   return (S == 2 ? 2 : 1) * fp(Mc * H * b) + 2 * S * fp(Rc * H * b) + 3 * fp(T * H * b) +
-         4 * fp(T * F * b);
+         4 * fp(T * Fb * b);
 }
 
 TEST(PipelinedLlepShape, SlotsAndTilesKeepTheDispatchUnderTheBound) {
@@ -352,32 +354,65 @@ TEST(PipelinedLlepShape, SlotsAndTilesKeepTheDispatchUnderTheBound) {
                       std::to_string(c) + " H=" + std::to_string(H) + " F=" + std::to_string(F) +
                       " alpha=" + std::to_string(alpha) + " lambda=" + std::to_string(lambda) +
                       " " + std::string(dtype_name(dtype)) + ": S=" + std::to_string(s.slots) +
-                      " T=" + std::to_string(s.tile_rows);
+                      " T=" + std::to_string(s.tile_rows) + " F_b=" + std::to_string(s.ffn_block);
                   ++cases;
                   const uint64_t Mc = s.rows_per_source, Rc = s.receive_rows, ce = s.chunk_tokens;
-                  const uint64_t b = dtype_size(dtype), T = s.tile_rows;
+                  const uint64_t b = dtype_size(dtype), T = s.tile_rows, Fb = s.ffn_block;
                   const uint64_t budget = 2ull * W * Mc * H * b;
                   const uint64_t t_min = std::min<uint64_t>(ce, q.min_tokens_per_gemm);
+                  const uint64_t f_min = std::min<uint64_t>(F, 64);
                   ASSERT_TRUE(s.slots == 1 || s.slots == 2) << what;
                   ASSERT_GE(s.tile_rows, 1) << what;
                   ASSERT_LE(s.tile_rows, s.chunk_tokens) << what;
-                  auto fits = [&](uint64_t S, uint64_t t) {
-                    return pipelined_rows(S, t, Mc, Rc, H, F, b) <= budget;
+                  // F in ffn_blocks equal blocks of ffn_block columns (the last one may be
+                  // narrower), none empty.
+                  ASSERT_GE(s.ffn_blocks, 1) << what;
+                  EXPECT_EQ(s.ffn_block, (F + s.ffn_blocks - 1) / s.ffn_blocks) << what;
+                  EXPECT_GT(F, (s.ffn_blocks - 1) * s.ffn_block) << what;
+                  auto fits = [&](uint64_t S, uint64_t t, uint64_t f) {
+                    return pipelined_rows(S, t, f, Mc, Rc, H, b) <= budget;
                   };
-                  EXPECT_EQ(s.slots == 2, fits(2, t_min)) << what;
-                  if (s.slots == 2 || s.bounded) {
-                    EXPECT_TRUE(fits(s.slots, T)) << what;
-                    EXPECT_TRUE(T == ce || !fits(s.slots, T + 1)) << what << ": T not the largest";
-                  }
-                  EXPECT_EQ(s.bounded, s.slots == 2 || fits(1, 1)) << what;
-                  if (!s.bounded) {
+                  // The widest block beside T-row tiles (at least `lo` columns, which fit).
+                  auto widest = [&](uint64_t S, uint64_t t, uint64_t lo) {
+                    uint64_t f = lo;
+                    while (f < static_cast<uint64_t>(F) && fits(S, t, f + 1)) ++f;
+                    return f;
+                  };
+                  // 1/T + 1/F_b with F cut into equal blocks of at most f columns.
+                  auto cost = [&](uint64_t t, uint64_t f) {
+                    const uint64_t blocks = (F + f - 1) / f;
+                    return 1.0 / t + 1.0 / ((F + blocks - 1) / blocks);
+                  };
+                  EXPECT_EQ(s.slots == 2, fits(2, t_min, f_min)) << what;
+                  EXPECT_EQ(s.bounded, s.slots == 2 || fits(1, 1, 1)) << what;
+                  if (s.bounded) {
+                    EXPECT_TRUE(fits(s.slots, T, Fb)) << what;
+                    if (s.slots == 2) {
+                      EXPECT_GE(T, t_min) << what;
+                    }
+                    // Fb is the widest block at T, cut into equal blocks; and no pair at the
+                    // ends of T's range (the largest T, and T_min or 1) costs less.
+                    const uint64_t f_lo = fits(s.slots, 1, f_min) ? f_min : 1;
+                    const uint64_t f_at_t = widest(s.slots, T, f_lo);
+                    EXPECT_EQ(static_cast<uint64_t>(s.ffn_blocks), (F + f_at_t - 1) / f_at_t)
+                        << what << ": F_b not the widest block at T";
+                    uint64_t t_hi = 1;
+                    while (t_hi < ce && fits(s.slots, t_hi + 1, f_lo)) ++t_hi;
+                    const uint64_t t_lo = s.slots == 2 ? t_min : 1;
+                    for (uint64_t t : {t_hi, t_lo}) {
+                      EXPECT_LE(cost(T, f_at_t), cost(t, widest(s.slots, t, f_lo)) + 1e-12)
+                          << what << ": T = " << t << " costs less";
+                    }
+                  } else {
+                    EXPECT_EQ(s.slots, 1) << what;
                     EXPECT_EQ(T, t_min) << what;
+                    EXPECT_EQ(static_cast<uint64_t>(s.ffn_blocks), (F + f_min - 1) / f_min) << what;
                   }
                   // One slot with a one-row tile fits when 2 W U - U - 2 R_c H b (what is left
                   // beside the staging and the slot) covers the tile and the footprint rounding.
                   auto fp = [](uint64_t v) { return DeviceArena::footprint(v); };
                   const double left = (2.0 * W - 1) * Mc * H * b - 2.0 * Rc * H * b;
-                  if (left >= 3 * 255 + 3 * fp(H * b) + 4 * fp(F * b)) {
+                  if (left >= 3 * 255 + 3 * fp(H * b) + 4 * fp(b)) {
                     EXPECT_TRUE(s.bounded) << what;
                   }
                   if (std::max(alpha, lambda) <= W - 1.0 && Mc >= 64) {
@@ -394,7 +429,7 @@ TEST(PipelinedLlepShape, SlotsAndTilesKeepTheDispatchUnderTheBound) {
                   EXPECT_LE(schedules::pipelined_llep_forward_bytes(N, k, H, F, dtype, W, q),
                             bytes);
                   const int64_t rows_over =
-                      static_cast<int64_t>(pipelined_rows(s.slots, T, Mc, Rc, H, F, b)) -
+                      static_cast<int64_t>(pipelined_rows(s.slots, T, Fb, Mc, Rc, H, b)) -
                       static_cast<int64_t>(budget);
                   EXPECT_EQ(static_cast<int64_t>(bytes) - static_cast<int64_t>(bound), rows_over)
                       << what;
@@ -428,25 +463,32 @@ TEST(PipelinedLlepShape, DefaultsGiveOneSlotOnTwoAndThreeRanksAndTwoFromFour) {
   for (int64_t W : {1, 2, 3, 4, 8}) {
     const auto a = schedules::pipelined_llep_shape(2048, 8, 256, 512, DType::f32, W, bench);
     const auto m = schedules::pipelined_llep_shape(16384, 2, 4096, 14336, DType::f32, W, mixtral);
-    std::printf("W=%lld: bench S=%lld T=%lld%s; mixtral S=%lld T=%lld%s\n",
-                static_cast<long long>(W), static_cast<long long>(a.slots), static_cast<long long>(a.tile_rows),
+    std::printf("W=%lld: bench S=%lld T=%lld F_b=%lld%s; mixtral S=%lld T=%lld F_b=%lld%s\n",
+                static_cast<long long>(W), static_cast<long long>(a.slots),
+                static_cast<long long>(a.tile_rows), static_cast<long long>(a.ffn_block),
                 a.bounded ? "" : " (over)", static_cast<long long>(m.slots),
-                static_cast<long long>(m.tile_rows), m.bounded ? "" : " (over)");
+                static_cast<long long>(m.tile_rows), static_cast<long long>(m.ffn_block),
+                m.bounded ? "" : " (over)");
     for (const auto& s : {a, m}) {
       EXPECT_EQ(s.slots, W >= 4 ? 2 : 1) << "W=" << W;
       EXPECT_EQ(s.bounded, W > 1) << "W=" << W;  // one rank: R_c = M_c, backward needs 3 U > 2 U
     }
   }
   // The bench at W = 4: c_eff = 205, M_c = 1640, R_c = 2132; 7.2 U of the 8 U are the
-  // staging, landing and two slots of x and dout, the tiles get the rest: 119 rows.
+  // staging, landing and two slots of x and dout, the tiles get the rest, 0.8 U = 1312 rows of
+  // H = 256: T (3 H + 4 F_b) <= 1312 H, best at T = 180 rows with F = 512 in 2 blocks of 256
+  // (1/180 + 1/256; 205 rows leave F_b = 217 -> 3 blocks of 171, 1/205 + 1/171 is more).
   const auto a = schedules::pipelined_llep_shape(2048, 8, 256, 512, DType::f32, 4, bench);
   EXPECT_EQ(a.chunk_tokens, 205);
   EXPECT_EQ(a.receive_rows, 2132);
-  EXPECT_EQ(a.tile_rows, 119);
-  // The chunking-only overload leaves S and T unset.
+  EXPECT_EQ(a.tile_rows, 180);
+  EXPECT_EQ(a.ffn_blocks, 2);
+  EXPECT_EQ(a.ffn_block, 256);
+  // The chunking-only overload leaves S, T and the F blocks unset.
   const auto c = schedules::pipelined_llep_shape(2048, 8, 4, bench);
   EXPECT_EQ(c.slots, 0);
   EXPECT_EQ(c.tile_rows, 0);
+  EXPECT_EQ(c.ffn_blocks, 0);
   EXPECT_EQ(c.receive_rows, a.receive_rows);
 }
 

@@ -12,12 +12,13 @@
 //     the same order, but OpenBLAS computes the rows of a GEMM with different kernels depending
 //     on where they fall in its register blocking (the M remainder), so the same row can round
 //     differently in a GEMM of another row count (checked: most sub-GEMMs of a 40-row GEMM differ
-//     in the last bit). The pipeline runs each expert over per-chunk tiles of T rows, and a spill
-//     splits an expert's rows between ranks, so rows land in other GEMMs: differences of an ulp
-//     or so (measured <= 1.1e-15 f64, <= 7.7e-7 f32 on 2 and 4 ranks). Weight gradients are
-//     moreover summed per chunk, per tile and per helper in another order (measured <= 1.2e-15
-//     f64, <= 7e-7 f32); the f32 results are within 4.9e-7 of the f64 standard, as close as
-//     the f32 standard itself (5.7e-7). The tolerances leave a 2.5x (f32) and 80x (f64) margin.
+//     in the last bit). The pipeline runs each expert over per-chunk tiles of T rows and over F
+//     in blocks (y and dx summed block by block, dweight as g . (dout w2) over F instead of
+//     dout . y over H), and a spill splits an expert's rows between ranks: differences of an ulp
+//     or so (measured <= 1.3e-15 f64, <= 4.4e-7 f32 on 2 and 4 ranks). Weight gradients are
+//     moreover summed per chunk, per tile and per helper in another order (measured <= 1.5e-15
+//     f64, <= 6.5e-7 f32); the f32 results are within 5.8e-7 of the f64 standard, as close as
+//     LLEP's f32 (6.8e-7). The tolerances leave a 3x (f32) and 65x (f64) margin.
 //     Bitwise where the GEMMs are the same: LlepDispatch when no expert is split (the gate
 //     kept every expert home, or whole experts moved) gives bitwise out, dx, dweight and dW —
 //     checked;
@@ -27,8 +28,8 @@
 //   - memory: LLEP's measured `dispatch` peak equals dispatch_expert_parallel_bytes for the rows
 //     it computed and stays under llep_dispatch_bytes; PipelinedLLEP's equals
 //     pipelined_llep_dispatch_bytes in all three routings (fixed at launch) and is at most
-//     pipelined_llep_bound_bytes = 2 * Ep * k * c_eff * H * b + the per-chunk metadata (H * b and
-//     F * b are whole 256-byte granules, so footprint rounding leaves the tiles room), no chunk
+//     pipelined_llep_bound_bytes = 2 * Ep * k * c_eff * H * b + the per-chunk metadata (H * b is
+//     a whole number of 256-byte granules, so footprint rounding leaves the tiles room), no chunk
 //     receives more than R_c rows; the launch shape's slots: S = 1 on 2 ranks, S = 2 on 4 at the
 //     defaults, S = 1 on 4 with lambda = 2 (two slots would not fit), and the corner case
 //     lambda = W - 0.4 (over the bound by exactly the documented rows); the standard dispatcher's
@@ -81,9 +82,12 @@ using schedules::LlepParams;
 using schedules::PipelinedLlepDispatch;
 using schedules::PipelinedLlepParams;
 
-// H * b and F * b are multiples of the arena's 256-byte granule in f32 and f64, so footprint
-// rounding does not eat the room the bound leaves for tiles (see check_pipelined).
-constexpr int64_t kHidden = 64, kFfn = 64, kExperts = 8, kTopK = 2;
+// H * b is a multiple of the arena's 256-byte granule in f32 and f64, so footprint rounding
+// does not eat the room the bound leaves for tiles (see check_pipelined). F = 2.5 H:
+// the room beside the slots holds tiles of a few rows only with F cut into blocks, so the
+// pipeline runs its blocked expert MLP (ffn_blocks >= 2, checked): 2 blocks of 80 on 4 ranks,
+// 3 of 54, 54 and 52 (a narrower last one) on 2.
+constexpr int64_t kHidden = 64, kFfn = 160, kExperts = 8, kTopK = 2;
 
 int64_t tokens_of(int64_t rank) { return 48 + 2 * rank; }
 int64_t first_token_of(int64_t rank) {
@@ -481,7 +485,8 @@ class LlepTest : public ::testing::Test {
     std::ostringstream name;
     name << "pipelined " << (q.membership == ChunkMembership::strided ? "strided" : "contiguous")
          << " K=" << shape.chunks << " c_eff=" << shape.chunk_tokens << " S=" << shape.slots
-         << " T=" << shape.tile_rows << (shape.bounded ? "" : " (unbounded)") << " "
+         << " T=" << shape.tile_rows << " F_b=" << shape.ffn_block
+         << (shape.bounded ? "" : " (unbounded)") << " "
          << dtype_name(dtype) << " " << routing_name(routing) << (recompute ? " recompute" : "")
          << (slowed_stream == 0 ? " slowed compute" : slowed_stream == 1 ? " slowed comm" : "");
     const std::string what = name.str();
@@ -496,6 +501,8 @@ class LlepTest : public ::testing::Test {
     EXPECT_EQ(shape.chunk_tokens, (n_max + shape.chunks - 1) / shape.chunks);
     EXPECT_EQ(shape.slots, expect_shape.slots) << what;
     EXPECT_EQ(shape.tile_rows, expect_shape.tile_rows) << what;
+    EXPECT_EQ(shape.ffn_block, expect_shape.ffn_block) << what;
+    EXPECT_GE(shape.ffn_blocks, 2) << what << ": the expert MLP blocked over F";
     EXPECT_EQ(shape.bounded, expect_shape.bounded) << what;
     if (expect.slots != 0) {
       EXPECT_EQ(shape.slots, expect.slots) << what;
@@ -512,7 +519,7 @@ class LlepTest : public ::testing::Test {
     // per-chunk metadata; in the corner case (rows too wide for it even with one slot and
     // one-row tiles) over it by exactly backward's rows past 2 * W * M_c * H * b.
     const uint64_t b = dtype_size(dtype), Mc = shape.rows_per_source, Rc = shape.receive_rows;
-    const uint64_t T = shape.tile_rows, H = kHidden, F = kFfn;
+    const uint64_t T = shape.tile_rows, H = kHidden, Fb = shape.ffn_block;
     const uint64_t paper = 2ull * W * Mc * H * b;
     const uint64_t bound =
         schedules::pipelined_llep_bound_bytes(n_max, kTopK, kHidden, kFfn, dtype, W, q);
@@ -522,7 +529,7 @@ class LlepTest : public ::testing::Test {
     } else {
       auto fp = [](uint64_t v) { return DeviceArena::footprint(v); };
       const uint64_t rows =
-          fp(Mc * H * b) + 2 * fp(Rc * H * b) + 3 * fp(T * H * b) + 4 * fp(T * F * b);
+          fp(Mc * H * b) + 2 * fp(Rc * H * b) + 3 * fp(T * H * b) + 4 * fp(T * Fb * b);
       EXPECT_EQ(shape.slots, 1) << what;
       EXPECT_EQ(got.dispatch_peak - bound, rows - paper) << what << ": the documented excess";
     }
