@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `moepeak bench dispatch` on 2 real rank processes, a small shape under adversarial routing
 # (every token to rank 0's experts), timing forward + checkpoint recompute + backward: exit 0,
-# rank 0 prints the table once, and the JSON (DESIGN.md §10) has the rows standard, llep,
-# pipelined_llep strided and contiguous; each pipelined row's
+# rank 0 prints the table once, and the JSON (DESIGN.md §10) has the pipeline's launch shape
+# (slots, tile rows, F blocks) and the rows standard, llep, pipelined_llep strided and
+# contiguous; each pipelined row's
 # `dispatch` peak equals its bound and is below LLEP's, LLEP's is at or under its bound and below
 # the standard's, and every max_rel_err is under 1e-5 (f32).
 # Every run is under `timeout 120`: a hang is a failure, not a blocked test.
@@ -32,6 +33,10 @@ s = d["shape"]
 check(s["tokens_per_rank"] == 40 and s["top_k"] == 2 and s["chunks"] == 10 and
       s["chunk_tokens_effective"] == 4 and s["routing"] == "adversarial" and s["recompute"],
       "shape %s" % s)
+# The launch shape of the pipeline: slots, tile rows, and F = 24 cut into equal blocks.
+check(s["slots"] in (1, 2) and 1 <= s["tile_rows"] <= s["chunk_tokens_effective"] and
+      s["ffn_blocks"] >= 1 and s["ffn_block"] * s["ffn_blocks"] >= 24 and
+      (s["ffn_blocks"] - 1) * s["ffn_block"] < 24, "pipeline launch shape %s" % s)
 rows = d["rows"]
 check([(r["schedule"], r.get("membership")) for r in rows] ==
       [("standard", None), ("llep", None), ("pipelined_llep", "strided"),
