@@ -93,4 +93,48 @@ std::vector<schedules::ExpertWeights> seeded_local_experts(Backend& backend, DTy
   return out;
 }
 
+SeededRouting seeded_routing(const std::string& kind, int64_t tokens, int64_t experts,
+                             int64_t top_k, double zipf_s, int64_t segments, std::mt19937_64& rng) {
+  MOEPEAK_CHECK(kind == "balanced" || kind == "zipf" || kind == "segments" ||
+                    kind == "adversarial",
+                "bench routing: unknown kind '", kind, "' (balanced, zipf, segments, adversarial)");
+  MOEPEAK_CHECK(top_k >= 1 && top_k <= experts && segments >= 1, "bench routing: top-", top_k,
+                " of ", experts, " experts, ", segments, " segments");
+  const int64_t N = tokens, E = experts, k = top_k;
+  std::uniform_real_distribution<double> pos(0.1, 1.0), u01(1e-12, 1.0);
+  std::vector<double> p(static_cast<size_t>(E), 1.0);
+  if (kind == "zipf" || kind == "segments") {
+    for (int64_t e = 0; e < E; ++e) p[e] = 1.0 / std::pow(double(e + 1), zipf_s);
+  }
+  SeededRouting r;
+  r.index.resize(static_cast<size_t>(N * k));
+  r.weight.resize(static_cast<size_t>(N * k));
+  std::mt19937_64 segment_rng(99);  // the same segment rankings on every rank
+  const int64_t segment = std::max<int64_t>(1, (N + segments - 1) / segments);
+  const std::vector<double> base = p;
+  std::vector<std::pair<double, int64_t>> keys;
+  for (int64_t n = 0; n < N; ++n) {
+    if (kind == "segments" && n % segment == 0) {  // a new ranking of the experts
+      std::vector<int64_t> rank(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) rank[e] = e;
+      std::shuffle(rank.begin(), rank.end(), segment_rng);
+      for (int64_t e = 0; e < E; ++e) p[rank[e]] = base[e];
+    }
+    keys.clear();
+    if (kind == "adversarial") {
+      for (int64_t e = 0; e < k; ++e) keys.push_back({u01(rng), e});
+    } else {
+      for (int64_t e = 0; e < E; ++e) keys.push_back({std::pow(u01(rng), 1.0 / p[e]), e});
+    }
+    std::partial_sort(keys.begin(), keys.begin() + k, keys.end(), std::greater<>());
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += (r.weight[n * k + j] = pos(rng));
+    for (int64_t j = 0; j < k; ++j) {
+      r.index[n * k + j] = static_cast<int32_t>(keys[j].second);
+      r.weight[n * k + j] /= sum;
+    }
+  }
+  return r;
+}
+
 }  // namespace moepeak::cli

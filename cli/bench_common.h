@@ -6,6 +6,8 @@
 //    {"total", <live set>...}, "bound_bytes", "max_rel_err", ...}], "host", "date"}
 #pragma once
 
+#include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -57,5 +59,20 @@ void register_bench_sco(CLI::App& bench, Context& ctx);  // cli/bench_sco.cpp
 void register_bench_vocab(CLI::App& bench, Context& ctx);  // cli/bench_vocab.cpp
 void register_bench_adamw(CLI::App& bench, Context& ctx);  // cli/bench_adamw.cpp
 void register_bench_dispatch(CLI::App& bench, Context& ctx);  // cli/bench_dispatch.cpp
+
+// Top-k routing of a bench MoE layer (bench dispatch, tune): k distinct experts per token, drawn
+// by exponential keys (u^(1/p_e), the k largest), with positive weights renormalised to sum 1.
+//   balanced     p_e = 1
+//   zipf         p_e ~ 1 / (e + 1)^zipf_s (the hot experts are rank 0's)
+//   segments     zipf over a ranking of the experts that changes every ceil(N / segments)
+//                tokens (the rankings are the same on every rank)
+//   adversarial  every token picks experts 0..k-1
+// Draws from `rng` in token order: E keys (k for adversarial), then k weights, per token.
+struct SeededRouting {
+  std::vector<int32_t> index;  // (N, k)
+  std::vector<double> weight;  // (N, k)
+};
+SeededRouting seeded_routing(const std::string& kind, int64_t tokens, int64_t experts,
+                             int64_t top_k, double zipf_s, int64_t segments, std::mt19937_64& rng);
 
 }  // namespace moepeak::cli

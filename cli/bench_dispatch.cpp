@@ -98,7 +98,7 @@ class DispatchBench {
     MOEPEAK_CHECK(E % W == 0 && k <= E, "bench dispatch: E = ", E, " experts on W = ", W,
                   " ranks with top-", k, " (E % W == 0 and k <= E expected)");
     std::mt19937_64 rng(4321 + static_cast<uint64_t>(ranks.rank));
-    std::uniform_real_distribution<double> uni(-1.0, 1.0), pos(0.1, 1.0), u01(1e-12, 1.0);
+    std::uniform_real_distribution<double> uni(-1.0, 1.0);
     x_ = tensor(Shape{N, H}, LiveSet::workspace, "bench x");
     dout_ = tensor(Shape{N, H}, LiveSet::workspace, "bench dout");
     out_ = tensor(Shape{N, H}, LiveSet::workspace, "bench out");
@@ -110,38 +110,11 @@ class DispatchBench {
                                  "bench routing index");
     fill(x_, [&] { return uni(rng); });
     fill(dout_, [&] { return uni(rng); });
-    // Routing: k distinct experts per token (exponential keys for weighted sampling).
-    std::vector<double> p(static_cast<size_t>(E), 1.0);
-    if (args.routing == "zipf" || args.routing == "segments") {
-      for (int64_t e = 0; e < E; ++e) p[e] = 1.0 / std::pow(double(e + 1), args.zipf_s);
-    }
-    std::vector<double> w(static_cast<size_t>(N * k));
-    std::mt19937_64 segment_rng(99);  // the same segment rankings on every rank
-    const int64_t segment = std::max<int64_t>(1, (N + args.segments - 1) / args.segments);
-    std::vector<double> base = p;
-    for (int64_t n = 0; n < N; ++n) {
-      if (args.routing == "segments" && n % segment == 0) {  // a new ranking of the experts
-        std::vector<int64_t> rank(static_cast<size_t>(E));
-        for (int64_t e = 0; e < E; ++e) rank[e] = e;
-        std::shuffle(rank.begin(), rank.end(), segment_rng);
-        for (int64_t e = 0; e < E; ++e) p[rank[e]] = base[e];
-      }
-      std::vector<std::pair<double, int64_t>> keys;
-      if (args.routing == "adversarial") {
-        for (int64_t e = 0; e < k; ++e) keys.push_back({u01(rng), e});
-      } else {
-        for (int64_t e = 0; e < E; ++e) keys.push_back({std::pow(u01(rng), 1.0 / p[e]), e});
-      }
-      std::partial_sort(keys.begin(), keys.begin() + k, keys.end(), std::greater<>());
-      double sum = 0;
-      for (int64_t j = 0; j < k; ++j) sum += (w[n * k + j] = pos(rng));
-      for (int64_t j = 0; j < k; ++j) {
-        index_.data_as<int32_t>()[n * k + j] = static_cast<int32_t>(keys[j].second);
-        w[n * k + j] /= sum;
-      }
-    }
+    const SeededRouting routing =
+        seeded_routing(args.routing, N, E, k, args.zipf_s, args.segments, rng);
+    std::copy(routing.index.begin(), routing.index.end(), index_.data_as<int32_t>());
     size_t at = 0;
-    fill(weight_, [&] { return w[at++]; });
+    fill(weight_, [&] { return routing.weight[at++]; });
     experts_ = seeded_local_experts(*backend_, dtype_, E, comm_->rank(), static_cast<int>(W), H, F, storage_);
   }
 

@@ -68,7 +68,7 @@ class DispatchLayer {
     MOEPEAK_CHECK(E % W == 0 && k <= E, "tune: E = ", E, " experts on W = ", W, " ranks with top-", k,
                   " (model.num_local_experts % W == 0 and num_experts_per_tok <= E expected)");
     std::mt19937_64 rng(4321 + static_cast<uint64_t>(comm.rank()));
-    std::uniform_real_distribution<double> uni(-1.0, 1.0), pos(0.1, 1.0), u01(1e-12, 1.0);
+    std::uniform_real_distribution<double> uni(-1.0, 1.0);
     x_ = tensor(Shape{N, H}, LiveSet::workspace, "tune x");
     dout_ = tensor(Shape{N, H}, LiveSet::workspace, "tune dout");
     out_ = tensor(Shape{N, H}, LiveSet::workspace, "tune out");
@@ -78,21 +78,11 @@ class DispatchLayer {
     index_ = OwnedTensor::device(backend, Shape{N, k}, DType::i32, LiveSet::workspace, "tune routing index");
     fill(x_, [&] { return uni(rng); });
     fill(dout_, [&] { return uni(rng); });
-    // Zipf-skewed routing (p(e) ~ 1 / (e + 1)^1.2, the hot experts rank 0's): k distinct experts
-    // per token by exponential keys; weights positive, renormalised to sum 1.
-    std::vector<double> p(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) p[static_cast<size_t>(e)] = 1.0 / std::pow(double(e + 1), 1.2);
-    for (int64_t n = 0; n < N; ++n) {
-      std::vector<std::pair<double, int64_t>> keys;
-      for (int64_t e = 0; e < E; ++e) keys.push_back({std::pow(u01(rng), 1.0 / p[static_cast<size_t>(e)]), e});
-      std::partial_sort(keys.begin(), keys.begin() + k, keys.end(), std::greater<>());
-      std::vector<double> w(static_cast<size_t>(k));
-      double sum = 0;
-      for (double& v : w) sum += (v = pos(rng));
-      for (int64_t j = 0; j < k; ++j) {
-        index_.data_as<int32_t>()[n * k + j] = static_cast<int32_t>(keys[static_cast<size_t>(j)].second);
-        weight_.data_as<float>()[n * k + j] = static_cast<float>(w[static_cast<size_t>(j)] / sum);
-      }
+    // Zipf-skewed routing (p(e) ~ 1 / (e + 1)^1.2, the hot experts rank 0's).
+    const SeededRouting routing = seeded_routing("zipf", N, E, k, 1.2, 1, rng);
+    std::copy(routing.index.begin(), routing.index.end(), index_.data_as<int32_t>());
+    for (size_t i = 0; i < routing.weight.size(); ++i) {
+      weight_.data_as<float>()[i] = static_cast<float>(routing.weight[i]);
     }
     experts_ = seeded_local_experts(backend_, DType::f32, E, comm.rank(), static_cast<int>(W), H, F, storage_);
   }
