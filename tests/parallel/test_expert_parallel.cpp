@@ -39,6 +39,7 @@
 #include "ops/fill.h"
 #include "ops/schedules/dispatch_expert_parallel.h"
 #include "ops/schedules/dispatch_standard.h"
+#include "tests/parallel/rank_test_env.h"
 
 namespace moepeak {
 namespace {
@@ -112,82 +113,23 @@ Problem make_problem(uint64_t seed, Routing routing, int64_t experts_on_rank0) {
 }
 
 // Tensors in the arena's workspace set (so the dispatch set holds only the dispatcher's).
-class Env {
+class Env : public test_support::RankTestEnv {
  public:
-  explicit Env(DType dtype) : dtype_(dtype) {
-    BackendOptions options;
-    options.device_memory = 16ull << 20;
-    options.cpu_threads = 1;
-    backend_ = Backend::create(options);
-    comm_ = make_comm(*backend_, init_process_group());
-  }
-  Backend& backend() { return *backend_; }
-  Stream& stream() { return backend_->default_stream(); }
-  Comm& comm() { return *comm_; }
-  DType dtype() const { return dtype_; }
-
-  // Rows [begin, end) of a row-major (rows, width) array as a tensor of the run's dtype.
-  OwnedTensor input(const std::vector<double>& v, int64_t width, int64_t begin, int64_t end) {
-    auto t = OwnedTensor::device(*backend_, Shape{end - begin, width}, dtype_, LiveSet::workspace,
-                                 "test tensor");
-    for (int64_t i = 0; i < (end - begin) * width; ++i) {
-      double value = v[static_cast<size_t>(begin * width + i)];
-      if (dtype_ == DType::f32) {
-        t.data_as<float>()[i] = static_cast<float>(value);
-      } else {
-        t.data_as<double>()[i] = value;
-      }
-    }
-    return t;
-  }
+  using RankTestEnv::RankTestEnv;
+  using RankTestEnv::input;
   OwnedTensor input(const std::vector<double>& v, int64_t rows, int64_t width) {
-    return input(v, width, 0, rows);
+    return RankTestEnv::input(v, width, 0, rows);
   }
   OwnedTensor index(const std::vector<int64_t>& v, int64_t begin, int64_t end) {
-    auto t = OwnedTensor::device(*backend_, Shape{end - begin, kTopK}, DType::i32,
-                                 LiveSet::workspace, "test index");
-    for (int64_t i = 0; i < (end - begin) * kTopK; ++i) {
-      t.data_as<int32_t>()[i] = static_cast<int32_t>(v[static_cast<size_t>(begin * kTopK + i)]);
-    }
-    return t;
-  }
-  OwnedTensor nan_output(Shape shape) {
-    auto t = OwnedTensor::device(*backend_, shape, dtype_, LiveSet::workspace, "test output");
-    ops::fill(t, std::numeric_limits<double>::quiet_NaN(), stream());
-    return t;
-  }
-  std::vector<double> read(const Tensor& t) {
-    stream().synchronize();
-    std::vector<double> out(static_cast<size_t>(t.numel()));
-    for (size_t i = 0; i < out.size(); ++i) {
-      out[i] = dtype_ == DType::f32 ? double(t.data_as<float>()[i]) : t.data_as<double>()[i];
-    }
-    return out;
-  }
-  // Fills every free byte of the arena with NaN, so a dispatch buffer read before it is written
-  // poisons the results.
-  void poison_free_arena() {
-    std::vector<OwnedTensor> blocks;
-    for (uint64_t free = backend_->arena().largest_free_block(); free >= 1024;
-         free = backend_->arena().largest_free_block()) {
-      blocks.push_back(OwnedTensor::device(*backend_, Shape{static_cast<int64_t>(free / 8)},
-                                           DType::f64, LiveSet::workspace, "poison"));
-      ops::fill(blocks.back(), std::numeric_limits<double>::quiet_NaN(), stream());
-    }
-    stream().synchronize();
+    return indices(v, kTopK, begin, end);
   }
   // Every rank's value of v, rank order.
   std::vector<int64_t> all_gather(int64_t v) {
-    std::vector<int64_t> send{v}, all(static_cast<size_t>(comm_->world_size()));
-    comm_->all_gather(send.data(), all.data(), 1, DType::i64, stream());
+    std::vector<int64_t> send{v}, all(static_cast<size_t>(world()));
+    comm().all_gather(send.data(), all.data(), 1, DType::i64, stream());
     stream().synchronize();
     return all;
   }
-
- private:
-  DType dtype_;
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Comm> comm_;
 };
 
 // Experts [first, first + count) of the problem as tensors; grads start at the problem's values.

@@ -70,6 +70,7 @@
 #include "ops/schedules/dispatch_expert_parallel.h"
 #include "ops/schedules/dispatch_llep.h"
 #include "ops/schedules/dispatch_pipelined_llep.h"
+#include "tests/parallel/rank_test_env.h"
 
 namespace moepeak {
 namespace {
@@ -163,71 +164,16 @@ Problem make_problem(uint64_t seed, Routing routing, int64_t world) {
   return p;
 }
 
-class Env {
+class Env : public test_support::RankTestEnv {
  public:
-  explicit Env(DType dtype) : dtype_(dtype) {
-    BackendOptions options;
-    options.device_memory = 16ull << 20;
-    options.cpu_threads = 1;
-    backend_ = Backend::create(options);
-    comm_ = make_comm(*backend_, init_process_group());
-  }
-  Backend& backend() { return *backend_; }
-  Stream& stream() { return backend_->default_stream(); }
-  Comm& comm() { return *comm_; }
-  DType dtype() const { return dtype_; }
-  int64_t rank() const { return comm_->rank(); }
-  int64_t world() const { return comm_->world_size(); }
-
-  // Rows [begin, end) of a row-major (rows, width) array as a tensor of the run's dtype.
-  OwnedTensor input(const std::vector<double>& v, int64_t width, int64_t begin, int64_t end) {
-    auto t = OwnedTensor::device(*backend_, Shape{end - begin, width}, dtype_, LiveSet::workspace,
-                                 "test tensor");
-    for (int64_t i = 0; i < (end - begin) * width; ++i) {
-      double value = v[static_cast<size_t>(begin * width + i)];
-      if (dtype_ == DType::f32) {
-        t.data_as<float>()[i] = static_cast<float>(value);
-      } else {
-        t.data_as<double>()[i] = value;
-      }
-    }
-    return t;
-  }
+  using RankTestEnv::RankTestEnv;
   OwnedTensor index(const std::vector<int64_t>& v, int64_t begin, int64_t end) {
-    auto t = OwnedTensor::device(*backend_, Shape{end - begin, kTopK}, DType::i32,
-                                 LiveSet::workspace, "test index");
-    for (int64_t i = 0; i < (end - begin) * kTopK; ++i) {
-      t.data_as<int32_t>()[i] = static_cast<int32_t>(v[static_cast<size_t>(begin * kTopK + i)]);
-    }
-    return t;
-  }
-  OwnedTensor nan_output(Shape shape) {
-    auto t = OwnedTensor::device(*backend_, shape, dtype_, LiveSet::workspace, "test output");
-    ops::fill(t, std::numeric_limits<double>::quiet_NaN(), stream());
-    return t;
-  }
-  std::vector<double> read(const Tensor& t) {
-    return copy_to_host_as_double(t, *backend_, stream());
-  }
-  void poison_free_arena() {
-    std::vector<OwnedTensor> blocks;
-    for (uint64_t free = backend_->arena().largest_free_block(); free >= 1024;
-         free = backend_->arena().largest_free_block()) {
-      blocks.push_back(OwnedTensor::device(*backend_, Shape{static_cast<int64_t>(free / 8)},
-                                           DType::f64, LiveSet::workspace, "poison"));
-      ops::fill(blocks.back(), std::numeric_limits<double>::quiet_NaN(), stream());
-    }
-    stream().synchronize();
+    return indices(v, kTopK, begin, end);
   }
   std::vector<double> all_gather(double v) {
     std::vector<double> mine = {v};
-    return all_gather_host(*comm_, *backend_, stream(), mine);
+    return all_gather_host(comm(), backend(), stream(), mine);
   }
-
- private:
-  DType dtype_;
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Comm> comm_;
 };
 
 struct Experts {

@@ -54,6 +54,7 @@
 #include "ops/fill.h"
 #include "ops/schedules/vocab_materialized.h"
 #include "ops/schedules/vocab_ring_dtp.h"
+#include "tests/parallel/rank_test_env.h"
 
 namespace moepeak {
 namespace {
@@ -102,81 +103,26 @@ Problem make_problem(uint64_t seed, int64_t ranks) {
   return p;
 }
 
-class Env {
+class Env : public test_support::RankTestEnv {
  public:
-  explicit Env(DType dtype) : dtype_(dtype) {
-    BackendOptions options;
-    options.device_memory = 16ull << 20;
-    options.cpu_threads = 1;
-    backend_ = Backend::create(options);
-    comm_ = make_comm(*backend_, init_process_group());
-  }
-  Backend& backend() { return *backend_; }
-  Stream& stream() { return backend_->default_stream(); }
-  Comm& comm() { return *comm_; }
-  DType dtype() const { return dtype_; }
-  int rank() const { return comm_->rank(); }
-  int ranks() const { return comm_->world_size(); }
-
-  // Rows [begin, end) of a row-major (rows, width) array, in the run's dtype (workspace set).
-  OwnedTensor input(const std::vector<double>& v, int64_t width, int64_t begin, int64_t end) {
-    auto t = OwnedTensor::device(*backend_, Shape{end - begin, width}, dtype_, LiveSet::workspace,
-                                 "test tensor");
-    for (int64_t i = 0; i < (end - begin) * width; ++i) {
-      double value = v[static_cast<size_t>(begin * width + i)];
-      if (dtype_ == DType::f32) {
-        t.data_as<float>()[i] = static_cast<float>(value);
-      } else {
-        t.data_as<double>()[i] = value;
-      }
-    }
-    return t;
-  }
+  using RankTestEnv::RankTestEnv;
+  int ranks() const { return world(); }
   OwnedTensor labels(const std::vector<int64_t>& v, int64_t begin, int64_t end) {
-    auto t = OwnedTensor::device(*backend_, Shape{end - begin}, DType::i64, LiveSet::workspace,
+    auto t = OwnedTensor::device(backend(), Shape{end - begin}, DType::i64, LiveSet::workspace,
                                  "test labels");
     std::copy(v.begin() + begin, v.begin() + end, t.data_as<int64_t>());
     return t;
   }
-  OwnedTensor nan_output(Shape shape) {
-    auto t = OwnedTensor::device(*backend_, shape, dtype_, LiveSet::workspace, "test output");
-    ops::fill(t, std::numeric_limits<double>::quiet_NaN(), stream());
-    return t;
-  }
-  std::vector<double> read(const Tensor& t) {
-    stream().synchronize();
-    std::vector<double> out(static_cast<size_t>(t.numel()));
-    for (size_t i = 0; i < out.size(); ++i) {
-      out[i] = dtype_ == DType::f32 ? double(t.data_as<float>()[i]) : t.data_as<double>()[i];
-    }
-    return out;
-  }
-  // Every free byte of the arena NaN.
-  void poison_free_arena() {
-    std::vector<OwnedTensor> blocks;
-    for (uint64_t free = backend_->arena().largest_free_block(); free >= 1024;
-         free = backend_->arena().largest_free_block()) {
-      blocks.push_back(OwnedTensor::device(*backend_, Shape{static_cast<int64_t>(free / 8)},
-                                           DType::f64, LiveSet::workspace, "poison"));
-      ops::fill(blocks.back(), std::numeric_limits<double>::quiet_NaN(), stream());
-    }
-    stream().synchronize();
-  }
   double sum_over_ranks(double v) {
     double values[1] = {v};
-    all_reduce_host(*comm_, *backend_, stream(), values);
+    all_reduce_host(comm(), backend(), stream(), values);
     return values[0];
   }
   double max_over_ranks(double v) {
     double values[1] = {v};
-    all_reduce_host(*comm_, *backend_, stream(), values, ReduceOp::max);
+    all_reduce_host(comm(), backend(), stream(), values, ReduceOp::max);
     return values[0];
   }
-
- private:
-  DType dtype_;
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Comm> comm_;
 };
 
 // Max |got - want| over max |want| (infinite if got or want holds a NaN).
