@@ -58,6 +58,30 @@ ExpertParallelDispatch::ExpertParallelDispatch(Backend& backend, Stream& stream,
   first_expert_ = comm.rank() * local_experts_;
 }
 
+void combine_backward_on_source(Backend& backend, Stream& stream, DType dtype, const Tensor& dout,
+                                const Tensor& y_back, const Tensor& send_token,
+                                const Tensor& send_weight, const Tensor& send_slot,
+                                const Tensor& dweight) {
+  const int64_t M = send_token.numel();
+  OwnedTensor drow_weight =
+      OwnedTensor::device(backend, Shape{M}, dtype, LiveSet::dispatch, "d send weight");
+  ops::combine_rows_backward_cpu(dout, y_back, send_token, send_weight, y_back, drow_weight,
+                                 stream);
+  ops::fill(dweight, 0.0, stream);
+  ops::scatter_add_rows_cpu(drow_weight.view().reshape(Shape{M, 1}), send_slot,
+                            dweight.reshape(Shape{dweight.numel(), 1}), stream);
+}
+
+void grouped_expert_backward(const ExpertWeights& ex, const Tensor& x, const Tensor& a,
+                             const Tensor& b, const Tensor& dy, const Tensor& g, const Tensor& dg,
+                             const Tensor& da, const Tensor& db, const Tensor& dx, Stream& stream) {
+  ops::swiglu_forward_cpu(a, b, g, stream);
+  ops::linear_backward_cpu(g, ex.w2, dy, dg, false, ex.dw2, stream);
+  ops::swiglu_backward_cpu(a, b, dg, da, db, stream);
+  ops::linear_backward_cpu(x, ex.w1, da, dx, false, ex.dw1, stream);
+  ops::linear_backward_cpu(x, ex.w3, db, dx, true, ex.dw3, stream);
+}
+
 void exchange_rows(Comm& comm, Stream& stream, DType dtype, const char* who, const Tensor& send,
                    const std::vector<int64_t>& send_rows, const Tensor& recv,
                    const std::vector<int64_t>& recv_rows, int64_t width) {
@@ -262,15 +286,8 @@ void ExpertParallelDispatch::backward(const Tensor& dout,
   dweight.expect(Shape{N, k}, dtype_, "expert parallel dispatch dweight");
 
   // On the source: dy rows (in place of the returned outputs) and the routing weights' gradient.
-  {
-    OwnedTensor drow_weight =
-        OwnedTensor::device(backend_, Shape{M}, dtype_, LiveSet::dispatch, "d send weight");
-    ops::combine_rows_backward_cpu(dout, y_back_, send_token_, send_weight_, y_back_, drow_weight,
-                                   stream_);
-    ops::fill(dweight, 0.0, stream_);
-    ops::scatter_add_rows_cpu(drow_weight.view().reshape(Shape{M, 1}), send_slot_,
-                              dweight.reshape(Shape{M, 1}), stream_);
-  }
+  combine_backward_on_source(backend_, stream_, dtype_, dout, y_back_, send_token_, send_weight_,
+                             send_slot_, dweight);
   send_slot_.reset();
   send_weight_.reset();
   // dy to the owners, grouped per expert there.
@@ -299,14 +316,8 @@ void ExpertParallelDispatch::backward(const Tensor& dout,
       int64_t lo = expert_offsets_[l], hi = expert_offsets_[l + 1];
       if (lo == hi) continue;
       auto rows = [&](const OwnedTensor& t) { return t.view().rows(lo, hi); };
-      const ExpertWeights& ex = local_experts[l];
-      ops::swiglu_forward_cpu(rows(a_), rows(b_), rows(g), stream_);
-      ops::linear_backward_cpu(rows(g), ex.w2, rows(dy_rows), rows(dg), false, ex.dw2, stream_);
-      ops::swiglu_backward_cpu(rows(a_), rows(b_), rows(dg), rows(da), rows(db), stream_);
-      ops::linear_backward_cpu(rows(x_rows_), ex.w1, rows(da), rows(dx_rows), false, ex.dw1,
-                               stream_);
-      ops::linear_backward_cpu(rows(x_rows_), ex.w3, rows(db), rows(dx_rows), true, ex.dw3,
-                               stream_);
+      grouped_expert_backward(local_experts[l], rows(x_rows_), rows(a_), rows(b_), rows(dy_rows),
+                              rows(g), rows(dg), rows(da), rows(db), rows(dx_rows), stream_);
     }
   }
   dy_rows.reset();

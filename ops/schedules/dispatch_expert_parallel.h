@@ -59,6 +59,24 @@ void exchange_rows(Comm& comm, Stream& stream, DType dtype, const char* who, con
                    const std::vector<int64_t>& send_rows, const Tensor& recv,
                    const std::vector<int64_t>& recv_rows, int64_t width);
 
+// The combine's backward on a source rank, once its rows' outputs y_back (M, H) have come back
+// in send order: dy = weight * dout per sent row, written over y_back, and dweight (N, k) (=)
+// from the per-row dot products dout . y, gathered through send_slot; the dots sit in an (M)
+// `dispatch` buffer while it runs. send_token, send_slot (M) i32 and send_weight (M) are the
+// forward's send permutation. Shared by the expert-parallel dispatchers that return whole outputs
+// (this one and LLEP).
+void combine_backward_on_source(Backend& backend, Stream& stream, DType dtype, const Tensor& dout,
+                                const Tensor& y_back, const Tensor& send_token,
+                                const Tensor& send_weight, const Tensor& send_slot,
+                                const Tensor& dweight);
+
+// One expert's backward over its grouped rows, with g recomputed from the kept a, b (as
+// StandardDispatch does): every tensor the rows of that expert — a, b, g, dg, da, db (R_e, F),
+// x, dy, dx (R_e, H) — and ex.dw1, dw3, dw2 +=, dx written (=).
+void grouped_expert_backward(const ExpertWeights& ex, const Tensor& x, const Tensor& a,
+                             const Tensor& b, const Tensor& dy, const Tensor& g, const Tensor& dg,
+                             const Tensor& da, const Tensor& db, const Tensor& dx, Stream& stream);
+
 class ExpertParallelDispatch final : public ExpertDispatch {
  public:
   // num_experts is E, the global count; E % W must be 0 (an Error naming E and W otherwise).

@@ -217,15 +217,8 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
   dweight.expect(Shape{N, k}, dtype_, "llep dispatch dweight");
   const int64_t me = comm_.rank();
 
-  {
-    OwnedTensor drow_weight =
-        OwnedTensor::device(backend_, Shape{M}, dtype_, LiveSet::dispatch, "d send weight");
-    ops::combine_rows_backward_cpu(dout, y_back_, send_token_, send_weight_, y_back_, drow_weight,
-                                   stream_);
-    ops::fill(dweight, 0.0, stream_);
-    ops::scatter_add_rows_cpu(drow_weight.view().reshape(Shape{M, 1}), send_slot_,
-                              dweight.reshape(Shape{M, 1}), stream_);
-  }
+  combine_backward_on_source(backend_, stream_, dtype_, dout, y_back_, send_token_, send_weight_,
+                             send_slot_, dweight);
   send_slot_.reset();
   send_weight_.reset();
   OwnedTensor dy_rows;
@@ -248,12 +241,9 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
       const int64_t lo = expert_offsets_[i], hi = expert_offsets_[i + 1];
       auto rows = [&](const OwnedTensor& t) { return t.view().rows(lo, hi); };
       // Native experts accumulate into their own gradients, spilled ones into the copies'.
-      const ExpertWeights& ex = weights_of(computed_experts_[i], local_experts);
-      ops::swiglu_forward_cpu(rows(a_), rows(b_), rows(g), stream_);
-      ops::linear_backward_cpu(rows(g), ex.w2, rows(dy_rows), rows(dg), false, ex.dw2, stream_);
-      ops::swiglu_backward_cpu(rows(a_), rows(b_), rows(dg), rows(da), rows(db), stream_);
-      ops::linear_backward_cpu(rows(x_rows_), ex.w1, rows(da), rows(dx_rows), false, ex.dw1, stream_);
-      ops::linear_backward_cpu(rows(x_rows_), ex.w3, rows(db), rows(dx_rows), true, ex.dw3, stream_);
+      grouped_expert_backward(weights_of(computed_experts_[i], local_experts), rows(x_rows_),
+                              rows(a_), rows(b_), rows(dy_rows), rows(g), rows(dg), rows(da),
+                              rows(db), rows(dx_rows), stream_);
     }
   }
   dy_rows.reset();
