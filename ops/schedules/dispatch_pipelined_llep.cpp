@@ -475,8 +475,9 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
   if (K == 0) return;
   const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows;
   const int64_t S = shape_.slots, T = shape_.tile_rows, Fb = shape_.ffn_block;
-  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1 && (Fb >= 1 || F == 0), "pipelined llep: ", S,
-                " slots, tiles of ", T, " rows, F blocks of ", Fb);
+  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1 && Fb >= 1, "pipelined llep: ", S,
+                " slots, tiles of ", T, " rows, F blocks of ", Fb, " (F = ", F,
+                ", at least 1 expected)");
   const Tensor weight_rows = weight_.reshape(Shape{tokens_ * top_k_, 1});
   Stream& cs = *comm_stream_;
   // The fixed buffers: pipelined_llep_forward_bytes, exactly.
@@ -589,8 +590,9 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
   if (K == 0) return;
   const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows;
   const int64_t S = shape_.slots, T = shape_.tile_rows, Fb = shape_.ffn_block;
-  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1 && (Fb >= 1 || F == 0), "pipelined llep: ", S,
-                " slots, tiles of ", T, " rows, F blocks of ", Fb);
+  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1 && Fb >= 1, "pipelined llep: ", S,
+                " slots, tiles of ", T, " rows, F blocks of ", Fb, " (F = ", F,
+                ", at least 1 expected)");
   const Tensor weight_rows = weight_.reshape(Shape{NK, 1});
   Stream& cs = *comm_stream_;
   // The fixed buffers: pipelined_llep_backward_bytes, exactly.
