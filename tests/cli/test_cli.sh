@@ -6,14 +6,8 @@ set -u
 bin="$1"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-
-check() {  # check NAME CONDITION-COMMAND...
-  local name="$1"; shift
-  if "$@"; then passes=$((passes + 1)); else echo "FAIL: $name"; failures=$((failures + 1)); fi
-}
-contains() { grep -qF -- "$2" "$1"; }
+# shellcheck source=tests/shell_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../shell_checks.sh"  # check, contains, report
 
 # --version: exit 0, version line, CUDA line, runtime libraries.
 "$bin" --version >"$tmp/out" 2>"$tmp/err"; rc=$?
@@ -83,5 +77,4 @@ check "bench step JSON names the bench" grep -q '"bench": "step"' "$tmp/bench.js
 check "bench step JSON has tokens_per_s" grep -q '"tokens_per_s"' "$tmp/bench.json"
 check "bench step JSON has the shape's seq_len" grep -q '"seq_len": 128' "$tmp/bench.json"
 
-echo "$passes passed, $failures failed"
-test $failures -eq 0
+report

@@ -26,14 +26,8 @@ mpirun="$2"
 src="$3"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-
-check() {  # check NAME CONDITION-COMMAND...
-  local name="$1"; shift
-  if "$@"; then passes=$((passes + 1)); else echo "FAIL: $name"; failures=$((failures + 1)); fi
-}
-contains() { grep -qF -- "$2" "$1"; }
+# shellcheck source=tests/shell_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../shell_checks.sh"  # check, contains, report
 is_failure() { test "$1" -ne 0 && test "$1" -ne 124; }  # non-zero, and not the timeout's 124
 # A python3 with numpy (the first on PATH may lack it; Debian's python3-numpy is /usr/bin's).
 py=python3
@@ -351,5 +345,4 @@ check "rank 0 failing alone ends the 2-rank job with an error, not a hang (rc $r
 rank0_error_names() { grep -F 'moepeak: error: ' "$1" | grep -F ' rank 0/2] ' | grep -qF -- "$2"; }
 check "rank 0's error names the run directory" rank0_error_names "$tmp/abort.err" "$tmp/afile/runs"
 
-echo "$passes passed, $failures failed"
-test $failures -eq 0
+report

@@ -7,14 +7,8 @@ set -u
 bin="$1"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-
-check() {  # check NAME CONDITION-COMMAND...
-  local name="$1"; shift
-  if "$@"; then passes=$((passes + 1)); else echo "FAIL: $name"; failures=$((failures + 1)); fi
-}
-contains() { grep -qF -- "$2" "$1"; }
+# shellcheck source=tests/shell_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../shell_checks.sh"  # check, contains, report
 small=(--set training.batch_size=2 --set training.seq_len=32 --set training.steps=1
        --set metrics.progress=off --set job.run_dir="$tmp/runs")
 
@@ -98,5 +92,4 @@ check "train --force reached the allocation" contains "$tmp/err" "out of device 
 check "train that fits exits 0" test $rc -eq 0
 check "train that fits wrote metrics" test -s "$tmp/runs/moepeak/metrics.jsonl"
 
-echo "test_plan_cli: $passes passed, $failures failed"
-test $failures -eq 0
+report test_plan_cli

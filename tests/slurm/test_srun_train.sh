@@ -19,7 +19,6 @@ bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tests/slurm/slurm_test_setup.sh
 source "$here/slurm_test_setup.sh"  # $tmp, check, report; stops the cluster on exit
-contains() { grep -qF -- "$2" "$1"; }
 # Prints the last lines of a failed command's stderr, so a FAIL says why.
 show() { echo "----- last lines of $1 -----"; tail -n 25 "$1"; }
 

@@ -9,13 +9,8 @@ bin="$1"
 data="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-check() {  # check NAME CONDITION-COMMAND...
-  local name="$1"; shift
-  if "$@"; then passes=$((passes + 1)); else echo "FAIL: $name"; failures=$((failures + 1)); fi
-}
-contains() { grep -qF -- "$2" "$1"; }
+# shellcheck source=tests/shell_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../shell_checks.sh"  # check, contains, report
 json_get() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval('d'+sys.argv[2]))" "$1" "$2"; }
 
 # This machine, no bench: tables, probe file, JSON.
@@ -82,5 +77,4 @@ train_with_probe "$tmp/missing-probe.toml"; rc=$?
 check "train with a missing probe file fails (rc $rc)" test $rc -eq 1
 check "the error names the probe file" grep -qF "missing-probe.toml" "$tmp/train.err"
 
-echo "test_probe_cli: $passes passed, $failures failed"
-test $failures -eq 0
+report test_probe_cli

@@ -19,13 +19,8 @@ src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 tiny="$src/configs/tiny.toml"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-check() {  # check NAME CONDITION-COMMAND...
-  local name="$1"; shift
-  if "$@"; then passes=$((passes + 1)); else echo "FAIL: $name"; failures=$((failures + 1)); fi
-}
-contains() { grep -qF -- "$2" "$1"; }
+# shellcheck source=tests/shell_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../shell_checks.sh"  # check, contains, report
 
 check_outputs() {  # check_outputs DIR W: the files, their fields, plan and a 2-step train
   local dir="$1" w="$2"
@@ -131,5 +126,4 @@ check "tune without --out is a usage error" test $rc -eq 2
 "$bin" tune --config "$tiny" --out "$tmp/x" --only dispach >/dev/null 2>"$tmp/err"; rc=$?
 check "tune --only with an unknown sweep is a usage error" test $rc -eq 2
 
-echo "test_tune_cli: $passes passed, $failures failed"
-test $failures -eq 0
+report test_tune_cli
