@@ -163,10 +163,11 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
   } else if (!fits(1, 1, 1)) {
     s.bounded = false;  // the corner case of the header's "Bound": over by the rows
   }
-  uint64_t blocks = 1;
-  // Equal blocks of at most `widest` columns: ceil(F / blocks) each, which still fit.
-  auto equal_blocks = [&](uint64_t widest) {
-    blocks = widest == 0 ? 1 : std::max<uint64_t>(1, (z.F + widest - 1) / widest);
+  // F in equal blocks of at most `widest` >= 1 columns: ceil(F / ceil(F / widest)) each, which
+  // still fit (no wider than `widest`).
+  auto equal_blocks = [&](uint64_t widest) -> uint64_t {
+    if (z.F == 0) return 0;
+    const uint64_t blocks = (z.F + widest - 1) / widest;
     return (z.F + blocks - 1) / blocks;
   };
   if (s.bounded) {
@@ -179,8 +180,9 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
     const uint64_t t_lo = S == 2 ? std::min(t_min, t_hi) : 1;
     double best = 0;
     for (uint64_t t = t_hi;;) {
-      const uint64_t f = equal_blocks(largest(f_lo, z.F, [&](uint64_t v) { return fits(S, t, v); }));
-      const double cost = 1.0 / static_cast<double>(t) + 1.0 / static_cast<double>(std::max<uint64_t>(f, 1));
+      const uint64_t widest = largest(f_lo, z.F, [&](uint64_t v) { return fits(S, t, v); });
+      const uint64_t f = std::max<uint64_t>(1, equal_blocks(widest));
+      const double cost = 1.0 / static_cast<double>(t) + 1.0 / static_cast<double>(f);
       if (t == t_hi || cost < best) {
         best = cost;
         T = t;
@@ -189,11 +191,13 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
       if (t <= t_lo) break;
       t = std::max(t_lo, std::min(t - 1, t * 15 / 16));
     }
+  } else {
+    Fb = std::max<uint64_t>(1, equal_blocks(Fb));
   }
-  Fb = equal_blocks(Fb);
   s.slots = static_cast<int64_t>(S);
   s.tile_rows = static_cast<int64_t>(T);
-  s.ffn_blocks = static_cast<int64_t>(blocks);
+  // The dispatcher's loop runs blocks [f0, min(F, f0 + Fb)) for f0 = 0, Fb, 2 Fb, ...
+  s.ffn_blocks = static_cast<int64_t>(std::max<uint64_t>(1, (z.F + Fb - 1) / Fb));
   s.ffn_block = static_cast<int64_t>(Fb);
   return s;
 }
@@ -475,7 +479,7 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
   if (K == 0) return;
   const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows;
   const int64_t S = shape_.slots, T = shape_.tile_rows, Fb = shape_.ffn_block;
-  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1 && Fb >= 1, "pipelined llep: ", S,
+  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1 && Fb >= 1 && F >= 1, "pipelined llep: ", S,
                 " slots, tiles of ", T, " rows, F blocks of ", Fb, " (F = ", F,
                 ", at least 1 expected)");
   const Tensor weight_rows = weight_.reshape(Shape{tokens_ * top_k_, 1});
@@ -590,7 +594,7 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
   if (K == 0) return;
   const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows;
   const int64_t S = shape_.slots, T = shape_.tile_rows, Fb = shape_.ffn_block;
-  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1 && Fb >= 1, "pipelined llep: ", S,
+  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1 && Fb >= 1 && F >= 1, "pipelined llep: ", S,
                 " slots, tiles of ", T, " rows, F blocks of ", Fb, " (F = ", F,
                 ", at least 1 expected)");
   const Tensor weight_rows = weight_.reshape(Shape{NK, 1});
