@@ -9,6 +9,13 @@
 //                 v = beta2 * v + (1 - beta2) * g * g
 //                 param *= 1 - lr * weight_decay                    (if decay)
 //                 param -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//
+// The CPU loop (ops/cpu/adamw.cpp) runs f32 or f64. The CUDA kernel (ops/cuda/adamw.cu) runs f32
+// or f64 (bf16 is rejected naming the dtype) and does, with f32 state, exactly the CPU f32
+// path's sequence of correctly rounded IEEE operations, without FMA contraction, so its param, m
+// and v are bitwise the CPU's (the NOTES in ops/cuda/adamw.cu). n == 0 is allowed.
+// Test: tests/ops/test_adamw_kernels.cpp (CPU), tests/ops/backend_ops/cases_adamw.cpp (CUDA
+// against the f64 CPU reference).
 #pragma once
 
 #include <cstdint>
@@ -28,5 +35,19 @@ struct AdamWHyper {
 
 void adamw_cpu(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                const AdamWHyper& hyper, bool decay, Stream& stream);
+
+// The checks both backends run at the call (throw moepeak::Error naming `op`): grad, m and v of
+// param's numel and dtype, step >= 1. Each backend then rejects the dtypes it does not run.
+void check_adamw_args(const char* op, const Tensor& param, const Tensor& grad, const Tensor& m,
+                      const Tensor& v, const AdamWHyper& hyper);
+
+// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
+// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
+void adamw_cuda(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const AdamWHyper& hyper, bool decay, Stream& stream);
+inline void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                  const AdamWHyper& hyper, bool decay, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(adamw, param, param, grad, m, v, hyper, decay, stream);
+}
 
 }  // namespace moepeak::ops

@@ -9,9 +9,15 @@
 //   The arithmetic is ops/adamw.h's, element for element and bit for bit (ops/cpu/adamw_simd.h).
 //
 // The CPU kernel runs f32 or f64 with working dtype = state dtype (the CPU backend trains in
-// f32; the working weights are then a separate fp32 copy of the master). bf16 working weights
-// with an fp32 master need the CUDA kernel, which is not in this version: adamw_fused_cpu throws
-// naming the dtypes. Test: tests/ops/test_adamw_kernels.cpp (AdamWFused.*).
+// f32; the working weights are then a separate fp32 copy of the master); other combinations
+// throw naming the dtypes (bf16 working weights need the CUDA kernel).
+// The CUDA kernel (ops/cuda/adamw.cu) runs an fp32 master, m and v with working weights and
+// gradient in f32 or bf16: the gradient is widened to fp32 exactly, the update is the CPU f32
+// path's sequence of correctly rounded operations (no FMA contraction, so master, m and v are
+// bitwise the CPU's for the same fp32 gradient), and the working weights are the new master
+// (f32) or its round-to-nearest-even bf16. Other dtypes throw naming them. n == 0 is allowed.
+// Test: tests/ops/test_adamw_kernels.cpp (AdamWFused.*, CPU), tests/ops/backend_ops/
+// cases_adamw.cpp (CUDA against the f64 CPU reference, f32 and bf16 working weights).
 #pragma once
 
 #include "core/runtime/stream.h"
@@ -22,5 +28,22 @@ namespace moepeak::ops {
 
 void adamw_fused_cpu(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const Tensor& working, const AdamWHyper& hyper, bool decay, Stream& stream);
+
+// The checks both backends run at the call (throw moepeak::Error naming `op`): every tensor of
+// master's numel, m and v of master's dtype, grad of working's dtype, step >= 1. Each backend
+// then rejects the dtype combinations it does not run (see above).
+void check_adamw_fused_args(const char* op, const Tensor& master, const Tensor& grad,
+                            const Tensor& m, const Tensor& v, const Tensor& working,
+                            const AdamWHyper& hyper);
+
+// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
+// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
+void adamw_fused_cuda(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                      const Tensor& working, const AdamWHyper& hyper, bool decay, Stream& stream);
+inline void adamw_fused(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                        const Tensor& working, const AdamWHyper& hyper, bool decay,
+                        Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(adamw_fused, master, master, grad, m, v, working, hyper, decay, stream);
+}
 
 }  // namespace moepeak::ops

@@ -2,10 +2,12 @@
 // backward. Query head h reads kv head h / (nh / nkv); query t attends keys s <= t of its own
 // sequence; scores are scaled by `scale` (1/sqrt(d) in the model, passed explicitly).
 //
-//   q:    (B, T, nh, d)   f32 | f64 (one dtype for every tensor of a call)
+//   q:    (B, T, nh, d)   f32 | f64, or bf16 on CUDA (one dtype for every tensor of a call but
+//                         lse; on CUDA d <= 256)
 //   k, v: (B, T, nkv, d)  nh % nkv == 0
 //   out:  (B, T, nh, d)   out = softmax(scale * q k^T, causal) v, written (=)
-//   lse:  (B, nh, T)      log-sum-exp of each query row's scaled scores, written (=); saved for
+//   lse:  (B, nh, T)      in attention_lse_dtype(q): q's dtype, f32 for bf16 q;
+//                         log-sum-exp of each query row's scaled scores, written (=); saved for
 //                         the backward, which recomputes the probabilities from it
 //   dout: (B, T, nh, d)
 //   dq:   (B, T, nh, d)   written (=)
@@ -25,12 +27,30 @@
 // GEMM (its own pool, sized by OPENBLAS_NUM_THREADS); adding threads of our own on top would
 // oversubscribe the cores. Every reduction has a fixed order, so results are bitwise
 // reproducible run to run (with a fixed OpenBLAS thread count).
+//
+// CUDA (ops/cuda/attention.cu): SIMT kernels (no tensor cores), fp32 math on f32 storage, f64 on
+// f64; any head dim up to 256 (multiple of 32 or not); no device memory of their own. The query
+// rows of kv head g are flattened as row = t * G + hh, so a block mixes the group's heads and reads
+// each K/V tile once for all of them. A block is 4 warps; it owns 16 query rows (forward, dq) or
+// 16 keys (dk, dv), 4 per warp, and streams the other operand through shared memory in tiles of
+// 32, one entry per lane: a lane takes the d-long dot products of its entry with the warp's rows
+// (shared-memory broadcasts; lane-indexed tiles have an odd row stride, d | 1, against bank
+// conflicts), scores are reduced across the warp with shuffles, and the d-wide accumulators are
+// spread over the lanes (column lane + 32 i). The forward keeps the online softmax per row. The
+// backward is two kernels, dq (rows streaming key tiles) and dk/dv (keys streaming tiles of query
+// rows of all G heads); both recompute p = exp(scale q.k - lse) and D = dout . out per row instead
+// of keeping scratch. Each output row belongs to one block, so dk and dv are written (=) without
+// atomics, and every sum has a fixed order: results are bitwise reproducible.
 #pragma once
 
 #include "core/runtime/stream.h"
 #include "ops/op_common.h"
 
 namespace moepeak::ops {
+
+// The dtype of lse for a given q: the compute dtype (f32 for bf16 storage, so the backward
+// recomputes the probabilities from an fp32 log-sum-exp as FlashAttention does).
+constexpr DType attention_lse_dtype(DType q) { return q == DType::bf16 ? DType::f32 : q; }
 
 // Rows of a query block (positions x query heads of one kv head) and keys of a key block. With
 // d = 64 a block's GEMMs are 256 x 256 x 64, large enough for OpenBLAS to thread them well, and the
@@ -66,5 +86,23 @@ void attention_backward_cpu_blocked(const Tensor& q, const Tensor& k, const Tens
                                     double scale, const Tensor& dq, const Tensor& dk,
                                     const Tensor& dv, AttentionBlocks blocks, Stream& stream);
 }  // namespace detail
+
+// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
+// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
+void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                            const Tensor& out, const Tensor& lse, Stream& stream);
+void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                             const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
+                             const Tensor& dk, const Tensor& dv, Stream& stream);
+inline void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                              const Tensor& out, const Tensor& lse, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(attention_forward, out, q, k, v, scale, out, lse, stream);
+}
+inline void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               const Tensor& lse, const Tensor& dout, double scale,
+                               const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                               Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(attention_backward, dq, q, k, v, out, lse, dout, scale, dq, dk, dv, stream);
+}
 
 }  // namespace moepeak::ops

@@ -1,7 +1,7 @@
 // cross_entropy: per-token next-token cross-entropy on materialised logits (the standard schedule
 // of the vocabulary projection; Ring-DTP is the bounded one and is tested against this).
 //
-//   logits:  (N, V) f32 | f64
+//   logits:  (N, V) f32 | f64 (CUDA: f32 | bf16 | f64)
 //   labels:  (N) i64, in [0, V) or -100 (ignored)
 //   losses:  (N) logits' dtype   losses[n] = logsumexp(logits[n]) - logits[n, labels[n]],
 //                                0 for an ignored position                        (written, =)
@@ -15,6 +15,14 @@
 // The log-sum-exp subtracts the row max and accumulates in double; the softmax is evaluated in
 // double and rounded once. A label outside [0, V) other than -100 makes the stream task throw a
 // moepeak::Error naming the position and the label (it surfaces at synchronize()).
+//
+// CUDA (ops/cuda/cross_entropy.cu): one block per row; f32 | bf16 storage (f64 too). The max, the
+// differences y - max and y - lse and the sums are in double, the exponentials in fp32 (f64 for
+// f64), and each result is rounded once. In place is safe: the block finishes reading the row
+// (a block-wide barrier) before it writes any element. The GPU does not throw on a bad label: a
+// label outside [0, V) other than -100 gives that row a NaN loss (forward) and a NaN gradient row
+// (backward), and reads nothing outside the row. CUDA against the CPU:
+// tests/ops/backend_ops/cases_cross_entropy.cpp.
 #pragma once
 
 #include <cstdint>
@@ -30,5 +38,26 @@ void cross_entropy_forward_cpu(const Tensor& logits, const Tensor& labels, const
                                Stream& stream);
 void cross_entropy_backward_cpu(const Tensor& logits, const Tensor& labels, double scale,
                                 const Tensor& dlogits, Stream& stream);
+
+// The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
+void check_cross_entropy_forward_args(const char* op, const Tensor& logits, const Tensor& labels,
+                                      const Tensor& losses);
+void check_cross_entropy_backward_args(const char* op, const Tensor& logits, const Tensor& labels,
+                                       const Tensor& dlogits);
+
+// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
+// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
+void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& labels, const Tensor& losses,
+                                Stream& stream);
+void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& labels, double scale,
+                                 const Tensor& dlogits, Stream& stream);
+inline void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& losses,
+                                  Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(cross_entropy_forward, losses, logits, labels, losses, stream);
+}
+inline void cross_entropy_backward(const Tensor& logits, const Tensor& labels, double scale,
+                                   const Tensor& dlogits, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(cross_entropy_backward, dlogits, logits, labels, scale, dlogits, stream);
+}
 
 }  // namespace moepeak::ops

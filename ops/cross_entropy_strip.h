@@ -14,7 +14,8 @@
 //
 //   cross_entropy_state_init_cpu(state)                  state = (-inf, 0, 0)    (written, =)
 //   cross_entropy_strip_forward_cpu(strip, labels, column_begin, state)
-//       strip  (N, C) f32 | f64;  labels (N) i64 global vocabulary ids or -100 (ignored)
+//       strip  (N, C) f32 | f64 (CUDA: also bf16);  labels (N) i64 global vocabulary ids or
+//       -100 (ignored)
 //       folds the strip into the state (FlashAttention's recurrence, paper eq. 3):
 //         m' = max(m, max_v y_v);  z' = z exp(m - m') + sum_v exp(y_v - m');
 //         t  = y[label - column_begin] when the label is in the strip;
@@ -34,6 +35,14 @@
 // Labels are not range-checked here (a strip sees a part of the vocabulary only): the caller
 // checks them against V; a label in no strip simply leaves t = 0.
 //
+// CUDA (ops/cuda/cross_entropy_strip.cu): strips f32 | bf16 (f64 too); the state is (N, 3) f64 on
+// both backends and all its arithmetic (max, the sums, the rescaling exp(m - m'), lse, the merge)
+// is double. The strip forward and backward run one block per token; their per-element
+// exponentials exp(y - m) and exp(y - lse) take the difference in double and exponentiate in fp32
+// for f32 | bf16 strips (f64 for f64), so the CPU and GPU folds differ by that rounding and the
+// summation order. The backward reads each element before writing it, so in place is safe.
+// CUDA against the CPU: tests/ops/backend_ops/cases_cross_entropy_strip.cpp.
+//
 // Test: ctest -R test_ring_dtp_ops
 #pragma once
 
@@ -51,5 +60,43 @@ void cross_entropy_state_merge_cpu(const Tensor& partial, const Tensor& state, S
 void cross_entropy_strip_backward_cpu(const Tensor& strip, const Tensor& labels,
                                       int64_t column_begin, const Tensor& state, double scale,
                                       const Tensor& dstrip, Stream& stream);
+
+// The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
+void check_cross_entropy_state_init_args(const char* op, const Tensor& state);
+void check_cross_entropy_strip_forward_args(const char* op, const Tensor& strip,
+                                            const Tensor& labels, int64_t column_begin,
+                                            const Tensor& state);
+void check_cross_entropy_state_merge_args(const char* op, const Tensor& partial,
+                                          const Tensor& state);
+void check_cross_entropy_strip_backward_args(const char* op, const Tensor& strip,
+                                             const Tensor& labels, int64_t column_begin,
+                                             const Tensor& state, const Tensor& dstrip);
+
+// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
+// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
+void cross_entropy_state_init_cuda(const Tensor& state, Stream& stream);
+void cross_entropy_strip_forward_cuda(const Tensor& strip, const Tensor& labels,
+                                      int64_t column_begin, const Tensor& state, Stream& stream);
+void cross_entropy_state_merge_cuda(const Tensor& partial, const Tensor& state, Stream& stream);
+void cross_entropy_strip_backward_cuda(const Tensor& strip, const Tensor& labels,
+                                       int64_t column_begin, const Tensor& state, double scale,
+                                       const Tensor& dstrip, Stream& stream);
+inline void cross_entropy_state_init(const Tensor& state, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(cross_entropy_state_init, state, state, stream);
+}
+inline void cross_entropy_strip_forward(const Tensor& strip, const Tensor& labels,
+                                        int64_t column_begin, const Tensor& state, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(cross_entropy_strip_forward, state, strip, labels, column_begin, state,
+                        stream);
+}
+inline void cross_entropy_state_merge(const Tensor& partial, const Tensor& state, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(cross_entropy_state_merge, state, partial, state, stream);
+}
+inline void cross_entropy_strip_backward(const Tensor& strip, const Tensor& labels,
+                                         int64_t column_begin, const Tensor& state, double scale,
+                                         const Tensor& dstrip, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(cross_entropy_strip_backward, dstrip, strip, labels, column_begin, state,
+                        scale, dstrip, stream);
+}
 
 }  // namespace moepeak::ops

@@ -16,6 +16,25 @@
 //                           to out's dtype and written (=) or added (+=)
 // (the two halves of combine_rows_backward for rows already in order, used per F block by the
 // blocked expert MLP of ops/schedules/dispatch_pipelined_llep.cpp)
+//
+// CUDA (ops/cuda/elementwise.cu): "float" also takes bf16 (f32 | bf16 | f64 storage); arithmetic
+// in fp32 for f32 and bf16 (f64 for f64), rounded once to the storage type, so with f32 storage
+// add, scale and scale_rows are the CPU's f32 results bit for bit.
+//   add           grid-stride; out may be a or b
+//   scale         alpha rounded to the compute type (fp32 for bf16 storage, not to bf16)
+//   sum_squares   deterministic without atomics: one block of 1024 threads sums x in double
+//                 (grid-stride, 16-byte loads) and thread 0 adds the block's sum to out[0]; the
+//                 order of additions depends only on x's length and alignment, so the result is
+//                 reproducible run to run (not bitwise the CPU's index order). One block runs
+//                 on one SM, so its speed is one SM's share of the memory bandwidth (not yet
+//                 measured); a two-pass reduction would need scratch memory
+//   copy          cudaMemcpyAsync (cudaMemcpyDefault, so src may also be pinned host memory);
+//                 src and dst must not partially overlap
+//   scale_rows    a block per row
+//   row_dot       a block per row; the dot in double (a block reduction, not c order), rounded
+//                 to the compute type, then written or added to out[i] and rounded once
+// Test: tests/ops/test_dense_ops.cpp (CPU), tests/ops/backend_ops/cases_elementwise.cpp (CUDA
+// against the f64 CPU reference).
 #pragma once
 
 #include "core/runtime/stream.h"
@@ -30,5 +49,42 @@ void copy_cpu(const Tensor& src, const Tensor& dst, Stream& stream);
 void scale_rows_cpu(const Tensor& x, const Tensor& weight, Stream& stream);
 void row_dot_cpu(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate,
                  Stream& stream);
+
+// The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`);
+// each backend then rejects the dtypes it does not run (scale has no other check).
+void check_add_args(const char* op, const Tensor& a, const Tensor& b, const Tensor& out);
+void check_sum_squares_args(const char* op, const Tensor& out);
+void check_copy_args(const char* op, const Tensor& src, const Tensor& dst);
+void check_scale_rows_args(const char* op, const Tensor& x, const Tensor& weight);
+void check_row_dot_args(const char* op, const Tensor& a, const Tensor& b, const Tensor& out);
+
+// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
+// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
+void add_cuda(const Tensor& a, const Tensor& b, const Tensor& out, Stream& stream);
+void scale_cuda(const Tensor& x, double alpha, Stream& stream);
+void sum_squares_cuda(const Tensor& x, const Tensor& out, Stream& stream);
+void copy_cuda(const Tensor& src, const Tensor& dst, Stream& stream);
+void scale_rows_cuda(const Tensor& x, const Tensor& weight, Stream& stream);
+void row_dot_cuda(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate,
+                  Stream& stream);
+inline void add(const Tensor& a, const Tensor& b, const Tensor& out, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(add, out, a, b, out, stream);
+}
+inline void scale(const Tensor& x, double alpha, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(scale, x, x, alpha, stream);
+}
+inline void sum_squares(const Tensor& x, const Tensor& out, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(sum_squares, x, x, out, stream);
+}
+inline void copy(const Tensor& src, const Tensor& dst, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(copy, dst, src, dst, stream);
+}
+inline void scale_rows(const Tensor& x, const Tensor& weight, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(scale_rows, x, x, weight, stream);
+}
+inline void row_dot(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate,
+                    Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(row_dot, out, a, b, out, accumulate, stream);
+}
 
 }  // namespace moepeak::ops

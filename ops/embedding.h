@@ -1,7 +1,7 @@
 // embedding: token embedding lookup (model.embed_tokens) and its weight gradient.
 //
 //   ids:     (N)    i64, token ids in [0, V)
-//   weight:  (V, H) f32 | f64
+//   weight:  (V, H) f32 | f64 (CUDA: f32 | bf16 | f64)
 //   out:     (N, H) same dtype as weight             out[n] = weight[ids[n]]      (written, =)
 //   dout:    (N, H)
 //   dweight: (V, H)                                  dweight[ids[n]] += dout[n]   (accumulated, +=)
@@ -14,6 +14,19 @@
 // the error is sticky and surfaces at the stream's synchronize(). Callers whose ids are already
 // readable on the host (the data loader, or after a synchronize) can also check them at once with
 // embedding_check_ids_host().
+//
+// CUDA (ops/cuda/embedding.cu): the forward is a block per token. The backward is deterministic
+// without atomics and in the CPU's order: each block owns a range of weight rows, scans the ids
+// in increasing n and adds the dout rows that fall in its range one after another, each column
+// by one thread, so every dweight element receives its tokens' additions in increasing n (with
+// f32 storage bitwise the CPU's f32 result; with bf16 storage each += rounds to bf16). Every
+// block reads all N ids (from L2); a row hit by many tokens is added serially by its block.
+// Ids are not checked on the GPU (an error would need a host sync) and nothing throws: the
+// forward writes NaN to out[n] for an id outside [0, V) (so the loss goes NaN and the training's
+// non-finite guard stops the run), the backward skips such a token (adds nothing for it).
+// Check ids on the host with embedding_check_ids_host() where an error is wanted.
+// Test: tests/ops/test_vocab_ops.cpp (CPU), tests/ops/backend_ops/cases_embedding.cpp (CUDA
+// against the f64 CPU reference, and the invalid-id behaviour).
 #pragma once
 
 #include <cstdint>
@@ -28,8 +41,29 @@ void embedding_forward_cpu(const Tensor& ids, const Tensor& weight, const Tensor
 void embedding_backward_cpu(const Tensor& ids, const Tensor& dout, const Tensor& dweight,
                             Stream& stream);
 
+// The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
+void check_embedding_forward_args(const char* op, const Tensor& ids, const Tensor& weight,
+                                  const Tensor& out);
+void check_embedding_backward_args(const char* op, const Tensor& ids, const Tensor& dout,
+                                   const Tensor& dweight);
+
 // Synchronous check on the caller's thread: throws naming the first position whose id is outside
 // [0, vocab_size). Reads the ids now, so they must be ready (no pending stream writes).
 void embedding_check_ids_host(const Tensor& ids, int64_t vocab_size);
+
+// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
+// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
+void embedding_forward_cuda(const Tensor& ids, const Tensor& weight, const Tensor& out,
+                            Stream& stream);
+void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, const Tensor& dweight,
+                             Stream& stream);
+inline void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out,
+                              Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(embedding_forward, out, ids, weight, out, stream);
+}
+inline void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dweight,
+                               Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(embedding_backward, dweight, ids, dout, dweight, stream);
+}
 
 }  // namespace moepeak::ops

@@ -1,7 +1,7 @@
 // linear: y = x W^T without bias (every projection of the Mixtral decoder: q/k/v/o, the router
 // gate, the experts' w1/w2/w3 and the LM head).
 //
-//   x:  (M, K) f32 | f64
+//   x:  (M, K) f32 | f64 on the CPU; f32 | bf16 | f64 on CUDA
 //   w:  (N, K) same dtype (PyTorch's nn.Linear layout: out_features x in_features)
 //   y:  (M, N)          y = x w^T, written (=) or, with accumulate, added (+=)
 //   dy: (M, N)
@@ -16,8 +16,19 @@
 // (ops/schedules/dispatch_pipelined_llep.cpp). k0 = 0 with K_w = K is the plain op.
 //
 // M == 0 is allowed (an expert that received no tokens): y/dx have no rows and dw is unchanged.
-// GEMMs are OpenBLAS CBLAS (row-major sgemm/dgemm); with a fixed thread count OpenBLAS reduces
-// each output element in a fixed order, so results are reproducible run to run.
+// K == 0 writes y = 0 (or leaves it with accumulate).
+// CPU: GEMMs are OpenBLAS CBLAS (row-major sgemm/dgemm); with a fixed thread count OpenBLAS
+// reduces each output element in a fixed order, so results are reproducible run to run.
+// CUDA (ops/cuda/linear.cpp): the same GEMMs through cuBLASLt (ops/cuda/cublaslt.h), enqueued on
+// the stream: f32 in strict fp32 (no TF32), bf16 storage with fp32 accumulation (an accumulated
+// output is read in bf16 and rounded to bf16 once per call), f64 in f64. dx and dw are two GEMMs
+// in stream order. Each stream's first GEMM allocates its 32 MiB cuBLASLt workspace (outside the
+// arena), and each new shape or pointer alignment queries cuBLASLt's heuristic once; after that a
+// call allocates nothing and does not synchronise. Results are reproducible run to run on one GPU
+// model and cuBLAS version.
+//
+// Test: ctest -R test_dense_ops (CPU); ctest -R test_backend_ops (both backends, cases in
+// tests/ops/backend_ops/cases_linear.cpp).
 #pragma once
 
 #include "core/runtime/stream.h"
@@ -34,5 +45,48 @@ void linear_forward_cols_cpu(const Tensor& x, const Tensor& w, int64_t k0, const
 void linear_backward_cols_cpu(const Tensor& x, const Tensor& w, int64_t k0, const Tensor& dy,
                               const Tensor& dx, bool accumulate_dx, const Tensor& dw,
                               Stream& stream);
+
+// The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
+// `cols` selects the _cols variants' w (N, K_w) with columns [k0, k0 + K); otherwise w is (N, K).
+void check_linear_forward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
+                               bool cols, const Tensor& y);
+// Which gradients a backward call forms: dx (dw) is wanted when it is defined or has a shape (a
+// (0, K) dx has no bytes but is still given, and then checked like any other).
+struct LinearGrads {
+  bool dx = false;
+  bool dw = false;
+};
+LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Tensor& w,
+                                       int64_t k0, bool cols, const Tensor& dy, const Tensor& dx,
+                                       const Tensor& dw);
+
+// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
+// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
+void linear_forward_cuda(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate,
+                         Stream& stream);
+void linear_backward_cuda(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                          bool accumulate_dx, const Tensor& dw, Stream& stream);
+void linear_forward_cols_cuda(const Tensor& x, const Tensor& w, int64_t k0, const Tensor& y,
+                              bool accumulate, Stream& stream);
+void linear_backward_cols_cuda(const Tensor& x, const Tensor& w, int64_t k0, const Tensor& dy,
+                               const Tensor& dx, bool accumulate_dx, const Tensor& dw,
+                               Stream& stream);
+inline void linear_forward(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate,
+                           Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(linear_forward, y, x, w, y, accumulate, stream);
+}
+inline void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                            bool accumulate_dx, const Tensor& dw, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(linear_backward, dy, x, w, dy, dx, accumulate_dx, dw, stream);
+}
+inline void linear_forward_cols(const Tensor& x, const Tensor& w, int64_t k0, const Tensor& y,
+                                bool accumulate, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(linear_forward_cols, y, x, w, k0, y, accumulate, stream);
+}
+inline void linear_backward_cols(const Tensor& x, const Tensor& w, int64_t k0, const Tensor& dy,
+                                 const Tensor& dx, bool accumulate_dx, const Tensor& dw,
+                                 Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(linear_backward_cols, dy, x, w, k0, dy, dx, accumulate_dx, dw, stream);
+}
 
 }  // namespace moepeak::ops

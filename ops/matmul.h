@@ -3,15 +3,17 @@
 // would also form dW in the same task (Ring-DTP sends one of the two accumulators to the next
 // rank while the other GEMM still runs, so it needs them as separate stream tasks).
 //
-//   a: (M, K) f32 | f64
+//   a: (M, K) f32 | f64 on the CPU; f32 | bf16 | f64 on CUDA
 //   b: (K, N) same dtype
 //   c: (M, N) same dtype   c = a b, written (=) or, with accumulate, added (+=)
 //
 // Empty sizes are allowed: M == 0 or N == 0 does nothing; K == 0 writes zeros (or leaves c
 // unchanged with accumulate), so a NaN-poisoned output is still overwritten. GEMMs are OpenBLAS
-// CBLAS (sgemm / dgemm), as in ops/linear.h.
+// CBLAS (sgemm / dgemm) on the CPU and cuBLASLt on CUDA (ops/cuda/matmul.cpp; K == 0 is a
+// cudaMemset of c), with the precision, workspace and reproducibility of ops/linear.h.
 //
-// Test: ctest -R test_ring_dtp_ops
+// Test: ctest -R test_ring_dtp_ops (CPU); ctest -R test_backend_ops (both backends, cases in
+// tests/ops/backend_ops/cases_matmul.cpp).
 #pragma once
 
 #include "core/runtime/stream.h"
@@ -21,5 +23,17 @@ namespace moepeak::ops {
 
 void matmul_cpu(const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate,
                 Stream& stream);
+
+// The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
+void check_matmul_args(const char* op, const Tensor& a, const Tensor& b, const Tensor& c);
+
+// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
+// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
+void matmul_cuda(const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate,
+                 Stream& stream);
+inline void matmul(const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate,
+                   Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(matmul, c, a, b, c, accumulate, stream);
+}
 
 }  // namespace moepeak::ops

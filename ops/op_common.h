@@ -23,6 +23,21 @@ bool runs_on_cuda(const Tensor& t);
 // Throws: this build has no CUDA backend, so `op` cannot run on a CUDA tensor.
 [[noreturn]] void throw_no_cuda(const char* op);
 
+// The body of an op's inline entry point: calls `op`_cuda(args...) when `probe` (the op's first
+// output) is CUDA device memory, else `op`_cpu(args...). In a build without CUDA a CUDA tensor
+// throws naming the op.
+//   inline void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& h, Stream& s) {
+//     MOEPEAK_OP_ON_BACKEND(swiglu_forward, h, a, b, h, s);
+//   }
+#ifdef MOEPEAK_WITH_CUDA
+#define MOEPEAK_OP_ON_BACKEND(op, probe, ...) \
+  (::moepeak::ops::runs_on_cuda(probe) ? op##_cuda(__VA_ARGS__) : op##_cpu(__VA_ARGS__))
+#else
+#define MOEPEAK_OP_ON_BACKEND(op, probe, ...)                                   \
+  (::moepeak::ops::runs_on_cuda(probe) ? ::moepeak::ops::throw_no_cuda(#op) \
+                                       : op##_cpu(__VA_ARGS__))
+#endif
+
 // CPU kernels are templated on the element type: f32 in training, f64 in tests that compare with
 // a float64 reference. Calls f(float{}) or f(double{}) for the tensor's dtype.
 template <typename F>

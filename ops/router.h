@@ -1,6 +1,6 @@
 // router: Mixtral's top-k expert selection (block_sparse_moe.gate, after the gate's linear).
 //
-//   logits:       (N, E) f32 | f64    router logits x W_g^T
+//   logits:       (N, E) f32 | f64    router logits x W_g^T (CUDA: f32 | bf16 | f64)
 //   probs:        (N, E) same dtype   softmax over all E experts                    (written, =)
 //   topk_index:   (N, k) i32          the k most probable experts, most probable first; equal
 //                                     probabilities go to the lower expert index   (written, =)
@@ -18,6 +18,15 @@
 // 0 for the others (the full softmax's normaliser cancels). It is computed in double from
 // topk_weight; probs supplies the shape. The task throws (naming row and slot) if topk_index holds
 // an expert outside [0, E) or the same expert twice.
+//
+// CUDA (ops/cuda/router.cu): one warp per token; f32 | bf16 storage (f64 too), the exponentials
+// in fp32 (f64 for f64), the sums in double. probs is rounded to the storage dtype and the
+// selection and renormalisation read the rounded probs, as the CPU reads its stored probs: the
+// same repeated arg-max with equal probabilities to the lower index, so topk_index equals the
+// CPU's whenever the probs do (a row whose probs are all NaN selects experts 0..k-1 on both).
+// The backward does not throw: a slot whose expert is outside [0, E), or repeats an earlier
+// slot's expert, writes nothing (sum_j dw_j w_j still runs over all k slots); the experts no valid
+// slot names get 0. CUDA against the CPU: tests/ops/backend_ops/cases_router.cpp.
 #pragma once
 
 #include "core/runtime/stream.h"
@@ -36,5 +45,37 @@ void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Te
 //   probs (N, E), dprobs (E), dlogits (N, E); the row sum in double.
 void router_aux_backward_cpu(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,
                              Stream& stream);
+
+// The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
+void check_router_forward_args(const char* op, const Tensor& logits, int k, const Tensor& probs,
+                               const Tensor& topk_index, const Tensor& topk_weight);
+void check_router_backward_args(const char* op, const Tensor& probs, const Tensor& topk_index,
+                                const Tensor& topk_weight, const Tensor& dtopk_weight,
+                                const Tensor& dlogits);
+void check_router_aux_backward_args(const char* op, const Tensor& probs, const Tensor& dprobs,
+                                    const Tensor& dlogits);
+
+// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
+// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
+void router_forward_cuda(const Tensor& logits, int k, const Tensor& probs, const Tensor& topk_index,
+                         const Tensor& topk_weight, Stream& stream);
+void router_backward_cuda(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
+                          const Tensor& dtopk_weight, const Tensor& dlogits, Stream& stream);
+void router_aux_backward_cuda(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,
+                              Stream& stream);
+inline void router_forward(const Tensor& logits, int k, const Tensor& probs,
+                           const Tensor& topk_index, const Tensor& topk_weight, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(router_forward, probs, logits, k, probs, topk_index, topk_weight, stream);
+}
+inline void router_backward(const Tensor& probs, const Tensor& topk_index,
+                            const Tensor& topk_weight, const Tensor& dtopk_weight,
+                            const Tensor& dlogits, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(router_backward, dlogits, probs, topk_index, topk_weight, dtopk_weight,
+                        dlogits, stream);
+}
+inline void router_aux_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,
+                                Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(router_aux_backward, dlogits, probs, dprobs, dlogits, stream);
+}
 
 }  // namespace moepeak::ops

@@ -20,4 +20,22 @@ void swiglu_forward_cpu(const Tensor& a, const Tensor& b, const Tensor& h, Strea
 void swiglu_backward_cpu(const Tensor& a, const Tensor& b, const Tensor& dh, const Tensor& da,
                          const Tensor& db, Stream& stream);
 
+// The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
+void check_swiglu_forward_args(const char* op, const Tensor& a, const Tensor& b, const Tensor& h);
+void check_swiglu_backward_args(const char* op, const Tensor& a, const Tensor& b, const Tensor& dh,
+                                const Tensor& da, const Tensor& db);
+
+// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
+// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
+void swiglu_forward_cuda(const Tensor& a, const Tensor& b, const Tensor& h, Stream& stream);
+void swiglu_backward_cuda(const Tensor& a, const Tensor& b, const Tensor& dh, const Tensor& da,
+                          const Tensor& db, Stream& stream);
+inline void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& h, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(swiglu_forward, h, a, b, h, stream);
+}
+inline void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dh, const Tensor& da,
+                            const Tensor& db, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(swiglu_backward, da, a, b, dh, da, db, stream);
+}
+
 }  // namespace moepeak::ops

@@ -141,15 +141,15 @@ OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Grou
   // n1 = norm(x); q, k, v of this rank's tokens; RoPE at their global positions.
   a.n1 = device(Shape{N, H}, LiveSet::attention, "input norm");
   a.rstd1 = device(Shape{N}, LiveSet::attention, "input norm rstd");
-  ops::rmsnorm_forward_cpu(x, w.value(L.input_norm), model_.rms_norm_eps, a.n1, a.rstd1, stream_);
+  ops::rmsnorm_forward(x, w.value(L.input_norm), model_.rms_norm_eps, a.n1, a.rstd1, stream_);
   OwnedTensor q = device(Shape{N, nh * d}, LiveSet::attention, "q");
   OwnedTensor k = device(Shape{N, nkv * d}, LiveSet::attention, "k");
   OwnedTensor v = device(Shape{N, nkv * d}, LiveSet::attention, "v");
-  ops::linear_forward_cpu(a.n1, w.value(L.q), q, false, stream_);
-  ops::linear_forward_cpu(a.n1, w.value(L.k), k, false, stream_);
-  ops::linear_forward_cpu(a.n1, w.value(L.v), v, false, stream_);
-  ops::rope_forward_cpu(q.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta, stream_);
-  ops::rope_forward_cpu(k.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta, stream_);
+  ops::linear_forward(a.n1, w.value(L.q), q, false, stream_);
+  ops::linear_forward(a.n1, w.value(L.k), k, false, stream_);
+  ops::linear_forward(a.n1, w.value(L.v), v, false, stream_);
+  ops::rope_forward(q.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta, stream_);
+  ops::rope_forward(k.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta, stream_);
 
   // To the head layout: whole sequences of this rank's heads.
   OwnedTensor staging;
@@ -176,7 +176,7 @@ OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Grou
   a.out = device(Shape{N * nh * d}, LiveSet::attention, "attention output");
   a.lse = device(Shape{B, q_heads[2], T}, LiveSet::attention, "attention lse");
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  ops::attention_forward_cpu(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
+  ops::attention_forward(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
                              a.v.view().reshape(kv_heads), scale, a.out.view().reshape(q_heads),
                              a.lse, stream_);
   Tensor attn = a.out.view().reshape(Shape{N, nh * d});
@@ -188,8 +188,8 @@ OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Grou
     attn = a.attn.view();
   }
   OwnedTensor h = device(Shape{N, H}, LiveSet::workspace, "attention residual");
-  ops::linear_forward_cpu(attn, w.value(L.o), h, false, stream_);
-  ops::add_cpu(h, x, h, stream_);
+  ops::linear_forward(attn, w.value(L.o), h, false, stream_);
+  ops::add(h, x, h, stream_);
   return h;
 }
 
@@ -205,7 +205,7 @@ OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Gro
 
   Tensor attn = exchange ? a.attn.view() : a.out.view().reshape(Shape{N, nh * d});
   OwnedTensor dattn = device(Shape{N, nh * d}, LiveSet::workspace, "d attention output");
-  ops::linear_backward_cpu(attn, w.value(L.o), dh, dattn, false, w.grad(L.o), stream_);
+  ops::linear_backward(attn, w.value(L.o), dh, dattn, false, w.grad(L.o), stream_);
   OwnedTensor staging, dout;
   if (exchange) {
     staging = schedules::make_ulysses_staging(backend_, U, dtype_);
@@ -220,7 +220,7 @@ OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Gro
   OwnedTensor dk = device(kv_heads, LiveSet::workspace, "dk");
   OwnedTensor dv = device(kv_heads, LiveSet::workspace, "dv");
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  ops::attention_backward_cpu(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
+  ops::attention_backward(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
                               a.v.view().reshape(kv_heads), a.out.view().reshape(q_heads), a.lse,
                               dout.view().reshape(q_heads), scale, dq, dk, dv, stream_);
   dout.reset();
@@ -237,18 +237,18 @@ OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Gro
     dk = to_tokens(dk, HeadKind::kv, nkv * d, "dk (token layout)");
     dv = to_tokens(dv, HeadKind::kv, nkv * d, "dv (token layout)");
   }
-  ops::rope_backward_cpu(dq.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta, stream_);
-  ops::rope_backward_cpu(dk.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta, stream_);
+  ops::rope_backward(dq.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta, stream_);
+  ops::rope_backward(dk.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta, stream_);
   OwnedTensor dn1 = device(Shape{N, H}, LiveSet::workspace, "d input norm");
-  ops::linear_backward_cpu(a.n1, w.value(L.q), dq.view().reshape(Shape{N, nh * d}), dn1, false,
+  ops::linear_backward(a.n1, w.value(L.q), dq.view().reshape(Shape{N, nh * d}), dn1, false,
                            w.grad(L.q), stream_);
-  ops::linear_backward_cpu(a.n1, w.value(L.k), dk.view().reshape(Shape{N, nkv * d}), dn1, true,
+  ops::linear_backward(a.n1, w.value(L.k), dk.view().reshape(Shape{N, nkv * d}), dn1, true,
                            w.grad(L.k), stream_);
-  ops::linear_backward_cpu(a.n1, w.value(L.v), dv.view().reshape(Shape{N, nkv * d}), dn1, true,
+  ops::linear_backward(a.n1, w.value(L.v), dv.view().reshape(Shape{N, nkv * d}), dn1, true,
                            w.grad(L.v), stream_);
   OwnedTensor dx = device(Shape{N, H}, LiveSet::workspace, "d layer input");
-  ops::rmsnorm_backward_cpu(x, w.value(L.input_norm), a.rstd1, dn1, dx, w.grad(L.input_norm), stream_);
-  ops::add_cpu(dx, dh, dx, stream_);
+  ops::rmsnorm_backward(x, w.value(L.input_norm), a.rstd1, dn1, dx, w.grad(L.input_norm), stream_);
+  ops::add(dx, dh, dx, stream_);
   return dx;
 }
 
@@ -263,18 +263,18 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor&
   // MoE block: n2 = norm(h); router; y = h + sum of weighted experts.
   a.n2 = device(Shape{N, H}, LiveSet::workspace, "post-attention norm");
   a.rstd2 = device(Shape{N}, LiveSet::workspace, "post-attention norm rstd");
-  ops::rmsnorm_forward_cpu(a.h, w.value(L.post_norm), model_.rms_norm_eps, a.n2, a.rstd2, stream_);
+  ops::rmsnorm_forward(a.h, w.value(L.post_norm), model_.rms_norm_eps, a.n2, a.rstd2, stream_);
   a.probs = device(Shape{N, E}, LiveSet::workspace, "router probabilities");
   a.topk_index = OwnedTensor::device(backend_, Shape{N, k}, DType::i32, LiveSet::workspace, "top-k experts");
   a.topk_weight = device(Shape{N, k}, LiveSet::workspace, "top-k weights");
   {
     OwnedTensor router_logits = device(Shape{N, E}, LiveSet::workspace, "router logits");
-    ops::linear_forward_cpu(a.n2, w.value(L.gate), router_logits, false, stream_);
-    ops::router_forward_cpu(router_logits, static_cast<int>(k), a.probs, a.topk_index,
+    ops::linear_forward(a.n2, w.value(L.gate), router_logits, false, stream_);
+    ops::router_forward(router_logits, static_cast<int>(k), a.probs, a.topk_index,
                             a.topk_weight, stream_);
   }
   OwnedTensor y = device(Shape{N, H}, LiveSet::boundaries, "layer output");
-  ops::copy_cpu(a.h, y, stream_);
+  ops::copy(a.h, y, stream_);
   if (dispatchers_.size() <= static_cast<size_t>(layer)) dispatchers_.resize(static_cast<size_t>(layer) + 1);
   if (!dispatchers_[layer]) dispatchers_[layer] = make_dispatch();
   a.dispatch = dispatchers_[layer].get();
@@ -303,14 +303,14 @@ OwnedTensor MixtralModel::layer_backward(int layer, const Group& w, const Tensor
     OwnedTensor dtopk_weight = device(Shape{N, k}, LiveSet::workspace, "d top-k weights");
     a.dispatch->backward(dy, local_experts_of(layer), dn2, dtopk_weight);
     OwnedTensor drouter = device(Shape{N, E}, LiveSet::workspace, "d router logits");
-    ops::router_backward_cpu(a.probs, a.topk_index, a.topk_weight, dtopk_weight, drouter, stream_);
-    if (aux_dprobs_.view().defined()) ops::router_aux_backward_cpu(a.probs, aux_dprobs_, drouter, stream_);
-    ops::linear_backward_cpu(a.n2, w.value(L.gate), drouter, dn2, true, w.grad(L.gate), stream_);
+    ops::router_backward(a.probs, a.topk_index, a.topk_weight, dtopk_weight, drouter, stream_);
+    if (aux_dprobs_.view().defined()) ops::router_aux_backward(a.probs, aux_dprobs_, drouter, stream_);
+    ops::linear_backward(a.n2, w.value(L.gate), drouter, dn2, true, w.grad(L.gate), stream_);
   }
   OwnedTensor dh = device(Shape{N, H}, LiveSet::workspace, "d attention residual");
-  ops::rmsnorm_backward_cpu(a.h, w.value(L.post_norm), a.rstd2, dn2, dh, w.grad(L.post_norm), stream_);
+  ops::rmsnorm_backward(a.h, w.value(L.post_norm), a.rstd2, dn2, dh, w.grad(L.post_norm), stream_);
   dn2.reset();
-  ops::add_cpu(dh, dy, dh, stream_);
+  ops::add(dh, dy, dh, stream_);
 
   OwnedTensor dx = attention_backward(L, w, dh, x, batch, a);
   a.release();
@@ -352,7 +352,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   {
     OwnedTensor embedded = device(Shape{N, H}, LiveSet::boundaries, "embedding output");
     Group embed = params_.gather(groups_.front(), stream_, forward_parts);
-    ops::embedding_forward_cpu(batch.input_ids, embed.value(P.embed), embedded, stream_);
+    ops::embedding_forward(batch.input_ids, embed.value(P.embed), embedded, stream_);
     x = boundaries.keep(0, std::move(embedded));
   }
   OwnedTensor final_hidden;
@@ -373,7 +373,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   Group head = params_.gather(groups_.back(), stream_, with_backward ? backward_parts : forward_parts);
   OwnedTensor xf = device(Shape{N, H}, LiveSet::workspace, "final norm");
   OwnedTensor rstdf = device(Shape{N}, LiveSet::workspace, "final norm rstd");
-  ops::rmsnorm_forward_cpu(final_hidden, head.value(P.final_norm), model_.rms_norm_eps, xf, rstdf, stream_);
+  ops::rmsnorm_forward(final_hidden, head.value(P.final_norm), model_.rms_norm_eps, xf, rstdf, stream_);
   // The vocabulary projection and cross-entropy: materialised (N, V) logits over the gathered LM
   // head, or Ring-DTP over this rank's vocabulary rows (never gathered; its gradient accumulates
   // on this rank for every rank's batch, so it needs no reduce-scatter).
@@ -398,7 +398,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
     materialized.backward(xf, lm_head, dxf, head.grad(P.lm_head));
   }
   OwnedTensor dx = device(Shape{N, H}, LiveSet::workspace, "d final hidden");
-  ops::rmsnorm_backward_cpu(final_hidden, head.value(P.final_norm), rstdf, dxf, dx,
+  ops::rmsnorm_backward(final_hidden, head.value(P.final_norm), rstdf, dxf, dx,
                             head.grad(P.final_norm), stream_);
   xf.reset();
   dxf.reset();
@@ -422,7 +422,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   }
   {
     Group embed = params_.gather(groups_.front(), stream_, GatherParts::grads);
-    ops::embedding_backward_cpu(batch.input_ids, dx, embed.grad(P.embed), stream_);
+    ops::embedding_backward(batch.input_ids, dx, embed.grad(P.embed), stream_);
     embed.reduce_scatter_grads(stream_);
   }
   stream_.synchronize();

@@ -83,7 +83,7 @@ void add_into(const Tensor& shard_grad, const Tensor& tmp, Stream& stream) {
     MOEPEAK_THROW("ZeRO-3 reduce_scatter_grads on CUDA needs an element-wise add op (ops/ has only "
                   "add_cpu so far)");
   }
-  ops::add_cpu(shard_grad, tmp, shard_grad, stream);
+  ops::add(shard_grad, tmp, shard_grad, stream);
 }
 
 }  // namespace

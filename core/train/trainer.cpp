@@ -97,7 +97,7 @@ void check_layout(const Config& cfg, const RankInfo& ranks) {
 double global_grad_norm(const ZeroParamStore& params, Backend& backend, Stream& stream) {
   OwnedTensor acc = OwnedTensor::device(backend, Shape{1}, DType::f64, LiveSet::workspace, "grad norm");
   ops::fill(acc, 0.0, stream);
-  ops::sum_squares_cpu(params.flat_grads(), acc, stream);
+  ops::sum_squares(params.flat_grads(), acc, stream);
   double sum[1] = {0};
   backend.copy_async(sum, acc.data(), 8, CopyKind::device_to_host, stream);
   stream.synchronize();

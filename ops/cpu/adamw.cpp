@@ -1,4 +1,5 @@
-// CPU AdamW: a plain loop the compiler vectorises; scalars computed once per call.
+// CPU AdamW: a plain loop the compiler vectorises; scalars computed once per call. The argument
+// checks (check_adamw_args) are shared with the CUDA kernel (ops/cuda/adamw.cu).
 #include <cmath>
 
 #include "core/runtime/cpu_stream.h"
@@ -30,15 +31,22 @@ void adamw_loop(T* p, const T* g_in, T* m, T* v, int64_t n, const AdamWHyper& h,
 
 }  // namespace
 
-void adamw_cpu(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-               const AdamWHyper& hyper, bool decay, Stream& stream) {
+void check_adamw_args(const char* op, const Tensor& param, const Tensor& grad, const Tensor& m,
+                      const Tensor& v, const AdamWHyper& hyper) {
   const int64_t n = param.numel();
   for (const Tensor* t : {&grad, &m, &v}) {
-    MOEPEAK_CHECK(t->numel() == n && t->dtype() == param.dtype(), "adamw: param ", param.str(),
-                  " with ", t->str());
+    MOEPEAK_CHECK(t->numel() == n && t->dtype() == param.dtype(), op, ": param ", param.str(),
+                  " with ", t->str(), " (grad, m and v take param's size and dtype)");
   }
-  MOEPEAK_CHECK(hyper.step >= 1, "adamw: step ", hyper.step, " (steps count from 1)");
-  dispatch_float(param.dtype(), "adamw", [&](auto zero) {
+  MOEPEAK_CHECK(hyper.step >= 1, op, ": step ", hyper.step, " (steps count from 1)");
+}
+
+void adamw_cpu(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+               const AdamWHyper& hyper, bool decay, Stream& stream) {
+  const char* op = "adamw_cpu";
+  check_adamw_args(op, param, grad, m, v, hyper);
+  const int64_t n = param.numel();
+  dispatch_float(param.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     T* p = param.data_as<T>();
     const T* g = grad.data_as<T>();

@@ -463,8 +463,8 @@ Geometry check_common(const char* op, const Tensor& q, const Tensor& k, const Te
                       double scale, const Tensor& out, const Tensor& lse) {
   if (q.ndim() != 4)
     MOEPEAK_THROW(op, ": q must be (B, T, nh, d), got ", q.str());
-  if (q.dtype() != DType::f32 && q.dtype() != DType::f64)
-    MOEPEAK_THROW(op, " on the CPU supports f32 and f64, got q ", q.str());
+  if (q.dtype() != DType::f32 && q.dtype() != DType::f64 && q.dtype() != DType::bf16)
+    MOEPEAK_THROW(op, " supports f32, bf16 (CUDA only) and f64, got q ", q.str());
   Geometry geo{q.size(0), q.size(1), q.size(2), k.ndim() == 4 ? k.size(2) : 0, q.size(3)};
   if (k.ndim() != 4 || k.size(0) != geo.batch || k.size(1) != geo.seq ||
       k.size(3) != geo.head_dim || geo.kv_heads < 1)
@@ -483,7 +483,8 @@ Geometry check_common(const char* op, const Tensor& q, const Tensor& k, const Te
   check_same(k, kv_shape, q.dtype(), op, "k", "(B, T, nkv, d)");
   check_same(v, kv_shape, q.dtype(), op, "v", "(B, T, nkv, d)");
   check_same(out, q.shape(), q.dtype(), op, "out", "(B, T, nh, d)");
-  check_same(lse, Shape{geo.batch, geo.heads, geo.seq}, q.dtype(), op, "lse", "(B, nh, T)");
+  check_same(lse, Shape{geo.batch, geo.heads, geo.seq}, attention_lse_dtype(q.dtype()), op, "lse",
+             "(B, nh, T)");
   return geo;
 }
 

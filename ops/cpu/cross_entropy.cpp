@@ -40,11 +40,22 @@ template <typename T> double log_sum_exp(const T* row, int64_t vocab) {
 
 }  // namespace
 
+void check_cross_entropy_forward_args(const char* op, const Tensor& logits, const Tensor& labels,
+                                      const Tensor& losses) {
+  check_logits_and_labels(op, logits, labels);
+  losses.expect(Shape{logits.size(0)}, logits.dtype(), std::string(op) + ": losses");
+}
+
+void check_cross_entropy_backward_args(const char* op, const Tensor& logits, const Tensor& labels,
+                                       const Tensor& dlogits) {
+  check_logits_and_labels(op, logits, labels);
+  dlogits.expect(logits.shape(), logits.dtype(), std::string(op) + ": dlogits");
+}
+
 void cross_entropy_forward_cpu(const Tensor& logits, const Tensor& labels, const Tensor& losses,
                                Stream& stream) {
   const char* op = "cross_entropy_forward_cpu";
-  check_logits_and_labels(op, logits, labels);
-  losses.expect(Shape{logits.size(0)}, logits.dtype(), std::string(op) + ": losses");
+  check_cross_entropy_forward_args(op, logits, labels, losses);
   dispatch_float(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* lp = logits.data_as<T>();                 // (N, V)
@@ -68,8 +79,7 @@ void cross_entropy_forward_cpu(const Tensor& logits, const Tensor& labels, const
 void cross_entropy_backward_cpu(const Tensor& logits, const Tensor& labels, double scale,
                                 const Tensor& dlogits, Stream& stream) {
   const char* op = "cross_entropy_backward_cpu";
-  check_logits_and_labels(op, logits, labels);
-  dlogits.expect(logits.shape(), logits.dtype(), std::string(op) + ": dlogits");
+  check_cross_entropy_backward_args(op, logits, labels, dlogits);
   dispatch_float(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* lp = logits.data_as<T>();                 // (N, V), may be dlogits itself

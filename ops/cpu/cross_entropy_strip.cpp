@@ -39,10 +39,36 @@ inline int64_t column_in_strip(int64_t label, int64_t column_begin, int64_t colu
 
 }  // namespace
 
-void cross_entropy_state_init_cpu(const Tensor& state, Stream& stream) {
-  const char* op = "cross_entropy_state_init_cpu";
+void check_cross_entropy_state_init_args(const char* op, const Tensor& state) {
   MOEPEAK_CHECK(state.ndim() == 2, op, ": state must be (N, 3), got ", state.str());
   check_state(op, state, state.size(0), "state");
+}
+
+void check_cross_entropy_strip_forward_args(const char* op, const Tensor& strip,
+                                            const Tensor& labels, int64_t column_begin,
+                                            const Tensor& state) {
+  check_strip_and_labels(op, strip, labels, column_begin);
+  check_state(op, state, strip.size(0), "state");
+}
+
+void check_cross_entropy_state_merge_args(const char* op, const Tensor& partial,
+                                          const Tensor& state) {
+  MOEPEAK_CHECK(state.ndim() == 2, op, ": state must be (N, 3), got ", state.str());
+  check_state(op, state, state.size(0), "state");
+  check_state(op, partial, state.size(0), "partial");
+}
+
+void check_cross_entropy_strip_backward_args(const char* op, const Tensor& strip,
+                                             const Tensor& labels, int64_t column_begin,
+                                             const Tensor& state, const Tensor& dstrip) {
+  check_strip_and_labels(op, strip, labels, column_begin);
+  check_state(op, state, strip.size(0), "state");
+  dstrip.expect(strip.shape(), strip.dtype(), std::string(op) + ": dstrip");
+}
+
+void cross_entropy_state_init_cpu(const Tensor& state, Stream& stream) {
+  const char* op = "cross_entropy_state_init_cpu";
+  check_cross_entropy_state_init_args(op, state);
   double* s = state.data_as<double>();  // (N, 3)
   int64_t tokens = state.size(0);
   as_cpu_stream(stream).enqueue([=] {
@@ -57,8 +83,7 @@ void cross_entropy_state_init_cpu(const Tensor& state, Stream& stream) {
 void cross_entropy_strip_forward_cpu(const Tensor& strip, const Tensor& labels,
                                      int64_t column_begin, const Tensor& state, Stream& stream) {
   const char* op = "cross_entropy_strip_forward_cpu";
-  check_strip_and_labels(op, strip, labels, column_begin);
-  check_state(op, state, strip.size(0), "state");
+  check_cross_entropy_strip_forward_args(op, strip, labels, column_begin, state);
   dispatch_float(strip.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* yp = strip.data_as<T>();                  // (N, C)
@@ -87,9 +112,7 @@ void cross_entropy_strip_forward_cpu(const Tensor& strip, const Tensor& labels,
 
 void cross_entropy_state_merge_cpu(const Tensor& partial, const Tensor& state, Stream& stream) {
   const char* op = "cross_entropy_state_merge_cpu";
-  MOEPEAK_CHECK(state.ndim() == 2, op, ": state must be (N, 3), got ", state.str());
-  check_state(op, state, state.size(0), "state");
-  check_state(op, partial, state.size(0), "partial");
+  check_cross_entropy_state_merge_args(op, partial, state);
   const double* p = partial.data_as<double>();  // (N, 3)
   double* s = state.data_as<double>();          // (N, 3)
   int64_t tokens = state.size(0);
@@ -116,9 +139,7 @@ void cross_entropy_strip_backward_cpu(const Tensor& strip, const Tensor& labels,
                                       int64_t column_begin, const Tensor& state, double scale,
                                       const Tensor& dstrip, Stream& stream) {
   const char* op = "cross_entropy_strip_backward_cpu";
-  check_strip_and_labels(op, strip, labels, column_begin);
-  check_state(op, state, strip.size(0), "state");
-  dstrip.expect(strip.shape(), strip.dtype(), std::string(op) + ": dstrip");
+  check_cross_entropy_strip_backward_args(op, strip, labels, column_begin, state, dstrip);
   dispatch_float(strip.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* yp = strip.data_as<T>();                  // (N, C), may be dstrip itself

@@ -9,10 +9,33 @@
 
 namespace moepeak::ops {
 
-void add_cpu(const Tensor& a, const Tensor& b, const Tensor& out, Stream& stream) {
-  const char* op = "add_cpu";
+void check_add_args(const char* op, const Tensor& a, const Tensor& b, const Tensor& out) {
   b.expect(a.shape(), a.dtype(), std::string(op) + ": b (like a " + a.str() + ")");
   out.expect(a.shape(), a.dtype(), std::string(op) + ": out (like a " + a.str() + ")");
+}
+
+void check_sum_squares_args(const char* op, const Tensor& out) {
+  out.expect(Shape{1}, DType::f64, std::string(op) + ": out");
+}
+
+void check_copy_args(const char* op, const Tensor& src, const Tensor& dst) {
+  dst.expect(src.shape(), src.dtype(), std::string(op) + ": dst (like src " + src.str() + ")");
+}
+
+void check_scale_rows_args(const char* op, const Tensor& x, const Tensor& weight) {
+  MOEPEAK_CHECK(x.ndim() == 2, op, ": x must be (M, C), got ", x.str());
+  weight.expect(Shape{x.size(0)}, x.dtype(), std::string(op) + ": weight (for x " + x.str() + ")");
+}
+
+void check_row_dot_args(const char* op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  MOEPEAK_CHECK(a.ndim() == 2, op, ": a must be (M, C), got ", a.str());
+  b.expect(a.shape(), a.dtype(), std::string(op) + ": b (like a " + a.str() + ")");
+  out.expect(Shape{a.size(0)}, a.dtype(), std::string(op) + ": out (for a " + a.str() + ")");
+}
+
+void add_cpu(const Tensor& a, const Tensor& b, const Tensor& out, Stream& stream) {
+  const char* op = "add_cpu";
+  check_add_args(op, a, b, out);
   dispatch_float(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* ap = a.data_as<T>();
@@ -39,7 +62,7 @@ void scale_cpu(const Tensor& x, double alpha, Stream& stream) {
 
 void sum_squares_cpu(const Tensor& x, const Tensor& out, Stream& stream) {
   const char* op = "sum_squares_cpu";
-  out.expect(Shape{1}, DType::f64, std::string(op) + ": out");
+  check_sum_squares_args(op, out);
   dispatch_float(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* xp = x.data_as<T>();
@@ -54,7 +77,7 @@ void sum_squares_cpu(const Tensor& x, const Tensor& out, Stream& stream) {
 }
 
 void copy_cpu(const Tensor& src, const Tensor& dst, Stream& stream) {
-  dst.expect(src.shape(), src.dtype(), "copy_cpu: dst (like src " + src.str() + ")");
+  check_copy_args("copy_cpu", src, dst);
   const void* from = src.data();
   void* to = dst.data();
   size_t bytes = src.nbytes();
@@ -65,8 +88,7 @@ void copy_cpu(const Tensor& src, const Tensor& dst, Stream& stream) {
 
 void scale_rows_cpu(const Tensor& x, const Tensor& weight, Stream& stream) {
   const char* op = "scale_rows_cpu";
-  MOEPEAK_CHECK(x.ndim() == 2, op, ": x must be (M, C), got ", x.str());
-  weight.expect(Shape{x.size(0)}, x.dtype(), std::string(op) + ": weight (for x " + x.str() + ")");
+  check_scale_rows_args(op, x, weight);
   dispatch_float(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     T* xp = x.data_as<T>();             // (M, C)
@@ -83,9 +105,7 @@ void scale_rows_cpu(const Tensor& x, const Tensor& weight, Stream& stream) {
 void row_dot_cpu(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate,
                  Stream& stream) {
   const char* op = "row_dot_cpu";
-  MOEPEAK_CHECK(a.ndim() == 2, op, ": a must be (M, C), got ", a.str());
-  b.expect(a.shape(), a.dtype(), std::string(op) + ": b (like a " + a.str() + ")");
-  out.expect(Shape{a.size(0)}, a.dtype(), std::string(op) + ": out (for a " + a.str() + ")");
+  check_row_dot_args(op, a, b, out);
   dispatch_float(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* ap = a.data_as<T>();  // (M, C)

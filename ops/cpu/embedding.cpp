@@ -27,6 +27,16 @@ void check_embedding_args(const char* op, const Tensor& ids, const Tensor& rows,
 
 }  // namespace
 
+void check_embedding_forward_args(const char* op, const Tensor& ids, const Tensor& weight,
+                                  const Tensor& out) {
+  check_embedding_args(op, ids, out, "out", weight, "weight");
+}
+
+void check_embedding_backward_args(const char* op, const Tensor& ids, const Tensor& dout,
+                                   const Tensor& dweight) {
+  check_embedding_args(op, ids, dout, "dout", dweight, "dweight");
+}
+
 void embedding_check_ids_host(const Tensor& ids, int64_t vocab_size) {
   MOEPEAK_CHECK(ids.ndim() == 1 && ids.dtype() == DType::i64,
                 "embedding_check_ids_host: ids must be i64 (N), got ", ids.str());
@@ -39,7 +49,7 @@ void embedding_check_ids_host(const Tensor& ids, int64_t vocab_size) {
 void embedding_forward_cpu(const Tensor& ids, const Tensor& weight, const Tensor& out,
                            Stream& stream) {
   const char* op = "embedding_forward_cpu";
-  check_embedding_args(op, ids, out, "out", weight, "weight");
+  check_embedding_forward_args(op, ids, weight, out);
   dispatch_float(weight.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const int64_t* id = ids.data_as<int64_t>();
@@ -60,7 +70,7 @@ void embedding_forward_cpu(const Tensor& ids, const Tensor& weight, const Tensor
 void embedding_backward_cpu(const Tensor& ids, const Tensor& dout, const Tensor& dweight,
                             Stream& stream) {
   const char* op = "embedding_backward_cpu";
-  check_embedding_args(op, ids, dout, "dout", dweight, "dweight");
+  check_embedding_backward_args(op, ids, dout, dweight);
   dispatch_float(dweight.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const int64_t* id = ids.data_as<int64_t>();

@@ -63,9 +63,8 @@ void check_x_and_w(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
 // y (M, N) (+)= x (M, K) . w[:, k0 : k0 + K]^T, w (N, K_w).
 void forward(const char* op, bool block, const Tensor& x, const Tensor& w, int64_t k0,
              const Tensor& y, bool accumulate, Stream& stream) {
-  check_x_and_w(op, x, w, k0, block);
+  check_linear_forward_args(op, x, w, k0, block, y);
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), kw = w.size(1);
-  y.expect(Shape{m, n}, x.dtype(), std::string(op) + ": y");
   dispatch_float(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* xp = x.data_as<T>();       // (M, K)
@@ -81,14 +80,9 @@ void forward(const char* op, bool block, const Tensor& x, const Tensor& w, int64
 void backward(const char* op, bool block, const Tensor& x, const Tensor& w, int64_t k0,
               const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw,
               Stream& stream) {
-  check_x_and_w(op, x, w, k0, block);
+  const LinearGrads want = check_linear_backward_args(op, x, w, k0, block, dy, dx, dw);
+  const bool want_dx = want.dx, want_dw = want.dw;
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), kw = w.size(1);
-  dy.expect(Shape{m, n}, x.dtype(), std::string(op) + ": dy");
-  // A (0, K) dx, or a dw of a (0, K) w, may have no bytes but is "given".
-  const bool want_dx = dx.defined() || dx.ndim() > 0;
-  const bool want_dw = dw.defined() || dw.ndim() > 0;
-  if (want_dx) dx.expect(x.shape(), x.dtype(), std::string(op) + ": dx");
-  if (want_dw) dw.expect(w.shape(), x.dtype(), std::string(op) + ": dw");
   dispatch_float(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* xp = x.data_as<T>();                       // (M, K)
@@ -105,6 +99,26 @@ void backward(const char* op, bool block, const Tensor& x, const Tensor& w, int6
 }
 
 }  // namespace
+
+void check_linear_forward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
+                               bool cols, const Tensor& y) {
+  check_x_and_w(op, x, w, k0, cols);
+  y.expect(Shape{x.size(0), w.size(0)}, x.dtype(), std::string(op) + ": y");
+}
+
+LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Tensor& w,
+                                       int64_t k0, bool cols, const Tensor& dy, const Tensor& dx,
+                                       const Tensor& dw) {
+  check_x_and_w(op, x, w, k0, cols);
+  dy.expect(Shape{x.size(0), w.size(0)}, x.dtype(), std::string(op) + ": dy");
+  // A (0, K) dx, or a dw of a (0, K) w, may have no bytes but is "given".
+  LinearGrads want;
+  want.dx = dx.defined() || dx.ndim() > 0;
+  want.dw = dw.defined() || dw.ndim() > 0;
+  if (want.dx) dx.expect(x.shape(), x.dtype(), std::string(op) + ": dx");
+  if (want.dw) dw.expect(w.shape(), x.dtype(), std::string(op) + ": dw");
+  return want;
+}
 
 void linear_forward_cpu(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate,
                         Stream& stream) {

@@ -11,15 +11,19 @@
 
 namespace moepeak::ops {
 
-void matmul_cpu(const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate,
-                Stream& stream) {
-  const char* op = "matmul_cpu";
+void check_matmul_args(const char* op, const Tensor& a, const Tensor& b, const Tensor& c) {
   MOEPEAK_CHECK(a.ndim() == 2, op, ": a must be (M, K), got ", a.str());
   MOEPEAK_CHECK(b.ndim() == 2 && b.size(0) == a.size(1) && b.dtype() == a.dtype(), op,
                 ": b must be ", dtype_name(a.dtype()), "(", a.size(1), ", N) for a ", a.str(),
                 ", got ", b.str());
+  c.expect(Shape{a.size(0), b.size(1)}, a.dtype(), std::string(op) + ": c");
+}
+
+void matmul_cpu(const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate,
+                Stream& stream) {
+  const char* op = "matmul_cpu";
+  check_matmul_args(op, a, b, c);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  c.expect(Shape{m, n}, a.dtype(), std::string(op) + ": c");
   dispatch_float(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* ap = a.data_as<T>();  // (M, K)

@@ -29,9 +29,34 @@ void check_indices(const char* op, const int32_t* index, int64_t count, int64_t 
 
 }  // namespace
 
+void check_gather_rows_args(const char* op, const Tensor& src, const Tensor& index,
+                            const Tensor& dst) {
+  check_rows_args(op, src, "src", dst, "dst", index);
+}
+
+void check_scatter_add_rows_args(const char* op, const Tensor& src, const Tensor& index,
+                                 const Tensor& dst) {
+  check_rows_args(op, dst, "dst", src, "src", index);
+}
+
+void check_combine_rows_args(const char* op, const Tensor& y, const Tensor& index,
+                             const Tensor& weight, const Tensor& out) {
+  check_rows_args(op, out, "out", y, "y", index);
+  weight.expect(index.shape(), out.dtype(), std::string(op) + ": weight");
+}
+
+void check_combine_rows_backward_args(const char* op, const Tensor& dout, const Tensor& y,
+                                      const Tensor& index, const Tensor& weight, const Tensor& dy,
+                                      const Tensor& dweight) {
+  check_rows_args(op, dout, "dout", y, "y", index);
+  weight.expect(index.shape(), dout.dtype(), std::string(op) + ": weight");
+  dy.expect(y.shape(), dout.dtype(), std::string(op) + ": dy");
+  dweight.expect(index.shape(), dout.dtype(), std::string(op) + ": dweight");
+}
+
 void gather_rows_cpu(const Tensor& src, const Tensor& index, const Tensor& dst, Stream& stream) {
   const char* op = "gather_rows_cpu";
-  check_rows_args(op, src, "src", dst, "dst", index);
+  check_gather_rows_args(op, src, index, dst);
   dispatch_float(src.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* sp = src.data_as<T>();                // (N, H)
@@ -52,7 +77,7 @@ void gather_rows_cpu(const Tensor& src, const Tensor& index, const Tensor& dst, 
 void scatter_add_rows_cpu(const Tensor& src, const Tensor& index, const Tensor& dst,
                           Stream& stream) {
   const char* op = "scatter_add_rows_cpu";
-  check_rows_args(op, dst, "dst", src, "src", index);
+  check_scatter_add_rows_args(op, src, index, dst);
   dispatch_float(dst.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* sp = src.data_as<T>();                // (M, H)
@@ -73,8 +98,7 @@ void scatter_add_rows_cpu(const Tensor& src, const Tensor& index, const Tensor& 
 void combine_rows_cpu(const Tensor& y, const Tensor& index, const Tensor& weight, const Tensor& out,
                       Stream& stream) {
   const char* op = "combine_rows_cpu";
-  check_rows_args(op, out, "out", y, "y", index);
-  weight.expect(index.shape(), out.dtype(), std::string(op) + ": weight");
+  check_combine_rows_args(op, y, index, weight, out);
   dispatch_float(out.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* yp = y.data_as<T>();                  // (M, H)
@@ -97,10 +121,7 @@ void combine_rows_backward_cpu(const Tensor& dout, const Tensor& y, const Tensor
                                const Tensor& weight, const Tensor& dy, const Tensor& dweight,
                                Stream& stream) {
   const char* op = "combine_rows_backward_cpu";
-  check_rows_args(op, dout, "dout", y, "y", index);
-  weight.expect(index.shape(), dout.dtype(), std::string(op) + ": weight");
-  dy.expect(y.shape(), dout.dtype(), std::string(op) + ": dy");
-  dweight.expect(index.shape(), dout.dtype(), std::string(op) + ": dweight");
+  check_combine_rows_backward_args(op, dout, y, index, weight, dy, dweight);
   dispatch_float(dout.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* doutp = dout.data_as<T>();            // (N, H)

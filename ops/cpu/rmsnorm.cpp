@@ -18,14 +18,29 @@ void check_x_and_w(const char* op, const Tensor& x, const Tensor& w) {
 
 }  // namespace
 
+void check_rmsnorm_forward_args(const char* op, const Tensor& x, const Tensor& w, double eps,
+                                const Tensor& y, const Tensor& rstd) {
+  check_x_and_w(op, x, w);
+  MOEPEAK_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
+  y.expect(x.shape(), x.dtype(), std::string(op) + ": y");
+  rstd.expect(Shape{x.size(0)}, x.dtype(), std::string(op) + ": rstd");
+}
+
+void check_rmsnorm_backward_args(const char* op, const Tensor& x, const Tensor& w,
+                                 const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                                 const Tensor& dw) {
+  check_x_and_w(op, x, w);
+  rstd.expect(Shape{x.size(0)}, x.dtype(), std::string(op) + ": rstd");
+  dy.expect(x.shape(), x.dtype(), std::string(op) + ": dy");
+  dx.expect(x.shape(), x.dtype(), std::string(op) + ": dx");
+  dw.expect(w.shape(), x.dtype(), std::string(op) + ": dw");
+}
+
 void rmsnorm_forward_cpu(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
                          const Tensor& rstd, Stream& stream) {
   const char* op = "rmsnorm_forward_cpu";
-  check_x_and_w(op, x, w);
-  MOEPEAK_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
+  check_rmsnorm_forward_args(op, x, w, eps, y, rstd);
   int64_t rows = x.size(0), hidden = x.size(1);
-  y.expect(x.shape(), x.dtype(), std::string(op) + ": y");
-  rstd.expect(Shape{rows}, x.dtype(), std::string(op) + ": rstd");
   dispatch_float(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* xp = x.data_as<T>();  // (N, H)
@@ -50,12 +65,8 @@ void rmsnorm_forward_cpu(const Tensor& x, const Tensor& w, double eps, const Ten
 void rmsnorm_backward_cpu(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                           const Tensor& dx, const Tensor& dw, Stream& stream) {
   const char* op = "rmsnorm_backward_cpu";
-  check_x_and_w(op, x, w);
+  check_rmsnorm_backward_args(op, x, w, rstd, dy, dx, dw);
   int64_t rows = x.size(0), hidden = x.size(1);
-  rstd.expect(Shape{rows}, x.dtype(), std::string(op) + ": rstd");
-  dy.expect(x.shape(), x.dtype(), std::string(op) + ": dy");
-  dx.expect(x.shape(), x.dtype(), std::string(op) + ": dx");
-  dw.expect(w.shape(), x.dtype(), std::string(op) + ": dw");
   dispatch_float(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* xp = x.data_as<T>();     // (N, H)

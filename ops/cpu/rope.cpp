@@ -8,7 +8,6 @@
 #include "core/runtime/cpu_stream.h"
 
 namespace moepeak::ops {
-namespace {
 
 // x: (N, n_heads, d) with d even and > 0; positions: (N) i64; theta > 0.
 void check_rope_args(const char* op, const Tensor& x, const Tensor& positions, double theta) {
@@ -19,6 +18,8 @@ void check_rope_args(const char* op, const Tensor& x, const Tensor& positions, d
       op, ": positions must be i64 (", x.size(0), "), got ", positions.str(), " for x ", x.str());
   MOEPEAK_CHECK(theta > 0, op, ": theta must be > 0, got ", theta);
 }
+
+namespace {
 
 // Rotates every head of every token by +angle (forward) or -angle (backward, the transpose).
 template <typename T>

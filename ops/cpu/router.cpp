@@ -12,15 +12,42 @@
 
 namespace moepeak::ops {
 
-void router_forward_cpu(const Tensor& logits, int k, const Tensor& probs, const Tensor& topk_index,
-                        const Tensor& topk_weight, Stream& stream) {
-  const char* op = "router_forward_cpu";
+void check_router_forward_args(const char* op, const Tensor& logits, int k, const Tensor& probs,
+                               const Tensor& topk_index, const Tensor& topk_weight) {
   MOEPEAK_CHECK(logits.ndim() == 2, op, ": logits must be (N, E), got ", logits.str());
   int64_t tokens = logits.size(0), experts = logits.size(1);
   MOEPEAK_CHECK(k >= 1 && k <= experts, op, ": k must be in [1, E = ", experts, "], got ", k);
   probs.expect(logits.shape(), logits.dtype(), std::string(op) + ": probs");
   topk_index.expect(Shape{tokens, k}, DType::i32, std::string(op) + ": topk_index");
   topk_weight.expect(Shape{tokens, k}, logits.dtype(), std::string(op) + ": topk_weight");
+}
+
+void check_router_backward_args(const char* op, const Tensor& probs, const Tensor& topk_index,
+                                const Tensor& topk_weight, const Tensor& dtopk_weight,
+                                const Tensor& dlogits) {
+  MOEPEAK_CHECK(probs.ndim() == 2, op, ": probs must be (N, E), got ", probs.str());
+  MOEPEAK_CHECK(topk_index.ndim() == 2 && topk_index.size(0) == probs.size(0) &&
+                    topk_index.size(1) >= 1 && topk_index.size(1) <= probs.size(1) &&
+                    topk_index.dtype() == DType::i32,
+                op, ": topk_index must be i32 (", probs.size(0),
+                ", k) with 1 <= k <= ", probs.size(1), ", got ", topk_index.str());
+  topk_weight.expect(topk_index.shape(), probs.dtype(), std::string(op) + ": topk_weight");
+  dtopk_weight.expect(topk_index.shape(), probs.dtype(), std::string(op) + ": dtopk_weight");
+  dlogits.expect(probs.shape(), probs.dtype(), std::string(op) + ": dlogits");
+}
+
+void check_router_aux_backward_args(const char* op, const Tensor& probs, const Tensor& dprobs,
+                                    const Tensor& dlogits) {
+  MOEPEAK_CHECK(probs.ndim() == 2, op, ": probs must be (N, E), got ", probs.str());
+  dprobs.expect(Shape{probs.size(1)}, probs.dtype(), std::string(op) + ": dprobs");
+  dlogits.expect(probs.shape(), probs.dtype(), std::string(op) + ": dlogits");
+}
+
+void router_forward_cpu(const Tensor& logits, int k, const Tensor& probs, const Tensor& topk_index,
+                        const Tensor& topk_weight, Stream& stream) {
+  const char* op = "router_forward_cpu";
+  check_router_forward_args(op, logits, k, probs, topk_index, topk_weight);
+  int64_t tokens = logits.size(0), experts = logits.size(1);
   dispatch_float(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* lp = logits.data_as<T>();            // (N, E)
@@ -64,16 +91,8 @@ void router_forward_cpu(const Tensor& logits, int k, const Tensor& probs, const 
 void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
                          const Tensor& dtopk_weight, const Tensor& dlogits, Stream& stream) {
   const char* op = "router_backward_cpu";
-  MOEPEAK_CHECK(probs.ndim() == 2, op, ": probs must be (N, E), got ", probs.str());
-  MOEPEAK_CHECK(topk_index.ndim() == 2 && topk_index.size(0) == probs.size(0) &&
-                    topk_index.size(1) >= 1 && topk_index.size(1) <= probs.size(1) &&
-                    topk_index.dtype() == DType::i32,
-                op, ": topk_index must be i32 (", probs.size(0),
-                ", k) with 1 <= k <= ", probs.size(1), ", got ", topk_index.str());
+  check_router_backward_args(op, probs, topk_index, topk_weight, dtopk_weight, dlogits);
   int64_t tokens = probs.size(0), experts = probs.size(1), k = topk_index.size(1);
-  topk_weight.expect(topk_index.shape(), probs.dtype(), std::string(op) + ": topk_weight");
-  dtopk_weight.expect(topk_index.shape(), probs.dtype(), std::string(op) + ": dtopk_weight");
-  dlogits.expect(probs.shape(), probs.dtype(), std::string(op) + ": dlogits");
   dispatch_float(probs.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const int32_t* ip = topk_index.data_as<int32_t>();  // (N, k)
@@ -116,10 +135,8 @@ namespace moepeak::ops {
 void router_aux_backward_cpu(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,
                              Stream& stream) {
   const char* op = "router_aux_backward_cpu";
-  MOEPEAK_CHECK(probs.ndim() == 2, op, ": probs must be (N, E), got ", probs.str());
+  check_router_aux_backward_args(op, probs, dprobs, dlogits);
   const int64_t tokens = probs.size(0), experts = probs.size(1);
-  dprobs.expect(Shape{experts}, probs.dtype(), std::string(op) + ": dprobs");
-  dlogits.expect(probs.shape(), probs.dtype(), std::string(op) + ": dlogits");
   dispatch_float(probs.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* p = probs.data_as<T>();   // (N, E)

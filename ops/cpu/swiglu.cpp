@@ -23,9 +23,18 @@ void check_same_as_a(const char* op, const Tensor& a,
 
 }  // namespace
 
+void check_swiglu_forward_args(const char* op, const Tensor& a, const Tensor& b, const Tensor& h) {
+  check_same_as_a(op, a, {{&b, "b"}, {&h, "h"}});
+}
+
+void check_swiglu_backward_args(const char* op, const Tensor& a, const Tensor& b, const Tensor& dh,
+                                const Tensor& da, const Tensor& db) {
+  check_same_as_a(op, a, {{&b, "b"}, {&dh, "dh"}, {&da, "da"}, {&db, "db"}});
+}
+
 void swiglu_forward_cpu(const Tensor& a, const Tensor& b, const Tensor& h, Stream& stream) {
   const char* op = "swiglu_forward_cpu";
-  check_same_as_a(op, a, {{&b, "b"}, {&h, "h"}});
+  check_swiglu_forward_args(op, a, b, h);
   dispatch_float(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* ap = a.data_as<T>();  // (M, F)
@@ -41,7 +50,7 @@ void swiglu_forward_cpu(const Tensor& a, const Tensor& b, const Tensor& h, Strea
 void swiglu_backward_cpu(const Tensor& a, const Tensor& b, const Tensor& dh, const Tensor& da,
                          const Tensor& db, Stream& stream) {
   const char* op = "swiglu_backward_cpu";
-  check_same_as_a(op, a, {{&b, "b"}, {&dh, "dh"}, {&da, "da"}, {&db, "db"}});
+  check_swiglu_backward_args(op, a, b, dh, da, db);
   dispatch_float(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* ap = a.data_as<T>();    // (M, F)

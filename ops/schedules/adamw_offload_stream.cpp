@@ -118,7 +118,7 @@ void OffloadStreamAdamW::step(int64_t step, double lr, double grad_scale, Stream
         return Tensor(slot + (j * beta + static_cast<size_t>(r.at)) * b, Shape{n}, dtype,
                       Placement::device, &backend_);
       };
-      ops::adamw_fused_cpu(part(0), r.grad, part(1), part(2), r.value, hyper, r.decay, *update_);
+      ops::adamw_fused(part(0), r.grad, part(1), part(2), r.value, hyper, r.decay, *update_);
     }
     updated_[k]->record(*update_);
 

@@ -63,7 +63,7 @@ Tensor ResidentAdamW::state_view(const OwnedTensor& state, const Slot& slot) con
 void ResidentAdamW::step(int64_t step, double lr, double grad_scale, Stream& stream) {
   const ops::AdamWHyper h = adamw_hyper(config_, step, lr, grad_scale);
   for (const Slot& s : slots_) {
-    ops::adamw_cpu(s.piece.value, s.piece.grad, state_view(m_, s), state_view(v_, s), h,
+    ops::adamw(s.piece.value, s.piece.grad, state_view(m_, s), state_view(v_, s), h,
                    s.piece.decay, stream);
   }
 }

@@ -65,21 +65,21 @@ void combine_backward_on_source(Backend& backend, Stream& stream, DType dtype, c
   const int64_t M = send_token.numel();
   OwnedTensor drow_weight =
       OwnedTensor::device(backend, Shape{M}, dtype, LiveSet::dispatch, "d send weight");
-  ops::combine_rows_backward_cpu(dout, y_back, send_token, send_weight, y_back, drow_weight,
+  ops::combine_rows_backward(dout, y_back, send_token, send_weight, y_back, drow_weight,
                                  stream);
   ops::fill(dweight, 0.0, stream);
-  ops::scatter_add_rows_cpu(drow_weight.view().reshape(Shape{M, 1}), send_slot,
+  ops::scatter_add_rows(drow_weight.view().reshape(Shape{M, 1}), send_slot,
                             dweight.reshape(Shape{dweight.numel(), 1}), stream);
 }
 
 void grouped_expert_backward(const ExpertWeights& ex, const Tensor& x, const Tensor& a,
                              const Tensor& b, const Tensor& dy, const Tensor& g, const Tensor& dg,
                              const Tensor& da, const Tensor& db, const Tensor& dx, Stream& stream) {
-  ops::swiglu_forward_cpu(a, b, g, stream);
-  ops::linear_backward_cpu(g, ex.w2, dy, dg, false, ex.dw2, stream);
-  ops::swiglu_backward_cpu(a, b, dg, da, db, stream);
-  ops::linear_backward_cpu(x, ex.w1, da, dx, false, ex.dw1, stream);
-  ops::linear_backward_cpu(x, ex.w3, db, dx, true, ex.dw3, stream);
+  ops::swiglu_forward(a, b, g, stream);
+  ops::linear_backward(g, ex.w2, dy, dg, false, ex.dw2, stream);
+  ops::swiglu_backward(a, b, dg, da, db, stream);
+  ops::linear_backward(x, ex.w1, da, dx, false, ex.dw1, stream);
+  ops::linear_backward(x, ex.w3, db, dx, true, ex.dw3, stream);
 }
 
 void exchange_rows(Comm& comm, Stream& stream, DType dtype, const char* who, const Tensor& send,
@@ -218,13 +218,13 @@ void ExpertParallelDispatch::forward(const Tensor& x, const Tensor& index, const
   send_weight_ = OwnedTensor::device(backend_, Shape{M}, dtype_, LiveSet::dispatch, "send weight");
   backend_.copy_async(send_token_.data(), token.data(), M * 4, CopyKind::host_to_device, stream_);
   backend_.copy_async(send_slot_.data(), slot.data(), M * 4, CopyKind::host_to_device, stream_);
-  ops::gather_rows_cpu(weight.reshape(Shape{M, 1}), send_slot_,
+  ops::gather_rows(weight.reshape(Shape{M, 1}), send_slot_,
                        send_weight_.view().reshape(Shape{M, 1}), stream_);
 
   // Tokens to the owners of their experts.
   OwnedTensor x_send =
       OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "sent rows");
-  ops::gather_rows_cpu(x, send_token_, x_send, stream_);
+  ops::gather_rows(x, send_token_, x_send, stream_);
   perm_ = OwnedTensor::device(backend_, Shape{R}, DType::i32, LiveSet::dispatch, "arrival row");
   inv_perm_ = OwnedTensor::device(backend_, Shape{R}, DType::i32, LiveSet::dispatch, "grouped row");
   backend_.copy_async(perm_.data(), perm.data(), R * 4, CopyKind::host_to_device, stream_);
@@ -235,7 +235,7 @@ void ExpertParallelDispatch::forward(const Tensor& x, const Tensor& index, const
   x_send.reset();
   x_rows_ =
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "dispatched rows");
-  ops::gather_rows_cpu(x_recv, perm_, x_rows_, stream_);
+  ops::gather_rows(x_recv, perm_, x_rows_, stream_);
   x_recv.reset();
 
   // The experts: the same GEMMs as StandardDispatch, on each local expert's rows.
@@ -250,22 +250,22 @@ void ExpertParallelDispatch::forward(const Tensor& x, const Tensor& index, const
       if (lo == hi) continue;
       auto rows = [&](const OwnedTensor& t) { return t.view().rows(lo, hi); };
       const ExpertWeights& ex = local_experts[l];
-      ops::linear_forward_cpu(rows(x_rows_), ex.w1, rows(a_), false, stream_);
-      ops::linear_forward_cpu(rows(x_rows_), ex.w3, rows(b_), false, stream_);
-      ops::swiglu_forward_cpu(rows(a_), rows(b_), rows(g), stream_);
-      ops::linear_forward_cpu(rows(g), ex.w2, rows(y_rows), false, stream_);
+      ops::linear_forward(rows(x_rows_), ex.w1, rows(a_), false, stream_);
+      ops::linear_forward(rows(x_rows_), ex.w3, rows(b_), false, stream_);
+      ops::swiglu_forward(rows(a_), rows(b_), rows(g), stream_);
+      ops::linear_forward(rows(g), ex.w2, rows(y_rows), false, stream_);
     }
   }
   // Back to arrival order, back to the sources, combined there in send (expert-major) order.
   OwnedTensor y_arrival =
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "outputs to return");
-  ops::gather_rows_cpu(y_rows, inv_perm_, y_arrival, stream_);
+  ops::gather_rows(y_rows, inv_perm_, y_arrival, stream_);
   y_rows.reset();
   y_back_ =
       OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "returned outputs");
   exchange_rows(y_arrival, recv_rows_, y_back_, send_rows_, H);
   y_arrival.reset();
-  ops::combine_rows_cpu(y_back_, send_token_, send_weight_, out, stream_);
+  ops::combine_rows(y_back_, send_token_, send_weight_, out, stream_);
   have_forward_ = true;
   // The host vectors above are read by queued copies: finish them before the vectors die.
   stream_.synchronize();
@@ -299,7 +299,7 @@ void ExpertParallelDispatch::backward(const Tensor& dout,
     y_back_.reset();
     dy_rows =
         OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "d expert outputs");
-    ops::gather_rows_cpu(dy_recv, perm_, dy_rows, stream_);
+    ops::gather_rows(dy_recv, perm_, dy_rows, stream_);
   }
   // Expert backward (g recomputed from a, b as StandardDispatch does): dx rows, dW +=.
   OwnedTensor dx_rows =
@@ -328,7 +328,7 @@ void ExpertParallelDispatch::backward(const Tensor& dout,
   {
     OwnedTensor dx_arrival =
         OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "d rows to return");
-    ops::gather_rows_cpu(dx_rows, inv_perm_, dx_arrival, stream_);
+    ops::gather_rows(dx_rows, inv_perm_, dx_arrival, stream_);
     dx_rows.reset();
     perm_.reset();
     inv_perm_.reset();
@@ -336,7 +336,7 @@ void ExpertParallelDispatch::backward(const Tensor& dout,
         OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "returned d rows");
     exchange_rows(dx_arrival, recv_rows_, dx_back, send_rows_, H);
     dx_arrival.reset();
-    ops::scatter_add_rows_cpu(dx_back, send_token_, dx, stream_);
+    ops::scatter_add_rows(dx_back, send_token_, dx, stream_);
   }
   release();
 }

@@ -155,11 +155,11 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
                       stream_);
   backend_.copy_async(send_slot_.data(), route_.send_slot.data(), M * 4, CopyKind::host_to_device,
                       stream_);
-  ops::gather_rows_cpu(weight.reshape(Shape{M, 1}), send_slot_,
+  ops::gather_rows(weight.reshape(Shape{M, 1}), send_slot_,
                        send_weight_.view().reshape(Shape{M, 1}), stream_);
   OwnedTensor x_send =
       OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "sent rows");
-  ops::gather_rows_cpu(x, send_token_, x_send, stream_);
+  ops::gather_rows(x, send_token_, x_send, stream_);
   perm_ = OwnedTensor::device(backend_, Shape{R}, DType::i32, LiveSet::dispatch, "arrival row");
   inv_perm_ = OwnedTensor::device(backend_, Shape{R}, DType::i32, LiveSet::dispatch, "grouped row");
   backend_.copy_async(perm_.data(), perm.data(), R * 4, CopyKind::host_to_device, stream_);
@@ -169,7 +169,7 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
   exchange_rows(x_send, route_.send_rows, x_recv, route_.recv_rows, H);
   x_send.reset();
   x_rows_ = OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "dispatched rows");
-  ops::gather_rows_cpu(x_recv, perm_, x_rows_, stream_);
+  ops::gather_rows(x_recv, perm_, x_rows_, stream_);
   x_recv.reset();
 
   a_ = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "expert w1 rows");
@@ -182,22 +182,22 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
       const int64_t lo = expert_offsets_[i], hi = expert_offsets_[i + 1];
       auto rows = [&](const OwnedTensor& t) { return t.view().rows(lo, hi); };
       const ExpertWeights& ex = weights_of(computed_experts_[i], local_experts);
-      ops::linear_forward_cpu(rows(x_rows_), ex.w1, rows(a_), false, stream_);
-      ops::linear_forward_cpu(rows(x_rows_), ex.w3, rows(b_), false, stream_);
-      ops::swiglu_forward_cpu(rows(a_), rows(b_), rows(g), stream_);
-      ops::linear_forward_cpu(rows(g), ex.w2, rows(y_rows), false, stream_);
+      ops::linear_forward(rows(x_rows_), ex.w1, rows(a_), false, stream_);
+      ops::linear_forward(rows(x_rows_), ex.w3, rows(b_), false, stream_);
+      ops::swiglu_forward(rows(a_), rows(b_), rows(g), stream_);
+      ops::linear_forward(rows(g), ex.w2, rows(y_rows), false, stream_);
     }
   }
   OwnedTensor y_arrival =
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "outputs to return");
-  ops::gather_rows_cpu(y_rows, inv_perm_, y_arrival, stream_);
+  ops::gather_rows(y_rows, inv_perm_, y_arrival, stream_);
   y_rows.reset();
   y_back_ = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "returned outputs");
   exchange_rows(y_arrival, route_.recv_rows, y_back_, route_.send_rows, H);
   y_arrival.reset();
   // Expert by expert, so each token adds its k outputs in expert order (as the standard does).
   for (const LlepRoute::Range& r : route_.combine_ranges) {
-    ops::combine_rows_cpu(y_back_.view().rows(r.begin, r.end),
+    ops::combine_rows(y_back_.view().rows(r.begin, r.end),
                           send_token_.view().rows(r.begin, r.end),
                           send_weight_.view().rows(r.begin, r.end), out, stream_);
   }
@@ -228,7 +228,7 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
     exchange_rows(y_back_, route_.send_rows, dy_recv, route_.recv_rows, H);
     y_back_.reset();
     dy_rows = OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "d expert outputs");
-    ops::gather_rows_cpu(dy_recv, perm_, dy_rows, stream_);
+    ops::gather_rows(dy_recv, perm_, dy_rows, stream_);
   }
   OwnedTensor dx_rows =
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "d dispatched rows");
@@ -253,7 +253,7 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
   {
     OwnedTensor dx_arrival =
         OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "d rows to return");
-    ops::gather_rows_cpu(dx_rows, inv_perm_, dx_arrival, stream_);
+    ops::gather_rows(dx_rows, inv_perm_, dx_arrival, stream_);
     dx_rows.reset();
     perm_.reset();
     inv_perm_.reset();
@@ -262,7 +262,7 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
     exchange_rows(dx_arrival, route_.recv_rows, dx_back, route_.send_rows, H);
     dx_arrival.reset();
     for (const LlepRoute::Range& r : route_.combine_ranges) {
-      ops::scatter_add_rows_cpu(dx_back.view().rows(r.begin, r.end),
+      ops::scatter_add_rows(dx_back.view().rows(r.begin, r.end),
                                 send_token_.view().rows(r.begin, r.end), dx, stream_);
     }
   }

@@ -519,9 +519,9 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
       // Dispatch on the comm stream, once chunk i-S has left the slot (and, S = 1, the staging).
       if (i >= S) cs.wait(*slot_free_[s]);
       copy_metadata(c, token[s], slot[s], cs);
-      ops::gather_rows_cpu(weight_rows, slot[s].view().rows(0, m),
+      ops::gather_rows(weight_rows, slot[s].view().rows(0, m),
                            row_weight[s].view().rows(0, m).reshape(Shape{m, 1}), cs);
-      ops::gather_rows_cpu(x_, token[s].view().rows(0, m), x_send.view().rows(0, m), cs);
+      ops::gather_rows(x_, token[s].view().rows(0, m), x_send.view().rows(0, m), cs);
       exchange_rows(*comm2_, cs, x_send.view().rows(0, m), r.send_rows, recv[s].view().rows(0, rr),
                     r.recv_rows, H);
       recv_ready_[s]->record(cs);
@@ -542,16 +542,16 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
           const int64_t f1 = std::min(F, f0 + Fb);
           const Tensor as = block_of(a, n, f1 - f0), bs = block_of(b, n, f1 - f0);  // (n, f1 - f0)
           const Tensor gs = block_of(g, n, f1 - f0);
-          ops::linear_forward_cpu(xs, ex.w1.rows(f0, f1), as, false, stream_);
-          ops::linear_forward_cpu(xs, ex.w3.rows(f0, f1), bs, false, stream_);
-          ops::swiglu_forward_cpu(as, bs, gs, stream_);
-          ops::linear_forward_cols_cpu(gs, ex.w2, f0, ys, f0 > 0, stream_);
+          ops::linear_forward(xs, ex.w1.rows(f0, f1), as, false, stream_);
+          ops::linear_forward(xs, ex.w3.rows(f0, f1), bs, false, stream_);
+          ops::swiglu_forward(as, bs, gs, stream_);
+          ops::linear_forward_cols(gs, ex.w2, f0, ys, f0 > 0, stream_);
         }
         move_tile_rows(c, t, arrival, ys, false);  // y over x in the slot
       }
       exchange_rows(comm_, stream_, arrival, r.recv_rows, y_back.rows(0, m), r.send_rows, H);
       for (const LlepRoute::Range& rg : r.combine_ranges) {
-        ops::combine_rows_cpu(y_back.rows(rg.begin, rg.end), token[s].view().rows(rg.begin, rg.end),
+        ops::combine_rows(y_back.rows(rg.begin, rg.end), token[s].view().rows(rg.begin, rg.end),
                               row_weight[s].view().rows(rg.begin, rg.end), out, stream_);
       }
       slot_free_[s]->record(stream_);
@@ -649,13 +649,13 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
       if (i >= S) cs.wait(*slot_free_[s]);
       copy_metadata(c, token[s], slot[s], cs);
       const Tensor tok = token[s].view().rows(0, m), sl = slot[s].view().rows(0, m);
-      ops::gather_rows_cpu(x_, tok, stage.view().rows(0, m), cs);
+      ops::gather_rows(x_, tok, stage.view().rows(0, m), cs);
       exchange_rows(*comm2_, cs, stage.view().rows(0, m), r.send_rows, recv_x[s].view().rows(0, rr),
                     r.recv_rows, H);
-      ops::gather_rows_cpu(dout, tok, stage.view().rows(0, m), cs);
+      ops::gather_rows(dout, tok, stage.view().rows(0, m), cs);
       exchange_rows(*comm2_, cs, stage.view().rows(0, m), r.send_rows, recv_d[s].view().rows(0, rr),
                     r.recv_rows, H);
-      ops::gather_rows_cpu(weight_rows, sl, w_stage.view().rows(0, m).reshape(Shape{m, 1}), cs);
+      ops::gather_rows(weight_rows, sl, w_stage.view().rows(0, m).reshape(Shape{m, 1}), cs);
       exchange_rows(*comm2_, cs, w_stage.view().rows(0, m), r.send_rows,
                     recv_w[s].view().rows(0, rr), r.recv_rows, 1);
       recv_ready_[s]->record(cs);
@@ -689,17 +689,17 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
           const Tensor as = block_of(a, n, f), bs = block_of(b, n, f);  // (n, f)
           const Tensor gs = block_of(g, n, f), dgs = block_of(dg, n, f);
           const Tensor w1 = ex.w1.rows(f0, f1), w3 = ex.w3.rows(f0, f1);  // (f, H)
-          ops::linear_forward_cpu(xs, w1, as, false, stream_);
-          ops::linear_forward_cpu(xs, w3, bs, false, stream_);
-          ops::swiglu_forward_cpu(as, bs, gs, stream_);
-          ops::linear_backward_cols_cpu(gs, ex.w2, f0, ds, dgs, false, Tensor(), stream_);
-          ops::row_dot_cpu(gs, dgs, dws, f0 > 0, stream_);
-          ops::scale_rows_cpu(dgs, ws, stream_);
-          ops::scale_rows_cpu(gs, ws, stream_);
-          ops::linear_backward_cols_cpu(gs, ex.w2, f0, ds, Tensor(), false, ex.dw2, stream_);
-          ops::swiglu_backward_cpu(as, bs, dgs, as, bs, stream_);  // da, db in place of a, b
-          ops::linear_backward_cpu(xs, w1, as, dxs, f0 > 0, ex.dw1.rows(f0, f1), stream_);
-          ops::linear_backward_cpu(xs, w3, bs, dxs, true, ex.dw3.rows(f0, f1), stream_);
+          ops::linear_forward(xs, w1, as, false, stream_);
+          ops::linear_forward(xs, w3, bs, false, stream_);
+          ops::swiglu_forward(as, bs, gs, stream_);
+          ops::linear_backward_cols(gs, ex.w2, f0, ds, dgs, false, Tensor(), stream_);
+          ops::row_dot(gs, dgs, dws, f0 > 0, stream_);
+          ops::scale_rows(dgs, ws, stream_);
+          ops::scale_rows(gs, ws, stream_);
+          ops::linear_backward_cols(gs, ex.w2, f0, ds, Tensor(), false, ex.dw2, stream_);
+          ops::swiglu_backward(as, bs, dgs, as, bs, stream_);  // da, db in place of a, b
+          ops::linear_backward(xs, w1, as, dxs, f0 > 0, ex.dw1.rows(f0, f1), stream_);
+          ops::linear_backward(xs, w3, bs, dxs, true, ex.dw3.rows(f0, f1), stream_);
         }
         move_tile_rows(c, t, da, dxs, false);  // dx over dout in the slot
         move_tile_rows(c, t, wa, dws, false);  // dweight over the (used) weights
@@ -707,10 +707,10 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
       exchange_rows(comm_, stream_, da, r.recv_rows, dx_back.rows(0, m), r.send_rows, H);
       exchange_rows(comm_, stream_, wa, r.recv_rows, dw_back.rows(0, m), r.send_rows, 1);
       for (const LlepRoute::Range& rg : r.combine_ranges) {
-        ops::scatter_add_rows_cpu(dx_back.rows(rg.begin, rg.end),
+        ops::scatter_add_rows(dx_back.rows(rg.begin, rg.end),
                                   token[s].view().rows(rg.begin, rg.end), dx, stream_);
       }
-      ops::scatter_add_rows_cpu(dw_back.rows(0, m).reshape(Shape{m, 1}),
+      ops::scatter_add_rows(dw_back.rows(0, m).reshape(Shape{m, 1}),
                                 slot[s].view().rows(0, m), dweight.reshape(Shape{NK, 1}), stream_);
       slot_free_[s]->record(stream_);
     }

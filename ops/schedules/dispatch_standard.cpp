@@ -68,14 +68,14 @@ void StandardDispatch::forward(const Tensor& x, const Tensor& index, const Tenso
   backend_.copy_async(row_token_.data(), token.data(), M * 4, CopyKind::host_to_device, stream_);
   backend_.copy_async(row_slot_.data(), slot.data(), M * 4, CopyKind::host_to_device, stream_);
   // Row weights: gather the (N*k) weights by slot.
-  ops::gather_rows_cpu(weight.reshape(Shape{N * k, 1}), row_slot_, row_weight_.view().reshape(Shape{M, 1}),
+  ops::gather_rows(weight.reshape(Shape{N * k, 1}), row_slot_, row_weight_.view().reshape(Shape{M, 1}),
                        stream_);
 
   x_rows_ = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "dispatched rows");
   a_ = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "expert w1 rows");
   b_ = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "expert w3 rows");
   y_rows_ = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "expert outputs");
-  ops::gather_rows_cpu(x, row_token_, x_rows_, stream_);
+  ops::gather_rows(x, row_token_, x_rows_, stream_);
   {
     OwnedTensor g = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "swiglu");
     for (int64_t e = 0; e < E; ++e) {
@@ -83,13 +83,13 @@ void StandardDispatch::forward(const Tensor& x, const Tensor& index, const Tenso
       if (lo == hi) continue;
       Tensor xe = x_rows_.view().rows(lo, hi), ae = a_.view().rows(lo, hi), be = b_.view().rows(lo, hi);
       Tensor ge = g.view().rows(lo, hi);
-      ops::linear_forward_cpu(xe, experts[e].w1, ae, false, stream_);
-      ops::linear_forward_cpu(xe, experts[e].w3, be, false, stream_);
-      ops::swiglu_forward_cpu(ae, be, ge, stream_);
-      ops::linear_forward_cpu(ge, experts[e].w2, y_rows_.view().rows(lo, hi), false, stream_);
+      ops::linear_forward(xe, experts[e].w1, ae, false, stream_);
+      ops::linear_forward(xe, experts[e].w3, be, false, stream_);
+      ops::swiglu_forward(ae, be, ge, stream_);
+      ops::linear_forward(ge, experts[e].w2, y_rows_.view().rows(lo, hi), false, stream_);
     }
   }
-  ops::combine_rows_cpu(y_rows_, row_token_, row_weight_, out, stream_);
+  ops::combine_rows(y_rows_, row_token_, row_weight_, out, stream_);
   // `token`, `slot` are read by the copies above: finish them before the vectors die.
   stream_.synchronize();
 }
@@ -101,7 +101,7 @@ void StandardDispatch::backward(const Tensor& dout, const std::vector<ExpertWeig
   const int64_t E = static_cast<int64_t>(experts.size());
   OwnedTensor dy = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "d expert outputs");
   OwnedTensor drow_weight = OwnedTensor::device(backend_, Shape{M}, dtype_, LiveSet::dispatch, "d row weight");
-  ops::combine_rows_backward_cpu(dout, y_rows_, row_token_, row_weight_, dy, drow_weight, stream_);
+  ops::combine_rows_backward(dout, y_rows_, row_token_, row_weight_, dy, drow_weight, stream_);
   y_rows_.reset();
   OwnedTensor dx_rows = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "d dispatched rows");
   {
@@ -113,16 +113,16 @@ void StandardDispatch::backward(const Tensor& dout, const std::vector<ExpertWeig
       int64_t lo = offsets_[e], hi = offsets_[e + 1];
       if (lo == hi) continue;
       auto rows = [&](const OwnedTensor& t) { return t.view().rows(lo, hi); };
-      ops::swiglu_forward_cpu(rows(a_), rows(b_), rows(g), stream_);
-      ops::linear_backward_cpu(rows(g), experts[e].w2, rows(dy), rows(dg), false, experts[e].dw2, stream_);
-      ops::swiglu_backward_cpu(rows(a_), rows(b_), rows(dg), rows(da), rows(db), stream_);
-      ops::linear_backward_cpu(rows(x_rows_), experts[e].w1, rows(da), rows(dx_rows), false, experts[e].dw1, stream_);
-      ops::linear_backward_cpu(rows(x_rows_), experts[e].w3, rows(db), rows(dx_rows), true, experts[e].dw3, stream_);
+      ops::swiglu_forward(rows(a_), rows(b_), rows(g), stream_);
+      ops::linear_backward(rows(g), experts[e].w2, rows(dy), rows(dg), false, experts[e].dw2, stream_);
+      ops::swiglu_backward(rows(a_), rows(b_), rows(dg), rows(da), rows(db), stream_);
+      ops::linear_backward(rows(x_rows_), experts[e].w1, rows(da), rows(dx_rows), false, experts[e].dw1, stream_);
+      ops::linear_backward(rows(x_rows_), experts[e].w3, rows(db), rows(dx_rows), true, experts[e].dw3, stream_);
     }
   }
-  ops::scatter_add_rows_cpu(dx_rows, row_token_, dx, stream_);
+  ops::scatter_add_rows(dx_rows, row_token_, dx, stream_);
   ops::fill(dweight, 0.0, stream_);
-  ops::scatter_add_rows_cpu(drow_weight.view().reshape(Shape{M, 1}), row_slot_,
+  ops::scatter_add_rows(drow_weight.view().reshape(Shape{M, 1}), row_slot_,
                             dweight.reshape(Shape{tokens_ * top_k_, 1}), stream_);
   release();
 }

@@ -127,9 +127,9 @@ void LlepExpertCopies::return_grads(Comm& comm, Stream& stream,
         comm.recv(p->data(), static_cast<size_t>(p->numel()), p->dtype(), static_cast<int>(t.helper),
                   stream);
       }
-      ops::add_cpu(w.dw1, d1, w.dw1, stream);
-      ops::add_cpu(w.dw3, d3, w.dw3, stream);
-      ops::add_cpu(w.dw2, d2, w.dw2, stream);
+      ops::add(w.dw1, d1, w.dw1, stream);
+      ops::add(w.dw3, d3, w.dw3, stream);
+      ops::add(w.dw2, d2, w.dw2, stream);
     }
   }
 }

@@ -24,8 +24,8 @@ double MaterializedVocab::forward(const Tensor& x, const Tensor& lm_head, const 
   labels_ = labels;
   logits_ = OwnedTensor::device(backend_, Shape{N, V}, dtype_, LiveSet::logits, "logits");
   OwnedTensor losses = OwnedTensor::device(backend_, Shape{N}, dtype_, LiveSet::logits, "token losses");
-  ops::linear_forward_cpu(x, lm_head, logits_, false, stream_);
-  ops::cross_entropy_forward_cpu(logits_, labels, losses, stream_);
+  ops::linear_forward(x, lm_head, logits_, false, stream_);
+  ops::cross_entropy_forward(logits_, labels, losses, stream_);
   double sum = 0;  // in token order, in double
   for (double loss : copy_to_host_as_double(losses, backend_, stream_)) sum += loss;
   return sum * loss_scale;
@@ -34,8 +34,8 @@ double MaterializedVocab::forward(const Tensor& x, const Tensor& lm_head, const 
 void MaterializedVocab::backward(const Tensor& x, const Tensor& lm_head, const Tensor& dx,
                                  const Tensor& dlm_head) {
   MOEPEAK_CHECK(logits_.view().defined(), "vocab backward without a forward to go with it");
-  ops::cross_entropy_backward_cpu(logits_, labels_, loss_scale_, logits_, stream_);  // in place
-  ops::linear_backward_cpu(x, lm_head, logits_, dx, false, dlm_head, stream_);
+  ops::cross_entropy_backward(logits_, labels_, loss_scale_, logits_, stream_);  // in place
+  ops::linear_backward(x, lm_head, logits_, dx, false, dlm_head, stream_);
   logits_.reset();
 }
 

@@ -285,7 +285,7 @@ void RingDtpVocab::forward_weights(const Problem& p, const Tensor& x, const Tens
   auto rows_of = [&](int k) { return p.shards[p.held(k)].size(); };
   auto w_of = [&](int k) { return k == 0 ? w : wbuf[(k - 1) % 2].view().rows(0, rows_of(k)); };
 
-  ops::cross_entropy_state_init_cpu(state, stream_);
+  ops::cross_entropy_state_init(state, stream_);
   DrainOnExit drain{[this] { synchronize_streams(); }};
   comm_stream_->wait(*record(stream_));  // start: x, w, labels are ready
   std::vector<std::unique_ptr<Event>> computed(P), arrived(P);
@@ -301,8 +301,8 @@ void RingDtpVocab::forward_weights(const Problem& p, const Tensor& x, const Tens
     const int64_t column0 = p.shards[p.held(k)].begin;
     for_each_strip(rows_of(k), p.strip, [&](int64_t a, int64_t b, bool, bool) {
       Tensor y(strip.data(), Shape{N, b - a}, dtype_, Placement::device, &backend_);  // (N, b-a)
-      ops::linear_forward_cpu(x, wk.rows(a, b), y, false, stream_);
-      ops::cross_entropy_strip_forward_cpu(y, labels, column0 + a, state, stream_);
+      ops::linear_forward(x, wk.rows(a, b), y, false, stream_);
+      ops::cross_entropy_strip_forward(y, labels, column0 + a, state, stream_);
     });
     computed[k] = record(stream_);
   }
@@ -331,7 +331,7 @@ void RingDtpVocab::forward_activations(const Problem& p, const Tensor& x, const 
   auto acc_of = [&](int k) { return k == 0 ? state : sbuf[(k - 1) % 2].view(); };
   const size_t state_count = static_cast<size_t>(N * kStateWidth);
 
-  ops::cross_entropy_state_init_cpu(state, stream_);
+  ops::cross_entropy_state_init(state, stream_);
   DrainOnExit drain{[this] { synchronize_streams(); }};
   comm_stream_->wait(*record(stream_));  // start
   std::vector<std::unique_ptr<Event>> computed(P), arrived(P), acc_arrived(P + 1);
@@ -346,15 +346,15 @@ void RingDtpVocab::forward_activations(const Problem& p, const Tensor& x, const 
     }
     if (k >= 1) stream_.wait(*arrived[k]);
     const Tensor target = k == 0 ? state : partial.view();
-    if (k >= 1) ops::cross_entropy_state_init_cpu(partial, stream_);
+    if (k >= 1) ops::cross_entropy_state_init(partial, stream_);
     for_each_strip(p.shards[p.r].size(), p.strip, [&](int64_t a, int64_t b, bool, bool) {
       Tensor y(strip.data(), Shape{N, b - a}, dtype_, Placement::device, &backend_);  // (N, b-a)
-      ops::linear_forward_cpu(x_of(k), w.rows(a, b), y, false, stream_);
-      ops::cross_entropy_strip_forward_cpu(y, l_of(k), p.shards[p.r].begin + a, target, stream_);
+      ops::linear_forward(x_of(k), w.rows(a, b), y, false, stream_);
+      ops::cross_entropy_strip_forward(y, l_of(k), p.shards[p.r].begin + a, target, stream_);
     });
     if (k >= 1) {
       stream_.wait(*acc_arrived[k]);
-      ops::cross_entropy_state_merge_cpu(partial, acc_of(k), stream_);
+      ops::cross_entropy_state_merge(partial, acc_of(k), stream_);
     }
     computed[k] = record(stream_);
     if (P > 1) {  // the state on to the batch's next holder, or home after the last round
@@ -400,13 +400,13 @@ void RingDtpVocab::backward_weights(const Problem& p, const Tensor& x, const Ten
     const int64_t column0 = p.shards[p.held(k)].begin;
     for_each_strip(rows_of(k), p.strip, [&](int64_t a, int64_t b, bool first, bool last) {
       Tensor g(strip.data(), Shape{N, b - a}, dtype_, Placement::device, &backend_);  // (N, b-a)
-      ops::linear_forward_cpu(x, wk.rows(a, b), g, false, stream_);
-      ops::cross_entropy_strip_backward_cpu(g, labels_, column0 + a, saved_state_, loss_scale_, g,
+      ops::linear_forward(x, wk.rows(a, b), g, false, stream_);
+      ops::cross_entropy_strip_backward(g, labels_, column0 + a, saved_state_, loss_scale_, g,
                                             stream_);
       if (first && k >= 1) stream_.wait(*acc_arrived[k]);
-      ops::linear_backward_cpu(x, wk.rows(a, b), g, Tensor(), false, dwk.rows(a, b), stream_);
+      ops::linear_backward(x, wk.rows(a, b), g, Tensor(), false, dwk.rows(a, b), stream_);
       if (last) acc_done[k] = record(stream_);
-      ops::matmul_cpu(g, wk.rows(a, b), dx, !(k == 0 && first), stream_);  // dX at home
+      ops::matmul(g, wk.rows(a, b), dx, !(k == 0 && first), stream_);  // dX at home
     });
     computed[k] = record(stream_);
     if (P > 1) {  // dW_s on to the next rank; after the last round to its owner
@@ -461,13 +461,13 @@ void RingDtpVocab::backward_activations(const Problem& p, const Tensor& x, const
     const Tensor xk = x_of(k), dxk = dx_of(k);
     for_each_strip(own.size(), p.strip, [&](int64_t a, int64_t b, bool first, bool last) {
       Tensor g(strip.data(), Shape{N, b - a}, dtype_, Placement::device, &backend_);  // (N, b-a)
-      ops::linear_forward_cpu(xk, w.rows(a, b), g, false, stream_);
-      ops::cross_entropy_strip_backward_cpu(g, l_of(k), own.begin + a, s_of(k), loss_scale_, g,
+      ops::linear_forward(xk, w.rows(a, b), g, false, stream_);
+      ops::cross_entropy_strip_backward(g, l_of(k), own.begin + a, s_of(k), loss_scale_, g,
                                             stream_);
       if (first && k >= 1) stream_.wait(*acc_arrived[k]);
-      ops::matmul_cpu(g, w.rows(a, b), dxk, !(k == 0 && first), stream_);  // travelling dX
+      ops::matmul(g, w.rows(a, b), dxk, !(k == 0 && first), stream_);  // travelling dX
       if (last) acc_done[k] = record(stream_);
-      ops::linear_backward_cpu(xk, w.rows(a, b), g, Tensor(), false, dw.rows(a, b), stream_);
+      ops::linear_backward(xk, w.rows(a, b), g, Tensor(), false, dw.rows(a, b), stream_);
     });
     computed[k] = record(stream_);
     if (P > 1) {  // dX_j on to the batch's next holder; after the last round home into dx

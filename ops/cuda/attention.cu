@@ -1,0 +1,632 @@
+// CUDA attention: causal grouped-query flash attention, forward and backward, SIMT (no tensor
+// cores), f32 or f64 storage with math in the storage's compute type (fp32 for f32, f64 for f64).
+// The same semantics as ops/cpu/attention.cpp; the design is summarised in ops/attention.h.
+//
+//   q, out, dout, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
+//
+// Rows are flattened per kv head g as row = t * G + hh; streamed tiles hold 32 entries, one per
+// lane; accumulators are spread over the lanes (column lane + 32 i, i < kChunks).
+//
+//   forward:  block = kBlockRows query rows of (b, g); streams K/V tiles of keys 0..last position
+//             of the block; per row online softmax (running max m, sum l, rescaled accumulator);
+//             out = acc / l, lse = m + log l.
+//   dq:       same blocks and stream; D = dout . out per row (computed here: ops allocate
+//             nothing), p = exp(scale q.k - lse), ds = p (dout.v - D), dq = scale sum ds k.
+//   dk, dv:   block = kBlockRows keys of (b, g); streams tiles of kTile query rows (all heads of
+//             the group) from the block's first position to T; dv = sum p dout,
+//             dk = scale sum ds q. Each key row is owned by one block: written (=), no atomics.
+// Every sum runs in a fixed order, so results are bitwise reproducible run to run. Keys after t
+// get exactly p = 0 (masked, never exponentiated).
+// Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_attention.cpp).
+#include <climits>
+#include <cmath>
+
+#include "ops/attention.h"
+#include "ops/cuda/cuda_common.cuh"
+
+namespace moepeak::ops {
+namespace {
+
+using cuda::compute_t;
+using cuda::load_as;
+using cuda::store_from;
+using cuda::warp_max;
+using cuda::warp_sum;
+
+// ---- Kernels ------------------------------------------------------------------------------------
+
+constexpr int kWarps = 4;
+constexpr int kBlockThreads = kWarps * 32;
+constexpr int kRowsPerWarp = 4;                    // rows (or keys) a warp owns in a block
+constexpr int kBlockRows = kWarps * kRowsPerWarp;  // query rows (fwd, dq) or keys (dk/dv)
+constexpr int kTile = 32;                          // streamed entries per tile, one per lane
+constexpr int kMaxHeadDim = 256;
+
+template <typename T>
+struct AttentionArgs {
+  const T* q;
+  const T* k;
+  const T* v;
+  const T* dout;
+  T* out;  // written by the forward, read by the backward
+  compute_t<T>* lse;  // likewise, in the compute dtype (f32 for bf16 storage)
+  T* dq;
+  T* dk;
+  T* dv;
+  int64_t seq;   // T
+  int heads;     // nh
+  int kv_heads;  // nkv
+  int group;     // G = nh / nkv
+  int head_dim;  // d
+  double scale;
+};
+
+extern __shared__ __align__(16) unsigned char attention_smem[];
+
+// Row stride of a tile read lane-per-row: odd, so a column read by 32 lanes is conflict-free.
+__host__ __device__ inline int lane_stride(int d) { return d | 1; }
+
+// Offset of element 0 of (b, t, head) in a (B, T, heads, d) tensor.
+__device__ __forceinline__ int64_t row_offset(int64_t b, int64_t t, int64_t head, int64_t seq,
+                                              int64_t heads, int64_t d) {
+  return ((b * seq + t) * heads + head) * d;
+}
+
+// Copies rows [row0, row0 + rows) of the flattened query rows of (b, g) (row = t * G + hh) from a
+// (B, T, nh, d) tensor into shared memory with row stride `stride`; rows past T * G read 0.
+template <typename T, typename C>
+__device__ void load_query_rows(const T* src, const AttentionArgs<T>& a, int64_t b, int g,
+                                int64_t row0, int rows, int stride, C* dst) {
+  const int d = a.head_dim;
+  const int64_t rows_total = a.seq * a.group;
+  for (int i = threadIdx.x; i < rows * d; i += kBlockThreads) {
+    const int r = i / d, c = i - r * d;
+    const int64_t row = row0 + r;
+    C value = C(0);
+    if (row < rows_total) {
+      const int64_t t = row / a.group;
+      const int hh = static_cast<int>(row - t * a.group);
+      value = load_as<C>(src, row_offset(b, t, int64_t(g) * a.group + hh, a.seq, a.heads, d) + c);
+    }
+    dst[r * stride + c] = value;
+  }
+}
+
+// Copies keys [s0, s0 + n) of kv head g from a (B, T, nkv, d) tensor, row stride `stride`; keys
+// past T read 0.
+template <typename T, typename C>
+__device__ void load_key_rows(const T* src, const AttentionArgs<T>& a, int64_t b, int g,
+                              int64_t s0, int n, int stride, C* dst) {
+  const int d = a.head_dim;
+  for (int i = threadIdx.x; i < n * d; i += kBlockThreads) {
+    const int s = i / d, c = i - s * d;
+    const int64_t key = s0 + s;
+    dst[s * stride + c] =
+        key < a.seq ? load_as<C>(src, row_offset(b, key, g, a.seq, a.kv_heads, d) + c) : C(0);
+  }
+}
+
+// Index in lse (B, nh, T) of flattened row `row` of (b, g).
+__device__ __forceinline__ int64_t lse_index(int64_t b, int g, int64_t row, int group,
+                                             int heads, int64_t seq) {
+  const int64_t t = row / group;
+  const int64_t hh = row - t * group;
+  return (b * heads + int64_t(g) * group + hh) * seq + t;
+}
+
+// Forward. Grid (ceil(T G / kBlockRows), nkv, B); the blocks of the last rows (the most keys)
+// are scheduled first. Shared: Q rows (kBlockRows x d), K tile (kTile x (d | 1)), V tile
+// (kTile x d), probabilities (kBlockRows x kTile).
+template <typename T, int kChunks>
+__global__ void __launch_bounds__(kBlockThreads)
+    attention_forward_kernel(const AttentionArgs<T> a) {
+  using C = compute_t<T>;
+  const int d = a.head_dim, ks = lane_stride(d);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int64_t rows_total = a.seq * a.group;
+  const int64_t row0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;
+  const C scale = static_cast<C>(a.scale);
+
+  C* q_s = reinterpret_cast<C*>(attention_smem);
+  C* k_s = q_s + kBlockRows * d;
+  C* v_s = k_s + kTile * ks;
+  C* p_s = v_s + kTile * d;
+
+  load_query_rows(a.q, a, b, g, row0, kBlockRows, d, q_s);
+
+  int64_t pos[kRowsPerWarp];  // position of each row of the warp, -1 past the last row
+  C m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kChunks];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t row = row0 + warp * kRowsPerWarp + r;
+    pos[r] = row < rows_total ? row / a.group : -1;
+    m[r] = C(-INFINITY);
+    l[r] = C(0);
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) acc[r][i] = C(0);
+  }
+  const int64_t last_row = (row0 + kBlockRows < rows_total ? row0 + kBlockRows : rows_total) - 1;
+  const int64_t last_pos = last_row / a.group;
+
+  for (int64_t s0 = 0; s0 <= last_pos; s0 += kTile) {
+    const int keys = static_cast<int>(last_pos + 1 - s0 < kTile ? last_pos + 1 - s0 : kTile);
+    __syncthreads();  // the previous tile is consumed (and, the first time, Q is loaded)
+    load_key_rows(a.k, a, b, g, s0, keys, ks, k_s);
+    load_key_rows(a.v, a, b, g, s0, keys, d, v_s);
+    __syncthreads();
+
+    // Scores of this lane's key against the warp's rows.
+    const int64_t key = s0 + lane;
+    C score[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) score[r] = C(0);
+    if (lane < keys) {
+      const C* k_row = k_s + lane * ks;
+      const C* q_rows = q_s + warp * kRowsPerWarp * d;
+      for (int c = 0; c < d; ++c) {
+        const C kc = k_row[c];
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) score[r] += q_rows[r * d + c] * kc;
+      }
+    }
+
+    // Online softmax update, row by row (uniform across the warp).
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const bool visible = lane < keys && key <= pos[r];
+      const C s = visible ? score[r] * scale : C(-INFINITY);
+      const C tile_max = warp_max(s);
+      const C m_new = tile_max > m[r] ? tile_max : m[r];
+      // m_new = -inf: no key visible yet (a row past the end); keep everything at 0.
+      const C rescale = m_new == C(-INFINITY) ? C(0) : exp(m[r] - m_new);
+      const C p = visible ? exp(s - m_new) : C(0);
+      l[r] = l[r] * rescale + warp_sum(p);
+      m[r] = m_new;
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) acc[r][i] *= rescale;
+      p_s[(warp * kRowsPerWarp + r) * kTile + lane] = p;
+    }
+    __syncwarp();
+
+    // acc += P V over the tile's keys.
+    const C* p_rows = p_s + warp * kRowsPerWarp * kTile;
+    for (int s = 0; s < keys; ++s) {
+      C p[kRowsPerWarp];
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) p[r] = p_rows[r * kTile + s];
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) {
+        const int c = lane + 32 * i;
+        if (c < d) {
+          const C vc = v_s[s * d + c];
+#pragma unroll
+          for (int r = 0; r < kRowsPerWarp; ++r) acc[r][i] += p[r] * vc;
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    if (pos[r] < 0) continue;
+    const int64_t row = row0 + warp * kRowsPerWarp + r;
+    const int hh = static_cast<int>(row - pos[r] * a.group);
+    const int64_t base = row_offset(b, pos[r], int64_t(g) * a.group + hh, a.seq, a.heads, d);
+    const C inv_l = C(1) / l[r];  // l >= 1: the row's maximum contributes exp(0)
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = lane + 32 * i;
+      if (c < d) store_from(a.out, base + c, acc[r][i] * inv_l);
+    }
+    if (lane == 0)
+      store_from(a.lse, lse_index(b, g, row, a.group, a.heads, a.seq), m[r] + log(l[r]));
+  }
+}
+
+// dq. Grid and row blocks as the forward. Shared: Q and dout rows (kBlockRows x d each), K and V
+// tiles (kTile x (d | 1) each), dS (kBlockRows x kTile).
+template <typename T, int kChunks>
+__global__ void __launch_bounds__(kBlockThreads)
+    attention_backward_dq_kernel(const AttentionArgs<T> a) {
+  using C = compute_t<T>;
+  const int d = a.head_dim, ks = lane_stride(d);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int64_t rows_total = a.seq * a.group;
+  const int64_t row0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;
+  const C scale = static_cast<C>(a.scale);
+
+  C* q_s = reinterpret_cast<C*>(attention_smem);
+  C* do_s = q_s + kBlockRows * d;
+  C* k_s = do_s + kBlockRows * d;
+  C* v_s = k_s + kTile * ks;
+  C* ds_s = v_s + kTile * ks;
+
+  load_query_rows(a.q, a, b, g, row0, kBlockRows, d, q_s);
+  load_query_rows(a.dout, a, b, g, row0, kBlockRows, d, do_s);
+  __syncthreads();
+
+  int64_t pos[kRowsPerWarp];
+  C row_lse[kRowsPerWarp], row_delta[kRowsPerWarp], acc[kRowsPerWarp][kChunks];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t row = row0 + warp * kRowsPerWarp + r;
+    pos[r] = row < rows_total ? row / a.group : -1;
+    // D = dout . out of the row, lse of the row (0 past the last row, never used).
+    C partial = C(0);
+    row_lse[r] = C(0);
+    if (pos[r] >= 0) {
+      const int hh = static_cast<int>(row - pos[r] * a.group);
+      const int64_t base = row_offset(b, pos[r], int64_t(g) * a.group + hh, a.seq, a.heads, d);
+      const C* do_row = do_s + (warp * kRowsPerWarp + r) * d;
+      for (int c = lane; c < d; c += 32) partial += do_row[c] * load_as<C>(a.out, base + c);
+      row_lse[r] = load_as<C>(a.lse, lse_index(b, g, row, a.group, a.heads, a.seq));
+    }
+    row_delta[r] = warp_sum(partial);
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) acc[r][i] = C(0);
+  }
+  const int64_t last_row = (row0 + kBlockRows < rows_total ? row0 + kBlockRows : rows_total) - 1;
+  const int64_t last_pos = last_row / a.group;
+
+  for (int64_t s0 = 0; s0 <= last_pos; s0 += kTile) {
+    const int keys = static_cast<int>(last_pos + 1 - s0 < kTile ? last_pos + 1 - s0 : kTile);
+    __syncthreads();
+    load_key_rows(a.k, a, b, g, s0, keys, ks, k_s);
+    load_key_rows(a.v, a, b, g, s0, keys, ks, v_s);
+    __syncthreads();
+
+    // This lane's key: scores q.k and dp = dout.v against the warp's rows.
+    const int64_t key = s0 + lane;
+    C score[kRowsPerWarp], dp[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) score[r] = dp[r] = C(0);
+    if (lane < keys) {
+      const C* k_row = k_s + lane * ks;
+      const C* v_row = v_s + lane * ks;
+      const C* q_rows = q_s + warp * kRowsPerWarp * d;
+      const C* do_rows = do_s + warp * kRowsPerWarp * d;
+      for (int c = 0; c < d; ++c) {
+        const C kc = k_row[c], vc = v_row[c];
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          score[r] += q_rows[r * d + c] * kc;
+          dp[r] += do_rows[r * d + c] * vc;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const bool visible = lane < keys && key <= pos[r];
+      const C p = visible ? exp(score[r] * scale - row_lse[r]) : C(0);
+      ds_s[(warp * kRowsPerWarp + r) * kTile + lane] = p * (dp[r] - row_delta[r]);
+    }
+    __syncwarp();
+
+    // acc += dS K over the tile's keys.
+    const C* ds_rows = ds_s + warp * kRowsPerWarp * kTile;
+    for (int s = 0; s < keys; ++s) {
+      C ds[kRowsPerWarp];
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) ds[r] = ds_rows[r * kTile + s];
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) {
+        const int c = lane + 32 * i;
+        if (c < d) {
+          const C kc = k_s[s * ks + c];
+#pragma unroll
+          for (int r = 0; r < kRowsPerWarp; ++r) acc[r][i] += ds[r] * kc;
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    if (pos[r] < 0) continue;
+    const int64_t row = row0 + warp * kRowsPerWarp + r;
+    const int hh = static_cast<int>(row - pos[r] * a.group);
+    const int64_t base = row_offset(b, pos[r], int64_t(g) * a.group + hh, a.seq, a.heads, d);
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = lane + 32 * i;
+      if (c < d) store_from(a.dq, base + c, acc[r][i] * scale);
+    }
+  }
+}
+
+// dk, dv. Grid (ceil(T / kBlockRows), nkv, B): a block owns kBlockRows keys of (b, g), a warp
+// kRowsPerWarp of them. Shared: K and V rows of the block (kBlockRows x d each), Q and dout
+// tiles (kTile x (d | 1) each), the tile's lse and D (kTile each), P and dS (kBlockRows x kTile
+// each).
+template <typename T, int kChunks>
+__global__ void __launch_bounds__(kBlockThreads)
+    attention_backward_dkv_kernel(const AttentionArgs<T> a) {
+  using C = compute_t<T>;
+  const int d = a.head_dim, qs = lane_stride(d);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int64_t rows_total = a.seq * a.group;
+  const int64_t key0 = int64_t(blockIdx.x) * kBlockRows;
+  const C scale = static_cast<C>(a.scale);
+
+  C* k_s = reinterpret_cast<C*>(attention_smem);
+  C* v_s = k_s + kBlockRows * d;
+  C* q_s = v_s + kBlockRows * d;
+  C* do_s = q_s + kTile * qs;
+  C* lse_s = do_s + kTile * qs;
+  C* delta_s = lse_s + kTile;
+  C* p_s = delta_s + kTile;
+  C* ds_s = p_s + kBlockRows * kTile;
+
+  load_key_rows(a.k, a, b, g, key0, kBlockRows, d, k_s);
+  load_key_rows(a.v, a, b, g, key0, kBlockRows, d, v_s);
+
+  int64_t key[kRowsPerWarp];  // the warp's keys (keys past T are never visible)
+  C dk[kRowsPerWarp][kChunks], dv[kRowsPerWarp][kChunks];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    key[r] = key0 + warp * kRowsPerWarp + r;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) dk[r][i] = dv[r][i] = C(0);
+  }
+
+  // Query rows from the block's first position (rows of earlier positions see none of its keys).
+  for (int64_t row0 = key0 * a.group; row0 < rows_total; row0 += kTile) {
+    const int rows = static_cast<int>(rows_total - row0 < kTile ? rows_total - row0 : kTile);
+    __syncthreads();  // the previous tile is consumed (and, the first time, K and V are loaded)
+    load_query_rows(a.q, a, b, g, row0, kTile, qs, q_s);
+    load_query_rows(a.dout, a, b, g, row0, kTile, qs, do_s);
+    __syncthreads();
+    // lse and D = dout . out of the tile's rows, a warp per row.
+    for (int j = warp; j < kTile; j += kWarps) {
+      const int64_t row = row0 + j;
+      C partial = C(0), row_lse = C(0);
+      if (row < rows_total) {
+        const int64_t t = row / a.group;
+        const int hh = static_cast<int>(row - t * a.group);
+        const int64_t base = row_offset(b, t, int64_t(g) * a.group + hh, a.seq, a.heads, d);
+        for (int c = lane; c < d; c += 32)
+          partial += do_s[j * qs + c] * load_as<C>(a.out, base + c);
+        row_lse = load_as<C>(a.lse, lse_index(b, g, row, a.group, a.heads, a.seq));
+      }
+      const C delta = warp_sum(partial);
+      if (lane == 0) {
+        lse_s[j] = row_lse;
+        delta_s[j] = delta;
+      }
+    }
+    __syncthreads();
+
+    // This lane's query row against the warp's keys: scores q.k and dp = dout.v.
+    const int64_t row = row0 + lane;
+    const int64_t t = row < rows_total ? row / a.group : -1;
+    C score[kRowsPerWarp], dp[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) score[r] = dp[r] = C(0);
+    if (lane < rows) {
+      const C* q_row = q_s + lane * qs;
+      const C* do_row = do_s + lane * qs;
+      const C* k_rows = k_s + warp * kRowsPerWarp * d;
+      const C* v_rows = v_s + warp * kRowsPerWarp * d;
+      for (int c = 0; c < d; ++c) {
+        const C qc = q_row[c], dc = do_row[c];
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          score[r] += qc * k_rows[r * d + c];
+          dp[r] += dc * v_rows[r * d + c];
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const bool visible = lane < rows && key[r] <= t;  // t = -1 past the last row
+      const C p = visible ? exp(score[r] * scale - lse_s[lane]) : C(0);
+      p_s[(warp * kRowsPerWarp + r) * kTile + lane] = p;
+      ds_s[(warp * kRowsPerWarp + r) * kTile + lane] = p * (dp[r] - delta_s[lane]);
+    }
+    __syncwarp();
+
+    // dv += P^T dout, dk += dS^T Q over the tile's rows.
+    const C* p_rows = p_s + warp * kRowsPerWarp * kTile;
+    const C* ds_rows = ds_s + warp * kRowsPerWarp * kTile;
+    for (int j = 0; j < rows; ++j) {
+      C p[kRowsPerWarp], ds[kRowsPerWarp];
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        p[r] = p_rows[r * kTile + j];
+        ds[r] = ds_rows[r * kTile + j];
+      }
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) {
+        const int c = lane + 32 * i;
+        if (c < d) {
+          const C doc = do_s[j * qs + c], qc = q_s[j * qs + c];
+#pragma unroll
+          for (int r = 0; r < kRowsPerWarp; ++r) {
+            dv[r][i] += p[r] * doc;
+            dk[r][i] += ds[r] * qc;
+          }
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    if (key[r] >= a.seq) continue;
+    const int64_t base = row_offset(b, key[r], g, a.seq, a.kv_heads, d);
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = lane + 32 * i;
+      if (c < d) {
+        store_from(a.dk, base + c, dk[r][i] * scale);
+        store_from(a.dv, base + c, dv[r][i]);
+      }
+    }
+  }
+}
+
+// ---- Host ---------------------------------------------------------------------------------------
+
+// Shared-memory bytes of each kernel for head dim d and compute type C.
+template <typename C>
+size_t forward_smem(int d) {
+  return sizeof(C) * (size_t(kBlockRows) * d + size_t(kTile) * lane_stride(d) +
+                      size_t(kTile) * d + size_t(kBlockRows) * kTile);
+}
+template <typename C>
+size_t dq_smem(int d) {
+  return sizeof(C) * (2 * size_t(kBlockRows) * d + 2 * size_t(kTile) * lane_stride(d) +
+                      size_t(kBlockRows) * kTile);
+}
+template <typename C>
+size_t dkv_smem(int d) {
+  return sizeof(C) * (2 * size_t(kBlockRows) * d + 2 * size_t(kTile) * lane_stride(d) +
+                      2 * size_t(kTile) + 2 * size_t(kBlockRows) * kTile);
+}
+
+// Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KiB;
+// throws naming the op when the device cannot give that much.
+template <typename Kernel>
+void prepare_smem(Kernel kernel, size_t bytes, const char* op, const Tensor& q) {
+  if (bytes <= 48 * 1024) return;
+  int device = 0, optin = 0;
+  MOEPEAK_CUDA_CHECK(cudaGetDevice(&device));
+  MOEPEAK_CUDA_CHECK(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (bytes > static_cast<size_t>(optin))
+    MOEPEAK_THROW(op, ": q ", q.str(), " needs ", bytes, " bytes of shared memory per block, the",
+                  " device allows ", optin);
+  MOEPEAK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)));
+}
+
+// Checks what the kernels add to the op's argument checks (head dim, grid limits); returns the
+// accumulator chunks per lane for d.
+int check_cuda_limits(const char* op, const Tensor& q, const Tensor& k) {
+  const int64_t batch = q.size(0), seq = q.size(1), heads = q.size(2), kv_heads = k.size(2);
+  const int64_t d = q.size(3);
+  if (d > kMaxHeadDim)
+    MOEPEAK_THROW(op, " on CUDA supports head dims up to ", kMaxHeadDim, ", got q ", q.str());
+  if (batch > 65535 || kv_heads > 65535)
+    MOEPEAK_THROW(op, " on CUDA supports B and nkv up to 65535, got q ", q.str(), ", k ",
+                  k.str());
+  if ((seq * (heads / kv_heads) + kBlockRows - 1) / kBlockRows > INT_MAX)
+    MOEPEAK_THROW(op, " on CUDA: q ", q.str(), " has too many query rows per kv head");
+  return d <= 32 ? 1 : d <= 64 ? 2 : d <= 128 ? 4 : 8;
+}
+
+template <typename T>
+AttentionArgs<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           const Tensor& lse, const Tensor* dout, double scale, const Tensor* dq,
+                           const Tensor* dk, const Tensor* dv) {
+  AttentionArgs<T> a{};
+  a.q = static_cast<const T*>(q.data());
+  a.k = static_cast<const T*>(k.data());
+  a.v = static_cast<const T*>(v.data());
+  a.out = static_cast<T*>(out.data());
+  a.lse = static_cast<compute_t<T>*>(lse.data());
+  if (dout != nullptr) {
+    a.dout = static_cast<const T*>(dout->data());
+    a.dq = static_cast<T*>(dq->data());
+    a.dk = static_cast<T*>(dk->data());
+    a.dv = static_cast<T*>(dv->data());
+  }
+  a.seq = q.size(1);
+  a.heads = static_cast<int>(q.size(2));
+  a.kv_heads = static_cast<int>(k.size(2));
+  a.group = a.heads / a.kv_heads;
+  a.head_dim = static_cast<int>(q.size(3));
+  a.scale = scale;
+  return a;
+}
+
+// Calls f(float{}) for f32, f(__nv_bfloat16{}) for bf16 and f(double{}) for f64 (the dtypes the
+// argument checks accept).
+template <typename F>
+void dispatch_attention_dtype(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::f32: f(float{}); return;
+    case DType::bf16: f(__nv_bfloat16{}); return;
+    case DType::f64: f(double{}); return;
+    default: break;
+  }
+  MOEPEAK_THROW(op, " on CUDA supports f32, bf16 and f64, got ", dtype_name(dtype));
+}
+
+// Calls f(std::integral_constant<int, chunks>{}) for chunks in {1, 2, 4, 8}.
+template <typename F>
+void dispatch_chunks(int chunks, F&& f) {
+  switch (chunks) {
+    case 1: f(std::integral_constant<int, 1>{}); return;
+    case 2: f(std::integral_constant<int, 2>{}); return;
+    case 4: f(std::integral_constant<int, 4>{}); return;
+    default: f(std::integral_constant<int, 8>{}); return;
+  }
+}
+
+dim3 row_grid(const Tensor& q, const Tensor& k) {
+  const int64_t rows = q.size(1) * (q.size(2) / k.size(2));
+  return dim3(static_cast<unsigned>((rows + kBlockRows - 1) / kBlockRows),
+              static_cast<unsigned>(k.size(2)), static_cast<unsigned>(q.size(0)));
+}
+
+}  // namespace
+
+void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                            const Tensor& out, const Tensor& lse, Stream& stream) {
+  const char* op = "attention_forward_cuda";
+  check_attention_forward_args(q, k, v, scale, out, lse);
+  if (q.numel() == 0) return;  // B = 0 or T = 0 (nh, d >= 1 by the checks)
+  const int chunks = check_cuda_limits(op, q, k);
+  const dim3 grid = row_grid(q, k);
+  dispatch_attention_dtype(q.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const AttentionArgs<T> a =
+        make_args<T>(q, k, v, out, lse, nullptr, scale, nullptr, nullptr, nullptr);
+    dispatch_chunks(chunks, [&](auto chunk_count) {
+      constexpr int kChunks = decltype(chunk_count)::value;
+      auto kernel = attention_forward_kernel<T, kChunks>;
+      const size_t smem = forward_smem<compute_t<T>>(a.head_dim);
+      prepare_smem(kernel, smem, op, q);
+      kernel<<<grid, kBlockThreads, smem, cuda::native(stream)>>>(a);
+      MOEPEAK_CUDA_LAUNCH_CHECK();
+    });
+  });
+}
+
+void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                             const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
+                             const Tensor& dk, const Tensor& dv, Stream& stream) {
+  const char* op = "attention_backward_cuda";
+  check_attention_backward_args(q, k, v, out, lse, dout, scale, dq, dk, dv);
+  if (q.numel() == 0) return;
+  const int chunks = check_cuda_limits(op, q, k);
+  const dim3 grid_rows = row_grid(q, k);
+  const dim3 grid_keys(static_cast<unsigned>((q.size(1) + kBlockRows - 1) / kBlockRows),
+                       static_cast<unsigned>(k.size(2)), static_cast<unsigned>(q.size(0)));
+  dispatch_attention_dtype(q.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const AttentionArgs<T> a = make_args<T>(q, k, v, out, lse, &dout, scale, &dq, &dk, &dv);
+    dispatch_chunks(chunks, [&](auto chunk_count) {
+      constexpr int kChunks = decltype(chunk_count)::value;
+      using C = compute_t<T>;
+      auto dq_kernel = attention_backward_dq_kernel<T, kChunks>;
+      auto dkv_kernel = attention_backward_dkv_kernel<T, kChunks>;
+      const size_t dq_bytes = dq_smem<C>(a.head_dim), dkv_bytes = dkv_smem<C>(a.head_dim);
+      prepare_smem(dq_kernel, dq_bytes, op, q);
+      prepare_smem(dkv_kernel, dkv_bytes, op, q);
+      dq_kernel<<<grid_rows, kBlockThreads, dq_bytes, cuda::native(stream)>>>(a);
+      MOEPEAK_CUDA_LAUNCH_CHECK();
+      dkv_kernel<<<grid_keys, kBlockThreads, dkv_bytes, cuda::native(stream)>>>(a);
+      MOEPEAK_CUDA_LAUNCH_CHECK();
+    });
+  });
+}
+
+}  // namespace moepeak::ops

@@ -1,0 +1,83 @@
+// The GEMMs of the CUDA ops through cuBLASLt (ops/linear.h, ops/matmul.h): one row-major
+// C = alpha op(A) op(B) + beta C on a stream, with the handle, workspaces and algorithm choices
+// this module keeps for the process. Host code (g++ or nvcc); no kernels of its own.
+//
+//   cuda::gemm(DType::bf16, /*trans_a=*/false, /*trans_b=*/true, M, N, K,
+//              1.0, x, K, w, K_w, /*beta=*/0.0, y, N, stream);   // y = x w^T
+//
+// Storage dtype and math, the same for A, B and C:
+//   f32   CUBLAS_COMPUTE_32F: strict fp32 (no TF32; the op tests compare with 1e-5)
+//   bf16  bf16 A/B/C, CUBLAS_COMPUTE_32F, fp32 scale: products accumulate in fp32, and beta = 1
+//         reads C in bf16 and rounds the sum to bf16 once
+//   f64   CUBLAS_COMPUTE_64F (test references); a cuBLASLt without it throws naming the dtype
+//
+// What the module keeps (created on first use under one mutex, never freed; the process ends
+// with them):
+// - one cublasLtHandle_t per device (the current device at the call; a rank uses one GPU, so in
+//   practice one handle for the process);
+// - one workspace of kWorkspaceBytes per (device, cudaStream_t), cudaMalloc'd by the first GEMM
+//   on that stream (that call may synchronise the device, as cudaMalloc can). A stream destroyed
+//   and another created with the same handle reuse it (CudaStream synchronises before it is
+//   destroyed); each distinct stream that ever runs a GEMM keeps 32 MiB;
+// - one plan per GEMM configuration (device, dtype, transposes, sizes, leading dimensions, and
+//   the pointers' alignments): descriptors and the algorithm cublasLtMatmulAlgoGetHeuristic
+//   chose, so the heuristic runs once per configuration, not once per call. With the choice
+//   fixed per configuration, a GEMM repeats bit for bit run to run on one GPU model and cuBLAS
+//   version (cuBLAS's reproducibility guarantee); a different pointer alignment may choose a
+//   different algorithm and round differently.
+// NOTES: the workspaces are outside the arena, inside Backend::kCudaReserveBytes
+// (core/runtime/backend.h), like cuBLAS's own workspaces: 32 MiB per stream that runs GEMMs, and
+// the schedules run theirs on the caller's compute stream (their comm and copy streams run none).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/error.h"
+#include "core/runtime/dtype.h"
+#include "core/runtime/tensor.h"
+
+// MOEPEAK_CUBLAS_CHECK(call): turns a cuBLAS(Lt) status other than CUBLAS_STATUS_SUCCESS into
+// moepeak::Error with the status's name and text and the call (as MOEPEAK_CUDA_CHECK does for
+// the CUDA runtime, core/runtime/cuda_check.h).
+#define MOEPEAK_CUBLAS_CHECK(call)                                                      \
+  do {                                                                                  \
+    cublasStatus_t moepeak_cublas_status_ = (call);                                     \
+    if (moepeak_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                              \
+      MOEPEAK_THROW("cuBLAS error ", cublasLtGetStatusName(moepeak_cublas_status_), " (", \
+                    cublasLtGetStatusString(moepeak_cublas_status_), ") in ", #call);   \
+    }                                                                                   \
+  } while (0)
+
+namespace moepeak::ops::cuda {
+
+// Bytes of each stream's cuBLASLt workspace (the most an algorithm may use).
+constexpr size_t kWorkspaceBytes = 32ull << 20;
+
+// C (rows, cols) = alpha * op(A) (rows, inner) . op(B) (inner, cols) + beta * C, enqueued on
+// `stream` (asynchronous). Every matrix is row-major with the given leading dimension (elements
+// from one row to the next):
+//   A  (rows, inner), lda >= inner   or, with trans_a, stored (inner, rows), lda >= rows
+//   B  (inner, cols), ldb >= cols    or, with trans_b, stored (cols, inner), ldb >= inner
+//   C  (rows, cols),  ldc >= cols
+// Pointers need only the dtype's own alignment (the heuristic is told each pointer's alignment,
+// so a column offset k0 of a bf16 matrix still runs). C may not overlap A or B.
+// Empty sizes: rows == 0 or cols == 0 does nothing; inner == 0 leaves beta * C, i.e. writes zeros
+// when beta == 0 (a cudaMemsetAsync, so a NaN-poisoned C is overwritten) and leaves C when
+// beta == 1 (other betas with inner == 0 throw). Throws moepeak::Error on a bad argument, an
+// unsupported dtype, or when cuBLASLt has no algorithm for the configuration.
+void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner,
+          double alpha, const void* a, int64_t lda, const void* b, int64_t ldb, double beta,
+          void* c, int64_t ldc, cudaStream_t stream);
+
+// Throws naming `op` unless `dtype` is one gemm() supports (f32, bf16, f64).
+void expect_gemm_dtype(const char* op, DType dtype);
+
+// Throws naming `op` and `name` unless `t` has no elements or is device memory of a CUDA backend
+// (a host tensor handed to cuBLASLt would fault on the GPU, later and without a name).
+void expect_device_operand(const char* op, const Tensor& t, const char* name);
+
+}  // namespace moepeak::ops::cuda

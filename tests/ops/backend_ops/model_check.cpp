@@ -1,0 +1,107 @@
+// test_backend_ops, whole model: a tiny Mixtral (2 layers, GQA, 3 experts top-2) trained for one
+// forward and backward on the backend under test in f32, against the CPU in f64 — the loss and
+// every parameter's gradient. Every op of a training step runs here in the order the model calls
+// them, so a kernel that passes its own case but breaks in composition (an aliasing, a stream
+// order, a layout) fails here.
+//
+//   build/tests/ops/test_backend_ops --gtest_filter='BackendModel.*'
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/comm/comm.h"
+#include "core/model/mixtral.h"
+#include "tests/ops/backend_ops/harness.h"
+
+namespace moepeak::testing::backend_ops {
+namespace {
+
+ModelConfig tiny_model() {
+  ModelConfig m;
+  m.vocab_size = 53;
+  m.hidden_size = 32;
+  m.intermediate_size = 48;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 8;
+  m.num_local_experts = 3;
+  m.num_experts_per_tok = 2;
+  m.max_position_embeddings = 64;
+  m.initializer_range = 0.5;  // routing far from ties, so both runs choose the same experts
+  m.router_aux_loss_coef = 0.02;
+  return m;
+}
+
+struct StepResult {
+  double loss = 0;
+  std::vector<double> grads;
+};
+
+StepResult train_step(Backend& backend, DType dtype, CheckpointSchedule checkpoint) {
+  constexpr int64_t B = 2, T = 24, N = B * T;
+  Stream& stream = backend.default_stream();
+  std::unique_ptr<Comm> comm = make_comm(backend, RankInfo{});
+  std::vector<int64_t> ids(N), labels(N), positions(N);
+  int64_t scored = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    ids[n] = (n * 17 + 5) % 53;
+    labels[n] = n % 7 == 3 ? -100 : (n * 11 + 2) % 53;
+    positions[n] = n % T;
+    scored += labels[n] != -100;
+  }
+  auto upload = [&](const std::vector<int64_t>& v, const char* what) {
+    auto t = OwnedTensor::device(backend, Shape{N}, DType::i64, LiveSet::workspace, what);
+    backend.copy_async(t.data(), v.data(), N * 8, CopyKind::host_to_device, stream);
+    return t;
+  };
+  OwnedTensor d_ids = upload(ids, "ids"), d_labels = upload(labels, "labels"),
+              d_positions = upload(positions, "positions");
+  stream.synchronize();
+
+  MixtralModel model(backend, stream, *comm, tiny_model(), checkpoint, dtype);
+  model.params().initialize(42, 0.5, stream);
+  model.params().zero_grads(stream);
+  StepResult run;
+  run.loss = model.forward_backward(TokenBatch{d_ids, d_labels, d_positions, B, T, scored}, scored);
+  run.grads = copy_to_host_as_double(model.params().flat_grads(), backend, stream);
+  return run;
+}
+
+class BackendModel : public ::testing::TestWithParam<CheckpointSchedule> {};
+
+TEST_P(BackendModel, LossAndEveryGradientMatchTheCpuInFloat64) {
+  if (std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  StepResult want = train_step(reference_backend(), DType::f64, GetParam());
+  StepResult got = train_step(backend_under_test(), DType::f32, GetParam());
+  EXPECT_GT(want.loss, 1.0);
+  // NOTES: f32 through two layers and the LM head: the loss agrees to ~1e-6 relative; gradients
+  // are compared per element relative to the largest gradient (single elements may cancel).
+  EXPECT_NEAR(got.loss, want.loss, 1e-5 * want.loss);
+  ASSERT_EQ(got.grads.size(), want.grads.size());
+  double scale = 0, diff = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < want.grads.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got.grads[i])) << "gradient element " << i << " = " << got.grads[i];
+    scale = std::max(scale, std::abs(want.grads[i]));
+    if (std::abs(got.grads[i] - want.grads[i]) > diff) {
+      diff = std::abs(got.grads[i] - want.grads[i]);
+      worst = i;
+    }
+  }
+  std::printf("  loss %.9f vs %.9f; gradients: %zu elements, max error %.2e of scale %.3e\n",
+              got.loss, want.loss, want.grads.size(), diff / scale, scale);
+  EXPECT_LE(diff / scale, 1e-4) << "element " << worst << ": " << got.grads[worst]
+                                << ", reference " << want.grads[worst];
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpointing, BackendModel,
+                         ::testing::Values(CheckpointSchedule::none, CheckpointSchedule::standard),
+                         [](const auto& info) {
+                           return info.param == CheckpointSchedule::none ? "none" : "standard";
+                         });
+
+}  // namespace
+}  // namespace moepeak::testing::backend_ops
