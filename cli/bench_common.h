@@ -59,6 +59,7 @@ void register_bench_sco(CLI::App& bench, Context& ctx);  // cli/bench_sco.cpp
 void register_bench_vocab(CLI::App& bench, Context& ctx);  // cli/bench_vocab.cpp
 void register_bench_adamw(CLI::App& bench, Context& ctx);  // cli/bench_adamw.cpp
 void register_bench_dispatch(CLI::App& bench, Context& ctx);  // cli/bench_dispatch.cpp
+void register_bench_gemm(CLI::App& bench, Context& ctx);  // cli/bench_gemm.cpp
 
 // Top-k routing of a bench MoE layer (bench dispatch, tune): k distinct experts per token, drawn
 // by exponential keys (u^(1/p_e), the k largest), with positive weights renormalised to sum 1.

@@ -77,4 +77,17 @@ check "bench step JSON names the bench" grep -q '"bench": "step"' "$tmp/bench.js
 check "bench step JSON has tokens_per_s" grep -q '"tokens_per_s"' "$tmp/bench.json"
 check "bench step JSON has the shape's seq_len" grep -q '"seq_len": 128' "$tmp/bench.json"
 
+# bench gemm: every GEMM of a step, forward and backward, with its share of the ceiling.
+"$bin" bench gemm --set runtime.backend=cpu --warmup 0 --iters 1 --ceiling-size 128 \
+  --json "$tmp/gemm.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench gemm exits 0" test $rc -eq 0
+check "bench gemm prints the ceiling" grep -q '^# ceiling: 128^3 GEMM' "$tmp/out"
+check "bench gemm times the expert GEMMs both ways" \
+  sh -c "grep -q 'expert_w2 .* forward' '$tmp/out' && grep -q 'expert_w2 .* backward' '$tmp/out'"
+check "bench gemm JSON has 14 rows with their share of the ceiling" \
+  python3 -c "import json,sys; d=json.load(open('$tmp/gemm.json')); r=d['rows']; sys.exit(not (d['bench']=='gemm' and len(r)==14 and all(x['percent_of_ceiling']>0 for x in r)))"
+"$bin" bench gemm --set runtime.backend=cpu --dtype bf16 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench gemm --dtype bf16 on the CPU is an error" test $rc -ne 0
+check "it says bf16 needs CUDA" contains "$tmp/err" "needs the CUDA backend"
+
 report

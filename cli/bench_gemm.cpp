@@ -1,0 +1,194 @@
+// `moepeak bench gemm`: the GEMMs of one training step of a model (q/k/v/o projections, the
+// router gate, the experts' w1/w3/w2 at the mean rows per expert, an LM-head strip of V/8
+// columns), each forward and backward through ops::linear_*, against a GEMM ceiling measured in
+// the same run: one large square GEMM (n^3, --ceiling-size) through the same backend, the best of
+// five. On CUDA the ceiling is cuBLASLt at its best shape, so %ceiling says how much the model's
+// shapes lose to their size (the target: at least 85%).
+//
+//   moepeak bench gemm [--config F]... [--set k=v]... [--tokens N] [--dtype f32|bf16]
+//                      [--ceiling-size n] [--warmup 2] [--iters 5] [--json FILE]
+//
+// The backend is runtime.backend (auto = CUDA when a GPU is usable); the model is the config's
+// (default: the embedded one; `-c configs/small.toml` for the small preset); N defaults to the
+// config's batch_size * seq_len. dtype defaults to bf16 on CUDA and f32 on the CPU. One process.
+//
+// Test: ctest -R bench_gemm (the CPU, a tiny model: the table and the JSON); results in
+// docs/perf.md.
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/bench_common.h"
+#include "cli/commands.h"
+#include "core/config/config.h"
+#include "core/error.h"
+#include "core/metrics/flops.h"
+#include "core/runtime/backend.h"
+#include "core/units.h"
+#include "ops/fill.h"
+#include "ops/linear.h"
+
+namespace moepeak::cli {
+namespace {
+
+struct GemmArgs {
+  BenchCommonArgs common;
+  int64_t tokens = 0;  // 0 = batch_size * seq_len
+  std::string dtype;   // "" = bf16 on CUDA, f32 on the CPU
+  int ceiling_size = 0;  // 0 = 8192 on CUDA, 1024 on the CPU
+};
+
+// y (M, N) = x (M, K) w (N, K)^T, one of a step's GEMMs.
+struct GemmShape {
+  std::string name;
+  int64_t m, n, k;
+};
+
+std::vector<GemmShape> step_gemms(const ModelConfig& model, int64_t tokens) {
+  const int64_t H = model.hidden_size, d = model.head_dim, nh = model.num_attention_heads;
+  const int64_t nkv = model.num_key_value_heads, E = model.num_local_experts;
+  const int64_t k = model.num_experts_per_tok, F = model.intermediate_size;
+  const int64_t rows = std::max<int64_t>(1, tokens * k / E);  // mean rows per expert
+  const int64_t strip = std::max<int64_t>(1, model.vocab_size / 8);
+  return {{"q_proj", tokens, nh * d, H},     {"kv_proj", tokens, nkv * d, H},
+          {"o_proj", tokens, H, nh * d},     {"router", tokens, E, H},
+          {"expert_w1_w3", rows, F, H},      {"expert_w2", rows, H, F},
+          {"lm_head_strip", tokens, strip, H}};
+}
+
+class Timer {
+ public:
+  explicit Timer(Backend& b) : backend_(b), start_(b.create_event()), end_(b.create_event()) {}
+  // Milliseconds of `work` on the default stream, measured with events.
+  template <typename F> double time_ms(F&& work) {
+    Stream& s = backend_.default_stream();
+    start_->record(s);
+    work(s);
+    end_->record(s);
+    end_->synchronize();
+    return end_->elapsed_ms(*start_);
+  }
+
+ private:
+  Backend& backend_;
+  std::unique_ptr<Event> start_, end_;
+};
+
+OwnedTensor filled(Backend& b, Shape shape, DType dtype, double value, const char* what) {
+  auto t = OwnedTensor::device(b, shape, dtype, LiveSet::workspace, what);
+  ops::fill(t, value, b.default_stream());
+  return t;
+}
+
+// Best GFLOP/s of an n^3 GEMM through ops::linear_forward, of five.
+double ceiling_gflops(Backend& b, DType dtype, int n) {
+  auto x = filled(b, Shape{n, n}, dtype, 0.01, "ceiling x");
+  auto w = filled(b, Shape{n, n}, dtype, 0.01, "ceiling w");
+  auto y = filled(b, Shape{n, n}, dtype, 0.0, "ceiling y");
+  Timer timer(b);
+  auto run = [&](Stream& s) { ops::linear_forward(x, w, y, false, s); };
+  timer.time_ms(run);  // warm-up: algorithm choice, workspace
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    best = std::max(best, 2.0 * n * n * static_cast<double>(n) / (timer.time_ms(run) * 1e-3) / 1e9);
+  }
+  return best;
+}
+
+int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
+  Config cfg = load_config_for_command(args.common.config, ctx);
+  BackendOptions bo;
+  const bool cuda = cfg.runtime.backend == BackendChoice::cuda ||
+                    (cfg.runtime.backend == BackendChoice::automatic && Backend::cuda_available());
+  if (cuda) {
+    bo.kind = BackendKind::cuda;
+    bo.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
+  } else {
+    bo = bench_backend_options(cfg, RankInfo{});
+  }
+  std::unique_ptr<Backend> backend = Backend::create(bo);
+  const std::string dtype_text = !args.dtype.empty() ? args.dtype : cuda ? "bf16" : "f32";
+  const DType dtype = dtype_text == "bf16" ? DType::bf16 : DType::f32;
+  MOEPEAK_CHECK(cuda || dtype == DType::f32,
+                "bench gemm --dtype bf16 needs the CUDA backend; the CPU computes in f32");
+  const int ceiling_n = args.ceiling_size > 0 ? args.ceiling_size : cuda ? 8192 : 1024;
+  const int64_t tokens =
+      args.tokens > 0 ? args.tokens : cfg.training.batch_size * cfg.training.seq_len;
+
+  const double ceiling = ceiling_gflops(*backend, dtype, ceiling_n);
+  std::printf("# moepeak bench gemm: %s\n", backend->describe().c_str());
+  std::printf("# host %s, %s; model %s, %lld tokens, dtype %s\n", process_host().c_str(),
+              now_utc().c_str(), cfg.job.name.c_str(), static_cast<long long>(tokens),
+              dtype_text.c_str());
+  std::printf("# ceiling: %d^3 GEMM through ops::linear_forward, best of 5: %.1f GFLOP/s\n",
+              ceiling_n, ceiling);
+  std::printf("# %-14s %7s %7s %7s %9s %11s %11s %9s\n", "gemm", "M", "N", "K", "pass", "time_ms",
+              "GFLOP/s", "%ceiling");
+
+  nlohmann::json rows = nlohmann::json::array();
+  Timer timer(*backend);
+  for (const GemmShape& g : step_gemms(cfg.model, tokens)) {
+    auto x = filled(*backend, Shape{g.m, g.k}, dtype, 0.01, "x");
+    auto w = filled(*backend, Shape{g.n, g.k}, dtype, 0.01, "w");
+    auto y = filled(*backend, Shape{g.m, g.n}, dtype, 0.0, "y");
+    auto dx = filled(*backend, Shape{g.m, g.k}, dtype, 0.0, "dx");
+    auto dw = filled(*backend, Shape{g.n, g.k}, dtype, 0.0, "dw");
+    struct Pass {
+      const char* name;
+      double flops;
+      std::function<void(Stream&)> run;
+    };
+    const double mnk = 2.0 * static_cast<double>(g.m) * g.n * g.k;
+    std::vector<Pass> passes = {
+        {"forward", mnk, [&](Stream& s) { ops::linear_forward(x, w, y, false, s); }},
+        {"backward", 2 * mnk, [&](Stream& s) { ops::linear_backward(x, w, y, dx, false, dw, s); }}};
+    for (const Pass& p : passes) {
+      std::vector<double> ms;
+      for (int i = 0; i < args.common.warmup + args.common.iters; ++i) {
+        double t = timer.time_ms(p.run);
+        if (i >= args.common.warmup) ms.push_back(t);
+      }
+      const double t = median(ms);
+      const double gflops = p.flops / (t * 1e-3) / 1e9;
+      std::printf("  %-14s %7lld %7lld %7lld %9s %11.4f %11.1f %8.1f%%\n", g.name.c_str(),
+                  static_cast<long long>(g.m), static_cast<long long>(g.n),
+                  static_cast<long long>(g.k), p.name, t, gflops, 100.0 * gflops / ceiling);
+      rows.push_back({{"schedule", g.name + " " + p.name}, {"time_s", t * 1e-3},
+                      {"peak_bytes", peak_bytes_json(backend->arena().stats())},
+                      {"bound_bytes", nullptr}, {"max_rel_err", nullptr},
+                      {"m", g.m}, {"n", g.n}, {"k", g.k}, {"gflops", gflops},
+                      {"percent_of_ceiling", 100.0 * gflops / ceiling}});
+    }
+  }
+  if (!args.common.json_path.empty()) {
+    nlohmann::json shape = {{"model", cfg.job.name}, {"tokens", tokens}, {"dtype", dtype_text},
+                            {"backend", backend->describe()}, {"ceiling_size", ceiling_n},
+                            {"ceiling_gflops", ceiling}};
+    write_bench_json(args.common.json_path, "gemm", 1, shape, rows);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_gemm(CLI::App& bench, Context& ctx) {
+  static GemmArgs args;
+  auto* sub = bench.add_subcommand(
+      "gemm", "a step's GEMMs (projections, router, experts, LM-head strip) against a GEMM ceiling");
+  add_bench_common_options(*sub, args.common);
+  sub->add_option("--tokens", args.tokens, "tokens per step (default batch_size * seq_len)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--dtype", args.dtype, "storage dtype (default bf16 on CUDA, f32 on the CPU)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  sub->add_option("--ceiling-size", args.ceiling_size,
+                  "n of the n^3 ceiling GEMM (default 8192 on CUDA, 1024 on the CPU)")
+      ->check(CLI::Range(64, 16384));
+  sub->callback([&ctx] { ctx.action = [&ctx] { return run_bench_gemm(args, ctx); }; });
+}
+
+}  // namespace moepeak::cli

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh: on a machine with an NVIDIA GPU, check the CUDA backend: build (or reuse a
+# build), run every GPU test (the ctest label `cuda`), run the GPU benches at GPU sizes, and print
+# a summary table. Meant to finish within 8 minutes on one H200.
+#
+#   scripts/gpu-check.sh                       build into build/ when moepeak is missing there
+#   scripts/gpu-check.sh --no-build            reuse $MOEPEAK_BUILD_DIR (default build/) as it
+#                                              is, e.g. a build made elsewhere and copied here
+#   scripts/gpu-check.sh --out DIR             keep every log and bench JSON in DIR
+#
+# Each step's output goes to DIR/<step>.log; the summary says passed/failed per step and, for the
+# benches, the figure the issue's targets are about. Exit status: 0 when every step passed.
+# Results worth keeping go to docs/perf.md with the device and the date.
+set -uo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build_dir="${MOEPEAK_BUILD_DIR:-$root/build}"
+out=""
+build=auto
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-build) build=no ;;
+    --out) out="$2"; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+out="${out:-$(mktemp -d)}"
+mkdir -p "$out"
+bin="$build_dir/moepeak"
+
+log() { printf '\033[1m[gpu-check]\033[0m %s\n' "$*"; }
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-check: no NVIDIA GPU is usable here (nvidia-smi -L failed)" >&2
+  exit 1
+fi
+gpu="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
+
+if [ "$build" = auto ] && [ ! -x "$bin" ]; then
+  log "building into $build_dir (MOEPEAK_CUDA=ON)"
+  # shellcheck source=scripts/common.sh
+  MOEPEAK_BUILD_DIR="$build_dir" source "$root/scripts/common.sh"
+  install_packages
+  configure_and_build -DMOEPEAK_CUDA=ON || exit 1
+fi
+if [ ! -x "$bin" ]; then
+  echo "gpu-check: $bin not found (build first, or drop --no-build)" >&2
+  exit 1
+fi
+
+# step NAME COMMAND...: runs the command with its output in $out/NAME.log; records the result.
+names=() results=() seconds=() notes=()
+step() {
+  local name="$1"; shift
+  log "$name: $*"
+  local start end rc
+  start=$(date +%s.%N)
+  "$@" >"$out/$name.log" 2>&1; rc=$?
+  end=$(date +%s.%N)
+  names+=("$name")
+  results+=("$([ $rc -eq 0 ] && echo passed || echo "FAILED ($rc)")")
+  seconds+=("$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')")
+  notes+=("")
+  [ $rc -eq 0 ] || tail -20 "$out/$name.log" | sed 's/^/    /'
+  return $rc
+}
+note() { notes[${#notes[@]}-1]="$*"; }
+
+# ---- the GPU tests: ctest -L cuda where ctest exists, else the binaries that carry the label ----
+if command -v ctest >/dev/null 2>&1 && [ -f "$build_dir/CTestTestfile.cmake" ]; then
+  step cuda-tests ctest --test-dir "$build_dir" -L cuda --output-on-failure
+  note "$(grep -Eo '[0-9]+% tests passed.*' "$out/cuda-tests.log" | tail -1)"
+else
+  for t in tests/runtime/test_cuda_backend tests/comm/test_comm_nccl tests/ops/test_backend_ops; do
+    step "$(basename "$t")" "$build_dir/$t"
+    note "$(grep -Eo '\[  PASSED  \] [0-9]+ tests?' "$out/$(basename "$t").log" | tail -1)" \
+         "$(grep -Eo '[0-9]+ tests?, listed below' "$out/$(basename "$t").log" | head -1)"
+  done
+fi
+
+# ---- benches at GPU sizes --------------------------------------------------------------------
+# GEMMs of a gpt-oss-20b layer (H 2880, 32 experts top-4) at 8192 tokens, bf16, against a
+# cuBLASLt 8192^3 ceiling measured in the same run (target: every GEMM at least 85%).
+step bench-gemm "$bin" bench gemm -c "$root/configs/gpt-oss-20b.toml" --set runtime.backend=cuda \
+  --tokens 8192 --warmup 3 --iters 10 --json "$out/bench-gemm.json"
+if [ -f "$out/bench-gemm.json" ]; then
+  note "$(python3 - "$out/bench-gemm.json" <<'EOF' 2>/dev/null
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = d["rows"]
+worst = min(rows, key=lambda r: r["percent_of_ceiling"])
+print(f"ceiling {d['shape']['ceiling_gflops'] / 1e3:.0f} TFLOP/s; lowest {worst['percent_of_ceiling']:.1f}% "
+      f"({worst['schedule']})")
+EOF
+)"
+fi
+
+# ---- summary ---------------------------------------------------------------------------------
+echo
+echo "# moepeak gpu-check: $gpu; $(date -u '+%Y-%m-%d %H:%M:%S UTC'); logs in $out"
+printf '# %-18s %-12s %9s  %s\n' step result seconds note
+failed=0
+for i in "${!names[@]}"; do
+  printf '  %-18s %-12s %9s  %s\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}" "${notes[$i]}"
+  [ "${results[$i]}" = passed ] || failed=1
+done
+exit $failed
