@@ -22,7 +22,9 @@
 // the rows that land in its range in that order, each column by one thread, so every element
 // sees the CPU's additions in the CPU's order (bitwise reproducible run to run; with bf16 storage
 // consecutive positions on one row are summed in fp32 and rounded once, other additions round to
-// bf16 each, as += in the storage dtype does). The index is not checked on the GPU
+// bf16 each, as += in the storage dtype does; which positions count as consecutive depends on the
+// grid, i.e. on the GPU's SM count, so bf16 sums repeat run to run on one GPU model but may
+// differ in the last bits between models). The index is not checked on the GPU
 // (a check would need a host sync) and nothing throws: a position whose index is outside [0, N)
 // is skipped — scatter_add_rows and combine_rows add nothing for it, gather_rows writes zeros to
 // dst[i], combine_rows_backward writes zeros to dy[i] and dweight[i]. CUDA against the CPU:

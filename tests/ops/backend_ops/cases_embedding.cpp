@@ -51,9 +51,14 @@ MOEPEAK_BACKEND_OPS_CASES(embedding) {
           ops::embedding_backward(t[0], t[1], t[2], s);
         }};
     // With bf16 storage every += rounds to bf16 (half an ulp, 2^-9 relative), so a row summing
-    // ~60 or ~330 tokens drifts by a few percent of its size from the f64 reference; the f32 run
-    // checks those sums at 1e-5.
-    if (e.tokens > 10 * e.vocab) backward.tolerance.bf16 = 0.1;
+    // ~9 tokens drifts by about 1% of its size from the f64 reference (V = 7, N = 64: 1.1% at
+    // the worst of its 10500 elements), and one summing ~60 or ~330 tokens by a few percent; the
+    // f32 run checks those sums at 1e-5.
+    if (e.tokens > 10 * e.vocab) {
+      backward.tolerance.bf16 = 0.1;
+    } else if (e.tokens > 2 * e.vocab) {
+      backward.tolerance.bf16 = 0.03;
+    }
     cases.push_back(std::move(backward));
   }
   return cases;
