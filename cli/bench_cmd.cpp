@@ -46,7 +46,7 @@ int run_bench_step(const BenchArgs& args, const Context& ctx) {
   // so a machine that was busy during one measurement does not flatter the ratio. With W ranks
   // every rank measures at once (sharing the host as the steps do) and the job's ceiling is the
   // sum.
-  double ceiling = trainer.sum_over_ranks(measure_cpu_gemm_gflops(DType::f32, args.gemm_size, 5));
+  double ceiling = trainer.sum_over_ranks(trainer.measure_gemm_ceiling(args.gemm_size, 5));
 
   if (root) {
     std::printf("# moepeak bench step: %s\n", trainer.describe().c_str());
@@ -74,7 +74,7 @@ int run_bench_step(const BenchArgs& args, const Context& ctx) {
     }
     last = m;
   }
-  ceiling = std::max(ceiling, trainer.sum_over_ranks(measure_cpu_gemm_gflops(DType::f32, args.gemm_size, 5)));
+  ceiling = std::max(ceiling, trainer.sum_over_ranks(trainer.measure_gemm_ceiling(args.gemm_size, 5)));
   const double t = median(times);
   const double tokens_per_s = static_cast<double>(B * T) / t;
   const double gflops = trainer.flops_per_step() / t / 1e9;

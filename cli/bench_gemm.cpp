@@ -85,21 +85,6 @@ OwnedTensor filled(Backend& b, Shape shape, DType dtype, double value, const cha
   return t;
 }
 
-// Best GFLOP/s of an n^3 GEMM through ops::linear_forward, of five.
-double ceiling_gflops(Backend& b, DType dtype, int n) {
-  auto x = filled(b, Shape{n, n}, dtype, 0.01, "ceiling x");
-  auto w = filled(b, Shape{n, n}, dtype, 0.01, "ceiling w");
-  auto y = filled(b, Shape{n, n}, dtype, 0.0, "ceiling y");
-  Timer timer(b);
-  auto run = [&](Stream& s) { ops::linear_forward(x, w, y, false, s); };
-  timer.time_ms(run);  // warm-up: algorithm choice, workspace
-  double best = 0;
-  for (int i = 0; i < 5; ++i) {
-    best = std::max(best, 2.0 * n * n * static_cast<double>(n) / (timer.time_ms(run) * 1e-3) / 1e9);
-  }
-  return best;
-}
-
 int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
   Config cfg = load_config_for_command(args.common.config, ctx);
   BackendOptions bo;
@@ -120,7 +105,7 @@ int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
   const int64_t tokens =
       args.tokens > 0 ? args.tokens : cfg.training.batch_size * cfg.training.seq_len;
 
-  const double ceiling = ceiling_gflops(*backend, dtype, ceiling_n);
+  const double ceiling = measure_backend_gemm_gflops(*backend, dtype, ceiling_n, 5);
   std::printf("# moepeak bench gemm: %s\n", backend->describe().c_str());
   std::printf("# host %s, %s; model %s, %lld tokens, dtype %s\n", process_host().c_str(),
               now_utc().c_str(), cfg.job.name.c_str(), static_cast<long long>(tokens),

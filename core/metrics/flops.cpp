@@ -2,11 +2,15 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
 #include "core/model/mixtral_params.h"
+#include "ops/fill.h"
+#include "ops/linear.h"
 
 namespace moepeak {
 
@@ -47,6 +51,29 @@ double measure_cpu_gemm_gflops(DType dtype, int n, int repeats) {
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * n * static_cast<double>(n) * n / best / 1e9;
+}
+
+double measure_backend_gemm_gflops(Backend& backend, DType dtype, int n, int repeats) {
+  MOEPEAK_CHECK(n > 0 && repeats > 0, "GEMM ceiling: n and repeats must be positive, got ", n, ", ",
+                repeats);
+  Stream& stream = backend.default_stream();
+  auto square = [&](double value, const char* what) {
+    auto t = OwnedTensor::device(backend, Shape{n, n}, dtype, LiveSet::workspace, what);
+    ops::fill(t, value, stream);
+    return t;
+  };
+  const OwnedTensor x = square(0.01, "GEMM ceiling x"), w = square(0.01, "GEMM ceiling w"),
+                    y = square(0.0, "GEMM ceiling y");
+  std::unique_ptr<Event> start = backend.create_event(), end = backend.create_event();
+  double best_ms = 1e30;
+  for (int r = 0; r <= repeats; ++r) {  // r = 0: the untimed first run
+    start->record(stream);
+    ops::linear_forward(x, w, y, false, stream);
+    end->record(stream);
+    end->synchronize();
+    if (r > 0) best_ms = std::min(best_ms, end->elapsed_ms(*start));
+  }
+  return 2.0 * n * static_cast<double>(n) * n / (best_ms * 1e-3) / 1e9;
 }
 
 }  // namespace moepeak

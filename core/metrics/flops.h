@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "core/config/config.h"
+#include "core/runtime/backend.h"
 #include "core/runtime/dtype.h"
 
 namespace moepeak {
@@ -21,5 +22,11 @@ double step_flops(const ModelConfig& model, int64_t batch, int64_t seq_len);
 // Achieved GFLOP/s of one square GEMM of size n (OpenBLAS on the CPU), the best of `repeats`
 // timed runs after one warm-up: the ceiling the step's throughput is compared with.
 double measure_cpu_gemm_gflops(DType dtype, int n, int repeats);
+
+// The same through the backend's own GEMM (ops::linear_forward, y = x w^T, n x n x n) on its
+// default stream, timed with events: cuBLASLt on CUDA (f32 or bf16), OpenBLAS on the CPU. One
+// untimed run first (algorithm choice, workspace), then the best of `repeats`. The three n x n
+// tensors come from the arena (LiveSet::workspace) and are freed on return.
+double measure_backend_gemm_gflops(Backend& backend, DType dtype, int n, int repeats);
 
 }  // namespace moepeak

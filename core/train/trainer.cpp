@@ -32,18 +32,25 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// runtime.backend: "cuda", or "auto" on a build with CUDA and a usable GPU.
+bool trains_on_cuda(const Config& cfg) {
+  return cfg.runtime.backend == BackendChoice::cuda ||
+         (cfg.runtime.backend == BackendChoice::automatic && Backend::cuda_available());
+}
+
 BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
                                const topology::TrainBinding& binding) {
   BackendOptions o;
-  if (cfg.runtime.backend == BackendChoice::cuda) {
-    MOEPEAK_THROW("runtime.backend = \"cuda\": training on the CUDA backend is not in this version; "
-                  "use \"cpu\" (or \"auto\")");
+  const bool cuda = trains_on_cuda(cfg);
+  o.kind = cuda ? BackendKind::cuda : BackendKind::cpu;
+  if (cuda) {
+    // One GPU per rank: the probe's placement when it has one, else the local rank's ordinal.
+    o.device_index = binding.place.gpu >= 0 ? binding.place.gpu : ranks.local_rank;
   }
-  o.kind = BackendKind::cpu;
   o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
   // "auto": this rank's host budget from runtime.probe_file (`moepeak probe`), else the default.
   o.pinned_budget = topology::pinned_memory_budget(cfg, ranks.rank, ranks.local_rank, ranks.local_size,
-                                                   /*cpu_backend=*/true);
+                                                   /*cpu_backend=*/!cuda);
   // -1: the node of the thread that creates the pool, i.e. the one the rank is bound to.
   o.numa_node = static_cast<int>(cfg.runtime.numa_node);
   o.cpu_threads = static_cast<int>(cfg.runtime.threads);
@@ -57,9 +64,24 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
   return o;
 }
 
-void check_supported(const Config& cfg) {
+void check_supported(const Config& cfg, int world_size) {
   if (cfg.training.dtype == ComputeDtype::bfloat16) {
-    MOEPEAK_THROW("training.dtype = \"bfloat16\": the CPU backend computes in float32; use \"auto\" or \"float32\"");
+    MOEPEAK_THROW("training.dtype = \"bfloat16\": training runs in float32 on both backends in this "
+                  "version (the bf16 kernels exist, the bf16 model with fp32 master weights does not "
+                  "yet); use \"auto\" or \"float32\"");
+  }
+  if (trains_on_cuda(cfg) && cfg.training.dtype != ComputeDtype::float32) {
+    // NOTES: `moepeak plan` takes "auto" on CUDA as bfloat16; training it in float32 would double
+    // the activations the plan promised, so the run asks for the dtype it can keep.
+    MOEPEAK_THROW("training.dtype = \"auto\" on CUDA means bfloat16 (what `moepeak plan` budgets), "
+                  "and the bf16 model is not in this version: set training.dtype = \"float32\" "
+                  "(and plan with it) to train on the GPU");
+  }
+  if (trains_on_cuda(cfg) && world_size > 1) {
+    MOEPEAK_THROW("runtime.backend = ", enum_name(cfg.runtime.backend), " trains on CUDA, where ",
+                  world_size, " ranks need the sequence-parallel attention exchange (Ulysses) on "
+                  "the GPU, which is not in this version: run one rank per job on CUDA, or set "
+                  "runtime.backend = \"cpu\"");
   }
   // Every schedule of every live set is available (schedules.dispatch included: standard, llep,
   // pipelined_llep on any W that divides the experts; see MixtralModel::make_dispatch).
@@ -125,15 +147,15 @@ struct Trainer::State {
 };
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_unique<State>()) {
-  check_supported(cfg);
   State& s = *s_;
   s.ranks = init_process_group();
+  check_supported(cfg, s.ranks.world_size);
   check_layout(cfg, s.ranks);
   s.cfg = cfg;
   s.options = options;
   // Bind before the backend starts its threads and pins its pool (issue 10 item 4).
   s.binding = topology::bind_for_training(cfg, s.ranks.rank, s.ranks.local_rank, s.ranks.local_size,
-                                          /*cpu_backend=*/true);
+                                          /*cpu_backend=*/!trains_on_cuda(cfg));
   if (s.binding.bound) {
     spdlog::info("rank {} bound to PUs {} (NUMA node {}{})", s.ranks.rank, s.binding.cpus,
                  s.binding.numa_node, s.ranks.world_size > 1 ? "; other ranks alike" : "");
@@ -172,7 +194,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   s.d_labels = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
   s.d_positions = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
   s.flops = step_flops(cfg.model, B, T);
-  s.ceiling_gflops = measure_cpu_gemm_gflops(DType::f32, 512, 3);
+  s.ceiling_gflops = measure_gemm_ceiling(512, 3);
 }
 
 Trainer::~Trainer() = default;
@@ -180,6 +202,11 @@ Trainer::~Trainer() = default;
 int64_t Trainer::completed_steps() const { return s_->completed; }
 double Trainer::flops_per_step() const { return s_->flops; }
 double Trainer::gemm_ceiling_gflops() const { return s_->ceiling_gflops; }
+
+double Trainer::measure_gemm_ceiling(int n, int repeats) const {
+  if (s_->backend->kind() == BackendKind::cpu) return measure_cpu_gemm_gflops(DType::f32, n, repeats);
+  return measure_backend_gemm_gflops(*s_->backend, DType::f32, n, repeats);
+}
 int Trainer::rank() const { return s_->ranks.rank; }
 int Trainer::world_size() const { return s_->ranks.world_size; }
 

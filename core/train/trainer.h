@@ -73,6 +73,9 @@ class Trainer {
   double max_over_ranks(double value) const;
   double flops_per_step() const;
   double gemm_ceiling_gflops() const;  // measured once at setup (flops.h)
+  // GFLOP/s of an f32 n^3 GEMM on this rank's backend now, the best of `repeats` (OpenBLAS
+  // directly on the CPU, the backend's linear_forward on CUDA; flops.h).
+  double measure_gemm_ceiling(int n, int repeats) const;
   std::string describe() const;        // backend, model and data, for the log
 
  private:
