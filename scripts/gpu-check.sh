@@ -97,6 +97,24 @@ EOF
 )"
 fi
 
+# A training run of the small preset on the GPU with every bounded operator on (PipelinedLLEP,
+# Ring-DTP, SCO, OffloadStreamAdamW), float32, one rank: the loss must fall.
+step train-small "$bin" train -c "$root/configs/small.toml" --set runtime.backend=cuda \
+  --set training.dtype=float32 --set training.steps=30 --set metrics.progress=off \
+  --set schedules.dispatch=pipelined_llep --set schedules.vocab=ring_dtp \
+  --set schedules.checkpoint=sco --set optimizer.placement=offload_stream \
+  --set job.run_dir="$out/runs" --set job.name=small-gpu
+if [ -f "$out/runs/small-gpu/metrics.jsonl" ]; then
+  note "$(python3 - "$out/runs/small-gpu/metrics.jsonl" <<'EOF' 2>/dev/null
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+first, last = rows[0], rows[-1]
+print(f"loss {first['loss']:.3f} -> {last['loss']:.3f} in {len(rows)} steps; "
+      f"last step {last.get('step_time_s', 0):.3f} s, {last.get('tokens_per_s', 0):.0f} tokens/s")
+EOF
+)"
+fi
+
 # ---- summary ---------------------------------------------------------------------------------
 echo
 echo "# moepeak gpu-check: $gpu; $(date -u '+%Y-%m-%d %H:%M:%S UTC'); logs in $out"
