@@ -106,6 +106,29 @@ __device__ void load_key_rows(const T* src, const AttentionArgs<T>& a, int64_t b
   }
 }
 
+// acc[r][i] += sum over the tile's `keys` entries s of w_rows[r * kTile + s] * tile[s * stride + c]
+// with c = lane + 32 i < d: the P V of the forward and the dS K of the dq kernel, for a warp's
+// kRowsPerWarp rows (their weights in shared memory, one row of kTile per query row).
+template <typename C, int kChunks>
+__device__ __forceinline__ void accumulate_tile(C (&acc)[kRowsPerWarp][kChunks], const C* w_rows,
+                                                const C* tile, int stride, int keys, int d,
+                                                int lane) {
+  for (int s = 0; s < keys; ++s) {
+    C w[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) w[r] = w_rows[r * kTile + s];
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = lane + 32 * i;
+      if (c < d) {
+        const C x = tile[s * stride + c];
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) acc[r][i] += w[r] * x;
+      }
+    }
+  }
+}
+
 // Index in lse (B, nh, T) of flattened row `row` of (b, g).
 __device__ __forceinline__ int64_t lse_index(int64_t b, int g, int64_t row, int group,
                                              int heads, int64_t seq) {
@@ -191,21 +214,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     __syncwarp();
 
     // acc += P V over the tile's keys.
-    const C* p_rows = p_s + warp * kRowsPerWarp * kTile;
-    for (int s = 0; s < keys; ++s) {
-      C p[kRowsPerWarp];
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) p[r] = p_rows[r * kTile + s];
-#pragma unroll
-      for (int i = 0; i < kChunks; ++i) {
-        const int c = lane + 32 * i;
-        if (c < d) {
-          const C vc = v_s[s * d + c];
-#pragma unroll
-          for (int r = 0; r < kRowsPerWarp; ++r) acc[r][i] += p[r] * vc;
-        }
-      }
-    }
+    accumulate_tile<C, kChunks>(acc, p_s + warp * kRowsPerWarp * kTile, v_s, d, keys, d, lane);
   }
 
 #pragma unroll
@@ -307,21 +316,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     __syncwarp();
 
     // acc += dS K over the tile's keys.
-    const C* ds_rows = ds_s + warp * kRowsPerWarp * kTile;
-    for (int s = 0; s < keys; ++s) {
-      C ds[kRowsPerWarp];
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) ds[r] = ds_rows[r * kTile + s];
-#pragma unroll
-      for (int i = 0; i < kChunks; ++i) {
-        const int c = lane + 32 * i;
-        if (c < d) {
-          const C kc = k_s[s * ks + c];
-#pragma unroll
-          for (int r = 0; r < kRowsPerWarp; ++r) acc[r][i] += ds[r] * kc;
-        }
-      }
-    }
+    accumulate_tile<C, kChunks>(acc, ds_s + warp * kRowsPerWarp * kTile, k_s, ks, keys, d, lane);
   }
 
 #pragma unroll

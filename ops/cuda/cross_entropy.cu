@@ -16,15 +16,6 @@ using cuda::compute_t;
 using cuda::load_as;
 using cuda::store_from;
 
-constexpr int kMaxThreads = 1024;
-
-// Threads for a block that walks a row of V columns: a multiple of 32, more for long rows.
-int threads_for_row(int64_t vocab) {
-  if (vocab >= 32768) return 1024;
-  if (vocab >= 8192) return 512;
-  return static_cast<int>(std::clamp<int64_t>((vocab + 31) / 32 * 32, 32, cuda::kThreads));
-}
-
 // max + log(sum exp(y - max)) of one row; every thread of the block gets it. The block's last
 // read of the row happens before the barrier inside the final block_sum, so once this returns the
 // row may be overwritten.
@@ -49,7 +40,7 @@ __device__ __forceinline__ bool is_bad_label(int64_t label, int64_t vocab) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(cuda::kMaxRowThreads)
     cross_entropy_forward_kernel(const T* logits, const int64_t* labels, T* losses,
                                  int64_t tokens, int64_t vocab) {
   __shared__ double scratch[32];
@@ -66,7 +57,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(cuda::kMaxRowThreads)
     cross_entropy_backward_kernel(const T* logits, const int64_t* labels, double scale,
                                   T* dlogits, int64_t tokens, int64_t vocab) {
   using C = compute_t<T>;
@@ -99,7 +90,7 @@ void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& labels, cons
   if (tokens == 0) return;
   cuda::dispatch_storage(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    cross_entropy_forward_kernel<T><<<cuda::grid_for(tokens, 1), threads_for_row(vocab), 0,
+    cross_entropy_forward_kernel<T><<<cuda::grid_for(tokens, 1), cuda::long_row_threads(vocab), 0,
                                       cuda::native(stream)>>>(
         static_cast<const T*>(logits.data()), static_cast<const int64_t*>(labels.data()),
         static_cast<T*>(losses.data()), tokens, vocab);
@@ -115,7 +106,7 @@ void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& labels, dou
   if (tokens == 0) return;
   cuda::dispatch_storage(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    cross_entropy_backward_kernel<T><<<cuda::grid_for(tokens, 1), threads_for_row(vocab), 0,
+    cross_entropy_backward_kernel<T><<<cuda::grid_for(tokens, 1), cuda::long_row_threads(vocab), 0,
                                        cuda::native(stream)>>>(
         static_cast<const T*>(logits.data()), static_cast<const int64_t*>(labels.data()), scale,
         static_cast<T*>(dlogits.data()), tokens, vocab);

@@ -18,15 +18,6 @@ using cuda::compute_t;
 using cuda::load_as;
 using cuda::store_from;
 
-constexpr int kMaxThreads = 1024;
-
-// Threads for a block that walks a strip row of C columns: a multiple of 32, more for long rows.
-int threads_for_row(int64_t columns) {
-  if (columns >= 32768) return 1024;
-  if (columns >= 8192) return 512;
-  return static_cast<int>(std::clamp<int64_t>((columns + 31) / 32 * 32, 32, cuda::kThreads));
-}
-
 __global__ void state_init_kernel(double* state, int64_t tokens) {
   MOEPEAK_GRID_STRIDE(n, tokens) {
     state[3 * n] = -INFINITY;
@@ -36,7 +27,7 @@ __global__ void state_init_kernel(double* state, int64_t tokens) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(cuda::kMaxRowThreads)
     strip_forward_kernel(const T* strip, const int64_t* labels, int64_t column_begin,
                          double* state, int64_t tokens, int64_t columns) {
   using C = compute_t<T>;
@@ -88,7 +79,7 @@ __global__ void state_merge_kernel(const double* partial, double* state, int64_t
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(cuda::kMaxRowThreads)
     strip_backward_kernel(const T* strip, const int64_t* labels, int64_t column_begin,
                           const double* state, double scale, T* dstrip, int64_t tokens,
                           int64_t columns) {
@@ -131,7 +122,7 @@ void cross_entropy_strip_forward_cuda(const Tensor& strip, const Tensor& labels,
   if (tokens == 0) return;
   cuda::dispatch_storage(strip.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    strip_forward_kernel<T><<<cuda::grid_for(tokens, 1), threads_for_row(columns), 0,
+    strip_forward_kernel<T><<<cuda::grid_for(tokens, 1), cuda::long_row_threads(columns), 0,
                               cuda::native(stream)>>>(
         static_cast<const T*>(strip.data()), static_cast<const int64_t*>(labels.data()),
         column_begin, static_cast<double*>(state.data()), tokens, columns);
@@ -158,7 +149,7 @@ void cross_entropy_strip_backward_cuda(const Tensor& strip, const Tensor& labels
   if (tokens == 0) return;
   cuda::dispatch_storage(strip.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    strip_backward_kernel<T><<<cuda::grid_for(tokens, 1), threads_for_row(columns), 0,
+    strip_backward_kernel<T><<<cuda::grid_for(tokens, 1), cuda::long_row_threads(columns), 0,
                                cuda::native(stream)>>>(
         static_cast<const T*>(strip.data()), static_cast<const int64_t*>(labels.data()),
         column_begin, static_cast<const double*>(state.data()), scale,

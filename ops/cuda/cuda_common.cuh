@@ -86,6 +86,23 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(blocks);
 }
 
+// Threads of a block that walks one row of `cols` elements: a multiple of 32 in [32, kThreads].
+inline int row_threads(int64_t cols) {
+  const int64_t t = (cols + 31) / 32 * 32;
+  return static_cast<int>(t < 32 ? 32 : t > kThreads ? kThreads : t);
+}
+// The same for rows long enough to want more threads (a vocabulary row): up to 1024.
+constexpr int kMaxRowThreads = 1024;
+inline int long_row_threads(int64_t cols) {
+  if (cols >= 32768) return kMaxRowThreads;
+  if (cols >= 8192) return 512;
+  return row_threads(cols);
+}
+// Blocks for one block per row (at least 1, at most the grid limit).
+inline unsigned row_blocks(int64_t rows) {
+  return static_cast<unsigned>(rows < 1 ? 1 : rows > kMaxGridBlocks ? kMaxGridBlocks : rows);
+}
+
 // After a launch: a bad configuration is an Error at the call, like a CPU op's argument check.
 #define MOEPEAK_CUDA_LAUNCH_CHECK() MOEPEAK_CUDA_CHECK(cudaGetLastError())
 

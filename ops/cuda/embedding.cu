@@ -23,12 +23,6 @@ template <> __device__ __forceinline__ double quiet_nan<double>() {
   return __longlong_as_double(0x7ff8000000000000ll);
 }
 
-// Threads of a block that walks one row of `cols` elements: a multiple of 32 in [32, 256].
-int row_threads(int64_t cols) {
-  int64_t t = (cols + 31) / 32 * 32;
-  return static_cast<int>(std::clamp<int64_t>(t, 32, cuda::kThreads));
-}
-
 // A block per token (grid-stride over tokens): out[n] = weight[ids[n]], or NaN for an id outside
 // [0, vocab).
 template <typename T>
@@ -113,7 +107,7 @@ void embedding_forward_cuda(const Tensor& ids, const Tensor& weight, const Tenso
     if (tokens == 0 || hidden == 0) return;
     const auto blocks =
         static_cast<unsigned>(std::clamp<int64_t>(tokens, 1, cuda::kMaxGridBlocks));
-    embedding_forward_kernel<T><<<blocks, row_threads(hidden), 0, cuda::native(stream)>>>(
+    embedding_forward_kernel<T><<<blocks, cuda::row_threads(hidden), 0, cuda::native(stream)>>>(
         static_cast<const int64_t*>(ids.data()), static_cast<const T*>(weight.data()),
         static_cast<T*>(out.data()), tokens, vocab, hidden);
     MOEPEAK_CUDA_LAUNCH_CHECK();

@@ -13,16 +13,8 @@ namespace {
 using cuda::compute_t;
 using cuda::load_as;
 using cuda::store_from;
-
-// Threads of a block that walks one row of `cols` elements: a multiple of 32 in [32, 256].
-int row_threads(int64_t cols) {
-  int64_t t = (cols + 31) / 32 * 32;
-  return static_cast<int>(std::clamp<int64_t>(t, 32, cuda::kThreads));
-}
-
-unsigned row_blocks(int64_t rows) {
-  return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, cuda::kMaxGridBlocks));
-}
+using cuda::row_blocks;
+using cuda::row_threads;
 
 // One block per row (grid-stride over rows): sum of squares in double, rstd = 1 / sqrt(mean +
 // eps) in double, rounded to the compute type (fp32 for f32 and bf16), y = (x * rstd) * w.
