@@ -32,6 +32,17 @@ BackendOptions bench_backend_options(const Config& cfg, const RankInfo& ranks) {
   return o;
 }
 
+BackendOptions bench_any_backend_options(const Config& cfg, const RankInfo& ranks) {
+  const bool cuda = cfg.runtime.backend == BackendChoice::cuda ||
+                    (cfg.runtime.backend == BackendChoice::automatic && Backend::cuda_available());
+  if (!cuda) return bench_backend_options(cfg, ranks);
+  BackendOptions o;
+  o.kind = BackendKind::cuda;
+  o.device_index = ranks.local_rank;
+  o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
+  return o;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

@@ -33,6 +33,10 @@ void add_bench_common_options(CLI::App& sub, BenchCommonArgs& args);
 // The CPU backend a bench rank runs on: runtime.device_memory as configured, runtime.threads or,
 // for 0, this rank's share of the host's cores (the ranks of one host share them).
 BackendOptions bench_backend_options(const Config& cfg, const RankInfo& ranks);
+// For the benches that run on either backend (gemm, vocab): CUDA on the rank's local GPU when
+// runtime.backend is "cuda", or "auto" with a usable GPU (device memory as configured, else the
+// card's free memory less the reserve); otherwise bench_backend_options.
+BackendOptions bench_any_backend_options(const Config& cfg, const RankInfo& ranks);
 
 double median(std::vector<double> v);
 

@@ -87,16 +87,8 @@ OwnedTensor filled(Backend& b, Shape shape, DType dtype, double value, const cha
 
 int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
   Config cfg = load_config_for_command(args.common.config, ctx);
-  BackendOptions bo;
-  const bool cuda = cfg.runtime.backend == BackendChoice::cuda ||
-                    (cfg.runtime.backend == BackendChoice::automatic && Backend::cuda_available());
-  if (cuda) {
-    bo.kind = BackendKind::cuda;
-    bo.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
-  } else {
-    bo = bench_backend_options(cfg, RankInfo{});
-  }
-  std::unique_ptr<Backend> backend = Backend::create(bo);
+  std::unique_ptr<Backend> backend = Backend::create(bench_any_backend_options(cfg, RankInfo{}));
+  const bool cuda = backend->kind() == BackendKind::cuda;
   const std::string dtype_text = !args.dtype.empty() ? args.dtype : cuda ? "bf16" : "f32";
   const DType dtype = dtype_text == "bf16" ? DType::bf16 : DType::f32;
   MOEPEAK_CHECK(cuda || dtype == DType::f32,

@@ -7,11 +7,12 @@
 // materialised row over the loss, dx and this rank's dW rows.
 //
 //   mpirun -np W moepeak bench vocab [--tokens N] [--hidden H] [--vocab V] [--strips 0,1024,256]
-//                                    [--dtype f32|f64] [--warmup 2] [--iters 5] [--json FILE]
+//                                    [--dtype f32|f64|bf16] [--warmup 2] [--iters 5] [--json FILE]
 //
 // N is tokens per rank (each rank its own distinct batch). Rank 0 prints and writes the JSON;
 // times and peaks are the maximum over ranks, errors too. --config/--set only feed the runtime
-// section (device_memory, threads).
+// section (backend, device_memory, threads): with runtime.backend = "cuda" (or "auto" and a GPU)
+// it runs on the rank's GPU, where --dtype bf16 is the GPU's storage dtype.
 //
 // Test: ctest -R bench_vocab (2 ranks, a small shape: the JSON's rows, bounds and errors);
 // results in docs/perf.md.
@@ -58,9 +59,11 @@ double scaled_err(const std::vector<double>& got, const std::vector<double>& wan
 }
 
 int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankInfo& ranks) {
-  MOEPEAK_CHECK(args.shape.dtype == "f32" || args.shape.dtype == "f64", "--dtype ", args.shape.dtype,
-                " (f32 or f64)");
   Config cfg = load_config_for_command(args.common.config, ctx);
+  MOEPEAK_CHECK(args.shape.dtype != "bf16" || bench_any_backend_options(cfg, ranks).kind ==
+                                                  BackendKind::cuda,
+                "bench vocab --dtype bf16 needs the CUDA backend (runtime.backend = \"cuda\"); the "
+                "CPU computes in f32 or f64");
   VocabShape shape = args.shape;
   shape.warmup = args.common.warmup;
   shape.iters = args.common.iters;
@@ -155,7 +158,8 @@ void register_bench_vocab(CLI::App& bench, Context& ctx) {
   vocab->add_option("--strips", args.strips, "Ring-DTP strip widths in columns, 0 = whole shard")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
-  vocab->add_option("--dtype", args.shape.dtype, "f32 or f64")->check(CLI::IsMember({"f32", "f64"}));
+  vocab->add_option("--dtype", args.shape.dtype, "f32 or f64; bf16 on CUDA")
+      ->check(CLI::IsMember({"f32", "f64", "bf16"}));
   vocab->callback([&ctx] {
     ctx.action = [&ctx] {
       const RankInfo ranks = join_ranks();

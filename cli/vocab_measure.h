@@ -56,8 +56,8 @@ class VocabBench {
  public:
   VocabBench(const VocabShape& args, const Config& cfg, const RankInfo& ranks)
       : args_(args),
-        dtype_(args.dtype == "f64" ? DType::f64 : DType::f32),
-        backend_(Backend::create(bench_backend_options(cfg, ranks))),
+        dtype_(args.dtype == "f64" ? DType::f64 : args.dtype == "bf16" ? DType::bf16 : DType::f32),
+        backend_(Backend::create(bench_any_backend_options(cfg, ranks))),
         comm_(make_comm(*backend_, ranks)),
         shard_(schedules::vocab_shard(args.vocab, ranks.world_size, ranks.rank)) {
     const int64_t N = args.tokens, H = args.hidden, V = args.vocab;
@@ -74,11 +74,14 @@ class VocabBench {
     fill(x_, [&] { return uni(rng); });
     fill(lm_head_, [&] { return w_scale * uni(weight_rng); });
     int64_t scored = 0;
+    std::vector<int64_t> labels(static_cast<size_t>(N));
     for (int64_t n = 0; n < N; ++n) {
-      int64_t l = coin(rng) < 0.1 ? -100 : pick(rng);
-      labels_.data_as<int64_t>()[n] = l;
-      scored += l != -100;
+      labels[n] = coin(rng) < 0.1 ? -100 : pick(rng);
+      scored += labels[n] != -100;
     }
+    backend_->copy_async(labels_.data(), labels.data(), labels.size() * 8, CopyKind::host_to_device,
+                         stream());
+    stream().synchronize();
     std::vector<double> count = {static_cast<double>(scored)};
     all_reduce_host(*comm_, *backend_, stream(), count);
     loss_scale_ = 1.0 / count[0];
@@ -145,14 +148,11 @@ class VocabBench {
   OwnedTensor tensor(Shape shape, LiveSet set, const char* what) {
     return OwnedTensor::device(*backend_, shape, dtype_, set, what);
   }
+  // Values drawn on the host in element order, written in the tensor's dtype (any backend).
   template <typename F> void fill(const OwnedTensor& t, F&& next) {
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      if (dtype_ == DType::f32) {
-        t.data_as<float>()[i] = static_cast<float>(next());
-      } else {
-        t.data_as<double>()[i] = next();
-      }
-    }
+    std::vector<double> values(static_cast<size_t>(t.numel()));
+    for (auto& v : values) v = next();
+    copy_from_host_as(values, t, *backend_, stream());
   }
   std::vector<double> read(const Tensor& t) { return copy_to_host_as_double(t, *backend_, stream()); }
 

@@ -97,6 +97,22 @@ EOF
 )"
 fi
 
+# The vocabulary projection at the issue's shape (N 8192, H 7168, V 200,000, bf16): materialised
+# logits vs Ring-DTP on one GPU (P = 1) with strips of V/8. Targets: Ring-DTP within 1.1x of
+# 115 ms, its `logits` peak under 15% of 18.3 GiB.
+step bench-vocab "$bin" bench vocab --set runtime.backend=cuda --tokens 8192 --hidden 7168 \
+  --vocab 200000 --strips 25000 --dtype bf16 --warmup 2 --iters 5 --json "$out/bench-vocab.json"
+if [ -f "$out/bench-vocab.json" ]; then
+  note "$(python3 - "$out/bench-vocab.json" <<'EOF' 2>/dev/null
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+for r in rows:
+    print(f"{r['schedule']}{'/' + str(r.get('strip')) if r.get('strip') else ''}: "
+          f"{r['time_s'] * 1e3:.0f} ms, logits {r['peak_bytes'].get('logits', 0) / 2**30:.2f} GiB;", end=" ")
+EOF
+)"
+fi
+
 # A training run of the small preset on the GPU with every bounded operator on (PipelinedLLEP,
 # Ring-DTP, SCO, OffloadStreamAdamW), float32, one rank: the loss must fall.
 step train-small "$bin" train -c "$root/configs/small.toml" --set runtime.backend=cuda \

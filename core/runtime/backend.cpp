@@ -1,6 +1,8 @@
 // Backend::create: picks the CPU or CUDA implementation.
 #include "core/runtime/backend.h"
 
+#include <cstring>
+
 #include "core/error.h"
 #include "core/runtime/cpu_backend.h"
 #ifdef MOEPEAK_WITH_CUDA
@@ -31,15 +33,38 @@ std::vector<char> copy_to_host(const Tensor& t, Backend& backend, Stream& stream
 }
 
 std::vector<double> copy_to_host_as_double(const Tensor& t, Backend& backend, Stream& stream) {
-  MOEPEAK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64,
-                "copy_to_host_as_double: f32 or f64 tensor expected, got ", t.str());
+  MOEPEAK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::bf16,
+                "copy_to_host_as_double: f32, bf16 or f64 tensor expected, got ", t.str());
   std::vector<char> raw = copy_to_host(t, backend, stream);
   std::vector<double> out(static_cast<size_t>(t.numel()));
   for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = t.dtype() == DType::f64 ? reinterpret_cast<const double*>(raw.data())[i]
-                                     : static_cast<double>(reinterpret_cast<const float*>(raw.data())[i]);
+    const char* at = raw.data() + i * dtype_size(t.dtype());
+    switch (t.dtype()) {
+      case DType::f64: std::memcpy(&out[i], at, 8); break;
+      case DType::f32: { float v; std::memcpy(&v, at, 4); out[i] = v; break; }
+      default: { uint16_t v; std::memcpy(&v, at, 2); out[i] = bf16::to_float(v); break; }
+    }
   }
   return out;
+}
+
+void copy_from_host_as(const std::vector<double>& values, const Tensor& t, Backend& backend,
+                       Stream& stream) {
+  MOEPEAK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::bf16,
+                "copy_from_host_as: f32, bf16 or f64 tensor expected, got ", t.str());
+  MOEPEAK_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "copy_from_host_as: ",
+                values.size(), " values for ", t.str());
+  std::vector<char> raw(t.nbytes());
+  for (size_t i = 0; i < values.size(); ++i) {
+    char* at = raw.data() + i * dtype_size(t.dtype());
+    switch (t.dtype()) {
+      case DType::f64: std::memcpy(at, &values[i], 8); break;
+      case DType::f32: { float v = static_cast<float>(values[i]); std::memcpy(at, &v, 4); break; }
+      default: { uint16_t v = bf16::from_float(static_cast<float>(values[i])); std::memcpy(at, &v, 2); break; }
+    }
+  }
+  backend.copy_async(t.data(), raw.data(), raw.size(), CopyKind::host_to_device, stream);
+  stream.synchronize();  // `raw` dies on return
 }
 
 bool Backend::cuda_available() {

@@ -52,9 +52,13 @@ struct MemoryInfo {
 class Backend;
 
 // Copies a tensor's bytes to a new host vector and waits for the stream (small results,
-// checkpoints, tests). The second form converts f32 or f64 elements to double.
+// checkpoints, tests). The second form converts f32, bf16 or f64 elements to double.
 std::vector<char> copy_to_host(const Tensor& t, Backend& backend, Stream& stream);
 std::vector<double> copy_to_host_as_double(const Tensor& t, Backend& backend, Stream& stream);
+// The other way: writes `values` (one per element) into a float tensor, rounded to its dtype
+// (f32, bf16 to nearest even, f64), and waits for the stream.
+void copy_from_host_as(const std::vector<double>& values, const Tensor& t, Backend& backend,
+                       Stream& stream);
 
 class Backend {
  public:

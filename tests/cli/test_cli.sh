@@ -105,5 +105,9 @@ check "bench gemm JSON has 14 rows with their share of the ceiling" \
 "$bin" bench gemm --set runtime.backend=cpu --dtype bf16 >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bench gemm --dtype bf16 on the CPU is an error" test $rc -ne 0
 check "it says bf16 needs CUDA" contains "$tmp/err" "needs the CUDA backend"
+"$bin" bench vocab --set runtime.backend=cpu --dtype bf16 --tokens 8 --hidden 8 --vocab 16 \
+  >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench vocab --dtype bf16 on the CPU is an error" test $rc -ne 0
+check "it says bf16 needs CUDA" contains "$tmp/err" "needs the CUDA backend"
 
 report
