@@ -77,15 +77,6 @@ uint64_t footprint(int64_t elements, DType dtype) {
   return DeviceArena::footprint(static_cast<uint64_t>(elements) * dtype_size(dtype));
 }
 
-// shard_grad += tmp, on the stream.
-void add_into(const Tensor& shard_grad, const Tensor& tmp, Stream& stream) {
-  if (ops::runs_on_cuda(shard_grad)) {
-    MOEPEAK_THROW("ZeRO-3 reduce_scatter_grads on CUDA needs an element-wise add op (ops/ has only "
-                  "add_cpu so far)");
-  }
-  ops::add(shard_grad, tmp, shard_grad, stream);
-}
-
 }  // namespace
 
 std::pair<int64_t, int64_t> lm_head_rows(int64_t vocab, int world, int rank) {
@@ -325,7 +316,7 @@ void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream) {
     store_->comm_.reduce_scatter(src, tmp.data(), static_cast<size_t>(s), store_->dtype_,
                                  ReduceOp::sum, stream);
     Tensor part(tmp.data(), Shape{s}, store_->dtype_, Placement::device, &store_->backend_);
-    add_into(store_->local_grad(p), part, stream);
+    ops::add(store_->local_grad(p), part, store_->local_grad(p), stream);  // shard += part
   }
   // `tmp` is released here; its last uses are queued on `stream`, as are its next owner's.
 }
