@@ -32,36 +32,49 @@ std::vector<char> copy_to_host(const Tensor& t, Backend& backend, Stream& stream
   return host;
 }
 
+namespace {
+
+// One element of dtype `t` at `at` as a double (integers exactly up to 2^53), and back (floats
+// rounded to the dtype, bf16 to nearest even; integers truncated toward zero).
+double element_as_double(DType t, const char* at) {
+  switch (t) {
+    case DType::f64: { double v; std::memcpy(&v, at, 8); return v; }
+    case DType::f32: { float v; std::memcpy(&v, at, 4); return v; }
+    case DType::bf16: { uint16_t v; std::memcpy(&v, at, 2); return bf16::to_float(v); }
+    case DType::i32: { int32_t v; std::memcpy(&v, at, 4); return v; }
+    case DType::i64: { int64_t v; std::memcpy(&v, at, 8); return static_cast<double>(v); }
+  }
+  return 0;
+}
+void store_element(DType t, double value, char* at) {
+  switch (t) {
+    case DType::f64: std::memcpy(at, &value, 8); break;
+    case DType::f32: { float v = static_cast<float>(value); std::memcpy(at, &v, 4); break; }
+    case DType::bf16: { uint16_t v = bf16::from_float(static_cast<float>(value)); std::memcpy(at, &v, 2); break; }
+    case DType::i32: { int32_t v = static_cast<int32_t>(value); std::memcpy(at, &v, 4); break; }
+    case DType::i64: { int64_t v = static_cast<int64_t>(value); std::memcpy(at, &v, 8); break; }
+  }
+}
+
+}  // namespace
+
 std::vector<double> copy_to_host_as_double(const Tensor& t, Backend& backend, Stream& stream) {
-  MOEPEAK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::bf16,
-                "copy_to_host_as_double: f32, bf16 or f64 tensor expected, got ", t.str());
   std::vector<char> raw = copy_to_host(t, backend, stream);
   std::vector<double> out(static_cast<size_t>(t.numel()));
   for (size_t i = 0; i < out.size(); ++i) {
-    const char* at = raw.data() + i * dtype_size(t.dtype());
-    switch (t.dtype()) {
-      case DType::f64: std::memcpy(&out[i], at, 8); break;
-      case DType::f32: { float v; std::memcpy(&v, at, 4); out[i] = v; break; }
-      default: { uint16_t v; std::memcpy(&v, at, 2); out[i] = bf16::to_float(v); break; }
-    }
+    out[i] = element_as_double(t.dtype(), raw.data() + i * dtype_size(t.dtype()));
   }
   return out;
 }
 
 void copy_from_host_as(const std::vector<double>& values, const Tensor& t, Backend& backend,
                        Stream& stream) {
-  MOEPEAK_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || t.dtype() == DType::bf16,
-                "copy_from_host_as: f32, bf16 or f64 tensor expected, got ", t.str());
   MOEPEAK_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "copy_from_host_as: ",
                 values.size(), " values for ", t.str());
+  if (values.empty()) return;
   std::vector<char> raw(t.nbytes());
   for (size_t i = 0; i < values.size(); ++i) {
-    char* at = raw.data() + i * dtype_size(t.dtype());
-    switch (t.dtype()) {
-      case DType::f64: std::memcpy(at, &values[i], 8); break;
-      case DType::f32: { float v = static_cast<float>(values[i]); std::memcpy(at, &v, 4); break; }
-      default: { uint16_t v = bf16::from_float(static_cast<float>(values[i])); std::memcpy(at, &v, 2); break; }
-    }
+    store_element(t.dtype(), values[i], raw.data() + i * dtype_size(t.dtype()));
   }
   backend.copy_async(t.data(), raw.data(), raw.size(), CopyKind::host_to_device, stream);
   stream.synchronize();  // `raw` dies on return

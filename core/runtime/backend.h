@@ -52,11 +52,12 @@ struct MemoryInfo {
 class Backend;
 
 // Copies a tensor's bytes to a new host vector and waits for the stream (small results,
-// checkpoints, tests). The second form converts f32, bf16 or f64 elements to double.
+// checkpoints, tests). The second form converts the elements to double (any dtype; integers
+// exactly up to 2^53).
 std::vector<char> copy_to_host(const Tensor& t, Backend& backend, Stream& stream);
 std::vector<double> copy_to_host_as_double(const Tensor& t, Backend& backend, Stream& stream);
-// The other way: writes `values` (one per element) into a float tensor, rounded to its dtype
-// (f32, bf16 to nearest even, f64), and waits for the stream.
+// The other way: writes `values` (one per element) into a tensor of any dtype, rounded to it
+// (bf16 to nearest even, integers truncated), and waits for the stream.
 void copy_from_host_as(const std::vector<double>& values, const Tensor& t, Backend& backend,
                        Stream& stream);
 

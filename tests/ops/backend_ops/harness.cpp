@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -121,36 +120,6 @@ double round_to(DType t, double v) {
   }
 }
 
-std::vector<char> to_bytes(const std::vector<double>& v, DType t) {
-  std::vector<char> bytes(v.size() * dtype_size(t));
-  for (size_t i = 0; i < v.size(); ++i) {
-    char* p = bytes.data() + i * dtype_size(t);
-    switch (t) {
-      case DType::f32: { float x = static_cast<float>(v[i]); std::memcpy(p, &x, 4); break; }
-      case DType::bf16: { uint16_t x = bf16::from_float(static_cast<float>(v[i])); std::memcpy(p, &x, 2); break; }
-      case DType::f64: std::memcpy(p, &v[i], 8); break;
-      case DType::i32: { int32_t x = static_cast<int32_t>(v[i]); std::memcpy(p, &x, 4); break; }
-      case DType::i64: { int64_t x = static_cast<int64_t>(v[i]); std::memcpy(p, &x, 8); break; }
-    }
-  }
-  return bytes;
-}
-
-std::vector<double> from_bytes(const std::vector<char>& bytes, DType t) {
-  std::vector<double> v(bytes.size() / dtype_size(t));
-  for (size_t i = 0; i < v.size(); ++i) {
-    const char* p = bytes.data() + i * dtype_size(t);
-    switch (t) {
-      case DType::f32: { float x; std::memcpy(&x, p, 4); v[i] = x; break; }
-      case DType::bf16: { uint16_t x; std::memcpy(&x, p, 2); v[i] = bf16::to_float(x); break; }
-      case DType::f64: std::memcpy(&v[i], p, 8); break;
-      case DType::i32: { int32_t x; std::memcpy(&x, p, 4); v[i] = x; break; }
-      case DType::i64: { int64_t x; std::memcpy(&x, p, 8); v[i] = static_cast<double>(x); break; }
-    }
-  }
-  return v;
-}
-
 // One run of a case on one backend: the tensors, filled and poisoned.
 struct OpRun {
   std::vector<OwnedTensor> owned;
@@ -161,7 +130,6 @@ OpRun prepare(Backend& backend, const OpCase& c, const std::vector<std::vector<d
             DType storage, bool reference) {
   OpRun run;
   Stream& stream = backend.default_stream();
-  std::vector<std::vector<char>> staged;  // kept alive until the uploads finished
   for (size_t i = 0; i < c.tensors.size(); ++i) {
     const TensorSpec& spec = c.tensors[i];
     DType t = dtype_in_run(spec.kind, storage, reference);
@@ -172,18 +140,12 @@ OpRun prepare(Backend& backend, const OpCase& c, const std::vector<std::vector<d
       ops::fill(run.views.back(),
                 is_integer(spec.kind) ? -12345.0 : std::numeric_limits<double>::quiet_NaN(),
                 stream);
-    } else if (spec.shape.numel() > 0) {
-      staged.push_back(to_bytes(inputs[i], t));
-      backend.copy_async(run.views.back().data(), staged.back().data(), staged.back().size(),
-                         CopyKind::host_to_device, stream);
+    } else {
+      copy_from_host_as(inputs[i], run.views.back(), backend, stream);
     }
   }
   stream.synchronize();
   return run;
-}
-
-std::vector<double> read(Backend& backend, const Tensor& t) {
-  return from_bytes(copy_to_host(t, backend, backend.default_stream()), t.dtype());
 }
 
 class BackendOpTest : public ::testing::Test {
@@ -220,8 +182,8 @@ class BackendOpTest : public ::testing::Test {
     for (size_t i = 0; i < c.tensors.size(); ++i) {
       const TensorSpec& spec = c.tensors[i];
       if (spec.role == Role::in) continue;
-      std::vector<double> want = read(ref, ref_run.views[i]);
-      std::vector<double> got = read(dut, dut_run.views[i]);
+      std::vector<double> want = copy_to_host_as_double(ref_run.views[i], ref, ref.default_stream());
+      std::vector<double> got = copy_to_host_as_double(dut_run.views[i], dut, dut.default_stream());
       ASSERT_EQ(want.size(), got.size()) << spec.name;
       if (is_integer(spec.kind)) {
         for (size_t j = 0; j < want.size(); ++j) {
