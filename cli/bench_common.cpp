@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/train/trainer.h"
 
 namespace moepeak::cli {
 
@@ -33,9 +34,7 @@ BackendOptions bench_backend_options(const Config& cfg, const RankInfo& ranks) {
 }
 
 BackendOptions bench_any_backend_options(const Config& cfg, const RankInfo& ranks) {
-  const bool cuda = cfg.runtime.backend == BackendChoice::cuda ||
-                    (cfg.runtime.backend == BackendChoice::automatic && Backend::cuda_available());
-  if (!cuda) return bench_backend_options(cfg, ranks);
+  if (!uses_cuda_backend(cfg)) return bench_backend_options(cfg, ranks);
   BackendOptions o;
   o.kind = BackendKind::cuda;
   o.device_index = ranks.local_rank;

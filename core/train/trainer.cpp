@@ -30,18 +30,17 @@
 namespace moepeak {
 namespace fs = std::filesystem;
 
-namespace {
-
-// runtime.backend: "cuda", or "auto" on a build with CUDA and a usable GPU.
-bool trains_on_cuda(const Config& cfg) {
+bool uses_cuda_backend(const Config& cfg) {
   return cfg.runtime.backend == BackendChoice::cuda ||
          (cfg.runtime.backend == BackendChoice::automatic && Backend::cuda_available());
 }
 
+namespace {
+
 BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
                                const topology::TrainBinding& binding) {
   BackendOptions o;
-  const bool cuda = trains_on_cuda(cfg);
+  const bool cuda = uses_cuda_backend(cfg);
   o.kind = cuda ? BackendKind::cuda : BackendKind::cpu;
   if (cuda) {
     // One GPU per rank: the probe's placement when it has one, else the local rank's ordinal.
@@ -70,14 +69,14 @@ void check_supported(const Config& cfg, int world_size) {
                   "version (the bf16 kernels exist, the bf16 model with fp32 master weights does not "
                   "yet); use \"auto\" or \"float32\"");
   }
-  if (trains_on_cuda(cfg) && cfg.training.dtype != ComputeDtype::float32) {
+  if (uses_cuda_backend(cfg) && cfg.training.dtype != ComputeDtype::float32) {
     // NOTES: `moepeak plan` takes "auto" on CUDA as bfloat16; training it in float32 would double
     // the activations the plan promised, so the run asks for the dtype it can keep.
     MOEPEAK_THROW("training.dtype = \"auto\" on CUDA means bfloat16 (what `moepeak plan` budgets), "
                   "and the bf16 model is not in this version: set training.dtype = \"float32\" "
                   "(and plan with it) to train on the GPU");
   }
-  if (trains_on_cuda(cfg) && world_size > 1) {
+  if (uses_cuda_backend(cfg) && world_size > 1) {
     MOEPEAK_THROW("runtime.backend = ", enum_name(cfg.runtime.backend), " trains on CUDA, where ",
                   world_size, " ranks need the sequence-parallel attention exchange (Ulysses) on "
                   "the GPU, which is not in this version: run one rank per job on CUDA, or set "
@@ -155,7 +154,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   s.options = options;
   // Bind before the backend starts its threads and pins its pool (issue 10 item 4).
   s.binding = topology::bind_for_training(cfg, s.ranks.rank, s.ranks.local_rank, s.ranks.local_size,
-                                          /*cpu_backend=*/!trains_on_cuda(cfg));
+                                          /*cpu_backend=*/!uses_cuda_backend(cfg));
   if (s.binding.bound) {
     spdlog::info("rank {} bound to PUs {} (NUMA node {}{})", s.ranks.rank, s.binding.cpus,
                  s.binding.numa_node, s.ranks.world_size > 1 ? "; other ranks alike" : "");

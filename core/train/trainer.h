@@ -27,6 +27,10 @@
 
 namespace moepeak {
 
+// runtime.backend resolved: "cuda", or "auto" on a build with CUDA and a usable GPU. What the
+// trainer and the benches that run on either backend (gemm, vocab) create.
+bool uses_cuda_backend(const Config& cfg);
+
 struct TrainOptions {
   bool resume = false;          // continue from the latest checkpoint of this run, if any
   std::string resume_from;      // or from this checkpoint directory
