@@ -541,19 +541,6 @@ AttentionArgs<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v, co
   return a;
 }
 
-// Calls f(float{}) for f32, f(__nv_bfloat16{}) for bf16 and f(double{}) for f64 (the dtypes the
-// argument checks accept).
-template <typename F>
-void dispatch_attention_dtype(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::f32: f(float{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
-    case DType::f64: f(double{}); return;
-    default: break;
-  }
-  MOEPEAK_THROW(op, " on CUDA supports f32, bf16 and f64, got ", dtype_name(dtype));
-}
-
 // Calls f(std::integral_constant<int, chunks>{}) for chunks in {1, 2, 4, 8}.
 template <typename F>
 void dispatch_chunks(int chunks, F&& f) {
@@ -580,7 +567,7 @@ void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, d
   if (q.numel() == 0) return;  // B = 0 or T = 0 (nh, d >= 1 by the checks)
   const int chunks = check_cuda_limits(op, q, k);
   const dim3 grid = row_grid(q, k);
-  dispatch_attention_dtype(q.dtype(), op, [&](auto zero) {
+  cuda::dispatch_storage(q.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const AttentionArgs<T> a =
         make_args<T>(q, k, v, out, lse, nullptr, scale, nullptr, nullptr, nullptr);
@@ -605,7 +592,7 @@ void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, 
   const dim3 grid_rows = row_grid(q, k);
   const dim3 grid_keys(static_cast<unsigned>((q.size(1) + kBlockRows - 1) / kBlockRows),
                        static_cast<unsigned>(k.size(2)), static_cast<unsigned>(q.size(0)));
-  dispatch_attention_dtype(q.dtype(), op, [&](auto zero) {
+  cuda::dispatch_storage(q.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const AttentionArgs<T> a = make_args<T>(q, k, v, out, lse, &dout, scale, &dq, &dk, &dv);
     dispatch_chunks(chunks, [&](auto chunk_count) {
