@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "cli/bench_common.h"
 #include "core/comm/comm.h"
 #include "core/error.h"
 #include "core/runtime/arena.h"
@@ -29,9 +30,12 @@ Tensor state_named(const schedules::Optimizer& o, const char* name) {
   MOEPEAK_THROW("optimizer has no state ", name);
 }
 
-std::vector<float> floats_of(const Tensor& t) {
-  const float* p = static_cast<const float*>(t.data());
-  return std::vector<float>(p, p + t.numel());
+// The tensor's f32 values on the host, wherever it lives (device weights, pinned host state).
+std::vector<float> floats_of(const Tensor& t, Backend& backend, Stream& stream) {
+  const std::vector<char> bytes = copy_to_host(t, backend, stream);
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
 }
 
 }  // namespace
@@ -80,13 +84,12 @@ uint64_t adamw_bandwidth_bytes(int64_t count) {
   return std::min<uint64_t>(256ull << 20, std::max<uint64_t>(12 * P, 1 << 20));
 }
 
-BackendOptions adamw_backend_options(const Config& cfg, int64_t count, int64_t max_bucket,
-                                     int64_t max_slots, int threads) {
+BackendOptions adamw_backend_options(const Config& cfg, const RankInfo& ranks, int64_t count,
+                                     int64_t max_bucket, int64_t max_slots, int threads) {
   // Sized to what the runs need (a model of its own), not runtime.device_memory.
   const uint64_t P = static_cast<uint64_t>(align_up(count) + kAdamwPieces * kAdamwAlign);
   const uint64_t bw_bytes = adamw_bandwidth_bytes(count);
-  BackendOptions bo;
-  bo.kind = BackendKind::cpu;
+  BackendOptions bo = bench_any_backend_options(cfg, ranks);
   bo.device_memory = 4 * DeviceArena::footprint(P * 4) +
                      schedules::adamw_offload_stream_bytes(max_bucket, max_slots, DType::f32) +
                      DeviceArena::footprint(bw_bytes) + (64ull << 20);
@@ -94,6 +97,8 @@ BackendOptions adamw_backend_options(const Config& cfg, int64_t count, int64_t m
       4 * PinnedPool::footprint(P * 4) + PinnedPool::footprint(bw_bytes) + (64ull << 20);
   bo.numa_node = static_cast<int>(cfg.runtime.numa_node);
   bo.cpu_threads = threads > 0 ? threads : static_cast<int>(cfg.runtime.threads);
+  // NOTES: on CUDA the serial offload's host AdamW threads come from cpu_threads too
+  // (adamw_host_threads); the backend itself does not use them.
   return bo;
 }
 
@@ -155,9 +160,9 @@ AdamwRun time_adamw(Backend& backend, AdamwParams& p, schedules::Optimizer& opti
     if (i >= warmup) run.times.push_back(t);
   }
   run.peaks = backend.arena().stats();
-  run.weights = floats_of(p.values.view());
-  run.m = floats_of(state_named(optimizer, "exp_avg"));
-  run.v = floats_of(state_named(optimizer, "exp_avg_sq"));
+  run.weights = floats_of(p.values.view(), backend, stream);
+  run.m = floats_of(state_named(optimizer, "exp_avg"), backend, stream);
+  run.v = floats_of(state_named(optimizer, "exp_avg_sq"), backend, stream);
   return run;
 }
 

@@ -1,8 +1,8 @@
 // Measuring AdamW placements on one rank's parameters, shared by `moepeak bench adamw`
 // (cli/bench_adamw.cpp) and `moepeak tune`'s optimizer sweep (cli/tune_sweeps.cpp):
 //
-//   AdamwBackendSize need{count, max_bucket, max_slots};
-//   auto backend = Backend::create(adamw_backend_options(cfg, need, threads));
+//   auto backend = Backend::create(adamw_backend_options(cfg, ranks, count, max_bucket, max_slots,
+//                                                        threads));
 //   AdamwParams p = make_adamw_params(*backend, count, stream);   // weights + grads, 16 pieces
 //   auto [h2d, d2h] = pinned_bandwidth(*backend, adamw_bandwidth_bytes(count), stream);
 //   auto opt = make_adamw(*backend, p, optimizer_config, threads);
@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/comm/comm.h"
 #include "core/config/config.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/memory_stats.h"
@@ -43,11 +44,12 @@ void reset_adamw_params(Backend& backend, AdamwParams& p, Stream& stream);
 // The pinned copy buffer size the bandwidth measurement uses for `count` parameters (12 bytes
 // each, at least 1 MiB, at most 256 MiB).
 uint64_t adamw_bandwidth_bytes(int64_t count);
-// The CPU backend that holds `count` parameters, the resident optimizer, the largest staging
-// (max_bucket x max_slots) and the bandwidth buffers; numa node and threads from the config
+// The backend of runtime.backend (the rank's GPU on CUDA) with an arena that holds `count`
+// parameters, the resident optimizer, the largest staging (max_bucket x max_slots) and the
+// bandwidth buffers, and a pinned pool for the host state; numa node and threads from the config
 // (threads > 0 overrides runtime.threads).
-BackendOptions adamw_backend_options(const Config& cfg, int64_t count, int64_t max_bucket,
-                                     int64_t max_slots, int threads);
+BackendOptions adamw_backend_options(const Config& cfg, const RankInfo& ranks, int64_t count,
+                                     int64_t max_bucket, int64_t max_slots, int threads);
 // The host AdamW threads of the serial offload: options.cpu_threads or this rank's cores.
 int adamw_host_threads(const BackendOptions& options, const RankInfo& ranks);
 

@@ -39,6 +39,7 @@ BackendOptions bench_any_backend_options(const Config& cfg, const RankInfo& rank
   o.kind = BackendKind::cuda;
   o.device_index = ranks.local_rank;
   o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
+  o.numa_node = static_cast<int>(cfg.runtime.numa_node);
   return o;
 }
 
@@ -74,8 +75,10 @@ std::vector<schedules::ExpertWeights> seeded_local_experts(Backend& backend, DTy
                                                            int64_t experts, int rank, int world,
                                                            int64_t hidden, int64_t ffn,
                                                            std::vector<OwnedTensor>& storage) {
-  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "bench experts: dtype ",
-                dtype_name(dtype), " (f32 or f64 expected)");
+  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 ||
+                    (dtype == DType::bf16 && backend.kind() == BackendKind::cuda),
+                "bench experts: dtype ", dtype_name(dtype),
+                " (f32 or f64 expected; bf16 on the CUDA backend)");
   const int64_t H = hidden, F = ffn, per_rank = experts / world;
   std::vector<schedules::ExpertWeights> out;
   for (int64_t e = rank * per_rank; e < (rank + 1) * per_rank; ++e) {
@@ -85,11 +88,7 @@ std::vector<schedules::ExpertWeights> seeded_local_experts(Backend& backend, DTy
     auto add = [&](Shape shape, LiveSet set, double scale, Tensor& slot) {
       storage.push_back(OwnedTensor::device(backend, shape, dtype, set, "bench expert"));
       const OwnedTensor& t = storage.back();
-      for (int64_t i = 0; i < t.numel(); ++i) {
-        const double v = scale * uni(rng);
-        if (dtype == DType::f32) t.data_as<float>()[i] = static_cast<float>(v);
-        else t.data_as<double>()[i] = v;
-      }
+      fill_seeded(t, backend, [&] { return scale * uni(rng); });
       slot = t.view();
     };
     add(Shape{F, H}, LiveSet::weights, 1.0 / std::sqrt(double(H)), ex.w1);

@@ -33,17 +33,26 @@ void add_bench_common_options(CLI::App& sub, BenchCommonArgs& args);
 // The CPU backend a bench rank runs on: runtime.device_memory as configured, runtime.threads or,
 // for 0, this rank's share of the host's cores (the ranks of one host share them).
 BackendOptions bench_backend_options(const Config& cfg, const RankInfo& ranks);
-// For the benches that run on either backend (gemm, vocab): CUDA on the rank's local GPU when
-// runtime.backend is "cuda", or "auto" with a usable GPU (device memory as configured, else the
-// card's free memory less the reserve); otherwise bench_backend_options.
+// The backend of a bench or tune rank: CUDA on the rank's local GPU when runtime.backend is
+// "cuda", or "auto" with a usable GPU (device memory as configured, else the card's free memory
+// less the reserve; the pinned pool on runtime.numa_node); otherwise bench_backend_options.
 BackendOptions bench_any_backend_options(const Config& cfg, const RankInfo& ranks);
 
 double median(std::vector<double> v);
 
+// Writes next() into each element of `t` in order (any dtype, rounded to it; device or host
+// memory of either backend) and waits for the default stream: the seeded inputs of a bench.
+template <typename Next>
+void fill_seeded(const Tensor& t, Backend& backend, Next&& next) {
+  std::vector<double> values(static_cast<size_t>(t.numel()));
+  for (double& v : values) v = static_cast<double>(next());
+  copy_from_host_as(values, t, backend, backend.default_stream());
+}
+
 // This rank's E/W experts of a bench MoE layer (bench dispatch, tune): w1, w3 (F, H) and w2
 // (H, F) uniform in +-1/sqrt(fan-in), gradients zero, the same values whichever rank owns an
-// expert (each seeded by its id), so runs on any W compute the same layer. f32 or f64 on the CPU
-// backend; the tensors are appended to `storage`, which must outlive the returned views.
+// expert (each seeded by its id), so runs on any W compute the same layer. f32 or f64 (and bf16
+// on CUDA); the tensors are appended to `storage`, which must outlive the returned views.
 std::vector<schedules::ExpertWeights> seeded_local_experts(Backend& backend, DType dtype,
                                                            int64_t experts, int rank, int world,
                                                            int64_t hidden, int64_t ffn,

@@ -9,7 +9,7 @@
 //   mpirun -np W moepeak bench dispatch [--tokens N] [--hidden H] [--ffn F] [--experts E]
 //       [--top-k k] [--chunk-tokens c] [--max-chunks K]
 //       [--routing balanced|zipf|segments|adversarial] [--segments 8]
-//       [--zipf-s 1.2] [--lambda 1.3] [--alpha 1] [--min-tokens 32] [--dtype f32|f64]
+//       [--zipf-s 1.2] [--lambda 1.3] [--alpha 1] [--min-tokens 32] [--dtype f32|f64|bf16]
 //       [--recompute] [--warmup 2] [--iters 5] [--json FILE]
 //
 // N is tokens per rank; c defaults to ceil(N / 10) (K = 10, the paper's setting). Routing:
@@ -26,7 +26,8 @@
 // pipelined_llep — pipelined_llep_dispatch_bytes (its formula, which the peak equals); the header
 // also prints PipelinedLLEP's slots S and tile rows T and pipelined_llep_bound_bytes (the paper's
 // 2 Ep k c_eff H b plus the per-chunk metadata), the JSON's shape carries them. --config/--set
-// only feed the runtime section (device_memory, threads).
+// only feed the runtime section (backend, device_memory, threads): runtime.backend = "cuda" runs
+// every rank on its local GPU with NCCL (one GPU per rank), and allows --dtype bf16.
 //
 // Test: ctest -R llep_bench_dispatch (2 ranks, a small shape: the JSON's rows, bounds and errors);
 // results in docs/perf.md.
@@ -90,13 +91,16 @@ class DispatchBench {
  public:
   DispatchBench(const DispatchBenchArgs& args, const Config& cfg, const RankInfo& ranks)
       : args_(args),
-        dtype_(args.dtype == "f64" ? DType::f64 : DType::f32),
-        backend_(Backend::create(bench_backend_options(cfg, ranks))),
+        dtype_(args.dtype == "f64" ? DType::f64 : args.dtype == "bf16" ? DType::bf16 : DType::f32),
+        backend_(Backend::create(bench_any_backend_options(cfg, ranks))),
         comm_(make_comm(*backend_, ranks)) {
     const int64_t N = args.tokens, H = args.hidden, F = args.ffn, E = args.experts,
                   k = args.top_k, W = comm_->world_size();
     MOEPEAK_CHECK(E % W == 0 && k <= E, "bench dispatch: E = ", E, " experts on W = ", W,
                   " ranks with top-", k, " (E % W == 0 and k <= E expected)");
+    MOEPEAK_CHECK(dtype_ != DType::bf16 || backend_->kind() == BackendKind::cuda,
+                  "bench dispatch: --dtype bf16 runs on the CUDA backend only (runtime.backend = "
+                  "\"cuda\"); this one is ", backend_->describe());
     std::mt19937_64 rng(4321 + static_cast<uint64_t>(ranks.rank));
     std::uniform_real_distribution<double> uni(-1.0, 1.0);
     x_ = tensor(Shape{N, H}, LiveSet::workspace, "bench x");
@@ -108,13 +112,14 @@ class DispatchBench {
     if (args.recompute) recompute_out_ = tensor(Shape{N, H}, LiveSet::workspace, "bench recompute out");
     index_ = OwnedTensor::device(*backend_, Shape{N, k}, DType::i32, LiveSet::workspace,
                                  "bench routing index");
-    fill(x_, [&] { return uni(rng); });
-    fill(dout_, [&] { return uni(rng); });
+    fill_seeded(x_, *backend_, [&] { return uni(rng); });
+    fill_seeded(dout_, *backend_, [&] { return uni(rng); });
     const SeededRouting routing =
         seeded_routing(args.routing, N, E, k, args.zipf_s, args.segments, rng);
-    std::copy(routing.index.begin(), routing.index.end(), index_.data_as<int32_t>());
     size_t at = 0;
-    fill(weight_, [&] { return routing.weight[at++]; });
+    fill_seeded(index_, *backend_, [&] { return routing.index[at++]; });
+    at = 0;
+    fill_seeded(weight_, *backend_, [&] { return routing.weight[at++]; });
     experts_ = seeded_local_experts(*backend_, dtype_, E, comm_->rank(), static_cast<int>(W), H, F, storage_);
   }
 
@@ -177,15 +182,6 @@ class DispatchBench {
   Stream& stream() { return backend_->default_stream(); }
   OwnedTensor tensor(Shape shape, LiveSet set, const char* what) {
     return OwnedTensor::device(*backend_, shape, dtype_, set, what);
-  }
-  template <typename F> void fill(const OwnedTensor& t, F&& next) {
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      if (dtype_ == DType::f32) {
-        t.data_as<float>()[i] = static_cast<float>(next());
-      } else {
-        t.data_as<double>()[i] = next();
-      }
-    }
   }
   std::vector<double> read(const Tensor& t) { return copy_to_host_as_double(t, *backend_, stream()); }
 
@@ -402,7 +398,8 @@ void register_bench_dispatch(CLI::App& bench, Context& ctx) {
   sub->add_option("--alpha", args.alpha, "LLEP's per-rank capacity factor")->check(CLI::PositiveNumber);
   sub->add_option("--min-tokens", args.min_tokens, "LLEP's min_tokens_per_gemm")
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--dtype", args.dtype, "f32 or f64")->check(CLI::IsMember({"f32", "f64"}));
+  sub->add_option("--dtype", args.dtype, "f32 or f64 (bf16 on the CUDA backend)")
+      ->check(CLI::IsMember({"f32", "f64", "bf16"}));
   sub->add_flag("--recompute", args.recompute,
                 "time forward, checkpoint recompute and backward (a checkpointed layer)");
   sub->callback([&ctx] {

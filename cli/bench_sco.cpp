@@ -1,5 +1,6 @@
 // `moepeak bench sco`: standard checkpointing beside SCO (ops/schedules/checkpoint_sco.h) over a
-// sweep of host budgets — none, half the layers, all of them — on one rank of the CPU backend:
+// sweep of host budgets — none, half the layers, all of them — on one rank (runtime.backend: the
+// CPU, or one GPU with SCO's copy stream and its pinned, NUMA-local host blocks; f32 either way):
 // the device `boundaries` peak and its bound, SCO's pinned host bytes, and the forward + backward
 // time of a step (the part SCO changes; no optimizer), with the gradients checked bitwise
 // against standard.
@@ -52,7 +53,7 @@ int run_bench_sco(const ScoBenchArgs& args, const Context& ctx) {
   const int64_t H = m.hidden_size, L = m.num_hidden_layers;
   MixtralModel::check_layout(m, B, T, 1);
 
-  std::unique_ptr<Backend> backend = Backend::create(sco_backend_options(cfg, B, T));
+  std::unique_ptr<Backend> backend = Backend::create(sco_backend_options(cfg, RankInfo{}, B, T));
   ScoSweep sweep = measure_sco_sweep(*backend, cfg, B, T, args.common.warmup, args.common.iters);
   std::vector<ScoRow>& rows = sweep.rows;
   const MemorySnapshot& all_resident = sweep.all_resident;
@@ -73,7 +74,12 @@ int run_bench_sco(const ScoBenchArgs& args, const Context& ctx) {
               args.common.iters, args.common.warmup);
 
   const double t_standard = median(rows.front().times);
-  const Tensor reference = rows.front().model->params().flat_grads();
+  Stream& stream = backend->default_stream();
+  auto grads_of = [&](const ScoRow& r) {
+    return copy_to_host_as_double(r.model->params().flat_grads(), *backend, stream);
+  };
+  const std::vector<double> reference = grads_of(rows.front());
+  std::vector<double> errors;
   std::printf("# %-9s %11s %9s %12s %12s %11s %9s %10s %8s %9s %s\n", "schedule", "host_budget",
               "offloaded", "boundaries", "bound", "host_bytes", "time_s", "overhead_s", "overhead",
               "copy_s", "vs standard");
@@ -85,7 +91,8 @@ int run_bench_sco(const ScoBenchArgs& args, const Context& ctx) {
                                ? schedules::boundaries_standard_bytes(L, N, H, kDtype)
                                : schedules::sco_boundaries_bytes(L, r.offloaded, N, H, kDtype);
     const uint64_t host = r.host.peak_per_set()[LiveSet::boundaries];
-    const double err = sco_max_rel_err(reference, r.model->params().flat_grads());
+    const double err = sco_max_rel_err(reference, grads_of(r));
+    errors.push_back(err);
     const bool bitwise = err == 0 && r.loss == rows.front().loss;
     const double copy_s = static_cast<double>(r.offloaded) * round_trip;
     std::printf("  %-9s %11s %5lld/%-3lld %12s %12s %11s %9.4f %10.4f %7.1f%% %9.4f %s\n", r.label.c_str(),
@@ -134,9 +141,9 @@ int run_bench_sco(const ScoBenchArgs& args, const Context& ctx) {
                             {"boundary_bytes", one}, {"round_trip_s", round_trip}};
     write_bench_json(args.common.json_path, "sco", 1, shape, json_rows);
   }
-  for (const ScoRow& r : rows) {
-    MOEPEAK_CHECK(r.loss == rows.front().loss && sco_max_rel_err(reference, r.model->params().flat_grads()) == 0,
-                  "bench sco: ", r.label, " is not bitwise equal to standard checkpointing");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    MOEPEAK_CHECK(rows[i].loss == rows.front().loss && errors[i] == 0, "bench sco: ", rows[i].label,
+                  " is not bitwise equal to standard checkpointing");
   }
   return 0;
 }

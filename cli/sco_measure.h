@@ -4,7 +4,7 @@
 // turns in every repetition (each repetition starting with the next row), so a machine whose
 // speed drifts slows them alike. Each step is the model's forward + backward (no optimizer).
 //
-//   auto backend = Backend::create(sco_backend_options(cfg, B, T));
+//   auto backend = Backend::create(sco_backend_options(cfg, ranks, B, T));
 //   ScoSweep s = measure_sco_sweep(*backend, cfg, B, T, warmup, iters, on_step);
 //   s.rows[0]  standard; s.rows[1..3]  sco none / half / all; s.round_trip_s; s.boundary_bytes
 //
@@ -51,16 +51,19 @@ struct ScoSweep {
   uint64_t boundary_bytes = 0; // its arena footprint
 };
 
-// The CPU backend of a sweep of B x T tokens: runtime.device_memory, and a pinned pool that holds
-// the "all" and "half" rows' blocks at once plus the copy-timing buffer.
-BackendOptions sco_backend_options(const Config& cfg, int64_t batch, int64_t seq_len);
+// The backend of a sweep of B x T tokens (runtime.backend: the rank's GPU on CUDA, as
+// bench_any_backend_options): runtime.device_memory, and a pinned pool that holds the "all" and
+// "half" rows' blocks at once plus the copy-timing buffer.
+BackendOptions sco_backend_options(const Config& cfg, const RankInfo& ranks, int64_t batch,
+                                   int64_t seq_len);
 
 // `on_step(label)` is called after each row's step (progress).
 ScoSweep measure_sco_sweep(Backend& backend, const Config& cfg, int64_t batch, int64_t seq_len,
                            int warmup, int iters,
                            const std::function<void(const std::string&)>& on_step = {});
 
-// max |a - b| / max(|a|, |b|) over f32 elements (0 when bitwise equal).
-double sco_max_rel_err(const Tensor& a, const Tensor& b);
+// max |a - b| / max(|a|, |b|) over the elements (0 when equal; a and b as copy_to_host_as_double
+// reads f32 gradients, exactly).
+double sco_max_rel_err(const std::vector<double>& a, const std::vector<double>& b);
 
 }  // namespace moepeak::cli

@@ -15,7 +15,8 @@
 // Shapes (W ranks, config B x T): N = B*T/W tokens per rank; dispatch (N, H) x top-k over E
 // experts with F-wide experts; optimizer P = zero_persistent_elements(model, W) parameters per
 // rank; vocab (N, H) against V/W LM-head rows; SCO one rank's model on N tokens. The sweeps are
-// cli/tune_sweeps.cpp. Every rank measures at once; the times are the slowest rank's, so every
+// cli/tune_sweeps.cpp, on runtime.backend (f32; with CUDA each rank on its local GPU, NCCL
+// between them). Every rank measures at once; the times are the slowest rank's, so every
 // rank selects the same values; rank 0 prints and writes. Nothing is written when a rule finds
 // no point (the error names the constraint) or the plan with the choice does not fit; each file
 // is written atomically. Exit 0 on success, 1 on an error, 2 on a usage mistake.
@@ -42,6 +43,7 @@
 #include "core/config/config.h"
 #include "core/error.h"
 #include "core/plan/plan.h"
+#include "core/train/trainer.h"
 #include "core/tune/curve_svg.h"
 #include "core/tune/select.h"
 #include "core/units.h"
@@ -134,6 +136,7 @@ const std::map<std::string, std::vector<std::string>>& tuned_keys() {
 
 struct Outcome {
   bool dispatch = false, optimizer = false, vocab = false, sco = false;  // which sweeps ran
+  const char* backend = "CPU";  // where the sweeps measured: "CPU" or "CUDA"
   std::vector<tune::DispatchPoint> dispatch_points;
   OptimizerSweep optimizer_sweep;
   std::vector<tune::VocabPoint> vocab_points;
@@ -145,11 +148,11 @@ struct Outcome {
 
 void print_tables(const Outcome& o, const TuneShape& s, const TuneArgs& args, const Plan& final_plan) {
   std::printf("# moepeak tune: host %s, %s; W = %d rank%s; per rank N = %lld tokens, H = %lld, F = %lld, "
-              "E = %lld top-%lld, V = %lld, L = %lld, P = %lld parameters; f32 on the CPU backend\n",
+              "E = %lld top-%lld, V = %lld, L = %lld, P = %lld parameters; f32 on the %s backend\n",
               process_host().c_str(), now_utc().c_str(), s.world, s.world == 1 ? "" : "s",
               static_cast<long long>(s.tokens), static_cast<long long>(s.hidden), static_cast<long long>(s.ffn),
               static_cast<long long>(s.experts), static_cast<long long>(s.top_k), static_cast<long long>(s.vocab),
-              static_cast<long long>(s.layers), static_cast<long long>(s.params));
+              static_cast<long long>(s.layers), static_cast<long long>(s.params), o.backend);
   std::printf("# every point: median (min..max) of %d timed repetitions after %d warm-up, the slowest rank's; "
               "* = chosen, plan: the plan with the point's values applied\n",
               args.repeats, args.warmup);
@@ -425,10 +428,6 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
   const RankInfo ranks = join_ranks();
   const bool root = ranks.rank == 0;
   const int W = ranks.world_size;
-  if (cfg.runtime.backend == BackendChoice::cuda) {
-    MOEPEAK_THROW("tune: runtime.backend = \"cuda\" is not in this version (the sweeps run on the CPU "
-                  "backend); use \"cpu\" or \"auto\"");
-  }
   std::set<std::string> only(args.only.begin(), args.only.end());
   if (only.empty()) only = {"dispatch", "optimizer", "vocab", "sco"};
   Outcome o;
@@ -436,6 +435,7 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
   o.optimizer = only.count("optimizer") > 0;
   o.vocab = only.count("vocab") > 0;
   o.sco = only.count("sco") > 0;
+  o.backend = uses_cuda_backend(cfg) ? "CUDA" : "CPU";
   const TuneShape shape = tune_shape(cfg, W);
   const PlanInputs in = plan_inputs(cfg, W);
 

@@ -36,13 +36,25 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// The CPU backend a sweep rank measures on: as the benches', with at least the CPU default
-// capacity — the measurement is not what the plan judges (a config whose plan fits nothing must
-// still be measurable, so that the error names the measured points).
+// The backend a sweep rank measures on: as the benches' (runtime.backend), on the CPU with at
+// least the CPU default capacity — the measurement is not what the plan judges (a config whose
+// plan fits nothing must still be measurable, so that the error names the measured points). A
+// GPU's arena is the card's free memory less the reserve unless runtime.device_memory says less.
 BackendOptions sweep_backend_options(const Config& cfg, const RankInfo& ranks) {
-  BackendOptions o = bench_backend_options(cfg, ranks);
-  o.device_memory = std::max<uint64_t>(o.device_memory, Backend::kCpuDefaultDeviceMemory);
+  BackendOptions o = bench_any_backend_options(cfg, ranks);
+  if (o.kind == BackendKind::cpu) {
+    o.device_memory = std::max<uint64_t>(o.device_memory, Backend::kCpuDefaultDeviceMemory);
+  }
   return o;
+}
+
+// cfg with runtime.device_memory set to the sweeps' arena on the CPU (unchanged on a GPU), for
+// the measurements that build their backend from a config.
+Config sweep_config(const Config& cfg, const RankInfo& ranks) {
+  Config c = cfg;
+  const BackendOptions o = sweep_backend_options(cfg, ranks);
+  if (o.kind == BackendKind::cpu) c.runtime.device_memory = std::to_string(o.device_memory);
+  return c;
 }
 
 // Each repetition's time (and the peaks) as the slowest rank's.
@@ -76,14 +88,14 @@ class DispatchLayer {
     weight_ = tensor(Shape{N, k}, LiveSet::workspace, "tune routing weight");
     dweight_ = tensor(Shape{N, k}, LiveSet::workspace, "tune d routing weight");
     index_ = OwnedTensor::device(backend, Shape{N, k}, DType::i32, LiveSet::workspace, "tune routing index");
-    fill(x_, [&] { return uni(rng); });
-    fill(dout_, [&] { return uni(rng); });
+    fill_seeded(x_, backend, [&] { return uni(rng); });
+    fill_seeded(dout_, backend, [&] { return uni(rng); });
     // Zipf-skewed routing (p(e) ~ 1 / (e + 1)^1.2, the hot experts rank 0's).
     const SeededRouting routing = seeded_routing("zipf", N, E, k, 1.2, 1, rng);
-    std::copy(routing.index.begin(), routing.index.end(), index_.data_as<int32_t>());
-    for (size_t i = 0; i < routing.weight.size(); ++i) {
-      weight_.data_as<float>()[i] = static_cast<float>(routing.weight[i]);
-    }
+    size_t at = 0;
+    fill_seeded(index_, backend, [&] { return routing.index[at++]; });
+    at = 0;
+    fill_seeded(weight_, backend, [&] { return routing.weight[at++]; });
     experts_ = seeded_local_experts(backend_, DType::f32, E, comm.rank(), static_cast<int>(W), H, F, storage_);
   }
 
@@ -115,9 +127,6 @@ class DispatchLayer {
  private:
   OwnedTensor tensor(Shape shape, LiveSet set, const char* what) {
     return OwnedTensor::device(backend_, shape, DType::f32, set, what);
-  }
-  template <typename Fn> static void fill(const OwnedTensor& t, Fn&& next) {
-    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = static_cast<float>(next());
   }
 
   Backend& backend_;
@@ -233,7 +242,7 @@ OptimizerSweep sweep_optimizer(const Config& cfg, const RankInfo& ranks, const T
     max_bucket = std::max(max_bucket, b);
     max_slots = std::max(max_slots, sl);
   }
-  const BackendOptions bo = adamw_backend_options(cfg, s.params, max_bucket, max_slots, 0);
+  const BackendOptions bo = adamw_backend_options(cfg, ranks, s.params, max_bucket, max_slots, 0);
   auto backend = Backend::create(bo);
   auto comm = make_comm(*backend, ranks);
   Stream& stream = backend->default_stream();
@@ -280,9 +289,7 @@ OptimizerSweep sweep_optimizer(const Config& cfg, const RankInfo& ranks, const T
 std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ranks, const TuneShape& s,
                                           const SweepRun& run) {
   MOEPEAK_CHECK(s.vocab >= s.world, "tune: Ring-DTP needs model.vocab_size (", s.vocab, ") >= W (", s.world, ")");
-  Config measure_cfg = cfg;
-  measure_cfg.runtime.device_memory =
-      std::to_string(sweep_backend_options(cfg, ranks).device_memory);  // as the other sweeps
+  const Config measure_cfg = sweep_config(cfg, ranks);  // as the other sweeps
   VocabShape shape;
   shape.tokens = s.tokens;
   shape.hidden = s.hidden;
@@ -309,10 +316,8 @@ std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ran
 }
 
 ScoSweepResult sweep_sco(const Config& cfg, const RankInfo& ranks, const TuneShape& s, const SweepRun& run) {
-  Config c = cfg;
-  c.runtime.device_memory = std::to_string(sweep_backend_options(cfg, ranks).device_memory);
-  BackendOptions bo = sco_backend_options(c, s.sco_batch, s.sco_seq_len);
-  if (bo.cpu_threads == 0 && ranks.local_size > 1) bo.cpu_threads = bench_backend_options(cfg, ranks).cpu_threads;
+  const Config c = sweep_config(cfg, ranks);
+  const BackendOptions bo = sco_backend_options(c, ranks, s.sco_batch, s.sco_seq_len);
   auto backend = Backend::create(bo);
   auto world = make_comm(*backend, ranks);  // for the max over ranks; the models run alone
   world->barrier();

@@ -27,7 +27,9 @@ std::unique_ptr<Backend> Backend::create(const BackendOptions& options) {
 
 std::vector<char> copy_to_host(const Tensor& t, Backend& backend, Stream& stream) {
   std::vector<char> host(t.nbytes());
-  backend.copy_async(host.data(), t.data(), host.size(), CopyKind::device_to_host, stream);
+  backend.copy_async(host.data(), t.data(), host.size(),
+                     t.placement() == Placement::host ? CopyKind::host_to_host : CopyKind::device_to_host,
+                     stream);
   stream.synchronize();
   return host;
 }
@@ -76,7 +78,9 @@ void copy_from_host_as(const std::vector<double>& values, const Tensor& t, Backe
   for (size_t i = 0; i < values.size(); ++i) {
     store_element(t.dtype(), values[i], raw.data() + i * dtype_size(t.dtype()));
   }
-  backend.copy_async(t.data(), raw.data(), raw.size(), CopyKind::host_to_device, stream);
+  backend.copy_async(t.data(), raw.data(), raw.size(),
+                     t.placement() == Placement::host ? CopyKind::host_to_host : CopyKind::host_to_device,
+                     stream);
   stream.synchronize();  // `raw` dies on return
 }
 

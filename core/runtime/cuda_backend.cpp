@@ -75,16 +75,6 @@ class CudaHostRegistrar final : public HostRegistrar {
   void unregister_host(void* ptr) noexcept override { cudaHostUnregister(ptr); }
 };
 
-cudaMemcpyKind to_cuda(CopyKind kind) {
-  switch (kind) {
-    case CopyKind::host_to_device: return cudaMemcpyHostToDevice;
-    case CopyKind::device_to_host: return cudaMemcpyDeviceToHost;
-    case CopyKind::device_to_device: return cudaMemcpyDeviceToDevice;
-    case CopyKind::host_to_host: return cudaMemcpyHostToHost;
-  }
-  return cudaMemcpyDefault;
-}
-
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const BackendOptions& options) : device_(options.device_index) {
@@ -142,9 +132,12 @@ class CudaBackend final : public Backend {
     MOEPEAK_CUDA_CHECK(cudaSetDevice(device_));
     return std::make_unique<CudaEvent>();
   }
-  void copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
+  void copy_async(void* dst, const void* src, size_t bytes, CopyKind /*kind*/,
                   Stream& stream) override {
-    MOEPEAK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind),
+    // NOTES: the kind is the caller's intent; CUDA gets cudaMemcpyDefault and infers the
+    // direction from the pointers (unified addressing, every 64-bit CUDA platform), so a pinned
+    // host tensor passed where a device one was expected still copies correctly.
+    MOEPEAK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
                                        static_cast<cudaStream_t>(stream.native_handle())));
   }
   void memset_async(void* dst, int value, size_t bytes, Stream& stream) override {
