@@ -63,7 +63,7 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
   return o;
 }
 
-void check_supported(const Config& cfg, int world_size) {
+void check_supported(const Config& cfg) {
   if (cfg.training.dtype == ComputeDtype::bfloat16) {
     MOEPEAK_THROW("training.dtype = \"bfloat16\": training runs in float32 on both backends in this "
                   "version (the bf16 kernels exist, the bf16 model with fp32 master weights does not "
@@ -75,12 +75,6 @@ void check_supported(const Config& cfg, int world_size) {
     MOEPEAK_THROW("training.dtype = \"auto\" on CUDA means bfloat16 (what `moepeak plan` budgets), "
                   "and the bf16 model is not in this version: set training.dtype = \"float32\" "
                   "(and plan with it) to train on the GPU");
-  }
-  if (uses_cuda_backend(cfg) && world_size > 1) {
-    MOEPEAK_THROW("runtime.backend = ", enum_name(cfg.runtime.backend), " trains on CUDA, where ",
-                  world_size, " ranks need the sequence-parallel attention exchange (Ulysses) on "
-                  "the GPU, which is not in this version: run one rank per job on CUDA, or set "
-                  "runtime.backend = \"cpu\"");
   }
   // Every schedule of every live set is available (schedules.dispatch included: standard, llep,
   // pipelined_llep on any W that divides the experts; see MixtralModel::make_dispatch).
@@ -148,7 +142,7 @@ struct Trainer::State {
 Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_unique<State>()) {
   State& s = *s_;
   s.ranks = init_process_group();
-  check_supported(cfg, s.ranks.world_size);
+  check_supported(cfg);
   check_layout(cfg, s.ranks);
   s.cfg = cfg;
   s.options = options;

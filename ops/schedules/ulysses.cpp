@@ -1,5 +1,6 @@
 // Ulysses head exchange (ops/schedules/ulysses.h): layout validation, the staging formula, and
-// the pack / all_to_all_v / unpack sequences of seq_to_heads and heads_to_seq on a CPU stream.
+// the pack / all_to_all_v / unpack sequences of seq_to_heads and heads_to_seq, on the stream of
+// either backend (ops::copy_2d, ops::add).
 //
 // Staging layout of one exchange (elements, es = dtype size), with Lt = T/W, n_p = heads of the
 // kind on rank p, n_r this rank's, S = B*Lt*d*sum_p n_p, R = B*T*n_r*d:
@@ -10,14 +11,12 @@
 #include "ops/schedules/ulysses.h"
 
 #include <algorithm>
-#include <cstring>
-#include <memory>
 #include <vector>
 
 #include "core/error.h"
 #include "core/runtime/arena.h"
-#include "core/runtime/cpu_stream.h"
-#include "ops/op_common.h"
+#include "ops/copy_2d.h"
+#include "ops/elementwise.h"
 
 namespace moepeak::schedules {
 
@@ -82,13 +81,6 @@ void check_args(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind, const
                 staging.str(), " must be ", dtype_name(dt), " with at least ", need,
                 " elements for ", k, " heads");
   MOEPEAK_CHECK(x_seq.data() != x_heads.data(), what, ": x_seq and x_heads are the same buffer");
-}
-
-char* at(void* base, int64_t elements, size_t es) {
-  return static_cast<char*>(base) + static_cast<size_t>(elements) * es;
-}
-const char* at(const void* base, int64_t elements, size_t es) {
-  return static_cast<const char*>(base) + static_cast<size_t>(elements) * es;
 }
 
 }  // namespace
@@ -182,130 +174,95 @@ void seq_to_heads(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind,
                   const Tensor& staging, const UlyssesLayout& layout, Comm& comm,
                   Stream& stream) {
   check_args(x_seq, x_heads, kind, staging, layout, comm, "seq_to_heads");
-  CpuStream& cpu = as_cpu_stream(stream);
-  const DType dt = x_seq.dtype();
-  const size_t es = dtype_size(dt);
-  auto plan = std::make_shared<const Plan>(make_plan(layout, kind));
-  void* send = staging.data();
-  void* recv = at(staging.data(), plan->wide_total, es);
-  const void* src = x_seq.data();
-  void* dst = x_heads.data();
+  const Plan p = make_plan(layout, kind);
+  const int64_t recv = p.wide_total;  // the receive half starts here (elements)
+  const int64_t rows = p.B * p.Lt;
 
-  // Pack: block p = rows (b, t) of x_seq, heads [begin_p, begin_p + n_p).
-  cpu.enqueue([plan, src, send, es] {
-    const Plan& p = *plan;
-    for (int r = 0; r < p.world; ++r) {
-      const int64_t n = p.count[r], row_bytes = n * p.d;
-      char* out = at(send, static_cast<int64_t>(p.wide_offsets[r]), es);
-      for (int64_t row = 0; row < p.B * p.Lt; ++row) {
-        const char* in = at(src, (row * p.h_total + p.begin[r]) * p.d, es);
-        std::memcpy(out + static_cast<size_t>(row * row_bytes) * es, in,
-                    static_cast<size_t>(row_bytes) * es);
-      }
-    }
-  });
-  comm.all_to_all_v(send, plan->wide_counts, plan->wide_offsets, recv, plan->narrow_counts,
-                    plan->narrow_offsets, dt, stream);
-  // Unpack: block p holds positions [p*Lt, (p+1)*Lt) of every sequence, this rank's heads.
-  cpu.enqueue([plan, recv, dst, es] {
-    const Plan& p = *plan;
-    const int64_t row_elems = p.count[p.me] * p.d;
-    for (int r = 0; r < p.world; ++r) {
-      const char* in = at(recv, static_cast<int64_t>(p.narrow_offsets[r]), es);
-      for (int64_t b = 0; b < p.B; ++b) {
-        // Lt consecutive positions of one sequence are contiguous in both layouts.
-        const int64_t elems = p.Lt * row_elems;
-        std::memcpy(at(dst, (b * p.T + r * p.Lt) * row_elems, es),
-                    in + static_cast<size_t>(b * elems) * es, static_cast<size_t>(elems) * es);
-      }
-    }
-  });
+  // Pack: block r = rows (b, t) of x_seq, heads [begin_r, begin_r + n_r): a column block of the
+  // (rows, h_total * d) matrix.
+  for (int r = 0; r < p.world; ++r) {
+    ops::copy_2d(x_seq, {p.begin[r] * p.d, p.h_total * p.d}, staging,
+                 {static_cast<int64_t>(p.wide_offsets[r]), p.count[r] * p.d}, rows,
+                 p.count[r] * p.d, stream);
+  }
+  const size_t es = dtype_size(x_seq.dtype());
+  comm.all_to_all_v(staging.data(), p.wide_counts, p.wide_offsets,
+                    static_cast<char*>(staging.data()) + static_cast<size_t>(recv) * es,
+                    p.narrow_counts, p.narrow_offsets, x_seq.dtype(), stream);
+  // Unpack: block r holds positions [r*Lt, (r+1)*Lt) of every sequence, this rank's heads; those
+  // Lt positions of one sequence are contiguous in both layouts (one row per sequence b).
+  const int64_t row_elems = p.count[p.me] * p.d, elems = p.Lt * row_elems;
+  for (int r = 0; r < p.world; ++r) {
+    ops::copy_2d(staging, {recv + static_cast<int64_t>(p.narrow_offsets[r]), elems}, x_heads,
+                 {r * elems, p.T * row_elems}, p.B, elems, stream);
+  }
 }
 
 void heads_to_seq(const Tensor& x_heads, const Tensor& x_seq, HeadKind kind, bool accumulate,
                   const Tensor& staging, const UlyssesLayout& layout, Comm& comm,
                   Stream& stream) {
   check_args(x_seq, x_heads, kind, staging, layout, comm, "heads_to_seq");
-  CpuStream& cpu = as_cpu_stream(stream);
-  const DType dt = x_seq.dtype();
-  const size_t es = dtype_size(dt);
-  auto plan = std::make_shared<const Plan>(make_plan(layout, kind));
+  const Plan p = make_plan(layout, kind);
+  const int64_t recv = p.narrow_total;  // the receive half starts here (elements)
+  const int64_t rows = p.B * p.Lt;
   // Does any head have more than one holder? Only then does `accumulate` change anything.
   bool replicated = false;
-  for (int r = 1; r < plan->world; ++r) {
-    if (plan->begin[r] < plan->begin[r - 1] + plan->count[r - 1]) replicated = true;
+  for (int r = 1; r < p.world; ++r) {
+    if (p.begin[r] < p.begin[r - 1] + p.count[r - 1]) replicated = true;
   }
   const bool sum = accumulate && replicated;
   if (sum) {
-    // Checked here, on the caller's thread, so an unsupported dtype throws at the call.
-    ops::dispatch_float(dt, "heads_to_seq (accumulate)", [](auto) {});
-  }
-  void* send = staging.data();
-  void* recv = at(staging.data(), plan->narrow_total, es);
-  const void* src = x_heads.data();
-  void* dst = x_seq.data();
-
-  // Pack: block p = positions [p*Lt, (p+1)*Lt) of every sequence, this rank's heads.
-  cpu.enqueue([plan, src, send, es] {
-    const Plan& p = *plan;
-    const int64_t row_elems = p.count[p.me] * p.d, elems = p.Lt * row_elems;
+    // NOTES: heads are replicated only when nkv < W with W % nkv == 0 (UlyssesLayout::make); a
+    // rank's nh/W query heads then lie inside one kv head's group (nh/W divides nh/nkv), so every
+    // rank holds exactly one kv head and each received block is one contiguous (B*Lt, d) head.
     for (int r = 0; r < p.world; ++r) {
-      char* out = at(send, static_cast<int64_t>(p.narrow_offsets[r]), es);
-      for (int64_t b = 0; b < p.B; ++b) {
-        std::memcpy(out + static_cast<size_t>(b * elems) * es,
-                    at(src, (b * p.T + r * p.Lt) * row_elems, es),
-                    static_cast<size_t>(elems) * es);
-      }
+      MOEPEAK_CHECK(p.count[r] == 1, "heads_to_seq: rank ", r, " holds ", p.count[r],
+                    " replicated kv heads (one expected)");
     }
-  });
-  comm.all_to_all_v(send, plan->narrow_counts, plan->narrow_offsets, recv, plan->wide_counts,
-                    plan->wide_offsets, dt, stream);
+  }
+
+  // Pack: block r = positions [r*Lt, (r+1)*Lt) of every sequence, this rank's heads.
+  const int64_t row_elems = p.count[p.me] * p.d, elems = p.Lt * row_elems;
+  for (int r = 0; r < p.world; ++r) {
+    ops::copy_2d(x_heads, {r * elems, p.T * row_elems}, staging,
+                 {static_cast<int64_t>(p.narrow_offsets[r]), elems}, p.B, elems, stream);
+  }
+  const size_t es = dtype_size(x_seq.dtype());
+  comm.all_to_all_v(staging.data(), p.narrow_counts, p.narrow_offsets,
+                    static_cast<char*>(staging.data()) + static_cast<size_t>(recv) * es,
+                    p.wide_counts, p.wide_offsets, x_seq.dtype(), stream);
 
   if (!sum) {
     // Each head from the lowest rank holding it: walk the ranks in order and copy the heads no
     // earlier rank covered (head ranges are contiguous and increasing in rank).
-    cpu.enqueue([plan, recv, dst, es] {
-      const Plan& p = *plan;
-      int64_t next_head = 0;
-      for (int r = 0; r < p.world; ++r) {
-        const int64_t end = p.begin[r] + p.count[r];
-        if (end <= next_head) continue;
-        const int64_t first = std::max(next_head, p.begin[r]), n = end - first;
-        const char* in = at(recv, static_cast<int64_t>(p.wide_offsets[r]), es);
-        for (int64_t row = 0; row < p.B * p.Lt; ++row) {
-          std::memcpy(at(dst, (row * p.h_total + first) * p.d, es),
-                      in + static_cast<size_t>((row * p.count[r] + first - p.begin[r]) * p.d) * es,
-                      static_cast<size_t>(n * p.d) * es);
-        }
-        next_head = end;
-      }
-    });
+    int64_t next_head = 0;
+    for (int r = 0; r < p.world; ++r) {
+      const int64_t end = p.begin[r] + p.count[r];
+      if (end <= next_head) continue;
+      const int64_t first = std::max(next_head, p.begin[r]), n = end - first;
+      ops::copy_2d(staging,
+                   {recv + static_cast<int64_t>(p.wide_offsets[r]) + (first - p.begin[r]) * p.d,
+                    p.count[r] * p.d},
+                   x_seq, {first * p.d, p.h_total * p.d}, rows, n * p.d, stream);
+      next_head = end;
+    }
     return;
   }
-  // Sum of the copies in increasing source rank: the first holder's copy, then += each next.
-  ops::dispatch_float(dt, "heads_to_seq (accumulate)", [&](auto zero) {
-    using T = decltype(zero);
-    cpu.enqueue([plan, recv = static_cast<const T*>(recv), dst = static_cast<T*>(dst)] {
-      const Plan& p = *plan;
-      std::vector<bool> written(static_cast<size_t>(p.h_total), false);
-      for (int r = 0; r < p.world; ++r) {
-        const T* in = recv + p.wide_offsets[r];
-        for (int64_t h = p.begin[r]; h < p.begin[r] + p.count[r]; ++h) {
-          const bool first = !written[static_cast<size_t>(h)];
-          written[static_cast<size_t>(h)] = true;
-          for (int64_t row = 0; row < p.B * p.Lt; ++row) {
-            const T* a = in + (row * p.count[r] + h - p.begin[r]) * p.d;
-            T* o = dst + (row * p.h_total + h) * p.d;
-            if (first) {
-              for (int64_t i = 0; i < p.d; ++i) o[i] = a[i];
-            } else {
-              for (int64_t i = 0; i < p.d; ++i) o[i] += a[i];
-            }
-          }
-        }
-      }
-    });
-  });
+  // Sum of the copies in increasing source rank, formed in the first holder's received block
+  // (first copy, then += each next: the same additions in the same order on every backend), then
+  // copied into its head's column of x_seq.
+  for (int r = 0; r < p.world;) {
+    int next = r + 1;
+    const Tensor block =
+        staging.rows(recv + static_cast<int64_t>(p.wide_offsets[r]),
+                     recv + static_cast<int64_t>(p.wide_offsets[r] + p.wide_counts[r]));
+    for (; next < p.world && p.begin[next] == p.begin[r]; ++next) {
+      const int64_t other = recv + static_cast<int64_t>(p.wide_offsets[next]);
+      ops::add(block, staging.rows(other, other + block.numel()), block, stream);
+    }
+    ops::copy_2d(block, {0, p.d}, x_seq, {p.begin[r] * p.d, p.h_total * p.d}, rows, p.d, stream);
+    r = next;
+  }
 }
 
 }  // namespace moepeak::schedules

@@ -26,11 +26,13 @@
 // every exchange of a layer (q, k, v, out forward; dout, dq, dk, dv backward), which run one
 // after another on one stream and reuse it.
 //
-// Stream order: pack (a CPU loop enqueued on as_cpu_stream(stream)), comm.all_to_all_v on the same
-// stream, unpack (a CPU loop on the stream). Asynchronous like an op: arguments are checked on the
-// caller's thread; tensors and staging must stay alive until the stream has passed the call.
-// Copies work for any dtype Comm carries (f32, f64, bf16, i32, i64); the summing unpack
-// (heads_to_seq with accumulate) supports f32 and f64.
+// Stream order, on either backend: pack (one ops::copy_2d per peer: a column block of the
+// (tokens, heads * d) rows), comm.all_to_all_v on the same stream (MPI on the CPU, NCCL on CUDA),
+// unpack (ops::copy_2d per peer; the summing unpack adds the copies with ops::add first).
+// Asynchronous like an op: arguments are checked on the caller's thread; tensors and staging must
+// stay alive until the stream has passed the call. Copies work for any dtype Comm carries (f32,
+// f64, bf16, i32, i64); the summing unpack (heads_to_seq with accumulate) takes what ops::add
+// takes (f32 and f64 on the CPU; f32 and bf16 on CUDA).
 //
 // Test: ctest -R ulysses --output-on-failure   (2 and 4 ranks under mpirun)
 #pragma once

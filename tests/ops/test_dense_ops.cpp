@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "ops/copy_2d.h"
 #include "ops/elementwise.h"
 #include "ops/linear.h"
 #include "ops/rmsnorm.h"
@@ -591,6 +592,33 @@ TEST(Elementwise, RejectsBadArgumentsAtTheCall) {
   EXPECT_THROW(ops::sum_squares_cpu(a, out2, env.stream()), Error);
   EXPECT_THROW(ops::copy_cpu(a, a_t, env.stream()), Error);
   EXPECT_THROW(ops::copy_cpu(a, a32, env.stream()), Error);
+  env.stream().synchronize();
+}
+
+// ---------------------------------------------------------------------------------------------
+// copy_2d: blocks outside either tensor, pitches below the width and mixed dtypes are errors at
+// the call that name the side and the numbers (the values are in test_backend_ops_cpu).
+
+TEST(Copy2d, RejectsBlocksOutsideTheTensorsAtTheCall) {
+  OpEnv env;
+  auto src = env.input({40}, DType::f64, random_vector(40, 21));
+  auto dst = env.output({30}, DType::f64);
+  auto dst_f32 = env.output({30}, DType::f32);
+  EXPECT_THROW(ops::copy_2d_cpu(src, {0, 10}, dst_f32, {0, 10}, 3, 10, env.stream()), Error);
+  EXPECT_THROW(ops::copy_2d_cpu(src, {0, 4}, dst, {0, 10}, 3, 5, env.stream()), Error);
+  EXPECT_THROW(ops::copy_2d_cpu(src, {-1, 10}, dst, {0, 10}, 3, 5, env.stream()), Error);
+  try {
+    ops::copy_2d_cpu(src, {5, 10}, dst, {1, 10}, 3, 10, env.stream());
+    ADD_FAILURE() << "no error for a dst block past the end";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("copy_2d_cpu: dst block of 3 x 10 elements at offset 1, pitch 10 ends at "
+                     "element 31 but dst holds 30"),
+              std::string::npos)
+        << m;
+  }
+  ops::copy_2d_cpu(src, {0, 10}, dst, {0, 10}, 0, 10, env.stream());  // empty: allowed
+  ops::copy_2d_cpu(src, {5, 10}, dst, {0, 10}, 3, 10, env.stream());  // exactly fits
   env.stream().synchronize();
 }
 
