@@ -1,6 +1,8 @@
 // `moepeak bench gemm`: the GEMMs of one training step of a model (q/k/v/o projections, the
-// router gate, the experts' w1/w3/w2 at the mean rows per expert, an LM-head strip of V/8
-// columns), each forward and backward through ops::linear_*, against a GEMM ceiling measured in
+// router gate, the experts' w1/w3/w2 at the mean rows per expert — one expert alone through
+// ops::linear_*, and all E experts as the dispatchers run them, one grouped GEMM per projection
+// through ops::grouped_linear_* — and an LM-head strip of V/8 columns), each forward and
+// backward, against a GEMM ceiling measured in
 // the same run: one large square GEMM (n^3, --ceiling-size) through the same backend, the best of
 // five. On CUDA the ceiling is cuBLASLt at its best shape, so %ceiling says how much the model's
 // shapes lose to their size (the target: at least 85%).
@@ -31,6 +33,7 @@
 #include "core/runtime/backend.h"
 #include "core/units.h"
 #include "ops/fill.h"
+#include "ops/grouped_linear.h"
 #include "ops/linear.h"
 
 namespace moepeak::cli {
@@ -43,10 +46,12 @@ struct GemmArgs {
   int ceiling_size = 0;  // 0 = 8192 on CUDA, 1024 on the CPU
 };
 
-// y (M, N) = x (M, K) w (N, K)^T, one of a step's GEMMs.
+// y (M, N) = x (M, K) w (N, K)^T, one of a step's GEMMs; with groups > 1, `groups` such GEMMs
+// with their own weights over consecutive row blocks, in one grouped call.
 struct GemmShape {
   std::string name;
   int64_t m, n, k;
+  int64_t groups = 1;
 };
 
 std::vector<GemmShape> step_gemms(const ModelConfig& model, int64_t tokens) {
@@ -58,6 +63,7 @@ std::vector<GemmShape> step_gemms(const ModelConfig& model, int64_t tokens) {
   return {{"q_proj", tokens, nh * d, H},     {"kv_proj", tokens, nkv * d, H},
           {"o_proj", tokens, H, nh * d},     {"router", tokens, E, H},
           {"expert_w1_w3", rows, F, H},      {"expert_w2", rows, H, F},
+          {"experts_w1_w3", rows, F, H, E},  {"experts_w2", rows, H, F, E},
           {"lm_head_strip", tokens, strip, H}};
 }
 
@@ -110,20 +116,37 @@ int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
   nlohmann::json rows = nlohmann::json::array();
   Timer timer(*backend);
   for (const GemmShape& g : step_gemms(cfg.model, tokens)) {
-    auto x = filled(*backend, Shape{g.m, g.k}, dtype, 0.01, "x");
-    auto w = filled(*backend, Shape{g.n, g.k}, dtype, 0.01, "w");
-    auto y = filled(*backend, Shape{g.m, g.n}, dtype, 0.0, "y");
-    auto dx = filled(*backend, Shape{g.m, g.k}, dtype, 0.0, "dx");
-    auto dw = filled(*backend, Shape{g.n, g.k}, dtype, 0.0, "dw");
+    const int64_t G = g.groups, M = G * g.m;
+    auto x = filled(*backend, Shape{M, g.k}, dtype, 0.01, "x");
+    auto w = filled(*backend, Shape{G * g.n, g.k}, dtype, 0.01, "w");
+    auto y = filled(*backend, Shape{M, g.n}, dtype, 0.0, "y");
+    auto dx = filled(*backend, Shape{M, g.k}, dtype, 0.0, "dx");
+    auto dw = filled(*backend, Shape{G * g.n, g.k}, dtype, 0.0, "dw");
+    std::vector<Tensor> ws, dws;  // group e's (N, K) weight and gradient
+    std::vector<int64_t> offsets = {0};
+    for (int64_t e = 0; e < G; ++e) {
+      ws.push_back(w.view().rows(e * g.n, (e + 1) * g.n));
+      dws.push_back(dw.view().rows(e * g.n, (e + 1) * g.n));
+      offsets.push_back((e + 1) * g.m);
+    }
     struct Pass {
       const char* name;
       double flops;
       std::function<void(Stream&)> run;
     };
-    const double mnk = 2.0 * static_cast<double>(g.m) * g.n * g.k;
-    std::vector<Pass> passes = {
-        {"forward", mnk, [&](Stream& s) { ops::linear_forward(x, w, y, false, s); }},
-        {"backward", 2 * mnk, [&](Stream& s) { ops::linear_backward(x, w, y, dx, false, dw, s); }}};
+    const double mnk = 2.0 * static_cast<double>(M) * g.n * g.k;
+    std::vector<Pass> passes;
+    if (G == 1) {
+      passes = {{"forward", mnk, [&](Stream& s) { ops::linear_forward(x, w, y, false, s); }},
+                {"backward", 2 * mnk,
+                 [&](Stream& s) { ops::linear_backward(x, w, y, dx, false, dw, s); }}};
+    } else {
+      passes = {{"forward", mnk,
+                 [&](Stream& s) { ops::grouped_linear_forward(x, ws, offsets, y, false, s); }},
+                {"backward", 2 * mnk, [&](Stream& s) {
+                   ops::grouped_linear_backward(x, ws, offsets, y, dx, false, dws, s);
+                 }}};
+    }
     for (const Pass& p : passes) {
       std::vector<double> ms;
       for (int i = 0; i < args.common.warmup + args.common.iters; ++i) {
@@ -133,12 +156,12 @@ int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
       const double t = median(ms);
       const double gflops = p.flops / (t * 1e-3) / 1e9;
       std::printf("  %-14s %7lld %7lld %7lld %9s %11.4f %11.1f %8.1f%%\n", g.name.c_str(),
-                  static_cast<long long>(g.m), static_cast<long long>(g.n),
+                  static_cast<long long>(M), static_cast<long long>(g.n),
                   static_cast<long long>(g.k), p.name, t, gflops, 100.0 * gflops / ceiling);
       rows.push_back({{"schedule", g.name + " " + p.name}, {"time_s", t * 1e-3},
                       {"peak_bytes", peak_bytes_json(backend->arena().stats())},
                       {"bound_bytes", nullptr}, {"max_rel_err", nullptr},
-                      {"m", g.m}, {"n", g.n}, {"k", g.k}, {"gflops", gflops},
+                      {"m", M}, {"n", g.n}, {"k", g.k}, {"groups", G}, {"gflops", gflops},
                       {"percent_of_ceiling", 100.0 * gflops / ceiling}});
     }
   }

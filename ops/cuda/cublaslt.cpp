@@ -172,21 +172,31 @@ struct Launch {
   void* workspace;
 };
 
-Launch prepare(const PlanKey& key, cudaStream_t stream) {
-  int device = 0;
-  MOEPEAK_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(state_mutex());
-  DeviceState& s = device_states()[device];
-  if (s.handle == nullptr) MOEPEAK_CUBLAS_CHECK(cublasLtCreate(&s.handle));
+// The stream's workspace in `s`, allocated on first use. Caller holds the lock.
+void* workspace_of(DeviceState& s, cudaStream_t stream) {
   auto ws = s.workspaces.find(stream);
   if (ws == s.workspaces.end()) {
     void* bytes = nullptr;
     MOEPEAK_CUDA_CHECK(cudaMalloc(&bytes, kWorkspaceBytes));
     ws = s.workspaces.emplace(stream, bytes).first;
   }
+  return ws->second;
+}
+
+DeviceState& current_device_state() {
+  int device = 0;
+  MOEPEAK_CUDA_CHECK(cudaGetDevice(&device));
+  return device_states()[device];
+}
+
+Launch prepare(const PlanKey& key, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  DeviceState& s = current_device_state();
+  if (s.handle == nullptr) MOEPEAK_CUBLAS_CHECK(cublasLtCreate(&s.handle));
+  void* workspace = workspace_of(s, stream);
   auto plan = s.plans.find(key);
   if (plan == s.plans.end()) plan = s.plans.emplace(key, make_plan(s.handle, key)).first;
-  return Launch{s.handle, &plan->second, ws->second};
+  return Launch{s.handle, &plan->second, workspace};
 }
 
 }  // namespace
@@ -234,6 +244,11 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, i
   MOEPEAK_CUBLAS_CHECK(cublasLtMatmul(l.handle, l.plan->op, alpha_p, b, l.plan->lt_a, a,
                                       l.plan->lt_b, beta_p, c, l.plan->lt_c, c, l.plan->lt_c,
                                       &l.plan->algo, l.workspace, kWorkspaceBytes, stream));
+}
+
+void* stream_workspace(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(state_mutex());
+  return workspace_of(current_device_state(), stream);
 }
 
 void expect_gemm_dtype(const char* op, DType dtype) {

@@ -18,7 +18,9 @@
 // - one workspace of kWorkspaceBytes per (device, cudaStream_t), cudaMalloc'd by the first GEMM
 //   on that stream (that call may synchronise the device, as cudaMalloc can). A stream destroyed
 //   and another created with the same handle reuse it (CudaStream synchronises before it is
-//   destroyed); each distinct stream that ever runs a GEMM keeps 32 MiB;
+//   destroyed); each distinct stream that ever runs a GEMM keeps 32 MiB. The grouped GEMMs of
+//   ops/cuda/grouped_linear.cpp (cuBLAS) use the same workspace on the same stream
+//   (stream_workspace below);
 // - one plan per GEMM configuration (device, dtype, transposes, sizes, leading dimensions, and
 //   the pointers' alignments): descriptors and the algorithm cublasLtMatmulAlgoGetHeuristic
 //   chose, so the heuristic runs once per configuration, not once per call. With the choice
@@ -72,6 +74,12 @@ constexpr size_t kWorkspaceBytes = 32ull << 20;
 void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner,
           double alpha, const void* a, int64_t lda, const void* b, int64_t ldb, double beta,
           void* c, int64_t ldc, cudaStream_t stream);
+
+// The workspace (kWorkspaceBytes) gemm() uses on `stream` on the current device, cudaMalloc'd by
+// the first call for that stream (gemm()'s or this). Other cuBLAS calls enqueued on the same
+// stream may use it too (ops/cuda/grouped_linear.cpp hands it to cublasSetWorkspace): stream order
+// keeps them apart, and no call keeps anything in it from one call to the next.
+void* stream_workspace(cudaStream_t stream);
 
 // Throws naming `op` unless `dtype` is one gemm() supports (f32, bf16, f64).
 void expect_gemm_dtype(const char* op, DType dtype);

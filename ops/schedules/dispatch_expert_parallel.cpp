@@ -7,9 +7,7 @@
 
 #include "core/error.h"
 #include "ops/fill.h"
-#include "ops/linear.h"
 #include "ops/permute.h"
-#include "ops/swiglu.h"
 
 namespace moepeak::schedules {
 
@@ -70,16 +68,6 @@ void combine_backward_on_source(Backend& backend, Stream& stream, DType dtype, c
   ops::fill(dweight, 0.0, stream);
   ops::scatter_add_rows(drow_weight.view().reshape(Shape{M, 1}), send_slot,
                             dweight.reshape(Shape{dweight.numel(), 1}), stream);
-}
-
-void grouped_expert_backward(const ExpertWeights& ex, const Tensor& x, const Tensor& a,
-                             const Tensor& b, const Tensor& dy, const Tensor& g, const Tensor& dg,
-                             const Tensor& da, const Tensor& db, const Tensor& dx, Stream& stream) {
-  ops::swiglu_forward(a, b, g, stream);
-  ops::linear_backward(g, ex.w2, dy, dg, false, ex.dw2, stream);
-  ops::swiglu_backward(a, b, dg, da, db, stream);
-  ops::linear_backward(x, ex.w1, da, dx, false, ex.dw1, stream);
-  ops::linear_backward(x, ex.w3, db, dx, true, ex.dw3, stream);
 }
 
 void exchange_rows(Comm& comm, Stream& stream, DType dtype, const char* who, const Tensor& send,
@@ -238,23 +226,15 @@ void ExpertParallelDispatch::forward(const Tensor& x, const Tensor& index, const
   ops::gather_rows(x_recv, perm_, x_rows_, stream_);
   x_recv.reset();
 
-  // The experts: the same GEMMs as StandardDispatch, on each local expert's rows.
+  // The experts: the same GEMMs as StandardDispatch, each local expert on its rows (one grouped
+  // GEMM per projection, all_experts_forward).
   a_ = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "expert w1 rows");
   b_ = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "expert w3 rows");
   OwnedTensor y_rows =
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "expert outputs");
   {
     OwnedTensor g = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "swiglu");
-    for (int64_t l = 0; l < El; ++l) {
-      int64_t lo = expert_offsets_[l], hi = expert_offsets_[l + 1];
-      if (lo == hi) continue;
-      auto rows = [&](const OwnedTensor& t) { return t.view().rows(lo, hi); };
-      const ExpertWeights& ex = local_experts[l];
-      ops::linear_forward(rows(x_rows_), ex.w1, rows(a_), false, stream_);
-      ops::linear_forward(rows(x_rows_), ex.w3, rows(b_), false, stream_);
-      ops::swiglu_forward(rows(a_), rows(b_), rows(g), stream_);
-      ops::linear_forward(rows(g), ex.w2, rows(y_rows), false, stream_);
-    }
+    all_experts_forward(local_experts, expert_offsets_, x_rows_, a_, b_, g, y_rows, stream_);
   }
   // Back to arrival order, back to the sources, combined there in send (expert-major) order.
   OwnedTensor y_arrival =
@@ -312,13 +292,8 @@ void ExpertParallelDispatch::backward(const Tensor& dout,
         OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d w1 rows");
     OwnedTensor db =
         OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d w3 rows");
-    for (int64_t l = 0; l < El; ++l) {
-      int64_t lo = expert_offsets_[l], hi = expert_offsets_[l + 1];
-      if (lo == hi) continue;
-      auto rows = [&](const OwnedTensor& t) { return t.view().rows(lo, hi); };
-      grouped_expert_backward(local_experts[l], rows(x_rows_), rows(a_), rows(b_), rows(dy_rows),
-                              rows(g), rows(dg), rows(da), rows(db), rows(dx_rows), stream_);
-    }
+    all_experts_backward(local_experts, expert_offsets_, x_rows_, a_, b_, dy_rows, g, dg, da, db,
+                         dx_rows, stream_);
   }
   dy_rows.reset();
   x_rows_.reset();

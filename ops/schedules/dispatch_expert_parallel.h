@@ -70,13 +70,6 @@ void combine_backward_on_source(Backend& backend, Stream& stream, DType dtype, c
                                 const Tensor& send_weight, const Tensor& send_slot,
                                 const Tensor& dweight);
 
-// One expert's backward over its grouped rows, with g recomputed from the kept a, b (as
-// StandardDispatch does): every tensor the rows of that expert — a, b, g, dg, da, db (R_e, F),
-// x, dy, dx (R_e, H) — and ex.dw1, dw3, dw2 +=, dx written (=).
-void grouped_expert_backward(const ExpertWeights& ex, const Tensor& x, const Tensor& a,
-                             const Tensor& b, const Tensor& dy, const Tensor& g, const Tensor& dg,
-                             const Tensor& da, const Tensor& db, const Tensor& dx, Stream& stream);
-
 class ExpertParallelDispatch final : public ExpertDispatch {
  public:
   // num_experts is E, the global count; E % W must be 0 (an Error naming E and W otherwise).

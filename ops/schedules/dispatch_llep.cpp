@@ -8,10 +8,9 @@
 
 #include "core/error.h"
 #include "ops/fill.h"
-#include "ops/linear.h"
 #include "ops/permute.h"
 #include "ops/schedules/dispatch_expert_parallel.h"
-#include "ops/swiglu.h"
+#include "ops/schedules/dispatch_standard.h"
 
 namespace moepeak::schedules {
 
@@ -54,6 +53,14 @@ const ExpertWeights& LlepDispatch::weights_of(int64_t expert,
     return local[static_cast<size_t>(expert - first_expert_)];
   }
   return copies_.at(expert);
+}
+
+std::vector<ExpertWeights> LlepDispatch::computed_weights(
+    const std::vector<ExpertWeights>& local) const {
+  std::vector<ExpertWeights> out;
+  out.reserve(computed_experts_.size());
+  for (int64_t e : computed_experts_) out.push_back(weights_of(e, local));
+  return out;
 }
 
 void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& weight,
@@ -178,15 +185,8 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "expert outputs");
   {
     OwnedTensor g = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "swiglu");
-    for (size_t i = 0; i < computed_experts_.size(); ++i) {
-      const int64_t lo = expert_offsets_[i], hi = expert_offsets_[i + 1];
-      auto rows = [&](const OwnedTensor& t) { return t.view().rows(lo, hi); };
-      const ExpertWeights& ex = weights_of(computed_experts_[i], local_experts);
-      ops::linear_forward(rows(x_rows_), ex.w1, rows(a_), false, stream_);
-      ops::linear_forward(rows(x_rows_), ex.w3, rows(b_), false, stream_);
-      ops::swiglu_forward(rows(a_), rows(b_), rows(g), stream_);
-      ops::linear_forward(rows(g), ex.w2, rows(y_rows), false, stream_);
-    }
+    all_experts_forward(computed_weights(local_experts), expert_offsets_, x_rows_, a_, b_, g,
+                        y_rows, stream_);
   }
   OwnedTensor y_arrival =
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "outputs to return");
@@ -237,14 +237,9 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
     OwnedTensor dg = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d swiglu");
     OwnedTensor da = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d w1 rows");
     OwnedTensor db = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d w3 rows");
-    for (size_t i = 0; i < computed_experts_.size(); ++i) {
-      const int64_t lo = expert_offsets_[i], hi = expert_offsets_[i + 1];
-      auto rows = [&](const OwnedTensor& t) { return t.view().rows(lo, hi); };
-      // Native experts accumulate into their own gradients, spilled ones into the copies'.
-      grouped_expert_backward(weights_of(computed_experts_[i], local_experts), rows(x_rows_),
-                              rows(a_), rows(b_), rows(dy_rows), rows(g), rows(dg), rows(da),
-                              rows(db), rows(dx_rows), stream_);
-    }
+    // Native experts accumulate into their own gradients, spilled ones into the copies'.
+    all_experts_backward(computed_weights(local_experts), expert_offsets_, x_rows_, a_, b_,
+                         dy_rows, g, dg, da, db, dx_rows, stream_);
   }
   dy_rows.reset();
   x_rows_.reset();

@@ -78,6 +78,8 @@ class LlepDispatch final : public ExpertDispatch {
   void exchange_rows(const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
                      const std::vector<int64_t>& recv_rows, int64_t width);
   const ExpertWeights& weights_of(int64_t expert, const std::vector<ExpertWeights>& local) const;
+  // The weights of computed_experts_, in their row order (the groups of expert_offsets_).
+  std::vector<ExpertWeights> computed_weights(const std::vector<ExpertWeights>& local) const;
 
   Backend& backend_;
   Stream& stream_;

@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 #include "ops/fill.h"
-#include "ops/linear.h"
+#include "ops/grouped_linear.h"
 #include "ops/permute.h"
 #include "ops/swiglu.h"
 
@@ -23,6 +23,48 @@ uint64_t dispatch_standard_bytes(int64_t tokens, int64_t top_k, int64_t hidden, 
   const uint64_t backward = 3 * rows_h + 6 * rows_f + permutation + fp(M * b);
   const uint64_t saved = 2 * rows_h + 2 * rows_f + permutation;  // what forward keeps for backward
   return std::max(forward, backward) + static_cast<uint64_t>(layers_resident - 1) * saved;
+}
+
+namespace {
+
+// One weight (or gradient) of every expert, in expert order, as grouped_linear takes them.
+std::vector<Tensor> each_expert(const std::vector<ExpertWeights>& experts,
+                                Tensor ExpertWeights::*member) {
+  std::vector<Tensor> out;
+  out.reserve(experts.size());
+  for (const ExpertWeights& ex : experts) out.push_back(ex.*member);
+  return out;
+}
+
+}  // namespace
+
+void all_experts_forward(const std::vector<ExpertWeights>& experts,
+                         const std::vector<int64_t>& offsets, const Tensor& x, const Tensor& a,
+                         const Tensor& b, const Tensor& g, const Tensor& y, Stream& stream) {
+  const std::vector<Tensor> w1 = each_expert(experts, &ExpertWeights::w1);
+  const std::vector<Tensor> w3 = each_expert(experts, &ExpertWeights::w3);
+  const std::vector<Tensor> w2 = each_expert(experts, &ExpertWeights::w2);
+  ops::grouped_linear_forward(x, w1, offsets, a, false, stream);
+  ops::grouped_linear_forward(x, w3, offsets, b, false, stream);
+  ops::swiglu_forward(a, b, g, stream);
+  ops::grouped_linear_forward(g, w2, offsets, y, false, stream);
+}
+
+void all_experts_backward(const std::vector<ExpertWeights>& experts,
+                          const std::vector<int64_t>& offsets, const Tensor& x, const Tensor& a,
+                          const Tensor& b, const Tensor& dy, const Tensor& g, const Tensor& dg,
+                          const Tensor& da, const Tensor& db, const Tensor& dx, Stream& stream) {
+  const std::vector<Tensor> w1 = each_expert(experts, &ExpertWeights::w1);
+  const std::vector<Tensor> w3 = each_expert(experts, &ExpertWeights::w3);
+  const std::vector<Tensor> w2 = each_expert(experts, &ExpertWeights::w2);
+  const std::vector<Tensor> dw1 = each_expert(experts, &ExpertWeights::dw1);
+  const std::vector<Tensor> dw3 = each_expert(experts, &ExpertWeights::dw3);
+  const std::vector<Tensor> dw2 = each_expert(experts, &ExpertWeights::dw2);
+  ops::swiglu_forward(a, b, g, stream);
+  ops::grouped_linear_backward(g, w2, offsets, dy, dg, false, dw2, stream);
+  ops::swiglu_backward(a, b, dg, da, db, stream);
+  ops::grouped_linear_backward(x, w1, offsets, da, dx, false, dw1, stream);
+  ops::grouped_linear_backward(x, w3, offsets, db, dx, true, dw3, stream);
 }
 
 StandardDispatch::StandardDispatch(Backend& backend, Stream& stream, DType dtype)
@@ -78,16 +120,7 @@ void StandardDispatch::forward(const Tensor& x, const Tensor& index, const Tenso
   ops::gather_rows(x, row_token_, x_rows_, stream_);
   {
     OwnedTensor g = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "swiglu");
-    for (int64_t e = 0; e < E; ++e) {
-      int64_t lo = offsets_[e], hi = offsets_[e + 1];
-      if (lo == hi) continue;
-      Tensor xe = x_rows_.view().rows(lo, hi), ae = a_.view().rows(lo, hi), be = b_.view().rows(lo, hi);
-      Tensor ge = g.view().rows(lo, hi);
-      ops::linear_forward(xe, experts[e].w1, ae, false, stream_);
-      ops::linear_forward(xe, experts[e].w3, be, false, stream_);
-      ops::swiglu_forward(ae, be, ge, stream_);
-      ops::linear_forward(ge, experts[e].w2, y_rows_.view().rows(lo, hi), false, stream_);
-    }
+    all_experts_forward(experts, offsets_, x_rows_, a_, b_, g, y_rows_, stream_);
   }
   ops::combine_rows(y_rows_, row_token_, row_weight_, out, stream_);
   // `token`, `slot` are read by the copies above: finish them before the vectors die.
@@ -98,7 +131,6 @@ void StandardDispatch::backward(const Tensor& dout, const std::vector<ExpertWeig
                                 const Tensor& dx, const Tensor& dweight) {
   MOEPEAK_CHECK(x_rows_.view().defined(), "dispatch backward without a forward to go with it");
   const int64_t M = tokens_ * top_k_, H = dout.size(1), F = a_.shape()[1];
-  const int64_t E = static_cast<int64_t>(experts.size());
   OwnedTensor dy = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "d expert outputs");
   OwnedTensor drow_weight = OwnedTensor::device(backend_, Shape{M}, dtype_, LiveSet::dispatch, "d row weight");
   ops::combine_rows_backward(dout, y_rows_, row_token_, row_weight_, dy, drow_weight, stream_);
@@ -109,16 +141,7 @@ void StandardDispatch::backward(const Tensor& dout, const std::vector<ExpertWeig
     OwnedTensor dg = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d swiglu");
     OwnedTensor da = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d w1 rows");
     OwnedTensor db = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d w3 rows");
-    for (int64_t e = 0; e < E; ++e) {
-      int64_t lo = offsets_[e], hi = offsets_[e + 1];
-      if (lo == hi) continue;
-      auto rows = [&](const OwnedTensor& t) { return t.view().rows(lo, hi); };
-      ops::swiglu_forward(rows(a_), rows(b_), rows(g), stream_);
-      ops::linear_backward(rows(g), experts[e].w2, rows(dy), rows(dg), false, experts[e].dw2, stream_);
-      ops::swiglu_backward(rows(a_), rows(b_), rows(dg), rows(da), rows(db), stream_);
-      ops::linear_backward(rows(x_rows_), experts[e].w1, rows(da), rows(dx_rows), false, experts[e].dw1, stream_);
-      ops::linear_backward(rows(x_rows_), experts[e].w3, rows(db), rows(dx_rows), true, experts[e].dw3, stream_);
-    }
+    all_experts_backward(experts, offsets_, x_rows_, a_, b_, dy, g, dg, da, db, dx_rows, stream_);
   }
   ops::scatter_add_rows(dx_rows, row_token_, dx, stream_);
   ops::fill(dweight, 0.0, stream_);

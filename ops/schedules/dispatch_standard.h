@@ -29,6 +29,25 @@ namespace moepeak::schedules {
 uint64_t dispatch_standard_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
                                  DType dtype, int64_t layers_resident);
 
+// The experts' SwiGLU MLPs over rows grouped by expert, all experts at once: expert e owns rows
+// [offsets[e], offsets[e + 1]) of every row tensor (offsets: E + 1 host offsets from 0 to R, an
+// expert with no rows owns none), and each projection is one ops::grouped_linear call over all
+// experts (one cuBLAS grouped GEMM on CUDA; on the CPU the same GEMMs as a loop over experts,
+// so results are bitwise those of running each expert on its rows).
+//   forward:   a = x w1^T, b = x w3^T, g = swiglu(a, b), y = g w2^T   (all written, =)
+//   backward:  g recomputed from a, b; dg = dy w2, (da, db) = swiglu'(a, b, dg),
+//              dx = da w1 + db w3 (written, =); dw2 += dy^T g, dw1 += da^T x, dw3 += db^T x
+//   x, y, dy, dx (R, H); a, b, g, dg, da, db (R, F); experts: E entries, their gradients as given
+//   (an undefined dw skips that gradient, as in ops::linear_backward).
+// Shared by the dispatchers that hold every routed row at once (standard, expert parallel).
+void all_experts_forward(const std::vector<ExpertWeights>& experts,
+                         const std::vector<int64_t>& offsets, const Tensor& x, const Tensor& a,
+                         const Tensor& b, const Tensor& g, const Tensor& y, Stream& stream);
+void all_experts_backward(const std::vector<ExpertWeights>& experts,
+                          const std::vector<int64_t>& offsets, const Tensor& x, const Tensor& a,
+                          const Tensor& b, const Tensor& dy, const Tensor& g, const Tensor& dg,
+                          const Tensor& da, const Tensor& db, const Tensor& dx, Stream& stream);
+
 class StandardDispatch final : public ExpertDispatch {
  public:
   StandardDispatch(Backend& backend, Stream& stream, DType dtype);

@@ -103,8 +103,10 @@ check "bench gemm exits 0" test $rc -eq 0
 check "bench gemm prints the ceiling" grep -q '^# ceiling: 128^3 GEMM' "$tmp/out"
 check "bench gemm times the expert GEMMs both ways" \
   sh -c "grep -q 'expert_w2 .* forward' '$tmp/out' && grep -q 'expert_w2 .* backward' '$tmp/out'"
-check "bench gemm JSON has 14 rows with their share of the ceiling" \
-  python3 -c "import json,sys; d=json.load(open('$tmp/gemm.json')); r=d['rows']; sys.exit(not (d['bench']=='gemm' and len(r)==14 and all(x['percent_of_ceiling']>0 for x in r)))"
+check "bench gemm times all experts as one grouped GEMM" \
+  sh -c "grep -q 'experts_w1_w3 .* forward' '$tmp/out' && grep -q 'experts_w2 .* backward' '$tmp/out'"
+check "bench gemm JSON has 18 rows with their share of the ceiling, the grouped ones over E experts" \
+  python3 -c "import json,sys; d=json.load(open('$tmp/gemm.json')); r=d['rows']; sys.exit(not (d['bench']=='gemm' and len(r)==18 and all(x['percent_of_ceiling']>0 for x in r) and sum(x['groups']>1 for x in r)==4))"
 "$bin" bench gemm --set runtime.backend=cpu --dtype bf16 >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bench gemm --dtype bf16 on the CPU is an error" test $rc -ne 0
 check "it says bf16 needs CUDA" contains "$tmp/err" "needs the CUDA backend"
