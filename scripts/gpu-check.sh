@@ -7,6 +7,8 @@
 #   scripts/gpu-check.sh                       build into build/ when moepeak is missing there
 #   scripts/gpu-check.sh --no-build            reuse $MOEPEAK_BUILD_DIR (default build/) as it
 #                                              is, e.g. a build made elsewhere and copied here
+#                                              (scripts/device-bundle.sh packs one, with the
+#                                              libraries a bare GPU machine lacks)
 #   scripts/gpu-check.sh --out DIR             keep every log and bench JSON in DIR
 #
 # Each step's output goes to DIR/<step>.log; the summary says passed/failed per step and, for the

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# scripts/device-bundle.sh: packs a CUDA build made on this machine for a GPU machine that has the
+# CUDA toolkit and NCCL but none of the Debian libraries moepeak links (spdlog, fmt, toml++, hwloc,
+# numa, OpenBLAS, Open MPI, ...): the stripped binaries scripts/gpu-check.sh runs, in the layout of
+# a build folder, and the shared libraries they need that the GPU machine lacks.
+#
+#   scripts/device-bundle.sh [--build DIR] [--out DIR] [--max-mib 64]
+#       --build   the CUDA build (configured with -DMOEPEAK_CUDA=ON); default build/
+#       --out     where the bundle goes; default .device/ (git-ignored)
+#       --max-mib fail when the bundle is larger (a transfer limit); default 64
+#
+# Then, on the GPU machine, from the repository root:
+#   LD_LIBRARY_PATH=.device/lib:/usr/local/cuda/targets/x86_64-linux/lib:/usr/lib/x86_64-linux-gnu \
+#     MOEPEAK_BUILD_DIR=.device/build scripts/gpu-check.sh --no-build --out <dir>
+# (the CUDA runtime, cuBLAS and NCCL come from the GPU machine; glibc, libstdc++ and the dynamic
+# loader too, so it must be at least as new as this machine's.)
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="$root/build"
+out="$root/.device"
+max_mib=64
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build="$2"; shift ;;
+    --out) out="$2"; shift ;;
+    --max-mib) max_mib="$2"; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "device-bundle: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+# What gpu-check.sh runs without ctest: the binary and the three test binaries labelled `cuda`.
+binaries=(moepeak tests/runtime/test_cuda_backend tests/comm/test_comm_nccl
+          tests/ops/test_backend_ops)
+for b in "${binaries[@]}"; do
+  if [ ! -x "$build/$b" ]; then
+    echo "device-bundle: $build/$b not found (build with -DMOEPEAK_CUDA=ON first)" >&2
+    exit 1
+  fi
+done
+if ! ldd "$build/moepeak" | grep -q 'libcudart'; then
+  echo "device-bundle: $build/moepeak has no CUDA backend (configure with -DMOEPEAK_CUDA=ON)" >&2
+  exit 1
+fi
+
+rm -rf "$out"
+mkdir -p "$out/lib"
+for b in "${binaries[@]}"; do
+  mkdir -p "$out/build/$(dirname "$b")"
+  strip -o "$out/build/$b" "$build/$b"
+done
+
+# Shared libraries: everything ldd resolves except what the GPU machine brings (CUDA, NCCL, the C
+# and C++ runtimes, the loader). Open MPI's components (dlopened, not in ldd) are not needed: a
+# single process initialises MPI as a singleton only when launched under mpirun.
+skip='^(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|linux-vdso|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia)[.-]'
+for b in "${binaries[@]}"; do ldd "$build/$b"; done | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' |
+  sort -u | while read -r lib; do
+    name="$(basename "$lib")"
+    [[ "$name" =~ $skip ]] && continue
+    cp -L "$lib" "$out/lib/$name"
+    strip --strip-unneeded "$out/lib/$name" 2>/dev/null || true
+  done
+
+bytes=$(du -sb "$out" | cut -f1)
+mib=$(( (bytes + 1048575) / 1048576 ))
+echo "device-bundle: $out: ${mib} MiB ($(ls "$out/lib" | wc -l) libraries, ${#binaries[@]} binaries)"
+if [ "$mib" -gt "$max_mib" ]; then
+  echo "device-bundle: larger than --max-mib $max_mib" >&2
+  exit 1
+fi
