@@ -70,8 +70,10 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
       checkpoint_(schedules.checkpoint), dtype_(dtype),
       params_(backend, model, dtype, comm, lm_head_sharding(schedules.vocab)),
       groups_(zero_gather_groups(params_.layout(), params_.lm_head_sharding())) {
-  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "the CPU model computes in f32 or f64, not ",
-                dtype_name(dtype));
+  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 ||
+                    (dtype == DType::bf16 && backend.kind() == BackendKind::cuda),
+                "the model computes in f32 or f64 (and bf16 on the CUDA backend), not ",
+                dtype_name(dtype), " on ", backend.describe());
   if (checkpoint_ == CheckpointSchedule::sco) {
     boundaries_ = std::make_unique<schedules::ScoBoundaries>(backend_, stream_,
                                                              schedules_.sco_host_budget_bytes());
@@ -174,7 +176,8 @@ OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Grou
   }
   const Shape q_heads = U.heads_shape(HeadKind::query), kv_heads = U.heads_shape(HeadKind::kv);
   a.out = device(Shape{N * nh * d}, LiveSet::attention, "attention output");
-  a.lse = device(Shape{B, q_heads[2], T}, LiveSet::attention, "attention lse");
+  a.lse = OwnedTensor::device(backend_, Shape{B, q_heads[2], T}, ops::attention_lse_dtype(dtype_),
+                              LiveSet::attention, "attention lse");
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   ops::attention_forward(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
                              a.v.view().reshape(kv_heads), scale, a.out.view().reshape(q_heads),
@@ -460,14 +463,12 @@ double MixtralModel::router_aux_loss(int64_t tokens, bool with_backward) {
   aux *= static_cast<double>(E);
   if (with_backward) {
     aux_dprobs_ = device(Shape{E}, LiveSet::workspace, "aux loss d probs");
-    std::vector<char> host(aux_dprobs_.nbytes());
+    std::vector<double> host(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) {
-      double g = model_.router_aux_loss_coef * static_cast<double>(E) * counts[e] / (R * R);
-      if (dtype_ == DType::f64) reinterpret_cast<double*>(host.data())[e] = g;
-      else reinterpret_cast<float*>(host.data())[e] = static_cast<float>(g);
+      host[static_cast<size_t>(e)] =
+          model_.router_aux_loss_coef * static_cast<double>(E) * counts[e] / (R * R);
     }
-    backend_.copy_async(aux_dprobs_.data(), host.data(), host.size(), CopyKind::host_to_device, stream_);
-    stream_.synchronize();
+    copy_from_host_as(host, aux_dprobs_, backend_, stream_);  // rounded to the model's dtype
   }
   return model_.router_aux_loss_coef * aux;
 }

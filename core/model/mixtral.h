@@ -74,9 +74,11 @@ struct TokenBatch {
 
 class MixtralModel {
  public:
-  // dtype: f32 (training on the CPU) or f64 (gradient checks). `comm` spans the W ranks (a
-  // single-rank Comm for W = 1); E must be a multiple of W. `schedules`: the [schedules] section
-  // of the config (the schedule of each live set the model owns and their knobs).
+  // dtype: f32 (training), f64 (gradient checks) or, on the CUDA backend, bf16 (bf16 weights,
+  // gradients and activations; fp32 math inside the ops; the attention lse in f32). `comm`
+  // spans the W ranks (a single-rank Comm for W = 1); E must be a multiple of W. `schedules`:
+  // the [schedules] section of the config (the schedule of each live set the model owns and
+  // their knobs).
   MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                const SchedulesConfig& schedules, DType dtype);
   // The default schedules with this checkpointing (tests).

@@ -9,6 +9,7 @@
 #include "core/model/mixtral.h"
 #include "core/model/mixtral_params.h"
 #include "core/runtime/arena.h"
+#include "ops/attention.h"
 #include "ops/schedules/dispatch_pipelined_llep.h"
 #include "ops/schedules/ulysses.h"
 
@@ -51,7 +52,8 @@ uint64_t attention_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
   const uint64_t Qh = fp(numel(U.heads_shape(schedules::HeadKind::query)) * b);
   const uint64_t KVh = fp(numel(U.heads_shape(schedules::HeadKind::kv)) * b);
   const uint64_t out = fp(N * nh * d * b);                              // "attention output"
-  const uint64_t lse = fp(B * U.heads_count(schedules::HeadKind::query, rank) * T * b);
+  const uint64_t lse = fp(B * U.heads_count(schedules::HeadKind::query, rank) * T *
+                         static_cast<int64_t>(dtype_size(ops::attention_lse_dtype(dtype))));
   if (world == 1) {
     // n1, rstd1, q, k, v (moved into the layer's activations), out, lse.
     const uint64_t kept = NH + Nb + Q + 2 * KV + out + lse;

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "ops/fill.h"
 #include "ops/permute.h"
+#include "ops/schedules/schedule_dtype.h"
 
 namespace moepeak::schedules {
 
@@ -50,8 +51,7 @@ ExpertParallelDispatch::ExpertParallelDispatch(Backend& backend, Stream& stream,
   MOEPEAK_CHECK(num_experts > 0 && W > 0 && num_experts % W == 0,
                 "expert parallel dispatch: the number of experts E = ", num_experts,
                 " must be a positive multiple of the number of ranks W = ", W);
-  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "expert parallel dispatch: dtype ",
-                dtype_name(dtype), " (f32 or f64 expected)");
+  check_schedule_dtype(backend, dtype, "expert parallel dispatch");
   local_experts_ = num_experts / W;
   first_expert_ = comm.rank() * local_experts_;
 }

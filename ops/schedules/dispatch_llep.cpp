@@ -11,6 +11,7 @@
 #include "ops/permute.h"
 #include "ops/schedules/dispatch_expert_parallel.h"
 #include "ops/schedules/dispatch_standard.h"
+#include "ops/schedules/schedule_dtype.h"
 
 namespace moepeak::schedules {
 
@@ -31,8 +32,7 @@ LlepDispatch::LlepDispatch(Backend& backend, Stream& stream, Comm& comm, DType d
   const int64_t W = comm.world_size();
   MOEPEAK_CHECK(num_experts > 0 && num_experts % W == 0, "llep dispatch: the number of experts E = ",
                 num_experts, " must be a positive multiple of the number of ranks W = ", W);
-  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "llep dispatch: dtype ",
-                dtype_name(dtype), " (f32 or f64 expected)");
+  check_schedule_dtype(backend, dtype, "llep dispatch");
   MOEPEAK_CHECK(params.alpha > 0 && params.min_tokens_per_gemm >= 0,
                 "llep dispatch: alpha = ", params.alpha, " (> 0), min_tokens_per_gemm = ",
                 params.min_tokens_per_gemm, " (>= 0)");

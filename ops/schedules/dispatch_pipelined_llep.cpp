@@ -35,6 +35,7 @@
 #include "ops/linear.h"
 #include "ops/permute.h"
 #include "ops/schedules/dispatch_expert_parallel.h"
+#include "ops/schedules/schedule_dtype.h"
 #include "ops/swiglu.h"
 
 namespace moepeak::schedules {
@@ -247,8 +248,7 @@ PipelinedLlepDispatch::PipelinedLlepDispatch(Backend& backend, Stream& stream, C
   MOEPEAK_CHECK(num_experts > 0 && num_experts % W == 0,
                 "pipelined llep dispatch: the number of experts E = ", num_experts,
                 " must be a positive multiple of the number of ranks W = ", W);
-  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "pipelined llep dispatch: dtype ",
-                dtype_name(dtype), " (f32 or f64 expected)");
+  check_schedule_dtype(backend, dtype, "pipelined llep dispatch");
   MOEPEAK_CHECK(params.chunk_tokens >= 1 && params.max_chunks >= 1 && params.alpha > 0 &&
                     params.min_tokens_per_gemm >= 0,
                 "pipelined llep dispatch: chunk_tokens = ", params.chunk_tokens,

@@ -36,6 +36,7 @@
 #include "ops/cross_entropy_strip.h"
 #include "ops/linear.h"
 #include "ops/matmul.h"
+#include "ops/schedules/schedule_dtype.h"
 
 namespace moepeak::schedules {
 namespace {
@@ -155,8 +156,7 @@ RingDtpVocab::RingDtpVocab(Backend& backend, Stream& stream, Comm& comm, DType d
       rank_(comm.rank()),
       payload_(payload),
       resolved_(payload) {
-  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64, "Ring-DTP: dtype ", dtype_name(dtype),
-                " (f32 or f64 expected on the CPU)");
+  check_schedule_dtype(backend, dtype, "Ring-DTP");
   strip_columns_ = ring_dtp_strip_columns(vocab, ranks_, strip);  // checks V >= P, strip >= 0
   shard_ = vocab_shard(vocab, ranks_, rank_);
   if (ranks_ > 1) comm_ = comm.duplicate();

@@ -1,6 +1,7 @@
 // test_backend_ops, whole model: a tiny Mixtral (2 layers, GQA, 3 experts top-2) trained for one
-// forward and backward on the backend under test in f32, against the CPU in f64 — the loss and
-// every parameter's gradient. Every op of a training step runs here in the order the model calls
+// forward and backward on the backend under test in f32 (and, on CUDA, in bf16: weights,
+// gradients and activations in bf16), against the CPU in f64 — the loss and every parameter's
+// gradient. Every op of a training step runs here in the order the model calls
 // them, so a kernel that passes its own case but breaks in composition (an aliasing, a stream
 // order, a layout) fails here.
 //
@@ -40,7 +41,8 @@ struct StepResult {
   std::vector<double> grads;
 };
 
-StepResult train_step(Backend& backend, DType dtype, CheckpointSchedule checkpoint) {
+StepResult train_step(Backend& backend, DType dtype, CheckpointSchedule checkpoint,
+                      double init_range) {
   constexpr int64_t B = 2, T = 24, N = B * T;
   Stream& stream = backend.default_stream();
   std::unique_ptr<Comm> comm = make_comm(backend, RankInfo{});
@@ -62,7 +64,7 @@ StepResult train_step(Backend& backend, DType dtype, CheckpointSchedule checkpoi
   stream.synchronize();
 
   MixtralModel model(backend, stream, *comm, tiny_model(), checkpoint, dtype);
-  model.params().initialize(42, 0.5, stream);
+  model.params().initialize(42, init_range, stream);
   model.params().zero_grads(stream);
   StepResult run;
   run.loss = model.forward_backward(TokenBatch{d_ids, d_labels, d_positions, B, T, scored}, scored);
@@ -70,16 +72,33 @@ StepResult train_step(Backend& backend, DType dtype, CheckpointSchedule checkpoi
   return run;
 }
 
-class BackendModel : public ::testing::TestWithParam<CheckpointSchedule> {};
+struct ModelCase {
+  CheckpointSchedule checkpoint;
+  DType dtype;
+};
+
+class BackendModel : public ::testing::TestWithParam<ModelCase> {};
 
 TEST_P(BackendModel, LossAndEveryGradientMatchTheCpuInFloat64) {
   if (std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
-  StepResult want = train_step(reference_backend(), DType::f64, GetParam());
-  StepResult got = train_step(backend_under_test(), DType::f32, GetParam());
+  const auto [checkpoint, dtype] = GetParam();
+  if (dtype == DType::bf16 && cpu_under_test()) GTEST_SKIP() << "bf16 storage is CUDA's";
+  // NOTES: weights of range 0.5 keep the f32 run's routing far from ties, but make the model
+  // high-gain (loss 7.7, logits far apart): bf16's rounding of every activation is then
+  // amplified to ~30% gradient errors. At range 0.1 (loss 4.2) the bf16 run is within ~1e-2 of
+  // the gradients' scale (1.2e-2 measured under the emulator), as bf16 should be.
+  const double init_range = dtype == DType::bf16 ? 0.1 : 0.5;
+  StepResult want = train_step(reference_backend(), DType::f64, checkpoint, init_range);
+  StepResult got = train_step(backend_under_test(), dtype, checkpoint, init_range);
   EXPECT_GT(want.loss, 1.0);
   // NOTES: f32 through two layers and the LM head: the loss agrees to ~1e-6 relative; gradients
   // are compared per element relative to the largest gradient (single elements may cancel).
-  EXPECT_NEAR(got.loss, want.loss, 1e-5 * want.loss);
+  // bf16 rounds every stored activation and gradient to 8 bits of mantissa (~4e-3 relative), and
+  // the errors compound through the layers and the accumulated weight gradients (measured under
+  // the emulator: loss 2.5e-4 relative, gradients 1.2e-2 of their scale).
+  const double loss_tol = dtype == DType::bf16 ? 2e-3 : 1e-5;
+  const double grad_tol = dtype == DType::bf16 ? 3e-2 : 1e-4;
+  EXPECT_NEAR(got.loss, want.loss, loss_tol * want.loss);
   ASSERT_EQ(got.grads.size(), want.grads.size());
   double scale = 0, diff = 0;
   size_t worst = 0;
@@ -93,15 +112,20 @@ TEST_P(BackendModel, LossAndEveryGradientMatchTheCpuInFloat64) {
   }
   std::printf("  loss %.9f vs %.9f; gradients: %zu elements, max error %.2e of scale %.3e\n",
               got.loss, want.loss, want.grads.size(), diff / scale, scale);
-  EXPECT_LE(diff / scale, 1e-4) << "element " << worst << ": " << got.grads[worst]
+  EXPECT_LE(diff / scale, grad_tol) << "element " << worst << ": " << got.grads[worst]
                                 << ", reference " << want.grads[worst];
 }
 
-INSTANTIATE_TEST_SUITE_P(Checkpointing, BackendModel,
-                         ::testing::Values(CheckpointSchedule::none, CheckpointSchedule::standard),
-                         [](const auto& info) {
-                           return info.param == CheckpointSchedule::none ? "none" : "standard";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Checkpointing, BackendModel,
+    ::testing::Values(ModelCase{CheckpointSchedule::none, DType::f32},
+                      ModelCase{CheckpointSchedule::standard, DType::f32},
+                      ModelCase{CheckpointSchedule::none, DType::bf16},
+                      ModelCase{CheckpointSchedule::standard, DType::bf16}),
+    [](const auto& info) {
+      return std::string(info.param.checkpoint == CheckpointSchedule::none ? "none" : "standard") +
+             "_" + std::string(dtype_name(info.param.dtype));
+    });
 
 }  // namespace
 }  // namespace moepeak::testing::backend_ops
