@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/device-bundle.sh: packs a CUDA build made on this machine for a GPU machine that has the
 # CUDA toolkit and NCCL but none of the Debian libraries moepeak links (spdlog, fmt, toml++, hwloc,
-# numa, OpenBLAS, Open MPI, ...): the stripped binaries scripts/gpu-check.sh runs, in the layout of
+# numa, OpenBLAS, ...): the stripped binaries scripts/gpu-check.sh runs, in the layout of
 # a build folder, and the shared libraries they need that the GPU machine lacks.
 #
 #   scripts/device-bundle.sh [--build DIR] [--out DIR] [--max-mib 64]
@@ -12,8 +12,8 @@
 # Then, on the GPU machine, from the repository root:
 #   LD_LIBRARY_PATH=.device/lib:/usr/local/cuda/targets/x86_64-linux/lib:/usr/lib/x86_64-linux-gnu \
 #     MOEPEAK_BUILD_DIR=.device/build scripts/gpu-check.sh --no-build --out <dir>
-# (the CUDA runtime, cuBLAS and NCCL come from the GPU machine; glibc, libstdc++ and the dynamic
-# loader too, so it must be at least as new as this machine's.)
+# (the CUDA runtime, cuBLAS, NCCL and Open MPI come from the GPU machine; glibc, libstdc++ and the
+# dynamic loader too, so they must be at least as new as this machine's.)
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -52,16 +52,16 @@ for b in "${binaries[@]}"; do
   strip -o "$out/build/$b" "$build/$b"
 done
 
-# Shared libraries: everything ldd resolves except what the GPU machine brings (CUDA, NCCL, the C
-# and C++ runtimes, the loader). Open MPI's components (dlopened, not in ldd) are not needed: a
-# single process initialises MPI as a singleton only when launched under mpirun.
-skip='^(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|linux-vdso|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia)[.-]'
+# Shared libraries: the Debian ones a GPU machine with only the CUDA toolkit lacks (found by
+# trying on one: spdlog, fmt, toml++, hwloc, numa, OpenBLAS with its Fortran runtime, udev). The
+# rest ldd resolves — CUDA, cuBLAS, NCCL, Open MPI, the C and C++ runtimes — come from the GPU
+# machine (a process initialises MPI only when launched under mpirun).
+bring='^(libspdlog|libfmt|libtomlplusplus|libhwloc|libnuma|libopenblas|libgfortran|libquadmath|libudev)[.-]'
 for b in "${binaries[@]}"; do ldd "$build/$b"; done | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' |
   sort -u | while read -r lib; do
     name="$(basename "$lib")"
-    [[ "$name" =~ $skip ]] && continue
+    [[ "$name" =~ $bring ]] || continue
     cp -L "$lib" "$out/lib/$name"
-    strip --strip-unneeded "$out/lib/$name" 2>/dev/null || true
   done
 
 bytes=$(du -sb "$out" | cut -f1)
