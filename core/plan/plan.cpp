@@ -115,15 +115,15 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
       head == LmHeadSharding::vocab_rows ? "zero3+vocab_rows" : "zero3");
 
   // optimizer (device) and its host state: fp32 (DESIGN.md §7; the CPU optimizers keep it in the
-  // compute dtype, f32 there). NOTES: with bf16 working weights a separate fp32 master copy would
-  // be a third resident state; the resident function counts m and v only (docs/plan.md).
+  // compute dtype, f32 there). With bf16 working weights the resident state is an fp32 master, m
+  // and v (adamw_resident_bytes of the working dtype); the offloaded state is fp32 either way.
   const OptimizerConfig& o = cfg.optimizer;
   const DType st = DType::f32;
   const std::string_view placement = enum_name(o.placement);
   uint64_t host_before_sco = 0;
   switch (o.placement) {
     case OptimizerPlacement::resident:
-      set(LiveSet::optimizer, schedules::adamw_resident_bytes(P, st),
+      set(LiveSet::optimizer, schedules::adamw_resident_bytes(P, dt),
           "adamw_resident_bytes(" + args({{"P", P}}) + ")", placement);
       break;
     case OptimizerPlacement::offload_serial: {

@@ -12,24 +12,24 @@ uint64_t adamw_offload_host_bytes(int64_t elements, DType dtype) {
   return 3 * PinnedPool::footprint(static_cast<uint64_t>(elements) * dtype_size(dtype));
 }
 
+DType adamw_state_dtype(DType working) { return working == DType::bf16 ? DType::f32 : working; }
+
 HostAdamWState::HostAdamWState(Backend& backend, const Tensor& flat_values,
                                std::vector<OptimizerPiece> pieces, const char* who)
     : backend_(&backend), flat_values_(flat_values), pieces_(std::move(pieces)) {
-  const DType dtype = flat_values.dtype();
-  MOEPEAK_CHECK(
-      dtype == DType::f32 || dtype == DType::f64, who,
-      " keeps the master weights in the working weights' dtype on this backend (f32, or "
-      "f64 in tests); got working weights ",
-      flat_values.str(),
-      " (bf16 working weights with an fp32 master need the CUDA kernels, which are not in "
-      "this version)");
-  const size_t b = dtype_size(dtype);
+  const DType working = flat_values.dtype();
+  MOEPEAK_CHECK(working == DType::f32 || working == DType::f64 ||
+                    (working == DType::bf16 && backend.kind() == BackendKind::cuda),
+                who, ": working weights ", flat_values.str(),
+                " (f32 or f64 expected; bf16, with an fp32 master, on the CUDA backend)");
+  const DType dtype = adamw_state_dtype(working);
+  const size_t b = dtype_size(working);
   const int64_t n = flat_values.numel();
   const char* base = static_cast<const char*>(flat_values.data());
   for (size_t i = 0; i < pieces_.size(); ++i) {
     const OptimizerPiece& p = pieces_[i];
     const char* at = static_cast<const char*>(p.value.data());
-    MOEPEAK_CHECK(p.value.dtype() == dtype && p.grad.dtype() == dtype &&
+    MOEPEAK_CHECK(p.value.dtype() == working && p.grad.dtype() == working &&
                       p.grad.numel() == p.value.numel() && at >= base &&
                       at + p.value.nbytes() <= base + static_cast<size_t>(n) * b,
                   who, ": piece ", p.value.str(), " (grad ", p.grad.str(),
@@ -63,9 +63,16 @@ std::vector<OptimizerState> HostAdamWState::state() const {
 }
 
 void HostAdamWState::load_master_from_weights(Stream& stream) {
-  backend_->copy_async(master_.data(), flat_values_.data(), flat_values_.nbytes(),
-                       CopyKind::device_to_host, stream);
-  stream.synchronize();
+  if (flat_values_.dtype() == master_.view().dtype()) {
+    backend_->copy_async(master_.data(), flat_values_.data(), flat_values_.nbytes(),
+                         CopyKind::device_to_host, stream);
+    stream.synchronize();
+    return;
+  }
+  // bf16 working weights: the fp32 master is their exact widening.
+  const std::vector<double> values = copy_to_host_as_double(flat_values_, *backend_, stream);
+  float* master = master_.view().data_as<float>();
+  for (size_t i = 0; i < values.size(); ++i) master[i] = static_cast<float>(values[i]);
 }
 
 }  // namespace moepeak::schedules

@@ -3,9 +3,10 @@
 // (backend.pinned(), live set `optimizer` in the pool's accounting), each a flat buffer laid out
 // like the flat weights buffer (optimizer.h), plus the pieces as runs of those buffers.
 //
-//   master, m, v (P)   pinned host, state dtype = the working weights' dtype (f32 on the CPU
-//                      backend: the master is then a separate fp32 copy of the working weights;
-//                      f64 in tests). P = the flat weights buffer's elements.
+//   master, m, v (P)   pinned host, state dtype adamw_state_dtype(working): the working weights'
+//                      dtype for f32 (the master is then a separate fp32 copy of the working
+//                      weights) and f64 (tests); fp32 for bf16 working weights (CUDA only).
+//                      P = the flat weights buffer's elements.
 //   host bytes         adamw_offload_host_bytes(P, dtype) = 3·PinnedPool::footprint(P·b)
 //
 // At construction the master is copied from the working weights and m = v = 0, as a fresh
@@ -23,6 +24,10 @@ namespace moepeak::schedules {
 // Pinned host bytes of master, m and v for `elements` parameters in `dtype`.
 uint64_t adamw_offload_host_bytes(int64_t elements, DType dtype);
 
+// The dtype of the optimizer state (master, m, v) for working weights of `working`: fp32 for
+// bf16, else the working dtype.
+DType adamw_state_dtype(DType working);
+
 class HostAdamWState {
  public:
   // A piece as a run of the flat buffers: elements [offset, offset + length).
@@ -33,13 +38,14 @@ class HostAdamWState {
   };
 
   // `who` names the optimizer in errors. Throws unless every piece lies in flat_values with its
-  // dtype, and the dtype is f32 or f64 (bf16 working weights need the CUDA kernels, not in this
-  // version). Synchronises the backend's default stream.
+  // dtype, and the dtype is f32, f64 or (on CUDA) bf16. Synchronises the backend's default
+  // stream.
   HostAdamWState(Backend& backend, const Tensor& flat_values, std::vector<OptimizerPiece> pieces,
                  const char* who);
 
   Backend& backend() const { return *backend_; }
-  DType dtype() const { return flat_values_.dtype(); }
+  DType dtype() const { return master_.view().dtype(); }  // the state's (master, m, v)
+  DType working_dtype() const { return flat_values_.dtype(); }
   int64_t elements() const { return flat_values_.numel(); }
   const Tensor& flat_values() const { return flat_values_; }
   const std::vector<OptimizerPiece>& pieces() const { return pieces_; }
@@ -51,7 +57,8 @@ class HostAdamWState {
 
   // exp_avg, exp_avg_sq (and master when its dtype differs from the working weights').
   std::vector<OptimizerState> state() const;
-  // master = the working weights (device -> host on `stream`, then synchronises it).
+  // master = the working weights, widened to the state dtype (device -> host on `stream`, then
+  // synchronises it).
   void load_master_from_weights(Stream& stream);
 
  private:

@@ -19,6 +19,11 @@ SerialOffloadAdamW::SerialOffloadAdamW(Backend& backend, const Tensor& flat_valu
       config_(config),
       host_(backend, flat_values, std::move(pieces), "SerialOffloadAdamW"),
       adam_(host_threads, simd) {
+  MOEPEAK_CHECK(host_.working_dtype() == host_.dtype(), "SerialOffloadAdamW: working weights ",
+                dtype_name(host_.working_dtype()), " with a ", dtype_name(host_.dtype()),
+                " master: the host AdamW updates the working dtype in place (f32 or f64); bf16 "
+                "working weights train with optimizer.placement = \"resident\" or "
+                "\"offload_stream\"");
   grads_ = OwnedTensor::pinned(backend, Shape{host_.elements()}, host_.dtype(), LiveSet::grads,
                                "adamw grads (host)");
   // NOTES: padding between pieces is never copied in; zero it once so the buffer holds no

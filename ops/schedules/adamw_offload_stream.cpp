@@ -35,7 +35,7 @@ OffloadStreamAdamW::OffloadStreamAdamW(Backend& backend, const Tensor& flat_valu
       host_(backend, flat_values, std::move(pieces), "OffloadStreamAdamW"),
       shape_(
           offload_stream_shape(flat_values.numel(), config.bucket_params, config.staging_slots)) {
-  const size_t b = dtype_size(host_.dtype());
+  const size_t b = dtype_size(host_.working_dtype());  // the pieces' (grad, working weights)
   for (int64_t g = 0; g < shape_.buckets; ++g) {
     Bucket bucket{g * shape_.bucket, std::min(host_.elements(), (g + 1) * shape_.bucket), {}};
     for (const HostAdamWState::Segment& s : host_.segments()) {

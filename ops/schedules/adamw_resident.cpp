@@ -2,12 +2,17 @@
 #include "ops/schedules/adamw_resident.h"
 
 #include "core/error.h"
+#include "ops/adamw_fused.h"
+#include "ops/convert.h"
 #include "ops/fill.h"
+#include "ops/schedules/adamw_host_state.h"
 
 namespace moepeak::schedules {
 
-uint64_t adamw_resident_bytes(int64_t elements, DType dtype) {
-  return 2 * DeviceArena::footprint(static_cast<uint64_t>(elements) * dtype_size(dtype));
+uint64_t adamw_resident_bytes(int64_t elements, DType working) {
+  const uint64_t states = working == DType::bf16 ? 3 : 2;  // (master,) m, v
+  return states * DeviceArena::footprint(static_cast<uint64_t>(elements) *
+                                         dtype_size(adamw_state_dtype(working)));
 }
 
 std::vector<OptimizerPiece> optimizer_pieces(const ParamStore& params) {
@@ -40,11 +45,20 @@ ResidentAdamW::ResidentAdamW(Backend& backend, const Tensor& flat_values,
                   flat_values.str());
     slots_.push_back({p, static_cast<int64_t>((at - base) / static_cast<ptrdiff_t>(elem))});
   }
-  m_ = OwnedTensor::device(backend, Shape{n}, flat_values.dtype(), LiveSet::optimizer, "adamw m");
-  v_ = OwnedTensor::device(backend, Shape{n}, flat_values.dtype(), LiveSet::optimizer, "adamw v");
-  ops::fill(m_, 0.0, backend.default_stream());
-  ops::fill(v_, 0.0, backend.default_stream());
-  backend.default_stream().synchronize();
+  const DType working = flat_values.dtype(), state = adamw_state_dtype(working);
+  MOEPEAK_CHECK(working != DType::bf16 || backend.kind() == BackendKind::cuda,
+                "resident AdamW: bf16 working weights ", flat_values.str(),
+                " need the CUDA backend (the CPU updates f32 or f64 in place)");
+  Stream& stream = backend.default_stream();
+  if (state != working) {
+    master_ = OwnedTensor::device(backend, Shape{n}, state, LiveSet::optimizer, "adamw master");
+    ops::convert(flat_values, master_, stream);  // bf16 -> fp32 is exact
+  }
+  m_ = OwnedTensor::device(backend, Shape{n}, state, LiveSet::optimizer, "adamw m");
+  v_ = OwnedTensor::device(backend, Shape{n}, state, LiveSet::optimizer, "adamw v");
+  ops::fill(m_, 0.0, stream);
+  ops::fill(v_, 0.0, stream);
+  stream.synchronize();
 }
 
 ResidentAdamW::ResidentAdamW(Backend& backend, const ParamStore& params, const OptimizerConfig& config)
@@ -55,21 +69,28 @@ ResidentAdamW::ResidentAdamW(Backend& backend, const ZeroParamStore& params,
     : ResidentAdamW(backend, params.flat_values(), optimizer_pieces(params), config) {}
 
 Tensor ResidentAdamW::state_view(const OwnedTensor& state, const Slot& slot) const {
-  return Tensor(static_cast<char*>(state.data()) + slot.offset * dtype_size(slot.piece.value.dtype()),
-                slot.piece.value.shape(), slot.piece.value.dtype(), Placement::device,
-                slot.piece.value.backend());
+  const DType dtype = state.view().dtype();
+  return Tensor(static_cast<char*>(state.data()) + slot.offset * dtype_size(dtype),
+                slot.piece.value.shape(), dtype, Placement::device, slot.piece.value.backend());
 }
 
 void ResidentAdamW::step(int64_t step, double lr, double grad_scale, Stream& stream) {
   const ops::AdamWHyper h = adamw_hyper(config_, step, lr, grad_scale);
   for (const Slot& s : slots_) {
-    ops::adamw(s.piece.value, s.piece.grad, state_view(m_, s), state_view(v_, s), h,
-                   s.piece.decay, stream);
+    if (master_.view().defined()) {
+      ops::adamw_fused(state_view(master_, s), s.piece.grad, state_view(m_, s), state_view(v_, s),
+                       s.piece.value, h, s.piece.decay, stream);
+    } else {
+      ops::adamw(s.piece.value, s.piece.grad, state_view(m_, s), state_view(v_, s), h,
+                 s.piece.decay, stream);
+    }
   }
 }
 
 std::vector<OptimizerState> ResidentAdamW::state() const {
-  return {{"exp_avg", m_.view()}, {"exp_avg_sq", v_.view()}};
+  std::vector<OptimizerState> s = {{"exp_avg", m_.view()}, {"exp_avg_sq", v_.view()}};
+  if (master_.view().defined()) s.push_back({"master", master_.view()});
+  return s;
 }
 
 }  // namespace moepeak::schedules

@@ -8,14 +8,17 @@
 //     payloads) vs materialised logits, and all four bounded schedules at once vs all standard:
 //     loss and gradients within f32 rounding (and all at once in bf16 on CUDA, within bf16's);
 //   - OffloadStreamAdamW (several buckets, 2 and 3 staging slots) and the serial CPU offload vs
-//     resident AdamW over three steps: weights, m and v bitwise equal, the `optimizer` staging
-//     peak equal to adamw_offload_stream_bytes.
+//     resident AdamW over three steps: weights, m and v bitwise equal, the `optimizer` peaks equal
+//     to adamw_resident_bytes and adamw_offload_stream_bytes; on CUDA also with bf16 working
+//     weights and an fp32 master (resident's on the device, OffloadStreamAdamW's pinned on the
+//     host): master, m, v and the bf16 weights bitwise equal.
 // On CUDA this is the "schedules on streams" check; with MOEPEAK_BACKEND_OPS=cpu it
 // checks itself on the CPU backend (test_backend_ops_cpu).
 //
 //   build/tests/ops/test_backend_ops --gtest_filter='BackendSchedules.*'
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "core/comm/comm.h"
+#include "core/error.h"
 #include "core/model/mixtral.h"
 #include "ops/schedules/adamw_offload_serial.h"
 #include "ops/schedules/adamw_offload_stream.h"
@@ -195,7 +199,7 @@ INSTANTIATE_TEST_SUITE_P(Schedules, BackendBoundedSchedule, ::testing::ValuesIn(
 // ---- AdamW placements ----------------------------------------------------------------------------
 
 struct AdamwResult {
-  std::vector<char> weights, m, v;
+  std::vector<char> weights, m, v, master;  // master: only with bf16 working weights
   uint64_t optimizer_peak = 0;
 };
 
@@ -203,7 +207,6 @@ std::vector<char> state_bytes(const schedules::Optimizer& o, const char* name, B
   for (const auto& s : o.state()) {
     if (s.name == name) return copy_to_host(s.flat, backend, backend.default_stream());
   }
-  ADD_FAILURE() << "optimizer has no state " << name;
   return {};
 }
 
@@ -223,18 +226,28 @@ AdamwResult run_adamw(Backend& backend, ZeroParamStore& params, const std::vecto
     stream.synchronize();
     r.m = state_bytes(*opt, "exp_avg", backend);
     r.v = state_bytes(*opt, "exp_avg_sq", backend);
+    r.master = state_bytes(*opt, "master", backend);
   }
   r.optimizer_peak = backend.arena().stats().peak_per_set()[LiveSet::optimizer];
   r.weights = copy_to_host(values, backend, stream);
   return r;
 }
 
-TEST(BackendSchedules, OffloadedAdamWIsBitwiseResident) {
+bool same_state(const AdamwResult& a, const AdamwResult& b) {
+  return a.weights == b.weights && a.m == b.m && a.v == b.v && a.master == b.master;
+}
+
+// f32 working weights (the master) or, on CUDA, bf16 working weights with an fp32 master.
+class BackendAdamW : public ::testing::TestWithParam<DType> {};
+
+TEST_P(BackendAdamW, OffloadedPlacementsAreBitwiseResident) {
   if (std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  const DType dtype = GetParam();
+  if (dtype == DType::bf16 && cpu_under_test()) GTEST_SKIP() << "bf16 storage is CUDA's";
   Backend& backend = backend_under_test();
   Stream& stream = backend.default_stream();
   std::unique_ptr<Comm> comm = make_comm(backend, RankInfo{});
-  MixtralModel model(backend, stream, *comm, tiny_model(), standard_schedules(), DType::f32);
+  MixtralModel model(backend, stream, *comm, tiny_model(), standard_schedules(), dtype);
   ZeroParamStore& params = model.params();
   params.initialize(11, 0.5, stream);
   // Gradients: seeded values of a realistic spread (some zero, some large).
@@ -244,17 +257,24 @@ TEST(BackendSchedules, OffloadedAdamWIsBitwiseResident) {
   }
   copy_from_host_as(grads, params.flat_grads(), backend, stream);
   const std::vector<char> initial = copy_to_host(params.flat_values(), backend, stream);
+  const int64_t P = params.flat_values().numel();
   OptimizerConfig config;
 
   const AdamwResult resident = run_adamw(backend, params, initial, [&](ZeroParamStore& p) {
     return std::make_unique<schedules::ResidentAdamW>(backend, p, config);
   });
-  const AdamwResult serial = run_adamw(backend, params, initial, [&](ZeroParamStore& p) {
-    return std::make_unique<schedules::SerialOffloadAdamW>(backend, p, config, 2);
-  });
-  EXPECT_TRUE(serial.weights == resident.weights && serial.m == resident.m &&
-              serial.v == resident.v)
-      << "the serial CPU offload is not bitwise resident AdamW";
+  EXPECT_EQ(resident.optimizer_peak, schedules::adamw_resident_bytes(P, dtype));
+  EXPECT_EQ(resident.master.empty(), dtype != DType::bf16) << "an fp32 master with bf16 weights";
+  if (dtype == DType::f32) {
+    const AdamwResult serial = run_adamw(backend, params, initial, [&](ZeroParamStore& p) {
+      return std::make_unique<schedules::SerialOffloadAdamW>(backend, p, config, 2);
+    });
+    EXPECT_TRUE(same_state(serial, resident))
+        << "the serial CPU offload is not bitwise resident AdamW";
+  } else {
+    // The host AdamW updates the working dtype in place: bf16 weights are refused by name.
+    EXPECT_THROW(schedules::SerialOffloadAdamW(backend, params, config, 2), Error);
+  }
   for (int64_t slots : {2, 3}) {
     OptimizerConfig c = config;
     c.bucket_params = 1000;  // several buckets of the model's parameters
@@ -266,13 +286,18 @@ TEST(BackendSchedules, OffloadedAdamWIsBitwiseResident) {
       staging = opt->staging_bytes();
       return opt;
     });
-    EXPECT_TRUE(stream_result.weights == resident.weights && stream_result.m == resident.m &&
-                stream_result.v == resident.v)
+    EXPECT_TRUE(same_state(stream_result, resident))
         << "OffloadStreamAdamW with " << slots << " slots is not bitwise resident AdamW";
+    EXPECT_EQ(staging, schedules::adamw_offload_stream_bytes(
+                           std::min<int64_t>(1000, P), std::min<int64_t>(slots, (P + 999) / 1000),
+                           DType::f32));
     EXPECT_EQ(stream_result.optimizer_peak, staging) << slots << " slots";
   }
   EXPECT_NE(resident.weights, initial) << "the steps changed nothing";
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, BackendAdamW, ::testing::Values(DType::f32, DType::bf16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 }  // namespace
 }  // namespace moepeak::testing::backend_ops
