@@ -157,15 +157,18 @@ step bench-adamw "$bin" bench adamw --set runtime.backend=cuda --params 26843545
   --buckets 8388608,33554432 --slots 2,3 --warmup 1 --iters 3 --json "$out/bench-adamw.json"
 note "$(grep -E '^# target \(GPU\)' "$out/bench-adamw.log" | sed 's/^# //')"
 
-# A training run of the small preset on the GPU with every bounded operator on (PipelinedLLEP,
-# Ring-DTP, SCO, OffloadStreamAdamW), float32, one rank: the loss must fall.
-step train-small "$bin" train -c "$root/configs/small.toml" --set runtime.backend=cuda \
-  --set training.dtype=float32 --set training.steps=30 --set metrics.progress=off \
-  --set schedules.dispatch=pipelined_llep --set schedules.vocab=ring_dtp \
-  --set schedules.checkpoint=sco --set optimizer.placement=offload_stream \
-  --set job.run_dir="$out/runs" --set job.name=small-gpu
-if [ -f "$out/runs/small-gpu/metrics.jsonl" ]; then
-  note "$(python3 - "$out/runs/small-gpu/metrics.jsonl" <<'EOF' 2>/dev/null
+# Training runs of the small preset on the GPU with every bounded operator on (PipelinedLLEP,
+# Ring-DTP, SCO, OffloadStreamAdamW), one rank, 30 steps: float32, and bf16 (dtype auto on CUDA:
+# bf16 weights and activations, fp32 master). The loss must fall.
+for dtype in float32 auto; do
+  name="small-gpu-$dtype"
+  step "train-$dtype" "$bin" train -c "$root/configs/small.toml" --set runtime.backend=cuda \
+    --set training.dtype=$dtype --set training.steps=30 --set metrics.progress=off \
+    --set schedules.dispatch=pipelined_llep --set schedules.vocab=ring_dtp \
+    --set schedules.checkpoint=sco --set optimizer.placement=offload_stream \
+    --set job.run_dir="$out/runs" --set job.name="$name"
+  if [ -f "$out/runs/$name/metrics.jsonl" ]; then
+    note "$(python3 - "$out/runs/$name/metrics.jsonl" <<'EOF' 2>/dev/null
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 first, last = rows[0], rows[-1]
@@ -173,7 +176,8 @@ print(f"loss {first['loss']:.3f} -> {last['loss']:.3f} in {len(rows)} steps; "
       f"last step {last.get('step_time_s', 0):.3f} s, {last.get('tokens_per_s', 0):.0f} tokens/s")
 EOF
 )"
-fi
+  fi
+done
 
 # ---- summary ---------------------------------------------------------------------------------
 echo

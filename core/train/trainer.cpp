@@ -35,6 +35,17 @@ bool uses_cuda_backend(const Config& cfg) {
          (cfg.runtime.backend == BackendChoice::automatic && Backend::cuda_available());
 }
 
+DType training_dtype(const Config& cfg) {
+  // NOTES: the same reading as `moepeak plan` (plan_inputs): "auto" is bf16 on CUDA, f32 on the
+  // CPU, so a run keeps the dtype its plan budgeted.
+  switch (cfg.training.dtype) {
+    case ComputeDtype::float32: return DType::f32;
+    case ComputeDtype::bfloat16: return DType::bf16;
+    case ComputeDtype::automatic: break;
+  }
+  return uses_cuda_backend(cfg) ? DType::bf16 : DType::f32;
+}
+
 namespace {
 
 BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
@@ -64,17 +75,17 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
 }
 
 void check_supported(const Config& cfg) {
-  if (cfg.training.dtype == ComputeDtype::bfloat16) {
-    MOEPEAK_THROW("training.dtype = \"bfloat16\": training runs in float32 on both backends in this "
-                  "version (the bf16 kernels exist, the bf16 model with fp32 master weights does not "
-                  "yet); use \"auto\" or \"float32\"");
+  const bool cuda = uses_cuda_backend(cfg);
+  if (cfg.training.dtype == ComputeDtype::bfloat16 && !cuda) {
+    MOEPEAK_THROW("training.dtype = \"bfloat16\" needs the CUDA backend (bf16 storage with fp32 "
+                  "math); the CPU trains in float32: use \"auto\" or \"float32\"");
   }
-  if (uses_cuda_backend(cfg) && cfg.training.dtype != ComputeDtype::float32) {
-    // NOTES: `moepeak plan` takes "auto" on CUDA as bfloat16; training it in float32 would double
-    // the activations the plan promised, so the run asks for the dtype it can keep.
-    MOEPEAK_THROW("training.dtype = \"auto\" on CUDA means bfloat16 (what `moepeak plan` budgets), "
-                  "and the bf16 model is not in this version: set training.dtype = \"float32\" "
-                  "(and plan with it) to train on the GPU");
+  if (training_dtype(cfg) == DType::bf16 &&
+      cfg.optimizer.placement == OptimizerPlacement::offload_serial) {
+    MOEPEAK_THROW("optimizer.placement = \"offload_serial\" with bf16 training: the host AdamW "
+                  "updates the working weights' dtype in place (f32 only); use \"resident\" or "
+                  "\"offload_stream\" (an fp32 master beside bf16 weights), or training.dtype = "
+                  "\"float32\"");
   }
   // Every schedule of every live set is available (schedules.dispatch included: standard, llep,
   // pipelined_llep on any W that divides the experts; see MixtralModel::make_dispatch).
@@ -129,6 +140,7 @@ struct Trainer::State {
   topology::TrainBinding binding;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Comm> comm;
+  DType dtype = DType::f32;  // training_dtype: the model's weights, grads and activations
   std::unique_ptr<MixtralModel> model;
   std::unique_ptr<schedules::Optimizer> optimizer;  // optimizer.placement's AdamW
   std::unique_ptr<DataLoader> loader;
@@ -159,8 +171,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   s.backend = Backend::create(backend_options(cfg, s.ranks, s.binding));
   s.comm = make_comm(*s.backend, s.ranks);
   Stream& stream = s.backend->default_stream();
+  s.dtype = training_dtype(cfg);
   s.model = std::make_unique<MixtralModel>(*s.backend, stream, *s.comm, cfg.model, cfg.schedules,
-                                           DType::f32);
+                                           s.dtype);
   ZeroParamStore& params = s.model->params();
   params.initialize(static_cast<uint64_t>(cfg.job.seed), cfg.model.initializer_range, stream);
   // The serial offload's host AdamW gets the rank's share of the cores, as OpenBLAS does.
@@ -198,7 +211,7 @@ double Trainer::gemm_ceiling_gflops() const { return s_->ceiling_gflops; }
 
 double Trainer::measure_gemm_ceiling(int n, int repeats) const {
   if (s_->backend->kind() == BackendKind::cpu) return measure_cpu_gemm_gflops(DType::f32, n, repeats);
-  return measure_backend_gemm_gflops(*s_->backend, DType::f32, n, repeats);
+  return measure_backend_gemm_gflops(*s_->backend, s_->dtype, n, repeats);
 }
 int Trainer::rank() const { return s_->ranks.rank; }
 int Trainer::world_size() const { return s_->ranks.world_size; }

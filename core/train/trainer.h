@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/runtime/dtype.h"
 #include "core/metrics/step_metrics.h"
 
 namespace moepeak {
@@ -30,6 +31,9 @@ namespace moepeak {
 // runtime.backend resolved: "cuda", or "auto" on a build with CUDA and a usable GPU. What the
 // trainer and the benches that run on either backend (gemm, vocab) create.
 bool uses_cuda_backend(const Config& cfg);
+// training.dtype resolved as `moepeak plan` reads it: "auto" is bf16 on CUDA and f32 on the CPU.
+// bf16 (CUDA only) trains bf16 weights, gradients and activations with an fp32 AdamW master.
+DType training_dtype(const Config& cfg);
 
 struct TrainOptions {
   bool resume = false;          // continue from the latest checkpoint of this run, if any

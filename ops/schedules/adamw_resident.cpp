@@ -50,6 +50,7 @@ ResidentAdamW::ResidentAdamW(Backend& backend, const Tensor& flat_values,
                 "resident AdamW: bf16 working weights ", flat_values.str(),
                 " need the CUDA backend (the CPU updates f32 or f64 in place)");
   Stream& stream = backend.default_stream();
+  flat_values_ = flat_values;
   if (state != working) {
     master_ = OwnedTensor::device(backend, Shape{n}, state, LiveSet::optimizer, "adamw master");
     ops::convert(flat_values, master_, stream);  // bf16 -> fp32 is exact
@@ -85,6 +86,11 @@ void ResidentAdamW::step(int64_t step, double lr, double grad_scale, Stream& str
                  s.piece.decay, stream);
     }
   }
+}
+
+void ResidentAdamW::load_master_from_weights(Stream& stream) {
+  if (master_.view().defined()) ops::convert(flat_values_, master_, stream);
+  stream.synchronize();
 }
 
 std::vector<OptimizerState> ResidentAdamW::state() const {

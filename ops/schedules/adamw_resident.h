@@ -42,7 +42,8 @@ class ResidentAdamW final : public Optimizer {
   OptimizerPlacement placement() const override { return OptimizerPlacement::resident; }
   void step(int64_t step, double lr, double grad_scale, Stream& stream) override;
   std::vector<OptimizerState> state() const override;
-  void load_master_from_weights(Stream& stream) override { stream.synchronize(); }
+  // Nothing with f32 weights (they are the master); with bf16 weights master = their widening.
+  void load_master_from_weights(Stream& stream) override;
 
   Tensor m() const { return m_.view(); }  // flat, same layout as the weights buffer
   Tensor v() const { return v_.view(); }
@@ -58,6 +59,7 @@ class ResidentAdamW final : public Optimizer {
 
   OptimizerConfig config_;
   std::vector<Slot> slots_;
+  Tensor flat_values_;
   OwnedTensor m_, v_, master_;
 };
 

@@ -70,21 +70,28 @@ check "train with a missing dataset exits 1" test $rc -eq 1
 check "the error names the dataset file" contains "$tmp/err" "missing.bin"
 check "a failed start leaves no run directory" test ! -e "$tmp/bad-runs"
 
-# train on CUDA: float32 must be asked for (the plan reads "auto" on CUDA as bf16), bf16 is not in
-# yet, and without a GPU the backend says so; none of them leaves a run folder behind.
-"$bin" train --set job.run_dir="$tmp/cuda-runs" --set runtime.backend=cuda >"$tmp/out" 2>"$tmp/err"; rc=$?
-check "train on cuda with dtype auto exits 1" test $rc -eq 1
-check "it asks for float32" contains "$tmp/err" 'set training.dtype = "float32"'
-"$bin" train --set job.run_dir="$tmp/cuda-runs" --set training.dtype=bfloat16 >"$tmp/out" 2>"$tmp/err"; rc=$?
-check "train in bfloat16 exits 1" test $rc -eq 1
-check "it says training runs in float32" contains "$tmp/err" "training runs in float32 on both backends"
+# train's dtype: bf16 needs CUDA (on the CPU it is an error naming the fix), the serial offload
+# cannot update bf16 weights (refused before any work), and without a GPU the backend says so;
+# none of them leaves a run folder behind.
+"$bin" train --set job.run_dir="$tmp/cuda-runs" --set runtime.backend=cpu \
+  --set training.dtype=bfloat16 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "train in bfloat16 on the CPU exits 1" test $rc -eq 1
+check "it says bf16 needs the CUDA backend" contains "$tmp/err" \
+  'training.dtype = "bfloat16" needs the CUDA backend'
+"$bin" train --set job.run_dir="$tmp/cuda-runs" --set runtime.backend=cuda \
+  --set optimizer.placement=offload_serial >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bf16 (auto on CUDA) with the serial offload exits 1" test $rc -eq 1
+check "it names the placements that keep an fp32 master" contains "$tmp/err" \
+  'use "resident" or "offload_stream"'
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-  "$bin" train --set job.run_dir="$tmp/cuda-runs" --set runtime.backend=cuda \
-    --set training.dtype=float32 >"$tmp/out" 2>"$tmp/err"; rc=$?
-  check "train on cuda without a GPU exits 1" test $rc -eq 1
-  # (a build without the CUDA backend says that instead)
-  check "it says no CUDA device is usable" \
-    grep -qE "no CUDA device is usable|built without the CUDA backend" "$tmp/err"
+  for dtype in auto float32; do
+    "$bin" train --set job.run_dir="$tmp/cuda-runs" --set runtime.backend=cuda \
+      --set training.dtype=$dtype >"$tmp/out" 2>"$tmp/err"; rc=$?
+    check "train on cuda ($dtype) without a GPU exits 1" test $rc -eq 1
+    # (a build without the CUDA backend says that instead)
+    check "it says no CUDA device is usable ($dtype)" \
+      grep -qE "no CUDA device is usable|built without the CUDA backend" "$tmp/err"
+  done
 fi
 check "no run folder was left behind" test ! -e "$tmp/cuda-runs"
 
