@@ -12,8 +12,9 @@
 # Then, on the GPU machine, from the repository root:
 #   LD_LIBRARY_PATH=.device/lib:/usr/local/cuda/targets/x86_64-linux/lib:/usr/lib/x86_64-linux-gnu \
 #     MOEPEAK_BUILD_DIR=.device/build scripts/gpu-check.sh --no-build --out <dir>
-# (the CUDA runtime, cuBLAS, NCCL and Open MPI come from the GPU machine; glibc, libstdc++ and the
-# dynamic loader too, so they must be at least as new as this machine's.)
+# (the CUDA runtime, cuBLAS and NCCL come from the GPU machine, and Open MPI where it has it: the
+# bundle's fallback-lib/ copy is used only where it does not; glibc, libstdc++ and the dynamic
+# loader come from the GPU machine too, so they must be at least as new as this machine's.)
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -64,9 +65,21 @@ for b in "${binaries[@]}"; do ldd "$build/$b"; done | awk '$2 == "=>" && $3 ~ /^
     cp -L "$lib" "$out/lib/$name"
   done
 
+# Open MPI and its libevent: the GPU machine is expected to have them, but a binary that cannot
+# load costs a whole lease call, so they travel too, in fallback-lib/, which gpu-check.sh puts
+# last on LD_LIBRARY_PATH (the machine's own copies win where it has them).
+fallback='^(libmpi|libopen-rte|libopen-pal|libevent_core|libevent_pthreads|libz)[.-]'
+mkdir -p "$out/fallback-lib"
+for b in "${binaries[@]}"; do ldd "$build/$b"; done | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' |
+  sort -u | while read -r lib; do
+    name="$(basename "$lib")"
+    [[ "$name" =~ $fallback ]] || continue
+    cp -L "$lib" "$out/fallback-lib/$name"
+  done
+
 bytes=$(du -sb "$out" | cut -f1)
 mib=$(( (bytes + 1048575) / 1048576 ))
-echo "device-bundle: $out: ${mib} MiB ($(ls "$out/lib" | wc -l) libraries, ${#binaries[@]} binaries)"
+echo "device-bundle: $out: ${mib} MiB ($(ls "$out/lib" | wc -l) libraries, $(ls "$out/fallback-lib" | wc -l) fallback libraries, ${#binaries[@]} binaries)"
 if [ "$mib" -gt "$max_mib" ]; then
   echo "device-bundle: larger than --max-mib $max_mib" >&2
   exit 1

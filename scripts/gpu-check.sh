@@ -10,9 +10,15 @@
 #                                              (scripts/device-bundle.sh packs one, with the
 #                                              libraries a bare GPU machine lacks)
 #   scripts/gpu-check.sh --out DIR             keep every log and bench JSON in DIR
+#   scripts/gpu-check.sh --budget SECONDS      stop starting steps after this long (default 540,
+#                                              inside a 10-minute lease call); each step also has
+#                                              its own time limit, cut to what the budget leaves
 #
 # Each step's output goes to DIR/<step>.log; the summary says passed/failed per step and, for the
-# benches, the figure the issue's targets are about. Exit status: 0 when every step passed.
+# benches, the figure the issue's targets are about. The summary is also written to
+# DIR/summary.txt row by row as the steps finish, so a run stopped from outside still leaves what
+# it measured. A step that outlives its limit is killed and reported as `TIMEOUT`; the steps after
+# it still run. Exit status: 0 when every step passed.
 # Results worth keeping go to docs/perf.md with the device and the date.
 set -uo pipefail
 
@@ -20,11 +26,13 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 build_dir="${MOEPEAK_BUILD_DIR:-$root/build}"
 out=""
 build=auto
+budget=540
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) build=no ;;
     --out) out="$2"; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --budget) budget="$2"; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -53,40 +61,86 @@ if [ ! -x "$bin" ]; then
   exit 1
 fi
 
-# step NAME COMMAND...: runs the command with its output in $out/NAME.log; records the result.
+# A bundle from scripts/device-bundle.sh keeps, beside its build folder, libraries a GPU machine
+# may or may not have (Open MPI's): searched last, so the machine's own copies win.
+if [ -d "$build_dir/../fallback-lib" ]; then
+  fallback="$(cd "$build_dir/../fallback-lib" && pwd)"
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$fallback"
+fi
+# Every shared library the binaries need must resolve: name all the missing ones at once (one
+# lease call on a bare machine is precious) instead of failing on the first.
+missing="$(for b in "$bin" "$build_dir"/tests/runtime/test_cuda_backend \
+             "$build_dir"/tests/comm/test_comm_nccl "$build_dir"/tests/ops/test_backend_ops; do
+             [ -x "$b" ] && ldd "$b" 2>/dev/null; done | awk '/not found/ { print $1 }' | sort -u)"
+if [ -n "$missing" ]; then
+  echo "gpu-check: shared libraries not found (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}):" >&2
+  printf '    %s\n' $missing >&2
+  exit 1
+fi
+
+summary="$out/summary.txt"
+started=$(date +%s)
+{
+  echo "# moepeak gpu-check: $gpu; started $(date -u '+%Y-%m-%d %H:%M:%S UTC'); logs in $out"
+  echo "# $("$bin" --version 2>/dev/null | head -1)"
+  printf '# %-18s %-12s %9s  %s\n' step result seconds note
+} >"$summary"
+
+# step NAME LIMIT COMMAND...: runs the command with its output in $out/NAME.log, killed after
+# LIMIT seconds or when the budget runs out, whichever is first; records the result. A step the
+# budget leaves no time for is recorded as skipped.
 names=() results=() seconds=() notes=()
 step() {
-  local name="$1"; shift
-  log "$name: $*"
+  local name="$1" limit="$2"; shift 2
+  local left=$(( budget - ($(date +%s) - started) ))
+  [ "$left" -lt "$limit" ] && limit=$left
+  names+=("$name")
+  notes+=("")
+  if [ "$limit" -lt 5 ]; then
+    log "$name: skipped (the ${budget} s budget is spent)"
+    results+=("skipped")
+    seconds+=("0.0")
+    return 1
+  fi
+  log "$name (limit ${limit} s): $*"
   local start end rc
   start=$(date +%s.%N)
-  "$@" >"$out/$name.log" 2>&1; rc=$?
+  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1; rc=$?
   end=$(date +%s.%N)
-  names+=("$name")
-  results+=("$([ $rc -eq 0 ] && echo passed || echo "FAILED ($rc)")")
+  if [ $rc -eq 0 ]; then results+=("passed")
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then results+=("TIMEOUT (${limit} s)")
+  else results+=("FAILED ($rc)"); fi
   seconds+=("$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')")
-  notes+=("")
   [ $rc -eq 0 ] || tail -20 "$out/$name.log" | sed 's/^/    /'
   return $rc
 }
+# note TEXT...: the last step's note; writes its row to the summary file.
 note() { notes[${#notes[@]}-1]="$*"; }
+# row: appends the last step's row to the summary file (after its note, if any).
+row() {
+  local i=$(( ${#names[@]} - 1 ))
+  printf '  %-18s %-12s %9s  %s\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}" \
+    "${notes[$i]}" >>"$summary"
+}
 
 # ---- the GPU tests: ctest -L cuda where ctest exists, else the binaries that carry the label ----
 if command -v ctest >/dev/null 2>&1 && [ -f "$build_dir/CTestTestfile.cmake" ]; then
-  step cuda-tests ctest --test-dir "$build_dir" -L cuda --output-on-failure
+  step cuda-tests 240 ctest --test-dir "$build_dir" -L cuda --output-on-failure
   note "$(grep -Eo '[0-9]+% tests passed.*' "$out/cuda-tests.log" | tail -1)"
+  row
 else
   for t in tests/runtime/test_cuda_backend tests/comm/test_comm_nccl tests/ops/test_backend_ops; do
-    step "$(basename "$t")" "$build_dir/$t"
+    step "$(basename "$t")" 180 "$build_dir/$t"
     note "$(grep -Eo '\[  PASSED  \] [0-9]+ tests?' "$out/$(basename "$t").log" | tail -1)" \
          "$(grep -Eo '[0-9]+ tests?, listed below' "$out/$(basename "$t").log" | head -1)"
+    row
   done
 fi
 
 # ---- benches at GPU sizes --------------------------------------------------------------------
 # GEMMs of a gpt-oss-20b layer (H 2880, 32 experts top-4) at 8192 tokens, bf16, against a
 # cuBLASLt 8192^3 ceiling measured in the same run (target: every GEMM at least 85%).
-step bench-gemm "$bin" bench gemm -c "$root/configs/gpt-oss-20b.toml" --set runtime.backend=cuda \
+step bench-gemm 60 "$bin" bench gemm -c "$root/configs/gpt-oss-20b.toml" --set runtime.backend=cuda \
   --tokens 8192 --warmup 3 --iters 10 --json "$out/bench-gemm.json"
 if [ -f "$out/bench-gemm.json" ]; then
   note "$(python3 - "$out/bench-gemm.json" <<'EOF' 2>/dev/null
@@ -99,27 +153,32 @@ print(f"ceiling {d['shape']['ceiling_gflops'] / 1e3:.0f} TFLOP/s; lowest {worst[
 EOF
 )"
 fi
+row
 
 # The vocabulary projection at the issue's shape (N 8192, H 7168, V 200,000, bf16): materialised
 # logits vs Ring-DTP on one GPU (P = 1) with strips of V/8. Targets: Ring-DTP within 1.1x of
 # 115 ms, its `logits` peak under 15% of 18.3 GiB.
-step bench-vocab "$bin" bench vocab --set runtime.backend=cuda --tokens 8192 --hidden 7168 \
+step bench-vocab 90 "$bin" bench vocab --set runtime.backend=cuda --tokens 8192 --hidden 7168 \
   --vocab 200000 --strips 25000 --dtype bf16 --warmup 2 --iters 5 --json "$out/bench-vocab.json"
 if [ -f "$out/bench-vocab.json" ]; then
   note "$(python3 - "$out/bench-vocab.json" <<'EOF' 2>/dev/null
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
+# The issue's anchors: PyTorch's materialised projection + cross-entropy, 115 ms and 18.3 GiB.
 for r in rows:
-    print(f"{r['schedule']}{'/' + str(r.get('strip')) if r.get('strip') else ''}: "
-          f"{r['time_s'] * 1e3:.0f} ms, logits {r['peak_bytes'].get('logits', 0) / 2**30:.2f} GiB;", end=" ")
+    name = r["schedule"] + (f"/{r['strip']} {r['payload']}" if r.get("strip") else "")
+    gib = r["peak_bytes"].get("logits", 0) / 2**30
+    print(f"{name}: {r['time_s'] * 1e3:.0f} ms ({r['time_s'] / 0.115:.2f}x 115 ms), "
+          f"logits {gib:.2f} GiB ({100 * gib / 18.3:.1f}% of 18.3);", end=" ")
 EOF
 )"
 fi
+row
 
 # Expert dispatch at a gpt-oss-20b layer's shape (H 2880, F 2880, 32 experts top-4), 16384 tokens,
 # bf16, Zipf routing, on the one GPU (W = 1: the all-to-all is a copy; the rows differ in their
 # dispatch buffers and chunking): standard vs LLEP vs PipelinedLLEP, peaks against the bounds.
-step bench-dispatch "$bin" bench dispatch --set runtime.backend=cuda --tokens 16384 --hidden 2880 \
+step bench-dispatch 60 "$bin" bench dispatch --set runtime.backend=cuda --tokens 16384 --hidden 2880 \
   --ffn 2880 --experts 32 --top-k 4 --dtype bf16 --routing zipf --warmup 2 --iters 5 \
   --json "$out/bench-dispatch.json"
 if [ -f "$out/bench-dispatch.json" ]; then
@@ -132,12 +191,13 @@ for r in json.load(open(sys.argv[1]))["rows"]:
 EOF
 )"
 fi
+row
 
-# Checkpoint boundaries of the small preset at 4 x 8192 tokens (f32): standard vs SCO with no,
+# Checkpoint boundaries of the small preset at 8 x 4096 tokens (f32): standard vs SCO with no,
 # half and every layer offloaded through the copy stream to pinned host memory; every row's
 # gradients bitwise standard's.
-step bench-sco "$bin" bench sco -c "$root/configs/small.toml" --set runtime.backend=cuda \
-  --set training.batch_size=4 --set training.seq_len=8192 --warmup 1 --iters 5 \
+step bench-sco 60 "$bin" bench sco -c "$root/configs/small.toml" --set runtime.backend=cuda \
+  --set training.batch_size=8 --set training.seq_len=4096 --warmup 1 --iters 5 \
   --json "$out/bench-sco.json"
 if [ -f "$out/bench-sco.json" ]; then
   note "$(python3 - "$out/bench-sco.json" <<'EOF' 2>/dev/null
@@ -148,21 +208,23 @@ for r in json.load(open(sys.argv[1]))["rows"]:
 EOF
 )"
 fi
+row
 
 # The optimizer step for 268M parameters (f32 master, m, v on the host): resident, the serial CPU
 # offload and OffloadStreamAdamW over a few bucket sizes. Targets: OffloadStreamAdamW within 1.25x
 # of the host-link floor (12 B/param each way at the pinned bandwidth measured in the run) and at
 # least 5x faster than the serial offload; every row bitwise resident's.
-step bench-adamw "$bin" bench adamw --set runtime.backend=cuda --params 268435456 \
+step bench-adamw 120 "$bin" bench adamw --set runtime.backend=cuda --params 268435456 \
   --buckets 8388608,33554432 --slots 2,3 --warmup 1 --iters 3 --json "$out/bench-adamw.json"
 note "$(grep -E '^# target \(GPU\)' "$out/bench-adamw.log" | sed 's/^# //')"
+row
 
 # Training runs of the small preset on the GPU with every bounded operator on (PipelinedLLEP,
 # Ring-DTP, SCO, OffloadStreamAdamW), one rank, 30 steps: float32, and bf16 (dtype auto on CUDA:
 # bf16 weights and activations, fp32 master). The loss must fall.
 for dtype in float32 auto; do
   name="small-gpu-$dtype"
-  step "train-$dtype" "$bin" train -c "$root/configs/small.toml" --set runtime.backend=cuda \
+  step "train-$dtype" 90 "$bin" train -c "$root/configs/small.toml" --set runtime.backend=cuda \
     --set training.dtype=$dtype --set training.steps=30 --set metrics.progress=off \
     --set schedules.dispatch=pipelined_llep --set schedules.vocab=ring_dtp \
     --set schedules.checkpoint=sco --set optimizer.placement=offload_stream \
@@ -173,19 +235,18 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 first, last = rows[0], rows[-1]
 print(f"loss {first['loss']:.3f} -> {last['loss']:.3f} in {len(rows)} steps; "
-      f"last step {last.get('step_time_s', 0):.3f} s, {last.get('tokens_per_s', 0):.0f} tokens/s")
+      f"last step {last.get('step_time_s', 0):.3f} s, {last.get('tokens_per_s', 0):.0f} tokens/s, "
+      f"MFU {100 * last.get('mfu', 0):.1f}%, peak {last.get('peak_gib', 0):.2f} GiB")
 EOF
 )"
   fi
+  row
 done
 
 # ---- summary ---------------------------------------------------------------------------------
+echo "# finished $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(( $(date +%s) - started )) s" >>"$summary"
 echo
-echo "# moepeak gpu-check: $gpu; $(date -u '+%Y-%m-%d %H:%M:%S UTC'); logs in $out"
-printf '# %-18s %-12s %9s  %s\n' step result seconds note
+cat "$summary"
 failed=0
-for i in "${!names[@]}"; do
-  printf '  %-18s %-12s %9s  %s\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}" "${notes[$i]}"
-  [ "${results[$i]}" = passed ] || failed=1
-done
+for r in "${results[@]}"; do [ "$r" = passed ] || failed=1; done
 exit $failed
