@@ -15,7 +15,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "core/comm/comm.h"
@@ -53,8 +52,15 @@ BackendOptions adamw_backend_options(const Config& cfg, const RankInfo& ranks, i
 // The host AdamW threads of the serial offload: options.cpu_threads or this rank's cores.
 int adamw_host_threads(const BackendOptions& options, const RankInfo& ranks);
 
-// Best-of-6 pinned copy bandwidth in bytes/s, host->device and device->host, over `bytes`.
-std::pair<double, double> pinned_bandwidth(Backend& backend, uint64_t bytes, Stream& stream);
+// Pinned copy bandwidth in bytes/s, best of 6, over `bytes`: each way alone, and each way while
+// the other runs (half the bytes up on `stream` while the other half comes down on a second
+// stream: what a schedule that streams both ways at once can get per direction; on a GPU's
+// PCIe or C2C link it is below the one-way figure).
+struct LinkBandwidth {
+  double h2d = 0, d2h = 0;  // one way alone
+  double both_ways = 0;     // per direction, both at once (the slower of the two)
+};
+LinkBandwidth pinned_bandwidth(Backend& backend, uint64_t bytes, Stream& stream);
 
 // The optimizer of `config.placement` over p (its bucket_params and staging_slots for offload_stream).
 std::unique_ptr<schedules::Optimizer> make_adamw(Backend& backend, AdamwParams& p,

@@ -247,8 +247,8 @@ OptimizerSweep sweep_optimizer(const Config& cfg, const RankInfo& ranks, const T
   auto comm = make_comm(*backend, ranks);
   Stream& stream = backend->default_stream();
   AdamwParams p = make_adamw_params(*backend, s.params, stream);
-  auto [h2d, d2h] = pinned_bandwidth(*backend, adamw_bandwidth_bytes(s.params), stream);
-  std::vector<double> bw = {-h2d, -d2h};  // the slowest rank's: max of the negated
+  const LinkBandwidth link = pinned_bandwidth(*backend, adamw_bandwidth_bytes(s.params), stream);
+  std::vector<double> bw = {-link.h2d, -link.d2h};  // the slowest rank's: max of the negated
   max_over_ranks(*comm, *backend, bw);
   OptimizerSweep out;
   out.h2d_bytes_per_s = -bw[0];

@@ -216,7 +216,8 @@ row
 # least 5x faster than the serial offload; every row bitwise resident's.
 step bench-adamw 120 "$bin" bench adamw --set runtime.backend=cuda --params 268435456 \
   --buckets 8388608,33554432 --slots 2,3 --warmup 1 --iters 3 --json "$out/bench-adamw.json"
-note "$(grep -E '^# target \(GPU\)' "$out/bench-adamw.log" | sed 's/^# //')"
+note "$(grep -E '^# target \(GPU\)' "$out/bench-adamw.log" | sed 's/^# //')" \
+     "$(grep -Eo 'both at once [0-9.]+ GB/s each way' "$out/bench-adamw.log")"
 row
 
 # Training runs of the small preset on the GPU with every bounded operator on (PipelinedLLEP,
