@@ -28,8 +28,14 @@
 // oversubscribe the cores. Every reduction has a fixed order, so results are bitwise
 // reproducible run to run (with a fixed OpenBLAS thread count).
 //
-// CUDA (ops/cuda/attention.cu): SIMT kernels (no tensor cores), fp32 math on f32 storage, f64 on
-// f64; any head dim up to 256 (multiple of 32 or not); no device memory of their own. The query
+// CUDA, bf16 with d = 32, 64 or 128 (ops/cuda/attention_tc.cu): tensor-core kernels, 64-row
+// blocks of 4 warps streaming 64-entry tiles; Q K^T, P V, dO V^T, dS K, P^T dO and dS^T Q are bf16
+// WMMA products with fp32 accumulation, the softmax and its gradient fp32 (P and dS rounded to
+// bf16 as the products' inputs; l sums the rounded P). Same layout, recomputation and ownership
+// as below, no atomics, bitwise reproducible.
+// CUDA, everything else (ops/cuda/attention.cu): SIMT kernels (no tensor cores), fp32 math on f32
+// and bf16 storage, f64 on f64; any head dim up to 256 (multiple of 32 or not); no device memory
+// of their own. The query
 // rows of kv head g are flattened as row = t * G + hh, so a block mixes the group's heads and reads
 // each K/V tile once for all of them. A block is 4 warps; it owns 16 query rows (forward, dq) or
 // 16 keys (dk, dv), 4 per warp, and streams the other operand through shared memory in tiles of
@@ -98,6 +104,12 @@ inline void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, Stream& stream) {
   MOEPEAK_OP_ON_BACKEND(attention_forward, out, q, k, v, scale, out, lse, stream);
 }
+// The kernels a call with these tensors runs, in words (benches print it): "cpu: OpenBLAS
+// blocks", "cuda: tensor cores (bf16 WMMA)" or "cuda: SIMT".
+const char* attention_kernels_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out);
+const char* attention_kernels(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out);  // ops/cpu/attention.cpp
 inline void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                const Tensor& lse, const Tensor& dout, double scale,
                                const Tensor& dq, const Tensor& dk, const Tensor& dv,

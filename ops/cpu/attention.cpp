@@ -579,4 +579,15 @@ void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, c
                                          kAttentionBlocks, stream);
 }
 
+const char* attention_kernels(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out) {
+  if (!runs_on_cuda(out)) return "cpu: OpenBLAS blocks";
+#ifdef MOEPEAK_WITH_CUDA
+  return attention_kernels_cuda(q, k, v, out);
+#else
+  (void)q, (void)k, (void)v;
+  throw_no_cuda("attention_kernels");
+#endif
+}
+
 }  // namespace moepeak::ops

@@ -1,5 +1,7 @@
 // CUDA attention: causal grouped-query flash attention, forward and backward, SIMT (no tensor
-// cores), f32 or f64 storage with math in the storage's compute type (fp32 for f32, f64 for f64).
+// cores), f32, bf16 or f64 storage with math in the storage's compute type (fp32 for f32 and
+// bf16, f64 for f64). bf16 calls with head dim 32, 64 or 128 go to the tensor-core kernels of
+// ops/cuda/attention_tc.cu instead (attention_tc_takes); these kernels run the rest.
 // The same semantics as ops/cpu/attention.cpp; the design is summarised in ops/attention.h.
 //
 //   q, out, dout, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
@@ -22,6 +24,7 @@
 #include <cmath>
 
 #include "ops/attention.h"
+#include "ops/cuda/attention_tc.h"
 #include "ops/cuda/cuda_common.cuh"
 
 namespace moepeak::ops {
@@ -485,22 +488,6 @@ size_t dkv_smem(int d) {
                       2 * size_t(kTile) + 2 * size_t(kBlockRows) * kTile);
 }
 
-// Raises a kernel's dynamic shared-memory limit when it needs more than the default 48 KiB;
-// throws naming the op when the device cannot give that much.
-template <typename Kernel>
-void prepare_smem(Kernel kernel, size_t bytes, const char* op, const Tensor& q) {
-  if (bytes <= 48 * 1024) return;
-  int device = 0, optin = 0;
-  MOEPEAK_CUDA_CHECK(cudaGetDevice(&device));
-  MOEPEAK_CUDA_CHECK(
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (bytes > static_cast<size_t>(optin))
-    MOEPEAK_THROW(op, ": q ", q.str(), " needs ", bytes, " bytes of shared memory per block, the",
-                  " device allows ", optin);
-  MOEPEAK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(bytes)));
-}
-
 // Checks what the kernels add to the op's argument checks (head dim, grid limits); returns the
 // accumulator chunks per lane for d.
 int check_cuda_limits(const char* op, const Tensor& q, const Tensor& k) {
@@ -565,6 +552,10 @@ void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, d
   const char* op = "attention_forward_cuda";
   check_attention_forward_args(q, k, v, scale, out, lse);
   if (q.numel() == 0) return;  // B = 0 or T = 0 (nh, d >= 1 by the checks)
+  if (attention_tc_takes(q, k, v, out)) {
+    attention_forward_tc(q, k, v, scale, out, lse, stream);
+    return;
+  }
   const int chunks = check_cuda_limits(op, q, k);
   const dim3 grid = row_grid(q, k);
   cuda::dispatch_storage(q.dtype(), op, [&](auto zero) {
@@ -575,11 +566,16 @@ void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, d
       constexpr int kChunks = decltype(chunk_count)::value;
       auto kernel = attention_forward_kernel<T, kChunks>;
       const size_t smem = forward_smem<compute_t<T>>(a.head_dim);
-      prepare_smem(kernel, smem, op, q);
+      cuda::allow_dynamic_smem(kernel, smem, op, "q " + q.str());
       kernel<<<grid, kBlockThreads, smem, cuda::native(stream)>>>(a);
       MOEPEAK_CUDA_LAUNCH_CHECK();
     });
   });
+}
+
+const char* attention_kernels_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out) {
+  return attention_tc_takes(q, k, v, out) ? "cuda: tensor cores (bf16 WMMA)" : "cuda: SIMT";
 }
 
 void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -588,6 +584,10 @@ void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, 
   const char* op = "attention_backward_cuda";
   check_attention_backward_args(q, k, v, out, lse, dout, scale, dq, dk, dv);
   if (q.numel() == 0) return;
+  if (attention_tc_takes(q, k, v, out, &dout, &dq, &dk, &dv)) {
+    attention_backward_tc(q, k, v, out, lse, dout, scale, dq, dk, dv, stream);
+    return;
+  }
   const int chunks = check_cuda_limits(op, q, k);
   const dim3 grid_rows = row_grid(q, k);
   const dim3 grid_keys(static_cast<unsigned>((q.size(1) + kBlockRows - 1) / kBlockRows),
@@ -601,8 +601,8 @@ void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, 
       auto dq_kernel = attention_backward_dq_kernel<T, kChunks>;
       auto dkv_kernel = attention_backward_dkv_kernel<T, kChunks>;
       const size_t dq_bytes = dq_smem<C>(a.head_dim), dkv_bytes = dkv_smem<C>(a.head_dim);
-      prepare_smem(dq_kernel, dq_bytes, op, q);
-      prepare_smem(dkv_kernel, dkv_bytes, op, q);
+      cuda::allow_dynamic_smem(dq_kernel, dq_bytes, op, "q " + q.str());
+      cuda::allow_dynamic_smem(dkv_kernel, dkv_bytes, op, "q " + q.str());
       dq_kernel<<<grid_rows, kBlockThreads, dq_bytes, cuda::native(stream)>>>(a);
       MOEPEAK_CUDA_LAUNCH_CHECK();
       dkv_kernel<<<grid_keys, kBlockThreads, dkv_bytes, cuda::native(stream)>>>(a);

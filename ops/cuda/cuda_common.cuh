@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "core/runtime/cuda_check.h"
@@ -84,6 +85,22 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
   if (blocks < 1) blocks = 1;
   if (blocks > kMaxGridBlocks) blocks = kMaxGridBlocks;
   return static_cast<unsigned>(blocks);
+}
+
+// Lets `kernel` use `bytes` of dynamic shared memory when that is over the default 48 KiB;
+// throws naming the op and `what` (the shapes) when the device cannot give that much.
+template <typename Kernel>
+void allow_dynamic_smem(Kernel kernel, size_t bytes, const char* op, const std::string& what) {
+  if (bytes <= 48 * 1024) return;
+  int device = 0, optin = 0;
+  MOEPEAK_CUDA_CHECK(cudaGetDevice(&device));
+  MOEPEAK_CUDA_CHECK(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (bytes > static_cast<size_t>(optin))
+    MOEPEAK_THROW(op, ": ", what, " needs ", bytes, " bytes of shared memory per block, the",
+                  " device allows ", optin);
+  MOEPEAK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)));
 }
 
 // Threads of a block that walks one row of `cols` elements: a multiple of 32 in [32, kThreads].

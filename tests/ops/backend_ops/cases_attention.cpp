@@ -3,8 +3,9 @@
 // The backward's out and lse must be those of q, k and v for its formula to mean anything, so a
 // backward case runs the forward first on tensors of role `out` (compared too), then the
 // backward. Shapes: head dims that are and are not multiples of 32 (8, 24, 16, 40, 64, 128,
-// 256), GQA group sizes 1, 2, 3, 4 and 8, sequences that cross the kernels' 16-row and 32-entry
-// tiles, B > 1, empty sizes, and a peaky softmax (scale 2, inputs x 2). Every case runs with f32
+// 256), GQA group sizes 1, 2, 3, 4 and 8, sequences that cross the SIMT kernels' 16-row and
+// 32-entry tiles and the tensor-core kernels' 64-row and 64-entry ones (bf16 with d = 32, 64,
+// 128), B > 1, empty sizes, and a peaky softmax (scale 2, inputs x 2). Every case runs with f32
 // and bf16 storage; lse is Kind::state, as it is f32 for both (ops::attention_lse_dtype).
 #include <cmath>
 #include <string>
@@ -50,6 +51,10 @@ MOEPEAK_BACKEND_OPS_CASES(attention) {
       {1, 0, 4, 2, 16, 0, 1, standard},     // T = 0: nothing to do
       {0, 5, 4, 2, 16, 0, 1, standard},     // B = 0
       {1, 50, 4, 2, 32, 2.0, 2, peaky},     // peaky softmax
+      // bf16 with d = 32, 64, 128 runs the tensor-core kernels (ops/cuda/attention_tc.cu):
+      // 64-row blocks and 64-entry tiles, crossed here in both directions
+      {2, 150, 4, 2, 64, 0, 1, standard},   // G = 2, B = 2, 5 row blocks, 3 key tiles
+      {1, 130, 2, 2, 128, 0, 1, standard},  // G = 1, T one past 2 tiles
   };
   std::vector<OpCase> cases;
   uint64_t seed = 100;

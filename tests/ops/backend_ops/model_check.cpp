@@ -19,7 +19,7 @@
 namespace moepeak::testing::backend_ops {
 namespace {
 
-ModelConfig tiny_model() {
+ModelConfig tiny_model(int64_t head_dim) {
   ModelConfig m;
   m.vocab_size = 53;
   m.hidden_size = 32;
@@ -27,7 +27,7 @@ ModelConfig tiny_model() {
   m.num_hidden_layers = 2;
   m.num_attention_heads = 4;
   m.num_key_value_heads = 2;
-  m.head_dim = 8;
+  m.head_dim = head_dim;  // 8: the SIMT attention kernels; 32 in bf16: the tensor-core ones
   m.num_local_experts = 3;
   m.num_experts_per_tok = 2;
   m.max_position_embeddings = 64;
@@ -42,7 +42,7 @@ struct StepResult {
 };
 
 StepResult train_step(Backend& backend, DType dtype, CheckpointSchedule checkpoint,
-                      double init_range) {
+                      double init_range, int64_t head_dim) {
   constexpr int64_t B = 2, T = 24, N = B * T;
   Stream& stream = backend.default_stream();
   std::unique_ptr<Comm> comm = make_comm(backend, RankInfo{});
@@ -63,7 +63,7 @@ StepResult train_step(Backend& backend, DType dtype, CheckpointSchedule checkpoi
               d_positions = upload(positions, "positions");
   stream.synchronize();
 
-  MixtralModel model(backend, stream, *comm, tiny_model(), checkpoint, dtype);
+  MixtralModel model(backend, stream, *comm, tiny_model(head_dim), checkpoint, dtype);
   model.params().initialize(42, init_range, stream);
   model.params().zero_grads(stream);
   StepResult run;
@@ -75,21 +75,22 @@ StepResult train_step(Backend& backend, DType dtype, CheckpointSchedule checkpoi
 struct ModelCase {
   CheckpointSchedule checkpoint;
   DType dtype;
+  int64_t head_dim = 8;
 };
 
 class BackendModel : public ::testing::TestWithParam<ModelCase> {};
 
 TEST_P(BackendModel, LossAndEveryGradientMatchTheCpuInFloat64) {
   if (std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
-  const auto [checkpoint, dtype] = GetParam();
+  const auto [checkpoint, dtype, head_dim] = GetParam();
   if (dtype == DType::bf16 && cpu_under_test()) GTEST_SKIP() << "bf16 storage is CUDA's";
   // NOTES: weights of range 0.5 keep the f32 run's routing far from ties, but make the model
   // high-gain (loss 7.7, logits far apart): bf16's rounding of every activation is then
   // amplified to ~30% gradient errors. At range 0.1 (loss 4.2) the bf16 run is within ~1e-2 of
   // the gradients' scale (1.2e-2 measured under the emulator), as bf16 should be.
   const double init_range = dtype == DType::bf16 ? 0.1 : 0.5;
-  StepResult want = train_step(reference_backend(), DType::f64, checkpoint, init_range);
-  StepResult got = train_step(backend_under_test(), dtype, checkpoint, init_range);
+  StepResult want = train_step(reference_backend(), DType::f64, checkpoint, init_range, head_dim);
+  StepResult got = train_step(backend_under_test(), dtype, checkpoint, init_range, head_dim);
   EXPECT_GT(want.loss, 1.0);
   // NOTES: f32 through two layers and the LM head: the loss agrees to ~1e-6 relative; gradients
   // are compared per element relative to the largest gradient (single elements may cancel).
@@ -121,10 +122,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ModelCase{CheckpointSchedule::none, DType::f32},
                       ModelCase{CheckpointSchedule::standard, DType::f32},
                       ModelCase{CheckpointSchedule::none, DType::bf16},
-                      ModelCase{CheckpointSchedule::standard, DType::bf16}),
+                      ModelCase{CheckpointSchedule::standard, DType::bf16},
+                      ModelCase{CheckpointSchedule::standard, DType::bf16, 32}),
     [](const auto& info) {
       return std::string(info.param.checkpoint == CheckpointSchedule::none ? "none" : "standard") +
-             "_" + std::string(dtype_name(info.param.dtype));
+             "_" + std::string(dtype_name(info.param.dtype)) +
+             (info.param.head_dim != 8 ? "_d" + std::to_string(info.param.head_dim) : "");
     });
 
 }  // namespace

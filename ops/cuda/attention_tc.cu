@@ -1,0 +1,550 @@
+// CUDA attention on tensor cores (see ops/cuda/attention_tc.h): causal grouped-query flash
+// attention, forward and backward, bf16 storage, head dim D in {32, 64, 128}; every product of
+// two tiles is a bf16 WMMA 16x16x16 with fp32 accumulation, everything else is fp32.
+//
+//   q, out, dout, dq: (B, T, nh, D) bf16    k, v, dk, dv: (B, T, nkv, D) bf16    lse: (B, nh, T) f32
+//
+// As in the SIMT kernels (ops/cuda/attention.cu), the query rows of kv head g are flattened as
+// row = t * G + hh (G = nh / nkv), so a block reads each K/V tile once for all the group's heads.
+// A block is 4 warps; a warp owns 16 of the block's 64 rows (or keys) and streams tiles of 64
+// entries of the other operand through shared memory:
+//
+//   forward  (rows, streaming keys 0..last position):  S = Q K^T (16 x 64 per warp, fp32 in
+//            shared memory); per row online softmax (running max m and sum l), P = exp(scale S -
+//            m) rounded to bf16, l sums the rounded P; the fp32 accumulator O (shared memory) is
+//            rescaled by exp(m_old - m) and O += P V on tensor cores; out = O / l, lse = m + log l.
+//   dq       (rows, streaming keys):  S = Q K^T, dP = dO V^T; P = exp(scale S - lse);
+//            dS = scale P (dP - Drow) rounded to bf16; dQ += dS K.  Drow = dout . out per row.
+//   dk, dv   (keys, streaming query rows of every head of the group from the block's first
+//            position to T):  S^T = K Q^T, dP^T = V dO^T; P^T and dS^T as above; dV += P^T dO,
+//            dK += dS^T Q. Each key row belongs to one block: written (=), no atomics.
+//
+// Shared memory holds the bf16 tiles with a row stride of D + 8 elements (WMMA wants 16-byte
+// multiples; the 8-element skew spreads rows over the banks), the fp32 score tiles with 68
+// floats, the bf16 probability tiles with 72; every region starts on a 128-byte boundary (WMMA
+// wants 32). A lane's element-wise work covers row (lane & 15), columns (lane >> 4) * 32 + i in a
+// rotated order ((i + row + 16 half) & 31) so the 32 lanes hit 32 different banks of a score tile.
+// Every sum has a fixed order: results are bitwise reproducible run to run. Masked keys (after a
+// row's position) get exactly p = 0 and are never exponentiated; tiles are zero-filled past T.
+// Test: ctest -L cuda -R test_backend_ops (the bf16 attention cases with d = 32, 64, 128).
+#include "ops/cuda/attention_tc.h"
+
+#include <mma.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "ops/cuda/cuda_common.cuh"
+
+namespace moepeak::ops {
+namespace {
+
+using bf16 = __nv_bfloat16;
+namespace wmma = nvcuda::wmma;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = 64;  // rows (forward, dq) or keys (dk/dv) a block owns: 16 per warp
+constexpr int kTile = 64;  // entries of the streamed operand per tile
+constexpr int kLdS = kTile + 4;  // fp32 score tiles (16 x kTile per warp)
+constexpr int kLdP = kTile + 8;  // bf16 probability tiles (16 x kTile per warp)
+
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
+using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
+using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
+using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// Byte offsets of each kernel's shared-memory regions (the same on host and device).
+template <int D>
+struct Smem {
+  static constexpr int kLdH = D + 8;  // bf16 tiles (Q, K, V, dO): 64 x D
+  static constexpr int kLdO = D + 4;  // fp32 accumulators (O, dQ, dK, dV): 64 x D
+  static constexpr size_t kTileBytes = size_t(kRows) * kLdH * sizeof(bf16);
+  static constexpr size_t kAccBytes = size_t(kRows) * kLdO * sizeof(float);
+  static constexpr size_t kScoreBytes = size_t(kWarps) * 16 * kLdS * sizeof(float);
+  static constexpr size_t kProbBytes = size_t(kWarps) * 16 * kLdP * sizeof(bf16);
+  static constexpr size_t kRowVecBytes = size_t(kTile) * sizeof(float);
+  // forward: Q, K, V | S | P | O
+  static constexpr size_t kForward = 3 * kTileBytes + kScoreBytes + kProbBytes + kAccBytes;
+  // dq: Q, dO, K, V | S, dP | dS | dQ
+  static constexpr size_t kDq = 4 * kTileBytes + 2 * kScoreBytes + kProbBytes + kAccBytes;
+  // dk/dv: K, V, Q, dO | S^T, dP^T | P^T, dS^T | dK, dV | lse, Drow of the row tile
+  static constexpr size_t kDkv =
+      4 * kTileBytes + 2 * kScoreBytes + 2 * kProbBytes + 2 * kAccBytes + 2 * kRowVecBytes;
+  static_assert(kTileBytes % 128 == 0 && kAccBytes % 128 == 0 && kScoreBytes % 128 == 0 &&
+                kProbBytes % 128 == 0 && kRowVecBytes % 128 == 0);
+};
+
+struct TcArgs {
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  const bf16* dout;
+  bf16* out;
+  float* lse;
+  bf16* dq;
+  bf16* dk;
+  bf16* dv;
+  int64_t seq;   // T
+  int heads;     // nh
+  int kv_heads;  // nkv
+  int group;     // G
+  float scale;
+};
+
+extern __shared__ __align__(128) unsigned char attention_tc_smem[];
+
+// Element offset of flattened query row `row` of (b, g) in a (B, T, nh, D) tensor; -1 past T G.
+template <int D>
+__device__ __forceinline__ int64_t query_offset(const TcArgs& a, int64_t b, int g, int64_t row) {
+  if (row >= a.seq * a.group) return -1;
+  const int64_t t = row / a.group, hh = row - t * a.group;
+  return ((b * a.seq + t) * a.heads + int64_t(g) * a.group + hh) * D;
+}
+// Element offset of key `key` of kv head g in a (B, T, nkv, D) tensor; -1 past T.
+template <int D>
+__device__ __forceinline__ int64_t key_offset(const TcArgs& a, int64_t b, int g, int64_t key) {
+  if (key >= a.seq) return -1;
+  return ((b * a.seq + key) * a.kv_heads + g) * D;
+}
+// Index in lse (B, nh, T) of flattened row `row` of (b, g) (row < T G).
+__device__ __forceinline__ int64_t lse_index(const TcArgs& a, int64_t b, int g, int64_t row) {
+  const int64_t t = row / a.group, hh = row - t * a.group;
+  return (b * a.heads + int64_t(g) * a.group + hh) * a.seq + t;
+}
+
+// Copies 64 rows of D bf16 into a tile (row stride D + 8), 16 bytes per load, by the whole
+// block; row r comes from element offset offset_of(r) of src, or is zero where that is -1.
+template <int D, typename OffsetOf>
+__device__ void load_tile(const bf16* src, OffsetOf offset_of, bf16* tile) {
+  constexpr int kVecs = D / 8;
+  for (int i = threadIdx.x; i < kRows * kVecs; i += kThreads) {
+    const int r = i / kVecs, c = (i - r * kVecs) * 8;
+    const int64_t off = offset_of(r);
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (off >= 0) value = *reinterpret_cast<const uint4*>(src + off + c);
+    *reinterpret_cast<uint4*>(tile + r * Smem<D>::kLdH + c) = value;
+  }
+}
+
+// The 16 x D row block of a bf16 tile at `rows` as D/16 matrix_a fragments.
+template <int D>
+__device__ __forceinline__ void load_a_rows(FragA (&frag)[D / 16], const bf16* rows) {
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k) wmma::load_matrix_sync(frag[k], rows + k * 16, Smem<D>::kLdH);
+}
+
+// out (16 x 64 fp32, stride kLdS) = A (16 x D, fragments) x tile^T, tile = 64 rows x D: the
+// scores of a warp's 16 rows against the 64 entries of a tile.
+template <int D>
+__device__ __forceinline__ void times_tile_transposed(const FragA (&a)[D / 16], const bf16* tile,
+                                                      float* out) {
+#pragma unroll
+  for (int n = 0; n < kTile / 16; ++n) {
+    FragAcc acc;
+    wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int k = 0; k < D / 16; ++k) {
+      FragBCol b;  // tile^T (k, n) = tile[n][k]: column-major with the tile's row stride
+      wmma::load_matrix_sync(b, tile + n * 16 * Smem<D>::kLdH + k * 16, Smem<D>::kLdH);
+      wmma::mma_sync(acc, a[k], b, acc);
+    }
+    wmma::store_matrix_sync(out + n * 16, acc, kLdS, wmma::mem_row_major);
+  }
+}
+
+// acc (16 x D fp32 in shared memory, stride kLdO) += W (16 x 64 bf16, stride kLdP) x tile
+// (64 rows x D): P V, dS K, P^T dO, dS^T Q.
+template <int D>
+__device__ __forceinline__ void accumulate_times_tile(const bf16* w, const bf16* tile,
+                                                      float* acc_rows) {
+  FragA wf[kTile / 16];
+#pragma unroll
+  for (int k = 0; k < kTile / 16; ++k) wmma::load_matrix_sync(wf[k], w + k * 16, kLdP);
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    FragAcc acc;
+    wmma::load_matrix_sync(acc, acc_rows + j * 16, Smem<D>::kLdO, wmma::mem_row_major);
+#pragma unroll
+    for (int k = 0; k < kTile / 16; ++k) {
+      FragBRow b;
+      wmma::load_matrix_sync(b, tile + k * 16 * Smem<D>::kLdH + j * 16, Smem<D>::kLdH);
+      wmma::mma_sync(acc, wf[k], b, acc);
+    }
+    wmma::store_matrix_sync(acc_rows + j * 16, acc, Smem<D>::kLdO, wmma::mem_row_major);
+  }
+}
+
+// The column a lane visits at step i of its 32 (see the file comment).
+__device__ __forceinline__ int lane_column(int i, int row, int half) {
+  return half * 32 + ((i + row + 16 * half) & 31);
+}
+
+// D . O of flattened query row `row` over the half of the columns of `half`, in fp32 in column
+// order, both from global memory (dout and out of the row at element offset `off`).
+template <int D>
+__device__ __forceinline__ float half_row_dot(const TcArgs& a, int64_t off, int half) {
+  float sum = 0;
+  if (off < 0) return sum;
+  for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
+    sum += __bfloat162float(a.dout[off + c]) * __bfloat162float(a.out[off + c]);
+  }
+  return sum;
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+// Grid (ceil(T G / 64), nkv, B); the blocks of the last rows (the most keys) first.
+template <int D>
+__global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const TcArgs a) {
+  using S = Smem<D>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int64_t rows_total = a.seq * a.group;
+  const int64_t row0 = int64_t(gridDim.x - 1 - blockIdx.x) * kRows;
+
+  unsigned char* smem = attention_tc_smem;
+  bf16* q_s = reinterpret_cast<bf16*>(smem);
+  bf16* k_s = reinterpret_cast<bf16*>(smem + S::kTileBytes);
+  bf16* v_s = reinterpret_cast<bf16*>(smem + 2 * S::kTileBytes);
+  float* s_w = reinterpret_cast<float*>(smem + 3 * S::kTileBytes) + warp * 16 * kLdS;
+  bf16* p_w =
+      reinterpret_cast<bf16*>(smem + 3 * S::kTileBytes + S::kScoreBytes) + warp * 16 * kLdP;
+  float* o_s = reinterpret_cast<float*>(smem + 3 * S::kTileBytes + S::kScoreBytes + S::kProbBytes);
+  float* o_w = o_s + warp * 16 * S::kLdO;
+
+  load_tile<D>(a.q, [&](int r) { return query_offset<D>(a, b, g, row0 + r); }, q_s);
+
+  const int rr = lane & 15, half = lane >> 4;
+  const int64_t row = row0 + warp * 16 + rr;
+  const int64_t pos = row < rows_total ? row / a.group : -1;  // -1: no key is visible
+  float* o_row = o_w + rr * S::kLdO;
+  for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) o_row[c] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+
+  __syncthreads();  // Q is in shared memory
+  FragA qf[D / 16];
+  load_a_rows<D>(qf, q_s + warp * 16 * S::kLdH);
+
+  const int64_t last_pos = ((row0 + kRows < rows_total ? row0 + kRows : rows_total) - 1) / a.group;
+  for (int64_t s0 = 0; s0 <= last_pos; s0 += kTile) {
+    __syncthreads();  // the previous tile is consumed
+    load_tile<D>(a.k, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, k_s);
+    load_tile<D>(a.v, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, v_s);
+    __syncthreads();
+
+    times_tile_transposed<D>(qf, k_s, s_w);
+    __syncwarp();
+
+    const float* s_row = s_w + rr * kLdS;
+    float tile_max = -INFINITY;
+    for (int i = 0; i < 32; ++i) {
+      const int c = lane_column(i, rr, half);
+      if (s0 + c <= pos) tile_max = fmaxf(tile_max, a.scale * s_row[c]);
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 16));
+    const float m_new = fmaxf(m, tile_max);
+    // NOTES: m_new = -inf only for a row that sees no key yet (or none at all): p = 0, l and O
+    // stay 0, and alpha must not be exp(-inf - -inf) = NaN.
+    const float alpha = m_new == -INFINITY ? 1.0f : expf(m - m_new);
+    float sum = 0.0f;
+    bf16* p_row = p_w + rr * kLdP;
+    for (int i = 0; i < 32; ++i) {
+      const int c = lane_column(i, rr, half);
+      const bf16 p = __float2bfloat16_rn(s0 + c <= pos ? expf(a.scale * s_row[c] - m_new) : 0.0f);
+      p_row[c] = p;
+      sum += __bfloat162float(p);  // l sums the weights P V uses
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+    l = l * alpha + sum;
+    m = m_new;
+    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) o_row[c] *= alpha;
+    __syncwarp();  // P and the rescaled O are in shared memory
+
+    accumulate_times_tile<D>(p_w, v_s, o_w);
+    __syncwarp();  // O is stored before the next tile's rescale (and the epilogue) reads it
+  }
+
+  if (pos >= 0) {
+    const int64_t off = query_offset<D>(a, b, g, row);
+    const float inv = 1.0f / l;
+    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
+      a.out[off + c] = __float2bfloat16_rn(o_row[c] * inv);
+    }
+    if (half == 0) a.lse[lse_index(a, b, g, row)] = m + logf(l);
+  }
+}
+
+// ---- backward: dq -------------------------------------------------------------------------------
+// Grid as the forward's.
+template <int D>
+__global__ void __launch_bounds__(kThreads) attention_tc_dq_kernel(const TcArgs a) {
+  using S = Smem<D>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int64_t rows_total = a.seq * a.group;
+  const int64_t row0 = int64_t(gridDim.x - 1 - blockIdx.x) * kRows;
+
+  unsigned char* smem = attention_tc_smem;
+  bf16* q_s = reinterpret_cast<bf16*>(smem);
+  bf16* do_s = reinterpret_cast<bf16*>(smem + S::kTileBytes);
+  bf16* k_s = reinterpret_cast<bf16*>(smem + 2 * S::kTileBytes);
+  bf16* v_s = reinterpret_cast<bf16*>(smem + 3 * S::kTileBytes);
+  unsigned char* scores = smem + 4 * S::kTileBytes;
+  float* s_w = reinterpret_cast<float*>(scores) + warp * 16 * kLdS;
+  float* dp_w = reinterpret_cast<float*>(scores + S::kScoreBytes) + warp * 16 * kLdS;
+  bf16* ds_w = reinterpret_cast<bf16*>(scores + 2 * S::kScoreBytes) + warp * 16 * kLdP;
+  float* dq_w =
+      reinterpret_cast<float*>(scores + 2 * S::kScoreBytes + S::kProbBytes) + warp * 16 * S::kLdO;
+
+  auto rows_of = [&](int r) { return query_offset<D>(a, b, g, row0 + r); };
+  load_tile<D>(a.q, rows_of, q_s);
+  load_tile<D>(a.dout, rows_of, do_s);
+
+  const int rr = lane & 15, half = lane >> 4;
+  const int64_t row = row0 + warp * 16 + rr;
+  const int64_t pos = row < rows_total ? row / a.group : -1;
+  const int64_t off = query_offset<D>(a, b, g, row);
+  float d_row = half_row_dot<D>(a, off, half);
+  d_row += __shfl_xor_sync(0xffffffffu, d_row, 16);
+  const float lse = pos >= 0 ? a.lse[lse_index(a, b, g, row)] : 0.0f;
+  float* dq_row = dq_w + rr * S::kLdO;
+  for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) dq_row[c] = 0.0f;
+
+  __syncthreads();  // Q and dO are in shared memory
+  FragA qf[D / 16], dof[D / 16];
+  load_a_rows<D>(qf, q_s + warp * 16 * S::kLdH);
+  load_a_rows<D>(dof, do_s + warp * 16 * S::kLdH);
+
+  const int64_t last_pos = ((row0 + kRows < rows_total ? row0 + kRows : rows_total) - 1) / a.group;
+  for (int64_t s0 = 0; s0 <= last_pos; s0 += kTile) {
+    __syncthreads();
+    load_tile<D>(a.k, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, k_s);
+    load_tile<D>(a.v, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, v_s);
+    __syncthreads();
+
+    times_tile_transposed<D>(qf, k_s, s_w);    // S = Q K^T
+    times_tile_transposed<D>(dof, v_s, dp_w);  // dP = dO V^T
+    __syncwarp();
+
+    const float* s_row = s_w + rr * kLdS;
+    const float* dp_row = dp_w + rr * kLdS;
+    bf16* ds_row = ds_w + rr * kLdP;
+    for (int i = 0; i < 32; ++i) {
+      const int c = lane_column(i, rr, half);
+      float ds = 0.0f;
+      if (s0 + c <= pos) {
+        const float p = expf(a.scale * s_row[c] - lse);
+        ds = a.scale * p * (dp_row[c] - d_row);
+      }
+      ds_row[c] = __float2bfloat16_rn(ds);
+    }
+    __syncwarp();
+
+    accumulate_times_tile<D>(ds_w, k_s, dq_w);  // dQ += dS K (scale folded into dS)
+    __syncwarp();
+  }
+
+  if (pos >= 0) {
+    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
+      a.dq[off + c] = __float2bfloat16_rn(dq_row[c]);
+    }
+  }
+}
+
+// ---- backward: dk, dv ---------------------------------------------------------------------------
+// Grid (ceil(T / 64), nkv, B); block x owns keys [64 x, 64 x + 64), so block 0 (the most rows)
+// comes first.
+template <int D>
+__global__ void __launch_bounds__(kThreads) attention_tc_dkv_kernel(const TcArgs a) {
+  using S = Smem<D>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int64_t rows_total = a.seq * a.group;
+  const int64_t key0 = int64_t(blockIdx.x) * kRows;
+
+  unsigned char* smem = attention_tc_smem;
+  bf16* k_s = reinterpret_cast<bf16*>(smem);
+  bf16* v_s = reinterpret_cast<bf16*>(smem + S::kTileBytes);
+  bf16* q_s = reinterpret_cast<bf16*>(smem + 2 * S::kTileBytes);
+  bf16* do_s = reinterpret_cast<bf16*>(smem + 3 * S::kTileBytes);
+  unsigned char* scores = smem + 4 * S::kTileBytes;
+  float* st_w = reinterpret_cast<float*>(scores) + warp * 16 * kLdS;
+  float* dpt_w = reinterpret_cast<float*>(scores + S::kScoreBytes) + warp * 16 * kLdS;
+  unsigned char* probs = scores + 2 * S::kScoreBytes;
+  bf16* pt_w = reinterpret_cast<bf16*>(probs) + warp * 16 * kLdP;
+  bf16* dst_w = reinterpret_cast<bf16*>(probs + S::kProbBytes) + warp * 16 * kLdP;
+  unsigned char* accs = probs + 2 * S::kProbBytes;
+  float* dk_w = reinterpret_cast<float*>(accs) + warp * 16 * S::kLdO;
+  float* dv_w = reinterpret_cast<float*>(accs + S::kAccBytes) + warp * 16 * S::kLdO;
+  float* lse_t = reinterpret_cast<float*>(accs + 2 * S::kAccBytes);
+  float* drow_t = lse_t + kTile;
+
+  load_tile<D>(a.k, [&](int r) { return key_offset<D>(a, b, g, key0 + r); }, k_s);
+  load_tile<D>(a.v, [&](int r) { return key_offset<D>(a, b, g, key0 + r); }, v_s);
+
+  const int kk = lane & 15, half = lane >> 4;
+  const int64_t key = key0 + warp * 16 + kk;
+  float* dk_row = dk_w + kk * S::kLdO;
+  float* dv_row = dv_w + kk * S::kLdO;
+  for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) dk_row[c] = dv_row[c] = 0.0f;
+
+  __syncthreads();  // K and V are in shared memory
+  FragA kf[D / 16], vf[D / 16];
+  load_a_rows<D>(kf, k_s + warp * 16 * S::kLdH);
+  load_a_rows<D>(vf, v_s + warp * 16 * S::kLdH);
+
+  // The first row that can see key0 is the first of position key0.
+  for (int64_t r0 = key0 * a.group; r0 < rows_total; r0 += kTile) {
+    __syncthreads();  // the previous row tile is consumed
+    auto rows_of = [&](int r) { return query_offset<D>(a, b, g, r0 + r); };
+    load_tile<D>(a.q, rows_of, q_s);
+    load_tile<D>(a.dout, rows_of, do_s);
+    {
+      // lse and D = dout . out of the tile's rows: two threads per row (lanes t and t ^ 1).
+      const int r = threadIdx.x >> 1, part = threadIdx.x & 1;
+      const int64_t off = rows_of(r);
+      float dot = half_row_dot<D>(a, off, part);
+      dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+      if (part == 0) {
+        drow_t[r] = dot;
+        lse_t[r] = off >= 0 ? a.lse[lse_index(a, b, g, r0 + r)] : 0.0f;
+      }
+    }
+    __syncthreads();
+
+    times_tile_transposed<D>(kf, q_s, st_w);    // S^T = K Q^T
+    times_tile_transposed<D>(vf, do_s, dpt_w);  // dP^T = V dO^T
+    __syncwarp();
+
+    const float* st_row = st_w + kk * kLdS;
+    const float* dpt_row = dpt_w + kk * kLdS;
+    bf16* pt_row = pt_w + kk * kLdP;
+    bf16* dst_row = dst_w + kk * kLdP;
+    for (int i = 0; i < 32; ++i) {
+      const int c = lane_column(i, kk, half);
+      const int64_t row = r0 + c;
+      float p = 0.0f, ds = 0.0f;
+      if (row < rows_total && key <= row / a.group) {
+        p = expf(a.scale * st_row[c] - lse_t[c]);
+        ds = a.scale * p * (dpt_row[c] - drow_t[c]);
+      }
+      pt_row[c] = __float2bfloat16_rn(p);
+      dst_row[c] = __float2bfloat16_rn(ds);
+    }
+    __syncwarp();
+
+    accumulate_times_tile<D>(pt_w, do_s, dv_w);  // dV += P^T dO
+    accumulate_times_tile<D>(dst_w, q_s, dk_w);  // dK += dS^T Q
+    __syncwarp();
+  }
+
+  if (key < a.seq) {
+    const int64_t off = key_offset<D>(a, b, g, key);
+    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
+      a.dk[off + c] = __float2bfloat16_rn(dk_row[c]);
+      a.dv[off + c] = __float2bfloat16_rn(dv_row[c]);
+    }
+  }
+}
+
+// ---- host ---------------------------------------------------------------------------------------
+
+bool aligned16(const Tensor* t) {
+  return t == nullptr || t->numel() == 0 || reinterpret_cast<uintptr_t>(t->data()) % 16 == 0;
+}
+
+TcArgs make_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                 const Tensor& lse, double scale) {
+  TcArgs a{};
+  a.q = static_cast<const bf16*>(q.data());
+  a.k = static_cast<const bf16*>(k.data());
+  a.v = static_cast<const bf16*>(v.data());
+  a.out = static_cast<bf16*>(out.data());
+  a.lse = static_cast<float*>(lse.data());
+  a.seq = q.size(1);
+  a.heads = static_cast<int>(q.size(2));
+  a.kv_heads = static_cast<int>(k.size(2));
+  a.group = a.heads / a.kv_heads;
+  a.scale = static_cast<float>(scale);
+  return a;
+}
+
+// Calls f(std::integral_constant<int, D>{}) for the call's head dim (one attention_tc_takes
+// accepted).
+template <typename F>
+void dispatch_head_dim(int64_t d, F&& f) {
+  switch (d) {
+    case 32: f(std::integral_constant<int, 32>{}); return;
+    case 64: f(std::integral_constant<int, 64>{}); return;
+    default: f(std::integral_constant<int, 128>{}); return;
+  }
+}
+
+void check_grid(const char* op, const Tensor& q, const Tensor& k) {
+  const int64_t rows = q.size(1) * (q.size(2) / k.size(2));
+  if (q.size(0) > 65535 || k.size(2) > 65535 || (rows + kRows - 1) / kRows > INT_MAX)
+    MOEPEAK_THROW(op, " on CUDA: q ", q.str(), ", k ", k.str(), " exceed the launch grid");
+}
+
+dim3 row_grid(const Tensor& q, const Tensor& k) {
+  const int64_t rows = q.size(1) * (q.size(2) / k.size(2));
+  return dim3(static_cast<unsigned>((rows + kRows - 1) / kRows), static_cast<unsigned>(k.size(2)),
+              static_cast<unsigned>(q.size(0)));
+}
+
+}  // namespace
+
+bool attention_tc_takes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor* dout, const Tensor* dq, const Tensor* dk, const Tensor* dv) {
+  const int64_t d = q.size(3);
+  return q.dtype() == DType::bf16 && (d == 32 || d == 64 || d == 128) && aligned16(&q) &&
+         aligned16(&k) && aligned16(&v) && aligned16(&out) && aligned16(dout) && aligned16(dq) &&
+         aligned16(dk) && aligned16(dv);
+}
+
+void attention_forward_tc(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                          const Tensor& out, const Tensor& lse, Stream& stream) {
+  const char* op = "attention_forward_cuda (tensor cores)";
+  if (q.numel() == 0) return;
+  check_grid(op, q, k);
+  const TcArgs a = make_args(q, k, v, out, lse, scale);
+  dispatch_head_dim(q.size(3), [&](auto head_dim) {
+    constexpr int D = decltype(head_dim)::value;
+    auto kernel = attention_tc_forward_kernel<D>;
+    cuda::allow_dynamic_smem(kernel, Smem<D>::kForward, op, "q " + q.str());
+    kernel<<<row_grid(q, k), kThreads, Smem<D>::kForward, cuda::native(stream)>>>(a);
+    MOEPEAK_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void attention_backward_tc(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
+                           const Tensor& dk, const Tensor& dv, Stream& stream) {
+  const char* op = "attention_backward_cuda (tensor cores)";
+  if (q.numel() == 0) return;
+  check_grid(op, q, k);
+  TcArgs a = make_args(q, k, v, out, lse, scale);
+  a.dout = static_cast<const bf16*>(dout.data());
+  a.dq = static_cast<bf16*>(dq.data());
+  a.dk = static_cast<bf16*>(dk.data());
+  a.dv = static_cast<bf16*>(dv.data());
+  const dim3 key_grid(static_cast<unsigned>((q.size(1) + kRows - 1) / kRows),
+                      static_cast<unsigned>(k.size(2)), static_cast<unsigned>(q.size(0)));
+  dispatch_head_dim(q.size(3), [&](auto head_dim) {
+    constexpr int D = decltype(head_dim)::value;
+    auto dq_kernel = attention_tc_dq_kernel<D>;
+    auto dkv_kernel = attention_tc_dkv_kernel<D>;
+    cuda::allow_dynamic_smem(dq_kernel, Smem<D>::kDq, op, "q " + q.str());
+    cuda::allow_dynamic_smem(dkv_kernel, Smem<D>::kDkv, op, "q " + q.str());
+    dq_kernel<<<row_grid(q, k), kThreads, Smem<D>::kDq, cuda::native(stream)>>>(a);
+    MOEPEAK_CUDA_LAUNCH_CHECK();
+    dkv_kernel<<<key_grid, kThreads, Smem<D>::kDkv, cuda::native(stream)>>>(a);
+    MOEPEAK_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace moepeak::ops

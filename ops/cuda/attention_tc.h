@@ -1,0 +1,27 @@
+// The tensor-core path of CUDA attention (ops/cuda/attention_tc.cu): causal grouped-query flash
+// attention forward and backward for bf16 storage with head dims 32, 64 and 128, its two GEMMs per
+// tile on bf16 tensor cores (WMMA 16x16x16, fp32 accumulation). ops/cuda/attention.cu calls it
+// for the calls it takes (attention_tc_takes) and runs its SIMT kernels for the rest (f32, other
+// head dims, unaligned views). Same arguments and semantics as ops/attention.h.
+// Test: ctest -L cuda -R test_backend_ops (the bf16 attention cases with d = 32, 64, 128).
+#pragma once
+
+#include "core/runtime/stream.h"
+#include "core/runtime/tensor.h"
+
+namespace moepeak::ops {
+
+// True when the tensor-core kernels handle this call: bf16 storage, d in {32, 64, 128}, and
+// every bf16 tensor's data 16-byte aligned (the kernels move 8 elements per load).
+bool attention_tc_takes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor* dout = nullptr, const Tensor* dq = nullptr,
+                        const Tensor* dk = nullptr, const Tensor* dv = nullptr);
+
+// The arguments are checked by the caller (attention_forward_cuda / attention_backward_cuda).
+void attention_forward_tc(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                          const Tensor& out, const Tensor& lse, Stream& stream);
+void attention_backward_tc(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
+                           const Tensor& dk, const Tensor& dv, Stream& stream);
+
+}  // namespace moepeak::ops
