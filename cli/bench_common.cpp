@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/train/trainer.h"
+#include "ops/fill.h"
 
 namespace moepeak::cli {
 
@@ -41,6 +42,12 @@ BackendOptions bench_any_backend_options(const Config& cfg, const RankInfo& rank
   o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
   o.numa_node = static_cast<int>(cfg.runtime.numa_node);
   return o;
+}
+
+OwnedTensor filled(Backend& b, Shape shape, DType dtype, double value, const char* what) {
+  auto t = OwnedTensor::device(b, shape, dtype, LiveSet::workspace, what);
+  ops::fill(t, value, b.default_stream());
+  return t;
 }
 
 double median(std::vector<double> v) {

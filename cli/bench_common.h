@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -49,6 +50,28 @@ void fill_seeded(const Tensor& t, Backend& backend, Next&& next) {
   copy_from_host_as(values, t, backend, backend.default_stream());
 }
 
+// Times work on the backend's default stream with a pair of events (bench gemm, bench attention).
+class EventTimer {
+ public:
+  explicit EventTimer(Backend& b) : backend_(b), start_(b.create_event()), end_(b.create_event()) {}
+  // Milliseconds of `work(stream)` on the default stream.
+  template <typename F> double time_ms(F&& work) {
+    Stream& s = backend_.default_stream();
+    start_->record(s);
+    work(s);
+    end_->record(s);
+    end_->synchronize();
+    return end_->elapsed_ms(*start_);
+  }
+
+ private:
+  Backend& backend_;
+  std::unique_ptr<Event> start_, end_;
+};
+
+// A device tensor of the workspace live set with every element `value`.
+OwnedTensor filled(Backend& b, Shape shape, DType dtype, double value, const char* what);
+
 // This rank's E/W experts of a bench MoE layer (bench dispatch, tune): w1, w3 (F, H) and w2
 // (H, F) uniform in +-1/sqrt(fan-in), gradients zero, the same values whichever rank owns an
 // expert (each seeded by its id), so runs on any W compute the same layer. f32 or f64 (and bf16
@@ -73,6 +96,7 @@ void register_bench_vocab(CLI::App& bench, Context& ctx);  // cli/bench_vocab.cp
 void register_bench_adamw(CLI::App& bench, Context& ctx);  // cli/bench_adamw.cpp
 void register_bench_dispatch(CLI::App& bench, Context& ctx);  // cli/bench_dispatch.cpp
 void register_bench_gemm(CLI::App& bench, Context& ctx);  // cli/bench_gemm.cpp
+void register_bench_attention(CLI::App& bench, Context& ctx);  // cli/bench_attention.cpp
 
 // Top-k routing of a bench MoE layer (bench dispatch, tune): k distinct experts per token, drawn
 // by exponential keys (u^(1/p_e), the k largest), with positive weights renormalised to sum 1.

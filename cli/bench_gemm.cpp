@@ -32,7 +32,6 @@
 #include "core/metrics/flops.h"
 #include "core/runtime/backend.h"
 #include "core/units.h"
-#include "ops/fill.h"
 #include "ops/grouped_linear.h"
 #include "ops/linear.h"
 
@@ -67,30 +66,6 @@ std::vector<GemmShape> step_gemms(const ModelConfig& model, int64_t tokens) {
           {"lm_head_strip", tokens, strip, H}};
 }
 
-class Timer {
- public:
-  explicit Timer(Backend& b) : backend_(b), start_(b.create_event()), end_(b.create_event()) {}
-  // Milliseconds of `work` on the default stream, measured with events.
-  template <typename F> double time_ms(F&& work) {
-    Stream& s = backend_.default_stream();
-    start_->record(s);
-    work(s);
-    end_->record(s);
-    end_->synchronize();
-    return end_->elapsed_ms(*start_);
-  }
-
- private:
-  Backend& backend_;
-  std::unique_ptr<Event> start_, end_;
-};
-
-OwnedTensor filled(Backend& b, Shape shape, DType dtype, double value, const char* what) {
-  auto t = OwnedTensor::device(b, shape, dtype, LiveSet::workspace, what);
-  ops::fill(t, value, b.default_stream());
-  return t;
-}
-
 int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
   Config cfg = load_config_for_command(args.common.config, ctx);
   std::unique_ptr<Backend> backend = Backend::create(bench_any_backend_options(cfg, RankInfo{}));
@@ -114,7 +89,7 @@ int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
               "GFLOP/s", "%ceiling");
 
   nlohmann::json rows = nlohmann::json::array();
-  Timer timer(*backend);
+  EventTimer timer(*backend);
   for (const GemmShape& g : step_gemms(cfg.model, tokens)) {
     const int64_t G = g.groups, M = G * g.m;
     auto x = filled(*backend, Shape{M, g.k}, dtype, 0.01, "x");

@@ -11,7 +11,8 @@
 #
 # Then, on the GPU machine, from the repository root:
 #   LD_LIBRARY_PATH=.device/lib:/usr/local/cuda/targets/x86_64-linux/lib:/usr/lib/x86_64-linux-gnu \
-#     MOEPEAK_BUILD_DIR=.device/build scripts/gpu-check.sh --no-build --out <dir>
+#     MOEPEAK_BUILD_DIR=.device/build scripts/gpu-check.sh --no-build --out /tmp/gc \
+#     --archive <a folder that comes back>/gpu-check.tar.gz
 # (the CUDA runtime, cuBLAS and NCCL come from the GPU machine, and Open MPI where it has it: the
 # bundle's fallback-lib/ copy is used only where it does not; glibc, libstdc++ and the dynamic
 # loader come from the GPU machine too, so they must be at least as new as this machine's.)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/gpu-check.sh: on a machine with an NVIDIA GPU, check the CUDA backend: build (or reuse a
-# build), run every GPU test (the ctest label `cuda`), run the benches at GPU sizes (gemm, and the
-# paper's four component tests: dispatch, vocab, sco, adamw), train the small preset with every
-# bounded operator on, and print a summary table. Meant to finish within 8 minutes on one H200.
+# build), run every GPU test (the ctest label `cuda`), run the benches at GPU sizes (gemm,
+# attention, and the paper's four component tests: dispatch, vocab, sco, adamw), train the small
+# preset with every bounded operator on, and print a summary table. Meant to finish within 8
+# minutes on one H200.
 #
 #   scripts/gpu-check.sh                       build into build/ when moepeak is missing there
 #   scripts/gpu-check.sh --no-build            reuse $MOEPEAK_BUILD_DIR (default build/) as it
@@ -13,11 +14,15 @@
 #   scripts/gpu-check.sh --budget SECONDS      stop starting steps after this long (default 540,
 #                                              inside a 10-minute lease call); each step also has
 #                                              its own time limit, cut to what the budget leaves
+#   scripts/gpu-check.sh --archive FILE        also pack DIR into FILE (.tar.gz) when done: one
+#                                              file to bring back from a machine that returns
+#                                              only a few
 #
 # Each step's output goes to DIR/<step>.log; the summary says passed/failed per step and, for the
 # benches, the figure the issue's targets are about. The summary is also written to
 # DIR/summary.txt row by row as the steps finish, so a run stopped from outside still leaves what
-# it measured. A step that outlives its limit is killed and reported as `TIMEOUT`; the steps after
+# it measured, and DIR/report.md gathers every step's table (the benches' `#` headers and rows,
+# the tests' and runs' last lines) in the form docs/perf.md takes. A step that outlives its limit is killed and reported as `TIMEOUT`; the steps after
 # it still run. Exit status: 0 when every step passed.
 # Results worth keeping go to docs/perf.md with the device and the date.
 set -uo pipefail
@@ -27,12 +32,14 @@ build_dir="${MOEPEAK_BUILD_DIR:-$root/build}"
 out=""
 build=auto
 budget=540
+archive=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) build=no ;;
     --out) out="$2"; shift ;;
     --budget) budget="$2"; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --archive) archive="$2"; shift ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -83,7 +90,7 @@ started=$(date +%s)
 {
   echo "# moepeak gpu-check: $gpu; started $(date -u '+%Y-%m-%d %H:%M:%S UTC'); logs in $out"
   echo "# $("$bin" --version 2>/dev/null | head -1)"
-  printf '# %-18s %-12s %9s  %s\n' step result seconds note
+  printf '# %-20s %-12s %9s  %s\n' step result seconds note
 } >"$summary"
 
 # step NAME LIMIT COMMAND...: runs the command with its output in $out/NAME.log, killed after
@@ -119,7 +126,7 @@ note() { notes[${#notes[@]}-1]="$*"; }
 # row: appends the last step's row to the summary file (after its note, if any).
 row() {
   local i=$(( ${#names[@]} - 1 ))
-  printf '  %-18s %-12s %9s  %s\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}" \
+  printf '  %-20s %-12s %9s  %s\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}" \
     "${notes[$i]}" >>"$summary"
 }
 
@@ -154,6 +161,25 @@ EOF
 )"
 fi
 row
+
+# Attention of a gpt-oss-20b layer (64 query heads, 8 kv heads, d 64) at one 8192-token sequence:
+# bf16 on the tensor-core kernels, and f32 on the SIMT ones, against the same GEMM ceiling.
+for dtype in bf16 f32; do
+  step "bench-attention-$dtype" 60 "$bin" bench attention -c "$root/configs/gpt-oss-20b.toml" \
+    --set runtime.backend=cuda --batch 1 --seq 8192 --dtype $dtype --warmup 2 --iters 5 \
+    --json "$out/bench-attention-$dtype.json"
+  if [ -f "$out/bench-attention-$dtype.json" ]; then
+    note "$(python3 - "$out/bench-attention-$dtype.json" <<'EOF' 2>/dev/null
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["shape"]["kernels"] + ":", "; ".join(
+    f"{r['schedule']} {r['time_s'] * 1e3:.1f} ms, {r['gflops'] / 1e3:.0f} TFLOP/s "
+    f"({r['percent_of_ceiling']:.0f}% of ceiling)" for r in d["rows"]))
+EOF
+)"
+  fi
+  row
+done
 
 # The vocabulary projection at the issue's shape (N 8192, H 7168, V 200,000, bf16): materialised
 # logits vs Ring-DTP on one GPU (P = 1) with strips of V/8. Targets: Ring-DTP within 1.1x of
@@ -246,8 +272,35 @@ done
 
 # ---- summary ---------------------------------------------------------------------------------
 echo "# finished $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(( $(date +%s) - started )) s" >>"$summary"
+# report.md: the summary, then each step's output as docs/perf.md quotes it.
+{
+  echo "## gpu-check: $gpu, $(date -u '+%Y-%m-%d')"
+  echo
+  echo '```'
+  cat "$summary"
+  echo '```'
+  for i in "${!names[@]}"; do
+    name="${names[$i]}"
+    echo
+    echo "### $name: ${results[$i]}, ${seconds[$i]} s"
+    [ -n "${notes[$i]}" ] && { echo; echo "${notes[$i]}"; }
+    [ -f "$out/$name.log" ] || continue
+    echo
+    echo '```'
+    if [[ "$name" == bench-* ]] && [ "${results[$i]}" = passed ]; then
+      grep -E '^(#|  [^ ])' "$out/$name.log" | grep -v '^# moepeak bench' | head -60
+    else
+      tail -15 "$out/$name.log"
+    fi
+    echo '```'
+  done
+} >"$out/report.md"
 echo
 cat "$summary"
+if [ -n "$archive" ]; then
+  tar czf "$archive" -C "$(dirname "$out")" "$(basename "$out")" &&
+    echo "gpu-check: $out packed into $archive ($(du -h "$archive" | cut -f1))"
+fi
 failed=0
 for r in "${results[@]}"; do [ "$r" = passed ] || failed=1; done
 exit $failed

@@ -117,6 +117,20 @@ check "bench gemm JSON has 18 rows with their share of the ceiling, the grouped 
 "$bin" bench gemm --set runtime.backend=cpu --dtype bf16 >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bench gemm --dtype bf16 on the CPU is an error" test $rc -ne 0
 check "it says bf16 needs CUDA" contains "$tmp/err" "needs the CUDA backend"
+
+# bench attention: a layer's attention, forward and backward, the kernels named, against the
+# ceiling; the FLOPs count the causal half (forward 4 B nh d T(T+1)/2, backward 2.5x).
+"$bin" bench attention --set runtime.backend=cpu --batch 2 --seq 40 --warmup 0 --iters 1 \
+  --ceiling-size 128 --json "$tmp/attention.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench attention exits 0" test $rc -eq 0
+check "bench attention names the kernels" grep -q '^# kernels: cpu: OpenBLAS blocks' "$tmp/out"
+check "bench attention times forward and backward" \
+  sh -c "grep -q '^  forward ' '$tmp/out' && grep -q '^  backward ' '$tmp/out'"
+check "bench attention JSON: 2 rows, the causal FLOPs of B 2, T 40 and the embedded model's heads" \
+  python3 -c "import json,sys; d=json.load(open('$tmp/attention.json')); s=d['shape']; r=d['rows']; f=4*s['head_dim']*2*s['heads']*40*41/2/1e9; sys.exit(not (d['bench']=='attention' and s['batch']==2 and s['seq']==40 and len(r)==2 and abs(r[0]['gflop']-f)<1e-12 and abs(r[1]['gflop']-2.5*f)<1e-12 and all(x['percent_of_ceiling']>0 for x in r)))"
+"$bin" bench attention --set runtime.backend=cpu --dtype bf16 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench attention --dtype bf16 on the CPU is an error" test $rc -ne 0
+check "it says bf16 needs CUDA" contains "$tmp/err" "needs the CUDA backend"
 "$bin" bench vocab --set runtime.backend=cpu --dtype bf16 --tokens 8 --hidden 8 --vocab 16 \
   >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bench vocab --dtype bf16 on the CPU is an error" test $rc -ne 0
