@@ -40,19 +40,14 @@ struct AttentionArgs {
   BenchCommonArgs common;
   int64_t batch = 0;  // 0 = training.batch_size
   int64_t seq = 0;    // 0 = training.seq_len
-  std::string dtype;  // "" = bf16 on CUDA, f32 on the CPU
-  int ceiling_size = 0;  // 0 = 8192 on CUDA, 1024 on the CPU
+  CeilingArgs ceiling;
 };
 
 int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
   Config cfg = load_config_for_command(args.common.config, ctx);
   std::unique_ptr<Backend> backend = Backend::create(bench_any_backend_options(cfg, RankInfo{}));
-  const bool cuda = backend->kind() == BackendKind::cuda;
-  const std::string dtype_text = !args.dtype.empty() ? args.dtype : cuda ? "bf16" : "f32";
-  const DType dtype = dtype_text == "bf16" ? DType::bf16 : DType::f32;
-  MOEPEAK_CHECK(cuda || dtype == DType::f32,
-                "bench attention --dtype bf16 needs the CUDA backend; the CPU computes in f32");
-  const int ceiling_n = args.ceiling_size > 0 ? args.ceiling_size : cuda ? 8192 : 1024;
+  const Ceiling ceil = measure_ceiling(*backend, args.ceiling, "attention");
+  const DType dtype = ceil.dtype;
   const int64_t B = args.batch > 0 ? args.batch : cfg.training.batch_size;
   const int64_t T = args.seq > 0 ? args.seq : cfg.training.seq_len;
   const ModelConfig& m = cfg.model;
@@ -79,7 +74,7 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const char* kernels = ops::attention_kernels(q, k, v, out);
 
-  const double ceiling = measure_backend_gemm_gflops(*backend, dtype, ceiling_n, 5);
+  const double ceiling = ceil.gflops;
   const double pairs = static_cast<double>(B) * static_cast<double>(nh) *
                        static_cast<double>(T) * static_cast<double>(T + 1) / 2.0;
   const double forward_flops = 4.0 * static_cast<double>(d) * pairs;
@@ -87,10 +82,10 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
   std::printf("# host %s, %s; model %s: B %lld, T %lld, nh %lld, nkv %lld, d %lld, dtype %s\n",
               process_host().c_str(), now_utc().c_str(), cfg.job.name.c_str(),
               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(nh),
-              static_cast<long long>(nkv), static_cast<long long>(d), dtype_text.c_str());
+              static_cast<long long>(nkv), static_cast<long long>(d), ceil.dtype_text.c_str());
   std::printf("# kernels: %s; ceiling: %d^3 GEMM through ops::linear_forward, best of 5: %.1f "
               "GFLOP/s\n",
-              kernels, ceiling_n, ceiling);
+              kernels, ceil.n, ceiling);
   std::printf("# %-9s %11s %12s %11s %9s\n", "pass", "time_ms", "GFLOP", "GFLOP/s", "%ceiling");
 
   EventTimer timer(*backend);
@@ -107,12 +102,7 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
   };
   nlohmann::json rows = nlohmann::json::array();
   for (const Pass& p : passes) {
-    std::vector<double> ms;
-    for (int i = 0; i < args.common.warmup + args.common.iters; ++i) {
-      const double t = timer.time_ms(p.run);
-      if (i >= args.common.warmup) ms.push_back(t);
-    }
-    const double t = median(ms);
+    const double t = timer.median_ms(args.common.warmup, args.common.iters, p.run);
     const double gflops = p.flops / (t * 1e-3) / 1e9;
     std::printf("  %-9s %11.4f %12.3f %11.1f %8.1f%%\n", p.name, t, p.flops / 1e9, gflops,
                 100.0 * gflops / ceiling);
@@ -124,8 +114,8 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
   if (!args.common.json_path.empty()) {
     nlohmann::json shape = {{"model", cfg.job.name}, {"batch", B},       {"seq", T},
                             {"heads", nh},           {"kv_heads", nkv},  {"head_dim", d},
-                            {"dtype", dtype_text},   {"kernels", kernels},
-                            {"backend", backend->describe()}, {"ceiling_size", ceiling_n},
+                            {"dtype", ceil.dtype_text},   {"kernels", kernels},
+                            {"backend", backend->describe()}, {"ceiling_size", ceil.n},
                             {"ceiling_gflops", ceiling}};
     write_bench_json(args.common.json_path, "attention", 1, shape, rows);
   }
@@ -144,11 +134,7 @@ void register_bench_attention(CLI::App& bench, Context& ctx) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--seq", args.seq, "tokens per sequence (default training.seq_len)")
       ->check(CLI::PositiveNumber);
-  sub->add_option("--dtype", args.dtype, "storage dtype (default bf16 on CUDA, f32 on the CPU)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
-  sub->add_option("--ceiling-size", args.ceiling_size,
-                  "n of the n^3 ceiling GEMM (default 8192 on CUDA, 1024 on the CPU)")
-      ->check(CLI::Range(64, 16384));
+  add_ceiling_options(*sub, args.ceiling);
   sub->callback([&ctx] { ctx.action = [&ctx] { return run_bench_attention(args, ctx); }; });
 }
 

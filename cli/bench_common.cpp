@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/metrics/flops.h"
 #include "core/train/trainer.h"
 #include "ops/fill.h"
 
@@ -42,6 +43,26 @@ BackendOptions bench_any_backend_options(const Config& cfg, const RankInfo& rank
   o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
   o.numa_node = static_cast<int>(cfg.runtime.numa_node);
   return o;
+}
+
+void add_ceiling_options(CLI::App& sub, CeilingArgs& args) {
+  sub.add_option("--dtype", args.dtype, "storage dtype (default bf16 on CUDA, f32 on the CPU)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  sub.add_option("--ceiling-size", args.ceiling_size,
+                 "n of the n^3 ceiling GEMM (default 8192 on CUDA, 1024 on the CPU)")
+      ->check(CLI::Range(64, 16384));
+}
+
+Ceiling measure_ceiling(Backend& backend, const CeilingArgs& args, const char* bench) {
+  const bool cuda = backend.kind() == BackendKind::cuda;
+  Ceiling c;
+  c.dtype_text = !args.dtype.empty() ? args.dtype : cuda ? "bf16" : "f32";
+  c.dtype = c.dtype_text == "bf16" ? DType::bf16 : DType::f32;
+  MOEPEAK_CHECK(cuda || c.dtype == DType::f32, "bench ", bench,
+                " --dtype bf16 needs the CUDA backend; the CPU computes in f32");
+  c.n = args.ceiling_size > 0 ? args.ceiling_size : cuda ? 8192 : 1024;
+  c.gflops = measure_backend_gemm_gflops(backend, c.dtype, c.n, 5);
+  return c;
 }
 
 OwnedTensor filled(Backend& b, Shape shape, DType dtype, double value, const char* what) {

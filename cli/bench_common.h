@@ -39,7 +39,6 @@ BackendOptions bench_backend_options(const Config& cfg, const RankInfo& ranks);
 // less the reserve; the pinned pool on runtime.numa_node); otherwise bench_backend_options.
 BackendOptions bench_any_backend_options(const Config& cfg, const RankInfo& ranks);
 
-double median(std::vector<double> v);
 
 // Writes next() into each element of `t` in order (any dtype, rounded to it; device or host
 // memory of either backend) and waits for the default stream: the seeded inputs of a bench.
@@ -49,6 +48,8 @@ void fill_seeded(const Tensor& t, Backend& backend, Next&& next) {
   for (double& v : values) v = static_cast<double>(next());
   copy_from_host_as(values, t, backend, backend.default_stream());
 }
+
+double median(std::vector<double> v);
 
 // Times work on the backend's default stream with a pair of events (bench gemm, bench attention).
 class EventTimer {
@@ -63,11 +64,36 @@ class EventTimer {
     end_->synchronize();
     return end_->elapsed_ms(*start_);
   }
+  // The median of `iters` timings of `work` after `warmup` untimed ones, in milliseconds.
+  template <typename F> double median_ms(int warmup, int iters, F&& work) {
+    std::vector<double> ms;
+    for (int i = 0; i < warmup + iters; ++i) {
+      const double t = time_ms(work);
+      if (i >= warmup) ms.push_back(t);
+    }
+    return median(ms);
+  }
 
  private:
   Backend& backend_;
   std::unique_ptr<Event> start_, end_;
 };
+
+// --dtype and --ceiling-size of the benches measured against a GEMM ceiling (gemm, attention).
+struct CeilingArgs {
+  std::string dtype;     // "" = bf16 on CUDA, f32 on the CPU
+  int ceiling_size = 0;  // 0 = 8192 on CUDA, 1024 on the CPU
+};
+void add_ceiling_options(CLI::App& sub, CeilingArgs& args);
+struct Ceiling {
+  DType dtype = DType::f32;
+  std::string dtype_text;  // "f32" | "bf16"
+  int n = 0;               // the n^3 GEMM
+  double gflops = 0;       // its best of five through ops::linear_forward
+};
+// Resolves the bench's dtype (bf16 on the CPU is an error naming `bench`) and measures the
+// ceiling on the backend.
+Ceiling measure_ceiling(Backend& backend, const CeilingArgs& args, const char* bench);
 
 // A device tensor of the workspace live set with every element `value`.
 OwnedTensor filled(Backend& b, Shape shape, DType dtype, double value, const char* what);

@@ -41,8 +41,7 @@ namespace {
 struct GemmArgs {
   BenchCommonArgs common;
   int64_t tokens = 0;  // 0 = batch_size * seq_len
-  std::string dtype;   // "" = bf16 on CUDA, f32 on the CPU
-  int ceiling_size = 0;  // 0 = 8192 on CUDA, 1024 on the CPU
+  CeilingArgs ceiling;
 };
 
 // y (M, N) = x (M, K) w (N, K)^T, one of a step's GEMMs; with groups > 1, `groups` such GEMMs
@@ -69,16 +68,14 @@ std::vector<GemmShape> step_gemms(const ModelConfig& model, int64_t tokens) {
 int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
   Config cfg = load_config_for_command(args.common.config, ctx);
   std::unique_ptr<Backend> backend = Backend::create(bench_any_backend_options(cfg, RankInfo{}));
-  const bool cuda = backend->kind() == BackendKind::cuda;
-  const std::string dtype_text = !args.dtype.empty() ? args.dtype : cuda ? "bf16" : "f32";
-  const DType dtype = dtype_text == "bf16" ? DType::bf16 : DType::f32;
-  MOEPEAK_CHECK(cuda || dtype == DType::f32,
-                "bench gemm --dtype bf16 needs the CUDA backend; the CPU computes in f32");
-  const int ceiling_n = args.ceiling_size > 0 ? args.ceiling_size : cuda ? 8192 : 1024;
   const int64_t tokens =
       args.tokens > 0 ? args.tokens : cfg.training.batch_size * cfg.training.seq_len;
 
-  const double ceiling = measure_backend_gemm_gflops(*backend, dtype, ceiling_n, 5);
+  const Ceiling ceil = measure_ceiling(*backend, args.ceiling, "gemm");
+  const DType dtype = ceil.dtype;
+  const std::string& dtype_text = ceil.dtype_text;
+  const int ceiling_n = ceil.n;
+  const double ceiling = ceil.gflops;
   std::printf("# moepeak bench gemm: %s\n", backend->describe().c_str());
   std::printf("# host %s, %s; model %s, %lld tokens, dtype %s\n", process_host().c_str(),
               now_utc().c_str(), cfg.job.name.c_str(), static_cast<long long>(tokens),
@@ -123,12 +120,7 @@ int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
                  }}};
     }
     for (const Pass& p : passes) {
-      std::vector<double> ms;
-      for (int i = 0; i < args.common.warmup + args.common.iters; ++i) {
-        double t = timer.time_ms(p.run);
-        if (i >= args.common.warmup) ms.push_back(t);
-      }
-      const double t = median(ms);
+      const double t = timer.median_ms(args.common.warmup, args.common.iters, p.run);
       const double gflops = p.flops / (t * 1e-3) / 1e9;
       std::printf("  %-14s %7lld %7lld %7lld %9s %11.4f %11.1f %8.1f%%\n", g.name.c_str(),
                   static_cast<long long>(M), static_cast<long long>(g.n),
@@ -158,11 +150,7 @@ void register_bench_gemm(CLI::App& bench, Context& ctx) {
   add_bench_common_options(*sub, args.common);
   sub->add_option("--tokens", args.tokens, "tokens per step (default batch_size * seq_len)")
       ->check(CLI::PositiveNumber);
-  sub->add_option("--dtype", args.dtype, "storage dtype (default bf16 on CUDA, f32 on the CPU)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
-  sub->add_option("--ceiling-size", args.ceiling_size,
-                  "n of the n^3 ceiling GEMM (default 8192 on CUDA, 1024 on the CPU)")
-      ->check(CLI::Range(64, 16384));
+  add_ceiling_options(*sub, args.ceiling);
   sub->callback([&ctx] { ctx.action = [&ctx] { return run_bench_gemm(args, ctx); }; });
 }
 
