@@ -5,7 +5,9 @@
 // backward, against a GEMM ceiling measured in
 // the same run: one large square GEMM (n^3, --ceiling-size) through the same backend, the best of
 // five. On CUDA the ceiling is cuBLASLt at its best shape, so %ceiling says how much the model's
-// shapes lose to their size (the target: at least 85%).
+// shapes lose to their size (the target: at least 85%). On CUDA each non-grouped row is
+// also timed with cuBLASLt's next 7 heuristic algorithms (ops::set_gemm_algorithm_rank): %best is
+// the fastest of the 8 over moepeak's own choice, the per-shape ceiling of that GEMM.
 //
 //   moepeak bench gemm [--config F]... [--set k=v]... [--tokens N] [--dtype f32|bf16]
 //                      [--ceiling-size n] [--warmup 2] [--iters 5] [--json FILE]
@@ -82,8 +84,15 @@ int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
               dtype_text.c_str());
   std::printf("# ceiling: %d^3 GEMM through ops::linear_forward, best of 5: %.1f GFLOP/s\n",
               ceiling_n, ceiling);
-  std::printf("# %-14s %7s %7s %7s %9s %11s %11s %9s\n", "gemm", "M", "N", "K", "pass", "time_ms",
-              "GFLOP/s", "%ceiling");
+  const bool search = backend->kind() == BackendKind::cuda;
+  if (search) {
+    std::printf("# %%best: the fastest of cuBLASLt's first %d heuristic algorithms for the row's "
+                "GEMMs over the time of the one moepeak runs (its first); grouped rows have "
+                "no choice\n",
+                ops::kGemmAlgorithmRanks);
+  }
+  std::printf("# %-14s %7s %7s %7s %9s %11s %11s %9s %7s\n", "gemm", "M", "N", "K", "pass",
+              "time_ms", "GFLOP/s", "%ceiling", "%best");
 
   nlohmann::json rows = nlohmann::json::array();
   EventTimer timer(*backend);
@@ -122,14 +131,31 @@ int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
     for (const Pass& p : passes) {
       const double t = timer.median_ms(args.common.warmup, args.common.iters, p.run);
       const double gflops = p.flops / (t * 1e-3) / 1e9;
-      std::printf("  %-14s %7lld %7lld %7lld %9s %11.4f %11.1f %8.1f%%\n", g.name.c_str(),
+      // The per-shape ceiling: the same op with each other algorithm the heuristic offers.
+      nlohmann::json best = nullptr;
+      std::string best_text = "-";
+      if (search && G == 1) {
+        double best_ms = t;
+        for (int rank = 1; rank < ops::kGemmAlgorithmRanks; ++rank) {
+          ops::set_gemm_algorithm_rank(rank);
+          best_ms = std::min(best_ms, timer.median_ms(args.common.warmup, args.common.iters, p.run));
+        }
+        ops::set_gemm_algorithm_rank(0);
+        best = 100.0 * best_ms / t;
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%.1f%%", 100.0 * best_ms / t);
+        best_text = buf;
+      }
+      std::printf("  %-14s %7lld %7lld %7lld %9s %11.4f %11.1f %8.1f%% %7s\n", g.name.c_str(),
                   static_cast<long long>(M), static_cast<long long>(g.n),
-                  static_cast<long long>(g.k), p.name, t, gflops, 100.0 * gflops / ceiling);
+                  static_cast<long long>(g.k), p.name, t, gflops, 100.0 * gflops / ceiling,
+                  best_text.c_str());
       rows.push_back({{"schedule", g.name + " " + p.name}, {"time_s", t * 1e-3},
                       {"peak_bytes", peak_bytes_json(backend->arena().stats())},
                       {"bound_bytes", nullptr}, {"max_rel_err", nullptr},
                       {"m", M}, {"n", g.n}, {"k", g.k}, {"groups", G}, {"gflops", gflops},
-                      {"percent_of_ceiling", 100.0 * gflops / ceiling}});
+                      {"percent_of_ceiling", 100.0 * gflops / ceiling},
+                      {"percent_of_best_algorithm", best}});
     }
   }
   if (!args.common.json_path.empty()) {

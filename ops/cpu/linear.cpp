@@ -141,4 +141,14 @@ void linear_backward_cols_cpu(const Tensor& x, const Tensor& w, int64_t k0, cons
   backward("linear_backward_cols_cpu", true, x, w, k0, dy, dx, accumulate_dx, dw, stream);
 }
 
+int set_gemm_algorithm_rank(int rank) {
+  MOEPEAK_CHECK(rank >= 0 && rank < kGemmAlgorithmRanks, "GEMM algorithm rank ", rank,
+                " is outside [0, ", kGemmAlgorithmRanks - 1, "]");
+#ifdef MOEPEAK_WITH_CUDA
+  return set_gemm_algorithm_rank_cuda(rank);
+#else
+  return 0;  // OpenBLAS: one algorithm
+#endif
+}
+
 }  // namespace moepeak::ops

@@ -7,6 +7,7 @@
 // our (cols, rows, inner), and each keeps its own transpose flag.
 #include "ops/cuda/cublaslt.h"
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -50,10 +51,11 @@ struct PlanKey {
   bool trans_a, trans_b;
   int64_t rows, cols, inner, lda, ldb, ldc;
   uint32_t align_a, align_b, align_c;
+  int rank;  // which of the heuristic's algorithms (set_gemm_algorithm_rank)
 
   auto tie() const {
     return std::tie(dtype, trans_a, trans_b, rows, cols, inner, lda, ldb, ldc, align_a, align_b,
-                    align_c);
+                    align_c, rank);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
@@ -91,6 +93,11 @@ std::mutex& state_mutex() {
 std::map<int, DeviceState>& device_states() {
   static auto* s = new std::map<int, DeviceState>;
   return *s;
+}
+
+std::atomic<int>& algorithm_rank() {
+  static std::atomic<int> rank{0};
+  return rank;
 }
 
 std::string describe(const PlanKey& k) {
@@ -143,10 +150,13 @@ Plan make_plan(cublasLtHandle_t handle, const PlanKey& key) {
       MOEPEAK_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof(bytes)));
     }
 
-    cublasLtMatmulHeuristicResult_t result{};
+    // The heuristic's list up to the key's rank; a rank past its end takes the last one.
+    cublasLtMatmulHeuristicResult_t results[kMaxAlgorithmRank + 1]{};
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        handle, p.op, p.lt_a, p.lt_b, p.lt_c, p.lt_c, pref, 1, &result, &found);
+        handle, p.op, p.lt_a, p.lt_b, p.lt_c, p.lt_c, pref, key.rank + 1, results, &found);
+    const int pick = found > key.rank ? key.rank : found > 0 ? found - 1 : 0;
+    const cublasLtMatmulHeuristicResult_t& result = results[pick];
     if (status != CUBLAS_STATUS_SUCCESS || found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
       const cublasStatus_t why = status != CUBLAS_STATUS_SUCCESS ? status : result.state;
       MOEPEAK_THROW("cuBLASLt has no algorithm for a ", describe(key), ": ",
@@ -233,8 +243,10 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, i
   MOEPEAK_CHECK(b != nullptr && ldb >= (trans_b ? inner : cols), "cuda::gemm: B needs a pointer "
                 "and ldb >= ", trans_b ? inner : cols, ", got ldb ", ldb);
 
-  const PlanKey key{dtype, trans_a, trans_b, rows, cols, inner, lda, ldb, ldc,
-                    alignment_of(a), alignment_of(b), alignment_of(c)};
+  const PlanKey key{dtype,           trans_a,         trans_b,         rows,
+                    cols,            inner,           lda,             ldb,
+                    ldc,             alignment_of(a), alignment_of(b), alignment_of(c),
+                    algorithm_rank().load()};
   const Launch l = prepare(key, stream);
   // Host pointer mode (the default): alpha and beta are read during the call.
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
@@ -244,6 +256,12 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, i
   MOEPEAK_CUBLAS_CHECK(cublasLtMatmul(l.handle, l.plan->op, alpha_p, b, l.plan->lt_a, a,
                                       l.plan->lt_b, beta_p, c, l.plan->lt_c, c, l.plan->lt_c,
                                       &l.plan->algo, l.workspace, kWorkspaceBytes, stream));
+}
+
+int set_gemm_algorithm_rank(int rank) {
+  MOEPEAK_CHECK(rank >= 0 && rank <= kMaxAlgorithmRank, "GEMM algorithm rank ", rank,
+                " is outside [0, ", kMaxAlgorithmRank, "]");
+  return algorithm_rank().exchange(rank);
 }
 
 void* stream_workspace(cudaStream_t stream) {

@@ -81,6 +81,14 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, i
 // keeps them apart, and no call keeps anything in it from one call to the next.
 void* stream_workspace(cudaStream_t stream);
 
+// The GEMMs from now on (every thread) use the rank-th algorithm of cuBLASLt's heuristic list for
+// their configuration (0 = its first choice, what training uses; a rank past the list's end
+// takes its last). Returns the previous rank. For `bench gemm`, which times a shape's first
+// kMaxAlgorithmRank + 1 candidates through the same path to find the per-shape ceiling; the
+// plan cache keeps one plan per (configuration, rank).
+constexpr int kMaxAlgorithmRank = 7;
+int set_gemm_algorithm_rank(int rank);
+
 // Throws naming `op` unless `dtype` is one gemm() supports (f32, bf16, f64).
 void expect_gemm_dtype(const char* op, DType dtype);
 

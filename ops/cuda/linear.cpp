@@ -85,4 +85,9 @@ void linear_backward_cols_cuda(const Tensor& x, const Tensor& w, int64_t k0, con
   backward("linear_backward_cols_cuda", true, x, w, k0, dy, dx, accumulate_dx, dw, stream);
 }
 
+int set_gemm_algorithm_rank_cuda(int rank) {
+  static_assert(kGemmAlgorithmRanks == cuda::kMaxAlgorithmRank + 1);
+  return cuda::set_gemm_algorithm_rank(rank);
+}
+
 }  // namespace moepeak::ops

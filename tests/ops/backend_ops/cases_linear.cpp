@@ -7,7 +7,8 @@
 // on and off, dx written, accumulated or undefined, dw given or undefined. M == 0 is an expert
 // with no tokens, K == 0 an empty inner dimension (y written as zeros), N == 0 an empty output
 // (dx written as zeros). Column blocks start at an even k0 (aligned rows) and at odd ones, whose
-// pointers are aligned to the element size only. bf16 keeps the default 1e-2: the inputs are
+// pointers are aligned to the element size only. Two shapes also run with other cuBLASLt
+// algorithms than the heuristic's first (ops::set_gemm_algorithm_rank). bf16 keeps the default 1e-2: the inputs are
 // exact in bf16, products accumulate in fp32, and the result is rounded once to bf16 (2^-9).
 #include <string>
 #include <vector>
@@ -122,6 +123,21 @@ MOEPEAK_BACKEND_OPS_CASES(linear) {
   for (const Block& b : blocks) {
     for (bool acc : {false, true}) cases.push_back(forward_case(b.s, acc, b.k0, b.kw));
     for (const Grads& g : grads) cases.push_back(backward_case(b.s, g, b.k0, b.kw));
+  }
+
+  // The other algorithms `bench gemm` times (ops::set_gemm_algorithm_rank): the same results
+  // within the dtype's tolerance whichever of cuBLASLt's candidates runs (the CPU ignores it).
+  for (int rank : {1, ops::kGemmAlgorithmRanks - 1}) {
+    for (OpCase c : {forward_case({130, 257, 65}, true, -1, 0),
+                     backward_case({130, 257, 65}, {true, true, true}, -1, 0)}) {
+      c.name += " algorithm_rank=" + std::to_string(rank);
+      c.run = [rank, run = c.run](const std::vector<Tensor>& v, Stream& st) {
+        const int previous = ops::set_gemm_algorithm_rank(rank);
+        run(v, st);
+        ops::set_gemm_algorithm_rank(previous);
+      };
+      cases.push_back(std::move(c));
+    }
   }
   return cases;
 }
