@@ -54,29 +54,30 @@ for b in "${binaries[@]}"; do
   strip -o "$out/build/$b" "$build/$b"
 done
 
+# copy_libs PATTERN DIR: copies the shared libraries the binaries load whose file names match the
+# regular expression PATTERN into DIR.
+copy_libs() {
+  local pattern="$1" dir="$2" lib name
+  mkdir -p "$dir"
+  for b in "${binaries[@]}"; do ldd "$build/$b"; done | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' |
+    sort -u | while read -r lib; do
+      name="$(basename "$lib")"
+      [[ "$name" =~ $pattern ]] || continue
+      cp -L "$lib" "$dir/$name"
+    done
+}
+
 # Shared libraries: the Debian ones a GPU machine with only the CUDA toolkit lacks (found by
 # trying on one: spdlog, fmt, toml++, hwloc, numa, OpenBLAS with its Fortran runtime, udev). The
-# rest ldd resolves — CUDA, cuBLAS, NCCL, Open MPI, the C and C++ runtimes — come from the GPU
-# machine (a process initialises MPI only when launched under mpirun).
-bring='^(libspdlog|libfmt|libtomlplusplus|libhwloc|libnuma|libopenblas|libgfortran|libquadmath|libudev)[.-]'
-for b in "${binaries[@]}"; do ldd "$build/$b"; done | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' |
-  sort -u | while read -r lib; do
-    name="$(basename "$lib")"
-    [[ "$name" =~ $bring ]] || continue
-    cp -L "$lib" "$out/lib/$name"
-  done
-
-# Open MPI and its libevent: the GPU machine is expected to have them, but a binary that cannot
-# load costs a whole lease call, so they travel too, in fallback-lib/, which gpu-check.sh puts
-# last on LD_LIBRARY_PATH (the machine's own copies win where it has them).
-fallback='^(libmpi|libopen-rte|libopen-pal|libevent_core|libevent_pthreads|libz)[.-]'
-mkdir -p "$out/fallback-lib"
-for b in "${binaries[@]}"; do ldd "$build/$b"; done | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' |
-  sort -u | while read -r lib; do
-    name="$(basename "$lib")"
-    [[ "$name" =~ $fallback ]] || continue
-    cp -L "$lib" "$out/fallback-lib/$name"
-  done
+# rest ldd resolves — CUDA, cuBLAS, NCCL, the C and C++ runtimes — come from the GPU machine.
+copy_libs '^(libspdlog|libfmt|libtomlplusplus|libhwloc|libnuma|libopenblas|libgfortran|libquadmath|libudev)[.-]' \
+  "$out/lib"
+# Open MPI and its libevent: the GPU machine is expected to have them (a process initialises MPI
+# only when launched under mpirun, but the binary links it), yet a binary that cannot load costs
+# a whole lease call, so they travel too, in fallback-lib/, which gpu-check.sh puts last on
+# LD_LIBRARY_PATH (the machine's own copies win where it has them).
+copy_libs '^(libmpi|libopen-rte|libopen-pal|libevent_core|libevent_pthreads|libz)[.-]' \
+  "$out/fallback-lib"
 
 bytes=$(du -sb "$out" | cut -f1)
 mib=$(( (bytes + 1048575) / 1048576 ))
