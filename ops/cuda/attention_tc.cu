@@ -181,14 +181,19 @@ __device__ __forceinline__ int lane_column(int i, int row, int half) {
   return half * 32 + ((i + row + 16 * half) & 31);
 }
 
-// D . O of flattened query row `row` over the half of the columns of `half`, in fp32 in column
-// order, both from global memory (dout and out of the row at element offset `off`).
+// dout . out of one query row over the columns of `half` (D/2 of them, a multiple of 8), in fp32
+// in column order: dout from the row's shared tile, out from global memory at element offset
+// `off`, 16 bytes per load (0 for a row past T G, off < 0).
 template <int D>
-__device__ __forceinline__ float half_row_dot(const TcArgs& a, int64_t off, int half) {
+__device__ __forceinline__ float half_row_dot(const bf16* dout_row, const bf16* out, int64_t off,
+                                              int half) {
   float sum = 0;
   if (off < 0) return sum;
-  for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
-    sum += __bfloat162float(a.dout[off + c]) * __bfloat162float(a.out[off + c]);
+  for (int c = half * (D / 2); c < (half + 1) * (D / 2); c += 8) {
+    const uint4 packed = *reinterpret_cast<const uint4*>(out + off + c);
+    const bf16* o = reinterpret_cast<const bf16*>(&packed);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum += __bfloat162float(dout_row[c + e]) * __bfloat162float(o[e]);
   }
   return sum;
 }
@@ -307,13 +312,13 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dq_kernel(const TcArgs 
   const int64_t row = row0 + warp * 16 + rr;
   const int64_t pos = row < rows_total ? row / a.group : -1;
   const int64_t off = query_offset<D>(a, b, g, row);
-  float d_row = half_row_dot<D>(a, off, half);
-  d_row += __shfl_xor_sync(0xffffffffu, d_row, 16);
   const float lse = pos >= 0 ? a.lse[lse_index(a, b, g, row)] : 0.0f;
   float* dq_row = dq_w + rr * S::kLdO;
   for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) dq_row[c] = 0.0f;
 
   __syncthreads();  // Q and dO are in shared memory
+  float d_row = half_row_dot<D>(do_s + (warp * 16 + rr) * S::kLdH, a.out, off, half);
+  d_row += __shfl_xor_sync(0xffffffffu, d_row, 16);
   FragA qf[D / 16], dof[D / 16];
   load_a_rows<D>(qf, q_s + warp * 16 * S::kLdH);
   load_a_rows<D>(dof, do_s + warp * 16 * S::kLdH);
@@ -403,18 +408,19 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dkv_kernel(const TcArgs
     auto rows_of = [&](int r) { return query_offset<D>(a, b, g, r0 + r); };
     load_tile<D>(a.q, rows_of, q_s);
     load_tile<D>(a.dout, rows_of, do_s);
+    __syncthreads();  // the tiles are in shared memory
     {
       // lse and D = dout . out of the tile's rows: two threads per row (lanes t and t ^ 1).
       const int r = threadIdx.x >> 1, part = threadIdx.x & 1;
       const int64_t off = rows_of(r);
-      float dot = half_row_dot<D>(a, off, part);
+      float dot = half_row_dot<D>(do_s + r * S::kLdH, a.out, off, part);
       dot += __shfl_xor_sync(0xffffffffu, dot, 1);
       if (part == 0) {
         drow_t[r] = dot;
         lse_t[r] = off >= 0 ? a.lse[lse_index(a, b, g, r0 + r)] : 0.0f;
       }
     }
-    __syncthreads();
+    __syncthreads();  // lse and D of the tile's rows are in shared memory
 
     times_tile_transposed<D>(kf, q_s, st_w);    // S^T = K Q^T
     times_tile_transposed<D>(vf, do_s, dpt_w);  // dP^T = V dO^T
