@@ -39,7 +39,6 @@ BackendOptions bench_backend_options(const Config& cfg, const RankInfo& ranks);
 // less the reserve; the pinned pool on runtime.numa_node); otherwise bench_backend_options.
 BackendOptions bench_any_backend_options(const Config& cfg, const RankInfo& ranks);
 
-
 // Writes next() into each element of `t` in order (any dtype, rounded to it; device or host
 // memory of either backend) and waits for the default stream: the seeded inputs of a bench.
 template <typename Next>

@@ -60,8 +60,6 @@ LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Te
                                        int64_t k0, bool cols, const Tensor& dy, const Tensor& dx,
                                        const Tensor& dw);
 
-// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
-// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
 // Benches (`bench gemm`): from now on the CUDA GEMMs of every op take the rank-th algorithm of
 // cuBLASLt's heuristic list for their configuration (0, the default, is its first choice: what
 // training runs; a rank past the list's end takes its last). Returns the previous rank. The CPU
@@ -70,6 +68,8 @@ constexpr int kGemmAlgorithmRanks = 8;  // ranks 0 .. 7
 int set_gemm_algorithm_rank(int rank);   // ops/cpu/linear.cpp
 int set_gemm_algorithm_rank_cuda(int rank);  // ops/cuda/linear.cpp (cuBLASLt's plan cache)
 
+// The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
+// backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
 void linear_forward_cuda(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate,
                          Stream& stream);
 void linear_backward_cuda(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,

@@ -552,11 +552,11 @@ void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, d
   const char* op = "attention_forward_cuda";
   check_attention_forward_args(q, k, v, scale, out, lse);
   if (q.numel() == 0) return;  // B = 0 or T = 0 (nh, d >= 1 by the checks)
+  const int chunks = check_cuda_limits(op, q, k);  // both paths: head dim, grid limits
   if (attention_tc_takes(q, k, v, out)) {
     attention_forward_tc(q, k, v, scale, out, lse, stream);
     return;
   }
-  const int chunks = check_cuda_limits(op, q, k);
   const dim3 grid = row_grid(q, k);
   cuda::dispatch_storage(q.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
@@ -584,11 +584,11 @@ void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, 
   const char* op = "attention_backward_cuda";
   check_attention_backward_args(q, k, v, out, lse, dout, scale, dq, dk, dv);
   if (q.numel() == 0) return;
+  const int chunks = check_cuda_limits(op, q, k);  // both paths: head dim, grid limits
   if (attention_tc_takes(q, k, v, out, &dout, &dq, &dk, &dv)) {
     attention_backward_tc(q, k, v, out, lse, dout, scale, dq, dk, dv, stream);
     return;
   }
-  const int chunks = check_cuda_limits(op, q, k);
   const dim3 grid_rows = row_grid(q, k);
   const dim3 grid_keys(static_cast<unsigned>((q.size(1) + kBlockRows - 1) / kBlockRows),
                        static_cast<unsigned>(k.size(2)), static_cast<unsigned>(q.size(0)));

@@ -490,12 +490,6 @@ void dispatch_head_dim(int64_t d, F&& f) {
   }
 }
 
-void check_grid(const char* op, const Tensor& q, const Tensor& k) {
-  const int64_t rows = q.size(1) * (q.size(2) / k.size(2));
-  if (q.size(0) > 65535 || k.size(2) > 65535 || (rows + kRows - 1) / kRows > INT_MAX)
-    MOEPEAK_THROW(op, " on CUDA: q ", q.str(), ", k ", k.str(), " exceed the launch grid");
-}
-
 dim3 row_grid(const Tensor& q, const Tensor& k) {
   const int64_t rows = q.size(1) * (q.size(2) / k.size(2));
   return dim3(static_cast<unsigned>((rows + kRows - 1) / kRows), static_cast<unsigned>(k.size(2)),
@@ -516,7 +510,6 @@ void attention_forward_tc(const Tensor& q, const Tensor& k, const Tensor& v, dou
                           const Tensor& out, const Tensor& lse, Stream& stream) {
   const char* op = "attention_forward_cuda (tensor cores)";
   if (q.numel() == 0) return;
-  check_grid(op, q, k);
   const TcArgs a = make_args(q, k, v, out, lse, scale);
   dispatch_head_dim(q.size(3), [&](auto head_dim) {
     constexpr int D = decltype(head_dim)::value;
@@ -532,7 +525,6 @@ void attention_backward_tc(const Tensor& q, const Tensor& k, const Tensor& v, co
                            const Tensor& dk, const Tensor& dv, Stream& stream) {
   const char* op = "attention_backward_cuda (tensor cores)";
   if (q.numel() == 0) return;
-  check_grid(op, q, k);
   TcArgs a = make_args(q, k, v, out, lse, scale);
   a.dout = static_cast<const bf16*>(dout.data());
   a.dq = static_cast<bf16*>(dq.data());

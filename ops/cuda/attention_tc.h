@@ -17,7 +17,8 @@ bool attention_tc_takes(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const Tensor* dout = nullptr, const Tensor* dq = nullptr,
                         const Tensor* dk = nullptr, const Tensor* dv = nullptr);
 
-// The arguments are checked by the caller (attention_forward_cuda / attention_backward_cuda).
+// The arguments, the head dim and the launch grid are checked by the caller
+// (attention_forward_cuda / attention_backward_cuda).
 void attention_forward_tc(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                           const Tensor& out, const Tensor& lse, Stream& stream);
 void attention_backward_tc(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
