@@ -1,13 +1,15 @@
 // `moepeak bench vocab`: the vocabulary projection + cross-entropy, forward and backward, of the
 // materialised schedule (each rank forms its batch's (N, V) logits against the whole LM head)
-// beside Ring-DTP (each rank owns V/P rows; both payloads, several strip widths) on the same
+// beside Ring-DTP (each rank owns V/P rows; both payloads, several strip widths, optionally
+// strips kept from forward to backward) on the same
 // per-rank batches. Each row: the median time of forward + backward, the measured peak of every
 // live set (the `logits` set is the one the schedules differ in), the formula's bound for that
 // set (vocab_materialized_bytes / ring_dtp_bytes), and the largest relative error against the
 // materialised row over the loss, dx and this rank's dW rows.
 //
 //   mpirun -np W moepeak bench vocab [--tokens N] [--hidden H] [--vocab V] [--strips 0,1024,256]
-//                                    [--dtype f32|f64|bf16] [--warmup 2] [--iters 5] [--json FILE]
+//                                    [--kept 0] [--dtype f32|f64|bf16] [--warmup 2] [--iters 5]
+//                                    [--json FILE]
 //
 // N is tokens per rank (each rank its own distinct batch). Rank 0 prints and writes the JSON;
 // times and peaks are the maximum over ranks, errors too. --config/--set only feed the runtime
@@ -45,6 +47,7 @@ struct VocabBenchArgs {
   BenchCommonArgs common;
   VocabShape shape;
   std::vector<int64_t> strips = {0, 1024, 256};
+  std::vector<int64_t> kept = {0};  // schedules.vocab_kept_strips values, each with every strip
 };
 
 // max |got - want| / max |want|; infinite on a NaN.
@@ -83,28 +86,37 @@ int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankIn
     std::printf("# time: median of %d (after %d warm-up) of forward + backward, max over ranks; "
                 "logits: measured peak of the live set, max over ranks; N*V*b = %s\n",
                 args.common.iters, args.common.warmup, format_bytes(nv_bytes).c_str());
-    std::printf("# %-12s %-11s %6s %10s %12s %12s %8s %12s %12s\n", "schedule", "payload", "strip",
-                "time_s", "logits", "bound", "/N*V*b", "peak_total", "max_rel_err");
+    std::printf("# %-12s %-11s %6s %5s %10s %12s %12s %8s %12s %12s\n", "schedule", "payload",
+                "strip", "kept", "time_s", "logits", "bound", "/N*V*b", "peak_total",
+                "max_rel_err");
   }
 
+  // Each Ring-DTP row is compared with the materialised one as soon as it is measured and its
+  // read-backs dropped: at the GPU shape one row's dW alone is V*H doubles (11.5 GB).
   std::vector<VocabMeasured> rows;
+  std::vector<double> errors;
   rows.push_back(bench.run_materialized());
+  errors.push_back(0);
+  const double ref_loss = bench.sum_over_ranks(rows.front().loss);
   for (VocabPayload payload : {VocabPayload::activations, VocabPayload::weights}) {
-    for (int64_t strip : args.strips) rows.push_back(bench.run_ring(payload, strip));
-  }
-  const VocabMeasured& ref = rows.front();
-  const double ref_loss = bench.sum_over_ranks(ref.loss);
-
-  nlohmann::json json_rows = nlohmann::json::array();
-  for (const VocabMeasured& m : rows) {
-    const bool is_ref = &m == &ref;
-    double err = 0;
-    if (!is_ref) {
-      const double loss = bench.sum_over_ranks(m.loss);
-      err = std::max({std::abs(loss - ref_loss) / std::abs(ref_loss), scaled_err(m.dx, ref.dx),
-                      scaled_err(m.dw, ref.dw)});
+    for (int64_t strip : args.strips) {
+      for (int64_t kept : args.kept) {
+        VocabMeasured m = bench.run_ring(payload, strip, kept);
+        const VocabMeasured& ref = rows.front();
+        const double loss = bench.sum_over_ranks(m.loss);
+        errors.push_back(std::max({std::abs(loss - ref_loss) / std::abs(ref_loss),
+                                   scaled_err(m.dx, ref.dx), scaled_err(m.dw, ref.dw)}));
+        m.dx = {};
+        m.dw = {};
+        rows.push_back(std::move(m));
+      }
     }
-    err = bench.max_over_ranks(err);
+  }
+  nlohmann::json json_rows = nlohmann::json::array();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const VocabMeasured& m = rows[i];
+    const bool is_ref = i == 0;
+    const double err = bench.max_over_ranks(errors[i]);
     const double time_s = bench.max_over_ranks(m.time_s);
     // Byte counts are far below 2^53: exact through a double reduction.
     auto max_bytes = [&](uint64_t v) {
@@ -117,9 +129,10 @@ int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankIn
     }
     const uint64_t logits = peak["logits"].get<uint64_t>();
     if (!root) continue;
-    std::printf("  %-12s %-11s %6s %10.4f %12s %12s %8.4f %12s %12.3g\n", m.schedule.c_str(),
+    std::printf("  %-12s %-11s %6s %5s %10.4f %12s %12s %8.4f %12s %12.3g\n", m.schedule.c_str(),
                 m.payload.empty() ? "-" : m.payload.c_str(),
-                is_ref ? "-" : (m.strip == 0 ? "shard" : std::to_string(m.strip).c_str()), time_s,
+                is_ref ? "-" : (m.strip == 0 ? "shard" : std::to_string(m.strip).c_str()),
+                is_ref ? "-" : std::to_string(m.kept).c_str(), time_s,
                 format_bytes(logits).c_str(), format_bytes(m.bound).c_str(),
                 static_cast<double>(logits) / static_cast<double>(nv_bytes),
                 format_bytes(total).c_str(), err);
@@ -129,6 +142,7 @@ int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankIn
       row["payload"] = m.payload;
       row["strip"] = m.strip;
       row["strip_columns"] = schedules::ring_dtp_strip_columns(V, W, m.strip);
+      row["kept_strips"] = m.kept;
     }
     json_rows.push_back(row);
   }
@@ -152,6 +166,11 @@ void register_bench_vocab(CLI::App& bench, Context& ctx) {
   vocab->add_option("--vocab", args.shape.vocab, "vocabulary size (V), at least the world size")
       ->check(CLI::PositiveNumber);
   vocab->add_option("--strips", args.strips, "Ring-DTP strip widths in columns, 0 = whole shard")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
+  vocab->add_option("--kept", args.kept,
+                    "Ring-DTP strips kept from forward to backward (each value with every strip "
+                    "width; more than a rank forms keeps them all)")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
   vocab->add_option("--dtype", args.shape.dtype, "f32 or f64; bf16 on CUDA")

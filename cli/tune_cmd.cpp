@@ -1,6 +1,6 @@
 // `moepeak tune`: measures the curves of the bounded schedules at the per-rank shapes of the
 // user's config on the machine it runs on, chooses chunk size c (and K_max), bucket size beta and
-// staging slots s, the Ring-DTP payload and SCO's host budget by the rules of docs/tune.md
+// staging slots s, the Ring-DTP payload and kept strips and SCO's host budget by the rules of docs/tune.md
 // (core/tune/select.h), checks the plan with the choice applied, and writes into DIR:
 //   tuned.toml   a config fragment with the chosen values (each with the rule and the numbers in a
 //                comment) and, in its header, the exact `moepeak train` command that uses it
@@ -9,7 +9,7 @@
 //
 //   moepeak tune [--config F]... [--set k=v]... --out DIR [--repeats 5] [--warmup 1]
 //                [--only dispatch,optimizer,vocab,sco] [--dispatch-tolerance 0.03]
-//                [--optimizer-tolerance 0.05] [--sco-tolerance 0.03]
+//                [--optimizer-tolerance 0.05] [--vocab-tolerance 0.03] [--sco-tolerance 0.03]
 //   mpirun -np W moepeak tune ...          srun moepeak tune ...   (sbatch slurm/tune.sbatch)
 //
 // Shapes (W ranks, config B x T): N = B*T/W tokens per rank; dispatch (N, H) x top-k over E
@@ -57,7 +57,8 @@ struct TuneArgs {
   std::string out;
   int repeats = 5, warmup = 1;
   std::vector<std::string> only;
-  double dispatch_tolerance = 0.03, optimizer_tolerance = 0.05, sco_tolerance = 0.03;
+  double dispatch_tolerance = 0.03, optimizer_tolerance = 0.05, vocab_tolerance = 0.03,
+         sco_tolerance = 0.03;
 };
 
 // The progress of the sweeps on rank 0: a bar redrawn in place when metrics.progress is "on", or
@@ -129,7 +130,7 @@ const std::map<std::string, std::vector<std::string>>& tuned_keys() {
   static const std::map<std::string, std::vector<std::string>> keys = {
       {"dispatch", {"schedules.dispatch", "schedules.chunk_tokens", "schedules.max_chunks"}},
       {"optimizer", {"optimizer.placement", "optimizer.bucket_params", "optimizer.staging_slots"}},
-      {"vocab", {"schedules.vocab", "schedules.ring_payload"}},
+      {"vocab", {"schedules.vocab", "schedules.ring_payload", "schedules.vocab_kept_strips"}},
       {"sco", {"schedules.checkpoint", "schedules.sco_host_budget"}}};
   return keys;
 }
@@ -142,6 +143,7 @@ struct Outcome {
   std::vector<tune::VocabPoint> vocab_points;
   ScoSweepResult sco_sweep;
   tune::Choice dispatch_choice, optimizer_choice, vocab_choice, sco_choice;
+  tune::Choice kept_choice;  // the chosen vocab point (vocab_choice: its payload's unkept point)
 };
 
 // ---- Output ---------------------------------------------------------------------------------
@@ -189,12 +191,13 @@ void print_tables(const Outcome& o, const TuneShape& s, const TuneArgs& args, co
   }
   if (o.vocab) {
     std::printf("# vocab: Ring-DTP forward + backward\n");
-    std::printf("# %-12s %10s %10s %10s %12s %12s %6s\n", "payload", "median_ms", "min_ms", "max_ms", "logits",
-                "bound", "plan");
+    std::printf("# %-12s %5s %10s %10s %10s %12s %12s %6s\n", "payload", "kept", "median_ms", "min_ms",
+                "max_ms", "logits", "bound", "plan");
     for (size_t i = 0; i < o.vocab_points.size(); ++i) {
       const tune::VocabPoint& p = o.vocab_points[i];
-      std::printf("%s %-12s %10s %10s %10s %12s %12s %6s\n", i == o.vocab_choice.index ? " *" : "  ",
-                  p.payload.c_str(), ms(p.time.median_s).c_str(), ms(p.time.min_s).c_str(),
+      std::printf("%s %-12s %5lld %10s %10s %10s %12s %12s %6s\n", i == o.kept_choice.index ? " *" : "  ",
+                  p.payload.c_str(), static_cast<long long>(p.kept_strips), ms(p.time.median_s).c_str(),
+                  ms(p.time.min_s).c_str(),
                   ms(p.time.max_s).c_str(), format_bytes(p.peak_bytes).c_str(),
                   format_bytes(p.bound_bytes).c_str(), p.plan_fits ? "fits" : "over");
     }
@@ -218,7 +221,9 @@ void print_tables(const Outcome& o, const TuneShape& s, const TuneArgs& args, co
   }
   if (o.dispatch) std::printf("# chosen dispatch: %s\n", o.dispatch_choice.reason.c_str());
   if (o.optimizer) std::printf("# chosen optimizer: %s\n", o.optimizer_choice.reason.c_str());
-  if (o.vocab) std::printf("# chosen vocab: %s\n", o.vocab_choice.reason.c_str());
+  if (o.vocab) {
+    std::printf("# chosen vocab: %s; %s\n", o.vocab_choice.reason.c_str(), o.kept_choice.reason.c_str());
+  }
   if (o.sco) std::printf("# chosen sco: %s\n", o.sco_choice.reason.c_str());
   std::printf("# plan with tuned.toml: %s\n", final_plan.verdict().c_str());
 }
@@ -272,11 +277,15 @@ nlohmann::json curves_json(const Outcome& o, const TuneShape& s, const TuneArgs&
   if (o.vocab) {
     nlohmann::json pts = nlohmann::json::array();
     for (const auto& p : o.vocab_points) {
-      pts.push_back({{"payload", p.payload}, {"time", timing_json(p.time)}, {"peak_bytes", p.peak_bytes},
-                     {"bound_bytes", p.bound_bytes}, {"plan_fits", p.plan_fits}, {"plan_note", p.plan_note}});
+      pts.push_back({{"payload", p.payload}, {"kept_strips", p.kept_strips}, {"time", timing_json(p.time)},
+                     {"peak_bytes", p.peak_bytes}, {"bound_bytes", p.bound_bytes}, {"plan_fits", p.plan_fits},
+                     {"plan_note", p.plan_note}});
     }
-    j["vocab"] = {{"what", "Ring-DTP forward + backward"}, {"rule", "the faster payload the plan accepts"},
-                  {"points", pts}, {"chosen", o.vocab_choice.index}, {"reason", o.vocab_choice.reason}};
+    j["vocab"] = {{"what", "Ring-DTP forward + backward"},
+                  {"rule", "the faster payload the plan accepts with no strips kept; then the fewest kept strips "
+                           "within tolerance of that payload's fastest point the plan accepts"},
+                  {"tolerance", args.vocab_tolerance}, {"points", pts}, {"chosen", o.kept_choice.index},
+                  {"reason", o.vocab_choice.reason + "; " + o.kept_choice.reason}};
   }
   if (o.sco) {
     nlohmann::json pts = nlohmann::json::array();
@@ -350,12 +359,19 @@ std::map<std::string, std::string> plots(const Outcome& o, const TuneShape& s, d
     out["optimizer.svg"] = tune::curve_svg(c);
   }
   if (o.vocab) {
-    tune::Curve c{"vocab: Ring-DTP forward + backward (" + shape + ")", "payload (1 = activations, 2 = weights)",
-                  "median time (ms)", false, {}, {}, -1, -1, o.vocab_choice.reason};
+    tune::Curve c{"vocab: Ring-DTP forward + backward (" + shape + ")", "strips kept from forward to backward",
+                  "median time (ms)", false, {}, {}, -1, -1, o.vocab_choice.reason + "; " + o.kept_choice.reason};
     for (size_t i = 0; i < o.vocab_points.size(); ++i) {
       const tune::VocabPoint& p = o.vocab_points[i];
-      c.series.push_back({p.payload, {{static_cast<double>(i + 1), 1e3 * p.time.median_s, p.payload, p.plan_fits}}});
-      if (i == o.vocab_choice.index) c.chosen_series = static_cast<int>(i), c.chosen_point = 0;
+      auto series = std::find_if(c.series.begin(), c.series.end(),
+                                 [&](const tune::CurveSeries& s) { return s.name == p.payload; });
+      if (series == c.series.end()) series = c.series.insert(c.series.end(), tune::CurveSeries{p.payload, {}});
+      if (i == o.kept_choice.index) {
+        c.chosen_series = static_cast<int>(series - c.series.begin());
+        c.chosen_point = static_cast<int>(series->points.size());
+      }
+      series->points.push_back({static_cast<double>(p.kept_strips), 1e3 * p.time.median_s,
+                                p.payload + ", " + std::to_string(p.kept_strips) + " kept", p.plan_fits});
     }
     out["vocab.svg"] = tune::curve_svg(c);
   }
@@ -404,6 +420,8 @@ std::string tuned_toml(const Outcome& o, const Config& tuned, const TuneShape& s
       t << "# vocab: " << o.vocab_choice.reason << "\n";
       line("schedules.vocab");
       line("schedules.ring_payload");
+      t << "# " << o.kept_choice.reason << "\n";
+      line("schedules.vocab_kept_strips");
     }
     if (o.sco) {
       t << "# checkpoint: " << o.sco_choice.reason << "\n";
@@ -449,15 +467,29 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
 
   const auto dgrid = o.dispatch ? dispatch_grid(cfg, shape) : std::vector<std::pair<int64_t, int64_t>>{};
   const auto ogrid = o.optimizer ? optimizer_grid(cfg, shape) : std::vector<std::pair<int64_t, int64_t>>{};
+  // (payload, K): K = 0 always, K > 0 only where the plan (the base config with that payload and
+  // K) accepts it — a kept strip holds N x strip logits, and a point that cannot fit is not run.
+  std::vector<std::pair<VocabPayload, int64_t>> vgrid;
+  if (o.vocab) {
+    MOEPEAK_CHECK(shape.vocab >= W, "tune: Ring-DTP needs model.vocab_size (", shape.vocab, ") >= W (", W, ")");
+    for (VocabPayload payload : {VocabPayload::activations, VocabPayload::weights}) {
+      for (int64_t kept : vocab_kept_grid(cfg, shape, payload)) {
+        Config c = base;
+        c.schedules.ring_payload = payload;
+        c.schedules.vocab_kept_strips = kept;
+        if (kept == 0 || plan_check(c, in).fits) vgrid.emplace_back(payload, kept);
+      }
+    }
+  }
   SweepRun run;
   run.warmup = args.warmup;
   run.repeats = args.repeats;
-  const int total = static_cast<int>(dgrid.size() + ogrid.size()) + (o.vocab ? vocab_ticks() : 0) +
+  const int total = static_cast<int>(dgrid.size() + ogrid.size() + vgrid.size()) +
                     (o.sco ? sco_ticks(run) : 0);
   if (root) {
-    std::printf("# moepeak tune: %d points to measure (dispatch %zu, optimizer %zu, vocab %d, sco %d steps) on "
+    std::printf("# moepeak tune: %d points to measure (dispatch %zu, optimizer %zu, vocab %zu, sco %d steps) on "
                 "W = %d rank%s, %d repetitions each after %d warm-up\n",
-                total, dgrid.size(), ogrid.size(), o.vocab ? 2 : 0, o.sco ? sco_ticks(run) : 0, W,
+                total, dgrid.size(), ogrid.size(), vgrid.size(), o.sco ? sco_ticks(run) : 0, W,
                 W == 1 ? "" : "s", args.repeats, args.warmup);
     std::fflush(stdout);
   }
@@ -466,7 +498,7 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
     run.tick = [&](const std::string& what) { progress.tick(what); };
     if (o.dispatch) o.dispatch_points = sweep_dispatch(cfg, ranks, shape, dgrid, run);
     if (o.optimizer) o.optimizer_sweep = sweep_optimizer(cfg, ranks, shape, ogrid, run);
-    if (o.vocab) o.vocab_points = sweep_vocab(cfg, ranks, shape, run);
+    if (o.vocab) o.vocab_points = sweep_vocab(cfg, ranks, shape, vgrid, run);
     if (o.sco) o.sco_sweep = sweep_sco(cfg, ranks, shape, run);
   }
 
@@ -489,6 +521,7 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
     for (tune::VocabPoint& p : o.vocab_points) {
       Config c = base;
       c.schedules.ring_payload = enum_from_name<VocabPayload>(p.payload).value();
+      c.schedules.vocab_kept_strips = p.kept_strips;
       const PlanCheck pc = plan_check(c, in);
       p.plan_fits = pc.fits;
       p.plan_note = pc.note;
@@ -496,7 +529,10 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
     const VocabPayload preferred =
         schedules::ring_dtp_resolve_payload(VocabPayload::automatic, shape.tokens, shape.vocab, W);
     o.vocab_choice = tune::select_payload(o.vocab_points, std::string(enum_name(preferred)));
-    base.schedules.ring_payload = enum_from_name<VocabPayload>(o.vocab_points[o.vocab_choice.index].payload).value();
+    const std::string payload = o.vocab_points[o.vocab_choice.index].payload;
+    o.kept_choice = tune::select_kept_strips(o.vocab_points, payload, args.vocab_tolerance);
+    base.schedules.ring_payload = enum_from_name<VocabPayload>(payload).value();
+    base.schedules.vocab_kept_strips = o.vocab_points[o.kept_choice.index].kept_strips;
   }
   if (o.sco) {
     for (tune::ScoPoint& p : o.sco_sweep.points) {
@@ -588,7 +624,7 @@ void register_tune_command(CLI::App& app, Context& ctx) {
   static TuneArgs args;
   auto* cmd = app.add_subcommand(
       "tune", "measure the bounded schedules' curves on this machine and choose chunk size c, bucket size beta, "
-              "slots s, the Ring-DTP payload and SCO's host budget (writes DIR/tuned.toml, curves.json, *.svg)");
+              "slots s, the Ring-DTP payload and kept strips and SCO's host budget (writes DIR/tuned.toml, curves.json, *.svg)");
   add_config_options(*cmd, args.config);
   cmd->add_option("--out", args.out, "directory for tuned.toml, curves.json and the plots")->required();
   cmd->add_option("--repeats", args.repeats, "timed repetitions per point (the median is used)")
@@ -602,6 +638,9 @@ void register_tune_command(CLI::App& app, Context& ctx) {
       ->check(CLI::Range(0.0, 10.0));
   cmd->add_option("--optimizer-tolerance", args.optimizer_tolerance,
                   "the staging rule's time tolerance over the fastest point (0.05 = 5%)")
+      ->check(CLI::Range(0.0, 10.0));
+  cmd->add_option("--vocab-tolerance", args.vocab_tolerance,
+                  "the kept-strips rule's time tolerance over the fastest point (0.03 = 3%)")
       ->check(CLI::Range(0.0, 10.0));
   cmd->add_option("--sco-tolerance", args.sco_tolerance,
                   "the SCO rule's overhead limit over standard checkpointing (0.03 = 3%)")

@@ -286,7 +286,19 @@ OptimizerSweep sweep_optimizer(const Config& cfg, const RankInfo& ranks, const T
   return out;
 }
 
+std::vector<int64_t> vocab_kept_grid(const Config& cfg, const TuneShape& shape, VocabPayload payload) {
+  const int64_t S =
+      schedules::ring_dtp_strip_count(shape.vocab, shape.world, cfg.schedules.vocab_strip, payload).fewest;
+  std::vector<int64_t> grid;
+  for (int64_t quarter = 0; quarter <= 4; ++quarter) {
+    const int64_t k = (quarter * S + 3) / 4;
+    if (grid.empty() || grid.back() != k) grid.push_back(k);
+  }
+  return grid;
+}
+
 std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ranks, const TuneShape& s,
+                                          const std::vector<std::pair<VocabPayload, int64_t>>& grid,
                                           const SweepRun& run) {
   MOEPEAK_CHECK(s.vocab >= s.world, "tune: Ring-DTP needs model.vocab_size (", s.vocab, ") >= W (", s.world, ")");
   const Config measure_cfg = sweep_config(cfg, ranks);  // as the other sweeps
@@ -298,19 +310,23 @@ std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ran
   shape.iters = run.repeats;
   VocabBench bench(shape, measure_cfg, ranks);
   std::vector<tune::VocabPoint> points;
-  for (VocabPayload payload : {VocabPayload::activations, VocabPayload::weights}) {
-    VocabMeasured m = bench.run_ring(payload, cfg.schedules.vocab_strip);
+  for (const auto& [payload, kept] : grid) {
+    VocabMeasured m = bench.run_ring(payload, cfg.schedules.vocab_strip, kept);
     std::vector<double> times = m.times;
     times.push_back(static_cast<double>(m.stats.peak_per_set()[LiveSet::logits]));
     for (double& t : times) t = bench.max_over_ranks(t);
     tune::VocabPoint p;
     p.payload = std::string(enum_name(payload));
+    p.kept_strips = m.kept;
     p.peak_bytes = static_cast<uint64_t>(times.back());
     times.pop_back();
     p.time = tune::summarize(times);
     p.bound_bytes = m.bound;
+    MOEPEAK_CHECK(p.peak_bytes == p.bound_bytes, "tune: the measured logits peak ", p.peak_bytes,
+                  " B (", p.payload, ", ", kept, " kept strips) differs from ring_dtp_bytes ",
+                  p.bound_bytes, " B");
     points.push_back(p);
-    if (run.tick) run.tick("vocab payload=" + p.payload);
+    if (run.tick) run.tick("vocab payload=" + p.payload + " kept=" + std::to_string(kept));
   }
   return points;
 }

@@ -8,7 +8,8 @@
 //              over (beta, s); the measured staging peak, checked equal to
 //              adamw_offload_stream_bytes; the host-link floor 12 B/param at the measured pinned
 //              bandwidth (the slower direction)
-//   vocab      Ring-DTP forward + backward (N, H, V over the W ranks) for both payloads
+//   vocab      Ring-DTP forward + backward (N, H, V over the W ranks) for both payloads, each
+//              over strips kept from forward to backward K in vocab_kept_grid
 //   sco        a model step's forward + backward (this rank's tokens, one rank's model) under
 //              standard checkpointing and SCO with host budgets for none, half and all layers
 //
@@ -67,7 +68,14 @@ struct OptimizerSweep {
 OptimizerSweep sweep_optimizer(const Config& cfg, const RankInfo& ranks, const TuneShape& shape,
                                const std::vector<std::pair<int64_t, int64_t>>& grid, const SweepRun& run);
 
+// K (schedules.vocab_kept_strips) in {0, S/4, S/2, 3S/4, S}, rounded up and deduplicated, with
+// S = the fewest strips a rank forms in a pass under `payload` (ring_dtp_strip_count with the
+// configured vocab_strip). The caller drops the K > 0 the plan rejects before measuring (a kept
+// strip costs N x strip logits of device memory).
+std::vector<int64_t> vocab_kept_grid(const Config& cfg, const TuneShape& shape, VocabPayload payload);
+// One point per (payload, K) of `grid`, in its order.
 std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ranks, const TuneShape& shape,
+                                          const std::vector<std::pair<VocabPayload, int64_t>>& grid,
                                           const SweepRun& run);
 
 struct ScoSweepResult {
@@ -77,9 +85,8 @@ struct ScoSweepResult {
 };
 ScoSweepResult sweep_sco(const Config& cfg, const RankInfo& ranks, const TuneShape& shape, const SweepRun& run);
 
-// The ticks of the vocab and SCO sweeps (the progress bar's total): one per payload; one per
-// row's step (standard + 3 budgets, warm-up included: a step of a big model takes a while).
-inline int vocab_ticks() { return 2; }
+// The ticks of the SCO sweep (the progress bar's total): one per row's step (standard + 3
+// budgets, warm-up included: a step of a big model takes a while).
 inline int sco_ticks(const SweepRun& run) { return 4 * (run.warmup + run.repeats); }
 
 }  // namespace moepeak::cli

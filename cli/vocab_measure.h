@@ -4,7 +4,7 @@
 // on the same per-rank batches.
 //
 //   VocabBench bench({N, H, V, "f32", warmup, iters}, cfg, ranks);   // collective
-//   VocabMeasured m = bench.run_ring(VocabPayload::weights, strip);  // m.times, m.stats, m.bound
+//   VocabMeasured m = bench.run_ring(VocabPayload::weights, strip, kept);  // times, stats, bound
 //
 // N is tokens per rank (each rank its own distinct batch); inputs are seeded, so every run sees
 // the same values. Only runtime.device_memory / runtime.threads of the config are read.
@@ -44,6 +44,7 @@ struct VocabShape {
 struct VocabMeasured {
   std::string schedule, payload;
   int64_t strip = 0;
+  int64_t kept = 0;           // strips kept from forward to backward (as the schedule resolved)
   double time_s = 0;          // median of `times`
   std::vector<double> times;  // the timed repetitions
   MemoryStats stats;
@@ -116,14 +117,17 @@ class VocabBench {
     return m;
   }
 
-  VocabMeasured run_ring(VocabPayload payload, int64_t strip) {
+  VocabMeasured run_ring(VocabPayload payload, int64_t strip, int64_t kept = 0) {
     VocabMeasured m;
     m.schedule = "ring_dtp";
     m.payload = payload == VocabPayload::weights ? "weights" : "activations";
     m.strip = strip;
-    m.bound = schedules::ring_dtp_bytes(args_.tokens, args_.hidden, args_.vocab, world(), strip,
-                                        payload, dtype_);
-    schedules::RingDtpVocab vocab(*backend_, stream(), *comm_, dtype_, args_.vocab, payload, strip);
+    const schedules::RingDtpBytes bytes = schedules::ring_dtp_memory(
+        args_.tokens, args_.hidden, args_.vocab, world(), strip, kept, payload, dtype_);
+    m.bound = bytes.peak();
+    m.kept = bytes.kept_strips;
+    schedules::RingDtpVocab vocab(*backend_, stream(), *comm_, dtype_, args_.vocab, payload, strip,
+                                  kept);
     const Tensor w = lm_head_.view().rows(shard_.begin, shard_.end);
     const Tensor dw = dw_full_.view().rows(shard_.begin, shard_.end);
     time_rows(m, [&] {

@@ -188,17 +188,20 @@ EOF
 done
 
 # The vocabulary projection at the issue's shape (N 8192, H 7168, V 200,000, bf16): materialised
-# logits vs Ring-DTP on one GPU (P = 1) with strips of V/8. Targets: Ring-DTP within 1.1x of
-# 115 ms, its `logits` peak under 15% of 18.3 GiB.
+# logits vs Ring-DTP on one GPU (P = 1) with strips of V/8, none kept (4 strip GEMMs a column) and
+# 6 of the 8 kept from forward to backward (3.25 GEMMs; 2.67 GiB of logits). Targets: Ring-DTP
+# within 1.1x of 115 ms, its `logits` peak under 15% of 18.3 GiB (2.75 GiB).
 step bench-vocab 90 "$bin" bench vocab --set runtime.backend=cuda --tokens 8192 --hidden 7168 \
-  --vocab 200000 --strips 25000 --dtype bf16 --warmup 2 --iters 5 --json "$out/bench-vocab.json"
+  --vocab 200000 --strips 25000 --kept 0,6 --dtype bf16 --warmup 2 --iters 5 \
+  --json "$out/bench-vocab.json"
 if [ -f "$out/bench-vocab.json" ]; then
   note "$(python3 - "$out/bench-vocab.json" <<'EOF' 2>/dev/null
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
 # The issue's anchors: PyTorch's materialised projection + cross-entropy, 115 ms and 18.3 GiB.
 for r in rows:
-    name = r["schedule"] + (f"/{r['strip']} {r['payload']}" if r.get("strip") else "")
+    name = r["schedule"] + (f"/{r['strip']} kept {r['kept_strips']} {r['payload']}"
+                            if r.get("strip") else "")
     gib = r["peak_bytes"].get("logits", 0) / 2**30
     print(f"{name}: {r['time_s'] * 1e3:.0f} ms ({r['time_s'] / 0.115:.2f}x 115 ms), "
           f"logits {gib:.2f} GiB ({100 * gib / 18.3:.1f}% of 18.3);", end=" ")

@@ -185,6 +185,7 @@ struct SchedulesConfig {
   VocabSchedule vocab = VocabSchedule::materialized;
   VocabPayload ring_payload = VocabPayload::automatic;
   int64_t vocab_strip = 0;  // columns per strip, 0 = whole shard
+  int64_t vocab_kept_strips = 0;  // strips kept from forward to backward
   CheckpointSchedule checkpoint = CheckpointSchedule::standard;
   std::string sco_host_budget = "auto";  // byte size or "auto"
 

@@ -206,6 +206,9 @@ const std::vector<Field>& field_table() {
             "activations."),
       FIELD(schedules, vocab_strip, at_least(0),
             "Ring-DTP logit columns per strip; 0 = the whole shard (V/P)."),
+      FIELD(schedules, vocab_kept_strips, at_least(0),
+            "Ring-DTP strips kept from forward to backward (each saves re-forming it in backward "
+            "for N x strip logits held between the two); 0 = the paper's schedule, none kept."),
       FIELD(schedules, checkpoint, no_limit(),
             "Activation checkpointing: none, standard (boundaries stay on device), or sco "
             "(boundaries offloaded to pinned host memory)."),

@@ -83,7 +83,8 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
   if (schedules_.vocab == VocabSchedule::ring_dtp) {  // collective: duplicates the communicator
     ring_vocab_ = std::make_unique<schedules::RingDtpVocab>(backend_, stream_, comm_, dtype_,
                                                             model_.vocab_size, schedules_.ring_payload,
-                                                            schedules_.vocab_strip);
+                                                            schedules_.vocab_strip,
+                                                            schedules_.vocab_kept_strips);
   }
 }
 

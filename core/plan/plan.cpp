@@ -233,8 +233,11 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
     set(LiveSet::logits, schedules::vocab_materialized_bytes(N, V, dt),
         "vocab_materialized_bytes(" + args({{"N", N}, {"V", V}}) + ")", "materialized");
   } else {
-    set(LiveSet::logits, schedules::ring_dtp_bytes(N, H, V, W, s.vocab_strip, s.ring_payload, dt),
-        "ring_dtp_bytes(" + args({{"N", N}, {"H", H}, {"V", V}, {"P", W}, {"strip", s.vocab_strip}}) +
+    set(LiveSet::logits,
+        schedules::ring_dtp_bytes(N, H, V, W, s.vocab_strip, s.vocab_kept_strips, s.ring_payload, dt),
+        "ring_dtp_bytes(" +
+            args({{"N", N}, {"H", H}, {"V", V}, {"P", W}, {"strip", s.vocab_strip},
+                  {"kept", s.vocab_kept_strips}}) +
             ", " + std::string(enum_name(s.ring_payload)) + ")",
         "ring_dtp");
   }

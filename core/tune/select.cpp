@@ -128,19 +128,25 @@ Choice select_staging(const std::vector<OptimizerPoint>& points, double toleranc
 }
 
 Choice select_payload(const std::vector<VocabPoint>& points, const std::string& preferred) {
-  if (points.empty()) MOEPEAK_THROW("tune: no Ring-DTP payload was measured");
-  if (!any_fits(points)) {
-    size_t lo = 0;
-    for (size_t i = 0; i < points.size(); ++i) {
-      if (points[i].bound_bytes < points[lo].bound_bytes) lo = i;
-    }
+  // NOTES: the payloads are compared as the paper's schedule runs them, with no strips kept;
+  // select_kept_strips then trades memory for time within the chosen one.
+  auto unkept = [&](size_t i) { return points[i].kept_strips == 0; };
+  size_t lo = points.size();
+  bool fits = false;
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (!unkept(i)) continue;
+    if (lo == points.size() || points[i].bound_bytes < points[lo].bound_bytes) lo = i;
+    fits = fits || points[i].plan_fits;
+  }
+  if (lo == points.size()) MOEPEAK_THROW("tune: no Ring-DTP payload was measured");
+  if (!fits) {
     MOEPEAK_THROW("tune: no Ring-DTP payload fits the plan: the smaller logits term ",
                   format_bytes(points[lo].bound_bytes), " (", points[lo].payload, ") ", points[lo].plan_note);
   }
   size_t pick = points.size();
   for (size_t i = 0; i < points.size(); ++i) {
     const VocabPoint& p = points[i];
-    if (!p.plan_fits) continue;
+    if (!p.plan_fits || !unkept(i)) continue;
     if (pick == points.size() || p.time.median_s < points[pick].time.median_s ||
         (p.time.median_s == points[pick].time.median_s && p.payload == preferred)) {
       pick = i;
@@ -150,10 +156,34 @@ Choice select_payload(const std::vector<VocabPoint>& points, const std::string& 
   why << "the faster payload the plan accepts: " << points[pick].payload << " "
       << ms(points[pick].time.median_s);
   for (size_t i = 0; i < points.size(); ++i) {
-    if (i == pick) continue;
+    if (i == pick || !unkept(i)) continue;
     why << " vs " << points[i].payload << " " << ms(points[i].time.median_s)
         << (points[i].plan_fits ? "" : " (does not fit)");
   }
+  return {pick, why.str()};
+}
+
+Choice select_kept_strips(const std::vector<VocabPoint>& points, const std::string& payload,
+                          double tolerance) {
+  double best = std::numeric_limits<double>::infinity();
+  for (const VocabPoint& p : points) {
+    if (p.payload == payload && p.plan_fits) best = std::min(best, p.time.median_s);
+  }
+  if (best == std::numeric_limits<double>::infinity()) {
+    MOEPEAK_THROW("tune: no Ring-DTP point of the ", payload, " payload fits the plan");
+  }
+  size_t pick = points.size();
+  for (size_t i = 0; i < points.size(); ++i) {
+    const VocabPoint& p = points[i];
+    if (p.payload != payload || !p.plan_fits || p.time.median_s > best * (1 + tolerance)) continue;
+    if (pick == points.size() || p.kept_strips < points[pick].kept_strips) pick = i;
+  }
+  const VocabPoint& p = points[pick];
+  std::ostringstream why;
+  why << "fewest kept strips within " << pct(tolerance) << " of the fastest " << payload
+      << " point the plan accepts (" << ms(best) << "): " << p.kept_strips << " kept -> logits "
+      << format_bytes(p.bound_bytes) << ", " << ms(p.time.median_s) << " (+"
+      << pct(p.time.median_s / best - 1) << ")";
   return {pick, why.str()};
 }
 

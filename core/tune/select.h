@@ -12,8 +12,11 @@
 //   staging   the smallest staging bytes (s * beta, as adamw_offload_stream_bytes counts them)
 //             among the points the plan accepts whose median time is within `tolerance` (5%) of
 //             the fastest point the plan accepts (ties: fewer slots, then the smaller bucket);
-//   payload   the Ring-DTP payload with the smaller median time among those the plan accepts
-//             (ties: the one ring_dtp_resolve_payload would pick, passed as `preferred`);
+//   payload   the Ring-DTP payload with the smaller median time among its points with no strips
+//             kept that the plan accepts (ties: the one ring_dtp_resolve_payload would pick,
+//             passed as `preferred`);
+//   kept      the fewest strips kept from forward to backward among that payload's points the
+//             plan accepts whose median time is within `tolerance` (3%) of the fastest of them;
 //   sco       the most offloaded layers |S| among the points the plan accepts whose overhead over
 //             the standard schedule's median time is within `tolerance` (3%) (ties: the smaller
 //             host budget).
@@ -65,6 +68,7 @@ struct OptimizerPoint {
 
 struct VocabPoint {
   std::string payload;        // "activations" or "weights"
+  int64_t kept_strips = 0;    // schedules.vocab_kept_strips (at most the strips a rank forms)
   Timing time;                // Ring-DTP forward + backward
   uint64_t peak_bytes = 0;    // measured `logits` peak
   uint64_t bound_bytes = 0;   // ring_dtp_bytes
@@ -92,6 +96,9 @@ struct Choice {
 Choice select_chunk(const std::vector<DispatchPoint>& points, double tolerance = 0.03);
 Choice select_staging(const std::vector<OptimizerPoint>& points, double tolerance = 0.05);
 Choice select_payload(const std::vector<VocabPoint>& points, const std::string& preferred = "");
+// Among the points of `payload` (select_payload's choice); returns the index into `points`.
+Choice select_kept_strips(const std::vector<VocabPoint>& points, const std::string& payload,
+                          double tolerance = 0.03);
 Choice select_sco(const std::vector<ScoPoint>& points, double tolerance = 0.03);
 
 // The summary of one point's repetitions (median as bench_common's median: the mean of the two

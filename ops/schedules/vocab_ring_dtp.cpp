@@ -100,8 +100,32 @@ VocabPayload ring_dtp_resolve_payload(VocabPayload payload, int64_t tokens, int6
   return tokens * ranks > vocab ? VocabPayload::weights : VocabPayload::activations;
 }
 
+RingDtpStripCount ring_dtp_strip_count(int64_t vocab, int ranks, int64_t strip,
+                                       VocabPayload resolved_payload) {
+  MOEPEAK_CHECK(resolved_payload != VocabPayload::automatic,
+                "ring_dtp_strip_count: resolve the payload first");
+  const int64_t c = ring_dtp_strip_columns(vocab, ranks, strip);  // checks V >= P
+  auto strips = [c](int64_t columns) { return (columns + c - 1) / c; };
+  RingDtpStripCount n;
+  if (resolved_payload == VocabPayload::weights) {  // every shard passes every rank once
+    for (int s = 0; s < ranks; ++s) n.most += strips(vocab_shard(vocab, ranks, s).size());
+    n.fewest = n.most;
+  } else {  // P rounds over the rank's own shard: floor(V/P) or ceil(V/P) columns
+    n.fewest = ranks * strips(vocab / ranks);
+    n.most = ranks * strips(vocab_shard_max(vocab, ranks));
+  }
+  return n;
+}
+
+int64_t ring_dtp_kept_strips(int64_t vocab, int ranks, int64_t strip, int64_t kept,
+                             VocabPayload resolved_payload) {
+  MOEPEAK_CHECK(kept >= 0, "schedules.vocab_kept_strips = ", kept,
+                " (strips kept from forward to backward: 0 or more)");
+  return std::min(kept, ring_dtp_strip_count(vocab, ranks, strip, resolved_payload).fewest);
+}
+
 RingDtpBytes ring_dtp_memory(int64_t tokens, int64_t hidden, int64_t vocab, int ranks,
-                             int64_t strip, VocabPayload payload, DType dtype) {
+                             int64_t strip, int64_t kept, VocabPayload payload, DType dtype) {
   MOEPEAK_CHECK(tokens >= 0 && hidden > 0 && ranks > 0, "ring_dtp_memory: tokens ", tokens,
                 ", hidden ", hidden, ", ranks ", ranks);
   auto fp = [](int64_t bytes) { return DeviceArena::footprint(static_cast<uint64_t>(bytes)); };
@@ -109,21 +133,26 @@ RingDtpBytes ring_dtp_memory(int64_t tokens, int64_t hidden, int64_t vocab, int 
   const int64_t c = ring_dtp_strip_columns(vocab, ranks, strip);
   const int64_t Vm = vocab_shard_max(vocab, ranks);
   const uint64_t h = static_cast<uint64_t>(receive_buffers(ranks));
+  const VocabPayload resolved = ring_dtp_resolve_payload(payload, tokens, vocab, ranks);
   RingDtpBytes m;
   m.strip = fp(N * c * b);
   m.state = fp(N * kStateWidth * 8);
-  m.saved = m.state;
-  switch (ring_dtp_resolve_payload(payload, tokens, vocab, ranks)) {
+  m.kept_strips = ring_dtp_kept_strips(vocab, ranks, strip, kept, resolved);
+  m.kept = m.kept_strips > 0 ? fp(m.kept_strips * N * c * b) : 0;
+  const bool work = m.kept_strips < ring_dtp_strip_count(vocab, ranks, strip, resolved).most;
+  m.saved = m.state + m.kept;
+  const uint64_t base = m.saved + (work ? m.strip : 0);
+  switch (resolved) {
     case VocabPayload::weights: {
       const uint64_t shard = fp(Vm * H * b);
-      m.forward = m.state + m.strip + h * shard;       // W
-      m.backward = m.state + m.strip + 2 * h * shard;  // W, dW
+      m.forward = base + h * shard;       // W
+      m.backward = base + 2 * h * shard;  // W, dW
       break;
     }
     default: {
       const uint64_t batch = fp(N * H * b) + fp(N * 8) + m.state;  // X, labels, a state
-      m.forward = m.state + m.strip + h * batch + (ranks > 1 ? m.state : 0);  // + partial state
-      m.backward = m.state + m.strip + h * batch + h * fp(N * H * b);         // + dX
+      m.forward = base + h * batch + (ranks > 1 ? m.state : 0);  // + partial state
+      m.backward = base + h * batch + h * fp(N * H * b);         // + dX
       break;
     }
   }
@@ -131,8 +160,8 @@ RingDtpBytes ring_dtp_memory(int64_t tokens, int64_t hidden, int64_t vocab, int 
 }
 
 uint64_t ring_dtp_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int ranks, int64_t strip,
-                        VocabPayload payload, DType dtype) {
-  return ring_dtp_memory(tokens, hidden, vocab, ranks, strip, payload, dtype).peak();
+                        int64_t kept, VocabPayload payload, DType dtype) {
+  return ring_dtp_memory(tokens, hidden, vocab, ranks, strip, kept, payload, dtype).peak();
 }
 
 // ---- the schedule ----------------------------------------------------------------------------
@@ -147,7 +176,7 @@ struct RingDtpVocab::Problem {
 };
 
 RingDtpVocab::RingDtpVocab(Backend& backend, Stream& stream, Comm& comm, DType dtype,
-                           int64_t vocab, VocabPayload payload, int64_t strip)
+                           int64_t vocab, VocabPayload payload, int64_t strip, int64_t kept)
     : backend_(backend),
       stream_(stream),
       dtype_(dtype),
@@ -155,9 +184,11 @@ RingDtpVocab::RingDtpVocab(Backend& backend, Stream& stream, Comm& comm, DType d
       ranks_(comm.world_size()),
       rank_(comm.rank()),
       payload_(payload),
-      resolved_(payload) {
+      resolved_(payload),
+      kept_requested_(kept) {
   check_schedule_dtype(backend, dtype, "Ring-DTP");
   strip_columns_ = ring_dtp_strip_columns(vocab, ranks_, strip);  // checks V >= P, strip >= 0
+  ring_dtp_kept_strips(vocab, ranks_, strip, kept, VocabPayload::weights);  // checks kept >= 0
   shard_ = vocab_shard(vocab, ranks_, rank_);
   if (ranks_ > 1) comm_ = comm.duplicate();
   comm_stream_ = backend.create_stream("ring-dtp comm");
@@ -210,6 +241,21 @@ OwnedTensor RingDtpVocab::alloc(Shape shape, DType dtype, const char* what) {
   return OwnedTensor::device(backend_, shape, dtype, LiveSet::logits, what);
 }
 
+Tensor RingDtpVocab::strip_at(int64_t q, int64_t columns, const OwnedTensor& working) const {
+  // (N, columns): a kept slot holds (N, c); a narrower last strip of a round uses its front.
+  void* data = q < kept_ ? static_cast<char*>(saved_strips_.data()) +
+                               q * tokens_ * strip_columns_ * dtype_size(dtype_)
+                         : working.data();
+  MOEPEAK_CHECK(data != nullptr, "Ring-DTP: strip ", q, " is neither kept nor has a working strip");
+  return Tensor(data, Shape{tokens_, columns}, dtype_, Placement::device, &backend_);
+}
+
+OwnedTensor RingDtpVocab::alloc_working_strip(const Problem& p) {
+  const int64_t most = ring_dtp_strip_count(vocab_, ranks_, strip_columns_, p.payload).most;
+  if (kept_ >= most) return OwnedTensor();  // NOTES: every strip of every rank is kept
+  return alloc(Shape{p.N, p.strip}, dtype_, "ring-dtp strip");  // (N, c)
+}
+
 std::unique_ptr<Event> RingDtpVocab::record(Stream& stream) {
   auto event = backend_.create_event();
   event->record(stream);
@@ -221,32 +267,41 @@ double RingDtpVocab::forward(const Tensor& x, const Tensor& lm_head_shard, const
   release();
   const Problem p = check(x, lm_head_shard, labels);
   resolved_ = p.payload;
+  tokens_ = p.N;
+  hidden_ = p.H;
   OwnedTensor state = alloc(Shape{p.N, kStateWidth}, DType::f64, "ring-dtp home state");
-  if (p.payload == VocabPayload::weights) {
-    forward_weights(p, x, lm_head_shard, labels, state);
-  } else {
-    forward_activations(p, x, lm_head_shard, labels, state);
+  kept_ = ring_dtp_kept_strips(vocab_, ranks_, strip_columns_, kept_requested_, p.payload);
+  if (kept_ > 0) {
+    saved_strips_ = alloc(Shape{kept_, p.N, p.strip}, dtype_, "ring-dtp kept strips");
   }
-  // The state and labels to the host: per token lse - t, summed in token order in double.
-  std::vector<double> st = copy_to_host_as_double(state, backend_, stream_);
-  std::vector<char> label_bytes = copy_to_host(labels, backend_, stream_);
-  std::vector<int64_t> label(static_cast<size_t>(p.N));
-  std::memcpy(label.data(), label_bytes.data(), label.size() * sizeof(int64_t));
   double sum = 0;
-  for (int64_t n = 0; n < p.N; ++n) {
-    const int64_t l = label[n];
-    if (l == ops::kIgnoreLabel) continue;
-    if (l < 0 || l >= vocab_) {
-      MOEPEAK_THROW("Ring-DTP: label ", l, " at position ", n, " is outside [0, ", vocab_,
-                    ") and is not the ignore label ", ops::kIgnoreLabel);
+  try {
+    if (p.payload == VocabPayload::weights) {
+      forward_weights(p, x, lm_head_shard, labels, state);
+    } else {
+      forward_activations(p, x, lm_head_shard, labels, state);
     }
-    sum += st[3 * n] + std::log(st[3 * n + 1]) - st[3 * n + 2];
+    // The state and labels to the host: per token lse - t, summed in token order in double.
+    std::vector<double> st = copy_to_host_as_double(state, backend_, stream_);
+    std::vector<char> label_bytes = copy_to_host(labels, backend_, stream_);
+    std::vector<int64_t> label(static_cast<size_t>(p.N));
+    std::memcpy(label.data(), label_bytes.data(), label.size() * sizeof(int64_t));
+    for (int64_t n = 0; n < p.N; ++n) {
+      const int64_t l = label[n];
+      if (l == ops::kIgnoreLabel) continue;
+      if (l < 0 || l >= vocab_) {
+        MOEPEAK_THROW("Ring-DTP: label ", l, " at position ", n, " is outside [0, ", vocab_,
+                      ") and is not the ignore label ", ops::kIgnoreLabel);
+      }
+      sum += st[3 * n] + std::log(st[3 * n + 1]) - st[3 * n + 2];
+    }
+  } catch (...) {
+    release();  // NOTES: the rings drained both streams on their way out; nothing uses the strips
+    throw;
   }
   saved_state_ = std::move(state);
   labels_ = labels;
   loss_scale_ = loss_scale;
-  tokens_ = p.N;
-  hidden_ = p.H;
   return sum * loss_scale;
 }
 
@@ -270,6 +325,8 @@ void RingDtpVocab::release() {
   // NOTES: no synchronisation needed: forward() and backward() return with both streams past
   // every use of the saved state.
   saved_state_.reset();
+  saved_strips_.reset();
+  kept_ = 0;
   labels_ = Tensor();
 }
 
@@ -278,8 +335,9 @@ void RingDtpVocab::release() {
 void RingDtpVocab::forward_weights(const Problem& p, const Tensor& x, const Tensor& w,
                                    const Tensor& labels, const Tensor& state) {
   const int P = p.P;
-  const int64_t N = p.N, H = p.H, Vm = vocab_shard_max(vocab_, P);
-  OwnedTensor strip = alloc(Shape{N, p.strip}, dtype_, "ring-dtp strip");  // (N, c)
+  const int64_t H = p.H, Vm = vocab_shard_max(vocab_, P);
+  const OwnedTensor strip = alloc_working_strip(p);  // (N, c), unless every strip is kept
+  int64_t q = 0;                                     // strips formed so far in this pass
   std::array<OwnedTensor, 2> wbuf;                                          // (Vm, H) each
   for (int i = 0; i < receive_buffers(P); ++i) wbuf[i] = alloc(Shape{Vm, H}, dtype_, "ring-dtp W");
   auto rows_of = [&](int k) { return p.shards[p.held(k)].size(); };
@@ -300,7 +358,7 @@ void RingDtpVocab::forward_weights(const Problem& p, const Tensor& x, const Tens
     const Tensor wk = w_of(k);
     const int64_t column0 = p.shards[p.held(k)].begin;
     for_each_strip(rows_of(k), p.strip, [&](int64_t a, int64_t b, bool, bool) {
-      Tensor y(strip.data(), Shape{N, b - a}, dtype_, Placement::device, &backend_);  // (N, b-a)
+      const Tensor y = strip_at(q++, b - a, strip);  // (N, b-a)
       ops::linear_forward(x, wk.rows(a, b), y, false, stream_);
       ops::cross_entropy_strip_forward(y, labels, column0 + a, state, stream_);
     });
@@ -317,7 +375,8 @@ void RingDtpVocab::forward_activations(const Problem& p, const Tensor& x, const 
                                        const Tensor& labels, const Tensor& state) {
   const int P = p.P;
   const int64_t N = p.N, H = p.H;
-  OwnedTensor strip = alloc(Shape{N, p.strip}, dtype_, "ring-dtp strip");  // (N, c)
+  const OwnedTensor strip = alloc_working_strip(p);  // (N, c), unless every strip is kept
+  int64_t q = 0;                                     // strips formed so far in this pass
   std::array<OwnedTensor, 2> xbuf, lbuf, sbuf;  // (N, H), (N) i64, (N, 3) f64
   for (int i = 0; i < receive_buffers(P); ++i) {
     xbuf[i] = alloc(Shape{N, H}, dtype_, "ring-dtp X");
@@ -348,7 +407,7 @@ void RingDtpVocab::forward_activations(const Problem& p, const Tensor& x, const 
     const Tensor target = k == 0 ? state : partial.view();
     if (k >= 1) ops::cross_entropy_state_init(partial, stream_);
     for_each_strip(p.shards[p.r].size(), p.strip, [&](int64_t a, int64_t b, bool, bool) {
-      Tensor y(strip.data(), Shape{N, b - a}, dtype_, Placement::device, &backend_);  // (N, b-a)
+      const Tensor y = strip_at(q++, b - a, strip);  // (N, b-a)
       ops::linear_forward(x_of(k), w.rows(a, b), y, false, stream_);
       ops::cross_entropy_strip_forward(y, l_of(k), p.shards[p.r].begin + a, target, stream_);
     });
@@ -374,8 +433,9 @@ void RingDtpVocab::forward_activations(const Problem& p, const Tensor& x, const 
 void RingDtpVocab::backward_weights(const Problem& p, const Tensor& x, const Tensor& w,
                                     const Tensor& dx, const Tensor& dw) {
   const int P = p.P;
-  const int64_t N = p.N, H = p.H, Vm = vocab_shard_max(vocab_, P);
-  OwnedTensor strip = alloc(Shape{N, p.strip}, dtype_, "ring-dtp strip");  // (N, c)
+  const int64_t H = p.H, Vm = vocab_shard_max(vocab_, P);
+  const OwnedTensor strip = alloc_working_strip(p);  // (N, c), unless every strip is kept
+  int64_t q = 0;                                     // strips formed so far in this pass
   std::array<OwnedTensor, 2> wbuf, dbuf;                                    // (Vm, H) each
   for (int i = 0; i < receive_buffers(P); ++i) {
     wbuf[i] = alloc(Shape{Vm, H}, dtype_, "ring-dtp W");
@@ -399,8 +459,9 @@ void RingDtpVocab::backward_weights(const Problem& p, const Tensor& x, const Ten
     const Tensor wk = w_of(k), dwk = dw_of(k);
     const int64_t column0 = p.shards[p.held(k)].begin;
     for_each_strip(rows_of(k), p.strip, [&](int64_t a, int64_t b, bool first, bool last) {
-      Tensor g(strip.data(), Shape{N, b - a}, dtype_, Placement::device, &backend_);  // (N, b-a)
-      ops::linear_forward(x, wk.rows(a, b), g, false, stream_);
+      const bool kept = q < kept_;
+      const Tensor g = strip_at(q++, b - a, strip);  // (N, b-a)
+      if (!kept) ops::linear_forward(x, wk.rows(a, b), g, false, stream_);
       ops::cross_entropy_strip_backward(g, labels_, column0 + a, saved_state_, loss_scale_, g,
                                             stream_);
       if (first && k >= 1) stream_.wait(*acc_arrived[k]);
@@ -428,7 +489,8 @@ void RingDtpVocab::backward_activations(const Problem& p, const Tensor& x, const
                                         const Tensor& dx, const Tensor& dw) {
   const int P = p.P;
   const int64_t N = p.N, H = p.H;
-  OwnedTensor strip = alloc(Shape{N, p.strip}, dtype_, "ring-dtp strip");  // (N, c)
+  const OwnedTensor strip = alloc_working_strip(p);  // (N, c), unless every strip is kept
+  int64_t q = 0;                                     // strips formed so far in this pass
   std::array<OwnedTensor, 2> xbuf, lbuf, sbuf, dbuf;  // (N, H), (N) i64, (N, 3) f64, (N, H)
   for (int i = 0; i < receive_buffers(P); ++i) {
     xbuf[i] = alloc(Shape{N, H}, dtype_, "ring-dtp X");
@@ -460,8 +522,9 @@ void RingDtpVocab::backward_activations(const Problem& p, const Tensor& x, const
     if (k >= 1) stream_.wait(*arrived[k]);
     const Tensor xk = x_of(k), dxk = dx_of(k);
     for_each_strip(own.size(), p.strip, [&](int64_t a, int64_t b, bool first, bool last) {
-      Tensor g(strip.data(), Shape{N, b - a}, dtype_, Placement::device, &backend_);  // (N, b-a)
-      ops::linear_forward(xk, w.rows(a, b), g, false, stream_);
+      const bool kept = q < kept_;
+      const Tensor g = strip_at(q++, b - a, strip);  // (N, b-a)
+      if (!kept) ops::linear_forward(xk, w.rows(a, b), g, false, stream_);
       ops::cross_entropy_strip_backward(g, l_of(k), own.begin + a, s_of(k), loss_scale_, g,
                                             stream_);
       if (first && k >= 1) stream_.wait(*acc_arrived[k]);

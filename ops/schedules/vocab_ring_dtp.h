@@ -17,6 +17,13 @@
 // rank's share; the caller all-reduces, as with MaterializedVocab).
 // Backward: a second ring re-forms the strips, turns each into its gradient in place,
 // G = scale * (exp(y - lse) - onehot), and accumulates dX_j += G W_s and dW_s += G^T X_j.
+// Kept strips (`kept` > 0, schedules.vocab_kept_strips): the first `kept` strips a rank forms —
+// in round order, strip order within a round — are formed in forward into a buffer that stays
+// until backward, which turns them into their gradients in place instead of re-forming them.
+// Each kept strip saves one of backward's strip GEMMs (P = 1 runs 3 + (S - kept)/S strip GEMMs
+// per column instead of 4, S strips in all) and holds N c b bytes from forward to backward. The
+// results are the same bits: a strip is formed by the same GEMM either way, and every sum runs
+// in the same order.
 //
 // What travels (ring direction: rank r sends to r+1 and receives from r-1; in round k rank r
 // holds the batch or shard of rank (r - k) mod P):
@@ -73,40 +80,59 @@ int64_t ring_dtp_strip_columns(int64_t vocab, int ranks, int64_t strip);
 VocabPayload ring_dtp_resolve_payload(VocabPayload payload, int64_t tokens, int64_t vocab,
                                       int ranks);
 
+// The strips one rank forms in one pass (forward or backward), fewest and most over the ranks:
+// with weights travelling every rank forms sum_s ceil(|V_s| / c); with activations travelling
+// rank r forms P ceil(|V_r| / c), so uneven shards give the ranks different counts.
+struct RingDtpStripCount {
+  int64_t fewest = 0, most = 0;
+};
+RingDtpStripCount ring_dtp_strip_count(int64_t vocab, int ranks, int64_t strip,
+                                       VocabPayload resolved_payload);
+// The strips kept from forward to backward on every rank: min(kept, fewest). The same on every
+// rank, so the bound below holds on each one exactly.
+int64_t ring_dtp_kept_strips(int64_t vocab, int ranks, int64_t strip, int64_t kept,
+                             VocabPayload resolved_payload);
+
 // The `logits` live set of Ring-DTP, in arena footprints (DeviceArena::footprint, 256-byte
 // blocks). fp() = footprint, b = dtype bytes, c = ring_dtp_strip_columns, Vm = ceil(V/P),
 // h = min(P - 1, 2) receive buffers per travelling tensor (double-buffered; one for P = 2, none
-// for P = 1):
-//   strip  = fp(N c b)     the one strip in flight (reused strip after strip)
+// for P = 1), K = ring_dtp_kept_strips:
+//   kept   = fp(K N c b)   the kept strips, from forward to backward (0 when K = 0)
+//   strip  = fp(N c b)     the one strip in flight (reused strip after strip); not allocated
+//                          when K covers the most strips any rank forms (`work` = 0, else 1)
 //   state  = fp(N 3 8)     (m, z, t) per token, f64
 //   batch  = fp(N H b) + fp(N 8) + state      a travelling batch: X, its labels, a state
-//   weights      forward  = state + strip + h fp(Vm H b)                       (+ W)
-//                backward = state + strip + 2 h fp(Vm H b)                     (+ W, dW)
-//   activations  forward  = state + strip + h batch + [P > 1] state    (+ X, labels, arriving
-//                                                                      state; partial state)
-//                backward = state + strip + h batch + h fp(N H b)      (+ X, labels, final
-//                                                                      state; dX)
-// The leading `state` is the home state, kept from forward to backward.
+//   weights      forward  = state + kept + work strip + h fp(Vm H b)              (+ W)
+//                backward = state + kept + work strip + 2 h fp(Vm H b)            (+ W, dW)
+//   activations  forward  = state + kept + work strip + h batch + [P > 1] state
+//                                                  (+ X, labels, arriving state; partial state)
+//                backward = state + kept + work strip + h batch + h fp(N H b)
+//                                                  (+ X, labels, final state; dX)
+// The leading `state` (the home state) and `kept` stay from forward to backward.
 struct RingDtpBytes {
-  uint64_t strip = 0;     // one strip
-  uint64_t state = 0;     // one per-token state
-  uint64_t forward = 0;   // the set's peak in forward
-  uint64_t saved = 0;     // what stays from forward to backward (the home state)
-  uint64_t backward = 0;  // the set's peak in backward
+  uint64_t strip = 0;        // one strip
+  uint64_t state = 0;        // one per-token state
+  int64_t kept_strips = 0;   // K
+  uint64_t kept = 0;         // the kept strips' buffer
+  uint64_t forward = 0;      // the set's peak in forward
+  uint64_t saved = 0;        // what stays from forward to backward (home state + kept strips)
+  uint64_t backward = 0;     // the set's peak in backward
   uint64_t peak() const { return forward > backward ? forward : backward; }
 };
 RingDtpBytes ring_dtp_memory(int64_t tokens, int64_t hidden, int64_t vocab, int ranks,
-                             int64_t strip, VocabPayload payload, DType dtype);
+                             int64_t strip, int64_t kept, VocabPayload payload, DType dtype);
 // The planner's number: ring_dtp_memory(...).peak().
 uint64_t ring_dtp_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int ranks, int64_t strip,
-                        VocabPayload payload, DType dtype);
+                        int64_t kept, VocabPayload payload, DType dtype);
 
 class RingDtpVocab {
  public:
   // vocab: the global V; payload: auto | activations | weights; strip: columns per strip, 0 =
-  // whole shard. Duplicates `comm` (collective) for the ring's traffic when P > 1.
+  // whole shard; kept: strips kept from forward to backward (at most the strips formed).
+  // Duplicates `comm` (collective) for the ring's traffic when P > 1.
   RingDtpVocab(Backend& backend, Stream& stream, Comm& comm, DType dtype, int64_t vocab,
-               VocabPayload payload = VocabPayload::automatic, int64_t strip = 0);
+               VocabPayload payload = VocabPayload::automatic, int64_t strip = 0,
+               int64_t kept = 0);
   ~RingDtpVocab();
   RingDtpVocab(const RingDtpVocab&) = delete;
   RingDtpVocab& operator=(const RingDtpVocab&) = delete;
@@ -129,6 +155,8 @@ class RingDtpVocab {
   // The payload the last forward used (auto resolved for its N).
   VocabPayload payload() const { return resolved_; }
   int64_t strip_columns() const { return strip_columns_; }
+  // The strips the last forward kept for backward (ring_dtp_kept_strips for its N).
+  int64_t kept_strips() const { return kept_; }
   // The stream the ring's traffic runs on (tests slow it to expose a missing wait).
   Stream& comm_stream() { return *comm_stream_; }
 
@@ -147,6 +175,11 @@ class RingDtpVocab {
                             const Tensor& dw);
   // Waits for both streams (buffers used on two streams are released only after both passed).
   void synchronize_streams();
+  // Where strip number `q` of this pass (counted over rounds, from 0) of `columns` columns is
+  // formed: its slot of the kept buffer when q < kept_, else the one working strip.
+  Tensor strip_at(int64_t q, int64_t columns, const OwnedTensor& working) const;
+  // The working strip, when some strip of a pass is not kept on some rank (else empty).
+  OwnedTensor alloc_working_strip(const Problem& p);
 
   Backend& backend_;
   Stream& stream_;
@@ -157,9 +190,12 @@ class RingDtpVocab {
   int ranks_, rank_;
   VocabPayload payload_, resolved_;
   int64_t strip_columns_;
+  int64_t kept_requested_;
   VocabInterval shard_;
   // Kept from forward to backward.
   OwnedTensor saved_state_;  // (N, 3) f64
+  OwnedTensor saved_strips_;  // (K, N, c): the kept strips' logits (forward), then gradients
+  int64_t kept_ = 0;          // K
   Tensor labels_;
   double loss_scale_ = 0;
   int64_t tokens_ = 0, hidden_ = 0;

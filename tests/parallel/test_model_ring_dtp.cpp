@@ -16,8 +16,9 @@
 //     `moepeak bench vocab` —; `weights` and `grads` peaks equal zero_persistent_bytes +
 //     zero_largest_gathered_bytes with vocab_rows;
 //   - V < W is rejected with the numbers.
-// Cases: both payloads, strips of the whole shard and of 5 columns; V = 37 is uneven over 2 and
-// 4 ranks; about one label in seven is -100.
+// Cases: both payloads, strips of the whole shard and of 5 columns (with and without 3 strips
+// kept from forward to backward); V = 37 is uneven over 2 and 4 ranks; about one label in seven
+// is -100.
 // Run: ctest -R model_ring_dtp --output-on-failure   (2 and 4 ranks under mpirun)
 #include <gtest/gtest.h>
 
@@ -64,6 +65,7 @@ struct Case {
   const char* name;
   VocabPayload payload;
   int64_t strip;
+  int64_t kept = 0;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -78,6 +80,7 @@ TEST_P(ModelRingDtp, MatchesMaterializedLogitsOverThreeSteps) {
   ring_schedules.vocab = VocabSchedule::ring_dtp;
   ring_schedules.ring_payload = c.payload;
   ring_schedules.vocab_strip = c.strip;
+  ring_schedules.vocab_kept_strips = c.kept;
   TrainingRun ref(ranks, cfg, SchedulesConfig{}, kDtype, 5);
   TrainingRun ring(ranks, cfg, ring_schedules, kDtype, 5);
   const ParamLayout& layout = ref.model->params().layout();
@@ -96,7 +99,7 @@ TEST_P(ModelRingDtp, MatchesMaterializedLogitsOverThreeSteps) {
     EXPECT_LT(rel(got, want), 1e-12) << "step " << step << ": " << got << " vs materialised " << want;
 
     const MemoryStats mem = ring.backend->arena().stats();
-    const uint64_t bound = schedules::ring_dtp_bytes(N, H, V, W, c.strip, c.payload, kDtype);
+    const uint64_t bound = schedules::ring_dtp_bytes(N, H, V, W, c.strip, c.kept, c.payload, kDtype);
     EXPECT_EQ(mem.peak_per_set()[LiveSet::logits], bound) << "step " << step;
     const ZeroBytes persistent = zero_persistent_bytes(cfg, kDtype, W, LmHeadSharding::vocab_rows);
     const ZeroBytes largest = zero_largest_gathered_bytes(cfg, kDtype, W, LmHeadSharding::vocab_rows);
@@ -131,7 +134,8 @@ INSTANTIATE_TEST_SUITE_P(
     Payloads, ModelRingDtp,
     ::testing::Values(Case{"weights_whole_shard", VocabPayload::weights, 0},
                       Case{"activations_whole_shard", VocabPayload::activations, 0},
-                      Case{"auto_strips_of_5", VocabPayload::automatic, 5}),
+                      Case{"auto_strips_of_5", VocabPayload::automatic, 5},
+                      Case{"weights_strips_of_5_kept_3", VocabPayload::weights, 5, 3}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(ModelRingDtpLayout, VocabularySmallerThanTheRanksIsRejected) {

@@ -25,7 +25,11 @@
 //     shard, where the one strip is the (N, V) logits by definition);
 //   - the same with the comm stream or the compute stream slowed down (a missing wait between
 //     them is then a wrong result, not a lucky one);
-//   - auto payload, bad labels, V < P and backward without forward.
+//   - kept strips (schedules.vocab_kept_strips: the first K strips formed in forward are kept
+//     for backward instead of re-formed): against the reference as above, the memory fields with
+//     the kept buffer, and the results bit for bit those of the same case without kept strips;
+//     K covering every strip drops the working strip;
+//   - auto payload, bad labels, V < P, negative kept strips and backward without forward.
 //
 //     ctest -R ring_dtp --output-on-failure
 //     mpirun --allow-run-as-root --oversubscribe -np 4 build/tests/parallel/test_ring_dtp
@@ -179,6 +183,7 @@ struct RingRun {
   uint64_t forward_peak = 0, kept = 0, backward_peak = 0, left = 0;
   bool other_sets_grew = false;
   VocabPayload payload = VocabPayload::automatic;
+  int64_t kept_strips = 0;
 };
 
 // A copy of `host` made on the stream into a poisoned tensor: the schedule's inputs are then
@@ -191,7 +196,8 @@ OwnedTensor staged(Env& env, const OwnedTensor& host, double poison) {
   return t;
 }
 
-RingRun run_ring(Env& env, const Problem& p, VocabPayload payload, int64_t strip, Slow slow) {
+RingRun run_ring(Env& env, const Problem& p, VocabPayload payload, int64_t strip, Slow slow,
+                 int64_t kept = 0) {
   const int64_t r = env.rank(), n0 = r * kTokens, n1 = (r + 1) * kTokens;
   const auto shard = vocab_shard(kVocab, env.ranks(), env.rank());
   const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -199,7 +205,8 @@ RingRun run_ring(Env& env, const Problem& p, VocabPayload payload, int64_t strip
   auto labels_host = env.labels(p.labels, n0, n1);
   auto w_host = env.input(p.w, kHidden, shard.begin, shard.end);
   auto dw_host = env.input(p.dw0, kHidden, shard.begin, shard.end);
-  RingDtpVocab vocab(env.backend(), env.stream(), env.comm(), env.dtype(), kVocab, payload, strip);
+  RingDtpVocab vocab(env.backend(), env.stream(), env.comm(), env.dtype(), kVocab, payload, strip,
+                     kept);
   EXPECT_EQ(vocab.shard().begin, shard.begin);
   EXPECT_EQ(vocab.shard().end, shard.end);
   env.poison_free_arena();
@@ -216,6 +223,7 @@ RingRun run_ring(Env& env, const Problem& p, VocabPayload payload, int64_t strip
   RingRun run;
   run.share = vocab.forward(x, w, labels, 1.0 / static_cast<double>(p.scored));
   run.payload = vocab.payload();
+  run.kept_strips = vocab.kept_strips();
   MemoryStats after_forward = arena.stats();
   run.forward_peak = after_forward.peak_per_set()[LiveSet::logits];
   run.kept = after_forward.current()[LiveSet::logits];
@@ -241,17 +249,19 @@ class RingDtpTest : public ::testing::Test {
   static double tolerance(DType dtype) { return dtype == DType::f64 ? 1e-12 : 1e-5; }
 
   // Runs one case against the reference and checks everything; returns the worst error.
-  double check_case(DType dtype, VocabPayload payload, int64_t strip, Slow slow, uint64_t seed) {
+  double check_case(DType dtype, VocabPayload payload, int64_t strip, Slow slow, uint64_t seed,
+                    int64_t kept = 0) {
     Env env(dtype);
     const int W = env.ranks(), r = env.rank();
     const Problem p = make_problem(seed, W);
     const Reference ref = run_reference(env, p);
-    const RingRun ring = run_ring(env, p, payload, strip, slow);
+    const RingRun ring = run_ring(env, p, payload, strip, slow, kept);
     const auto shard = vocab_shard(kVocab, W, r);
     const double tol = tolerance(dtype);
     std::ostringstream what_os;
     what_os << "W=" << W << " " << dtype_name(dtype) << ", " << payload_name(payload)
             << " payload, strip " << strip << slow_name(slow);
+    if (kept > 0) what_os << ", kept " << kept << " (" << ring.kept_strips << ")";
     const std::string what = what_os.str();
 
     EXPECT_EQ(ring.payload, payload) << what;
@@ -266,18 +276,22 @@ class RingDtpTest : public ::testing::Test {
     EXPECT_LE(dw, tol) << what << ": dW rows [" << shard.begin << ", " << shard.end << ")";
 
     const RingDtpBytes want =
-        ring_dtp_memory(kTokens, kHidden, kVocab, W, strip, payload, dtype);
+        ring_dtp_memory(kTokens, kHidden, kVocab, W, strip, kept, payload, dtype);
+    EXPECT_EQ(ring.kept_strips, want.kept_strips) << what;
     EXPECT_EQ(ring.forward_peak, want.forward) << what << ": logits peak in forward";
     EXPECT_EQ(ring.kept, want.saved) << what << ": logits kept from forward to backward";
     EXPECT_EQ(ring.backward_peak, want.backward) << what << ": logits peak in backward";
     EXPECT_EQ(std::max(ring.forward_peak, ring.backward_peak),
-              ring_dtp_bytes(kTokens, kHidden, kVocab, W, strip, payload, dtype))
+              ring_dtp_bytes(kTokens, kHidden, kVocab, W, strip, kept, payload, dtype))
         << what;
     EXPECT_EQ(ring.left, 0u) << what << ": logits left after backward";
     EXPECT_FALSE(ring.other_sets_grew) << what << ": a live set other than logits grew";
     const uint64_t one_batch_logits =
         DeviceArena::footprint(static_cast<uint64_t>(kTokens * kVocab) * dtype_size(dtype));
-    if (schedules::ring_dtp_strip_columns(kVocab, W, strip) < kVocab) {
+    if (kept > 0) {
+      // Kept strips trade memory for GEMMs; below one N x V tensor only while some strips are
+      // re-formed.
+    } else if (schedules::ring_dtp_strip_columns(kVocab, W, strip) < kVocab) {
       EXPECT_LT(want.peak(), one_batch_logits) << what << ": bound not below one N x V tensor";
     } else {  // one rank, whole shard: the strip is the (N, V) logits, by definition
       EXPECT_EQ(want.peak(), want.strip + want.state) << what;
@@ -328,6 +342,42 @@ TEST_F(RingDtpTest, SlowCommOrComputeStreamStillExact) {
     check_case(DType::f64, payload, 7, Slow::comm, 21);
     check_case(DType::f64, payload, 0, Slow::compute, 22);
   }
+}
+
+// Kept strips: exact as above, and the very same bits as without them (the kept strip is formed
+// by the same GEMM, and every sum runs in the same order). K = 1, 5 (several rounds' strips when
+// P > 1) and 1000 (every strip: no working strip, when every rank forms as many).
+TEST_F(RingDtpTest, KeptStripsMatchMaterializedAndTheSameBitsAsNoneKept) {
+  for (VocabPayload payload : {VocabPayload::weights, VocabPayload::activations}) {
+    for (int64_t kept : {1, 5, 1000}) {
+      check_case(DType::f64, payload, 7, Slow::none, 17, kept);
+      Env env(DType::f32);
+      const Problem p = make_problem(18, env.ranks());
+      const RingRun none = run_ring(env, p, payload, 7, Slow::none);
+      const RingRun some = run_ring(env, p, payload, 7, kept == 5 ? Slow::comm : Slow::none, kept);
+      const std::string what = std::string(payload_name(payload)) + " payload, f32, kept " +
+                               std::to_string(kept);
+      EXPECT_GT(some.kept_strips, 0) << what;
+      EXPECT_EQ(some.share, none.share) << what << ": loss share";
+      EXPECT_EQ(some.dx, none.dx) << what << ": dx differs from the run without kept strips";
+      EXPECT_EQ(some.dw, none.dw) << what << ": dW differs from the run without kept strips";
+    }
+  }
+  // Strips of one column with activations travelling: under uneven shards the ranks form
+  // different counts (P floor(V/P) and P ceil(V/P)), K = the fewest, and the working strip stays
+  // in the bound of every rank, used or not.
+  check_case(DType::f64, VocabPayload::activations, 1, Slow::none, 19, 1000);
+  // All kept where every rank forms the same count: no working strip in the bound.
+  const int W = Env(DType::f64).ranks();
+  const auto count = schedules::ring_dtp_strip_count(kVocab, W, 7, VocabPayload::weights);
+  EXPECT_EQ(count.fewest, count.most);
+  const RingDtpBytes all = ring_dtp_memory(kTokens, kHidden, kVocab, W, 7, 1000,
+                                           VocabPayload::weights, DType::f64);
+  const RingDtpBytes none = ring_dtp_memory(kTokens, kHidden, kVocab, W, 7, 0,
+                                            VocabPayload::weights, DType::f64);
+  EXPECT_EQ(all.kept_strips, count.most);
+  EXPECT_EQ(all.forward, none.forward - none.strip + all.kept);
+  EXPECT_EQ(all.saved, none.saved + all.kept);
 }
 
 TEST_F(RingDtpTest, AutoPayloadMovesWeightsWhenBatchesAreLargerThanShards) {
@@ -394,6 +444,19 @@ TEST_F(RingDtpTest, BadLabelsVocabSmallerThanRanksAndBackwardWithoutForwardAreEr
     vocab.forward(x, w, lt, 1.0);
   }
   vocab.release();
+  {  // with kept strips too, and a forward that throws leaves nothing of the set behind
+    RingDtpVocab kept(env.backend(), env.stream(), env.comm(), DType::f64, kVocab,
+                      VocabPayload::automatic, 7, 2);
+    if (r == 0) {
+      EXPECT_THROW(kept.forward(x, w, lt, 1.0), Error);
+      EXPECT_EQ(env.backend().arena().stats().current()[LiveSet::logits], 0u)
+          << "logits left after a forward that threw";
+      EXPECT_THROW(kept.backward(x, w, dx, dx), Error);  // nothing saved to go backward from
+    } else {
+      kept.forward(x, w, lt, 1.0);
+      kept.release();
+    }
+  }
   // A wrong shard is found at the call, before any traffic.
   auto wrong = env.input(p.w, kHidden, 0, shard.size() + 1);
   EXPECT_THROW(vocab.forward(x, wrong, lt, 1.0), Error);
@@ -404,6 +467,9 @@ TEST_F(RingDtpTest, BadLabelsVocabSmallerThanRanksAndBackwardWithoutForwardAreEr
       RingDtpVocab(env.backend(), env.stream(), env.comm(), DType::f64, kVocab,
                    VocabPayload::automatic, -1),
       Error);
+  EXPECT_THROW(RingDtpVocab(env.backend(), env.stream(), env.comm(), DType::f64, kVocab,
+                            VocabPayload::automatic, 0, -1),
+               Error);
 }
 
 }  // namespace

@@ -41,6 +41,7 @@ TEST(PlanMeasured, ScoRingDtpOffloadStream) {
   c.schedules.checkpoint = CheckpointSchedule::sco;
   c.schedules.vocab = VocabSchedule::ring_dtp;
   c.schedules.vocab_strip = 16;
+  c.schedules.vocab_kept_strips = 2;  // 2 of the strips go from forward to backward
   c.optimizer.placement = OptimizerPlacement::offload_stream;
   expect_within_plan("sco+ring_dtp+offload_stream", c);
 }

@@ -45,6 +45,16 @@ for p in j["optimizer"]["points"]:
     assert p["staging_bytes"] == p["bound_bytes"] > 0, p  # adamw_offload_stream_bytes
 assert j["optimizer"]["floor_s"] > 0
 assert {p["payload"] for p in j["vocab"]["points"]} == {"activations", "weights"}
+# every payload has its point with no strips kept, and some points keep strips (the tiny config's
+# plan accepts them); the chosen one is the fewest kept within tolerance of its payload's fastest
+v = j["vocab"]["points"]
+assert {p["payload"] for p in v if p["kept_strips"] == 0} == {"activations", "weights"}, v
+assert any(p["kept_strips"] > 0 for p in v), v
+c = v[j["vocab"]["chosen"]]
+same = [p for p in v if p["payload"] == c["payload"] and p["plan_fits"]]
+fast = min(p["time"]["median_s"] for p in same)
+assert c["kept_strips"] == min(p["kept_strips"] for p in same
+                               if p["time"]["median_s"] <= fast * (1 + j["vocab"]["tolerance"])), (c, same)
 for p in j["vocab"]["points"] + j["sco"]["points"]:
     assert p["peak_bytes"] == p["bound_bytes"] > 0, p   # ring_dtp_bytes, sco_boundaries_bytes
 assert [p["label"] for p in j["sco"]["points"]] == ["none", "half", "all"]
@@ -65,7 +75,7 @@ for f in files:
     assert any(c.getAttribute("class").startswith("point") for c in d.getElementsByTagName("circle")), f
 PY
   check "W=$w tuned.toml names the command" grep -qE "^#   .*moepeak train --config $tiny .*--config $dir/tuned.toml\$" "$dir/tuned.toml"
-  for k in "chunk_tokens = " "max_chunks = " "bucket_params = " "staging_slots = " "ring_payload = " "sco_host_budget = "; do
+  for k in "chunk_tokens = " "max_chunks = " "bucket_params = " "staging_slots = " "ring_payload = " "vocab_kept_strips = " "sco_host_budget = "; do
     check "W=$w tuned.toml sets $k" grep -q "^$k" "$dir/tuned.toml"
   done
   check "W=$w tuned.toml says why" grep -q "^# dispatch: smallest chunk within 3.0%" "$dir/tuned.toml"

@@ -150,6 +150,38 @@ TEST(TuneSelectStaging, FlatKneeNoisyAndNothingFits) {
   }
 }
 
+// Payloads are compared on their points with no strips kept; then, within the chosen payload, the
+// fewest kept strips within the tolerance of its fastest accepted point.
+TEST(TuneSelectKeptStrips, PayloadOnUnkeptPointsThenFewestKeptWithinTolerance) {
+  std::vector<VocabPoint> pts(6);
+  const double times[6] = {0.0100, 0.0090, 0.0080, 0.0110, 0.0070, 0.0060};
+  const int64_t kept[6] = {0, 2, 4, 0, 2, 4};
+  for (size_t i = 0; i < pts.size(); ++i) {
+    pts[i].payload = i < 3 ? "activations" : "weights";
+    pts[i].kept_strips = kept[i];
+    pts[i].time = summarize({times[i]});
+    pts[i].bound_bytes = 1000 + 100 * static_cast<uint64_t>(kept[i]);
+    pts[i].plan_fits = true;
+  }
+  // activations is faster with none kept (10 ms vs 11 ms), although weights with kept strips is
+  // the fastest point overall.
+  EXPECT_EQ(select_payload(pts, "weights").index, 0u);
+  // Within activations: fastest 8 ms (4 kept); 3% admits only it; 15% admits 2 kept (9 ms).
+  EXPECT_EQ(select_kept_strips(pts, "activations", 0.03).index, 2u);
+  EXPECT_EQ(select_kept_strips(pts, "activations", 0.15).index, 1u);
+  EXPECT_EQ(select_kept_strips(pts, "activations", 0.30).index, 0u);
+  const Choice c = select_kept_strips(pts, "activations", 0.03);
+  EXPECT_NE(c.reason.find("4 kept"), std::string::npos) << c.reason;
+  // A point the plan rejects is never chosen, however fast.
+  pts[2].plan_fits = false;
+  EXPECT_EQ(select_kept_strips(pts, "activations", 0.03).index, 1u);
+  pts[0].plan_fits = pts[1].plan_fits = false;
+  EXPECT_THROW(select_kept_strips(pts, "activations", 0.03), Error);
+  // Without an unkept point that fits, no payload is chosen.
+  pts[3].plan_fits = false;
+  EXPECT_THROW(select_payload(pts, ""), Error);
+}
+
 TEST(TuneSelectPayload, TheFasterPayloadThePlanAccepts) {
   std::vector<VocabPoint> pts(2);
   pts[0].payload = "activations";
