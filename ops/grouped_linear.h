@@ -77,6 +77,13 @@ GroupedLinearGrads check_grouped_linear_backward_args(const char* op, const Tens
                                                       const Tensor& dy, const Tensor& dx,
                                                       std::span<const Tensor> dw);
 
+// Benches (`bench gemm`): from now on the CUDA grouped GEMMs run as one cuBLASLt GEMM per group
+// (ops/cuda/linear.cpp, which takes set_gemm_algorithm_rank) instead of one
+// cublasGemmGroupedBatchedEx per product — the alternative the grouped rows' %best is timed
+// against. Returns the previous setting. The CPU (always one GEMM per group) ignores it.
+bool set_grouped_gemm_per_group(bool per_group);       // ops/cpu/grouped_linear.cpp
+bool set_grouped_gemm_per_group_cuda(bool per_group);  // ops/cuda/grouped_linear.cpp
+
 // The same op on the GPU (ops/cuda/grouped_linear.cpp), and the entry points callers use: each
 // runs on the backend of its first output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
 void grouped_linear_forward_cuda(const Tensor& x, std::span<const Tensor> w,

@@ -108,4 +108,13 @@ void grouped_linear_backward_cpu(const Tensor& x, std::span<const Tensor> w,
   }
 }
 
+bool set_grouped_gemm_per_group(bool per_group) {
+#ifdef MOEPEAK_WITH_CUDA
+  return set_grouped_gemm_per_group_cuda(per_group);
+#else
+  (void)per_group;
+  return true;  // the CPU runs one GEMM per group always
+#endif
+}
+
 }  // namespace moepeak::ops

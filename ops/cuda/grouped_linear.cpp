@@ -13,7 +13,8 @@
 // fp32 and rounds each output to bf16 once; reductions stay in fp32
 // (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION). f64, K == 0, N == 0 and sizes past int32
 // run the per-group loop of ops/cuda/linear.cpp instead, as do weight gradients whose dw_g
-// overlap one another (one grouped call would add into the same memory concurrently).
+// overlap one another (one grouped call would add into the same memory concurrently), and every
+// call while set_grouped_gemm_per_group(true) is in force (benches).
 //
 // What the module keeps, per (device, stream) that runs a grouped GEMM (created on first use,
 // never freed, as ops/cuda/cublaslt.cpp keeps its state):
@@ -42,6 +43,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <climits>
 #include <map>
 #include <mutex>
@@ -57,6 +59,8 @@ namespace moepeak::ops {
 namespace {
 
 constexpr size_t kStagingSlots = 8;
+
+std::atomic<bool> g_per_group{false};  // set_grouped_gemm_per_group
 constexpr size_t kMinStagingPointers = 3 * 256;  // 256 GEMMs (experts) per call before growing
 
 cudaStream_t native(Stream& stream) { return static_cast<cudaStream_t>(stream.native_handle()); }
@@ -223,10 +227,11 @@ class GroupedGemm {
 
 // True when one grouped call takes the problem: f32 or bf16 storage (cuBLAS's grouped GEMM has
 // no f64 with COMPUTE_32F), no empty inner or output dimension (cuda::gemm's zero-fill handles
-// those), and every size and leading dimension within int32.
+// those), and every size and leading dimension within int32 — unless a bench asked for the
+// per-group loop.
 bool grouped_call_takes(DType dtype, int64_t M, int64_t N, int64_t K) {
   return (dtype == DType::f32 || dtype == DType::bf16) && N > 0 && K > 0 && M <= INT_MAX &&
-         N <= INT_MAX && K <= INT_MAX;
+         N <= INT_MAX && K <= INT_MAX && !g_per_group.load(std::memory_order_relaxed);
 }
 
 // True when two of the given dw_g share memory.
@@ -338,5 +343,7 @@ void grouped_linear_backward_cuda(const Tensor& x, std::span<const Tensor> w,
   }
   dw_gemm.run(op, x.dtype(), stream);
 }
+
+bool set_grouped_gemm_per_group_cuda(bool per_group) { return g_per_group.exchange(per_group); }
 
 }  // namespace moepeak::ops

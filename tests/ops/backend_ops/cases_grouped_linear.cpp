@@ -11,10 +11,14 @@
 // accumulate on and off; dx written, accumulated or undefined; dw for every group, for the even
 // groups only (odd ones undefined) or none (an empty span). bf16 keeps the default 1e-2: inputs
 // are exact in bf16, products accumulate in fp32 and each output is rounded once (2^-9).
+// The per-group loop `bench gemm` times against the grouped call (ops::set_grouped_gemm_per_group,
+// with cuBLASLt's first and last heuristic algorithms) on the odd-size layout, forward and
+// backward.
 #include <string>
 #include <vector>
 
 #include "ops/grouped_linear.h"
+#include "ops/linear.h"
 #include "tests/ops/backend_ops/harness.h"
 
 namespace moepeak::testing::backend_ops {
@@ -123,6 +127,22 @@ MOEPEAK_BACKEND_OPS_CASES(grouped_linear) {
   }
   // Neither gradient: a valid call that forms nothing.
   cases.push_back(backward_case(layouts[0], {false, false, DwMode::none}));
+  // The per-group loop `bench gemm` compares the grouped call with: the same results within the
+  // dtype's tolerance, at the first and the last algorithm rank (the CPU ignores both settings).
+  for (int rank : {0, ops::kGemmAlgorithmRanks - 1}) {
+    for (OpCase c : {forward_case(layouts[4], true),
+                     backward_case(layouts[4], {true, true, DwMode::even})}) {
+      c.name += " per_group algorithm_rank=" + std::to_string(rank);
+      c.run = [rank, run = c.run](const std::vector<Tensor>& v, Stream& st) {
+        const bool previous = ops::set_grouped_gemm_per_group(true);
+        const int previous_rank = ops::set_gemm_algorithm_rank(rank);
+        run(v, st);
+        ops::set_gemm_algorithm_rank(previous_rank);
+        ops::set_grouped_gemm_per_group(previous);
+      };
+      cases.push_back(std::move(c));
+    }
+  }
   return cases;
 }
 
