@@ -4,10 +4,13 @@
 //   add_cpu(a, b, out)      out = a + b; a, b, out of one shape and float dtype; out may be a or b
 //                                                                                   (written, =)
 //   scale_cpu(x, alpha)     x *= alpha in place, in x's dtype (alpha rounded to it first)
-//   sum_squares_cpu(x, out) out[0] += sum_i x[i]^2; x float of any shape, out (1) f64. The sum is
-//                           accumulated in double in index order from 0 and then added to out[0],
-//                           so a tensor's contribution does not depend on what out held (global
-//                           gradient norms sum the tensors' contributions in call order)  (+=)
+//   sum_squares_cpu(x, out) out[p] += sum over part p of x[i]^2; x float of any shape, out (P)
+//                           f64, P >= 1: x (flattened) is cut into P parts of c = ceil(n / P)
+//                           elements, part p = [p c, min(n, (p + 1) c)) (the last ones may be
+//                           short or empty). Each part's sum is accumulated in double in index
+//                           order and then added to out[p], so a tensor's contribution does not
+//                           depend on what out held; the caller adds out[0..P) in order (global
+//                           gradient norms: P = kSumSquaresParts, one GPU block a part)   (+=)
 //   copy_cpu(src, dst)      dst = src; same shape and dtype, any dtype          (written, =)
 //   scale_rows_cpu(x, w)    x[i, :] *= w[i]; x (M, C) float, w (M) of x's dtype     (in place)
 //   row_dot_cpu(a, b, out, accumulate)
@@ -22,12 +25,12 @@
 // add, scale and scale_rows are the CPU's f32 results bit for bit.
 //   add           grid-stride; out may be a or b
 //   scale         alpha rounded to the compute type (fp32 for bf16 storage, not to bf16)
-//   sum_squares   deterministic without atomics: one block of 1024 threads sums x in double
-//                 (grid-stride, 16-byte loads) and thread 0 adds the block's sum to out[0]; the
-//                 order of additions depends only on x's length and alignment, so the result is
-//                 reproducible run to run (not bitwise the CPU's index order). One block runs
-//                 on one SM, so its speed is one SM's share of the memory bandwidth (not yet
-//                 measured); a two-pass reduction would need scratch memory
+//   sum_squares   deterministic without atomics: one block of 512 threads per part sums it in
+//                 double (16-byte loads) and its thread 0 adds the sum to out[p]; the order of
+//                 additions depends only on x's length, alignment and P, so the result is
+//                 reproducible run to run (not bitwise the CPU's index order). P = 1 is one
+//                 block, one SM's share of the memory bandwidth; kSumSquaresParts blocks fill
+//                 the GPU, and the caller's host sum of the P partials is the second pass
 //   copy          cudaMemcpyAsync (cudaMemcpyDefault, so src may also be pinned host memory);
 //                 src and dst must not partially overlap
 //   scale_rows    a block per row
@@ -41,6 +44,10 @@
 #include "ops/op_common.h"
 
 namespace moepeak::ops {
+
+// The parts a global sum of squares is cut into (the trainer's gradient norm): enough GPU blocks
+// to fill an H100/H200 (132 SMs) twice over, 2 KiB of partials.
+constexpr int64_t kSumSquaresParts = 256;
 
 void add_cpu(const Tensor& a, const Tensor& b, const Tensor& out, Stream& stream);
 void scale_cpu(const Tensor& x, double alpha, Stream& stream);

@@ -9,6 +9,7 @@
 #include "core/model/mixtral.h"
 #include "core/model/mixtral_params.h"
 #include "core/runtime/arena.h"
+#include "ops/elementwise.h"
 #include "ops/attention.h"
 #include "ops/schedules/dispatch_pipelined_llep.h"
 #include "ops/schedules/ulysses.h"
@@ -136,8 +137,8 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
   }
   const uint64_t reduce = Nb + aux_dprobs + NH + earlier + fp(layer_shard * b);
   const uint64_t embed = Nb + aux_dprobs + NH + fp(largest_shard(layout, groups.front(), world) * b);
-  // After the step: the grad norm (f64) and its all-reduce; the metrics' all-gather.
-  const uint64_t after = std::max(fp(8) + (world > 1 ? fp(8) : 0),
+  // After the step: the grad norm's partials (f64) and its all-reduce; the metrics' all-gather.
+  const uint64_t after = std::max(fp(8 * ops::kSumSquaresParts) + (world > 1 ? fp(8) : 0),
                                   world > 1 ? fp(16) + fp(16 * world) : 0);
   return batch_tensors +
          max_of({forward, recompute, head, backward, reduce, world > 1 ? embed : 0, after});

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <thread>
+#include <vector>
 
 #include "core/checkpoint/atomic_file.h"
 #include "core/checkpoint/train_checkpoint.h"
@@ -119,14 +120,19 @@ void check_layout(const Config& cfg, const RankInfo& ranks) {
 }
 
 // sqrt of the sum of squares of every rank's flat grads (shards and local experts: each real
-// element once; the padding is zero).
+// element once; the padding is zero). The device sums kSumSquaresParts parts at once (one GPU
+// block each) and the host adds the partials in order: the second pass of the reduction.
 double global_grad_norm(const ZeroParamStore& params, Backend& backend, Stream& stream) {
-  OwnedTensor acc = OwnedTensor::device(backend, Shape{1}, DType::f64, LiveSet::workspace, "grad norm");
+  OwnedTensor acc = OwnedTensor::device(backend, Shape{ops::kSumSquaresParts}, DType::f64,
+                                        LiveSet::workspace, "grad norm partials");
   ops::fill(acc, 0.0, stream);
   ops::sum_squares(params.flat_grads(), acc, stream);
-  double sum[1] = {0};
-  backend.copy_async(sum, acc.data(), 8, CopyKind::device_to_host, stream);
+  std::vector<double> partial(static_cast<size_t>(ops::kSumSquaresParts));
+  backend.copy_async(partial.data(), acc.data(), partial.size() * sizeof(double),
+                     CopyKind::device_to_host, stream);
   stream.synchronize();
+  double sum[1] = {0};
+  for (double p : partial) sum[0] += p;
   if (params.world_size() > 1) all_reduce_host(params.comm(), backend, stream, sum);
   return std::sqrt(sum[0]);
 }

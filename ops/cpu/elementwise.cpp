@@ -2,9 +2,11 @@
 // per-row scale and dot (see ops/elementwise.h).
 #include "ops/elementwise.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
+#include "core/error.h"
 #include "core/runtime/cpu_stream.h"
 
 namespace moepeak::ops {
@@ -15,7 +17,8 @@ void check_add_args(const char* op, const Tensor& a, const Tensor& b, const Tens
 }
 
 void check_sum_squares_args(const char* op, const Tensor& out) {
-  out.expect(Shape{1}, DType::f64, std::string(op) + ": out");
+  MOEPEAK_CHECK(out.ndim() == 1 && out.size(0) >= 1 && out.dtype() == DType::f64, op,
+                ": out must be (P) f64 with P >= 1 partial sums, got ", out.str());
 }
 
 void check_copy_args(const char* op, const Tensor& src, const Tensor& dst) {
@@ -67,11 +70,15 @@ void sum_squares_cpu(const Tensor& x, const Tensor& out, Stream& stream) {
     using T = decltype(zero);
     const T* xp = x.data_as<T>();
     double* outp = out.data_as<double>();
-    int64_t n = x.numel();
+    const int64_t n = x.numel(), parts = out.size(0), c = (n + parts - 1) / parts;
     as_cpu_stream(stream).enqueue([=] {
-      double sum = 0;
-      for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(xp[i]) * xp[i];
-      outp[0] += sum;
+      for (int64_t p = 0; p < parts && p * c < n; ++p) {
+        double sum = 0;
+        for (int64_t i = p * c; i < std::min(n, (p + 1) * c); ++i) {
+          sum += static_cast<double>(xp[i]) * xp[i];
+        }
+        outp[p] += sum;
+      }
     });
   });
 }

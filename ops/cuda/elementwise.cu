@@ -1,8 +1,7 @@
 // CUDA element-wise helpers (see ops/elementwise.h): add and scale are grid-stride kernels,
-// sum_squares one block of 1024 threads (deterministic, no atomics), copy a cudaMemcpyAsync,
+// sum_squares a block per part (deterministic, no atomics), copy a cudaMemcpyAsync,
 // scale_rows and row_dot a block per row (row_dot reduces in double).
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_elementwise.cpp).
-#include <algorithm>
 #include <cstdint>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -28,12 +27,13 @@ template <typename T> __global__ void scale_kernel(T* x, compute_t<T> factor, in
   MOEPEAK_GRID_STRIDE(i, n) { store_from(x, i, load_as<C>(x, i) * factor); }
 }
 
-// sum_squares: one block of kSumThreads threads, so the order of the additions depends only on
-// the tensor's length and address alignment, never on scheduling, and out[0] is updated by one
-// thread with no atomics. Elements are read 16 bytes at a time (kSumUnroll such loads in flight
-// per thread, 128 KiB per block: one SM's bandwidth is bounded by the bytes in flight) from the
-// first 16-byte-aligned element; the unaligned head and the tail one at a time.
-constexpr int kSumThreads = 1024;
+// sum_squares: block p of P sums part p = [p c, min(n, (p + 1) c)) with kSumThreads threads, so
+// the order of the additions depends only on the tensor's length, address alignment and P, never
+// on scheduling, and out[p] is updated by one thread with no atomics. Elements are read 16 bytes
+// at a time (kSumUnroll such loads in flight per thread, 64 KiB per block: an SM's bandwidth is
+// bounded by the bytes in flight) from the part's first 16-byte-aligned element; the unaligned
+// head and the tail one at a time.
+constexpr int kSumThreads = 512;
 constexpr int kSumUnroll = 8;
 
 template <typename T> struct alignas(16) Vec16 {
@@ -53,10 +53,18 @@ template <typename T> __device__ __forceinline__ double sum_sq(const Vec16<T>& u
 
 template <typename T>
 __global__ void __launch_bounds__(kSumThreads)
-    sum_squares_kernel(const T* x, int64_t n, int64_t head, double* out) {
+    sum_squares_kernel(const T* whole, int64_t total, int64_t part, double* out) {
   __shared__ double scratch[32];
   constexpr int kCount = Vec16<T>::kCount;
   const int64_t stride = blockDim.x;
+  // This block's part: x = whole + lo, n elements, head of them before the first 16-byte
+  // boundary (whole is at least element-aligned).
+  const int64_t lo = static_cast<int64_t>(blockIdx.x) * part;
+  const int64_t n = lo >= total ? 0 : total - lo < part ? total - lo : part;
+  const T* x = whole + lo;
+  const auto misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(x) % 16);
+  const int64_t to_boundary = misalign == 0 ? 0 : (16 - misalign) / static_cast<int64_t>(sizeof(T));
+  const int64_t head = to_boundary < n ? to_boundary : n;
   double sum = 0;
   // x[0, head): before the first 16-byte boundary.
   for (int64_t i = threadIdx.x; i < head; i += stride) {
@@ -81,7 +89,7 @@ __global__ void __launch_bounds__(kSumThreads)
     sum += d * d;
   }
   sum = cuda::block_sum(sum, scratch);
-  if (threadIdx.x == 0) out[0] += sum;
+  if (threadIdx.x == 0 && n > 0) out[blockIdx.x] += sum;
 }
 
 // A block per row (grid-stride over rows), threads over the columns.
@@ -152,14 +160,12 @@ void sum_squares_cuda(const Tensor& x, const Tensor& out, Stream& stream) {
   check_sum_squares_args(op, out);
   cuda::dispatch_storage(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    const int64_t n = x.numel();
-    if (n == 0) return;  // out[0] += 0
-    // Elements before the first 16-byte boundary (x is at least element-aligned).
-    const auto misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(x.data()) % 16);
-    const int64_t elem = static_cast<int64_t>(sizeof(T));
-    const int64_t head = std::min<int64_t>(n, misalign == 0 ? 0 : (16 - misalign) / elem);
-    sum_squares_kernel<T><<<1, kSumThreads, 0, cuda::native(stream)>>>(
-        static_cast<const T*>(x.data()), n, head, static_cast<double*>(out.data()));
+    const int64_t n = x.numel(), parts = out.size(0);
+    if (n == 0) return;  // out[p] += 0
+    MOEPEAK_CHECK(parts <= (int64_t{1} << 31) - 1, op, ": ", parts, " parts is past the grid limit");
+    sum_squares_kernel<T><<<static_cast<unsigned>(parts), kSumThreads, 0, cuda::native(stream)>>>(
+        static_cast<const T*>(x.data()), n, (n + parts - 1) / parts,
+        static_cast<double*>(out.data()));
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

@@ -6,6 +6,7 @@
 // Run: ./build-ops/tests/ops/test_dense_ops
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -525,6 +526,21 @@ TEST(Elementwise, ScaleSumSquaresAndCopy) {
   ref = (ref + s64) + s32;
   EXPECT_EQ(env.read(out)[0], ref);  // the same additions in the same order
 
+  // With P partials: part p is [p c, min(n, (p + 1) c)), c = ceil(n / P), each summed in index
+  // order and added to out[p]; parts past the end stay as they were. 30 elements over 4 parts
+  // of 8 (the last one 6); over 7 parts of 5 (the last one empty).
+  for (int64_t parts : {4, 7}) {
+    auto partial = env.input({parts}, DType::f64, std::vector<double>(parts, 0.5));
+    ops::sum_squares_cpu(xt, partial, env.stream());
+    const std::vector<double> got = env.read(partial);
+    const int64_t c = (30 + parts - 1) / parts;
+    for (int64_t p = 0; p < parts; ++p) {
+      double want = 0;
+      for (int64_t i = p * c; i < std::min<int64_t>(30, (p + 1) * c); ++i) want += scaled[i] * scaled[i];
+      EXPECT_EQ(got[p], 0.5 + want) << "part " << p << " of " << parts;
+    }
+  }
+
   auto dst = env.output({5, 6}, DType::f64);
   ops::copy_cpu(xt, dst, env.stream());
   EXPECT_EQ(env.read(dst), scaled);
@@ -584,12 +600,14 @@ TEST(Elementwise, RejectsBadArgumentsAtTheCall) {
   auto a32 = env.input({4, 6}, DType::f32, random_vector(24, 55));
   auto ids = env.indices({4}, DType::i32, {1, 2, 3, 4});
   auto out32 = env.output({1}, DType::f32);
-  auto out2 = env.output({2}, DType::f64);
+  auto out2 = env.output({2, 1}, DType::f64);
+  auto out0 = env.output({0}, DType::f64);
   EXPECT_THROW(ops::add_cpu(a, a_t, a, env.stream()), Error);
   EXPECT_THROW(ops::add_cpu(a, a32, a, env.stream()), Error);
   EXPECT_THROW(ops::scale_cpu(ids, 2.0, env.stream()), Error);
   EXPECT_THROW(ops::sum_squares_cpu(a, out32, env.stream()), Error);
-  EXPECT_THROW(ops::sum_squares_cpu(a, out2, env.stream()), Error);
+  EXPECT_THROW(ops::sum_squares_cpu(a, out2, env.stream()), Error);  // partials are (P)
+  EXPECT_THROW(ops::sum_squares_cpu(a, out0, env.stream()), Error);  // P >= 1
   EXPECT_THROW(ops::copy_cpu(a, a_t, env.stream()), Error);
   EXPECT_THROW(ops::copy_cpu(a, a32, env.stream()), Error);
   env.stream().synchronize();

@@ -1,7 +1,7 @@
 // test_backend_ops cases: the element-wise helpers (ops/elementwise.h) — add (also with out == a
-// and out == b), scale, sum_squares (out (1) f64 accumulated, +=; also on views that start off a
-// 16-byte boundary, for the kernel's unaligned head), copy (floating and i64; src == dst),
-// scale_rows and row_dot (written and accumulated).
+// and out == b), scale, sum_squares (out (1) or (P) f64 partials accumulated, +=; also on views
+// that start off a 16-byte boundary, for the kernel's unaligned head), copy (floating and i64;
+// src == dst), scale_rows and row_dot (written and accumulated).
 #include <string>
 #include <utility>
 
@@ -55,6 +55,16 @@ MOEPEAK_BACKEND_OPS_CASES(elementwise) {
                            [](const std::vector<Tensor>& t, Stream& st) {
                              ops::sum_squares(t[0], t[1], st);
                            }});
+  }
+  // Partial sums, one GPU block a part (ops::kSumSquaresParts, the gradient norm's): parts that
+  // start off a 16-byte boundary (n / P not a multiple of 8), more parts than elements (empty
+  // ones stay as they were), and the trainer's 256 over a million elements.
+  for (auto [n, parts] : {std::pair<int64_t, int64_t>{100003, 7}, {5, 8}, {1 << 20, 256},
+                          {4103, 256}}) {
+    cases.push_back(OpCase{
+        "sum_squares n=" + std::to_string(n) + " parts=" + std::to_string(parts),
+        {in("x", {n}), inout("out", {parts}, Kind::f64)},
+        [](const std::vector<Tensor>& t, Stream& st) { ops::sum_squares(t[0], t[1], st); }});
   }
   // Views starting 1..9 elements into the buffer: the head before the first 16-byte boundary
   // (up to 7 bf16 or 3 f32 elements), whole vectors, and a tail. Two calls accumulate.
