@@ -22,8 +22,10 @@
 # benches, the figure the issue's targets are about. The summary is also written to
 # DIR/summary.txt row by row as the steps finish, so a run stopped from outside still leaves what
 # it measured, and DIR/report.md gathers every step's table (the benches' `#` headers and rows,
-# the tests' and runs' last lines) in the form docs/perf.md takes. A step that outlives its limit is killed and reported as `TIMEOUT`; the steps after
-# it still run. Exit status: 0 when every step passed.
+# the tests' and runs' last lines) in the form docs/perf.md takes, after a table of issue 13's GPU
+# targets, each MET, NOT MET or not measured (scripts/gpu_targets.py). A step that outlives its
+# limit is killed and reported as `TIMEOUT`; the steps after it still run. Exit status: 0 when
+# every step passed (whatever the targets' verdicts).
 # Results worth keeping go to docs/perf.md with the device and the date.
 set -uo pipefail
 
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift ;;
     --budget) budget="$2"; shift ;;
     --archive) archive="$2"; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -283,14 +285,21 @@ EOF
 done
 
 # ---- summary ---------------------------------------------------------------------------------
-echo "# finished $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(( $(date +%s) - started )) s" >>"$summary"
-# report.md: the summary, then each step's output as docs/perf.md quotes it.
+elapsed=$(( $(date +%s) - started ))
+echo "# finished $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $elapsed s" >>"$summary"
+# Issue 13's targets, judged from the benches' JSON and the runs' metrics (scripts/gpu_targets.py).
+targets="$(python3 "$root/scripts/gpu_targets.py" "$out" "$elapsed" 2>&1)"
+# report.md: the summary, the targets, then each step's output as docs/perf.md quotes it.
 {
   echo "## gpu-check: $gpu, $(date -u '+%Y-%m-%d')"
   echo
   echo '```'
   cat "$summary"
   echo '```'
+  echo
+  echo "### The GPU targets of issue 13"
+  echo
+  echo "$targets"
   for i in "${!names[@]}"; do
     name="${names[$i]}"
     echo
@@ -309,6 +318,8 @@ echo "# finished $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(( $(date +%s) - started 
 } >"$out/report.md"
 echo
 cat "$summary"
+echo
+echo "$targets"
 if [ -n "$archive" ]; then
   tar czf "$archive" -C "$(dirname "$out")" "$(basename "$out")" &&
     echo "gpu-check: $out packed into $archive ($(du -h "$archive" | cut -f1))"

@@ -3,8 +3,9 @@
 # next GPU session depends on, checked where CI can run it. Every step's command fails here (no
 # CUDA device), so this tests what wraps them: one summary row per step written as it finishes,
 # report.md with each step's output, the --archive file, the time budget (steps it leaves no
-# time for are `skipped`, a step past its limit is a TIMEOUT), and the missing-library check
-# naming every library before any step.
+# time for are `skipped`, a step past its limit is a TIMEOUT), the missing-library check
+# naming every library before any step, and the targets table (scripts/gpu_targets.py) both from
+# this run (nothing measured) and from synthetic bench JSONs on either side of each threshold.
 # Run: ctest -R test_gpu_check   (or: bash tests/cli/test_gpu_check.sh build)
 set -u
 build="$1"
@@ -38,8 +39,64 @@ check "report.md quotes a failed step's error" \
   sh -c "sed -n '/^### bench-vocab:/,/^### /p' '$tmp/gc/report.md' | grep -q 'error'"
 check "summary.txt ends with the run's duration" grep -qE '^# finished .*, [0-9]+ s$' "$tmp/gc/summary.txt"
 check "the summary is printed at the end" grep -q '^# step  ' "$tmp/out"
+check "report.md has the targets table" grep -q '^### The GPU targets of issue 13' "$tmp/gc/report.md"
+check "a failed bench's target is not measured" \
+  grep -qE '^\| Ring-DTP, P = 1, strips of V/8 \| – \| +\| not measured \|$' "$tmp/gc/report.md"
+check "the run's own time is judged" grep -qE '^\| gpu-check on one GPU \| [0-9]+ s \| < 480 s \| MET \|$' "$tmp/gc/report.md"
 check "the archive holds the summary, the report and the step logs" \
   sh -c "tar tzf '$tmp/gc.tar.gz' | grep -q 'gc/summary.txt' && tar tzf '$tmp/gc.tar.gz' | grep -q 'gc/report.md' && tar tzf '$tmp/gc.tar.gz' | grep -q 'gc/bench-adamw.log'"
+
+# The targets from synthetic results: each figure computed from the JSONs and judged against its
+# threshold, first all met, then each missed.
+targets() {  # targets DIR ELAPSED -> the table on stdout
+  python3 "$root/scripts/gpu_targets.py" "$1" "$2"
+}
+write_results() {  # write_results DIR GEMM_BEST VOCAB_S VOCAB_GIB STREAM_S FLOOR_RATIO LAST_LOSS
+  local logits
+  logits=$(python3 -c "print(int($4 * 2**30))")
+  mkdir -p "$1/runs/small-gpu-float32" "$1/runs/small-gpu-auto"
+  cat >"$1/bench-gemm.json" <<JSON
+{"shape": {"ceiling_gflops": 760000}, "rows": [
+ {"schedule": "router forward", "percent_of_ceiling": 3.1, "percent_of_best_algorithm": $2},
+ {"schedule": "experts_w2 forward", "percent_of_ceiling": 70.0, "percent_of_best_algorithm": 97.0},
+ {"schedule": "lm_head_strip forward", "percent_of_ceiling": 91.0, "percent_of_best_algorithm": 99.0}]}
+JSON
+  cat >"$1/bench-vocab.json" <<JSON
+{"rows": [
+ {"schedule": "materialized", "time_s": 0.120, "peak_bytes": {"logits": 3276800000}},
+ {"schedule": "ring_dtp", "payload": "weights", "kept_strips": 0, "time_s": 0.150, "peak_bytes": {"logits": 409800000}},
+ {"schedule": "ring_dtp", "payload": "weights", "kept_strips": 6, "time_s": $3, "peak_bytes": {"logits": $logits}}]}
+JSON
+  cat >"$1/bench-adamw.json" <<JSON
+{"shape": {"floor_s": 0.0607}, "rows": [
+ {"schedule": "resident", "time_s": 0.004, "floor_ratio": 0.07},
+ {"schedule": "offload_serial", "time_s": 0.900, "floor_ratio": 14.8},
+ {"schedule": "offload_stream", "bucket_params": 8388608, "staging_slots": 2, "time_s": 0.090, "floor_ratio": 1.48},
+ {"schedule": "offload_stream", "bucket_params": 2097152, "staging_slots": 3, "time_s": $5, "floor_ratio": $6}]}
+JSON
+  local run i
+  for run in small-gpu-float32 small-gpu-auto; do
+    for i in $(seq 1 30); do
+      if [ "$i" -eq 1 ]; then echo '{"step": 1, "loss": 10.0}'; else echo "{\"step\": $i, \"loss\": $7}"; fi
+    done >"$1/runs/$run/metrics.jsonl"
+  done
+}
+write_results "$tmp/met" 88.0 0.112 2.67 0.074 1.22 6.5
+targets "$tmp/met" 300 >"$tmp/met.out"
+check "targets: six rows, all MET" test "$(grep -c '| MET |$' "$tmp/met.out")" -eq 6
+check "targets: GEMMs judged by each shape's best (88.0% for the router)" \
+  grep -qF '| GEMMs within 85% of cuBLAS | lowest 88.0% (router forward); lowest of the 760 TFLOP/s ceiling 3.1% (router forward) |' "$tmp/met.out"
+check "targets: Ring-DTP's fastest row under the memory cap" \
+  grep -qF '| Ring-DTP, P = 1, strips of V/8 | 112.0 ms = 0.97x 115 ms, logits 2.67 GiB (6 strips kept, weights) |' "$tmp/met.out"
+check "targets: the streamed optimizer against the floor and the serial offload" \
+  grep -qF '| OffloadStreamAdamW, 268M parameters | 74.0 ms = 1.22x floor (60.7 ms), 12.2x our serial offload, 5.1x 380 ms (beta 2097152, s 3) |' "$tmp/met.out"
+write_results "$tmp/missed" 84.0 0.140 2.60 0.080 1.32 10.5
+targets "$tmp/missed" 500 >"$tmp/missed.out"
+check "targets: each one missed" test "$(grep -c '| NOT MET |$' "$tmp/missed.out")" -eq 6
+write_results "$tmp/over" 88.0 0.100 2.80 0.074 1.22 6.5
+targets "$tmp/over" 300 >"$tmp/over.out"
+check "targets: a fast Ring-DTP row over 15% of 18.3 GiB does not count" \
+  grep -qE '^\| Ring-DTP, P = 1, strips of V/8 \| 150.0 ms = 1.30x 115 ms, logits 0.38 GiB \(0 strips kept, weights\) \|.*\| NOT MET \|$' "$tmp/over.out"
 
 # A budget that leaves no step its 5 seconds: every step is skipped, none runs.
 MOEPEAK_BUILD_DIR="$build" "$root/scripts/gpu-check.sh" --no-build --out "$tmp/skip" \

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""scripts/gpu_targets.py: issue 13's GPU targets, judged from what scripts/gpu-check.sh wrote.
+
+    python3 scripts/gpu_targets.py OUT_DIR ELAPSED_SECONDS     (gpu-check runs it at the end)
+
+Reads OUT_DIR/bench-gemm.json, bench-vocab.json, bench-adamw.json and the small-preset training
+runs' metrics.jsonl, and prints one markdown table row per target with the measured figure, the
+threshold and MET, NOT MET or "not measured" (its step failed, timed out or was skipped). The
+anchors are the issue's, measured on one H200 with PyTorch: 115 ms and 18.3 GiB for the
+materialised vocabulary projection, 380 ms for the serial CPU AdamW offload of 268M parameters.
+Exit status 0 whatever the verdicts (the table is a report, gpu-check's own status is the steps').
+Test: tests/cli/test_gpu_check.sh feeds it synthetic JSONs.
+"""
+import json
+import os
+import sys
+
+GEMM_MIN_PERCENT = 85.0
+VOCAB_ANCHOR_S, VOCAB_TIME_RATIO = 0.115, 1.1
+VOCAB_ANCHOR_GIB, VOCAB_MEMORY_SHARE = 18.3, 0.15
+ADAMW_FLOOR_RATIO, ADAMW_SERIAL_SPEEDUP = 1.25, 5.0
+CHECK_SECONDS = 8 * 60
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def verdict(ok):
+    return "MET" if ok else "NOT MET"
+
+
+def gemm(out):
+    d = load(os.path.join(out, "bench-gemm.json"))
+    if not d or not d.get("rows"):
+        return None
+    # Each row against its own shape's best algorithm where that was searched (CUDA), else the
+    # n^3 ceiling.
+    def score(r):
+        best = r.get("percent_of_best_algorithm")
+        return best if best is not None else r["percent_of_ceiling"]
+    worst = min(d["rows"], key=score)
+    lowest_ceiling = min(d["rows"], key=lambda r: r["percent_of_ceiling"])
+    figure = (f"lowest {score(worst):.1f}% ({worst['schedule']}); lowest of the "
+              f"{d['shape']['ceiling_gflops'] / 1e3:.0f} TFLOP/s ceiling {lowest_ceiling['percent_of_ceiling']:.1f}% "
+              f"({lowest_ceiling['schedule']})")
+    return figure, f">= {GEMM_MIN_PERCENT:.0f}% per GEMM", score(worst) >= GEMM_MIN_PERCENT
+
+
+def vocab(out):
+    d = load(os.path.join(out, "bench-vocab.json"))
+    if not d:
+        return None
+    cap = VOCAB_MEMORY_SHARE * VOCAB_ANCHOR_GIB
+    ring = [r for r in d["rows"] if r["schedule"] == "ring_dtp"]
+    if not ring:
+        return None
+    gib = lambda r: r["peak_bytes"]["logits"] / 2**30
+    fitting = [r for r in ring if gib(r) <= cap]
+    best = min(fitting or ring, key=lambda r: r["time_s"])
+    figure = (f"{best['time_s'] * 1e3:.1f} ms = {best['time_s'] / VOCAB_ANCHOR_S:.2f}x 115 ms, logits "
+              f"{gib(best):.2f} GiB ({best.get('kept_strips', 0)} strips kept, {best.get('payload')})")
+    ok = bool(fitting) and best["time_s"] <= VOCAB_TIME_RATIO * VOCAB_ANCHOR_S
+    return figure, f"<= {VOCAB_TIME_RATIO}x 115 ms with logits <= {cap:.2f} GiB", ok
+
+
+def adamw(out):
+    d = load(os.path.join(out, "bench-adamw.json"))
+    if not d:
+        return None
+    rows = d["rows"]
+    stream = [r for r in rows if r["schedule"] == "offload_stream"]
+    serial = [r for r in rows if r["schedule"] == "offload_serial"]
+    if not stream or not serial:
+        return None
+    best = min(stream, key=lambda r: r["time_s"])
+    speedup = serial[0]["time_s"] / best["time_s"]
+    figure = (f"{best['time_s'] * 1e3:.1f} ms = {best['floor_ratio']:.2f}x floor "
+              f"({d['shape']['floor_s'] * 1e3:.1f} ms), {speedup:.1f}x our serial offload, "
+              f"{0.380 / best['time_s']:.1f}x 380 ms (beta {best.get('bucket_params')}, s {best.get('staging_slots')})")
+    ok = best["floor_ratio"] <= ADAMW_FLOOR_RATIO and speedup >= ADAMW_SERIAL_SPEEDUP
+    return figure, f"<= {ADAMW_FLOOR_RATIO}x floor, >= {ADAMW_SERIAL_SPEEDUP:.0f}x serial", ok
+
+
+def training(out, name):
+    path = os.path.join(out, "runs", name, "metrics.jsonl")
+    try:
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return None
+    if not rows:
+        return None
+    first, last = rows[0]["loss"], rows[-1]["loss"]
+    figure = f"{len(rows)} steps, loss {first:.3f} -> {last:.3f}"
+    return figure, "30 steps, loss falls", len(rows) >= 30 and last < first
+
+
+def main(argv):
+    if len(argv) != 3:
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    out, elapsed = argv[1], float(argv[2])
+    targets = [
+        ("GEMMs within 85% of cuBLAS", gemm(out)),
+        ("Ring-DTP, P = 1, strips of V/8", vocab(out)),
+        ("OffloadStreamAdamW, 268M parameters", adamw(out)),
+        ("small preset, every operator on, f32", training(out, "small-gpu-float32")),
+        ("small preset, every operator on, bf16", training(out, "small-gpu-auto")),
+        ("gpu-check on one GPU", (f"{elapsed:.0f} s", f"< {CHECK_SECONDS} s", elapsed < CHECK_SECONDS)),
+    ]
+    print("| target | measured | threshold | verdict |")
+    print("|---|---|---|---|")
+    for what, result in targets:
+        if result is None:
+            print(f"| {what} | – | | not measured |")
+        else:
+            figure, threshold, ok = result
+            print(f"| {what} | {figure} | {threshold} | {verdict(ok)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
