@@ -1,7 +1,7 @@
 // `moepeak tune`: measures the curves of the bounded schedules at the per-rank shapes of the
 // user's config on the machine it runs on, chooses chunk size c (and K_max), bucket size beta and
-// staging slots s, the Ring-DTP payload and kept strips and SCO's host budget by the rules of docs/tune.md
-// (core/tune/select.h), checks the plan with the choice applied, and writes into DIR:
+// staging slots s, the Ring-DTP payload and kept strips, and SCO's host budget by the rules of
+// docs/tune.md (core/tune/select.h), checks the plan with the choice applied, and writes into DIR:
 //   tuned.toml   a config fragment with the chosen values (each with the rule and the numbers in a
 //                comment) and, in its header, the exact `moepeak train` command that uses it
 //   curves.json  every measured point: median/min/max time, measured and planned bytes, the plan
@@ -197,8 +197,7 @@ void print_tables(const Outcome& o, const TuneShape& s, const TuneArgs& args, co
       const tune::VocabPoint& p = o.vocab_points[i];
       std::printf("%s %-12s %5lld %10s %10s %10s %12s %12s %6s\n", i == o.kept_choice.index ? " *" : "  ",
                   p.payload.c_str(), static_cast<long long>(p.kept_strips), ms(p.time.median_s).c_str(),
-                  ms(p.time.min_s).c_str(),
-                  ms(p.time.max_s).c_str(), format_bytes(p.peak_bytes).c_str(),
+                  ms(p.time.min_s).c_str(), ms(p.time.max_s).c_str(), format_bytes(p.peak_bytes).c_str(),
                   format_bytes(p.bound_bytes).c_str(), p.plan_fits ? "fits" : "over");
     }
   }
@@ -624,7 +623,8 @@ void register_tune_command(CLI::App& app, Context& ctx) {
   static TuneArgs args;
   auto* cmd = app.add_subcommand(
       "tune", "measure the bounded schedules' curves on this machine and choose chunk size c, bucket size beta, "
-              "slots s, the Ring-DTP payload and kept strips and SCO's host budget (writes DIR/tuned.toml, curves.json, *.svg)");
+              "slots s, the Ring-DTP payload and kept strips, and SCO's host budget (writes DIR/tuned.toml, "
+              "curves.json, *.svg)");
   add_config_options(*cmd, args.config);
   cmd->add_option("--out", args.out, "directory for tuned.toml, curves.json and the plots")->required();
   cmd->add_option("--repeats", args.repeats, "timed repetitions per point (the median is used)")
