@@ -470,7 +470,6 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
   // K) accepts it — a kept strip holds N x strip logits, and a point that cannot fit is not run.
   std::vector<std::pair<VocabPayload, int64_t>> vgrid;
   if (o.vocab) {
-    MOEPEAK_CHECK(shape.vocab >= W, "tune: Ring-DTP needs model.vocab_size (", shape.vocab, ") >= W (", W, ")");
     for (VocabPayload payload : {VocabPayload::activations, VocabPayload::weights}) {
       for (int64_t kept : vocab_kept_grid(cfg, shape, payload)) {
         Config c = base;

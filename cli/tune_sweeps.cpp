@@ -287,6 +287,8 @@ OptimizerSweep sweep_optimizer(const Config& cfg, const RankInfo& ranks, const T
 }
 
 std::vector<int64_t> vocab_kept_grid(const Config& cfg, const TuneShape& shape, VocabPayload payload) {
+  MOEPEAK_CHECK(shape.vocab >= shape.world, "tune: Ring-DTP needs model.vocab_size (", shape.vocab, ") >= W (",
+                shape.world, ")");
   const int64_t S =
       schedules::ring_dtp_strip_count(shape.vocab, shape.world, cfg.schedules.vocab_strip, payload).fewest;
   std::vector<int64_t> grid;
@@ -300,7 +302,6 @@ std::vector<int64_t> vocab_kept_grid(const Config& cfg, const TuneShape& shape, 
 std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ranks, const TuneShape& s,
                                           const std::vector<std::pair<VocabPayload, int64_t>>& grid,
                                           const SweepRun& run) {
-  MOEPEAK_CHECK(s.vocab >= s.world, "tune: Ring-DTP needs model.vocab_size (", s.vocab, ") >= W (", s.world, ")");
   const Config measure_cfg = sweep_config(cfg, ranks);  // as the other sweeps
   VocabShape shape;
   shape.tokens = s.tokens;

@@ -70,8 +70,8 @@ OptimizerSweep sweep_optimizer(const Config& cfg, const RankInfo& ranks, const T
 
 // K (schedules.vocab_kept_strips) in {0, S/4, S/2, 3S/4, S}, rounded up and deduplicated, with
 // S = the fewest strips a rank forms in a pass under `payload` (ring_dtp_strip_count with the
-// configured vocab_strip). The caller drops the K > 0 the plan rejects before measuring (a kept
-// strip costs N x strip logits of device memory).
+// configured vocab_strip); error when V < W. The caller drops the K > 0 the plan rejects before
+// measuring (a kept strip costs N x strip logits of device memory). sweep_vocab takes its grid.
 std::vector<int64_t> vocab_kept_grid(const Config& cfg, const TuneShape& shape, VocabPayload payload);
 // One point per (payload, K) of `grid`, in its order.
 std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ranks, const TuneShape& shape,

@@ -368,7 +368,7 @@ TEST_F(RingDtpTest, KeptStripsMatchMaterializedAndTheSameBitsAsNoneKept) {
   // in the bound of every rank, used or not.
   check_case(DType::f64, VocabPayload::activations, 1, Slow::none, 19, 1000);
   // All kept where every rank forms the same count: no working strip in the bound.
-  const int W = Env(DType::f64).ranks();
+  const int W = init_process_group().world_size;
   const auto count = schedules::ring_dtp_strip_count(kVocab, W, 7, VocabPayload::weights);
   EXPECT_EQ(count.fewest, count.most);
   const RingDtpBytes all = ring_dtp_memory(kTokens, kHidden, kVocab, W, 7, 1000,
