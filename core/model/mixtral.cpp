@@ -103,7 +103,7 @@ OwnedTensor MixtralModel::device(Shape shape, LiveSet set, const char* what) con
   return OwnedTensor::device(backend_, shape, dtype_, set, what);
 }
 
-std::unique_ptr<schedules::ExpertDispatch> MixtralModel::make_dispatch() const {
+std::unique_ptr<schedules::ExpertDispatch> MixtralModel::make_dispatch() {
   const SchedulesConfig& s = schedules_;
   const int64_t E = model_.num_local_experts;
   switch (s.dispatch) {
@@ -115,8 +115,9 @@ std::unique_ptr<schedules::ExpertDispatch> MixtralModel::make_dispatch() const {
           backend_, stream_, comm_, dtype_, E,
           schedules::LlepParams{s.llep_alpha, s.llep_lambda, s.min_tokens_per_gemm});
     case DispatchSchedule::pipelined_llep:
+      if (!llep_lane_) llep_lane_ = schedules::PipelinedLlepLane::make(backend_, comm_);  // collective
       return std::make_unique<schedules::PipelinedLlepDispatch>(
-          backend_, stream_, comm_, dtype_, E, schedules::pipelined_llep_params(s));
+          backend_, stream_, comm_, dtype_, E, schedules::pipelined_llep_params(s), llep_lane_);
   }
   MOEPEAK_THROW("schedules.dispatch: unknown schedule ", static_cast<int>(s.dispatch));
 }

@@ -58,6 +58,7 @@ namespace moepeak {
 
 namespace schedules {
 class RingDtpVocab;
+struct PipelinedLlepLane;
 }
 
 // How the LM head is stored for a vocabulary schedule: by vocabulary rows for ring_dtp, else
@@ -127,7 +128,7 @@ class MixtralModel {
                                  const Tensor& x, const TokenBatch& batch, LayerActivations& a);
   double run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward);
   // The dispatcher of schedules.dispatch for this world size (see the file comment).
-  std::unique_ptr<schedules::ExpertDispatch> make_dispatch() const;
+  std::unique_ptr<schedules::ExpertDispatch> make_dispatch();
   std::vector<schedules::ExpertWeights> local_experts_of(int layer) const;
   // Mixtral's auxiliary load-balancing loss (router_aux_loss_coef > 0), HF's formula over all
   // layers and the job's tokens: adds each layer's column sums of the router probabilities,
@@ -155,6 +156,9 @@ class MixtralModel {
   // Per layer, made on its first forward (PipelinedLLEP's constructor is collective: every rank
   // reaches it at the same layer) and kept across steps.
   std::vector<std::unique_ptr<schedules::ExpertDispatch>> dispatchers_;
+  // PipelinedLLEP's comm stream and communicator, one for all layers (made with the first layer's
+  // dispatcher; see PipelinedLlepLane).
+  std::shared_ptr<schedules::PipelinedLlepLane> llep_lane_;
 };
 
 }  // namespace moepeak

@@ -237,7 +237,8 @@ uint64_t pipelined_llep_bound_bytes(int64_t tokens, int64_t top_k, int64_t hidde
 
 PipelinedLlepDispatch::PipelinedLlepDispatch(Backend& backend, Stream& stream, Comm& comm,
                                              DType dtype, int64_t num_experts,
-                                             const PipelinedLlepParams& params)
+                                             const PipelinedLlepParams& params,
+                                             std::shared_ptr<PipelinedLlepLane> lane)
     : backend_(backend),
       stream_(stream),
       comm_(comm),
@@ -257,13 +258,25 @@ PipelinedLlepDispatch::PipelinedLlepDispatch(Backend& backend, Stream& stream, C
                 " (>= 0)");
   local_experts_ = num_experts / W;
   first_expert_ = comm.rank() * local_experts_;
-  comm2_ = comm.duplicate();
-  comm_stream_ = backend.create_stream("pipelined llep dispatch");
+  lane_ = lane ? std::move(lane) : PipelinedLlepLane::make(backend, comm);
+  MOEPEAK_CHECK(lane_->comm && lane_->stream && lane_->comm->world_size() == W &&
+                    lane_->comm->rank() == comm.rank(),
+                "pipelined llep dispatch: the lane's communicator is not a duplicate of the "
+                "compute stream's (rank ", comm.rank(), " of ", W, ")");
+  comm2_ = lane_->comm.get();
+  comm_stream_ = lane_->stream.get();
   entry_ = backend.create_event();
   for (int s = 0; s < 2; ++s) {
     recv_ready_[s] = backend.create_event();
     slot_free_[s] = backend.create_event();
   }
+}
+
+std::shared_ptr<PipelinedLlepLane> PipelinedLlepLane::make(Backend& backend, Comm& comm) {
+  auto lane = std::make_shared<PipelinedLlepLane>();
+  lane->comm = comm.duplicate();
+  lane->stream = backend.create_stream("pipelined llep dispatch");
+  return lane;
 }
 
 PipelinedLlepDispatch::~PipelinedLlepDispatch() {
@@ -274,7 +287,7 @@ PipelinedLlepDispatch::~PipelinedLlepDispatch() {
 void PipelinedLlepDispatch::drain() noexcept {
   // NOTES: used on error paths too, where a stream may hold a sticky error: it is dropped here,
   // the error that brought us here is the one the caller sees.
-  for (Stream* s : {comm_stream_.get(), &stream_}) {
+  for (Stream* s : {comm_stream_, &stream_}) {
     try {
       if (s) s->synchronize();
     } catch (...) {

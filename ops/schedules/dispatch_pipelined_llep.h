@@ -85,8 +85,8 @@
 //
 // Lifetimes: x, index and weight passed to forward() must stay alive and unchanged until
 // backward() or release() (backward recomputes from them; the model keeps them in its layer
-// activations). Collective: the constructor (comm.duplicate()), forward() and backward() are
-// called by every rank in the same order.
+// activations). Collective: the constructor (when it makes its own lane: comm.duplicate()),
+// forward() and backward() are called by every rank in the same order.
 //
 // Test: ctest -R test_llep (tests/parallel/test_llep.cpp, 2 and 4 ranks).
 #pragma once
@@ -172,12 +172,28 @@ uint64_t pipelined_llep_backward_bytes(int64_t tokens, int64_t top_k, int64_t hi
 uint64_t pipelined_llep_bound_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
                                     DType dtype, int64_t world, const PipelinedLlepParams& params);
 
+// The side lane the overlapped traffic runs on: a duplicate of the compute stream's communicator
+// and the stream it is used on. make() is collective (it duplicates `comm`).
+// NOTES: one lane serves every layer's dispatcher. The layers run one after another from one host
+// thread, so their lane traffic is issued in the same order on every rank, and each forward or
+// backward's first lane work waits for `entry_` on the compute stream (all of the previous
+// layer's compute-stream collectives): the per-layer global orders of the header's NOTES simply
+// follow one another. A lane per layer would build one NCCL communicator (with its own buffers,
+// outside the arena) and one stream per layer.
+struct PipelinedLlepLane {
+  static std::shared_ptr<PipelinedLlepLane> make(Backend& backend, Comm& comm);
+  std::unique_ptr<Comm> comm;
+  std::unique_ptr<Stream> stream;
+};
+
 class PipelinedLlepDispatch final : public ExpertDispatch {
  public:
   // num_experts is E, the global count; E % W must be 0 (an Error naming E and W otherwise).
-  // Duplicates `comm` (collective) for the overlapping traffic and creates a comm stream.
+  // The overlapping traffic runs on `lane`, made from `comm`, or when null on a lane of its own
+  // (collective: PipelinedLlepLane::make).
   PipelinedLlepDispatch(Backend& backend, Stream& stream, Comm& comm, DType dtype,
-                        int64_t num_experts, const PipelinedLlepParams& params = {});
+                        int64_t num_experts, const PipelinedLlepParams& params = {},
+                        std::shared_ptr<PipelinedLlepLane> lane = nullptr);
   ~PipelinedLlepDispatch() override;
   PipelinedLlepDispatch(const PipelinedLlepDispatch&) = delete;
   PipelinedLlepDispatch& operator=(const PipelinedLlepDispatch&) = delete;
@@ -247,8 +263,9 @@ class PipelinedLlepDispatch final : public ExpertDispatch {
   DType dtype_;
   PipelinedLlepParams params_;
   int64_t num_experts_, local_experts_, first_expert_;
-  std::unique_ptr<Comm> comm2_;           // the comm stream's communicator
-  std::unique_ptr<Stream> comm_stream_;   // dispatch of the next chunk
+  std::shared_ptr<PipelinedLlepLane> lane_;  // maybe shared with other layers' dispatchers
+  Comm* comm2_ = nullptr;                    // lane_->comm: the comm stream's communicator
+  Stream* comm_stream_ = nullptr;            // lane_->stream: dispatch of the next chunk
   std::unique_ptr<Event> entry_, recv_ready_[2], slot_free_[2];  // per slot (S <= 2)
   LlepExpertCopies copies_;
 

@@ -206,46 +206,66 @@ struct Result {
   uint64_t dispatch_peak = 0, dispatch_left = 0;
 };
 
+// One layer's inputs and outputs over this rank's slice of a problem.
+struct LayerRun {
+  Experts ex;
+  OwnedTensor x, weight, index, out, dout, dx, dweight, scratch;
+  LayerRun(Env& env, const Problem& p) {
+    const int64_t r = env.rank(), El = kExperts / env.world();
+    const int64_t n0 = first_token_of(r), n1 = n0 + tokens_of(r);
+    ex = make_experts(env, p, r * El, El);
+    x = env.input(p.x, kHidden, n0, n1);
+    weight = env.input(p.weight, kTopK, n0, n1);
+    index = env.index(p.index, n0, n1);
+    out = env.input(p.out0, kHidden, n0, n1);
+    dout = env.input(p.dout, kHidden, n0, n1);
+    dx = env.input(p.dx0, kHidden, n0, n1);
+    dweight = env.nan_output(Shape{n1 - n0, kTopK});
+    scratch = env.input(p.out0, kHidden, n0, n1);
+  }
+  void forward(ExpertDispatch& d) { d.forward(x, index, weight, ex.weights, out); }
+  void backward(ExpertDispatch& d) { d.backward(dout, ex.weights, dx, dweight); }
+  // The outputs, after the stream is drained (counts and peaks are the caller's).
+  Result read(Env& env) const {
+    Result run;
+    run.out = env.read(out);
+    run.dx = env.read(dx);
+    run.dweight = env.read(dweight);
+    for (const auto& w : ex.weights) {
+      std::vector<double> all = env.read(w.dw1), d3 = env.read(w.dw3), d2 = env.read(w.dw2);
+      all.insert(all.end(), d3.begin(), d3.end());
+      all.insert(all.end(), d2.begin(), d2.end());
+      run.dw.push_back(all);
+    }
+    return run;
+  }
+};
+
 // One dispatcher over this rank's slice: forward, backward; with `recompute` as a checkpointed
 // layer does it — forward (its output kept), release, forward again (the recompute, its output
 // dropped: PipelinedLLEP gets an undefined `out` and only plans), backward. `after_forward`
 // sees the dispatcher before backward.
 Result run_dispatch(Env& env, const Problem& p, ExpertDispatch& dispatch, bool recompute = false,
                     const std::function<void()>& after_forward = {}) {
-  const int64_t r = env.rank(), El = kExperts / env.world();
-  const int64_t n0 = first_token_of(r), n1 = n0 + tokens_of(r);
-  Experts ex = make_experts(env, p, r * El, El);
-  auto x = env.input(p.x, kHidden, n0, n1), weight = env.input(p.weight, kTopK, n0, n1);
-  auto index = env.index(p.index, n0, n1);
-  auto out = env.input(p.out0, kHidden, n0, n1), dout = env.input(p.dout, kHidden, n0, n1);
-  auto dx = env.input(p.dx0, kHidden, n0, n1);
-  auto dweight = env.nan_output(Shape{n1 - n0, kTopK});
-  auto scratch = env.input(p.out0, kHidden, n0, n1);
+  LayerRun layer(env, p);
   env.poison_free_arena();
   env.backend().arena().reset_peaks();
-  dispatch.forward(x, index, weight, ex.weights, out);
+  layer.forward(dispatch);
   if (recompute) {
     dispatch.release();
     const bool plan_only = dynamic_cast<PipelinedLlepDispatch*>(&dispatch) != nullptr;
-    dispatch.forward(x, index, weight, ex.weights, plan_only ? Tensor() : scratch.view());
+    dispatch.forward(layer.x, layer.index, layer.weight, layer.ex.weights,
+                     plan_only ? Tensor() : layer.scratch.view());
   }
   if (after_forward) after_forward();
-  Result run;
-  run.counts = dispatch.expert_counts();
-  dispatch.backward(dout, ex.weights, dx, dweight);
+  const std::vector<int64_t> counts = dispatch.expert_counts();
+  layer.backward(dispatch);
   env.stream().synchronize();
   MemoryStats stats = env.backend().arena().stats();
+  Result run = layer.read(env);
+  run.counts = counts;
   run.dispatch_peak = stats.peak_per_set()[LiveSet::dispatch];
   run.dispatch_left = stats.current()[LiveSet::dispatch];
-  run.out = env.read(out);
-  run.dx = env.read(dx);
-  run.dweight = env.read(dweight);
-  for (const auto& w : ex.weights) {
-    std::vector<double> all = env.read(w.dw1), d3 = env.read(w.dw3), d2 = env.read(w.dw2);
-    all.insert(all.end(), d3.begin(), d3.end());
-    all.insert(all.end(), d2.begin(), d2.end());
-    run.dw.push_back(all);
-  }
   return run;
 }
 
@@ -590,6 +610,49 @@ TEST_F(LlepTest, SlowedStreamsAndRecompute) {
   check_pipelined(DType::f64, Routing::zipf, 72, q, false, 1, e);
   check_pipelined(DType::f32, Routing::adversarial, 73, q, true, -1, e);
   check_pipelined(DType::f64, Routing::zipf, 74, q, true, 1, e);
+}
+
+TEST_F(LlepTest, LayersShareOneLane) {
+  // The model gives every layer's dispatcher one lane (PipelinedLlepLane: one duplicated
+  // communicator, one comm stream). Two layers on one lane, run as a step runs them — forward
+  // of both, then backward in reverse — with the lane slowed, give the same bits as each on a
+  // lane of its own.
+  Env env(DType::f64);
+  const int64_t W = env.world();
+  const auto q = pipeline_params(12, 16, ChunkMembership::strided);
+  const Problem pa = make_problem(91, Routing::zipf, W), pb = make_problem(92, Routing::adversarial, W);
+  std::vector<Result> alone;
+  for (const Problem* p : {&pa, &pb}) {
+    PipelinedLlepDispatch d(env.backend(), env.stream(), env.comm(), DType::f64, kExperts, q);
+    alone.push_back(run_dispatch(env, *p, d));
+  }
+  auto lane = schedules::PipelinedLlepLane::make(env.backend(), env.comm());
+  PipelinedLlepDispatch da(env.backend(), env.stream(), env.comm(), DType::f64, kExperts, q, lane);
+  PipelinedLlepDispatch db(env.backend(), env.stream(), env.comm(), DType::f64, kExperts, q, lane);
+  EXPECT_EQ(&da.comm_stream(), lane->stream.get());
+  EXPECT_EQ(&db.comm_stream(), lane->stream.get());
+  LayerRun a(env, pa), b(env, pb);
+  as_cpu_stream(*lane->stream).set_debug_delay(std::chrono::microseconds(300));
+  a.forward(da);
+  b.forward(db);
+  b.backward(db);
+  a.backward(da);
+  env.stream().synchronize();
+  as_cpu_stream(*lane->stream).set_debug_delay(std::chrono::microseconds(0));
+  EXPECT_EQ(env.backend().arena().stats().current()[LiveSet::dispatch], 0u);
+  const Result shared[2] = {a.read(env), b.read(env)};
+  for (int l = 0; l < 2; ++l) {
+    const std::string what = "layer " + std::to_string(l) + " on a shared lane";
+    EXPECT_TRUE(compare(shared[l].out, alone[l].out).bitwise) << what << ": out";
+    EXPECT_TRUE(compare(shared[l].dx, alone[l].dx).bitwise) << what << ": dx";
+    EXPECT_TRUE(compare(shared[l].dweight, alone[l].dweight).bitwise) << what << ": dweight";
+    ASSERT_EQ(shared[l].dw.size(), alone[l].dw.size());
+    for (size_t e = 0; e < shared[l].dw.size(); ++e) {
+      EXPECT_TRUE(compare(shared[l].dw[e], alone[l].dw[e]).bitwise) << what << ": dW " << e;
+    }
+  }
+  EXPECT_EQ(da.expert_counts(), alone[0].counts);
+  EXPECT_EQ(db.expert_counts(), alone[1].counts);
 }
 
 TEST_F(LlepTest, LlepWithRecompute) {
