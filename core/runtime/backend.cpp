@@ -84,6 +84,19 @@ void copy_from_host_as(const std::vector<double>& values, const Tensor& t, Backe
   stream.synchronize();  // `raw` dies on return
 }
 
+int visible_cuda_device(int wanted, int visible, const char* cuda_visible_devices) {
+  const std::string env = cuda_visible_devices ? "CUDA_VISIBLE_DEVICES=" + std::string(cuda_visible_devices)
+                                               : std::string("CUDA_VISIBLE_DEVICES unset");
+  MOEPEAK_CHECK(visible > 0, "runtime.backend = \"cuda\" but no CUDA device is usable (", env, ")");
+  MOEPEAK_CHECK(wanted >= 0, "CUDA device ", wanted, " requested: an ordinal is >= 0");
+  if (wanted < visible) return wanted;
+  if (visible == 1) return 0;
+  MOEPEAK_THROW("this rank wants CUDA device ", wanted,
+                " (its local rank, or its GPU in runtime.probe_file) but sees only ", visible,
+                " (", env, "): give each rank one GPU (srun --gpus-per-task=1) or let every "
+                "rank of the node see all of them");
+}
+
 bool Backend::cuda_available() {
 #ifdef MOEPEAK_WITH_CUDA
   return cuda_device_count() > 0;

@@ -41,6 +41,13 @@ struct BackendOptions {
   int cpu_threads = 0;                  // CPU backend: OpenBLAS threads; 0 = OpenBLAS's default
 };
 
+// The CUDA ordinal a rank opens, given the one it wants (its local rank, or the probe's GPU for
+// it) and how many devices it sees: the wanted one when visible; 0 when the launcher shows each
+// rank a single GPU (srun --gpus-per-task=1, or a per-rank CUDA_VISIBLE_DEVICES), whatever its
+// number on the node; otherwise an Error naming both and `cuda_visible_devices` (the variable's
+// value, or null when unset).
+int visible_cuda_device(int wanted, int visible, const char* cuda_visible_devices);
+
 struct MemoryInfo {
   uint64_t capacity = 0;        // arena capacity
   uint64_t used = 0;            // bytes held by live buffers

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <set>
 
@@ -77,12 +78,9 @@ class CudaHostRegistrar final : public HostRegistrar {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(const BackendOptions& options) : device_(options.device_index) {
-    int count = cuda_device_count();
-    MOEPEAK_CHECK(count > 0, "runtime.backend = \"cuda\" but no CUDA device is usable (no GPU or "
-                  "no driver)");
-    MOEPEAK_CHECK(device_ >= 0 && device_ < count, "CUDA device ", device_,
-                  " requested but this host has ", count);
+  explicit CudaBackend(const BackendOptions& options)
+      : device_(visible_cuda_device(options.device_index, cuda_device_count(),
+                                    std::getenv("CUDA_VISIBLE_DEVICES"))) {
     MOEPEAK_CUDA_CHECK(cudaSetDevice(device_));
     MOEPEAK_CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
     size_t free_bytes = 0, total_bytes = 0;
