@@ -53,7 +53,8 @@ double median(std::vector<double> v);
 // Times work on the backend's default stream with a pair of events (bench gemm, bench attention).
 class EventTimer {
  public:
-  explicit EventTimer(Backend& b) : backend_(b), start_(b.create_event()), end_(b.create_event()) {}
+  explicit EventTimer(Backend& b)
+      : backend_(b), start_(b.create_event(EventTiming::on)), end_(b.create_event(EventTiming::on)) {}
   // Milliseconds of `work(stream)` on the default stream.
   template <typename F> double time_ms(F&& work) {
     Stream& s = backend_.default_stream();

@@ -64,7 +64,8 @@ double measure_backend_gemm_gflops(Backend& backend, DType dtype, int n, int rep
   };
   const OwnedTensor x = square(0.01, "GEMM ceiling x"), w = square(0.01, "GEMM ceiling w"),
                     y = square(0.0, "GEMM ceiling y");
-  std::unique_ptr<Event> start = backend.create_event(), end = backend.create_event();
+  std::unique_ptr<Event> start = backend.create_event(EventTiming::on),
+                        end = backend.create_event(EventTiming::on);
   double best_ms = 1e30;
   for (int r = 0; r <= repeats; ++r) {  // r = 0: the untimed first run
     start->record(stream);

@@ -61,7 +61,9 @@ std::unique_ptr<Stream> CpuBackend::create_stream(std::string name) {
   return make_stream(std::move(name));
 }
 
-std::unique_ptr<Event> CpuBackend::create_event() { return std::make_unique<CpuEvent>(); }
+std::unique_ptr<Event> CpuBackend::create_event(EventTiming timing) {
+  return std::make_unique<CpuEvent>(timing);
+}
 
 void CpuBackend::copy_async(void* dst, const void* src, size_t bytes, CopyKind /*kind*/,
                             Stream& stream) {

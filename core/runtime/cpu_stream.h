@@ -53,6 +53,7 @@ class CpuStream final : public Stream {
 
 class CpuEvent final : public Event {
  public:
+  explicit CpuEvent(EventTiming timing = EventTiming::off) : timing_(timing) {}
   void record(Stream& stream) override;
   void synchronize() override;
   bool query() override;
@@ -70,6 +71,7 @@ class CpuEvent final : public Event {
   std::shared_ptr<Mark> latest() const;
 
  private:
+  EventTiming timing_;
   mutable std::mutex mu_;
   std::shared_ptr<Mark> latest_;
 };

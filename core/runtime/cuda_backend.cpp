@@ -37,7 +37,10 @@ class CudaStream final : public Stream {
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent() { MOEPEAK_CUDA_CHECK(cudaEventCreate(&event_)); }
+  explicit CudaEvent(EventTiming timing) : timing_(timing) {
+    MOEPEAK_CUDA_CHECK(cudaEventCreateWithFlags(
+        &event_, timing == EventTiming::on ? cudaEventDefault : cudaEventDisableTiming));
+  }
   ~CudaEvent() override { cudaEventDestroy(event_); }
   void record(Stream& stream) override {
     MOEPEAK_CUDA_CHECK(cudaEventRecord(event_, static_cast<cudaStream_t>(stream.native_handle())));
@@ -52,6 +55,8 @@ class CudaEvent final : public Event {
   }
   double elapsed_ms(const Event& start) const override {
     const auto& s = dynamic_cast<const CudaEvent&>(start);
+    MOEPEAK_CHECK(timing_ == EventTiming::on && s.timing_ == EventTiming::on,
+                  "elapsed_ms on an event created without timing (create_event(EventTiming::on))");
     MOEPEAK_CHECK(recorded_ && s.recorded_, "elapsed_ms on an event that was never recorded");
     float ms = 0;
     MOEPEAK_CUDA_CHECK(cudaEventElapsedTime(&ms, s.event_, event_));
@@ -60,6 +65,7 @@ class CudaEvent final : public Event {
   cudaEvent_t get() const { return event_; }
 
  private:
+  EventTiming timing_;
   cudaEvent_t event_ = nullptr;
   bool recorded_ = false;
 };
@@ -126,9 +132,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Stream> create_stream(std::string name) override {
     return std::make_unique<CudaStream>(std::move(name), device_);
   }
-  std::unique_ptr<Event> create_event() override {
+  std::unique_ptr<Event> create_event(EventTiming timing = EventTiming::off) override {
     MOEPEAK_CUDA_CHECK(cudaSetDevice(device_));
-    return std::make_unique<CudaEvent>();
+    return std::make_unique<CudaEvent>(timing);
   }
   void copy_async(void* dst, const void* src, size_t bytes, CopyKind /*kind*/,
                   Stream& stream) override {

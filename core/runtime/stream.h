@@ -31,6 +31,10 @@ class Stream {
   virtual void* native_handle() const = 0;
 };
 
+// Whether an event can time work (elapsed_ms). Events only for ordering are made without: on
+// CUDA they are then created with cudaEventDisableTiming, which records and waits cheaper.
+enum class EventTiming { off, on };
+
 class Event {
  public:
   virtual ~Event() = default;
@@ -40,7 +44,8 @@ class Event {
   virtual void synchronize() = 0;
   // True when the captured work has finished (or the event was never recorded).
   virtual bool query() = 0;
-  // Milliseconds from `start` to this event; both must have been recorded and completed.
+  // Milliseconds from `start` to this event; both must have been created with EventTiming::on,
+  // recorded and completed (an Error otherwise, on every backend).
   virtual double elapsed_ms(const Event& start) const = 0;
 };
 

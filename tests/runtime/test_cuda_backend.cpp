@@ -58,8 +58,8 @@ TEST_F(CudaBackendTest, PinnedRoundTripAcrossStreamsOrderedByEvents) {
 
 TEST_F(CudaBackendTest, EventTiming) {
   auto s = gpu->create_stream("timed");
-  auto start = gpu->create_event();
-  auto end = gpu->create_event();
+  auto start = gpu->create_event(EventTiming::on);
+  auto end = gpu->create_event(EventTiming::on);
   auto dev = gpu->alloc(64ull << 20, LiveSet::workspace, "x");
   start->record(*s);
   gpu->memset_async(dev.data(), 0, 64ull << 20, *s);
@@ -67,6 +67,10 @@ TEST_F(CudaBackendTest, EventTiming) {
   end->synchronize();
   EXPECT_TRUE(end->query());
   EXPECT_GE(end->elapsed_ms(*start), 0.0);
+  auto untimed = gpu->create_event();  // cudaEventDisableTiming
+  untimed->record(*s);
+  untimed->synchronize();
+  EXPECT_THROW(end->elapsed_ms(*untimed), Error);
 }
 
 TEST_F(CudaBackendTest, FillAndConvertMatchTheCpuBitForBit) {

@@ -104,15 +104,21 @@ TEST_F(StreamFixture, EventSynchronizeAndQuery) {
 }
 
 TEST_F(StreamFixture, ElapsedTimeMeasuresWorkBetweenEvents) {
-  auto start = backend->create_event();
-  auto end = backend->create_event();
+  auto start = backend->create_event(EventTiming::on);
+  auto end = backend->create_event(EventTiming::on);
   start->record(*producer);
   as_cpu_stream(*producer).enqueue([] { std::this_thread::sleep_for(30ms); });
   end->record(*producer);
   end->synchronize();
   EXPECT_GE(end->elapsed_ms(*start), 29.0);
-  auto unrecorded = backend->create_event();
+  auto unrecorded = backend->create_event(EventTiming::on);
   EXPECT_THROW(unrecorded->elapsed_ms(*start), Error);
+  // An ordering-only event (the default) cannot time, on either end of the pair.
+  auto untimed = backend->create_event();
+  untimed->record(*producer);
+  untimed->synchronize();
+  EXPECT_THROW(untimed->elapsed_ms(*start), Error);
+  EXPECT_THROW(end->elapsed_ms(*untimed), Error);
 }
 
 TEST_F(StreamFixture, ErrorsAreStickyAndSurfaceAtSynchronize) {
