@@ -14,7 +14,8 @@
 // (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION). f64, K == 0, N == 0 and sizes past int32
 // run the per-group loop of ops/cuda/linear.cpp instead, as do weight gradients whose dw_g
 // overlap one another (one grouped call would add into the same memory concurrently), and every
-// call while set_grouped_gemm_per_group(true) is in force (benches).
+// call while set_grouped_gemm_per_group(true) is in force (benches); a call with a pointer or a
+// leading dimension off 16 bytes runs its GEMMs one cuda::gemm each (GroupedGemm::run).
 //
 // What the module keeps, per (device, stream) that runs a grouped GEMM (created on first use,
 // never freed, as ops/cuda/cublaslt.cpp keeps its state):
@@ -45,6 +46,7 @@
 #include <array>
 #include <atomic>
 #include <climits>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
@@ -162,6 +164,7 @@ class GroupedGemm {
   // dimensions lda, ldb, ldc; every size positive and within int32 (the caller checked).
   void add(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner, const void* a,
            int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc) {
+    row_major_.push_back({trans_a, trans_b, rows, cols, inner, a, lda, b, ldb, beta, c, ldc});
     trans_a_.push_back(trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
     trans_b_.push_back(trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
     m_.push_back(static_cast<int>(cols));
@@ -186,6 +189,17 @@ class GroupedGemm {
     const size_t G = size();
     if (G == 0) return;
     const cudaStream_t st = native(stream);
+    if (!vector_aligned(dtype)) {
+      // NOTES: the grouped call reads its pointers on the device, so cuBLAS cannot pick a kernel
+      // for a pointer or leading dimension off 16 bytes (a row offset of a bf16 matrix whose
+      // width is not a multiple of 8) the way cuBLASLt's heuristic does when told each
+      // alignment. Such calls run as cuda::gemm per GEMM, the same math.
+      for (const RowMajorGemm& g : row_major_) {
+        cuda::gemm(dtype, g.trans_a, g.trans_b, g.rows, g.cols, g.inner, 1.0, g.a, g.lda, g.b,
+                   g.ldb, g.beta, g.c, g.ldc, st);
+      }
+      return;
+    }
     StreamState& s = state_for(st);
     std::lock_guard<std::mutex> lock(s.mutex);
     StagingSlot& slot = take_slot(s, 3 * G);
@@ -218,6 +232,30 @@ class GroupedGemm {
   }
 
  private:
+  struct RowMajorGemm {  // add()'s arguments
+    bool trans_a, trans_b;
+    int64_t rows, cols, inner;
+    const void* a;
+    int64_t lda;
+    const void* b;
+    int64_t ldb;
+    float beta;
+    void* c;
+    int64_t ldc;
+  };
+  // True when every pointer and every leading dimension (in bytes) is a multiple of 16.
+  bool vector_aligned(DType dtype) const {
+    const auto elem = static_cast<int64_t>(dtype_size(dtype));
+    auto ok = [&](const void* p, int64_t ld) {
+      return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (ld * elem) % 16 == 0;
+    };
+    for (const RowMajorGemm& g : row_major_) {
+      if (!ok(g.a, g.lda) || !ok(g.b, g.ldb) || !ok(g.c, g.ldc)) return false;
+    }
+    return true;
+  }
+
+  std::vector<RowMajorGemm> row_major_;
   std::vector<cublasOperation_t> trans_a_, trans_b_;
   std::vector<int> m_, n_, k_, lda_, ldb_, ldc_, group_size_;
   std::vector<float> alpha_, beta_;
