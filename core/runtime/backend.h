@@ -92,7 +92,8 @@ class Backend {
 
   // The stream work goes to when a caller has no other; created with the backend.
   virtual Stream& default_stream() = 0;
-  virtual std::unique_ptr<Stream> create_stream(std::string name) = 0;
+  virtual std::unique_ptr<Stream> create_stream(
+      std::string name, StreamPriority priority = StreamPriority::normal) = 0;
   virtual std::unique_ptr<Event> create_event(EventTiming timing = EventTiming::off) = 0;
 
   virtual void copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,

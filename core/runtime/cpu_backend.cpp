@@ -57,7 +57,8 @@ std::unique_ptr<CpuStream> CpuBackend::make_stream(std::string name) {
   return stream;
 }
 
-std::unique_ptr<Stream> CpuBackend::create_stream(std::string name) {
+std::unique_ptr<Stream> CpuBackend::create_stream(std::string name,
+                                                 StreamPriority /*priority: one thread each*/) {
   return make_stream(std::move(name));
 }
 

@@ -15,9 +15,13 @@ namespace {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(std::string name, int device) : name_(std::move(name)), device_(device) {
+  CudaStream(std::string name, int device, StreamPriority priority = StreamPriority::normal)
+      : name_(std::move(name)), device_(device) {
     MOEPEAK_CUDA_CHECK(cudaSetDevice(device_));
-    MOEPEAK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    int least = 0, greatest = 0;  // CUDA's greatest priority is the numerically lowest
+    MOEPEAK_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    MOEPEAK_CUDA_CHECK(cudaStreamCreateWithPriority(
+        &stream_, cudaStreamNonBlocking, priority == StreamPriority::high ? greatest : least));
   }
   ~CudaStream() override {
     cudaStreamSynchronize(stream_);
@@ -129,8 +133,9 @@ class CudaBackend final : public Backend {
   DeviceArena& arena() override { return *arena_; }
   PinnedPool& pinned() override { return *pinned_; }
   Stream& default_stream() override { return *default_stream_; }
-  std::unique_ptr<Stream> create_stream(std::string name) override {
-    return std::make_unique<CudaStream>(std::move(name), device_);
+  std::unique_ptr<Stream> create_stream(
+      std::string name, StreamPriority priority = StreamPriority::normal) override {
+    return std::make_unique<CudaStream>(std::move(name), device_, priority);
   }
   std::unique_ptr<Event> create_event(EventTiming timing = EventTiming::off) override {
     MOEPEAK_CUDA_CHECK(cudaSetDevice(device_));

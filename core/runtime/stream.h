@@ -18,6 +18,11 @@ namespace moepeak {
 
 class Event;
 
+// A stream's scheduling priority. On CUDA, `high` is the device's greatest stream priority: when
+// SMs free up, its pending blocks start before a normal stream's. The comm streams ask for it so
+// that NCCL's kernels are not queued behind every block of a long GEMM; a CPU stream ignores it.
+enum class StreamPriority { normal, high };
+
 class Stream {
  public:
   virtual ~Stream() = default;

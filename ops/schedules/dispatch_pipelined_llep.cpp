@@ -275,7 +275,7 @@ PipelinedLlepDispatch::PipelinedLlepDispatch(Backend& backend, Stream& stream, C
 std::shared_ptr<PipelinedLlepLane> PipelinedLlepLane::make(Backend& backend, Comm& comm) {
   auto lane = std::make_shared<PipelinedLlepLane>();
   lane->comm = comm.duplicate();
-  lane->stream = backend.create_stream("pipelined llep dispatch");
+  lane->stream = backend.create_stream("pipelined llep dispatch", StreamPriority::high);
   return lane;
 }
 

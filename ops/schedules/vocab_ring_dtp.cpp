@@ -191,7 +191,7 @@ RingDtpVocab::RingDtpVocab(Backend& backend, Stream& stream, Comm& comm, DType d
   ring_dtp_kept_strips(vocab, ranks_, strip, kept, VocabPayload::weights);  // checks kept >= 0
   shard_ = vocab_shard(vocab, ranks_, rank_);
   if (ranks_ > 1) comm_ = comm.duplicate();
-  comm_stream_ = backend.create_stream("ring-dtp comm");
+  comm_stream_ = backend.create_stream("ring-dtp comm", StreamPriority::high);
 }
 
 RingDtpVocab::~RingDtpVocab() {

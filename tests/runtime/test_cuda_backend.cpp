@@ -1,6 +1,7 @@
 // The CUDA backend on a real GPU: arena and OOM, pinned copies at both ends, cross-stream event
 // ordering, and the first ops (fill, convert) bit-equal to the CPU backend. Label `cuda`; every
 // test skips when no CUDA device is usable. Run: ctest -L cuda
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -54,6 +55,20 @@ TEST_F(CudaBackendTest, PinnedRoundTripAcrossStreamsOrderedByEvents) {
   gpu->copy_async(host_out.data(), dev.data(), n * 4, CopyKind::device_to_host, *d2h);
   d2h->synchronize();
   EXPECT_EQ(std::memcmp(host_in.data(), host_out.data(), n * 4), 0);
+}
+
+TEST_F(CudaBackendTest, HighPriorityStreamsGetTheDevicesGreatestPriority) {
+  int least = 0, greatest = 0;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  auto normal = gpu->create_stream("normal");
+  auto high = gpu->create_stream("comm", StreamPriority::high);
+  int p_normal = 1, p_high = 1;
+  ASSERT_EQ(cudaStreamGetPriority(static_cast<cudaStream_t>(normal->native_handle()), &p_normal),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamGetPriority(static_cast<cudaStream_t>(high->native_handle()), &p_high),
+            cudaSuccess);
+  EXPECT_EQ(p_normal, least);
+  EXPECT_EQ(p_high, greatest);
 }
 
 TEST_F(CudaBackendTest, EventTiming) {
