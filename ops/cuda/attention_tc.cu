@@ -430,11 +430,14 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dkv_kernel(const TcArgs
     const float* dpt_row = dpt_w + kk * kLdS;
     bf16* pt_row = pt_w + kk * kLdP;
     bf16* dst_row = dst_w + kk * kLdP;
+    // key <= row / group, without a 64-bit divide per element: the first query row that sees
+    // this key is key * group (rows are (position, head-in-group) pairs).
+    const int64_t first_row_seeing_key = key * a.group;
     for (int i = 0; i < 32; ++i) {
       const int c = lane_column(i, kk, half);
       const int64_t row = r0 + c;
       float p = 0.0f, ds = 0.0f;
-      if (row < rows_total && key <= row / a.group) {
+      if (row < rows_total && row >= first_row_seeing_key) {
         p = expf(a.scale * st_row[c] - lse_t[c]);
         ds = a.scale * p * (dpt_row[c] - drow_t[c]);
       }
