@@ -288,7 +288,12 @@ done
 elapsed=$(( $(date +%s) - started ))
 echo "# finished $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $elapsed s" >>"$summary"
 # Issue 13's targets, judged from the benches' JSON and the runs' metrics (scripts/gpu_targets.py).
-targets="$(python3 "$root/scripts/gpu_targets.py" "$out" "$elapsed" 2>&1)"
+if command -v python3 >/dev/null 2>&1; then
+  targets="$(python3 "$root/scripts/gpu_targets.py" "$out" "$elapsed" 2>&1)"
+else  # the benches' JSON is all in $out: the verdicts can be computed on any machine afterwards
+  targets="python3 is not installed here, so no verdicts (and no bench notes above): run
+\`scripts/gpu_targets.py $out $elapsed\` where it is, on this folder."
+fi
 # report.md: the summary, the targets, then each step's output as docs/perf.md quotes it.
 {
   echo "## gpu-check: $gpu, $(date -u '+%Y-%m-%d')"
