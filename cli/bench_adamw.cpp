@@ -18,7 +18,8 @@
 // the GPU (the three copy/update streams of adamw_offload_stream.h over the pinned, NUMA-local
 // host state), the serial offload on the host's cores; the header then states the issue's
 // target — OffloadStreamAdamW within 1.25x of the link floor and at least 5x faster than the
-// serial offload — and whether the best offload_stream row meets it. On the CPU backend the
+// issue's serial CPU offload anchor (380 ms for 268M parameters, scaled to --params) — and whether
+// the best offload_stream row meets it; its speedup over our own serial offload is shown too. On the CPU backend the
 // figures have no target: "device" and "host" are the same memory, the copies are memcpy on the
 // copy streams' threads and the host link is the memory bus.
 #include <algorithm>
@@ -48,9 +49,15 @@
 namespace moepeak::cli {
 namespace {
 
-// Issue 13's GPU target for OffloadStreamAdamW (268M parameters on one H200).
+// Issue 13's GPU target for OffloadStreamAdamW (268M parameters on one H200): within 1.25x of the
+// link floor and 5x faster than its anchor, PyTorch's serial CPU AdamW offload at 380 ms.
+// NOTES: the 5x is against the anchor, not our own serial offload: the two thresholds meet there
+// (380 / 5 = 76 ms = 1.25 x the 61 ms floor at 53 GB/s), while 5x a faster serial offload of ours
+// (vectorised, multi-threaded) can lie below the link floor.
 constexpr double kFloorTarget = 1.25;
 constexpr double kSerialTarget = 5.0;
+constexpr double kSerialAnchorSeconds = 0.380;
+constexpr double kSerialAnchorParams = 268435456;
 
 struct BenchArgs {
   BenchCommonArgs common;
@@ -169,8 +176,9 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
   }
   const bool on_gpu = backend->kind() == BackendKind::cuda;
   const double serial_s = rows[1].time_s;
+  const double anchor_s = kSerialAnchorSeconds * static_cast<double>(args.params) / kSerialAnchorParams;
   const bool target_met = rows[best_stream].time_s <= kFloorTarget * floor_s &&
-                          serial_s >= kSerialTarget * rows[best_stream].time_s;
+                          anchor_s >= kSerialTarget * rows[best_stream].time_s;
   bool all_exact = true;
   for (const Row& r : rows) {
     all_exact =
@@ -215,10 +223,11 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
       const Row& b = rows[best_stream];
       std::printf(
           "# target (GPU): offload_stream within %.2fx of the floor and >= %.0fx faster than the "
-          "serial offload; best row beta %lld, s %lld: %.2fx floor, %.2fx serial: %s\n",
-          kFloorTarget, kSerialTarget, static_cast<long long>(b.bucket),
-          static_cast<long long>(b.slots), b.time_s / floor_s, serial_s / b.time_s,
-          target_met ? "met" : "NOT met");
+          "serial offload anchor (%.1f ms: 380 ms per 268M parameters); best row beta %lld, s "
+          "%lld: %.2fx floor, %.2fx anchor (%.2fx our serial offload): %s\n",
+          kFloorTarget, kSerialTarget, anchor_s * 1e3, static_cast<long long>(b.bucket),
+          static_cast<long long>(b.slots), b.time_s / floor_s, anchor_s / b.time_s,
+          serial_s / b.time_s, target_met ? "met" : "NOT met");
     }
   }
   if (root && !args.common.json_path.empty()) {

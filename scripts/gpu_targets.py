@@ -8,6 +8,11 @@ runs' metrics.jsonl, and prints one markdown table row per target with the measu
 threshold and MET, NOT MET or "not measured" (its step failed, timed out or was skipped). The
 anchors are the issue's, measured on one H200 with PyTorch: 115 ms and 18.3 GiB for the
 materialised vocabulary projection, 380 ms for the serial CPU AdamW offload of 268M parameters.
+The optimizer's "5x faster than the serial CPU offload" is judged against that anchor (at most
+76 ms): the issue's two AdamW thresholds meet there (380 / 5 = 76 ms = 1.25 x the 61 ms floor of
+12 bytes per parameter at 53 GB/s), while 5x our own serial offload — a vectorised, multi-threaded
+host AdamW that may well beat PyTorch's — can lie below the link floor, which nothing can beat.
+Its speedup is shown beside the verdict.
 Exit status 0 whatever the verdicts (the table is a report, gpu-check's own status is the steps').
 Test: tests/cli/test_gpu_check.sh feeds it synthetic JSONs.
 """
@@ -18,7 +23,7 @@ import sys
 GEMM_MIN_PERCENT = 85.0
 VOCAB_ANCHOR_S, VOCAB_TIME_RATIO = 0.115, 1.1
 VOCAB_ANCHOR_GIB, VOCAB_MEMORY_SHARE = 18.3, 0.15
-ADAMW_FLOOR_RATIO, ADAMW_SERIAL_SPEEDUP = 1.25, 5.0
+ADAMW_FLOOR_RATIO, ADAMW_ANCHOR_S, ADAMW_SERIAL_SPEEDUP = 1.25, 0.380, 5.0
 CHECK_SECONDS = 8 * 60
 
 
@@ -81,9 +86,10 @@ def adamw(out):
     speedup = serial[0]["time_s"] / best["time_s"]
     figure = (f"{best['time_s'] * 1e3:.1f} ms = {best['floor_ratio']:.2f}x floor "
               f"({d['shape']['floor_s'] * 1e3:.1f} ms), {speedup:.1f}x our serial offload, "
-              f"{0.380 / best['time_s']:.1f}x 380 ms (beta {best.get('bucket_params')}, s {best.get('staging_slots')})")
-    ok = best["floor_ratio"] <= ADAMW_FLOOR_RATIO and speedup >= ADAMW_SERIAL_SPEEDUP
-    return figure, f"<= {ADAMW_FLOOR_RATIO}x floor, >= {ADAMW_SERIAL_SPEEDUP:.0f}x serial", ok
+              f"{ADAMW_ANCHOR_S / best['time_s']:.1f}x 380 ms (beta {best.get('bucket_params')}, s {best.get('staging_slots')})")
+    ok = (best["floor_ratio"] <= ADAMW_FLOOR_RATIO and
+          best["time_s"] <= ADAMW_ANCHOR_S / ADAMW_SERIAL_SPEEDUP)
+    return figure, f"<= {ADAMW_FLOOR_RATIO}x floor, >= {ADAMW_SERIAL_SPEEDUP:.0f}x 380 ms", ok
 
 
 def training(out, name):
