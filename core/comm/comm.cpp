@@ -83,6 +83,17 @@ void Comm::check_peer(int peer, const char* what) const {
   }
 }
 
+void Comm::check_exchange_args(std::span<const PeerMessage> sends,
+                               std::span<const PeerMessage> recvs) const {
+  for (auto [list, what] : {std::pair{sends, "exchange (send)"}, std::pair{recvs, "exchange (recv)"}}) {
+    for (const PeerMessage& m : list) {
+      check_peer(m.peer, what);
+      MOEPEAK_CHECK(m.peer != rank(), what, ": a message to or from this rank itself (", m.peer,
+                    ") would wait forever; use sendrecv for a copy");
+    }
+  }
+}
+
 void Comm::check_all_to_all_v_args(std::span<const size_t> send_counts,
                                    std::span<const size_t> send_offsets,
                                    std::span<const size_t> recv_counts,

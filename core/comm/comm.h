@@ -37,6 +37,14 @@ struct RankInfo {
   std::string host;
 };
 
+// One message of a batched exchange (Comm::exchange): `count` elements at `buf` to or from
+// `peer` (a send's buffer is only read).
+struct PeerMessage {
+  void* buf = nullptr;
+  size_t count = 0;
+  int peer = 0;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -58,6 +66,12 @@ class Comm {
   // Send to `dst` and receive from `src` at once (a ring shift), without deadlock.
   virtual void sendrecv(const void* send, size_t send_count, int dst, void* recv,
                         size_t recv_count, int src, DType dtype, Stream& stream) = 0;
+  // Every send and receive of the lists posted at once and completed together (NCCL: one group;
+  // MPI: nonblocking, then a wait for all), so transfers to and from several peers overlap.
+  // Messages between two ranks match in list order on each side; no order of the lists deadlocks.
+  // A message to or from this rank itself is an Error (use sendrecv for a copy).
+  virtual void exchange(std::span<const PeerMessage> sends, std::span<const PeerMessage> recvs,
+                        DType dtype, Stream& stream) = 0;
   // `send == recv` is in place.
   virtual void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                           Stream& stream) = 0;
@@ -78,6 +92,9 @@ class Comm {
   explicit Comm(RankInfo ranks) : ranks_(std::move(ranks)) {}
   // Argument checks every implementation makes on the calling thread, before any traffic.
   void check_peer(int peer, const char* what) const;
+  // Every message's peer is another rank of the communicator.
+  void check_exchange_args(std::span<const PeerMessage> sends,
+                           std::span<const PeerMessage> recvs) const;
   void check_all_to_all_v_args(std::span<const size_t> send_counts,
                                std::span<const size_t> send_offsets,
                                std::span<const size_t> recv_counts,

@@ -351,6 +351,24 @@ void MpiComm::sendrecv(const void* send, size_t send_count, int dst, void* recv,
   });
 }
 
+void MpiComm::exchange(std::span<const PeerMessage> sends, std::span<const PeerMessage> recvs,
+                       DType dtype, Stream& stream) {
+  check_exchange_args(sends, recvs);
+  if (sends.empty() && recvs.empty()) return;
+  const size_t es = dtype_size(dtype);
+  MPI_Datatype type = mpi_datatype(dtype);
+  std::vector<PeerMessage> to(sends.begin(), sends.end()), from(recvs.begin(), recvs.end());
+  as_cpu_stream(stream).enqueue([=, comm = comm_, max = max_elements_] {
+    std::vector<MPI_Request> requests;
+    std::vector<ExpectedRecv> expected;
+    for (const PeerMessage& m : from) {
+      post_recv(m.buf, m.count, es, m.peer, type, comm, max, requests, expected);
+    }
+    for (const PeerMessage& m : to) post_send(m.buf, m.count, es, m.peer, type, comm, max, requests);
+    wait_all(requests, expected, type, "exchange");
+  });
+}
+
 void MpiComm::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                          Stream& stream) {
   const size_t es = dtype_size(dtype);

@@ -14,7 +14,8 @@
 // all_reduce / broadcast / send / recv / sendrecv in consecutive chunks; all_gather as one chunked
 // broadcast per root; reduce_scatter as one chunked reduce per root. all_to_all_v always runs as
 // nonblocking point-to-point messages per peer (chunked the same way), because its counts differ
-// per rank and the choice between MPI_Alltoallv and a fallback could not be made alike everywhere.
+// per rank and the choice between MPI_Alltoallv and a fallback could not be made alike everywhere;
+// exchange likewise posts every message (chunked) at once and waits for all of them.
 // A sent message must be received with the same count (as in NCCL).
 //
 // Communicators: the constructor duplicates the parent communicator twice: one for stream-ordered
@@ -75,6 +76,8 @@ class MpiComm final : public Comm {
                     DType dtype, Stream& stream) override;
   void send(const void* buf, size_t count, DType dtype, int peer, Stream& stream) override;
   void recv(void* buf, size_t count, DType dtype, int peer, Stream& stream) override;
+  void exchange(std::span<const PeerMessage> sends, std::span<const PeerMessage> recvs, DType dtype,
+                Stream& stream) override;
   void sendrecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count,
                 int src, DType dtype, Stream& stream) override;
   void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,

@@ -244,6 +244,23 @@ void NcclComm::sendrecv(const void* send, size_t send_count, int dst, void* recv
   group.end();
 }
 
+void NcclComm::exchange(std::span<const PeerMessage> sends, std::span<const PeerMessage> recvs,
+                        DType dtype, Stream& stream) {
+  check_exchange_args(sends, recvs);
+  if (sends.empty() && recvs.empty()) return;
+  cudaStream_t s = cuda_stream(stream);
+  DeviceGuard guard(device_);
+  const ncclDataType_t type = nccl_datatype(dtype);
+  NcclGroup group;
+  for (const PeerMessage& m : sends) {
+    if (m.count > 0) MOEPEAK_NCCL_CHECK(ncclSend(m.buf, m.count, type, m.peer, comm_, s));
+  }
+  for (const PeerMessage& m : recvs) {
+    if (m.count > 0) MOEPEAK_NCCL_CHECK(ncclRecv(m.buf, m.count, type, m.peer, comm_, s));
+  }
+  group.end();
+}
+
 void NcclComm::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                           Stream& stream) {
   const size_t es = dtype_size(dtype);

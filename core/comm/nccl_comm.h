@@ -5,7 +5,7 @@
 // word, so a failure on rank 0 is an Error on every rank instead of a hang); then
 // ncclCommInitRank on the CUDA device that is current on the constructing thread (or the one
 // given). Operations go to `static_cast<cudaStream_t>(stream.native_handle())` with that device
-// made current for the call. all_to_all_v and sendrecv are ncclSend/ncclRecv inside
+// made current for the call. all_to_all_v, sendrecv and exchange are ncclSend/ncclRecv inside
 // ncclGroupStart/End; a rank's block to itself is a cudaMemcpyAsync. bf16 is ncclBfloat16.
 // barrier() is MPI_Barrier on a private duplicate of the bootstrap communicator, after checking
 // NCCL's asynchronous error state. duplicate() builds a second NcclComm from a fresh unique id
@@ -59,6 +59,8 @@ class NcclComm final : public Comm {
                     DType dtype, Stream& stream) override;
   void send(const void* buf, size_t count, DType dtype, int peer, Stream& stream) override;
   void recv(void* buf, size_t count, DType dtype, int peer, Stream& stream) override;
+  void exchange(std::span<const PeerMessage> sends, std::span<const PeerMessage> recvs, DType dtype,
+                Stream& stream) override;
   void sendrecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count,
                 int src, DType dtype, Stream& stream) override;
   void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,

@@ -69,6 +69,11 @@ void SingleComm::all_to_all_v(const void* send, std::span<const size_t> send_cou
        send_counts[0] * es, stream);
 }
 
+void SingleComm::exchange(std::span<const PeerMessage> sends, std::span<const PeerMessage> recvs,
+                          DType /*dtype*/, Stream& /*stream*/) {
+  check_exchange_args(sends, recvs);  // every message names this rank: an Error, none is sent
+}
+
 void SingleComm::send(const void*, size_t, DType, int peer, Stream&) {
   check_rank_zero(peer, "send");
   MOEPEAK_THROW("send to this rank itself would block forever; use sendrecv for a copy to self");

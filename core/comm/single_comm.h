@@ -29,6 +29,8 @@ class SingleComm final : public Comm {
                     DType dtype, Stream& stream) override;
   void send(const void* buf, size_t count, DType dtype, int peer, Stream& stream) override;
   void recv(void* buf, size_t count, DType dtype, int peer, Stream& stream) override;
+  void exchange(std::span<const PeerMessage> sends, std::span<const PeerMessage> recvs, DType dtype,
+                Stream& stream) override;
   void sendrecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count,
                 int src, DType dtype, Stream& stream) override;
   void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,

@@ -3,6 +3,7 @@
 #include "ops/schedules/llep_experts.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/error.h"
 #include "ops/elementwise.h"
@@ -85,21 +86,26 @@ void LlepExpertCopies::send_weights(Comm& comm, Stream& stream,
                                     const std::vector<LlepTransfer>& transfers, int64_t rank,
                                     int64_t first_local,
                                     const std::vector<ExpertWeights>& local_experts) const {
+  // NOTES: one batched exchange, so an owner's copies to several helpers (and a helper's from
+  // several owners) overlap; each list keeps the transfers' order, the same on every rank, which
+  // is the order messages between two ranks are matched in.
+  std::vector<PeerMessage> sends, recvs;
+  std::optional<DType> dtype;
   for (const LlepTransfer& t : transfers) {
-    if (t.owner == rank) {
-      const ExpertWeights& w = local_experts.at(static_cast<size_t>(t.expert - first_local));
-      for (const Tensor* p : {&w.w1, &w.w3, &w.w2}) {
-        comm.send(p->data(), static_cast<size_t>(p->numel()), p->dtype(), static_cast<int>(t.helper),
-                  stream);
-      }
-    } else if (t.helper == rank) {
-      const ExpertWeights& w = at(t.expert);
-      for (const Tensor* p : {&w.w1, &w.w3, &w.w2}) {
-        comm.recv(p->data(), static_cast<size_t>(p->numel()), p->dtype(), static_cast<int>(t.owner),
-                  stream);
-      }
+    const bool owner = t.owner == rank;
+    if (!owner && t.helper != rank) continue;
+    const ExpertWeights& w =
+        owner ? local_experts.at(static_cast<size_t>(t.expert - first_local)) : at(t.expert);
+    for (const Tensor* p : {&w.w1, &w.w3, &w.w2}) {
+      MOEPEAK_CHECK(!dtype || *dtype == p->dtype(), "llep: expert weights of two dtypes (",
+                    dtype_name(*dtype), ", ", dtype_name(p->dtype()), ") in one exchange");
+      dtype = p->dtype();
+      (owner ? sends : recvs)
+          .push_back({p->data(), static_cast<size_t>(p->numel()),
+                      static_cast<int>(owner ? t.helper : t.owner)});
     }
   }
+  if (dtype) comm.exchange(sends, recvs, *dtype, stream);
 }
 
 void LlepExpertCopies::return_grads(Comm& comm, Stream& stream,

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/comm/comm.h"
+#include "core/error.h"
 #include "core/runtime/dtype.h"
 #include "core/runtime/stream.h"
 
@@ -368,6 +369,61 @@ void check_send_recv_pairs(Comm& comm, Stream& stream, TestMemory& mem, size_t c
   EXPECT_TRUE(same_values(download_vector<T>(mem, recv, count), expected));
 }
 
+// exchange: every rank sends two messages to every other rank and receives two from each, the
+// sends listed by ascending peer and the receives by descending peer (an order in which blocking
+// sends of messages past the eager size would deadlock: the second message of each pair is), the
+// two of a pair in the same order on both sides. A message to this rank itself is an Error.
+inline size_t exchange_count(int from, int to, int message, uint64_t seed) {
+  const size_t small = 1 + (static_cast<size_t>(from) * 7 + static_cast<size_t>(to) * 3 +
+                            static_cast<size_t>(message) * 5 + seed) % 9;
+  return message == 0 ? small : 3000 + small;  // 6 KB or more: past the shared-memory eager size
+}
+inline size_t exchange_first_index(int to, int message) {
+  return (static_cast<size_t>(to) * 2 + static_cast<size_t>(message)) * 100000;
+}
+template <typename T>
+void check_exchange(Comm& comm, Stream& stream, TestMemory& mem, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "exchange " << dtype_name(dtype_of<T>::value) << " rank "
+                                    << comm.rank());
+  const int world = comm.world_size(), me = comm.rank();
+  const DType dtype = dtype_of<T>::value;
+  std::vector<PeerMessage> sends, recvs;
+  for (int peer = 0; peer < world; ++peer) {
+    if (peer == me) continue;
+    for (int m = 0; m < 2; ++m) {
+      const size_t n = exchange_count(me, peer, m, seed);
+      sends.push_back({upload_vector(mem, rank_data<T>(seed, me, n, exchange_first_index(peer, m))),
+                       n, peer});
+    }
+  }
+  for (int peer = world - 1; peer >= 0; --peer) {
+    if (peer == me) continue;
+    for (int m = 0; m < 2; ++m) {
+      const size_t n = exchange_count(peer, me, m, seed);
+      recvs.push_back({poisoned<T>(mem, n), n, peer});
+    }
+  }
+  comm.exchange(sends, recvs, dtype, stream);
+  stream.synchronize();
+  size_t i = 0;
+  for (int peer = world - 1; peer >= 0; --peer) {
+    if (peer == me) continue;
+    for (int m = 0; m < 2; ++m, ++i) {
+      const size_t n = recvs[i].count, first = exchange_first_index(me, m);
+      std::vector<double> expected(n);
+      for (size_t k = 0; k < n; ++k) expected[k] = as_double(value<T>(seed, peer, first + k));
+      EXPECT_TRUE(same_values(download_vector<T>(mem, recvs[i].buf, n), expected))
+          << "message " << m << " from rank " << peer;
+    }
+  }
+  void* self = poisoned<T>(mem, 1);
+  const PeerMessage to_self[] = {{self, 1, me}};
+  EXPECT_THROW(comm.exchange(to_self, {}, dtype, stream), Error);
+  EXPECT_THROW(comm.exchange({}, to_self, dtype, stream), Error);
+  const PeerMessage outside[] = {{self, 1, world}};
+  EXPECT_THROW(comm.exchange(outside, {}, dtype, stream), Error);
+}
+
 // Every operation once, for one element type (the reductions with each op).
 template <typename T>
 void check_every_operation(Comm& comm, Stream& stream, TestMemory& mem, uint64_t seed) {
@@ -385,6 +441,7 @@ void check_every_operation(Comm& comm, Stream& stream, TestMemory& mem, uint64_t
   check_ring_shift<T>(comm, stream, mem, +1, seed + 9);
   check_ring_shift<T>(comm, stream, mem, -1, seed + 10);
   if (comm.world_size() >= 2) check_send_recv_pairs<T>(comm, stream, mem, 10, seed + 11);
+  check_exchange<T>(comm, stream, mem, seed + 12);
 }
 
 }  // namespace moepeak::testing_comm
