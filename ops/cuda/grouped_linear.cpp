@@ -157,31 +157,18 @@ StagingSlot& take_slot(StreamState& s, size_t count) {
 // ---- One grouped call --------------------------------------------------------------------------
 
 // The GEMMs of one cublasGemmGroupedBatchedEx, each added in the row-major terms of cuda::gemm
-// (ops/cuda/cublaslt.h) and stored in cuBLAS's column-major ones, one cuBLAS group per GEMM.
+// (ops/cuda/cublaslt.h) and turned into cuBLAS's column-major ones by run(), one cuBLAS group per
+// GEMM.
 class GroupedGemm {
  public:
   // C (rows, cols) = op(A) (rows, inner) . op(B) (inner, cols) + beta * C, row-major with leading
   // dimensions lda, ldb, ldc; every size positive and within int32 (the caller checked).
   void add(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner, const void* a,
            int64_t lda, const void* b, int64_t ldb, float beta, void* c, int64_t ldc) {
-    row_major_.push_back({trans_a, trans_b, rows, cols, inner, a, lda, b, ldb, beta, c, ldc});
-    trans_a_.push_back(trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
-    trans_b_.push_back(trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
-    m_.push_back(static_cast<int>(cols));
-    n_.push_back(static_cast<int>(rows));
-    k_.push_back(static_cast<int>(inner));
-    a_.push_back(b);
-    lda_.push_back(static_cast<int>(ldb));
-    b_.push_back(a);
-    ldb_.push_back(static_cast<int>(lda));
-    c_.push_back(c);
-    ldc_.push_back(static_cast<int>(ldc));
-    alpha_.push_back(1.0f);
-    beta_.push_back(beta);
-    group_size_.push_back(1);
+    gemms_.push_back({trans_a, trans_b, rows, cols, inner, a, lda, b, ldb, beta, c, ldc});
   }
 
-  size_t size() const { return c_.size(); }
+  size_t size() const { return gemms_.size(); }
 
   // Enqueues the call on `stream` (nothing when no GEMM was added). `op` names the caller in
   // errors.
@@ -194,20 +181,38 @@ class GroupedGemm {
       // for a pointer or leading dimension off 16 bytes (a row offset of a bf16 matrix whose
       // width is not a multiple of 8) the way cuBLASLt's heuristic does when told each
       // alignment. Such calls run as cuda::gemm per GEMM, the same math.
-      for (const RowMajorGemm& g : row_major_) {
+      for (const RowMajorGemm& g : gemms_) {
         cuda::gemm(dtype, g.trans_a, g.trans_b, g.rows, g.cols, g.inner, 1.0, g.a, g.lda, g.b,
                    g.ldb, g.beta, g.c, g.ldc, st);
       }
       return;
+    }
+    // cuBLAS's column-major terms: the row-major C = op(A) op(B) is C^T = op(B)^T op(A)^T, so
+    // cuBLAS's A is our B (with our trans_b), its B our A, and its (m, n, k) our (cols, rows,
+    // inner). The host arrays are read during the call only.
+    std::vector<cublasOperation_t> trans_a(G), trans_b(G);
+    std::vector<int> m(G), n(G), k(G), lda(G), ldb(G), ldc(G), group_size(G, 1);
+    std::vector<float> alpha(G, 1.0f), beta(G);
+    for (size_t i = 0; i < G; ++i) {
+      const RowMajorGemm& g = gemms_[i];
+      trans_a[i] = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+      trans_b[i] = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+      m[i] = static_cast<int>(g.cols);
+      n[i] = static_cast<int>(g.rows);
+      k[i] = static_cast<int>(g.inner);
+      lda[i] = static_cast<int>(g.ldb);
+      ldb[i] = static_cast<int>(g.lda);
+      ldc[i] = static_cast<int>(g.ldc);
+      beta[i] = g.beta;
     }
     StreamState& s = state_for(st);
     std::lock_guard<std::mutex> lock(s.mutex);
     StagingSlot& slot = take_slot(s, 3 * G);
     void** host = slot.host;
     for (size_t i = 0; i < G; ++i) {
-      host[i] = const_cast<void*>(a_[i]);
-      host[G + i] = const_cast<void*>(b_[i]);
-      host[2 * G + i] = c_[i];
+      host[i] = const_cast<void*>(gemms_[i].b);      // cuBLAS's A
+      host[G + i] = const_cast<void*>(gemms_[i].a);  // cuBLAS's B
+      host[2 * G + i] = gemms_[i].c;
     }
     MOEPEAK_CUDA_CHECK(cudaMemcpyAsync(slot.device, host, 3 * G * sizeof(void*),
                                        cudaMemcpyHostToDevice, st));
@@ -217,9 +222,9 @@ class GroupedGemm {
     const void* const* b_array = slot.device + G;
     void* const* c_array = slot.device + 2 * G;
     const cublasStatus_t status = cublasGemmGroupedBatchedEx(
-        s.handle, trans_a_.data(), trans_b_.data(), m_.data(), n_.data(), k_.data(),
-        alpha_.data(), a_array, type, lda_.data(), b_array, type, ldb_.data(), beta_.data(),
-        c_array, type, ldc_.data(), static_cast<int>(G), group_size_.data(), CUBLAS_COMPUTE_32F);
+        s.handle, trans_a.data(), trans_b.data(), m.data(), n.data(), k.data(), alpha.data(),
+        a_array, type, lda.data(), b_array, type, ldb.data(), beta.data(), c_array, type,
+        ldc.data(), static_cast<int>(G), group_size.data(), CUBLAS_COMPUTE_32F);
     // Recorded whatever the status: the copy above is queued and reads the slot.
     const cudaError_t recorded = cudaEventRecord(slot.read, st);
     slot.pending = recorded == cudaSuccess;
@@ -249,18 +254,13 @@ class GroupedGemm {
     auto ok = [&](const void* p, int64_t ld) {
       return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (ld * elem) % 16 == 0;
     };
-    for (const RowMajorGemm& g : row_major_) {
+    for (const RowMajorGemm& g : gemms_) {
       if (!ok(g.a, g.lda) || !ok(g.b, g.ldb) || !ok(g.c, g.ldc)) return false;
     }
     return true;
   }
 
-  std::vector<RowMajorGemm> row_major_;
-  std::vector<cublasOperation_t> trans_a_, trans_b_;
-  std::vector<int> m_, n_, k_, lda_, ldb_, ldc_, group_size_;
-  std::vector<float> alpha_, beta_;
-  std::vector<const void*> a_, b_;
-  std::vector<void*> c_;
+  std::vector<RowMajorGemm> gemms_;
 };
 
 // True when one grouped call takes the problem: f32 or bf16 storage (cuBLAS's grouped GEMM has

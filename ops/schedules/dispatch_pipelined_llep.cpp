@@ -3,24 +3,24 @@
 // experts per tile written back into the slot, recomputed in backward (see the header).
 //
 // Stream discipline (NOTES):
-//   - `stream_` (compute) and `comm_stream_` never share a communicator: comm_stream_ uses
-//     comm2_ (duplicated), stream_ uses comm_. Each issues its collectives in chunk order, the
+//   - `stream_` (compute) and the lane's stream (`cs`) never share a communicator: cs uses the
+//     lane's (duplicated), stream_ uses comm_. Each issues its collectives in chunk order, the
 //     same on every rank, so the per-stream orders merge into one global order — S = 2:
 //     X0, X1, C0, X2, C1, X3, ...; S = 1: X0, C0, X1, C1, ... (X = a chunk's dispatch, C = its
 //     compute and return) — in which every collective waits only for earlier ones: no deadlock.
-//   - comm_stream_ starts after `entry_` (the caller's work on stream_ that produced x, dout).
+//   - cs starts after `entry_` (the caller's work on stream_ that produced x, dout).
 //   - chunk i's dispatch waits for slot_free_[i%S] (chunk i-S's return and combine): the receive
-//     slot and the metadata slot are then free. S = 2: the send staging buffers are used by
-//     comm_stream_ alone, the returned-rows and tile buffers by stream_ alone: stream order
-//     suffices. S = 1: the returned rows land in the staging buffers, written by stream_ after
-//     recv_ready_ (the sends have left them) and refilled by comm_stream_ after slot_free_.
+//     slot and the metadata slot are then free. S = 2: the send staging buffers are used by cs
+//     alone, the returned-rows and tile buffers by stream_ alone: stream order suffices. S = 1:
+//     the returned rows land in the staging buffers, written by stream_ after recv_ready_ (the
+//     sends have left them) and refilled by cs after slot_free_.
 //   - a tile's rows are read from and written back to the slot on stream_ only; each arrival row
 //     belongs to exactly one tile, so a tile's writes never touch another tile's inputs.
 //   - the host never waits inside the loop: every ordering is an event wait, and the buffers are
 //     freed only after both streams are drained.
 //   - weight spilling is done once per pass, not per chunk: every (expert, helper) pair of any
-//     chunk's plan gets its copy before chunk 0 (on comm_stream_), helpers accumulate a spilled
-//     expert's gradient over all chunks and return it once after the last chunk. Per-chunk
+//     chunk's plan gets its copy before chunk 0 (on cs), helpers accumulate a spilled expert's
+//     gradient over all chunks and return it once after the last chunk. Per-chunk
 //     transfers would move the same hot experts' 3 F H values up to K times each way; the copies
 //     held are at most llep_max_copies(E, W, R_c, K) <= E - E/W foreign experts either way
 //     (`weights`, `grads`; checked in LlepExpertCopies::allocate, counted by the plan).
@@ -263,8 +263,6 @@ PipelinedLlepDispatch::PipelinedLlepDispatch(Backend& backend, Stream& stream, C
                     lane_->comm->rank() == comm.rank(),
                 "pipelined llep dispatch: the lane's communicator is not a duplicate of the "
                 "compute stream's (rank ", comm.rank(), " of ", W, ")");
-  comm2_ = lane_->comm.get();
-  comm_stream_ = lane_->stream.get();
   entry_ = backend.create_event();
   for (int s = 0; s < 2; ++s) {
     recv_ready_[s] = backend.create_event();
@@ -287,7 +285,7 @@ PipelinedLlepDispatch::~PipelinedLlepDispatch() {
 void PipelinedLlepDispatch::drain() noexcept {
   // NOTES: used on error paths too, where a stream may hold a sticky error: it is dropped here,
   // the error that brought us here is the one the caller sees.
-  for (Stream* s : {comm_stream_, &stream_}) {
+  for (Stream* s : {lane_ ? lane_->stream.get() : nullptr, &stream_}) {
     try {
       if (s) s->synchronize();
     } catch (...) {
@@ -496,7 +494,7 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
                 " slots, tiles of ", T, " rows, F blocks of ", Fb, " (F = ", F,
                 ", at least 1 expected)");
   const Tensor weight_rows = weight_.reshape(Shape{tokens_ * top_k_, 1});
-  Stream& cs = *comm_stream_;
+  Stream& cs = *lane_->stream;
   // The fixed buffers: pipelined_llep_forward_bytes, exactly.
   OwnedTensor x_send = buffer(Shape{Mc, H}, dtype_, "llep chunk rows sent");
   // NOTES: with one slot the next dispatch waits for this chunk's combine, so the returned rows
@@ -520,7 +518,7 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
   try {
     entry_->record(stream_);
     cs.wait(*entry_);
-    copies_.send_weights(*comm2_, cs, transfers_, me, first_expert_, local);
+    copies_.send_weights(*lane_->comm, cs, transfers_, me, first_expert_, local);
     for (int64_t i = 0; i < K; ++i) {
       const int s = static_cast<int>(i % S);
       const Chunk& c = chunks_[i];
@@ -535,7 +533,7 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
       ops::gather_rows(weight_rows, slot[s].view().rows(0, m),
                            row_weight[s].view().rows(0, m).reshape(Shape{m, 1}), cs);
       ops::gather_rows(x_, token[s].view().rows(0, m), x_send.view().rows(0, m), cs);
-      exchange_rows(*comm2_, cs, x_send.view().rows(0, m), r.send_rows, recv[s].view().rows(0, rr),
+      exchange_rows(*lane_->comm, cs, x_send.view().rows(0, m), r.send_rows, recv[s].view().rows(0, rr),
                     r.recv_rows, H);
       recv_ready_[s]->record(cs);
 
@@ -611,7 +609,7 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
                 " slots, tiles of ", T, " rows, F blocks of ", Fb, " (F = ", F,
                 ", at least 1 expected)");
   const Tensor weight_rows = weight_.reshape(Shape{NK, 1});
-  Stream& cs = *comm_stream_;
+  Stream& cs = *lane_->stream;
   // The fixed buffers: pipelined_llep_backward_bytes, exactly.
   OwnedTensor stage = buffer(Shape{Mc, H}, dtype_, "llep chunk rows sent");
   OwnedTensor w_stage = buffer(Shape{Mc}, dtype_, "llep chunk weights sent");
@@ -650,7 +648,7 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
   try {
     entry_->record(stream_);
     cs.wait(*entry_);
-    copies_.send_weights(*comm2_, cs, transfers_, me, first_expert_, local);
+    copies_.send_weights(*lane_->comm, cs, transfers_, me, first_expert_, local);
     for (int64_t i = 0; i < K; ++i) {
       const int s = static_cast<int>(i % S);
       const Chunk& c = chunks_[i];
@@ -663,13 +661,13 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
       copy_metadata(c, token[s], slot[s], cs);
       const Tensor tok = token[s].view().rows(0, m), sl = slot[s].view().rows(0, m);
       ops::gather_rows(x_, tok, stage.view().rows(0, m), cs);
-      exchange_rows(*comm2_, cs, stage.view().rows(0, m), r.send_rows, recv_x[s].view().rows(0, rr),
+      exchange_rows(*lane_->comm, cs, stage.view().rows(0, m), r.send_rows, recv_x[s].view().rows(0, rr),
                     r.recv_rows, H);
       ops::gather_rows(dout, tok, stage.view().rows(0, m), cs);
-      exchange_rows(*comm2_, cs, stage.view().rows(0, m), r.send_rows, recv_d[s].view().rows(0, rr),
+      exchange_rows(*lane_->comm, cs, stage.view().rows(0, m), r.send_rows, recv_d[s].view().rows(0, rr),
                     r.recv_rows, H);
       ops::gather_rows(weight_rows, sl, w_stage.view().rows(0, m).reshape(Shape{m, 1}), cs);
-      exchange_rows(*comm2_, cs, w_stage.view().rows(0, m), r.send_rows,
+      exchange_rows(*lane_->comm, cs, w_stage.view().rows(0, m), r.send_rows,
                     recv_w[s].view().rows(0, rr), r.recv_rows, 1);
       recv_ready_[s]->record(cs);
 

@@ -217,7 +217,7 @@ class PipelinedLlepDispatch final : public ExpertDispatch {
   // The most rows this rank computed in one chunk of the last forward (<= shape().receive_rows).
   int64_t max_received_rows() const { return max_received_; }
   // The stream the next chunk's dispatch runs on (tests slow it with set_debug_delay).
-  Stream& comm_stream() { return *comm_stream_; }
+  Stream& comm_stream() { return *lane_->stream; }
 
  private:
   // One chunk's host metadata: its local token positions, its row layout, and the tiles of the
@@ -263,9 +263,9 @@ class PipelinedLlepDispatch final : public ExpertDispatch {
   DType dtype_;
   PipelinedLlepParams params_;
   int64_t num_experts_, local_experts_, first_expert_;
-  std::shared_ptr<PipelinedLlepLane> lane_;  // maybe shared with other layers' dispatchers
-  Comm* comm2_ = nullptr;                    // lane_->comm: the comm stream's communicator
-  Stream* comm_stream_ = nullptr;            // lane_->stream: dispatch of the next chunk
+  // The comm stream (dispatch of the next chunk) and its communicator; maybe shared with other
+  // layers' dispatchers.
+  std::shared_ptr<PipelinedLlepLane> lane_;
   std::unique_ptr<Event> entry_, recv_ready_[2], slot_free_[2];  // per slot (S <= 2)
   LlepExpertCopies copies_;
 
