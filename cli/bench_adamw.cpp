@@ -18,9 +18,9 @@
 // the GPU (the three copy/update streams of adamw_offload_stream.h over the pinned, NUMA-local
 // host state), the serial offload on the host's cores; the header then states the issue's
 // target — OffloadStreamAdamW within 1.25x of the link floor and at least 5x faster than the
-// issue's serial CPU offload anchor (380 ms for 268M parameters, scaled to --params) — and whether
-// the best offload_stream row meets it; its speedup over our own serial offload is shown too. On the CPU backend the
-// figures have no target: "device" and "host" are the same memory, the copies are memcpy on the
+// issue's serial CPU offload anchor (380 ms for 268M parameters, scaled to --params) — and
+// whether the best offload_stream row meets it; its speedup over our own serial offload is shown
+// too. On the CPU backend the figures have no target: "device" and "host" are the same memory, the copies are memcpy on the
 // copy streams' threads and the host link is the memory bus.
 #include <algorithm>
 #include <cmath>
@@ -176,7 +176,8 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
   }
   const bool on_gpu = backend->kind() == BackendKind::cuda;
   const double serial_s = rows[1].time_s;
-  const double anchor_s = kSerialAnchorSeconds * static_cast<double>(args.params) / kSerialAnchorParams;
+  const double anchor_s =
+      kSerialAnchorSeconds * static_cast<double>(args.params) / kSerialAnchorParams;
   const bool target_met = rows[best_stream].time_s <= kFloorTarget * floor_s &&
                           anchor_s >= kSerialTarget * rows[best_stream].time_s;
   bool all_exact = true;

@@ -54,7 +54,9 @@ double median(std::vector<double> v);
 class EventTimer {
  public:
   explicit EventTimer(Backend& b)
-      : backend_(b), start_(b.create_event(EventTiming::on)), end_(b.create_event(EventTiming::on)) {}
+      : backend_(b),
+        start_(b.create_event(EventTiming::on)),
+        end_(b.create_event(EventTiming::on)) {}
   // Milliseconds of `work(stream)` on the default stream.
   template <typename F> double time_ms(F&& work) {
     Stream& s = backend_.default_stream();

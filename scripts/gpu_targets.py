@@ -86,7 +86,8 @@ def adamw(out):
     speedup = serial[0]["time_s"] / best["time_s"]
     figure = (f"{best['time_s'] * 1e3:.1f} ms = {best['floor_ratio']:.2f}x floor "
               f"({d['shape']['floor_s'] * 1e3:.1f} ms), {speedup:.1f}x our serial offload, "
-              f"{ADAMW_ANCHOR_S / best['time_s']:.1f}x 380 ms (beta {best.get('bucket_params')}, s {best.get('staging_slots')})")
+              f"{ADAMW_ANCHOR_S / best['time_s']:.1f}x 380 ms "
+              f"(beta {best.get('bucket_params')}, s {best.get('staging_slots')})")
     ok = (best["floor_ratio"] <= ADAMW_FLOOR_RATIO and
           best["time_s"] <= ADAMW_ANCHOR_S / ADAMW_SERIAL_SPEEDUP)
     return figure, f"<= {ADAMW_FLOOR_RATIO}x floor, >= {ADAMW_SERIAL_SPEEDUP:.0f}x 380 ms", ok

@@ -85,7 +85,8 @@ void Comm::check_peer(int peer, const char* what) const {
 
 void Comm::check_exchange_args(std::span<const PeerMessage> sends,
                                std::span<const PeerMessage> recvs) const {
-  for (auto [list, what] : {std::pair{sends, "exchange (send)"}, std::pair{recvs, "exchange (recv)"}}) {
+  for (auto [list, what] :
+       {std::pair{sends, "exchange (send)"}, std::pair{recvs, "exchange (recv)"}}) {
     for (const PeerMessage& m : list) {
       check_peer(m.peer, what);
       MOEPEAK_CHECK(m.peer != rank(), what, ": a message to or from this rank itself (", m.peer,

@@ -364,7 +364,9 @@ void MpiComm::exchange(std::span<const PeerMessage> sends, std::span<const PeerM
     for (const PeerMessage& m : from) {
       post_recv(m.buf, m.count, es, m.peer, type, comm, max, requests, expected);
     }
-    for (const PeerMessage& m : to) post_send(m.buf, m.count, es, m.peer, type, comm, max, requests);
+    for (const PeerMessage& m : to) {
+      post_send(m.buf, m.count, es, m.peer, type, comm, max, requests);
+    }
     wait_all(requests, expected, type, "exchange");
   });
 }

@@ -115,7 +115,8 @@ std::unique_ptr<schedules::ExpertDispatch> MixtralModel::make_dispatch() {
           backend_, stream_, comm_, dtype_, E,
           schedules::LlepParams{s.llep_alpha, s.llep_lambda, s.min_tokens_per_gemm});
     case DispatchSchedule::pipelined_llep:
-      if (!llep_lane_) llep_lane_ = schedules::PipelinedLlepLane::make(backend_, comm_);  // collective
+      // Collective: every rank makes the lane at the same (first) layer.
+      if (!llep_lane_) llep_lane_ = schedules::PipelinedLlepLane::make(backend_, comm_);
       return std::make_unique<schedules::PipelinedLlepDispatch>(
           backend_, stream_, comm_, dtype_, E, schedules::pipelined_llep_params(s), llep_lane_);
   }

@@ -85,8 +85,9 @@ void copy_from_host_as(const std::vector<double>& values, const Tensor& t, Backe
 }
 
 int visible_cuda_device(int wanted, int visible, const char* cuda_visible_devices) {
-  const std::string env = cuda_visible_devices ? "CUDA_VISIBLE_DEVICES=" + std::string(cuda_visible_devices)
-                                               : std::string("CUDA_VISIBLE_DEVICES unset");
+  const std::string env = cuda_visible_devices
+                              ? "CUDA_VISIBLE_DEVICES=" + std::string(cuda_visible_devices)
+                              : std::string("CUDA_VISIBLE_DEVICES unset");
   MOEPEAK_CHECK(visible > 0, "runtime.backend = \"cuda\" but no CUDA device is usable (", env, ")");
   MOEPEAK_CHECK(wanted >= 0, "CUDA device ", wanted, " requested: an ordinal is >= 0");
   if (wanted < visible) return wanted;

@@ -620,7 +620,8 @@ TEST_F(LlepTest, LayersShareOneLane) {
   Env env(DType::f64);
   const int64_t W = env.world();
   const auto q = pipeline_params(12, 16, ChunkMembership::strided);
-  const Problem pa = make_problem(91, Routing::zipf, W), pb = make_problem(92, Routing::adversarial, W);
+  const Problem pa = make_problem(91, Routing::zipf, W);
+  const Problem pb = make_problem(92, Routing::adversarial, W);
   std::vector<Result> alone;
   for (const Problem* p : {&pa, &pb}) {
     PipelinedLlepDispatch d(env.backend(), env.stream(), env.comm(), DType::f64, kExperts, q);
