@@ -20,8 +20,8 @@
 // target — OffloadStreamAdamW within 1.25x of the link floor and at least 5x faster than the
 // issue's serial CPU offload anchor (380 ms for 268M parameters, scaled to --params) — and
 // whether the best offload_stream row meets it; its speedup over our own serial offload is shown
-// too. On the CPU backend the figures have no target: "device" and "host" are the same memory, the copies are memcpy on the
-// copy streams' threads and the host link is the memory bus.
+// too. On the CPU backend the figures have no target: "device" and "host" are the same memory,
+// the copies are memcpy on the copy streams' threads and the host link is the memory bus.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -4,7 +4,7 @@
 //
 // Stream discipline (NOTES):
 //   - `stream_` (compute) and the lane's stream (`cs`) never share a communicator: cs uses the
-//     lane's (duplicated), stream_ uses comm_. Each issues its collectives in chunk order, the
+//     lane's `cc` (duplicated), stream_ uses comm_. Each issues its collectives in chunk order, the
 //     same on every rank, so the per-stream orders merge into one global order — S = 2:
 //     X0, X1, C0, X2, C1, X3, ...; S = 1: X0, C0, X1, C1, ... (X = a chunk's dispatch, C = its
 //     compute and return) — in which every collective waits only for earlier ones: no deadlock.
@@ -494,7 +494,8 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
                 " slots, tiles of ", T, " rows, F blocks of ", Fb, " (F = ", F,
                 ", at least 1 expected)");
   const Tensor weight_rows = weight_.reshape(Shape{tokens_ * top_k_, 1});
-  Stream& cs = *lane_->stream;
+  Stream& cs = *lane_->stream;  // the comm stream
+  Comm& cc = *lane_->comm;       // its communicator
   // The fixed buffers: pipelined_llep_forward_bytes, exactly.
   OwnedTensor x_send = buffer(Shape{Mc, H}, dtype_, "llep chunk rows sent");
   // NOTES: with one slot the next dispatch waits for this chunk's combine, so the returned rows
@@ -518,7 +519,7 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
   try {
     entry_->record(stream_);
     cs.wait(*entry_);
-    copies_.send_weights(*lane_->comm, cs, transfers_, me, first_expert_, local);
+    copies_.send_weights(cc, cs, transfers_, me, first_expert_, local);
     for (int64_t i = 0; i < K; ++i) {
       const int s = static_cast<int>(i % S);
       const Chunk& c = chunks_[i];
@@ -533,7 +534,7 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
       ops::gather_rows(weight_rows, slot[s].view().rows(0, m),
                            row_weight[s].view().rows(0, m).reshape(Shape{m, 1}), cs);
       ops::gather_rows(x_, token[s].view().rows(0, m), x_send.view().rows(0, m), cs);
-      exchange_rows(*lane_->comm, cs, x_send.view().rows(0, m), r.send_rows, recv[s].view().rows(0, rr),
+      exchange_rows(cc, cs, x_send.view().rows(0, m), r.send_rows, recv[s].view().rows(0, rr),
                     r.recv_rows, H);
       recv_ready_[s]->record(cs);
 
@@ -609,7 +610,8 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
                 " slots, tiles of ", T, " rows, F blocks of ", Fb, " (F = ", F,
                 ", at least 1 expected)");
   const Tensor weight_rows = weight_.reshape(Shape{NK, 1});
-  Stream& cs = *lane_->stream;
+  Stream& cs = *lane_->stream;  // the comm stream
+  Comm& cc = *lane_->comm;       // its communicator
   // The fixed buffers: pipelined_llep_backward_bytes, exactly.
   OwnedTensor stage = buffer(Shape{Mc, H}, dtype_, "llep chunk rows sent");
   OwnedTensor w_stage = buffer(Shape{Mc}, dtype_, "llep chunk weights sent");
@@ -648,7 +650,7 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
   try {
     entry_->record(stream_);
     cs.wait(*entry_);
-    copies_.send_weights(*lane_->comm, cs, transfers_, me, first_expert_, local);
+    copies_.send_weights(cc, cs, transfers_, me, first_expert_, local);
     for (int64_t i = 0; i < K; ++i) {
       const int s = static_cast<int>(i % S);
       const Chunk& c = chunks_[i];
@@ -661,13 +663,13 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
       copy_metadata(c, token[s], slot[s], cs);
       const Tensor tok = token[s].view().rows(0, m), sl = slot[s].view().rows(0, m);
       ops::gather_rows(x_, tok, stage.view().rows(0, m), cs);
-      exchange_rows(*lane_->comm, cs, stage.view().rows(0, m), r.send_rows, recv_x[s].view().rows(0, rr),
+      exchange_rows(cc, cs, stage.view().rows(0, m), r.send_rows, recv_x[s].view().rows(0, rr),
                     r.recv_rows, H);
       ops::gather_rows(dout, tok, stage.view().rows(0, m), cs);
-      exchange_rows(*lane_->comm, cs, stage.view().rows(0, m), r.send_rows, recv_d[s].view().rows(0, rr),
+      exchange_rows(cc, cs, stage.view().rows(0, m), r.send_rows, recv_d[s].view().rows(0, rr),
                     r.recv_rows, H);
       ops::gather_rows(weight_rows, sl, w_stage.view().rows(0, m).reshape(Shape{m, 1}), cs);
-      exchange_rows(*lane_->comm, cs, w_stage.view().rows(0, m), r.send_rows,
+      exchange_rows(cc, cs, w_stage.view().rows(0, m), r.send_rows,
                     recv_w[s].view().rows(0, rr), r.recv_rows, 1);
       recv_ready_[s]->record(cs);
 
