@@ -74,8 +74,8 @@ AdamwParams make_adamw_params(Backend& backend, int64_t count, Stream& stream) {
 }
 
 void reset_adamw_params(Backend& backend, AdamwParams& p, Stream& stream) {
-  backend.copy_async(p.values.data(), p.initial.data(), p.initial.size() * 4, CopyKind::host_to_device,
-                     stream);
+  backend.copy_async(p.values.data(), p.initial.data(), p.initial.size() * 4,
+                     CopyKind::host_to_device, stream);
   stream.synchronize();
 }
 
@@ -105,7 +105,8 @@ BackendOptions adamw_backend_options(const Config& cfg, const RankInfo& ranks, i
 int adamw_host_threads(const BackendOptions& options, const RankInfo& ranks) {
   return options.cpu_threads > 0
              ? options.cpu_threads
-             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, ranks.local_size));
+             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                               std::max(1, ranks.local_size));
 }
 
 LinkBandwidth pinned_bandwidth(Backend& backend, uint64_t bytes, Stream& stream) {
@@ -138,10 +139,11 @@ LinkBandwidth pinned_bandwidth(Backend& backend, uint64_t bytes, Stream& stream)
            best([&] { backend.copy_async(h, d, all, CopyKind::device_to_host, stream); });
   // NOTES: the two halves are disjoint in both memories, so the copies may overlap freely; the
   // time is until both are done, so the rate is the slower direction's.
-  bw.both_ways = static_cast<double>(half) / best([&] {
-    backend.copy_async(d, h, half, CopyKind::host_to_device, stream);
-    backend.copy_async(h + half, d + half, all - half, CopyKind::device_to_host, *down);
-  });
+  bw.both_ways =
+      static_cast<double>(half) / best([&] {
+        backend.copy_async(d, h, half, CopyKind::host_to_device, stream);
+        backend.copy_async(h + half, d + half, all - half, CopyKind::device_to_host, *down);
+      });
   return bw;
 }
 

@@ -6,7 +6,8 @@
 //   AdamwParams p = make_adamw_params(*backend, count, stream);   // weights + grads, 16 pieces
 //   auto [h2d, d2h] = pinned_bandwidth(*backend, adamw_bandwidth_bytes(count), stream);
 //   auto opt = make_adamw(*backend, p, optimizer_config, threads);
-//   AdamwRun r = time_adamw(*backend, p, *opt, warmup, iters, stream);  // r.times, r.peaks, weights/m/v
+//   // r.times, r.peaks, weights/m/v:
+//   AdamwRun r = time_adamw(*backend, p, *opt, warmup, iters, stream);
 //
 // The parameters are one flat f32 buffer cut into pieces like a model's (every fourth without
 // weight decay, as norms are), the same values every time (seeded), so runs of different
@@ -62,7 +63,8 @@ struct LinkBandwidth {
 };
 LinkBandwidth pinned_bandwidth(Backend& backend, uint64_t bytes, Stream& stream);
 
-// The optimizer of `config.placement` over p (its bucket_params and staging_slots for offload_stream).
+// The optimizer of `config.placement` over p (its bucket_params and staging_slots for
+// offload_stream).
 std::unique_ptr<schedules::Optimizer> make_adamw(Backend& backend, AdamwParams& p,
                                                  const OptimizerConfig& config, int host_threads);
 

@@ -89,7 +89,8 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
 
   // The bench sizes its device and pinned pool to what the rows need (a model of its own).
   const uint64_t bw_bytes = adamw_bandwidth_bytes(count);
-  const BackendOptions bo = adamw_backend_options(cfg, ranks, count, max_bucket, max_slots, args.threads);
+  const BackendOptions bo =
+      adamw_backend_options(cfg, ranks, count, max_bucket, max_slots, args.threads);
   auto backend = Backend::create(bo);
   auto comm = make_comm(*backend, ranks);
   Stream& stream = backend->default_stream();
@@ -124,9 +125,9 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
     Row row;
     row.time_s = median(run.times);
     row.peaks = run.peaks;
-    row.max_rel_err = std::max({float_max_rel_err(run.weights, reference[0]),
-                                float_max_rel_err(run.m, reference[1]),
-                                float_max_rel_err(run.v, reference[2])});
+    row.max_rel_err =
+        std::max({float_max_rel_err(run.weights, reference[0]),
+                  float_max_rel_err(run.m, reference[1]), float_max_rel_err(run.v, reference[2])});
     row.schedule = name;
     row.bound = bound;
     row.host_bytes = host_bytes;
@@ -206,8 +207,7 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
         "# serial offload: host AdamW on %d thread%s (AVX2 %s); median of %d steps after %d "
         "warm-up%s\n",
         threads, threads == 1 ? "" : "s", ops::adamw_avx2_available() ? "on" : "off",
-        args.common.iters, args.common.warmup,
-        on_gpu ? "" : "; target: none on the CPU backend");
+        args.common.iters, args.common.warmup, on_gpu ? "" : "; target: none on the CPU backend");
     std::printf("# %-15s %9s %3s %10s %9s %9s %12s %12s %12s %11s\n", "schedule", "beta", "s",
                 "time_s", "x floor", "x serial", "staging", "bound", "host", "max_rel_err");
     for (const Row& r : rows) {
@@ -247,12 +247,16 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
       }
       out.push_back(row);
     }
-    nlohmann::json shape = {{"params", args.params},    {"params_per_rank", count},
-                            {"dtype", "f32"},           {"h2d_bytes_per_s", bw[0]},
-                            {"d2h_bytes_per_s", bw[1]}, {"floor_s", floor_s},
+    nlohmann::json shape = {{"params", args.params},
+                            {"params_per_rank", count},
+                            {"dtype", "f32"},
+                            {"h2d_bytes_per_s", bw[0]},
+                            {"d2h_bytes_per_s", bw[1]},
+                            {"floor_s", floor_s},
                             {"both_ways_bytes_per_s", bw[2]},
                             {"both_ways_floor_s", both_ways_floor_s},
-                            {"host_threads", threads},  {"backend", backend_kind_name(backend->kind())}};
+                            {"host_threads", threads},
+                            {"backend", backend_kind_name(backend->kind())}};
     if (on_gpu) {
       shape["target"] = {{"floor_ratio_max", kFloorTarget},
                          {"serial_speedup_min", kSerialTarget},

@@ -75,17 +75,18 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
   const char* kernels = ops::attention_kernels(q, k, v, out);
 
   const double ceiling = ceil.gflops;
-  const double pairs = static_cast<double>(B) * static_cast<double>(nh) *
-                       static_cast<double>(T) * static_cast<double>(T + 1) / 2.0;
+  const double pairs = static_cast<double>(B) * static_cast<double>(nh) * static_cast<double>(T) *
+                       static_cast<double>(T + 1) / 2.0;
   const double forward_flops = 4.0 * static_cast<double>(d) * pairs;
   std::printf("# moepeak bench attention: %s\n", backend->describe().c_str());
   std::printf("# host %s, %s; model %s: B %lld, T %lld, nh %lld, nkv %lld, d %lld, dtype %s\n",
               process_host().c_str(), now_utc().c_str(), cfg.job.name.c_str(),
               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(nh),
               static_cast<long long>(nkv), static_cast<long long>(d), ceil.dtype_text.c_str());
-  std::printf("# kernels: %s; ceiling: %d^3 GEMM through ops::linear_forward, best of 5: %.1f "
-              "GFLOP/s\n",
-              kernels, ceil.n, ceiling);
+  std::printf(
+      "# kernels: %s; ceiling: %d^3 GEMM through ops::linear_forward, best of 5: %.1f "
+      "GFLOP/s\n",
+      kernels, ceil.n, ceiling);
   std::printf("# %-9s %11s %12s %11s %9s\n", "pass", "time_ms", "GFLOP", "GFLOP/s", "%ceiling");
 
   EventTimer timer(*backend);
@@ -106,16 +107,26 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
     const double gflops = p.flops / (t * 1e-3) / 1e9;
     std::printf("  %-9s %11.4f %12.3f %11.1f %8.1f%%\n", p.name, t, p.flops / 1e9, gflops,
                 100.0 * gflops / ceiling);
-    rows.push_back({{"schedule", p.name}, {"time_s", t * 1e-3},
+    rows.push_back({{"schedule", p.name},
+                    {"time_s", t * 1e-3},
                     {"peak_bytes", peak_bytes_json(backend->arena().stats())},
-                    {"bound_bytes", nullptr}, {"max_rel_err", nullptr}, {"gflop", p.flops / 1e9},
-                    {"gflops", gflops}, {"percent_of_ceiling", 100.0 * gflops / ceiling}});
+                    {"bound_bytes", nullptr},
+                    {"max_rel_err", nullptr},
+                    {"gflop", p.flops / 1e9},
+                    {"gflops", gflops},
+                    {"percent_of_ceiling", 100.0 * gflops / ceiling}});
   }
   if (!args.common.json_path.empty()) {
-    nlohmann::json shape = {{"model", cfg.job.name}, {"batch", B},       {"seq", T},
-                            {"heads", nh},           {"kv_heads", nkv},  {"head_dim", d},
-                            {"dtype", ceil.dtype_text},   {"kernels", kernels},
-                            {"backend", backend->describe()}, {"ceiling_size", ceil.n},
+    nlohmann::json shape = {{"model", cfg.job.name},
+                            {"batch", B},
+                            {"seq", T},
+                            {"heads", nh},
+                            {"kv_heads", nkv},
+                            {"head_dim", d},
+                            {"dtype", ceil.dtype_text},
+                            {"kernels", kernels},
+                            {"backend", backend->describe()},
+                            {"ceiling_size", ceil.n},
                             {"ceiling_gflops", ceiling}};
     write_bench_json(args.common.json_path, "attention", 1, shape, rows);
   }
@@ -127,8 +138,9 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
 void register_bench_attention(CLI::App& bench, Context& ctx) {
   static AttentionArgs args;
   auto* sub = bench.add_subcommand(
-      "attention", "a layer's causal GQA flash attention, forward and backward, against a GEMM "
-                   "ceiling");
+      "attention",
+      "a layer's causal GQA flash attention, forward and backward, against a GEMM "
+      "ceiling");
   add_bench_common_options(*sub, args.common);
   sub->add_option("--batch", args.batch, "sequences (default training.batch_size)")
       ->check(CLI::PositiveNumber);

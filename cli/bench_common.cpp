@@ -17,7 +17,8 @@ namespace moepeak::cli {
 
 void add_bench_common_options(CLI::App& sub, BenchCommonArgs& args) {
   add_config_options(sub, args.config);
-  sub.add_option("--warmup", args.warmup, "untimed repetitions first")->check(CLI::NonNegativeNumber);
+  sub.add_option("--warmup", args.warmup, "untimed repetitions first")
+      ->check(CLI::NonNegativeNumber);
   sub.add_option("--iters", args.iters, "timed repetitions (the median is reported)")
       ->check(CLI::PositiveNumber);
   sub.add_option("--json", args.json_path, "write the results as JSON (DESIGN.md §10)");
@@ -132,8 +133,7 @@ std::vector<schedules::ExpertWeights> seeded_local_experts(Backend& backend, DTy
 
 SeededRouting seeded_routing(const std::string& kind, int64_t tokens, int64_t experts,
                              int64_t top_k, double zipf_s, int64_t segments, std::mt19937_64& rng) {
-  MOEPEAK_CHECK(kind == "balanced" || kind == "zipf" || kind == "segments" ||
-                    kind == "adversarial",
+  MOEPEAK_CHECK(kind == "balanced" || kind == "zipf" || kind == "segments" || kind == "adversarial",
                 "bench routing: unknown kind '", kind, "' (balanced, zipf, segments, adversarial)");
   MOEPEAK_CHECK(top_k >= 1 && top_k <= experts && segments >= 1, "bench routing: top-", top_k,
                 " of ", experts, " experts, ", segments, " segments");

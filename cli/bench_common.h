@@ -58,7 +58,8 @@ class EventTimer {
         start_(b.create_event(EventTiming::on)),
         end_(b.create_event(EventTiming::on)) {}
   // Milliseconds of `work(stream)` on the default stream.
-  template <typename F> double time_ms(F&& work) {
+  template <typename F>
+  double time_ms(F&& work) {
     Stream& s = backend_.default_stream();
     start_->record(s);
     work(s);
@@ -67,7 +68,8 @@ class EventTimer {
     return end_->elapsed_ms(*start_);
   }
   // The median of `iters` timings of `work` after `warmup` untimed ones, in milliseconds.
-  template <typename F> double median_ms(int warmup, int iters, F&& work) {
+  template <typename F>
+  double median_ms(int warmup, int iters, F&& work) {
     std::vector<double> ms;
     for (int i = 0; i < warmup + iters; ++i) {
       const double t = time_ms(work);
@@ -119,11 +121,11 @@ void write_bench_json(const std::string& path, const std::string& bench, int wor
 
 // Bench subcommands registered on `moepeak bench` (each in its own cli/bench_<name>.cpp).
 void register_bench_step(CLI::App& bench, Context& ctx);
-void register_bench_sco(CLI::App& bench, Context& ctx);  // cli/bench_sco.cpp
-void register_bench_vocab(CLI::App& bench, Context& ctx);  // cli/bench_vocab.cpp
-void register_bench_adamw(CLI::App& bench, Context& ctx);  // cli/bench_adamw.cpp
-void register_bench_dispatch(CLI::App& bench, Context& ctx);  // cli/bench_dispatch.cpp
-void register_bench_gemm(CLI::App& bench, Context& ctx);  // cli/bench_gemm.cpp
+void register_bench_sco(CLI::App& bench, Context& ctx);        // cli/bench_sco.cpp
+void register_bench_vocab(CLI::App& bench, Context& ctx);      // cli/bench_vocab.cpp
+void register_bench_adamw(CLI::App& bench, Context& ctx);      // cli/bench_adamw.cpp
+void register_bench_dispatch(CLI::App& bench, Context& ctx);   // cli/bench_dispatch.cpp
+void register_bench_gemm(CLI::App& bench, Context& ctx);       // cli/bench_gemm.cpp
 void register_bench_attention(CLI::App& bench, Context& ctx);  // cli/bench_attention.cpp
 
 // Top-k routing of a bench MoE layer (bench dispatch, tune): k distinct experts per token, drawn

@@ -91,16 +91,19 @@ class DispatchBench {
  public:
   DispatchBench(const DispatchBenchArgs& args, const Config& cfg, const RankInfo& ranks)
       : args_(args),
-        dtype_(args.dtype == "f64" ? DType::f64 : args.dtype == "bf16" ? DType::bf16 : DType::f32),
+        dtype_(args.dtype == "f64"    ? DType::f64
+               : args.dtype == "bf16" ? DType::bf16
+                                      : DType::f32),
         backend_(Backend::create(bench_any_backend_options(cfg, ranks))),
         comm_(make_comm(*backend_, ranks)) {
-    const int64_t N = args.tokens, H = args.hidden, F = args.ffn, E = args.experts,
-                  k = args.top_k, W = comm_->world_size();
+    const int64_t N = args.tokens, H = args.hidden, F = args.ffn, E = args.experts, k = args.top_k,
+                  W = comm_->world_size();
     MOEPEAK_CHECK(E % W == 0 && k <= E, "bench dispatch: E = ", E, " experts on W = ", W,
                   " ranks with top-", k, " (E % W == 0 and k <= E expected)");
     MOEPEAK_CHECK(dtype_ != DType::bf16 || backend_->kind() == BackendKind::cuda,
                   "bench dispatch: --dtype bf16 runs on the CUDA backend only (runtime.backend = "
-                  "\"cuda\"); this one is ", backend_->describe());
+                  "\"cuda\"); this one is ",
+                  backend_->describe());
     std::mt19937_64 rng(4321 + static_cast<uint64_t>(ranks.rank));
     std::uniform_real_distribution<double> uni(-1.0, 1.0);
     x_ = tensor(Shape{N, H}, LiveSet::workspace, "bench x");
@@ -109,7 +112,8 @@ class DispatchBench {
     dx_ = tensor(Shape{N, H}, LiveSet::workspace, "bench dx");
     weight_ = tensor(Shape{N, k}, LiveSet::workspace, "bench routing weight");
     dweight_ = tensor(Shape{N, k}, LiveSet::workspace, "bench d routing weight");
-    if (args.recompute) recompute_out_ = tensor(Shape{N, H}, LiveSet::workspace, "bench recompute out");
+    if (args.recompute)
+      recompute_out_ = tensor(Shape{N, H}, LiveSet::workspace, "bench recompute out");
     index_ = OwnedTensor::device(*backend_, Shape{N, k}, DType::i32, LiveSet::workspace,
                                  "bench routing index");
     fill_seeded(x_, *backend_, [&] { return uni(rng); });
@@ -120,7 +124,8 @@ class DispatchBench {
     fill_seeded(index_, *backend_, [&] { return routing.index[at++]; });
     at = 0;
     fill_seeded(weight_, *backend_, [&] { return routing.weight[at++]; });
-    experts_ = seeded_local_experts(*backend_, dtype_, E, comm_->rank(), static_cast<int>(W), H, F, storage_);
+    experts_ = seeded_local_experts(*backend_, dtype_, E, comm_->rank(), static_cast<int>(W), H, F,
+                                    storage_);
   }
 
   int rank() const { return comm_->rank(); }
@@ -183,7 +188,9 @@ class DispatchBench {
   OwnedTensor tensor(Shape shape, LiveSet set, const char* what) {
     return OwnedTensor::device(*backend_, shape, dtype_, set, what);
   }
-  std::vector<double> read(const Tensor& t) { return copy_to_host_as_double(t, *backend_, stream()); }
+  std::vector<double> read(const Tensor& t) {
+    return copy_to_host_as_double(t, *backend_, stream());
+  }
 
   // Warm-up and timed repetitions of forward + backward (with --recompute: forward, release, the
   // recompute's forward into `recompute_out`, backward), each started together on every rank
@@ -262,37 +269,42 @@ int run_bench_dispatch(const DispatchBenchArgs& args, const Context& ctx, const 
       schedules::pipelined_llep_bound_bytes(N, k, args.hidden, args.ffn, bench.dtype(), W, pq);
   if (root) {
     std::printf("# moepeak bench dispatch: %s\n", bench.describe().c_str());
-    std::printf("# host %s, %s; world %d; per rank N = %lld tokens, H = %lld, F = %lld, E = %lld "
-                "experts, top-%lld, %s routing%s, %s\n",
-                process_host().c_str(), now_utc().c_str(), W, static_cast<long long>(N),
-                static_cast<long long>(args.hidden), static_cast<long long>(args.ffn),
-                static_cast<long long>(args.experts), static_cast<long long>(k),
-                args.routing.c_str(),
-                args.routing == "zipf" || args.routing == "segments"
-                    ? (" (s = " + std::to_string(args.zipf_s) +
-                       (args.routing == "segments" ? ", " + std::to_string(args.segments) + " segments" : "") + ")")
-                          .c_str()
-                    : "",
-                args.dtype.c_str());
-    std::printf("# LLEP: alpha %.3g, lambda %.3g, min_tokens_per_gemm %lld; pipeline: c = %lld, "
-                "K_max = %lld -> K = %lld, c_eff = %lld, M_c = %lld rows sent, R_c = %lld rows "
-                "received per chunk; 2*Ep*k*c_eff*H*b = %s\n",
-                args.alpha, args.lambda, static_cast<long long>(args.min_tokens),
-                static_cast<long long>(bench.chunk_tokens()), static_cast<long long>(args.max_chunks),
-                static_cast<long long>(shape.chunks), static_cast<long long>(shape.chunk_tokens),
-                static_cast<long long>(shape.rows_per_source),
-                static_cast<long long>(shape.receive_rows), format_bytes(paper_bound).c_str());
-    std::printf("# pipeline slots S = %lld (%s), expert tiles of T = %lld rows in %lld F blocks of "
-                "%lld; bound with the per-chunk metadata %s (pipelined_llep_bound_bytes)%s\n",
-                static_cast<long long>(shape.slots),
-                shape.slots == 2 ? "next chunk's dispatch overlapped" : "no overlap",
-                static_cast<long long>(shape.tile_rows), static_cast<long long>(shape.ffn_blocks),
-                static_cast<long long>(shape.ffn_block), format_bytes(bound_with_metadata).c_str(),
-                shape.bounded ? "" : "; rows over it (max(alpha, lambda) near W or tiny rows)");
-    std::printf("# time: median of %d (after %d warm-up) of %s, max over ranks; peaks: measured, "
-                "max over ranks\n",
-                args.common.iters, args.common.warmup,
-                args.recompute ? "forward + checkpoint recompute + backward" : "forward + backward");
+    std::printf(
+        "# host %s, %s; world %d; per rank N = %lld tokens, H = %lld, F = %lld, E = %lld "
+        "experts, top-%lld, %s routing%s, %s\n",
+        process_host().c_str(), now_utc().c_str(), W, static_cast<long long>(N),
+        static_cast<long long>(args.hidden), static_cast<long long>(args.ffn),
+        static_cast<long long>(args.experts), static_cast<long long>(k), args.routing.c_str(),
+        args.routing == "zipf" || args.routing == "segments"
+            ? (" (s = " + std::to_string(args.zipf_s) +
+               (args.routing == "segments" ? ", " + std::to_string(args.segments) + " segments"
+                                           : "") +
+               ")")
+                  .c_str()
+            : "",
+        args.dtype.c_str());
+    std::printf(
+        "# LLEP: alpha %.3g, lambda %.3g, min_tokens_per_gemm %lld; pipeline: c = %lld, "
+        "K_max = %lld -> K = %lld, c_eff = %lld, M_c = %lld rows sent, R_c = %lld rows "
+        "received per chunk; 2*Ep*k*c_eff*H*b = %s\n",
+        args.alpha, args.lambda, static_cast<long long>(args.min_tokens),
+        static_cast<long long>(bench.chunk_tokens()), static_cast<long long>(args.max_chunks),
+        static_cast<long long>(shape.chunks), static_cast<long long>(shape.chunk_tokens),
+        static_cast<long long>(shape.rows_per_source), static_cast<long long>(shape.receive_rows),
+        format_bytes(paper_bound).c_str());
+    std::printf(
+        "# pipeline slots S = %lld (%s), expert tiles of T = %lld rows in %lld F blocks of "
+        "%lld; bound with the per-chunk metadata %s (pipelined_llep_bound_bytes)%s\n",
+        static_cast<long long>(shape.slots),
+        shape.slots == 2 ? "next chunk's dispatch overlapped" : "no overlap",
+        static_cast<long long>(shape.tile_rows), static_cast<long long>(shape.ffn_blocks),
+        static_cast<long long>(shape.ffn_block), format_bytes(bound_with_metadata).c_str(),
+        shape.bounded ? "" : "; rows over it (max(alpha, lambda) near W or tiny rows)");
+    std::printf(
+        "# time: median of %d (after %d warm-up) of %s, max over ranks; peaks: measured, "
+        "max over ranks\n",
+        args.common.iters, args.common.warmup,
+        args.recompute ? "forward + checkpoint recompute + backward" : "forward + backward");
     std::printf("# %-15s %-10s %10s %12s %12s %12s %12s  %s\n", "schedule", "chunks", "time_s",
                 "dispatch", "bound", "peak_total", "max_rel_err", "plan");
   }
@@ -331,17 +343,21 @@ int run_bench_dispatch(const DispatchBenchArgs& args, const Context& ctx, const 
                 m.membership.empty() ? "-" : m.membership.c_str(), time_s,
                 format_bytes(dispatch).c_str(), format_bytes(bound).c_str(),
                 format_bytes(total).c_str(), err, m.note.c_str());
-    nlohmann::json row = {{"schedule", m.schedule}, {"time_s", time_s}, {"peak_bytes", peak},
-                          {"bound_bytes", bound},   {"max_rel_err", err}};
+    nlohmann::json row = {{"schedule", m.schedule},
+                          {"time_s", time_s},
+                          {"peak_bytes", peak},
+                          {"bound_bytes", bound},
+                          {"max_rel_err", err}};
     if (!m.membership.empty()) row["membership"] = m.membership;
     if (!m.note.empty()) row["plan"] = m.note;
     json_rows.push_back(row);
   }
   if (!root) return 0;
-  std::printf("# pipelined_llep (strided) vs llep: dispatch peak %.1f%% lower, time x%.3f; "
-              "strided vs contiguous: time x%.3f\n",
-              100.0 * (1.0 - dispatch_peaks[2] / dispatch_peaks[1]), times[2] / times[1],
-              times[2] / times[3]);
+  std::printf(
+      "# pipelined_llep (strided) vs llep: dispatch peak %.1f%% lower, time x%.3f; "
+      "strided vs contiguous: time x%.3f\n",
+      100.0 * (1.0 - dispatch_peaks[2] / dispatch_peaks[1]), times[2] / times[1],
+      times[2] / times[3]);
   if (!args.common.json_path.empty()) {
     nlohmann::json js = {{"tokens_per_rank", N},
                          {"hidden_size", args.hidden},
@@ -377,25 +393,30 @@ int run_bench_dispatch(const DispatchBenchArgs& args, const Context& ctx, const 
 
 void register_bench_dispatch(CLI::App& bench, Context& ctx) {
   static DispatchBenchArgs args;
-  auto* sub = bench.add_subcommand(
-      "dispatch", "expert dispatch: standard all-to-all vs LLEP vs PipelinedLLEP");
+  auto* sub = bench.add_subcommand("dispatch",
+                                   "expert dispatch: standard all-to-all vs LLEP vs PipelinedLLEP");
   add_bench_common_options(*sub, args.common);
   sub->add_option("--tokens", args.tokens, "tokens per rank (N)")->check(CLI::PositiveNumber);
   sub->add_option("--hidden", args.hidden, "hidden size (H)")->check(CLI::PositiveNumber);
-  sub->add_option("--ffn", args.ffn, "expert width (F, intermediate_size)")->check(CLI::PositiveNumber);
+  sub->add_option("--ffn", args.ffn, "expert width (F, intermediate_size)")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--experts", args.experts, "experts (E), a multiple of the world size")
       ->check(CLI::PositiveNumber);
   sub->add_option("--top-k", args.top_k, "experts per token (k)")->check(CLI::PositiveNumber);
-  sub->add_option("--chunk-tokens", args.chunk_tokens, "c: tokens per source per chunk; 0 = ceil(N/10)")
+  sub->add_option("--chunk-tokens", args.chunk_tokens,
+                  "c: tokens per source per chunk; 0 = ceil(N/10)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--max-chunks", args.max_chunks, "K_max")->check(CLI::PositiveNumber);
   sub->add_option("--routing", args.routing, "balanced, zipf, segments or adversarial")
       ->check(CLI::IsMember({"balanced", "zipf", "segments", "adversarial"}));
   sub->add_option("--segments", args.segments, "position segments of --routing segments")
       ->check(CLI::PositiveNumber);
-  sub->add_option("--zipf-s", args.zipf_s, "Zipf exponent of --routing zipf")->check(CLI::PositiveNumber);
-  sub->add_option("--lambda", args.lambda, "LLEP's imbalance threshold")->check(CLI::NonNegativeNumber);
-  sub->add_option("--alpha", args.alpha, "LLEP's per-rank capacity factor")->check(CLI::PositiveNumber);
+  sub->add_option("--zipf-s", args.zipf_s, "Zipf exponent of --routing zipf")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--lambda", args.lambda, "LLEP's imbalance threshold")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--alpha", args.alpha, "LLEP's per-rank capacity factor")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--min-tokens", args.min_tokens, "LLEP's min_tokens_per_gemm")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--dtype", args.dtype, "f32 or f64 (bf16 on the CUDA backend)")

@@ -63,10 +63,10 @@ std::vector<GemmShape> step_gemms(const ModelConfig& model, int64_t tokens) {
   const int64_t k = model.num_experts_per_tok, F = model.intermediate_size;
   const int64_t rows = std::max<int64_t>(1, tokens * k / E);  // mean rows per expert
   const int64_t strip = std::max<int64_t>(1, model.vocab_size / 8);
-  return {{"q_proj", tokens, nh * d, H},     {"kv_proj", tokens, nkv * d, H},
-          {"o_proj", tokens, H, nh * d},     {"router", tokens, E, H},
-          {"expert_w1_w3", rows, F, H},      {"expert_w2", rows, H, F},
-          {"experts_w1_w3", rows, F, H, E},  {"experts_w2", rows, H, F, E},
+  return {{"q_proj", tokens, nh * d, H},      {"kv_proj", tokens, nkv * d, H},
+          {"o_proj", tokens, H, nh * d},      {"router", tokens, E, H},
+          {"expert_w1_w3", rows, F, H},       {"expert_w2", rows, H, F},
+          {"experts_w1_w3", rows, F, H, E},   {"experts_w2", rows, H, F, E},
           {"lm_head_strip", tokens, strip, H}};
 }
 
@@ -89,10 +89,11 @@ int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
               ceiling_n, ceiling);
   const bool search = backend->kind() == BackendKind::cuda;
   if (search) {
-    std::printf("# %%best: the fastest of cuBLASLt's first %d heuristic algorithms for the row's "
-                "GEMMs over the time of the one moepeak runs (its first); grouped rows: the "
-                "fastest of the grouped call and one GEMM per group at each of those algorithms\n",
-                ops::kGemmAlgorithmRanks);
+    std::printf(
+        "# %%best: the fastest of cuBLASLt's first %d heuristic algorithms for the row's "
+        "GEMMs over the time of the one moepeak runs (its first); grouped rows: the "
+        "fastest of the grouped call and one GEMM per group at each of those algorithms\n",
+        ops::kGemmAlgorithmRanks);
   }
   std::printf("# %-14s %7s %7s %7s %9s %11s %11s %9s %7s\n", "gemm", "M", "N", "K", "pass",
               "time_ms", "GFLOP/s", "%ceiling", "%best");
@@ -143,7 +144,8 @@ int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
         if (G > 1) ops::set_grouped_gemm_per_group(true);
         for (int rank = G > 1 ? 0 : 1; rank < ops::kGemmAlgorithmRanks; ++rank) {
           ops::set_gemm_algorithm_rank(rank);
-          best_ms = std::min(best_ms, timer.median_ms(args.common.warmup, args.common.iters, p.run));
+          best_ms =
+              std::min(best_ms, timer.median_ms(args.common.warmup, args.common.iters, p.run));
         }
         ops::set_gemm_algorithm_rank(0);
         ops::set_grouped_gemm_per_group(false);
@@ -156,18 +158,24 @@ int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
                   static_cast<long long>(M), static_cast<long long>(g.n),
                   static_cast<long long>(g.k), p.name, t, gflops, 100.0 * gflops / ceiling,
                   best_text.c_str());
-      rows.push_back({{"schedule", g.name + " " + p.name}, {"time_s", t * 1e-3},
+      rows.push_back({{"schedule", g.name + " " + p.name},
+                      {"time_s", t * 1e-3},
                       {"peak_bytes", peak_bytes_json(backend->arena().stats())},
-                      {"bound_bytes", nullptr}, {"max_rel_err", nullptr},
-                      {"m", M}, {"n", g.n}, {"k", g.k}, {"groups", G}, {"gflops", gflops},
+                      {"bound_bytes", nullptr},
+                      {"max_rel_err", nullptr},
+                      {"m", M},
+                      {"n", g.n},
+                      {"k", g.k},
+                      {"groups", G},
+                      {"gflops", gflops},
                       {"percent_of_ceiling", 100.0 * gflops / ceiling},
                       {"percent_of_best_algorithm", best}});
     }
   }
   if (!args.common.json_path.empty()) {
-    nlohmann::json shape = {{"model", cfg.job.name}, {"tokens", tokens}, {"dtype", dtype_text},
-                            {"backend", backend->describe()}, {"ceiling_size", ceiling_n},
-                            {"ceiling_gflops", ceiling}};
+    nlohmann::json shape = {{"model", cfg.job.name},     {"tokens", tokens},
+                            {"dtype", dtype_text},       {"backend", backend->describe()},
+                            {"ceiling_size", ceiling_n}, {"ceiling_gflops", ceiling}};
     write_bench_json(args.common.json_path, "gemm", 1, shape, rows);
   }
   return 0;
@@ -178,7 +186,8 @@ int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
 void register_bench_gemm(CLI::App& bench, Context& ctx) {
   static GemmArgs args;
   auto* sub = bench.add_subcommand(
-      "gemm", "a step's GEMMs (projections, router, experts, LM-head strip) against a GEMM ceiling");
+      "gemm",
+      "a step's GEMMs (projections, router, experts, LM-head strip) against a GEMM ceiling");
   add_bench_common_options(*sub, args.common);
   sub->add_option("--tokens", args.tokens, "tokens per step (default batch_size * seq_len)")
       ->check(CLI::PositiveNumber);

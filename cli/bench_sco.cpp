@@ -27,8 +27,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_common.h"
-#include "cli/sco_measure.h"
 #include "cli/commands.h"
+#include "cli/sco_measure.h"
 #include "core/comm/comm.h"
 #include "core/config/config.h"
 #include "core/error.h"
@@ -61,17 +61,20 @@ int run_bench_sco(const ScoBenchArgs& args, const Context& ctx) {
   const uint64_t one = sweep.boundary_bytes;
 
   std::printf("# moepeak bench sco: %s\n", backend->describe().c_str());
-  std::printf("# host %s, %s; one rank; batch %lld x seq %lld = %lld tokens, hidden %lld, %lld layers, "
-              "%lld experts top-%lld of width %lld, vocab %lld\n",
-              process_host().c_str(), now_utc().c_str(), static_cast<long long>(B),
-              static_cast<long long>(T), static_cast<long long>(N), static_cast<long long>(H),
-              static_cast<long long>(L), static_cast<long long>(m.num_local_experts),
-              static_cast<long long>(m.num_experts_per_tok), static_cast<long long>(m.intermediate_size),
-              static_cast<long long>(m.vocab_size));
+  std::printf(
+      "# host %s, %s; one rank; batch %lld x seq %lld = %lld tokens, hidden %lld, %lld layers, "
+      "%lld experts top-%lld of width %lld, vocab %lld\n",
+      process_host().c_str(), now_utc().c_str(), static_cast<long long>(B),
+      static_cast<long long>(T), static_cast<long long>(N), static_cast<long long>(H),
+      static_cast<long long>(L), static_cast<long long>(m.num_local_experts),
+      static_cast<long long>(m.num_experts_per_tok), static_cast<long long>(m.intermediate_size),
+      static_cast<long long>(m.vocab_size));
   std::printf("# one boundary (N x H f32) %s; device -> host -> device alone: %.3f ms\n",
               format_bytes(one).c_str(), 1e3 * round_trip);
-  std::printf("# forward + backward per step (no optimizer), median of %d after %d warm-up; rows take turns\n",
-              args.common.iters, args.common.warmup);
+  std::printf(
+      "# forward + backward per step (no optimizer), median of %d after %d warm-up; rows take "
+      "turns\n",
+      args.common.iters, args.common.warmup);
 
   const double t_standard = median(rows.front().times);
   Stream& stream = backend->default_stream();
@@ -95,11 +98,11 @@ int run_bench_sco(const ScoBenchArgs& args, const Context& ctx) {
     errors.push_back(err);
     const bool bitwise = err == 0 && r.loss == rows.front().loss;
     const double copy_s = static_cast<double>(r.offloaded) * round_trip;
-    std::printf("  %-9s %11s %5lld/%-3lld %12s %12s %11s %9.4f %10.4f %7.1f%% %9.4f %s\n", r.label.c_str(),
-                r.host_budget ? format_bytes(*r.host_budget).c_str() : "-",
+    std::printf("  %-9s %11s %5lld/%-3lld %12s %12s %11s %9.4f %10.4f %7.1f%% %9.4f %s\n",
+                r.label.c_str(), r.host_budget ? format_bytes(*r.host_budget).c_str() : "-",
                 static_cast<long long>(r.offloaded), static_cast<long long>(L),
-                format_bytes(peak).c_str(), format_bytes(bound).c_str(), format_bytes(host).c_str(), t,
-                t - t_standard, 100.0 * (t - t_standard) / t_standard, copy_s,
+                format_bytes(peak).c_str(), format_bytes(bound).c_str(), format_bytes(host).c_str(),
+                t, t - t_standard, 100.0 * (t - t_standard) / t_standard, copy_s,
                 bitwise ? "bitwise equal" : ("max rel err " + std::to_string(err)).c_str());
     // NOTES: every row's model stays resident during every row's step; the step's peaks are
     // reported without the other rows' weights and grads, as if it ran alone.
@@ -112,33 +115,41 @@ int run_bench_sco(const ScoBenchArgs& args, const Context& ctx) {
       breakdown[name] = r.device.at_peak()[set] - others;
     }
     peak_bytes["total"] = r.device.peak_total() - (all_resident.total() - r.resident.total());
-    json_rows.push_back({{"schedule", r.checkpoint == CheckpointSchedule::standard ? "standard" : "sco"},
-                         {"label", r.label},
-                         {"host_budget_bytes", r.host_budget ? nlohmann::json(*r.host_budget) : nlohmann::json()},
-                         {"offloaded_layers", r.offloaded},
-                         {"time_s", t},
-                         {"peak_bytes", peak_bytes},
-                         {"peak_breakdown_bytes", breakdown},
-                         {"host_bytes", host},
-                         {"bound_bytes", bound},
-                         {"copy_s", copy_s},
-                         {"max_rel_err", err}});
+    json_rows.push_back(
+        {{"schedule", r.checkpoint == CheckpointSchedule::standard ? "standard" : "sco"},
+         {"label", r.label},
+         {"host_budget_bytes", r.host_budget ? nlohmann::json(*r.host_budget) : nlohmann::json()},
+         {"offloaded_layers", r.offloaded},
+         {"time_s", t},
+         {"peak_bytes", peak_bytes},
+         {"peak_breakdown_bytes", breakdown},
+         {"host_bytes", host},
+         {"bound_bytes", bound},
+         {"copy_s", copy_s},
+         {"max_rel_err", err}});
   }
   const ScoRow& all = rows.back();
-  std::printf("# every layer offloaded: boundaries peak %s = %.3f of standard's %s (2 of L + 1 = %lld "
-              "boundaries, the final hidden state counted in both)\n",
-              format_bytes(all.device.peak_per_set()[LiveSet::boundaries]).c_str(),
-              static_cast<double>(all.device.peak_per_set()[LiveSet::boundaries]) /
-                  static_cast<double>(rows.front().device.peak_per_set()[LiveSet::boundaries]),
-              format_bytes(rows.front().device.peak_per_set()[LiveSet::boundaries]).c_str(),
-              static_cast<long long>(L + 1));
+  std::printf(
+      "# every layer offloaded: boundaries peak %s = %.3f of standard's %s (2 of L + 1 = %lld "
+      "boundaries, the final hidden state counted in both)\n",
+      format_bytes(all.device.peak_per_set()[LiveSet::boundaries]).c_str(),
+      static_cast<double>(all.device.peak_per_set()[LiveSet::boundaries]) /
+          static_cast<double>(rows.front().device.peak_per_set()[LiveSet::boundaries]),
+      format_bytes(rows.front().device.peak_per_set()[LiveSet::boundaries]).c_str(),
+      static_cast<long long>(L + 1));
 
   if (!args.common.json_path.empty()) {
-    nlohmann::json shape = {{"batch", B}, {"seq_len", T}, {"tokens", N}, {"hidden_size", H},
-                            {"num_hidden_layers", L}, {"num_local_experts", m.num_local_experts},
+    nlohmann::json shape = {{"batch", B},
+                            {"seq_len", T},
+                            {"tokens", N},
+                            {"hidden_size", H},
+                            {"num_hidden_layers", L},
+                            {"num_local_experts", m.num_local_experts},
                             {"num_experts_per_tok", m.num_experts_per_tok},
-                            {"intermediate_size", m.intermediate_size}, {"vocab_size", m.vocab_size},
-                            {"boundary_bytes", one}, {"round_trip_s", round_trip}};
+                            {"intermediate_size", m.intermediate_size},
+                            {"vocab_size", m.vocab_size},
+                            {"boundary_bytes", one},
+                            {"round_trip_s", round_trip}};
     write_bench_json(args.common.json_path, "sco", 1, shape, json_rows);
   }
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -157,9 +168,7 @@ void register_bench_sco(CLI::App& bench, Context& ctx) {
   auto* sco = bench.add_subcommand(
       "sco", "checkpoint boundaries: standard vs SCO over host budgets (none, half, all layers)");
   add_bench_common_options(*sco, args.common);
-  sco->callback([&ctx] {
-    ctx.action = [&ctx] { return run_bench_sco(args, ctx); };
-  });
+  sco->callback([&ctx] { ctx.action = [&ctx] { return run_bench_sco(args, ctx); }; });
 }
 
 }  // namespace moepeak::cli

@@ -30,8 +30,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_common.h"
-#include "cli/vocab_measure.h"
 #include "cli/commands.h"
+#include "cli/vocab_measure.h"
 #include "core/comm/process_group.h"
 #include "core/error.h"
 #include "core/runtime/backend.h"
@@ -73,19 +73,20 @@ int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankIn
   const uint64_t nv_bytes = static_cast<uint64_t>(N * V) * dtype_size(bench.dtype());
   if (root) {
     std::printf("# moepeak bench vocab: %s\n", bench.describe().c_str());
-    std::printf("# host %s, %s; world %d; per rank N = %lld tokens, H = %lld, V = %lld (shards of "
-                "%lld..%lld rows), %s; auto payload: %s\n",
-                process_host().c_str(), now_utc().c_str(), W, static_cast<long long>(N),
-                static_cast<long long>(H), static_cast<long long>(V),
-                static_cast<long long>(V / W), static_cast<long long>((V + W - 1) / W),
-                shape.dtype.c_str(),
-                schedules::ring_dtp_resolve_payload(VocabPayload::automatic, N, V, W) ==
-                        VocabPayload::weights
-                    ? "weights"
-                    : "activations");
-    std::printf("# time: median of %d (after %d warm-up) of forward + backward, max over ranks; "
-                "logits: measured peak of the live set, max over ranks; N*V*b = %s\n",
-                args.common.iters, args.common.warmup, format_bytes(nv_bytes).c_str());
+    std::printf(
+        "# host %s, %s; world %d; per rank N = %lld tokens, H = %lld, V = %lld (shards of "
+        "%lld..%lld rows), %s; auto payload: %s\n",
+        process_host().c_str(), now_utc().c_str(), W, static_cast<long long>(N),
+        static_cast<long long>(H), static_cast<long long>(V), static_cast<long long>(V / W),
+        static_cast<long long>((V + W - 1) / W), shape.dtype.c_str(),
+        schedules::ring_dtp_resolve_payload(VocabPayload::automatic, N, V, W) ==
+                VocabPayload::weights
+            ? "weights"
+            : "activations");
+    std::printf(
+        "# time: median of %d (after %d warm-up) of forward + backward, max over ranks; "
+        "logits: measured peak of the live set, max over ranks; N*V*b = %s\n",
+        args.common.iters, args.common.warmup, format_bytes(nv_bytes).c_str());
     std::printf("# %-12s %-11s %6s %5s %10s %12s %12s %8s %12s %12s\n", "schedule", "payload",
                 "strip", "kept", "time_s", "logits", "bound", "/N*V*b", "peak_total",
                 "max_rel_err");
@@ -132,12 +133,15 @@ int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankIn
     std::printf("  %-12s %-11s %6s %5s %10.4f %12s %12s %8.4f %12s %12.3g\n", m.schedule.c_str(),
                 m.payload.empty() ? "-" : m.payload.c_str(),
                 is_ref ? "-" : (m.strip == 0 ? "shard" : std::to_string(m.strip).c_str()),
-                is_ref ? "-" : std::to_string(m.kept).c_str(), time_s,
-                format_bytes(logits).c_str(), format_bytes(m.bound).c_str(),
+                is_ref ? "-" : std::to_string(m.kept).c_str(), time_s, format_bytes(logits).c_str(),
+                format_bytes(m.bound).c_str(),
                 static_cast<double>(logits) / static_cast<double>(nv_bytes),
                 format_bytes(total).c_str(), err);
-    nlohmann::json row = {{"schedule", m.schedule}, {"time_s", time_s}, {"peak_bytes", peak},
-                          {"bound_bytes", m.bound}, {"max_rel_err", err}};
+    nlohmann::json row = {{"schedule", m.schedule},
+                          {"time_s", time_s},
+                          {"peak_bytes", peak},
+                          {"bound_bytes", m.bound},
+                          {"max_rel_err", err}};
     if (!is_ref) {
       row["payload"] = m.payload;
       row["strip"] = m.strip;
@@ -147,8 +151,8 @@ int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankIn
     json_rows.push_back(row);
   }
   if (root && !args.common.json_path.empty()) {
-    nlohmann::json js = {{"tokens_per_rank", N}, {"hidden_size", H}, {"vocab_size", V},
-                         {"dtype", shape.dtype}};
+    nlohmann::json js = {
+        {"tokens_per_rank", N}, {"hidden_size", H}, {"vocab_size", V}, {"dtype", shape.dtype}};
     write_bench_json(args.common.json_path, "vocab", W, js, json_rows);
   }
   return 0;
@@ -161,16 +165,18 @@ void register_bench_vocab(CLI::App& bench, Context& ctx) {
   auto* vocab = bench.add_subcommand(
       "vocab", "vocabulary projection + cross-entropy: materialised logits vs Ring-DTP");
   add_bench_common_options(*vocab, args.common);
-  vocab->add_option("--tokens", args.shape.tokens, "tokens per rank (N)")->check(CLI::PositiveNumber);
+  vocab->add_option("--tokens", args.shape.tokens, "tokens per rank (N)")
+      ->check(CLI::PositiveNumber);
   vocab->add_option("--hidden", args.shape.hidden, "hidden size (H)")->check(CLI::PositiveNumber);
   vocab->add_option("--vocab", args.shape.vocab, "vocabulary size (V), at least the world size")
       ->check(CLI::PositiveNumber);
   vocab->add_option("--strips", args.strips, "Ring-DTP strip widths in columns, 0 = whole shard")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
-  vocab->add_option("--kept", args.kept,
-                    "Ring-DTP strips kept from forward to backward (each value with every strip "
-                    "width; more than a rank forms keeps them all)")
+  vocab
+      ->add_option("--kept", args.kept,
+                   "Ring-DTP strips kept from forward to backward (each value with every strip "
+                   "width; more than a rank forms keeps them all)")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
   vocab->add_option("--dtype", args.shape.dtype, "f32 or f64; bf16 on CUDA")

@@ -3,15 +3,17 @@
 //   moepeak --version
 //   moepeak config show [--config F]... [--set section.key=value]...
 //   moepeak plan [--config F]... [--set section.key=value]... [-n W] [--json FILE] [--max-context]
-//   moepeak probe [--ranks-per-node N] [--output probe.toml] [--json FILE] [--no-bench] [--topology-xml F]
-//   moepeak train [--config F]... [--set section.key=value]... [--resume] [--dump-step DIR] [--force]
+//   moepeak probe [--ranks-per-node N] [--output probe.toml] [--json FILE] [--no-bench]
+//                 [--topology-xml F]
+//   moepeak train [--config F]... [--set section.key=value]... [--resume] [--dump-step DIR]
+//                 [--force]
 //   moepeak tune [--config F]... [--set section.key=value]... --out DIR [--repeats 5] [--only ...]
 //   moepeak bench step [--config F]... [--warmup n] [--iters n] [--json FILE]
 //
 // This is the only place that exits: library code throws moepeak::Error, which is printed here
 // (with host, rank and file:line) and turned into exit code 1 (in a job of several ranks, by
-// MPI_Abort, so that no rank is left waiting in a collective for the one that failed). Command-line mistakes exit 2
-// with CLI11's message.
+// MPI_Abort, so that no rank is left waiting in a collective for the one that failed). Command-line
+// mistakes exit 2 with CLI11's message.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -24,8 +26,9 @@
 
 int main(int argc, char** argv) {
   moepeak::cli::Context ctx;
-  CLI::App app{"moepeak: train Mixture-of-Experts models at long context with every device-memory "
-               "peak bounded and known before launch"};
+  CLI::App app{
+      "moepeak: train Mixture-of-Experts models at long context with every device-memory "
+      "peak bounded and known before launch"};
   app.name("moepeak");
   app.add_flag_callback(
       "-V,--version",
@@ -55,8 +58,8 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   try {
-    moepeak::log::init(moepeak::log::parse_level(ctx.log_level.empty() ? "info" : ctx.log_level), 0, 1,
-                       ctx.log_all_ranks);
+    moepeak::log::init(moepeak::log::parse_level(ctx.log_level.empty() ? "info" : ctx.log_level), 0,
+                       1, ctx.log_all_ranks);
     return ctx.action ? ctx.action() : 0;
   } catch (const moepeak::Error& e) {
     std::fprintf(stderr, "moepeak: error: %s\n", e.what());

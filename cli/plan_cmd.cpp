@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -47,14 +47,17 @@ struct Reach {
 
 void print_plan(const Plan& p, std::FILE* out) {
   const PlanInputs& in = p.inputs;
-  std::fprintf(out, "# moepeak plan: per-rank device memory on W = %d rank%s, batch %lld x seq_len %lld, "
-               "N = %lld tokens per rank, %s\n",
-               in.world, in.world == 1 ? "" : "s", static_cast<long long>(in.batch),
-               static_cast<long long>(in.seq_len), static_cast<long long>(p.tokens_per_rank),
-               std::string(dtype_name(in.dtype)).c_str());
-  std::fprintf(out, "# capacity %s per rank, host (pinned) budget %s\n", format_bytes(in.capacity).c_str(),
-               format_bytes(in.host_budget).c_str());
-  std::fprintf(out, "# total = the sum of each live set's own peak (they peak at different moments): "
+  std::fprintf(
+      out,
+      "# moepeak plan: per-rank device memory on W = %d rank%s, batch %lld x seq_len %lld, "
+      "N = %lld tokens per rank, %s\n",
+      in.world, in.world == 1 ? "" : "s", static_cast<long long>(in.batch),
+      static_cast<long long>(in.seq_len), static_cast<long long>(p.tokens_per_rank),
+      std::string(dtype_name(in.dtype)).c_str());
+  std::fprintf(out, "# capacity %s per rank, host (pinned) budget %s\n",
+               format_bytes(in.capacity).c_str(), format_bytes(in.host_budget).c_str());
+  std::fprintf(out,
+               "# total = the sum of each live set's own peak (they peak at different moments): "
                "an upper bound of the step's peak\n");
   // The schedule column is as wide as its longest entry (at least 17), so the columns stay fixed.
   int sw = 17;
@@ -63,19 +66,20 @@ void print_plan(const Plan& p, std::FILE* out) {
   std::fprintf(out, "# %-11s %-*s %16s %10s %9s  %s\n", "live set", sw, "schedule", "bytes", "GiB",
                "%cap", "function");
   for (const PlanTerm& t : p.terms) {
-    std::fprintf(out, "  %-11s %-*s %16llu %10.4f %8.2f%%  %s\n", std::string(live_set_name(t.set)).c_str(),
-                 sw, t.schedule.c_str(), static_cast<unsigned long long>(t.bytes), t.bytes / kGiB,
+    std::fprintf(out, "  %-11s %-*s %16llu %10.4f %8.2f%%  %s\n",
+                 std::string(live_set_name(t.set)).c_str(), sw, t.schedule.c_str(),
+                 static_cast<unsigned long long>(t.bytes), t.bytes / kGiB,
                  pct(t.bytes, in.capacity), t.function.c_str());
   }
   std::fprintf(out, "  %-11s %-*s %16llu %10.4f %8.2f%%  %s\n", "total", sw, "",
                static_cast<unsigned long long>(p.total), p.total / kGiB, pct(p.total, in.capacity),
                p.device_fits ? "fits" : "DOES NOT FIT");
-  std::fprintf(out, "# host (pinned) %-*s %16s %10s %9s  %s\n", hw - 15, "term", "bytes", "GiB", "%budget",
-               "function");
+  std::fprintf(out, "# host (pinned) %-*s %16s %10s %9s  %s\n", hw - 15, "term", "bytes", "GiB",
+               "%budget", "function");
   for (const HostTerm& h : p.host) {
     std::fprintf(out, "  %-*s %16llu %10.4f %8.2f%%  %s\n", hw, h.name.c_str(),
-                 static_cast<unsigned long long>(h.bytes), h.bytes / kGiB, pct(h.bytes, in.host_budget),
-                 h.function.c_str());
+                 static_cast<unsigned long long>(h.bytes), h.bytes / kGiB,
+                 pct(h.bytes, in.host_budget), h.function.c_str());
   }
   std::fprintf(out, "  %-*s %16llu %10.4f %8.2f%%  %s\n", hw, "host total",
                static_cast<unsigned long long>(p.host_total), p.host_total / kGiB,
@@ -131,7 +135,8 @@ std::string svg_of(const Config& cfg, const PlanInputs& in, const std::string& r
     }
     if (lo < 1 || hi < lo) MOEPEAK_THROW("--svg-range ", range, ": needs 1 <= LO <= HI");
   } else {
-    const int64_t reach = std::max(max_seq_len(cfg, in), max_seq_len(with_standard_schedules(cfg), in));
+    const int64_t reach =
+        std::max(max_seq_len(cfg, in), max_seq_len(with_standard_schedules(cfg), in));
     hi = 2048;
     while (hi <= reach && hi < (int64_t{1} << 24)) hi *= 2;
   }
@@ -147,7 +152,8 @@ std::string svg_of(const Config& cfg, const PlanInputs& in, const std::string& r
     } catch (const Error&) {  // a layout that cannot split this T: no bar
     }
   }
-  if (series[1].plans.empty()) MOEPEAK_THROW("--svg: no seq_len in ", lo, ":", hi, " can be laid out on W = ", in.world);
+  if (series[1].plans.empty())
+    MOEPEAK_THROW("--svg: no seq_len in ", lo, ":", hi, " can be laid out on W = ", in.world);
   return plan_svg(series, cfg.job.name + " on W = " + std::to_string(in.world) + " ranks, batch " +
                               std::to_string(in.batch) + ", " + std::string(dtype_name(in.dtype)));
 }
@@ -162,9 +168,10 @@ int run_plan(const PlanArgs& args, const Context& ctx) {
   // schedules and for the all-standard ones.
   if (args.max_context) {
     const Reach r{max_seq_len(cfg, in), max_seq_len(with_standard_schedules(cfg), in)};
-    std::printf("# max context (seq_len, batch %lld): configured schedules %lld, all standard %lld\n",
-                static_cast<long long>(in.batch), static_cast<long long>(r.configured),
-                static_cast<long long>(r.standard));
+    std::printf(
+        "# max context (seq_len, batch %lld): configured schedules %lld, all standard %lld\n",
+        static_cast<long long>(in.batch), static_cast<long long>(r.configured),
+        static_cast<long long>(r.standard));
     j["max_context"] = {{"configured", r.configured}, {"standard", r.standard}};
   }
   if (args.max_batch) {
@@ -183,8 +190,9 @@ int run_plan(const PlanArgs& args, const Context& ctx) {
 
 void register_plan_command(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand(
-      "plan", "per-rank memory plan of a config: each live set's bytes, the total against the "
-              "capacity, host memory, and whether it fits (exit 3 when it does not)");
+      "plan",
+      "per-rank memory plan of a config: each live set's bytes, the total against the "
+      "capacity, host memory, and whether it fits (exit 3 when it does not)");
   static PlanArgs args;
   add_config_options(*cmd, args.config);
   cmd->add_option("-n,--world-size", args.world,
@@ -192,16 +200,16 @@ void register_plan_command(CLI::App& app, Context& ctx) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--json", args.json_path, "also write the plan as JSON (DESIGN.md §10)");
   cmd->add_option("--svg", args.svg_path,
-                  "also draw the stacked per-live-set budget against seq_len (all standard vs configured) as SVG");
-  cmd->add_option("--svg-range", args.svg_range, "LO:HI: the seq_len range of --svg (powers of two; "
-                                                  "default 1024 to past the max context)");
+                  "also draw the stacked per-live-set budget against seq_len (all standard vs "
+                  "configured) as SVG");
+  cmd->add_option("--svg-range", args.svg_range,
+                  "LO:HI: the seq_len range of --svg (powers of two; "
+                  "default 1024 to past the max context)");
   cmd->add_flag("--max-context", args.max_context,
                 "find the largest seq_len that fits, configured and all-standard schedules");
   cmd->add_flag("--max-batch", args.max_batch,
                 "find the largest batch_size that fits, configured and all-standard schedules");
-  cmd->callback([&ctx] {
-    ctx.action = [&ctx] { return run_plan(args, ctx); };
-  });
+  cmd->callback([&ctx] { ctx.action = [&ctx] { return run_plan(args, ctx); }; });
 }
 
 }  // namespace moepeak::cli

@@ -48,42 +48,49 @@ std::string node_text(int n) { return n < 0 ? "?" : std::to_string(n); }
 
 void print_tables(const ProbeResult& r, const ProbeArgs& a) {
   const NodeTopology& t = r.topology;
-  std::printf("# moepeak probe: host %s, %s, moepeak %s\n", r.host.c_str(), r.date.c_str(), r.moepeak.c_str());
-  std::printf("# source: %s; %zu package%s, %zu NUMA node%s, %d cores, %d PUs, %s\n", t.source.c_str(),
-              t.packages.size(), t.packages.size() == 1 ? "" : "s", t.numa_nodes.size(),
-              t.numa_nodes.size() == 1 ? "" : "s", t.cores, t.pus, format_bytes(t.memory_bytes()).c_str());
+  std::printf("# moepeak probe: host %s, %s, moepeak %s\n", r.host.c_str(), r.date.c_str(),
+              r.moepeak.c_str());
+  std::printf("# source: %s; %zu package%s, %zu NUMA node%s, %d cores, %d PUs, %s\n",
+              t.source.c_str(), t.packages.size(), t.packages.size() == 1 ? "" : "s",
+              t.numa_nodes.size(), t.numa_nodes.size() == 1 ? "" : "s", t.cores, t.pus,
+              format_bytes(t.memory_bytes()).c_str());
   for (const auto& p : t.packages) {
-    std::printf("# package %d: %s, %d cores, %d PUs\n", p.os_index, or_dash(p.cpu_model), p.cores, p.pus);
+    std::printf("# package %d: %s, %d cores, %d PUs\n", p.os_index, or_dash(p.cpu_model), p.cores,
+                p.pus);
   }
   std::printf("# GPUs: %s; CUDA driver %s, runtime %s; NCCL %s; NVML %s\n", t.gpu_status.c_str(),
               or_dash(t.cuda_driver), or_dash(t.cuda_runtime), or_dash(t.nccl), or_dash(t.nvml));
 
-  std::printf("#\n# NUMA nodes\n# %4s %7s %12s %6s %5s  %s\n", "node", "package", "memory", "cores", "pus", "cpus");
+  std::printf("#\n# NUMA nodes\n# %4s %7s %12s %6s %5s  %s\n", "node", "package", "memory", "cores",
+              "pus", "cpus");
   for (const auto& n : t.numa_nodes) {
     std::printf("  %4d %7s %12s %6d %5d  %s\n", n.os_index, node_text(n.package).c_str(),
                 format_bytes(n.memory_bytes).c_str(), n.cores, n.pus, or_dash(n.cpus));
   }
 
-  std::printf("#\n# PCI GPUs and NICs (hwloc)\n# %-4s %-13s %5s %-9s %4s  %s\n", "kind", "bus_id", "class",
-              "vendor:id", "numa", "os devices");
+  std::printf("#\n# PCI GPUs and NICs (hwloc)\n# %-4s %-13s %5s %-9s %4s  %s\n", "kind", "bus_id",
+              "class", "vendor:id", "numa", "os devices");
   auto pci_row = [](const PciDeviceInfo& d) {
-    std::printf("  %-4s %-13s  %04x %04x:%04x %4s  %s\n", pci_kind_name(d.kind), d.bus_id.c_str(), d.class_id,
-                d.vendor_id, d.device_id, node_text(d.numa_node).c_str(), or_dash(d.os_names));
+    std::printf("  %-4s %-13s  %04x %04x:%04x %4s  %s\n", pci_kind_name(d.kind), d.bus_id.c_str(),
+                d.class_id, d.vendor_id, d.device_id, node_text(d.numa_node).c_str(),
+                or_dash(d.os_names));
   };
   for (const auto& d : t.pci_gpus) pci_row(d);
   for (const auto& d : t.nics) pci_row(d);
   if (t.pci_gpus.empty() && t.nics.empty()) std::printf("  (none)\n");
 
   if (!t.gpus.empty()) {
-    std::printf("#\n# CUDA devices\n# %3s %-24s %12s %4s %-13s %4s %7s\n", "gpu", "name", "memory", "cc", "bus_id",
-                "numa", "nvlinks");
+    std::printf("#\n# CUDA devices\n# %3s %-24s %12s %4s %-13s %4s %7s\n", "gpu", "name", "memory",
+                "cc", "bus_id", "numa", "nvlinks");
     for (const auto& g : t.gpus) {
-      std::printf("  %3d %-24s %12s %2d.%d %-13s %4s %7s\n", g.index, g.name.c_str(), format_bytes(g.memory_bytes).c_str(),
-                  g.cc_major, g.cc_minor, g.bus_id.c_str(), node_text(g.numa_node).c_str(),
+      std::printf("  %3d %-24s %12s %2d.%d %-13s %4s %7s\n", g.index, g.name.c_str(),
+                  format_bytes(g.memory_bytes).c_str(), g.cc_major, g.cc_minor, g.bus_id.c_str(),
+                  node_text(g.numa_node).c_str(),
                   g.nvlinks < 0 ? "-" : std::to_string(g.nvlinks).c_str());
     }
     if (!t.gpu_links.empty()) {
-      std::printf("#\n# GPU pairs\n# %3s %3s %5s %9s %7s\n", "a", "b", "peer", "perf_rank", "nvlinks");
+      std::printf("#\n# GPU pairs\n# %3s %3s %5s %9s %7s\n", "a", "b", "peer", "perf_rank",
+                  "nvlinks");
       for (const auto& l : t.gpu_links) {
         std::printf("  %3d %3d %5s %9s %7s\n", l.a, l.b, l.peer_access ? "yes" : "no",
                     l.perf_rank < 0 ? "-" : std::to_string(l.perf_rank).c_str(),
@@ -94,45 +101,57 @@ void print_tables(const ProbeResult& r, const ProbeArgs& a) {
 
   if (r.bench_run) {
     const HostLinkBench& h = r.bench;
-    std::printf("#\n# Host link: %s buffers, median (memcpy) / mean (GPU) of %d after one warm-up; GB/s = 1e9 B/s\n",
-                format_bytes(h.bytes).c_str(), h.iters);
+    std::printf(
+        "#\n# Host link: %s buffers, median (memcpy) / mean (GPU) of %d after one warm-up; GB/s = "
+        "1e9 B/s\n",
+        format_bytes(h.bytes).c_str(), h.iters);
     std::printf("# %-6s %-8s %3s %4s %5s %10s\n", "kind", "memory", "gpu", "numa", "local", "GB/s");
     for (const auto& row : h.rows) {
       std::printf("  %-6s %-8s %3s %4d %5s %10.3f\n", row.kind.c_str(), row.memory.c_str(),
-                  row.gpu < 0 ? "-" : std::to_string(row.gpu).c_str(), row.numa_node, row.local ? "yes" : "no",
-                  row.gb_per_s);
+                  row.gpu < 0 ? "-" : std::to_string(row.gpu).c_str(), row.numa_node,
+                  row.local ? "yes" : "no", row.gb_per_s);
     }
     const PinningCost& p = h.pinning;
-    std::printf("# pinning %s on node %d: alloc + first touch %.3f s, mlock %s, cudaHostRegister %s\n",
-                format_bytes(p.bytes).c_str(), p.numa_node, p.alloc_touch_s,
-                p.mlock_ok ? (std::to_string(p.mlock_s).substr(0, 5) + " s").c_str() : "refused",
-                p.cuda_register_s < 0 ? "-" : (std::to_string(p.cuda_register_s).substr(0, 5) + " s").c_str());
+    std::printf(
+        "# pinning %s on node %d: alloc + first touch %.3f s, mlock %s, cudaHostRegister %s\n",
+        format_bytes(p.bytes).c_str(), p.numa_node, p.alloc_touch_s,
+        p.mlock_ok ? (std::to_string(p.mlock_s).substr(0, 5) + " s").c_str() : "refused",
+        p.cuda_register_s < 0 ? "-"
+                              : (std::to_string(p.cuda_register_s).substr(0, 5) + " s").c_str());
     for (const auto& n : h.notes) std::printf("# note: %s\n", n.c_str());
   } else {
-    std::printf("#\n# Host link: not measured (%s)\n", a.topology_xml.empty() ? "--no-bench" : "--topology-xml");
+    std::printf("#\n# Host link: not measured (%s)\n",
+                a.topology_xml.empty() ? "--no-bench" : "--topology-xml");
   }
 
   const HostBudgets& b = r.budgets;
-  std::printf("#\n# Host budgets: %d rank%s per node; per NUMA node reserve max(%s, %.0f%% of memory), per rank %s%s;"
-              " optimizer share %.2f\n",
-              b.ranks_per_node, b.ranks_per_node == 1 ? "" : "s", format_bytes(b.policy.node_reserve_min_bytes).c_str(),
-              100 * b.policy.node_reserve_fraction, format_bytes(b.policy.rank_reserve_bytes).c_str(),
-              t.gpu_count() == 0
-                  ? (" + CPU arena " + format_bytes(b.policy.cpu_device_memory_bytes)).c_str()
-                  : "",
-              b.policy.optimizer_share);
-  std::printf("# %4s %12s %5s %12s %12s %12s\n", "node", "memory", "ranks", "reserve", "rank_reserve", "usable");
+  std::printf(
+      "#\n# Host budgets: %d rank%s per node; per NUMA node reserve max(%s, %.0f%% of memory), per "
+      "rank %s%s;"
+      " optimizer share %.2f\n",
+      b.ranks_per_node, b.ranks_per_node == 1 ? "" : "s",
+      format_bytes(b.policy.node_reserve_min_bytes).c_str(), 100 * b.policy.node_reserve_fraction,
+      format_bytes(b.policy.rank_reserve_bytes).c_str(),
+      t.gpu_count() == 0
+          ? (" + CPU arena " + format_bytes(b.policy.cpu_device_memory_bytes)).c_str()
+          : "",
+      b.policy.optimizer_share);
+  std::printf("# %4s %12s %5s %12s %12s %12s\n", "node", "memory", "ranks", "reserve",
+              "rank_reserve", "usable");
   for (const auto& n : b.nodes) {
-    std::printf("  %4d %12s %5d %12s %12s %12s\n", n.numa_node, format_bytes(n.memory_bytes).c_str(), n.ranks,
+    std::printf("  %4d %12s %5d %12s %12s %12s\n", n.numa_node,
+                format_bytes(n.memory_bytes).c_str(), n.ranks,
                 format_bytes(n.reserve_bytes).c_str(), format_bytes(n.rank_reserve_bytes).c_str(),
                 format_bytes(n.usable_bytes).c_str());
   }
-  std::printf("# %4s %3s %4s %-9s %12s %12s %12s\n", "rank", "gpu", "numa", "cpus", "host_budget", "optimizer", "sco");
+  std::printf("# %4s %3s %4s %-9s %12s %12s %12s\n", "rank", "gpu", "numa", "cpus", "host_budget",
+              "optimizer", "sco");
   for (const auto& k : b.ranks) {
     std::printf("  %4d %3s %4d %-9s %12s %12s %12s\n", k.place.local_rank,
                 k.place.gpu < 0 ? "-" : std::to_string(k.place.gpu).c_str(), k.place.numa_node,
                 or_dash(k.place.cpus), format_bytes(k.host_budget_bytes).c_str(),
-                format_bytes(k.optimizer_budget_bytes).c_str(), format_bytes(k.sco_budget_bytes).c_str());
+                format_bytes(k.optimizer_budget_bytes).c_str(),
+                format_bytes(k.sco_budget_bytes).c_str());
   }
   if (!a.output.empty()) std::printf("# probe file: %s (runtime.probe_file)\n", a.output.c_str());
   if (!a.json_path.empty()) std::printf("# json: %s\n", a.json_path.c_str());
@@ -157,7 +176,9 @@ int run_probe(const ProbeArgs& a) {
   r.budgets = compute_host_budgets(r.topology, ranks, policy);
   if (!a.no_bench && a.topology_xml.empty()) {
     auto bytes = parse_bytes(a.bench_bytes);
-    if (!bytes || *bytes < 4096) MOEPEAK_THROW("--bench-bytes must be a size of at least 4KiB such as \"256MiB\", got \"", a.bench_bytes, "\"");
+    if (!bytes || *bytes < 4096)
+      MOEPEAK_THROW("--bench-bytes must be a size of at least 4KiB such as \"256MiB\", got \"",
+                    a.bench_bytes, "\"");
     r.bench = run_host_link_bench(r.topology, BenchOptions{*bytes, a.iters});
     r.bench_run = true;
   }
@@ -172,25 +193,30 @@ int run_probe(const ProbeArgs& a) {
 }  // namespace
 
 void register_probe_command(CLI::App& app, Context& ctx) {
-  auto* sub = app.add_subcommand("probe", "on each node before training: topology, host-link bandwidth, "
-                                          "per-rank host budgets (the probe file for runtime.probe_file)");
+  auto* sub = app.add_subcommand("probe",
+                                 "on each node before training: topology, host-link bandwidth, "
+                                 "per-rank host budgets (the probe file for runtime.probe_file)");
   static ProbeArgs args;
-  sub->add_option("--topology-xml", args.topology_xml,
-                  "read an hwloc XML export (lstopo --of xml) instead of this machine; no bandwidth runs");
+  sub->add_option(
+      "--topology-xml", args.topology_xml,
+      "read an hwloc XML export (lstopo --of xml) instead of this machine; no bandwidth runs");
   sub->add_option("-n,--ranks-per-node", args.ranks_per_node,
                   "ranks that will run on this node (default: one per GPU, else one per NUMA node)")
       ->check(CLI::PositiveNumber);
   sub->add_option("-o,--output", args.output, "write the probe file (TOML) here, atomically");
   sub->add_option("--json", args.json_path, "write the probe as JSON here");
-  auto* no_bench = sub->add_flag("--no-bench", args.no_bench, "skip the bandwidth and pinning measurements");
-  sub->add_option("--bench-bytes", args.bench_bytes, "buffer size of each measurement (default 256MiB)")
+  auto* no_bench =
+      sub->add_flag("--no-bench", args.no_bench, "skip the bandwidth and pinning measurements");
+  sub->add_option("--bench-bytes", args.bench_bytes,
+                  "buffer size of each measurement (default 256MiB)")
       ->excludes(no_bench);
   sub->add_option("--iters", args.iters, "timed repetitions of each measurement (default 5)")
       ->check(CLI::PositiveNumber)
       ->excludes(no_bench);
   sub->add_flag("--cpu", args.cpu, "budgets for ranks on the CPU backend: ignore the GPUs");
   sub->add_option("--optimizer-share", args.optimizer_share,
-                  "share of each rank's host budget for the optimizer state; SCO gets the rest (default 0.75)")
+                  "share of each rank's host budget for the optimizer state; SCO gets the rest "
+                  "(default 0.75)")
       ->check(CLI::Range(0.0, 1.0));
   sub->callback([&ctx] { ctx.action = [] { return run_probe(args); }; });
 }

@@ -23,17 +23,19 @@ constexpr DType kDtype = DType::f32;
 // Seconds to copy one (N, H) boundary device -> host and back on a stream of its own: the median
 // of 7 after one untimed.
 double boundary_round_trip_s(Backend& backend, int64_t tokens, int64_t hidden) {
-  OwnedTensor device = OwnedTensor::device(backend, Shape{tokens, hidden}, kDtype, LiveSet::workspace,
-                                           "bench copy");
-  OwnedTensor host = OwnedTensor::pinned(backend, Shape{tokens, hidden}, kDtype, LiveSet::workspace,
-                                         "bench copy");
+  OwnedTensor device =
+      OwnedTensor::device(backend, Shape{tokens, hidden}, kDtype, LiveSet::workspace, "bench copy");
+  OwnedTensor host =
+      OwnedTensor::pinned(backend, Shape{tokens, hidden}, kDtype, LiveSet::workspace, "bench copy");
   std::unique_ptr<Stream> stream = backend.create_stream("bench copy");
   backend.memset_async(device.data(), 1, device.nbytes(), *stream);
   std::vector<double> times;
   for (int i = 0; i < 8; ++i) {
     const auto t0 = Clock::now();
-    backend.copy_async(host.data(), device.data(), device.nbytes(), CopyKind::device_to_host, *stream);
-    backend.copy_async(device.data(), host.data(), device.nbytes(), CopyKind::host_to_device, *stream);
+    backend.copy_async(host.data(), device.data(), device.nbytes(), CopyKind::device_to_host,
+                       *stream);
+    backend.copy_async(device.data(), host.data(), device.nbytes(), CopyKind::host_to_device,
+                       *stream);
     stream->synchronize();
     if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
@@ -59,8 +61,9 @@ BackendOptions sco_backend_options(const Config& cfg, const RankInfo& ranks, int
   return options;
 }
 
-ScoSweep measure_sco_sweep(Backend& backend_ref, const Config& cfg, int64_t B, int64_t T, int warmup,
-                           int iters, const std::function<void(const std::string&)>& on_step) {
+ScoSweep measure_sco_sweep(Backend& backend_ref, const Config& cfg, int64_t B, int64_t T,
+                           int warmup, int iters,
+                           const std::function<void(const std::string&)>& on_step) {
   Backend* backend = &backend_ref;
   const ModelConfig& m = cfg.model;
   const int64_t N = B * T, H = m.hidden_size, L = m.num_hidden_layers;
@@ -74,8 +77,10 @@ ScoSweep measure_sco_sweep(Backend& backend_ref, const Config& cfg, int64_t B, i
   const uint64_t all_budget = schedules::sco_host_bytes(L, N, H, kDtype);
   // One batch of random tokens, the same for every row.
   OwnedTensor ids = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "ids");
-  OwnedTensor labels = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
-  OwnedTensor positions = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
+  OwnedTensor labels =
+      OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
+  OwnedTensor positions =
+      OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
   std::mt19937_64 rng(static_cast<uint64_t>(cfg.job.seed));
   std::uniform_int_distribution<int64_t> token(0, m.vocab_size - 1);
   std::vector<int64_t> host_ids(static_cast<size_t>(N)), host_labels(host_ids.size()),
@@ -105,7 +110,8 @@ ScoSweep measure_sco_sweep(Backend& backend_ref, const Config& cfg, int64_t B, i
     const MemorySnapshot before = backend->arena().stats().current();
     r.model = std::make_unique<MixtralModel>(*backend, stream, *comm, m, s, kDtype);
     if (&r == &rows.front()) {
-      r.model->params().initialize(static_cast<uint64_t>(cfg.job.seed), m.initializer_range, stream);
+      r.model->params().initialize(static_cast<uint64_t>(cfg.job.seed), m.initializer_range,
+                                   stream);
     } else {  // the same weights, copied (initialising is slow for a 50M-parameter model)
       const Tensor from = rows.front().model->params().flat_values();
       backend->copy_async(r.model->params().flat_values().data(), from.data(), from.nbytes(),
@@ -113,11 +119,13 @@ ScoSweep measure_sco_sweep(Backend& backend_ref, const Config& cfg, int64_t B, i
     }
     stream.synchronize();
     const MemorySnapshot after = backend->arena().stats().current();
-    for (size_t set = 0; set < kNumLiveSets; ++set) r.resident.bytes[set] = after.bytes[set] - before.bytes[set];
+    for (size_t set = 0; set < kNumLiveSets; ++set)
+      r.resident.bytes[set] = after.bytes[set] - before.bytes[set];
   }
   MemorySnapshot& all_resident = sweep.all_resident;
   for (const ScoRow& r : rows) {
-    for (size_t set = 0; set < kNumLiveSets; ++set) all_resident.bytes[set] += r.resident.bytes[set];
+    for (size_t set = 0; set < kNumLiveSets; ++set)
+      all_resident.bytes[set] += r.resident.bytes[set];
   }
   sweep.round_trip_s = boundary_round_trip_s(*backend, N, H);
   sweep.boundary_bytes = DeviceArena::footprint(static_cast<uint64_t>(N * H) * dtype_size(kDtype));

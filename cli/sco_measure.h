@@ -32,11 +32,11 @@ struct ScoRow {
   ScoRow(std::string label, CheckpointSchedule checkpoint, std::optional<uint64_t> host_budget)
       : label(std::move(label)), checkpoint(checkpoint), host_budget(host_budget) {}
 
-  std::string label;                    // "standard", "sco none", "sco half", "sco all"
+  std::string label;  // "standard", "sco none", "sco half", "sco all"
   CheckpointSchedule checkpoint;
   std::optional<uint64_t> host_budget;  // SCO's schedules.sco_host_budget (bytes)
   std::unique_ptr<MixtralModel> model;
-  MemorySnapshot resident;              // the model's own weights and grads in the arena, per set
+  MemorySnapshot resident;  // the model's own weights and grads in the arena, per set
   std::vector<double> times;
   double loss = 0;
   MemoryStats device, host;
@@ -44,11 +44,11 @@ struct ScoRow {
 };
 
 struct ScoSweep {
-  std::unique_ptr<Comm> comm;  // the models' (single rank); outlives the rows
-  std::vector<ScoRow> rows;    // standard, sco none, sco half, sco all
-  MemorySnapshot all_resident; // every row's weights and grads together
-  double round_trip_s = 0;     // one (N, H) boundary device -> host -> device, alone
-  uint64_t boundary_bytes = 0; // its arena footprint
+  std::unique_ptr<Comm> comm;   // the models' (single rank); outlives the rows
+  std::vector<ScoRow> rows;     // standard, sco none, sco half, sco all
+  MemorySnapshot all_resident;  // every row's weights and grads together
+  double round_trip_s = 0;      // one (N, H) boundary device -> host -> device, alone
+  uint64_t boundary_bytes = 0;  // its arena footprint
 };
 
 // The backend of a sweep of B x T tokens (runtime.backend: the rank's GPU on CUDA, as

@@ -26,7 +26,8 @@
 namespace moepeak::cli {
 namespace {
 
-// The preemption flag: the signal's number, stored by the handler (lock-free, so async-signal-safe).
+// The preemption flag: the signal's number, stored by the handler (lock-free, so
+// async-signal-safe).
 std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free);
 
@@ -50,7 +51,9 @@ void install_stop_handlers() {
 void print_peak_table(const StepMetrics& m) {
   std::printf("# device memory of the last step (capacity %s)\n", format_bytes(m.capacity).c_str());
   std::printf("# %-11s %14s %14s %14s\n", "live set", "own peak", "at total peak", "% capacity");
-  auto pct = [&](uint64_t b) { return m.capacity ? 100.0 * static_cast<double>(b) / m.capacity : 0.0; };
+  auto pct = [&](uint64_t b) {
+    return m.capacity ? 100.0 * static_cast<double>(b) / m.capacity : 0.0;
+  };
   for (LiveSet s : kAllLiveSets) {
     std::printf("  %-11s %14s %14s %13.2f%%\n", std::string(live_set_name(s)).c_str(),
                 format_bytes(m.peak_per_set[s]).c_str(), format_bytes(m.at_peak[s]).c_str(),
@@ -63,17 +66,19 @@ void print_peak_table(const StepMetrics& m) {
 }  // namespace
 
 void register_train_command(CLI::App& app, Context& ctx) {
-  auto* cmd = app.add_subcommand("train", "train a model (the embedded default: tiny MoE on the copy task)");
+  auto* cmd = app.add_subcommand("train",
+                                 "train a model (the embedded default: tiny MoE on the copy task)");
   static ConfigArgs args;
   static TrainOptions options;
   add_config_options(*cmd, args);
-  auto* resume = cmd->add_flag("--resume", options.resume,
-                                 "continue from the latest checkpoint of this run (job.run_dir/job.name)");
+  auto* resume =
+      cmd->add_flag("--resume", options.resume,
+                    "continue from the latest checkpoint of this run (job.run_dir/job.name)");
   cmd->add_option("--resume-from", options.resume_from, "continue from this checkpoint directory")
       ->check(CLI::ExistingDirectory)
       ->excludes(resume);
   cmd->add_option("--dump-step", options.dump_step_dir,
-                    "write step 1's weights, batch, loss and gradients (safetensors) into DIR");
+                  "write step 1's weights, batch, loss and gradients (safetensors) into DIR");
   static bool force = false;
   cmd->add_flag("--force", force, "start even when the memory plan (moepeak plan) does not fit");
   cmd->callback([&ctx] {
@@ -97,23 +102,25 @@ void register_train_command(CLI::App& app, Context& ctx) {
           finalize_process_group();
           return 2;
         }
-        spdlog::warn("--force: starting although the memory plan does not fit: {}", plan->verdict());
+        spdlog::warn("--force: starting although the memory plan does not fit: {}",
+                     plan->verdict());
       }
       install_stop_handlers();
       options.stop_signal = &g_stop_signal;
       TrainResult r = train(cfg, options);
       if (r.stopped_by_signal != 0) {
         if (ranks.rank == 0) {
-          spdlog::warn("preempted (signal {}) after step {}: checkpoint written; exit {} asks the job "
-                       "script to requeue, and --resume continues from step {}",
-                       r.stopped_by_signal, r.last_step, kExitRequeue, r.last_step + 1);
+          spdlog::warn(
+              "preempted (signal {}) after step {}: checkpoint written; exit {} asks the job "
+              "script to requeue, and --resume continues from step {}",
+              r.stopped_by_signal, r.last_step, kExitRequeue, r.last_step + 1);
         }
         finalize_process_group();
         return kExitRequeue;
       }
       if (!r.losses.empty() && ranks.rank == 0) {
-        spdlog::info("trained steps {}..{}: final loss {:.4f}; metrics in {}", r.first_step, r.last_step,
-                     r.losses.back(), r.metrics_file);
+        spdlog::info("trained steps {}..{}: final loss {:.4f}; metrics in {}", r.first_step,
+                     r.last_step, r.losses.back(), r.metrics_file);
         print_peak_table(r.last);
       }
       finalize_process_group();

@@ -76,9 +76,10 @@ class DispatchLayer {
  public:
   DispatchLayer(Backend& backend, Comm& comm, const TuneShape& s)
       : backend_(backend), comm_(comm), s_(s) {
-    const int64_t N = s.tokens, H = s.hidden, F = s.ffn, E = s.experts, k = s.top_k, W = comm.world_size();
-    MOEPEAK_CHECK(E % W == 0 && k <= E, "tune: E = ", E, " experts on W = ", W, " ranks with top-", k,
-                  " (model.num_local_experts % W == 0 and num_experts_per_tok <= E expected)");
+    const int64_t N = s.tokens, H = s.hidden, F = s.ffn, E = s.experts, k = s.top_k,
+                  W = comm.world_size();
+    MOEPEAK_CHECK(E % W == 0 && k <= E, "tune: E = ", E, " experts on W = ", W, " ranks with top-",
+                  k, " (model.num_local_experts % W == 0 and num_experts_per_tok <= E expected)");
     std::mt19937_64 rng(4321 + static_cast<uint64_t>(comm.rank()));
     std::uniform_real_distribution<double> uni(-1.0, 1.0);
     x_ = tensor(Shape{N, H}, LiveSet::workspace, "tune x");
@@ -87,7 +88,8 @@ class DispatchLayer {
     dx_ = tensor(Shape{N, H}, LiveSet::workspace, "tune dx");
     weight_ = tensor(Shape{N, k}, LiveSet::workspace, "tune routing weight");
     dweight_ = tensor(Shape{N, k}, LiveSet::workspace, "tune d routing weight");
-    index_ = OwnedTensor::device(backend, Shape{N, k}, DType::i32, LiveSet::workspace, "tune routing index");
+    index_ = OwnedTensor::device(backend, Shape{N, k}, DType::i32, LiveSet::workspace,
+                                 "tune routing index");
     fill_seeded(x_, backend, [&] { return uni(rng); });
     fill_seeded(dout_, backend, [&] { return uni(rng); });
     // Zipf-skewed routing (p(e) ~ 1 / (e + 1)^1.2, the hot experts rank 0's).
@@ -96,13 +98,14 @@ class DispatchLayer {
     fill_seeded(index_, backend, [&] { return routing.index[at++]; });
     at = 0;
     fill_seeded(weight_, backend, [&] { return routing.weight[at++]; });
-    experts_ = seeded_local_experts(backend_, DType::f32, E, comm.rank(), static_cast<int>(W), H, F, storage_);
+    experts_ = seeded_local_experts(backend_, DType::f32, E, comm.rank(), static_cast<int>(W), H, F,
+                                    storage_);
   }
 
   // warmup + repeats of forward + backward with these params, each started together on every
   // rank; the times (this rank's) and the `dispatch` peak over all of them.
-  std::pair<std::vector<double>, uint64_t> measure(const schedules::PipelinedLlepParams& q, int warmup,
-                                                   int repeats) {
+  std::pair<std::vector<double>, uint64_t> measure(const schedules::PipelinedLlepParams& q,
+                                                   int warmup, int repeats) {
     Stream& stream = backend_.default_stream();
     schedules::PipelinedLlepDispatch d(backend_, stream, comm_, DType::f32, s_.experts, q);
     std::vector<double> times;
@@ -188,7 +191,8 @@ std::vector<std::pair<int64_t, int64_t>> dispatch_grid(const Config& cfg, const 
 }
 
 std::vector<std::pair<int64_t, int64_t>> optimizer_grid(const Config& cfg, const TuneShape& s) {
-  const int64_t b = std::min(cfg.optimizer.bucket_params, next_pow2(std::max<int64_t>(s.params, 1)));
+  const int64_t b =
+      std::min(cfg.optimizer.bucket_params, next_pow2(std::max<int64_t>(s.params, 1)));
   std::vector<std::pair<int64_t, int64_t>> grid;
   std::set<std::pair<int64_t, int64_t>> seen;  // effective (bucket, slots)
   for (int64_t slots : {2, 3, 4}) {
@@ -201,9 +205,9 @@ std::vector<std::pair<int64_t, int64_t>> optimizer_grid(const Config& cfg, const
   return grid;
 }
 
-std::vector<tune::DispatchPoint> sweep_dispatch(const Config& cfg, const RankInfo& ranks, const TuneShape& s,
-                                                const std::vector<std::pair<int64_t, int64_t>>& grid,
-                                                const SweepRun& run) {
+std::vector<tune::DispatchPoint> sweep_dispatch(
+    const Config& cfg, const RankInfo& ranks, const TuneShape& s,
+    const std::vector<std::pair<int64_t, int64_t>>& grid, const SweepRun& run) {
   auto backend = Backend::create(sweep_backend_options(cfg, ranks));
   auto comm = make_comm(*backend, ranks);
   DispatchLayer layer(*backend, *comm, s);
@@ -224,11 +228,11 @@ std::vector<tune::DispatchPoint> sweep_dispatch(const Config& cfg, const RankInf
     p.peak_bytes = static_cast<uint64_t>(times.back());
     times.pop_back();
     p.time = tune::summarize(times);
-    p.bound_bytes = schedules::pipelined_llep_dispatch_bytes(s.tokens, s.top_k, s.hidden, s.ffn, DType::f32,
-                                                             s.world, q);
+    p.bound_bytes = schedules::pipelined_llep_dispatch_bytes(s.tokens, s.top_k, s.hidden, s.ffn,
+                                                             DType::f32, s.world, q);
     MOEPEAK_CHECK(p.peak_bytes == p.bound_bytes, "tune: the measured dispatch peak ", p.peak_bytes,
-                  " B (c = ", c, ", K_max = ", kmax, ") differs from pipelined_llep_dispatch_bytes ",
-                  p.bound_bytes, " B");
+                  " B (c = ", c, ", K_max = ", kmax,
+                  ") differs from pipelined_llep_dispatch_bytes ", p.bound_bytes, " B");
     points.push_back(p);
     if (run.tick) run.tick("dispatch c=" + std::to_string(c) + " K_max=" + std::to_string(kmax));
   }
@@ -236,7 +240,8 @@ std::vector<tune::DispatchPoint> sweep_dispatch(const Config& cfg, const RankInf
 }
 
 OptimizerSweep sweep_optimizer(const Config& cfg, const RankInfo& ranks, const TuneShape& s,
-                               const std::vector<std::pair<int64_t, int64_t>>& grid, const SweepRun& run) {
+                               const std::vector<std::pair<int64_t, int64_t>>& grid,
+                               const SweepRun& run) {
   int64_t max_bucket = 1, max_slots = 1;
   for (const auto& [b, sl] : grid) {
     max_bucket = std::max(max_bucket, b);
@@ -277,20 +282,23 @@ OptimizerSweep sweep_optimizer(const Config& cfg, const RankInfo& ranks, const T
     times.pop_back();
     pt.time = tune::summarize(times);
     pt.bound_bytes = schedules::adamw_offload_stream_bytes(shape.bucket, shape.slots, DType::f32);
-    MOEPEAK_CHECK(pt.staging_bytes == pt.bound_bytes, "tune: the measured optimizer staging ", pt.staging_bytes,
-                  " B (beta = ", beta, ", s = ", slots, ") differs from adamw_offload_stream_bytes ",
-                  pt.bound_bytes, " B");
+    MOEPEAK_CHECK(pt.staging_bytes == pt.bound_bytes, "tune: the measured optimizer staging ",
+                  pt.staging_bytes, " B (beta = ", beta, ", s = ", slots,
+                  ") differs from adamw_offload_stream_bytes ", pt.bound_bytes, " B");
     out.points.push_back(pt);
-    if (run.tick) run.tick("optimizer beta=" + std::to_string(beta) + " s=" + std::to_string(slots));
+    if (run.tick)
+      run.tick("optimizer beta=" + std::to_string(beta) + " s=" + std::to_string(slots));
   }
   return out;
 }
 
-std::vector<int64_t> vocab_kept_grid(const Config& cfg, const TuneShape& shape, VocabPayload payload) {
-  MOEPEAK_CHECK(shape.vocab >= shape.world, "tune: Ring-DTP needs model.vocab_size (", shape.vocab, ") >= W (",
-                shape.world, ")");
+std::vector<int64_t> vocab_kept_grid(const Config& cfg, const TuneShape& shape,
+                                     VocabPayload payload) {
+  MOEPEAK_CHECK(shape.vocab >= shape.world, "tune: Ring-DTP needs model.vocab_size (", shape.vocab,
+                ") >= W (", shape.world, ")");
   const int64_t S =
-      schedules::ring_dtp_strip_count(shape.vocab, shape.world, cfg.schedules.vocab_strip, payload).fewest;
+      schedules::ring_dtp_strip_count(shape.vocab, shape.world, cfg.schedules.vocab_strip, payload)
+          .fewest;
   std::vector<int64_t> grid;
   for (int64_t quarter = 0; quarter <= 4; ++quarter) {
     const int64_t k = (quarter * S + 3) / 4;
@@ -299,7 +307,8 @@ std::vector<int64_t> vocab_kept_grid(const Config& cfg, const TuneShape& shape, 
   return grid;
 }
 
-std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ranks, const TuneShape& s,
+std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ranks,
+                                          const TuneShape& s,
                                           const std::vector<std::pair<VocabPayload, int64_t>>& grid,
                                           const SweepRun& run) {
   const Config measure_cfg = sweep_config(cfg, ranks);  // as the other sweeps
@@ -332,14 +341,15 @@ std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ran
   return points;
 }
 
-ScoSweepResult sweep_sco(const Config& cfg, const RankInfo& ranks, const TuneShape& s, const SweepRun& run) {
+ScoSweepResult sweep_sco(const Config& cfg, const RankInfo& ranks, const TuneShape& s,
+                         const SweepRun& run) {
   const Config c = sweep_config(cfg, ranks);
   const BackendOptions bo = sco_backend_options(c, ranks, s.sco_batch, s.sco_seq_len);
   auto backend = Backend::create(bo);
   auto world = make_comm(*backend, ranks);  // for the max over ranks; the models run alone
   world->barrier();
-  ScoSweep sweep = measure_sco_sweep(*backend, c, s.sco_batch, s.sco_seq_len, run.warmup, run.repeats,
-                                     [&](const std::string& label) {
+  ScoSweep sweep = measure_sco_sweep(*backend, c, s.sco_batch, s.sco_seq_len, run.warmup,
+                                     run.repeats, [&](const std::string& label) {
                                        if (run.tick) run.tick("sco " + label);
                                      });
   ScoSweepResult out;
@@ -361,7 +371,8 @@ ScoSweepResult sweep_sco(const Config& cfg, const RankInfo& ranks, const TuneSha
       p.host_budget = r.host_budget.value_or(0);
       p.time = tune::summarize(times);
       p.peak_bytes = peak;
-      p.bound_bytes = schedules::sco_boundaries_bytes(s.layers, r.offloaded, N, s.hidden, DType::f32);
+      p.bound_bytes =
+          schedules::sco_boundaries_bytes(s.layers, r.offloaded, N, s.hidden, DType::f32);
       out.points.push_back(p);
     }
   }

@@ -37,8 +37,8 @@ struct TuneShape {
   int world = 1;
   int64_t tokens = 0;  // N = batch_size * seq_len / W
   int64_t hidden = 0, ffn = 0, experts = 0, top_k = 0, vocab = 0, layers = 0;
-  int64_t params = 0;                     // P: this rank's parameters (zero_persistent_elements)
-  int64_t sco_batch = 0, sco_seq_len = 0; // this rank's tokens as one rank's batch x seq_len
+  int64_t params = 0;                      // P: this rank's parameters (zero_persistent_elements)
+  int64_t sco_batch = 0, sco_seq_len = 0;  // this rank's tokens as one rank's batch x seq_len
 };
 // Error (naming the key) when the config cannot be laid out on `world` ranks.
 TuneShape tune_shape(const Config& cfg, int world);
@@ -55,10 +55,9 @@ std::vector<std::pair<int64_t, int64_t>> dispatch_grid(const Config& cfg, const 
 // two), s in {2, 3, 4}, the first of each effective (bucket, slots) kept.
 std::vector<std::pair<int64_t, int64_t>> optimizer_grid(const Config& cfg, const TuneShape& shape);
 
-std::vector<tune::DispatchPoint> sweep_dispatch(const Config& cfg, const RankInfo& ranks,
-                                                const TuneShape& shape,
-                                                const std::vector<std::pair<int64_t, int64_t>>& grid,
-                                                const SweepRun& run);
+std::vector<tune::DispatchPoint> sweep_dispatch(
+    const Config& cfg, const RankInfo& ranks, const TuneShape& shape,
+    const std::vector<std::pair<int64_t, int64_t>>& grid, const SweepRun& run);
 
 struct OptimizerSweep {
   std::vector<tune::OptimizerPoint> points;
@@ -66,24 +65,28 @@ struct OptimizerSweep {
   double floor_s = 0;  // 12 B/param over the slower direction
 };
 OptimizerSweep sweep_optimizer(const Config& cfg, const RankInfo& ranks, const TuneShape& shape,
-                               const std::vector<std::pair<int64_t, int64_t>>& grid, const SweepRun& run);
+                               const std::vector<std::pair<int64_t, int64_t>>& grid,
+                               const SweepRun& run);
 
 // K (schedules.vocab_kept_strips) in {0, S/4, S/2, 3S/4, S}, rounded up and deduplicated, with
 // S = the fewest strips a rank forms in a pass under `payload` (ring_dtp_strip_count with the
 // configured vocab_strip); error when V < W. The caller drops the K > 0 the plan rejects before
 // measuring (a kept strip costs N x strip logits of device memory). sweep_vocab takes its grid.
-std::vector<int64_t> vocab_kept_grid(const Config& cfg, const TuneShape& shape, VocabPayload payload);
+std::vector<int64_t> vocab_kept_grid(const Config& cfg, const TuneShape& shape,
+                                     VocabPayload payload);
 // One point per (payload, K) of `grid`, in its order.
-std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ranks, const TuneShape& shape,
+std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ranks,
+                                          const TuneShape& shape,
                                           const std::vector<std::pair<VocabPayload, int64_t>>& grid,
                                           const SweepRun& run);
 
 struct ScoSweepResult {
-  tune::Timing standard;              // standard checkpointing, the reference of the overheads
-  uint64_t standard_boundaries = 0;   // its measured `boundaries` peak
-  std::vector<tune::ScoPoint> points; // none, half, all
+  tune::Timing standard;               // standard checkpointing, the reference of the overheads
+  uint64_t standard_boundaries = 0;    // its measured `boundaries` peak
+  std::vector<tune::ScoPoint> points;  // none, half, all
 };
-ScoSweepResult sweep_sco(const Config& cfg, const RankInfo& ranks, const TuneShape& shape, const SweepRun& run);
+ScoSweepResult sweep_sco(const Config& cfg, const RankInfo& ranks, const TuneShape& shape,
+                         const SweepRun& run);
 
 // The ticks of the SCO sweep (the progress bar's total): one per row's step (standard + 3
 // budgets, warm-up included: a step of a big model takes a while).

@@ -57,13 +57,16 @@ class VocabBench {
  public:
   VocabBench(const VocabShape& args, const Config& cfg, const RankInfo& ranks)
       : args_(args),
-        dtype_(args.dtype == "f64" ? DType::f64 : args.dtype == "bf16" ? DType::bf16 : DType::f32),
+        dtype_(args.dtype == "f64"    ? DType::f64
+               : args.dtype == "bf16" ? DType::bf16
+                                      : DType::f32),
         backend_(Backend::create(bench_any_backend_options(cfg, ranks))),
         comm_(make_comm(*backend_, ranks)),
         shard_(schedules::vocab_shard(args.vocab, ranks.world_size, ranks.rank)) {
-    MOEPEAK_CHECK(dtype_ != DType::bf16 || backend_->kind() == BackendKind::cuda,
-                  "bench vocab --dtype bf16 needs the CUDA backend (runtime.backend = \"cuda\"); the "
-                  "CPU computes in f32 or f64");
+    MOEPEAK_CHECK(
+        dtype_ != DType::bf16 || backend_->kind() == BackendKind::cuda,
+        "bench vocab --dtype bf16 needs the CUDA backend (runtime.backend = \"cuda\"); the "
+        "CPU computes in f32 or f64");
     const int64_t N = args.tokens, H = args.hidden, V = args.vocab;
     // Inputs every schedule reads: this rank's batch and labels, the whole LM head (the
     // materialised schedule's replica), its rows (Ring-DTP's shard) and the gradients.
@@ -156,16 +159,20 @@ class VocabBench {
     return OwnedTensor::device(*backend_, shape, dtype_, set, what);
   }
   // Values drawn on the host in element order, written in the tensor's dtype (any backend).
-  template <typename F> void fill(const OwnedTensor& t, F&& next) {
+  template <typename F>
+  void fill(const OwnedTensor& t, F&& next) {
     std::vector<double> values(static_cast<size_t>(t.numel()));
     for (auto& v : values) v = next();
     copy_from_host_as(values, t, *backend_, stream());
   }
-  std::vector<double> read(const Tensor& t) { return copy_to_host_as_double(t, *backend_, stream()); }
+  std::vector<double> read(const Tensor& t) {
+    return copy_to_host_as_double(t, *backend_, stream());
+  }
 
   // Warm-up and timed repetitions of `step` (forward + backward, synchronised), each started
   // together on every rank, dW zeroed before each; the peaks cover all of them.
-  template <typename F> void time_rows(VocabMeasured& m, F&& step) {
+  template <typename F>
+  void time_rows(VocabMeasured& m, F&& step) {
     std::vector<double> times;
     backend_->arena().reset_peaks();
     for (int i = 0; i < args_.warmup + args_.iters; ++i) {

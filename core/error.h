@@ -49,15 +49,14 @@ const char* relative_source_path(const char* file);
 }  // namespace moepeak
 
 // Throws moepeak::Error; the arguments are streamed together: MOEPEAK_THROW("bad size ", n).
-#define MOEPEAK_THROW(...)                                                    \
-  throw ::moepeak::Error(::moepeak::detail::concat(__VA_ARGS__),            \
-                         ::moepeak::detail::relative_source_path(__FILE__), \
-                         __LINE__)
+#define MOEPEAK_THROW(...)                                       \
+  throw ::moepeak::Error(::moepeak::detail::concat(__VA_ARGS__), \
+                         ::moepeak::detail::relative_source_path(__FILE__), __LINE__)
 
 // Host assert that stays on in release builds. The message says what was expected.
-#define MOEPEAK_CHECK(cond, ...)                                   \
-  do {                                                             \
-    if (!(cond)) {                                                 \
-      MOEPEAK_THROW("check failed: " #cond ": ", __VA_ARGS__);     \
-    }                                                              \
+#define MOEPEAK_CHECK(cond, ...)                               \
+  do {                                                         \
+    if (!(cond)) {                                             \
+      MOEPEAK_THROW("check failed: " #cond ": ", __VA_ARGS__); \
+    }                                                          \
   } while (0)

@@ -33,16 +33,26 @@ std::optional<uint64_t> parse_bytes(std::string_view text) {
   if (i != text.size()) return std::nullopt;
 
   long double scale = 0;
-  if (unit.empty() || unit == "B") scale = 1;
-  else if (unit == "KiB") scale = static_cast<long double>(KiB);
-  else if (unit == "MiB") scale = static_cast<long double>(MiB);
-  else if (unit == "GiB") scale = static_cast<long double>(GiB);
-  else if (unit == "TiB") scale = static_cast<long double>(TiB);
-  else if (unit == "KB" || unit == "kB") scale = 1e3L;
-  else if (unit == "MB") scale = 1e6L;
-  else if (unit == "GB") scale = 1e9L;
-  else if (unit == "TB") scale = 1e12L;
-  else return std::nullopt;
+  if (unit.empty() || unit == "B")
+    scale = 1;
+  else if (unit == "KiB")
+    scale = static_cast<long double>(KiB);
+  else if (unit == "MiB")
+    scale = static_cast<long double>(MiB);
+  else if (unit == "GiB")
+    scale = static_cast<long double>(GiB);
+  else if (unit == "TiB")
+    scale = static_cast<long double>(TiB);
+  else if (unit == "KB" || unit == "kB")
+    scale = 1e3L;
+  else if (unit == "MB")
+    scale = 1e6L;
+  else if (unit == "GB")
+    scale = 1e9L;
+  else if (unit == "TB")
+    scale = 1e12L;
+  else
+    return std::nullopt;
   if (seen_dot && scale == 1) return std::nullopt;  // "1.5" bytes means nothing
 
   long double value = std::strtold(number.c_str(), nullptr) * scale;

@@ -29,8 +29,8 @@ struct AdamWHyper {
   double lr = 0;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0;
-  int64_t step = 1;          // t, 1-based
-  double grad_scale = 1.0;   // clipping factor (1 = no clipping)
+  int64_t step = 1;         // t, 1-based
+  double grad_scale = 1.0;  // clipping factor (1 = no clipping)
 };
 
 void adamw_cpu(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

@@ -84,9 +84,9 @@ void check_attention_backward_args(const Tensor& q, const Tensor& k, const Tenso
 namespace detail {
 // The same ops with other block sizes: tests use small blocks so that short sequences cross many
 // blocks. Production code calls the entry points above (kAttentionBlocks).
-void attention_forward_cpu_blocked(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   double scale, const Tensor& out, const Tensor& lse,
-                                   AttentionBlocks blocks, Stream& stream);
+void attention_forward_cpu_blocked(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                   const Tensor& out, const Tensor& lse, AttentionBlocks blocks,
+                                   Stream& stream);
 void attention_backward_cpu_blocked(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& out, const Tensor& lse, const Tensor& dout,
                                     double scale, const Tensor& dq, const Tensor& dk,

@@ -13,8 +13,9 @@
 // CPU: one memcpy per row, enqueued on the stream. CUDA (ops/cuda/copy_2d.cpp): one
 // cudaMemcpy2DAsync on the stream (the direction inferred from the pointers).
 //
-// Test: ctest -R test_backend_ops (both backends; cases in tests/ops/backend_ops/cases_copy_2d.cpp),
-// ctest -R ulysses (the exchange built on it, 2 and 4 ranks).
+// Test: ctest -R test_backend_ops (both backends; cases in
+// tests/ops/backend_ops/cases_copy_2d.cpp), ctest -R ulysses (the exchange built on it, 2 and 4
+// ranks).
 #pragma once
 
 #include <cstdint>

@@ -47,12 +47,12 @@
 namespace moepeak::ops {
 
 void grouped_linear_forward_cpu(const Tensor& x, std::span<const Tensor> w,
-                                std::span<const int64_t> offsets, const Tensor& y,
-                                bool accumulate, Stream& stream);
+                                std::span<const int64_t> offsets, const Tensor& y, bool accumulate,
+                                Stream& stream);
 void grouped_linear_backward_cpu(const Tensor& x, std::span<const Tensor> w,
                                  std::span<const int64_t> offsets, const Tensor& dy,
-                                 const Tensor& dx, bool accumulate_dx,
-                                 std::span<const Tensor> dw, Stream& stream);
+                                 const Tensor& dx, bool accumulate_dx, std::span<const Tensor> dw,
+                                 Stream& stream);
 
 // The checks both backends run at the call (defined in ops/cpu/grouped_linear.cpp; each throws
 // moepeak::Error naming `op`, the group and the mismatch).
@@ -61,8 +61,7 @@ void grouped_linear_backward_cpu(const Tensor& x, std::span<const Tensor> w,
 int64_t check_grouped_linear_args(const char* op, const Tensor& x, std::span<const Tensor> w,
                                   std::span<const int64_t> offsets);
 // The above and y (M, N).
-void check_grouped_linear_forward_args(const char* op, const Tensor& x,
-                                       std::span<const Tensor> w,
+void check_grouped_linear_forward_args(const char* op, const Tensor& x, std::span<const Tensor> w,
                                        std::span<const int64_t> offsets, const Tensor& y);
 // Which gradients a grouped backward forms: dx when it is given (defined, or shaped like a
 // (0, K) dx with no bytes); dw[g] when dw is not empty and dw[g] is given.
@@ -87,12 +86,12 @@ bool set_grouped_gemm_per_group_cuda(bool per_group);  // ops/cuda/grouped_linea
 // The same op on the GPU (ops/cuda/grouped_linear.cpp), and the entry points callers use: each
 // runs on the backend of its first output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
 void grouped_linear_forward_cuda(const Tensor& x, std::span<const Tensor> w,
-                                 std::span<const int64_t> offsets, const Tensor& y,
-                                 bool accumulate, Stream& stream);
+                                 std::span<const int64_t> offsets, const Tensor& y, bool accumulate,
+                                 Stream& stream);
 void grouped_linear_backward_cuda(const Tensor& x, std::span<const Tensor> w,
                                   std::span<const int64_t> offsets, const Tensor& dy,
-                                  const Tensor& dx, bool accumulate_dx,
-                                  std::span<const Tensor> dw, Stream& stream);
+                                  const Tensor& dx, bool accumulate_dx, std::span<const Tensor> dw,
+                                  Stream& stream);
 inline void grouped_linear_forward(const Tensor& x, std::span<const Tensor> w,
                                    std::span<const int64_t> offsets, const Tensor& y,
                                    bool accumulate, Stream& stream) {

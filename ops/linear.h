@@ -56,16 +56,16 @@ struct LinearGrads {
   bool dx = false;
   bool dw = false;
 };
-LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Tensor& w,
-                                       int64_t k0, bool cols, const Tensor& dy, const Tensor& dx,
+LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
+                                       bool cols, const Tensor& dy, const Tensor& dx,
                                        const Tensor& dw);
 
 // Benches (`bench gemm`): from now on the CUDA GEMMs of every op take the rank-th algorithm of
 // cuBLASLt's heuristic list for their configuration (0, the default, is its first choice: what
 // training runs; a rank past the list's end takes its last). Returns the previous rank. The CPU
 // (OpenBLAS: one algorithm) and the grouped GEMMs (cuBLAS: no choice) ignore it.
-constexpr int kGemmAlgorithmRanks = 8;  // ranks 0 .. 7
-int set_gemm_algorithm_rank(int rank);   // ops/cpu/linear.cpp
+constexpr int kGemmAlgorithmRanks = 8;       // ranks 0 .. 7
+int set_gemm_algorithm_rank(int rank);       // ops/cpu/linear.cpp
 int set_gemm_algorithm_rank_cuda(int rank);  // ops/cuda/linear.cpp (cuBLASLt's plan cache)
 
 // The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the

@@ -21,8 +21,7 @@
 
 namespace moepeak::ops {
 
-void matmul_cpu(const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate,
-                Stream& stream);
+void matmul_cpu(const Tensor& a, const Tensor& b, const Tensor& c, bool accumulate, Stream& stream);
 
 // The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
 void check_matmul_args(const char* op, const Tensor& a, const Tensor& b, const Tensor& c);

@@ -33,9 +33,8 @@ bool runs_on_cuda(const Tensor& t);
 #define MOEPEAK_OP_ON_BACKEND(op, probe, ...) \
   (::moepeak::ops::runs_on_cuda(probe) ? op##_cuda(__VA_ARGS__) : op##_cpu(__VA_ARGS__))
 #else
-#define MOEPEAK_OP_ON_BACKEND(op, probe, ...)                                   \
-  (::moepeak::ops::runs_on_cuda(probe) ? ::moepeak::ops::throw_no_cuda(#op) \
-                                       : op##_cpu(__VA_ARGS__))
+#define MOEPEAK_OP_ON_BACKEND(op, probe, ...) \
+  (::moepeak::ops::runs_on_cuda(probe) ? ::moepeak::ops::throw_no_cuda(#op) : op##_cpu(__VA_ARGS__))
 #endif
 
 // CPU kernels are templated on the element type: f32 in training, f64 in tests that compare with
@@ -43,9 +42,12 @@ bool runs_on_cuda(const Tensor& t);
 template <typename F>
 decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    default: break;
+    case DType::f32:
+      return f(float{});
+    case DType::f64:
+      return f(double{});
+    default:
+      break;
   }
   MOEPEAK_THROW("op ", op, " on the CPU supports f32 and f64, got ", dtype_name(dtype));
 }

@@ -21,9 +21,9 @@
 // reduction). rstd is rounded to the compute type (fp32 for f32 and bf16 storage) and y = (x *
 // rstd) * w is computed in it and rounded once, so with f32 storage rstd and y are the CPU's
 // f32 results up to that summation order; with bf16 storage rstd is stored rounded to bf16 but y
-// uses the fp32 value (one rounding, to bf16, at the end). dw is deterministic without atomics: a second kernel
-// owns each column, sums its rows in double over a fixed split (16 row lanes, added in lane
-// order) and adds the total to dw[h] once, so it is reproducible run to run, though not
+// uses the fp32 value (one rounding, to bf16, at the end). dw is deterministic without atomics: a
+// second kernel owns each column, sums its rows in double over a fixed split (16 row lanes, added
+// in lane order) and adds the total to dw[h] once, so it is reproducible run to run, though not
 // bitwise the CPU's increasing-n order. It runs before the dx kernel, so dx may be x or dy.
 // N == 0 is allowed (nothing is written; dw unchanged).
 // Test: tests/ops/test_dense_ops.cpp (CPU), tests/ops/backend_ops/cases_rmsnorm.cpp (CUDA

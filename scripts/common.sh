@@ -11,6 +11,8 @@ MOEPEAK_PACKAGES=(
   libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
   libgtest-dev libopenblas-dev nlohmann-json3-dev
   python3-numpy
+  # scripts/format.sh --check (the tree's formatting is clang-format 14's)
+  clang-format-14
   # a private single-node Slurm for the srun tests (srun's mpi_pmix plugin dlopens libpmix.so)
   munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins libpmix-dev
 )

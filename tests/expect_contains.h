@@ -8,10 +8,11 @@
 
 namespace moepeak::test_support {
 
-inline void expect_contains(const std::string& haystack, const std::string& needle, const char* file,
-                            int line) {
+inline void expect_contains(const std::string& haystack, const std::string& needle,
+                            const char* file, int line) {
   if (haystack.find(needle) == std::string::npos) {
-    ADD_FAILURE_AT(file, line) << "expected to find: " << needle << "\n               in: " << haystack;
+    ADD_FAILURE_AT(file, line) << "expected to find: " << needle
+                               << "\n               in: " << haystack;
   }
 }
 

@@ -23,8 +23,10 @@ std::string resolve_probe_path(const std::string& configured) {
   return path;
 }
 
-AutoHostBudget probe_host_budgets(const Config& cfg, int rank, int local_rank, int local_size, bool cpu_backend) {
-  MOEPEAK_CHECK(local_rank >= 0 && local_rank < local_size, "local rank ", local_rank, " of ", local_size);
+AutoHostBudget probe_host_budgets(const Config& cfg, int rank, int local_rank, int local_size,
+                                  bool cpu_backend) {
+  MOEPEAK_CHECK(local_rank >= 0 && local_rank < local_size, "local rank ", local_rank, " of ",
+                local_size);
   AutoHostBudget out;
   if (!cfg.runtime.probe_file.empty()) {
     const std::string path = resolve_probe_path(cfg.runtime.probe_file);
@@ -51,7 +53,8 @@ AutoHostBudget probe_host_budgets(const Config& cfg, int rank, int local_rank, i
   return out;
 }
 
-uint64_t pinned_memory_budget(const Config& cfg, int rank, int local_rank, int local_size, bool cpu_backend) {
+uint64_t pinned_memory_budget(const Config& cfg, int rank, int local_rank, int local_size,
+                              bool cpu_backend) {
   if (auto bytes = cfg.runtime.pinned_memory_bytes()) return *bytes;
   // NOTES: on the CPU backend without a probe file "auto" stays the backend's fixed default: a
   // start-up probe would split a small VM's node among its ranks and can leave each nothing (4

@@ -28,13 +28,15 @@ struct AutoHostBudget {
 // "device" arena, runtime.device_memory, is taken from host memory). Throws moepeak::Error naming
 // the probe file when it is unreadable, invalid, or written for fewer ranks per node than
 // local_size.
-AutoHostBudget probe_host_budgets(const Config& cfg, int rank, int local_rank, int local_size, bool cpu_backend);
+AutoHostBudget probe_host_budgets(const Config& cfg, int rank, int local_rank, int local_size,
+                                  bool cpu_backend);
 
 // runtime.pinned_memory in bytes: the configured size, or for "auto" probe_host_budgets' host
 // budget — except on the CPU backend without runtime.probe_file, where "auto" is the backend's
 // default (Backend::kCpuDefaultDeviceMemory / 2). What the trainer gives
 // BackendOptions::pinned_budget.
-uint64_t pinned_memory_budget(const Config& cfg, int rank, int local_rank, int local_size, bool cpu_backend);
+uint64_t pinned_memory_budget(const Config& cfg, int rank, int local_rank, int local_size,
+                              bool cpu_backend);
 
 // runtime.probe_file with "{host}" replaced by this host's name.
 std::string resolve_probe_path(const std::string& configured);

@@ -17,15 +17,19 @@ namespace moepeak::topology {
 
 BindResult bind_rank(const RankPlacement& place) {
   const std::vector<int> pus = parse_index_list(place.cpus);
-  if (pus.empty()) MOEPEAK_THROW("rank ", place.local_rank, " has no PUs to bind to (cpus = \"", place.cpus, "\")");
+  if (pus.empty())
+    MOEPEAK_THROW("rank ", place.local_rank, " has no PUs to bind to (cpus = \"", place.cpus,
+                  "\")");
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int pu : pus) {
-    if (pu >= CPU_SETSIZE) MOEPEAK_THROW("rank ", place.local_rank, ": PU ", pu, " is beyond CPU_SETSIZE");
+    if (pu >= CPU_SETSIZE)
+      MOEPEAK_THROW("rank ", place.local_rank, ": PU ", pu, " is beyond CPU_SETSIZE");
     CPU_SET(pu, &set);
   }
   if (sched_setaffinity(0, sizeof(set), &set) != 0) {
-    MOEPEAK_THROW("rank ", place.local_rank, ": cannot bind to PUs ", place.cpus, ": ", std::strerror(errno),
+    MOEPEAK_THROW("rank ", place.local_rank, ": cannot bind to PUs ", place.cpus, ": ",
+                  std::strerror(errno),
                   " (are they outside this job's allocation? rerun `moepeak probe` inside it)");
   }
   if (numa_available() >= 0 && place.numa_node >= 0 && place.numa_node <= numa_max_node()) {
@@ -86,13 +90,17 @@ BindDecision decide_binding(BindPolicy policy, int ranks_on_host, int allowed, i
   return d;
 }
 
-int TrainBinding::pus() const { return cpus.empty() ? 0 : static_cast<int>(parse_index_list(cpus).size()); }
+int TrainBinding::pus() const {
+  return cpus.empty() ? 0 : static_cast<int>(parse_index_list(cpus).size());
+}
 
-TrainBinding bind_for_training(const Config& cfg, int rank, int local_rank, int local_size, bool cpu_backend) {
+TrainBinding bind_for_training(const Config& cfg, int rank, int local_rank, int local_size,
+                               bool cpu_backend) {
   TrainBinding t;
   const std::vector<int> before = allowed_pus();
   const int online = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
-  const BindDecision d = decide_binding(cfg.runtime.bind, local_size, static_cast<int>(before.size()), online);
+  const BindDecision d =
+      decide_binding(cfg.runtime.bind, local_size, static_cast<int>(before.size()), online);
   if (d.bind) {
     t.place = probe_host_budgets(cfg, rank, local_rank, local_size, cpu_backend).rank.place;
     bind_rank(t.place);

@@ -17,8 +17,8 @@
 namespace moepeak::topology {
 
 struct BindResult {
-  int numa_node = -1;   // the node the pinned pool should use
-  std::string cpus;     // the PUs the thread now runs on
+  int numa_node = -1;  // the node the pinned pool should use
+  std::string cpus;    // the PUs the thread now runs on
 };
 
 // Throws moepeak::Error naming the PUs when the kernel refuses the affinity (e.g. PUs outside this
@@ -45,11 +45,12 @@ BindDecision decide_binding(BindPolicy policy, int ranks_on_host, int allowed_pu
 struct TrainBinding {
   RankPlacement place;  // where the probe puts this rank
   bool bound = false;
-  std::string cpus;     // the PUs this process may run on now
-  int numa_node = -1;   // the node of those PUs (-1 when unknown)
-  std::string reason;   // why it was not bound
-  int pus() const;      // how many PUs `cpus` names
+  std::string cpus;    // the PUs this process may run on now
+  int numa_node = -1;  // the node of those PUs (-1 when unknown)
+  std::string reason;  // why it was not bound
+  int pus() const;     // how many PUs `cpus` names
 };
-TrainBinding bind_for_training(const Config& cfg, int rank, int local_rank, int local_size, bool cpu_backend);
+TrainBinding bind_for_training(const Config& cfg, int rank, int local_rank, int local_size,
+                               bool cpu_backend);
 
 }  // namespace moepeak::topology

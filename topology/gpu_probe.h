@@ -16,8 +16,8 @@
 namespace moepeak::topology {
 
 struct CudaProbe {
-  bool compiled = false;         // this build has the CUDA backend
-  std::string status;            // "2 CUDA devices", "no GPU: cudaGetDeviceCount: ..."
+  bool compiled = false;              // this build has the CUDA backend
+  std::string status;                 // "2 CUDA devices", "no GPU: cudaGetDeviceCount: ..."
   std::string driver, runtime, nccl;  // versions ("13.0", "2.28.9"); "" when unknown
   std::vector<GpuInfo> gpus;          // numa_node and nvlinks are filled in by the caller
   std::vector<GpuLinkInfo> links;     // every pair a < b; nvlinks filled in by the caller

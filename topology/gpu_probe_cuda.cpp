@@ -80,7 +80,8 @@ CudaProbe probe_cuda() {
       cudaDeviceCanAccessPeer(&ab, a, b);
       cudaDeviceCanAccessPeer(&ba, b, a);
       l.peer_access = ab && ba;
-      if (l.peer_access && cudaDeviceGetP2PAttribute(&rank, cudaDevP2PAttrPerformanceRank, a, b) == cudaSuccess) {
+      if (l.peer_access &&
+          cudaDeviceGetP2PAttribute(&rank, cudaDevP2PAttrPerformanceRank, a, b) == cudaSuccess) {
         l.perf_rank = rank;
       }
       p.links.push_back(l);
@@ -115,15 +116,21 @@ GpuCopyRates measure_gpu_copies(int device, void* host_src, void* host_dst, size
     if (!step("cudaStreamCreate", cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking))) break;
     if (!step("cudaStreamCreate", cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking))) break;
     if (pin) {
-      if (!step("cudaHostRegister", cudaHostRegister(host_src, bytes, cudaHostRegisterPortable))) break;
+      if (!step("cudaHostRegister", cudaHostRegister(host_src, bytes, cudaHostRegisterPortable)))
+        break;
       reg_src = true;
-      if (!step("cudaHostRegister", cudaHostRegister(host_dst, bytes, cudaHostRegisterPortable))) break;
+      if (!step("cudaHostRegister", cudaHostRegister(host_dst, bytes, cudaHostRegisterPortable)))
+        break;
       reg_dst = true;
     }
     auto submit = [&](bool h2d, bool d2h, int rounds) {
       for (int k = 0; k < rounds; ++k) {
-        if (h2d && !step("cudaMemcpyAsync", cudaMemcpyAsync(dev_a, host_src, bytes, cudaMemcpyHostToDevice, s1))) return false;
-        if (d2h && !step("cudaMemcpyAsync", cudaMemcpyAsync(host_dst, dev_b, bytes, cudaMemcpyDeviceToHost, s2))) return false;
+        if (h2d && !step("cudaMemcpyAsync",
+                         cudaMemcpyAsync(dev_a, host_src, bytes, cudaMemcpyHostToDevice, s1)))
+          return false;
+        if (d2h && !step("cudaMemcpyAsync",
+                         cudaMemcpyAsync(host_dst, dev_b, bytes, cudaMemcpyDeviceToHost, s2)))
+          return false;
       }
       return step("cudaStreamSynchronize", cudaStreamSynchronize(s1)) &&
              step("cudaStreamSynchronize", cudaStreamSynchronize(s2));

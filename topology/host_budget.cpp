@@ -23,7 +23,8 @@ std::vector<int> parse_index_list(const std::string& text) {
   auto number = [&](int& v) {
     const char* b = text.data() + pos;
     auto [p, ec] = std::from_chars(b, text.data() + text.size(), v);
-    if (ec != std::errc() || p == b || v < 0) MOEPEAK_THROW("bad index list \"", text, "\" (expected e.g. \"0-3,8-11\")");
+    if (ec != std::errc() || p == b || v < 0)
+      MOEPEAK_THROW("bad index list \"", text, "\" (expected e.g. \"0-3,8-11\")");
     pos = static_cast<size_t>(p - text.data());
   };
   while (pos < text.size()) {
@@ -33,11 +34,13 @@ std::vector<int> parse_index_list(const std::string& text) {
     if (pos < text.size() && text[pos] == '-') {
       ++pos;
       number(b);
-      if (b < a) MOEPEAK_THROW("bad index list \"", text, "\": range ", a, "-", b, " runs backwards");
+      if (b < a)
+        MOEPEAK_THROW("bad index list \"", text, "\": range ", a, "-", b, " runs backwards");
     }
     for (int i = a; i <= b; ++i) out.push_back(i);
     if (pos < text.size()) {
-      if (text[pos] != ',' || pos + 1 == text.size()) MOEPEAK_THROW("bad index list \"", text, "\" (expected e.g. \"0-3,8-11\")");
+      if (text[pos] != ',' || pos + 1 == text.size())
+        MOEPEAK_THROW("bad index list \"", text, "\" (expected e.g. \"0-3,8-11\")");
       ++pos;
     }
   }
@@ -57,11 +60,13 @@ std::vector<RankPlacement> place_ranks(const NodeTopology& topo, int ranks_per_n
   for (const auto& n : topo.numa_nodes) {
     if (n.pus > 0) compute_nodes.push_back(&n);
   }
-  if (compute_nodes.empty()) MOEPEAK_THROW("topology ", topo.source, " has no NUMA node with cores to run ranks on");
+  if (compute_nodes.empty())
+    MOEPEAK_THROW("topology ", topo.source, " has no NUMA node with cores to run ranks on");
   const int gpus = topo.gpu_count();
   if (gpus > 0 && ranks_per_node > gpus) {
     MOEPEAK_THROW(ranks_per_node, " ranks per node but ", topo.source, " has ", gpus, " GPU",
-                  gpus == 1 ? "" : "s", ": run one rank per GPU (--ranks-per-node ", gpus, " or fewer)");
+                  gpus == 1 ? "" : "s", ": run one rank per GPU (--ranks-per-node ", gpus,
+                  " or fewer)");
   }
   const int nodes = static_cast<int>(compute_nodes.size());
   std::vector<RankPlacement> out(ranks_per_node);
@@ -70,8 +75,10 @@ std::vector<RankPlacement> place_ranks(const NodeTopology& topo, int ranks_per_n
     p.local_rank = r;
     p.gpu = gpus > 0 ? r : -1;
     const int gpu_node = gpus > 0 ? topo.gpu_numa_node(r) : -1;
-    const bool known = gpu_node >= 0 && topo.numa_node(gpu_node) && topo.numa_node(gpu_node)->pus > 0;
-    p.numa_node = known ? gpu_node : compute_nodes[static_cast<size_t>(r) * nodes / ranks_per_node]->os_index;
+    const bool known =
+        gpu_node >= 0 && topo.numa_node(gpu_node) && topo.numa_node(gpu_node)->pus > 0;
+    p.numa_node =
+        known ? gpu_node : compute_nodes[static_cast<size_t>(r) * nodes / ranks_per_node]->os_index;
   }
   // Split each node's PUs among the ranks placed on it, in local-rank order.
   for (const NumaNodeInfo* n : compute_nodes) {
@@ -93,7 +100,8 @@ std::vector<RankPlacement> place_ranks(const NodeTopology& topo, int ranks_per_n
   return out;
 }
 
-HostBudgets compute_host_budgets(const NodeTopology& topo, int ranks_per_node, const BudgetPolicy& policy) {
+HostBudgets compute_host_budgets(const NodeTopology& topo, int ranks_per_node,
+                                 const BudgetPolicy& policy) {
   MOEPEAK_CHECK(policy.node_reserve_fraction >= 0 && policy.node_reserve_fraction < 1,
                 "node reserve fraction must be in [0, 1), got ", policy.node_reserve_fraction);
   MOEPEAK_CHECK(policy.optimizer_share >= 0 && policy.optimizer_share <= 1,
@@ -103,14 +111,18 @@ HostBudgets compute_host_budgets(const NodeTopology& topo, int ranks_per_node, c
   hb.ranks_per_node = ranks_per_node;
   const std::vector<RankPlacement> places = place_ranks(topo, ranks_per_node);
   const bool cpu_node = topo.gpu_count() == 0;
-  const uint64_t per_rank_reserve = policy.rank_reserve_bytes + (cpu_node ? policy.cpu_device_memory_bytes : 0);
+  const uint64_t per_rank_reserve =
+      policy.rank_reserve_bytes + (cpu_node ? policy.cpu_device_memory_bytes : 0);
   for (const auto& n : topo.numa_nodes) {
     NodeBudget nb;
     nb.numa_node = n.os_index;
     nb.memory_bytes = n.memory_bytes;
-    nb.ranks = static_cast<int>(std::count_if(places.begin(), places.end(),
-                                              [&](const RankPlacement& p) { return p.numa_node == n.os_index; }));
-    const auto fraction = static_cast<uint64_t>(policy.node_reserve_fraction * static_cast<double>(n.memory_bytes));
+    nb.ranks =
+        static_cast<int>(std::count_if(places.begin(), places.end(), [&](const RankPlacement& p) {
+          return p.numa_node == n.os_index;
+        }));
+    const auto fraction =
+        static_cast<uint64_t>(policy.node_reserve_fraction * static_cast<double>(n.memory_bytes));
     nb.reserve_bytes = std::min(n.memory_bytes, std::max(policy.node_reserve_min_bytes, fraction));
     nb.rank_reserve_bytes = static_cast<uint64_t>(nb.ranks) * per_rank_reserve;
     const uint64_t taken = nb.reserve_bytes + nb.rank_reserve_bytes;
@@ -120,11 +132,12 @@ HostBudgets compute_host_budgets(const NodeTopology& topo, int ranks_per_node, c
   for (const auto& p : places) {
     RankBudget rb;
     rb.place = p;
-    const auto node = std::find_if(hb.nodes.begin(), hb.nodes.end(),
-                                   [&](const NodeBudget& nb) { return nb.numa_node == p.numa_node; });
+    const auto node = std::find_if(hb.nodes.begin(), hb.nodes.end(), [&](const NodeBudget& nb) {
+      return nb.numa_node == p.numa_node;
+    });
     rb.host_budget_bytes = round_down(node->usable_bytes / static_cast<uint64_t>(node->ranks));
-    rb.optimizer_budget_bytes =
-        round_down(static_cast<uint64_t>(policy.optimizer_share * static_cast<double>(rb.host_budget_bytes)));
+    rb.optimizer_budget_bytes = round_down(
+        static_cast<uint64_t>(policy.optimizer_share * static_cast<double>(rb.host_budget_bytes)));
     rb.sco_budget_bytes = rb.host_budget_bytes - rb.optimizer_budget_bytes;
     hb.ranks.push_back(rb);
   }

@@ -26,18 +26,19 @@ namespace moepeak::topology {
 
 struct BudgetPolicy {
   double node_reserve_fraction = 0.10;
-  uint64_t node_reserve_min_bytes = 2ull << 30;   // 2 GiB
-  uint64_t rank_reserve_bytes = 1ull << 30;       // 1 GiB per rank
-  uint64_t cpu_device_memory_bytes = 2ull << 30;  // CPU backend arena per rank (runtime.device_memory)
-  double optimizer_share = 0.75;                  // of each rank's host budget; SCO gets the rest
+  uint64_t node_reserve_min_bytes = 2ull << 30;  // 2 GiB
+  uint64_t rank_reserve_bytes = 1ull << 30;      // 1 GiB per rank
+  uint64_t cpu_device_memory_bytes = 2ull
+                                     << 30;  // CPU backend arena per rank (runtime.device_memory)
+  double optimizer_share = 0.75;             // of each rank's host budget; SCO gets the rest
   bool operator==(const BudgetPolicy&) const = default;
 };
 
 struct RankPlacement {
   int local_rank = 0;
-  int gpu = -1;        // CUDA ordinal (or PCI GPU slot of a topology file); -1 on a CPU-only node
-  int numa_node = 0;   // os_index
-  std::string cpus;    // this rank's PUs, "0-3"
+  int gpu = -1;       // CUDA ordinal (or PCI GPU slot of a topology file); -1 on a CPU-only node
+  int numa_node = 0;  // os_index
+  std::string cpus;   // this rank's PUs, "0-3"
   bool operator==(const RankPlacement&) const = default;
 };
 
@@ -53,7 +54,7 @@ struct NodeBudget {
 
 struct RankBudget {
   RankPlacement place;
-  uint64_t host_budget_bytes = 0;       // what runtime.pinned_memory = "auto" takes
+  uint64_t host_budget_bytes = 0;  // what runtime.pinned_memory = "auto" takes
   uint64_t optimizer_budget_bytes = 0;
   uint64_t sco_budget_bytes = 0;
   bool operator==(const RankBudget&) const = default;
@@ -73,7 +74,8 @@ int default_ranks_per_node(const NodeTopology& topo);
 // Throws moepeak::Error for ranks_per_node < 1, more ranks than GPUs on a GPU node, or a
 // topology without a NUMA node that has cores.
 std::vector<RankPlacement> place_ranks(const NodeTopology& topo, int ranks_per_node);
-HostBudgets compute_host_budgets(const NodeTopology& topo, int ranks_per_node, const BudgetPolicy& policy = {});
+HostBudgets compute_host_budgets(const NodeTopology& topo, int ranks_per_node,
+                                 const BudgetPolicy& policy = {});
 
 // "0-3,8-11" -> {0,1,2,3,8,9,10,11}; throws moepeak::Error on anything else.
 std::vector<int> parse_index_list(const std::string& text);

@@ -20,19 +20,27 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // Host memory on one NUMA node (libnuma), optionally locked; or pageable malloc memory.
 class HostBuffer {
  public:
-  HostBuffer(uint64_t bytes, int node, bool numa_local) : bytes_(bytes), numa_(numa_local && numa_available() >= 0) {
+  HostBuffer(uint64_t bytes, int node, bool numa_local)
+      : bytes_(bytes), numa_(numa_local && numa_available() >= 0) {
     ptr_ = numa_ ? numa_alloc_onnode(bytes, node) : std::malloc(bytes);
-    if (!ptr_) MOEPEAK_THROW("probe: cannot allocate ", format_bytes(bytes), " of host memory on NUMA node ", node);
+    if (!ptr_)
+      MOEPEAK_THROW("probe: cannot allocate ", format_bytes(bytes), " of host memory on NUMA node ",
+                    node);
     std::memset(ptr_, 1, bytes);  // first touch: the pages exist before anything is timed
   }
   ~HostBuffer() {
     if (locked_) munlock(ptr_, bytes_);
-    if (numa_) numa_free(ptr_, bytes_); else std::free(ptr_);
+    if (numa_)
+      numa_free(ptr_, bytes_);
+    else
+      std::free(ptr_);
   }
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
@@ -100,7 +108,8 @@ int current_home(const NodeTopology& topo) {
 }  // namespace
 
 HostLinkBench run_host_link_bench(const NodeTopology& topo, const BenchOptions& options) {
-  MOEPEAK_CHECK(options.bytes >= 4096, "bench buffers must be at least 4 KiB, got ", options.bytes, " bytes");
+  MOEPEAK_CHECK(options.bytes >= 4096, "bench buffers must be at least 4 KiB, got ", options.bytes,
+                " bytes");
   MOEPEAK_CHECK(options.iters >= 1, "bench repetitions must be at least 1, got ", options.iters);
   HostLinkBench out;
   out.bytes = options.bytes;
@@ -116,13 +125,16 @@ HostLinkBench run_host_link_bench(const NodeTopology& topo, const BenchOptions& 
     HostBuffer src(n, node, true), dst(n, home, true);
     const bool locked = src.lock() && dst.lock();
     if (!locked && node == nodes.front()) {
-      out.notes.push_back("mlock refused (RLIMIT_MEMLOCK); \"pinned\" memcpy rows use unlocked NUMA-local memory");
+      out.notes.push_back(
+          "mlock refused (RLIMIT_MEMLOCK); \"pinned\" memcpy rows use unlocked NUMA-local memory");
     }
-    out.rows.push_back({"memcpy", "pinned", -1, node, node == home, n, memcpy_rate(dst.get(), src.get(), n, options.iters)});
+    out.rows.push_back({"memcpy", "pinned", -1, node, node == home, n,
+                        memcpy_rate(dst.get(), src.get(), n, options.iters)});
   }
   {
     HostBuffer src(n, home, false), dst(n, home, false);
-    out.rows.push_back({"memcpy", "pageable", -1, home, true, n, memcpy_rate(dst.get(), src.get(), n, options.iters)});
+    out.rows.push_back({"memcpy", "pageable", -1, home, true, n,
+                        memcpy_rate(dst.get(), src.get(), n, options.iters)});
   }
 
   // Pinning cost on `home`.
@@ -156,14 +168,16 @@ HostLinkBench run_host_link_bench(const NodeTopology& topo, const BenchOptions& 
       for (int node : sources) {
         HostBuffer src(n, node, true), dst(n, node, true);
         GpuCopyRates r = measure_gpu_copies(g.index, src.get(), dst.get(), n, true, options.iters);
-        if (!r.error.empty()) out.notes.push_back("GPU " + std::to_string(g.index) + " pinned: " + r.error);
+        if (!r.error.empty())
+          out.notes.push_back("GPU " + std::to_string(g.index) + " pinned: " + r.error);
         out.rows.push_back({"h2d", "pinned", g.index, node, node == local, n, r.h2d});
         out.rows.push_back({"d2h", "pinned", g.index, node, node == local, n, r.d2h});
         out.rows.push_back({"bidir", "pinned", g.index, node, node == local, n, r.bidir});
       }
       HostBuffer src(n, local, false), dst(n, local, false);
       GpuCopyRates r = measure_gpu_copies(g.index, src.get(), dst.get(), n, false, options.iters);
-      if (!r.error.empty()) out.notes.push_back("GPU " + std::to_string(g.index) + " pageable: " + r.error);
+      if (!r.error.empty())
+        out.notes.push_back("GPU " + std::to_string(g.index) + " pageable: " + r.error);
       out.rows.push_back({"h2d", "pageable", g.index, local, true, n, r.h2d});
       out.rows.push_back({"d2h", "pageable", g.index, local, true, n, r.d2h});
       out.rows.push_back({"bidir", "pageable", g.index, local, true, n, r.bidir});

@@ -28,7 +28,8 @@ using TopologyPtr = std::unique_ptr<hwloc_topology, TopologyDeleter>;
 // This machine (xml_path null) or an hwloc XML export.
 TopologyPtr open_topology(const std::string* xml_path) {
   hwloc_topology_t raw = nullptr;
-  if (hwloc_topology_init(&raw) != 0) MOEPEAK_THROW("hwloc: hwloc_topology_init failed: ", std::strerror(errno));
+  if (hwloc_topology_init(&raw) != 0)
+    MOEPEAK_THROW("hwloc: hwloc_topology_init failed: ", std::strerror(errno));
   TopologyPtr topo(raw);
   // NOTES: hwloc 2 drops I/O objects by default; KEEP_IMPORTANT keeps GPUs, NICs and the bridges
   // above them (enough for locality), not every PCI function.
@@ -96,7 +97,8 @@ void read_hwloc(hwloc_topology_t t, NodeTopology& out) {
   for (hwloc_obj_t n = nullptr; (n = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_NUMANODE, n));) {
     NumaNodeInfo nn;
     nn.os_index = static_cast<int>(n->os_index);
-    if (hwloc_obj_t pk = hwloc_get_ancestor_obj_by_type(t, HWLOC_OBJ_PACKAGE, n)) nn.package = static_cast<int>(pk->os_index);
+    if (hwloc_obj_t pk = hwloc_get_ancestor_obj_by_type(t, HWLOC_OBJ_PACKAGE, n))
+      nn.package = static_cast<int>(pk->os_index);
     nn.memory_bytes = n->attr ? n->attr->numanode.local_memory : 0;
     nn.cpus = format_index_list(cpuset_indexes(n->cpuset));
     nn.cores = count_inside(t, n->cpuset, HWLOC_OBJ_CORE);
@@ -144,9 +146,12 @@ int sysfs_numa_node(const std::string& bus_id) {
 
 const char* pci_kind_name(PciKind kind) {
   switch (kind) {
-    case PciKind::gpu: return "gpu";
-    case PciKind::nic: return "nic";
-    case PciKind::other: return "other";
+    case PciKind::gpu:
+      return "gpu";
+    case PciKind::nic:
+      return "nic";
+    case PciKind::other:
+      return "other";
   }
   return "other";
 }
@@ -215,10 +220,10 @@ NodeTopology load_topology_xml(const std::string& path) {
   out.source = path;
   TopologyPtr topo = open_topology(&path);
   read_hwloc(topo.get(), out);
-  out.gpu_status = out.pci_gpus.empty()
-                       ? "no GPU in the topology file"
-                       : std::to_string(out.pci_gpus.size()) + " PCI GPU" + (out.pci_gpus.size() == 1 ? "" : "s") +
-                             " in the topology file (CUDA not asked)";
+  out.gpu_status = out.pci_gpus.empty() ? "no GPU in the topology file"
+                                        : std::to_string(out.pci_gpus.size()) + " PCI GPU" +
+                                              (out.pci_gpus.size() == 1 ? "" : "s") +
+                                              " in the topology file (CUDA not asked)";
   return out;
 }
 

@@ -28,9 +28,9 @@ struct PackageInfo {
 
 struct NumaNodeInfo {
   int os_index = 0;
-  int package = -1;          // os_index of the package holding it, -1 when none (e.g. CXL memory)
-  uint64_t memory_bytes = 0; // local memory as hwloc reports it for this node
-  std::string cpus;          // PU os indexes as a list: "0-3,8-11" ("" for a memory-only node)
+  int package = -1;           // os_index of the package holding it, -1 when none (e.g. CXL memory)
+  uint64_t memory_bytes = 0;  // local memory as hwloc reports it for this node
+  std::string cpus;           // PU os indexes as a list: "0-3,8-11" ("" for a memory-only node)
   int cores = 0;
   int pus = 0;
   bool operator==(const NumaNodeInfo&) const = default;
@@ -41,25 +41,26 @@ enum class PciKind { gpu, nic, other };
 // A PCI device hwloc sees. GPU = class 0x0302 (3D controller), or 0x0300 (VGA) from NVIDIA;
 // NIC = class 0x02xx (0x0200 Ethernet, 0x0207 InfiniBand).
 struct PciDeviceInfo {
-  std::string bus_id;     // "0000:3b:00.0" (lower case, as hwloc and sysfs write it)
-  uint16_t class_id = 0;  // 0x0302
-  uint16_t vendor_id = 0; // 0x10de
+  std::string bus_id;      // "0000:3b:00.0" (lower case, as hwloc and sysfs write it)
+  uint16_t class_id = 0;   // 0x0302
+  uint16_t vendor_id = 0;  // 0x10de
   uint16_t device_id = 0;
   PciKind kind = PciKind::other;
-  std::string os_names;   // hwloc OS devices below it, comma-separated: "mlx5_0,ib0", "cuda0"
-  int numa_node = -1;     // os_index of its local NUMA node; -1 when hwloc cannot tell
+  std::string os_names;  // hwloc OS devices below it, comma-separated: "mlx5_0,ib0", "cuda0"
+  int numa_node = -1;    // os_index of its local NUMA node; -1 when hwloc cannot tell
   bool operator==(const PciDeviceInfo&) const = default;
 };
 
-// A CUDA device (only filled from the CUDA runtime of a build with CUDA, on a machine with a driver).
+// A CUDA device (only filled from the CUDA runtime of a build with CUDA, on a machine with a
+// driver).
 struct GpuInfo {
-  int index = 0;            // CUDA device ordinal
-  std::string name;         // "NVIDIA H200"
+  int index = 0;     // CUDA device ordinal
+  std::string name;  // "NVIDIA H200"
   uint64_t memory_bytes = 0;
   int cc_major = 0, cc_minor = 0;
-  std::string bus_id;       // lower-case PCI bus id "0000:3b:00.0"
-  int numa_node = -1;       // from hwloc's PCI locality (or sysfs); -1 unknown
-  int nvlinks = -1;         // active NVLinks (NVML); -1 when NVML is absent
+  std::string bus_id;  // lower-case PCI bus id "0000:3b:00.0"
+  int numa_node = -1;  // from hwloc's PCI locality (or sysfs); -1 unknown
+  int nvlinks = -1;    // active NVLinks (NVML); -1 when NVML is absent
   bool operator==(const GpuInfo&) const = default;
 };
 
@@ -81,16 +82,18 @@ struct NodeTopology {
   int pus = 0;
   std::vector<PciDeviceInfo> pci_gpus;  // GPUs as PCI devices (hwloc), ordered by bus id
   std::vector<PciDeviceInfo> nics;
-  std::vector<GpuInfo> gpus;            // CUDA devices; empty without CUDA, driver or device
+  std::vector<GpuInfo> gpus;  // CUDA devices; empty without CUDA, driver or device
   std::vector<GpuLinkInfo> gpu_links;
-  std::string gpu_status;     // "2 CUDA devices", "no GPU: ...", "CUDA not compiled in"
-  std::string cuda_driver;    // "13.0", "" when none
-  std::string cuda_runtime;   // "13.0", "" when not compiled in
-  std::string nccl;           // "2.28.9", "" when not compiled in
-  std::string nvml;           // NVML driver version, "" when libnvidia-ml.so.1 is absent
+  std::string gpu_status;    // "2 CUDA devices", "no GPU: ...", "CUDA not compiled in"
+  std::string cuda_driver;   // "13.0", "" when none
+  std::string cuda_runtime;  // "13.0", "" when not compiled in
+  std::string nccl;          // "2.28.9", "" when not compiled in
+  std::string nvml;          // NVML driver version, "" when libnvidia-ml.so.1 is absent
 
   // The NUMA node local to GPU slot i (CUDA devices when present, else PCI GPUs); -1 unknown.
-  int gpu_count() const { return gpus.empty() ? static_cast<int>(pci_gpus.size()) : static_cast<int>(gpus.size()); }
+  int gpu_count() const {
+    return gpus.empty() ? static_cast<int>(pci_gpus.size()) : static_cast<int>(gpus.size());
+  }
   int gpu_numa_node(int i) const;
   const NumaNodeInfo* numa_node(int os_index) const;  // nullptr when there is no such node
   uint64_t memory_bytes() const;                      // sum over NUMA nodes

@@ -37,7 +37,8 @@ class Nvml {
     shutdown_ = reinterpret_cast<decltype(shutdown_)>(dlsym(lib_, "nvmlShutdown"));
     by_bus_ = reinterpret_cast<decltype(by_bus_)>(dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
     link_state_ = reinterpret_cast<decltype(link_state_)>(dlsym(lib_, "nvmlDeviceGetNvLinkState"));
-    remote_ = reinterpret_cast<decltype(remote_)>(dlsym(lib_, "nvmlDeviceGetNvLinkRemotePciInfo_v2"));
+    remote_ =
+        reinterpret_cast<decltype(remote_)>(dlsym(lib_, "nvmlDeviceGetNvLinkRemotePciInfo_v2"));
     driver_ = reinterpret_cast<decltype(driver_)>(dlsym(lib_, "nvmlSystemGetDriverVersion"));
     ok_ = init_ && shutdown_ && by_bus_ && link_state_ && remote_ && driver_ && init_() == 0;
   }
@@ -82,7 +83,8 @@ std::string fill_nvlinks(std::vector<GpuInfo>& gpus, std::vector<GpuLinkInfo>& l
   if (!nvml.ok()) return "";
   std::vector<std::vector<std::string>> remotes(gpus.size());
   for (size_t i = 0; i < gpus.size(); ++i) {
-    if (nvml.active_links(gpus[i].bus_id, remotes[i])) gpus[i].nvlinks = static_cast<int>(remotes[i].size());
+    if (nvml.active_links(gpus[i].bus_id, remotes[i]))
+      gpus[i].nvlinks = static_cast<int>(remotes[i].size());
   }
   for (auto& l : links) {
     if (gpus[l.a].nvlinks < 0) continue;

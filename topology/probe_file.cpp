@@ -84,7 +84,8 @@ class Reader {
   [[noreturn]] void fail(const toml::node& at, const std::string& what) const {
     MOEPEAK_THROW(path_, ":", at.source().begin.line, ": ", what);
   }
-  const toml::table& table(const toml::table& parent, const std::string& key, const std::string& where) const {
+  const toml::table& table(const toml::table& parent, const std::string& key,
+                           const std::string& where) const {
     const toml::node* n = parent.get(key);
     if (!n) fail(parent, "missing [" + where + "]");
     if (!n->is_table()) fail(*n, where + " must be a table");
@@ -105,11 +106,14 @@ class Reader {
     if (!n) fail(t, where + " lacks the key " + key);
     return *n;
   }
-  int64_t i64(const toml::table& t, const char* key, const std::string& where, int64_t lo = INT64_MIN) const {
+  int64_t i64(const toml::table& t, const char* key, const std::string& where,
+              int64_t lo = INT64_MIN) const {
     const toml::node& n = at(t, key, where);
     if (!n.is_integer()) fail(n, where + "." + key + " must be an integer");
     const int64_t v = n.as_integer()->get();
-    if (v < lo) fail(n, where + "." + key + " must be at least " + std::to_string(lo) + ", got " + std::to_string(v));
+    if (v < lo)
+      fail(n, where + "." + key + " must be at least " + std::to_string(lo) + ", got " +
+                  std::to_string(v));
     return v;
   }
   int i32(const toml::table& t, const char* key, const std::string& where, int64_t lo = -1) const {
@@ -141,7 +145,8 @@ class Reader {
     if (!n.is_string()) fail(n, where + "." + key + " must be a string");
     return n.as_string()->get();
   }
-  std::vector<std::string> strings(const toml::table& t, const char* key, const std::string& where) const {
+  std::vector<std::string> strings(const toml::table& t, const char* key,
+                                   const std::string& where) const {
     const toml::node& n = at(t, key, where);
     if (!n.is_array()) fail(n, where + "." + key + " must be an array of strings");
     std::vector<std::string> out;
@@ -173,8 +178,10 @@ class Reader {
 std::string probe_to_toml(const ProbeResult& r) {
   const NodeTopology& t = r.topology;
   Writer w;
-  w.raw("# moepeak probe file: written by `moepeak probe`, read by plan, train and tune through\n"
-        "# runtime.probe_file. Keys and the budget formula: docs/probe.md. Bytes are plain integers.\n");
+  w.raw(
+      "# moepeak probe file: written by `moepeak probe`, read by plan, train and tune through\n"
+      "# runtime.probe_file. Keys and the budget formula: docs/probe.md. Bytes are plain "
+      "integers.\n");
   w.header("[probe]");
   w.kv("format", ProbeResult::kFormat);
   w.kv("host", r.host);
@@ -304,9 +311,10 @@ ProbeResult read_probe_file(const std::string& path) {
   const toml::table& probe = rd.table(doc, "probe", "probe");
   const int format = rd.i32(probe, "format", "probe", 0);
   if (format != ProbeResult::kFormat) {
-    rd.fail(*probe.get("format"), "probe file format " + std::to_string(format) + " is not the format " +
-                                      std::to_string(ProbeResult::kFormat) +
-                                      " this moepeak reads; rerun `moepeak probe` with this moepeak");
+    rd.fail(*probe.get("format"),
+            "probe file format " + std::to_string(format) + " is not the format " +
+                std::to_string(ProbeResult::kFormat) +
+                " this moepeak reads; rerun `moepeak probe` with this moepeak");
   }
   r.host = rd.str(probe, "host", "probe");
   r.date = rd.str(probe, "date", "probe");
@@ -348,8 +356,10 @@ ProbeResult read_probe_file(const std::string& path) {
     t.numa_nodes.push_back(nn);
   }
   if (t.numa_nodes.empty()) rd.fail(doc, "no [[numa]] entry: a node has at least one NUMA node");
-  for (const toml::table* d : rd.tables(doc, "pci_gpu", "pci_gpu")) t.pci_gpus.push_back(rd.pci(*d, "pci_gpu", PciKind::gpu));
-  for (const toml::table* d : rd.tables(doc, "nic", "nic")) t.nics.push_back(rd.pci(*d, "nic", PciKind::nic));
+  for (const toml::table* d : rd.tables(doc, "pci_gpu", "pci_gpu"))
+    t.pci_gpus.push_back(rd.pci(*d, "pci_gpu", PciKind::gpu));
+  for (const toml::table* d : rd.tables(doc, "nic", "nic"))
+    t.nics.push_back(rd.pci(*d, "nic", PciKind::nic));
   for (const toml::table* g : rd.tables(doc, "gpu", "gpu")) {
     GpuInfo gi;
     gi.index = rd.i32(*g, "index", "gpu", 0);
@@ -370,7 +380,8 @@ ProbeResult read_probe_file(const std::string& path) {
     li.perf_rank = rd.i32(*l, "perf_rank", "gpu_link");
     li.nvlinks = rd.i32(*l, "nvlinks", "gpu_link");
     if (li.a >= li.b || li.b >= static_cast<int>(t.gpus.size())) {
-      rd.fail(*l, "gpu_link " + std::to_string(li.a) + "-" + std::to_string(li.b) + " does not name two [[gpu]] entries (a < b)");
+      rd.fail(*l, "gpu_link " + std::to_string(li.a) + "-" + std::to_string(li.b) +
+                      " does not name two [[gpu]] entries (a < b)");
     }
     t.gpu_links.push_back(li);
   }
@@ -403,8 +414,9 @@ ProbeResult read_probe_file(const std::string& path) {
     rb.optimizer_budget_bytes = rd.u64(*k, "optimizer_budget_bytes", "rank");
     rb.sco_budget_bytes = rd.u64(*k, "sco_budget_bytes", "rank");
     if (rb.place.local_rank != static_cast<int>(b.ranks.size())) {
-      rd.fail(*k, "[[rank]] entries must list local ranks 0, 1, ... in order; expected local_rank = " +
-                      std::to_string(b.ranks.size()));
+      rd.fail(*k,
+              "[[rank]] entries must list local ranks 0, 1, ... in order; expected local_rank = " +
+                  std::to_string(b.ranks.size()));
     }
     if (rb.optimizer_budget_bytes + rb.sco_budget_bytes > rb.host_budget_bytes) {
       rd.fail(*k, "rank " + std::to_string(rb.place.local_rank) +
@@ -413,8 +425,8 @@ ProbeResult read_probe_file(const std::string& path) {
     b.ranks.push_back(rb);
   }
   if (static_cast<int>(b.ranks.size()) != b.ranks_per_node) {
-    rd.fail(bt, "budget.ranks_per_node = " + std::to_string(b.ranks_per_node) + " but the file has " +
-                    std::to_string(b.ranks.size()) + " [[rank]] entries");
+    rd.fail(bt, "budget.ranks_per_node = " + std::to_string(b.ranks_per_node) +
+                    " but the file has " + std::to_string(b.ranks.size()) + " [[rank]] entries");
   }
 
   if (r.bench_run) {
@@ -447,7 +459,8 @@ ProbeResult read_probe_file(const std::string& path) {
 const RankBudget& rank_budget(const ProbeResult& r, int local_rank, const std::string& path) {
   if (local_rank < 0 || local_rank >= static_cast<int>(r.budgets.ranks.size())) {
     MOEPEAK_THROW("probe file ", path, " has budgets for ", r.budgets.ranks.size(), " rank",
-                  r.budgets.ranks.size() == 1 ? "" : "s", " per node, but this is local rank ", local_rank,
+                  r.budgets.ranks.size() == 1 ? "" : "s", " per node, but this is local rank ",
+                  local_rank,
                   ": rerun `moepeak probe --ranks-per-node N` with this job's ranks per node");
   }
   return r.budgets.ranks[local_rank];
@@ -456,7 +469,8 @@ const RankBudget& rank_budget(const ProbeResult& r, int local_rank, const std::s
 nlohmann::json probe_to_json(const ProbeResult& r) {
   // The TOML document, parsed back and turned into JSON: one source for both layouts.
   toml::table doc = toml::parse(probe_to_toml(r));
-  std::function<nlohmann::json(const toml::node&)> conv = [&](const toml::node& n) -> nlohmann::json {
+  std::function<nlohmann::json(const toml::node&)> conv =
+      [&](const toml::node& n) -> nlohmann::json {
     if (auto t = n.as_table()) {
       nlohmann::json o = nlohmann::json::object();
       for (const auto& [k, v] : *t) o[std::string(k.str())] = conv(v);

@@ -34,7 +34,9 @@ class TemporaryFile {
   void close_checked(const std::string& target) {
     int fd = fd_;
     fd_ = -1;
-    if (::close(fd) != 0) MOEPEAK_THROW(target, ": cannot close the temporary file ", path_, ": ", std::strerror(errno));
+    if (::close(fd) != 0)
+      MOEPEAK_THROW(target, ": cannot close the temporary file ", path_, ": ",
+                    std::strerror(errno));
   }
   void mark_committed() { committed_ = true; }
 
@@ -71,12 +73,15 @@ TemporaryFile create_temporary(const std::string& target, const std::string& dir
 
 void fsync_directory(const std::string& target, const std::string& directory) {
   int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) MOEPEAK_THROW(target, ": cannot open directory ", directory, " to sync it: ", std::strerror(errno));
+  if (fd < 0)
+    MOEPEAK_THROW(target, ": cannot open directory ", directory,
+                  " to sync it: ", std::strerror(errno));
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);
   // Some file systems cannot sync directories (EINVAL); the rename is done, so that is not fatal.
-  if (rc != 0 && err != EINVAL) MOEPEAK_THROW(target, ": cannot sync directory ", directory, ": ", std::strerror(err));
+  if (rc != 0 && err != EINVAL)
+    MOEPEAK_THROW(target, ": cannot sync directory ", directory, ": ", std::strerror(err));
 }
 
 }  // namespace
@@ -105,7 +110,8 @@ void write_file_atomically(const std::string& path, const std::function<void(Fil
   TemporaryFile temp = create_temporary(path, directory, name);
   FileSink sink(temp.fd(), path);
   produce(sink);
-  if (::fsync(temp.fd()) != 0) MOEPEAK_THROW(path, ": cannot sync ", temp.path(), ": ", std::strerror(errno));
+  if (::fsync(temp.fd()) != 0)
+    MOEPEAK_THROW(path, ": cannot sync ", temp.path(), ": ", std::strerror(errno));
   temp.close_checked(path);
   if (::rename(temp.path().c_str(), path.c_str()) != 0) {
     MOEPEAK_THROW(path, ": cannot rename ", temp.path(), " over it: ", std::strerror(errno));
@@ -123,7 +129,8 @@ void create_directories(const std::string& path) {
   std::error_code ec;
   std::filesystem::create_directories(path, ec);
   if (ec) MOEPEAK_THROW(path, ": cannot create directory: ", ec.message());
-  if (!std::filesystem::is_directory(path, ec)) MOEPEAK_THROW(path, ": exists and is not a directory");
+  if (!std::filesystem::is_directory(path, ec))
+    MOEPEAK_THROW(path, ": exists and is not a directory");
 }
 
 }  // namespace moepeak

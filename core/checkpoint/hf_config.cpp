@@ -24,7 +24,8 @@ const nlohmann::json& required_field(const nlohmann::json& json, const std::stri
 
 int64_t integer_field(const nlohmann::json& value, const std::string& source, const char* field) {
   if (!value.is_number_integer()) {
-    MOEPEAK_THROW(source, ": field \"", field, "\" must be an integer, got ", json_type_and_value(value));
+    MOEPEAK_THROW(source, ": field \"", field, "\" must be an integer, got ",
+                  json_type_and_value(value));
   }
   if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
     MOEPEAK_THROW(source, ": field \"", field, "\" is out of range: ", value.dump());
@@ -34,7 +35,8 @@ int64_t integer_field(const nlohmann::json& value, const std::string& source, co
 
 double number_field(const nlohmann::json& value, const std::string& source, const char* field) {
   if (!value.is_number()) {
-    MOEPEAK_THROW(source, ": field \"", field, "\" must be a number, got ", json_type_and_value(value));
+    MOEPEAK_THROW(source, ": field \"", field, "\" must be a number, got ",
+                  json_type_and_value(value));
   }
   return value.get<double>();
 }
@@ -92,14 +94,18 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
   }
   if (const nlohmann::json* act = optional_field(json, "hidden_act")) {
     if (!act->is_string() || act->get<std::string>() != "silu") {
-      MOEPEAK_THROW(source, ": field \"hidden_act\" is ", act->dump(), ", only \"silu\" is implemented");
+      MOEPEAK_THROW(source, ": field \"hidden_act\" is ", act->dump(),
+                    ", only \"silu\" is implemented");
     }
   }
   if (const nlohmann::json* tied = optional_field(json, "tie_word_embeddings")) {
     if (!tied->is_boolean()) {
-      MOEPEAK_THROW(source, ": field \"tie_word_embeddings\" must be a boolean, got ", json_type_and_value(*tied));
+      MOEPEAK_THROW(source, ": field \"tie_word_embeddings\" must be a boolean, got ",
+                    json_type_and_value(*tied));
     }
-    if (tied->get<bool>()) MOEPEAK_THROW(source, ": field \"tie_word_embeddings\" is true, the model has an untied LM head");
+    if (tied->get<bool>())
+      MOEPEAK_THROW(source,
+                    ": field \"tie_word_embeddings\" is true, the model has an untied LM head");
   }
 
   ModelConfig m;
@@ -116,7 +122,8 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
   m.rms_norm_eps = required_number(json, source, "rms_norm_eps");
 
   m.head_dim = 0;
-  if (const nlohmann::json* head_dim = optional_field(json, "head_dim"); head_dim && !head_dim->is_null()) {
+  if (const nlohmann::json* head_dim = optional_field(json, "head_dim");
+      head_dim && !head_dim->is_null()) {
     m.head_dim = integer_field(*head_dim, source, "head_dim");
   }
   m.initializer_range = 0.02;
@@ -126,7 +133,8 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
   bool output_router_logits = false;
   if (const nlohmann::json* flag = optional_field(json, "output_router_logits")) {
     if (!flag->is_boolean()) {
-      MOEPEAK_THROW(source, ": field \"output_router_logits\" must be a boolean, got ", json_type_and_value(*flag));
+      MOEPEAK_THROW(source, ": field \"output_router_logits\" must be a boolean, got ",
+                    json_type_and_value(*flag));
     }
     output_router_logits = flag->get<bool>();
   }
@@ -135,12 +143,14 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
     const double value = number_field(*coef, source, "router_aux_loss_coef");
     if (output_router_logits) m.router_aux_loss_coef = value;
   }
-  if (const nlohmann::json* window = optional_field(json, "sliding_window"); window && !window->is_null()) {
+  if (const nlohmann::json* window = optional_field(json, "sliding_window");
+      window && !window->is_null()) {
     const int64_t w = integer_field(*window, source, "sliding_window");
     if (w < m.max_position_embeddings) {
       MOEPEAK_THROW(source, ": field \"sliding_window\" is ", w,
                     "; sliding-window attention is not implemented (null, or at least "
-                    "max_position_embeddings ", m.max_position_embeddings, ", is full attention)");
+                    "max_position_embeddings ",
+                    m.max_position_embeddings, ", is full attention)");
     }
   }
   return m;

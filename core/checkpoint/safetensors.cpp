@@ -67,11 +67,16 @@ bool read_exactly(int fd, void* dst, size_t bytes, uint64_t offset) {
 
 std::string_view safetensors_dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::bf16: return "BF16";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
+    case DType::f32:
+      return "F32";
+    case DType::f64:
+      return "F64";
+    case DType::bf16:
+      return "BF16";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
   }
   return "?";
 }
@@ -135,9 +140,8 @@ std::string SafetensorsWriter::header_json() const {
     header[std::string(kMetadataKey)] = std::move(meta);
   }
   for (const Entry& e : tensors_) {
-    header[e.name] = {{"dtype", e.dtype},
-                      {"shape", e.shape},
-                      {"data_offsets", {e.begin, e.begin + e.bytes}}};
+    header[e.name] = {
+        {"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {e.begin, e.begin + e.bytes}}};
   }
   std::string text;
   try {
@@ -210,7 +214,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
                   file_size, " bytes)");
   }
   if (header_size > kMaxHeaderBytes) {
-    MOEPEAK_THROW(path, ": header size ", header_size, " is over the ", kMaxHeaderBytes, "-byte limit");
+    MOEPEAK_THROW(path, ": header size ", header_size, " is over the ", kMaxHeaderBytes,
+                  "-byte limit");
   }
   std::string text(header_size, '\0');
   errno = 0;
@@ -259,26 +264,30 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     const auto& shape = entry.at("shape");
     if (!shape.is_array()) MOEPEAK_THROW(where(), ": \"shape\" is not an array");
     for (const auto& d : shape) {
-      if (!d.is_number_unsigned()) MOEPEAK_THROW(where(), ": \"shape\" ", shape.dump(), " has an entry that is not a non-negative integer");
+      if (!d.is_number_unsigned())
+        MOEPEAK_THROW(where(), ": \"shape\" ", shape.dump(),
+                      " has an entry that is not a non-negative integer");
       info.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
     }
     const auto& offsets = entry.at("data_offsets");
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned()) {
-      MOEPEAK_THROW(where(), ": \"data_offsets\" ", offsets.dump(), " is not [begin, end] of non-negative integers");
+      MOEPEAK_THROW(where(), ": \"data_offsets\" ", offsets.dump(),
+                    " is not [begin, end] of non-negative integers");
     }
     const uint64_t begin = offsets[0].get<uint64_t>();
     const uint64_t end = offsets[1].get<uint64_t>();
-    if (begin > end) MOEPEAK_THROW(where(), ": data_offsets [", begin, ", ", end, "] end before they begin");
+    if (begin > end)
+      MOEPEAK_THROW(where(), ": data_offsets [", begin, ", ", end, "] end before they begin");
     if (end > data_size) {
-      MOEPEAK_THROW(where(), ": data_offsets [", begin, ", ", end, "] are out of range: the data section has ",
-                    data_size, " bytes");
+      MOEPEAK_THROW(where(), ": data_offsets [", begin, ", ", end,
+                    "] are out of range: the data section has ", data_size, " bytes");
     }
     std::optional<int64_t> count = element_count(info.shape);
     if (!count || static_cast<uint64_t>(*count) * element != end - begin) {
       MOEPEAK_THROW(where(), ": shape ", shape_text(info.shape), " of ", info.dtype, " needs ",
-                    count ? static_cast<uint64_t>(*count) * element : 0, " bytes but data_offsets [",
-                    begin, ", ", end, "] hold ", end - begin);
+                    count ? static_cast<uint64_t>(*count) * element : 0,
+                    " bytes but data_offsets [", begin, ", ", end, "] hold ", end - begin);
     }
     info.bytes = static_cast<size_t>(end - begin);
     info.file_offset = static_cast<size_t>(data_begin + begin);
@@ -316,7 +325,8 @@ void SafetensorsFile::read(const std::string& name, void* dst, size_t bytes) con
   errno = 0;
   if (!read_exactly(fd_, dst, bytes, t.file_offset)) {
     MOEPEAK_THROW(path_, ": tensor \"", name, "\": cannot read ", bytes, " bytes at byte ",
-                  t.file_offset, errno ? ": " : " (file shrank?)", errno ? std::strerror(errno) : "");
+                  t.file_offset, errno ? ": " : " (file shrank?)",
+                  errno ? std::strerror(errno) : "");
   }
 }
 

@@ -4,9 +4,9 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <vector>
 
@@ -68,7 +68,8 @@ bool store_layout_on_device(const ZeroParamStore& params, const Tensor& flat) {
 
 void check_flat(const ZeroParamStore& params, const Tensor& flat) {
   MOEPEAK_CHECK(flat.numel() == params.flat_values().numel(), "optimizer state ", flat.str(),
-                " is not laid out like this rank's ", params.flat_values().numel(), " parameter elements");
+                " is not laid out like this rank's ", params.flat_values().numel(),
+                " parameter elements");
 }
 
 // The full tensor of `param` from `flat` (laid out like the store's values) on every rank
@@ -84,16 +85,17 @@ std::vector<char> gather_state_full(const ZeroParamStore& params, int param, con
   const DType dtype = flat.dtype();
   const size_t e = dtype_size(dtype);
   const int64_t n = params.layout().params()[param].shape.numel();
-  const CopyKind in = flat.placement() == Placement::host ? CopyKind::host_to_device
-                                                          : CopyKind::device_to_device;
+  const CopyKind in =
+      flat.placement() == Placement::host ? CopyKind::host_to_device : CopyKind::device_to_device;
   std::vector<char> full(static_cast<size_t>(n) * e);
   auto local = [&] {
-    return static_cast<const char*>(flat.data()) + static_cast<size_t>(piece_offset(params, param)) * e;
+    return static_cast<const char*>(flat.data()) +
+           static_cast<size_t>(piece_offset(params, param)) * e;
   };
   if (!params.is_expert(param)) {
     const int64_t s = params.shard_elements(param);
-    OwnedTensor piece = OwnedTensor::device(backend, Shape{s}, dtype, LiveSet::workspace,
-                                            "checkpoint state shard");
+    OwnedTensor piece =
+        OwnedTensor::device(backend, Shape{s}, dtype, LiveSet::workspace, "checkpoint state shard");
     OwnedTensor all = OwnedTensor::device(backend, Shape{params.world_size() * s}, dtype,
                                           LiveSet::workspace, "checkpoint state gather");
     backend.copy_async(piece.data(), local(), static_cast<size_t>(s) * e, in, stream);
@@ -103,8 +105,8 @@ std::vector<char> gather_state_full(const ZeroParamStore& params, int param, con
     return full;
   }
   const int owner = params.expert_owner(param);
-  OwnedTensor tmp = OwnedTensor::device(backend, Shape{n}, dtype, LiveSet::workspace,
-                                        "checkpoint state expert");
+  OwnedTensor tmp =
+      OwnedTensor::device(backend, Shape{n}, dtype, LiveSet::workspace, "checkpoint state expert");
   if (owner == params.rank()) backend.copy_async(tmp.data(), local(), full.size(), in, stream);
   params.comm().broadcast(tmp.data(), static_cast<size_t>(n), dtype, owner, stream);
   backend.copy_async(full.data(), tmp.data(), full.size(), CopyKind::device_to_host, stream);
@@ -124,7 +126,8 @@ void load_state_full(ZeroParamStore& params, int param, const void* full, const 
   const size_t e = dtype_size(flat.dtype());
   const int64_t n = params.layout().params()[param].shape.numel();
   const int64_t s = params.shard_elements(param);
-  char* dst = static_cast<char*>(flat.data()) + static_cast<size_t>(piece_offset(params, param)) * e;
+  char* dst =
+      static_cast<char*>(flat.data()) + static_cast<size_t>(piece_offset(params, param)) * e;
   int64_t begin = 0, end = n;
   if (!params.is_expert(param)) {
     begin = std::min(n, params.rank() * s);
@@ -177,7 +180,8 @@ std::vector<std::vector<char>> gather_all(const ZeroParamStore& params, const Te
 }
 
 void add_params(SafetensorsWriter& writer, const ZeroParamStore& params,
-                const std::vector<std::vector<char>>& full, const std::string& prefix, DType dtype) {
+                const std::vector<std::vector<char>>& full, const std::string& prefix,
+                DType dtype) {
   const auto& infos = params.layout().params();
   for (size_t i = 0; i < infos.size(); ++i) {
     writer.add(prefix + infos[i].name, dtype, dims(infos[i].shape), full[i].data(), full[i].size());
@@ -263,7 +267,8 @@ void save_checkpoint(const std::string& folder, int64_t step, const ModelConfig&
     }
     fs::remove_all(final_dir, ec);
     fs::rename(tmp_dir, final_dir, ec);
-    if (ec) MOEPEAK_THROW("cannot move checkpoint ", tmp_dir.string(), " into place: ", ec.message());
+    if (ec)
+      MOEPEAK_THROW("cannot move checkpoint ", tmp_dir.string(), " into place: ", ec.message());
     write_file_atomically((fs::path(folder) / "latest").string(), name + "\n");
 
     // Keep the newest keep_latest step directories.
@@ -307,7 +312,8 @@ int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroPa
     expected.head_dim = expected.head_dim_resolved();  // config.json stores it resolved
     saved.head_dim = saved.head_dim_resolved();
     if (!(saved == expected)) {
-      MOEPEAK_THROW("checkpoint ", dir, " was saved for another model shape than [model] in the config");
+      MOEPEAK_THROW("checkpoint ", dir,
+                    " was saved for another model shape than [model] in the config");
     }
   }
   const auto& infos = params.layout().params();
@@ -352,8 +358,8 @@ void write_step_dump(const std::string& dir, const ModelConfig& model, const Zer
   const auto grads = gather_all(params, params.flat_grads(), stream);
   write_on_rank0(params, stream, "the step dump in " + dir, [&] {
     create_directories(dir);
-    for (const auto& [file, tensors] : {std::pair{"model.safetensors", &weights},
-                                        std::pair{"grads.safetensors", &grads}}) {
+    for (const auto& [file, tensors] :
+         {std::pair{"model.safetensors", &weights}, std::pair{"grads.safetensors", &grads}}) {
       SafetensorsWriter writer;
       add_params(writer, params, *tensors, "", params.dtype());
       writer.set_metadata("format", "pt");

@@ -64,8 +64,8 @@ class Comm {
   virtual void send(const void* buf, size_t count, DType dtype, int peer, Stream& stream) = 0;
   virtual void recv(void* buf, size_t count, DType dtype, int peer, Stream& stream) = 0;
   // Send to `dst` and receive from `src` at once (a ring shift), without deadlock.
-  virtual void sendrecv(const void* send, size_t send_count, int dst, void* recv,
-                        size_t recv_count, int src, DType dtype, Stream& stream) = 0;
+  virtual void sendrecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count,
+                        int src, DType dtype, Stream& stream) = 0;
   // Every send and receive of the lists posted at once and completed together (NCCL: one group;
   // MPI: nonblocking, then a wait for all), so transfers to and from several peers overlap.
   // Messages between two ranks match in list order on each side; no order of the lists deadlocks.

@@ -100,7 +100,6 @@ class MpiComm final : public Comm {
   size_t max_elements_per_call() const { return max_elements_; }
 
  private:
-
   MPI_Comm comm_ = MPI_COMM_NULL;       // stream-ordered traffic
   MPI_Comm host_comm_ = MPI_COMM_NULL;  // barrier() and duplicate() on the host thread
   size_t max_elements_ = INT_MAX;

@@ -26,28 +26,42 @@ std::string describe_node(const toml::node& node) {
   switch (node.type()) {
     case toml::node_type::string:
       return "string " + config_schema::quote_toml_string(*node.value<std::string>());
-    case toml::node_type::integer: return "integer " + std::to_string(*node.value<int64_t>());
+    case toml::node_type::integer:
+      return "integer " + std::to_string(*node.value<int64_t>());
     case toml::node_type::floating_point:
       return "float " + config_schema::to_toml_literal(*node.value<double>());
-    case toml::node_type::boolean: return *node.value<bool>() ? "boolean true" : "boolean false";
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::date: return "a date";
-    case toml::node_type::time: return "a time";
-    case toml::node_type::date_time: return "a date-time";
-    case toml::node_type::none: break;
+    case toml::node_type::boolean:
+      return *node.value<bool>() ? "boolean true" : "boolean false";
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::date:
+      return "a date";
+    case toml::node_type::time:
+      return "a time";
+    case toml::node_type::date_time:
+      return "a date-time";
+    case toml::node_type::none:
+      break;
   }
   return "nothing";
 }
 
 std::string_view expected_phrase(FieldType type) {
   switch (type) {
-    case FieldType::integer: return "an integer";
-    case FieldType::floating: return "a float";
-    case FieldType::boolean: return "a boolean (true or false)";
-    case FieldType::string: return "a string";
-    case FieldType::enumeration: return "a string";
-    case FieldType::byte_size: return "a byte size string such as \"16GiB\", or \"auto\"";
+    case FieldType::integer:
+      return "an integer";
+    case FieldType::floating:
+      return "a float";
+    case FieldType::boolean:
+      return "a boolean (true or false)";
+    case FieldType::string:
+      return "a string";
+    case FieldType::enumeration:
+      return "a string";
+    case FieldType::byte_size:
+      return "a byte size string such as \"16GiB\", or \"auto\"";
   }
   return "a value";
 }
@@ -253,8 +267,10 @@ void apply_override(Config& cfg, const std::string& text) {
         break;
       }
     }
-    MOEPEAK_THROW(where, ": expected section.key=value with the key's section, as in "
-                  "--set training.steps=50", hint);
+    MOEPEAK_THROW(where,
+                  ": expected section.key=value with the key's section, as in "
+                  "--set training.steps=50",
+                  hint);
   }
   std::string section = key.substr(0, dot);
   std::string name = key.substr(dot + 1);
@@ -283,8 +299,8 @@ void check_cross_field_rules(const Config& cfg) {
                   " must be a multiple of ", shown(cfg, "model.num_key_value_heads"));
   }
   if (m.num_experts_per_tok > m.num_local_experts) {
-    MOEPEAK_THROW("invalid config: ", shown(cfg, "model.num_experts_per_tok"), " must be <= ",
-                  shown(cfg, "model.num_local_experts"));
+    MOEPEAK_THROW("invalid config: ", shown(cfg, "model.num_experts_per_tok"),
+                  " must be <= ", shown(cfg, "model.num_local_experts"));
   }
   if (m.head_dim == 0 && m.hidden_size % m.num_attention_heads != 0) {
     MOEPEAK_THROW("invalid config: ", shown(cfg, "model.head_dim"),
@@ -303,8 +319,8 @@ void check_cross_field_rules(const Config& cfg) {
                   ", ", shown(cfg, "model.num_attention_heads"));
   }
   if (t.seq_len > m.max_position_embeddings) {
-    MOEPEAK_THROW("invalid config: ", shown(cfg, "training.seq_len"), " must be <= ",
-                  shown(cfg, "model.max_position_embeddings"));
+    MOEPEAK_THROW("invalid config: ", shown(cfg, "training.seq_len"),
+                  " must be <= ", shown(cfg, "model.max_position_embeddings"));
   }
   if (t.dataset != DatasetKind::copy && t.dataset_path.empty()) {
     MOEPEAK_THROW("invalid config: ", shown(cfg, "training.dataset"),

@@ -81,7 +81,8 @@ struct EnumNames<OptimizerKind> {
 };
 template <>
 struct EnumNames<OptimizerPlacement> {
-  static constexpr std::array<std::string_view, 3> names{"resident", "offload_serial", "offload_stream"};
+  static constexpr std::array<std::string_view, 3> names{"resident", "offload_serial",
+                                                         "offload_stream"};
 };
 template <>
 struct EnumNames<LrDecay> {
@@ -176,15 +177,15 @@ struct ParallelismConfig {
 
 struct SchedulesConfig {
   DispatchSchedule dispatch = DispatchSchedule::standard;
-  int64_t chunk_tokens = 4096;           // c
-  int64_t max_chunks = 16;               // K_max
+  int64_t chunk_tokens = 4096;  // c
+  int64_t max_chunks = 16;      // K_max
   ChunkMembership chunk_membership = ChunkMembership::strided;
   double llep_lambda = 1.3;
   double llep_alpha = 1.0;
   int64_t min_tokens_per_gemm = 32;
   VocabSchedule vocab = VocabSchedule::materialized;
   VocabPayload ring_payload = VocabPayload::automatic;
-  int64_t vocab_strip = 0;  // columns per strip, 0 = whole shard
+  int64_t vocab_strip = 0;        // columns per strip, 0 = whole shard
   int64_t vocab_kept_strips = 0;  // strips kept from forward to backward
   CheckpointSchedule checkpoint = CheckpointSchedule::standard;
   std::string sco_host_budget = "auto";  // byte size or "auto"
@@ -277,7 +278,8 @@ struct Config {
 // finally checks the rules that span keys. Throws moepeak::Error naming the file and line (or the
 // --set text) and the full key on an unknown section or key, a wrong type, an out-of-range value,
 // a value outside an enum, a TOML syntax error or a missing file.
-Config load_config(const std::vector<std::string>& files, const std::vector<std::string>& overrides);
+Config load_config(const std::vector<std::string>& files,
+                   const std::vector<std::string>& overrides);
 
 // Every key in schema order as valid TOML that load_config re-reads to the same settings; with
 // origins, each key not at its default carries a "  # file:line" (or "# --set ...") comment.

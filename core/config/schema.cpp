@@ -48,9 +48,7 @@ Rule text(std::string (*check)(const std::string&), std::string_view rule) {
   return r;
 }
 
-std::string check_non_empty(const std::string& s) {
-  return s.empty() ? "must not be empty" : "";
-}
+std::string check_non_empty(const std::string& s) { return s.empty() ? "must not be empty" : ""; }
 
 std::string check_run_name(const std::string& s) {
   if (s.empty()) return "must not be empty";
@@ -88,7 +86,8 @@ Field make_field(std::string_view section, std::string_view key, Rule rule, std:
   } else if constexpr (std::is_same_v<Value, std::string>) {
     f.type = rule.byte_size ? FieldType::byte_size : FieldType::string;
   } else {
-    static_assert(is_config_enum<Value>, "config members are int64_t, double, bool, string or enum");
+    static_assert(is_config_enum<Value>,
+                  "config members are int64_t, double, bool, string or enum");
     f.type = FieldType::enumeration;
     f.choices = EnumNames<Value>::names;
   }
@@ -234,7 +233,8 @@ const std::vector<Field>& field_table() {
             "OffloadStreamAdamW device staging slots s; a slot is refilled only after its "
             "write-back, so 3 overlaps all three stages."),
       // [lr_scheduler]
-      FIELD(lr_scheduler, warmup_steps, at_least(0), "Linear warm-up steps from 0 to optimizer.lr."),
+      FIELD(lr_scheduler, warmup_steps, at_least(0),
+            "Linear warm-up steps from 0 to optimizer.lr."),
       FIELD(lr_scheduler, decay, no_limit(), "Decay after warm-up down to min_lr_ratio x lr."),
       FIELD(lr_scheduler, min_lr_ratio, between({0, true}, {1, true}),
             "Final learning rate as a fraction of optimizer.lr."),
@@ -242,15 +242,13 @@ const std::vector<Field>& field_table() {
       FIELD(checkpoint, enable, no_limit(), "Write checkpoints."),
       FIELD(checkpoint, folder, text(check_non_empty, "non-empty"),
             "Checkpoint directory, relative to the run directory."),
-      FIELD(checkpoint, interval, at_least(0),
-            "Steps between checkpoints; 0 = only at the end."),
+      FIELD(checkpoint, interval, at_least(0), "Steps between checkpoints; 0 = only at the end."),
       FIELD(checkpoint, keep_latest, at_least(1), "Checkpoints kept; older ones are deleted."),
       // [metrics]
       FIELD(metrics, log_freq, at_least(1), "Steps between console metric lines."),
       FIELD(metrics, file, no_limit(),
             "JSONL metrics file; empty = metrics.jsonl in the run directory."),
-      FIELD(metrics, progress, no_limit(),
-            "Progress line; auto = when stdout is a terminal."),
+      FIELD(metrics, progress, no_limit(), "Progress line; auto = when stdout is a terminal."),
       // [runtime]
       FIELD(runtime, backend, no_limit(), "auto = CUDA when built and a GPU is usable, else CPU."),
       FIELD(runtime, device_memory, byte_size_or_auto(Bound{0, false}),
@@ -344,12 +342,18 @@ const Field* find_field(std::string_view section, std::string_view key) {
 
 std::string_view type_name(FieldType type) {
   switch (type) {
-    case FieldType::integer: return "integer";
-    case FieldType::floating: return "float";
-    case FieldType::boolean: return "boolean";
-    case FieldType::string: return "string";
-    case FieldType::enumeration: return "enum";
-    case FieldType::byte_size: return "byte size";
+    case FieldType::integer:
+      return "integer";
+    case FieldType::floating:
+      return "float";
+    case FieldType::boolean:
+      return "boolean";
+    case FieldType::string:
+      return "string";
+    case FieldType::enumeration:
+      return "enum";
+    case FieldType::byte_size:
+      return "byte size";
   }
   return "?";
 }
@@ -361,9 +365,12 @@ std::string allowed_text(const Field& field) {
       std::string r = range_text(field.lower, field.upper);
       return r.empty() ? "any" : r;
     }
-    case FieldType::boolean: return "true, false";
-    case FieldType::string: return field.text_rule.empty() ? "any" : std::string(field.text_rule);
-    case FieldType::enumeration: return choices_text(field.choices);
+    case FieldType::boolean:
+      return "true, false";
+    case FieldType::string:
+      return field.text_rule.empty() ? "any" : std::string(field.text_rule);
+    case FieldType::enumeration:
+      return choices_text(field.choices);
     case FieldType::byte_size: {
       std::string r = "byte size (\"16GiB\", \"512MB\", \"4096\") or \"auto\"";
       if (field.lower || field.upper) r += "; bytes " + range_text(field.lower, field.upper);
@@ -393,7 +400,8 @@ std::string check_value(const Field& field, const FieldValue& value) {
       }
       return "";
     }
-    case FieldType::boolean: return "";
+    case FieldType::boolean:
+      return "";
     case FieldType::string: {
       if (!field.check_text) return "";
       std::string problem = field.check_text(std::get<std::string>(value));
@@ -402,9 +410,10 @@ std::string check_value(const Field& field, const FieldValue& value) {
     }
     case FieldType::enumeration: {
       const std::string& v = std::get<std::string>(value);
-      if (std::find(field.choices.begin(), field.choices.end(), v) != field.choices.end()) return "";
-      std::string msg = key + " must be one of " + choices_text(field.choices) + "; got " +
-                        quote_toml_string(v);
+      if (std::find(field.choices.begin(), field.choices.end(), v) != field.choices.end())
+        return "";
+      std::string msg =
+          key + " must be one of " + choices_text(field.choices) + "; got " + quote_toml_string(v);
       if (auto near = closest_match(v, {field.choices.begin(), field.choices.end()})) {
         msg += " (did you mean '" + *near + "'?)";
       }
@@ -415,7 +424,8 @@ std::string check_value(const Field& field, const FieldValue& value) {
       if (v == "auto") return "";
       std::optional<uint64_t> bytes = parse_bytes(v);
       if (!bytes) {
-        return key + " must be a byte size such as \"16GiB\", \"512MB\" or \"4096\", or \"auto\"; got " +
+        return key +
+               " must be a byte size such as \"16GiB\", \"512MB\" or \"4096\", or \"auto\"; got " +
                quote_toml_string(v);
       }
       if (!in_range(static_cast<double>(*bytes), field.lower, field.upper)) {
@@ -433,11 +443,21 @@ std::string quote_toml_string(std::string_view text) {
   for (char c : text) {
     unsigned char u = static_cast<unsigned char>(c);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (u < 0x20 || u == 0x7f) {
           char buf[8];
@@ -499,8 +519,8 @@ std::optional<std::string> closest_match(std::string_view word,
 namespace moepeak {
 
 using config_schema::Field;
-using config_schema::Section;
 using config_schema::markdown_cell;
+using config_schema::Section;
 
 std::string config_to_toml(const Config& cfg, bool with_origins) {
   std::string out;

@@ -30,7 +30,7 @@ struct Field {
   std::string_view key;
   FieldType type;
   FieldValue (*get)(const Config&);
-  void (*set)(Config&, const FieldValue&);  // the value must have passed check_value
+  void (*set)(Config&, const FieldValue&);    // the value must have passed check_value
   std::span<const std::string_view> choices;  // enumeration: the allowed spellings
   std::optional<Bound> lower, upper;          // integer, floating; byte_size: on the byte count
   // string: returns what is wrong with the text, or "" when it is fine.

@@ -22,7 +22,8 @@ constexpr uint64_t kGoldenGamma = 0x9e3779b97f4a7c15ULL;  // splitmix64's increm
 // any counter changes the result unpredictably.
 uint64_t counter_hash(std::array<uint64_t, 4> counters) {
   uint64_t h = 0x6d6f657065616b31ULL;  // "moepeak1"
-  for (uint64_t c : counters) h = splitmix64_mix(h + kGoldenGamma + splitmix64_mix(c + kGoldenGamma));
+  for (uint64_t c : counters)
+    h = splitmix64_mix(h + kGoldenGamma + splitmix64_mix(c + kGoldenGamma));
   return h;
 }
 
@@ -33,7 +34,8 @@ int64_t copy_task_random_token(int64_t seed, int64_t step, int64_t sequence, int
   uint64_t bits = counter_hash({static_cast<uint64_t>(seed), static_cast<uint64_t>(step),
                                 static_cast<uint64_t>(sequence), static_cast<uint64_t>(index)});
   // Multiply-shift maps 64 random bits onto [0, V) (Lemire); the bias is below V / 2^64.
-  unsigned __int128 scaled = static_cast<unsigned __int128>(bits) * static_cast<uint64_t>(vocab_size);
+  unsigned __int128 scaled =
+      static_cast<unsigned __int128>(bits) * static_cast<uint64_t>(vocab_size);
   return static_cast<int64_t>(static_cast<uint64_t>(scaled >> 64));
 }
 
@@ -80,9 +82,8 @@ void CopyTaskLoader::restore(std::span<const uint8_t> state) {
 }
 
 std::string CopyTaskLoader::describe() const {
-  return detail::concat("copy task: ", batch_size_, " x ", seq_len_, " tokens per step, ",
-                        half(), " random tokens then their copy, vocab ", vocab_size_, ", seed ",
-                        seed_);
+  return detail::concat("copy task: ", batch_size_, " x ", seq_len_, " tokens per step, ", half(),
+                        " random tokens then their copy, vocab ", vocab_size_, ", seed ", seed_);
 }
 
 }  // namespace moepeak

@@ -21,7 +21,8 @@ void append_le(std::vector<uint8_t>& out, uint64_t value, int bytes) {
 
 uint64_t read_le(std::span<const uint8_t> in, size_t at, int bytes) {
   uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i) value |= static_cast<uint64_t>(in[at + static_cast<size_t>(i)]) << (8 * i);
+  for (int i = 0; i < bytes; ++i)
+    value |= static_cast<uint64_t>(in[at + static_cast<size_t>(i)]) << (8 * i);
   return value;
 }
 
@@ -29,9 +30,12 @@ uint64_t read_le(std::span<const uint8_t> in, size_t at, int bytes) {
 
 std::string_view loader_kind_name(LoaderKind kind) {
   switch (kind) {
-    case LoaderKind::copy: return "copy";
-    case LoaderKind::bin: return "bin";
-    case LoaderKind::megatron: return "megatron";
+    case LoaderKind::copy:
+      return "copy";
+    case LoaderKind::bin:
+      return "bin";
+    case LoaderKind::megatron:
+      return "megatron";
   }
   return "unknown";
 }
@@ -64,9 +68,9 @@ std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, Loader
   const uint64_t saved_fields = read_le(state, 6, 2);
   const size_t expected_bytes = kStateHeaderBytes + 8 * field_count;
   if (saved_fields != field_count || state.size() != expected_bytes) {
-    MOEPEAK_THROW("data-loader state: ", state.size(), " bytes with ", saved_fields,
-                  " fields; a '", loader_kind_name(kind), "' state has ", expected_bytes,
-                  " bytes with ", field_count, " fields");
+    MOEPEAK_THROW("data-loader state: ", state.size(), " bytes with ", saved_fields, " fields; a '",
+                  loader_kind_name(kind), "' state has ", expected_bytes, " bytes with ",
+                  field_count, " fields");
   }
   std::vector<uint64_t> fields(field_count);
   for (size_t i = 0; i < field_count; ++i) fields[i] = read_le(state, kStateHeaderBytes + 8 * i, 8);
@@ -76,8 +80,8 @@ std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, Loader
 std::unique_ptr<DataLoader> make_data_loader(const TrainingConfig& training,
                                              const ModelConfig& model, int64_t seed) {
   if (training.dataset == DatasetKind::copy) {
-    return std::make_unique<CopyTaskLoader>(training.batch_size, training.seq_len,
-                                            model.vocab_size, seed);
+    return std::make_unique<CopyTaskLoader>(training.batch_size, training.seq_len, model.vocab_size,
+                                            seed);
   }
   if (training.dataset_path.empty()) {
     MOEPEAK_THROW("training.dataset_path is required when training.dataset is ",

@@ -76,25 +76,36 @@ void MappedFile::unmap() {
 size_t token_storage_size(TokenStorage storage) {
   switch (storage) {
     case TokenStorage::u8:
-    case TokenStorage::i8: return 1;
+    case TokenStorage::i8:
+      return 1;
     case TokenStorage::u16:
-    case TokenStorage::i16: return 2;
+    case TokenStorage::i16:
+      return 2;
     case TokenStorage::u32:
-    case TokenStorage::i32: return 4;
-    case TokenStorage::i64: return 8;
+    case TokenStorage::i32:
+      return 4;
+    case TokenStorage::i64:
+      return 8;
   }
   return 0;
 }
 
 std::string_view token_storage_name(TokenStorage storage) {
   switch (storage) {
-    case TokenStorage::u8: return "uint8";
-    case TokenStorage::i8: return "int8";
-    case TokenStorage::u16: return "uint16";
-    case TokenStorage::i16: return "int16";
-    case TokenStorage::u32: return "uint32";
-    case TokenStorage::i32: return "int32";
-    case TokenStorage::i64: return "int64";
+    case TokenStorage::u8:
+      return "uint8";
+    case TokenStorage::i8:
+      return "int8";
+    case TokenStorage::u16:
+      return "uint16";
+    case TokenStorage::i16:
+      return "int16";
+    case TokenStorage::u32:
+      return "uint32";
+    case TokenStorage::i32:
+      return "int32";
+    case TokenStorage::i64:
+      return "int64";
   }
   return "?";
 }
@@ -105,13 +116,20 @@ namespace {
 template <typename Fn>
 decltype(auto) with_storage_type(TokenStorage storage, Fn&& fn) {
   switch (storage) {
-    case TokenStorage::u8: return fn(uint8_t{});
-    case TokenStorage::i8: return fn(int8_t{});
-    case TokenStorage::u16: return fn(uint16_t{});
-    case TokenStorage::i16: return fn(int16_t{});
-    case TokenStorage::u32: return fn(uint32_t{});
-    case TokenStorage::i32: return fn(int32_t{});
-    case TokenStorage::i64: return fn(int64_t{});
+    case TokenStorage::u8:
+      return fn(uint8_t{});
+    case TokenStorage::i8:
+      return fn(int8_t{});
+    case TokenStorage::u16:
+      return fn(uint16_t{});
+    case TokenStorage::i16:
+      return fn(int16_t{});
+    case TokenStorage::u32:
+      return fn(uint32_t{});
+    case TokenStorage::i32:
+      return fn(int32_t{});
+    case TokenStorage::i64:
+      return fn(int64_t{});
   }
   return fn(uint8_t{});
 }
@@ -190,7 +208,8 @@ void TokenDataset::read_cyclic(uint64_t begin, uint64_t count, int64_t* out) con
       const uint64_t within = position - run->stream_begin;
       const uint64_t take = std::min(count, run->tokens - within);
       const uint8_t* src = file_.data() + run->byte_offset + within * element;
-      for (uint64_t i = 0; i < take; ++i) *out++ = static_cast<int64_t>(load_le<T>(src + i * element));
+      for (uint64_t i = 0; i < take; ++i)
+        *out++ = static_cast<int64_t>(load_le<T>(src + i * element));
       count -= take;
       position += take;
       if (++run == runs_.end()) {
@@ -207,7 +226,7 @@ namespace {
 
 constexpr size_t kLlmcHeaderInts = 256;
 constexpr size_t kLlmcHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
-constexpr int32_t kLlmcMagicGpt2 = 20240520;   // version 1, uint16 tokens
+constexpr int32_t kLlmcMagicGpt2 = 20240520;    // version 1, uint16 tokens
 constexpr int32_t kLlmcMagicLlama3 = 20240801;  // version 7, uint32 tokens
 
 TokenDataset open_headerless_bin(MappedFile file, TokenStorage storage) {
@@ -247,12 +266,13 @@ TokenDataset open_llmc_bin(MappedFile file) {
     storage = TokenStorage::u32;
     model = "llama-3";
   } else {
-    MOEPEAK_THROW(file.path(), ": bad llm.c magic ", magic, " at byte 0 (expected ",
-                  kLlmcMagicGpt2, " or ", kLlmcMagicLlama3,
+    MOEPEAK_THROW(file.path(), ": bad llm.c magic ", magic, " at byte 0 (expected ", kLlmcMagicGpt2,
+                  " or ", kLlmcMagicLlama3,
                   "); for a headerless file set training.token_dtype to uint16 or uint32");
   }
   if (declared < 0) {
-    MOEPEAK_THROW(file.path(), ": llm.c header token count ", declared, " (int32 at byte 8) is negative");
+    MOEPEAK_THROW(file.path(), ": llm.c header token count ", declared,
+                  " (int32 at byte 8) is negative");
   }
   const size_t element = token_storage_size(storage);
   const uint64_t payload = file.size() - kLlmcHeaderBytes;
@@ -263,9 +283,8 @@ TokenDataset open_llmc_bin(MappedFile file) {
   }
   if (payload / element != static_cast<uint64_t>(declared)) {
     MOEPEAK_THROW(file.path(), ": the header says ", declared, " tokens (",
-                  static_cast<uint64_t>(declared) * element, " bytes after the ",
-                  kLlmcHeaderBytes, "-byte header) but the file has ", payload,
-                  " bytes after the header");
+                  static_cast<uint64_t>(declared) * element, " bytes after the ", kLlmcHeaderBytes,
+                  "-byte header) but the file has ", payload, " bytes after the header");
   }
   std::string format = detail::concat("llm.c ", model, " .bin (", token_storage_name(storage), ")");
   return TokenDataset(std::move(file), storage, LoaderKind::bin, std::move(format),
@@ -277,9 +296,12 @@ TokenDataset open_llmc_bin(MappedFile file) {
 TokenDataset open_token_bin(const std::string& path, TokenDtype token_dtype) {
   MappedFile file(path);
   switch (token_dtype) {
-    case TokenDtype::uint16: return open_headerless_bin(std::move(file), TokenStorage::u16);
-    case TokenDtype::uint32: return open_headerless_bin(std::move(file), TokenStorage::u32);
-    case TokenDtype::llmc: return open_llmc_bin(std::move(file));
+    case TokenDtype::uint16:
+      return open_headerless_bin(std::move(file), TokenStorage::u16);
+    case TokenDtype::uint32:
+      return open_headerless_bin(std::move(file), TokenStorage::u32);
+    case TokenDtype::llmc:
+      return open_llmc_bin(std::move(file));
   }
   MOEPEAK_THROW(path, ": unknown token dtype");
 }
@@ -293,12 +315,18 @@ constexpr size_t kMegatronHeaderBytes = 9 + 8 + 1 + 8 + 8;  // magic, version, d
 
 TokenStorage megatron_storage(uint8_t code, const std::string& idx_path) {
   switch (code) {
-    case 1: return TokenStorage::u8;
-    case 2: return TokenStorage::i8;
-    case 3: return TokenStorage::i16;
-    case 4: return TokenStorage::i32;
-    case 5: return TokenStorage::i64;
-    case 8: return TokenStorage::u16;
+    case 1:
+      return TokenStorage::u8;
+    case 2:
+      return TokenStorage::i8;
+    case 3:
+      return TokenStorage::i16;
+    case 4:
+      return TokenStorage::i32;
+    case 5:
+      return TokenStorage::i64;
+    case 8:
+      return TokenStorage::u16;
     case 6:
     case 7:
       MOEPEAK_THROW(idx_path, ": dtype code ", int(code), " (byte 17) is a floating-point type (",
@@ -310,7 +338,8 @@ TokenStorage megatron_storage(uint8_t code, const std::string& idx_path) {
 }
 
 std::string strip_suffix(const std::string& path, std::string_view suffix) {
-  if (path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+  if (path.size() >= suffix.size() &&
+      path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
     return path.substr(0, path.size() - suffix.size());
   }
   return path;
@@ -331,11 +360,13 @@ TokenDataset open_megatron_dataset(const std::string& path) {
                   " bytes, the header is ", kMegatronHeaderBytes);
   }
   if (std::memcmp(p, kMegatronMagic, sizeof(kMegatronMagic)) != 0) {
-    MOEPEAK_THROW(idx_path, ": bad magic at byte 0 (expected \"MMIDIDX\\x00\\x00\", a Megatron "
+    MOEPEAK_THROW(idx_path,
+                  ": bad magic at byte 0 (expected \"MMIDIDX\\x00\\x00\", a Megatron "
                   "indexed dataset index)");
   }
   const uint64_t version = load_le<uint64_t>(p + 9);
-  if (version != 1) MOEPEAK_THROW(idx_path, ": unsupported index version ", version, " (byte 9; expected 1)");
+  if (version != 1)
+    MOEPEAK_THROW(idx_path, ": unsupported index version ", version, " (byte 9; expected 1)");
   const TokenStorage storage = megatron_storage(p[17], idx_path);
   const uint64_t element = token_storage_size(storage);
   const uint64_t sequences = load_le<uint64_t>(p + 18);
@@ -357,7 +388,8 @@ TokenDataset open_megatron_dataset(const std::string& path) {
   }
 
   // The document index: where each document's sequences start, ending with S.
-  if (documents == 0) MOEPEAK_THROW(idx_path, ": the document index is empty (it ends with the sequence count)");
+  if (documents == 0)
+    MOEPEAK_THROW(idx_path, ": the document index is empty (it ends with the sequence count)");
   int64_t previous = 0;
   for (uint64_t d = 0; d < documents; ++d) {
     const int64_t start = load_le<int64_t>(p + documents_at + 8 * d);
@@ -393,10 +425,10 @@ TokenDataset open_megatron_dataset(const std::string& path) {
     }
     runs.push_back({0, begin, static_cast<uint64_t>(length)});
   }
-  std::string format = detail::concat("Megatron indexed dataset (", token_storage_name(storage), ", ",
-                                      documents - 1, " documents, ", sequences, " sequences)");
-  return TokenDataset(std::move(bin), storage, LoaderKind::megatron, std::move(format), 0,
-                      runs);
+  std::string format =
+      detail::concat("Megatron indexed dataset (", token_storage_name(storage), ", ", documents - 1,
+                     " documents, ", sequences, " sequences)");
+  return TokenDataset(std::move(bin), storage, LoaderKind::megatron, std::move(format), 0, runs);
 }
 
 // ---- TokenWindowLoader --------------------------------------------------------------------------
@@ -404,7 +436,8 @@ TokenDataset open_megatron_dataset(const std::string& path) {
 TokenWindowLoader::TokenWindowLoader(TokenDataset dataset, int64_t batch_size, int64_t seq_len,
                                      int64_t vocab_size)
     : dataset_(std::move(dataset)), batch_size_(batch_size), seq_len_(seq_len) {
-  if (batch_size < 1) MOEPEAK_THROW(dataset_.path(), ": training.batch_size ", batch_size, " must be >= 1");
+  if (batch_size < 1)
+    MOEPEAK_THROW(dataset_.path(), ": training.batch_size ", batch_size, " must be >= 1");
   if (seq_len < 1) MOEPEAK_THROW(dataset_.path(), ": training.seq_len ", seq_len, " must be >= 1");
   if (dataset_.token_count() < static_cast<uint64_t>(seq_len) + 1) {
     MOEPEAK_THROW(dataset_.path(), ": ", dataset_.token_count(),
@@ -419,14 +452,13 @@ void TokenWindowLoader::next_batch(int64_t* input_ids, int64_t* labels) {
   const uint64_t N = dataset_.token_count();
   const uint64_t T = static_cast<uint64_t>(seq_len_);
   for (int64_t b = 0; b < batch_size_; ++b) {
-    const uint64_t start = static_cast<uint64_t>(
-        (cursor_ + static_cast<unsigned __int128>(b) * T) % N);
+    const uint64_t start =
+        static_cast<uint64_t>((cursor_ + static_cast<unsigned __int128>(b) * T) % N);
     dataset_.read_cyclic(start, T + 1, window_.data());
     std::copy(window_.begin(), window_.end() - 1, input_ids + b * seq_len_);
     std::copy(window_.begin() + 1, window_.end(), labels + b * seq_len_);
   }
-  cursor_ = static_cast<uint64_t>(
-      (cursor_ + static_cast<unsigned __int128>(batch_size_) * T) % N);
+  cursor_ = static_cast<uint64_t>((cursor_ + static_cast<unsigned __int128>(batch_size_) * T) % N);
 }
 
 std::vector<uint8_t> TokenWindowLoader::state() const {
@@ -449,8 +481,8 @@ void TokenWindowLoader::restore(std::span<const uint8_t> state) {
 
 std::string TokenWindowLoader::describe() const {
   return detail::concat(dataset_.path(), ": ", dataset_.format(), ", ", dataset_.token_count(),
-                        " tokens; ", batch_size_, " windows of ", seq_len_, " + 1 tokens per step, ",
-                        batch_size_ * seq_len_, " tokens per step");
+                        " tokens; ", batch_size_, " windows of ", seq_len_,
+                        " + 1 tokens per step, ", batch_size_ * seq_len_, " tokens per step");
 }
 
 }  // namespace moepeak

@@ -81,7 +81,7 @@ class TokenDataset {
   LoaderKind kind() const { return kind_; }
   TokenStorage storage() const { return storage_; }
   const std::string& format() const { return format_; }  // for describe(), e.g. "llm.c .bin"
-  uint64_t token_count() const { return token_count_; }   // N
+  uint64_t token_count() const { return token_count_; }  // N
 
   // Throws moepeak::Error on the first token id outside [0, vocab_size): "PATH: token X at
   // offset I (byte B) is >= model.vocab_size V", where I counts tokens of the file's storage

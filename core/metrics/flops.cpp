@@ -17,10 +17,10 @@ namespace moepeak {
 double step_flops(const ModelConfig& model, int64_t batch, int64_t seq_len) {
   const double N = static_cast<double>(batch * seq_len);
   const double active = static_cast<double>(ParamLayout(model).active_matmul_parameters());
-  const double attention = 6.0 * static_cast<double>(batch) * static_cast<double>(model.num_hidden_layers) *
-                           static_cast<double>(model.num_attention_heads) *
-                           static_cast<double>(seq_len) * static_cast<double>(seq_len) *
-                           static_cast<double>(model.head_dim_resolved());
+  const double attention =
+      6.0 * static_cast<double>(batch) * static_cast<double>(model.num_hidden_layers) *
+      static_cast<double>(model.num_attention_heads) * static_cast<double>(seq_len) *
+      static_cast<double>(seq_len) * static_cast<double>(model.head_dim_resolved());
   return 6.0 * N * active + attention;
 }
 
@@ -30,17 +30,21 @@ double measure_cpu_gemm_gflops(DType dtype, int n, int repeats) {
   std::vector<double> a64, b64, c64;
   std::vector<float> a32, b32, c32;
   if (dtype == DType::f32) {
-    a32.assign(count, 0.5f); b32.assign(count, 0.25f); c32.assign(count, 0.f);
+    a32.assign(count, 0.5f);
+    b32.assign(count, 0.25f);
+    c32.assign(count, 0.f);
   } else {
-    a64.assign(count, 0.5); b64.assign(count, 0.25); c64.assign(count, 0.);
+    a64.assign(count, 0.5);
+    b64.assign(count, 0.25);
+    c64.assign(count, 0.);
   }
   auto gemm = [&] {
     if (dtype == DType::f32) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.f, a32.data(), n, b32.data(), n,
-                  0.f, c32.data(), n);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.f, a32.data(), n, b32.data(),
+                  n, 0.f, c32.data(), n);
     } else {
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1., a64.data(), n, b64.data(), n,
-                  0., c64.data(), n);
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1., a64.data(), n, b64.data(),
+                  n, 0., c64.data(), n);
     }
   };
   gemm();  // warm-up: thread pool, page faults
@@ -48,7 +52,8 @@ double measure_cpu_gemm_gflops(DType dtype, int n, int repeats) {
   for (int r = 0; r < repeats; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     gemm();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * n * static_cast<double>(n) * n / best / 1e9;
 }
@@ -65,7 +70,7 @@ double measure_backend_gemm_gflops(Backend& backend, DType dtype, int n, int rep
   const OwnedTensor x = square(0.01, "GEMM ceiling x"), w = square(0.01, "GEMM ceiling w"),
                     y = square(0.0, "GEMM ceiling y");
   std::unique_ptr<Event> start = backend.create_event(EventTiming::on),
-                        end = backend.create_event(EventTiming::on);
+                         end = backend.create_event(EventTiming::on);
   double best_ms = 1e30;
   for (int r = 0; r <= repeats; ++r) {  // r = 0: the untimed first run
     start->record(stream);

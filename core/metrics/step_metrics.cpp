@@ -52,7 +52,8 @@ std::string step_metrics_line(const StepMetrics& m) {
   return buf;
 }
 
-MetricsLog::MetricsLog(const std::string& path, bool progress, int64_t first_step, int64_t last_step)
+MetricsLog::MetricsLog(const std::string& path, bool progress, int64_t first_step,
+                       int64_t last_step)
     : path_(path), progress_(progress), first_step_(first_step), last_step_(last_step) {
   file_ = std::fopen(path.c_str(), "a");
   if (file_ == nullptr) {

@@ -25,12 +25,12 @@ struct StepMetrics {
   double step_time_s = 0;
   double tokens_per_s = 0;  // the job's: B*T over the slowest rank's step time
   int world_size = 1;
-  double tflops = 0;  // achieved model TFLOP/s (flops.h)
-  double mfu = 0;     // tflops / peak, in [0, 1]
-  uint64_t peak_total = 0;      // device bytes at the step's peak
-  MemorySnapshot peak_per_set;  // each live set's own peak during the step
-  MemorySnapshot at_peak;       // live sets at the moment of the total peak
-  uint64_t capacity = 0;        // device memory capacity
+  double tflops = 0;                 // achieved model TFLOP/s (flops.h)
+  double mfu = 0;                    // tflops / peak, in [0, 1]
+  uint64_t peak_total = 0;           // device bytes at the step's peak
+  MemorySnapshot peak_per_set;       // each live set's own peak during the step
+  MemorySnapshot at_peak;            // live sets at the moment of the total peak
+  uint64_t capacity = 0;             // device memory capacity
   MemorySnapshot host_peak_per_set;  // pinned host pool, each live set's peak so far in the run
   // Per rank (W entries, rank order): this rank's tokens over its own step time, and its total
   // device peak. The console line shows the largest peak.

@@ -30,12 +30,12 @@ using schedules::HeadKind;
 // layout of the attention (B, T, h_r, d) (with W = 1 that is the token layout); attn is the
 // attention output back in this rank's token layout, kept for o_proj's backward (W > 1 only).
 struct MixtralModel::LayerActivations {
-  OwnedTensor n1, rstd1;        // input norm (N, H), (N)
-  OwnedTensor q, k, v;          // (B, T, hq_r, d), (B, T, hkv_r, d) x2, after RoPE
-  OwnedTensor out, lse;         // (B, T, hq_r, d), (B, hq_r, T)
-  OwnedTensor attn;             // (N, nh*d) when W > 1
-  OwnedTensor h;                // (N, H) x + o_proj(attn)
-  OwnedTensor n2, rstd2;        // post-attention norm (N, H), (N)
+  OwnedTensor n1, rstd1;                       // input norm (N, H), (N)
+  OwnedTensor q, k, v;                         // (B, T, hq_r, d), (B, T, hkv_r, d) x2, after RoPE
+  OwnedTensor out, lse;                        // (B, T, hq_r, d), (B, hq_r, T)
+  OwnedTensor attn;                            // (N, nh*d) when W > 1
+  OwnedTensor h;                               // (N, H) x + o_proj(attn)
+  OwnedTensor n2, rstd2;                       // post-attention norm (N, H), (N)
   OwnedTensor probs, topk_index, topk_weight;  // (N, E), (N, k) i32, (N, k)
   schedules::ExpertDispatch* dispatch = nullptr;  // the layer's, in MixtralModel::dispatchers_
 
@@ -66,8 +66,13 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
 
 MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                            const SchedulesConfig& schedules, DType dtype)
-    : backend_(backend), stream_(stream), comm_(comm), model_(model), schedules_(schedules),
-      checkpoint_(schedules.checkpoint), dtype_(dtype),
+    : backend_(backend),
+      stream_(stream),
+      comm_(comm),
+      model_(model),
+      schedules_(schedules),
+      checkpoint_(schedules.checkpoint),
+      dtype_(dtype),
       params_(backend, model, dtype, comm, lm_head_sharding(schedules.vocab)),
       groups_(zero_gather_groups(params_.layout(), params_.lm_head_sharding())) {
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 ||
@@ -81,16 +86,16 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
     boundaries_ = std::make_unique<schedules::StandardBoundaries>();
   }
   if (schedules_.vocab == VocabSchedule::ring_dtp) {  // collective: duplicates the communicator
-    ring_vocab_ = std::make_unique<schedules::RingDtpVocab>(backend_, stream_, comm_, dtype_,
-                                                            model_.vocab_size, schedules_.ring_payload,
-                                                            schedules_.vocab_strip,
-                                                            schedules_.vocab_kept_strips);
+    ring_vocab_ = std::make_unique<schedules::RingDtpVocab>(
+        backend_, stream_, comm_, dtype_, model_.vocab_size, schedules_.ring_payload,
+        schedules_.vocab_strip, schedules_.vocab_kept_strips);
   }
 }
 
 MixtralModel::~MixtralModel() = default;
 
-void MixtralModel::check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len, int world) {
+void MixtralModel::check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len,
+                                int world) {
   if (world < 1 || model.num_local_experts % world != 0) {
     MOEPEAK_THROW("expert parallelism over W = ", world, " ranks needs model.num_local_experts (",
                   model.num_local_experts, ") divisible by W");
@@ -108,8 +113,10 @@ std::unique_ptr<schedules::ExpertDispatch> MixtralModel::make_dispatch() {
   const int64_t E = model_.num_local_experts;
   switch (s.dispatch) {
     case DispatchSchedule::standard:
-      if (comm_.world_size() == 1) return std::make_unique<schedules::StandardDispatch>(backend_, stream_, dtype_);
-      return std::make_unique<schedules::ExpertParallelDispatch>(backend_, stream_, comm_, dtype_, E);
+      if (comm_.world_size() == 1)
+        return std::make_unique<schedules::StandardDispatch>(backend_, stream_, dtype_);
+      return std::make_unique<schedules::ExpertParallelDispatch>(backend_, stream_, comm_, dtype_,
+                                                                 E);
     case DispatchSchedule::llep:
       return std::make_unique<schedules::LlepDispatch>(
           backend_, stream_, comm_, dtype_, E,
@@ -135,8 +142,9 @@ std::vector<schedules::ExpertWeights> MixtralModel::local_experts_of(int layer) 
   return experts;
 }
 
-OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Group& w, const Tensor& x,
-                                            const TokenBatch& batch, LayerActivations& a) {
+OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Group& w,
+                                            const Tensor& x, const TokenBatch& batch,
+                                            LayerActivations& a) {
   const schedules::UlyssesLayout& U = ulysses_;
   const int64_t N = x.size(0), H = model_.hidden_size, B = batch.batch, T = batch.seq_len;
   const int64_t nh = model_.num_attention_heads, nkv = model_.num_key_value_heads;
@@ -154,7 +162,8 @@ OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Grou
   ops::linear_forward(a.n1, w.value(L.k), k, false, stream_);
   ops::linear_forward(a.n1, w.value(L.v), v, false, stream_);
   ops::rope_forward(q.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta, stream_);
-  ops::rope_forward(k.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta, stream_);
+  ops::rope_forward(k.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta,
+                    stream_);
 
   // To the head layout: whole sequences of this rank's heads.
   OwnedTensor staging;
@@ -166,8 +175,8 @@ OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Grou
     staging = schedules::make_ulysses_staging(backend_, U, dtype_);
     auto to_heads = [&](const OwnedTensor& seq, HeadKind kind, const char* what) {
       OwnedTensor heads = device(U.heads_shape(kind), LiveSet::attention, what);
-      schedules::seq_to_heads(seq.view().reshape(U.seq_shape(kind)), heads, kind, staging, U,
-                              comm_, stream_);
+      schedules::seq_to_heads(seq.view().reshape(U.seq_shape(kind)), heads, kind, staging, U, comm_,
+                              stream_);
       return heads;
     };
     a.q = to_heads(q, HeadKind::query, "q (head layout)");
@@ -183,8 +192,8 @@ OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Grou
                               LiveSet::attention, "attention lse");
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   ops::attention_forward(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
-                             a.v.view().reshape(kv_heads), scale, a.out.view().reshape(q_heads),
-                             a.lse, stream_);
+                         a.v.view().reshape(kv_heads), scale, a.out.view().reshape(q_heads), a.lse,
+                         stream_);
   Tensor attn = a.out.view().reshape(Shape{N, nh * d});
   if (exchange) {
     a.attn = device(Shape{N, nh * d}, LiveSet::attention, "attention output (token layout)");
@@ -227,15 +236,15 @@ OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Gro
   OwnedTensor dv = device(kv_heads, LiveSet::workspace, "dv");
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   ops::attention_backward(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
-                              a.v.view().reshape(kv_heads), a.out.view().reshape(q_heads), a.lse,
-                              dout.view().reshape(q_heads), scale, dq, dk, dv, stream_);
+                          a.v.view().reshape(kv_heads), a.out.view().reshape(q_heads), a.lse,
+                          dout.view().reshape(q_heads), scale, dq, dk, dv, stream_);
   dout.reset();
   if (exchange) {
     // Back to this rank's tokens; a kv head replicated on several ranks sums their gradients.
     auto to_tokens = [&](OwnedTensor& heads, HeadKind kind, int64_t width, const char* what) {
       OwnedTensor seq = device(Shape{N, width}, LiveSet::workspace, what);
-      schedules::heads_to_seq(heads, seq.view().reshape(U.seq_shape(kind)), kind, true, staging,
-                              U, comm_, stream_);
+      schedules::heads_to_seq(heads, seq.view().reshape(U.seq_shape(kind)), kind, true, staging, U,
+                              comm_, stream_);
       heads.reset();
       return seq;
     };
@@ -243,15 +252,17 @@ OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Gro
     dk = to_tokens(dk, HeadKind::kv, nkv * d, "dk (token layout)");
     dv = to_tokens(dv, HeadKind::kv, nkv * d, "dv (token layout)");
   }
-  ops::rope_backward(dq.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta, stream_);
-  ops::rope_backward(dk.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta, stream_);
+  ops::rope_backward(dq.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta,
+                     stream_);
+  ops::rope_backward(dk.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta,
+                     stream_);
   OwnedTensor dn1 = device(Shape{N, H}, LiveSet::workspace, "d input norm");
   ops::linear_backward(a.n1, w.value(L.q), dq.view().reshape(Shape{N, nh * d}), dn1, false,
-                           w.grad(L.q), stream_);
+                       w.grad(L.q), stream_);
   ops::linear_backward(a.n1, w.value(L.k), dk.view().reshape(Shape{N, nkv * d}), dn1, true,
-                           w.grad(L.k), stream_);
+                       w.grad(L.k), stream_);
   ops::linear_backward(a.n1, w.value(L.v), dv.view().reshape(Shape{N, nkv * d}), dn1, true,
-                           w.grad(L.v), stream_);
+                       w.grad(L.v), stream_);
   OwnedTensor dx = device(Shape{N, H}, LiveSet::workspace, "d layer input");
   ops::rmsnorm_backward(x, w.value(L.input_norm), a.rstd1, dn1, dx, w.grad(L.input_norm), stream_);
   ops::add(dx, dh, dx, stream_);
@@ -259,7 +270,8 @@ OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Gro
 }
 
 OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor& x,
-                                        const TokenBatch& batch, LayerActivations& a, bool recompute) {
+                                        const TokenBatch& batch, LayerActivations& a,
+                                        bool recompute) {
   const LayerParamIndex& L = params_.layout().layers[layer];
   const int64_t N = x.size(0), H = model_.hidden_size;
   const int64_t E = model_.num_local_experts, k = model_.num_experts_per_tok;
@@ -271,17 +283,19 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor&
   a.rstd2 = device(Shape{N}, LiveSet::workspace, "post-attention norm rstd");
   ops::rmsnorm_forward(a.h, w.value(L.post_norm), model_.rms_norm_eps, a.n2, a.rstd2, stream_);
   a.probs = device(Shape{N, E}, LiveSet::workspace, "router probabilities");
-  a.topk_index = OwnedTensor::device(backend_, Shape{N, k}, DType::i32, LiveSet::workspace, "top-k experts");
+  a.topk_index =
+      OwnedTensor::device(backend_, Shape{N, k}, DType::i32, LiveSet::workspace, "top-k experts");
   a.topk_weight = device(Shape{N, k}, LiveSet::workspace, "top-k weights");
   {
     OwnedTensor router_logits = device(Shape{N, E}, LiveSet::workspace, "router logits");
     ops::linear_forward(a.n2, w.value(L.gate), router_logits, false, stream_);
-    ops::router_forward(router_logits, static_cast<int>(k), a.probs, a.topk_index,
-                            a.topk_weight, stream_);
+    ops::router_forward(router_logits, static_cast<int>(k), a.probs, a.topk_index, a.topk_weight,
+                        stream_);
   }
   OwnedTensor y = device(Shape{N, H}, LiveSet::boundaries, "layer output");
   ops::copy(a.h, y, stream_);
-  if (dispatchers_.size() <= static_cast<size_t>(layer)) dispatchers_.resize(static_cast<size_t>(layer) + 1);
+  if (dispatchers_.size() <= static_cast<size_t>(layer))
+    dispatchers_.resize(static_cast<size_t>(layer) + 1);
   if (!dispatchers_[layer]) dispatchers_[layer] = make_dispatch();
   a.dispatch = dispatchers_[layer].get();
   // The recompute's output is dropped: PipelinedLLEP then only plans (an undefined `out`), as
@@ -296,8 +310,9 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor&
   return y;
 }
 
-OwnedTensor MixtralModel::layer_backward(int layer, const Group& w, const Tensor& dy, const Tensor& x,
-                                         const TokenBatch& batch, LayerActivations& a) {
+OwnedTensor MixtralModel::layer_backward(int layer, const Group& w, const Tensor& dy,
+                                         const Tensor& x, const TokenBatch& batch,
+                                         LayerActivations& a) {
   const LayerParamIndex& L = params_.layout().layers[layer];
   const int64_t N = x.size(0), H = model_.hidden_size;
   const int64_t E = model_.num_local_experts, k = model_.num_experts_per_tok;
@@ -310,7 +325,8 @@ OwnedTensor MixtralModel::layer_backward(int layer, const Group& w, const Tensor
     a.dispatch->backward(dy, local_experts_of(layer), dn2, dtopk_weight);
     OwnedTensor drouter = device(Shape{N, E}, LiveSet::workspace, "d router logits");
     ops::router_backward(a.probs, a.topk_index, a.topk_weight, dtopk_weight, drouter, stream_);
-    if (aux_dprobs_.view().defined()) ops::router_aux_backward(a.probs, aux_dprobs_, drouter, stream_);
+    if (aux_dprobs_.view().defined())
+      ops::router_aux_backward(a.probs, aux_dprobs_, drouter, stream_);
     ops::linear_backward(a.n2, w.value(L.gate), drouter, dn2, true, w.grad(L.gate), stream_);
   }
   OwnedTensor dh = device(Shape{N, H}, LiveSet::workspace, "d attention residual");
@@ -331,11 +347,11 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   ulysses_ = schedules::UlyssesLayout::make(B, T, W, comm_.rank(), model_.num_attention_heads,
                                             model_.num_key_value_heads, model_.head_dim_resolved());
   const int64_t N = ulysses_.local_tokens();
-  MOEPEAK_CHECK(batch.input_ids.numel() == N && batch.labels.numel() == N &&
-                    batch.positions.numel() == N,
-                "rank ", comm_.rank(), " of ", W, ": a batch of ", B, " x ", T, " tokens needs ", N,
-                " tokens per rank, not input_ids ", batch.input_ids.str(), ", labels ",
-                batch.labels.str(), ", positions ", batch.positions.str());
+  MOEPEAK_CHECK(
+      batch.input_ids.numel() == N && batch.labels.numel() == N && batch.positions.numel() == N,
+      "rank ", comm_.rank(), " of ", W, ": a batch of ", B, " x ", T, " tokens needs ", N,
+      " tokens per rank, not input_ids ", batch.input_ids.str(), ", labels ", batch.labels.str(),
+      ", positions ", batch.positions.str());
   MOEPEAK_CHECK(loss_tokens > 0, "a batch with no scored tokens (every label is -100)");
   expert_load_.assign(static_cast<size_t>(Lc), {});
   router_prob_sums_.assign(static_cast<size_t>(model_.num_local_experts), 0.0);
@@ -376,10 +392,12 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
     }
   }
 
-  Group head = params_.gather(groups_.back(), stream_, with_backward ? backward_parts : forward_parts);
+  Group head =
+      params_.gather(groups_.back(), stream_, with_backward ? backward_parts : forward_parts);
   OwnedTensor xf = device(Shape{N, H}, LiveSet::workspace, "final norm");
   OwnedTensor rstdf = device(Shape{N}, LiveSet::workspace, "final norm rstd");
-  ops::rmsnorm_forward(final_hidden, head.value(P.final_norm), model_.rms_norm_eps, xf, rstdf, stream_);
+  ops::rmsnorm_forward(final_hidden, head.value(P.final_norm), model_.rms_norm_eps, xf, rstdf,
+                       stream_);
   // The vocabulary projection and cross-entropy: materialised (N, V) logits over the gathered LM
   // head, or Ring-DTP over this rank's vocabulary rows (never gathered; its gradient accumulates
   // on this rank for every rank's batch, so it needs no reduce-scatter).
@@ -405,7 +423,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   }
   OwnedTensor dx = device(Shape{N, H}, LiveSet::workspace, "d final hidden");
   ops::rmsnorm_backward(final_hidden, head.value(P.final_norm), rstdf, dxf, dx,
-                            head.grad(P.final_norm), stream_);
+                        head.grad(P.final_norm), stream_);
   xf.reset();
   dxf.reset();
   final_hidden.reset();

@@ -38,8 +38,8 @@
 //
 // Live sets: weights and grads (ZeroParamStore: shards, local experts, the gathered group),
 // attention (norm, q, k, v, attention output, lse, exchange staging), dispatch (the expert
-// dispatcher), logits (MaterializedVocab, or RingDtpVocab), boundaries (each layer's output, the next layer's
-// input, restored inputs under SCO; in the pinned pool, SCO's host copies), workspace
+// dispatcher), logits (MaterializedVocab, or RingDtpVocab), boundaries (each layer's output, the
+// next layer's input, restored inputs under SCO; in the pinned pool, SCO's host copies), workspace
 // (everything else).
 #pragma once
 
@@ -59,7 +59,7 @@ namespace moepeak {
 namespace schedules {
 class RingDtpVocab;
 struct PipelinedLlepLane;
-}
+}  // namespace schedules
 
 // How the LM head is stored for a vocabulary schedule: by vocabulary rows for ring_dtp, else
 // ZeRO-3 like every dense tensor (the planner sizes `weights` and `grads` with the same choice).
@@ -70,7 +70,7 @@ struct TokenBatch {
   Tensor labels;     // (N) i64, device; -100 = not scored
   Tensor positions;  // (N) i64, device; global positions in each sequence
   int64_t batch = 0, seq_len = 0;  // B and the whole sequence length T (not T/W)
-  int64_t scored_tokens = 0;  // this rank's labels != -100
+  int64_t scored_tokens = 0;       // this rank's labels != -100
 };
 
 class MixtralModel {
@@ -107,7 +107,8 @@ class MixtralModel {
   double forward_loss(const TokenBatch& batch, int64_t loss_tokens);
 
   // Where the layers' inputs are kept between forward and backward (StandardBoundaries, or
-  // schedules::ScoBoundaries under checkpoint = "sco": tests read its |S| and slow its copy stream).
+  // schedules::ScoBoundaries under checkpoint = "sco": tests read its |S| and slow its copy
+  // stream).
   schedules::CheckpointBoundaries& boundaries() { return *boundaries_; }
 
   // Tokens routed to each expert of each layer in the last forward, over the job: [layer][expert].

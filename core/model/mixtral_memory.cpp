@@ -9,8 +9,8 @@
 #include "core/model/mixtral.h"
 #include "core/model/mixtral_params.h"
 #include "core/runtime/arena.h"
-#include "ops/elementwise.h"
 #include "ops/attention.h"
+#include "ops/elementwise.h"
 #include "ops/schedules/dispatch_pipelined_llep.h"
 #include "ops/schedules/ulysses.h"
 
@@ -28,7 +28,8 @@ int64_t resident_layers(const ModelConfig& model, CheckpointSchedule checkpoint)
   return checkpoint == CheckpointSchedule::none ? model.num_hidden_layers : 1;
 }
 
-schedules::UlyssesLayout layout_of(const ModelConfig& m, int64_t B, int64_t T, int world, int rank) {
+schedules::UlyssesLayout layout_of(const ModelConfig& m, int64_t B, int64_t T, int world,
+                                   int rank) {
   return schedules::UlyssesLayout::make(B, T, world, rank, m.num_attention_heads,
                                         m.num_key_value_heads, m.head_dim_resolved());
 }
@@ -52,9 +53,9 @@ uint64_t attention_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
   const uint64_t Q = fp(N * nh * d * b), KV = fp(N * nkv * d * b);
   const uint64_t Qh = fp(numel(U.heads_shape(schedules::HeadKind::query)) * b);
   const uint64_t KVh = fp(numel(U.heads_shape(schedules::HeadKind::kv)) * b);
-  const uint64_t out = fp(N * nh * d * b);                              // "attention output"
+  const uint64_t out = fp(N * nh * d * b);  // "attention output"
   const uint64_t lse = fp(B * U.heads_count(schedules::HeadKind::query, rank) * T *
-                         static_cast<int64_t>(dtype_size(ops::attention_lse_dtype(dtype))));
+                          static_cast<int64_t>(dtype_size(ops::attention_lse_dtype(dtype))));
   if (world == 1) {
     // n1, rstd1, q, k, v (moved into the layer's activations), out, lse.
     const uint64_t kept = NH + Nb + Q + 2 * KV + out + lse;
@@ -96,7 +97,8 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
   } else if (s.dispatch == DispatchSchedule::llep) {
     counts = fp((world + 1) * (E + 1) * 8);
   } else {
-    const auto shape = schedules::pipelined_llep_shape(N, k, world, schedules::pipelined_llep_params(s));
+    const auto shape =
+        schedules::pipelined_llep_shape(N, k, world, schedules::pipelined_llep_params(s));
     counts = std::max(fp((world + 1) * 8), fp((world + 1) * shape.chunks * E * 8));
   }
   // The load-balancing loss: its per-expert gradient (E) from the head to the end of backward,
@@ -108,7 +110,7 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
   // h, n2, rstd2, probs (N, E), top-k index (i32) and weights.
   const uint64_t Aw = 2 * NH + Nb + NE + Ki + Kb;
   const uint64_t earlier = none ? static_cast<uint64_t>(L - 1) * Aw : 0;  // before the last layer
-  const uint64_t all_kept = none ? static_cast<uint64_t>(L) * Aw : 0;    // at the head
+  const uint64_t all_kept = none ? static_cast<uint64_t>(L) * Aw : 0;     // at the head
 
   // Forward of the last layer (and the recompute under checkpointing, which adds the incoming
   // gradient and the final rstd): its activations plus the router logits, or a count exchange.
@@ -126,8 +128,8 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
   if (world == 1) {
     attn = std::max(2 * Q + 2 * KV, Q + 2 * KV + 2 * NH);  // dattn=dout, dq, dk, dv; dn1, dx
   } else {
-    attn = max_of({Q + Qh, 2 * Qh + 2 * KVh, Qh + 2 * KVh + Q, Q + 2 * KVh + KV,
-                   Q + KVh + 2 * KV, Q + 2 * KV + 2 * NH});
+    attn = max_of({Q + Qh, 2 * Qh + 2 * KVh, Qh + 2 * KVh + Q, Q + 2 * KVh + KV, Q + KVh + 2 * KV,
+                   Q + 2 * KV + 2 * NH});
   }
   const uint64_t backward = base + max_of({NH + Kb + counts, NH + Kb + NE, NH + NH, NH + attn});
   // After a layer's backward: its new dx, the earlier layers' activations, the reduce-scatter.
@@ -136,7 +138,8 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
     layer_shard = std::max(layer_shard, largest_shard(layout, groups[g], world));
   }
   const uint64_t reduce = Nb + aux_dprobs + NH + earlier + fp(layer_shard * b);
-  const uint64_t embed = Nb + aux_dprobs + NH + fp(largest_shard(layout, groups.front(), world) * b);
+  const uint64_t embed =
+      Nb + aux_dprobs + NH + fp(largest_shard(layout, groups.front(), world) * b);
   // After the step: the grad norm's partials (f64) and its all-reduce; the metrics' all-gather.
   const uint64_t after = std::max(fp(8 * ops::kSumSquaresParts) + (world > 1 ? fp(8) : 0),
                                   world > 1 ? fp(16) + fp(16 * world) : 0);

@@ -30,7 +30,7 @@ namespace moepeak {
 struct ParamInfo {
   std::string name;
   Shape shape;
-  int64_t offset = 0;  // elements from the start of the flat buffers
+  int64_t offset = 0;    // elements from the start of the flat buffers
   bool is_norm = false;  // RMSNorm weights: initialised to 1, no weight decay
 };
 
@@ -46,8 +46,8 @@ class ParamLayout {
   explicit ParamLayout(const ModelConfig& model);
 
   const std::vector<ParamInfo>& params() const { return params_; }
-  int64_t total_elements() const { return total_; }      // including alignment padding
-  int64_t parameter_count() const { return count_; }    // Θ: real parameters
+  int64_t total_elements() const { return total_; }   // including alignment padding
+  int64_t parameter_count() const { return count_; }  // Θ: real parameters
   // Parameters a token's forward pass multiplies with (top-k experts only; no embedding).
   int64_t active_matmul_parameters() const { return active_; }
   int embed, final_norm, lm_head;

@@ -51,10 +51,21 @@ inline double element(uint64_t seed, uint64_t index, bool is_norm, double initia
 // Writes v converted to `dtype` (f32, f64 or bf16) at dst.
 inline void store(DType dtype, double v, void* dst) {
   switch (dtype) {
-    case DType::f32: { float f = static_cast<float>(v); std::memcpy(dst, &f, 4); break; }
-    case DType::f64: std::memcpy(dst, &v, 8); break;
-    case DType::bf16: { bf16 b(static_cast<float>(v)); std::memcpy(dst, &b, 2); break; }
-    default: MOEPEAK_THROW("parameters must be f32, f64 or bf16, not ", dtype_name(dtype));
+    case DType::f32: {
+      float f = static_cast<float>(v);
+      std::memcpy(dst, &f, 4);
+      break;
+    }
+    case DType::f64:
+      std::memcpy(dst, &v, 8);
+      break;
+    case DType::bf16: {
+      bf16 b(static_cast<float>(v));
+      std::memcpy(dst, &b, 2);
+      break;
+    }
+    default:
+      MOEPEAK_THROW("parameters must be f32, f64 or bf16, not ", dtype_name(dtype));
   }
 }
 

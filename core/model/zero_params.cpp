@@ -81,19 +81,24 @@ uint64_t footprint(int64_t elements, DType dtype) {
 
 std::pair<int64_t, int64_t> lm_head_rows(int64_t vocab, int world, int rank) {
   MOEPEAK_CHECK(world > 0 && rank >= 0 && rank < world, "lm_head_rows: rank ", rank, " of ", world);
-  MOEPEAK_CHECK(vocab >= world, "the LM head split by vocabulary rows needs at least one row per "
-                "rank: vocab_size = ", vocab, ", W = ", world);
+  MOEPEAK_CHECK(vocab >= world,
+                "the LM head split by vocabulary rows needs at least one row per "
+                "rank: vocab_size = ",
+                vocab, ", W = ", world);
   return {rank * vocab / world, (rank + 1) * vocab / world};
 }
 
-std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout, LmHeadSharding lm_head) {
+std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout,
+                                                 LmHeadSharding lm_head) {
   std::vector<std::vector<int>> groups;
   groups.push_back({layout.embed});
   for (const LayerParamIndex& L : layout.layers) {
     groups.push_back({L.input_norm, L.q, L.k, L.v, L.o, L.post_norm, L.gate});
   }
-  if (lm_head == LmHeadSharding::vocab_rows) groups.push_back({layout.final_norm});
-  else groups.push_back({layout.final_norm, layout.lm_head});
+  if (lm_head == LmHeadSharding::vocab_rows)
+    groups.push_back({layout.final_norm});
+  else
+    groups.push_back({layout.final_norm, layout.lm_head});
   return groups;
 }
 
@@ -141,8 +146,13 @@ ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int
 
 ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype, Comm& comm,
                                LmHeadSharding lm_head)
-    : layout_(model), dtype_(dtype), lm_head_(lm_head), backend_(backend), comm_(comm),
-      rank_(comm.rank()), world_(comm.world_size()) {
+    : layout_(model),
+      dtype_(dtype),
+      lm_head_(lm_head),
+      backend_(backend),
+      comm_(comm),
+      rank_(comm.rank()),
+      world_(comm.world_size()) {
   check_experts_divisible(model, world_);
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
                 "parameters must be f32, f64 or bf16, not ", dtype_name(dtype));
@@ -163,10 +173,10 @@ ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType
   }
   MOEPEAK_CHECK(total == local_elements(layout_, per_rank, world_, rank_, lm_head_),
                 "ZeRO-3 layout drift");
-  values_ = OwnedTensor::device(backend, Shape{total}, dtype, LiveSet::weights,
-                                "ZeRO-3 weight shards");
-  grads_ = OwnedTensor::device(backend, Shape{total}, dtype, LiveSet::grads,
-                               "ZeRO-3 gradient shards");
+  values_ =
+      OwnedTensor::device(backend, Shape{total}, dtype, LiveSet::weights, "ZeRO-3 weight shards");
+  grads_ =
+      OwnedTensor::device(backend, Shape{total}, dtype, LiveSet::grads, "ZeRO-3 gradient shards");
   Stream& stream = backend.default_stream();
   backend.memset_async(values_.data(), 0, values_.nbytes(), stream);
   backend.memset_async(grads_.data(), 0, grads_.nbytes(), stream);
@@ -276,8 +286,9 @@ Tensor ZeroParamStore::GatheredGroup::value(int param) const {
                 "GatheredGroup: parameter ", param, " was not gathered");
   const Shape& shape = store_->layout_.params()[param].shape;
   if (store_->is_expert(param)) return store_->local_value(param);
-  MOEPEAK_CHECK(parts_ != GatherParts::grads, "GatheredGroup: ",
-                store_->layout_.params()[param].name, " was gathered for its gradient only");
+  MOEPEAK_CHECK(parts_ != GatherParts::grads,
+                "GatheredGroup: ", store_->layout_.params()[param].name,
+                " was gathered for its gradient only");
   if (store_->world_ == 1) return store_->local_value(param).reshape(shape);
   char* base = static_cast<char*>(values_.data()) + slot_[param] * dtype_size(store_->dtype_);
   return Tensor(base, shape, store_->dtype_, Placement::device, &store_->backend_);
@@ -289,8 +300,9 @@ Tensor ZeroParamStore::GatheredGroup::grad(int param) const {
                 "GatheredGroup: parameter ", param, " was not gathered");
   const Shape& shape = store_->layout_.params()[param].shape;
   if (store_->is_expert(param)) return store_->local_grad(param);
-  MOEPEAK_CHECK(parts_ != GatherParts::values, "GatheredGroup: ",
-                store_->layout_.params()[param].name, " was gathered without its gradient");
+  MOEPEAK_CHECK(parts_ != GatherParts::values,
+                "GatheredGroup: ", store_->layout_.params()[param].name,
+                " was gathered without its gradient");
   if (store_->world_ == 1) return store_->local_grad(param).reshape(shape);
   char* base = static_cast<char*>(grads_.data()) + slot_[param] * dtype_size(store_->dtype_);
   return Tensor(base, shape, store_->dtype_, Placement::device, &store_->backend_);
@@ -344,7 +356,8 @@ std::vector<char> ZeroParamStore::gather_full(int param, const Tensor& flat, Str
     OwnedTensor all = OwnedTensor::device(backend_, Shape{world_ * most * H}, dtype_,
                                           LiveSet::workspace, "vocabulary rows gather_full");
     backend_.copy_async(mine.data(), piece(flat, param).data(),
-                        static_cast<size_t>(info.local_numel) * b, CopyKind::device_to_device, stream);
+                        static_cast<size_t>(info.local_numel) * b, CopyKind::device_to_device,
+                        stream);
     comm_.all_gather(mine.data(), all.data(), static_cast<size_t>(most * H), dtype_, stream);
     std::vector<char> padded(all.nbytes());
     backend_.copy_async(padded.data(), all.data(), padded.size(), CopyKind::device_to_host, stream);
@@ -360,15 +373,15 @@ std::vector<char> ZeroParamStore::gather_full(int param, const Tensor& flat, Str
   if (info.expert < 0) {
     OwnedTensor tmp = OwnedTensor::device(backend_, Shape{world_ * info.local_numel}, dtype_,
                                           LiveSet::workspace, "ZeRO-3 gather_full");
-    comm_.all_gather(piece(flat, param).data(), tmp.data(),
-                     static_cast<size_t>(info.local_numel), dtype_, stream);
+    comm_.all_gather(piece(flat, param).data(), tmp.data(), static_cast<size_t>(info.local_numel),
+                     dtype_, stream);
     backend_.copy_async(full.data(), tmp.data(), full.size(), CopyKind::device_to_host, stream);
     stream.synchronize();
     return full;
   }
   const int owner = expert_owner(param);
-  OwnedTensor tmp = OwnedTensor::device(backend_, Shape{n}, dtype_, LiveSet::workspace,
-                                        "ZeRO-3 gather_full");
+  OwnedTensor tmp =
+      OwnedTensor::device(backend_, Shape{n}, dtype_, LiveSet::workspace, "ZeRO-3 gather_full");
   if (owner == rank_) {
     backend_.copy_async(tmp.data(), piece(flat, param).data(), full.size(),
                         CopyKind::device_to_device, stream);

@@ -177,11 +177,11 @@ class ZeroParamStore {
 
  private:
   struct Info {
-    int expert = -1;         // expert index j for expert params
-    bool rows = false;       // stored by vocabulary rows
-    int64_t offset = -1;     // elements into the flat buffers, -1 if not stored here
-    int64_t local_numel = 0; // s_i (dense), numel (expert), V_r * H (rows)
-    int64_t first = 0;       // the first element of the flattened tensor this rank stores
+    int expert = -1;          // expert index j for expert params
+    bool rows = false;        // stored by vocabulary rows
+    int64_t offset = -1;      // elements into the flat buffers, -1 if not stored here
+    int64_t local_numel = 0;  // s_i (dense), numel (expert), V_r * H (rows)
+    int64_t first = 0;        // the first element of the flattened tensor this rank stores
   };
   Tensor piece(const Tensor& flat, int param) const;
 

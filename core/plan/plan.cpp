@@ -31,7 +31,8 @@ namespace {
 
 std::string args(std::initializer_list<std::pair<const char*, int64_t>> kv) {
   std::string s;
-  for (const auto& [k, v] : kv) s += (s.empty() ? "" : ", ") + std::string(k) + "=" + std::to_string(v);
+  for (const auto& [k, v] : kv)
+    s += (s.empty() ? "" : ", ") + std::string(k) + "=" + std::to_string(v);
   return s;
 }
 
@@ -48,20 +49,29 @@ void check_positive(const char* key, int64_t v) {
 PlanInputs plan_inputs(const Config& cfg, int world) {
   PlanInputs in;
   if (world < 0) MOEPEAK_THROW("--world-size ", world, ": must be positive");
-  in.world = world > 0 ? world : cfg.parallelism.world_size > 0 ? static_cast<int>(cfg.parallelism.world_size) : 1;
+  in.world = world > 0                        ? world
+             : cfg.parallelism.world_size > 0 ? static_cast<int>(cfg.parallelism.world_size)
+                                              : 1;
   in.batch = cfg.training.batch_size;
   in.seq_len = cfg.training.seq_len;
   const bool cuda = cfg.runtime.backend == BackendChoice::cuda;
   switch (cfg.training.dtype) {
-    case ComputeDtype::float32: in.dtype = DType::f32; break;
-    case ComputeDtype::bfloat16: in.dtype = DType::bf16; break;
-    case ComputeDtype::automatic: in.dtype = cuda ? DType::bf16 : DType::f32; break;
+    case ComputeDtype::float32:
+      in.dtype = DType::f32;
+      break;
+    case ComputeDtype::bfloat16:
+      in.dtype = DType::bf16;
+      break;
+    case ComputeDtype::automatic:
+      in.dtype = cuda ? DType::bf16 : DType::f32;
+      break;
   }
   if (auto d = cfg.runtime.device_memory_bytes()) {
     in.capacity = *d;
   } else if (cuda) {
-    MOEPEAK_THROW("runtime.device_memory = \"auto\" with runtime.backend = \"cuda\": the plan needs "
-                  "the device's capacity; set it (e.g. --set runtime.device_memory=141GiB for an H200)");
+    MOEPEAK_THROW(
+        "runtime.device_memory = \"auto\" with runtime.backend = \"cuda\": the plan needs "
+        "the device's capacity; set it (e.g. --set runtime.device_memory=141GiB for an H200)");
   } else {
     in.capacity = Backend::kCpuDefaultDeviceMemory;  // what the CPU arena takes for "auto"
   }
@@ -98,7 +108,8 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
   const int64_t V = m.vocab_size, L = m.num_hidden_layers, k = m.num_experts_per_tok;
   p.tokens_per_rank = N;
   auto set = [&](LiveSet ls, uint64_t bytes, std::string function, std::string_view schedule) {
-    p.terms[static_cast<size_t>(ls)] = PlanTerm{ls, bytes, std::move(function), std::string(schedule)};
+    p.terms[static_cast<size_t>(ls)] =
+        PlanTerm{ls, bytes, std::move(function), std::string(schedule)};
   };
 
   // weights, grads: the persistent shards + local experts, and the largest gathered group.
@@ -106,7 +117,8 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
   const ZeroBytes zp = zero_persistent_bytes(m, dt, W, head);
   const ZeroBytes zg = zero_largest_gathered_bytes(m, dt, W, head);
   const int64_t P = zero_persistent_elements(m, W, head);
-  const std::string zargs = "(W=" + std::to_string(W) + (head == LmHeadSharding::vocab_rows ? ", vocab_rows)" : ")");
+  const std::string zargs =
+      "(W=" + std::to_string(W) + (head == LmHeadSharding::vocab_rows ? ", vocab_rows)" : ")");
   set(LiveSet::weights, zp.weights + zg.weights,
       "zero_persistent_bytes" + zargs + " + zero_largest_gathered_bytes" + zargs,
       head == LmHeadSharding::vocab_rows ? "zero3+vocab_rows" : "zero3");
@@ -130,7 +142,8 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
       set(LiveSet::optimizer, 0, "0 (host AdamW)", placement);
       const uint64_t state = schedules::adamw_offload_host_bytes(P, st);
       const uint64_t grads = schedules::adamw_offload_serial_grad_bytes(P, st);
-      p.host.push_back({"optimizer_state", state, "adamw_offload_host_bytes(" + args({{"P", P}}) + ")"});
+      p.host.push_back(
+          {"optimizer_state", state, "adamw_offload_host_bytes(" + args({{"P", P}}) + ")"});
       p.host.push_back({"optimizer_grad_copy", grads,
                         "adamw_offload_serial_grad_bytes(" + args({{"P", P}}) + ")"});
       host_before_sco = state + grads;
@@ -139,10 +152,12 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
     case OptimizerPlacement::offload_stream: {
       const auto shape = schedules::offload_stream_shape(P, o.bucket_params, o.staging_slots);
       set(LiveSet::optimizer, schedules::adamw_offload_stream_bytes(shape.bucket, shape.slots, st),
-          "adamw_offload_stream_bytes(" + args({{"bucket", shape.bucket}, {"slots", shape.slots}}) + ")",
+          "adamw_offload_stream_bytes(" + args({{"bucket", shape.bucket}, {"slots", shape.slots}}) +
+              ")",
           placement);
       const uint64_t state = schedules::adamw_offload_host_bytes(P, st);
-      p.host.push_back({"optimizer_state", state, "adamw_offload_host_bytes(" + args({{"P", P}}) + ")"});
+      p.host.push_back(
+          {"optimizer_state", state, "adamw_offload_host_bytes(" + args({{"P", P}}) + ")"});
       host_before_sco = state;
       break;
     }
@@ -162,7 +177,8 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
     case DispatchSchedule::standard:
       if (W == 1) {
         set(LiveSet::dispatch, schedules::dispatch_standard_bytes(N, k, H, F, dt, layers_resident),
-            "dispatch_standard_bytes(" + dargs + ", layers=" + std::to_string(layers_resident) + ")",
+            "dispatch_standard_bytes(" + dargs + ", layers=" + std::to_string(layers_resident) +
+                ")",
             "standard");
       } else {
         // The worst case R = W*N*k (every token to this rank's experts). NOTES: without
@@ -171,7 +187,8 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
         const uint64_t one = schedules::dispatch_expert_parallel_bytes(N, k, H, F, dt, W * N * k);
         set(LiveSet::dispatch, static_cast<uint64_t>(layers_resident) * one,
             (layers_resident > 1 ? std::to_string(layers_resident) + " x " : std::string()) +
-                "dispatch_expert_parallel_bytes(" + dargs + ", R=W*N*k=" + std::to_string(W * N * k) + ")",
+                "dispatch_expert_parallel_bytes(" + dargs +
+                ", R=W*N*k=" + std::to_string(W * N * k) + ")",
             "standard");
       }
       break;
@@ -188,8 +205,8 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
       const auto pp = schedules::pipelined_llep_params(s);
       const auto shape = schedules::pipelined_llep_shape(N, k, W, pp);
       set(LiveSet::dispatch, schedules::pipelined_llep_dispatch_bytes(N, k, H, F, dt, W, pp),
-          "pipelined_llep_dispatch_bytes(" + dargs + ", W=" + std::to_string(W) +
-              ", K=" + std::to_string(shape.chunks) + ", c_eff=" + std::to_string(shape.chunk_tokens) + ")",
+          "pipelined_llep_dispatch_bytes(" + dargs + ", W=" + std::to_string(W) + ", K=" +
+              std::to_string(shape.chunks) + ", c_eff=" + std::to_string(shape.chunk_tokens) + ")",
           "pipelined_llep");
       break;
     }
@@ -199,7 +216,8 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
   // backward, their gradient buffers plus the owner's returned-gradient scratch in `grads`.
   // LlepDispatch holds its copies from forward to backward (L layers at once under `none`);
   // PipelinedLLEP allocates them inside each forward / backward call (one layer, K chunk plans).
-  if (W > 1 && (s.dispatch == DispatchSchedule::llep || s.dispatch == DispatchSchedule::pipelined_llep)) {
+  if (W > 1 &&
+      (s.dispatch == DispatchSchedule::llep || s.dispatch == DispatchSchedule::pipelined_llep)) {
     const int64_t E = m.num_local_experts;
     const schedules::LlepParams lp{s.llep_alpha, s.llep_lambda, s.min_tokens_per_gemm};
     int64_t capacity = 0, plans = 0, layers = 1;
@@ -208,15 +226,17 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
       plans = 1;
       layers = layers_resident;
     } else {
-      const auto shape = schedules::pipelined_llep_shape(N, k, W, schedules::pipelined_llep_params(s));
+      const auto shape =
+          schedules::pipelined_llep_shape(N, k, W, schedules::pipelined_llep_params(s));
       capacity = std::max<int64_t>(1, shape.receive_rows);
       plans = shape.chunks;
     }
     const schedules::LlepSpillCopyBytes spill =
         schedules::llep_spill_copy_bytes(E, W, H, F, dt, capacity, plans, lp);
-    const std::string f = "llep_spill_copy_bytes(" +
-                          args({{"E", E}, {"W", W}, {"H", H}, {"F", F}, {"cap", capacity}, {"plans", plans}}) +
-                          ", copies=" + std::to_string(spill.copies) + ")";
+    const std::string f =
+        "llep_spill_copy_bytes(" +
+        args({{"E", E}, {"W", W}, {"H", H}, {"F", F}, {"cap", capacity}, {"plans", plans}}) +
+        ", copies=" + std::to_string(spill.copies) + ")";
     const std::string times = layers > 1 ? std::to_string(layers) + " x " : std::string();
     PlanTerm& wt = p.terms[static_cast<size_t>(LiveSet::weights)];
     wt.bytes += static_cast<uint64_t>(layers) * spill.weights;
@@ -234,9 +254,14 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
         "vocab_materialized_bytes(" + args({{"N", N}, {"V", V}}) + ")", "materialized");
   } else {
     set(LiveSet::logits,
-        schedules::ring_dtp_bytes(N, H, V, W, s.vocab_strip, s.vocab_kept_strips, s.ring_payload, dt),
+        schedules::ring_dtp_bytes(N, H, V, W, s.vocab_strip, s.vocab_kept_strips, s.ring_payload,
+                                  dt),
         "ring_dtp_bytes(" +
-            args({{"N", N}, {"H", H}, {"V", V}, {"P", W}, {"strip", s.vocab_strip},
+            args({{"N", N},
+                  {"H", H},
+                  {"V", V},
+                  {"P", W},
+                  {"strip", s.vocab_strip},
                   {"kept", s.vocab_kept_strips}}) +
             ", " + std::string(enum_name(s.ring_payload)) + ")",
         "ring_dtp");
@@ -250,10 +275,12 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
         in.host_budget > host_before_sco ? in.host_budget - host_before_sco : 0);
     p.sco_offloaded_layers = schedules::sco_offloaded_layers(L, N, H, dt, budget);
     set(LiveSet::boundaries, schedules::sco_boundaries_bytes(L, p.sco_offloaded_layers, N, H, dt),
-        "sco_boundaries_bytes(" + args({{"L", L}, {"S", p.sco_offloaded_layers}, {"N", N}, {"H", H}}) + ")",
+        "sco_boundaries_bytes(" +
+            args({{"L", L}, {"S", p.sco_offloaded_layers}, {"N", N}, {"H", H}}) + ")",
         "sco");
-    p.host.push_back({"sco_boundaries", schedules::sco_host_bytes(p.sco_offloaded_layers, N, H, dt),
-                      "sco_host_bytes(" + args({{"S", p.sco_offloaded_layers}, {"N", N}, {"H", H}}) + ")"});
+    p.host.push_back(
+        {"sco_boundaries", schedules::sco_host_bytes(p.sco_offloaded_layers, N, H, dt),
+         "sco_host_bytes(" + args({{"S", p.sco_offloaded_layers}, {"N", N}, {"H", H}}) + ")"});
   } else {
     set(LiveSet::boundaries, schedules::boundaries_standard_bytes(L, N, H, dt),
         "boundaries_standard_bytes(" + args({{"L", L}, {"N", N}, {"H", H}}) + ")",
@@ -273,17 +300,20 @@ std::vector<std::string> Plan::overflow() const {
     const uint64_t over = total - inputs.capacity;
     for (const PlanTerm& t : terms) {  // a set that does not fit on its own
       if (t.bytes > inputs.capacity) {
-        out.push_back(std::string(live_set_name(t.set)) + " " + format_bytes(t.bytes) + " > capacity " +
-                      format_bytes(inputs.capacity) + " by " + format_bytes(t.bytes - inputs.capacity));
+        out.push_back(std::string(live_set_name(t.set)) + " " + format_bytes(t.bytes) +
+                      " > capacity " + format_bytes(inputs.capacity) + " by " +
+                      format_bytes(t.bytes - inputs.capacity));
       }
     }
     if (out.empty()) {  // the largest terms that together exceed the overflow
       std::vector<PlanTerm> sorted(terms.begin(), terms.end());
-      std::sort(sorted.begin(), sorted.end(), [](const PlanTerm& a, const PlanTerm& c) { return a.bytes > c.bytes; });
+      std::sort(sorted.begin(), sorted.end(),
+                [](const PlanTerm& a, const PlanTerm& c) { return a.bytes > c.bytes; });
       uint64_t removed = 0;
       for (const PlanTerm& t : sorted) {
         out.push_back(std::string(live_set_name(t.set)) + " " + format_bytes(t.bytes) + " (" +
-                      std::to_string(static_cast<int>(pct(t.bytes, inputs.capacity) + 0.5)) + "% of capacity)");
+                      std::to_string(static_cast<int>(pct(t.bytes, inputs.capacity) + 0.5)) +
+                      "% of capacity)");
         removed += t.bytes;
         if (removed >= over) break;
       }
@@ -301,8 +331,8 @@ std::string Plan::verdict() const {
   std::ostringstream os;
   if (fits()) {
     os << "FITS: device " << format_bytes(total) << " of " << format_bytes(inputs.capacity) << " ("
-       << static_cast<int>(pct(total, inputs.capacity) + 0.5) << "%), host " << format_bytes(host_total)
-       << " of " << format_bytes(inputs.host_budget);
+       << static_cast<int>(pct(total, inputs.capacity) + 0.5) << "%), host "
+       << format_bytes(host_total) << " of " << format_bytes(inputs.host_budget);
     return os.str();
   }
   os << "DOES NOT FIT:";
@@ -351,8 +381,10 @@ int64_t search(int64_t step, int64_t limit, Fits fits) {
   while (hi - lo > step) {  // invariant: lo fits or is 0, hi does not (or is past the limit)
     const int64_t mid = lo + (hi - lo) / 2 / step * step;
     if (mid == lo) break;
-    if (ok(mid)) lo = mid;
-    else hi = mid;
+    if (ok(mid))
+      lo = mid;
+    else
+      hi = mid;
   }
   return lo;
 }

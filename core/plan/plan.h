@@ -26,11 +26,11 @@
 namespace moepeak {
 
 struct PlanInputs {
-  int world = 1;                  // W ranks
-  int64_t batch = 0, seq_len = 0; // the global batch B x T
-  DType dtype = DType::f32;       // compute dtype (weights, activations)
-  uint64_t capacity = 0;          // device bytes per rank
-  uint64_t host_budget = 0;       // pinned host bytes per rank
+  int world = 1;                   // W ranks
+  int64_t batch = 0, seq_len = 0;  // the global batch B x T
+  DType dtype = DType::f32;        // compute dtype (weights, activations)
+  uint64_t capacity = 0;           // device bytes per rank
+  uint64_t host_budget = 0;        // pinned host bytes per rank
 };
 
 // W: `world` when > 0, else parallelism.world_size, else 1. Capacity: runtime.device_memory, or
@@ -55,10 +55,10 @@ struct HostTerm {
 
 struct Plan {
   PlanInputs inputs;
-  int64_t tokens_per_rank = 0;        // N = B*T/W
+  int64_t tokens_per_rank = 0;                 // N = B*T/W
   std::array<PlanTerm, kNumLiveSets> terms{};  // kAllLiveSets order
   std::vector<HostTerm> host;
-  int64_t sco_offloaded_layers = 0;   // |S| under checkpoint = "sco"
+  int64_t sco_offloaded_layers = 0;  // |S| under checkpoint = "sco"
   uint64_t total = 0, host_total = 0;
   bool device_fits = false, host_fits = false;
   bool fits() const { return device_fits && host_fits; }

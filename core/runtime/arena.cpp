@@ -8,7 +8,8 @@
 namespace moepeak {
 
 DeviceArena::DeviceArena(void* base, uint64_t capacity, std::string name)
-    : base_(static_cast<char*>(base)), capacity_(capacity / kAlignment * kAlignment),
+    : base_(static_cast<char*>(base)),
+      capacity_(capacity / kAlignment * kAlignment),
       name_(std::move(name)) {
   MOEPEAK_CHECK(base != nullptr || capacity == 0, "arena '", name_, "' has no memory");
   if (capacity_ > 0) free_[0] = capacity_;

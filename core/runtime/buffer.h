@@ -48,7 +48,10 @@ class Buffer {
   }
 
   void* data() const { return ptr_; }
-  template <typename T> T* as() const { return static_cast<T*>(ptr_); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
   LiveSet live_set() const { return set_; }
   bool empty() const { return ptr_ == nullptr; }

@@ -58,7 +58,7 @@ std::unique_ptr<CpuStream> CpuBackend::make_stream(std::string name) {
 }
 
 std::unique_ptr<Stream> CpuBackend::create_stream(std::string name,
-                                                 StreamPriority /*priority: one thread each*/) {
+                                                  StreamPriority /*priority: one thread each*/) {
   return make_stream(std::move(name));
 }
 

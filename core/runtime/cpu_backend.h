@@ -22,8 +22,8 @@ class CpuBackend final : public Backend {
   DeviceArena& arena() override { return *arena_; }
   PinnedPool& pinned() override { return *pinned_; }
   Stream& default_stream() override { return *default_stream_; }
-  std::unique_ptr<Stream> create_stream(
-      std::string name, StreamPriority priority = StreamPriority::normal) override;
+  std::unique_ptr<Stream> create_stream(std::string name,
+                                        StreamPriority priority = StreamPriority::normal) override;
   std::unique_ptr<Event> create_event(EventTiming timing = EventTiming::off) override;
   void copy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream& stream) override;
   void memset_async(void* dst, int value, size_t bytes, Stream& stream) override;

@@ -122,9 +122,9 @@ bool CpuEvent::query() {
 double CpuEvent::elapsed_ms(const Event& start) const {
   // NOTES: the CPU keeps CUDA's rule (no timing on an EventTiming::off event) so that a timing
   // call site that forgot EventTiming::on fails in the CPU tests, not first on a GPU.
-  MOEPEAK_CHECK(timing_ == EventTiming::on &&
-                    dynamic_cast<const CpuEvent&>(start).timing_ == EventTiming::on,
-                "elapsed_ms on an event created without timing (create_event(EventTiming::on))");
+  MOEPEAK_CHECK(
+      timing_ == EventTiming::on && dynamic_cast<const CpuEvent&>(start).timing_ == EventTiming::on,
+      "elapsed_ms on an event created without timing (create_event(EventTiming::on))");
   auto end_mark = latest();
   auto start_mark = dynamic_cast<const CpuEvent&>(start).latest();
   MOEPEAK_CHECK(end_mark && start_mark, "elapsed_ms on an event that was never recorded");

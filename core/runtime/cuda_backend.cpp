@@ -98,7 +98,8 @@ class CudaBackend final : public Backend {
     uint64_t capacity = options.device_memory;
     if (capacity == 0) {
       MOEPEAK_CHECK(free_bytes > kCudaReserveBytes, "GPU ", device_, " has only ",
-                    format_bytes(free_bytes), " free, less than the ", format_bytes(kCudaReserveBytes),
+                    format_bytes(free_bytes), " free, less than the ",
+                    format_bytes(kCudaReserveBytes),
                     " reserve for the CUDA context, cuBLAS and NCCL");
       capacity = free_bytes - kCudaReserveBytes;
     }
@@ -133,8 +134,8 @@ class CudaBackend final : public Backend {
   DeviceArena& arena() override { return *arena_; }
   PinnedPool& pinned() override { return *pinned_; }
   Stream& default_stream() override { return *default_stream_; }
-  std::unique_ptr<Stream> create_stream(
-      std::string name, StreamPriority priority = StreamPriority::normal) override {
+  std::unique_ptr<Stream> create_stream(std::string name,
+                                        StreamPriority priority = StreamPriority::normal) override {
     return std::make_unique<CudaStream>(std::move(name), device_, priority);
   }
   std::unique_ptr<Event> create_event(EventTiming timing = EventTiming::off) override {

@@ -6,11 +6,11 @@
 
 #include "core/error.h"
 
-#define MOEPEAK_CUDA_CHECK(call)                                                         \
-  do {                                                                                   \
-    cudaError_t moepeak_cuda_status_ = (call);                                           \
-    if (moepeak_cuda_status_ != cudaSuccess) {                                           \
-      MOEPEAK_THROW("CUDA error ", cudaGetErrorName(moepeak_cuda_status_), " (",        \
-                    cudaGetErrorString(moepeak_cuda_status_), ") in ", #call);          \
-    }                                                                                    \
+#define MOEPEAK_CUDA_CHECK(call)                                                 \
+  do {                                                                           \
+    cudaError_t moepeak_cuda_status_ = (call);                                   \
+    if (moepeak_cuda_status_ != cudaSuccess) {                                   \
+      MOEPEAK_THROW("CUDA error ", cudaGetErrorName(moepeak_cuda_status_), " (", \
+                    cudaGetErrorString(moepeak_cuda_status_), ") in ", #call);   \
+    }                                                                            \
   } while (0)

@@ -29,7 +29,8 @@ constexpr std::array<LiveSet, kNumLiveSets> kAllLiveSets = {
 
 constexpr std::string_view live_set_name(LiveSet set) {
   constexpr std::array<std::string_view, kNumLiveSets> names = {
-      "weights", "grads", "optimizer", "attention", "dispatch", "logits", "boundaries", "workspace"};
+      "weights",  "grads",  "optimizer",  "attention",
+      "dispatch", "logits", "boundaries", "workspace"};
   return names[static_cast<size_t>(set)];
 }
 

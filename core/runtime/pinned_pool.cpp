@@ -27,8 +27,8 @@ PinnedPool::PinnedPool(uint64_t budget, int numa_node, HostRegistrar* registrar)
 PinnedPool::~PinnedPool() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!live_.empty()) {
-    std::fprintf(stderr, "moepeak: pinned pool destroyed with %zu live blocks (%s)\n",
-                 live_.size(), stats_.current().describe().c_str());
+    std::fprintf(stderr, "moepeak: pinned pool destroyed with %zu live blocks (%s)\n", live_.size(),
+                 stats_.current().describe().c_str());
   }
   trim_locked(~0ull);
 }

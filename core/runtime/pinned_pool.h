@@ -67,7 +67,7 @@ class PinnedPool final : public BufferOwner {
   mutable std::mutex mu_;
   std::multimap<uint64_t, void*> cache_;  // footprint -> free block
   uint64_t cached_ = 0;
-  std::map<void*, uint64_t> live_;        // block -> footprint
+  std::map<void*, uint64_t> live_;  // block -> footprint
   MemoryStats stats_;
 };
 

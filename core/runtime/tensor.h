@@ -46,7 +46,8 @@ class Tensor {
   Tensor(void* data, Shape shape, DType dtype, Placement placement, Backend* backend = nullptr);
 
   void* data() const { return data_; }
-  template <typename T> T* data_as() const {
+  template <typename T>
+  T* data_as() const {
     // NOTES: a typed view of another dtype is almost always a bug that corrupts memory silently.
     MOEPEAK_CHECK(dtype_of<T>::value == dtype_, "tensor of ", dtype_name(dtype_), " viewed as ",
                   dtype_name(dtype_of<T>::value));
@@ -92,7 +93,10 @@ class OwnedTensor {
   const Tensor& view() const { return view_; }
   operator const Tensor&() const { return view_; }  // NOLINT: an OwnedTensor is usable as a Tensor
   void* data() const { return view_.data(); }
-  template <typename T> T* data_as() const { return view_.data_as<T>(); }
+  template <typename T>
+  T* data_as() const {
+    return view_.data_as<T>();
+  }
   const Shape& shape() const { return view_.shape(); }
   int64_t numel() const { return view_.numel(); }
   size_t nbytes() const { return view_.nbytes(); }

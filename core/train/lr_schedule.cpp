@@ -5,8 +5,8 @@
 
 namespace moepeak {
 
-double learning_rate(const OptimizerConfig& opt, const LrSchedulerConfig& sched, int64_t total_steps,
-                     int64_t step) {
+double learning_rate(const OptimizerConfig& opt, const LrSchedulerConfig& sched,
+                     int64_t total_steps, int64_t step) {
   const double lr = opt.lr;
   const double min_lr = lr * sched.min_lr_ratio;
   if (sched.warmup_steps > 0 && step <= sched.warmup_steps) {

@@ -12,7 +12,7 @@
 
 namespace moepeak {
 
-double learning_rate(const OptimizerConfig& opt, const LrSchedulerConfig& sched, int64_t total_steps,
-                     int64_t step);
+double learning_rate(const OptimizerConfig& opt, const LrSchedulerConfig& sched,
+                     int64_t total_steps, int64_t step);
 
 }  // namespace moepeak

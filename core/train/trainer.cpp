@@ -40,9 +40,12 @@ DType training_dtype(const Config& cfg) {
   // NOTES: the same reading as `moepeak plan` (plan_inputs): "auto" is bf16 on CUDA, f32 on the
   // CPU, so a run keeps the dtype its plan budgeted.
   switch (cfg.training.dtype) {
-    case ComputeDtype::float32: return DType::f32;
-    case ComputeDtype::bfloat16: return DType::bf16;
-    case ComputeDtype::automatic: break;
+    case ComputeDtype::float32:
+      return DType::f32;
+    case ComputeDtype::bfloat16:
+      return DType::bf16;
+    case ComputeDtype::automatic:
+      break;
   }
   return uses_cuda_backend(cfg) ? DType::bf16 : DType::f32;
 }
@@ -60,8 +63,9 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
   }
   o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
   // "auto": this rank's host budget from runtime.probe_file (`moepeak probe`), else the default.
-  o.pinned_budget = topology::pinned_memory_budget(cfg, ranks.rank, ranks.local_rank, ranks.local_size,
-                                                   /*cpu_backend=*/!cuda);
+  o.pinned_budget =
+      topology::pinned_memory_budget(cfg, ranks.rank, ranks.local_rank, ranks.local_size,
+                                     /*cpu_backend=*/!cuda);
   // -1: the node of the thread that creates the pool, i.e. the one the rank is bound to.
   o.numa_node = static_cast<int>(cfg.runtime.numa_node);
   o.cpu_threads = static_cast<int>(cfg.runtime.threads);
@@ -78,15 +82,17 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
 void check_supported(const Config& cfg) {
   const bool cuda = uses_cuda_backend(cfg);
   if (cfg.training.dtype == ComputeDtype::bfloat16 && !cuda) {
-    MOEPEAK_THROW("training.dtype = \"bfloat16\" needs the CUDA backend (bf16 storage with fp32 "
-                  "math); the CPU trains in float32: use \"auto\" or \"float32\"");
+    MOEPEAK_THROW(
+        "training.dtype = \"bfloat16\" needs the CUDA backend (bf16 storage with fp32 "
+        "math); the CPU trains in float32: use \"auto\" or \"float32\"");
   }
   if (training_dtype(cfg) == DType::bf16 &&
       cfg.optimizer.placement == OptimizerPlacement::offload_serial) {
-    MOEPEAK_THROW("optimizer.placement = \"offload_serial\" with bf16 training: the host AdamW "
-                  "updates the working weights' dtype in place (f32 only); use \"resident\" or "
-                  "\"offload_stream\" (an fp32 master beside bf16 weights), or training.dtype = "
-                  "\"float32\"");
+    MOEPEAK_THROW(
+        "optimizer.placement = \"offload_serial\" with bf16 training: the host AdamW "
+        "updates the working weights' dtype in place (f32 only); use \"resident\" or "
+        "\"offload_stream\" (an fp32 master beside bf16 weights), or training.dtype = "
+        "\"float32\"");
   }
   // Every schedule of every live set is available (schedules.dispatch included: standard, llep,
   // pipelined_llep on any W that divides the experts; see MixtralModel::make_dispatch).
@@ -152,7 +158,7 @@ struct Trainer::State {
   std::unique_ptr<DataLoader> loader;
   std::string checkpoint_folder;
   int64_t completed = 0;
-  std::vector<int64_t> ids, labels;  // the global batch (B*T), the same on every rank
+  std::vector<int64_t> ids, labels;          // the global batch (B*T), the same on every rank
   OwnedTensor d_ids, d_labels, d_positions;  // this rank's N = B*T/W tokens
   double flops = 0, ceiling_gflops = 0;
 };
@@ -189,8 +195,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   s.checkpoint_folder = (fs::path(cfg.job.run_path()) / cfg.checkpoint.folder).string();
 
   std::optional<std::string> resume_dir;
-  if (!options.resume_from.empty()) resume_dir = options.resume_from;
-  else if (options.resume) resume_dir = latest_checkpoint(s.checkpoint_folder);
+  if (!options.resume_from.empty())
+    resume_dir = options.resume_from;
+  else if (options.resume)
+    resume_dir = latest_checkpoint(s.checkpoint_folder);
   if (resume_dir) {
     s.completed = load_checkpoint(*resume_dir, cfg.model, params, *s.optimizer, *s.loader, stream);
     spdlog::info("resumed from {} after step {}", *resume_dir, s.completed);
@@ -204,7 +212,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   s.labels.resize(static_cast<size_t>(B * T));
   s.d_ids = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "input ids");
   s.d_labels = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
-  s.d_positions = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
+  s.d_positions =
+      OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
   s.flops = step_flops(cfg.model, B, T);
   s.ceiling_gflops = measure_gemm_ceiling(512, 3);
 }
@@ -216,7 +225,8 @@ double Trainer::flops_per_step() const { return s_->flops; }
 double Trainer::gemm_ceiling_gflops() const { return s_->ceiling_gflops; }
 
 double Trainer::measure_gemm_ceiling(int n, int repeats) const {
-  if (s_->backend->kind() == BackendKind::cpu) return measure_cpu_gemm_gflops(DType::f32, n, repeats);
+  if (s_->backend->kind() == BackendKind::cpu)
+    return measure_cpu_gemm_gflops(DType::f32, n, repeats);
   return measure_backend_gemm_gflops(*s_->backend, s_->dtype, n, repeats);
 }
 int Trainer::rank() const { return s_->ranks.rank; }
@@ -242,10 +252,11 @@ std::string Trainer::describe() const {
   const State& s = *s_;
   const ParamLayout& layout = s.model->params().layout();
   const int W = s.ranks.world_size;
-  std::string ranks = W == 1 ? "1 rank" : std::to_string(W) + " ranks (" + std::string(s.comm->kind()) +
-                                              "; ZeRO-3 dense, sequence-parallel attention, " +
-                                              std::to_string(s.cfg.model.num_local_experts / W) +
-                                              " experts per rank)";
+  std::string ranks = W == 1 ? "1 rank"
+                             : std::to_string(W) + " ranks (" + std::string(s.comm->kind()) +
+                                   "; ZeRO-3 dense, sequence-parallel attention, " +
+                                   std::to_string(s.cfg.model.num_local_experts / W) +
+                                   " experts per rank)";
   return "backend " + s.backend->describe() + "; " + ranks + "; model " +
          std::to_string(layout.parameter_count()) + " parameters (" +
          std::to_string(layout.active_matmul_parameters()) + " active per token), " +
@@ -270,15 +281,19 @@ StepMetrics Trainer::step() {
   const LocalBatch local = shard_batch(s.ids, s.labels, B, T, W, s.ranks.rank);
   const int64_t N = static_cast<int64_t>(local.input_ids.size());
   TokenBatch batch{s.d_ids, s.d_labels, s.d_positions, B, T, count_scored(local.labels)};
-  backend.copy_async(s.d_ids.data(), local.input_ids.data(), N * 8, CopyKind::host_to_device, stream);
-  backend.copy_async(s.d_labels.data(), local.labels.data(), N * 8, CopyKind::host_to_device, stream);
-  backend.copy_async(s.d_positions.data(), local.positions.data(), N * 8, CopyKind::host_to_device, stream);
+  backend.copy_async(s.d_ids.data(), local.input_ids.data(), N * 8, CopyKind::host_to_device,
+                     stream);
+  backend.copy_async(s.d_labels.data(), local.labels.data(), N * 8, CopyKind::host_to_device,
+                     stream);
+  backend.copy_async(s.d_positions.data(), local.positions.data(), N * 8, CopyKind::host_to_device,
+                     stream);
   params.zero_grads(stream);
   const double loss = s.model->forward_backward(batch, count_scored(s.labels));
   if (!std::isfinite(loss)) MOEPEAK_THROW("step ", step, ": the loss is ", loss);
   const double grad_norm = global_grad_norm(params, backend, stream);
   if (step == 1 && !s.options.dump_step_dir.empty()) {
-    write_step_dump(s.options.dump_step_dir, s.cfg.model, params, s.ids, s.labels, B, T, loss, stream);
+    write_step_dump(s.options.dump_step_dir, s.cfg.model, params, s.ids, s.labels, B, T, loss,
+                    stream);
     spdlog::info("wrote the step-1 dump to {}", s.options.dump_step_dir);
   }
   const double max_norm = s.cfg.training.max_norm;
@@ -286,7 +301,8 @@ StepMetrics Trainer::step() {
   const double lr = learning_rate(s.cfg.optimizer, s.cfg.lr_scheduler, s.cfg.training.steps, step);
   s.optimizer->step(step, lr, clip, stream);
   stream.synchronize();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.completed = step;
 
   MemoryStats mem = backend.arena().stats();
@@ -303,8 +319,8 @@ StepMetrics Trainer::step() {
   m.capacity = backend.arena().capacity();
   // Every rank's time and peak (after the step, so gathering them is not timed).
   const double mine[2] = {seconds, static_cast<double>(m.peak_total)};
-  const std::vector<double> all = W > 1 ? all_gather_host(*s.comm, backend, stream, mine)
-                                        : std::vector<double>(mine, mine + 2);
+  const std::vector<double> all =
+      W > 1 ? all_gather_host(*s.comm, backend, stream, mine) : std::vector<double>(mine, mine + 2);
   double slowest = 0;
   for (int r = 0; r < W; ++r) {
     const double t = all[2 * r];
@@ -330,29 +346,32 @@ void Trainer::save_checkpoint() const {
 TrainResult train(const Config& cfg, const TrainOptions& options) {
   TrainResult result;
   result.run_dir = cfg.job.run_path();
-  result.metrics_file = cfg.metrics.file.empty() ? (fs::path(result.run_dir) / "metrics.jsonl").string()
-                                                 : cfg.metrics.file;
+  result.metrics_file = cfg.metrics.file.empty()
+                            ? (fs::path(result.run_dir) / "metrics.jsonl").string()
+                            : cfg.metrics.file;
   Trainer trainer(cfg, options);
   spdlog::info("{}", trainer.describe());
   result.first_step = trainer.completed_steps() + 1;
   result.last_step = cfg.training.steps;
   if (trainer.completed_steps() >= cfg.training.steps) {
-    spdlog::info("the run is at step {} >= training.steps = {}: nothing to do", trainer.completed_steps(),
-                 cfg.training.steps);
+    spdlog::info("the run is at step {} >= training.steps = {}: nothing to do",
+                 trainer.completed_steps(), cfg.training.steps);
     return result;
   }
   // Rank 0 writes the metrics (every rank has the job's loss and the per-rank figures).
   std::unique_ptr<MetricsLog> metrics;
   if (trainer.rank() == 0) {
     create_directories(result.run_dir);
-    const bool progress = cfg.metrics.progress == ProgressMode::on ||
-                          (cfg.metrics.progress == ProgressMode::automatic && isatty(STDOUT_FILENO));
+    const bool progress =
+        cfg.metrics.progress == ProgressMode::on ||
+        (cfg.metrics.progress == ProgressMode::automatic && isatty(STDOUT_FILENO));
     metrics = std::make_unique<MetricsLog>(result.metrics_file, progress, result.first_step,
                                            result.last_step);
   }
   while (trainer.completed_steps() < cfg.training.steps) {
     StepMetrics m = trainer.step();
-    if (metrics) metrics->record(m, m.step % cfg.metrics.log_freq == 0 || m.step == cfg.training.steps);
+    if (metrics)
+      metrics->record(m, m.step % cfg.metrics.log_freq == 0 || m.step == cfg.training.steps);
     result.losses.push_back(m.loss);
     result.last = m;
     const bool at_interval = cfg.checkpoint.interval > 0 && m.step % cfg.checkpoint.interval == 0;
@@ -364,7 +383,8 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
     // it to all, a node's SIGTERM reaches only that node's ranks).
     const int signal = static_cast<int>(trainer.max_over_ranks(options.stop_signal->load()));
     if (signal == 0) continue;
-    spdlog::warn("signal {} received: stopping at the step {} boundary to be requeued", signal, m.step);
+    spdlog::warn("signal {} received: stopping at the step {} boundary to be requeued", signal,
+                 m.step);
     // The preemption checkpoint is written even with checkpoint.enable = false: without it the
     // requeued job would start over.
     if (!saved) trainer.save_checkpoint();

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "core/config/config.h"
-#include "core/runtime/dtype.h"
 #include "core/metrics/step_metrics.h"
+#include "core/runtime/dtype.h"
 
 namespace moepeak {
 
@@ -36,9 +36,9 @@ bool uses_cuda_backend(const Config& cfg);
 DType training_dtype(const Config& cfg);
 
 struct TrainOptions {
-  bool resume = false;          // continue from the latest checkpoint of this run, if any
-  std::string resume_from;      // or from this checkpoint directory
-  std::string dump_step_dir;    // write the first step's weights, batch, loss and grads here
+  bool resume = false;        // continue from the latest checkpoint of this run, if any
+  std::string resume_from;    // or from this checkpoint directory
+  std::string dump_step_dir;  // write the first step's weights, batch, loss and grads here
   // Preemption (docs/slurm.md): a signal number the caller's handler stores (SIGUSR1 from
   // `--signal=B:USR1@120` forwarded by slurm/train.sbatch, SIGTERM from scancel or preemption);
   // 0 = none. After every step the ranks agree on it with one collective (any rank's signal stops
@@ -84,7 +84,7 @@ class Trainer {
   // GFLOP/s of an f32 n^3 GEMM on this rank's backend now, the best of `repeats` (OpenBLAS
   // directly on the CPU, the backend's linear_forward on CUDA; flops.h).
   double measure_gemm_ceiling(int n, int repeats) const;
-  std::string describe() const;        // backend, model and data, for the log
+  std::string describe() const;  // backend, model and data, for the log
 
  private:
   struct State;

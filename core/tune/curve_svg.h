@@ -20,8 +20,8 @@ namespace moepeak::tune {
 
 struct CurvePoint {
   double x = 0, y = 0;
-  std::string label;      // shown beside the chosen point and in the point's <title>
-  bool accepted = true;   // false: the plan rejects it (hollow)
+  std::string label;     // shown beside the chosen point and in the point's <title>
+  bool accepted = true;  // false: the plan rejects it (hollow)
 };
 
 struct CurveSeries {
@@ -40,7 +40,7 @@ struct Curve {
   std::vector<CurveSeries> series;
   std::vector<ReferenceLine> references;
   int chosen_series = -1, chosen_point = -1;  // -1: nothing chosen
-  std::string subtitle;  // e.g. the rule in words
+  std::string subtitle;                       // e.g. the rule in words
 };
 
 std::string curve_svg(const Curve& curve);

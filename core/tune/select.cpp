@@ -25,7 +25,8 @@ std::string pct(double fraction) {
 }
 
 // The fastest median among the points the plan accepts; the caller has checked one does.
-template <typename P> double best_fitting(const std::vector<P>& points) {
+template <typename P>
+double best_fitting(const std::vector<P>& points) {
   double best = std::numeric_limits<double>::infinity();
   for (const P& p : points) {
     if (p.plan_fits) best = std::min(best, p.time.median_s);
@@ -33,7 +34,8 @@ template <typename P> double best_fitting(const std::vector<P>& points) {
   return best;
 }
 
-template <typename P> bool any_fits(const std::vector<P>& points) {
+template <typename P>
+bool any_fits(const std::vector<P>& points) {
   return std::any_of(points.begin(), points.end(), [](const P& p) { return p.plan_fits; });
 }
 
@@ -63,9 +65,9 @@ Choice select_chunk(const std::vector<DispatchPoint>& points, double tolerance) 
       if (points[i].bound_bytes < points[lo].bound_bytes) lo = i;
     }
     const DispatchPoint& p = points[lo];
-    MOEPEAK_THROW("tune: no chunk_tokens in {", cs.str(), "} fits the plan: the smallest dispatch peak ",
-                  format_bytes(p.bound_bytes), " (c = ", p.chunk_tokens, ", K_max = ", p.max_chunks,
-                  ") ", p.plan_note);
+    MOEPEAK_THROW("tune: no chunk_tokens in {", cs.str(),
+                  "} fits the plan: the smallest dispatch peak ", format_bytes(p.bound_bytes),
+                  " (c = ", p.chunk_tokens, ", K_max = ", p.max_chunks, ") ", p.plan_note);
   }
   const double best = best_fitting(points);
   size_t pick = points.size();
@@ -77,17 +79,20 @@ Choice select_chunk(const std::vector<DispatchPoint>& points, double tolerance) 
       continue;
     }
     const DispatchPoint& q = points[pick];
-    if (p.chunk_eff < q.chunk_eff || (p.chunk_eff == q.chunk_eff && p.bound_bytes < q.bound_bytes) ||
-        (p.chunk_eff == q.chunk_eff && p.bound_bytes == q.bound_bytes && p.chunk_tokens < q.chunk_tokens)) {
+    if (p.chunk_eff < q.chunk_eff ||
+        (p.chunk_eff == q.chunk_eff && p.bound_bytes < q.bound_bytes) ||
+        (p.chunk_eff == q.chunk_eff && p.bound_bytes == q.bound_bytes &&
+         p.chunk_tokens < q.chunk_tokens)) {
       pick = i;
     }
   }
   const DispatchPoint& p = points[pick];
   std::ostringstream why;
   why << "smallest chunk within " << pct(tolerance) << " of the fastest point the plan accepts ("
-      << ms(best) << "): c = " << p.chunk_tokens << ", K_max = " << p.max_chunks << " -> K = " << p.chunks
-      << ", c_eff = " << p.chunk_eff << ", " << ms(p.time.median_s) << " (+"
-      << pct(p.time.median_s / best - 1) << "), dispatch peak " << format_bytes(p.peak_bytes);
+      << ms(best) << "): c = " << p.chunk_tokens << ", K_max = " << p.max_chunks
+      << " -> K = " << p.chunks << ", c_eff = " << p.chunk_eff << ", " << ms(p.time.median_s)
+      << " (+" << pct(p.time.median_s / best - 1) << "), dispatch peak "
+      << format_bytes(p.peak_bytes);
   return {pick, why.str()};
 }
 
@@ -100,8 +105,9 @@ Choice select_staging(const std::vector<OptimizerPoint>& points, double toleranc
     }
     const OptimizerPoint& p = points[lo];
     MOEPEAK_THROW("tune: no (bucket_params, staging_slots) of the ", points.size(),
-                  " measured fits the plan: the smallest optimizer staging ", format_bytes(p.bound_bytes),
-                  " (beta = ", p.bucket_params, ", s = ", p.staging_slots, ") ", p.plan_note);
+                  " measured fits the plan: the smallest optimizer staging ",
+                  format_bytes(p.bound_bytes), " (beta = ", p.bucket_params,
+                  ", s = ", p.staging_slots, ") ", p.plan_note);
   }
   const double best = best_fitting(points);
   size_t pick = points.size();
@@ -114,16 +120,17 @@ Choice select_staging(const std::vector<OptimizerPoint>& points, double toleranc
     }
     const OptimizerPoint& q = points[pick];
     if (p.bound_bytes < q.bound_bytes || (p.bound_bytes == q.bound_bytes && p.slots < q.slots) ||
-        (p.bound_bytes == q.bound_bytes && p.slots == q.slots && p.bucket_params < q.bucket_params)) {
+        (p.bound_bytes == q.bound_bytes && p.slots == q.slots &&
+         p.bucket_params < q.bucket_params)) {
       pick = i;
     }
   }
   const OptimizerPoint& p = points[pick];
   std::ostringstream why;
   why << "smallest staging within " << pct(tolerance) << " of the fastest point the plan accepts ("
-      << ms(best) << "): beta = " << p.bucket_params << ", s = " << p.staging_slots << " -> staging "
-      << format_bytes(p.bound_bytes) << ", " << ms(p.time.median_s) << " (+" << pct(p.time.median_s / best - 1)
-      << ")";
+      << ms(best) << "): beta = " << p.bucket_params << ", s = " << p.staging_slots
+      << " -> staging " << format_bytes(p.bound_bytes) << ", " << ms(p.time.median_s) << " (+"
+      << pct(p.time.median_s / best - 1) << ")";
   return {pick, why.str()};
 }
 
@@ -141,7 +148,8 @@ Choice select_payload(const std::vector<VocabPoint>& points, const std::string& 
   if (lo == points.size()) MOEPEAK_THROW("tune: no Ring-DTP payload was measured");
   if (!fits) {
     MOEPEAK_THROW("tune: no Ring-DTP payload fits the plan: the smaller logits term ",
-                  format_bytes(points[lo].bound_bytes), " (", points[lo].payload, ") ", points[lo].plan_note);
+                  format_bytes(points[lo].bound_bytes), " (", points[lo].payload, ") ",
+                  points[lo].plan_note);
   }
   size_t pick = points.size();
   for (size_t i = 0; i < points.size(); ++i) {
@@ -194,8 +202,10 @@ Choice select_sco(const std::vector<ScoPoint>& points, double tolerance) {
     for (size_t i = 0; i < points.size(); ++i) {
       if (points[i].bound_bytes < points[lo].bound_bytes) lo = i;
     }
-    MOEPEAK_THROW("tune: no SCO host budget of the ", points.size(), " measured fits the plan: the smallest "
-                  "boundaries term ", format_bytes(points[lo].bound_bytes), " (", points[lo].offloaded_layers,
+    MOEPEAK_THROW("tune: no SCO host budget of the ", points.size(),
+                  " measured fits the plan: the smallest "
+                  "boundaries term ",
+                  format_bytes(points[lo].bound_bytes), " (", points[lo].offloaded_layers,
                   " layers offloaded) ", points[lo].plan_note);
   }
   size_t pick = points.size();
@@ -205,20 +215,23 @@ Choice select_sco(const std::vector<ScoPoint>& points, double tolerance) {
     if (p.plan_fits) least = std::min(least, p.overhead);
     if (!p.plan_fits || p.overhead > tolerance) continue;
     if (pick == points.size() || p.offloaded_layers > points[pick].offloaded_layers ||
-        (p.offloaded_layers == points[pick].offloaded_layers && p.host_budget < points[pick].host_budget)) {
+        (p.offloaded_layers == points[pick].offloaded_layers &&
+         p.host_budget < points[pick].host_budget)) {
       pick = i;
     }
   }
   if (pick == points.size()) {
-    MOEPEAK_THROW("tune: no SCO host budget the plan accepts keeps the overhead over standard checkpointing "
-                  "within ", pct(tolerance), ": the least is +", pct(least),
-                  " (--sco-tolerance raises the limit)");
+    MOEPEAK_THROW(
+        "tune: no SCO host budget the plan accepts keeps the overhead over standard checkpointing "
+        "within ",
+        pct(tolerance), ": the least is +", pct(least), " (--sco-tolerance raises the limit)");
   }
   const ScoPoint& p = points[pick];
   std::ostringstream why;
-  why << "most offloaded layers with overhead within " << pct(tolerance) << " of standard checkpointing: "
-      << p.offloaded_layers << " layers (" << p.label << ", host budget " << format_bytes(p.host_budget)
-      << "), overhead " << (p.overhead >= 0 ? "+" : "") << pct(p.overhead) << ", boundaries peak "
+  why << "most offloaded layers with overhead within " << pct(tolerance)
+      << " of standard checkpointing: " << p.offloaded_layers << " layers (" << p.label
+      << ", host budget " << format_bytes(p.host_budget) << "), overhead "
+      << (p.overhead >= 0 ? "+" : "") << pct(p.overhead) << ", boundaries peak "
       << format_bytes(p.peak_bytes);
   return {pick, why.str()};
 }

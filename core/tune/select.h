@@ -56,34 +56,34 @@ struct DispatchPoint {
 };
 
 struct OptimizerPoint {
-  int64_t bucket_params = 0;  // beta as configured
-  int64_t staging_slots = 0;  // s as configured
+  int64_t bucket_params = 0;      // beta as configured
+  int64_t staging_slots = 0;      // s as configured
   int64_t bucket = 0, slots = 0;  // offload_stream_shape's effective values
-  Timing time;                // one OffloadStreamAdamW step
-  uint64_t staging_bytes = 0; // measured `optimizer` peak
-  uint64_t bound_bytes = 0;   // adamw_offload_stream_bytes (equal to the peak)
+  Timing time;                    // one OffloadStreamAdamW step
+  uint64_t staging_bytes = 0;     // measured `optimizer` peak
+  uint64_t bound_bytes = 0;       // adamw_offload_stream_bytes (equal to the peak)
   bool plan_fits = false;
   std::string plan_note;
 };
 
 struct VocabPoint {
-  std::string payload;        // "activations" or "weights"
-  int64_t kept_strips = 0;    // schedules.vocab_kept_strips (at most the strips a rank forms)
-  Timing time;                // Ring-DTP forward + backward
-  uint64_t peak_bytes = 0;    // measured `logits` peak
-  uint64_t bound_bytes = 0;   // ring_dtp_bytes
+  std::string payload;       // "activations" or "weights"
+  int64_t kept_strips = 0;   // schedules.vocab_kept_strips (at most the strips a rank forms)
+  Timing time;               // Ring-DTP forward + backward
+  uint64_t peak_bytes = 0;   // measured `logits` peak
+  uint64_t bound_bytes = 0;  // ring_dtp_bytes
   bool plan_fits = false;
   std::string plan_note;
 };
 
 struct ScoPoint {
-  std::string label;          // "none", "half", "all"
+  std::string label;  // "none", "half", "all"
   int64_t offloaded_layers = 0;
-  uint64_t host_budget = 0;   // schedules.sco_host_budget, bytes
-  Timing time;                // forward + backward of a step
-  double overhead = 0;        // median / standard's median - 1
-  uint64_t peak_bytes = 0;    // measured `boundaries` peak
-  uint64_t bound_bytes = 0;   // sco_boundaries_bytes
+  uint64_t host_budget = 0;  // schedules.sco_host_budget, bytes
+  Timing time;               // forward + backward of a step
+  double overhead = 0;       // median / standard's median - 1
+  uint64_t peak_bytes = 0;   // measured `boundaries` peak
+  uint64_t bound_bytes = 0;  // sco_boundaries_bytes
   bool plan_fits = false;
   std::string plan_note;
 };

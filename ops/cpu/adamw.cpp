@@ -11,7 +11,8 @@ namespace {
 template <typename T>
 void adamw_loop(T* p, const T* g_in, T* m, T* v, int64_t n, const AdamWHyper& h, bool decay) {
   const T beta1 = static_cast<T>(h.beta1), beta2 = static_cast<T>(h.beta2);
-  const T one_minus_beta1 = static_cast<T>(1.0 - h.beta1), one_minus_beta2 = static_cast<T>(1.0 - h.beta2);
+  const T one_minus_beta1 = static_cast<T>(1.0 - h.beta1),
+          one_minus_beta2 = static_cast<T>(1.0 - h.beta2);
   const T grad_scale = static_cast<T>(h.grad_scale);
   const T decay_factor = static_cast<T>(decay ? 1.0 - h.lr * h.weight_decay : 1.0);
   const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));

@@ -2,8 +2,8 @@
 // check_adamw_fused_args, shared with the CUDA kernel in ops/cuda/adamw.cu), then one adamw_span
 // (AVX2 when the CPU has it) with the working-weight output on the stream's worker. See
 // ops/adamw_fused.h. Test: ctest -R test_adamw_kernels
-#include "core/runtime/cpu_stream.h"
 #include "ops/adamw_fused.h"
+#include "core/runtime/cpu_stream.h"
 #include "ops/cpu/adamw_simd.h"
 
 namespace moepeak::ops {

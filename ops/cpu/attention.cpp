@@ -86,7 +86,7 @@ void gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int64_t m, int64_t n
               c, static_cast<int>(ldc));
 }
 
-// ---- Row kernels: max, exp(x - shift) with its sum, dS = P * (dP - D) ----------------------------
+// ---- Row kernels: max, exp(x - shift) with its sum, dS = P * (dP - D) ---------------------------
 // Generic versions (f64, and f32 without AVX2) use std::exp. The f32 AVX2 versions use a Cephes-
 // style exp (degree-6 polynomial after range reduction, ~2 ulp) so the exponentials, about one per
 // 4d GEMM FLOPs, do not dominate. Arguments below -87.3 give exactly 0.
@@ -137,8 +137,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 exp_avx2(__m256
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  __m256i exponent = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256i exponent =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(exponent)));
 }
 
@@ -295,8 +295,8 @@ void gather_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& b
 }
 
 template <typename T>
-void scatter_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& blk,
-                  const T* rows, T* dst) {
+void scatter_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& blk, const T* rows,
+                  T* dst) {
   const int64_t run = plan.group * geo.head_dim;
   for (int64_t p = 0; p < blk.positions; ++p) {
     T* to = dst + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group, geo.heads);
@@ -326,11 +326,11 @@ void for_each_query_block(const Geometry& geo, const BlockPlan& plan, F&& f) {
         f(QueryBlock{b, g, t0, std::min(plan.positions, geo.seq - t0)});
 }
 
-// ---- Forward -------------------------------------------------------------------------------------
+// ---- Forward ------------------------------------------------------------------------------------
 
 template <typename T>
-void forward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, const T* k,
-                    const T* v, T scale, T* out, T* lse) {
+void forward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, const T* k, const T* v,
+                    T scale, T* out, T* lse) {
   Scratch<T>& s = thread_scratch<T>();
   s.reserve(plan, geo.head_dim, /*backward=*/false);
   const int64_t d = geo.head_dim;
@@ -367,8 +367,8 @@ void forward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, cons
           for (int64_t i = 0; i < d; ++i) acc[i] *= rescale;
         }
       }
-      gemm(CblasNoTrans, CblasNoTrans, rows, d, keys, T(1), scores, keys, v + kv_offset,
-           kv_stride, T(1), s.accumulator.data(), d);
+      gemm(CblasNoTrans, CblasNoTrans, rows, d, keys, T(1), scores, keys, v + kv_offset, kv_stride,
+           T(1), s.accumulator.data(), d);
     }
 
     for (int64_t r = 0; r < rows; ++r) {
@@ -381,12 +381,11 @@ void forward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, cons
   });
 }
 
-// ---- Backward ------------------------------------------------------------------------------------
+// ---- Backward -----------------------------------------------------------------------------------
 
 template <typename T>
-void backward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, const T* k,
-                     const T* v, const T* out, const T* lse, const T* dout, T scale, T* dq, T* dk,
-                     T* dv) {
+void backward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, const T* k, const T* v,
+                     const T* out, const T* lse, const T* dout, T scale, T* dq, T* dk, T* dv) {
   Scratch<T>& s = thread_scratch<T>();
   s.reserve(plan, geo.head_dim, /*backward=*/true);
   const int64_t d = geo.head_dim;
@@ -406,8 +405,8 @@ void backward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, con
     for (int64_t r = 0; r < rows; ++r) {
       // D = rowsum(dout * out): out is read where it lies (same row order as the gather).
       const int64_t p = r / plan.group, hh = r % plan.group;
-      const T* out_row = out + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group + hh,
-                                          geo.heads);
+      const T* out_row =
+          out + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group + hh, geo.heads);
       const T* dout_row = dout_rows + r * d;
       T delta = 0;
       for (int64_t i = 0; i < d; ++i) delta += dout_row[i] * out_row[i];
@@ -439,8 +438,8 @@ void backward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, con
       // dS = P * (dP - D);  dQ += scale * dS K;  dK += scale * dS^T Q.
       for (int64_t r = 0; r < rows; ++r)
         dscores(probs + r * keys, dprobs + r * keys, keys, s.row_delta[r]);
-      gemm(CblasNoTrans, CblasNoTrans, rows, d, keys, scale, probs, keys, k + kv_offset,
-           kv_stride, T(1), dq_rows, d);
+      gemm(CblasNoTrans, CblasNoTrans, rows, d, keys, scale, probs, keys, k + kv_offset, kv_stride,
+           T(1), dq_rows, d);
       gemm(CblasTrans, CblasNoTrans, keys, d, rows, scale, probs, keys, q_rows, d, T(1),
            dk + kv_offset, kv_stride);
     }
@@ -448,10 +447,10 @@ void backward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, con
   });
 }
 
-// ---- Argument checks -----------------------------------------------------------------------------
+// ---- Argument checks ----------------------------------------------------------------------------
 
-void check_same(const Tensor& t, const Shape& shape, DType dtype, const char* op,
-                const char* name, const char* layout) {
+void check_same(const Tensor& t, const Shape& shape, DType dtype, const char* op, const char* name,
+                const char* layout) {
   if (!t.defined() && shape.numel() > 0)
     MOEPEAK_THROW(op, ": ", name, " ", layout, " is undefined");
   if (t.shape() != shape || t.dtype() != dtype)
@@ -461,15 +460,13 @@ void check_same(const Tensor& t, const Shape& shape, DType dtype, const char* op
 
 Geometry check_common(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                       double scale, const Tensor& out, const Tensor& lse) {
-  if (q.ndim() != 4)
-    MOEPEAK_THROW(op, ": q must be (B, T, nh, d), got ", q.str());
+  if (q.ndim() != 4) MOEPEAK_THROW(op, ": q must be (B, T, nh, d), got ", q.str());
   if (q.dtype() != DType::f32 && q.dtype() != DType::f64 && q.dtype() != DType::bf16)
     MOEPEAK_THROW(op, " supports f32, bf16 (CUDA only) and f64, got q ", q.str());
   Geometry geo{q.size(0), q.size(1), q.size(2), k.ndim() == 4 ? k.size(2) : 0, q.size(3)};
   if (k.ndim() != 4 || k.size(0) != geo.batch || k.size(1) != geo.seq ||
       k.size(3) != geo.head_dim || geo.kv_heads < 1)
-    MOEPEAK_THROW(op, ": k must be (B, T, nkv, d) with B, T, d of q ", q.str(), ", got ",
-                  k.str());
+    MOEPEAK_THROW(op, ": k must be (B, T, nkv, d) with B, T, d of q ", q.str(), ", got ", k.str());
   if (geo.heads < 1 || geo.head_dim < 1 || geo.heads % geo.kv_heads != 0)
     MOEPEAK_THROW(op, ": query heads nh = ", geo.heads, " must be a positive multiple of kv heads",
                   " nkv = ", geo.kv_heads, " and d = ", geo.head_dim, " positive (q ", q.str(),
@@ -515,9 +512,9 @@ void check_attention_backward_args(const Tensor& q, const Tensor& k, const Tenso
 
 namespace detail {
 
-void attention_forward_cpu_blocked(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   double scale, const Tensor& out, const Tensor& lse,
-                                   AttentionBlocks blocks, Stream& stream) {
+void attention_forward_cpu_blocked(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                   const Tensor& out, const Tensor& lse, AttentionBlocks blocks,
+                                   Stream& stream) {
   const char* op = "attention_forward";
   const Geometry geo = check_common(op, q, k, v, scale, out, lse);
   check_blocks(op, blocks);

@@ -21,8 +21,8 @@ void check_copy_2d_args(const char* op, const Tensor& src, Block2d from, const T
                   " elements (offset >= 0 and pitch >= width expected)");
     const int64_t last = b.offset + (rows - 1) * b.pitch + width;
     MOEPEAK_CHECK(last <= t.numel(), op, ": ", side, " block of ", rows, " x ", width,
-                  " elements at offset ", b.offset, ", pitch ", b.pitch, " ends at element ",
-                  last, " but ", side, " holds ", t.numel());
+                  " elements at offset ", b.offset, ", pitch ", b.pitch, " ends at element ", last,
+                  " but ", side, " holds ", t.numel());
   };
   check_side("src", src, from);
   check_side("dst", dst, to);

@@ -30,7 +30,8 @@ void check_label(const char* op, int64_t position, int64_t label, int64_t vocab)
 }
 
 // log(sum_v exp(row[v])) with the row max subtracted, accumulated in double.
-template <typename T> double log_sum_exp(const T* row, int64_t vocab) {
+template <typename T>
+double log_sum_exp(const T* row, int64_t vocab) {
   double row_max = row[0];
   for (int64_t v = 1; v < vocab; ++v) row_max = std::max(row_max, static_cast<double>(row[v]));
   double sum = 0;

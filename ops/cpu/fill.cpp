@@ -14,8 +14,12 @@ uint64_t fill_pattern(DType t, double value) {
       std::memcpy(&bits, &f, 4);
       break;
     }
-    case DType::bf16: bits = bf16::from_float(static_cast<float>(value)); break;
-    case DType::f64: std::memcpy(&bits, &value, 8); break;
+    case DType::bf16:
+      bits = bf16::from_float(static_cast<float>(value));
+      break;
+    case DType::f64:
+      std::memcpy(&bits, &value, 8);
+      break;
     case DType::i32: {
       int32_t i = static_cast<int32_t>(value);
       std::memcpy(&bits, &i, 4);
@@ -48,9 +52,15 @@ void fill_cpu(const Tensor& out, double value, Stream& stream) {
       for (int64_t i = 0; i < n; ++i) q[i] = w;
     };
     switch (elem) {
-      case 2: typed(uint16_t{}); break;
-      case 4: typed(uint32_t{}); break;
-      default: typed(uint64_t{}); break;
+      case 2:
+        typed(uint16_t{});
+        break;
+      case 4:
+        typed(uint32_t{});
+        break;
+      default:
+        typed(uint64_t{});
+        break;
     }
   });
 }

@@ -29,28 +29,27 @@ int64_t check_grouped_linear_args(const char* op, const Tensor& x, std::span<con
   MOEPEAK_CHECK(x.ndim() == 2, op, ": x must be (M, K), got ", x.str());
   MOEPEAK_CHECK(!w.empty(), op, ": needs at least one group (one weight), got none");
   const size_t G = w.size();
-  MOEPEAK_CHECK(offsets.size() == G + 1, op, ": ", G, " weights need ", G + 1,
-                " row offsets, got ", offsets.size());
+  MOEPEAK_CHECK(offsets.size() == G + 1, op, ": ", G, " weights need ", G + 1, " row offsets, got ",
+                offsets.size());
   const int64_t M = x.size(0), K = x.size(1);
   MOEPEAK_CHECK(offsets[0] == 0, op, ": offsets[0] must be 0, got ", offsets[0]);
   for (size_t g = 0; g < G; ++g) {
     MOEPEAK_CHECK(offsets[g + 1] >= offsets[g], group_label(op, g), ": rows [", offsets[g], ", ",
                   offsets[g + 1], ") end before they begin (offsets must not decrease)");
   }
-  MOEPEAK_CHECK(offsets[G] == M, op, ": offsets[", G, "] = ", offsets[G],
-                " must be the rows of x ", x.str());
+  MOEPEAK_CHECK(offsets[G] == M, op, ": offsets[", G, "] = ", offsets[G], " must be the rows of x ",
+                x.str());
   const int64_t N = w[0].ndim() == 2 ? w[0].size(0) : -1;
   for (size_t g = 0; g < G; ++g) {
-    MOEPEAK_CHECK(w[g].ndim() == 2 && w[g].dtype() == x.dtype() && w[g].size(0) == N &&
-                      w[g].size(1) == K,
-                  group_label(op, g), ": w must be ", dtype_name(x.dtype()), " (", N, ", ", K,
-                  ") like group 0's rows and x's columns (x ", x.str(), "), got ", w[g].str());
+    MOEPEAK_CHECK(
+        w[g].ndim() == 2 && w[g].dtype() == x.dtype() && w[g].size(0) == N && w[g].size(1) == K,
+        group_label(op, g), ": w must be ", dtype_name(x.dtype()), " (", N, ", ", K,
+        ") like group 0's rows and x's columns (x ", x.str(), "), got ", w[g].str());
   }
   return N;
 }
 
-void check_grouped_linear_forward_args(const char* op, const Tensor& x,
-                                       std::span<const Tensor> w,
+void check_grouped_linear_forward_args(const char* op, const Tensor& x, std::span<const Tensor> w,
                                        std::span<const int64_t> offsets, const Tensor& y) {
   const int64_t N = check_grouped_linear_args(op, x, w, offsets);
   y.expect(Shape{x.size(0), N}, x.dtype(), std::string(op) + ": y");
@@ -68,8 +67,10 @@ GroupedLinearGrads check_grouped_linear_backward_args(const char* op, const Tens
   if (want.dx) dx.expect(x.shape(), x.dtype(), std::string(op) + ": dx");
   want.dw.assign(w.size(), false);
   if (dw.empty()) return want;
-  MOEPEAK_CHECK(dw.size() == w.size(), op, ": dw must be empty (no weight gradients) or one per "
-                "group (", w.size(), "), got ", dw.size());
+  MOEPEAK_CHECK(dw.size() == w.size(), op,
+                ": dw must be empty (no weight gradients) or one per "
+                "group (",
+                w.size(), "), got ", dw.size());
   for (size_t g = 0; g < w.size(); ++g) {
     want.dw[g] = given(dw[g]);
     if (want.dw[g]) dw[g].expect(w[g].shape(), x.dtype(), group_label(op, g) + ": dw");
@@ -78,8 +79,8 @@ GroupedLinearGrads check_grouped_linear_backward_args(const char* op, const Tens
 }
 
 void grouped_linear_forward_cpu(const Tensor& x, std::span<const Tensor> w,
-                                std::span<const int64_t> offsets, const Tensor& y,
-                                bool accumulate, Stream& stream) {
+                                std::span<const int64_t> offsets, const Tensor& y, bool accumulate,
+                                Stream& stream) {
   const char* op = "grouped_linear_forward_cpu";
   check_grouped_linear_forward_args(op, x, w, offsets, y);
   dispatch_float(x.dtype(), op, [](auto) {});  // the dtype check, also when every group is empty
@@ -92,19 +93,17 @@ void grouped_linear_forward_cpu(const Tensor& x, std::span<const Tensor> w,
 
 void grouped_linear_backward_cpu(const Tensor& x, std::span<const Tensor> w,
                                  std::span<const int64_t> offsets, const Tensor& dy,
-                                 const Tensor& dx, bool accumulate_dx,
-                                 std::span<const Tensor> dw, Stream& stream) {
+                                 const Tensor& dx, bool accumulate_dx, std::span<const Tensor> dw,
+                                 Stream& stream) {
   const char* op = "grouped_linear_backward_cpu";
-  const GroupedLinearGrads want =
-      check_grouped_linear_backward_args(op, x, w, offsets, dy, dx, dw);
+  const GroupedLinearGrads want = check_grouped_linear_backward_args(op, x, w, offsets, dy, dx, dw);
   dispatch_float(x.dtype(), op, [](auto) {});
   for (size_t g = 0; g < w.size(); ++g) {
     const int64_t lo = offsets[g], hi = offsets[g + 1];
     if (lo == hi) continue;  // no rows: dx has none, dw_g += 0
     if (!want.dx && !want.dw[g]) continue;
-    linear_backward_cpu(x.rows(lo, hi), w[g], dy.rows(lo, hi),
-                        want.dx ? dx.rows(lo, hi) : Tensor(), accumulate_dx,
-                        want.dw[g] ? dw[g] : Tensor(), stream);
+    linear_backward_cpu(x.rows(lo, hi), w[g], dy.rows(lo, hi), want.dx ? dx.rows(lo, hi) : Tensor(),
+                        accumulate_dx, want.dw[g] ? dw[g] : Tensor(), stream);
   }
 }
 

@@ -49,8 +49,8 @@ void gemm(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner,
 // 0 <= k0 and k0 + K <= K_w.
 void check_x_and_w(const char* op, const Tensor& x, const Tensor& w, int64_t k0, bool block) {
   MOEPEAK_CHECK(x.ndim() == 2, op, ": x must be (M, K), got ", x.str());
-  MOEPEAK_CHECK(w.ndim() == 2 && w.dtype() == x.dtype(), op, ": w must be ",
-                dtype_name(x.dtype()), " (N, K) for x ", x.str(), ", got ", w.str());
+  MOEPEAK_CHECK(w.ndim() == 2 && w.dtype() == x.dtype(), op, ": w must be ", dtype_name(x.dtype()),
+                " (N, K) for x ", x.str(), ", got ", w.str());
   if (block) {
     MOEPEAK_CHECK(k0 >= 0 && k0 + x.size(1) <= w.size(1), op, ": columns [", k0, ", ",
                   k0 + x.size(1), ") of w ", w.str(), " for x ", x.str(), " are out of range");
@@ -106,8 +106,8 @@ void check_linear_forward_args(const char* op, const Tensor& x, const Tensor& w,
   y.expect(Shape{x.size(0), w.size(0)}, x.dtype(), std::string(op) + ": y");
 }
 
-LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Tensor& w,
-                                       int64_t k0, bool cols, const Tensor& dy, const Tensor& dx,
+LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
+                                       bool cols, const Tensor& dy, const Tensor& dx,
                                        const Tensor& dw) {
   check_x_and_w(op, x, w, k0, cols);
   dy.expect(Shape{x.size(0), w.size(0)}, x.dtype(), std::string(op) + ": dy");

@@ -139,7 +139,7 @@ void router_aux_backward_cpu(const Tensor& probs, const Tensor& dprobs, const Te
   const int64_t tokens = probs.size(0), experts = probs.size(1);
   dispatch_float(probs.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    const T* p = probs.data_as<T>();   // (N, E)
+    const T* p = probs.data_as<T>();    // (N, E)
     const T* dp = dprobs.data_as<T>();  // (E)
     T* dl = dlogits.data_as<T>();       // (N, E)
     as_cpu_stream(stream).enqueue([=] {

@@ -11,7 +11,10 @@
 namespace moepeak::ops {
 namespace {
 
-template <typename T> T sigmoid(T v) { return T(1) / (T(1) + std::exp(-v)); }
+template <typename T>
+T sigmoid(T v) {
+  return T(1) / (T(1) + std::exp(-v));
+}
 
 // a: (M, F) float; every other tensor: a's shape and dtype.
 void check_same_as_a(const char* op, const Tensor& a,

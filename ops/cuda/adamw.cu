@@ -32,15 +32,18 @@ using cuda::load_as;
 using cuda::store_from;
 
 // The correctly rounded operations of one precision (never contracted into an FMA).
-template <typename T> struct Rn;
-template <> struct Rn<float> {
+template <typename T>
+struct Rn;
+template <>
+struct Rn<float> {
   static __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
   static __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
   static __device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
   static __device__ __forceinline__ float div(float a, float b) { return __fdiv_rn(a, b); }
   static __device__ __forceinline__ float sqrt(float a) { return __fsqrt_rn(a); }
 };
-template <> struct Rn<double> {
+template <>
+struct Rn<double> {
   static __device__ __forceinline__ double mul(double a, double b) { return __dmul_rn(a, b); }
   static __device__ __forceinline__ double add(double a, double b) { return __dadd_rn(a, b); }
   static __device__ __forceinline__ double sub(double a, double b) { return __dsub_rn(a, b); }
@@ -102,24 +105,29 @@ void adamw_cuda(const Tensor& param, const Tensor& grad, const Tensor& m, const 
     MOEPEAK_CUDA_LAUNCH_CHECK();
   };
   switch (param.dtype()) {
-    case DType::f32: launch(float{}); return;
-    case DType::f64: launch(double{}); return;
-    default: break;
+    case DType::f32:
+      launch(float{});
+      return;
+    case DType::f64:
+      launch(double{});
+      return;
+    default:
+      break;
   }
   MOEPEAK_THROW("op ", op, " supports param, grad, m and v in f32 (or f64), got ",
                 dtype_name(param.dtype()));
 }
 
 void adamw_fused_cuda(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
-                      const Tensor& working, const AdamWHyper& hyper, bool decay,
-                      Stream& stream) {
+                      const Tensor& working, const AdamWHyper& hyper, bool decay, Stream& stream) {
   const char* op = "adamw_fused_cuda";
   check_adamw_fused_args(op, master, grad, m, v, working, hyper);
   MOEPEAK_CHECK(master.dtype() == DType::f32 &&
                     (working.dtype() == DType::f32 || working.dtype() == DType::bf16),
-                "op ", op, " runs an f32 master, m and v with f32 or bf16 working weights and "
-                "gradient; got master ", dtype_name(master.dtype()), " and working weights ",
-                dtype_name(working.dtype()));
+                "op ", op,
+                " runs an f32 master, m and v with f32 or bf16 working weights and "
+                "gradient; got master ",
+                dtype_name(master.dtype()), " and working weights ", dtype_name(working.dtype()));
   const int64_t n = master.numel();
   if (n == 0) return;
   const AdamWScalars<float> s = AdamWScalars<float>::make(hyper, decay);

@@ -51,7 +51,7 @@ struct AttentionArgs {
   const T* k;
   const T* v;
   const T* dout;
-  T* out;  // written by the forward, read by the backward
+  T* out;             // written by the forward, read by the backward
   compute_t<T>* lse;  // likewise, in the compute dtype (f32 for bf16 storage)
   T* dq;
   T* dk;
@@ -98,8 +98,8 @@ __device__ void load_query_rows(const T* src, const AttentionArgs<T>& a, int64_t
 // Copies keys [s0, s0 + n) of kv head g from a (B, T, nkv, d) tensor, row stride `stride`; keys
 // past T read 0.
 template <typename T, typename C>
-__device__ void load_key_rows(const T* src, const AttentionArgs<T>& a, int64_t b, int g,
-                              int64_t s0, int n, int stride, C* dst) {
+__device__ void load_key_rows(const T* src, const AttentionArgs<T>& a, int64_t b, int g, int64_t s0,
+                              int n, int stride, C* dst) {
   const int d = a.head_dim;
   for (int i = threadIdx.x; i < n * d; i += kBlockThreads) {
     const int s = i / d, c = i - s * d;
@@ -133,8 +133,8 @@ __device__ __forceinline__ void accumulate_tile(C (&acc)[kRowsPerWarp][kChunks],
 }
 
 // Index in lse (B, nh, T) of flattened row `row` of (b, g).
-__device__ __forceinline__ int64_t lse_index(int64_t b, int g, int64_t row, int group,
-                                             int heads, int64_t seq) {
+__device__ __forceinline__ int64_t lse_index(int64_t b, int g, int64_t row, int group, int heads,
+                                             int64_t seq) {
   const int64_t t = row / group;
   const int64_t hh = row - t * group;
   return (b * heads + int64_t(g) * group + hh) * seq + t;
@@ -474,8 +474,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 // Shared-memory bytes of each kernel for head dim d and compute type C.
 template <typename C>
 size_t forward_smem(int d) {
-  return sizeof(C) * (size_t(kBlockRows) * d + size_t(kTile) * lane_stride(d) +
-                      size_t(kTile) * d + size_t(kBlockRows) * kTile);
+  return sizeof(C) * (size_t(kBlockRows) * d + size_t(kTile) * lane_stride(d) + size_t(kTile) * d +
+                      size_t(kBlockRows) * kTile);
 }
 template <typename C>
 size_t dq_smem(int d) {
@@ -496,8 +496,7 @@ int check_cuda_limits(const char* op, const Tensor& q, const Tensor& k) {
   if (d > kMaxHeadDim)
     MOEPEAK_THROW(op, " on CUDA supports head dims up to ", kMaxHeadDim, ", got q ", q.str());
   if (batch > 65535 || kv_heads > 65535)
-    MOEPEAK_THROW(op, " on CUDA supports B and nkv up to 65535, got q ", q.str(), ", k ",
-                  k.str());
+    MOEPEAK_THROW(op, " on CUDA supports B and nkv up to 65535, got q ", q.str(), ", k ", k.str());
   if ((seq * (heads / kv_heads) + kBlockRows - 1) / kBlockRows > INT_MAX)
     MOEPEAK_THROW(op, " on CUDA: q ", q.str(), " has too many query rows per kv head");
   return d <= 32 ? 1 : d <= 64 ? 2 : d <= 128 ? 4 : 8;
@@ -532,10 +531,18 @@ AttentionArgs<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v, co
 template <typename F>
 void dispatch_chunks(int chunks, F&& f) {
   switch (chunks) {
-    case 1: f(std::integral_constant<int, 1>{}); return;
-    case 2: f(std::integral_constant<int, 2>{}); return;
-    case 4: f(std::integral_constant<int, 4>{}); return;
-    default: f(std::integral_constant<int, 8>{}); return;
+    case 1:
+      f(std::integral_constant<int, 1>{});
+      return;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      return;
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      return;
+    default:
+      f(std::integral_constant<int, 8>{});
+      return;
   }
 }
 
@@ -551,7 +558,7 @@ void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, d
                             const Tensor& out, const Tensor& lse, Stream& stream) {
   const char* op = "attention_forward_cuda";
   check_attention_forward_args(q, k, v, scale, out, lse);
-  if (q.numel() == 0) return;  // B = 0 or T = 0 (nh, d >= 1 by the checks)
+  if (q.numel() == 0) return;                      // B = 0 or T = 0 (nh, d >= 1 by the checks)
   const int chunks = check_cuda_limits(op, q, k);  // both paths: head dim, grid limits
   if (attention_tc_takes(q, k, v, out)) {
     attention_forward_tc(q, k, v, scale, out, lse, stream);

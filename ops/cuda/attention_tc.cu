@@ -2,7 +2,8 @@
 // attention, forward and backward, bf16 storage, head dim D in {32, 64, 128}; every product of
 // two tiles is a bf16 WMMA 16x16x16 with fp32 accumulation, everything else is fp32.
 //
-//   q, out, dout, dq: (B, T, nh, D) bf16    k, v, dk, dv: (B, T, nkv, D) bf16    lse: (B, nh, T) f32
+//   q, out, dout, dq: (B, T, nh, D) bf16    k, v, dk, dv: (B, T, nkv, D) bf16
+//   lse: (B, nh, T) f32
 //
 // As in the SIMT kernels (ops/cuda/attention.cu), the query rows of kv head g are flattened as
 // row = t * G + hh (G = nh / nkv), so a block reads each K/V tile once for all the group's heads.
@@ -45,8 +46,8 @@ namespace wmma = nvcuda::wmma;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRows = 64;  // rows (forward, dq) or keys (dk/dv) a block owns: 16 per warp
-constexpr int kTile = 64;  // entries of the streamed operand per tile
+constexpr int kRows = 64;        // rows (forward, dq) or keys (dk/dv) a block owns: 16 per warp
+constexpr int kTile = 64;        // entries of the streamed operand per tile
 constexpr int kLdS = kTile + 4;  // fp32 score tiles (16 x kTile per warp)
 constexpr int kLdP = kTile + 8;  // bf16 probability tiles (16 x kTile per warp)
 
@@ -214,12 +215,12 @@ __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const Tc
   bf16* k_s = reinterpret_cast<bf16*>(smem + S::kTileBytes);
   bf16* v_s = reinterpret_cast<bf16*>(smem + 2 * S::kTileBytes);
   float* s_w = reinterpret_cast<float*>(smem + 3 * S::kTileBytes) + warp * 16 * kLdS;
-  bf16* p_w =
-      reinterpret_cast<bf16*>(smem + 3 * S::kTileBytes + S::kScoreBytes) + warp * 16 * kLdP;
+  bf16* p_w = reinterpret_cast<bf16*>(smem + 3 * S::kTileBytes + S::kScoreBytes) + warp * 16 * kLdP;
   float* o_s = reinterpret_cast<float*>(smem + 3 * S::kTileBytes + S::kScoreBytes + S::kProbBytes);
   float* o_w = o_s + warp * 16 * S::kLdO;
 
-  load_tile<D>(a.q, [&](int r) { return query_offset<D>(a, b, g, row0 + r); }, q_s);
+  load_tile<D>(
+      a.q, [&](int r) { return query_offset<D>(a, b, g, row0 + r); }, q_s);
 
   const int rr = lane & 15, half = lane >> 4;
   const int64_t row = row0 + warp * 16 + rr;
@@ -235,8 +236,10 @@ __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const Tc
   const int64_t last_pos = ((row0 + kRows < rows_total ? row0 + kRows : rows_total) - 1) / a.group;
   for (int64_t s0 = 0; s0 <= last_pos; s0 += kTile) {
     __syncthreads();  // the previous tile is consumed
-    load_tile<D>(a.k, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, k_s);
-    load_tile<D>(a.v, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, v_s);
+    load_tile<D>(
+        a.k, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, k_s);
+    load_tile<D>(
+        a.v, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, v_s);
     __syncthreads();
 
     times_tile_transposed<D>(qf, k_s, s_w);
@@ -326,8 +329,10 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dq_kernel(const TcArgs 
   const int64_t last_pos = ((row0 + kRows < rows_total ? row0 + kRows : rows_total) - 1) / a.group;
   for (int64_t s0 = 0; s0 <= last_pos; s0 += kTile) {
     __syncthreads();
-    load_tile<D>(a.k, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, k_s);
-    load_tile<D>(a.v, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, v_s);
+    load_tile<D>(
+        a.k, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, k_s);
+    load_tile<D>(
+        a.v, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, v_s);
     __syncthreads();
 
     times_tile_transposed<D>(qf, k_s, s_w);    // S = Q K^T
@@ -388,8 +393,10 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dkv_kernel(const TcArgs
   float* lse_t = reinterpret_cast<float*>(accs + 2 * S::kAccBytes);
   float* drow_t = lse_t + kTile;
 
-  load_tile<D>(a.k, [&](int r) { return key_offset<D>(a, b, g, key0 + r); }, k_s);
-  load_tile<D>(a.v, [&](int r) { return key_offset<D>(a, b, g, key0 + r); }, v_s);
+  load_tile<D>(
+      a.k, [&](int r) { return key_offset<D>(a, b, g, key0 + r); }, k_s);
+  load_tile<D>(
+      a.v, [&](int r) { return key_offset<D>(a, b, g, key0 + r); }, v_s);
 
   const int kk = lane & 15, half = lane >> 4;
   const int64_t key = key0 + warp * 16 + kk;
@@ -487,9 +494,15 @@ TcArgs make_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 template <typename F>
 void dispatch_head_dim(int64_t d, F&& f) {
   switch (d) {
-    case 32: f(std::integral_constant<int, 32>{}); return;
-    case 64: f(std::integral_constant<int, 64>{}); return;
-    default: f(std::integral_constant<int, 128>{}); return;
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      return;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      return;
+    default:
+      f(std::integral_constant<int, 128>{});
+      return;
   }
 }
 

@@ -40,10 +40,14 @@ void launch(const void* in, void* out, int64_t n, cudaStream_t stream) {
 template <typename In>
 void launch_from(const void* in, void* out, DType out_type, int64_t n, cudaStream_t s) {
   switch (out_type) {
-    case DType::f32: return launch<In, float>(in, out, n, s);
-    case DType::bf16: return launch<In, __nv_bfloat16>(in, out, n, s);
-    case DType::f64: return launch<In, double>(in, out, n, s);
-    default: break;
+    case DType::f32:
+      return launch<In, float>(in, out, n, s);
+    case DType::bf16:
+      return launch<In, __nv_bfloat16>(in, out, n, s);
+    case DType::f64:
+      return launch<In, double>(in, out, n, s);
+    default:
+      break;
   }
 }
 
@@ -53,11 +57,14 @@ void convert_cuda(const Tensor& in, const Tensor& out, Stream& stream) {
   check_convert_args(in, out);
   auto s = static_cast<cudaStream_t>(stream.native_handle());
   switch (in.dtype()) {
-    case DType::f32: return launch_from<float>(in.data(), out.data(), out.dtype(), in.numel(), s);
+    case DType::f32:
+      return launch_from<float>(in.data(), out.data(), out.dtype(), in.numel(), s);
     case DType::bf16:
       return launch_from<__nv_bfloat16>(in.data(), out.data(), out.dtype(), in.numel(), s);
-    case DType::f64: return launch_from<double>(in.data(), out.data(), out.dtype(), in.numel(), s);
-    default: break;
+    case DType::f64:
+      return launch_from<double>(in.data(), out.data(), out.dtype(), in.numel(), s);
+    default:
+      break;
   }
 }
 

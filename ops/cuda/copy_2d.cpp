@@ -16,11 +16,10 @@ void copy_2d_cuda(const Tensor& src, Block2d from, const Tensor& dst, Block2d to
   const size_t es = dtype_size(src.dtype());
   const char* in = static_cast<const char*>(src.data()) + static_cast<size_t>(from.offset) * es;
   char* out = static_cast<char*>(dst.data()) + static_cast<size_t>(to.offset) * es;
-  MOEPEAK_CUDA_CHECK(cudaMemcpy2DAsync(out, static_cast<size_t>(to.pitch) * es, in,
-                                       static_cast<size_t>(from.pitch) * es,
-                                       static_cast<size_t>(width) * es, static_cast<size_t>(rows),
-                                       cudaMemcpyDefault,
-                                       static_cast<cudaStream_t>(stream.native_handle())));
+  MOEPEAK_CUDA_CHECK(cudaMemcpy2DAsync(
+      out, static_cast<size_t>(to.pitch) * es, in, static_cast<size_t>(from.pitch) * es,
+      static_cast<size_t>(width) * es, static_cast<size_t>(rows), cudaMemcpyDefault,
+      static_cast<cudaStream_t>(stream.native_handle())));
 }
 
 }  // namespace moepeak::ops

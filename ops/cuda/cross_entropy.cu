@@ -41,8 +41,8 @@ __device__ __forceinline__ bool is_bad_label(int64_t label, int64_t vocab) {
 
 template <typename T>
 __global__ void __launch_bounds__(cuda::kMaxRowThreads)
-    cross_entropy_forward_kernel(const T* logits, const int64_t* labels, T* losses,
-                                 int64_t tokens, int64_t vocab) {
+    cross_entropy_forward_kernel(const T* logits, const int64_t* labels, T* losses, int64_t tokens,
+                                 int64_t vocab) {
   __shared__ double scratch[32];
   for (int64_t n = blockIdx.x; n < tokens; n += gridDim.x) {
     const int64_t label = labels[n];  // the same for the whole block
@@ -58,8 +58,8 @@ __global__ void __launch_bounds__(cuda::kMaxRowThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(cuda::kMaxRowThreads)
-    cross_entropy_backward_kernel(const T* logits, const int64_t* labels, double scale,
-                                  T* dlogits, int64_t tokens, int64_t vocab) {
+    cross_entropy_backward_kernel(const T* logits, const int64_t* labels, double scale, T* dlogits,
+                                  int64_t tokens, int64_t vocab) {
   using C = compute_t<T>;
   __shared__ double scratch[32];
   for (int64_t n = blockIdx.x; n < tokens; n += gridDim.x) {
@@ -90,10 +90,10 @@ void cross_entropy_forward_cuda(const Tensor& logits, const Tensor& labels, cons
   if (tokens == 0) return;
   cuda::dispatch_storage(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    cross_entropy_forward_kernel<T><<<cuda::grid_for(tokens, 1), cuda::long_row_threads(vocab), 0,
-                                      cuda::native(stream)>>>(
-        static_cast<const T*>(logits.data()), static_cast<const int64_t*>(labels.data()),
-        static_cast<T*>(losses.data()), tokens, vocab);
+    cross_entropy_forward_kernel<T>
+        <<<cuda::grid_for(tokens, 1), cuda::long_row_threads(vocab), 0, cuda::native(stream)>>>(
+            static_cast<const T*>(logits.data()), static_cast<const int64_t*>(labels.data()),
+            static_cast<T*>(losses.data()), tokens, vocab);
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }
@@ -106,10 +106,10 @@ void cross_entropy_backward_cuda(const Tensor& logits, const Tensor& labels, dou
   if (tokens == 0) return;
   cuda::dispatch_storage(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    cross_entropy_backward_kernel<T><<<cuda::grid_for(tokens, 1), cuda::long_row_threads(vocab), 0,
-                                       cuda::native(stream)>>>(
-        static_cast<const T*>(logits.data()), static_cast<const int64_t*>(labels.data()), scale,
-        static_cast<T*>(dlogits.data()), tokens, vocab);
+    cross_entropy_backward_kernel<T>
+        <<<cuda::grid_for(tokens, 1), cuda::long_row_threads(vocab), 0, cuda::native(stream)>>>(
+            static_cast<const T*>(logits.data()), static_cast<const int64_t*>(labels.data()), scale,
+            static_cast<T*>(dlogits.data()), tokens, vocab);
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

@@ -28,8 +28,8 @@ __global__ void state_init_kernel(double* state, int64_t tokens) {
 
 template <typename T>
 __global__ void __launch_bounds__(cuda::kMaxRowThreads)
-    strip_forward_kernel(const T* strip, const int64_t* labels, int64_t column_begin,
-                         double* state, int64_t tokens, int64_t columns) {
+    strip_forward_kernel(const T* strip, const int64_t* labels, int64_t column_begin, double* state,
+                         int64_t tokens, int64_t columns) {
   using C = compute_t<T>;
   __shared__ double scratch[32];
   for (int64_t n = blockIdx.x; n < tokens; n += gridDim.x) {
@@ -122,10 +122,10 @@ void cross_entropy_strip_forward_cuda(const Tensor& strip, const Tensor& labels,
   if (tokens == 0) return;
   cuda::dispatch_storage(strip.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    strip_forward_kernel<T><<<cuda::grid_for(tokens, 1), cuda::long_row_threads(columns), 0,
-                              cuda::native(stream)>>>(
-        static_cast<const T*>(strip.data()), static_cast<const int64_t*>(labels.data()),
-        column_begin, static_cast<double*>(state.data()), tokens, columns);
+    strip_forward_kernel<T>
+        <<<cuda::grid_for(tokens, 1), cuda::long_row_threads(columns), 0, cuda::native(stream)>>>(
+            static_cast<const T*>(strip.data()), static_cast<const int64_t*>(labels.data()),
+            column_begin, static_cast<double*>(state.data()), tokens, columns);
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }
@@ -149,11 +149,11 @@ void cross_entropy_strip_backward_cuda(const Tensor& strip, const Tensor& labels
   if (tokens == 0) return;
   cuda::dispatch_storage(strip.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    strip_backward_kernel<T><<<cuda::grid_for(tokens, 1), cuda::long_row_threads(columns), 0,
-                               cuda::native(stream)>>>(
-        static_cast<const T*>(strip.data()), static_cast<const int64_t*>(labels.data()),
-        column_begin, static_cast<const double*>(state.data()), scale,
-        static_cast<T*>(dstrip.data()), tokens, columns);
+    strip_backward_kernel<T>
+        <<<cuda::grid_for(tokens, 1), cuda::long_row_threads(columns), 0, cuda::native(stream)>>>(
+            static_cast<const T*>(strip.data()), static_cast<const int64_t*>(labels.data()),
+            column_begin, static_cast<const double*>(state.data()), scale,
+            static_cast<T*>(dstrip.data()), tokens, columns);
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

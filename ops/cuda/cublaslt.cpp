@@ -29,10 +29,14 @@ struct LtTypes {
 
 LtTypes lt_types(DType dtype) {
   switch (dtype) {
-    case DType::f32: return {CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
-    case DType::bf16: return {CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
-    case DType::f64: return {CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
-    default: break;
+    case DType::f32:
+      return {CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::bf16:
+      return {CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::f64:
+      return {CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
+    default:
+      break;
   }
   MOEPEAK_THROW("cuBLASLt GEMM supports f32, bf16 and f64 storage, got ", dtype_name(dtype));
 }
@@ -103,11 +107,10 @@ std::atomic<int>& algorithm_rank() {
 std::string describe(const PlanKey& k) {
   return std::string(dtype_name(k.dtype)) + " GEMM (" + std::to_string(k.rows) + ", " +
          std::to_string(k.inner) + ")" + (k.trans_a ? "^T" : "") + " x (" +
-         std::to_string(k.inner) + ", " + std::to_string(k.cols) + ")" +
-         (k.trans_b ? "^T" : "") + " with lda " + std::to_string(k.lda) + ", ldb " +
-         std::to_string(k.ldb) + ", ldc " + std::to_string(k.ldc) + ", alignments " +
-         std::to_string(k.align_a) + "/" + std::to_string(k.align_b) + "/" +
-         std::to_string(k.align_c) + " bytes";
+         std::to_string(k.inner) + ", " + std::to_string(k.cols) + ")" + (k.trans_b ? "^T" : "") +
+         " with lda " + std::to_string(k.lda) + ", ldb " + std::to_string(k.ldb) + ", ldc " +
+         std::to_string(k.ldc) + ", alignments " + std::to_string(k.align_a) + "/" +
+         std::to_string(k.align_b) + "/" + std::to_string(k.align_c) + " bytes";
 }
 
 // Creates the descriptors of `key` and asks the heuristic for its algorithm. Caller holds the
@@ -122,10 +125,10 @@ Plan make_plan(cublasLtHandle_t handle, const PlanKey& key) {
     MOEPEAK_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, t.compute, t.scale));
     const cublasOperation_t op_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    MOEPEAK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
-                                                        sizeof(op_a)));
-    MOEPEAK_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
-                                                        sizeof(op_b)));
+    MOEPEAK_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    MOEPEAK_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     // Stored (column-major) shapes: cuBLASLt's A is (m, k) after op_a, so (k, m) when op_a
     // transposes; its B is (k, n) after op_b; C is (m, n).
     MOEPEAK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lt_a, t.data, key.trans_b ? k : m,
@@ -215,8 +218,8 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, i
           double alpha, const void* a, int64_t lda, const void* b, int64_t ldb, double beta,
           void* c, int64_t ldc, cudaStream_t stream) {
   const LtTypes t = lt_types(dtype);
-  MOEPEAK_CHECK(rows >= 0 && cols >= 0 && inner >= 0, "cuda::gemm: sizes (rows ", rows,
-                ", cols ", cols, ", inner ", inner, ") must not be negative");
+  MOEPEAK_CHECK(rows >= 0 && cols >= 0 && inner >= 0, "cuda::gemm: sizes (rows ", rows, ", cols ",
+                cols, ", inner ", inner, ") must not be negative");
   if (rows == 0 || cols == 0) return;
   const size_t es = dtype_size(dtype);
   MOEPEAK_CHECK(c != nullptr && ldc >= cols, "cuda::gemm: C (", rows, ", ", cols,
@@ -225,9 +228,8 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, i
     // No products: C = beta * C. cuBLASLt is not asked (k = 0 is not a GEMM it promises).
     if (beta == 0.0) {
       if (ldc == cols) {
-        MOEPEAK_CUDA_CHECK(
-            cudaMemsetAsync(c, 0, static_cast<size_t>(rows) * static_cast<size_t>(cols) * es,
-                            stream));
+        MOEPEAK_CUDA_CHECK(cudaMemsetAsync(
+            c, 0, static_cast<size_t>(rows) * static_cast<size_t>(cols) * es, stream));
       } else {
         MOEPEAK_CUDA_CHECK(cudaMemset2DAsync(c, static_cast<size_t>(ldc) * es, 0,
                                              static_cast<size_t>(cols) * es,
@@ -238,14 +240,27 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, i
     MOEPEAK_CHECK(beta == 1.0, "cuda::gemm: inner == 0 supports beta 0 or 1, got ", beta);
     return;
   }
-  MOEPEAK_CHECK(a != nullptr && lda >= (trans_a ? rows : inner), "cuda::gemm: A needs a pointer "
-                "and lda >= ", trans_a ? rows : inner, ", got lda ", lda);
-  MOEPEAK_CHECK(b != nullptr && ldb >= (trans_b ? inner : cols), "cuda::gemm: B needs a pointer "
-                "and ldb >= ", trans_b ? inner : cols, ", got ldb ", ldb);
+  MOEPEAK_CHECK(a != nullptr && lda >= (trans_a ? rows : inner),
+                "cuda::gemm: A needs a pointer "
+                "and lda >= ",
+                trans_a ? rows : inner, ", got lda ", lda);
+  MOEPEAK_CHECK(b != nullptr && ldb >= (trans_b ? inner : cols),
+                "cuda::gemm: B needs a pointer "
+                "and ldb >= ",
+                trans_b ? inner : cols, ", got ldb ", ldb);
 
-  const PlanKey key{dtype,           trans_a,         trans_b,         rows,
-                    cols,            inner,           lda,             ldb,
-                    ldc,             alignment_of(a), alignment_of(b), alignment_of(c),
+  const PlanKey key{dtype,
+                    trans_a,
+                    trans_b,
+                    rows,
+                    cols,
+                    inner,
+                    lda,
+                    ldb,
+                    ldc,
+                    alignment_of(a),
+                    alignment_of(b),
+                    alignment_of(c),
                     algorithm_rank().load()};
   const Launch l = prepare(key, stream);
   // Host pointer mode (the default): alpha and beta are read during the call.

@@ -45,13 +45,13 @@
 // MOEPEAK_CUBLAS_CHECK(call): turns a cuBLAS(Lt) status other than CUBLAS_STATUS_SUCCESS into
 // moepeak::Error with the status's name and text and the call (as MOEPEAK_CUDA_CHECK does for
 // the CUDA runtime, core/runtime/cuda_check.h).
-#define MOEPEAK_CUBLAS_CHECK(call)                                                      \
-  do {                                                                                  \
-    cublasStatus_t moepeak_cublas_status_ = (call);                                     \
-    if (moepeak_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                              \
+#define MOEPEAK_CUBLAS_CHECK(call)                                                        \
+  do {                                                                                    \
+    cublasStatus_t moepeak_cublas_status_ = (call);                                       \
+    if (moepeak_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                \
       MOEPEAK_THROW("cuBLAS error ", cublasLtGetStatusName(moepeak_cublas_status_), " (", \
-                    cublasLtGetStatusString(moepeak_cublas_status_), ") in ", #call);   \
-    }                                                                                   \
+                    cublasLtGetStatusString(moepeak_cublas_status_), ") in ", #call);     \
+    }                                                                                     \
   } while (0)
 
 namespace moepeak::ops::cuda {

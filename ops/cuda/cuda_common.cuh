@@ -29,26 +29,43 @@ __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(double v) { return static_cast<float>(v); }
 
-template <typename T> __device__ __forceinline__ T from_f32(float v);
-template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
-template <> __device__ __forceinline__ double from_f32<double>(float v) { return v; }
+template <>
+__device__ __forceinline__ double from_f32<double>(float v) {
+  return v;
+}
 
 // The math type of a storage type: fp32 for f32 and bf16, f64 for f64.
-template <typename T> struct compute_type { using type = float; };
-template <> struct compute_type<double> { using type = double; };
-template <typename T> using compute_t = typename compute_type<T>::type;
+template <typename T>
+struct compute_type {
+  using type = float;
+};
+template <>
+struct compute_type<double> {
+  using type = double;
+};
+template <typename T>
+using compute_t = typename compute_type<T>::type;
 
-template <typename C, typename T> __device__ __forceinline__ C load_as(const T* p, int64_t i) {
+template <typename C, typename T>
+__device__ __forceinline__ C load_as(const T* p, int64_t i) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     return static_cast<C>(__bfloat162float(p[i]));
   } else {
     return static_cast<C>(p[i]);
   }
 }
-template <typename T, typename C> __device__ __forceinline__ void store_from(T* p, int64_t i, C v) {
+template <typename T, typename C>
+__device__ __forceinline__ void store_from(T* p, int64_t i, C v) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     p[i] = __float2bfloat16_rn(static_cast<float>(v));
   } else {
@@ -61,15 +78,20 @@ template <typename T, typename C> __device__ __forceinline__ void store_from(T* 
 template <typename F>
 void dispatch_storage(DType dtype, const char* op, F&& f, bool allow_f64 = true) {
   switch (dtype) {
-    case DType::f32: f(float{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      return;
     case DType::f64:
       if (allow_f64) {
         f(double{});
         return;
       }
       break;
-    default: break;
+    default:
+      break;
   }
   MOEPEAK_THROW("op ", op, " on CUDA supports f32 and bf16", allow_f64 ? " (and f64)" : "",
                 ", got ", dtype_name(dtype));
@@ -123,16 +145,18 @@ inline unsigned row_blocks(int64_t rows) {
 // After a launch: a bad configuration is an Error at the call, like a CPU op's argument check.
 #define MOEPEAK_CUDA_LAUNCH_CHECK() MOEPEAK_CUDA_CHECK(cudaGetLastError())
 
-#define MOEPEAK_GRID_STRIDE(i, n)                                                              \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n);      \
+#define MOEPEAK_GRID_STRIDE(i, n)                                                        \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 // ---- reductions ---------------------------------------------------------------------------------
-template <typename C> __device__ __forceinline__ C warp_sum(C v) {
+template <typename C>
+__device__ __forceinline__ C warp_sum(C v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
-template <typename C> __device__ __forceinline__ C warp_max(C v) {
+template <typename C>
+__device__ __forceinline__ C warp_max(C v) {
   for (int offset = 16; offset > 0; offset >>= 1) {
     C o = __shfl_xor_sync(0xffffffffu, v, offset);
     v = o > v ? o : v;
@@ -142,7 +166,8 @@ template <typename C> __device__ __forceinline__ C warp_max(C v) {
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 // `scratch` is shared memory of at least 32 elements. Safe to call repeatedly (it syncs first).
-template <typename C> __device__ C block_sum(C v, C* scratch) {
+template <typename C>
+__device__ C block_sum(C v, C* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warps = (blockDim.x + 31) >> 5;
   v = warp_sum(v);
@@ -152,7 +177,8 @@ template <typename C> __device__ C block_sum(C v, C* scratch) {
   C total = lane < warps ? scratch[lane] : C(0);
   return warp_sum(total);
 }
-template <typename C> __device__ C block_max(C v, C* scratch) {
+template <typename C>
+__device__ C block_max(C v, C* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warps = (blockDim.x + 31) >> 5;
   v = warp_max(v);

@@ -12,17 +12,19 @@ namespace {
 
 using cuda::compute_t;
 using cuda::load_as;
-using cuda::store_from;
 using cuda::row_blocks;
 using cuda::row_threads;
+using cuda::store_from;
 
 // out may be a or b: each element is read before the same thread writes it.
-template <typename T> __global__ void add_kernel(const T* a, const T* b, T* out, int64_t n) {
+template <typename T>
+__global__ void add_kernel(const T* a, const T* b, T* out, int64_t n) {
   using C = compute_t<T>;
   MOEPEAK_GRID_STRIDE(i, n) { store_from(out, i, load_as<C>(a, i) + load_as<C>(b, i)); }
 }
 
-template <typename T> __global__ void scale_kernel(T* x, compute_t<T> factor, int64_t n) {
+template <typename T>
+__global__ void scale_kernel(T* x, compute_t<T> factor, int64_t n) {
   using C = compute_t<T>;
   MOEPEAK_GRID_STRIDE(i, n) { store_from(x, i, load_as<C>(x, i) * factor); }
 }
@@ -36,12 +38,14 @@ template <typename T> __global__ void scale_kernel(T* x, compute_t<T> factor, in
 constexpr int kSumThreads = 512;
 constexpr int kSumUnroll = 8;
 
-template <typename T> struct alignas(16) Vec16 {
+template <typename T>
+struct alignas(16) Vec16 {
   static constexpr int kCount = 16 / sizeof(T);
   T v[kCount];
 };
 
-template <typename T> __device__ __forceinline__ double sum_sq(const Vec16<T>& u) {
+template <typename T>
+__device__ __forceinline__ double sum_sq(const Vec16<T>& u) {
   double s = 0;
 #pragma unroll
   for (int e = 0; e < Vec16<T>::kCount; ++e) {
@@ -162,7 +166,8 @@ void sum_squares_cuda(const Tensor& x, const Tensor& out, Stream& stream) {
     using T = decltype(zero);
     const int64_t n = x.numel(), parts = out.size(0);
     if (n == 0) return;  // out[p] += 0
-    MOEPEAK_CHECK(parts <= (int64_t{1} << 31) - 1, op, ": ", parts, " parts is past the grid limit");
+    MOEPEAK_CHECK(parts <= (int64_t{1} << 31) - 1, op, ": ", parts,
+                  " parts is past the grid limit");
     sum_squares_kernel<T><<<static_cast<unsigned>(parts), kSumThreads, 0, cuda::native(stream)>>>(
         static_cast<const T*>(x.data()), n, (n + parts - 1) / parts,
         static_cast<double*>(out.data()));

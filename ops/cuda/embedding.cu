@@ -15,11 +15,14 @@ using cuda::compute_t;
 using cuda::load_as;
 using cuda::store_from;
 
-template <typename C> __device__ __forceinline__ C quiet_nan();
-template <> __device__ __forceinline__ float quiet_nan<float>() {
+template <typename C>
+__device__ __forceinline__ C quiet_nan();
+template <>
+__device__ __forceinline__ float quiet_nan<float>() {
   return __int_as_float(0x7fc00000);
 }
-template <> __device__ __forceinline__ double quiet_nan<double>() {
+template <>
+__device__ __forceinline__ double quiet_nan<double>() {
   return __longlong_as_double(0x7ff8000000000000ll);
 }
 
@@ -62,8 +65,7 @@ __global__ void __launch_bounds__(kBackwardThreads)
   __shared__ int64_t hit_row[kBackwardThreads];  // their ids
   __shared__ int warp_hits[kWarps];
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * rows_per_block;
-  const int64_t row_end =
-      row_begin + rows_per_block < vocab ? row_begin + rows_per_block : vocab;
+  const int64_t row_end = row_begin + rows_per_block < vocab ? row_begin + rows_per_block : vocab;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int64_t chunk = 0; chunk < tokens; chunk += kBackwardThreads) {
     const int64_t n = chunk + threadIdx.x;
@@ -105,8 +107,7 @@ void embedding_forward_cuda(const Tensor& ids, const Tensor& weight, const Tenso
   cuda::dispatch_storage(weight.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     if (tokens == 0 || hidden == 0) return;
-    const auto blocks =
-        static_cast<unsigned>(std::clamp<int64_t>(tokens, 1, cuda::kMaxGridBlocks));
+    const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(tokens, 1, cuda::kMaxGridBlocks));
     embedding_forward_kernel<T><<<blocks, cuda::row_threads(hidden), 0, cuda::native(stream)>>>(
         static_cast<const int64_t*>(ids.data()), static_cast<const T*>(weight.data()),
         static_cast<T*>(out.data()), tokens, vocab, hidden);

@@ -39,10 +39,17 @@ void fill_cuda(const Tensor& out, double value, Stream& stream) {
     return;
   }
   switch (dtype_size(out.dtype())) {
-    case 2: launch<uint16_t>(out.data(), out.numel(), pattern, s); break;
-    case 4: launch<uint32_t>(out.data(), out.numel(), pattern, s); break;
-    case 8: launch<uint64_t>(out.data(), out.numel(), pattern, s); break;
-    default: MOEPEAK_THROW("fill_cuda: unsupported dtype ", dtype_name(out.dtype()));
+    case 2:
+      launch<uint16_t>(out.data(), out.numel(), pattern, s);
+      break;
+    case 4:
+      launch<uint32_t>(out.data(), out.numel(), pattern, s);
+      break;
+    case 8:
+      launch<uint64_t>(out.data(), out.numel(), pattern, s);
+      break;
+    default:
+      MOEPEAK_THROW("fill_cuda: unsupported dtype ", dtype_name(out.dtype()));
   }
 }
 

@@ -62,7 +62,7 @@ namespace {
 
 constexpr size_t kStagingSlots = 8;
 
-std::atomic<bool> g_per_group{false};  // set_grouped_gemm_per_group
+std::atomic<bool> g_per_group{false};            // set_grouped_gemm_per_group
 constexpr size_t kMinStagingPointers = 3 * 256;  // 256 GEMMs (experts) per call before growing
 
 cudaStream_t native(Stream& stream) { return static_cast<cudaStream_t>(stream.native_handle()); }
@@ -214,8 +214,8 @@ class GroupedGemm {
       host[G + i] = const_cast<void*>(gemms_[i].a);  // cuBLAS's B
       host[2 * G + i] = gemms_[i].c;
     }
-    MOEPEAK_CUDA_CHECK(cudaMemcpyAsync(slot.device, host, 3 * G * sizeof(void*),
-                                       cudaMemcpyHostToDevice, st));
+    MOEPEAK_CUDA_CHECK(
+        cudaMemcpyAsync(slot.device, host, 3 * G * sizeof(void*), cudaMemcpyHostToDevice, st));
     const cudaDataType_t type = dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
     // The device arrays: A pointers, then B's, then C's.
     const void* const* a_array = slot.device;
@@ -297,8 +297,8 @@ void expect_weights_on_device(const char* op, std::span<const Tensor> w, const c
 }  // namespace
 
 void grouped_linear_forward_cuda(const Tensor& x, std::span<const Tensor> w,
-                                 std::span<const int64_t> offsets, const Tensor& y,
-                                 bool accumulate, Stream& stream) {
+                                 std::span<const int64_t> offsets, const Tensor& y, bool accumulate,
+                                 Stream& stream) {
   const char* op = "grouped_linear_forward_cuda";
   check_grouped_linear_forward_args(op, x, w, offsets, y);
   cuda::expect_gemm_dtype(op, x.dtype());
@@ -327,11 +327,10 @@ void grouped_linear_forward_cuda(const Tensor& x, std::span<const Tensor> w,
 
 void grouped_linear_backward_cuda(const Tensor& x, std::span<const Tensor> w,
                                   std::span<const int64_t> offsets, const Tensor& dy,
-                                  const Tensor& dx, bool accumulate_dx,
-                                  std::span<const Tensor> dw, Stream& stream) {
+                                  const Tensor& dx, bool accumulate_dx, std::span<const Tensor> dw,
+                                  Stream& stream) {
   const char* op = "grouped_linear_backward_cuda";
-  const GroupedLinearGrads want =
-      check_grouped_linear_backward_args(op, x, w, offsets, dy, dx, dw);
+  const GroupedLinearGrads want = check_grouped_linear_backward_args(op, x, w, offsets, dy, dx, dw);
   cuda::expect_gemm_dtype(op, x.dtype());
   cuda::expect_device_operand(op, x, "x");
   cuda::expect_device_operand(op, dy, "dy");
@@ -364,8 +363,8 @@ void grouped_linear_backward_cuda(const Tensor& x, std::span<const Tensor> w,
     }
     if (want.dw[g] && grouped_dw) {
       // dw_g (N, K) += dy[lo:hi]^T (N, M_g) . x[lo:hi] (M_g, K), dy stored (M_g, N).
-      dw_gemm.add(true, false, N, K, hi - lo, row_pointer(dy, lo), N, row_pointer(x, lo), K,
-                  1.0f, dw[g].data(), K);
+      dw_gemm.add(true, false, N, K, hi - lo, row_pointer(dy, lo), N, row_pointer(x, lo), K, 1.0f,
+                  dw[g].data(), K);
     }
   }
   dx_gemm.run(op, x.dtype(), stream);
@@ -374,8 +373,7 @@ void grouped_linear_backward_cuda(const Tensor& x, std::span<const Tensor> w,
     for (size_t g = 0; g < G; ++g) {
       const int64_t lo = offsets[g], hi = offsets[g + 1];
       if (lo < hi && want.dw[g]) {
-        linear_backward_cuda(x.rows(lo, hi), w[g], dy.rows(lo, hi), Tensor(), false, dw[g],
-                             stream);
+        linear_backward_cuda(x.rows(lo, hi), w[g], dy.rows(lo, hi), Tensor(), false, dw[g], stream);
       }
     }
   }

@@ -80,11 +80,11 @@ __global__ void gather_narrow_rows_kernel(const T* src, const int32_t* index, T*
 // [by * cols_per_block, +cols_per_block). blockDim.x is kThreads.
 template <typename T, bool kWeighted>
 __global__ void __launch_bounds__(cuda::kThreads)
-    scatter_rows_kernel(const T* src, const int32_t* index, const T* weight, T* dst,
-                        int64_t routed, int64_t rows, int64_t hidden, int64_t rows_per_block,
+    scatter_rows_kernel(const T* src, const int32_t* index, const T* weight, T* dst, int64_t routed,
+                        int64_t rows, int64_t hidden, int64_t rows_per_block,
                         int64_t cols_per_block) {
   using C = compute_t<T>;
-  __shared__ int hits[cuda::kThreads];      // chunk offsets of the positions this block applies
+  __shared__ int hits[cuda::kThreads];          // chunk offsets of the positions this block applies
   __shared__ int32_t hit_rows[cuda::kThreads];  // and their destination rows
   __shared__ int warp_hits[cuda::kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -210,11 +210,13 @@ void gather_rows_cuda(const Tensor& src, const Tensor& index, const Tensor& dst,
     const int32_t* ip = static_cast<const int32_t*>(index.data());
     T* dp = static_cast<T*>(dst.data());
     if (hidden < 32) {
-      gather_narrow_rows_kernel<T><<<cuda::grid_for(routed * hidden), cuda::kThreads, 0,
-                                     cuda::native(stream)>>>(sp, ip, dp, routed, rows, hidden);
+      gather_narrow_rows_kernel<T>
+          <<<cuda::grid_for(routed * hidden), cuda::kThreads, 0, cuda::native(stream)>>>(
+              sp, ip, dp, routed, rows, hidden);
     } else {
-      gather_rows_kernel<T><<<cuda::grid_for(routed, 1), threads_for_columns(hidden), 0,
-                              cuda::native(stream)>>>(sp, ip, dp, routed, rows, hidden);
+      gather_rows_kernel<T>
+          <<<cuda::grid_for(routed, 1), threads_for_columns(hidden), 0, cuda::native(stream)>>>(
+              sp, ip, dp, routed, rows, hidden);
     }
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
@@ -243,11 +245,11 @@ void combine_rows_backward_cuda(const Tensor& dout, const Tensor& y, const Tenso
   if (routed == 0) return;
   cuda::dispatch_storage(dout.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    combine_rows_backward_kernel<T><<<cuda::grid_for(routed, 1), threads_for_columns(hidden), 0,
-                                      cuda::native(stream)>>>(
-        static_cast<const T*>(dout.data()), static_cast<const T*>(y.data()),
-        static_cast<const int32_t*>(index.data()), static_cast<const T*>(weight.data()),
-        static_cast<T*>(dy.data()), static_cast<T*>(dweight.data()), routed, rows, hidden);
+    combine_rows_backward_kernel<T>
+        <<<cuda::grid_for(routed, 1), threads_for_columns(hidden), 0, cuda::native(stream)>>>(
+            static_cast<const T*>(dout.data()), static_cast<const T*>(y.data()),
+            static_cast<const int32_t*>(index.data()), static_cast<const T*>(weight.data()),
+            static_cast<T*>(dy.data()), static_cast<T*>(dweight.data()), routed, rows, hidden);
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

@@ -12,9 +12,9 @@ namespace {
 
 using cuda::compute_t;
 using cuda::load_as;
-using cuda::store_from;
 using cuda::row_blocks;
 using cuda::row_threads;
+using cuda::store_from;
 
 // One block per row (grid-stride over rows): sum of squares in double, rstd = 1 / sqrt(mean +
 // eps) in double, rounded to the compute type (fp32 for f32 and bf16), y = (x * rstd) * w.

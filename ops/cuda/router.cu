@@ -18,9 +18,7 @@ using cuda::store_from;
 constexpr int kWarpsPerBlock = cuda::kThreads / 32;
 
 // Blocks for one warp per row.
-unsigned grid_for_rows(int64_t rows) {
-  return cuda::grid_for(rows, kWarpsPerBlock);
-}
+unsigned grid_for_rows(int64_t rows) { return cuda::grid_for(rows, kWarpsPerBlock); }
 
 // The selection order: (a_v, a_i) comes before (b_v, b_i) when a is more probable, or equally
 // probable with a lower index. NaN comes after every number (so an all-NaN row picks 0, 1, ...

@@ -11,7 +11,10 @@ using cuda::compute_t;
 using cuda::load_as;
 using cuda::store_from;
 
-template <typename C> __device__ __forceinline__ C sigmoid(C v) { return C(1) / (C(1) + exp(-v)); }
+template <typename C>
+__device__ __forceinline__ C sigmoid(C v) {
+  return C(1) / (C(1) + exp(-v));
+}
 
 template <typename T>
 __global__ void swiglu_forward_kernel(const T* a, const T* b, T* h, int64_t n) {
@@ -44,9 +47,10 @@ void swiglu_forward_cuda(const Tensor& a, const Tensor& b, const Tensor& h, Stre
   if (a.numel() == 0) return;
   cuda::dispatch_storage(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    swiglu_forward_kernel<T><<<cuda::grid_for(a.numel()), cuda::kThreads, 0, cuda::native(stream)>>>(
-        static_cast<const T*>(a.data()), static_cast<const T*>(b.data()), static_cast<T*>(h.data()),
-        a.numel());
+    swiglu_forward_kernel<T>
+        <<<cuda::grid_for(a.numel()), cuda::kThreads, 0, cuda::native(stream)>>>(
+            static_cast<const T*>(a.data()), static_cast<const T*>(b.data()),
+            static_cast<T*>(h.data()), a.numel());
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

@@ -62,7 +62,8 @@ ResidentAdamW::ResidentAdamW(Backend& backend, const Tensor& flat_values,
   stream.synchronize();
 }
 
-ResidentAdamW::ResidentAdamW(Backend& backend, const ParamStore& params, const OptimizerConfig& config)
+ResidentAdamW::ResidentAdamW(Backend& backend, const ParamStore& params,
+                             const OptimizerConfig& config)
     : ResidentAdamW(backend, params.flat_values(), optimizer_pieces(params), config) {}
 
 ResidentAdamW::ResidentAdamW(Backend& backend, const ZeroParamStore& params,

@@ -16,7 +16,8 @@ uint64_t boundary_bytes(int64_t tokens, int64_t hidden, DType dtype) {
 
 uint64_t sco_host_bytes(int64_t offloaded, int64_t tokens, int64_t hidden, DType dtype) {
   if (offloaded <= 0) return 0;
-  return PinnedPool::footprint(static_cast<uint64_t>(offloaded) * boundary_bytes(tokens, hidden, dtype));
+  return PinnedPool::footprint(static_cast<uint64_t>(offloaded) *
+                               boundary_bytes(tokens, hidden, dtype));
 }
 
 int64_t sco_offloaded_layers(int64_t layers, int64_t tokens, int64_t hidden, DType dtype,
@@ -24,7 +25,8 @@ int64_t sco_offloaded_layers(int64_t layers, int64_t tokens, int64_t hidden, DTy
   // NOTES: every boundary has the same size, so "offload each layer, in forward order, that
   // still fits" stops at the first that does not: S is always a prefix of the layers.
   int64_t offloaded = 0;
-  while (offloaded < layers && sco_host_bytes(offloaded + 1, tokens, hidden, dtype) <= host_budget) {
+  while (offloaded < layers &&
+         sco_host_bytes(offloaded + 1, tokens, hidden, dtype) <= host_budget) {
     ++offloaded;
   }
   return offloaded;
@@ -53,8 +55,11 @@ uint64_t sco_host_budget(std::optional<uint64_t> configured, const PinnedPool& p
 }
 
 ScoBoundaries::ScoBoundaries(Backend& backend, Stream& compute, std::optional<uint64_t> host_budget)
-    : backend_(backend), compute_(compute), host_budget_(host_budget),
-      copy_(backend.create_stream("sco copy")), compute_mark_(backend.create_event()) {}
+    : backend_(backend),
+      compute_(compute),
+      host_budget_(host_budget),
+      copy_(backend.create_stream("sco copy")),
+      compute_mark_(backend.create_event()) {}
 
 ScoBoundaries::~ScoBoundaries() { discard(); }
 
@@ -94,12 +99,11 @@ void ScoBoundaries::begin(int layers, const Shape& shape, DType dtype, bool for_
   const uint64_t in_use = pool.stats().current_total();
   const uint64_t available = pool.budget() > in_use ? pool.budget() - in_use : 0;
   if (need > available) {
-    MOEPEAK_THROW("SCO: offloading the inputs of ", offloaded_count_, " of ", layers,
-                  " layers (", N, " x ", H, " ", dtype_name(dtype), " each) needs ",
-                  format_bytes(need), " of pinned host memory (schedules.sco_host_budget = ",
-                  format_bytes(budget), "), but the pinned pool (runtime.pinned_memory = ",
-                  format_bytes(pool.budget()), ", ", format_bytes(in_use),
-                  " in use) has only ", format_bytes(available),
+    MOEPEAK_THROW("SCO: offloading the inputs of ", offloaded_count_, " of ", layers, " layers (",
+                  N, " x ", H, " ", dtype_name(dtype), " each) needs ", format_bytes(need),
+                  " of pinned host memory (schedules.sco_host_budget = ", format_bytes(budget),
+                  "), but the pinned pool (runtime.pinned_memory = ", format_bytes(pool.budget()),
+                  ", ", format_bytes(in_use), " in use) has only ", format_bytes(available),
                   " left; lower schedules.sco_host_budget or raise runtime.pinned_memory");
   }
   host_block_ = OwnedTensor::pinned(backend_, Shape{offloaded_count_, N, H}, dtype,
@@ -148,7 +152,8 @@ void ScoBoundaries::prefetch(int layer) {
   if (!b.offloaded || b.restoring) return;
   MOEPEAK_CHECK(for_backward_ && b.on_host, "the input of layer ", layer,
                 " is restored before it was kept in forward");
-  b.device = OwnedTensor::device(backend_, shape_, dtype_, LiveSet::boundaries, "restored layer input");
+  b.device =
+      OwnedTensor::device(backend_, shape_, dtype_, LiveSet::boundaries, "restored layer input");
   // NOTES: the bytes just allocated may have been freed on the host by a tensor whose last use is
   // still queued on the compute stream (the arena reuses them at once); the copy must land after
   // that use, so the copy stream first waits for the compute stream.

@@ -78,11 +78,11 @@ class ScoBoundaries final : public CheckpointBoundaries {
 
  private:
   struct Boundary {
-    bool offloaded = false;    // in S
-    OwnedTensor device;        // (N, H): keep() .. forward_done() and prefetch() .. release()
-    Tensor host;               // (N, H) in the pinned block, when offloaded
-    bool on_host = false;      // the device -> host copy has been submitted
-    bool restoring = false;    // the host -> device copy has been submitted
+    bool offloaded = false;  // in S
+    OwnedTensor device;      // (N, H): keep() .. forward_done() and prefetch() .. release()
+    Tensor host;             // (N, H) in the pinned block, when offloaded
+    bool on_host = false;    // the device -> host copy has been submitted
+    bool restoring = false;  // the host -> device copy has been submitted
     std::unique_ptr<Event> copied_to_host, copied_to_device;
   };
   Boundary& at(int layer);

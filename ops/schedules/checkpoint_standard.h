@@ -33,7 +33,8 @@
 
 namespace moepeak::schedules {
 
-inline uint64_t boundaries_standard_bytes(int64_t layers, int64_t tokens, int64_t hidden, DType dtype) {
+inline uint64_t boundaries_standard_bytes(int64_t layers, int64_t tokens, int64_t hidden,
+                                          DType dtype) {
   return static_cast<uint64_t>(layers + 1) *
          DeviceArena::footprint(static_cast<uint64_t>(tokens * hidden) * dtype_size(dtype));
 }

@@ -63,11 +63,10 @@ void combine_backward_on_source(Backend& backend, Stream& stream, DType dtype, c
   const int64_t M = send_token.numel();
   OwnedTensor drow_weight =
       OwnedTensor::device(backend, Shape{M}, dtype, LiveSet::dispatch, "d send weight");
-  ops::combine_rows_backward(dout, y_back, send_token, send_weight, y_back, drow_weight,
-                                 stream);
+  ops::combine_rows_backward(dout, y_back, send_token, send_weight, y_back, drow_weight, stream);
   ops::fill(dweight, 0.0, stream);
   ops::scatter_add_rows(drow_weight.view().reshape(Shape{M, 1}), send_slot,
-                            dweight.reshape(Shape{dweight.numel(), 1}), stream);
+                        dweight.reshape(Shape{dweight.numel(), 1}), stream);
 }
 
 void exchange_rows(Comm& comm, Stream& stream, DType dtype, const char* who, const Tensor& send,
@@ -85,8 +84,8 @@ void exchange_rows(Comm& comm, Stream& stream, DType dtype, const char* who, con
     r_at += rc[p];
   }
   MOEPEAK_CHECK(
-      s_at == static_cast<size_t>(send.numel()) && r_at == static_cast<size_t>(recv.numel()),
-      who, ": exchange of ", s_at, " / ", r_at, " elements for ", send.str(), " / ", recv.str());
+      s_at == static_cast<size_t>(send.numel()) && r_at == static_cast<size_t>(recv.numel()), who,
+      ": exchange of ", s_at, " / ", r_at, " elements for ", send.str(), " / ", recv.str());
   comm.all_to_all_v(send.data(), sc, so, recv.data(), rc, ro, dtype, stream);
 }
 
@@ -94,8 +93,8 @@ void ExpertParallelDispatch::exchange_rows(const Tensor& send,
                                            const std::vector<int64_t>& send_rows,
                                            const Tensor& recv,
                                            const std::vector<int64_t>& recv_rows, int64_t width) {
-  schedules::exchange_rows(comm_, stream_, dtype_, "expert parallel dispatch", send, send_rows, recv,
-                           recv_rows, width);
+  schedules::exchange_rows(comm_, stream_, dtype_, "expert parallel dispatch", send, send_rows,
+                           recv, recv_rows, width);
 }
 
 void ExpertParallelDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& weight,
@@ -207,7 +206,7 @@ void ExpertParallelDispatch::forward(const Tensor& x, const Tensor& index, const
   backend_.copy_async(send_token_.data(), token.data(), M * 4, CopyKind::host_to_device, stream_);
   backend_.copy_async(send_slot_.data(), slot.data(), M * 4, CopyKind::host_to_device, stream_);
   ops::gather_rows(weight.reshape(Shape{M, 1}), send_slot_,
-                       send_weight_.view().reshape(Shape{M, 1}), stream_);
+                   send_weight_.view().reshape(Shape{M, 1}), stream_);
 
   // Tokens to the owners of their experts.
   OwnedTensor x_send =

@@ -52,9 +52,9 @@ uint64_t dispatch_expert_parallel_bytes(int64_t tokens_local, int64_t top_k, int
                                         int64_t ffn, DType dtype, int64_t received_rows);
 
 // all_to_all_v of rows with `width` elements each on `stream`: `send_rows[p]` rows to peer p from
-// consecutive blocks of `send`, `recv_rows[p]` from peer p into consecutive blocks of `recv`. Throws
-// (naming `who` and both tensors) unless the row counts cover `send` and `recv` exactly. The one
-// row exchange of every expert-parallel dispatcher (this one, LLEP, PipelinedLLEP).
+// consecutive blocks of `send`, `recv_rows[p]` from peer p into consecutive blocks of `recv`.
+// Throws (naming `who` and both tensors) unless the row counts cover `send` and `recv` exactly. The
+// one row exchange of every expert-parallel dispatcher (this one, LLEP, PipelinedLLEP).
 void exchange_rows(Comm& comm, Stream& stream, DType dtype, const char* who, const Tensor& send,
                    const std::vector<int64_t>& send_rows, const Tensor& recv,
                    const std::vector<int64_t>& recv_rows, int64_t width);

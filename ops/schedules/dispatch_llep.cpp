@@ -30,12 +30,13 @@ LlepDispatch::LlepDispatch(Backend& backend, Stream& stream, Comm& comm, DType d
       params_(params),
       num_experts_(num_experts) {
   const int64_t W = comm.world_size();
-  MOEPEAK_CHECK(num_experts > 0 && num_experts % W == 0, "llep dispatch: the number of experts E = ",
-                num_experts, " must be a positive multiple of the number of ranks W = ", W);
+  MOEPEAK_CHECK(num_experts > 0 && num_experts % W == 0,
+                "llep dispatch: the number of experts E = ", num_experts,
+                " must be a positive multiple of the number of ranks W = ", W);
   check_schedule_dtype(backend, dtype, "llep dispatch");
   MOEPEAK_CHECK(params.alpha > 0 && params.min_tokens_per_gemm >= 0,
-                "llep dispatch: alpha = ", params.alpha, " (> 0), min_tokens_per_gemm = ",
-                params.min_tokens_per_gemm, " (>= 0)");
+                "llep dispatch: alpha = ", params.alpha,
+                " (> 0), min_tokens_per_gemm = ", params.min_tokens_per_gemm, " (>= 0)");
   local_experts_ = num_experts / W;
   first_expert_ = comm.rank() * local_experts_;
 }
@@ -43,8 +44,8 @@ LlepDispatch::LlepDispatch(Backend& backend, Stream& stream, Comm& comm, DType d
 void LlepDispatch::exchange_rows(const Tensor& send, const std::vector<int64_t>& send_rows,
                                  const Tensor& recv, const std::vector<int64_t>& recv_rows,
                                  int64_t width) {
-  schedules::exchange_rows(comm_, stream_, dtype_, "llep dispatch", send, send_rows, recv, recv_rows,
-                           width);
+  schedules::exchange_rows(comm_, stream_, dtype_, "llep dispatch", send, send_rows, recv,
+                           recv_rows, width);
 }
 
 const ExpertWeights& LlepDispatch::weights_of(int64_t expert,
@@ -67,9 +68,9 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
                            const std::vector<ExpertWeights>& local_experts, const Tensor& out) {
   const int64_t N = x.size(0), H = x.size(1), k = index.size(1);
   const int64_t E = num_experts_, El = local_experts_, W = comm_.world_size(), me = comm_.rank();
-  MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == El, "llep dispatch: ",
-                local_experts.size(), " local experts given, rank ", me, " owns ", El, " (E = ", E,
-                ", W = ", W, ")");
+  MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == El,
+                "llep dispatch: ", local_experts.size(), " local experts given, rank ", me,
+                " owns ", El, " (E = ", E, ", W = ", W, ")");
   const int64_t F = local_experts.at(0).w1.size(0);
   MOEPEAK_CHECK(x.dtype() == dtype_ && weight.dtype() == dtype_ && out.dtype() == dtype_ &&
                     index.dtype() == DType::i32,
@@ -136,10 +137,9 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
   {
     std::vector<const LlepRoute::Block*> by_expert;
     for (const LlepRoute::Block& b : route_.blocks) by_expert.push_back(&b);
-    std::stable_sort(by_expert.begin(), by_expert.end(),
-                     [](const LlepRoute::Block* a, const LlepRoute::Block* b) {
-                       return a->expert < b->expert;
-                     });
+    std::stable_sort(
+        by_expert.begin(), by_expert.end(),
+        [](const LlepRoute::Block* a, const LlepRoute::Block* b) { return a->expert < b->expert; });
     int64_t grouped = 0;
     for (const LlepRoute::Block* b : by_expert) {
       if (computed_experts_.empty() || computed_experts_.back() != b->expert) {
@@ -155,7 +155,8 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
   }
 
   // From here the buffers of ExpertParallelDispatch, allocated in the same order.
-  send_token_ = OwnedTensor::device(backend_, Shape{M}, DType::i32, LiveSet::dispatch, "send token");
+  send_token_ =
+      OwnedTensor::device(backend_, Shape{M}, DType::i32, LiveSet::dispatch, "send token");
   send_slot_ = OwnedTensor::device(backend_, Shape{M}, DType::i32, LiveSet::dispatch, "send slot");
   send_weight_ = OwnedTensor::device(backend_, Shape{M}, dtype_, LiveSet::dispatch, "send weight");
   backend_.copy_async(send_token_.data(), route_.send_token.data(), M * 4, CopyKind::host_to_device,
@@ -163,7 +164,7 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
   backend_.copy_async(send_slot_.data(), route_.send_slot.data(), M * 4, CopyKind::host_to_device,
                       stream_);
   ops::gather_rows(weight.reshape(Shape{M, 1}), send_slot_,
-                       send_weight_.view().reshape(Shape{M, 1}), stream_);
+                   send_weight_.view().reshape(Shape{M, 1}), stream_);
   OwnedTensor x_send =
       OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "sent rows");
   ops::gather_rows(x, send_token_, x_send, stream_);
@@ -175,7 +176,8 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "received rows");
   exchange_rows(x_send, route_.send_rows, x_recv, route_.recv_rows, H);
   x_send.reset();
-  x_rows_ = OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "dispatched rows");
+  x_rows_ =
+      OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "dispatched rows");
   ops::gather_rows(x_recv, perm_, x_rows_, stream_);
   x_recv.reset();
 
@@ -192,14 +194,14 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "outputs to return");
   ops::gather_rows(y_rows, inv_perm_, y_arrival, stream_);
   y_rows.reset();
-  y_back_ = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "returned outputs");
+  y_back_ =
+      OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "returned outputs");
   exchange_rows(y_arrival, route_.recv_rows, y_back_, route_.send_rows, H);
   y_arrival.reset();
   // Expert by expert, so each token adds its k outputs in expert order (as the standard does).
   for (const LlepRoute::Range& r : route_.combine_ranges) {
-    ops::combine_rows(y_back_.view().rows(r.begin, r.end),
-                          send_token_.view().rows(r.begin, r.end),
-                          send_weight_.view().rows(r.begin, r.end), out, stream_);
+    ops::combine_rows(y_back_.view().rows(r.begin, r.end), send_token_.view().rows(r.begin, r.end),
+                      send_weight_.view().rows(r.begin, r.end), out, stream_);
   }
   have_forward_ = true;
   stream_.synchronize();  // the host vectors above are read by queued copies
@@ -210,8 +212,9 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
   MOEPEAK_CHECK(have_forward_, "llep dispatch: backward without a forward to go with it");
   const int64_t N = tokens_, k = top_k_, M = N * k, R = received_rows_;
   const int64_t H = x_rows_.shape()[1], F = a_.shape()[1], El = local_experts_;
-  MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == El, "llep dispatch: ",
-                local_experts.size(), " local experts given to backward, ", El, " expected");
+  MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == El,
+                "llep dispatch: ", local_experts.size(), " local experts given to backward, ", El,
+                " expected");
   dout.expect(Shape{N, H}, dtype_, "llep dispatch dout");
   dx.expect(Shape{N, H}, dtype_, "llep dispatch dx");
   dweight.expect(Shape{N, k}, dtype_, "llep dispatch dweight");
@@ -227,19 +230,23 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
         OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "received d outputs");
     exchange_rows(y_back_, route_.send_rows, dy_recv, route_.recv_rows, H);
     y_back_.reset();
-    dy_rows = OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "d expert outputs");
+    dy_rows =
+        OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "d expert outputs");
     ops::gather_rows(dy_recv, perm_, dy_rows, stream_);
   }
   OwnedTensor dx_rows =
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "d dispatched rows");
   {
     OwnedTensor g = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "swiglu");
-    OwnedTensor dg = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d swiglu");
-    OwnedTensor da = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d w1 rows");
-    OwnedTensor db = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d w3 rows");
+    OwnedTensor dg =
+        OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d swiglu");
+    OwnedTensor da =
+        OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d w1 rows");
+    OwnedTensor db =
+        OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d w3 rows");
     // Native experts accumulate into their own gradients, spilled ones into the copies'.
-    all_experts_backward(computed_weights(local_experts), expert_offsets_, x_rows_, a_, b_,
-                         dy_rows, g, dg, da, db, dx_rows, stream_);
+    all_experts_backward(computed_weights(local_experts), expert_offsets_, x_rows_, a_, b_, dy_rows,
+                         g, dg, da, db, dx_rows, stream_);
   }
   dy_rows.reset();
   x_rows_.reset();
@@ -258,7 +265,7 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
     dx_arrival.reset();
     for (const LlepRoute::Range& r : route_.combine_ranges) {
       ops::scatter_add_rows(dx_back.view().rows(r.begin, r.end),
-                                send_token_.view().rows(r.begin, r.end), dx, stream_);
+                            send_token_.view().rows(r.begin, r.end), dx, stream_);
     }
   }
   // Spilled experts' gradients back to their owners, added there.

@@ -54,9 +54,12 @@ struct Sizes {
 };
 Sizes sizes_of(const PipelinedLlepShape& s, int64_t hidden, int64_t ffn, DType dtype,
                int64_t world) {
-  return {static_cast<uint64_t>(world),          static_cast<uint64_t>(s.rows_per_source),
-          static_cast<uint64_t>(s.receive_rows), static_cast<uint64_t>(s.chunk_tokens),
-          static_cast<uint64_t>(hidden),         static_cast<uint64_t>(ffn),
+  return {static_cast<uint64_t>(world),
+          static_cast<uint64_t>(s.rows_per_source),
+          static_cast<uint64_t>(s.receive_rows),
+          static_cast<uint64_t>(s.chunk_tokens),
+          static_cast<uint64_t>(hidden),
+          static_cast<uint64_t>(ffn),
           dtype_size(dtype)};
 }
 
@@ -71,7 +74,7 @@ Footprints footprints(const Sizes& z, uint64_t S, uint64_t T, uint64_t Fb) {
   const uint64_t row_M = fp(z.Mc * z.H * z.b), row_R = fp(z.Rc * z.H * z.b);
   const uint64_t tile_H = fp(T * z.H * z.b), tile_F = fp(T * Fb * z.b);
   const uint64_t staging = (S == 2 ? 2 : 1) * row_M;  // sent rows [, returned rows if S = 2]
-  const uint64_t send_index = 2 * fp(z.Mc * 4);        // per slot: send token, slot (i32)
+  const uint64_t send_index = 2 * fp(z.Mc * 4);       // per slot: send token, slot (i32)
   Footprints f;
   // Slots; x and y tiles; a, b, g blocks.
   f.rows_forward = staging + S * row_R + 2 * tile_H + 3 * tile_F;
@@ -80,8 +83,8 @@ Footprints footprints(const Sizes& z, uint64_t S, uint64_t T, uint64_t Fb) {
   f.rows_backward = staging + 2 * S * row_R + 3 * tile_H + 4 * tile_F;
   // Weights sent [, dweights returned if S = 2]; per slot the indices and the received
   // weights (then dweights); a tile's weights and dweights.
-  f.meta_backward = (S == 2 ? 2 : 1) * fp(z.Mc * z.b) + S * (send_index + fp(z.Rc * z.b)) +
-                    2 * fp(T * z.b);
+  f.meta_backward =
+      (S == 2 ? 2 : 1) * fp(z.Mc * z.b) + S * (send_index + fp(z.Rc * z.b)) + 2 * fp(T * z.b);
   return f;
 }
 
@@ -253,16 +256,16 @@ PipelinedLlepDispatch::PipelinedLlepDispatch(Backend& backend, Stream& stream, C
   MOEPEAK_CHECK(params.chunk_tokens >= 1 && params.max_chunks >= 1 && params.alpha > 0 &&
                     params.min_tokens_per_gemm >= 0,
                 "pipelined llep dispatch: chunk_tokens = ", params.chunk_tokens,
-                ", max_chunks = ", params.max_chunks, " (>= 1), llep_alpha = ",
-                params.alpha, " (> 0), min_tokens_per_gemm = ", params.min_tokens_per_gemm,
-                " (>= 0)");
+                ", max_chunks = ", params.max_chunks, " (>= 1), llep_alpha = ", params.alpha,
+                " (> 0), min_tokens_per_gemm = ", params.min_tokens_per_gemm, " (>= 0)");
   local_experts_ = num_experts / W;
   first_expert_ = comm.rank() * local_experts_;
   lane_ = lane ? std::move(lane) : PipelinedLlepLane::make(backend, comm);
   MOEPEAK_CHECK(lane_->comm && lane_->stream && lane_->comm->world_size() == W &&
                     lane_->comm->rank() == comm.rank(),
                 "pipelined llep dispatch: the lane's communicator is not a duplicate of the "
-                "compute stream's (rank ", comm.rank(), " of ", W, ")");
+                "compute stream's (rank ",
+                comm.rank(), " of ", W, ")");
   entry_ = backend.create_event();
   for (int s = 0; s < 2; ++s) {
     recv_ready_[s] = backend.create_event();
@@ -298,8 +301,7 @@ OwnedTensor PipelinedLlepDispatch::buffer(Shape shape, DType dtype, const char* 
 }
 
 void PipelinedLlepDispatch::exchange_rows(Comm& comm, Stream& stream, const Tensor& send,
-                                          const std::vector<int64_t>& send_rows,
-                                          const Tensor& recv,
+                                          const std::vector<int64_t>& send_rows, const Tensor& recv,
                                           const std::vector<int64_t>& recv_rows, int64_t width) {
   schedules::exchange_rows(comm, stream, dtype_, "pipelined llep dispatch", send, send_rows, recv,
                            recv_rows, width);
@@ -325,7 +327,8 @@ void PipelinedLlepDispatch::copy_metadata(const Chunk& c, const OwnedTensor& tok
   if (m == 0) return;  // an empty vector's data() may be null, which memcpy must not see
   backend_.copy_async(token.data(), c.route.send_token.data(), m * 4, CopyKind::host_to_device,
                       stream);
-  backend_.copy_async(slot.data(), c.route.send_slot.data(), m * 4, CopyKind::host_to_device, stream);
+  backend_.copy_async(slot.data(), c.route.send_slot.data(), m * 4, CopyKind::host_to_device,
+                      stream);
 }
 
 void PipelinedLlepDispatch::move_tile_rows(const Chunk& c, const Tile& t, const Tensor& arrival,
@@ -421,10 +424,9 @@ void PipelinedLlepDispatch::prepare(const Tensor& x, const Tensor& index, const 
     // rows cut into tiles of at most T; a tile's rows are runs (pieces) of arrival rows.
     std::vector<const LlepRoute::Block*> blocks;
     for (const LlepRoute::Block& b : c.route.blocks) blocks.push_back(&b);
-    std::stable_sort(blocks.begin(), blocks.end(),
-                     [](const LlepRoute::Block* a, const LlepRoute::Block* b) {
-                       return a->expert < b->expert;
-                     });
+    std::stable_sort(
+        blocks.begin(), blocks.end(),
+        [](const LlepRoute::Block* a, const LlepRoute::Block* b) { return a->expert < b->expert; });
     for (const LlepRoute::Block* b : blocks) {
       for (int64_t done = 0; done < b->rows;) {
         if (c.tiles.empty() || c.tiles.back().expert != b->expert || c.tiles.back().rows == T) {
@@ -444,11 +446,10 @@ void PipelinedLlepDispatch::prepare(const Tensor& x, const Tensor& index, const 
   auto key = [](const LlepTransfer& t) { return std::make_pair(t.expert, t.helper); };
   std::sort(transfers_.begin(), transfers_.end(),
             [&](const LlepTransfer& a, const LlepTransfer& b) { return key(a) < key(b); });
-  transfers_.erase(std::unique(transfers_.begin(), transfers_.end(),
-                               [&](const LlepTransfer& a, const LlepTransfer& b) {
-                                 return key(a) == key(b);
-                               }),
-                   transfers_.end());
+  transfers_.erase(
+      std::unique(transfers_.begin(), transfers_.end(),
+                  [&](const LlepTransfer& a, const LlepTransfer& b) { return key(a) == key(b); }),
+      transfers_.end());
 }
 
 void PipelinedLlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& weight,
@@ -456,9 +457,10 @@ void PipelinedLlepDispatch::forward(const Tensor& x, const Tensor& index, const 
                                     const Tensor& out) {
   const int64_t N = x.size(0), H = x.size(1), k = index.size(1);
   const int64_t El = local_experts_;
-  MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == El, "pipelined llep dispatch: ",
-                local_experts.size(), " local experts given, rank ", comm_.rank(), " owns ", El,
-                " (E = ", num_experts_, ", W = ", comm_.world_size(), ")");
+  MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == El,
+                "pipelined llep dispatch: ", local_experts.size(), " local experts given, rank ",
+                comm_.rank(), " owns ", El, " (E = ", num_experts_, ", W = ", comm_.world_size(),
+                ")");
   const bool plan_only = !out.defined();
   MOEPEAK_CHECK(x.dtype() == dtype_ && weight.dtype() == dtype_ &&
                     (plan_only || out.dtype() == dtype_) && index.dtype() == DType::i32,
@@ -495,7 +497,7 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
                 ", at least 1 expected)");
   const Tensor weight_rows = weight_.reshape(Shape{tokens_ * top_k_, 1});
   Stream& cs = *lane_->stream;  // the comm stream
-  Comm& cc = *lane_->comm;       // its communicator
+  Comm& cc = *lane_->comm;      // its communicator
   // The fixed buffers: pipelined_llep_forward_bytes, exactly.
   OwnedTensor x_send = buffer(Shape{Mc, H}, dtype_, "llep chunk rows sent");
   // NOTES: with one slot the next dispatch waits for this chunk's combine, so the returned rows
@@ -532,7 +534,7 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
       if (i >= S) cs.wait(*slot_free_[s]);
       copy_metadata(c, token[s], slot[s], cs);
       ops::gather_rows(weight_rows, slot[s].view().rows(0, m),
-                           row_weight[s].view().rows(0, m).reshape(Shape{m, 1}), cs);
+                       row_weight[s].view().rows(0, m).reshape(Shape{m, 1}), cs);
       ops::gather_rows(x_, token[s].view().rows(0, m), x_send.view().rows(0, m), cs);
       exchange_rows(cc, cs, x_send.view().rows(0, m), r.send_rows, recv[s].view().rows(0, rr),
                     r.recv_rows, H);
@@ -547,7 +549,7 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
         const int64_t n = t.rows, p0 = c.pieces[t.first].begin;
         const bool in_place = t.count == 1;  // one run of arrival rows: read in place
         const Tensor xs = in_place ? arrival.rows(p0, p0 + n) : xt.view().rows(0, n);  // (n, H)
-        const Tensor ys = yt.view().rows(0, n);                                         // (n, H)
+        const Tensor ys = yt.view().rows(0, n);                                        // (n, H)
         if (!in_place) move_tile_rows(c, t, arrival, xs, true);
         // y = sum over F blocks fb of silu(x w1[fb]^T) * (x w3[fb]^T) . w2[:, fb]^T
         for (int64_t f0 = 0; f0 < F; f0 += Fb) {
@@ -564,7 +566,7 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
       exchange_rows(comm_, stream_, arrival, r.recv_rows, y_back.rows(0, m), r.send_rows, H);
       for (const LlepRoute::Range& rg : r.combine_ranges) {
         ops::combine_rows(y_back.rows(rg.begin, rg.end), token[s].view().rows(rg.begin, rg.end),
-                              row_weight[s].view().rows(rg.begin, rg.end), out, stream_);
+                          row_weight[s].view().rows(rg.begin, rg.end), out, stream_);
       }
       slot_free_[s]->record(stream_);
     }
@@ -598,8 +600,9 @@ void PipelinedLlepDispatch::backward(const Tensor& dout,
   release();
 }
 
-void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<ExpertWeights>& local,
-                                         const Tensor& dx, const Tensor& dweight) {
+void PipelinedLlepDispatch::run_backward(const Tensor& dout,
+                                         const std::vector<ExpertWeights>& local, const Tensor& dx,
+                                         const Tensor& dweight) {
   const int64_t K = shape_.chunks, H = hidden_, F = ffn_, me = comm_.rank();
   const int64_t NK = tokens_ * top_k_;
   ops::fill(dweight, 0.0, stream_);
@@ -611,7 +614,7 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
                 ", at least 1 expected)");
   const Tensor weight_rows = weight_.reshape(Shape{NK, 1});
   Stream& cs = *lane_->stream;  // the comm stream
-  Comm& cc = *lane_->comm;       // its communicator
+  Comm& cc = *lane_->comm;      // its communicator
   // The fixed buffers: pipelined_llep_backward_bytes, exactly.
   OwnedTensor stage = buffer(Shape{Mc, H}, dtype_, "llep chunk rows sent");
   OwnedTensor w_stage = buffer(Shape{Mc}, dtype_, "llep chunk weights sent");
@@ -669,15 +672,15 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
       exchange_rows(cc, cs, stage.view().rows(0, m), r.send_rows, recv_d[s].view().rows(0, rr),
                     r.recv_rows, H);
       ops::gather_rows(weight_rows, sl, w_stage.view().rows(0, m).reshape(Shape{m, 1}), cs);
-      exchange_rows(cc, cs, w_stage.view().rows(0, m), r.send_rows,
-                    recv_w[s].view().rows(0, rr), r.recv_rows, 1);
+      exchange_rows(cc, cs, w_stage.view().rows(0, m), r.send_rows, recv_w[s].view().rows(0, rr),
+                    r.recv_rows, 1);
       recv_ready_[s]->record(cs);
 
       // Recompute and backward tile by tile: dweight and dy from y, then dx over the tile's dout
       // rows and dweight over its weights in the slot, which then go back in arrival order.
       stream_.wait(*recv_ready_[s]);
       const Tensor xa = recv_x[s].view().rows(0, rr), da = recv_d[s].view().rows(0, rr);  // (rr, H)
-      const Tensor wa = recv_w[s].view().rows(0, rr);                                      // (rr)
+      const Tensor wa = recv_w[s].view().rows(0, rr);                                     // (rr)
       for (const Tile& t : c.tiles) {
         const ExpertWeights& ex = weights_of(t.expert, local, copies_);
         const int64_t n = t.rows, p0 = c.pieces[t.first].begin;
@@ -721,10 +724,10 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout, const std::vector<E
       exchange_rows(comm_, stream_, wa, r.recv_rows, dw_back.rows(0, m), r.send_rows, 1);
       for (const LlepRoute::Range& rg : r.combine_ranges) {
         ops::scatter_add_rows(dx_back.rows(rg.begin, rg.end),
-                                  token[s].view().rows(rg.begin, rg.end), dx, stream_);
+                              token[s].view().rows(rg.begin, rg.end), dx, stream_);
       }
-      ops::scatter_add_rows(dw_back.rows(0, m).reshape(Shape{m, 1}),
-                                slot[s].view().rows(0, m), dweight.reshape(Shape{NK, 1}), stream_);
+      ops::scatter_add_rows(dw_back.rows(0, m).reshape(Shape{m, 1}), slot[s].view().rows(0, m),
+                            dweight.reshape(Shape{NK, 1}), stream_);
       slot_free_[s]->record(stream_);
     }
     // Spilled experts' gradients, summed over the chunks on their helpers, back to the owners.

@@ -130,11 +130,11 @@ struct PipelinedLlepShape {
   int64_t rows_per_source = 0;  // M_c = k * c_eff
   int64_t receive_rows = 0;     // R_c = llep_receive_capacity(M_c, W, params)
   // Set by the overload with H, F and the dtype only (0 / true otherwise): see "Bound" above.
-  int64_t slots = 0;      // S: receive slots, 2 (overlapped dispatch) or 1
-  int64_t tile_rows = 0;  // T: rows per expert tile, 1 <= T <= c_eff
+  int64_t slots = 0;       // S: receive slots, 2 (overlapped dispatch) or 1
+  int64_t tile_rows = 0;   // T: rows per expert tile, 1 <= T <= c_eff
   int64_t ffn_blocks = 0;  // the expert MLP runs over its F columns in this many blocks,
   int64_t ffn_block = 0;   // F_b = ceil(F / ffn_blocks) columns each (the last may be narrower)
-  bool bounded = true;    // the rows fit 2 * W * M_c * H * b (false only in the corner case)
+  bool bounded = true;     // the rows fit 2 * W * M_c * H * b (false only in the corner case)
 };
 // The chunking only (K, c_eff, M_c, R_c; slots and tile_rows 0).
 PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t world,
@@ -162,7 +162,8 @@ uint64_t pipelined_llep_dispatch_bytes(int64_t tokens, int64_t top_k, int64_t hi
                                        const PipelinedLlepParams& params);
 // The two parts of it.
 uint64_t pipelined_llep_forward_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
-                                      DType dtype, int64_t world, const PipelinedLlepParams& params);
+                                      DType dtype, int64_t world,
+                                      const PipelinedLlepParams& params);
 uint64_t pipelined_llep_backward_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
                                        DType dtype, int64_t world,
                                        const PipelinedLlepParams& params);

@@ -110,10 +110,11 @@ void StandardDispatch::forward(const Tensor& x, const Tensor& index, const Tenso
   backend_.copy_async(row_token_.data(), token.data(), M * 4, CopyKind::host_to_device, stream_);
   backend_.copy_async(row_slot_.data(), slot.data(), M * 4, CopyKind::host_to_device, stream_);
   // Row weights: gather the (N*k) weights by slot.
-  ops::gather_rows(weight.reshape(Shape{N * k, 1}), row_slot_, row_weight_.view().reshape(Shape{M, 1}),
-                       stream_);
+  ops::gather_rows(weight.reshape(Shape{N * k, 1}), row_slot_,
+                   row_weight_.view().reshape(Shape{M, 1}), stream_);
 
-  x_rows_ = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "dispatched rows");
+  x_rows_ =
+      OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "dispatched rows");
   a_ = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "expert w1 rows");
   b_ = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "expert w3 rows");
   y_rows_ = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "expert outputs");
@@ -131,22 +132,28 @@ void StandardDispatch::backward(const Tensor& dout, const std::vector<ExpertWeig
                                 const Tensor& dx, const Tensor& dweight) {
   MOEPEAK_CHECK(x_rows_.view().defined(), "dispatch backward without a forward to go with it");
   const int64_t M = tokens_ * top_k_, H = dout.size(1), F = a_.shape()[1];
-  OwnedTensor dy = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "d expert outputs");
-  OwnedTensor drow_weight = OwnedTensor::device(backend_, Shape{M}, dtype_, LiveSet::dispatch, "d row weight");
+  OwnedTensor dy =
+      OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "d expert outputs");
+  OwnedTensor drow_weight =
+      OwnedTensor::device(backend_, Shape{M}, dtype_, LiveSet::dispatch, "d row weight");
   ops::combine_rows_backward(dout, y_rows_, row_token_, row_weight_, dy, drow_weight, stream_);
   y_rows_.reset();
-  OwnedTensor dx_rows = OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "d dispatched rows");
+  OwnedTensor dx_rows =
+      OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "d dispatched rows");
   {
     OwnedTensor g = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "swiglu");
-    OwnedTensor dg = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d swiglu");
-    OwnedTensor da = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d w1 rows");
-    OwnedTensor db = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d w3 rows");
+    OwnedTensor dg =
+        OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d swiglu");
+    OwnedTensor da =
+        OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d w1 rows");
+    OwnedTensor db =
+        OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d w3 rows");
     all_experts_backward(experts, offsets_, x_rows_, a_, b_, dy, g, dg, da, db, dx_rows, stream_);
   }
   ops::scatter_add_rows(dx_rows, row_token_, dx, stream_);
   ops::fill(dweight, 0.0, stream_);
   ops::scatter_add_rows(drow_weight.view().reshape(Shape{M, 1}), row_slot_,
-                            dweight.reshape(Shape{tokens_ * top_k_, 1}), stream_);
+                        dweight.reshape(Shape{tokens_ * top_k_, 1}), stream_);
   release();
 }
 

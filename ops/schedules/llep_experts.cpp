@@ -18,10 +18,10 @@ bool llep_may_spill(int64_t world, const LlepParams& params) {
 
 int64_t llep_max_copies(int64_t num_experts, int64_t world, int64_t capacity, int64_t plans,
                         const LlepParams& params) {
-  MOEPEAK_CHECK(world >= 1 && num_experts >= 0 && num_experts % world == 0 && capacity >= 0 &&
-                    plans >= 0,
-                "llep_max_copies: E = ", num_experts, ", W = ", world, ", capacity ", capacity,
-                ", plans ", plans);
+  MOEPEAK_CHECK(
+      world >= 1 && num_experts >= 0 && num_experts % world == 0 && capacity >= 0 && plans >= 0,
+      "llep_max_copies: E = ", num_experts, ", W = ", world, ", capacity ", capacity, ", plans ",
+      plans);
   if (!llep_may_spill(world, params)) return 0;
   const int64_t foreign = num_experts - num_experts / world;
   // plans * capacity, saturating (capacity may be kNoCapacity).
@@ -31,8 +31,8 @@ int64_t llep_max_copies(int64_t num_experts, int64_t world, int64_t capacity, in
 }
 
 LlepSpillCopyBytes llep_spill_copy_bytes(int64_t num_experts, int64_t world, int64_t hidden,
-                                         int64_t ffn, DType dtype, int64_t capacity,
-                                         int64_t plans, const LlepParams& params) {
+                                         int64_t ffn, DType dtype, int64_t capacity, int64_t plans,
+                                         const LlepParams& params) {
   MOEPEAK_CHECK(hidden >= 0 && ffn >= 0, "llep_spill_copy_bytes: hidden ", hidden, ", ffn ", ffn);
   LlepSpillCopyBytes b;
   b.copies = llep_max_copies(num_experts, world, capacity, plans, params);
@@ -47,8 +47,8 @@ LlepSpillCopyBytes llep_spill_copy_bytes(int64_t num_experts, int64_t world, int
 
 void LlepExpertCopies::allocate(Backend& backend, DType dtype,
                                 const std::vector<LlepTransfer>& transfers, int64_t rank,
-                                int64_t hidden, int64_t ffn, bool with_grads,
-                                Stream& grad_stream, int64_t max_copies) {
+                                int64_t hidden, int64_t ffn, bool with_grads, Stream& grad_stream,
+                                int64_t max_copies) {
   reset();
   for (const LlepTransfer& t : transfers) {
     if (t.helper == rank) experts_.push_back(t.expert);
@@ -130,8 +130,8 @@ void LlepExpertCopies::return_grads(Comm& comm, Stream& stream,
       const Tensor d3 = flat.rows(F * H, 2 * F * H).reshape(w.dw3.shape());
       const Tensor d2 = flat.rows(2 * F * H, 3 * F * H).reshape(w.dw2.shape());
       for (const Tensor* p : {&d1, &d3, &d2}) {
-        comm.recv(p->data(), static_cast<size_t>(p->numel()), p->dtype(), static_cast<int>(t.helper),
-                  stream);
+        comm.recv(p->data(), static_cast<size_t>(p->numel()), p->dtype(),
+                  static_cast<int>(t.helper), stream);
       }
       ops::add(w.dw1, d1, w.dw1, stream);
       ops::add(w.dw3, d3, w.dw3, stream);

@@ -47,7 +47,8 @@ bool llep_may_spill(int64_t world, const LlepParams& params);
 // plan behind the copies has hard capacity <= `capacity` rows per rank and `plans` plans feed one
 // allocation (LLEP: 1, one exchange; PipelinedLLEP: K, the chunks of a pass, whose spills are
 // all sent before chunk 0):
-//   copies = 0                                        if !llep_may_spill(W, params) (W == 1, lambda > W)
+//   copies = 0                                        if !llep_may_spill(W, params)
+//                                                     (W == 1, lambda > W)
 //          = min(E - E/W, plans * capacity)           otherwise.
 // Derivation: a rank holds a copy of expert e iff it is a helper of e, i.e. some piece of e with
 // >= 1 row is on it and e is not one of its own E/W experts: at most E - E/W experts. Every
@@ -70,8 +71,8 @@ struct LlepSpillCopyBytes {
   uint64_t weights = 0, grads = 0, scratch = 0;
 };
 LlepSpillCopyBytes llep_spill_copy_bytes(int64_t num_experts, int64_t world, int64_t hidden,
-                                         int64_t ffn, DType dtype, int64_t capacity,
-                                         int64_t plans, const LlepParams& params);
+                                         int64_t ffn, DType dtype, int64_t capacity, int64_t plans,
+                                         const LlepParams& params);
 
 class LlepExpertCopies {
  public:

@@ -32,16 +32,13 @@ void plan_spill(LlepPlan& p, const LlepParams& params) {
   std::vector<int64_t> pending = p.native_load, assigned(static_cast<size_t>(W), 0);
   auto eff = [&](int64_t g) { return assigned[g] + pending[g]; };
   // Room under the soft cap (effective load) and under the hard cap (what is really assigned).
-  auto room = [&](int64_t g) {
-    return std::min(p.soft_cap - eff(g), p.capacity - assigned[g]);
-  };
+  auto room = [&](int64_t g) { return std::min(p.soft_cap - eff(g), p.capacity - assigned[g]); };
   auto hard_room = [&](int64_t g) { return p.capacity - assigned[g]; };
 
   std::vector<int64_t> order(static_cast<size_t>(E));
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return p.expert_load[a] > p.expert_load[b];
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return p.expert_load[a] > p.expert_load[b]; });
   std::vector<int64_t> helpers;
   for (int64_t e : order) {
     const int64_t L = p.expert_load[e];
@@ -111,8 +108,9 @@ LlepPlan plan_llep(std::span<const int64_t> counts, int64_t world, const LlepPar
   const int64_t W = world, E = static_cast<int64_t>(counts.size()) / world;
   MOEPEAK_CHECK(E % W == 0, "llep plan: E = ", E, " experts is not a multiple of W = ", W);
   MOEPEAK_CHECK(params.alpha > 0, "llep plan: alpha = ", params.alpha, " (> 0 expected)");
-  MOEPEAK_CHECK(params.min_tokens_per_gemm >= 0, "llep plan: min_tokens_per_gemm = ",
-                params.min_tokens_per_gemm, " (>= 0 expected)");
+  MOEPEAK_CHECK(params.min_tokens_per_gemm >= 0,
+                "llep plan: min_tokens_per_gemm = ", params.min_tokens_per_gemm,
+                " (>= 0 expected)");
   MOEPEAK_CHECK(capacity >= 1, "llep plan: capacity ", capacity, " (>= 1 expected)");
   LlepPlan p;
   p.world = W;
@@ -134,9 +132,8 @@ LlepPlan plan_llep(std::span<const int64_t> counts, int64_t world, const LlepPar
     p.total_rows += p.expert_load[e];
   }
   const int64_t T = p.total_rows;
-  MOEPEAK_CHECK(capacity == kNoCapacity || capacity >= (T + W - 1) / W,
-                "llep plan: capacity ", capacity, " rows per rank cannot hold T = ", T,
-                " rows on W = ", W, " ranks");
+  MOEPEAK_CHECK(capacity == kNoCapacity || capacity >= (T + W - 1) / W, "llep plan: capacity ",
+                capacity, " rows per rank cannot hold T = ", T, " rows on W = ", W, " ranks");
   const int64_t max_native = *std::max_element(p.native_load.begin(), p.native_load.end());
   const double mean = static_cast<double>(T) / static_cast<double>(W);
   p.imbalance = T > 0 ? static_cast<double>(max_native) / mean : 1.0;

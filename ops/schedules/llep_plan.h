@@ -74,15 +74,15 @@ struct LlepAssignment {
 
 struct LlepPlan {
   int64_t world = 0, num_experts = 0;
-  int64_t total_rows = 0;              // T
-  double imbalance = 1.0;              // max / mean native load (1 when T == 0)
-  bool spill = false;                  // the LPT path ran (imbalance > lambda or over capacity)
-  int64_t soft_cap = 0;                // ceil(alpha * T / W)
-  int64_t capacity = kNoCapacity;      // the hard cap given
-  int64_t forced_rows = 0;             // rows forced past the soft cap (see above)
-  std::vector<int64_t> expert_load;    // (E) L_e
-  std::vector<int64_t> native_load;    // (W) rows of each rank's own experts
-  std::vector<int64_t> rank_load;      // (W) rows each rank computes
+  int64_t total_rows = 0;            // T
+  double imbalance = 1.0;            // max / mean native load (1 when T == 0)
+  bool spill = false;                // the LPT path ran (imbalance > lambda or over capacity)
+  int64_t soft_cap = 0;              // ceil(alpha * T / W)
+  int64_t capacity = kNoCapacity;    // the hard cap given
+  int64_t forced_rows = 0;           // rows forced past the soft cap (see above)
+  std::vector<int64_t> expert_load;  // (E) L_e
+  std::vector<int64_t> native_load;  // (W) rows of each rank's own experts
+  std::vector<int64_t> rank_load;    // (W) rows each rank computes
   std::vector<std::vector<LlepPiece>> pieces;  // (E) tiling [0, L_e) in row order
   std::vector<LlepAssignment> assignments;     // by (expert, source, begin); non-empty ranges
 

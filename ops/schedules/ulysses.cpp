@@ -77,9 +77,9 @@ void check_args(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind, const
   x_seq.expect(l.seq_shape(kind), dt, std::string(what) + " x_seq (" + k + " heads)");
   x_heads.expect(l.heads_shape(kind), dt, std::string(what) + " x_heads (" + k + " heads)");
   const int64_t need = ulysses_staging_elements(l, kind);
-  MOEPEAK_CHECK(staging.dtype() == dt && staging.numel() >= need, what, ": staging ",
-                staging.str(), " must be ", dtype_name(dt), " with at least ", need,
-                " elements for ", k, " heads");
+  MOEPEAK_CHECK(staging.dtype() == dt && staging.numel() >= need, what, ": staging ", staging.str(),
+                " must be ", dtype_name(dt), " with at least ", need, " elements for ", k,
+                " heads");
   MOEPEAK_CHECK(x_seq.data() != x_heads.data(), what, ": x_seq and x_heads are the same buffer");
 }
 
@@ -89,11 +89,10 @@ void check_args(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind, const
 
 UlyssesLayout UlyssesLayout::make(int64_t batch, int64_t seq_len, int64_t world, int64_t rank,
                                   int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
-  MOEPEAK_CHECK(batch > 0 && seq_len > 0 && world > 0 && q_heads > 0 && kv_heads > 0 &&
-                    head_dim > 0,
-                "Ulysses layout needs positive sizes: batch ", batch, ", seq_len ", seq_len,
-                ", world ", world, ", q_heads ", q_heads, ", kv_heads ", kv_heads, ", head_dim ",
-                head_dim);
+  MOEPEAK_CHECK(
+      batch > 0 && seq_len > 0 && world > 0 && q_heads > 0 && kv_heads > 0 && head_dim > 0,
+      "Ulysses layout needs positive sizes: batch ", batch, ", seq_len ", seq_len, ", world ",
+      world, ", q_heads ", q_heads, ", kv_heads ", kv_heads, ", head_dim ", head_dim);
   MOEPEAK_CHECK(rank >= 0 && rank < world, "Ulysses layout: rank ", rank, " outside [0, ", world,
                 ")");
   if (q_heads % world != 0) {
@@ -170,9 +169,8 @@ OwnedTensor make_ulysses_staging(Backend& backend, const UlyssesLayout& layout, 
 
 // ---- exchanges --------------------------------------------------------------------------------
 
-void seq_to_heads(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind,
-                  const Tensor& staging, const UlyssesLayout& layout, Comm& comm,
-                  Stream& stream) {
+void seq_to_heads(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind, const Tensor& staging,
+                  const UlyssesLayout& layout, Comm& comm, Stream& stream) {
   check_args(x_seq, x_heads, kind, staging, layout, comm, "seq_to_heads");
   const Plan p = make_plan(layout, kind);
   const int64_t recv = p.wide_total;  // the receive half starts here (elements)
@@ -199,8 +197,7 @@ void seq_to_heads(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind,
 }
 
 void heads_to_seq(const Tensor& x_heads, const Tensor& x_seq, HeadKind kind, bool accumulate,
-                  const Tensor& staging, const UlyssesLayout& layout, Comm& comm,
-                  Stream& stream) {
+                  const Tensor& staging, const UlyssesLayout& layout, Comm& comm, Stream& stream) {
   check_args(x_seq, x_heads, kind, staging, layout, comm, "heads_to_seq");
   const Plan p = make_plan(layout, kind);
   const int64_t recv = p.narrow_total;  // the receive half starts here (elements)

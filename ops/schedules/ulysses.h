@@ -56,7 +56,7 @@ struct UlyssesLayout {
   static UlyssesLayout make(int64_t batch, int64_t seq_len, int64_t world, int64_t rank,
                             int64_t q_heads, int64_t kv_heads, int64_t head_dim);
 
-  int64_t local_seq() const { return seq_len / world; }       // T/W
+  int64_t local_seq() const { return seq_len / world; }         // T/W
   int64_t local_tokens() const { return batch * local_seq(); }  // N = B*T/W
   // [begin, end) query heads / kv heads that rank p attends over.
   std::pair<int64_t, int64_t> q_heads_of(int p) const;
@@ -90,9 +90,8 @@ OwnedTensor make_ulysses_staging(Backend& backend, const UlyssesLayout& layout, 
 
 // Forward exchange: x_heads (B, T, h_r, d) = [this rank's heads of] the sequences whose slices
 // the ranks hold in x_seq (B, T/W, h_total, d). Written (=). Collective: every rank calls it.
-void seq_to_heads(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind,
-                  const Tensor& staging, const UlyssesLayout& layout, Comm& comm,
-                  Stream& stream);
+void seq_to_heads(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind, const Tensor& staging,
+                  const UlyssesLayout& layout, Comm& comm, Stream& stream);
 
 // Inverse exchange: x_seq (B, T/W, h_total, d) = this rank's token slice of every head, from the
 // ranks' x_heads (B, T, h_p, d). Written (=). A head held by several ranks (replicated kv heads):
@@ -103,7 +102,6 @@ void seq_to_heads(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind,
 //                       in a forward exchange).
 // A head held by one rank is copied either way. Collective.
 void heads_to_seq(const Tensor& x_heads, const Tensor& x_seq, HeadKind kind, bool accumulate,
-                  const Tensor& staging, const UlyssesLayout& layout, Comm& comm,
-                  Stream& stream);
+                  const Tensor& staging, const UlyssesLayout& layout, Comm& comm, Stream& stream);
 
 }  // namespace moepeak::schedules

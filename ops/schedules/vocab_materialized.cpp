@@ -23,7 +23,8 @@ double MaterializedVocab::forward(const Tensor& x, const Tensor& lm_head, const 
   loss_scale_ = loss_scale;
   labels_ = labels;
   logits_ = OwnedTensor::device(backend_, Shape{N, V}, dtype_, LiveSet::logits, "logits");
-  OwnedTensor losses = OwnedTensor::device(backend_, Shape{N}, dtype_, LiveSet::logits, "token losses");
+  OwnedTensor losses =
+      OwnedTensor::device(backend_, Shape{N}, dtype_, LiveSet::logits, "token losses");
   ops::linear_forward(x, lm_head, logits_, false, stream_);
   ops::cross_entropy_forward(logits_, labels, losses, stream_);
   double sum = 0;  // in token order, in double

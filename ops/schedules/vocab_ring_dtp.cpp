@@ -57,7 +57,8 @@ struct DrainOnExit {
     }
   }
 };
-template <typename F> DrainOnExit(F) -> DrainOnExit<F>;
+template <typename F>
+DrainOnExit(F) -> DrainOnExit<F>;
 
 // Calls f(begin, end, first, last) for consecutive column ranges of at most `width` columns.
 template <typename F>
@@ -81,12 +82,14 @@ VocabInterval vocab_shard(int64_t vocab, int ranks, int rank) {
 
 int64_t vocab_shard_max(int64_t vocab, int ranks) {
   MOEPEAK_CHECK(ranks > 0 && vocab >= ranks,
-                "Ring-DTP needs at least one vocabulary row per rank: V = ", vocab, ", P = ", ranks);
+                "Ring-DTP needs at least one vocabulary row per rank: V = ", vocab,
+                ", P = ", ranks);
   return (vocab + ranks - 1) / ranks;
 }
 
 int64_t ring_dtp_strip_columns(int64_t vocab, int ranks, int64_t strip) {
-  MOEPEAK_CHECK(strip >= 0, "schedules.vocab_strip = ", strip, " (0 = whole shard, or a positive "
+  MOEPEAK_CHECK(strip >= 0, "schedules.vocab_strip = ", strip,
+                " (0 = whole shard, or a positive "
                 "number of columns)");
   const int64_t shard = vocab_shard_max(vocab, ranks);
   return strip == 0 ? shard : std::min(strip, shard);
@@ -151,8 +154,8 @@ RingDtpBytes ring_dtp_memory(int64_t tokens, int64_t hidden, int64_t vocab, int 
     }
     default: {
       const uint64_t batch = fp(N * H * b) + fp(N * 8) + m.state;  // X, labels, a state
-      m.forward = base + h * batch + (ranks > 1 ? m.state : 0);  // + partial state
-      m.backward = base + h * batch + h * fp(N * H * b);         // + dX
+      m.forward = base + h * batch + (ranks > 1 ? m.state : 0);    // + partial state
+      m.backward = base + h * batch + h * fp(N * H * b);           // + dX
       break;
     }
   }
@@ -175,8 +178,8 @@ struct RingDtpVocab::Problem {
   int held(int k) const { return ((r - k) % P + P) % P; }
 };
 
-RingDtpVocab::RingDtpVocab(Backend& backend, Stream& stream, Comm& comm, DType dtype,
-                           int64_t vocab, VocabPayload payload, int64_t strip, int64_t kept)
+RingDtpVocab::RingDtpVocab(Backend& backend, Stream& stream, Comm& comm, DType dtype, int64_t vocab,
+                           VocabPayload payload, int64_t strip, int64_t kept)
     : backend_(backend),
       stream_(stream),
       dtype_(dtype),
@@ -338,7 +341,7 @@ void RingDtpVocab::forward_weights(const Problem& p, const Tensor& x, const Tens
   const int64_t H = p.H, Vm = vocab_shard_max(vocab_, P);
   const OwnedTensor strip = alloc_working_strip(p);  // (N, c), unless every strip is kept
   int64_t q = 0;                                     // strips formed so far in this pass
-  std::array<OwnedTensor, 2> wbuf;                                          // (Vm, H) each
+  std::array<OwnedTensor, 2> wbuf;                   // (Vm, H) each
   for (int i = 0; i < receive_buffers(P); ++i) wbuf[i] = alloc(Shape{Vm, H}, dtype_, "ring-dtp W");
   auto rows_of = [&](int k) { return p.shards[p.held(k)].size(); };
   auto w_of = [&](int k) { return k == 0 ? w : wbuf[(k - 1) % 2].view().rows(0, rows_of(k)); };
@@ -377,7 +380,7 @@ void RingDtpVocab::forward_activations(const Problem& p, const Tensor& x, const 
   const int64_t N = p.N, H = p.H;
   const OwnedTensor strip = alloc_working_strip(p);  // (N, c), unless every strip is kept
   int64_t q = 0;                                     // strips formed so far in this pass
-  std::array<OwnedTensor, 2> xbuf, lbuf, sbuf;  // (N, H), (N) i64, (N, 3) f64
+  std::array<OwnedTensor, 2> xbuf, lbuf, sbuf;       // (N, H), (N) i64, (N, 3) f64
   for (int i = 0; i < receive_buffers(P); ++i) {
     xbuf[i] = alloc(Shape{N, H}, dtype_, "ring-dtp X");
     lbuf[i] = alloc(Shape{N}, DType::i64, "ring-dtp labels");
@@ -419,8 +422,8 @@ void RingDtpVocab::forward_activations(const Problem& p, const Tensor& x, const 
     if (P > 1) {  // the state on to the batch's next holder, or home after the last round
       comm_stream_->wait(*computed[k]);
       void* into = k + 1 < P ? sbuf[k % 2].data() : state.data();
-      comm_->sendrecv(acc_of(k).data(), state_count, p.right, into, state_count, p.left,
-                      DType::f64, *comm_stream_);
+      comm_->sendrecv(acc_of(k).data(), state_count, p.right, into, state_count, p.left, DType::f64,
+                      *comm_stream_);
       acc_arrived[k + 1] = record(*comm_stream_);
     }
   }
@@ -436,7 +439,7 @@ void RingDtpVocab::backward_weights(const Problem& p, const Tensor& x, const Ten
   const int64_t H = p.H, Vm = vocab_shard_max(vocab_, P);
   const OwnedTensor strip = alloc_working_strip(p);  // (N, c), unless every strip is kept
   int64_t q = 0;                                     // strips formed so far in this pass
-  std::array<OwnedTensor, 2> wbuf, dbuf;                                    // (Vm, H) each
+  std::array<OwnedTensor, 2> wbuf, dbuf;             // (Vm, H) each
   for (int i = 0; i < receive_buffers(P); ++i) {
     wbuf[i] = alloc(Shape{Vm, H}, dtype_, "ring-dtp W");
     dbuf[i] = alloc(Shape{Vm, H}, dtype_, "ring-dtp dW");
@@ -463,7 +466,7 @@ void RingDtpVocab::backward_weights(const Problem& p, const Tensor& x, const Ten
       const Tensor g = strip_at(q++, b - a, strip);  // (N, b-a)
       if (!kept) ops::linear_forward(x, wk.rows(a, b), g, false, stream_);
       ops::cross_entropy_strip_backward(g, labels_, column0 + a, saved_state_, loss_scale_, g,
-                                            stream_);
+                                        stream_);
       if (first && k >= 1) stream_.wait(*acc_arrived[k]);
       ops::linear_backward(x, wk.rows(a, b), g, Tensor(), false, dwk.rows(a, b), stream_);
       if (last) acc_done[k] = record(stream_);
@@ -473,8 +476,8 @@ void RingDtpVocab::backward_weights(const Problem& p, const Tensor& x, const Ten
     if (P > 1) {  // dW_s on to the next rank; after the last round to its owner
       comm_stream_->wait(*acc_done[k]);
       void* into = k + 1 < P ? dbuf[k % 2].data() : dw.data();
-      comm_->sendrecv(dwk.data(), rows_of(k) * H, p.right, into, rows_of(k + 1) * H, p.left,
-                      dtype_, *comm_stream_);
+      comm_->sendrecv(dwk.data(), rows_of(k) * H, p.right, into, rows_of(k + 1) * H, p.left, dtype_,
+                      *comm_stream_);
       acc_arrived[k + 1] = record(*comm_stream_);
     }
   }
@@ -489,8 +492,8 @@ void RingDtpVocab::backward_activations(const Problem& p, const Tensor& x, const
                                         const Tensor& dx, const Tensor& dw) {
   const int P = p.P;
   const int64_t N = p.N, H = p.H;
-  const OwnedTensor strip = alloc_working_strip(p);  // (N, c), unless every strip is kept
-  int64_t q = 0;                                     // strips formed so far in this pass
+  const OwnedTensor strip = alloc_working_strip(p);   // (N, c), unless every strip is kept
+  int64_t q = 0;                                      // strips formed so far in this pass
   std::array<OwnedTensor, 2> xbuf, lbuf, sbuf, dbuf;  // (N, H), (N) i64, (N, 3) f64, (N, H)
   for (int i = 0; i < receive_buffers(P); ++i) {
     xbuf[i] = alloc(Shape{N, H}, dtype_, "ring-dtp X");
@@ -515,8 +518,8 @@ void RingDtpVocab::backward_activations(const Problem& p, const Tensor& x, const
                       *comm_stream_);
       comm_->sendrecv(l_of(k).data(), N, p.right, lbuf[k % 2].data(), N, p.left, DType::i64,
                       *comm_stream_);
-      comm_->sendrecv(s_of(k).data(), state_count, p.right, sbuf[k % 2].data(), state_count,
-                      p.left, DType::f64, *comm_stream_);
+      comm_->sendrecv(s_of(k).data(), state_count, p.right, sbuf[k % 2].data(), state_count, p.left,
+                      DType::f64, *comm_stream_);
       arrived[k + 1] = record(*comm_stream_);
     }
     if (k >= 1) stream_.wait(*arrived[k]);
@@ -526,7 +529,7 @@ void RingDtpVocab::backward_activations(const Problem& p, const Tensor& x, const
       const Tensor g = strip_at(q++, b - a, strip);  // (N, b-a)
       if (!kept) ops::linear_forward(xk, w.rows(a, b), g, false, stream_);
       ops::cross_entropy_strip_backward(g, l_of(k), own.begin + a, s_of(k), loss_scale_, g,
-                                            stream_);
+                                        stream_);
       if (first && k >= 1) stream_.wait(*acc_arrived[k]);
       ops::matmul(g, w.rows(a, b), dxk, !(k == 0 && first), stream_);  // travelling dX
       if (last) acc_done[k] = record(stream_);

@@ -110,13 +110,13 @@ int64_t ring_dtp_kept_strips(int64_t vocab, int ranks, int64_t strip, int64_t ke
 //                                                  (+ X, labels, final state; dX)
 // The leading `state` (the home state) and `kept` stay from forward to backward.
 struct RingDtpBytes {
-  uint64_t strip = 0;        // one strip
-  uint64_t state = 0;        // one per-token state
-  int64_t kept_strips = 0;   // K
-  uint64_t kept = 0;         // the kept strips' buffer
-  uint64_t forward = 0;      // the set's peak in forward
-  uint64_t saved = 0;        // what stays from forward to backward (home state + kept strips)
-  uint64_t backward = 0;     // the set's peak in backward
+  uint64_t strip = 0;       // one strip
+  uint64_t state = 0;       // one per-token state
+  int64_t kept_strips = 0;  // K
+  uint64_t kept = 0;        // the kept strips' buffer
+  uint64_t forward = 0;     // the set's peak in forward
+  uint64_t saved = 0;       // what stays from forward to backward (home state + kept strips)
+  uint64_t backward = 0;    // the set's peak in backward
   uint64_t peak() const { return forward > backward ? forward : backward; }
 };
 RingDtpBytes ring_dtp_memory(int64_t tokens, int64_t hidden, int64_t vocab, int ranks,
@@ -131,8 +131,7 @@ class RingDtpVocab {
   // whole shard; kept: strips kept from forward to backward (at most the strips formed).
   // Duplicates `comm` (collective) for the ring's traffic when P > 1.
   RingDtpVocab(Backend& backend, Stream& stream, Comm& comm, DType dtype, int64_t vocab,
-               VocabPayload payload = VocabPayload::automatic, int64_t strip = 0,
-               int64_t kept = 0);
+               VocabPayload payload = VocabPayload::automatic, int64_t strip = 0, int64_t kept = 0);
   ~RingDtpVocab();
   RingDtpVocab(const RingDtpVocab&) = delete;
   RingDtpVocab& operator=(const RingDtpVocab&) = delete;
@@ -167,8 +166,8 @@ class RingDtpVocab {
   std::unique_ptr<Event> record(Stream& stream);
   void forward_weights(const Problem& p, const Tensor& x, const Tensor& w, const Tensor& labels,
                        const Tensor& state);
-  void forward_activations(const Problem& p, const Tensor& x, const Tensor& w,
-                           const Tensor& labels, const Tensor& state);
+  void forward_activations(const Problem& p, const Tensor& x, const Tensor& w, const Tensor& labels,
+                           const Tensor& state);
   void backward_weights(const Problem& p, const Tensor& x, const Tensor& w, const Tensor& dx,
                         const Tensor& dw);
   void backward_activations(const Problem& p, const Tensor& x, const Tensor& w, const Tensor& dx,
@@ -193,7 +192,7 @@ class RingDtpVocab {
   int64_t kept_requested_;
   VocabInterval shard_;
   // Kept from forward to backward.
-  OwnedTensor saved_state_;  // (N, 3) f64
+  OwnedTensor saved_state_;   // (N, 3) f64
   OwnedTensor saved_strips_;  // (K, N, c): the kept strips' logits (forward), then gradients
   int64_t kept_ = 0;          // K
   Tensor labels_;

@@ -375,7 +375,8 @@ void check_send_recv_pairs(Comm& comm, Stream& stream, TestMemory& mem, size_t c
 // two of a pair in the same order on both sides. A message to this rank itself is an Error.
 inline size_t exchange_count(int from, int to, int message, uint64_t seed) {
   const size_t small = 1 + (static_cast<size_t>(from) * 7 + static_cast<size_t>(to) * 3 +
-                            static_cast<size_t>(message) * 5 + seed) % 9;
+                            static_cast<size_t>(message) * 5 + seed) %
+                               9;
   return message == 0 ? small : 3000 + small;  // 6 KB or more: past the shared-memory eager size
 }
 inline size_t exchange_first_index(int to, int message) {
@@ -383,8 +384,8 @@ inline size_t exchange_first_index(int to, int message) {
 }
 template <typename T>
 void check_exchange(Comm& comm, Stream& stream, TestMemory& mem, uint64_t seed) {
-  SCOPED_TRACE(::testing::Message() << "exchange " << dtype_name(dtype_of<T>::value) << " rank "
-                                    << comm.rank());
+  SCOPED_TRACE(::testing::Message()
+               << "exchange " << dtype_name(dtype_of<T>::value) << " rank " << comm.rank());
   const int world = comm.world_size(), me = comm.rank();
   const DType dtype = dtype_of<T>::value;
   std::vector<PeerMessage> sends, recvs;
@@ -392,8 +393,8 @@ void check_exchange(Comm& comm, Stream& stream, TestMemory& mem, uint64_t seed) 
     if (peer == me) continue;
     for (int m = 0; m < 2; ++m) {
       const size_t n = exchange_count(me, peer, m, seed);
-      sends.push_back({upload_vector(mem, rank_data<T>(seed, me, n, exchange_first_index(peer, m))),
-                       n, peer});
+      sends.push_back(
+          {upload_vector(mem, rank_data<T>(seed, me, n, exchange_first_index(peer, m))), n, peer});
     }
   }
   for (int peer = world - 1; peer >= 0; --peer) {

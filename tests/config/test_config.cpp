@@ -3,9 +3,9 @@
 // docs/config.md covering every schema key.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
 #include "tests/expect_contains.h"
 #include "tests/temp_dir.h"
-#include <stdlib.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -33,7 +33,6 @@ std::string read_file(const std::string& path) {
 
 class ConfigTest : public ::testing::Test {
  protected:
-
   // Writes `text` to a file in the temp dir and returns its path.
   std::string write(const std::string& name, const std::string& text) {
     std::string path = (dir_ / name).string();
@@ -178,8 +177,9 @@ TEST_F(ConfigTest, OutOfRangeValuesAreErrors) {
 TEST_F(ConfigTest, BadEnumValueListsTheAllowedValues) {
   std::string path = write("x.toml", "[schedules]\ndispatch = \"pipelined\"\n");
   std::string msg = load_error({path});
-  EXPECT_CONTAINS(msg, path + ":2: schedules.dispatch must be one of standard, llep, "
-                              "pipelined_llep; got \"pipelined\"");
+  EXPECT_CONTAINS(msg, path +
+                           ":2: schedules.dispatch must be one of standard, llep, "
+                           "pipelined_llep; got \"pipelined\"");
 
   path = write("dtype.toml", "[training]\ndtype = \"fp16\"\n");
   EXPECT_CONTAINS(load_error({path}), "training.dtype must be one of auto, float32, bfloat16");
@@ -230,16 +230,17 @@ TEST_F(ConfigTest, CrossFieldRulesNameBothKeysAndOrigins) {
                   "model.head_dim = 7 (--set model.head_dim=7) must be even");
 
   msg = load_error({}, {"training.seq_len=1024"});
-  EXPECT_CONTAINS(msg, "training.seq_len = 1024 (--set training.seq_len=1024) must be <= "
-                       "model.max_position_embeddings = 512 (default)");
+  EXPECT_CONTAINS(msg,
+                  "training.seq_len = 1024 (--set training.seq_len=1024) must be <= "
+                  "model.max_position_embeddings = 512 (default)");
 
   msg = load_error({}, {"training.dataset=bin"});
   EXPECT_CONTAINS(msg, "training.dataset = \"bin\"");
   EXPECT_CONTAINS(msg, "training.dataset_path is empty");
 
   // Fine once the other key follows: the rules are checked after every file and override.
-  Config cfg = load_config({}, {"model.head_dim=0", "training.dataset=bin",
-                                "training.dataset_path=data/tokens.bin"});
+  Config cfg = load_config(
+      {}, {"model.head_dim=0", "training.dataset=bin", "training.dataset_path=data/tokens.bin"});
   EXPECT_EQ(cfg.model.head_dim_resolved(), 16);
   EXPECT_EQ(cfg.training.dataset_path, "data/tokens.bin");
 }
@@ -286,10 +287,10 @@ TEST_F(ConfigTest, SetOverridesFiles) {
 }
 
 TEST_F(ConfigTest, SetTakesRawTextForStringKeys) {
-  Config cfg = load_config({}, {"job.name=run7", "training.dtype=float32",
-                                "job.description=\"quoted text\"", "job.run_dir=/scratch/runs",
-                                "schedules.dispatch=pipelined_llep", "job.description=a b c",
-                                "runtime.device_memory=4096"});
+  Config cfg =
+      load_config({}, {"job.name=run7", "training.dtype=float32", "job.description=\"quoted text\"",
+                       "job.run_dir=/scratch/runs", "schedules.dispatch=pipelined_llep",
+                       "job.description=a b c", "runtime.device_memory=4096"});
   EXPECT_EQ(cfg.job.name, "run7");
   EXPECT_EQ(cfg.training.dtype, ComputeDtype::float32);
   EXPECT_EQ(cfg.job.run_dir, "/scratch/runs");
@@ -327,9 +328,9 @@ TEST_F(ConfigTest, TomlRoundTripReloadsEqualSettings) {
       {}, {"job.name=round.trip-1", "job.description=say \"hi\"\\ now", "model.rope_theta=1e6",
            "model.rms_norm_eps=1e-6", "model.router_aux_loss_coef=0.01", "model.head_dim=0",
            "training.max_norm=0.3", "training.dataset=megatron", "training.dataset_path=d/x.bin",
-           "schedules.llep_lambda=1.25", "schedules.sco_host_budget=16GiB",
-           "optimizer.lr=0.0001", "optimizer.eps=1e-12", "checkpoint.enable=true",
-           "runtime.numa_node=1", "runtime.backend=cpu", "optimizer.placement=offload_stream"});
+           "schedules.llep_lambda=1.25", "schedules.sco_host_budget=16GiB", "optimizer.lr=0.0001",
+           "optimizer.eps=1e-12", "checkpoint.enable=true", "runtime.numa_node=1",
+           "runtime.backend=cpu", "optimizer.placement=offload_stream"});
   cfg.job.description += "\nsecond line\ttab";  // control characters survive too
 
   for (bool with_origins : {false, true}) {

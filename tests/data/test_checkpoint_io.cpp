@@ -4,10 +4,10 @@
 // the HF config.json round trip and field names.
 #include <gtest/gtest.h>
 
-#include "tests/expect_contains.h"
-#include "tests/temp_dir.h"
 #include <stdlib.h>
 #include <unistd.h>
+#include "tests/expect_contains.h"
+#include "tests/temp_dir.h"
 
 #include <cstdint>
 #include <cstring>
@@ -40,7 +40,6 @@ std::string error_of(Fn&& fn) {
 
 class CheckpointIoTest : public ::testing::Test {
  protected:
-
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   std::string write_bytes(const std::string& name, const std::string& bytes) {
@@ -56,7 +55,8 @@ class CheckpointIoTest : public ::testing::Test {
   }
   std::vector<std::string> directory_entries() const {
     std::vector<std::string> names;
-    for (const auto& e : std::filesystem::directory_iterator(dir_)) names.push_back(e.path().filename().string());
+    for (const auto& e : std::filesystem::directory_iterator(dir_))
+      names.push_back(e.path().filename().string());
     return names;
   }
 
@@ -108,12 +108,13 @@ TEST_F(CheckpointIoTest, SafetensorsRoundTripEveryDtype) {
   EXPECT_EQ(raw.substr(8, header_size), w.header_json());
 
   SafetensorsFile f = SafetensorsFile::open(p);
-  EXPECT_EQ(f.names(), (std::vector<std::string>{"model.layers.0.weight", "f64", "bf16", "i32", "i64",
-                                                 "u8", "empty", "empty_2d", "scalar"}));
-  EXPECT_EQ(f.metadata(), (std::map<std::string, std::string>{{"format", "pt"}, {"moepeak_step", "100"}}));
+  EXPECT_EQ(f.names(), (std::vector<std::string>{"model.layers.0.weight", "f64", "bf16", "i32",
+                                                 "i64", "u8", "empty", "empty_2d", "scalar"}));
+  EXPECT_EQ(f.metadata(),
+            (std::map<std::string, std::string>{{"format", "pt"}, {"moepeak_step", "100"}}));
 
-  auto expect_tensor = [&](const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
-                           const void* expected, size_t bytes) {
+  auto expect_tensor = [&](const std::string& name, const std::string& dtype,
+                           std::vector<int64_t> shape, const void* expected, size_t bytes) {
     SCOPED_TRACE(name);
     const SafetensorsTensorInfo& info = f.info(name);
     EXPECT_EQ(info.dtype, dtype);
@@ -139,8 +140,9 @@ TEST_F(CheckpointIoTest, SafetensorsRoundTripEveryDtype) {
   EXPECT_FALSE(dtype_from_safetensors("U8").has_value());
 
   std::vector<float> wrong(5);
-  EXPECT_CONTAINS(error_of([&] { f.read("model.layers.0.weight", wrong.data(), 20); }),
-                  p + ": tensor \"model.layers.0.weight\" (F32 [2, 3]) is 24 bytes, the destination is 20");
+  EXPECT_CONTAINS(
+      error_of([&] { f.read("model.layers.0.weight", wrong.data(), 20); }),
+      p + ": tensor \"model.layers.0.weight\" (F32 [2, 3]) is 24 bytes, the destination is 20");
   EXPECT_CONTAINS(error_of([&] { f.info("missing"); }), p + ": no tensor \"missing\"");
 }
 
@@ -168,8 +170,8 @@ TEST_F(CheckpointIoTest, ReadsAHandWrittenFile) {
       R"("c":{"dtype":"U8","shape":[3],"data_offsets":[16,19]},)"
       R"("d":{"dtype":"BF16","shape":[2],"data_offsets":[19,23]}})";
   const std::string data = std::string("\x00\x00\xc0\x3f", 4) + std::string("\x00\x00\x00\xc0", 4) +
-                           std::string("\x02\x01\x00\x00\x00\x00\x00\x00", 8) + std::string("\x01\x02\x03", 3) +
-                           std::string("\x80\x3f\x00\xc0", 4);
+                           std::string("\x02\x01\x00\x00\x00\x00\x00\x00", 8) +
+                           std::string("\x01\x02\x03", 3) + std::string("\x80\x3f\x00\xc0", 4);
   const std::string p = write_bytes("hand.safetensors", safetensors_bytes(header, data));
 
   SafetensorsFile f = SafetensorsFile::open(p);
@@ -208,38 +210,50 @@ TEST_F(CheckpointIoTest, CorruptedFilesNameTheFile) {
   EXPECT_CONTAINS(e1, p1 + ": truncated: 5 bytes, too short for the 8-byte header size");
 
   auto [p2, e2] = open_error("truncated", bytes.substr(0, bytes.size() - 4));
-  EXPECT_CONTAINS(e2, p2 + ": tensor \"w\": data_offsets [0, 16] are out of range: the data section has 12 bytes");
+  EXPECT_CONTAINS(
+      e2,
+      p2 + ": tensor \"w\": data_offsets [0, 16] are out of range: the data section has 12 bytes");
 
   const std::string header = R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
   auto [p3, e3] = open_error("past_eof", safetensors_bytes(header, std::string(16, '\0'), 1000));
   EXPECT_CONTAINS(e3, p3 + ": header size 1000 runs past the end of the file (" +
                           std::to_string(8 + header.size() + 16) + " bytes)");
 
-  auto [p4, e4] = open_error("range", safetensors_bytes(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
-                                                         std::string(16, '\0')));
+  auto [p4, e4] = open_error(
+      "range", safetensors_bytes(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+                                 std::string(16, '\0')));
   EXPECT_CONTAINS(e4, p4 + ": tensor \"w\": data_offsets [8, 24] are out of range");
 
-  auto [p5, e5] = open_error("shape", safetensors_bytes(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})",
-                                                         std::string(16, '\0')));
-  EXPECT_CONTAINS(e5, p5 + ": tensor \"w\": shape [3] of F32 needs 12 bytes but data_offsets [0, 16] hold 16");
+  auto [p5, e5] = open_error(
+      "shape", safetensors_bytes(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})",
+                                 std::string(16, '\0')));
+  EXPECT_CONTAINS(
+      e5, p5 + ": tensor \"w\": shape [3] of F32 needs 12 bytes but data_offsets [0, 16] hold 16");
 
-  auto [p6, e6] = open_error("overlap", safetensors_bytes(
-      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-      std::string(12, '\0')));
+  auto [p6, e6] = open_error(
+      "overlap",
+      safetensors_bytes(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+          std::string(12, '\0')));
   EXPECT_CONTAINS(e6, p6 + ": tensors \"a\" [0, 8) and \"b\" [4, 12) overlap");
 
-  auto [p7, e7] = open_error("dtype", safetensors_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})",
-                                                         std::string(4, '\0')));
+  auto [p7, e7] = open_error(
+      "dtype", safetensors_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})",
+                                 std::string(4, '\0')));
   EXPECT_CONTAINS(e7, p7 + ": tensor \"w\": unknown dtype \"F8_E4M3\"");
 
   auto [p8, e8] = open_error("json", safetensors_bytes("{\"w\": [1, 2", ""));
   EXPECT_CONTAINS(e8, p8 + ": the header is not valid JSON");
 
-  auto [p9, e9] = open_error("fields", safetensors_bytes(R"({"w":{"dtype":"F32","shape":[0]}})", ""));
+  auto [p9, e9] =
+      open_error("fields", safetensors_bytes(R"({"w":{"dtype":"F32","shape":[0]}})", ""));
   EXPECT_CONTAINS(e9, p9 + ": tensor \"w\": missing \"data_offsets\"");
 
-  auto [p10, e10] = open_error("negative", safetensors_bytes(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}})", ""));
-  EXPECT_CONTAINS(e10, p10 + ": tensor \"w\": \"shape\" [-1] has an entry that is not a non-negative integer");
+  auto [p10, e10] = open_error(
+      "negative",
+      safetensors_bytes(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}})", ""));
+  EXPECT_CONTAINS(
+      e10, p10 + ": tensor \"w\": \"shape\" [-1] has an entry that is not a non-negative integer");
 
   auto [p11, e11] = open_error("metadata", safetensors_bytes(R"({"__metadata__":{"k":1}})", ""));
   EXPECT_CONTAINS(e11, p11 + ": metadata \"k\" is not a string");
@@ -260,7 +274,8 @@ TEST_F(CheckpointIoTest, AtomicWriteReplacesTheFile) {
     EXPECT_EQ(out.bytes_written(), 6u);
   });
   EXPECT_EQ(read_bytes(p), "second");
-  EXPECT_EQ(directory_entries(), std::vector<std::string>{"state.bin"}) << "no temporary file is left";
+  EXPECT_EQ(directory_entries(), std::vector<std::string>{"state.bin"})
+      << "no temporary file is left";
 }
 
 TEST_F(CheckpointIoTest, FailedAtomicWriteLeavesTheOldFile) {
@@ -288,7 +303,8 @@ TEST_F(CheckpointIoTest, FailedAtomicWriteLeavesTheOldFile) {
   EXPECT_CONTAINS(error_of([&] { write_file_atomically(nowhere, "x"); }),
                   nowhere + ": cannot create a temporary file in " + path("no_such_dir"));
   std::filesystem::create_directory(path("a_dir"));
-  EXPECT_CONTAINS(error_of([&] { write_file_atomically(path("a_dir"), "x"); }), path("a_dir") + ": is a directory");
+  EXPECT_CONTAINS(error_of([&] { write_file_atomically(path("a_dir"), "x"); }),
+                  path("a_dir") + ": is a directory");
 
   // The safetensors writer goes through the same path.
   float x[2] = {1, 2};
@@ -303,8 +319,10 @@ TEST_F(CheckpointIoTest, AtomicWriteIntoReadOnlyDirectoryFails) {
   const std::string ro = path("readonly");
   create_directories(ro);
   write_file_atomically(ro + "/f", "old");
-  std::filesystem::permissions(ro, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
-  EXPECT_CONTAINS(error_of([&] { write_file_atomically(ro + "/f", "new"); }), ro + "/f: cannot create a temporary file");
+  std::filesystem::permissions(
+      ro, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+  EXPECT_CONTAINS(error_of([&] { write_file_atomically(ro + "/f", "new"); }),
+                  ro + "/f: cannot create a temporary file");
   std::filesystem::permissions(ro, std::filesystem::perms::owner_all);
   EXPECT_EQ(read_bytes(ro + "/f"), "old");
 }
@@ -315,8 +333,10 @@ TEST_F(CheckpointIoTest, CreateDirectories) {
   EXPECT_TRUE(std::filesystem::is_directory(nested));
   create_directories(nested);  // existing is fine
   write_bytes("file", "x");
-  EXPECT_CONTAINS(error_of([&] { create_directories(path("file/sub")); }), path("file/sub") + ": cannot create directory");
-  EXPECT_CONTAINS(error_of([&] { create_directories(path("file")); }), path("file") + ": cannot create directory");
+  EXPECT_CONTAINS(error_of([&] { create_directories(path("file/sub")); }),
+                  path("file/sub") + ": cannot create directory");
+  EXPECT_CONTAINS(error_of([&] { create_directories(path("file")); }),
+                  path("file") + ": cannot create directory");
 }
 
 // ---- config.json ------------------------------------------------------------------------------
@@ -392,13 +412,16 @@ TEST_F(CheckpointIoTest, ConfigJsonErrorsNameSourceAndField) {
                   "c.json: field \"rope_theta\" must be a number, got null");
   nlohmann::json type = good;
   type["model_type"] = "llama";
-  EXPECT_CONTAINS(error_of([&] { model_config_from_json(type, "c.json"); }), "c.json: field \"model_type\"");
+  EXPECT_CONTAINS(error_of([&] { model_config_from_json(type, "c.json"); }),
+                  "c.json: field \"model_type\"");
   nlohmann::json tied = good;
   tied["tie_word_embeddings"] = true;
-  EXPECT_CONTAINS(error_of([&] { model_config_from_json(tied, "c.json"); }), "\"tie_word_embeddings\" is true");
+  EXPECT_CONTAINS(error_of([&] { model_config_from_json(tied, "c.json"); }),
+                  "\"tie_word_embeddings\" is true");
   nlohmann::json window = good;
   window["sliding_window"] = 16;
-  EXPECT_CONTAINS(error_of([&] { model_config_from_json(window, "c.json"); }), "\"sliding_window\" is 16");
+  EXPECT_CONTAINS(error_of([&] { model_config_from_json(window, "c.json"); }),
+                  "\"sliding_window\" is 16");
   EXPECT_CONTAINS(error_of([&] { model_config_from_json(nlohmann::json::array(), "c.json"); }),
                   "c.json: expected a JSON object");
   const std::string bad = write_bytes("bad.json", "{not json");

@@ -4,9 +4,9 @@
 // whose message must name the file and the position.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
 #include "tests/expect_contains.h"
 #include "tests/temp_dir.h"
-#include <stdlib.h>
 
 #include <cstdint>
 #include <cstring>
@@ -158,7 +158,10 @@ TEST(CopyTask, RestoreRejectsForeignOrDamagedState) {
   std::vector<uint8_t> good = loader.state();
   std::vector<uint8_t> short_state(good.begin(), good.end() - 1);
   EXPECT_CONTAINS(error_of([&] { loader.restore(short_state); }), "bytes");
-  EXPECT_CONTAINS(error_of([&] { loader.restore(std::vector<uint8_t>{1, 2, 3}); }), "not a moepeak data-loader state");
+  EXPECT_CONTAINS(error_of([&] {
+                    loader.restore(std::vector<uint8_t>{1, 2, 3});
+                  }),
+                  "not a moepeak data-loader state");
   const uint64_t fields[] = {0, 100};
   std::vector<uint8_t> bin_state = encode_loader_state(LoaderKind::bin, fields);
   EXPECT_CONTAINS(error_of([&] { loader.restore(bin_state); }), "saved by a 'bin' loader");
@@ -183,14 +186,14 @@ TEST(MakeDataLoader, DefaultIsTheCopyTask) {
 
 class TokenFileTest : public ::testing::Test {
  protected:
-
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   // Writes raw bytes: the file is exactly the concatenation of the parts.
   std::string write_bytes(const std::string& name, const std::vector<uint8_t>& bytes) {
     std::string p = path(name);
     std::ofstream out(p, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
     return p;
   }
 
@@ -204,8 +207,8 @@ class TokenFileTest : public ::testing::Test {
 
   // llm.c's layout: int32 header[256] = {magic, version, token count, 0...}, then the tokens.
   template <typename T>
-  std::string write_llmc(const std::string& name, const std::vector<int64_t>& tokens,
-                         int32_t magic, int32_t version, int32_t count) {
+  std::string write_llmc(const std::string& name, const std::vector<int64_t>& tokens, int32_t magic,
+                         int32_t version, int32_t count) {
     std::vector<uint8_t> bytes;
     append<int32_t>(bytes, magic);
     append<int32_t>(bytes, version);
@@ -314,14 +317,16 @@ class TokenFileTest : public ::testing::Test {
 TEST_F(TokenFileTest, HeaderlessUint16WindowsAndWrap) {
   std::vector<int64_t> tokens = iota_tokens(50);
   std::string p = write_headerless<uint16_t>("train.bin", tokens);
-  auto loader = make_data_loader(training(DatasetKind::bin, p, TokenDtype::uint16, 2, 8), model(100), 0);
+  auto loader =
+      make_data_loader(training(DatasetKind::bin, p, TokenDtype::uint16, 2, 8), model(100), 0);
   // Step 0, row 0 by hand: inputs 0..7, labels 1..8; row 1 starts at 8.
   Batch b0 = next(*loader);
   EXPECT_EQ(std::vector<int64_t>(b0.inputs.begin(), b0.inputs.begin() + 8), iota_tokens(8));
   EXPECT_EQ(std::vector<int64_t>(b0.labels.begin(), b0.labels.begin() + 8), iota_tokens(8, 1));
   EXPECT_EQ(b0.inputs[8], 8);
   // 16 tokens per step over 50: steps 3, 6, ... run past the end and continue at the start.
-  auto again = make_data_loader(training(DatasetKind::bin, p, TokenDtype::uint16, 2, 8), model(100), 0);
+  auto again =
+      make_data_loader(training(DatasetKind::bin, p, TokenDtype::uint16, 2, 8), model(100), 0);
   expect_windows(*again, tokens, 12);
   EXPECT_CONTAINS(loader->describe(), "50 tokens");
 }
@@ -329,20 +334,23 @@ TEST_F(TokenFileTest, HeaderlessUint16WindowsAndWrap) {
 TEST_F(TokenFileTest, HeaderlessUint32) {
   std::vector<int64_t> tokens = iota_tokens(40, 70000);
   std::string p = write_headerless<uint32_t>("big.bin", tokens);
-  auto loader = make_data_loader(training(DatasetKind::bin, p, TokenDtype::uint32, 3, 5), model(80000), 0);
+  auto loader =
+      make_data_loader(training(DatasetKind::bin, p, TokenDtype::uint32, 3, 5), model(80000), 0);
   expect_windows(*loader, tokens, 10);
 }
 
 TEST_F(TokenFileTest, LlmcHeaderGpt2AndLlama3) {
   std::vector<int64_t> tokens = iota_tokens(33, 1);
   std::string p16 = write_llmc<uint16_t>("gpt2.bin", tokens, 20240520, 1, 33);
-  auto l16 = make_data_loader(training(DatasetKind::bin, p16, TokenDtype::llmc, 2, 4), model(50257), 0);
+  auto l16 =
+      make_data_loader(training(DatasetKind::bin, p16, TokenDtype::llmc, 2, 4), model(50257), 0);
   expect_windows(*l16, tokens, 9);
   EXPECT_CONTAINS(l16->describe(), "gpt-2");
 
   std::vector<int64_t> big = iota_tokens(21, 100000);
   std::string p32 = write_llmc<uint32_t>("llama.bin", big, 20240801, 7, 21);
-  auto l32 = make_data_loader(training(DatasetKind::bin, p32, TokenDtype::llmc, 1, 20), model(128256), 0);
+  auto l32 =
+      make_data_loader(training(DatasetKind::bin, p32, TokenDtype::llmc, 1, 20), model(128256), 0);
   expect_windows(*l32, big, 5);
 }
 
@@ -368,10 +376,14 @@ TEST_F(TokenFileTest, StateRestoreResumesExactly) {
 
   // A state for another dataset, a cursor past the end, or a copy-task state are refused.
   std::string other = write_headerless<uint16_t>("other.bin", iota_tokens(40));
-  auto other_loader = make_data_loader(training(DatasetKind::bin, other, TokenDtype::uint16, 2, 6), model(64), 0);
-  EXPECT_CONTAINS(error_of([&] { other_loader->restore(saved); }), "saved for a dataset of 37 tokens, but " + other + " has 40");
+  auto other_loader =
+      make_data_loader(training(DatasetKind::bin, other, TokenDtype::uint16, 2, 6), model(64), 0);
+  EXPECT_CONTAINS(error_of([&] { other_loader->restore(saved); }),
+                  "saved for a dataset of 37 tokens, but " + other + " has 40");
   const uint64_t past_end[] = {37, 37};
-  EXPECT_CONTAINS(error_of([&] { resumed->restore(encode_loader_state(LoaderKind::bin, past_end)); }), "token offset 37 is past the end");
+  EXPECT_CONTAINS(
+      error_of([&] { resumed->restore(encode_loader_state(LoaderKind::bin, past_end)); }),
+      "token offset 37 is past the end");
   CopyTaskLoader copy(1, 4, 10, 0);
   EXPECT_CONTAINS(error_of([&] { resumed->restore(copy.state()); }), "saved by a 'copy' loader");
 }
@@ -384,8 +396,8 @@ TEST_F(TokenFileTest, MegatronUint16AllPathSpellings) {
   std::string prefix = write_megatron<uint16_t>("corpus_text_document", idx, tokens);
   for (const std::string& spelling : {prefix, prefix + ".bin", prefix + ".idx"}) {
     SCOPED_TRACE(spelling);
-    auto loader = make_data_loader(training(DatasetKind::megatron, spelling, TokenDtype::uint16, 2, 8),
-                                   model(100), 0);
+    auto loader = make_data_loader(
+        training(DatasetKind::megatron, spelling, TokenDtype::uint16, 2, 8), model(100), 0);
     expect_windows(*loader, tokens, 7);
     EXPECT_CONTAINS(loader->describe(), "3 documents");
   }
@@ -403,12 +415,15 @@ TEST_F(TokenFileTest, MegatronFollowsIndexOrderNotFileOrder) {
   std::string prefix = write_megatron<int32_t>("shuffled", idx, bin);
   std::vector<int64_t> stream = iota_tokens(6, 100);
   for (int64_t v : iota_tokens(10)) stream.push_back(v);
-  auto loader = make_data_loader(training(DatasetKind::megatron, prefix, TokenDtype::uint16, 1, 5), model(200), 0);
+  auto loader = make_data_loader(training(DatasetKind::megatron, prefix, TokenDtype::uint16, 1, 5),
+                                 model(200), 0);
   expect_windows(*loader, stream, 8);
 
-  auto resumed = make_data_loader(training(DatasetKind::megatron, prefix, TokenDtype::uint16, 1, 5), model(200), 0);
+  auto resumed = make_data_loader(training(DatasetKind::megatron, prefix, TokenDtype::uint16, 1, 5),
+                                  model(200), 0);
   for (int i = 0; i < 3; ++i) next(*resumed);
-  auto fresh = make_data_loader(training(DatasetKind::megatron, prefix, TokenDtype::uint16, 1, 5), model(200), 0);
+  auto fresh = make_data_loader(training(DatasetKind::megatron, prefix, TokenDtype::uint16, 1, 5),
+                                model(200), 0);
   fresh->restore(resumed->state());
   EXPECT_EQ(next(*fresh), next(*resumed));
 }
@@ -417,72 +432,101 @@ TEST_F(TokenFileTest, MegatronFollowsIndexOrderNotFileOrder) {
 
 TEST_F(TokenFileTest, MissingFiles) {
   std::string missing = path("nope.bin");
-  EXPECT_CONTAINS(error_of([&] { open_token_bin(missing, TokenDtype::uint16); }), missing + ": cannot open: No such file or directory");
-  EXPECT_CONTAINS(error_of([&] { open_megatron_dataset(path("nope")); }), path("nope.idx") + ": cannot open");
+  EXPECT_CONTAINS(error_of([&] { open_token_bin(missing, TokenDtype::uint16); }),
+                  missing + ": cannot open: No such file or directory");
+  EXPECT_CONTAINS(error_of([&] { open_megatron_dataset(path("nope")); }),
+                  path("nope.idx") + ": cannot open");
   write_bytes("only_idx.idx", megatron_idx_bytes(contiguous_index({4}, 2)));
-  EXPECT_CONTAINS(error_of([&] { open_megatron_dataset(path("only_idx")); }), path("only_idx.bin") + ": cannot open");
+  EXPECT_CONTAINS(error_of([&] { open_megatron_dataset(path("only_idx")); }),
+                  path("only_idx.bin") + ": cannot open");
   TrainingConfig t = training(DatasetKind::bin, "", TokenDtype::uint16, 1, 4);
-  EXPECT_CONTAINS(error_of([&] { make_data_loader(t, model(10), 0); }), "training.dataset_path is required when training.dataset is bin");
+  EXPECT_CONTAINS(error_of([&] { make_data_loader(t, model(10), 0); }),
+                  "training.dataset_path is required when training.dataset is bin");
 }
 
 TEST_F(TokenFileTest, HeaderlessSizeNotWholeTokens) {
   std::string p = write_bytes("odd.bin", std::vector<uint8_t>(101, 1));
-  EXPECT_CONTAINS(error_of([&] { open_token_bin(p, TokenDtype::uint16); }), p + ": size 101 bytes is not a whole number of uint16 tokens (2 bytes each)");
+  EXPECT_CONTAINS(error_of([&] { open_token_bin(p, TokenDtype::uint16); }),
+                  p + ": size 101 bytes is not a whole number of uint16 tokens (2 bytes each)");
   std::string q = write_bytes("odd32.bin", std::vector<uint8_t>(102, 1));
   EXPECT_CONTAINS(error_of([&] { open_token_bin(q, TokenDtype::uint32); }), "uint32 tokens");
 }
 
 TEST_F(TokenFileTest, LlmcHeaderErrors) {
   std::string truncated = write_bytes("short.bin", std::vector<uint8_t>(100, 0));
-  EXPECT_CONTAINS(error_of([&] { open_token_bin(truncated, TokenDtype::llmc); }), truncated + ": truncated llm.c header: the file has 100 bytes");
+  EXPECT_CONTAINS(error_of([&] { open_token_bin(truncated, TokenDtype::llmc); }),
+                  truncated + ": truncated llm.c header: the file has 100 bytes");
   std::string magic = write_llmc<uint16_t>("magic.bin", iota_tokens(10), 12345, 1, 10);
-  EXPECT_CONTAINS(error_of([&] { open_token_bin(magic, TokenDtype::llmc); }), magic + ": bad llm.c magic 12345 at byte 0");
+  EXPECT_CONTAINS(error_of([&] { open_token_bin(magic, TokenDtype::llmc); }),
+                  magic + ": bad llm.c magic 12345 at byte 0");
   std::string version = write_llmc<uint16_t>("version.bin", iota_tokens(10), 20240520, 3, 10);
-  EXPECT_CONTAINS(error_of([&] { open_token_bin(version, TokenDtype::llmc); }), version + ": unsupported llm.c version 3");
+  EXPECT_CONTAINS(error_of([&] { open_token_bin(version, TokenDtype::llmc); }),
+                  version + ": unsupported llm.c version 3");
   std::string count = write_llmc<uint16_t>("count.bin", iota_tokens(10), 20240520, 1, 11);
-  EXPECT_CONTAINS(error_of([&] { open_token_bin(count, TokenDtype::llmc); }), count + ": the header says 11 tokens (22 bytes after the 1024-byte header) "
-                                "but the file has 20 bytes after the header");
+  EXPECT_CONTAINS(error_of([&] { open_token_bin(count, TokenDtype::llmc); }),
+                  count +
+                      ": the header says 11 tokens (22 bytes after the 1024-byte header) "
+                      "but the file has 20 bytes after the header");
   std::vector<uint8_t> ragged;
   append<int32_t>(ragged, 20240520);
   append<int32_t>(ragged, 1);
   append<int32_t>(ragged, 1);
   ragged.resize(1024 + 3, 0);
   std::string odd = write_bytes("ragged.bin", ragged);
-  EXPECT_CONTAINS(error_of([&] { open_token_bin(odd, TokenDtype::llmc); }), odd + ": 3 bytes after the 1024-byte header are not a whole number of uint16 tokens");
+  EXPECT_CONTAINS(
+      error_of([&] { open_token_bin(odd, TokenDtype::llmc); }),
+      odd + ": 3 bytes after the 1024-byte header are not a whole number of uint16 tokens");
 }
 
 TEST_F(TokenFileTest, TooFewTokens) {
   std::string p = write_headerless<uint16_t>("tiny.bin", iota_tokens(8));
   auto t = training(DatasetKind::bin, p, TokenDtype::uint16, 1, 8);
-  EXPECT_CONTAINS(error_of([&] { make_data_loader(t, model(100), 0); }), p + ": 8 tokens, fewer than training.seq_len + 1 = 9");
+  EXPECT_CONTAINS(error_of([&] { make_data_loader(t, model(100), 0); }),
+                  p + ": 8 tokens, fewer than training.seq_len + 1 = 9");
   t.seq_len = 7;  // exactly T + 1 tokens is enough
   EXPECT_NO_THROW(make_data_loader(t, model(100), 0));
   std::string empty = write_bytes("empty.bin", {});
-  EXPECT_CONTAINS(error_of([&] { make_data_loader(training(DatasetKind::bin, empty, TokenDtype::uint16, 1, 4), model(100), 0); }), empty + ": 0 tokens");
+  EXPECT_CONTAINS(error_of([&] {
+                    make_data_loader(training(DatasetKind::bin, empty, TokenDtype::uint16, 1, 4),
+                                     model(100), 0);
+                  }),
+                  empty + ": 0 tokens");
 }
 
 TEST_F(TokenFileTest, TokenIdOutOfVocabularyNamesFileOffsetAndByte) {
   std::vector<int64_t> tokens = iota_tokens(20);
   tokens[3] = 70000;
   std::string p = write_headerless<uint32_t>("train.bin", tokens);
-  EXPECT_EQ(error_of([&] { make_data_loader(training(DatasetKind::bin, p, TokenDtype::uint32, 1, 4), model(50257), 0); }),
+  EXPECT_EQ(error_of([&] {
+              make_data_loader(training(DatasetKind::bin, p, TokenDtype::uint32, 1, 4),
+                               model(50257), 0);
+            }),
             p + ": token 70000 at offset 3 (byte 12) is >= model.vocab_size 50257");
 
   std::vector<int64_t> small = iota_tokens(20);
   small[17] = 300;
   std::string q = write_llmc<uint16_t>("llmc.bin", small, 20240520, 1, 20);
-  EXPECT_EQ(error_of([&] { make_data_loader(training(DatasetKind::bin, q, TokenDtype::llmc, 1, 4), model(256), 0); }),
+  EXPECT_EQ(error_of([&] {
+              make_data_loader(training(DatasetKind::bin, q, TokenDtype::llmc, 1, 4), model(256),
+                               0);
+            }),
             q + ": token 300 at offset 17 (byte 1058) is >= model.vocab_size 256");
 
   // Megatron: offsets count tokens of the .bin; a negative id in an int32 dataset.
   std::vector<int64_t> m = iota_tokens(12);
   m[9] = -5;
-  std::string prefix = write_megatron<int32_t>("neg", [] {
-    MegatronIndex idx = contiguous_index({4, 8}, 4);
-    idx.dtype_code = 4;
-    return idx;
-  }(), m);
-  EXPECT_EQ(error_of([&] { make_data_loader(training(DatasetKind::megatron, prefix, TokenDtype::uint16, 1, 4), model(256), 0); }),
+  std::string prefix = write_megatron<int32_t>(
+      "neg",
+      [] {
+        MegatronIndex idx = contiguous_index({4, 8}, 4);
+        idx.dtype_code = 4;
+        return idx;
+      }(),
+      m);
+  EXPECT_EQ(error_of([&] {
+              make_data_loader(training(DatasetKind::megatron, prefix, TokenDtype::uint16, 1, 4),
+                               model(256), 0);
+            }),
             prefix + ".bin: token -5 at offset 9 (byte 36) is negative");
 }
 
@@ -498,7 +542,8 @@ TEST_F(TokenFileTest, MegatronIndexErrors) {
   std::vector<uint8_t> bytes = megatron_idx_bytes(good);
 
   std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + 20);
-  EXPECT_CONTAINS(open_with("cut", cut), path("cut.idx") + ": truncated index header: the file has 20 bytes");
+  EXPECT_CONTAINS(open_with("cut", cut),
+                  path("cut.idx") + ": truncated index header: the file has 20 bytes");
 
   std::vector<uint8_t> magic = bytes;
   magic[0] = 'X';
@@ -506,33 +551,43 @@ TEST_F(TokenFileTest, MegatronIndexErrors) {
 
   MegatronIndex v2 = good;
   v2.version = 2;
-  EXPECT_CONTAINS(open_with("version", megatron_idx_bytes(v2)), path("version.idx") + ": unsupported index version 2 (byte 9");
+  EXPECT_CONTAINS(open_with("version", megatron_idx_bytes(v2)),
+                  path("version.idx") + ": unsupported index version 2 (byte 9");
 
   MegatronIndex f32 = good;
   f32.dtype_code = 7;
-  EXPECT_CONTAINS(open_with("float", megatron_idx_bytes(f32)), path("float.idx") + ": dtype code 7");
+  EXPECT_CONTAINS(open_with("float", megatron_idx_bytes(f32)),
+                  path("float.idx") + ": dtype code 7");
   MegatronIndex unknown = good;
   unknown.dtype_code = 42;
-  EXPECT_CONTAINS(open_with("unknown", megatron_idx_bytes(unknown)), path("unknown.idx") + ": unknown dtype code 42");
+  EXPECT_CONTAINS(open_with("unknown", megatron_idx_bytes(unknown)),
+                  path("unknown.idx") + ": unknown dtype code 42");
 
   std::vector<uint8_t> short_arrays(bytes.begin(), bytes.end() - 4);
-  EXPECT_CONTAINS(open_with("arrays", short_arrays), path("arrays.idx") + ": truncated index: 2 sequences and 3 documents");
+  EXPECT_CONTAINS(open_with("arrays", short_arrays),
+                  path("arrays.idx") + ": truncated index: 2 sequences and 3 documents");
 
   MegatronIndex past = good;
   past.lengths[1] = 9;  // 4 + 9 tokens > the 12 in the .bin
-  EXPECT_CONTAINS(open_with("past", megatron_idx_bytes(past)), path("past.idx") + ": sequence 1 (9 tokens at byte 8) runs past the end of " + path("past.bin"));
+  EXPECT_CONTAINS(open_with("past", megatron_idx_bytes(past)),
+                  path("past.idx") + ": sequence 1 (9 tokens at byte 8) runs past the end of " +
+                      path("past.bin"));
 
   MegatronIndex docs = good;
   docs.documents = {0, 1};
-  EXPECT_CONTAINS(open_with("docs", megatron_idx_bytes(docs)), path("docs.idx") + ": the document index ends at 1, expected the sequence count 2");
+  EXPECT_CONTAINS(
+      open_with("docs", megatron_idx_bytes(docs)),
+      path("docs.idx") + ": the document index ends at 1, expected the sequence count 2");
 
   MegatronIndex pointer = good;
   pointer.pointers[1] = 7;
-  EXPECT_CONTAINS(open_with("pointer", megatron_idx_bytes(pointer)), path("pointer.idx") + ": sequence 1 has pointer 7");
+  EXPECT_CONTAINS(open_with("pointer", megatron_idx_bytes(pointer)),
+                  path("pointer.idx") + ": sequence 1 has pointer 7");
 
   write_bytes("ragged.idx", bytes);
   write_bytes("ragged.bin", std::vector<uint8_t>(25, 0));
-  EXPECT_CONTAINS(error_of([&] { open_megatron_dataset(path("ragged")); }), path("ragged.bin") + ": size 25 bytes is not a whole number of uint16 tokens");
+  EXPECT_CONTAINS(error_of([&] { open_megatron_dataset(path("ragged")); }),
+                  path("ragged.bin") + ": size 25 bytes is not a whole number of uint16 tokens");
 }
 
 }  // namespace

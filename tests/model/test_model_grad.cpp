@@ -41,7 +41,8 @@ struct ModelHarness {
     const int64_t N = B * T;
     ids = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "ids");
     labels = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
-    positions = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
+    positions =
+        OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
     for (int64_t n = 0; n < N; ++n) {
       ids.data_as<int64_t>()[n] = (n * 7 + 3) % 11;
       labels.data_as<int64_t>()[n] = n % 5 == 2 ? -100 : (n * 5 + 1) % 11;  // some not scored
@@ -93,8 +94,8 @@ TEST_P(ModelGradAux, EveryParameterMatchesFiniteDifferences) {
       const double err = testing::rel_err(grads[j], numeric, 1e-3 * max_grad);
       if (err > worst) {
         worst = err;
-        worst_name = p.name + "[" + std::to_string(j) + "] analytic " +
-                     std::to_string(grads[j]) + " numeric " + std::to_string(numeric);
+        worst_name = p.name + "[" + std::to_string(j) + "] analytic " + std::to_string(grads[j]) +
+                     " numeric " + std::to_string(numeric);
       }
     }
   }
@@ -132,7 +133,8 @@ TEST(ModelGrad, BoundariesLiveSetIsOneTensorPerLayerUnderCheckpointing) {
   model.forward_backward(h.batch(), h.scored);
   // Layer inputs 0..L-1 plus the final hidden state, each (N, H) f32, at most one extra layer
   // output alive while a layer is recomputed.
-  const uint64_t one = DeviceArena::footprint(static_cast<uint64_t>(h.B * h.T * cfg.hidden_size) * 4);
+  const uint64_t one =
+      DeviceArena::footprint(static_cast<uint64_t>(h.B * h.T * cfg.hidden_size) * 4);
   const uint64_t peak = h.backend->arena().stats().peak_per_set()[LiveSet::boundaries];
   EXPECT_GE(peak, (cfg.num_hidden_layers + 1) * one);
   EXPECT_LE(peak, (cfg.num_hidden_layers + 2) * one);

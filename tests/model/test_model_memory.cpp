@@ -36,7 +36,8 @@ TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
   const int64_t B = 3, T = 20, N = B * T;
   auto ids = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "ids");
   auto labels = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
-  auto positions = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
+  auto positions =
+      OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
   for (int64_t n = 0; n < N; ++n) {
     ids.data_as<int64_t>()[n] = (n * 13 + 5) % cfg.vocab_size;
     labels.data_as<int64_t>()[n] = (n * 7 + 1) % cfg.vocab_size;
@@ -52,11 +53,13 @@ TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
   const DType f32 = DType::f32;
   const int64_t params = model.params().layout().total_elements();
 
-  const int64_t layers_resident = GetParam() == CheckpointSchedule::none ? cfg.num_hidden_layers : 1;
+  const int64_t layers_resident =
+      GetParam() == CheckpointSchedule::none ? cfg.num_hidden_layers : 1;
   EXPECT_EQ(s.peak_per_set()[LiveSet::dispatch],
             schedules::dispatch_standard_bytes(N, cfg.num_experts_per_tok, cfg.hidden_size,
                                                cfg.intermediate_size, f32, layers_resident));
-  EXPECT_EQ(s.peak_per_set()[LiveSet::logits], schedules::vocab_materialized_bytes(N, cfg.vocab_size, f32));
+  EXPECT_EQ(s.peak_per_set()[LiveSet::logits],
+            schedules::vocab_materialized_bytes(N, cfg.vocab_size, f32));
   EXPECT_EQ(s.peak_per_set()[LiveSet::boundaries],
             schedules::boundaries_standard_bytes(cfg.num_hidden_layers, N, cfg.hidden_size, f32));
   EXPECT_EQ(s.peak_per_set()[LiveSet::optimizer], schedules::adamw_resident_bytes(params, f32));

@@ -64,9 +64,13 @@ struct Harness {
   int64_t B, T, N;
 
   Harness(const ModelShape& shape, uint64_t pinned_budget)
-      : cfg(model_config(shape.hidden)), backend(make_backend(pinned_budget)),
-        stream(backend->default_stream()), comm(make_comm(*backend, RankInfo{})),
-        B(shape.batch), T(shape.seq_len), N(shape.batch * shape.seq_len) {}
+      : cfg(model_config(shape.hidden)),
+        backend(make_backend(pinned_budget)),
+        stream(backend->default_stream()),
+        comm(make_comm(*backend, RankInfo{})),
+        B(shape.batch),
+        T(shape.seq_len),
+        N(shape.batch * shape.seq_len) {}
 
   static std::unique_ptr<Backend> make_backend(uint64_t pinned_budget) {
     BackendOptions o;
@@ -83,7 +87,8 @@ struct Harness {
     Batch b;
     b.ids = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "ids");
     b.labels = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
-    b.positions = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
+    b.positions =
+        OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
     std::mt19937_64 rng(seed);
     std::uniform_int_distribution<int64_t> token(0, cfg.vocab_size - 1);
     for (int64_t n = 0; n < N; ++n) {
@@ -100,7 +105,8 @@ struct Harness {
   }
 };
 
-SchedulesConfig schedules_with(CheckpointSchedule checkpoint, const std::string& host_budget = "auto") {
+SchedulesConfig schedules_with(CheckpointSchedule checkpoint,
+                               const std::string& host_budget = "auto") {
   SchedulesConfig s;
   s.checkpoint = checkpoint;
   s.sco_host_budget = host_budget;
@@ -147,7 +153,7 @@ void expect_bitwise_equal(const Steps& reference, const Steps& sco) {
   }
 }
 
-// ---- The sizing functions ------------------------------------------------------------------------
+// ---- The sizing functions -----------------------------------------------------------------------
 
 TEST(ScoBytes, OffloadSetIsTheLongestPrefixOfLayersThatFitsTheBudget) {
   const int64_t L = 6, N = 1536, H = 128;  // 768 KiB per boundary
@@ -173,7 +179,7 @@ TEST(ScoBytes, BoundariesBytesAreTwoPlusTheKeptLayers) {
   const uint64_t standard = schedules::boundaries_standard_bytes(L, N, H, f32);
   EXPECT_EQ(standard, (L + 1) * one);
   EXPECT_EQ(sco_boundaries_bytes(L, 0, N, H, f32), standard);  // nothing offloaded = standard
-  EXPECT_EQ(sco_boundaries_bytes(L, L, N, H, f32), 2 * one);    // every layer offloaded
+  EXPECT_EQ(sco_boundaries_bytes(L, L, N, H, f32), 2 * one);   // every layer offloaded
   EXPECT_EQ(sco_boundaries_bytes(L, L - 1, N, H, f32), 2 * one);
   EXPECT_EQ(sco_boundaries_bytes(L, 3, N, H, f32), (L - 3 + 1) * one);
   // Every layer offloaded: at most 2/L of standard (which also counts the final hidden state).
@@ -191,7 +197,7 @@ TEST(ScoBytes, AutoBudgetIsWhatThePinnedPoolCanStillGive) {
   EXPECT_EQ(schedules::sco_host_budget(std::nullopt, pool), 8 * MiB);
 }
 
-// ---- The model under SCO ---------------------------------------------------------------------------
+// ---- The model under SCO ------------------------------------------------------------------------
 
 struct BudgetCase {
   const char* name;
@@ -247,7 +253,8 @@ TEST_P(ScoModel, MeasuredPeaksEqualTheBounds) {
   EXPECT_EQ(sco.device.peak_per_set()[LiveSet::boundaries],
             sco_boundaries_bytes(L, c.offloaded, h.N, H, f32));
   if (c.offloaded == L) {
-    EXPECT_EQ(sco.device.peak_per_set()[LiveSet::boundaries], 2 * DeviceArena::footprint(h.N * H * 4));
+    EXPECT_EQ(sco.device.peak_per_set()[LiveSet::boundaries],
+              2 * DeviceArena::footprint(h.N * H * 4));
   }
   // Host: one pinned block for S, in the pool's `boundaries` set.
   EXPECT_EQ(sco.host.peak_per_set()[LiveSet::boundaries], sco_host_bytes(c.offloaded, h.N, H, f32));
@@ -266,7 +273,7 @@ TEST_P(ScoModel, MeasuredPeaksEqualTheBounds) {
 INSTANTIATE_TEST_SUITE_P(HostBudgets, ScoModel, ::testing::ValuesIn(kBudgetCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
-// ---- Races: a slowed stream must not change a bit --------------------------------------------------
+// ---- Races: a slowed stream must not change a bit -----------------------------------------------
 
 enum class Slowed { copy_stream, compute_stream };
 
@@ -282,22 +289,25 @@ TEST_P(ScoRace, SlowedStreamStillGivesBitwiseEqualResults) {
   Harness h(kSmall, 64 * MiB);
   const Steps standard = run_steps(h, schedules_with(CheckpointSchedule::standard), 2);
   const bool slow_copy = GetParam() == Slowed::copy_stream;
-  const Steps sco = run_steps(h, schedules_with(CheckpointSchedule::sco, "16GiB"), 2, [&](MixtralModel& m) {
-    auto& sco_boundaries = dynamic_cast<schedules::ScoBoundaries&>(m.boundaries());
-    Stream& slowed = slow_copy ? sco_boundaries.copy_stream() : h.stream;
-    as_cpu_stream(slowed).set_debug_delay(std::chrono::microseconds(slow_copy ? 20000 : 1000));
-  });
+  const Steps sco =
+      run_steps(h, schedules_with(CheckpointSchedule::sco, "16GiB"), 2, [&](MixtralModel& m) {
+        auto& sco_boundaries = dynamic_cast<schedules::ScoBoundaries&>(m.boundaries());
+        Stream& slowed = slow_copy ? sco_boundaries.copy_stream() : h.stream;
+        as_cpu_stream(slowed).set_debug_delay(std::chrono::microseconds(slow_copy ? 20000 : 1000));
+      });
   as_cpu_stream(h.stream).set_debug_delay(std::chrono::microseconds(0));
   EXPECT_EQ(sco.offloaded, h.cfg.num_hidden_layers);
   expect_bitwise_equal(standard, sco);
 }
 
-INSTANTIATE_TEST_SUITE_P(Streams, ScoRace, ::testing::Values(Slowed::copy_stream, Slowed::compute_stream),
+INSTANTIATE_TEST_SUITE_P(Streams, ScoRace,
+                         ::testing::Values(Slowed::copy_stream, Slowed::compute_stream),
                          [](const auto& info) {
-                           return std::string(info.param == Slowed::copy_stream ? "copy" : "compute");
+                           return std::string(info.param == Slowed::copy_stream ? "copy"
+                                                                                : "compute");
                          });
 
-// ---- Evaluation and errors -------------------------------------------------------------------------
+// ---- Evaluation and errors ----------------------------------------------------------------------
 
 TEST(ScoModelEval, ForwardLossOffloadsNothingAndEqualsStandard) {
   Harness h(kWide, 64 * MiB);

@@ -31,9 +31,10 @@ using test_support::TempDir;
 
 // A small, quick copy task: vocab 32, 16 sequences of 32 tokens.
 Config quick_config(const fs::path& run_dir, int64_t steps) {
-  return load_config({}, {"job.run_dir=" + run_dir.string(), "training.steps=" + std::to_string(steps),
-                          "training.seq_len=32", "training.batch_size=16", "model.vocab_size=32",
-                          "metrics.progress=\"off\"", "runtime.log_level=\"warn\""});
+  return load_config({},
+                     {"job.run_dir=" + run_dir.string(), "training.steps=" + std::to_string(steps),
+                      "training.seq_len=32", "training.batch_size=16", "model.vocab_size=32",
+                      "metrics.progress=\"off\"", "runtime.log_level=\"warn\""});
 }
 
 TEST(Train, LearnsTheCopyTask) {
@@ -50,7 +51,8 @@ TEST(Train, LearnsTheCopyTask) {
     auto j = nlohmann::json::parse(line);
     ++lines;
     EXPECT_EQ(j["step"].get<int64_t>(), lines);
-    for (const char* key : {"loss", "grad_norm", "lr", "tokens_per_s", "tflops", "mfu", "peak_bytes"}) {
+    for (const char* key :
+         {"loss", "grad_norm", "lr", "tokens_per_s", "tflops", "mfu", "peak_bytes"}) {
       EXPECT_TRUE(j.contains(key)) << key;
     }
     EXPECT_GT(j["peak_bytes"]["total"].get<uint64_t>(), 0u);
@@ -104,7 +106,8 @@ TEST(Train, ResumeContinuesBitForBit) {
   TrainResult resumed = train(resumed_cfg, options);
   ASSERT_EQ(resumed.first_step, 5);
   ASSERT_EQ(resumed.losses.size(), 4u);
-  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], full.losses[4 + i]) << "step " << 5 + i;
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(resumed.losses[i], full.losses[4 + i]) << "step " << 5 + i;
 
   // --resume picks the latest checkpoint of the run itself; at step 8 there is nothing left to do.
   TrainOptions latest;
@@ -201,7 +204,6 @@ TEST(Train, StepDumpHasWeightsBatchLossAndGrads) {
   EXPECT_EQ(config["num_local_experts"], cfg.model.num_local_experts);
 }
 
-
 // ---- optimizer.placement: the offload placements against resident --------------------------
 
 Config placement_config(const fs::path& run_dir, int64_t steps, OptimizerPlacement placement) {
@@ -240,10 +242,13 @@ TEST_P(TrainPlacement, LossesWeightsAndMomentsAreBitwiseResident) {
   EXPECT_EQ(r.losses, resident.losses);  // exact
   const fs::path a = fs::path(resident.run_dir) / "checkpoints" / checkpoint_dir_name(8);
   const fs::path b = fs::path(r.run_dir) / "checkpoints" / checkpoint_dir_name(8);
-  EXPECT_TRUE(read_all(a / "model.safetensors") == read_all(b / "model.safetensors")) << "weights differ";
+  EXPECT_TRUE(read_all(a / "model.safetensors") == read_all(b / "model.safetensors"))
+      << "weights differ";
   EXPECT_TRUE(read_all(a / "optimizer.safetensors") == read_all(b / "optimizer.safetensors"))
       << "m or v differ";
-  EXPECT_EQ(SafetensorsFile::open((b / "optimizer.safetensors").string()).metadata().at("optimizer_placement"),
+  EXPECT_EQ(SafetensorsFile::open((b / "optimizer.safetensors").string())
+                .metadata()
+                .at("optimizer_placement"),
             enum_name(GetParam()));
 }
 
@@ -263,7 +268,8 @@ TEST_P(TrainPlacement, ResumeContinuesBitForBit) {
   TrainResult resumed = train(resumed_cfg, options);
   ASSERT_EQ(resumed.first_step, 5);
   ASSERT_EQ(resumed.losses.size(), 4u);
-  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], full.losses[4 + i]) << "step " << 5 + i;
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(resumed.losses[i], full.losses[4 + i]) << "step " << 5 + i;
   // A checkpoint is placement-independent: resident resumes this one bit for bit too.
   Config other = resumed_cfg;
   other.job.name = "resumed-resident";

@@ -71,11 +71,20 @@ class OpEnv {
     std::vector<double> out(static_cast<size_t>(t.numel()));
     for (size_t i = 0; i < out.size(); ++i) {
       switch (t.dtype()) {
-        case DType::f32: out[i] = t.data_as<float>()[i]; break;
-        case DType::f64: out[i] = t.data_as<double>()[i]; break;
-        case DType::i32: out[i] = t.data_as<int32_t>()[i]; break;
-        case DType::i64: out[i] = static_cast<double>(t.data_as<int64_t>()[i]); break;
-        default: ADD_FAILURE() << "read: unsupported dtype " << t.str();
+        case DType::f32:
+          out[i] = t.data_as<float>()[i];
+          break;
+        case DType::f64:
+          out[i] = t.data_as<double>()[i];
+          break;
+        case DType::i32:
+          out[i] = t.data_as<int32_t>()[i];
+          break;
+        case DType::i64:
+          out[i] = static_cast<double>(t.data_as<int64_t>()[i]);
+          break;
+        default:
+          ADD_FAILURE() << "read: unsupported dtype " << t.str();
       }
     }
     return out;

@@ -70,11 +70,10 @@ class AttentionTest : public ::testing::Test {
     auto make = [&](Shape shape, const char* name) {
       return OwnedTensor::device(*backend_, shape, dtype, LiveSet::workspace, name);
     };
-    return AttentionTensors{make(dims.q_shape(), "q"),     make(dims.kv_shape(), "k"),
-                            make(dims.kv_shape(), "v"),    make(dims.q_shape(), "out"),
-                            make(dims.lse_shape(), "lse"), make(dims.q_shape(), "dout"),
-                            make(dims.q_shape(), "dq"),    make(dims.kv_shape(), "dk"),
-                            make(dims.kv_shape(), "dv")};
+    return AttentionTensors{
+        make(dims.q_shape(), "q"),   make(dims.kv_shape(), "k"),    make(dims.kv_shape(), "v"),
+        make(dims.q_shape(), "out"), make(dims.lse_shape(), "lse"), make(dims.q_shape(), "dout"),
+        make(dims.q_shape(), "dq"),  make(dims.kv_shape(), "dk"),   make(dims.kv_shape(), "dv")};
   }
 
   // CPU "device" memory is host memory: written directly, read after synchronising.
@@ -120,8 +119,8 @@ class AttentionTest : public ::testing::Test {
     ops::fill(t.dq, kNaN, stream());
     ops::fill(t.dk, kNaN, stream());
     ops::fill(t.dv, kNaN, stream());
-    ops::detail::attention_backward_cpu_blocked(t.q, t.k, t.v, t.out, t.lse, t.dout,
-                                                dims.scale(), t.dq, t.dk, t.dv, blocks, stream());
+    ops::detail::attention_backward_cpu_blocked(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(),
+                                                t.dq, t.dk, t.dv, blocks, stream());
     stream().synchronize();
   }
 
@@ -155,7 +154,8 @@ Reference reference_forward(const Dims& dims, const Inputs& in) {
         double* orow = &ref.out[((b * T + t) * nh + h) * d];
         for (int64_t i = 0; i < d; ++i) {
           double acc = 0;
-          for (int64_t s = 0; s <= t; ++s) acc += probs[s] * in.v[((b * T + s) * nkv + h / group) * d + i];
+          for (int64_t s = 0; s <= t; ++s)
+            acc += probs[s] * in.v[((b * T + s) * nkv + h / group) * d + i];
           orow[i] = acc / sum;
         }
         ref.lse[(b * nh + h) * T + t] = row_max + std::log(sum);
@@ -164,8 +164,7 @@ Reference reference_forward(const Dims& dims, const Inputs& in) {
 }
 
 // Largest relative error; values under `floor` in magnitude are compared absolutely at floor.
-double max_rel_err(const std::vector<double>& got, const std::vector<double>& want,
-                   double floor) {
+double max_rel_err(const std::vector<double>& got, const std::vector<double>& want, double floor) {
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     if (std::isnan(got[i])) return std::numeric_limits<double>::infinity();
@@ -201,9 +200,9 @@ TEST_F(AttentionTest, ForwardMatchesMaterialisedSoftmax) {
         AttentionTensors t = allocate(dims, DType::f64);
         upload_inputs(t, in);
         for (ops::AttentionBlocks blocks : {ops::kAttentionBlocks, kSmallBlocks, kOddBlocks}) {
-          SCOPED_TRACE(::testing::Message() << "T=" << seq << " nkv=" << kv_heads << " d="
-                                          << head_dim << " blocks " << blocks.query_rows << "x"
-                                          << blocks.keys);
+          SCOPED_TRACE(::testing::Message()
+                       << "T=" << seq << " nkv=" << kv_heads << " d=" << head_dim << " blocks "
+                       << blocks.query_rows << "x" << blocks.keys);
           forward(t, dims, blocks);
           EXPECT_LT(max_rel_err(download(t.out), ref.out, 1e-3), 1e-12);
           EXPECT_LT(max_rel_err(download(t.lse), ref.lse, 1e-3), 1e-12);
@@ -238,8 +237,8 @@ TEST_F(AttentionTest, DefaultEntryPointsUseDefaultBlocks) {
   ops::fill(t.dq, kNaN, stream());
   ops::fill(t.dk, kNaN, stream());
   ops::attention_forward_cpu(t.q, t.k, t.v, dims.scale(), t.out, t.lse, stream());
-  ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(), t.dq, t.dk,
-                              t.dv, stream());
+  ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(), t.dq, t.dk, t.dv,
+                              stream());
   EXPECT_EQ(download(t.out), out);
   EXPECT_EQ(download(t.dq), dq);
   EXPECT_EQ(download(t.dk), dk);
@@ -374,10 +373,10 @@ TEST_F(AttentionTest, FutureKeysDoNotChangeEarlierOutputs) {
       for (int64_t b = 0; b < dims.batch; ++b)
         for (int64_t pos = 0; pos < dims.seq; ++pos) {
           const size_t first = static_cast<size_t>((b * dims.seq + pos) * q_row);
-          const bool same_out = std::equal(out.begin() + first, out.begin() + first + q_row,
-                                           out2.begin() + first);
-          const bool same_dq = std::equal(dq.begin() + first, dq.begin() + first + q_row,
-                                          dq2.begin() + first);
+          const bool same_out =
+              std::equal(out.begin() + first, out.begin() + first + q_row, out2.begin() + first);
+          const bool same_dq =
+              std::equal(dq.begin() + first, dq.begin() + first + q_row, dq2.begin() + first);
           EXPECT_EQ(same_out, pos < s) << "out b=" << b << " t=" << pos;
           EXPECT_EQ(same_dq, pos < s) << "dq b=" << b << " t=" << pos;
           for (int64_t h = 0; h < dims.heads; ++h) {
@@ -428,12 +427,12 @@ TEST_F(AttentionTest, BadArgumentsThrowAtTheCall) {
     }
   };
   // nh = 4 on nkv = 3 kv heads.
-  OwnedTensor k3 = OwnedTensor::device(*backend_, Shape{2, 5, 3, 8}, DType::f64,
-                                       LiveSet::workspace, "k3");
+  OwnedTensor k3 =
+      OwnedTensor::device(*backend_, Shape{2, 5, 3, 8}, DType::f64, LiveSet::workspace, "k3");
   forward_throws(t.q, k3, k3, t.out, t.lse, scale, "nkv = 3");
   // k with another sequence length, v unlike k, out unlike q, lse in (B, T, nh).
-  OwnedTensor k_short = OwnedTensor::device(*backend_, Shape{2, 4, 2, 8}, DType::f64,
-                                            LiveSet::workspace, "k_short");
+  OwnedTensor k_short =
+      OwnedTensor::device(*backend_, Shape{2, 4, 2, 8}, DType::f64, LiveSet::workspace, "k_short");
   forward_throws(t.q, k_short, t.v, t.out, t.lse, scale, "f64(2, 4, 2, 8)");
   forward_throws(t.q, t.k, t.q, t.out, t.lse, scale, "v must be (B, T, nkv, d)");
   forward_throws(t.q, t.k, t.v, t.dk, t.lse, scale, "out must be (B, T, nh, d)");
@@ -443,11 +442,11 @@ TEST_F(AttentionTest, BadArgumentsThrowAtTheCall) {
                  "q must be (B, T, nh, d)");
   forward_throws(t.q, t.k, t.v, t.out, t.lse, std::nan(""), "scale");
   // Mixed dtypes; an unsupported dtype.
-  OwnedTensor v32 = OwnedTensor::device(*backend_, dims.kv_shape(), DType::f32,
-                                        LiveSet::workspace, "v32");
+  OwnedTensor v32 =
+      OwnedTensor::device(*backend_, dims.kv_shape(), DType::f32, LiveSet::workspace, "v32");
   forward_throws(t.q, t.k, v32, t.out, t.lse, scale, "f32(2, 5, 2, 8)");
-  OwnedTensor q16 = OwnedTensor::device(*backend_, dims.q_shape(), DType::bf16,
-                                        LiveSet::workspace, "q16");
+  OwnedTensor q16 =
+      OwnedTensor::device(*backend_, dims.q_shape(), DType::bf16, LiveSet::workspace, "q16");
   forward_throws(q16, t.k, t.v, t.out, t.lse, scale, "bf16");
   // Backward: dk of the query shape.
   try {
@@ -455,8 +454,7 @@ TEST_F(AttentionTest, BadArgumentsThrowAtTheCall) {
                                 stream());
     ADD_FAILURE() << "no error for dk of the wrong shape";
   } catch (const Error& e) {
-    EXPECT_NE(e.message().find("attention_backward: dk must be (B, T, nkv, d)"),
-              std::string::npos)
+    EXPECT_NE(e.message().find("attention_backward: dk must be (B, T, nkv, d)"), std::string::npos)
         << e.message();
   }
   stream().synchronize();  // nothing was enqueued, nothing failed on the stream
@@ -482,13 +480,13 @@ TEST_F(AttentionTest, DISABLED_SpeedFloat32) {
     stream().synchronize();
     fwd = std::min(fwd, seconds(start));
     start = clock::now();
-    ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(), t.dq, t.dk,
-                                t.dv, stream());
+    ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(), t.dq, t.dk, t.dv,
+                                stream());
     stream().synchronize();
     bwd = std::min(bwd, seconds(start));
   }
-  const double fwd_flops = 2.0 * 2.0 * dims.batch * dims.heads * dims.seq * dims.seq *
-                           dims.head_dim / 2.0;
+  const double fwd_flops =
+      2.0 * 2.0 * dims.batch * dims.heads * dims.seq * dims.seq * dims.head_dim / 2.0;
   const double bwd_flops = 2.5 * fwd_flops;
 
   const int n = 2048;

@@ -438,9 +438,9 @@ TEST(Linear, ColumnBlockIsTheLinearOfThatBlockAndTouchesOnlyItsColumnsOfDw) {
     auto y_init = random_vector(kM * kN, 64);
     auto y_acc = env.input({kM, kN}, dtype, y_init);
     ops::linear_forward_cols_cpu(xt, wt, k0, y_acc, true, env.stream());
-    EXPECT_LT(max_scaled_err(env.read(y_acc), run_linear_forward(env, dtype, kM, x, w_block,
-                                                                 &y_init)),
-              tol);
+    EXPECT_LT(
+        max_scaled_err(env.read(y_acc), run_linear_forward(env, dtype, kM, x, w_block, &y_init)),
+        tol);
 
     auto dx = env.output({kM, kK}, dtype);
     auto dw = env.input({kN, kWide}, dtype, dw_seed);
@@ -462,8 +462,8 @@ TEST(Linear, ColumnBlockIsTheLinearOfThatBlockAndTouchesOnlyItsColumnsOfDw) {
     auto dx_init = random_vector(kM * kK, 65);
     auto dx_acc = env.input({kM, kK}, dtype, dx_init);
     ops::linear_backward_cols_cpu(xt, wt, k0, dyt, dx_acc, true, Tensor(), env.stream());
-    LinearGrads ref_acc = run_linear_backward(env, dtype, kM, x, w_block, dy, &dx_init,
-                                              dw_block_seed);
+    LinearGrads ref_acc =
+        run_linear_backward(env, dtype, kM, x, w_block, dy, &dx_init, dw_block_seed);
     EXPECT_LT(max_scaled_err(env.read(dx_acc), ref_acc.dx), tol);
     auto dw_only = env.input({kN, kWide}, dtype, dw_seed);
     ops::linear_backward_cols_cpu(xt, wt, k0, dyt, Tensor(), false, dw_only, env.stream());
@@ -536,7 +536,8 @@ TEST(Elementwise, ScaleSumSquaresAndCopy) {
     const int64_t c = (30 + parts - 1) / parts;
     for (int64_t p = 0; p < parts; ++p) {
       double want = 0;
-      for (int64_t i = p * c; i < std::min<int64_t>(30, (p + 1) * c); ++i) want += scaled[i] * scaled[i];
+      for (int64_t i = p * c; i < std::min<int64_t>(30, (p + 1) * c); ++i)
+        want += scaled[i] * scaled[i];
       EXPECT_EQ(got[p], 0.5 + want) << "part " << p << " of " << parts;
     }
   }

@@ -236,8 +236,7 @@ TEST(GroupedLinear, ForwardIsThePerGroupLoopBitwiseAndMatchesFloat64) {
         const auto grouped = run_forward(env, dtype, p, in, accumulate, true);
         const auto loop = run_forward(env, dtype, p, in, accumulate, false);
         expect_bitwise(grouped, loop, what);
-        EXPECT_LE(max_scaled_err(grouped, forward_reference(p, in, accumulate)),
-                  tolerance(dtype))
+        EXPECT_LE(max_scaled_err(grouped, forward_reference(p, in, accumulate)), tolerance(dtype))
             << what;
       }
     }
@@ -258,8 +257,7 @@ TEST(GroupedLinear, BackwardIsThePerGroupLoopBitwiseAndMatchesFloat64) {
           const Grads loop = run_backward(env, dtype, p, in, dx_mode, dw_mode, false);
           expect_bitwise(grouped.dx, loop.dx, what + ": dx");
           if (dx_mode != Dx::none) {
-            EXPECT_LE(max_scaled_err(grouped.dx,
-                                     dx_reference(p, in, dx_mode == Dx::accumulate)),
+            EXPECT_LE(max_scaled_err(grouped.dx, dx_reference(p, in, dx_mode == Dx::accumulate)),
                       tolerance(dtype))
                 << what << ": dx";
           } else {
@@ -319,9 +317,11 @@ TEST(GroupedLinear, RejectsBadArgumentsAtTheCall) {
   expect_error(forward_with({1, 3, 3, 8}), {fwd, "offsets[0]"});
   expect_error(forward_with({0, 5, 3, 8}), {fwd, "group 1", "must not decrease"});
   expect_error(forward_with({0, 3, 3, 7}), {fwd, "offsets[3] = 7", "rows of x"});
-  expect_error([&] {
-    ops::grouped_linear_forward(x, std::vector<Tensor>{}, std::vector<int64_t>{0}, y, false, s);
-  }, {fwd, "at least one group"});
+  expect_error(
+      [&] {
+        ops::grouped_linear_forward(x, std::vector<Tensor>{}, std::vector<int64_t>{0}, y, false, s);
+      },
+      {fwd, "at least one group"});
 
   // Weights: K, N, dtype of one group.
   auto w_bad_k = env.input({6, 5}, f, std::vector<double>(30, 1.0));
@@ -342,24 +342,28 @@ TEST(GroupedLinear, RejectsBadArgumentsAtTheCall) {
   auto dx_bad = env.output({8, 5}, f);
   expect_error([&] { ops::grouped_linear_backward(x, w, offsets, dy, dx_bad, false, dw, s); },
                {bwd, "dx"});
-  expect_error([&] {
-    ops::grouped_linear_backward(x, w, offsets, dy, dx, false, std::span(dw).first(2), s);
-  }, {bwd, "one per group (3), got 2"});
+  expect_error(
+      [&] {
+        ops::grouped_linear_backward(x, w, offsets, dy, dx, false, std::span(dw).first(2), s);
+      },
+      {bwd, "one per group (3), got 2"});
   std::vector<Tensor> dw_bad = dw;
   dw_bad[2] = w_bad_n;
   expect_error([&] { ops::grouped_linear_backward(x, w, offsets, dy, dx, false, dw_bad, s); },
                {bwd, "group 2", "dw"});
   // A CPU op rejects storage it has no loop for, even with every group empty.
-  auto x_bf16 = OwnedTensor::device(env.backend(), Shape{0, 4}, DType::bf16, LiveSet::workspace,
-                                    "bf16 x");
-  auto w_bf16 = OwnedTensor::device(env.backend(), Shape{6, 4}, DType::bf16, LiveSet::workspace,
-                                    "bf16 w");
-  auto y_bf16 = OwnedTensor::device(env.backend(), Shape{0, 6}, DType::bf16, LiveSet::workspace,
-                                    "bf16 y");
-  expect_error([&] {
-    ops::grouped_linear_forward(x_bf16, std::vector<Tensor>{w_bf16.view()},
-                                std::vector<int64_t>{0, 0}, y_bf16, false, s);
-  }, {fwd, "bf16"});
+  auto x_bf16 =
+      OwnedTensor::device(env.backend(), Shape{0, 4}, DType::bf16, LiveSet::workspace, "bf16 x");
+  auto w_bf16 =
+      OwnedTensor::device(env.backend(), Shape{6, 4}, DType::bf16, LiveSet::workspace, "bf16 w");
+  auto y_bf16 =
+      OwnedTensor::device(env.backend(), Shape{0, 6}, DType::bf16, LiveSet::workspace, "bf16 y");
+  expect_error(
+      [&] {
+        ops::grouped_linear_forward(x_bf16, std::vector<Tensor>{w_bf16.view()},
+                                    std::vector<int64_t>{0, 0}, y_bf16, false, s);
+      },
+      {fwd, "bf16"});
 
   // Nothing was enqueued by the failed calls: y is still all NaN.
   for (double v : env.read(y)) EXPECT_TRUE(std::isnan(v));

@@ -75,12 +75,12 @@ std::vector<int64_t> draw_counts(std::mt19937_64& rng, int64_t W, int64_t E, int
 }
 
 std::string describe(const LlepPlan& p, const LlepParams& q) {
-  std::string s = "W=" + std::to_string(p.world) + " E=" + std::to_string(p.num_experts) +
-                  " T=" + std::to_string(p.total_rows) + " alpha=" + std::to_string(q.alpha) +
-                  " lambda=" + std::to_string(q.lambda) +
-                  " min=" + std::to_string(q.min_tokens_per_gemm) + " cap=" +
-                  (p.capacity == kNoCapacity ? std::string("none") : std::to_string(p.capacity)) +
-                  " imbalance=" + std::to_string(p.imbalance) + " loads";
+  std::string s =
+      "W=" + std::to_string(p.world) + " E=" + std::to_string(p.num_experts) +
+      " T=" + std::to_string(p.total_rows) + " alpha=" + std::to_string(q.alpha) +
+      " lambda=" + std::to_string(q.lambda) + " min=" + std::to_string(q.min_tokens_per_gemm) +
+      " cap=" + (p.capacity == kNoCapacity ? std::string("none") : std::to_string(p.capacity)) +
+      " imbalance=" + std::to_string(p.imbalance) + " loads";
   for (int64_t l : p.rank_load) s += " " + std::to_string(l);
   return s;
 }
@@ -149,9 +149,9 @@ void check_plan(const LlepPlan& p, const std::vector<int64_t>& counts, const Lle
       for (const auto& piece : p.pieces[e]) {
         if (piece.rank == e / El) continue;
         if (piece.end - piece.begin < q.min_tokens_per_gemm) {
-          EXPECT_EQ(piece.end, p.expert_load[e]) << what << ": a spill of "
-                                                 << piece.end - piece.begin << " rows of expert "
-                                                 << e << " that is not the remainder";
+          EXPECT_EQ(piece.end, p.expert_load[e])
+              << what << ": a spill of " << piece.end - piece.begin << " rows of expert " << e
+              << " that is not the remainder";
         }
       }
     }
@@ -350,11 +350,12 @@ TEST(PipelinedLlepShape, SlotsAndTilesKeepTheDispatchUnderTheBound) {
                   const int64_t N = 3 * c + 1;  // K = 4 chunks of c_eff = ceil(N / 4) <= c
                   const auto s = schedules::pipelined_llep_shape(N, k, H, F, dtype, W, q);
                   const std::string what =
-                      "W=" + std::to_string(W) + " k=" + std::to_string(k) + " c=" +
-                      std::to_string(c) + " H=" + std::to_string(H) + " F=" + std::to_string(F) +
-                      " alpha=" + std::to_string(alpha) + " lambda=" + std::to_string(lambda) +
-                      " " + std::string(dtype_name(dtype)) + ": S=" + std::to_string(s.slots) +
-                      " T=" + std::to_string(s.tile_rows) + " F_b=" + std::to_string(s.ffn_block);
+                      "W=" + std::to_string(W) + " k=" + std::to_string(k) +
+                      " c=" + std::to_string(c) + " H=" + std::to_string(H) +
+                      " F=" + std::to_string(F) + " alpha=" + std::to_string(alpha) +
+                      " lambda=" + std::to_string(lambda) + " " + std::string(dtype_name(dtype)) +
+                      ": S=" + std::to_string(s.slots) + " T=" + std::to_string(s.tile_rows) +
+                      " F_b=" + std::to_string(s.ffn_block);
                   ++cases;
                   const uint64_t Mc = s.rows_per_source, Rc = s.receive_rows, ce = s.chunk_tokens;
                   const uint64_t b = dtype_size(dtype), T = s.tile_rows, Fb = s.ffn_block;
@@ -447,10 +448,11 @@ TEST(PipelinedLlepShape, SlotsAndTilesKeepTheDispatchUnderTheBound) {
       }
     }
   }
-  std::printf("%lld shapes: %lld with two slots, %lld over the bound: %lld with max(alpha, lambda) "
-              "> W - 1, the rest with M_c < 64 rows\n",
-              static_cast<long long>(cases), static_cast<long long>(two_slots),
-              static_cast<long long>(unbounded), static_cast<long long>(unbounded_near_w));
+  std::printf(
+      "%lld shapes: %lld with two slots, %lld over the bound: %lld with max(alpha, lambda) "
+      "> W - 1, the rest with M_c < 64 rows\n",
+      static_cast<long long>(cases), static_cast<long long>(two_slots),
+      static_cast<long long>(unbounded), static_cast<long long>(unbounded_near_w));
   EXPECT_GT(two_slots, 0);
 }
 

@@ -75,7 +75,8 @@ TEST(Matmul, EmptyInnerDimensionWritesZerosAndFloatMatchesDouble) {
   for (double v : env.read(c)) EXPECT_EQ(v, 0.0);
 
   const int64_t m = 6, k = 33, n = 4;
-  auto a = rounded_to_float(random_vector(m * k, 211)), b = rounded_to_float(random_vector(k * n, 212));
+  auto a = rounded_to_float(random_vector(m * k, 211)),
+       b = rounded_to_float(random_vector(k * n, 212));
   std::vector<double> results[2];
   int i = 0;
   for (DType dtype : {DType::f64, DType::f32}) {
@@ -108,8 +109,8 @@ std::vector<int64_t> make_labels(uint64_t seed) {
   std::uniform_int_distribution<int64_t> pick(0, kVocab - 1);
   std::vector<int64_t> labels(kTokens);
   for (int64_t n = 0; n < kTokens; ++n) labels[n] = n % 3 == 1 ? ops::kIgnoreLabel : pick(rng);
-  labels[0] = 0;                // the first column
-  labels[2] = kVocab - 1;       // the last one
+  labels[0] = 0;           // the first column
+  labels[2] = kVocab - 1;  // the last one
   return labels;
 }
 std::vector<double> make_logits(uint64_t seed) {
@@ -153,7 +154,8 @@ std::vector<double> losses_of(OpEnv& env, const Tensor& state, const std::vector
   auto s = env.read(state);
   std::vector<double> losses(kTokens, 0.0);
   for (int64_t n = 0; n < kTokens; ++n) {
-    if (labels[n] != ops::kIgnoreLabel) losses[n] = s[3 * n] + std::log(s[3 * n + 1]) - s[3 * n + 2];
+    if (labels[n] != ops::kIgnoreLabel)
+      losses[n] = s[3 * n] + std::log(s[3 * n + 1]) - s[3 * n + 2];
   }
   return losses;
 }
@@ -234,7 +236,8 @@ TEST(CrossEntropyStrip, StripGradientsEqualTheMaterialisedGradient) {
     EXPECT_LT(max_scaled_err(got, want), dtype == DType::f64 ? 1e-14 : 1e-6) << dtype_name(dtype);
     for (int64_t n = 0; n < kTokens; ++n) {
       if (label_values[n] != ops::kIgnoreLabel) continue;
-      for (int64_t v = 0; v < kVocab; ++v) EXPECT_EQ(got[n * kVocab + v], 0.0) << "ignored row " << n;
+      for (int64_t v = 0; v < kVocab; ++v)
+        EXPECT_EQ(got[n * kVocab + v], 0.0) << "ignored row " << n;
     }
   }
 }
@@ -262,8 +265,10 @@ TEST(CrossEntropyStrip, RejectsBadShapesAtTheCall) {
   auto labels = env.indices({4}, DType::i64, {0, 1, 2, 3});
   auto labels32 = env.indices({4}, DType::i32, {0, 1, 2, 3});
   auto state32 = env.output({4, 3}, DType::f32), short_state = env.output({3, 3}, DType::f64);
-  EXPECT_THROW(ops::cross_entropy_strip_forward_cpu(strip, labels32, 0, state, env.stream()), Error);
-  EXPECT_THROW(ops::cross_entropy_strip_forward_cpu(strip, labels, 0, state32, env.stream()), Error);
+  EXPECT_THROW(ops::cross_entropy_strip_forward_cpu(strip, labels32, 0, state, env.stream()),
+               Error);
+  EXPECT_THROW(ops::cross_entropy_strip_forward_cpu(strip, labels, 0, state32, env.stream()),
+               Error);
   EXPECT_THROW(ops::cross_entropy_strip_forward_cpu(strip, labels, -1, state, env.stream()), Error);
   EXPECT_THROW(ops::cross_entropy_state_merge_cpu(short_state, state, env.stream()), Error);
   auto dstrip = env.output({4, 2}, DType::f64);

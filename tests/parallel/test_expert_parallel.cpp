@@ -55,9 +55,12 @@ enum class Routing { random, skewed, all_to_rank0 };
 
 const char* routing_name(Routing r) {
   switch (r) {
-    case Routing::random: return "random";
-    case Routing::skewed: return "skewed";
-    case Routing::all_to_rank0: return "all to rank 0";
+    case Routing::random:
+      return "random";
+    case Routing::skewed:
+      return "skewed";
+    case Routing::all_to_rank0:
+      return "all to rank 0";
   }
   return "?";
 }
@@ -115,8 +118,8 @@ Problem make_problem(uint64_t seed, Routing routing, int64_t experts_on_rank0) {
 // Tensors in the arena's workspace set (so the dispatch set holds only the dispatcher's).
 class Env : public test_support::RankTestEnv {
  public:
-  using RankTestEnv::RankTestEnv;
   using RankTestEnv::input;
+  using RankTestEnv::RankTestEnv;
   OwnedTensor input(const std::vector<double>& v, int64_t rows, int64_t width) {
     return RankTestEnv::input(v, width, 0, rows);
   }

@@ -100,9 +100,12 @@ int64_t first_token_of(int64_t rank) {
 enum class Routing { balanced, zipf, adversarial };
 const char* routing_name(Routing r) {
   switch (r) {
-    case Routing::balanced: return "balanced";
-    case Routing::zipf: return "zipf";
-    case Routing::adversarial: return "adversarial";
+    case Routing::balanced:
+      return "balanced";
+    case Routing::zipf:
+      return "zipf";
+    case Routing::adversarial:
+      return "adversarial";
   }
   return "?";
 }
@@ -336,8 +339,8 @@ Diff check_against_standard(Env& env, const Result& got, const Result& ref, cons
   }
   if (expect_bitwise) {
     EXPECT_TRUE(out.bitwise && dx.bitwise && dweight.bitwise && dw.bitwise)
-        << what << ": no expert split, so the same GEMMs: out " << out.str() << ", dx "
-        << dx.str() << ", dweight " << dweight.str() << ", dW " << dw.str();
+        << what << ": no expert split, so the same GEMMs: out " << out.str() << ", dx " << dx.str()
+        << ", dweight " << dweight.str() << ", dW " << dw.str();
   }
   EXPECT_EQ(got.counts, ref.counts) << what << ": global expert counts";
   EXPECT_EQ(got.dispatch_left, 0u) << what << ": dispatch buffers left after backward";
@@ -351,10 +354,11 @@ Diff check_against_standard(Env& env, const Result& got, const Result& ref, cons
     auto worst = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
     int bitwise_ranks = 0;
     for (double b : bits) bitwise_ranks += b > 0;
-    std::printf("[W=%lld %s] max rel over ranks: out/dx/dweight %.3g, dW %.3g; f32 vs the f64 "
-                "standard %.3g; all bitwise on %d/%lld ranks\n",
-                static_cast<long long>(env.world()), what.c_str(), worst(row_rel), worst(dw_rel),
-                ref64 ? worst(vs64) : 0.0, bitwise_ranks, static_cast<long long>(env.world()));
+    std::printf(
+        "[W=%lld %s] max rel over ranks: out/dx/dweight %.3g, dW %.3g; f32 vs the f64 "
+        "standard %.3g; all bitwise on %d/%lld ranks\n",
+        static_cast<long long>(env.world()), what.c_str(), worst(row_rel), worst(dw_rel),
+        ref64 ? worst(vs64) : 0.0, bitwise_ranks, static_cast<long long>(env.world()));
   }
   return dw;
 }
@@ -416,11 +420,11 @@ class LlepTest : public ::testing::Test {
                              routing_name(routing) + (split ? " (experts split)" : "");
     check_against_standard(env, got, refs.ref, refs.has64 ? &refs.ref64 : nullptr, what, !split);
     const int64_t n = tokens_of(env.rank()), n_max = tokens_of(env.world() - 1);
-    EXPECT_EQ(got.dispatch_peak, schedules::dispatch_expert_parallel_bytes(n, kTopK, kHidden, kFfn,
-                                                                           dtype, received))
+    EXPECT_EQ(got.dispatch_peak,
+              schedules::dispatch_expert_parallel_bytes(n, kTopK, kHidden, kFfn, dtype, received))
         << what << ": " << received << " rows computed";
-    EXPECT_LE(got.dispatch_peak, schedules::llep_dispatch_bytes(n_max, kTopK, kHidden, kFfn, dtype,
-                                                                env.world(), q))
+    EXPECT_LE(got.dispatch_peak,
+              schedules::llep_dispatch_bytes(n_max, kTopK, kHidden, kFfn, dtype, env.world(), q))
         << what;
     if (routing == Routing::adversarial && env.world() > 1) {
       EXPECT_TRUE(spilled) << what;
@@ -436,8 +440,10 @@ class LlepTest : public ::testing::Test {
     const Problem p = make_problem(seed, routing, W);
     References refs = references(dtype, p);
     PipelinedLlepDispatch d(env.backend(), env.stream(), env.comm(), dtype, kExperts, q);
-    if (slowed_stream == 0) as_cpu_stream(env.stream()).set_debug_delay(std::chrono::microseconds(300));
-    if (slowed_stream == 1) as_cpu_stream(d.comm_stream()).set_debug_delay(std::chrono::microseconds(300));
+    if (slowed_stream == 0)
+      as_cpu_stream(env.stream()).set_debug_delay(std::chrono::microseconds(300));
+    if (slowed_stream == 1)
+      as_cpu_stream(d.comm_stream()).set_debug_delay(std::chrono::microseconds(300));
     schedules::PipelinedLlepShape shape;
     int64_t max_rows = 0;
     bool all_spilled = true;
@@ -452,9 +458,11 @@ class LlepTest : public ::testing::Test {
     name << "pipelined " << (q.membership == ChunkMembership::strided ? "strided" : "contiguous")
          << " K=" << shape.chunks << " c_eff=" << shape.chunk_tokens << " S=" << shape.slots
          << " T=" << shape.tile_rows << " F_b=" << shape.ffn_block
-         << (shape.bounded ? "" : " (unbounded)") << " "
-         << dtype_name(dtype) << " " << routing_name(routing) << (recompute ? " recompute" : "")
-         << (slowed_stream == 0 ? " slowed compute" : slowed_stream == 1 ? " slowed comm" : "");
+         << (shape.bounded ? "" : " (unbounded)") << " " << dtype_name(dtype) << " "
+         << routing_name(routing) << (recompute ? " recompute" : "")
+         << (slowed_stream == 0   ? " slowed compute"
+             : slowed_stream == 1 ? " slowed comm"
+                                  : "");
     const std::string what = name.str();
     check_against_standard(env, got, refs.ref, refs.has64 ? &refs.ref64 : nullptr, what, false);
 
@@ -500,12 +508,13 @@ class LlepTest : public ::testing::Test {
       EXPECT_EQ(got.dispatch_peak - bound, rows - paper) << what << ": the documented excess";
     }
     if (env.rank() == 0) {
-      std::printf("[W=%lld %s] dispatch peak %llu bytes, bound %llu (2 W M_c H b = %llu + "
-                  "metadata %llu)\n",
-                  static_cast<long long>(W), what.c_str(),
-                  static_cast<unsigned long long>(got.dispatch_peak),
-                  static_cast<unsigned long long>(bound), static_cast<unsigned long long>(paper),
-                  static_cast<unsigned long long>(bound - paper));
+      std::printf(
+          "[W=%lld %s] dispatch peak %llu bytes, bound %llu (2 W M_c H b = %llu + "
+          "metadata %llu)\n",
+          static_cast<long long>(W), what.c_str(),
+          static_cast<unsigned long long>(got.dispatch_peak),
+          static_cast<unsigned long long>(bound), static_cast<unsigned long long>(paper),
+          static_cast<unsigned long long>(bound - paper));
     }
     if (routing == Routing::adversarial && W > 1) {
       EXPECT_TRUE(all_spilled) << what;
@@ -515,10 +524,12 @@ class LlepTest : public ::testing::Test {
 };
 
 TEST_F(LlepTest, LlepMatchesStandardF64) {
-  for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial}) check_llep(DType::f64, r, 31);
+  for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial})
+    check_llep(DType::f64, r, 31);
 }
 TEST_F(LlepTest, LlepMatchesStandardF32) {
-  for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial}) check_llep(DType::f32, r, 32);
+  for (Routing r : {Routing::balanced, Routing::zipf, Routing::adversarial})
+    check_llep(DType::f32, r, 32);
 }
 
 // At the defaults (lambda = 1.3) and these shapes: one slot on 2 ranks (the two-slot live set
@@ -539,16 +550,19 @@ TEST_F(LlepTest, PipelinedStridedMatchesStandardF32) {
 }
 TEST_F(LlepTest, PipelinedContiguousAndCappedChunkCountMatchStandard) {
   // Contiguous membership; and c = 1 with K_max = 3: K = 3 chunks of c_eff = ceil(N_max / 3).
-  check_pipelined(DType::f64, Routing::zipf, 51, pipeline_params(12, 16, ChunkMembership::contiguous),
-                  false, -1, {default_slots(), true});
+  check_pipelined(DType::f64, Routing::zipf, 51,
+                  pipeline_params(12, 16, ChunkMembership::contiguous), false, -1,
+                  {default_slots(), true});
   check_pipelined(DType::f32, Routing::adversarial, 52,
                   pipeline_params(12, 16, ChunkMembership::contiguous), false, -1,
                   {default_slots(), true});
-  check_pipelined(DType::f64, Routing::adversarial, 53, pipeline_params(1, 3, ChunkMembership::strided),
-                  false, -1, {default_slots(), true});
+  check_pipelined(DType::f64, Routing::adversarial, 53,
+                  pipeline_params(1, 3, ChunkMembership::strided), false, -1,
+                  {default_slots(), true});
   // One chunk (c >= N): the pipeline degenerates to LLEP with recompute.
-  check_pipelined(DType::f64, Routing::zipf, 54, pipeline_params(1000, 16, ChunkMembership::strided),
-                  false, -1, {default_slots(), true});
+  check_pipelined(DType::f64, Routing::zipf, 54,
+                  pipeline_params(1000, 16, ChunkMembership::strided), false, -1,
+                  {default_slots(), true});
 }
 
 TEST_F(LlepTest, PipelinedOneSlotWhereTwoDoNotFit) {
@@ -589,13 +603,14 @@ TEST_F(LlepTest, DispatchPeakIsFixedWhileTheStandardGrowsWithSkew) {
       // Rank 0 owns experts 0 and 1: the adversarial routing sends it every row.
       EXPECT_GT(standard[2], standard[0]);
       EXPECT_GE(standard[1], standard[0]);
-      std::printf("[W=%lld %s] rank 0 dispatch peak bytes: standard %llu / %llu / %llu "
-                  "(balanced / zipf / adversarial), pipelined llep %llu in all three\n",
-                  static_cast<long long>(env.world()), std::string(dtype_name(dtype)).c_str(),
-                  static_cast<unsigned long long>(standard[0]),
-                  static_cast<unsigned long long>(standard[1]),
-                  static_cast<unsigned long long>(standard[2]),
-                  static_cast<unsigned long long>(pipelined[0]));
+      std::printf(
+          "[W=%lld %s] rank 0 dispatch peak bytes: standard %llu / %llu / %llu "
+          "(balanced / zipf / adversarial), pipelined llep %llu in all three\n",
+          static_cast<long long>(env.world()), std::string(dtype_name(dtype)).c_str(),
+          static_cast<unsigned long long>(standard[0]),
+          static_cast<unsigned long long>(standard[1]),
+          static_cast<unsigned long long>(standard[2]),
+          static_cast<unsigned long long>(pipelined[0]));
     }
   }
 }
@@ -680,8 +695,9 @@ TEST_F(LlepTest, Errors) {
   }
   PipelinedLlepParams bad;
   bad.chunk_tokens = 0;
-  EXPECT_THROW(PipelinedLlepDispatch(env.backend(), env.stream(), env.comm(), DType::f64, kExperts, bad),
-               Error);
+  EXPECT_THROW(
+      PipelinedLlepDispatch(env.backend(), env.stream(), env.comm(), DType::f64, kExperts, bad),
+      Error);
   PipelinedLlepDispatch d(env.backend(), env.stream(), env.comm(), DType::f64, kExperts);
   LlepDispatch l(env.backend(), env.stream(), env.comm(), DType::f64, kExperts);
   auto t = env.nan_output(Shape{2, kHidden});

@@ -96,13 +96,16 @@ TEST_P(ModelRingDtp, MatchesMaterializedLogitsOverThreeSteps) {
     ring.backend->arena().reset_peaks();
     const double want = ref.forward_backward();
     const double got = ring.forward_backward();
-    EXPECT_LT(rel(got, want), 1e-12) << "step " << step << ": " << got << " vs materialised " << want;
+    EXPECT_LT(rel(got, want), 1e-12)
+        << "step " << step << ": " << got << " vs materialised " << want;
 
     const MemoryStats mem = ring.backend->arena().stats();
-    const uint64_t bound = schedules::ring_dtp_bytes(N, H, V, W, c.strip, c.kept, c.payload, kDtype);
+    const uint64_t bound =
+        schedules::ring_dtp_bytes(N, H, V, W, c.strip, c.kept, c.payload, kDtype);
     EXPECT_EQ(mem.peak_per_set()[LiveSet::logits], bound) << "step " << step;
     const ZeroBytes persistent = zero_persistent_bytes(cfg, kDtype, W, LmHeadSharding::vocab_rows);
-    const ZeroBytes largest = zero_largest_gathered_bytes(cfg, kDtype, W, LmHeadSharding::vocab_rows);
+    const ZeroBytes largest =
+        zero_largest_gathered_bytes(cfg, kDtype, W, LmHeadSharding::vocab_rows);
     EXPECT_EQ(mem.peak_per_set()[LiveSet::weights], persistent.weights + largest.weights);
     EXPECT_EQ(mem.peak_per_set()[LiveSet::grads], persistent.grads + largest.grads);
 
@@ -149,7 +152,8 @@ TEST(ModelRingDtpLayout, VocabularySmallerThanTheRanksIsRejected) {
   auto comm = make_comm(*backend, ranks);
   try {
     MixtralModel model(*backend, backend->default_stream(), *comm, cfg, s, kDtype);
-    ADD_FAILURE() << "V = " << cfg.vocab_size << " on " << ranks.world_size << " ranks was accepted";
+    ADD_FAILURE() << "V = " << cfg.vocab_size << " on " << ranks.world_size
+                  << " ranks was accepted";
   } catch (const Error& e) {
     EXPECT_CONTAINS(std::string(e.what()), std::to_string(ranks.world_size));
   }

@@ -73,8 +73,9 @@ using schedules::vocab_shard;
 constexpr int64_t kTokens = 48, kHidden = 12, kVocab = 4 * 25 + 3;
 
 const char* payload_name(VocabPayload p) {
-  return p == VocabPayload::weights ? "weights" : p == VocabPayload::activations ? "activations"
-                                                                                 : "auto";
+  return p == VocabPayload::weights       ? "weights"
+         : p == VocabPayload::activations ? "activations"
+                                          : "auto";
 }
 
 // The gathered problem, in doubles.
@@ -173,8 +174,9 @@ Reference run_reference(Env& env, const Problem& p) {
 
 enum class Slow { none, comm, compute };
 const char* slow_name(Slow s) {
-  return s == Slow::comm ? ", comm stream slowed" : s == Slow::compute ? ", compute stream slowed"
-                                                                       : "";
+  return s == Slow::comm      ? ", comm stream slowed"
+         : s == Slow::compute ? ", compute stream slowed"
+                              : "";
 }
 
 struct RingRun {
@@ -300,12 +302,13 @@ class RingDtpTest : public ::testing::Test {
     const double worst = std::max({share, loss, dx, dw});
     const double worst_all = env.max_over_ranks(worst);
     if (r == 0) {
-      std::printf("[%s] max rel err over ranks %.3g (rank 0: share %.2g, loss %.2g, dx %.2g, "
-                  "dW %.2g); logits peak %llu B = %.3f of one N x V tensor (%llu B)\n",
-                  what.c_str(), worst_all, share, loss, dx, dw,
-                  static_cast<unsigned long long>(want.peak()),
-                  static_cast<double>(want.peak()) / static_cast<double>(one_batch_logits),
-                  static_cast<unsigned long long>(one_batch_logits));
+      std::printf(
+          "[%s] max rel err over ranks %.3g (rank 0: share %.2g, loss %.2g, dx %.2g, "
+          "dW %.2g); logits peak %llu B = %.3f of one N x V tensor (%llu B)\n",
+          what.c_str(), worst_all, share, loss, dx, dw,
+          static_cast<unsigned long long>(want.peak()),
+          static_cast<double>(want.peak()) / static_cast<double>(one_batch_logits),
+          static_cast<unsigned long long>(one_batch_logits));
       RecordProperty(what, std::to_string(worst_all));
     }
     return worst_all;
@@ -355,8 +358,8 @@ TEST_F(RingDtpTest, KeptStripsMatchMaterializedAndTheSameBitsAsNoneKept) {
       const Problem p = make_problem(18, env.ranks());
       const RingRun none = run_ring(env, p, payload, 7, Slow::none);
       const RingRun some = run_ring(env, p, payload, 7, kept == 5 ? Slow::comm : Slow::none, kept);
-      const std::string what = std::string(payload_name(payload)) + " payload, f32, kept " +
-                               std::to_string(kept);
+      const std::string what =
+          std::string(payload_name(payload)) + " payload, f32, kept " + std::to_string(kept);
       EXPECT_GT(some.kept_strips, 0) << what;
       EXPECT_EQ(some.share, none.share) << what << ": loss share";
       EXPECT_EQ(some.dx, none.dx) << what << ": dx differs from the run without kept strips";
@@ -371,10 +374,10 @@ TEST_F(RingDtpTest, KeptStripsMatchMaterializedAndTheSameBitsAsNoneKept) {
   const int W = init_process_group().world_size;
   const auto count = schedules::ring_dtp_strip_count(kVocab, W, 7, VocabPayload::weights);
   EXPECT_EQ(count.fewest, count.most);
-  const RingDtpBytes all = ring_dtp_memory(kTokens, kHidden, kVocab, W, 7, 1000,
-                                           VocabPayload::weights, DType::f64);
-  const RingDtpBytes none = ring_dtp_memory(kTokens, kHidden, kVocab, W, 7, 0,
-                                            VocabPayload::weights, DType::f64);
+  const RingDtpBytes all =
+      ring_dtp_memory(kTokens, kHidden, kVocab, W, 7, 1000, VocabPayload::weights, DType::f64);
+  const RingDtpBytes none =
+      ring_dtp_memory(kTokens, kHidden, kVocab, W, 7, 0, VocabPayload::weights, DType::f64);
   EXPECT_EQ(all.kept_strips, count.most);
   EXPECT_EQ(all.forward, none.forward - none.strip + all.kept);
   EXPECT_EQ(all.saved, none.saved + all.kept);
@@ -463,10 +466,9 @@ TEST_F(RingDtpTest, BadLabelsVocabSmallerThanRanksAndBackwardWithoutForwardAreEr
   if (W > 1) {
     EXPECT_THROW(RingDtpVocab(env.backend(), env.stream(), env.comm(), DType::f64, W - 1), Error);
   }
-  EXPECT_THROW(
-      RingDtpVocab(env.backend(), env.stream(), env.comm(), DType::f64, kVocab,
-                   VocabPayload::automatic, -1),
-      Error);
+  EXPECT_THROW(RingDtpVocab(env.backend(), env.stream(), env.comm(), DType::f64, kVocab,
+                            VocabPayload::automatic, -1),
+               Error);
   EXPECT_THROW(RingDtpVocab(env.backend(), env.stream(), env.comm(), DType::f64, kVocab,
                             VocabPayload::automatic, 0, -1),
                Error);

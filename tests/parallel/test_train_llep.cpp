@@ -93,8 +93,8 @@ void train_and_compare(const Case& c, const RankInfo& ranks) {
     const double ref_loss = ref.forward_backward(gids, glabels, B, T);
     dist.backend->arena().reset_peaks();
     const double loss = dist.forward_backward(gids, glabels, B, T);
-    EXPECT_LT(rel(loss, ref_loss), 1e-5) << c.name << " step " << step << ": " << loss
-                                         << " vs one rank " << ref_loss;
+    EXPECT_LT(rel(loss, ref_loss), 1e-5)
+        << c.name << " step " << step << ": " << loss << " vs one rank " << ref_loss;
     const double ref_norm = ref.grad_norm(), norm = dist.grad_norm();
     EXPECT_LT(rel(norm, ref_norm), 1e-5) << c.name << " step " << step << " grad norm";
 
@@ -122,9 +122,10 @@ void train_and_compare(const Case& c, const RankInfo& ranks) {
                     shape.bounded ? "" : " (over: corner case)");
       }
     } else {
-      EXPECT_LE(peak, schedules::llep_dispatch_bytes(
-                          N, k, cfg.hidden_size, cfg.intermediate_size, DType::f32, W,
-                          schedules::LlepParams{s.llep_alpha, s.llep_lambda, s.min_tokens_per_gemm}))
+      EXPECT_LE(peak,
+                schedules::llep_dispatch_bytes(
+                    N, k, cfg.hidden_size, cfg.intermediate_size, DType::f32, W,
+                    schedules::LlepParams{s.llep_alpha, s.llep_lambda, s.min_tokens_per_gemm}))
           << c.name << " step " << step;
     }
     if (step == 1) {
@@ -132,7 +133,8 @@ void train_and_compare(const Case& c, const RankInfo& ranks) {
         const int i = static_cast<int>(p);
         const double worst = scaled_error(dist.gathered(i, dist.model->params().flat_grads()),
                                           ref.gathered(i, ref.model->params().flat_grads()));
-        EXPECT_LT(worst, 1e-5) << c.name << ": " << layout.params()[p].name << " gradient after step 1";
+        EXPECT_LT(worst, 1e-5) << c.name << ": " << layout.params()[p].name
+                               << " gradient after step 1";
       }
     }
     const double lr = 1e-2 * std::min(1.0, step / 3.0);
@@ -154,8 +156,8 @@ INSTANTIATE_TEST_SUITE_P(
         // every activation kept (no recompute): each layer's dispatcher holds its plans
         Case{"pipelined_contiguous_none", DispatchSchedule::pipelined_llep,
              CheckpointSchedule::none, ChunkMembership::contiguous, 2, 3, 2, 8},
-        Case{"llep", DispatchSchedule::llep, CheckpointSchedule::standard,
-             ChunkMembership::strided, 4096, 16, 2, 8}),
+        Case{"llep", DispatchSchedule::llep, CheckpointSchedule::standard, ChunkMembership::strided,
+             4096, 16, 2, 8}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // One rank (this process only; the peers run the same): pipelined_llep degenerates to chunked

@@ -82,7 +82,8 @@ TEST_P(TrainParallel, MatchesOneRankOverTenSteps) {
     const double ref_loss = ref.forward_backward(gids, glabels, B, T);
     if (step == 1) dist.backend->arena().reset_peaks();
     const double loss = dist.forward_backward(gids, glabels, B, T);
-    EXPECT_LT(rel(loss, ref_loss), 1e-5) << "step " << step << ": " << loss << " vs one rank " << ref_loss;
+    EXPECT_LT(rel(loss, ref_loss), 1e-5)
+        << "step " << step << ": " << loss << " vs one rank " << ref_loss;
     const double ref_norm = ref.grad_norm(), norm = dist.grad_norm();
     EXPECT_LT(rel(norm, ref_norm), 1e-5) << "step " << step << " grad norm";
 
@@ -97,7 +98,8 @@ TEST_P(TrainParallel, MatchesOneRankOverTenSteps) {
         const int64_t L = cfg.num_hidden_layers, N = B * T / ranks.world_size;
         EXPECT_EQ(sco.offloaded_layers(), L) << "the default pinned budget holds every boundary";
         EXPECT_EQ(mem.peak_per_set()[LiveSet::boundaries],
-                  schedules::sco_boundaries_bytes(L, sco.offloaded_layers(), N, cfg.hidden_size, DType::f32));
+                  schedules::sco_boundaries_bytes(L, sco.offloaded_layers(), N, cfg.hidden_size,
+                                                  DType::f32));
       }
       // One group at a time is far less than the whole model (the point of ZeRO-3).
       EXPECT_LT(persistent.weights + gathered.weights,
@@ -105,14 +107,17 @@ TEST_P(TrainParallel, MatchesOneRankOverTenSteps) {
 
       for (size_t p = 0; p < layout.params().size(); ++p) {
         const int i = static_cast<int>(p);
-        std::vector<char> bytes = dist.model->params().gather_full(i, dist.model->params().flat_grads(), dist.stream);
+        std::vector<char> bytes =
+            dist.model->params().gather_full(i, dist.model->params().flat_grads(), dist.stream);
         const float* got = reinterpret_cast<const float*>(bytes.data());
         const float* want = ref.model->params().local_grad(i).data_as<float>();
         const int64_t n = layout.params()[p].shape.numel();
         double scale = 0, worst = 0;
-        for (int64_t j = 0; j < n; ++j) scale = std::max(scale, std::abs(static_cast<double>(want[j])));
+        for (int64_t j = 0; j < n; ++j)
+          scale = std::max(scale, std::abs(static_cast<double>(want[j])));
         for (int64_t j = 0; j < n; ++j) {
-          worst = std::max(worst, std::abs(static_cast<double>(got[j]) - want[j]) / std::max(scale, 1e-30));
+          worst = std::max(
+              worst, std::abs(static_cast<double>(got[j]) - want[j]) / std::max(scale, 1e-30));
         }
         EXPECT_LT(worst, 1e-5) << layout.params()[p].name << " gradient after step 1";
         // (An expert no token was routed to has none, on one rank as on W.)
@@ -163,9 +168,9 @@ TEST(TrainParallelLayout, RejectsWhatCannotBeSplitWithTheNumbers) {
   } catch (const Error& e) {
     EXPECT_CONTAINS(e.what(), "num_local_experts (" + std::to_string(W + 1) + ")");
   }
-  EXPECT_THROW(MixtralModel::check_layout(model_of(Case{"x", 16, 4, 2, 4, 4, 2,
-                                                         CheckpointSchedule::standard, 0.0, 2, 8}),
-                                          2, 4 * W + 1, W),
+  EXPECT_THROW(MixtralModel::check_layout(
+                   model_of(Case{"x", 16, 4, 2, 4, 4, 2, CheckpointSchedule::standard, 0.0, 2, 8}),
+                   2, 4 * W + 1, W),
                Error);  // T not a multiple of W
 }
 

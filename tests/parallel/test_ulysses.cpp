@@ -157,9 +157,8 @@ void expect_bitwise(const std::vector<double>& got, const std::vector<double>& w
       if (bad++ == 0) first = i;
     }
   }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
-                     << " elements differ; first at " << first << ": got " << got[first]
-                     << ", want " << want[first];
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ; first at "
+                     << first << ": got " << got[first] << ", want " << want[first];
 }
 
 // max |got - want| over the elements; NaN counts as infinite.
@@ -259,9 +258,9 @@ class UlyssesExchangeTest : public UlyssesTest {
     const int64_t B = l.batch, T = l.seq_len, H = l.total_heads(kind), d = l.head_dim;
     const auto full = rounded(random_values(B * T * H * d, seed), dtype);  // same on every rank
     auto [h0, h1] = l.heads_of(kind, rank());
-    const std::string what = std::string(kind == HeadKind::query ? "query" : "kv") + " nh=" +
-                             std::to_string(l.q_heads) + " nkv=" + std::to_string(l.kv_heads) +
-                             " " + std::string(dtype_name(dtype));
+    const std::string what =
+        std::string(kind == HeadKind::query ? "query" : "kv") + " nh=" + std::to_string(l.q_heads) +
+        " nkv=" + std::to_string(l.kv_heads) + " " + std::string(dtype_name(dtype));
     auto x_seq = tensor(l.seq_shape(kind), dtype,
                         seq_slice(full, B, T, H, d, rank() * l.local_seq(), l.local_seq()));
     auto x_heads = poisoned(l.heads_shape(kind), dtype);
@@ -278,7 +277,8 @@ class UlyssesExchangeTest : public UlyssesTest {
         const int64_t holders = l.world / l.kv_heads;
         for (auto& x : want) {
           double s = x;
-          for (int64_t i = 1; i < holders; ++i) s = dtype == DType::f32 ? double(float(s + x)) : s + x;
+          for (int64_t i = 1; i < holders; ++i)
+            s = dtype == DType::f32 ? double(float(s + x)) : s + x;
           x = s;
         }
         expect_bitwise(read(back), want, "heads_to_seq sum of copies " + what);
@@ -309,8 +309,7 @@ TEST_F(UlyssesExchangeTest, AccumulateSumsReplicatedCopiesInRankOrder) {
   for (const Case& c : kCases) {
     for (DType dtype : {DType::f64, DType::f32}) {
       auto l = layout(c);
-      const int64_t B = l.batch, Lt = l.local_seq(), T = l.seq_len, H = l.kv_heads,
-                    d = l.head_dim;
+      const int64_t B = l.batch, Lt = l.local_seq(), T = l.seq_len, H = l.kv_heads, d = l.head_dim;
       auto contribution = [&](int p) {
         auto [h0, h1] = l.kv_heads_of(p);
         return rounded(random_values(B * T * (h1 - h0) * d, 7000 + 31 * p + c.kv_heads), dtype);
@@ -327,8 +326,8 @@ TEST_F(UlyssesExchangeTest, AccumulateSumsReplicatedCopiesInRankOrder) {
           for (int64_t b = 0; b < B; ++b) {
             for (int64_t t = 0; t < Lt; ++t) {
               for (int64_t i = 0; i < d; ++i) {
-                const double v =
-                    x[static_cast<size_t>(((b * T + rank() * Lt + t) * (h1 - h0) + h - h0) * d + i)];
+                const double v = x[static_cast<size_t>(
+                    ((b * T + rank() * Lt + t) * (h1 - h0) + h - h0) * d + i)];
                 double& s = sum[static_cast<size_t>(((b * Lt + t) * H + h) * d + i)];
                 if (first) {
                   s = v;
@@ -347,8 +346,9 @@ TEST_F(UlyssesExchangeTest, AccumulateSumsReplicatedCopiesInRankOrder) {
       auto taken = poisoned(l.seq_shape(HeadKind::kv), dtype);
       schedules::heads_to_seq(x_heads, summed, HeadKind::kv, true, staging, l, *comm_, stream());
       schedules::heads_to_seq(x_heads, taken, HeadKind::kv, false, staging, l, *comm_, stream());
-      const std::string what = "nh=" + std::to_string(c.q_heads) + " nkv=" +
-                               std::to_string(c.kv_heads) + " " + std::string(dtype_name(dtype));
+      const std::string what = "nh=" + std::to_string(c.q_heads) +
+                               " nkv=" + std::to_string(c.kv_heads) + " " +
+                               std::string(dtype_name(dtype));
       expect_bitwise(read(summed), sum, "accumulate=true " + what);
       expect_bitwise(read(taken), lowest, "accumulate=false " + what);
     }
@@ -373,8 +373,8 @@ TEST_F(UlyssesExchangeTest, BadArgumentsThrowOnTheCallingThread) {
       schedules::heads_to_seq(x_heads, x_seq, HeadKind::kv, true, staging32, l, *comm_, stream()),
       Error);
   // A layout for another rank.
-  auto other = UlyssesLayout::make(l.batch, l.seq_len, l.world, (l.rank + 1) % l.world,
-                                   l.q_heads, l.kv_heads, l.head_dim);
+  auto other = UlyssesLayout::make(l.batch, l.seq_len, l.world, (l.rank + 1) % l.world, l.q_heads,
+                                   l.kv_heads, l.head_dim);
   EXPECT_THROW(
       schedules::seq_to_heads(x_seq, x_heads, HeadKind::kv, staging, other, *comm_, stream()),
       Error);
@@ -395,7 +395,8 @@ class UlyssesAttentionTest : public UlyssesTest {
     const int64_t Lt = l.local_seq(), me = rank();
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     const DType f64 = DType::f64;
-    const auto q = random_values(B * T * nh * d, seed), k = random_values(B * T * nkv * d, seed + 1),
+    const auto q = random_values(B * T * nh * d, seed),
+               k = random_values(B * T * nkv * d, seed + 1),
                v = random_values(B * T * nkv * d, seed + 2),
                dout = random_values(B * T * nh * d, seed + 3);
 
@@ -406,8 +407,8 @@ class UlyssesAttentionTest : public UlyssesTest {
     auto fout = poisoned(qs, f64), flse = poisoned(Shape{B, nh, T}, f64);
     auto fdq = poisoned(qs, f64), fdk = poisoned(kvs, f64), fdv = poisoned(kvs, f64);
     ops::detail::attention_forward_cpu_blocked(fq, fk, fv, scale, fout, flse, blocks, stream());
-    ops::detail::attention_backward_cpu_blocked(fq, fk, fv, fout, flse, fdout, scale, fdq, fdk,
-                                                fdv, blocks, stream());
+    ops::detail::attention_backward_cpu_blocked(fq, fk, fv, fout, flse, fdout, scale, fdq, fdk, fdv,
+                                                blocks, stream());
     auto slice = [&](const OwnedTensor& t, int64_t H) {
       return seq_slice(read(t), B, T, H, d, me * Lt, Lt);
     };
@@ -436,8 +437,8 @@ class UlyssesAttentionTest : public UlyssesTest {
     schedules::heads_to_seq(hout, out, Q, false, staging, l, comm, stream());
     // Backward.
     schedules::seq_to_heads(sdout, hdout, Q, staging, l, comm, stream());
-    ops::detail::attention_backward_cpu_blocked(hq, hk, hv, hout, hlse, hdout, scale, hdq, hdk,
-                                                hdv, blocks, stream());
+    ops::detail::attention_backward_cpu_blocked(hq, hk, hv, hout, hlse, hdout, scale, hdq, hdk, hdv,
+                                                blocks, stream());
     schedules::heads_to_seq(hdq, dq, Q, false, staging, l, comm, stream());
     schedules::heads_to_seq(hdk, dk, KV, true, staging, l, comm, stream());
     schedules::heads_to_seq(hdv, dv, KV, true, staging, l, comm, stream());

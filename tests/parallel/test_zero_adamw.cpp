@@ -50,7 +50,8 @@ void run(DType dtype) {
   schedules::ResidentAdamW whole_adamw(*backend, whole, opt);
   ZeroParamStore zero(*backend, cfg, dtype, *comm);
   zero.initialize(5, 0.5, stream);
-  schedules::ResidentAdamW zero_adamw(*backend, zero.flat_values(), schedules::optimizer_pieces(zero), opt);
+  schedules::ResidentAdamW zero_adamw(*backend, zero.flat_values(),
+                                      schedules::optimizer_pieces(zero), opt);
   const ParamLayout& layout = whole.layout();
 
   for (int step = 1; step <= 3; ++step) {

@@ -418,7 +418,8 @@ TEST(ZeroParams, LmHeadByVocabularyRows) {
     std::vector<int> with_head{head};
     EXPECT_THROW(store.gather(with_head, env.stream()), Error);
     // Persistent bytes: this rank's buffers, at most the planner's (largest-rank) number.
-    const ZeroBytes planned = zero_persistent_bytes(model, dtype, world, LmHeadSharding::vocab_rows);
+    const ZeroBytes planned =
+        zero_persistent_bytes(model, dtype, world, LmHeadSharding::vocab_rows);
     const uint64_t measured = env.backend().arena().stats().peak_per_set()[LiveSet::weights];
     EXPECT_LE(measured, planned.weights);
     if (end - begin == (V + world - 1) / world) {

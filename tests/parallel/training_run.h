@@ -8,7 +8,8 @@
 //   double loss = run.forward_backward(ids, labels, B, T);             // the job's loss
 //   double norm = run.grad_norm();  run.update(step, norm, lr);
 //
-// Used by test_train_parallel, test_model_ring_dtp and test_train_llep (ctest -R parallel|ring|llep).
+// Used by test_train_parallel, test_model_ring_dtp and test_train_llep (ctest -R
+// parallel|ring|llep).
 #pragma once
 
 #include <algorithm>
@@ -45,7 +46,8 @@ inline void global_batch(int step, int64_t n, int64_t vocab, std::vector<int64_t
   };
   for (int64_t i = 0; i < n; ++i) {
     ids[i] = static_cast<int64_t>(next() % static_cast<uint64_t>(vocab));
-    labels[i] = next() % 7 == 0 ? -100 : static_cast<int64_t>(next() % static_cast<uint64_t>(vocab));
+    labels[i] =
+        next() % 7 == 0 ? -100 : static_cast<int64_t>(next() % static_cast<uint64_t>(vocab));
   }
 }
 
@@ -114,7 +116,8 @@ struct TrainingRun {
 
   // The gradient norm over the job (each element counted once).
   double grad_norm() {
-    OwnedTensor acc = OwnedTensor::device(*backend, Shape{1}, DType::f64, LiveSet::workspace, "norm");
+    OwnedTensor acc =
+        OwnedTensor::device(*backend, Shape{1}, DType::f64, LiveSet::workspace, "norm");
     ops::fill(acc, 0.0, stream);
     ops::sum_squares_cpu(model->params().flat_grads(), acc, stream);
     stream.synchronize();

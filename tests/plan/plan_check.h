@@ -64,7 +64,8 @@ inline bool loose_by_design(const Config& c, int world, LiveSet set) {
                                         c.schedules.min_tokens_per_gemm})) {
     return true;
   }
-  if (set != LiveSet::dispatch || c.schedules.dispatch == DispatchSchedule::pipelined_llep) return false;
+  if (set != LiveSet::dispatch || c.schedules.dispatch == DispatchSchedule::pipelined_llep)
+    return false;
   return world > 1 || (c.schedules.dispatch == DispatchSchedule::llep &&
                        c.schedules.checkpoint == CheckpointSchedule::none);
 }
@@ -96,7 +97,8 @@ inline MemorySnapshot expect_within_plan(const std::string& name, const Config& 
     if (trainer.rank() == 0) {
       std::printf("ratio %s W=%d %-10s planned %9llu measured %9llu planned/measured %.4f%s\n",
                   name.c_str(), W, std::string(live_set_name(s)).c_str(),
-                  static_cast<unsigned long long>(planned), static_cast<unsigned long long>(measured),
+                  static_cast<unsigned long long>(planned),
+                  static_cast<unsigned long long>(measured),
                   measured ? static_cast<double>(planned) / static_cast<double>(measured) : 1.0,
                   loose_by_design(cfg, W, s) ? " (worst-case bound)" : "");
     }

@@ -18,14 +18,14 @@ using test_support::expect_within_plan;
 using test_support::tiny_plan_config;
 
 // The statement throws moepeak::Error whose message contains `needle`.
-#define EXPECT_THROW_CONTAINS(statement, needle)                    \
-  do {                                                              \
-    try {                                                           \
-      (void)(statement);                                            \
-      ADD_FAILURE() << #statement " did not throw";                 \
-    } catch (const Error& e) {                                      \
-      EXPECT_CONTAINS(std::string(e.what()), needle);               \
-    }                                                               \
+#define EXPECT_THROW_CONTAINS(statement, needle)      \
+  do {                                                \
+    try {                                             \
+      (void)(statement);                              \
+      ADD_FAILURE() << #statement " did not throw";   \
+    } catch (const Error& e) {                        \
+      EXPECT_CONTAINS(std::string(e.what()), needle); \
+    }                                                 \
   } while (0)
 
 TEST(PlanMeasured, StandardSchedules) { expect_within_plan("standard", tiny_plan_config()); }
@@ -72,13 +72,13 @@ TEST(PlanLlepSpill, CopyBoundArithmetic) {
   using schedules::llep_max_copies;
   using schedules::llep_spill_copy_bytes;
   const schedules::LlepParams lp{1.0, 1.0, 1};
-  EXPECT_EQ(llep_max_copies(8, 2, 1000, 1, lp), 4);   // E - E/W
+  EXPECT_EQ(llep_max_copies(8, 2, 1000, 1, lp), 4);  // E - E/W
   EXPECT_EQ(llep_max_copies(8, 4, 1000, 1, lp), 6);
-  EXPECT_EQ(llep_max_copies(8, 4, 2, 1, lp), 2);      // at most `capacity` rows on a rank
-  EXPECT_EQ(llep_max_copies(8, 4, 2, 2, lp), 4);      // K plans: K x capacity
+  EXPECT_EQ(llep_max_copies(8, 4, 2, 1, lp), 2);  // at most `capacity` rows on a rank
+  EXPECT_EQ(llep_max_copies(8, 4, 2, 2, lp), 4);  // K plans: K x capacity
   EXPECT_EQ(llep_max_copies(8, 4, schedules::kNoCapacity, 3, lp), 6);  // no overflow
-  EXPECT_EQ(llep_max_copies(8, 4, 5, 0, lp), 0);      // no chunks
-  EXPECT_EQ(llep_max_copies(8, 1, 1000, 1, lp), 0);   // one rank: nothing is foreign
+  EXPECT_EQ(llep_max_copies(8, 4, 5, 0, lp), 0);                       // no chunks
+  EXPECT_EQ(llep_max_copies(8, 1, 1000, 1, lp), 0);               // one rank: nothing is foreign
   EXPECT_EQ(llep_max_copies(8, 4, 1000, 1, {1.0, 4.001, 1}), 0);  // lambda > W: never spills
   EXPECT_EQ(llep_max_copies(8, 4, 1000, 1, {1.0, 4.0, 1}), 6);    // = W: rounding may tip it
   const auto b = llep_spill_copy_bytes(8, 4, 32, 48, DType::f32, 1000, 1, lp);
@@ -100,7 +100,8 @@ TEST(PlanLlepSpill, CopyBoundArithmetic) {
   const uint64_t tiny = DeviceArena::footprint(3 * 48 * 32 * 4);
   const uint64_t L = static_cast<uint64_t>(c.model.num_hidden_layers);
   EXPECT_EQ(with.term(LiveSet::weights).bytes, without.term(LiveSet::weights).bytes + L * 2 * tiny);
-  EXPECT_EQ(with.term(LiveSet::grads).bytes, without.term(LiveSet::grads).bytes + L * 2 * tiny + tiny);
+  EXPECT_EQ(with.term(LiveSet::grads).bytes,
+            without.term(LiveSet::grads).bytes + L * 2 * tiny + tiny);
   EXPECT_CONTAINS(with.term(LiveSet::weights).function, "llep_spill_copy_bytes(");
   EXPECT_CONTAINS(with.term(LiveSet::grads).function, "copies=2");
 }

@@ -17,7 +17,9 @@ namespace {
 using test_support::expect_within_plan;
 using test_support::tiny_plan_config;
 
-TEST(PlanMeasuredParallel, StandardSchedules) { expect_within_plan("standard", tiny_plan_config()); }
+TEST(PlanMeasuredParallel, StandardSchedules) {
+  expect_within_plan("standard", tiny_plan_config());
+}
 
 // Whether some rank's measured peak of `set` is above `bound` (an all-reduce over the ranks).
 bool any_rank_above(const MemorySnapshot& measured, LiveSet set, uint64_t bound) {

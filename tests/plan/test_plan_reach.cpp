@@ -22,8 +22,8 @@ const std::string kSourceDir = MOEPEAK_SOURCE_DIR;
 Config h200(const std::string& model, bool bounded) {
   std::vector<std::string> sets = {"runtime.device_memory=141GB", "runtime.pinned_memory=250GB"};
   if (bounded) {
-    for (const char* s : {"schedules.dispatch=pipelined_llep", "schedules.vocab=ring_dtp", "schedules.checkpoint=sco",
-                          "optimizer.placement=offload_stream"}) {
+    for (const char* s : {"schedules.dispatch=pipelined_llep", "schedules.vocab=ring_dtp",
+                          "schedules.checkpoint=sco", "optimizer.placement=offload_stream"}) {
       sets.emplace_back(s);
     }
   }
@@ -105,7 +105,8 @@ TEST(PlanSvg, WellFormed) {
       at = end;
     }
     EXPECT_EQ(groups, 2) << live_set_name(s);
-    EXPECT_NE(svg.find(">" + std::string(live_set_name(s)) + "</text>"), std::string::npos) << "legend";
+    EXPECT_NE(svg.find(">" + std::string(live_set_name(s)) + "</text>"), std::string::npos)
+        << "legend";
   }
   size_t lines = 0;
   for (size_t r = 0; (r = svg.find("class=\"capacity\"", r)) != std::string::npos; ++r) ++lines;
@@ -114,7 +115,8 @@ TEST(PlanSvg, WellFormed) {
   // Every number attribute is finite and non-negative.
   const std::regex attr(R"re(\s(x|y|width|height|x1|x2|y1|y2)="([^"]*)")re");
   int checked = 0;
-  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), attr); it != std::sregex_iterator(); ++it, ++checked) {
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), attr); it != std::sregex_iterator();
+       ++it, ++checked) {
     const double v = std::stod((*it)[2].str());
     EXPECT_TRUE(std::isfinite(v) && v >= 0) << (*it)[0].str();
   }

@@ -35,9 +35,7 @@ TEST_F(ArenaFixture, AccountsFootprintPerLiveSet) {
 TEST_F(ArenaFixture, BreakdownAtPeakIsTheMomentOfTheTotalPeak) {
   // Phase 1: 10 units of logits alone. Phase 2: 6 units of dispatch + 6 of boundaries = 12 (the
   // total peak), while logits' own peak (10) came earlier. The breakdown must show phase 2.
-  {
-    Buffer logits = arena.alloc(10 * kA, LiveSet::logits, "logits");
-  }
+  { Buffer logits = arena.alloc(10 * kA, LiveSet::logits, "logits"); }
   Buffer d = arena.alloc(6 * kA, LiveSet::dispatch, "dispatch");
   Buffer b = arena.alloc(6 * kA, LiveSet::boundaries, "boundaries");
   d.reset();
@@ -65,7 +63,7 @@ TEST_F(ArenaFixture, OutOfMemoryNamesRequestAndLiveSets) {
     EXPECT_NE(m.find("out of device memory"), std::string::npos) << m;
     EXPECT_NE(m.find("dispatch"), std::string::npos) << m;
     EXPECT_NE(m.find("chunk 3 receive buffer"), std::string::npos) << m;
-    EXPECT_NE(m.find("7.50 KiB"), std::string::npos) << m;  // 30 * 256 bytes requested
+    EXPECT_NE(m.find("7.50 KiB"), std::string::npos) << m;           // 30 * 256 bytes requested
     EXPECT_NE(m.find("weights 10.00 KiB"), std::string::npos) << m;  // live sets at that moment
     EXPECT_NE(m.find("arena.cpp"), std::string::npos) << m;
   }

@@ -125,8 +125,9 @@ TEST_F(CudaBackendTest, FillAndConvertMatchTheCpuBitForBit) {
     s.synchronize();
     uint64_t pattern = ops::fill_pattern(t, -5.0);
     for (int64_t i = 0; i < n; ++i) {
-      ASSERT_EQ(std::memcmp(static_cast<char*>(h.data()) + i * dtype_size(t), &pattern,
-                            dtype_size(t)), 0) << dtype_name(t) << " element " << i;
+      ASSERT_EQ(
+          std::memcmp(static_cast<char*>(h.data()) + i * dtype_size(t), &pattern, dtype_size(t)), 0)
+          << dtype_name(t) << " element " << i;
     }
   }
 }

@@ -36,7 +36,8 @@ TEST_F(StreamFixture, RunsWorkInSubmissionOrder) {
 // the copy must see the produced value. The second half shows the same program without the wait
 // reads the stale value, so the first half would fail if wait() did not order work.
 TEST_F(StreamFixture, CrossStreamWaitOrdersWork) {
-  as_cpu_stream(*producer).set_debug_delay(500ms);  // long enough that a loaded CI machine still races
+  as_cpu_stream(*producer).set_debug_delay(
+      500ms);  // long enough that a loaded CI machine still races
   auto src = backend->alloc(sizeof(int), LiveSet::workspace, "src");
   auto dst = backend->alloc(sizeof(int), LiveSet::workspace, "dst");
   auto event = backend->create_event();
@@ -138,8 +139,14 @@ TEST_F(StreamFixture, ErrorsAreStickyAndSurfaceAtSynchronize) {
 
 TEST_F(StreamFixture, BackendSynchronizeWaitsForEveryStream) {
   std::atomic<int> done{0};
-  as_cpu_stream(*producer).enqueue([&] { std::this_thread::sleep_for(50ms); ++done; });
-  as_cpu_stream(*consumer).enqueue([&] { std::this_thread::sleep_for(50ms); ++done; });
+  as_cpu_stream(*producer).enqueue([&] {
+    std::this_thread::sleep_for(50ms);
+    ++done;
+  });
+  as_cpu_stream(*consumer).enqueue([&] {
+    std::this_thread::sleep_for(50ms);
+    ++done;
+  });
   as_cpu_stream(backend->default_stream()).enqueue([&] { ++done; });
   backend->synchronize();
   EXPECT_EQ(done.load(), 3);

@@ -81,11 +81,21 @@ TEST(Ops, FillWritesEveryElementInEachDtype) {
     for (int64_t i = 0; i < x.numel(); ++i) {
       double v = 0;
       switch (t) {
-        case DType::f32: v = x.data_as<float>()[i]; break;
-        case DType::bf16: v = static_cast<float>(x.data_as<bf16>()[i]); break;
-        case DType::f64: v = x.data_as<double>()[i]; break;
-        case DType::i32: v = x.data_as<int32_t>()[i]; break;
-        case DType::i64: v = static_cast<double>(x.data_as<int64_t>()[i]); break;
+        case DType::f32:
+          v = x.data_as<float>()[i];
+          break;
+        case DType::bf16:
+          v = static_cast<float>(x.data_as<bf16>()[i]);
+          break;
+        case DType::f64:
+          v = x.data_as<double>()[i];
+          break;
+        case DType::i32:
+          v = x.data_as<int32_t>()[i];
+          break;
+        case DType::i64:
+          v = static_cast<double>(x.data_as<int64_t>()[i]);
+          break;
       }
       ASSERT_EQ(v, 3.0) << dtype_name(t) << " element " << i;
     }

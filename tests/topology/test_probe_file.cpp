@@ -4,12 +4,12 @@
 // Run: ctest -R test_probe_file
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
-#include <unistd.h>
 
 #include "core/config/config.h"
 #include "core/error.h"
@@ -141,12 +141,14 @@ TEST(ProbeFile, BadFilesNameFileLineAndKey) {
       {"not toml", "[machine]", "[machine", "not a valid probe file (TOML)"},
       {"wrong type", "pus = 32", "pus = \"32\"", "machine.pus must be an integer"},
       {"missing key", "cpus = \"16-31\"\n", "", "numa lacks the key cpus"},
-      {"negative bytes", "memory_bytes = 549755813888\ncpus", "memory_bytes = -5\ncpus", "numa.memory_bytes must be at least 0"},
+      {"negative bytes", "memory_bytes = 549755813888\ncpus", "memory_bytes = -5\ncpus",
+       "numa.memory_bytes must be at least 0"},
       {"format", "format = 1", "format = 2", "probe file format 2"},
       {"bad cpus", "cpus = \"16-31\"", "cpus = \"31-16\"", "runs backwards"},
       {"rank order", "local_rank = 3", "local_rank = 4", "expected local_rank = 3"},
       {"missing section", "[machine]", "[machinex]", "missing [machine]"},
-      {"budget keys", "[budget]\nranks_per_node", "[budgetx]\nranks_per_node", "budget lacks the key ranks_per_node"},
+      {"budget keys", "[budget]\nranks_per_node", "[budgetx]\nranks_per_node",
+       "budget lacks the key ranks_per_node"},
   };
   for (const auto& c : cases) {
     std::string text = good;
@@ -159,7 +161,8 @@ TEST(ProbeFile, BadFilesNameFileLineAndKey) {
     const std::string e = error_of([&] { read_probe_file(path); });
     EXPECT_CONTAINS(e, path + ":");
     EXPECT_CONTAINS(e, c.expect);
-    if (c.name == "wrong type") EXPECT_CONTAINS(e, path + ":" + std::to_string(line_of(text, "pus = \"32\"")) + ":");
+    if (c.name == "wrong type")
+      EXPECT_CONTAINS(e, path + ":" + std::to_string(line_of(text, "pus = \"32\"")) + ":");
   }
   const std::string missing = (dir.path() / "nope.toml").string();
   EXPECT_CONTAINS(error_of([&] { read_probe_file(missing); }), missing);
@@ -194,7 +197,8 @@ TEST(AutoBudget, HostNameInTheProbePathAndErrors) {
   std::string e = error_of([&] { probe_host_budgets(cfg, 8, 8, 9, false); });
   EXPECT_CONTAINS(e, "written for 8 ranks per node");
   EXPECT_CONTAINS(e, "--ranks-per-node 9");
-  cfg = config_with({"runtime.probe_file=" + (dir.path() / "none.toml").string(), "runtime.pinned_memory=auto"});
+  cfg = config_with(
+      {"runtime.probe_file=" + (dir.path() / "none.toml").string(), "runtime.pinned_memory=auto"});
   EXPECT_CONTAINS(error_of([&] { pinned_memory_budget(cfg, 0, 0, 1, true); }), "none.toml");
 }
 

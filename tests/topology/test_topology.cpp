@@ -141,7 +141,8 @@ TEST(SyntheticTopology, UnreadableFilesNameTheFile) {
 
   test_support::TempDir dir;
   const std::string empty = (dir.path() / "empty.xml").string();
-  std::ofstream(empty) << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<topology version=\"2.0\">\n</topology>\n";
+  std::ofstream(empty)
+      << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<topology version=\"2.0\">\n</topology>\n";
   e = error_of([&] { load_topology_xml(empty); });
   EXPECT_CONTAINS(e, empty);
 
@@ -178,7 +179,10 @@ TEST(HostLinkBench, MeasuresMemcpyAndPinningOnThisMachine) {
     ASSERT_FALSE(b.notes.empty());
     EXPECT_CONTAINS(b.notes.back(), "no GPU");
   }
-  EXPECT_CONTAINS(error_of([&] { run_host_link_bench(t, BenchOptions{100, 1}); }), "at least 4 KiB");
+  EXPECT_CONTAINS(error_of([&] {
+                    run_host_link_bench(t, BenchOptions{100, 1});
+                  }),
+                  "at least 4 KiB");
 }
 
 TEST(Binding, BindsAThreadToItsShareOfThisMachine) {

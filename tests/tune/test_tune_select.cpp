@@ -113,7 +113,9 @@ TEST(TuneSelectChunk, NothingFitsNamesTheConstraint) {
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("no chunk_tokens in {64, 128, 256} fits the plan"), std::string::npos) << m;
-    EXPECT_NE(m.find("the smallest dispatch peak 256.00 KiB (c = 64, K_max = 16)"), std::string::npos) << m;
+    EXPECT_NE(m.find("the smallest dispatch peak 256.00 KiB (c = 64, K_max = 16)"),
+              std::string::npos)
+        << m;
     EXPECT_NE(m.find("capacity 1.00 MiB"), std::string::npos) << m;
   }
   EXPECT_THROW(select_chunk({}, 0.03), Error);
@@ -144,8 +146,10 @@ TEST(TuneSelectStaging, FlatKneeNoisyAndNothingFits) {
     FAIL() << "expected an Error";
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("fits the plan: the smallest optimizer staging 384.00 KiB (beta = 16384, s = 2)"),
-              std::string::npos) << m;
+    EXPECT_NE(
+        m.find("fits the plan: the smallest optimizer staging 384.00 KiB (beta = 16384, s = 2)"),
+        std::string::npos)
+        << m;
     EXPECT_NE(m.find("budget 1 GiB"), std::string::npos) << m;
   }
 }
@@ -203,7 +207,8 @@ TEST(TuneSelectPayload, TheFasterPayloadThePlanAccepts) {
         try {
           select_payload(pts, "");
         } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("no Ring-DTP payload fits the plan"), std::string::npos);
+          EXPECT_NE(std::string(e.what()).find("no Ring-DTP payload fits the plan"),
+                    std::string::npos);
           throw;
         }
       },
@@ -225,7 +230,7 @@ TEST(TuneSelectSco, MostOffloadWithinTheOverheadLimit) {
   pts[2].overhead = 0.10;  // offloading every layer costs 10%
   EXPECT_EQ(select_sco(pts, 0.03).index, 1u);
   EXPECT_EQ(select_sco(pts, 0.20).index, 2u);  // flat enough: all of them
-  pts[2].overhead = -0.01;  // noise: faster than standard
+  pts[2].overhead = -0.01;                     // noise: faster than standard
   EXPECT_EQ(select_sco(pts, 0.03).index, 2u);
   pts[2].plan_fits = false;  // the host budget cannot hold every layer
   EXPECT_EQ(select_sco(pts, 0.03).index, 1u);
@@ -254,7 +259,8 @@ TEST(TuneCurveSvg, PointsChosenMarkAndReferences) {
   EXPECT_NE(svg.find("optimizer &amp; co"), std::string::npos);
   EXPECT_NE(svg.find("rule &lt;5%&gt;"), std::string::npos);
   size_t points = 0;
-  for (size_t at = svg.find("class=\"point"); at != std::string::npos; at = svg.find("class=\"point", at + 1)) {
+  for (size_t at = svg.find("class=\"point"); at != std::string::npos;
+       at = svg.find("class=\"point", at + 1)) {
     ++points;
   }
   EXPECT_EQ(points, 4u);

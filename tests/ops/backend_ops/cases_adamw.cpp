@@ -82,8 +82,8 @@ MOEPEAK_BACKEND_OPS_CASES(adamw) {
           cases.push_back(std::move(plain));
 
           OpCase fused{"adamw_fused" + params,
-                       {param("master"), in("grad", s, Kind::floating, uniform(-1e-2, 1e-2)), m,
-                        v, out("working", s, Kind::floating)},
+                       {param("master"), in("grad", s, Kind::floating, uniform(-1e-2, 1e-2)), m, v,
+                        out("working", s, Kind::floating)},
                        [h, decay](const std::vector<Tensor>& t, Stream& st) {
                          ops::adamw_fused(t[0], t[1], t[2], t[3], t[4], h, decay, st);
                        }};

@@ -19,8 +19,8 @@ namespace {
 
 struct AttentionShape {
   int64_t batch, seq, heads, kv_heads, head_dim;
-  double scale;   // 0: 1 / sqrt(d)
-  double input;   // standard deviation of q and k
+  double scale;  // 0: 1 / sqrt(d)
+  double input;  // standard deviation of q and k
   Tolerance tolerance;
 };
 
@@ -40,17 +40,17 @@ MOEPEAK_BACKEND_OPS_CASES(attention) {
   const Tolerance standard{2e-5, 1e-2};
   const Tolerance peaky{1e-4, 1e-2};
   const AttentionShape shapes[] = {
-      {1, 1, 1, 1, 8, 0, 1, standard},      // one query, one key
-      {2, 37, 4, 2, 16, 0, 1, standard},    // G = 2, B = 2
-      {1, 70, 6, 2, 64, 0, 1, standard},    // G = 3
-      {1, 129, 8, 8, 32, 0, 1, standard},   // G = 1, T past 4 key tiles
-      {1, 33, 4, 1, 128, 0, 1, standard},   // G = 4
-      {2, 19, 3, 1, 24, 0, 1, standard},    // d = 24 (not a multiple of 32), G = 3
-      {1, 45, 8, 1, 40, 0, 1, standard},    // d = 40, G = 8: one block holds 2 positions
-      {1, 20, 2, 1, 256, 0, 1, standard},   // the largest head dim
-      {1, 0, 4, 2, 16, 0, 1, standard},     // T = 0: nothing to do
-      {0, 5, 4, 2, 16, 0, 1, standard},     // B = 0
-      {1, 50, 4, 2, 32, 2.0, 2, peaky},     // peaky softmax
+      {1, 1, 1, 1, 8, 0, 1, standard},     // one query, one key
+      {2, 37, 4, 2, 16, 0, 1, standard},   // G = 2, B = 2
+      {1, 70, 6, 2, 64, 0, 1, standard},   // G = 3
+      {1, 129, 8, 8, 32, 0, 1, standard},  // G = 1, T past 4 key tiles
+      {1, 33, 4, 1, 128, 0, 1, standard},  // G = 4
+      {2, 19, 3, 1, 24, 0, 1, standard},   // d = 24 (not a multiple of 32), G = 3
+      {1, 45, 8, 1, 40, 0, 1, standard},   // d = 40, G = 8: one block holds 2 positions
+      {1, 20, 2, 1, 256, 0, 1, standard},  // the largest head dim
+      {1, 0, 4, 2, 16, 0, 1, standard},    // T = 0: nothing to do
+      {0, 5, 4, 2, 16, 0, 1, standard},    // B = 0
+      {1, 50, 4, 2, 32, 2.0, 2, peaky},    // peaky softmax
       // bf16 with d = 32, 64, 128 runs the tensor-core kernels (ops/cuda/attention_tc.cu):
       // 64-row blocks and 64-entry tiles, crossed here in both directions
       {2, 150, 4, 2, 64, 0, 1, standard},   // G = 2, B = 2, 5 row blocks, 3 key tiles
@@ -65,29 +65,27 @@ MOEPEAK_BACKEND_OPS_CASES(attention) {
     const double scale = s.scale != 0 ? s.scale : 1.0 / std::sqrt(double(s.head_dim));
     const std::string shape = describe(s);
 
-    OpCase forward{
-        "attention_forward" + shape,
-        {in("q", q_shape, Kind::floating, normal(s.input)),
-         in("k", kv_shape, Kind::floating, normal(s.input)), in("v", kv_shape),
-         out("out", q_shape), out("lse", lse_shape, Kind::state)},
-        [scale](const std::vector<Tensor>& t, Stream& st) {
-          ops::attention_forward(t[0], t[1], t[2], scale, t[3], t[4], st);
-        }};
+    OpCase forward{"attention_forward" + shape,
+                   {in("q", q_shape, Kind::floating, normal(s.input)),
+                    in("k", kv_shape, Kind::floating, normal(s.input)), in("v", kv_shape),
+                    out("out", q_shape), out("lse", lse_shape, Kind::state)},
+                   [scale](const std::vector<Tensor>& t, Stream& st) {
+                     ops::attention_forward(t[0], t[1], t[2], scale, t[3], t[4], st);
+                   }};
     forward.tolerance = s.tolerance;
     forward.seed = seed++;
     cases.push_back(std::move(forward));
 
-    OpCase backward{
-        "attention_backward" + shape,
-        {in("q", q_shape, Kind::floating, normal(s.input)),
-         in("k", kv_shape, Kind::floating, normal(s.input)), in("v", kv_shape),
-         in("dout", q_shape), out("out", q_shape), out("lse", lse_shape, Kind::state), out("dq", q_shape),
-         out("dk", kv_shape), out("dv", kv_shape)},
-        [scale](const std::vector<Tensor>& t, Stream& st) {
-          ops::attention_forward(t[0], t[1], t[2], scale, t[4], t[5], st);
-          ops::attention_backward(t[0], t[1], t[2], t[4], t[5], t[3], scale, t[6], t[7], t[8],
-                                  st);
-        }};
+    OpCase backward{"attention_backward" + shape,
+                    {in("q", q_shape, Kind::floating, normal(s.input)),
+                     in("k", kv_shape, Kind::floating, normal(s.input)), in("v", kv_shape),
+                     in("dout", q_shape), out("out", q_shape), out("lse", lse_shape, Kind::state),
+                     out("dq", q_shape), out("dk", kv_shape), out("dv", kv_shape)},
+                    [scale](const std::vector<Tensor>& t, Stream& st) {
+                      ops::attention_forward(t[0], t[1], t[2], scale, t[4], t[5], st);
+                      ops::attention_backward(t[0], t[1], t[2], t[4], t[5], t[3], scale, t[6], t[7],
+                                              t[8], st);
+                    }};
     backward.tolerance = s.tolerance;
     backward.seed = seed++;
     cases.push_back(std::move(backward));

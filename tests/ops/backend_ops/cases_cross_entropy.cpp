@@ -115,27 +115,26 @@ MOEPEAK_BACKEND_OPS_CASES(cross_entropy) {
   for (const auto& sh : shapes) {
     const int64_t n = sh.n, v = sh.v;
     std::string shape = sh.name + " N=" + std::to_string(n) + " V=" + std::to_string(v);
-    cases.push_back(OpCase{
-        "cross_entropy_forward" + shape,
-        {in("logits", {n, v}, Kind::floating, sh.logits),
-         in("labels", {n}, Kind::i64, labels(v, sh.ignored)), out("losses", {n})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::cross_entropy_forward(t[0], t[1], t[2], s);
-        }});
-    cases.push_back(OpCase{
-        "cross_entropy_backward" + shape,
-        {in("logits", {n, v}, Kind::floating, sh.logits),
-         in("labels", {n}, Kind::i64, labels(v, sh.ignored)), out("dlogits", {n, v})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::cross_entropy_backward(t[0], t[1], 0.37, t[2], s);
-        }});
-    cases.push_back(OpCase{
-        "cross_entropy_backward in place" + shape,
-        {inout("logits", {n, v}, Kind::floating, sh.logits),
-         in("labels", {n}, Kind::i64, labels(v, sh.ignored))},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::cross_entropy_backward(t[0], t[1], 1.0 / 7, t[0], s);
-        }});
+    cases.push_back(
+        OpCase{"cross_entropy_forward" + shape,
+               {in("logits", {n, v}, Kind::floating, sh.logits),
+                in("labels", {n}, Kind::i64, labels(v, sh.ignored)), out("losses", {n})},
+               [](const std::vector<Tensor>& t, Stream& s) {
+                 ops::cross_entropy_forward(t[0], t[1], t[2], s);
+               }});
+    cases.push_back(
+        OpCase{"cross_entropy_backward" + shape,
+               {in("logits", {n, v}, Kind::floating, sh.logits),
+                in("labels", {n}, Kind::i64, labels(v, sh.ignored)), out("dlogits", {n, v})},
+               [](const std::vector<Tensor>& t, Stream& s) {
+                 ops::cross_entropy_backward(t[0], t[1], 0.37, t[2], s);
+               }});
+    cases.push_back(OpCase{"cross_entropy_backward in place" + shape,
+                           {inout("logits", {n, v}, Kind::floating, sh.logits),
+                            in("labels", {n}, Kind::i64, labels(v, sh.ignored))},
+                           [](const std::vector<Tensor>& t, Stream& s) {
+                             ops::cross_entropy_backward(t[0], t[1], 1.0 / 7, t[0], s);
+                           }});
   }
 
   // Bad labels on CUDA: NaN rows (checked in the run), then the compared ops on valid labels.

@@ -69,11 +69,10 @@ Generator strip_labels(int64_t begin, int64_t columns, int64_t vocab) {
 MOEPEAK_BACKEND_OPS_CASES(cross_entropy_strip) {
   std::vector<OpCase> cases;
   for (int64_t n : {37, 1, 0}) {
-    cases.push_back(OpCase{"cross_entropy_state_init N=" + std::to_string(n),
-                           {out("state", {n, 3}, Kind::f64)},
-                           [](const std::vector<Tensor>& t, Stream& s) {
-                             ops::cross_entropy_state_init(t[0], s);
-                           }});
+    cases.push_back(OpCase{
+        "cross_entropy_state_init N=" + std::to_string(n),
+        {out("state", {n, 3}, Kind::f64)},
+        [](const std::vector<Tensor>& t, Stream& s) { ops::cross_entropy_state_init(t[0], s); }});
   }
 
   struct StripShape {
@@ -96,44 +95,42 @@ MOEPEAK_BACKEND_OPS_CASES(cross_entropy_strip) {
     const int64_t n = sh.n, c = sh.c, begin = sh.begin, vocab = begin + c + 50;
     std::string shape = sh.name + " N=" + std::to_string(n) + " C=" + std::to_string(c) +
                         " begin=" + std::to_string(begin);
-    cases.push_back(OpCase{
-        "cross_entropy_strip_forward" + shape,
-        {in("strip", {n, c}, Kind::floating, sh.strip),
-         in("labels", {n}, Kind::i64, strip_labels(begin, c, vocab)),
-         inout("state", {n, 3}, Kind::f64, states(0.25, sh.m_lo, sh.m_hi))},
-        [begin](const std::vector<Tensor>& t, Stream& s) {
-          ops::cross_entropy_strip_forward(t[0], t[1], begin, t[2], s);
-        }});
+    cases.push_back(OpCase{"cross_entropy_strip_forward" + shape,
+                           {in("strip", {n, c}, Kind::floating, sh.strip),
+                            in("labels", {n}, Kind::i64, strip_labels(begin, c, vocab)),
+                            inout("state", {n, 3}, Kind::f64, states(0.25, sh.m_lo, sh.m_hi))},
+                           [begin](const std::vector<Tensor>& t, Stream& s) {
+                             ops::cross_entropy_strip_forward(t[0], t[1], begin, t[2], s);
+                           }});
     // A finished state: lse = m + log z in [3, 5.4), above most logits of a normal strip.
-    cases.push_back(OpCase{
-        "cross_entropy_strip_backward" + shape,
-        {in("strip", {n, c}, Kind::floating, sh.strip),
-         in("labels", {n}, Kind::i64, strip_labels(begin, c, vocab)),
-         in("state", {n, 3}, Kind::f64, states(0.0, 3, 4)), out("dstrip", {n, c})},
-        [begin](const std::vector<Tensor>& t, Stream& s) {
-          ops::cross_entropy_strip_backward(t[0], t[1], begin, t[2], 0.37, t[3], s);
-        }});
-    cases.push_back(OpCase{
-        "cross_entropy_strip_backward in place" + shape,
-        {inout("strip", {n, c}, Kind::floating, sh.strip),
-         in("labels", {n}, Kind::i64, strip_labels(begin, c, vocab)),
-         in("state", {n, 3}, Kind::f64, states(0.0, 3, 4))},
-        [begin](const std::vector<Tensor>& t, Stream& s) {
-          ops::cross_entropy_strip_backward(t[0], t[1], begin, t[2], 1.0 / 7, t[0], s);
-        }});
+    cases.push_back(
+        OpCase{"cross_entropy_strip_backward" + shape,
+               {in("strip", {n, c}, Kind::floating, sh.strip),
+                in("labels", {n}, Kind::i64, strip_labels(begin, c, vocab)),
+                in("state", {n, 3}, Kind::f64, states(0.0, 3, 4)), out("dstrip", {n, c})},
+               [begin](const std::vector<Tensor>& t, Stream& s) {
+                 ops::cross_entropy_strip_backward(t[0], t[1], begin, t[2], 0.37, t[3], s);
+               }});
+    cases.push_back(OpCase{"cross_entropy_strip_backward in place" + shape,
+                           {inout("strip", {n, c}, Kind::floating, sh.strip),
+                            in("labels", {n}, Kind::i64, strip_labels(begin, c, vocab)),
+                            in("state", {n, 3}, Kind::f64, states(0.0, 3, 4))},
+                           [begin](const std::vector<Tensor>& t, Stream& s) {
+                             ops::cross_entropy_strip_backward(t[0], t[1], begin, t[2], 1.0 / 7,
+                                                               t[0], s);
+                           }});
   }
 
   // Merge: identity rows on either side (and both), maxima near and far apart.
-  for (auto [n, lo, hi] : std::vector<std::tuple<int64_t, double, double>>{
-           {37, -3, 3}, {500, -30, 30}, {0, -3, 3}}) {
-    cases.push_back(OpCase{
-        "cross_entropy_state_merge N=" + std::to_string(n) + " m in [" + std::to_string(int(lo)) +
-            ", " + std::to_string(int(hi)) + ")",
-        {in("partial", {n, 3}, Kind::f64, states(0.3, lo, hi)),
-         inout("state", {n, 3}, Kind::f64, states(0.3, lo, hi))},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::cross_entropy_state_merge(t[0], t[1], s);
-        }});
+  for (auto [n, lo, hi] :
+       std::vector<std::tuple<int64_t, double, double>>{{37, -3, 3}, {500, -30, 30}, {0, -3, 3}}) {
+    cases.push_back(OpCase{"cross_entropy_state_merge N=" + std::to_string(n) + " m in [" +
+                               std::to_string(int(lo)) + ", " + std::to_string(int(hi)) + ")",
+                           {in("partial", {n, 3}, Kind::f64, states(0.3, lo, hi)),
+                            inout("state", {n, 3}, Kind::f64, states(0.3, lo, hi))},
+                           [](const std::vector<Tensor>& t, Stream& s) {
+                             ops::cross_entropy_state_merge(t[0], t[1], s);
+                           }});
   }
 
   // The whole fold as Ring-DTP runs it: strips [0, 300) and [300, 813) into the state, strip
@@ -146,9 +143,8 @@ MOEPEAK_BACKEND_OPS_CASES(cross_entropy_strip) {
         {in("strip0", {n, 300}, Kind::floating, strips),
          in("strip1", {n, 513}, Kind::floating, strips),
          in("strip2", {n, 64}, Kind::floating, strips),
-         in("labels", {n}, Kind::i64, strip_labels(300, 513, 877)),
-         out("state", {n, 3}, Kind::f64), out("partial", {n, 3}, Kind::f64),
-         out("dstrip1", {n, 513})},
+         in("labels", {n}, Kind::i64, strip_labels(300, 513, 877)), out("state", {n, 3}, Kind::f64),
+         out("partial", {n, 3}, Kind::f64), out("dstrip1", {n, 513})},
         [](const std::vector<Tensor>& t, Stream& s) {
           ops::cross_entropy_state_init(t[4], s);
           ops::cross_entropy_strip_forward(t[0], t[3], 0, t[4], s);

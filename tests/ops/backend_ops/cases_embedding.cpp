@@ -30,26 +30,23 @@ struct EmbeddingShape {
 
 MOEPEAK_BACKEND_OPS_CASES(embedding) {
   std::vector<OpCase> cases;
-  const EmbeddingShape shapes[] = {{50, 96, 37},   {1, 1, 1},      {7, 1500, 64}, {1000, 33, 5},
-                                   {5, 40, 300},   {3, 1, 1000},   {70000, 8, 2000},
-                                   {3, 64, 0}};
+  const EmbeddingShape shapes[] = {{50, 96, 37}, {1, 1, 1},    {7, 1500, 64},    {1000, 33, 5},
+                                   {5, 40, 300}, {3, 1, 1000}, {70000, 8, 2000}, {3, 64, 0}};
   for (const EmbeddingShape& e : shapes) {
     const std::string shape = " V=" + std::to_string(e.vocab) + " H=" + std::to_string(e.hidden) +
                               " N=" + std::to_string(e.tokens);
-    cases.push_back(OpCase{
-        "embedding_forward" + shape,
-        {in("ids", {e.tokens}, Kind::i64, integers(0, e.vocab - 1)),
-         in("weight", {e.vocab, e.hidden}), out("out", {e.tokens, e.hidden})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::embedding_forward(t[0], t[1], t[2], s);
-        }});
-    OpCase backward{
-        "embedding_backward" + shape,
-        {in("ids", {e.tokens}, Kind::i64, integers(0, e.vocab - 1)),
-         in("dout", {e.tokens, e.hidden}), inout("dweight", {e.vocab, e.hidden})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::embedding_backward(t[0], t[1], t[2], s);
-        }};
+    cases.push_back(OpCase{"embedding_forward" + shape,
+                           {in("ids", {e.tokens}, Kind::i64, integers(0, e.vocab - 1)),
+                            in("weight", {e.vocab, e.hidden}), out("out", {e.tokens, e.hidden})},
+                           [](const std::vector<Tensor>& t, Stream& s) {
+                             ops::embedding_forward(t[0], t[1], t[2], s);
+                           }});
+    OpCase backward{"embedding_backward" + shape,
+                    {in("ids", {e.tokens}, Kind::i64, integers(0, e.vocab - 1)),
+                     in("dout", {e.tokens, e.hidden}), inout("dweight", {e.vocab, e.hidden})},
+                    [](const std::vector<Tensor>& t, Stream& s) {
+                      ops::embedding_backward(t[0], t[1], t[2], s);
+                    }};
     // With bf16 storage every += rounds to bf16 (half an ulp, 2^-9 relative), so a row summing
     // ~9 tokens drifts by about 1% of its size from the f64 reference (V = 7, N = 64: 1.1% at
     // the worst of its 10500 elements), and one summing ~60 or ~330 tokens by a few percent; the
@@ -106,8 +103,8 @@ TEST(EmbeddingOnCuda, IdsOutsideTheVocabularyGiveNanRowsAndNoGradient) {
       if (valid) {
         EXPECT_EQ(got, weight[ids[n] * H + h]) << "out[" << n << ", " << h << "]";
       } else {
-        EXPECT_TRUE(std::isnan(got)) << "out[" << n << ", " << h << "] = " << got << " for id "
-                                     << ids[n];
+        EXPECT_TRUE(std::isnan(got))
+            << "out[" << n << ", " << h << "] = " << got << " for id " << ids[n];
       }
     }
   }

@@ -44,8 +44,10 @@ struct Grads {
   bool accumulate_dx;
   DwMode dw;
   std::string name() const {
-    return std::string(" dx=") + (dx ? (accumulate_dx ? "acc" : "write") : "none") +
-           " dw=" + (dw == DwMode::all ? "all" : dw == DwMode::even ? "even" : "none");
+    return std::string(" dx=") + (dx ? (accumulate_dx ? "acc" : "write") : "none") + " dw=" +
+           (dw == DwMode::all    ? "all"
+            : dw == DwMode::even ? "even"
+                                 : "none");
   }
 };
 
@@ -95,8 +97,8 @@ OpCase backward_case(const Layout& l, const Grads& g) {
                     grads.push_back(dw[i] >= 0 ? v[static_cast<size_t>(dw[i])] : Tensor());
                   }
                   ops::grouped_linear_backward(v[0], weights_of(v, G), l.offsets, v[G + 1],
-                                               dx >= 0 ? v[static_cast<size_t>(dx)] : Tensor(),
-                                               acc, grads, st);
+                                               dx >= 0 ? v[static_cast<size_t>(dx)] : Tensor(), acc,
+                                               grads, st);
                 }};
 }
 
@@ -105,16 +107,16 @@ OpCase backward_case(const Layout& l, const Grads& g) {
 MOEPEAK_BACKEND_OPS_CASES(grouped_linear) {
   std::vector<OpCase> cases;
   const std::vector<Layout> layouts{
-      {{0, 5, 5, 17, 30}, 96, 50},         // empty group in the middle
-      {{0, 0, 13, 13}, 64, 32},            // empty first and last groups
-      {{0, 37}, 96, 50},                   // one group
-      {{0, 1, 2, 3}, 1, 1},                // 1x1 products
-      {{0, 70, 70, 71, 200}, 257, 65},     // odd sizes: row blocks aligned to the element only
-      {{0, 0, 0}, 64, 32},                 // no rows at all
+      {{0, 5, 5, 17, 30}, 96, 50},      // empty group in the middle
+      {{0, 0, 13, 13}, 64, 32},         // empty first and last groups
+      {{0, 37}, 96, 50},                // one group
+      {{0, 1, 2, 3}, 1, 1},             // 1x1 products
+      {{0, 70, 70, 71, 200}, 257, 65},  // odd sizes: row blocks aligned to the element only
+      {{0, 0, 0}, 64, 32},              // no rows at all
   };
   const std::vector<Grads> grads{
-      {true, false, DwMode::all},  {true, true, DwMode::all},   {false, false, DwMode::all},
-      {true, false, DwMode::none}, {true, true, DwMode::even},  {false, false, DwMode::even},
+      {true, false, DwMode::all},  {true, true, DwMode::all},  {false, false, DwMode::all},
+      {true, false, DwMode::none}, {true, true, DwMode::even}, {false, false, DwMode::even},
   };
   std::vector<Layout> forward_layouts = layouts, backward_layouts = layouts;
   forward_layouts.push_back({{0, 3, 3, 7}, 0, 5});   // K == 0: y = 0, or unchanged with accumulate
@@ -130,8 +132,8 @@ MOEPEAK_BACKEND_OPS_CASES(grouped_linear) {
   // The per-group loop `bench gemm` compares the grouped call with: the same results within the
   // dtype's tolerance, at the first and the last algorithm rank (the CPU ignores both settings).
   for (int rank : {0, ops::kGemmAlgorithmRanks - 1}) {
-    for (OpCase c : {forward_case(layouts[4], true),
-                     backward_case(layouts[4], {true, true, DwMode::even})}) {
+    for (OpCase c :
+         {forward_case(layouts[4], true), backward_case(layouts[4], {true, true, DwMode::even})}) {
       c.name += " per_group algorithm_rank=" + std::to_string(rank);
       c.run = [rank, run = c.run](const std::vector<Tensor>& v, Stream& st) {
         const bool previous = ops::set_grouped_gemm_per_group(true);

@@ -8,8 +8,9 @@
 // with no tokens, K == 0 an empty inner dimension (y written as zeros), N == 0 an empty output
 // (dx written as zeros). Column blocks start at an even k0 (aligned rows) and at odd ones, whose
 // pointers are aligned to the element size only. Two shapes also run with other cuBLASLt
-// algorithms than the heuristic's first (ops::set_gemm_algorithm_rank). bf16 keeps the default 1e-2: the inputs are
-// exact in bf16, products accumulate in fp32, and the result is rounded once to bf16 (2^-9).
+// algorithms than the heuristic's first (ops::set_gemm_algorithm_rank). bf16 keeps the default
+// 1e-2: the inputs are exact in bf16, products accumulate in fp32, and the result is rounded once
+// to bf16 (2^-9).
 #include <string>
 #include <vector>
 
@@ -41,8 +42,7 @@ struct Grads {
 // The forward case; a column block when k0 >= 0 (w is (N, K_w)), the plain op otherwise.
 OpCase forward_case(const Mkn& s, bool accumulate, int64_t k0, int64_t kw) {
   const bool cols = k0 >= 0;
-  std::string name = std::string(cols ? "linear_forward_cols" : "linear_forward") +
-                     shape_name(s) +
+  std::string name = std::string(cols ? "linear_forward_cols" : "linear_forward") + shape_name(s) +
                      (cols ? " k0=" + std::to_string(k0) + " K_w=" + std::to_string(kw) : "") +
                      (accumulate ? " accumulate" : "");
   std::vector<TensorSpec> t{in("x", {s.m, s.k}), in("w", {s.n, cols ? kw : s.k})};
@@ -60,10 +60,9 @@ OpCase forward_case(const Mkn& s, bool accumulate, int64_t k0, int64_t kw) {
 OpCase backward_case(const Mkn& s, const Grads& g, int64_t k0, int64_t kw) {
   const bool cols = k0 >= 0;
   const int64_t wk = cols ? kw : s.k;
-  std::string name = std::string(cols ? "linear_backward_cols" : "linear_backward") +
-                     shape_name(s) +
-                     (cols ? " k0=" + std::to_string(k0) + " K_w=" + std::to_string(kw) : "") +
-                     g.name();
+  std::string name =
+      std::string(cols ? "linear_backward_cols" : "linear_backward") + shape_name(s) +
+      (cols ? " k0=" + std::to_string(k0) + " K_w=" + std::to_string(kw) : "") + g.name();
   std::vector<TensorSpec> t{in("x", {s.m, s.k}), in("w", {s.n, wk}), in("dy", {s.m, s.n})};
   int dx = -1, dw = -1;
   if (g.dx) {

@@ -22,14 +22,13 @@ MOEPEAK_BACKEND_OPS_CASES(matmul) {
   for (const Mkn& s : std::vector<Mkn>{
            {37, 96, 50}, {1, 1, 1}, {0, 64, 32}, {130, 257, 65}, {37, 0, 50}, {5, 3, 0}}) {
     for (bool acc : {false, true}) {
-      cases.push_back(OpCase{
-          "matmul M=" + std::to_string(s.m) + " K=" + std::to_string(s.k) +
-              " N=" + std::to_string(s.n) + (acc ? " accumulate" : ""),
-          {in("a", {s.m, s.k}), in("b", {s.k, s.n}),
-           acc ? inout("c", {s.m, s.n}) : out("c", {s.m, s.n})},
-          [acc](const std::vector<Tensor>& t, Stream& st) {
-            ops::matmul(t[0], t[1], t[2], acc, st);
-          }});
+      cases.push_back(OpCase{"matmul M=" + std::to_string(s.m) + " K=" + std::to_string(s.k) +
+                                 " N=" + std::to_string(s.n) + (acc ? " accumulate" : ""),
+                             {in("a", {s.m, s.k}), in("b", {s.k, s.n}),
+                              acc ? inout("c", {s.m, s.n}) : out("c", {s.m, s.n})},
+                             [acc](const std::vector<Tensor>& t, Stream& st) {
+                               ops::matmul(t[0], t[1], t[2], acc, st);
+                             }});
     }
   }
   return cases;

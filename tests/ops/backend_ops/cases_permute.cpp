@@ -130,50 +130,48 @@ MOEPEAK_BACKEND_OPS_CASES(permute) {
   };
   for (const auto& sh : shapes) {
     const int64_t n = sh.n, m = sh.m, h = sh.h;
-    std::string shape = sh.name + " N=" + std::to_string(n) + " M=" + std::to_string(m) +
-                        " H=" + std::to_string(h);
+    std::string shape =
+        sh.name + " N=" + std::to_string(n) + " M=" + std::to_string(m) + " H=" + std::to_string(h);
     cases.push_back(OpCase{
         "gather_rows" + shape,
         {in("src", {n, h}), in("index", {m}, Kind::i32, sh.index), out("dst", {m, h})},
         [](const std::vector<Tensor>& t, Stream& s) { ops::gather_rows(t[0], t[1], t[2], s); }});
-    cases.push_back(OpCase{
-        "scatter_add_rows" + shape,
-        {in("src", {m, h}), in("index", {m}, Kind::i32, sh.index), inout("dst", {n, h})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::scatter_add_rows(t[0], t[1], t[2], s);
-        }});
-    cases.push_back(OpCase{
-        "combine_rows" + shape,
-        {in("y", {m, h}), in("index", {m}, Kind::i32, sh.index), in("weight", {m}),
-         inout("out", {n, h})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::combine_rows(t[0], t[1], t[2], t[3], s);
-        }});
-    cases.push_back(OpCase{
-        "combine_rows_backward" + shape,
-        {in("dout", {n, h}), in("y", {m, h}), in("index", {m}, Kind::i32, sh.index),
-         in("weight", {m}), out("dy", {m, h}), out("dweight", {m})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::combine_rows_backward(t[0], t[1], t[2], t[3], t[4], t[5], s);
-        }});
-    cases.push_back(OpCase{
-        "combine_rows_backward in place" + shape,
-        {in("dout", {n, h}), inout("y", {m, h}), in("index", {m}, Kind::i32, sh.index),
-         in("weight", {m}), out("dweight", {m})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::combine_rows_backward(t[0], t[1], t[2], t[3], t[1], t[4], s);
-        }});
+    cases.push_back(
+        OpCase{"scatter_add_rows" + shape,
+               {in("src", {m, h}), in("index", {m}, Kind::i32, sh.index), inout("dst", {n, h})},
+               [](const std::vector<Tensor>& t, Stream& s) {
+                 ops::scatter_add_rows(t[0], t[1], t[2], s);
+               }});
+    cases.push_back(OpCase{"combine_rows" + shape,
+                           {in("y", {m, h}), in("index", {m}, Kind::i32, sh.index),
+                            in("weight", {m}), inout("out", {n, h})},
+                           [](const std::vector<Tensor>& t, Stream& s) {
+                             ops::combine_rows(t[0], t[1], t[2], t[3], s);
+                           }});
+    cases.push_back(
+        OpCase{"combine_rows_backward" + shape,
+               {in("dout", {n, h}), in("y", {m, h}), in("index", {m}, Kind::i32, sh.index),
+                in("weight", {m}), out("dy", {m, h}), out("dweight", {m})},
+               [](const std::vector<Tensor>& t, Stream& s) {
+                 ops::combine_rows_backward(t[0], t[1], t[2], t[3], t[4], t[5], s);
+               }});
+    cases.push_back(
+        OpCase{"combine_rows_backward in place" + shape,
+               {in("dout", {n, h}), inout("y", {m, h}), in("index", {m}, Kind::i32, sh.index),
+                in("weight", {m}), out("dweight", {m})},
+               [](const std::vector<Tensor>& t, Stream& s) {
+                 ops::combine_rows_backward(t[0], t[1], t[2], t[3], t[1], t[4], s);
+               }});
   }
 
   // Indices outside [0, N): CUDA skips them (ops/permute.h); the CPU reference applies the same
   // rule on the host, since the CPU ops throw on them.
   for (auto [n, m, h] : std::vector<std::array<int64_t, 3>>{{16, 60, 33}, {50, 700, 8}}) {
-    std::string shape = " N=" + std::to_string(n) + " M=" + std::to_string(m) +
-                        " H=" + std::to_string(h);
+    std::string shape =
+        " N=" + std::to_string(n) + " M=" + std::to_string(m) + " H=" + std::to_string(h);
     cases.push_back(OpCase{
         "gather_rows skip rule" + shape,
-        {in("src", {n, h}), in("index", {m}, Kind::i32, index_with_invalid(n)),
-         out("dst", {m, h})},
+        {in("src", {n, h}), in("index", {m}, Kind::i32, index_with_invalid(n)), out("dst", {m, h})},
         [](const std::vector<Tensor>& t, Stream& s) {
           if (ops::runs_on_cuda(t[2])) {
             ops::gather_rows(t[0], t[1], t[2], s);
@@ -181,28 +179,26 @@ MOEPEAK_BACKEND_OPS_CASES(permute) {
             gather_skip_rule(t[0], t[1], t[2]);
           }
         }});
-    cases.push_back(OpCase{
-        "scatter_add_rows skip rule" + shape,
-        {in("src", {m, h}), in("index", {m}, Kind::i32, index_with_invalid(n)),
-         inout("dst", {n, h})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          if (ops::runs_on_cuda(t[2])) {
-            ops::scatter_add_rows(t[0], t[1], t[2], s);
-          } else {
-            combine_skip_rule(t[0], t[1], nullptr, t[2]);
-          }
-        }});
-    cases.push_back(OpCase{
-        "combine_rows skip rule" + shape,
-        {in("y", {m, h}), in("index", {m}, Kind::i32, index_with_invalid(n)), in("weight", {m}),
-         inout("out", {n, h})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          if (ops::runs_on_cuda(t[3])) {
-            ops::combine_rows(t[0], t[1], t[2], t[3], s);
-          } else {
-            combine_skip_rule(t[0], t[1], &t[2], t[3]);
-          }
-        }});
+    cases.push_back(OpCase{"scatter_add_rows skip rule" + shape,
+                           {in("src", {m, h}), in("index", {m}, Kind::i32, index_with_invalid(n)),
+                            inout("dst", {n, h})},
+                           [](const std::vector<Tensor>& t, Stream& s) {
+                             if (ops::runs_on_cuda(t[2])) {
+                               ops::scatter_add_rows(t[0], t[1], t[2], s);
+                             } else {
+                               combine_skip_rule(t[0], t[1], nullptr, t[2]);
+                             }
+                           }});
+    cases.push_back(OpCase{"combine_rows skip rule" + shape,
+                           {in("y", {m, h}), in("index", {m}, Kind::i32, index_with_invalid(n)),
+                            in("weight", {m}), inout("out", {n, h})},
+                           [](const std::vector<Tensor>& t, Stream& s) {
+                             if (ops::runs_on_cuda(t[3])) {
+                               ops::combine_rows(t[0], t[1], t[2], t[3], s);
+                             } else {
+                               combine_skip_rule(t[0], t[1], &t[2], t[3]);
+                             }
+                           }});
     cases.push_back(OpCase{
         "combine_rows_backward skip rule" + shape,
         {in("dout", {n, h}), in("y", {m, h}), in("index", {m}, Kind::i32, index_with_invalid(n)),

@@ -15,50 +15,46 @@ namespace moepeak::testing::backend_ops {
 
 MOEPEAK_BACKEND_OPS_CASES(rmsnorm) {
   std::vector<OpCase> cases;
-  const std::pair<int64_t, int64_t> shapes[] = {{37, 96},  {1, 1},    {5, 1000},  {3, 4096},
-                                                {1, 5000}, {300, 67}, {1024, 40}, {3000, 33},
-                                                {0, 64}};
+  const std::pair<int64_t, int64_t> shapes[] = {{37, 96},   {1, 1},     {5, 1000},
+                                                {3, 4096},  {1, 5000},  {300, 67},
+                                                {1024, 40}, {3000, 33}, {0, 64}};
   for (auto [n, h] : shapes) {
     const std::string shape = " N=" + std::to_string(n) + " H=" + std::to_string(h);
     const double eps = h == 1 ? 1e-6 : 1e-5;
-    cases.push_back(OpCase{
-        "rmsnorm_forward" + shape,
-        {in("x", {n, h}), in("w", {h}, Kind::floating, uniform(0.5, 1.5)), out("y", {n, h}),
-         out("rstd", {n})},
-        [eps](const std::vector<Tensor>& t, Stream& s) {
-          ops::rmsnorm_forward(t[0], t[1], eps, t[2], t[3], s);
-        }});
-    cases.push_back(OpCase{
-        "rmsnorm_backward" + shape,
-        {in("x", {n, h}), in("w", {h}, Kind::floating, uniform(0.5, 1.5)),
-         in("rstd", {n}, Kind::floating, uniform(0.5, 2.0)), in("dy", {n, h}), out("dx", {n, h}),
-         inout("dw", {h})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::rmsnorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], s);
-        }});
+    cases.push_back(OpCase{"rmsnorm_forward" + shape,
+                           {in("x", {n, h}), in("w", {h}, Kind::floating, uniform(0.5, 1.5)),
+                            out("y", {n, h}), out("rstd", {n})},
+                           [eps](const std::vector<Tensor>& t, Stream& s) {
+                             ops::rmsnorm_forward(t[0], t[1], eps, t[2], t[3], s);
+                           }});
+    cases.push_back(OpCase{"rmsnorm_backward" + shape,
+                           {in("x", {n, h}), in("w", {h}, Kind::floating, uniform(0.5, 1.5)),
+                            in("rstd", {n}, Kind::floating, uniform(0.5, 2.0)), in("dy", {n, h}),
+                            out("dx", {n, h}), inout("dw", {h})},
+                           [](const std::vector<Tensor>& t, Stream& s) {
+                             ops::rmsnorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], s);
+                           }});
   }
   // In place: dx written over dy.
   for (auto [n, h] : {std::pair<int64_t, int64_t>{37, 96}, {4, 1500}}) {
     const std::string shape = " N=" + std::to_string(n) + " H=" + std::to_string(h);
-    cases.push_back(OpCase{
-        "rmsnorm_backward dx=dy" + shape,
-        {in("x", {n, h}), in("w", {h}, Kind::floating, uniform(0.5, 1.5)),
-         in("rstd", {n}, Kind::floating, uniform(0.5, 2.0)), inout("dy_dx", {n, h}),
-         inout("dw", {h})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::rmsnorm_backward(t[0], t[1], t[2], t[3], t[3], t[4], s);
-        }});
+    cases.push_back(OpCase{"rmsnorm_backward dx=dy" + shape,
+                           {in("x", {n, h}), in("w", {h}, Kind::floating, uniform(0.5, 1.5)),
+                            in("rstd", {n}, Kind::floating, uniform(0.5, 2.0)),
+                            inout("dy_dx", {n, h}), inout("dw", {h})},
+                           [](const std::vector<Tensor>& t, Stream& s) {
+                             ops::rmsnorm_backward(t[0], t[1], t[2], t[3], t[3], t[4], s);
+                           }});
   }
   // The forward then the backward on its rstd, as the model runs them.
-  cases.push_back(OpCase{
-      "rmsnorm_forward_then_backward N=64 H=4096",
-      {in("x", {64, 4096}), in("w", {4096}, Kind::floating, uniform(0.5, 1.5)),
-       out("y", {64, 4096}), out("rstd", {64}), in("dy", {64, 4096}), out("dx", {64, 4096}),
-       inout("dw", {4096})},
-      [](const std::vector<Tensor>& t, Stream& s) {
-        ops::rmsnorm_forward(t[0], t[1], 1e-5, t[2], t[3], s);
-        ops::rmsnorm_backward(t[0], t[1], t[3], t[4], t[5], t[6], s);
-      }});
+  cases.push_back(OpCase{"rmsnorm_forward_then_backward N=64 H=4096",
+                         {in("x", {64, 4096}), in("w", {4096}, Kind::floating, uniform(0.5, 1.5)),
+                          out("y", {64, 4096}), out("rstd", {64}), in("dy", {64, 4096}),
+                          out("dx", {64, 4096}), inout("dw", {4096})},
+                         [](const std::vector<Tensor>& t, Stream& s) {
+                           ops::rmsnorm_forward(t[0], t[1], 1e-5, t[2], t[3], s);
+                           ops::rmsnorm_backward(t[0], t[1], t[3], t[4], t[5], t[6], s);
+                         }});
   return cases;
 }
 

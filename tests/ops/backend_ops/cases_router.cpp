@@ -85,8 +85,7 @@ void router_backward_skip_rule(const Tensor& topk_index, const Tensor& topk_weig
       for (int64_t j = k - 1; j >= 0; --j) {  // backwards, so the first slot naming e wins
         int64_t e = idx[n * k + j];
         if (e < 0 || e >= experts) continue;
-        dl[n * experts + e] =
-            static_cast<T>(double(w[n * k + j]) * (dw[n * k + j] - weighted_dw));
+        dl[n * experts + e] = static_cast<T>(double(w[n * k + j]) * (dw[n * k + j] - weighted_dw));
       }
     }
   });
@@ -99,35 +98,34 @@ MOEPEAK_BACKEND_OPS_CASES(router) {
   struct RouterShape {
     int64_t n, e, k;
   };
-  const std::vector<RouterShape> shapes{{37, 8, 2}, {64, 16, 4}, {5, 256, 8}, {3, 8, 8},
-                                        {1, 1, 1},  {0, 8, 2},   {33, 64, 1}, {9, 80, 40},
-                                        {4, 200, 200}};
+  const std::vector<RouterShape> shapes{{37, 8, 2},  {64, 16, 4}, {5, 256, 8},
+                                        {3, 8, 8},   {1, 1, 1},   {0, 8, 2},
+                                        {33, 64, 1}, {9, 80, 40}, {4, 200, 200}};
   for (auto [n, e, k] : shapes) {
-    std::string shape = " N=" + std::to_string(n) + " E=" + std::to_string(e) +
-                        " k=" + std::to_string(k);
+    std::string shape =
+        " N=" + std::to_string(n) + " E=" + std::to_string(e) + " k=" + std::to_string(k);
     const int ki = static_cast<int>(k);
-    cases.push_back(OpCase{
-        "router_forward" + shape,
-        {in("logits", {n, e}, Kind::floating, distinct_logits(e)), out("probs", {n, e}),
-         out("topk_index", {n, k}, Kind::i32), out("topk_weight", {n, k})},
-        [ki](const std::vector<Tensor>& t, Stream& s) {
-          ops::router_forward(t[0], ki, t[1], t[2], t[3], s);
-        }});
-    cases.push_back(OpCase{
-        "router_backward" + shape,
-        {in("probs", {n, e}), in("topk_index", {n, k}, Kind::i32, topk_subsets(e, k)),
-         in("topk_weight", {n, k}, Kind::floating, uniform(0.05, 1.0)), in("dtopk_weight", {n, k}),
-         out("dlogits", {n, e})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::router_backward(t[0], t[1], t[2], t[3], t[4], s);
-        }});
-    cases.push_back(OpCase{
-        "router_aux_backward" + shape,
-        {in("probs", {n, e}, Kind::floating, uniform(0.0, 1.0)), in("dprobs", {e}),
-         inout("dlogits", {n, e})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::router_aux_backward(t[0], t[1], t[2], s);
-        }});
+    cases.push_back(
+        OpCase{"router_forward" + shape,
+               {in("logits", {n, e}, Kind::floating, distinct_logits(e)), out("probs", {n, e}),
+                out("topk_index", {n, k}, Kind::i32), out("topk_weight", {n, k})},
+               [ki](const std::vector<Tensor>& t, Stream& s) {
+                 ops::router_forward(t[0], ki, t[1], t[2], t[3], s);
+               }});
+    cases.push_back(
+        OpCase{"router_backward" + shape,
+               {in("probs", {n, e}), in("topk_index", {n, k}, Kind::i32, topk_subsets(e, k)),
+                in("topk_weight", {n, k}, Kind::floating, uniform(0.05, 1.0)),
+                in("dtopk_weight", {n, k}), out("dlogits", {n, e})},
+               [](const std::vector<Tensor>& t, Stream& s) {
+                 ops::router_backward(t[0], t[1], t[2], t[3], t[4], s);
+               }});
+    cases.push_back(OpCase{"router_aux_backward" + shape,
+                           {in("probs", {n, e}, Kind::floating, uniform(0.0, 1.0)),
+                            in("dprobs", {e}), inout("dlogits", {n, e})},
+                           [](const std::vector<Tensor>& t, Stream& s) {
+                             ops::router_aux_backward(t[0], t[1], t[2], s);
+                           }});
   }
 
   // Exact ties (every logit twice in its row): the lower expert index goes first.
@@ -154,20 +152,20 @@ MOEPEAK_BACKEND_OPS_CASES(router) {
   // Bad slots: CUDA skips them (ops/router.h); the CPU reference applies the same rule on the
   // host, since router_backward_cpu throws on them.
   for (auto [n, e, k] : std::vector<RouterShape>{{40, 8, 4}, {6, 64, 40}}) {
-    cases.push_back(OpCase{
-        "router_backward skip rule N=" + std::to_string(n) + " E=" + std::to_string(e) +
-            " k=" + std::to_string(k),
-        {in("probs", {n, e}),
-         in("topk_index", {n, k}, Kind::i32, topk_subsets(e, k, /*invalid=*/true)),
-         in("topk_weight", {n, k}, Kind::floating, uniform(0.05, 1.0)), in("dtopk_weight", {n, k}),
-         out("dlogits", {n, e})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          if (ops::runs_on_cuda(t[4])) {
-            ops::router_backward(t[0], t[1], t[2], t[3], t[4], s);
-          } else {
-            router_backward_skip_rule(t[1], t[2], t[3], t[4]);
-          }
-        }});
+    cases.push_back(
+        OpCase{"router_backward skip rule N=" + std::to_string(n) + " E=" + std::to_string(e) +
+                   " k=" + std::to_string(k),
+               {in("probs", {n, e}),
+                in("topk_index", {n, k}, Kind::i32, topk_subsets(e, k, /*invalid=*/true)),
+                in("topk_weight", {n, k}, Kind::floating, uniform(0.05, 1.0)),
+                in("dtopk_weight", {n, k}), out("dlogits", {n, e})},
+               [](const std::vector<Tensor>& t, Stream& s) {
+                 if (ops::runs_on_cuda(t[4])) {
+                   ops::router_backward(t[0], t[1], t[2], t[3], t[4], s);
+                 } else {
+                   router_backward_skip_rule(t[1], t[2], t[3], t[4]);
+                 }
+               }});
   }
   return cases;
 }

@@ -13,13 +13,12 @@ MOEPEAK_BACKEND_OPS_CASES(swiglu) {
         "swiglu_forward" + shape,
         {in("a", {m, f}, Kind::floating, uniform(-12, 12)), in("b", {m, f}), out("h", {m, f})},
         [](const std::vector<Tensor>& t, Stream& s) { ops::swiglu_forward(t[0], t[1], t[2], s); }});
-    cases.push_back(OpCase{
-        "swiglu_backward" + shape,
-        {in("a", {m, f}, Kind::floating, uniform(-12, 12)), in("b", {m, f}), in("dh", {m, f}),
-         out("da", {m, f}), out("db", {m, f})},
-        [](const std::vector<Tensor>& t, Stream& s) {
-          ops::swiglu_backward(t[0], t[1], t[2], t[3], t[4], s);
-        }});
+    cases.push_back(OpCase{"swiglu_backward" + shape,
+                           {in("a", {m, f}, Kind::floating, uniform(-12, 12)), in("b", {m, f}),
+                            in("dh", {m, f}), out("da", {m, f}), out("db", {m, f})},
+                           [](const std::vector<Tensor>& t, Stream& s) {
+                             ops::swiglu_backward(t[0], t[1], t[2], t[3], t[4], s);
+                           }});
   }
   return cases;
 }

@@ -103,20 +103,28 @@ bool is_integer(Kind k) { return k == Kind::i32 || k == Kind::i64; }
 
 DType dtype_in_run(Kind kind, DType storage, bool reference) {
   switch (kind) {
-    case Kind::floating: return reference ? DType::f64 : storage;
-    case Kind::state: return reference ? DType::f64 : DType::f32;
-    case Kind::f64: return DType::f64;
-    case Kind::i32: return DType::i32;
-    case Kind::i64: return DType::i64;
+    case Kind::floating:
+      return reference ? DType::f64 : storage;
+    case Kind::state:
+      return reference ? DType::f64 : DType::f32;
+    case Kind::f64:
+      return DType::f64;
+    case Kind::i32:
+      return DType::i32;
+    case Kind::i64:
+      return DType::i64;
   }
   return DType::f64;
 }
 
 double round_to(DType t, double v) {
   switch (t) {
-    case DType::f32: return static_cast<float>(v);
-    case DType::bf16: return static_cast<float>(bf16(static_cast<float>(v)));
-    default: return v;
+    case DType::f32:
+      return static_cast<float>(v);
+    case DType::bf16:
+      return static_cast<float>(bf16(static_cast<float>(v)));
+    default:
+      return v;
   }
 }
 
@@ -127,14 +135,13 @@ struct OpRun {
 };
 
 OpRun prepare(Backend& backend, const OpCase& c, const std::vector<std::vector<double>>& inputs,
-            DType storage, bool reference) {
+              DType storage, bool reference) {
   OpRun run;
   Stream& stream = backend.default_stream();
   for (size_t i = 0; i < c.tensors.size(); ++i) {
     const TensorSpec& spec = c.tensors[i];
     DType t = dtype_in_run(spec.kind, storage, reference);
-    run.owned.push_back(
-        OwnedTensor::device(backend, spec.shape, t, LiveSet::workspace, spec.name));
+    run.owned.push_back(OwnedTensor::device(backend, spec.shape, t, LiveSet::workspace, spec.name));
     run.views.push_back(run.owned.back().view());
     if (spec.role == Role::out) {
       ops::fill(run.views.back(),
@@ -182,7 +189,8 @@ class BackendOpTest : public ::testing::Test {
     for (size_t i = 0; i < c.tensors.size(); ++i) {
       const TensorSpec& spec = c.tensors[i];
       if (spec.role == Role::in) continue;
-      std::vector<double> want = copy_to_host_as_double(ref_run.views[i], ref, ref.default_stream());
+      std::vector<double> want =
+          copy_to_host_as_double(ref_run.views[i], ref, ref.default_stream());
       std::vector<double> got = copy_to_host_as_double(dut_run.views[i], dut, dut.default_stream());
       ASSERT_EQ(want.size(), got.size()) << spec.name;
       if (is_integer(spec.kind)) {
@@ -241,12 +249,10 @@ int main(int argc, char** argv) {
     std::vector<moepeak::DType> storages{moepeak::DType::f32};
     if (cases[i].bf16 && !cpu_under_test()) storages.push_back(moepeak::DType::bf16);
     for (moepeak::DType storage : storages) {
-      std::string name = test_name(cases[i].name) + "_" +
-                         std::string(moepeak::dtype_name(storage));
-      ::testing::RegisterTest("BackendOps", name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
-                              [i, storage]() -> ::testing::Test* {
-                                return new BackendOpTest(i, storage);
-                              });
+      std::string name = test_name(cases[i].name) + "_" + std::string(moepeak::dtype_name(storage));
+      ::testing::RegisterTest(
+          "BackendOps", name.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+          [i, storage]() -> ::testing::Test* { return new BackendOpTest(i, storage); });
     }
   }
   return RUN_ALL_TESTS();

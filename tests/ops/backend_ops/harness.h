@@ -110,7 +110,7 @@ struct CaseRegistrar {
 // At namespace scope in a cases file:
 //   MOEPEAK_BACKEND_OPS_CASES(norm) { std::vector<OpCase> c; ...; return c; }
 #define MOEPEAK_BACKEND_OPS_CASES(family)                                                     \
-  static std::vector<::moepeak::testing::backend_ops::OpCase> backend_ops_cases_##family();  \
+  static std::vector<::moepeak::testing::backend_ops::OpCase> backend_ops_cases_##family();   \
   static const ::moepeak::testing::backend_ops::CaseRegistrar backend_ops_registrar_##family( \
-      backend_ops_cases_##family);                                                           \
+      backend_ops_cases_##family);                                                            \
   static std::vector<::moepeak::testing::backend_ops::OpCase> backend_ops_cases_##family()

@@ -113,8 +113,8 @@ TEST_P(BackendModel, LossAndEveryGradientMatchTheCpuInFloat64) {
   }
   std::printf("  loss %.9f vs %.9f; gradients: %zu elements, max error %.2e of scale %.3e\n",
               got.loss, want.loss, want.grads.size(), diff / scale, scale);
-  EXPECT_LE(diff / scale, grad_tol) << "element " << worst << ": " << got.grads[worst]
-                                << ", reference " << want.grads[worst];
+  EXPECT_LE(diff / scale, grad_tol)
+      << "element " << worst << ": " << got.grads[worst] << ", reference " << want.grads[worst];
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -94,8 +94,8 @@ Step model_step(Backend& backend, const SchedulesConfig& schedules, DType dtype 
   stream.synchronize();
   backend.arena().reset_peaks();
   Step step;
-  step.loss =
-      model.forward_backward(TokenBatch{d_ids, d_labels, d_positions, kBatch, kSeq, scored}, scored);
+  step.loss = model.forward_backward(TokenBatch{d_ids, d_labels, d_positions, kBatch, kSeq, scored},
+                                     scored);
   step.stats = backend.arena().stats();
   step.grads = copy_to_host_as_double(model.params().flat_grads(), backend, stream);
   if (auto* sco = dynamic_cast<schedules::ScoBoundaries*>(&model.boundaries())) {
@@ -197,7 +197,7 @@ TEST_P(BackendBoundedSchedule, MatchesTheStandardScheduleInFloat32) {
 INSTANTIATE_TEST_SUITE_P(Schedules, BackendBoundedSchedule, ::testing::ValuesIn(bounded_cases()),
                          [](const auto& info) { return info.param.name; });
 
-// ---- AdamW placements ----------------------------------------------------------------------------
+// ---- AdamW placements ---------------------------------------------------------------------------
 
 struct AdamwResult {
   std::vector<char> weights, m, v, master;  // master: only with bf16 working weights
@@ -217,7 +217,8 @@ AdamwResult run_adamw(Backend& backend, ZeroParamStore& params, const std::vecto
                       Make&& make) {
   Stream& stream = backend.default_stream();
   const Tensor values = params.flat_values();
-  backend.copy_async(values.data(), initial.data(), initial.size(), CopyKind::host_to_device, stream);
+  backend.copy_async(values.data(), initial.data(), initial.size(), CopyKind::host_to_device,
+                     stream);
   stream.synchronize();
   backend.arena().reset_peaks();
   AdamwResult r;
