@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "core/checkpoint/atomic_file.h"
+#include "core/atomic_file.h"
 #include "core/config/config.h"
 #include "core/error.h"
 #include "core/plan/plan.h"

@@ -16,9 +16,9 @@
 #include <string>
 
 #include "cli/bench_common.h"
+#include "cli/build_info.h"
 #include "cli/commands.h"
-#include "core/build_info.h"
-#include "core/checkpoint/atomic_file.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "topology/host_budget.h"

@@ -38,7 +38,7 @@
 #include "cli/bench_common.h"
 #include "cli/commands.h"
 #include "cli/tune_sweeps.h"
-#include "core/checkpoint/atomic_file.h"
+#include "core/atomic_file.h"
 #include "core/comm/process_group.h"
 #include "core/config/config.h"
 #include "core/error.h"

@@ -3,8 +3,8 @@
 // NCCL). Needs neither MPI_Init nor a GPU.
 #include <cstdio>
 
+#include "cli/build_info.h"
 #include "cli/commands.h"
-#include "core/build_info.h"
 
 namespace moepeak::cli {
 

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <functional>
 
-#include "core/checkpoint/atomic_file.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace moepeak::topology {

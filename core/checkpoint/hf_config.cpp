@@ -4,7 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/checkpoint/atomic_file.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace moepeak {

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
-#include "core/checkpoint/atomic_file.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 static_assert(std::endian::native == std::endian::little,

@@ -10,7 +10,7 @@
 //   SafetensorsWriter w;
 //   w.add("model.norm.weight", DType::f32, {64}, norm.data(), norm.size() * 4);
 //   w.set_metadata("format", "pt");
-//   w.write("ckpt/model.safetensors");          // atomically (core/checkpoint/atomic_file.h)
+//   w.write("ckpt/model.safetensors");          // atomically (core/atomic_file.h)
 //
 //   SafetensorsFile f = SafetensorsFile::open("ckpt/model.safetensors");
 //   f.info("model.norm.weight");                // {dtype "F32", shape {64}, bytes 256, ...}

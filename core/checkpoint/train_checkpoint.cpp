@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/checkpoint/atomic_file.h"
+#include "core/atomic_file.h"
 #include "core/checkpoint/hf_config.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/comm/comm.h"

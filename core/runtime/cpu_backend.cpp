@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/runtime/numa.h"
 #include "core/units.h"
-#include "topology/numa.h"
 
 namespace moepeak {
 
@@ -42,7 +42,7 @@ CpuBackend::~CpuBackend() {
 std::string CpuBackend::describe() const {
   return "cpu (" + std::to_string(std::thread::hardware_concurrency()) + " cores, OpenBLAS " +
          std::to_string(openblas_get_num_threads()) + " threads, " +
-         std::to_string(topology::numa_node_count()) + " NUMA node(s), device memory " +
+         std::to_string(numa_node_count()) + " NUMA node(s), device memory " +
          format_bytes(arena_->capacity()) + ", pinned budget " + format_bytes(pinned_->budget()) +
          " on node " + std::to_string(pinned_->numa_node()) + ")";
 }
@@ -93,7 +93,7 @@ MemoryInfo CpuBackend::memory_info() {
   info.capacity = arena_->capacity();
   info.used = arena_->used();
   info.largest_free = arena_->largest_free_block();
-  auto host = topology::host_memory();
+  auto host = host_memory();
   info.physical_total = host.total_bytes;
   info.physical_free = host.free_bytes;
   return info;

@@ -7,8 +7,8 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "core/runtime/numa.h"
 #include "core/units.h"
-#include "topology/numa.h"
 
 namespace moepeak {
 
@@ -17,7 +17,7 @@ PinnedPool::PinnedPool(uint64_t budget, int numa_node, HostRegistrar* registrar)
   if (numa_available() < 0) {
     node_ = -1;  // no NUMA support in this kernel: plain page-aligned memory
   } else if (node_ < 0) {
-    node_ = topology::current_numa_node();
+    node_ = current_numa_node();
   } else if (node_ > numa_max_node()) {
     MOEPEAK_THROW("pinned pool: NUMA node ", numa_node, " does not exist (this host has nodes 0..",
                   numa_max_node(), ")");

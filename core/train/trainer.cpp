@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/checkpoint/atomic_file.h"
+#include "core/atomic_file.h"
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/comm/comm.h"
 #include "core/comm/process_group.h"
@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/metrics/flops.h"
 #include "core/model/mixtral.h"
+#include "core/model/optimizer_params.h"
 #include "core/runtime/backend.h"
 #include "core/train/lr_schedule.h"
 #include "core/units.h"
@@ -189,7 +190,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   ZeroParamStore& params = s.model->params();
   params.initialize(static_cast<uint64_t>(cfg.job.seed), cfg.model.initializer_range, stream);
   // The serial offload's host AdamW gets the rank's share of the cores, as OpenBLAS does.
-  s.optimizer = schedules::make_optimizer(*s.backend, params, cfg.optimizer,
+  s.optimizer = schedules::make_optimizer(*s.backend, optimizer_params(params), cfg.optimizer,
                                           backend_options(cfg, s.ranks, s.binding).cpu_threads);
   s.loader = make_data_loader(cfg.training, cfg.model, cfg.job.seed);
   s.checkpoint_folder = (fs::path(cfg.job.run_path()) / cfg.checkpoint.folder).string();

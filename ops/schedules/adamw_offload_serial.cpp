@@ -34,15 +34,9 @@ SerialOffloadAdamW::SerialOffloadAdamW(Backend& backend, const Tensor& flat_valu
   }
 }
 
-SerialOffloadAdamW::SerialOffloadAdamW(Backend& backend, const ParamStore& params,
+SerialOffloadAdamW::SerialOffloadAdamW(Backend& backend, const OptimizerParams& params,
                                        const OptimizerConfig& config, int host_threads)
-    : SerialOffloadAdamW(backend, params.flat_values(), optimizer_pieces(params), config,
-                         host_threads) {}
-
-SerialOffloadAdamW::SerialOffloadAdamW(Backend& backend, const ZeroParamStore& params,
-                                       const OptimizerConfig& config, int host_threads)
-    : SerialOffloadAdamW(backend, params.flat_values(), optimizer_pieces(params), config,
-                         host_threads) {}
+    : SerialOffloadAdamW(backend, params.flat_values, params.pieces, config, host_threads) {}
 
 void SerialOffloadAdamW::step(int64_t step, double lr, double grad_scale, Stream& stream) {
   const ops::AdamWHyper hyper = adamw_hyper(config_, step, lr, grad_scale);

@@ -35,9 +35,7 @@ class SerialOffloadAdamW final : public Optimizer {
   SerialOffloadAdamW(Backend& backend, const Tensor& flat_values,
                      std::vector<OptimizerPiece> pieces, const OptimizerConfig& config,
                      int host_threads = 0, ops::AdamWSimd simd = ops::AdamWSimd::automatic);
-  SerialOffloadAdamW(Backend& backend, const ParamStore& params, const OptimizerConfig& config,
-                     int host_threads = 0);
-  SerialOffloadAdamW(Backend& backend, const ZeroParamStore& params, const OptimizerConfig& config,
+  SerialOffloadAdamW(Backend& backend, const OptimizerParams& params, const OptimizerConfig& config,
                      int host_threads = 0);
 
   OptimizerPlacement placement() const override { return OptimizerPlacement::offload_serial; }

@@ -63,13 +63,9 @@ OffloadStreamAdamW::OffloadStreamAdamW(Backend& backend, const Tensor& flat_valu
   }
 }
 
-OffloadStreamAdamW::OffloadStreamAdamW(Backend& backend, const ParamStore& params,
+OffloadStreamAdamW::OffloadStreamAdamW(Backend& backend, const OptimizerParams& params,
                                        const OptimizerConfig& config)
-    : OffloadStreamAdamW(backend, params.flat_values(), optimizer_pieces(params), config) {}
-
-OffloadStreamAdamW::OffloadStreamAdamW(Backend& backend, const ZeroParamStore& params,
-                                       const OptimizerConfig& config)
-    : OffloadStreamAdamW(backend, params.flat_values(), optimizer_pieces(params), config) {}
+    : OffloadStreamAdamW(backend, params.flat_values, params.pieces, config) {}
 
 uint64_t OffloadStreamAdamW::staging_bytes() const {
   return adamw_offload_stream_bytes(shape_.bucket, shape_.slots, host_.dtype());

@@ -66,8 +66,8 @@ class OffloadStreamAdamW final : public Optimizer {
   // config.staging_slots.
   OffloadStreamAdamW(Backend& backend, const Tensor& flat_values,
                      std::vector<OptimizerPiece> pieces, const OptimizerConfig& config);
-  OffloadStreamAdamW(Backend& backend, const ParamStore& params, const OptimizerConfig& config);
-  OffloadStreamAdamW(Backend& backend, const ZeroParamStore& params, const OptimizerConfig& config);
+  OffloadStreamAdamW(Backend& backend, const OptimizerParams& params,
+                     const OptimizerConfig& config);
 
   OptimizerPlacement placement() const override { return OptimizerPlacement::offload_stream; }
   void step(int64_t step, double lr, double grad_scale, Stream& stream) override;

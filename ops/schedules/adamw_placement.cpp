@@ -6,11 +6,9 @@
 #include "ops/schedules/optimizer.h"
 
 namespace moepeak::schedules {
-namespace {
 
-template <typename Store>
-std::unique_ptr<Optimizer> make(Backend& backend, const Store& params,
-                                const OptimizerConfig& config, int host_threads) {
+std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const OptimizerParams& params,
+                                          const OptimizerConfig& config, int host_threads) {
   MOEPEAK_CHECK(config.name == OptimizerKind::adamw, "optimizer.name = \"", enum_name(config.name),
                 "\" is not available");
   switch (config.placement) {
@@ -22,18 +20,6 @@ std::unique_ptr<Optimizer> make(Backend& backend, const Store& params,
       return std::make_unique<OffloadStreamAdamW>(backend, params, config);
   }
   MOEPEAK_THROW("optimizer.placement: unknown value ", static_cast<int>(config.placement));
-}
-
-}  // namespace
-
-std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const ZeroParamStore& params,
-                                          const OptimizerConfig& config, int host_threads) {
-  return make(backend, params, config, host_threads);
-}
-
-std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const ParamStore& params,
-                                          const OptimizerConfig& config, int host_threads) {
-  return make(backend, params, config, host_threads);
 }
 
 }  // namespace moepeak::schedules

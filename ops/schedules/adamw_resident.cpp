@@ -1,4 +1,4 @@
-// Resident AdamW (see adamw_resident.h) and the pieces of a store (optimizer.h).
+// Resident AdamW (see adamw_resident.h).
 #include "ops/schedules/adamw_resident.h"
 
 #include "core/error.h"
@@ -13,22 +13,6 @@ uint64_t adamw_resident_bytes(int64_t elements, DType working) {
   const uint64_t states = working == DType::bf16 ? 3 : 2;  // (master,) m, v
   return states * DeviceArena::footprint(static_cast<uint64_t>(elements) *
                                          dtype_size(adamw_state_dtype(working)));
-}
-
-std::vector<OptimizerPiece> optimizer_pieces(const ParamStore& params) {
-  std::vector<OptimizerPiece> pieces;
-  for (size_t i = 0; i < params.layout().params().size(); ++i) {
-    // NOTES: RMSNorm weights are not decayed (decay would pull them to 0, not to their init 1).
-    pieces.push_back({params.value(static_cast<int>(i)), params.grad(static_cast<int>(i)),
-                      !params.layout().params()[i].is_norm});
-  }
-  return pieces;
-}
-
-std::vector<OptimizerPiece> optimizer_pieces(const ZeroParamStore& params) {
-  std::vector<OptimizerPiece> pieces;
-  for (const auto& p : params.local_pieces()) pieces.push_back({p.value, p.grad, !p.is_norm});
-  return pieces;
 }
 
 ResidentAdamW::ResidentAdamW(Backend& backend, const Tensor& flat_values,
@@ -62,13 +46,9 @@ ResidentAdamW::ResidentAdamW(Backend& backend, const Tensor& flat_values,
   stream.synchronize();
 }
 
-ResidentAdamW::ResidentAdamW(Backend& backend, const ParamStore& params,
+ResidentAdamW::ResidentAdamW(Backend& backend, const OptimizerParams& params,
                              const OptimizerConfig& config)
-    : ResidentAdamW(backend, params.flat_values(), optimizer_pieces(params), config) {}
-
-ResidentAdamW::ResidentAdamW(Backend& backend, const ZeroParamStore& params,
-                             const OptimizerConfig& config)
-    : ResidentAdamW(backend, params.flat_values(), optimizer_pieces(params), config) {}
+    : ResidentAdamW(backend, params.flat_values, params.pieces, config) {}
 
 Tensor ResidentAdamW::state_view(const OwnedTensor& state, const Slot& slot) const {
   const DType dtype = state.view().dtype();

@@ -20,8 +20,6 @@
 #include <vector>
 
 #include "core/config/config.h"
-#include "core/model/mixtral_params.h"
-#include "core/model/zero_params.h"
 #include "ops/adamw.h"
 #include "ops/schedules/optimizer.h"
 
@@ -36,8 +34,7 @@ class ResidentAdamW final : public Optimizer {
   // flat_values: the buffer every piece's value lies in (m, v mirror its layout).
   ResidentAdamW(Backend& backend, const Tensor& flat_values, std::vector<OptimizerPiece> pieces,
                 const OptimizerConfig& config);
-  ResidentAdamW(Backend& backend, const ParamStore& params, const OptimizerConfig& config);
-  ResidentAdamW(Backend& backend, const ZeroParamStore& params, const OptimizerConfig& config);
+  ResidentAdamW(Backend& backend, const OptimizerParams& params, const OptimizerConfig& config);
 
   OptimizerPlacement placement() const override { return OptimizerPlacement::resident; }
   void step(int64_t step, double lr, double grad_scale, Stream& stream) override;

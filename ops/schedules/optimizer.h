@@ -18,7 +18,8 @@
 // load_master_from_weights() re-derives a master that the checkpoint does not carry.
 //
 // A piece is a parameter tensor (one rank: ParamStore) or this rank's part of one (ZeRO-3 shard
-// or local expert: ZeroParamStore::local_pieces); pieces are views into one flat weights buffer,
+// or local expert: ZeroParamStore::local_pieces); the model's stores hand them over as
+// OptimizerParams (core/model/optimizer_params.h). Pieces are views into one flat weights buffer,
 // and every flat state buffer mirrors that layout (each piece at the same element offset), so a
 // checkpoint gathers state exactly as it gathers weights. Test: tests/ops/test_adamw_offload.cpp,
 // tests/model/test_train.cpp, tests/parallel/test_adamw_offload_parallel.cpp.
@@ -30,8 +31,6 @@
 #include <vector>
 
 #include "core/config/config.h"
-#include "core/model/mixtral_params.h"
-#include "core/model/zero_params.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/tensor.h"
 #include "ops/adamw.h"
@@ -43,9 +42,12 @@ struct OptimizerPiece {
   bool decay = true;   // decoupled weight decay applies (not to RMSNorm weights)
 };
 
-// Every parameter of a one-rank store, or this rank's pieces of a ZeRO-3 store.
-std::vector<OptimizerPiece> optimizer_pieces(const ParamStore& params);
-std::vector<OptimizerPiece> optimizer_pieces(const ZeroParamStore& params);
+// What an optimizer updates: the flat weights buffer and the pieces in it (each piece's value a
+// view into flat_values, its grad the matching view of the flat gradients).
+struct OptimizerParams {
+  Tensor flat_values;
+  std::vector<OptimizerPiece> pieces;
+};
 
 // The element-wise kernel's hyper-parameters for one step.
 inline ops::AdamWHyper adamw_hyper(const OptimizerConfig& config, int64_t step, double lr,
@@ -94,9 +96,7 @@ class Optimizer {
 
 // The optimizer optimizer.placement names, over this rank's pieces of `params`.
 // host_threads: threads of the serial offload's host AdamW (<= 0: every core).
-std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const ZeroParamStore& params,
-                                          const OptimizerConfig& config, int host_threads = 0);
-std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const ParamStore& params,
+std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const OptimizerParams& params,
                                           const OptimizerConfig& config, int host_threads = 0);
 
 }  // namespace moepeak::schedules

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "core/checkpoint/atomic_file.h"
+#include "core/atomic_file.h"
 #include "core/checkpoint/hf_config.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/config/config.h"

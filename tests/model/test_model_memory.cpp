@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/model/mixtral.h"
+#include "core/model/optimizer_params.h"
 #include "ops/schedules/adamw_resident.h"
 #include "ops/schedules/checkpoint_standard.h"
 #include "ops/schedules/dispatch_standard.h"
@@ -46,7 +47,7 @@ TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
   auto comm = make_comm(*backend, RankInfo{});  // one rank
   MixtralModel model(*backend, stream, *comm, cfg, GetParam(), DType::f32);
   model.params().initialize(3, 0.1, stream);
-  schedules::ResidentAdamW adamw(*backend, model.params(), OptimizerConfig{});
+  schedules::ResidentAdamW adamw(*backend, optimizer_params(model.params()), OptimizerConfig{});
   backend->arena().reset_peaks();
   model.forward_backward(TokenBatch{ids, labels, positions, B, T, N}, N);
   const MemoryStats s = backend->arena().stats();

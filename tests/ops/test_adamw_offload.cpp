@@ -29,6 +29,7 @@
 #include "core/config/config.h"
 #include "core/error.h"
 #include "core/model/mixtral_params.h"
+#include "core/model/optimizer_params.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/cpu_stream.h"
 #include "ops/schedules/adamw_offload_serial.h"
@@ -79,7 +80,8 @@ Trained make_trained(Backend& backend, DType dtype, const OptimizerConfig& confi
   Trained r;
   r.params = std::make_unique<ParamStore>(backend, model_config(), dtype);
   r.params->initialize(5, 0.5, backend.default_stream());
-  r.optimizer = schedules::make_optimizer(backend, *r.params, config, host_threads);
+  r.optimizer =
+      schedules::make_optimizer(backend, optimizer_params(*r.params), config, host_threads);
   return r;
 }
 

@@ -21,6 +21,7 @@
 #include "core/comm/process_group.h"
 #include "core/data/data_loader.h"
 #include "core/model/mixtral_params.h"
+#include "core/model/optimizer_params.h"
 #include "core/model/zero_params.h"
 #include "core/train/trainer.h"
 #include "ops/schedules/adamw_offload_stream.h"
@@ -90,10 +91,10 @@ void offload_pieces_are_bitwise_whole_resident(const OptimizerConfig& opt,
 
   ParamStore whole(*backend, cfg, DType::f32);
   whole.initialize(5, 0.5, stream);
-  schedules::ResidentAdamW whole_adamw(*backend, whole, resident_opt);
+  schedules::ResidentAdamW whole_adamw(*backend, optimizer_params(whole), resident_opt);
   ZeroParamStore zero(*backend, cfg, DType::f32, *comm);
   zero.initialize(5, 0.5, stream);
-  auto zero_adamw = schedules::make_optimizer(*backend, zero, opt, 1);
+  auto zero_adamw = schedules::make_optimizer(*backend, optimizer_params(zero), opt, 1);
   ASSERT_EQ(zero_adamw->placement(), opt.placement);
   const ParamLayout& layout = whole.layout();
 

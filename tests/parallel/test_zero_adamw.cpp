@@ -10,6 +10,7 @@
 #include "core/comm/comm.h"
 #include "core/comm/process_group.h"
 #include "core/model/mixtral_params.h"
+#include "core/model/optimizer_params.h"
 #include "core/model/zero_params.h"
 #include "ops/schedules/adamw_resident.h"
 
@@ -47,11 +48,11 @@ void run(DType dtype) {
 
   ParamStore whole(*backend, cfg, dtype);
   whole.initialize(5, 0.5, stream);
-  schedules::ResidentAdamW whole_adamw(*backend, whole, opt);
+  schedules::ResidentAdamW whole_adamw(*backend, optimizer_params(whole), opt);
   ZeroParamStore zero(*backend, cfg, dtype, *comm);
   zero.initialize(5, 0.5, stream);
-  schedules::ResidentAdamW zero_adamw(*backend, zero.flat_values(),
-                                      schedules::optimizer_pieces(zero), opt);
+  const schedules::OptimizerParams zero_params = optimizer_params(zero);
+  schedules::ResidentAdamW zero_adamw(*backend, zero_params.flat_values, zero_params.pieces, opt);
   const ParamLayout& layout = whole.layout();
 
   for (int step = 1; step <= 3; ++step) {

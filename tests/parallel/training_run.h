@@ -24,6 +24,7 @@
 #include "core/data/batch_shard.h"
 #include "core/error.h"
 #include "core/model/mixtral.h"
+#include "core/model/optimizer_params.h"
 #include "ops/elementwise.h"
 #include "ops/fill.h"
 #include "ops/schedules/adamw_resident.h"
@@ -84,7 +85,8 @@ struct TrainingRun {
     model->params().initialize(init_seed, cfg.initializer_range, stream);
     OptimizerConfig opt;
     opt.weight_decay = 0.1;
-    adamw = std::make_unique<schedules::ResidentAdamW>(*backend, model->params(), opt);
+    adamw = std::make_unique<schedules::ResidentAdamW>(*backend, optimizer_params(model->params()),
+                                                       opt);
   }
 
   // Uploads this rank's share of the global (B*T) batch.

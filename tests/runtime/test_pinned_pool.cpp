@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/runtime/numa.h"
 #include "core/runtime/pinned_pool.h"
-#include "topology/numa.h"
 
 namespace moepeak {
 namespace {
@@ -15,7 +15,7 @@ constexpr uint64_t kBlock = PinnedPool::kBlockGranularity;
 
 TEST(PinnedPool, AccountsAndEnforcesBudget) {
   PinnedPool pool(8 * kBlock, -1, nullptr);
-  EXPECT_EQ(pool.numa_node(), topology::current_numa_node());
+  EXPECT_EQ(pool.numa_node(), current_numa_node());
   Buffer a = pool.alloc(3 * kBlock, LiveSet::boundaries, "layer 0 boundary");
   Buffer b = pool.alloc(kBlock + 1, LiveSet::optimizer, "bucket 0 master/m/v");  // -> 2 blocks
   std::memset(a.data(), 0x5a, a.bytes());  // the memory is really there
@@ -54,7 +54,7 @@ TEST(PinnedPool, ReusesFreedBlocksAndTrimsToStayInBudget) {
 }
 
 TEST(PinnedPool, RejectsMissingNumaNode) {
-  EXPECT_THROW(PinnedPool(kBlock, topology::numa_node_count() + 7, nullptr), Error);
+  EXPECT_THROW(PinnedPool(kBlock, numa_node_count() + 7, nullptr), Error);
 }
 
 }  // namespace

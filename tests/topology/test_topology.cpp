@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/runtime/numa.h"
 #include "core/units.h"
 #include "tests/expect_contains.h"
 #include "tests/temp_dir.h"
@@ -19,7 +20,6 @@
 #include "topology/host_budget.h"
 #include "topology/host_link_bench.h"
 #include "topology/node_topology.h"
-#include "topology/numa.h"
 
 namespace moepeak::topology {
 namespace {

@@ -28,6 +28,7 @@
 #include "core/comm/comm.h"
 #include "core/error.h"
 #include "core/model/mixtral.h"
+#include "core/model/optimizer_params.h"
 #include "ops/schedules/adamw_offload_serial.h"
 #include "ops/schedules/adamw_offload_stream.h"
 #include "ops/schedules/adamw_resident.h"
@@ -263,19 +264,21 @@ TEST_P(BackendAdamW, OffloadedPlacementsAreBitwiseResident) {
   OptimizerConfig config;
 
   const AdamwResult resident = run_adamw(backend, params, initial, [&](ZeroParamStore& p) {
-    return std::make_unique<schedules::ResidentAdamW>(backend, p, config);
+    return std::make_unique<schedules::ResidentAdamW>(backend, optimizer_params(p), config);
   });
   EXPECT_EQ(resident.optimizer_peak, schedules::adamw_resident_bytes(P, dtype));
   EXPECT_EQ(resident.master.empty(), dtype != DType::bf16) << "an fp32 master with bf16 weights";
   if (dtype == DType::f32) {
     const AdamwResult serial = run_adamw(backend, params, initial, [&](ZeroParamStore& p) {
-      return std::make_unique<schedules::SerialOffloadAdamW>(backend, p, config, 2);
+      return std::make_unique<schedules::SerialOffloadAdamW>(backend, optimizer_params(p), config,
+                                                             2);
     });
     EXPECT_TRUE(same_state(serial, resident))
         << "the serial CPU offload is not bitwise resident AdamW";
   } else {
     // The host AdamW updates the working dtype in place: bf16 weights are refused by name.
-    EXPECT_THROW(schedules::SerialOffloadAdamW(backend, params, config, 2), Error);
+    EXPECT_THROW(schedules::SerialOffloadAdamW(backend, optimizer_params(params), config, 2),
+                 Error);
   }
   for (int64_t slots : {2, 3}) {
     OptimizerConfig c = config;
@@ -283,7 +286,7 @@ TEST_P(BackendAdamW, OffloadedPlacementsAreBitwiseResident) {
     c.staging_slots = slots;
     uint64_t staging = 0;
     const AdamwResult stream_result = run_adamw(backend, params, initial, [&](ZeroParamStore& p) {
-      auto opt = std::make_unique<schedules::OffloadStreamAdamW>(backend, p, c);
+      auto opt = std::make_unique<schedules::OffloadStreamAdamW>(backend, optimizer_params(p), c);
       EXPECT_GT(opt->shape().buckets, slots);
       staging = opt->staging_bytes();
       return opt;

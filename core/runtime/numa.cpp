@@ -1,4 +1,4 @@
-#include "topology/numa.h"
+#include "core/runtime/numa.h"
 
 #include <numa.h>
 #include <sched.h>
@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 
-namespace moepeak::topology {
+namespace moepeak {
 
 int numa_node_count() { return numa_available() < 0 ? 1 : numa_max_node() + 1; }
 
@@ -38,4 +38,4 @@ NumaNodeMemory host_memory() {
   return m;
 }
 
-}  // namespace moepeak::topology
+}  // namespace moepeak

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-namespace moepeak::topology {
+namespace moepeak {
 
 // Number of NUMA nodes (1 where the kernel has no NUMA support).
 int numa_node_count();
@@ -22,4 +22,4 @@ NumaNodeMemory numa_node_memory(int node);
 // Physical memory of the whole host (sysinfo): total and available.
 NumaNodeMemory host_memory();
 
-}  // namespace moepeak::topology
+}  // namespace moepeak

@@ -1,5 +1,5 @@
 // Atomic file writes (temp file, fsync, rename, fsync of the directory) and mkdir -p.
-#include "core/checkpoint/atomic_file.h"
+#include "core/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
