@@ -21,7 +21,8 @@ void add_bench_common_options(CLI::App& sub, BenchCommonArgs& args) {
       ->check(CLI::NonNegativeNumber);
   sub.add_option("--iters", args.iters, "timed repetitions (the median is reported)")
       ->check(CLI::PositiveNumber);
-  sub.add_option("--json", args.json_path, "write the results as JSON (DESIGN.md §10)");
+  sub.add_option("--json", args.json_path,
+                 "write the results as JSON (docs/design.md#machine-readable-outputs)");
 }
 
 BackendOptions bench_backend_options(const Config& cfg, const RankInfo& ranks) {
@@ -97,7 +98,7 @@ void write_bench_json(const std::string& path, const std::string& bench, int wor
   nlohmann::json out = {{"bench", bench}, {"world_size", world_size}, {"shape", shape},
                         {"rows", rows},   {"host", process_host()},   {"date", now_utc()}};
   std::ofstream f(path);
-  if (!(f << out.dump(2) << "\n")) MOEPEAK_THROW("cannot write the bench results to ", path);
+  if (!(f << out.dump(2) << "\n")) MOEPEAK_INPUT_ERROR("cannot write the bench results to ", path);
 }
 
 std::vector<schedules::ExpertWeights> seeded_local_experts(Backend& backend, DType dtype,

@@ -11,9 +11,9 @@
 //   moepeak bench step [--config F]... [--warmup n] [--iters n] [--json FILE]
 //
 // This is the only place that exits: library code throws moepeak::Error, which is printed here
-// (with host, rank and file:line) and turned into exit code 1 (in a job of several ranks, by
-// MPI_Abort, so that no rank is left waiting in a collective for the one that failed). Command-line
-// mistakes exit 2 with CLI11's message.
+// (an internal error with host, rank and file:line; an input error in the user's terms only) and
+// turned into exit code 1 (in a job of several ranks, by MPI_Abort, so that no rank is left waiting
+// in a collective for the one that failed). Command-line mistakes exit 2 with CLI11's message.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -62,6 +62,9 @@ int main(int argc, char** argv) {
                        1, ctx.log_all_ranks);
     return ctx.action ? ctx.action() : 0;
   } catch (const moepeak::Error& e) {
+    // An input error shows no C++ location (core/error.h); where it was raised is for debugging.
+    spdlog::debug("the error below was raised at {}:{} on {} rank {}", e.file(), e.line(),
+                  moepeak::process_host(), moepeak::process_rank());
     std::fprintf(stderr, "moepeak: error: %s\n", e.what());
     moepeak::abort_process_group(1);  // W > 1: the other ranks may wait for this one forever
     return 1;

@@ -1,12 +1,12 @@
 // `moepeak plan [--config F]... [--set k=v]... [-n W] [--json FILE] [--max-context] [--max-batch]
 //  [--svg FILE [--svg-range LO:HI]]`:
-// the closed-form per-rank memory plan of a config (core/plan/plan.h; DESIGN.md §4, paper eq. 6)
-// — one row per live set with the function that gave it, the total against the device capacity,
-// the pinned host terms against the host budget, and the verdict. Exit 0 when it fits, 3 when it
-// does not (so scripts can branch on it), 1 for a bad config. `moepeak train` prints the same
-// table and refuses to start (exit 2) when the plan does not fit, unless --force. --svg draws the
-// stacked per-set budget against seq_len, all-standard and configured (core/plan/plan_svg.h).
-// Test: ctest -R test_plan_cli (tests/plan/test_plan_cli.sh).
+// the closed-form per-rank memory plan of a config (core/plan/plan.h;
+// docs/design.md#memory-accounting, paper eq. 6) — one row per live set with the function that gave
+// it, the total against the device capacity, the pinned host terms against the host budget, and the
+// verdict. Exit 0 when it fits, 3 when it does not (so scripts can branch on it), 1 for a bad
+// config. `moepeak train` prints the same table and refuses to start (exit 2) when the plan does
+// not fit, unless --force. --svg draws the stacked per-set budget against seq_len, all-standard and
+// configured (core/plan/plan_svg.h). Test: ctest -R test_plan_cli (tests/plan/test_plan_cli.sh).
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
@@ -131,9 +131,9 @@ std::string svg_of(const Config& cfg, const PlanInputs& in, const std::string& r
       lo = std::stoll(range.substr(0, colon));
       hi = std::stoll(range.substr(colon + 1));
     } catch (const std::exception&) {
-      MOEPEAK_THROW("--svg-range ", range, ": expected LO:HI, two token counts");
+      MOEPEAK_INPUT_ERROR("--svg-range ", range, ": expected LO:HI, two token counts");
     }
-    if (lo < 1 || hi < lo) MOEPEAK_THROW("--svg-range ", range, ": needs 1 <= LO <= HI");
+    if (lo < 1 || hi < lo) MOEPEAK_INPUT_ERROR("--svg-range ", range, ": needs 1 <= LO <= HI");
   } else {
     const int64_t reach =
         std::max(max_seq_len(cfg, in), max_seq_len(with_standard_schedules(cfg), in));
@@ -153,7 +153,7 @@ std::string svg_of(const Config& cfg, const PlanInputs& in, const std::string& r
     }
   }
   if (series[1].plans.empty())
-    MOEPEAK_THROW("--svg: no seq_len in ", lo, ":", hi, " can be laid out on W = ", in.world);
+    MOEPEAK_INPUT_ERROR("--svg: no seq_len in ", lo, ":", hi, " can be laid out on W = ", in.world);
   return plan_svg(series, cfg.job.name + " on W = " + std::to_string(in.world) + " ranks, batch " +
                               std::to_string(in.batch) + ", " + std::string(dtype_name(in.dtype)));
 }
@@ -198,7 +198,8 @@ void register_plan_command(CLI::App& app, Context& ctx) {
   cmd->add_option("-n,--world-size", args.world,
                   "ranks W to plan for (default: parallelism.world_size, or 1 when that is 0)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--json", args.json_path, "also write the plan as JSON (DESIGN.md §10)");
+  cmd->add_option("--json", args.json_path,
+                  "also write the plan as JSON (docs/design.md#machine-readable-outputs)");
   cmd->add_option("--svg", args.svg_path,
                   "also draw the stacked per-live-set budget against seq_len (all standard vs "
                   "configured) as SVG");

@@ -177,8 +177,9 @@ int run_probe(const ProbeArgs& a) {
   if (!a.no_bench && a.topology_xml.empty()) {
     auto bytes = parse_bytes(a.bench_bytes);
     if (!bytes || *bytes < 4096)
-      MOEPEAK_THROW("--bench-bytes must be a size of at least 4KiB such as \"256MiB\", got \"",
-                    a.bench_bytes, "\"");
+      MOEPEAK_INPUT_ERROR(
+          "--bench-bytes must be a size of at least 4KiB such as \"256MiB\", got \"", a.bench_bytes,
+          "\"");
     r.bench = run_host_link_bench(r.topology, BenchOptions{*bytes, a.iters});
     r.bench_run = true;
   }

@@ -705,7 +705,8 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
   // The plan with the fragment applied must fit.
   const Plan final_plan = make_plan(base, in);
   if (!final_plan.fits()) {
-    MOEPEAK_THROW("tune: the plan with the chosen values does not fit: ", final_plan.verdict());
+    MOEPEAK_INPUT_ERROR("tune: the plan with the chosen values does not fit: ",
+                        final_plan.verdict());
   }
   const std::string toml = tuned_toml(o, base, shape, command);
   if (root) {

@@ -148,7 +148,8 @@ TuneShape tune_shape(const Config& cfg, int world) {
   try {
     MixtralModel::check_layout(m, B, T, world);
   } catch (const Error& e) {
-    MOEPEAK_THROW("tune: this config cannot be laid out on W = ", world, " ranks: ", e.what());
+    MOEPEAK_INPUT_ERROR("tune: this config cannot be laid out on W = ", world,
+                        " ranks: ", nested_message(e));
   }
   TuneShape s;
   s.world = world;

@@ -35,8 +35,8 @@ class TemporaryFile {
     int fd = fd_;
     fd_ = -1;
     if (::close(fd) != 0)
-      MOEPEAK_THROW(target, ": cannot close the temporary file ", path_, ": ",
-                    std::strerror(errno));
+      MOEPEAK_INPUT_ERROR(target, ": cannot close the temporary file ", path_, ": ",
+                          std::strerror(errno));
   }
   void mark_committed() { committed_ = true; }
 
@@ -64,24 +64,24 @@ TemporaryFile create_temporary(const std::string& target, const std::string& dir
     int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0) return TemporaryFile(fd, temp);
     if (errno != EEXIST) {
-      MOEPEAK_THROW(target, ": cannot create a temporary file in ", directory, ": ",
-                    std::strerror(errno));
+      MOEPEAK_INPUT_ERROR(target, ": cannot create a temporary file in ", directory, ": ",
+                          std::strerror(errno));
     }
   }
-  MOEPEAK_THROW(target, ": cannot find a free temporary file name in ", directory);
+  MOEPEAK_INPUT_ERROR(target, ": cannot find a free temporary file name in ", directory);
 }
 
 void fsync_directory(const std::string& target, const std::string& directory) {
   int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0)
-    MOEPEAK_THROW(target, ": cannot open directory ", directory,
-                  " to sync it: ", std::strerror(errno));
+    MOEPEAK_INPUT_ERROR(target, ": cannot open directory ", directory,
+                        " to sync it: ", std::strerror(errno));
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);
   // Some file systems cannot sync directories (EINVAL); the rename is done, so that is not fatal.
   if (rc != 0 && err != EINVAL)
-    MOEPEAK_THROW(target, ": cannot sync directory ", directory, ": ", std::strerror(err));
+    MOEPEAK_INPUT_ERROR(target, ": cannot sync directory ", directory, ": ", std::strerror(err));
 }
 
 }  // namespace
@@ -92,7 +92,8 @@ void FileSink::write(const void* data, size_t bytes) {
     ssize_t n = ::write(fd_, p, bytes);
     if (n < 0) {
       if (errno == EINTR) continue;
-      MOEPEAK_THROW(path_, ": write failed after ", written_, " bytes: ", std::strerror(errno));
+      MOEPEAK_INPUT_ERROR(path_, ": write failed after ", written_,
+                          " bytes: ", std::strerror(errno));
     }
     p += n;
     bytes -= static_cast<size_t>(n);
@@ -102,19 +103,19 @@ void FileSink::write(const void* data, size_t bytes) {
 
 void write_file_atomically(const std::string& path, const std::function<void(FileSink&)>& produce) {
   auto [directory, name] = split_directory(path);
-  if (name.empty() || name == "." || name == "..") MOEPEAK_THROW(path, ": not a file path");
+  if (name.empty() || name == "." || name == "..") MOEPEAK_INPUT_ERROR(path, ": not a file path");
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    MOEPEAK_THROW(path, ": is a directory, cannot write a file there");
+    MOEPEAK_INPUT_ERROR(path, ": is a directory, cannot write a file there");
   }
   TemporaryFile temp = create_temporary(path, directory, name);
   FileSink sink(temp.fd(), path);
   produce(sink);
   if (::fsync(temp.fd()) != 0)
-    MOEPEAK_THROW(path, ": cannot sync ", temp.path(), ": ", std::strerror(errno));
+    MOEPEAK_INPUT_ERROR(path, ": cannot sync ", temp.path(), ": ", std::strerror(errno));
   temp.close_checked(path);
   if (::rename(temp.path().c_str(), path.c_str()) != 0) {
-    MOEPEAK_THROW(path, ": cannot rename ", temp.path(), " over it: ", std::strerror(errno));
+    MOEPEAK_INPUT_ERROR(path, ": cannot rename ", temp.path(), " over it: ", std::strerror(errno));
   }
   temp.mark_committed();
   fsync_directory(path, directory);
@@ -125,12 +126,12 @@ void write_file_atomically(const std::string& path, std::string_view contents) {
 }
 
 void create_directories(const std::string& path) {
-  if (path.empty()) MOEPEAK_THROW("cannot create a directory with an empty path");
+  if (path.empty()) MOEPEAK_INPUT_ERROR("cannot create a directory with an empty path");
   std::error_code ec;
   std::filesystem::create_directories(path, ec);
-  if (ec) MOEPEAK_THROW(path, ": cannot create directory: ", ec.message());
+  if (ec) MOEPEAK_INPUT_ERROR(path, ": cannot create directory: ", ec.message());
   if (!std::filesystem::is_directory(path, ec))
-    MOEPEAK_THROW(path, ": exists and is not a directory");
+    MOEPEAK_INPUT_ERROR(path, ": exists and is not a directory");
 }
 
 }  // namespace moepeak

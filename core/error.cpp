@@ -1,4 +1,4 @@
-// moepeak::Error: message with "[host rank r] file:line: " prefix.
+// moepeak::Error: the message behind the prefix its kind calls for (see error.h).
 #include "core/error.h"
 
 #include <unistd.h>
@@ -11,23 +11,28 @@ namespace {
 std::atomic<int> g_rank{-1};
 std::atomic<int> g_world{0};
 
-std::string format_prefix(const char* file, int line) {
+// internal: "[host rank r/W] file:line: "; input: "[host rank r/W] " in a job of several
+// ranks, nothing otherwise.
+std::string format_prefix(const char* file, int line, ErrorKind kind) {
+  const int r = g_rank.load(), world = g_world.load();
+  if (kind == ErrorKind::input && (r < 0 || world <= 1)) return "";
   std::ostringstream os;
   os << "[" << process_host();
-  int r = g_rank.load();
   if (r >= 0) {
-    os << " rank " << r << "/" << g_world.load();
+    os << " rank " << r << "/" << world;
   }
-  os << "] " << file << ":" << line << ": ";
+  os << "] ";
+  if (kind == ErrorKind::internal) os << file << ":" << line << ": ";
   return os.str();
 }
 }  // namespace
 
-Error::Error(std::string message, const char* file, int line)
-    : std::runtime_error(format_prefix(file, line) + message),
+Error::Error(std::string message, const char* file, int line, ErrorKind kind)
+    : std::runtime_error(format_prefix(file, line, kind) + message),
       message_(std::move(message)),
       file_(file),
-      line_(line) {}
+      line_(line),
+      kind_(kind) {}
 
 void set_process_identity(int rank, int world_size) {
   g_rank = rank;

@@ -58,7 +58,8 @@ int parse_count(std::string_view text, std::string_view variable) {
   int value = -1;
   auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
   if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || value < 0) {
-    MOEPEAK_THROW("environment variable ", variable, "='", text, "' is not a non-negative integer");
+    MOEPEAK_INPUT_ERROR("environment variable ", variable, "='", text,
+                        "' is not a non-negative integer");
   }
   return value;
 }
@@ -91,7 +92,7 @@ void fill_openmpi(const EnvLookup& env, LauncherEnv& out) {
   out.local_rank = read_int(env, {"OMPI_COMM_WORLD_LOCAL_RANK"}, &out.local_rank_var);
   out.local_size = read_int(env, {"OMPI_COMM_WORLD_LOCAL_SIZE"}, &out.local_size_var);
   if (!out.rank) {
-    MOEPEAK_THROW(
+    MOEPEAK_INPUT_ERROR(
         "OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_RANK is not: the OpenMPI "
         "launcher environment is incomplete");
   }
@@ -101,7 +102,7 @@ void fill_slurm(const EnvLookup& env, LauncherEnv& out) {
   out.launcher = Launcher::slurm;
   out.rank = read_int(env, {"SLURM_PROCID"}, &out.rank_var);
   if (!out.rank) {
-    MOEPEAK_THROW(
+    MOEPEAK_INPUT_ERROR(
         "SLURM_STEP_ID is set but SLURM_PROCID is not: the srun environment is "
         "incomplete");
   }
@@ -138,26 +139,26 @@ void fill_pmi(const EnvLookup& env, LauncherEnv& out) {
 
 void check_consistent(const LauncherEnv& e) {
   if (e.world_size && *e.world_size < 1) {
-    MOEPEAK_THROW(e.world_size_var, "=", *e.world_size, ": a job has at least one rank");
+    MOEPEAK_INPUT_ERROR(e.world_size_var, "=", *e.world_size, ": a job has at least one rank");
   }
   if (e.rank && e.world_size && *e.rank >= *e.world_size) {
-    MOEPEAK_THROW(e.rank_var, "=", *e.rank, " is not below ", e.world_size_var, "=", *e.world_size,
-                  ": the launcher environment is inconsistent");
+    MOEPEAK_INPUT_ERROR(e.rank_var, "=", *e.rank, " is not below ", e.world_size_var, "=",
+                        *e.world_size, ": the launcher environment is inconsistent");
   }
   if (e.local_size && *e.local_size < 1) {
-    MOEPEAK_THROW(e.local_size_var, "=", *e.local_size, ": a node runs at least one rank");
+    MOEPEAK_INPUT_ERROR(e.local_size_var, "=", *e.local_size, ": a node runs at least one rank");
   }
   if (e.local_rank && e.local_size && *e.local_rank >= *e.local_size) {
-    MOEPEAK_THROW(e.local_rank_var, "=", *e.local_rank, " is not below ", e.local_size_var, "=",
-                  *e.local_size, ": the launcher environment is inconsistent");
+    MOEPEAK_INPUT_ERROR(e.local_rank_var, "=", *e.local_rank, " is not below ", e.local_size_var,
+                        "=", *e.local_size, ": the launcher environment is inconsistent");
   }
   if (e.local_size && e.world_size && *e.local_size > *e.world_size) {
-    MOEPEAK_THROW(e.local_size_var, "=", *e.local_size, " is larger than ", e.world_size_var, "=",
-                  *e.world_size, ": a node cannot run more ranks than the job has");
+    MOEPEAK_INPUT_ERROR(e.local_size_var, "=", *e.local_size, " is larger than ", e.world_size_var,
+                        "=", *e.world_size, ": a node cannot run more ranks than the job has");
   }
   if (e.local_rank && e.world_size && *e.local_rank >= *e.world_size) {
-    MOEPEAK_THROW(e.local_rank_var, "=", *e.local_rank, " is not below ", e.world_size_var, "=",
-                  *e.world_size, ": the launcher environment is inconsistent");
+    MOEPEAK_INPUT_ERROR(e.local_rank_var, "=", *e.local_rank, " is not below ", e.world_size_var,
+                        "=", *e.world_size, ": the launcher environment is inconsistent");
   }
 }
 
@@ -166,8 +167,8 @@ void check_consistent(const LauncherEnv& e) {
 int slurm_tasks_on_node(std::string_view list, int node_id, std::string_view variable) {
   // Entries "n" or "n(xk)" separated by commas, covering consecutive nodes.
   auto malformed = [&](std::string_view why) {
-    MOEPEAK_THROW("environment variable ", variable, "='", list, "' is malformed (", why,
-                  "); expected a list like 2(x3),1");
+    MOEPEAK_INPUT_ERROR("environment variable ", variable, "='", list, "' is malformed (", why,
+                        "); expected a list like 2(x3),1");
   };
   int first_node = 0;
   std::string_view rest = trim(list);
@@ -202,8 +203,8 @@ int slurm_tasks_on_node(std::string_view list, int node_id, std::string_view var
     if (node_id < first_node + repeat) return tasks;
     first_node += repeat;
   }
-  MOEPEAK_THROW("SLURM_NODEID=", node_id, " is beyond the ", first_node, " nodes listed in ",
-                variable, "='", list, "'");
+  MOEPEAK_INPUT_ERROR("SLURM_NODEID=", node_id, " is beyond the ", first_node, " nodes listed in ",
+                      variable, "='", list, "'");
 }
 
 LauncherEnv detect_launcher_env(const EnvLookup& env) {

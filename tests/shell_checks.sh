@@ -6,6 +6,8 @@
 #                                     $tmp/check.out; counts a pass, or prints FAIL: NAME and that
 #                                     output and returns 1 (so `check ... || show more` works)
 #   contains FILE TEXT                TEXT occurs in FILE (fixed string)
+#   not_matches FILE REGEX            no line of FILE matches the extended REGEX (prints those
+#                                     that do)
 #   report [NAME]                     prints "[NAME: ]P passed, F failed"; true when nothing failed
 failures=0
 passes=0
@@ -21,6 +23,7 @@ check() {
   fi
 }
 contains() { grep -qF -- "$2" "$1"; }
+not_matches() { ! grep -E -- "$2" "$1"; }
 report() {
   echo "${1:+$1: }$passes passed, $failures failed"
   test "$failures" -eq 0

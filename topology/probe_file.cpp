@@ -82,7 +82,7 @@ class Reader {
   explicit Reader(std::string path) : path_(std::move(path)) {}
 
   [[noreturn]] void fail(const toml::node& at, const std::string& what) const {
-    MOEPEAK_THROW(path_, ":", at.source().begin.line, ": ", what);
+    MOEPEAK_INPUT_ERROR(path_, ":", at.source().begin.line, ": ", what);
   }
   const toml::table& table(const toml::table& parent, const std::string& key,
                            const std::string& where) const {
@@ -303,8 +303,10 @@ ProbeResult read_probe_file(const std::string& path) {
     doc = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     const auto& src = e.source();
-    if (src.begin.line == 0) MOEPEAK_THROW("cannot read probe file ", path, ": ", e.description());
-    MOEPEAK_THROW(path, ":", src.begin.line, ": not a valid probe file (TOML): ", e.description());
+    if (src.begin.line == 0)
+      MOEPEAK_INPUT_ERROR("cannot read probe file ", path, ": ", e.description());
+    MOEPEAK_INPUT_ERROR(path, ":", src.begin.line,
+                        ": not a valid probe file (TOML): ", e.description());
   }
   Reader rd(path);
   ProbeResult r;
@@ -458,10 +460,10 @@ ProbeResult read_probe_file(const std::string& path) {
 
 const RankBudget& rank_budget(const ProbeResult& r, int local_rank, const std::string& path) {
   if (local_rank < 0 || local_rank >= static_cast<int>(r.budgets.ranks.size())) {
-    MOEPEAK_THROW("probe file ", path, " has budgets for ", r.budgets.ranks.size(), " rank",
-                  r.budgets.ranks.size() == 1 ? "" : "s", " per node, but this is local rank ",
-                  local_rank,
-                  ": rerun `moepeak probe --ranks-per-node N` with this job's ranks per node");
+    MOEPEAK_INPUT_ERROR(
+        "probe file ", path, " has budgets for ", r.budgets.ranks.size(), " rank",
+        r.budgets.ranks.size() == 1 ? "" : "s", " per node, but this is local rank ", local_rank,
+        ": rerun `moepeak probe --ranks-per-node N` with this job's ranks per node");
   }
   return r.budgets.ranks[local_rank];
 }

@@ -18,25 +18,25 @@ std::string json_type_and_value(const nlohmann::json& value) {
 const nlohmann::json& required_field(const nlohmann::json& json, const std::string& source,
                                      const char* field) {
   auto it = json.find(field);
-  if (it == json.end()) MOEPEAK_THROW(source, ": field \"", field, "\" is missing");
+  if (it == json.end()) MOEPEAK_INPUT_ERROR(source, ": field \"", field, "\" is missing");
   return *it;
 }
 
 int64_t integer_field(const nlohmann::json& value, const std::string& source, const char* field) {
   if (!value.is_number_integer()) {
-    MOEPEAK_THROW(source, ": field \"", field, "\" must be an integer, got ",
-                  json_type_and_value(value));
+    MOEPEAK_INPUT_ERROR(source, ": field \"", field, "\" must be an integer, got ",
+                        json_type_and_value(value));
   }
   if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-    MOEPEAK_THROW(source, ": field \"", field, "\" is out of range: ", value.dump());
+    MOEPEAK_INPUT_ERROR(source, ": field \"", field, "\" is out of range: ", value.dump());
   }
   return value.get<int64_t>();
 }
 
 double number_field(const nlohmann::json& value, const std::string& source, const char* field) {
   if (!value.is_number()) {
-    MOEPEAK_THROW(source, ": field \"", field, "\" must be a number, got ",
-                  json_type_and_value(value));
+    MOEPEAK_INPUT_ERROR(source, ": field \"", field, "\" must be a number, got ",
+                        json_type_and_value(value));
   }
   return value.get<double>();
 }
@@ -85,27 +85,29 @@ nlohmann::json mixtral_config_json(const ModelConfig& model) {
 }
 
 ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& source) {
-  if (!json.is_object()) MOEPEAK_THROW(source, ": expected a JSON object, got ", json.type_name());
+  if (!json.is_object())
+    MOEPEAK_INPUT_ERROR(source, ": expected a JSON object, got ", json.type_name());
 
   if (const nlohmann::json* type = optional_field(json, "model_type")) {
     if (!type->is_string() || type->get<std::string>() != "mixtral") {
-      MOEPEAK_THROW(source, ": field \"model_type\" is ", type->dump(), ", expected \"mixtral\"");
+      MOEPEAK_INPUT_ERROR(source, ": field \"model_type\" is ", type->dump(),
+                          ", expected \"mixtral\"");
     }
   }
   if (const nlohmann::json* act = optional_field(json, "hidden_act")) {
     if (!act->is_string() || act->get<std::string>() != "silu") {
-      MOEPEAK_THROW(source, ": field \"hidden_act\" is ", act->dump(),
-                    ", only \"silu\" is implemented");
+      MOEPEAK_INPUT_ERROR(source, ": field \"hidden_act\" is ", act->dump(),
+                          ", only \"silu\" is implemented");
     }
   }
   if (const nlohmann::json* tied = optional_field(json, "tie_word_embeddings")) {
     if (!tied->is_boolean()) {
-      MOEPEAK_THROW(source, ": field \"tie_word_embeddings\" must be a boolean, got ",
-                    json_type_and_value(*tied));
+      MOEPEAK_INPUT_ERROR(source, ": field \"tie_word_embeddings\" must be a boolean, got ",
+                          json_type_and_value(*tied));
     }
     if (tied->get<bool>())
-      MOEPEAK_THROW(source,
-                    ": field \"tie_word_embeddings\" is true, the model has an untied LM head");
+      MOEPEAK_INPUT_ERROR(
+          source, ": field \"tie_word_embeddings\" is true, the model has an untied LM head");
   }
 
   ModelConfig m;
@@ -133,8 +135,8 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
   bool output_router_logits = false;
   if (const nlohmann::json* flag = optional_field(json, "output_router_logits")) {
     if (!flag->is_boolean()) {
-      MOEPEAK_THROW(source, ": field \"output_router_logits\" must be a boolean, got ",
-                    json_type_and_value(*flag));
+      MOEPEAK_INPUT_ERROR(source, ": field \"output_router_logits\" must be a boolean, got ",
+                          json_type_and_value(*flag));
     }
     output_router_logits = flag->get<bool>();
   }
@@ -147,10 +149,10 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
       window && !window->is_null()) {
     const int64_t w = integer_field(*window, source, "sliding_window");
     if (w < m.max_position_embeddings) {
-      MOEPEAK_THROW(source, ": field \"sliding_window\" is ", w,
-                    "; sliding-window attention is not implemented (null, or at least "
-                    "max_position_embeddings ",
-                    m.max_position_embeddings, ", is full attention)");
+      MOEPEAK_INPUT_ERROR(source, ": field \"sliding_window\" is ", w,
+                          "; sliding-window attention is not implemented (null, or at least "
+                          "max_position_embeddings ",
+                          m.max_position_embeddings, ", is full attention)");
     }
   }
   return m;
@@ -162,14 +164,14 @@ void write_config_json(const std::string& path, const ModelConfig& model) {
 
 ModelConfig read_config_json(const std::string& path) {
   std::ifstream in(path);
-  if (!in) MOEPEAK_THROW(path, ": cannot open");
+  if (!in) MOEPEAK_INPUT_ERROR(path, ": cannot open");
   std::stringstream text;
   text << in.rdbuf();
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& e) {
-    MOEPEAK_THROW(path, ": not valid JSON: ", e.what());
+    MOEPEAK_INPUT_ERROR(path, ": not valid JSON: ", e.what());
   }
   return model_config_from_json(json, path);
 }

@@ -158,7 +158,7 @@ void SafetensorsWriter::write(const std::string& path) const {
   try {
     header = header_json();
   } catch (const Error& e) {
-    MOEPEAK_THROW(path, ": ", e.message());
+    MOEPEAK_INPUT_ERROR(path, ": ", e.message());
   }
   write_file_atomically(path, [&](FileSink& out) {
     uint8_t size_bytes[8];
@@ -199,29 +199,31 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile file;
   file.path_ = path;
   file.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (file.fd_ < 0) MOEPEAK_THROW(path, ": cannot open: ", std::strerror(errno));
+  if (file.fd_ < 0) MOEPEAK_INPUT_ERROR(path, ": cannot open: ", std::strerror(errno));
   struct stat st {};
-  if (::fstat(file.fd_, &st) != 0) MOEPEAK_THROW(path, ": cannot stat: ", std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) MOEPEAK_THROW(path, ": not a regular file");
+  if (::fstat(file.fd_, &st) != 0)
+    MOEPEAK_INPUT_ERROR(path, ": cannot stat: ", std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) MOEPEAK_INPUT_ERROR(path, ": not a regular file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
 
   uint64_t header_size = 0;
   if (file_size < 8 || !read_exactly(file.fd_, &header_size, 8, 0)) {
-    MOEPEAK_THROW(path, ": truncated: ", file_size, " bytes, too short for the 8-byte header size");
+    MOEPEAK_INPUT_ERROR(path, ": truncated: ", file_size,
+                        " bytes, too short for the 8-byte header size");
   }
   if (header_size > file_size - 8) {
-    MOEPEAK_THROW(path, ": header size ", header_size, " runs past the end of the file (",
-                  file_size, " bytes)");
+    MOEPEAK_INPUT_ERROR(path, ": header size ", header_size, " runs past the end of the file (",
+                        file_size, " bytes)");
   }
   if (header_size > kMaxHeaderBytes) {
-    MOEPEAK_THROW(path, ": header size ", header_size, " is over the ", kMaxHeaderBytes,
-                  "-byte limit");
+    MOEPEAK_INPUT_ERROR(path, ": header size ", header_size, " is over the ", kMaxHeaderBytes,
+                        "-byte limit");
   }
   std::string text(header_size, '\0');
   errno = 0;
   if (!read_exactly(file.fd_, text.data(), header_size, 8)) {
-    MOEPEAK_THROW(path, ": cannot read the ", header_size, "-byte header",
-                  errno ? ": " : " (file shrank?)", errno ? std::strerror(errno) : "");
+    MOEPEAK_INPUT_ERROR(path, ": cannot read the ", header_size, "-byte header",
+                        errno ? ": " : " (file shrank?)", errno ? std::strerror(errno) : "");
   }
   const uint64_t data_begin = 8 + header_size;
   const uint64_t data_size = file_size - data_begin;
@@ -230,9 +232,9 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   try {
     header = nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    MOEPEAK_THROW(path, ": the header is not valid JSON: ", e.what());
+    MOEPEAK_INPUT_ERROR(path, ": the header is not valid JSON: ", e.what());
   }
-  if (!header.is_object()) MOEPEAK_THROW(path, ": the header is not a JSON object");
+  if (!header.is_object()) MOEPEAK_INPUT_ERROR(path, ": the header is not a JSON object");
 
   struct Range {
     uint64_t begin, end;
@@ -241,58 +243,59 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   std::vector<Range> ranges;
   for (const auto& [name, entry] : header.items()) {
     if (name == kMetadataKey) {
-      if (!entry.is_object()) MOEPEAK_THROW(path, ": \"__metadata__\" is not an object");
+      if (!entry.is_object()) MOEPEAK_INPUT_ERROR(path, ": \"__metadata__\" is not an object");
       for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string()) MOEPEAK_THROW(path, ": metadata \"", key, "\" is not a string");
+        if (!value.is_string())
+          MOEPEAK_INPUT_ERROR(path, ": metadata \"", key, "\" is not a string");
         file.metadata_[key] = value.get<std::string>();
       }
       continue;
     }
     auto where = [&] { return detail::concat(path, ": tensor \"", name, "\""); };
-    if (!entry.is_object()) MOEPEAK_THROW(where(), ": entry is not an object");
+    if (!entry.is_object()) MOEPEAK_INPUT_ERROR(where(), ": entry is not an object");
     for (const char* field : {"dtype", "shape", "data_offsets"}) {
-      if (!entry.contains(field)) MOEPEAK_THROW(where(), ": missing \"", field, "\"");
+      if (!entry.contains(field)) MOEPEAK_INPUT_ERROR(where(), ": missing \"", field, "\"");
     }
     SafetensorsTensorInfo info;
-    if (!entry.at("dtype").is_string()) MOEPEAK_THROW(where(), ": \"dtype\" is not a string");
+    if (!entry.at("dtype").is_string()) MOEPEAK_INPUT_ERROR(where(), ": \"dtype\" is not a string");
     info.dtype = entry.at("dtype").get<std::string>();
     const size_t element = safetensors_element_size(info.dtype);
     if (element == 0) {
-      MOEPEAK_THROW(where(), ": unknown dtype \"", info.dtype,
-                    "\" (this build reads F32 F64 BF16 I32 I64 U8)");
+      MOEPEAK_INPUT_ERROR(where(), ": unknown dtype \"", info.dtype,
+                          "\" (this build reads F32 F64 BF16 I32 I64 U8)");
     }
     const auto& shape = entry.at("shape");
-    if (!shape.is_array()) MOEPEAK_THROW(where(), ": \"shape\" is not an array");
+    if (!shape.is_array()) MOEPEAK_INPUT_ERROR(where(), ": \"shape\" is not an array");
     for (const auto& d : shape) {
       if (!d.is_number_unsigned())
-        MOEPEAK_THROW(where(), ": \"shape\" ", shape.dump(),
-                      " has an entry that is not a non-negative integer");
+        MOEPEAK_INPUT_ERROR(where(), ": \"shape\" ", shape.dump(),
+                            " has an entry that is not a non-negative integer");
       info.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
     }
     const auto& offsets = entry.at("data_offsets");
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned()) {
-      MOEPEAK_THROW(where(), ": \"data_offsets\" ", offsets.dump(),
-                    " is not [begin, end] of non-negative integers");
+      MOEPEAK_INPUT_ERROR(where(), ": \"data_offsets\" ", offsets.dump(),
+                          " is not [begin, end] of non-negative integers");
     }
     const uint64_t begin = offsets[0].get<uint64_t>();
     const uint64_t end = offsets[1].get<uint64_t>();
     if (begin > end)
-      MOEPEAK_THROW(where(), ": data_offsets [", begin, ", ", end, "] end before they begin");
+      MOEPEAK_INPUT_ERROR(where(), ": data_offsets [", begin, ", ", end, "] end before they begin");
     if (end > data_size) {
-      MOEPEAK_THROW(where(), ": data_offsets [", begin, ", ", end,
-                    "] are out of range: the data section has ", data_size, " bytes");
+      MOEPEAK_INPUT_ERROR(where(), ": data_offsets [", begin, ", ", end,
+                          "] are out of range: the data section has ", data_size, " bytes");
     }
     std::optional<int64_t> count = element_count(info.shape);
     if (!count || static_cast<uint64_t>(*count) * element != end - begin) {
-      MOEPEAK_THROW(where(), ": shape ", shape_text(info.shape), " of ", info.dtype, " needs ",
-                    count ? static_cast<uint64_t>(*count) * element : 0,
-                    " bytes but data_offsets [", begin, ", ", end, "] hold ", end - begin);
+      MOEPEAK_INPUT_ERROR(where(), ": shape ", shape_text(info.shape), " of ", info.dtype,
+                          " needs ", count ? static_cast<uint64_t>(*count) * element : 0,
+                          " bytes but data_offsets [", begin, ", ", end, "] hold ", end - begin);
     }
     info.bytes = static_cast<size_t>(end - begin);
     info.file_offset = static_cast<size_t>(data_begin + begin);
     auto [it, inserted] = file.infos_.emplace(name, std::move(info));
-    if (!inserted) MOEPEAK_THROW(where(), ": listed twice");
+    if (!inserted) MOEPEAK_INPUT_ERROR(where(), ": listed twice");
     file.names_.push_back(name);
     if (end > begin) ranges.push_back(Range{begin, end, &it->first});
   }
@@ -301,9 +304,9 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
             [](const Range& a, const Range& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].begin < ranges[i - 1].end) {
-      MOEPEAK_THROW(path, ": tensors \"", *ranges[i - 1].name, "\" [", ranges[i - 1].begin, ", ",
-                    ranges[i - 1].end, ") and \"", *ranges[i].name, "\" [", ranges[i].begin, ", ",
-                    ranges[i].end, ") overlap");
+      MOEPEAK_INPUT_ERROR(path, ": tensors \"", *ranges[i - 1].name, "\" [", ranges[i - 1].begin,
+                          ", ", ranges[i - 1].end, ") and \"", *ranges[i].name, "\" [",
+                          ranges[i].begin, ", ", ranges[i].end, ") overlap");
     }
   }
   return file;
@@ -311,22 +314,22 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
 
 const SafetensorsTensorInfo& SafetensorsFile::info(const std::string& name) const {
   auto it = infos_.find(name);
-  if (it == infos_.end()) MOEPEAK_THROW(path_, ": no tensor \"", name, "\"");
+  if (it == infos_.end()) MOEPEAK_INPUT_ERROR(path_, ": no tensor \"", name, "\"");
   return it->second;
 }
 
 void SafetensorsFile::read(const std::string& name, void* dst, size_t bytes) const {
   const SafetensorsTensorInfo& t = info(name);
   if (bytes != t.bytes) {
-    MOEPEAK_THROW(path_, ": tensor \"", name, "\" (", t.dtype, " ", shape_text(t.shape), ") is ",
-                  t.bytes, " bytes, the destination is ", bytes);
+    MOEPEAK_INPUT_ERROR(path_, ": tensor \"", name, "\" (", t.dtype, " ", shape_text(t.shape),
+                        ") is ", t.bytes, " bytes, the destination is ", bytes);
   }
   if (bytes == 0) return;
   errno = 0;
   if (!read_exactly(fd_, dst, bytes, t.file_offset)) {
-    MOEPEAK_THROW(path_, ": tensor \"", name, "\": cannot read ", bytes, " bytes at byte ",
-                  t.file_offset, errno ? ": " : " (file shrank?)",
-                  errno ? std::strerror(errno) : "");
+    MOEPEAK_INPUT_ERROR(path_, ": tensor \"", name, "\": cannot read ", bytes, " bytes at byte ",
+                        t.file_offset, errno ? ": " : " (file shrank?)",
+                        errno ? std::strerror(errno) : "");
   }
 }
 

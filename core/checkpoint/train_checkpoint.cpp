@@ -46,7 +46,7 @@ std::vector<uint8_t> unhex(const std::string& text, const std::string& where) {
     auto nibble = [&](char c) -> int {
       if (c >= '0' && c <= '9') return c - '0';
       if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-      MOEPEAK_THROW(where, ": malformed hex string");
+      MOEPEAK_INPUT_ERROR(where, ": malformed hex string");
     };
     out.push_back(static_cast<uint8_t>(nibble(text[i]) * 16 + nibble(text[i + 1])));
   }
@@ -152,15 +152,15 @@ void load_state_full(ZeroParamStore& params, int param, const void* full, const 
 // dtype (flat's) and shape.
 void read_into(const SafetensorsFile& file, const std::string& name, ZeroParamStore& params,
                int index, const Tensor& flat, Stream& stream) {
-  if (!file.contains(name)) MOEPEAK_THROW(file.path(), ": no tensor '", name, "'");
+  if (!file.contains(name)) MOEPEAK_INPUT_ERROR(file.path(), ": no tensor '", name, "'");
   const SafetensorsTensorInfo& info = file.info(name);
   const ParamInfo& p = params.layout().params()[index];
   if (info.dtype != safetensors_dtype_name(flat.dtype()) || info.shape != dims(p.shape)) {
     std::ostringstream got;
     for (int64_t d : info.shape) got << d << ",";
-    MOEPEAK_THROW(file.path(), ": tensor '", name, "' is ", info.dtype, " (", got.str(),
-                  ") but this model expects ", safetensors_dtype_name(flat.dtype()), " ",
-                  p.shape.str());
+    MOEPEAK_INPUT_ERROR(file.path(), ": tensor '", name, "' is ", info.dtype, " (", got.str(),
+                        ") but this model expects ", safetensors_dtype_name(flat.dtype()), " ",
+                        p.shape.str());
   }
   std::vector<char> host(static_cast<size_t>(p.shape.numel()) * dtype_size(flat.dtype()));
   file.read(name, host.data(), host.size());
@@ -205,7 +205,8 @@ void write_on_rank0(const ZeroParamStore& params, Stream& stream, const std::str
     all_reduce_host(params.comm(), params.backend(), stream, failed, ReduceOp::max);
   }
   if (failure) std::rethrow_exception(failure);
-  if (failed[0] != 0) MOEPEAK_THROW("rank 0 could not write ", what, " (its error is in its log)");
+  if (failed[0] != 0)
+    MOEPEAK_INPUT_ERROR("rank 0 could not write ", what, " (its error is in its log)");
 }
 
 }  // namespace
@@ -268,7 +269,8 @@ void save_checkpoint(const std::string& folder, int64_t step, const ModelConfig&
     fs::remove_all(final_dir, ec);
     fs::rename(tmp_dir, final_dir, ec);
     if (ec)
-      MOEPEAK_THROW("cannot move checkpoint ", tmp_dir.string(), " into place: ", ec.message());
+      MOEPEAK_INPUT_ERROR("cannot move checkpoint ", tmp_dir.string(),
+                          " into place: ", ec.message());
     write_file_atomically((fs::path(folder) / "latest").string(), name + "\n");
 
     // Keep the newest keep_latest step directories.
@@ -290,7 +292,7 @@ std::optional<std::string> latest_checkpoint(const std::string& folder) {
   if (!in || !(in >> name)) return std::nullopt;
   fs::path dir = fs::path(folder) / name;
   if (!fs::is_directory(dir)) {
-    MOEPEAK_THROW(folder, "/latest names ", name, " but that directory does not exist");
+    MOEPEAK_INPUT_ERROR(folder, "/latest names ", name, " but that directory does not exist");
   }
   return dir.string();
 }
@@ -300,20 +302,20 @@ int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroPa
   const fs::path root(dir);
   {
     std::ifstream in(root / "config.json");
-    if (!in) MOEPEAK_THROW("checkpoint ", dir, " has no config.json");
+    if (!in) MOEPEAK_INPUT_ERROR("checkpoint ", dir, " has no config.json");
     nlohmann::json j;
     try {
       in >> j;
     } catch (const nlohmann::json::exception& e) {
-      MOEPEAK_THROW((root / "config.json").string(), ": ", e.what());
+      MOEPEAK_INPUT_ERROR((root / "config.json").string(), ": ", e.what());
     }
     ModelConfig saved = model_config_from_json(j, (root / "config.json").string());
     ModelConfig expected = model;
     expected.head_dim = expected.head_dim_resolved();  // config.json stores it resolved
     saved.head_dim = saved.head_dim_resolved();
     if (!(saved == expected)) {
-      MOEPEAK_THROW("checkpoint ", dir,
-                    " was saved for another model shape than [model] in the config");
+      MOEPEAK_INPUT_ERROR("checkpoint ", dir,
+                          " was saved for another model shape than [model] in the config");
     }
   }
   const auto& infos = params.layout().params();
@@ -337,7 +339,7 @@ int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroPa
   const auto& meta = state.metadata();
   auto field = [&](const std::string& key) -> const std::string& {
     auto it = meta.find(key);
-    if (it == meta.end()) MOEPEAK_THROW(state.path(), ": metadata has no '", key, "'");
+    if (it == meta.end()) MOEPEAK_INPUT_ERROR(state.path(), ": metadata has no '", key, "'");
     return it->second;
   };
   loader.restore(unhex(field("data_loader_state"), state.path()));
@@ -345,7 +347,7 @@ int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroPa
   try {
     step = std::stoll(field("step"));
   } catch (const std::exception&) {
-    MOEPEAK_THROW(state.path(), ": metadata 'step' is not a number: ", field("step"));
+    MOEPEAK_INPUT_ERROR(state.path(), ": metadata 'step' is not a number: ", field("step"));
   }
   return step;
 }

@@ -105,8 +105,8 @@ std::string section_suggestion(std::string_view name) {
 // The node as the field's value type, or an error at `where` naming the key.
 FieldValue read_value(const Field& field, const toml::node& node, const std::string& where) {
   auto wrong_type = [&]() {
-    MOEPEAK_THROW(where, ": ", field.full_key(), ": expected ", expected_phrase(field.type),
-                  ", got ", describe_node(node));
+    MOEPEAK_INPUT_ERROR(where, ": ", field.full_key(), ": expected ", expected_phrase(field.type),
+                        ", got ", describe_node(node));
   };
   switch (field.type) {
     case FieldType::integer:
@@ -134,7 +134,7 @@ FieldValue read_value(const Field& field, const toml::node& node, const std::str
 
 void assign(Config& cfg, const Field& field, const FieldValue& value, const std::string& origin) {
   std::string problem = config_schema::check_value(field, value);
-  if (!problem.empty()) MOEPEAK_THROW(origin, ": ", problem);
+  if (!problem.empty()) MOEPEAK_INPUT_ERROR(origin, ": ", problem);
   field.set(cfg, value);
   cfg.origins[field.full_key()] = origin;
 }
@@ -165,16 +165,17 @@ std::vector<Entry> in_file_order(const toml::table& table) {
 
 toml::table parse_toml_file(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) MOEPEAK_THROW("config file '", path, "' not found");
+  if (!std::filesystem::exists(path, ec)) MOEPEAK_INPUT_ERROR("config file '", path, "' not found");
   if (std::filesystem::is_directory(path, ec)) {
-    MOEPEAK_THROW("config file '", path, "' is a directory, not a TOML file");
+    MOEPEAK_INPUT_ERROR("config file '", path, "' is a directory, not a TOML file");
   }
   try {
     return toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     const toml::source_position& at = e.source().begin;
-    if (at.line == 0) MOEPEAK_THROW(path, ": cannot read config file: ", e.description());
-    MOEPEAK_THROW(path, ":", at.line, ":", at.column, ": TOML syntax error: ", e.description());
+    if (at.line == 0) MOEPEAK_INPUT_ERROR(path, ": cannot read config file: ", e.description());
+    MOEPEAK_INPUT_ERROR(path, ":", at.line, ":", at.column,
+                        ": TOML syntax error: ", e.description());
   }
 }
 
@@ -184,8 +185,8 @@ void apply_section(Config& cfg, const std::string& path, std::string_view sectio
     std::string where = path + ":" + std::to_string(entry.position.line);
     const Field* field = config_schema::find_field(section, entry.key);
     if (!field) {
-      MOEPEAK_THROW(where, ": unknown key '", section, ".", entry.key, "'",
-                    key_suggestion(section, entry.key));
+      MOEPEAK_INPUT_ERROR(where, ": unknown key '", section, ".", entry.key, "'",
+                          key_suggestion(section, entry.key));
     }
     assign(cfg, *field, read_value(*field, *entry.node, where), where);
   }
@@ -197,22 +198,24 @@ void apply_file(Config& cfg, const std::string& path) {
     std::string where = path + ":" + std::to_string(entry.position.line);
     if (!config_schema::find_section(entry.key)) {
       if (entry.node->is_table()) {
-        MOEPEAK_THROW(where, ": unknown section [", entry.key, "]", section_suggestion(entry.key));
+        MOEPEAK_INPUT_ERROR(where, ": unknown section [", entry.key, "]",
+                            section_suggestion(entry.key));
       }
       for (const Field& f : config_schema::fields()) {
         if (f.key == entry.key) {
-          MOEPEAK_THROW(where, ": key '", entry.key, "' is outside any section (did you mean '",
-                        f.full_key(), "', under [", f.section, "]?)");
+          MOEPEAK_INPUT_ERROR(where, ": key '", entry.key,
+                              "' is outside any section (did you mean '", f.full_key(),
+                              "', under [", f.section, "]?)");
         }
       }
-      MOEPEAK_THROW(where, ": unknown key '", entry.key,
-                    "' outside any section; keys go under a [section] header",
-                    section_suggestion(entry.key));
+      MOEPEAK_INPUT_ERROR(where, ": unknown key '", entry.key,
+                          "' outside any section; keys go under a [section] header",
+                          section_suggestion(entry.key));
     }
     const toml::table* table = entry.node->as_table();
     if (!table) {
-      MOEPEAK_THROW(where, ": '", entry.key, "' is a section: expected a table ([", entry.key,
-                    "] with keys under it), got ", describe_node(*entry.node));
+      MOEPEAK_INPUT_ERROR(where, ": '", entry.key, "' is a section: expected a table ([", entry.key,
+                          "] with keys under it), got ", describe_node(*entry.node));
     }
     apply_section(cfg, path, entry.key, *table);
   }
@@ -244,8 +247,8 @@ FieldValue read_override_value(const Field& field, const std::string& text,
     return text;
   }
   if (!node) {
-    MOEPEAK_THROW(where, ": ", field.full_key(), ": expected ", expected_phrase(field.type),
-                  ", got '", text, "' (not a TOML value)");
+    MOEPEAK_INPUT_ERROR(where, ": ", field.full_key(), ": expected ", expected_phrase(field.type),
+                        ", got '", text, "' (not a TOML value)");
   }
   return read_value(field, *node, where);
 }
@@ -254,7 +257,7 @@ void apply_override(Config& cfg, const std::string& text) {
   const std::string where = "--set " + text;
   size_t eq = text.find('=');
   if (eq == std::string::npos) {
-    MOEPEAK_THROW(where, ": expected section.key=value, as in --set training.steps=50");
+    MOEPEAK_INPUT_ERROR(where, ": expected section.key=value, as in --set training.steps=50");
   }
   std::string key = trim(std::string_view(text).substr(0, eq));
   std::string value = trim(std::string_view(text).substr(eq + 1));
@@ -267,19 +270,19 @@ void apply_override(Config& cfg, const std::string& text) {
         break;
       }
     }
-    MOEPEAK_THROW(where,
-                  ": expected section.key=value with the key's section, as in "
-                  "--set training.steps=50",
-                  hint);
+    MOEPEAK_INPUT_ERROR(where,
+                        ": expected section.key=value with the key's section, as in "
+                        "--set training.steps=50",
+                        hint);
   }
   std::string section = key.substr(0, dot);
   std::string name = key.substr(dot + 1);
   if (!config_schema::find_section(section)) {
-    MOEPEAK_THROW(where, ": unknown section [", section, "]", section_suggestion(section));
+    MOEPEAK_INPUT_ERROR(where, ": unknown section [", section, "]", section_suggestion(section));
   }
   const Field* field = config_schema::find_field(section, name);
   if (!field) {
-    MOEPEAK_THROW(where, ": unknown key '", key, "'", key_suggestion(section, name));
+    MOEPEAK_INPUT_ERROR(where, ": unknown key '", key, "'", key_suggestion(section, name));
   }
   assign(cfg, *field, read_override_value(*field, value, where), where);
 }
@@ -295,44 +298,46 @@ void check_cross_field_rules(const Config& cfg) {
   const ModelConfig& m = cfg.model;
   const TrainingConfig& t = cfg.training;
   if (m.num_attention_heads % m.num_key_value_heads != 0) {
-    MOEPEAK_THROW("invalid config: ", shown(cfg, "model.num_attention_heads"),
-                  " must be a multiple of ", shown(cfg, "model.num_key_value_heads"));
+    MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "model.num_attention_heads"),
+                        " must be a multiple of ", shown(cfg, "model.num_key_value_heads"));
   }
   if (m.num_experts_per_tok > m.num_local_experts) {
-    MOEPEAK_THROW("invalid config: ", shown(cfg, "model.num_experts_per_tok"),
-                  " must be <= ", shown(cfg, "model.num_local_experts"));
+    MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "model.num_experts_per_tok"),
+                        " must be <= ", shown(cfg, "model.num_local_experts"));
   }
   if (m.head_dim == 0 && m.hidden_size % m.num_attention_heads != 0) {
-    MOEPEAK_THROW("invalid config: ", shown(cfg, "model.head_dim"),
-                  " takes hidden_size / num_attention_heads, but ", shown(cfg, "model.hidden_size"),
-                  " is not a multiple of ", shown(cfg, "model.num_attention_heads"),
-                  "; set model.head_dim explicitly or change one of them");
+    MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "model.head_dim"),
+                        " takes hidden_size / num_attention_heads, but ",
+                        shown(cfg, "model.hidden_size"), " is not a multiple of ",
+                        shown(cfg, "model.num_attention_heads"),
+                        "; set model.head_dim explicitly or change one of them");
   }
   if (m.head_dim_resolved() % 2 != 0) {
     if (m.head_dim != 0) {
-      MOEPEAK_THROW("invalid config: ", shown(cfg, "model.head_dim"),
-                    " must be even (RoPE rotates pairs)");
+      MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "model.head_dim"),
+                          " must be even (RoPE rotates pairs)");
     }
-    MOEPEAK_THROW("invalid config: ", shown(cfg, "model.head_dim"),
-                  " resolves to hidden_size / num_attention_heads = ", m.head_dim_resolved(),
-                  ", which must be even (RoPE rotates pairs); ", shown(cfg, "model.hidden_size"),
-                  ", ", shown(cfg, "model.num_attention_heads"));
+    MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "model.head_dim"),
+                        " resolves to hidden_size / num_attention_heads = ", m.head_dim_resolved(),
+                        ", which must be even (RoPE rotates pairs); ",
+                        shown(cfg, "model.hidden_size"), ", ",
+                        shown(cfg, "model.num_attention_heads"));
   }
   if (t.seq_len > m.max_position_embeddings) {
-    MOEPEAK_THROW("invalid config: ", shown(cfg, "training.seq_len"),
-                  " must be <= ", shown(cfg, "model.max_position_embeddings"));
+    MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "training.seq_len"),
+                        " must be <= ", shown(cfg, "model.max_position_embeddings"));
   }
   if (t.dataset != DatasetKind::copy && t.dataset_path.empty()) {
-    MOEPEAK_THROW("invalid config: ", shown(cfg, "training.dataset"),
-                  " needs a data file, but training.dataset_path is empty (",
-                  cfg.origin("training.dataset_path"), ")");
+    MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "training.dataset"),
+                        " needs a data file, but training.dataset_path is empty (",
+                        cfg.origin("training.dataset_path"), ")");
   }
 }
 
 std::optional<uint64_t> byte_size_setting(const std::string& text, const char* key) {
   if (text == "auto") return std::nullopt;
   std::optional<uint64_t> bytes = parse_bytes(text);
-  if (!bytes) MOEPEAK_THROW(key, " is not a byte size: \"", text, "\"");
+  if (!bytes) MOEPEAK_INPUT_ERROR(key, " is not a byte size: \"", text, "\"");
   return bytes;
 }
 

@@ -124,7 +124,8 @@ constexpr Section kSections[] = {
     {"model", "Mixtral architecture, with Hugging Face MixtralConfig field names."},
     {"training", "Batch, sequence length, steps, data and compute dtype."},
     {"parallelism", "The process count the job expects."},
-    {"schedules", "Standard or bounded schedule per live set (DESIGN.md §7) and their knobs."},
+    {"schedules",
+     "Standard or bounded schedule per live set (docs/design.md#the-schedules) and their knobs."},
     {"optimizer", "AdamW hyper-parameters and where the optimizer state lives."},
     {"lr_scheduler", "Learning-rate warm-up and decay."},
     {"checkpoint", "Saving checkpoints (HF safetensors + per-rank state) during the run."},
@@ -564,7 +565,7 @@ std::string config_value_toml(const Config& cfg, std::string_view key) {
   const Field* f = dot == std::string_view::npos
                        ? nullptr
                        : config_schema::find_field(key.substr(0, dot), key.substr(dot + 1));
-  if (!f) MOEPEAK_THROW("unknown config key '", key, "'");
+  if (!f) MOEPEAK_INPUT_ERROR("unknown config key '", key, "'");
   return config_schema::to_toml_literal(f->get(cfg));
 }
 

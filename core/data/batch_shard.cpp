@@ -9,9 +9,9 @@ LocalBatch shard_batch(const std::vector<int64_t>& input_ids, const std::vector<
                        int64_t batch, int64_t seq_len, int world, int rank) {
   MOEPEAK_CHECK(world >= 1 && rank >= 0 && rank < world, "rank ", rank, " of ", world);
   if (seq_len % world != 0) {
-    MOEPEAK_THROW("training.seq_len = ", seq_len, " cannot be split over ", world,
-                  " ranks (sequence parallelism needs seq_len % world_size == 0; ", seq_len, " % ",
-                  world, " = ", seq_len % world, ")");
+    MOEPEAK_INPUT_ERROR("training.seq_len = ", seq_len, " cannot be split over ", world,
+                        " ranks (sequence parallelism needs seq_len % world_size == 0; ", seq_len,
+                        " % ", world, " = ", seq_len % world, ")");
   }
   const size_t total = static_cast<size_t>(batch * seq_len);
   MOEPEAK_CHECK(input_ids.size() == total && labels.size() == total, "a batch of ", batch, " x ",

@@ -42,12 +42,14 @@ int64_t copy_task_random_token(int64_t seed, int64_t step, int64_t sequence, int
 CopyTaskLoader::CopyTaskLoader(int64_t batch_size, int64_t seq_len, int64_t vocab_size,
                                int64_t seed)
     : batch_size_(batch_size), seq_len_(seq_len), vocab_size_(vocab_size), seed_(seed) {
-  if (batch_size < 1) MOEPEAK_THROW("copy task: training.batch_size ", batch_size, " must be >= 1");
+  if (batch_size < 1)
+    MOEPEAK_INPUT_ERROR("copy task: training.batch_size ", batch_size, " must be >= 1");
   if (seq_len < 2) {
-    MOEPEAK_THROW("copy task: training.seq_len ", seq_len,
-                  " must be >= 2 (a random half of seq_len / 2 tokens and its copy)");
+    MOEPEAK_INPUT_ERROR("copy task: training.seq_len ", seq_len,
+                        " must be >= 2 (a random half of seq_len / 2 tokens and its copy)");
   }
-  if (vocab_size < 1) MOEPEAK_THROW("copy task: model.vocab_size ", vocab_size, " must be >= 1");
+  if (vocab_size < 1)
+    MOEPEAK_INPUT_ERROR("copy task: model.vocab_size ", vocab_size, " must be >= 1");
 }
 
 void CopyTaskLoader::next_batch(int64_t* input_ids, int64_t* labels) {
@@ -76,7 +78,7 @@ std::vector<uint8_t> CopyTaskLoader::state() const {
 void CopyTaskLoader::restore(std::span<const uint8_t> state) {
   std::vector<uint64_t> fields = decode_loader_state(state, LoaderKind::copy, 1);
   if (fields[0] > static_cast<uint64_t>(INT64_MAX)) {
-    MOEPEAK_THROW("data-loader state: copy-task step ", fields[0], " is out of range");
+    MOEPEAK_INPUT_ERROR("data-loader state: copy-task step ", fields[0], " is out of range");
   }
   step_ = static_cast<int64_t>(fields[0]);
 }

@@ -53,24 +53,24 @@ std::vector<uint8_t> encode_loader_state(LoaderKind kind, std::span<const uint64
 std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, LoaderKind kind,
                                           size_t field_count) {
   if (state.size() < kStateHeaderBytes || std::memcmp(state.data(), kStateMagic, 4) != 0) {
-    MOEPEAK_THROW("data-loader state: not a moepeak data-loader state (", state.size(),
-                  " bytes, expected the \"MPDL\" header)");
+    MOEPEAK_INPUT_ERROR("data-loader state: not a moepeak data-loader state (", state.size(),
+                        " bytes, expected the \"MPDL\" header)");
   }
   if (state[4] != kStateFormatVersion) {
-    MOEPEAK_THROW("data-loader state: format version ", int(state[4]), ", this build reads ",
-                  int(kStateFormatVersion));
+    MOEPEAK_INPUT_ERROR("data-loader state: format version ", int(state[4]), ", this build reads ",
+                        int(kStateFormatVersion));
   }
   const auto saved_kind = static_cast<LoaderKind>(state[5]);
   if (saved_kind != kind) {
-    MOEPEAK_THROW("data-loader state: saved by a '", loader_kind_name(saved_kind),
-                  "' loader, this run reads training.dataset = ", loader_kind_name(kind));
+    MOEPEAK_INPUT_ERROR("data-loader state: saved by a '", loader_kind_name(saved_kind),
+                        "' loader, this run reads training.dataset = ", loader_kind_name(kind));
   }
   const uint64_t saved_fields = read_le(state, 6, 2);
   const size_t expected_bytes = kStateHeaderBytes + 8 * field_count;
   if (saved_fields != field_count || state.size() != expected_bytes) {
-    MOEPEAK_THROW("data-loader state: ", state.size(), " bytes with ", saved_fields, " fields; a '",
-                  loader_kind_name(kind), "' state has ", expected_bytes, " bytes with ",
-                  field_count, " fields");
+    MOEPEAK_INPUT_ERROR("data-loader state: ", state.size(), " bytes with ", saved_fields,
+                        " fields; a '", loader_kind_name(kind), "' state has ", expected_bytes,
+                        " bytes with ", field_count, " fields");
   }
   std::vector<uint64_t> fields(field_count);
   for (size_t i = 0; i < field_count; ++i) fields[i] = read_le(state, kStateHeaderBytes + 8 * i, 8);
@@ -84,8 +84,8 @@ std::unique_ptr<DataLoader> make_data_loader(const TrainingConfig& training,
                                             seed);
   }
   if (training.dataset_path.empty()) {
-    MOEPEAK_THROW("training.dataset_path is required when training.dataset is ",
-                  enum_name(training.dataset));
+    MOEPEAK_INPUT_ERROR("training.dataset_path is required when training.dataset is ",
+                        enum_name(training.dataset));
   }
   TokenDataset dataset = training.dataset == DatasetKind::bin
                              ? open_token_bin(training.dataset_path, training.token_dtype)

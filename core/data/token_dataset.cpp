@@ -24,16 +24,16 @@ namespace moepeak {
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) MOEPEAK_THROW(path, ": cannot open: ", std::strerror(errno));
+  if (fd < 0) MOEPEAK_INPUT_ERROR(path, ": cannot open: ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
-    MOEPEAK_THROW(path, ": cannot stat: ", std::strerror(err));
+    MOEPEAK_INPUT_ERROR(path, ": cannot stat: ", std::strerror(err));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    MOEPEAK_THROW(path, ": not a regular file");
+    MOEPEAK_INPUT_ERROR(path, ": not a regular file");
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {
@@ -41,7 +41,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     if (mapping == MAP_FAILED) {
       int err = errno;
       ::close(fd);
-      MOEPEAK_THROW(path, ": cannot map ", size_, " bytes: ", std::strerror(err));
+      MOEPEAK_INPUT_ERROR(path, ": cannot map ", size_, " bytes: ", std::strerror(err));
     }
     data_ = static_cast<const uint8_t*>(mapping);
   }
@@ -155,8 +155,8 @@ TokenDataset::TokenDataset(MappedFile file, TokenStorage storage, LoaderKind kin
   const uint64_t element = token_storage_size(storage_);
   for (const Run& run : runs) {
     if (run.byte_offset > file_.size() || run.tokens > (file_.size() - run.byte_offset) / element) {
-      MOEPEAK_THROW(path(), ": ", run.tokens, " tokens at byte ", run.byte_offset,
-                    " run past the end of the file (", file_.size(), " bytes)");
+      MOEPEAK_INPUT_ERROR(path(), ": ", run.tokens, " tokens at byte ", run.byte_offset,
+                          " run past the end of the file (", file_.size(), " bytes)");
     }
     if (run.tokens == 0) continue;
     if (!runs_.empty()) {
@@ -184,11 +184,11 @@ void TokenDataset::check_token_ids(int64_t vocab_size) const {
         const uint64_t byte = run.byte_offset + i * element;
         const uint64_t offset = (byte - data_begin_) / element;
         if (id < 0) {
-          MOEPEAK_THROW(path(), ": token ", id, " at offset ", offset, " (byte ", byte,
-                        ") is negative");
+          MOEPEAK_INPUT_ERROR(path(), ": token ", id, " at offset ", offset, " (byte ", byte,
+                              ") is negative");
         }
-        MOEPEAK_THROW(path(), ": token ", id, " at offset ", offset, " (byte ", byte,
-                      ") is >= model.vocab_size ", vocab_size);
+        MOEPEAK_INPUT_ERROR(path(), ": token ", id, " at offset ", offset, " (byte ", byte,
+                            ") is >= model.vocab_size ", vocab_size);
       }
     }
   });
@@ -232,8 +232,8 @@ constexpr int32_t kLlmcMagicLlama3 = 20240801;  // version 7, uint32 tokens
 TokenDataset open_headerless_bin(MappedFile file, TokenStorage storage) {
   const size_t element = token_storage_size(storage);
   if (file.size() % element != 0) {
-    MOEPEAK_THROW(file.path(), ": size ", file.size(), " bytes is not a whole number of ",
-                  token_storage_name(storage), " tokens (", element, " bytes each)");
+    MOEPEAK_INPUT_ERROR(file.path(), ": size ", file.size(), " bytes is not a whole number of ",
+                        token_storage_name(storage), " tokens (", element, " bytes each)");
   }
   const uint64_t tokens = file.size() / element;
   std::string format = detail::concat("headerless ", token_storage_name(storage), " .bin");
@@ -243,8 +243,8 @@ TokenDataset open_headerless_bin(MappedFile file, TokenStorage storage) {
 
 TokenDataset open_llmc_bin(MappedFile file) {
   if (file.size() < kLlmcHeaderBytes) {
-    MOEPEAK_THROW(file.path(), ": truncated llm.c header: the file has ", file.size(),
-                  " bytes, the header alone is ", kLlmcHeaderBytes);
+    MOEPEAK_INPUT_ERROR(file.path(), ": truncated llm.c header: the file has ", file.size(),
+                        " bytes, the header alone is ", kLlmcHeaderBytes);
   }
   const int32_t magic = load_le<int32_t>(file.data());
   const int32_t version = load_le<int32_t>(file.data() + 4);
@@ -253,38 +253,39 @@ TokenDataset open_llmc_bin(MappedFile file) {
   std::string model;
   if (magic == kLlmcMagicGpt2) {
     if (version != 1) {
-      MOEPEAK_THROW(file.path(), ": unsupported llm.c version ", version, " for magic ", magic,
-                    " (expected 1: uint16 tokens)");
+      MOEPEAK_INPUT_ERROR(file.path(), ": unsupported llm.c version ", version, " for magic ",
+                          magic, " (expected 1: uint16 tokens)");
     }
     storage = TokenStorage::u16;
     model = "gpt-2";
   } else if (magic == kLlmcMagicLlama3) {
     if (version != 7) {
-      MOEPEAK_THROW(file.path(), ": unsupported llm.c version ", version, " for magic ", magic,
-                    " (expected 7: uint32 tokens)");
+      MOEPEAK_INPUT_ERROR(file.path(), ": unsupported llm.c version ", version, " for magic ",
+                          magic, " (expected 7: uint32 tokens)");
     }
     storage = TokenStorage::u32;
     model = "llama-3";
   } else {
-    MOEPEAK_THROW(file.path(), ": bad llm.c magic ", magic, " at byte 0 (expected ", kLlmcMagicGpt2,
-                  " or ", kLlmcMagicLlama3,
-                  "); for a headerless file set training.token_dtype to uint16 or uint32");
+    MOEPEAK_INPUT_ERROR(file.path(), ": bad llm.c magic ", magic, " at byte 0 (expected ",
+                        kLlmcMagicGpt2, " or ", kLlmcMagicLlama3,
+                        "); for a headerless file set training.token_dtype to uint16 or uint32");
   }
   if (declared < 0) {
-    MOEPEAK_THROW(file.path(), ": llm.c header token count ", declared,
-                  " (int32 at byte 8) is negative");
+    MOEPEAK_INPUT_ERROR(file.path(), ": llm.c header token count ", declared,
+                        " (int32 at byte 8) is negative");
   }
   const size_t element = token_storage_size(storage);
   const uint64_t payload = file.size() - kLlmcHeaderBytes;
   if (payload % element != 0) {
-    MOEPEAK_THROW(file.path(), ": ", payload, " bytes after the ", kLlmcHeaderBytes,
-                  "-byte header are not a whole number of ", token_storage_name(storage),
-                  " tokens (", element, " bytes each)");
+    MOEPEAK_INPUT_ERROR(file.path(), ": ", payload, " bytes after the ", kLlmcHeaderBytes,
+                        "-byte header are not a whole number of ", token_storage_name(storage),
+                        " tokens (", element, " bytes each)");
   }
   if (payload / element != static_cast<uint64_t>(declared)) {
-    MOEPEAK_THROW(file.path(), ": the header says ", declared, " tokens (",
-                  static_cast<uint64_t>(declared) * element, " bytes after the ", kLlmcHeaderBytes,
-                  "-byte header) but the file has ", payload, " bytes after the header");
+    MOEPEAK_INPUT_ERROR(file.path(), ": the header says ", declared, " tokens (",
+                        static_cast<uint64_t>(declared) * element, " bytes after the ",
+                        kLlmcHeaderBytes, "-byte header) but the file has ", payload,
+                        " bytes after the header");
   }
   std::string format = detail::concat("llm.c ", model, " .bin (", token_storage_name(storage), ")");
   return TokenDataset(std::move(file), storage, LoaderKind::bin, std::move(format),
@@ -303,7 +304,7 @@ TokenDataset open_token_bin(const std::string& path, TokenDtype token_dtype) {
     case TokenDtype::llmc:
       return open_llmc_bin(std::move(file));
   }
-  MOEPEAK_THROW(path, ": unknown token dtype");
+  MOEPEAK_INPUT_ERROR(path, ": unknown token dtype");
 }
 
 // ---- Megatron .bin/.idx -------------------------------------------------------------------------
@@ -329,11 +330,13 @@ TokenStorage megatron_storage(uint8_t code, const std::string& idx_path) {
       return TokenStorage::u16;
     case 6:
     case 7:
-      MOEPEAK_THROW(idx_path, ": dtype code ", int(code), " (byte 17) is a floating-point type (",
-                    code == 6 ? "float64" : "float32", "), not token ids");
+      MOEPEAK_INPUT_ERROR(idx_path, ": dtype code ", int(code),
+                          " (byte 17) is a floating-point type (",
+                          code == 6 ? "float64" : "float32", "), not token ids");
     default:
-      MOEPEAK_THROW(idx_path, ": unknown dtype code ", int(code),
-                    " (byte 17; expected 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64 or 8 uint16)");
+      MOEPEAK_INPUT_ERROR(
+          idx_path, ": unknown dtype code ", int(code),
+          " (byte 17; expected 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64 or 8 uint16)");
   }
 }
 
@@ -356,17 +359,17 @@ TokenDataset open_megatron_dataset(const std::string& path) {
 
   const uint8_t* p = idx.data();
   if (idx.size() < kMegatronHeaderBytes) {
-    MOEPEAK_THROW(idx_path, ": truncated index header: the file has ", idx.size(),
-                  " bytes, the header is ", kMegatronHeaderBytes);
+    MOEPEAK_INPUT_ERROR(idx_path, ": truncated index header: the file has ", idx.size(),
+                        " bytes, the header is ", kMegatronHeaderBytes);
   }
   if (std::memcmp(p, kMegatronMagic, sizeof(kMegatronMagic)) != 0) {
-    MOEPEAK_THROW(idx_path,
-                  ": bad magic at byte 0 (expected \"MMIDIDX\\x00\\x00\", a Megatron "
-                  "indexed dataset index)");
+    MOEPEAK_INPUT_ERROR(idx_path,
+                        ": bad magic at byte 0 (expected \"MMIDIDX\\x00\\x00\", a Megatron "
+                        "indexed dataset index)");
   }
   const uint64_t version = load_le<uint64_t>(p + 9);
   if (version != 1)
-    MOEPEAK_THROW(idx_path, ": unsupported index version ", version, " (byte 9; expected 1)");
+    MOEPEAK_INPUT_ERROR(idx_path, ": unsupported index version ", version, " (byte 9; expected 1)");
   const TokenStorage storage = megatron_storage(p[17], idx_path);
   const uint64_t element = token_storage_size(storage);
   const uint64_t sequences = load_le<uint64_t>(p + 18);
@@ -374,34 +377,36 @@ TokenDataset open_megatron_dataset(const std::string& path) {
   const uint64_t available = idx.size() - kMegatronHeaderBytes;
   if (sequences > available / 12 || documents > available / 8 ||
       sequences * 12 + documents * 8 > available) {
-    MOEPEAK_THROW(idx_path, ": truncated index: ", sequences, " sequences and ", documents,
-                  " documents need ", kMegatronHeaderBytes, " + 12 * ", sequences, " + 8 * ",
-                  documents, " bytes, the file has ", idx.size());
+    MOEPEAK_INPUT_ERROR(idx_path, ": truncated index: ", sequences, " sequences and ", documents,
+                        " documents need ", kMegatronHeaderBytes, " + 12 * ", sequences, " + 8 * ",
+                        documents, " bytes, the file has ", idx.size());
   }
   const uint64_t lengths_at = kMegatronHeaderBytes;
   const uint64_t pointers_at = lengths_at + 4 * sequences;
   const uint64_t documents_at = pointers_at + 8 * sequences;
 
   if (bin.size() % element != 0) {
-    MOEPEAK_THROW(bin_path, ": size ", bin.size(), " bytes is not a whole number of ",
-                  token_storage_name(storage), " tokens (", element, " bytes each)");
+    MOEPEAK_INPUT_ERROR(bin_path, ": size ", bin.size(), " bytes is not a whole number of ",
+                        token_storage_name(storage), " tokens (", element, " bytes each)");
   }
 
   // The document index: where each document's sequences start, ending with S.
   if (documents == 0)
-    MOEPEAK_THROW(idx_path, ": the document index is empty (it ends with the sequence count)");
+    MOEPEAK_INPUT_ERROR(idx_path,
+                        ": the document index is empty (it ends with the sequence count)");
   int64_t previous = 0;
   for (uint64_t d = 0; d < documents; ++d) {
     const int64_t start = load_le<int64_t>(p + documents_at + 8 * d);
     if (start < previous || static_cast<uint64_t>(start) > sequences) {
-      MOEPEAK_THROW(idx_path, ": document index entry ", d, " (byte ", documents_at + 8 * d,
-                    ") is ", start, ", expected non-decreasing values in [0, ", sequences, "]");
+      MOEPEAK_INPUT_ERROR(idx_path, ": document index entry ", d, " (byte ", documents_at + 8 * d,
+                          ") is ", start, ", expected non-decreasing values in [0, ", sequences,
+                          "]");
     }
     previous = start;
   }
   if (static_cast<uint64_t>(previous) != sequences) {
-    MOEPEAK_THROW(idx_path, ": the document index ends at ", previous,
-                  ", expected the sequence count ", sequences);
+    MOEPEAK_INPUT_ERROR(idx_path, ": the document index ends at ", previous,
+                        ", expected the sequence count ", sequences);
   }
   const uint64_t first_sequence = static_cast<uint64_t>(load_le<int64_t>(p + documents_at));
 
@@ -411,17 +416,17 @@ TokenDataset open_megatron_dataset(const std::string& path) {
     const int32_t length = load_le<int32_t>(p + lengths_at + 4 * s);
     const int64_t pointer = load_le<int64_t>(p + pointers_at + 8 * s);
     if (length < 0) {
-      MOEPEAK_THROW(idx_path, ": sequence ", s, " has negative length ", length, " (byte ",
-                    lengths_at + 4 * s, ")");
+      MOEPEAK_INPUT_ERROR(idx_path, ": sequence ", s, " has negative length ", length, " (byte ",
+                          lengths_at + 4 * s, ")");
     }
     if (pointer < 0 || static_cast<uint64_t>(pointer) % element != 0) {
-      MOEPEAK_THROW(idx_path, ": sequence ", s, " has pointer ", pointer, " (byte ",
-                    pointers_at + 8 * s, "), expected a non-negative multiple of ", element);
+      MOEPEAK_INPUT_ERROR(idx_path, ": sequence ", s, " has pointer ", pointer, " (byte ",
+                          pointers_at + 8 * s, "), expected a non-negative multiple of ", element);
     }
     const uint64_t begin = static_cast<uint64_t>(pointer);
     if (begin > bin.size() || static_cast<uint64_t>(length) > (bin.size() - begin) / element) {
-      MOEPEAK_THROW(idx_path, ": sequence ", s, " (", length, " tokens at byte ", begin,
-                    ") runs past the end of ", bin_path, " (", bin.size(), " bytes)");
+      MOEPEAK_INPUT_ERROR(idx_path, ": sequence ", s, " (", length, " tokens at byte ", begin,
+                          ") runs past the end of ", bin_path, " (", bin.size(), " bytes)");
     }
     runs.push_back({0, begin, static_cast<uint64_t>(length)});
   }
@@ -437,12 +442,13 @@ TokenWindowLoader::TokenWindowLoader(TokenDataset dataset, int64_t batch_size, i
                                      int64_t vocab_size)
     : dataset_(std::move(dataset)), batch_size_(batch_size), seq_len_(seq_len) {
   if (batch_size < 1)
-    MOEPEAK_THROW(dataset_.path(), ": training.batch_size ", batch_size, " must be >= 1");
-  if (seq_len < 1) MOEPEAK_THROW(dataset_.path(), ": training.seq_len ", seq_len, " must be >= 1");
+    MOEPEAK_INPUT_ERROR(dataset_.path(), ": training.batch_size ", batch_size, " must be >= 1");
+  if (seq_len < 1)
+    MOEPEAK_INPUT_ERROR(dataset_.path(), ": training.seq_len ", seq_len, " must be >= 1");
   if (dataset_.token_count() < static_cast<uint64_t>(seq_len) + 1) {
-    MOEPEAK_THROW(dataset_.path(), ": ", dataset_.token_count(),
-                  " tokens, fewer than training.seq_len + 1 = ", seq_len + 1,
-                  " (one window of inputs and labels)");
+    MOEPEAK_INPUT_ERROR(dataset_.path(), ": ", dataset_.token_count(),
+                        " tokens, fewer than training.seq_len + 1 = ", seq_len + 1,
+                        " (one window of inputs and labels)");
   }
   dataset_.check_token_ids(vocab_size);
   window_.resize(static_cast<size_t>(seq_len) + 1);
@@ -469,12 +475,12 @@ std::vector<uint8_t> TokenWindowLoader::state() const {
 void TokenWindowLoader::restore(std::span<const uint8_t> state) {
   std::vector<uint64_t> fields = decode_loader_state(state, dataset_.kind(), 2);
   if (fields[1] != dataset_.token_count()) {
-    MOEPEAK_THROW("data-loader state: saved for a dataset of ", fields[1], " tokens, but ",
-                  dataset_.path(), " has ", dataset_.token_count());
+    MOEPEAK_INPUT_ERROR("data-loader state: saved for a dataset of ", fields[1], " tokens, but ",
+                        dataset_.path(), " has ", dataset_.token_count());
   }
   if (fields[0] >= dataset_.token_count()) {
-    MOEPEAK_THROW("data-loader state: token offset ", fields[0], " is past the end of ",
-                  dataset_.path(), " (", dataset_.token_count(), " tokens)");
+    MOEPEAK_INPUT_ERROR("data-loader state: token offset ", fields[0], " is past the end of ",
+                        dataset_.path(), " (", dataset_.token_count(), " tokens)");
   }
   cursor_ = fields[0];
 }

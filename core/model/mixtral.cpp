@@ -97,8 +97,9 @@ MixtralModel::~MixtralModel() = default;
 void MixtralModel::check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len,
                                 int world) {
   if (world < 1 || model.num_local_experts % world != 0) {
-    MOEPEAK_THROW("expert parallelism over W = ", world, " ranks needs model.num_local_experts (",
-                  model.num_local_experts, ") divisible by W");
+    MOEPEAK_INPUT_ERROR("expert parallelism over W = ", world,
+                        " ranks needs model.num_local_experts (", model.num_local_experts,
+                        ") divisible by W");
   }
   schedules::UlyssesLayout::make(batch, seq_len, world, 0, model.num_attention_heads,
                                  model.num_key_value_heads, model.head_dim_resolved());

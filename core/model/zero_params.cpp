@@ -22,8 +22,8 @@ int64_t shard_size(int64_t numel, int world) { return (numel + world - 1) / worl
 
 void check_experts_divisible(const ModelConfig& model, int world) {
   if (world < 1 || model.num_local_experts % world != 0) {
-    MOEPEAK_THROW("ZeRO-3 with expert parallelism needs num_local_experts (E = ",
-                  model.num_local_experts, ") divisible by the world size (W = ", world, ")");
+    MOEPEAK_INPUT_ERROR("ZeRO-3 with expert parallelism needs num_local_experts (E = ",
+                        model.num_local_experts, ") divisible by the world size (W = ", world, ")");
   }
 }
 

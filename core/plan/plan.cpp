@@ -41,14 +41,14 @@ double pct(uint64_t part, uint64_t whole) {
 }
 
 void check_positive(const char* key, int64_t v) {
-  if (v <= 0) MOEPEAK_THROW(key, " = ", v, ": must be positive for a plan");
+  if (v <= 0) MOEPEAK_INPUT_ERROR(key, " = ", v, ": must be positive for a plan");
 }
 
 }  // namespace
 
 PlanInputs plan_inputs(const Config& cfg, int world) {
   PlanInputs in;
-  if (world < 0) MOEPEAK_THROW("--world-size ", world, ": must be positive");
+  if (world < 0) MOEPEAK_INPUT_ERROR("--world-size ", world, ": must be positive");
   in.world = world > 0                        ? world
              : cfg.parallelism.world_size > 0 ? static_cast<int>(cfg.parallelism.world_size)
                                               : 1;
@@ -69,7 +69,7 @@ PlanInputs plan_inputs(const Config& cfg, int world) {
   if (auto d = cfg.runtime.device_memory_bytes()) {
     in.capacity = *d;
   } else if (cuda) {
-    MOEPEAK_THROW(
+    MOEPEAK_INPUT_ERROR(
         "runtime.device_memory = \"auto\" with runtime.backend = \"cuda\": the plan needs "
         "the device's capacity; set it (e.g. --set runtime.device_memory=141GiB for an H200)");
   } else {
@@ -89,15 +89,16 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
   check_positive("model.hidden_size", m.hidden_size);
   check_positive("model.num_hidden_layers", m.num_hidden_layers);
   check_positive("model.vocab_size", m.vocab_size);
-  if (in.world < 1) MOEPEAK_THROW("world size ", in.world, ": must be positive");
+  if (in.world < 1) MOEPEAK_INPUT_ERROR("world size ", in.world, ": must be positive");
   try {
     MixtralModel::check_layout(m, in.batch, in.seq_len, in.world);
   } catch (const Error& e) {
-    MOEPEAK_THROW("this config cannot be laid out on W = ", in.world, " ranks: ", e.what());
+    MOEPEAK_INPUT_ERROR("this config cannot be laid out on W = ", in.world,
+                        " ranks: ", nested_message(e));
   }
   if (s.vocab == VocabSchedule::ring_dtp && m.vocab_size < in.world) {
-    MOEPEAK_THROW("schedules.vocab = \"ring_dtp\" needs model.vocab_size (", m.vocab_size,
-                  ") >= the world size (", in.world, ")");
+    MOEPEAK_INPUT_ERROR("schedules.vocab = \"ring_dtp\" needs model.vocab_size (", m.vocab_size,
+                        ") >= the world size (", in.world, ")");
   }
 
   Plan p;
@@ -126,9 +127,10 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
       "zero_persistent_bytes" + zargs + " + zero_largest_gathered_bytes" + zargs,
       head == LmHeadSharding::vocab_rows ? "zero3+vocab_rows" : "zero3");
 
-  // optimizer (device) and its host state: fp32 (DESIGN.md §7; the CPU optimizers keep it in the
-  // compute dtype, f32 there). With bf16 working weights the resident state is an fp32 master, m
-  // and v (adamw_resident_bytes of the working dtype); the offloaded state is fp32 either way.
+  // optimizer (device) and its host state: fp32 (docs/design.md#the-schedules; the CPU optimizers
+  // keep it in the compute dtype, f32 there). With bf16 working weights the resident state is an
+  // fp32 master, m and v (adamw_resident_bytes of the working dtype); the offloaded state is fp32
+  // either way.
   const OptimizerConfig& o = cfg.optimizer;
   const DType st = DType::f32;
   const std::string_view placement = enum_name(o.placement);

@@ -83,13 +83,13 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
 void check_supported(const Config& cfg) {
   const bool cuda = uses_cuda_backend(cfg);
   if (cfg.training.dtype == ComputeDtype::bfloat16 && !cuda) {
-    MOEPEAK_THROW(
+    MOEPEAK_INPUT_ERROR(
         "training.dtype = \"bfloat16\" needs the CUDA backend (bf16 storage with fp32 "
         "math); the CPU trains in float32: use \"auto\" or \"float32\"");
   }
   if (training_dtype(cfg) == DType::bf16 &&
       cfg.optimizer.placement == OptimizerPlacement::offload_serial) {
-    MOEPEAK_THROW(
+    MOEPEAK_INPUT_ERROR(
         "optimizer.placement = \"offload_serial\" with bf16 training: the host AdamW "
         "updates the working weights' dtype in place (f32 only); use \"resident\" or "
         "\"offload_stream\" (an fp32 master beside bf16 weights), or training.dtype = "
@@ -113,16 +113,17 @@ std::string optimizer_text(const OptimizerConfig& o) {
 void check_layout(const Config& cfg, const RankInfo& ranks) {
   const int64_t want = cfg.parallelism.world_size;
   if (want != 0 && want != ranks.world_size) {
-    MOEPEAK_THROW("parallelism.world_size = ", want, " but the job was started with ",
-                  ranks.world_size, " rank", ranks.world_size == 1 ? "" : "s",
-                  " (launch it with mpirun -np ", want, " or srun -n ", want,
-                  ", or set parallelism.world_size = 0 to take what the launcher starts)");
+    MOEPEAK_INPUT_ERROR("parallelism.world_size = ", want, " but the job was started with ",
+                        ranks.world_size, " rank", ranks.world_size == 1 ? "" : "s",
+                        " (launch it with mpirun -np ", want, " or srun -n ", want,
+                        ", or set parallelism.world_size = 0 to take what the launcher starts)");
   }
   try {
     MixtralModel::check_layout(cfg.model, cfg.training.batch_size, cfg.training.seq_len,
                                ranks.world_size);
   } catch (const Error& e) {
-    MOEPEAK_THROW("this config cannot train on ", ranks.world_size, " ranks: ", e.what());
+    MOEPEAK_INPUT_ERROR("this config cannot train on ", ranks.world_size,
+                        " ranks: ", nested_message(e));
   }
 }
 
@@ -171,7 +172,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   check_layout(cfg, s.ranks);
   s.cfg = cfg;
   s.options = options;
-  // Bind before the backend starts its threads and pins its pool (issue 10 item 4).
+  // Bind before the backend starts its threads and pins its pool (runtime.bind).
   s.binding = topology::bind_for_training(cfg, s.ranks.rank, s.ranks.local_rank, s.ranks.local_size,
                                           /*cpu_backend=*/!uses_cuda_backend(cfg));
   if (s.binding.bound) {

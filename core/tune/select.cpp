@@ -55,7 +55,7 @@ Timing summarize(const std::vector<double>& times_s) {
 }
 
 Choice select_chunk(const std::vector<DispatchPoint>& points, double tolerance) {
-  if (points.empty()) MOEPEAK_THROW("tune: no chunk_tokens point was measured");
+  if (points.empty()) MOEPEAK_INPUT_ERROR("tune: no chunk_tokens point was measured");
   if (!any_fits(points)) {
     // Name the point closest to fitting: the smallest dispatch peak.
     size_t lo = 0;
@@ -65,9 +65,9 @@ Choice select_chunk(const std::vector<DispatchPoint>& points, double tolerance) 
       if (points[i].bound_bytes < points[lo].bound_bytes) lo = i;
     }
     const DispatchPoint& p = points[lo];
-    MOEPEAK_THROW("tune: no chunk_tokens in {", cs.str(),
-                  "} fits the plan: the smallest dispatch peak ", format_bytes(p.bound_bytes),
-                  " (c = ", p.chunk_tokens, ", K_max = ", p.max_chunks, ") ", p.plan_note);
+    MOEPEAK_INPUT_ERROR("tune: no chunk_tokens in {", cs.str(),
+                        "} fits the plan: the smallest dispatch peak ", format_bytes(p.bound_bytes),
+                        " (c = ", p.chunk_tokens, ", K_max = ", p.max_chunks, ") ", p.plan_note);
   }
   const double best = best_fitting(points);
   size_t pick = points.size();
@@ -97,17 +97,18 @@ Choice select_chunk(const std::vector<DispatchPoint>& points, double tolerance) 
 }
 
 Choice select_staging(const std::vector<OptimizerPoint>& points, double tolerance) {
-  if (points.empty()) MOEPEAK_THROW("tune: no (bucket_params, staging_slots) point was measured");
+  if (points.empty())
+    MOEPEAK_INPUT_ERROR("tune: no (bucket_params, staging_slots) point was measured");
   if (!any_fits(points)) {
     size_t lo = 0;
     for (size_t i = 0; i < points.size(); ++i) {
       if (points[i].bound_bytes < points[lo].bound_bytes) lo = i;
     }
     const OptimizerPoint& p = points[lo];
-    MOEPEAK_THROW("tune: no (bucket_params, staging_slots) of the ", points.size(),
-                  " measured fits the plan: the smallest optimizer staging ",
-                  format_bytes(p.bound_bytes), " (beta = ", p.bucket_params,
-                  ", s = ", p.staging_slots, ") ", p.plan_note);
+    MOEPEAK_INPUT_ERROR("tune: no (bucket_params, staging_slots) of the ", points.size(),
+                        " measured fits the plan: the smallest optimizer staging ",
+                        format_bytes(p.bound_bytes), " (beta = ", p.bucket_params,
+                        ", s = ", p.staging_slots, ") ", p.plan_note);
   }
   const double best = best_fitting(points);
   size_t pick = points.size();
@@ -145,11 +146,11 @@ Choice select_payload(const std::vector<VocabPoint>& points, const std::string& 
     if (lo == points.size() || points[i].bound_bytes < points[lo].bound_bytes) lo = i;
     fits = fits || points[i].plan_fits;
   }
-  if (lo == points.size()) MOEPEAK_THROW("tune: no Ring-DTP payload was measured");
+  if (lo == points.size()) MOEPEAK_INPUT_ERROR("tune: no Ring-DTP payload was measured");
   if (!fits) {
-    MOEPEAK_THROW("tune: no Ring-DTP payload fits the plan: the smaller logits term ",
-                  format_bytes(points[lo].bound_bytes), " (", points[lo].payload, ") ",
-                  points[lo].plan_note);
+    MOEPEAK_INPUT_ERROR("tune: no Ring-DTP payload fits the plan: the smaller logits term ",
+                        format_bytes(points[lo].bound_bytes), " (", points[lo].payload, ") ",
+                        points[lo].plan_note);
   }
   size_t pick = points.size();
   for (size_t i = 0; i < points.size(); ++i) {
@@ -178,7 +179,7 @@ Choice select_kept_strips(const std::vector<VocabPoint>& points, const std::stri
     if (p.payload == payload && p.plan_fits) best = std::min(best, p.time.median_s);
   }
   if (best == std::numeric_limits<double>::infinity()) {
-    MOEPEAK_THROW("tune: no Ring-DTP point of the ", payload, " payload fits the plan");
+    MOEPEAK_INPUT_ERROR("tune: no Ring-DTP point of the ", payload, " payload fits the plan");
   }
   size_t pick = points.size();
   for (size_t i = 0; i < points.size(); ++i) {
@@ -196,17 +197,17 @@ Choice select_kept_strips(const std::vector<VocabPoint>& points, const std::stri
 }
 
 Choice select_sco(const std::vector<ScoPoint>& points, double tolerance) {
-  if (points.empty()) MOEPEAK_THROW("tune: no SCO host budget was measured");
+  if (points.empty()) MOEPEAK_INPUT_ERROR("tune: no SCO host budget was measured");
   if (!any_fits(points)) {
     size_t lo = 0;
     for (size_t i = 0; i < points.size(); ++i) {
       if (points[i].bound_bytes < points[lo].bound_bytes) lo = i;
     }
-    MOEPEAK_THROW("tune: no SCO host budget of the ", points.size(),
-                  " measured fits the plan: the smallest "
-                  "boundaries term ",
-                  format_bytes(points[lo].bound_bytes), " (", points[lo].offloaded_layers,
-                  " layers offloaded) ", points[lo].plan_note);
+    MOEPEAK_INPUT_ERROR("tune: no SCO host budget of the ", points.size(),
+                        " measured fits the plan: the smallest "
+                        "boundaries term ",
+                        format_bytes(points[lo].bound_bytes), " (", points[lo].offloaded_layers,
+                        " layers offloaded) ", points[lo].plan_note);
   }
   size_t pick = points.size();
   double least = std::numeric_limits<double>::infinity();
@@ -221,7 +222,7 @@ Choice select_sco(const std::vector<ScoPoint>& points, double tolerance) {
     }
   }
   if (pick == points.size()) {
-    MOEPEAK_THROW(
+    MOEPEAK_INPUT_ERROR(
         "tune: no SCO host budget the plan accepts keeps the overhead over standard checkpointing "
         "within ",
         pct(tolerance), ": the least is +", pct(least), " (--sco-tolerance raises the limit)");

@@ -52,6 +52,12 @@ check "unknown key exits 1" test $rc -eq 1
 check "unknown key names file:line" contains "$tmp/err" "typo.toml:3"
 check "unknown key names the key" contains "$tmp/err" "model.hiden_size"
 check "nothing on stdout after an error" test ! -s "$tmp/out"
+# An input error speaks the user's terms: no C++ source location, no host/rank on one process.
+check "unknown key: the message starts with the file" grep -qE "^moepeak: error: [^ ]*typo.toml:3: " "$tmp/err"
+check "unknown key: no C++ location" not_matches "$tmp/err" '[a-z_]+\.(cpp|h|cu):[0-9]+'
+"$bin" config show --log-level debug -c "$tmp/typo.toml" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "unknown key at debug level exits 1" test $rc -eq 1
+check "debug level names where it was raised" grep -qE 'raised at core/config/config\.cpp:[0-9]+' "$tmp/out" "$tmp/err"
 "$bin" config show --set training.steps=0 >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "out-of-range --set exits 1" test $rc -eq 1
 check "out-of-range --set names the key" contains "$tmp/err" "training.steps"
@@ -68,6 +74,7 @@ check "train prints the live-set table" grep -qE '^  dispatch ' "$tmp/out"
   --set training.dataset_path="$tmp/missing.bin" >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "train with a missing dataset exits 1" test $rc -eq 1
 check "the error names the dataset file" contains "$tmp/err" "missing.bin"
+check "a missing dataset: no C++ location" not_matches "$tmp/err" '[a-z_]+\.(cpp|h|cu):[0-9]+'
 check "a failed start leaves no run directory" test ! -e "$tmp/bad-runs"
 
 # train's dtype: bf16 needs CUDA (on the CPU it is an error naming the fix), the serial offload
@@ -95,7 +102,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 check "no run folder was left behind" test ! -e "$tmp/cuda-runs"
 
-# bench step: the table and the JSON object of DESIGN.md section 10.
+# bench step: the table and the JSON object of docs/design.md#machine-readable-outputs.
 "$bin" bench step --warmup 0 --iters 1 --gemm-size 128 --json "$tmp/bench.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bench step exits 0" test $rc -eq 0
 check "bench step prints a #-commented header" grep -q '^# moepeak bench step' "$tmp/out"
