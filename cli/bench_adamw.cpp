@@ -16,7 +16,7 @@
 //
 // runtime.backend = "cuda" runs it on the rank's GPU: resident and OffloadStreamAdamW update on
 // the GPU (the three copy/update streams of adamw_offload_stream.h over the pinned, NUMA-local
-// host state), the serial offload on the host's cores; the header then states the issue's
+// host state), the serial offload on the host's cores; the header then states the GPU target's
 // target — OffloadStreamAdamW within 1.25x of the link floor and at least 5x faster than the
 // issue's serial CPU offload anchor (380 ms for 268M parameters, scaled to --params) — and
 // whether the best offload_stream row meets it; its speedup over our own serial offload is shown
@@ -49,7 +49,7 @@
 namespace moepeak::cli {
 namespace {
 
-// Issue 13's GPU target for OffloadStreamAdamW (268M parameters on one H200): within 1.25x of the
+// The GPU target for OffloadStreamAdamW (268M parameters on one H200): within 1.25x of the
 // link floor and 5x faster than its anchor, PyTorch's serial CPU AdamW offload at 380 ms.
 // NOTES: the 5x is against the anchor, not our own serial offload: the two thresholds meet there
 // (380 / 5 = 76 ms = 1.25 x the 61 ms floor at 53 GB/s), while 5x a faster serial offload of ours

@@ -1,7 +1,7 @@
 // Shared by the `moepeak bench <name>` subcommands (one file each, cli/bench_*.cpp), nccl-tests
 // style: every bench takes the same core flags, prints a `#`-commented header (what, host, date,
 // world size) and a fixed-column table on stdout from rank 0, and with --json FILE writes the
-// object of DESIGN.md §10:
+// object of docs/design.md#machine-readable-outputs:
 //   {"bench", "world_size", "shape": {...}, "rows": [{"schedule", "time_s", "peak_bytes":
 //    {"total", <live set>...}, "bound_bytes", "max_rel_err", ...}], "host", "date"}
 #pragma once

@@ -5,7 +5,7 @@
 // backward, against a GEMM ceiling measured in
 // the same run: one large square GEMM (n^3, --ceiling-size) through the same backend, the best of
 // five. On CUDA the ceiling is cuBLASLt at its best shape, so %ceiling says how much the model's
-// shapes lose to their size (the target: at least 85%). On CUDA each non-grouped row is
+// shapes lose to their size (the GPU target: at least 85%). On CUDA each non-grouped row is
 // also timed with cuBLASLt's next 7 heuristic algorithms (ops::set_gemm_algorithm_rank): %best is
 // the fastest of the 8 over moepeak's own choice, the per-shape ceiling of that GEMM. A grouped
 // row (one cublasGemmGroupedBatchedEx per product) is also timed as one cuBLASLt GEMM per group

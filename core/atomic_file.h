@@ -1,5 +1,5 @@
 // Atomic file writes: a reader of `path` sees either the old file or the complete new one, never
-// a half-written file, even after a crash (DESIGN.md §9: "nothing half-written").
+// a half-written file, even after a crash (docs/design.md#conventions: "nothing half-written").
 //
 //   write_file_atomically("ckpt/step_100/config.json", text);
 //   write_file_atomically("ckpt/step_100/model.safetensors", [&](FileSink& out) {

@@ -19,10 +19,10 @@
 #                                              only a few
 #
 # Each step's output goes to DIR/<step>.log; the summary says passed/failed per step and, for the
-# benches, the figure the issue's targets are about. The summary is also written to
+# benches, the figure the GPU targets are about. The summary is also written to
 # DIR/summary.txt row by row as the steps finish, so a run stopped from outside still leaves what
 # it measured, and DIR/report.md gathers every step's table (the benches' `#` headers and rows,
-# the tests' and runs' last lines) in the form docs/perf.md takes, after a table of issue 13's GPU
+# the tests' and runs' last lines) in the form docs/perf.md takes, after a table of the GPU
 # targets, each MET, NOT MET or not measured (scripts/gpu_targets.py). A step that outlives its
 # limit is killed and reported as `TIMEOUT`; the steps after it still run. Exit status: 0 when
 # every step passed (whatever the targets' verdicts).
@@ -189,7 +189,7 @@ EOF
   row
 done
 
-# The vocabulary projection at the issue's shape (N 8192, H 7168, V 200,000, bf16): materialised
+# The vocabulary projection at the target's shape (N 8192, H 7168, V 200,000, bf16): materialised
 # logits vs Ring-DTP on one GPU (P = 1) with strips of V/8, none kept (4 strip GEMMs a column) and
 # 6 of the 8 kept from forward to backward (3.25 GEMMs; 2.67 GiB of logits). Targets: Ring-DTP
 # within 1.1x of 115 ms, its `logits` peak under 15% of 18.3 GiB (2.75 GiB).
@@ -200,7 +200,7 @@ if [ -f "$out/bench-vocab.json" ]; then
   note "$(python3 - "$out/bench-vocab.json" <<'EOF' 2>/dev/null
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
-# The issue's anchors: PyTorch's materialised projection + cross-entropy, 115 ms and 18.3 GiB.
+# The targets' anchors: PyTorch's materialised projection + cross-entropy, 115 ms and 18.3 GiB.
 for r in rows:
     name = r["schedule"] + (f"/{r['strip']} kept {r['kept_strips']} {r['payload']}"
                             if r.get("strip") else "")
@@ -250,7 +250,7 @@ row
 # The optimizer step for 268M parameters (f32 master, m, v on the host): resident, the serial CPU
 # offload and OffloadStreamAdamW over a few bucket sizes. Targets: OffloadStreamAdamW within 1.25x
 # of the host-link floor (12 B/param each way at the pinned bandwidth measured in the run) and at
-# least 5x faster than the issue's 380 ms serial-offload anchor (scripts/gpu_targets.py says why not
+# least 5x faster than the 380 ms serial-offload anchor (scripts/gpu_targets.py says why not
 # our own serial offload, whose speedup is shown too); every row bitwise resident's. The pipeline
 # fills and drains over about two buckets, so B buckets cost about (B + 2) / B of the steady state:
 # with the duplex link at ~1.2x the one-way floor, 1.25x needs B >= 64 (buckets of 4M parameters or
@@ -289,7 +289,7 @@ done
 # ---- summary ---------------------------------------------------------------------------------
 elapsed=$(( $(date +%s) - started ))
 echo "# finished $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $elapsed s" >>"$summary"
-# Issue 13's targets, judged from the benches' JSON and the runs' metrics (scripts/gpu_targets.py).
+# The GPU targets, judged from the benches' JSON and the runs' metrics (scripts/gpu_targets.py).
 if command -v python3 >/dev/null 2>&1; then
   targets="$(python3 "$root/scripts/gpu_targets.py" "$out" "$elapsed" 2>&1)"
 else  # the benches' JSON is all in $out: the verdicts can be computed on any machine afterwards
@@ -304,7 +304,7 @@ fi
   cat "$summary"
   echo '```'
   echo
-  echo "### The GPU targets of issue 13"
+  echo "### The GPU targets"
   echo
   echo "$targets"
   for i in "${!names[@]}"; do

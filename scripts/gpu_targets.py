@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""scripts/gpu_targets.py: issue 13's GPU targets, judged from what scripts/gpu-check.sh wrote.
+"""scripts/gpu_targets.py: the GPU targets, judged from what scripts/gpu-check.sh wrote.
 
     python3 scripts/gpu_targets.py OUT_DIR ELAPSED_SECONDS     (gpu-check runs it at the end)
 
 Reads OUT_DIR/bench-gemm.json, bench-vocab.json, bench-adamw.json and the small-preset training
 runs' metrics.jsonl, and prints one markdown table row per target with the measured figure, the
 threshold and MET, NOT MET or "not measured" (its step failed, timed out or was skipped). The
-anchors are the issue's, measured on one H200 with PyTorch: 115 ms and 18.3 GiB for the
+anchors were measured on one H200 with PyTorch: 115 ms and 18.3 GiB for the
 materialised vocabulary projection, 380 ms for the serial CPU AdamW offload of 268M parameters.
 The optimizer's "5x faster than the serial CPU offload" is judged against that anchor (at most
-76 ms): the issue's two AdamW thresholds meet there (380 / 5 = 76 ms = 1.25 x the 61 ms floor of
+76 ms): the two AdamW thresholds meet there (380 / 5 = 76 ms = 1.25 x the 61 ms floor of
 12 bytes per parameter at 53 GB/s), while 5x our own serial offload — a vectorised, multi-threaded
 host AdamW that may well beat PyTorch's — can lie below the link floor, which nothing can beat.
 Its speedup is shown beside the verdict.

@@ -1,4 +1,4 @@
-// Binding a rank to its place (issue 10 item 4): the calling thread — and every thread it starts
+// Binding a rank to its place (runtime.bind): the calling thread — and every thread it starts
 // afterwards (stream workers, OpenBLAS, MPI progress) — runs on the rank's PUs, and its memory
 // policy prefers the rank's NUMA node, so pageable allocations land there too; the pinned pool is
 // put on the same node by passing `numa_node` to BackendOptions. Call before Backend::create.
@@ -37,7 +37,7 @@ struct BindDecision {
 };
 BindDecision decide_binding(BindPolicy policy, int ranks_on_host, int allowed_pus, int online_pus);
 
-// Issue 10 item 4 at train start: this rank's place from the probe (runtime.probe_file, else a
+// runtime.bind at train start: this rank's place from the probe (runtime.probe_file, else a
 // start-up probe; probe_host_budgets), then bind_rank when decide_binding says so. Call before
 // Backend::create, so the pinned pool (numa_node -1 = the calling thread's node) and every thread
 // the backend starts follow. Throws moepeak::Error when runtime.bind = "rank" and the kernel

@@ -1,5 +1,6 @@
 // The Hugging Face `config.json` of a checkpoint: ModelConfig <-> MixtralConfig JSON, so that a
-// moepeak checkpoint directory loads with transformers' MixtralForCausalLM (DESIGN.md §5).
+// moepeak checkpoint directory loads with transformers' MixtralForCausalLM
+// (docs/design.md#the-model).
 //
 //   write_config_json("ckpt/step_100/config.json", cfg.model);   // atomically
 //   ModelConfig m = model_config_from_json(json, "ckpt/step_100/config.json");

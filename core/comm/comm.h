@@ -1,4 +1,5 @@
-// Comm: collectives and point-to-point between the W rank processes of a job (DESIGN.md §6).
+// Comm: collectives and point-to-point between the W rank processes of a job
+// (docs/design.md#parallel-layout).
 //
 // Implementations: MPI (host buffers; the CPU backend), NCCL (device buffers of the CUDA
 // backend; the unique id is broadcast over MPI), and a single-rank one (W = 1, plain copies).

@@ -1,4 +1,5 @@
-// The run configuration: typed structs, one per TOML section (DESIGN.md §9), and the loader.
+// The run configuration: typed structs, one per TOML section (docs/design.md#conventions), and the
+// loader.
 //
 //   Config cfg = load_config({"configs/base.toml", "configs/cluster.toml"},
 //                            {"training.steps=50", "job.name=run7"});

@@ -1,6 +1,7 @@
-// This rank's share of the global batch under sequence parallelism (DESIGN.md §6): rank r of W
-// takes positions [r*T/W, (r+1)*T/W) of every one of the B sequences — N = B*T/W distinct tokens —
-// with their global positions (RoPE needs the true position in the sequence).
+// This rank's share of the global batch under sequence parallelism
+// (docs/design.md#parallel-layout): rank r of W takes positions [r*T/W, (r+1)*T/W) of every one of
+// the B sequences — N = B*T/W distinct tokens — with their global positions (RoPE needs the true
+// position in the sequence).
 //
 //   global input_ids, labels: (B, T) row-major
 //   local  input_ids, labels, positions: (B, T/W) row-major = (N) tokens, sequence-major

@@ -1,4 +1,5 @@
-// The built-in synthetic long-range copy task, the embedded default dataset (DESIGN.md §9).
+// The built-in synthetic long-range copy task, the embedded default dataset
+// (docs/design.md#conventions).
 //
 // Sequence b of step s, for sequence length T >= 2 and vocabulary V:
 //

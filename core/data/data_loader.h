@@ -12,7 +12,7 @@
 // position is not scored. Batches depend only on the seed, the dataset and the loader's cursor,
 // never on wall-clock time or thread timing.
 //
-// Three sources (DESIGN.md §9), chosen by training.dataset:
+// Three sources (docs/design.md#conventions), chosen by training.dataset:
 //   copy      the built-in synthetic long-range copy task (core/data/copy_task.h)
 //   bin       an llm.c / nanoGPT token file, stored as training.token_dtype
 //             (core/data/token_dataset.h)

@@ -1,6 +1,6 @@
 // Per-step training metrics: a torchtitan-like console line, one JSON object per step appended
-// to the metrics file (DESIGN.md §10 names), and a progress line with ETA when stdout is a
-// terminal.
+// to the metrics file (docs/design.md#machine-readable-outputs names), and a progress line with ETA
+// when stdout is a terminal.
 //
 //   step:  10  loss:  2.4512  grad_norm:  0.8123  lr: 3.00e-03  memory:  0.05GiB(2.5%)
 //   tps: 14,512  tflops: 0.021  mfu: 21.3%

@@ -1,8 +1,9 @@
-// The Mixtral decoder (DESIGN.md §5) on W ranks in the layout of DESIGN.md §6 (W = 1 is one
-// rank): forward and backward of a batch with the standard schedule of each live set —
-// materialised logits, all-at-once expert dispatch, and per-layer gradient checkpointing ("none":
-// every activation kept; "standard": only each layer's input kept, the layer recomputed in
-// backward; "sco": the same, with inputs offloaded to pinned host memory in between).
+// The Mixtral decoder (docs/design.md#the-model) on W ranks in the layout of
+// docs/design.md#parallel-layout (W = 1 is one rank): forward and backward of a batch with the
+// standard schedule of each live set — materialised logits, all-at-once expert dispatch, and
+// per-layer gradient checkpointing ("none": every activation kept; "standard": only each layer's
+// input kept, the layer recomputed in backward; "sco": the same, with inputs offloaded to pinned
+// host memory in between).
 //
 //   this rank's tokens  N = B*T/W: positions [r*T/W, (r+1)*T/W) of each of the B sequences
 //   input_ids, labels, positions (N) i64, sequence-major, positions global

@@ -1,5 +1,5 @@
 // ZeroParamStore: the model parameters of one rank under ZeRO-3 for the dense weights and expert
-// parallelism for the experts (DESIGN.md §6).
+// parallelism for the experts (docs/design.md#parallel-layout).
 //
 // W = comm.world_size(), r = comm.rank(); E = num_local_experts must be a multiple of W.
 //   - Dense tensor i (every parameter but model.layers.{l}.block_sparse_moe.experts.{j}.w{1,2,3}:

@@ -1,7 +1,8 @@
-// The closed-form per-rank memory plan (`moepeak plan`; paper eq. 6, DESIGN.md §4): one term per
-// live set, each from the very function the schedule sizes its buffers with (or the model's own,
-// core/model/mixtral_memory.h), the device capacity, the pinned host terms against the host
-// budget, and a verdict naming the terms that overflow.
+// The closed-form per-rank memory plan (`moepeak plan`; paper eq. 6,
+// docs/design.md#memory-accounting): one term per live set, each from the very function the
+// schedule sizes its buffers with (or the model's own, core/model/mixtral_memory.h), the device
+// capacity, the pinned host terms against the host budget, and a verdict naming the terms that
+// overflow.
 //
 //   PlanInputs in = plan_inputs(cfg, world);       // W, B, T, dtype, capacity, host budget
 //   Plan p = make_plan(cfg, in);                   // p.fits, p.overflow()

@@ -3,8 +3,8 @@
 // One region (cudaMalloc'd on CUDA, reserved address space on the CPU) is carved into blocks by a
 // best-fit free list with coalescing. Going past the capacity is an out-of-memory error, exactly as
 // on a GPU, so a schedule that would OOM on a GPU also OOMs on the CPU backend at the same
-// configuration scaled down (DESIGN.md §3). The error names the failed request and the live sets
-// at that moment.
+// configuration scaled down (docs/design.md#backends). The error names the failed request and the
+// live sets at that moment.
 //
 // Accounting counts the bytes a block occupies (the request rounded up to kAlignment), so the
 // measured peak is what the region really had to hold.

@@ -1,5 +1,5 @@
-// Backend: the small interface every op and schedule runs on (DESIGN.md §3), implemented by the
-// CPU backend (always built; what CI runs) and the CUDA backend (built when nvcc is found).
+// Backend: the small interface every op and schedule runs on (docs/design.md#backends), implemented
+// by the CPU backend (always built; what CI runs) and the CUDA backend (built when nvcc is found).
 //
 //   Backend::create(options)   -> device arena with a capacity, pinned host pool with a budget
 //   backend.alloc(bytes, set)  -> device Buffer tagged with its live set

@@ -1,6 +1,6 @@
 // The live sets every device (and pinned host) allocation is tagged with. Peak memory is a maximum
-// over live sets resident at the same time (DESIGN.md §4); the arena tracks each one so a run can
-// print its peak beside the planner's bound for that set.
+// over live sets resident at the same time (docs/design.md#memory-accounting); the arena tracks
+// each one so a run can print its peak beside the planner's bound for that set.
 #pragma once
 
 #include <array>

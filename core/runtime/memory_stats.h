@@ -1,5 +1,6 @@
 // Current and peak bytes per live set, the total peak, and the breakdown of live sets at the
-// moment the total peaked (DESIGN.md §4). Shared by the device arena and the pinned host pool.
+// moment the total peaked (docs/design.md#memory-accounting). Shared by the device arena and the
+// pinned host pool.
 #pragma once
 
 #include <array>

@@ -1,5 +1,5 @@
 // PinnedPool: page-locked host memory on one NUMA node, with its own budget and live-set
-// accounting, separate from the device arena (DESIGN.md §3, §4).
+// accounting, separate from the device arena (docs/design.md#backends, #memory-accounting).
 //
 // SCO boundaries and OffloadStreamAdamW state live here. Memory comes from libnuma
 // (numa_alloc_onnode on the configured node, or the node the calling thread runs on), is locked

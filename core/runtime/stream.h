@@ -7,8 +7,8 @@
 // Waiting on an event that was never recorded is a no-op, as in CUDA.
 //
 // On the CPU backend a stream is a worker thread with a queue, so pipelined schedules really
-// overlap and a missing wait is a real race (DESIGN.md §3). On CUDA these wrap cudaStream_t and
-// cudaEvent_t.
+// overlap and a missing wait is a real race (docs/design.md#backends). On CUDA these wrap
+// cudaStream_t and cudaEvent_t.
 #pragma once
 
 #include <memory>

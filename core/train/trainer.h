@@ -1,8 +1,8 @@
 // The training loop (`moepeak train`): backend, data, model, optimizer, learning-rate schedule,
 // clipping, metrics, checkpoints — on the W ranks the launcher started (mpirun, srun; W = 1 for a
-// plain process) in the layout of DESIGN.md §6, with the standard schedule of each live set and
-// the AdamW that optimizer.placement names (ops/schedules/optimizer.h: resident, offload_serial,
-// offload_stream — bitwise the same updates).
+// plain process) in the layout of docs/design.md#parallel-layout, with the standard schedule of
+// each live set and the AdamW that optimizer.placement names (ops/schedules/optimizer.h: resident,
+// offload_serial, offload_stream — bitwise the same updates).
 //
 //   per step:  global batch (the same on every rank) -> this rank's slice of every sequence
 //              -> zero grads -> forward + backward (the job's mean loss over scored tokens)

@@ -1,6 +1,6 @@
 // The AdamW element update over a span of elements, scalar or AVX2, computing exactly the
 // sequence of rounded operations of the reference loop in ops/cpu/adamw.cpp, so every optimizer
-// placement gives bitwise the same weights, m and v (DESIGN.md §2). Used by the fused
+// placement gives bitwise the same weights, m and v (docs/design.md#exactness). Used by the fused
 // update + working-weight refresh of OffloadStreamAdamW (ops/adamw_fused.h) and by the
 // multi-threaded host AdamW of the serial offload (ops/cpu/cpu_adamw.h).
 //

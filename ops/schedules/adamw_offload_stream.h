@@ -1,8 +1,8 @@
-// OffloadStreamAdamW (optimizer.placement = "offload_stream"; paper §4, DESIGN.md §7): the
-// fp32 master weights, m and v of this rank's pieces live in pinned host memory
-// (HostAdamWState); each step streams them through the device bucket by bucket while the
-// gradients stay on the device where backward left them and the working weights are refreshed
-// in place.
+// OffloadStreamAdamW (optimizer.placement = "offload_stream"; paper §4,
+// docs/design.md#the-schedules): the fp32 master weights, m and v of this rank's pieces live in
+// pinned host memory (HostAdamWState); each step streams them through the device bucket by bucket
+// while the gradients stay on the device where backward left them and the working weights are
+// refreshed in place.
 //
 // The flat state buffers (P elements, laid out like the flat weights buffer) are cut into G
 // buckets of at most beta elements, [g·beta, min(P, (g+1)·beta)), and bucket g goes through

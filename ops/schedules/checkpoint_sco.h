@@ -1,7 +1,7 @@
-// SCO, selective checkpoint offload (paper §3, DESIGN.md §7): the bounded schedule of the
-// `boundaries` live set. Under per-layer checkpointing one (N, H) tensor per layer — its input —
-// lives from forward to its recompute in backward. SCO walks the layers in forward order and
-// offloads each input that still fits the host budget (the set S, always the first |S| layers)
+// SCO, selective checkpoint offload (paper §3, docs/design.md#the-schedules): the bounded schedule
+// of the `boundaries` live set. Under per-layer checkpointing one (N, H) tensor per layer — its
+// input — lives from forward to its recompute in backward. SCO walks the layers in forward order
+// and offloads each input that still fits the host budget (the set S, always the first |S| layers)
 // to the pinned NUMA-local pool; the others stay on device as in standard checkpointing
 // (checkpoint_standard.h, the reference it is tested against). Tests: ctest -R test_sco;
 // bench: moepeak bench sco.

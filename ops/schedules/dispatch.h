@@ -1,6 +1,6 @@
-// The expert-dispatch interface the model's MoE block calls (DESIGN.md §7): route each token's
-// normalised hidden state to its top-k experts, run their SwiGLU GEMMs, combine the weighted
-// outputs, and in backward the reverse. Implementations:
+// The expert-dispatch interface the model's MoE block calls (docs/design.md#the-schedules): route
+// each token's normalised hidden state to its top-k experts, run their SwiGLU GEMMs, combine the
+// weighted outputs, and in backward the reverse. Implementations:
 //   StandardDispatch        one rank, all routed rows at once       (dispatch_standard.h)
 //   ExpertParallelDispatch  W ranks, one all_to_all_v each way      (dispatch_expert_parallel.h)
 //   LlepDispatch            W ranks, least-loaded placement of rows  (dispatch_llep.h)

@@ -1,4 +1,4 @@
-// The standard expert-parallel dispatch (DESIGN.md §6): rank r of W owns experts
+// The standard expert-parallel dispatch (docs/design.md#parallel-layout): rank r of W owns experts
 // [r*E/W, (r+1)*E/W); every routed token travels to its expert's rank with one all_to_all_v, runs
 // the same SwiGLU expert GEMMs as StandardDispatch there, and comes back with another
 // all_to_all_v to be combined on the rank that owns the token. Expert weights and their gradients

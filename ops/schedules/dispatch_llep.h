@@ -1,5 +1,5 @@
-// LlepDispatch: least-loaded expert parallelism (arXiv 2601.17111; DESIGN.md §7) — the
-// standard expert-parallel dispatch (dispatch_expert_parallel.h) with the rows of hot experts
+// LlepDispatch: least-loaded expert parallelism (arXiv 2601.17111; docs/design.md#the-schedules) —
+// the standard expert-parallel dispatch (dispatch_expert_parallel.h) with the rows of hot experts
 // spread over the ranks by the LLEP planner (llep_plan.h). All routed rows travel at once, as in
 // the standard dispatcher; only *which rank computes them* changes, never which expert does.
 //

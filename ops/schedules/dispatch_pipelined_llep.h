@@ -1,6 +1,6 @@
-// PipelinedLlepDispatch: receiver-bounded expert dispatch (DESIGN.md §7, paper eq. 1). LLEP
-// (llep_plan.h) per chunk of tokens, with every dispatch buffer allocated at a size fixed by
-// (N, k, W, c, K_max, alpha, lambda) before the router has said anything: skew lengthens nothing
+// PipelinedLlepDispatch: receiver-bounded expert dispatch (docs/design.md#the-schedules, paper eq.
+// 1). LLEP (llep_plan.h) per chunk of tokens, with every dispatch buffer allocated at a size fixed
+// by (N, k, W, c, K_max, alpha, lambda) before the router has said anything: skew lengthens nothing
 // and grows nothing — it only moves rows between ranks inside the same buffers.
 //
 //   x       (N, H)   this rank's tokens (N may differ per rank; N_max is the largest)

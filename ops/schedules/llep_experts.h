@@ -1,8 +1,8 @@
-// LLEP's weight spilling for one exchange (DESIGN.md §7): a helper rank computes rows of an
-// expert it does not own with a copy of that expert's weights, sent by the owner; in backward it
-// accumulates that expert's weight gradient into its own zeroed buffers and returns them to the
-// owner, which adds them (+=) to the expert's gradient — so every expert gradient still ends up,
-// summed, on its owner only.
+// LLEP's weight spilling for one exchange (docs/design.md#the-schedules): a helper rank computes
+// rows of an expert it does not own with a copy of that expert's weights, sent by the owner; in
+// backward it accumulates that expert's weight gradient into its own zeroed buffers and returns
+// them to the owner, which adds them (+=) to the expert's gradient — so every expert gradient still
+// ends up, summed, on its owner only.
 //
 //   transfers  llep_transfers(plan): (expert, owner, helper) sorted by (expert, helper)
 //   copies     per expert this rank helps with: w1, w3 (F, H), w2 (H, F) in LiveSet::weights,

@@ -1,7 +1,7 @@
-// The least-loaded expert-parallel (LLEP) planner (arXiv 2601.17111; DESIGN.md §7): a pure
-// function from the job's routed-row counts to which rank computes which rows. It never changes
-// a routing decision — every (token, expert) row is computed by *some* rank with that expert's
-// weights; the plan only chooses the rank.
+// The least-loaded expert-parallel (LLEP) planner (arXiv 2601.17111; docs/design.md#the-schedules):
+// a pure function from the job's routed-row counts to which rank computes which rows. It never
+// changes a routing decision — every (token, expert) row is computed by *some* rank with that
+// expert's weights; the plan only chooses the rank.
 //
 //   counts  (W, E) row-major int64: counts[s * E + e] = rows source rank s routes to expert e
 //   plan    for every expert, its global rows [0, L_e) (source-major: source 0's rows in its

@@ -1,4 +1,5 @@
-// The optimizer the trainer holds, whatever optimizer.placement says (DESIGN.md §7):
+// The optimizer the trainer holds, whatever optimizer.placement says
+// (docs/design.md#the-schedules):
 //
 //   resident        ResidentAdamW (adamw_resident.h): m, v in device memory, the update on the
 //                   compute stream; with fp32 working weights the weights are the master. The

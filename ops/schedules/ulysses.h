@@ -1,5 +1,6 @@
-// Sequence-parallel (Ulysses) head exchange for attention (DESIGN.md §6): the all-to-alls that
-// turn a rank's token slice of every head into whole sequences of its own heads, and back.
+// Sequence-parallel (Ulysses) head exchange for attention (docs/design.md#parallel-layout): the
+// all-to-alls that turn a rank's token slice of every head into whole sequences of its own heads,
+// and back.
 //
 // Each of the W ranks owns positions [r*T/W, (r+1)*T/W) of every sequence b (global positions,
 // so RoPE is applied before the exchange with the true position). Around attention:

@@ -1,6 +1,7 @@
-// Ring-DTP (DESIGN.md §7, paper eq. 2-3): the exact vocabulary projection and cross-entropy over
-// distinct batches, without ever forming the (N, V) logits. The bounded counterpart of
-// MaterializedVocab (vocab_materialized.h), held to it by tests/parallel/test_ring_dtp.cpp.
+// Ring-DTP (docs/design.md#the-schedules, paper eq. 2-3): the exact vocabulary projection and
+// cross-entropy over distinct batches, without ever forming the (N, V) logits. The bounded
+// counterpart of MaterializedVocab (vocab_materialized.h), held to it by
+// tests/parallel/test_ring_dtp.cpp.
 //
 // Layout over the P = W ranks of `comm`:
 //   x        (N, H)    this rank's own batch (final-norm hidden states); N the same on every rank

@@ -8,7 +8,7 @@
 #   - a checkpoint saved on 2 ranks resumes bit for bit on 2 ranks and within 1e-5 on 4 and 1;
 #   - schedules.vocab = "ring_dtp" on 4 ranks gives 1 rank's materialised losses (1e-5), and its
 #     checkpoint resumes under the materialised schedule on 4 ranks;
-#   - runtime.bind (issue 10 item 4): each rank binds to its share of the PUs when the launcher
+#   - runtime.bind: each rank binds to its share of the PUs when the launcher
 #     left it unbound and the host has a PU per rank (auto), rebinding under "rank", never under
 #     "none"; binding changes no loss;
 #   - preemption under mpirun: USR1 to mpirun (which forwards it) stops both ranks at one step

@@ -324,7 +324,7 @@ TEST_F(AttentionTest, FloatMatchesDouble) {
   // float32 vs float64 on the same inputs, error relative to each tensor's largest element. The
   // f32 path rounds every product and sum (eps 6e-8) and uses a ~2 ulp polynomial exp; errors grow
   // with the reduction lengths (d = 16, up to T = 300 keys, 256 rows in dK/dV's sums), so about
-  // 1e-6 is expected; we allow 1e-5 (DESIGN.md §2: float32 far under 1e-5).
+  // 1e-6 is expected; we allow 1e-5 (docs/design.md#exactness: float32 far under 1e-5).
   const Dims dims{2, 300, 4, 2, 16};
   const Inputs in = random_inputs(dims, 21);
   AttentionTensors t64 = allocate(dims, DType::f64);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `moepeak bench vocab` on 2 real rank processes, a small shape (V odd: uneven shards): exit 0,
-# rank 0 prints the table once, and the JSON (DESIGN.md §10) has the materialised row and a
+# rank 0 prints the table once, and the JSON (docs/design.md#machine-readable-outputs) has the materialised row and a
 # Ring-DTP row per payload, strip width and kept-strip count, each Ring-DTP `logits` peak equal to
 # its bound (below the materialised one with no strips kept), and every max_rel_err under 1e-5
 # (f32).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `moepeak bench dispatch` on 2 real rank processes, a small shape under adversarial routing
 # (every token to rank 0's experts), timing forward + checkpoint recompute + backward: exit 0,
-# rank 0 prints the table once, and the JSON (DESIGN.md §10) has the pipeline's launch shape
+# rank 0 prints the table once, and the JSON (docs/design.md#machine-readable-outputs) has the pipeline's launch shape
 # (slots, tile rows, F blocks) and the rows standard, llep, pipelined_llep strided and
 # contiguous; each pipelined row's
 # `dispatch` peak equals its bound and is below LLEP's, LLEP's is at or under its bound and below

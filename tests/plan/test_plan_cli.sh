@@ -25,7 +25,7 @@ check "plan says the total is a sum of per-set peaks" contains "$tmp/out" "upper
 check "plan verdict FITS" grep -qE '^# verdict: FITS' "$tmp/out"
 check "comment lines start with #" sh -c "! grep -vE '^(#|  )' '$tmp/out'"
 
-# --json: the DESIGN.md §10 fields; bounded schedules and SCO's host term; -n 2.
+# --json: docs/design.md#machine-readable-outputs fields; bounded schedules and SCO's host term; -n 2.
 "$bin" plan -n 2 --set schedules.checkpoint=sco --set schedules.vocab=ring_dtp \
   --set optimizer.placement=offload_stream --json "$tmp/plan.json" --max-context \
   >"$tmp/out" 2>"$tmp/err"; rc=$?

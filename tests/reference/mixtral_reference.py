@@ -1,6 +1,6 @@
 """An independent float64 numpy reference of Hugging Face's MixtralForCausalLM forward and loss.
 
-Written from transformers' modeling_mixtral.py semantics (DESIGN.md section 5), sharing no code
+Written from transformers' modeling_mixtral.py semantics (docs/design.md#the-model), sharing no code
 with moepeak, so that tests/reference/check_step_dump.py can check moepeak's step-1 loss and
 gradients against it:
 

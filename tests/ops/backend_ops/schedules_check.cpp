@@ -12,7 +12,7 @@
 //     to adamw_resident_bytes and adamw_offload_stream_bytes; on CUDA also with bf16 working
 //     weights and an fp32 master (resident's on the device, OffloadStreamAdamW's pinned on the
 //     host): master, m, v and the bf16 weights bitwise equal.
-// On CUDA this is the "schedules on streams" check; with MOEPEAK_BACKEND_OPS=cpu it
+// On CUDA this is the "schedules on streams" check; with MOEPEAK_BACKEND_OPS=cpu it
 // checks itself on the CPU backend (test_backend_ops_cpu).
 //
 //   build/tests/ops/test_backend_ops --gtest_filter='BackendSchedules.*'
