@@ -18,6 +18,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "cli/commands.h"
 #include "core/comm/process_group.h"
@@ -63,8 +64,10 @@ int main(int argc, char** argv) {
     return ctx.action ? ctx.action() : 0;
   } catch (const moepeak::Error& e) {
     // An input error shows no C++ location (core/error.h); where it was raised is for debugging.
-    spdlog::debug("the error below was raised at {}:{} on {} rank {}", e.file(), e.line(),
-                  moepeak::process_host(), moepeak::process_rank());
+    spdlog::debug("the error below was raised at {}:{} on {}{}", e.file(), e.line(),
+                  moepeak::process_host(),
+                  moepeak::process_rank() < 0 ? std::string()
+                                              : " rank " + std::to_string(moepeak::process_rank()));
     std::fprintf(stderr, "moepeak: error: %s\n", e.what());
     moepeak::abort_process_group(1);  // W > 1: the other ranks may wait for this one forever
     return 1;
