@@ -32,13 +32,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/adamw_measure.h"
 #include "cli/bench_common.h"
 #include "cli/commands.h"
 #include "core/comm/comm.h"
 #include "core/comm/process_group.h"
 #include "core/config/config.h"
 #include "core/error.h"
+#include "core/measure/adamw_measure.h"
 #include "core/runtime/backend.h"
 #include "core/units.h"
 #include "ops/cpu/adamw_simd.h"
@@ -47,6 +47,8 @@
 #include "ops/schedules/adamw_resident.h"
 
 namespace moepeak::cli {
+
+using namespace measure;  // the measurement this command prints (core/measure)
 namespace {
 
 // The GPU target for OffloadStreamAdamW (268M parameters on one H200): within 1.25x of the
@@ -165,7 +167,7 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
     times.push_back(r.time_s);
     times.push_back(r.max_rel_err);
   }
-  if (W > 1) all_reduce_host(*comm, *backend, stream, times, ReduceOp::max);
+  max_over_ranks(*comm, *backend, times);
   for (size_t i = 0; i < rows.size(); ++i) {
     rows[i].time_s = times[2 * i];
     rows[i].max_rel_err = times[2 * i + 1];

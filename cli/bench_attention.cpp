@@ -46,7 +46,8 @@ struct AttentionArgs {
 int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
   Config cfg = load_config_for_command(args.common.config, ctx);
   std::unique_ptr<Backend> backend = Backend::create(bench_any_backend_options(cfg, RankInfo{}));
-  const Ceiling ceil = measure_ceiling(*backend, args.ceiling, "attention");
+  const Ceiling ceil =
+      measure_ceiling(*backend, args.ceiling.dtype, args.ceiling.ceiling_size, "attention");
   const DType dtype = ceil.dtype;
   const int64_t B = args.batch > 0 ? args.batch : cfg.training.batch_size;
   const int64_t T = args.seq > 0 ? args.seq : cfg.training.seq_len;

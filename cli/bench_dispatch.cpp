@@ -32,13 +32,10 @@
 // Test: ctest -R llep_bench_dispatch (2 ranks, a small shape: the JSON's rows, bounds and errors);
 // results in docs/perf.md.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <limits>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -48,9 +45,9 @@
 #include "cli/commands.h"
 #include "core/comm/process_group.h"
 #include "core/error.h"
+#include "core/measure/dispatch_layer.h"
 #include "core/runtime/backend.h"
 #include "core/units.h"
-#include "ops/fill.h"
 #include "ops/schedules/dispatch_expert_parallel.h"
 #include "ops/schedules/dispatch_llep.h"
 #include "ops/schedules/dispatch_pipelined_llep.h"
@@ -83,10 +80,11 @@ struct Measured {
   double time_s = 0;
   MemoryStats stats;
   uint64_t bound = 0;
-  std::vector<double> out, dx, dweight, dw;
+  measure::DispatchRun run;  // out, dx, dweight, dw against the standard row
   std::string note;
 };
 
+// The four schedules on one seeded layer (measure::DispatchLayer).
 class DispatchBench {
  public:
   DispatchBench(const DispatchBenchArgs& args, const Config& cfg, const RankInfo& ranks)
@@ -95,38 +93,10 @@ class DispatchBench {
                : args.dtype == "bf16" ? DType::bf16
                                       : DType::f32),
         backend_(Backend::create(bench_any_backend_options(cfg, ranks))),
-        comm_(make_comm(*backend_, ranks)) {
-    const int64_t N = args.tokens, H = args.hidden, F = args.ffn, E = args.experts, k = args.top_k,
-                  W = comm_->world_size();
-    MOEPEAK_CHECK(E % W == 0 && k <= E, "bench dispatch: E = ", E, " experts on W = ", W,
-                  " ranks with top-", k, " (E % W == 0 and k <= E expected)");
-    MOEPEAK_CHECK(dtype_ != DType::bf16 || backend_->kind() == BackendKind::cuda,
-                  "bench dispatch: --dtype bf16 runs on the CUDA backend only (runtime.backend = "
-                  "\"cuda\"); this one is ",
-                  backend_->describe());
-    std::mt19937_64 rng(4321 + static_cast<uint64_t>(ranks.rank));
-    std::uniform_real_distribution<double> uni(-1.0, 1.0);
-    x_ = tensor(Shape{N, H}, LiveSet::workspace, "bench x");
-    dout_ = tensor(Shape{N, H}, LiveSet::workspace, "bench dout");
-    out_ = tensor(Shape{N, H}, LiveSet::workspace, "bench out");
-    dx_ = tensor(Shape{N, H}, LiveSet::workspace, "bench dx");
-    weight_ = tensor(Shape{N, k}, LiveSet::workspace, "bench routing weight");
-    dweight_ = tensor(Shape{N, k}, LiveSet::workspace, "bench d routing weight");
-    if (args.recompute)
-      recompute_out_ = tensor(Shape{N, H}, LiveSet::workspace, "bench recompute out");
-    index_ = OwnedTensor::device(*backend_, Shape{N, k}, DType::i32, LiveSet::workspace,
-                                 "bench routing index");
-    fill_seeded(x_, *backend_, [&] { return uni(rng); });
-    fill_seeded(dout_, *backend_, [&] { return uni(rng); });
-    const SeededRouting routing =
-        seeded_routing(args.routing, N, E, k, args.zipf_s, args.segments, rng);
-    size_t at = 0;
-    fill_seeded(index_, *backend_, [&] { return routing.index[at++]; });
-    at = 0;
-    fill_seeded(weight_, *backend_, [&] { return routing.weight[at++]; });
-    experts_ = seeded_local_experts(*backend_, dtype_, E, comm_->rank(), static_cast<int>(W), H, F,
-                                    storage_);
-  }
+        comm_(make_comm(*backend_, ranks)),
+        layer_(*backend_, *comm_,
+               {args.tokens, args.hidden, args.ffn, args.experts, args.top_k, dtype_, args.routing,
+                args.zipf_s, args.segments}) {}
 
   int rank() const { return comm_->rank(); }
   int world() const { return comm_->world_size(); }
@@ -149,7 +119,7 @@ class DispatchBench {
 
   Measured run_standard() {
     schedules::ExpertParallelDispatch d(*backend_, stream(), *comm_, dtype_, args_.experts);
-    Measured m = measure("standard", d, recompute_out_.view());
+    Measured m = measure("standard", d, measure::Recompute::output);
     m.bound = schedules::dispatch_expert_parallel_bytes(args_.tokens, args_.top_k, args_.hidden,
                                                         args_.ffn, dtype_,
                                                         world() * args_.tokens * args_.top_k);
@@ -158,7 +128,7 @@ class DispatchBench {
   Measured run_llep() {
     const schedules::LlepParams q{args_.alpha, args_.lambda, args_.min_tokens};
     schedules::LlepDispatch d(*backend_, stream(), *comm_, dtype_, args_.experts, q);
-    Measured m = measure("llep", d, recompute_out_.view());
+    Measured m = measure("llep", d, measure::Recompute::output);
     m.bound = schedules::llep_dispatch_bytes(args_.tokens, args_.top_k, args_.hidden, args_.ffn,
                                              dtype_, world(), q);
     m.note = d.plan().spill ? "spilled" : "no spill";
@@ -167,7 +137,7 @@ class DispatchBench {
   Measured run_pipelined(ChunkMembership membership) {
     const auto q = pipeline_params(membership);
     schedules::PipelinedLlepDispatch d(*backend_, stream(), *comm_, dtype_, args_.experts, q);
-    Measured m = measure("pipelined_llep", d, Tensor());  // the recompute only plans
+    Measured m = measure("pipelined_llep", d, measure::Recompute::plan_only);
     m.membership = membership == ChunkMembership::strided ? "strided" : "contiguous";
     m.bound = schedules::pipelined_llep_dispatch_bytes(args_.tokens, args_.top_k, args_.hidden,
                                                        args_.ffn, dtype_, world(), q);
@@ -177,60 +147,20 @@ class DispatchBench {
     return m;
   }
 
-  double max_over_ranks(double v) {
-    std::vector<double> values = {v};
-    all_reduce_host(*comm_, *backend_, stream(), values, ReduceOp::max);
-    return values[0];
-  }
+  double max_over_ranks(double v) { return measure::max_over_ranks(*comm_, *backend_, v); }
 
  private:
   Stream& stream() { return backend_->default_stream(); }
-  OwnedTensor tensor(Shape shape, LiveSet set, const char* what) {
-    return OwnedTensor::device(*backend_, shape, dtype_, set, what);
-  }
-  std::vector<double> read(const Tensor& t) {
-    return copy_to_host_as_double(t, *backend_, stream());
-  }
 
-  // Warm-up and timed repetitions of forward + backward (with --recompute: forward, release, the
-  // recompute's forward into `recompute_out`, backward), each started together on every rank
-  // with out, dx and the expert gradients zeroed; the peaks cover all of them.
+  // Warm-up and timed repetitions (with --recompute, `recompute` between forward and backward).
   Measured measure(const std::string& schedule, schedules::ExpertDispatch& d,
-                   const Tensor& recompute_out) {
+                   measure::Recompute recompute) {
     Measured m;
     m.schedule = schedule;
-    std::vector<double> times;
-    backend_->arena().reset_peaks();
-    for (int i = 0; i < args_.common.warmup + args_.common.iters; ++i) {
-      ops::fill(out_, 0.0, stream());
-      ops::fill(dx_, 0.0, stream());
-      for (const auto& ex : experts_) {
-        for (const Tensor* g : {&ex.dw1, &ex.dw3, &ex.dw2}) ops::fill(*g, 0.0, stream());
-      }
-      stream().synchronize();
-      comm_->barrier();
-      auto t0 = std::chrono::steady_clock::now();
-      d.forward(x_, index_, weight_, experts_, out_);
-      if (args_.recompute) {
-        d.release();
-        d.forward(x_, index_, weight_, experts_, recompute_out);
-      }
-      d.backward(dout_, experts_, dx_, dweight_);
-      stream().synchronize();
-      auto t1 = std::chrono::steady_clock::now();
-      if (i >= args_.common.warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
-    }
-    m.time_s = median(times);
-    m.stats = backend_->arena().stats();
-    m.out = read(out_);
-    m.dx = read(dx_);
-    m.dweight = read(dweight_);
-    for (const auto& ex : experts_) {
-      for (const Tensor* g : {&ex.dw1, &ex.dw3, &ex.dw2}) {
-        std::vector<double> v = read(*g);
-        m.dw.insert(m.dw.end(), v.begin(), v.end());
-      }
-    }
+    m.run = layer_.run(d, args_.common.warmup, args_.common.iters,
+                       args_.recompute ? recompute : measure::Recompute::off, true);
+    m.time_s = median(m.run.times);
+    m.stats = m.run.stats;
     return m;
   }
 
@@ -238,21 +168,8 @@ class DispatchBench {
   DType dtype_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Comm> comm_;
-  OwnedTensor x_, dout_, out_, dx_, weight_, dweight_, index_, recompute_out_;
-  std::vector<OwnedTensor> storage_;
-  std::vector<schedules::ExpertWeights> experts_;
+  measure::DispatchLayer layer_;
 };
-
-// max |got - want| / max |want|; infinite on a NaN.
-double scaled_err(const std::vector<double>& got, const std::vector<double>& want) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    if (std::isnan(got[i]) || std::isnan(want[i])) return std::numeric_limits<double>::infinity();
-    err = std::max(err, std::abs(got[i] - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return scale > 0 ? err / scale : err;
-}
 
 int run_bench_dispatch(const DispatchBenchArgs& args, const Context& ctx, const RankInfo& ranks) {
   Config cfg = load_config_for_command(args.common.config, ctx);
@@ -321,8 +238,9 @@ int run_bench_dispatch(const DispatchBenchArgs& args, const Context& ctx, const 
     const bool is_ref = &m == &ref;
     double err = 0;
     if (!is_ref) {
-      err = std::max({scaled_err(m.out, ref.out), scaled_err(m.dx, ref.dx),
-                      scaled_err(m.dweight, ref.dweight), scaled_err(m.dw, ref.dw)});
+      err = std::max({max_scaled_err(m.run.out, ref.run.out), max_scaled_err(m.run.dx, ref.run.dx),
+                      max_scaled_err(m.run.dweight, ref.run.dweight),
+                      max_scaled_err(m.run.dw, ref.run.dw)});
     }
     err = bench.max_over_ranks(err);
     const double time_s = bench.max_over_ranks(m.time_s);

@@ -76,7 +76,8 @@ int run_bench_gemm(const GemmArgs& args, const Context& ctx) {
   const int64_t tokens =
       args.tokens > 0 ? args.tokens : cfg.training.batch_size * cfg.training.seq_len;
 
-  const Ceiling ceil = measure_ceiling(*backend, args.ceiling, "gemm");
+  const Ceiling ceil =
+      measure_ceiling(*backend, args.ceiling.dtype, args.ceiling.ceiling_size, "gemm");
   const DType dtype = ceil.dtype;
   const std::string& dtype_text = ceil.dtype_text;
   const int ceiling_n = ceil.n;

@@ -28,16 +28,18 @@
 
 #include "cli/bench_common.h"
 #include "cli/commands.h"
-#include "cli/sco_measure.h"
 #include "core/comm/comm.h"
 #include "core/config/config.h"
 #include "core/error.h"
+#include "core/measure/sco_measure.h"
 #include "core/model/mixtral.h"
 #include "core/runtime/backend.h"
 #include "core/units.h"
 #include "ops/schedules/checkpoint_sco.h"
 
 namespace moepeak::cli {
+
+using namespace measure;  // the measurement this command prints (core/measure)
 namespace {
 
 struct ScoBenchArgs {

@@ -31,9 +31,9 @@
 
 #include "cli/bench_common.h"
 #include "cli/commands.h"
-#include "cli/vocab_measure.h"
 #include "core/comm/process_group.h"
 #include "core/error.h"
+#include "core/measure/vocab_measure.h"
 #include "core/runtime/backend.h"
 #include "core/units.h"
 #include "ops/fill.h"
@@ -41,6 +41,8 @@
 #include "ops/schedules/vocab_ring_dtp.h"
 
 namespace moepeak::cli {
+
+using namespace measure;  // the measurement this command prints (core/measure)
 namespace {
 
 struct VocabBenchArgs {

@@ -15,7 +15,7 @@
 // Shapes (W ranks, config B x T): N = B*T/W tokens per rank; dispatch (N, H) x top-k over E
 // experts with F-wide experts; optimizer P = zero_persistent_elements(model, W) parameters per
 // rank; vocab (N, H) against V/W LM-head rows; SCO one rank's model on N tokens. The sweeps are
-// cli/tune_sweeps.cpp, on runtime.backend (f32; with CUDA each rank on its local GPU, NCCL
+// core/measure/sweeps.cpp, on runtime.backend (f32; with CUDA each rank on its local GPU, NCCL
 // between them). Every rank measures at once; the times are the slowest rank's, so every
 // rank selects the same values; rank 0 prints and writes. Nothing is written when a rule finds
 // no point (the error names the constraint) or the plan with the choice does not fit; each file
@@ -37,11 +37,12 @@
 
 #include "cli/bench_common.h"
 #include "cli/commands.h"
-#include "cli/tune_sweeps.h"
 #include "core/atomic_file.h"
 #include "core/comm/process_group.h"
 #include "core/config/config.h"
 #include "core/error.h"
+#include "core/measure/sweeps.h"
+#include "core/measure/tune_run.h"
 #include "core/plan/plan.h"
 #include "core/train/trainer.h"
 #include "core/tune/curve_svg.h"
@@ -50,6 +51,8 @@
 #include "ops/schedules/vocab_ring_dtp.h"
 
 namespace moepeak::cli {
+
+using namespace measure;  // the measurement this command prints (core/measure)
 namespace {
 
 struct TuneArgs {
@@ -92,20 +95,6 @@ class Progress {
   bool show_, tty_;
 };
 
-struct PlanCheck {
-  bool fits = false;
-  std::string note;  // why not, when it does not fit
-};
-
-PlanCheck plan_check(const Config& cfg, const PlanInputs& in) {
-  try {
-    const Plan p = make_plan(cfg, in);
-    return {p.fits(), p.fits() ? std::string() : p.verdict()};
-  } catch (const Error& e) {
-    return {false, e.what()};
-  }
-}
-
 std::string ms(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3f", 1e3 * s);
@@ -137,16 +126,7 @@ const std::map<std::string, std::vector<std::string>>& tuned_keys() {
   return keys;
 }
 
-struct Outcome {
-  bool dispatch = false, optimizer = false, vocab = false, sco = false;  // which sweeps ran
-  const char* backend = "CPU";  // where the sweeps measured: "CPU" or "CUDA"
-  std::vector<tune::DispatchPoint> dispatch_points;
-  OptimizerSweep optimizer_sweep;
-  std::vector<tune::VocabPoint> vocab_points;
-  ScoSweepResult sco_sweep;
-  tune::Choice dispatch_choice, optimizer_choice, vocab_choice, sco_choice;
-  tune::Choice kept_choice;  // the chosen vocab point (vocab_choice: its payload's unkept point)
-};
+using Outcome = TuneOutcome;
 
 // ---- Output ---------------------------------------------------------------------------------
 
@@ -557,122 +537,38 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
   const RankInfo ranks = join_ranks();
   const bool root = ranks.rank == 0;
   const int W = ranks.world_size;
-  std::set<std::string> only(args.only.begin(), args.only.end());
-  if (only.empty()) only = {"dispatch", "optimizer", "vocab", "sco"};
-  Outcome o;
-  o.dispatch = only.count("dispatch") > 0;
-  o.optimizer = only.count("optimizer") > 0;
-  o.vocab = only.count("vocab") > 0;
-  o.sco = only.count("sco") > 0;
-  o.backend = uses_cuda_backend(cfg) ? "CUDA" : "CPU";
-  const TuneShape shape = tune_shape(cfg, W);
-  const PlanInputs in = plan_inputs(cfg, W);
-
-  // The config every candidate is planned in: the user's, with each swept schedule switched on at
-  // its configured knobs; each choice is applied to it in turn (optimizer, vocab, sco, dispatch).
-  Config base = cfg;
-  if (o.dispatch) base.schedules.dispatch = DispatchSchedule::pipelined_llep;
-  if (o.optimizer) base.optimizer.placement = OptimizerPlacement::offload_stream;
-  if (o.vocab) base.schedules.vocab = VocabSchedule::ring_dtp;
-  if (o.sco) base.schedules.checkpoint = CheckpointSchedule::sco;
-
-  const auto dgrid =
-      o.dispatch ? dispatch_grid(cfg, shape) : std::vector<std::pair<int64_t, int64_t>>{};
-  const auto ogrid =
-      o.optimizer ? optimizer_grid(cfg, shape) : std::vector<std::pair<int64_t, int64_t>>{};
-  // (payload, K): K = 0 always, K > 0 only where the plan (the base config with that payload and
-  // K) accepts it — a kept strip holds N x strip logits, and a point that cannot fit is not run.
-  std::vector<std::pair<VocabPayload, int64_t>> vgrid;
-  if (o.vocab) {
-    for (VocabPayload payload : {VocabPayload::activations, VocabPayload::weights}) {
-      for (int64_t kept : vocab_kept_grid(cfg, shape, payload)) {
-        Config c = base;
-        c.schedules.ring_payload = payload;
-        c.schedules.vocab_kept_strips = kept;
-        if (kept == 0 || plan_check(c, in).fits) vgrid.emplace_back(payload, kept);
-      }
-    }
-  }
+  TuneRequest request;
+  if (!args.only.empty()) request.sweeps = {args.only.begin(), args.only.end()};
+  const std::set<std::string>& only = request.sweeps;
+  request.warmup = args.warmup;
+  request.repeats = args.repeats;
+  request.dispatch_tolerance = args.dispatch_tolerance;
+  request.optimizer_tolerance = args.optimizer_tolerance;
+  request.vocab_tolerance = args.vocab_tolerance;
+  request.sco_tolerance = args.sco_tolerance;
+  const TuneGrids grids = tune_grids(cfg, W, request);
+  const TuneShape& shape = grids.shape;
   SweepRun run;
   run.warmup = args.warmup;
   run.repeats = args.repeats;
-  const int total =
-      static_cast<int>(dgrid.size() + ogrid.size() + vgrid.size()) + (o.sco ? sco_ticks(run) : 0);
   if (root) {
     std::printf(
         "# moepeak tune: %d points to measure (dispatch %zu, optimizer %zu, vocab %zu, sco %d "
         "steps) on "
         "W = %d rank%s, %d repetitions each after %d warm-up\n",
-        total, dgrid.size(), ogrid.size(), vgrid.size(), o.sco ? sco_ticks(run) : 0, W,
-        W == 1 ? "" : "s", args.repeats, args.warmup);
+        grids.ticks, grids.dispatch_grid.size(), grids.optimizer_grid.size(),
+        grids.vocab_grid.size(), grids.sco ? sco_ticks(run) : 0, W, W == 1 ? "" : "s", args.repeats,
+        args.warmup);
     std::fflush(stdout);
   }
+  Outcome o;
   {
-    Progress progress(total, root, cfg.metrics.progress);
-    run.tick = [&](const std::string& what) { progress.tick(what); };
-    if (o.dispatch) o.dispatch_points = sweep_dispatch(cfg, ranks, shape, dgrid, run);
-    if (o.optimizer) o.optimizer_sweep = sweep_optimizer(cfg, ranks, shape, ogrid, run);
-    if (o.vocab) o.vocab_points = sweep_vocab(cfg, ranks, shape, vgrid, run);
-    if (o.sco) o.sco_sweep = sweep_sco(cfg, ranks, shape, run);
+    Progress progress(grids.ticks, root, cfg.metrics.progress);
+    o = tune_measure_and_select(cfg, ranks, grids, request,
+                                [&](const std::string& what) { progress.tick(what); });
   }
-
-  // Selection, on the measured points only; every rank has the same numbers.
-  if (o.optimizer) {
-    for (tune::OptimizerPoint& p : o.optimizer_sweep.points) {
-      Config c = base;
-      c.optimizer.bucket_params = p.bucket_params;
-      c.optimizer.staging_slots = p.staging_slots;
-      const PlanCheck pc = plan_check(c, in);
-      p.plan_fits = pc.fits;
-      p.plan_note = pc.note;
-    }
-    o.optimizer_choice = tune::select_staging(o.optimizer_sweep.points, args.optimizer_tolerance);
-    const tune::OptimizerPoint& p = o.optimizer_sweep.points[o.optimizer_choice.index];
-    base.optimizer.bucket_params = p.bucket_params;
-    base.optimizer.staging_slots = p.staging_slots;
-  }
-  if (o.vocab) {
-    for (tune::VocabPoint& p : o.vocab_points) {
-      Config c = base;
-      c.schedules.ring_payload = enum_from_name<VocabPayload>(p.payload).value();
-      c.schedules.vocab_kept_strips = p.kept_strips;
-      const PlanCheck pc = plan_check(c, in);
-      p.plan_fits = pc.fits;
-      p.plan_note = pc.note;
-    }
-    const VocabPayload preferred =
-        schedules::ring_dtp_resolve_payload(VocabPayload::automatic, shape.tokens, shape.vocab, W);
-    o.vocab_choice = tune::select_payload(o.vocab_points, std::string(enum_name(preferred)));
-    const std::string payload = o.vocab_points[o.vocab_choice.index].payload;
-    o.kept_choice = tune::select_kept_strips(o.vocab_points, payload, args.vocab_tolerance);
-    base.schedules.ring_payload = enum_from_name<VocabPayload>(payload).value();
-    base.schedules.vocab_kept_strips = o.vocab_points[o.kept_choice.index].kept_strips;
-  }
-  if (o.sco) {
-    for (tune::ScoPoint& p : o.sco_sweep.points) {
-      Config c = base;
-      c.schedules.sco_host_budget = std::to_string(p.host_budget);
-      const PlanCheck pc = plan_check(c, in);
-      p.plan_fits = pc.fits;
-      p.plan_note = pc.note;
-    }
-    o.sco_choice = tune::select_sco(o.sco_sweep.points, args.sco_tolerance);
-    base.schedules.sco_host_budget =
-        std::to_string(o.sco_sweep.points[o.sco_choice.index].host_budget);
-  }
-  if (o.dispatch) {
-    for (tune::DispatchPoint& p : o.dispatch_points) {
-      Config c = base;
-      c.schedules.chunk_tokens = p.chunk_tokens;
-      c.schedules.max_chunks = p.max_chunks;
-      const PlanCheck pc = plan_check(c, in);
-      p.plan_fits = pc.fits;
-      p.plan_note = pc.note;
-    }
-    o.dispatch_choice = tune::select_chunk(o.dispatch_points, args.dispatch_tolerance);
-    base.schedules.chunk_tokens = o.dispatch_points[o.dispatch_choice.index].chunk_tokens;
-    base.schedules.max_chunks = o.dispatch_points[o.dispatch_choice.index].max_chunks;
-  }
+  const Config& base = o.tuned;
+  const PlanInputs& in = grids.in;
 
   // The command that uses the fragment: the user's configs and the --set overrides that do not
   // set a tuned key (a --set would win over tuned.toml), then tuned.toml.
@@ -702,12 +598,7 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
   for (const std::string& ov : kept) command += " --set " + shell_word(ov);
   command += " --config " + shell_word(tuned_path);
 
-  // The plan with the fragment applied must fit.
-  const Plan final_plan = make_plan(base, in);
-  if (!final_plan.fits()) {
-    MOEPEAK_INPUT_ERROR("tune: the plan with the chosen values does not fit: ",
-                        final_plan.verdict());
-  }
+  const Plan& final_plan = o.final_plan;
   const std::string toml = tuned_toml(o, base, shape, command);
   if (root) {
     print_tables(o, shape, args, final_plan);

@@ -1,5 +1,5 @@
 // Measuring AdamW placements on one rank's parameters, shared by `moepeak bench adamw`
-// (cli/bench_adamw.cpp) and `moepeak tune`'s optimizer sweep (cli/tune_sweeps.cpp):
+// (cli/bench_adamw.cpp) and `moepeak tune`'s optimizer sweep (core/measure/sweeps.cpp):
 //
 //   auto backend = Backend::create(adamw_backend_options(cfg, ranks, count, max_bucket, max_slots,
 //                                                        threads));
@@ -25,7 +25,7 @@
 #include "core/runtime/tensor.h"
 #include "ops/schedules/optimizer.h"
 
-namespace moepeak::cli {
+namespace moepeak::measure {
 
 constexpr int64_t kAdamwPieces = 16;
 constexpr int64_t kAdamwAlign = 64;  // elements, as ParamLayout aligns pieces
@@ -80,4 +80,4 @@ AdamwRun time_adamw(Backend& backend, AdamwParams& p, schedules::Optimizer& opti
 // max |a - b| / |b| over elements that differ bitwise (0 when all are bitwise equal).
 double float_max_rel_err(const std::vector<float>& a, const std::vector<float>& b);
 
-}  // namespace moepeak::cli
+}  // namespace moepeak::measure

@@ -1,7 +1,7 @@
 // Measuring the vocabulary projection + cross-entropy (forward and backward) on W ranks, shared
 // by `moepeak bench vocab` (cli/bench_vocab.cpp) and `moepeak tune`'s payload sweep
-// (cli/tune_sweeps.cpp): the materialised schedule and Ring-DTP (either payload, any strip width)
-// on the same per-rank batches.
+// (core/measure/sweeps.cpp): the materialised schedule and Ring-DTP (either payload, any strip
+// width) on the same per-rank batches.
 //
 //   VocabBench bench({N, H, V, "f32", warmup, iters}, cfg, ranks);   // collective
 //   VocabMeasured m = bench.run_ring(VocabPayload::weights, strip, kept);  // times, stats, bound
@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "cli/bench_common.h"
 #include "core/comm/comm.h"
 #include "core/config/config.h"
+#include "core/measure/harness.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/memory_stats.h"
 #include "core/runtime/tensor.h"
@@ -30,7 +30,7 @@
 #include "ops/schedules/vocab_materialized.h"
 #include "ops/schedules/vocab_ring_dtp.h"
 
-namespace moepeak::cli {
+namespace moepeak::measure {
 
 struct VocabShape {
   int64_t tokens = 2048;  // N per rank
@@ -148,11 +148,9 @@ class VocabBench {
     all_reduce_host(*comm_, *backend_, stream(), values);
     return values[0];
   }
-  double max_over_ranks(double v) {
-    std::vector<double> values = {v};
-    all_reduce_host(*comm_, *backend_, stream(), values, ReduceOp::max);
-    return values[0];
-  }
+  double max_over_ranks(double v) { return measure::max_over_ranks(*comm_, *backend_, v); }
+  Comm& comm() { return *comm_; }
+  Backend& backend() { return *backend_; }
 
  private:
   OwnedTensor tensor(Shape shape, LiveSet set, const char* what) {
@@ -185,9 +183,7 @@ class VocabBench {
       if (i >= args_.warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
     }
     m.times = times;
-    std::sort(times.begin(), times.end());
-    const size_t n = times.size();
-    m.time_s = n == 0 ? 0 : n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+    m.time_s = median(times);
     m.stats = backend_->arena().stats();
   }
 
@@ -200,4 +196,4 @@ class VocabBench {
   double loss_scale_ = 1;
 };
 
-}  // namespace moepeak::cli
+}  // namespace moepeak::measure

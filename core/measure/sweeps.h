@@ -31,7 +31,7 @@
 #include "core/config/config.h"
 #include "core/tune/select.h"
 
-namespace moepeak::cli {
+namespace moepeak::measure {
 
 struct TuneShape {
   int world = 1;
@@ -92,4 +92,4 @@ ScoSweepResult sweep_sco(const Config& cfg, const RankInfo& ranks, const TuneSha
 // budgets, warm-up included: a step of a big model takes a while).
 inline int sco_ticks(const SweepRun& run) { return 4 * (run.warmup + run.repeats); }
 
-}  // namespace moepeak::cli
+}  // namespace moepeak::measure

@@ -1,6 +1,6 @@
 // SCO measurement shared by `moepeak bench sco` and `moepeak tune` (sco_measure.h).
 // Test: ctest -R bench_sco, test_tune
-#include "cli/sco_measure.h"
+#include "core/measure/sco_measure.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,12 +9,12 @@
 #include <random>
 #include <utility>
 
-#include "cli/bench_common.h"
 #include "core/error.h"
+#include "core/measure/harness.h"
 #include "core/units.h"
 #include "ops/schedules/checkpoint_sco.h"
 
-namespace moepeak::cli {
+namespace moepeak::measure {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -164,4 +164,4 @@ double sco_max_rel_err(const std::vector<double>& a, const std::vector<double>& 
   return worst;
 }
 
-}  // namespace moepeak::cli
+}  // namespace moepeak::measure

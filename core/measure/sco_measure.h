@@ -1,7 +1,7 @@
 // Measuring standard checkpointing beside SCO over host budgets (none, half, all layers) on one
 // rank, shared by `moepeak bench sco` (cli/bench_sco.cpp) and `moepeak tune`'s SCO sweep
-// (cli/tune_sweeps.cpp). One model per row, all resident at once, the same weights; the rows take
-// turns in every repetition (each repetition starting with the next row), so a machine whose
+// (core/measure/sweeps.cpp). One model per row, all resident at once, the same weights; the rows
+// take turns in every repetition (each repetition starting with the next row), so a machine whose
 // speed drifts slows them alike. Each step is the model's forward + backward (no optimizer).
 //
 //   auto backend = Backend::create(sco_backend_options(cfg, ranks, B, T));
@@ -25,7 +25,7 @@
 #include "core/runtime/backend.h"
 #include "core/runtime/memory_stats.h"
 
-namespace moepeak::cli {
+namespace moepeak::measure {
 
 // One row of the sweep: its model and what it measured.
 struct ScoRow {
@@ -66,4 +66,4 @@ ScoSweep measure_sco_sweep(Backend& backend, const Config& cfg, int64_t batch, i
 // reads f32 gradients, exactly).
 double sco_max_rel_err(const std::vector<double>& a, const std::vector<double>& b);
 
-}  // namespace moepeak::cli
+}  // namespace moepeak::measure

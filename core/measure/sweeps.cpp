@@ -1,40 +1,32 @@
-// The measurements of `moepeak tune` (tune_sweeps.h). The optimizer, vocab and SCO sweeps run the
+// The measurements of `moepeak tune` (sweeps.h). The optimizer, vocab and SCO sweeps run the
 // benches' own measurement code (adamw_measure.h, vocab_measure.h, sco_measure.h); the dispatch
 // sweep drives the PipelinedLLEP library API directly (one MoE layer's forward + backward).
 // Test: ctest -R test_tune
-#include "cli/tune_sweeps.h"
+#include "core/measure/sweeps.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <functional>
 #include <memory>
-#include <random>
 #include <set>
 
-#include "cli/adamw_measure.h"
-#include "cli/bench_common.h"
-#include "cli/sco_measure.h"
-#include "cli/vocab_measure.h"
 #include "core/error.h"
+#include "core/measure/adamw_measure.h"
+#include "core/measure/dispatch_layer.h"
+#include "core/measure/harness.h"
+#include "core/measure/sco_measure.h"
+#include "core/measure/vocab_measure.h"
 #include "core/model/mixtral.h"
 #include "core/model/zero_params.h"
 #include "core/runtime/backend.h"
 #include "core/units.h"
-#include "ops/fill.h"
 #include "ops/schedules/adamw_offload_stream.h"
 #include "ops/schedules/checkpoint_sco.h"
 #include "ops/schedules/dispatch_pipelined_llep.h"
 #include "ops/schedules/vocab_ring_dtp.h"
 
-namespace moepeak::cli {
+namespace moepeak::measure {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // The backend a sweep rank measures on: as the benches' (runtime.backend), on the CPU with at
 // least the CPU default capacity — the measurement is not what the plan judges (a config whose
@@ -57,88 +49,11 @@ Config sweep_config(const Config& cfg, const RankInfo& ranks) {
   return c;
 }
 
-// Each repetition's time (and the peaks) as the slowest rank's.
-void max_over_ranks(Comm& comm, Backend& backend, std::vector<double>& values) {
-  if (comm.world_size() > 1 && !values.empty()) {
-    all_reduce_host(comm, backend, backend.default_stream(), values, ReduceOp::max);
-  }
-}
-
 int64_t next_pow2(int64_t n) {
   int64_t p = 1;
   while (p < n) p *= 2;
   return p;
 }
-
-// One MoE layer on this rank for PipelinedLLEP: x (N, H), routing index/weight (N, k), dout,
-// out, dx, dweight, and the E/W local experts w1, w3 (F, H), w2 (H, F) with their gradients.
-class DispatchLayer {
- public:
-  DispatchLayer(Backend& backend, Comm& comm, const TuneShape& s)
-      : backend_(backend), comm_(comm), s_(s) {
-    const int64_t N = s.tokens, H = s.hidden, F = s.ffn, E = s.experts, k = s.top_k,
-                  W = comm.world_size();
-    MOEPEAK_CHECK(E % W == 0 && k <= E, "tune: E = ", E, " experts on W = ", W, " ranks with top-",
-                  k, " (model.num_local_experts % W == 0 and num_experts_per_tok <= E expected)");
-    std::mt19937_64 rng(4321 + static_cast<uint64_t>(comm.rank()));
-    std::uniform_real_distribution<double> uni(-1.0, 1.0);
-    x_ = tensor(Shape{N, H}, LiveSet::workspace, "tune x");
-    dout_ = tensor(Shape{N, H}, LiveSet::workspace, "tune dout");
-    out_ = tensor(Shape{N, H}, LiveSet::workspace, "tune out");
-    dx_ = tensor(Shape{N, H}, LiveSet::workspace, "tune dx");
-    weight_ = tensor(Shape{N, k}, LiveSet::workspace, "tune routing weight");
-    dweight_ = tensor(Shape{N, k}, LiveSet::workspace, "tune d routing weight");
-    index_ = OwnedTensor::device(backend, Shape{N, k}, DType::i32, LiveSet::workspace,
-                                 "tune routing index");
-    fill_seeded(x_, backend, [&] { return uni(rng); });
-    fill_seeded(dout_, backend, [&] { return uni(rng); });
-    // Zipf-skewed routing (p(e) ~ 1 / (e + 1)^1.2, the hot experts rank 0's).
-    const SeededRouting routing = seeded_routing("zipf", N, E, k, 1.2, 1, rng);
-    size_t at = 0;
-    fill_seeded(index_, backend, [&] { return routing.index[at++]; });
-    at = 0;
-    fill_seeded(weight_, backend, [&] { return routing.weight[at++]; });
-    experts_ = seeded_local_experts(backend_, DType::f32, E, comm.rank(), static_cast<int>(W), H, F,
-                                    storage_);
-  }
-
-  // warmup + repeats of forward + backward with these params, each started together on every
-  // rank; the times (this rank's) and the `dispatch` peak over all of them.
-  std::pair<std::vector<double>, uint64_t> measure(const schedules::PipelinedLlepParams& q,
-                                                   int warmup, int repeats) {
-    Stream& stream = backend_.default_stream();
-    schedules::PipelinedLlepDispatch d(backend_, stream, comm_, DType::f32, s_.experts, q);
-    std::vector<double> times;
-    backend_.arena().reset_peaks();
-    for (int i = 0; i < warmup + repeats; ++i) {
-      ops::fill(out_, 0.0, stream);
-      ops::fill(dx_, 0.0, stream);
-      for (const auto& ex : experts_) {
-        for (const Tensor* g : {&ex.dw1, &ex.dw3, &ex.dw2}) ops::fill(*g, 0.0, stream);
-      }
-      stream.synchronize();
-      comm_.barrier();
-      const auto t0 = Clock::now();
-      d.forward(x_, index_, weight_, experts_, out_);
-      d.backward(dout_, experts_, dx_, dweight_);
-      stream.synchronize();
-      if (i >= warmup) times.push_back(seconds_since(t0));
-    }
-    return {times, backend_.arena().stats().peak_per_set()[LiveSet::dispatch]};
-  }
-
- private:
-  OwnedTensor tensor(Shape shape, LiveSet set, const char* what) {
-    return OwnedTensor::device(backend_, shape, DType::f32, set, what);
-  }
-
-  Backend& backend_;
-  Comm& comm_;
-  TuneShape s_;
-  OwnedTensor x_, dout_, out_, dx_, weight_, dweight_, index_;
-  std::vector<OwnedTensor> storage_;
-  std::vector<schedules::ExpertWeights> experts_;
-};
 
 }  // namespace
 
@@ -211,14 +126,19 @@ std::vector<tune::DispatchPoint> sweep_dispatch(
     const std::vector<std::pair<int64_t, int64_t>>& grid, const SweepRun& run) {
   auto backend = Backend::create(sweep_backend_options(cfg, ranks));
   auto comm = make_comm(*backend, ranks);
-  DispatchLayer layer(*backend, *comm, s);
+  // Zipf-skewed routing (p(e) ~ 1 / (e + 1)^1.2, the hot experts rank 0's).
+  DispatchLayer layer(*backend, *comm,
+                      {s.tokens, s.hidden, s.ffn, s.experts, s.top_k, DType::f32, "zipf", 1.2, 1});
   std::vector<tune::DispatchPoint> points;
   for (const auto& [c, kmax] : grid) {
     auto q = schedules::pipelined_llep_params(cfg.schedules);
     q.chunk_tokens = c;
     q.max_chunks = kmax;
-    auto [times, peak] = layer.measure(q, run.warmup, run.repeats);
-    times.push_back(static_cast<double>(peak));  // byte counts are far below 2^53: exact
+    schedules::PipelinedLlepDispatch d(*backend, backend->default_stream(), *comm, DType::f32,
+                                       s.experts, q);
+    const DispatchRun r = layer.run(d, run.warmup, run.repeats);
+    std::vector<double> times = r.times;
+    times.push_back(static_cast<double>(r.stats.peak_per_set()[LiveSet::dispatch]));
     max_over_ranks(*comm, *backend, times);
     tune::DispatchPoint p;
     p.chunk_tokens = c;
@@ -325,7 +245,7 @@ std::vector<tune::VocabPoint> sweep_vocab(const Config& cfg, const RankInfo& ran
     VocabMeasured m = bench.run_ring(payload, cfg.schedules.vocab_strip, kept);
     std::vector<double> times = m.times;
     times.push_back(static_cast<double>(m.stats.peak_per_set()[LiveSet::logits]));
-    for (double& t : times) t = bench.max_over_ranks(t);
+    max_over_ranks(bench.comm(), bench.backend(), times);
     tune::VocabPoint p;
     p.payload = std::string(enum_name(payload));
     p.kept_strips = m.kept;
@@ -381,4 +301,4 @@ ScoSweepResult sweep_sco(const Config& cfg, const RankInfo& ranks, const TuneSha
   return out;
 }
 
-}  // namespace moepeak::cli
+}  // namespace moepeak::measure

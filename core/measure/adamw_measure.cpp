@@ -1,6 +1,6 @@
 // AdamW measurement shared by `moepeak bench adamw` and `moepeak tune` (adamw_measure.h).
 // Test: ctest -R bench_adamw, test_tune
-#include "cli/adamw_measure.h"
+#include "core/measure/adamw_measure.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,16 +9,16 @@
 #include <random>
 #include <thread>
 
-#include "cli/bench_common.h"
 #include "core/comm/comm.h"
 #include "core/error.h"
+#include "core/measure/harness.h"
 #include "core/runtime/arena.h"
 #include "core/runtime/pinned_pool.h"
 #include "ops/schedules/adamw_offload_serial.h"
 #include "ops/schedules/adamw_offload_stream.h"
 #include "ops/schedules/adamw_resident.h"
 
-namespace moepeak::cli {
+namespace moepeak::measure {
 namespace {
 
 int64_t align_up(int64_t n) { return (n + kAdamwAlign - 1) / kAdamwAlign * kAdamwAlign; }
@@ -189,4 +189,4 @@ double float_max_rel_err(const std::vector<float>& a, const std::vector<float>& 
   return worst;
 }
 
-}  // namespace moepeak::cli
+}  // namespace moepeak::measure
