@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/measure/harness.h"
 #include "core/runtime/arena.h"
 #include "ops/schedules/dispatch_pipelined_llep.h"
 #include "ops/schedules/llep_plan.h"
@@ -48,28 +49,17 @@ using schedules::plan_llep;
 
 enum class Skew { balanced, zipf, adversarial };
 
-// (W, E) counts: every source routes `rows` rows (`rows / k` tokens, top-k distinct experts).
+// (W, E) counts: every source routes `rows` rows (`rows / k` tokens, top-k distinct experts),
+// drawn by the benches' seeded routing (core/measure/harness.h; Zipf s = 1.2).
 std::vector<int64_t> draw_counts(std::mt19937_64& rng, int64_t W, int64_t E, int64_t tokens,
                                  int64_t k, Skew skew) {
-  std::vector<double> p(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) {
-    p[e] = skew == Skew::zipf ? 1.0 / std::pow(double(e + 1), 1.2) : 1.0;
-  }
+  const char* kind = skew == Skew::zipf          ? "zipf"
+                     : skew == Skew::adversarial ? "adversarial"
+                                                 : "balanced";
   std::vector<int64_t> counts(static_cast<size_t>(W * E), 0);
-  std::vector<int64_t> order(static_cast<size_t>(E));
   for (int64_t s = 0; s < W; ++s) {
-    for (int64_t n = 0; n < tokens; ++n) {
-      if (skew == Skew::adversarial) {
-        for (int64_t j = 0; j < k; ++j) ++counts[s * E + j];  // everyone picks experts 0..k-1
-        continue;
-      }
-      // k distinct experts drawn with weights p (Efraimidis-Spirakis keys).
-      std::vector<std::pair<double, int64_t>> keys;
-      std::uniform_real_distribution<double> u(1e-12, 1.0);
-      for (int64_t e = 0; e < E; ++e) keys.push_back({std::pow(u(rng), 1.0 / p[e]), e});
-      std::partial_sort(keys.begin(), keys.begin() + k, keys.end(), std::greater<>());
-      for (int64_t j = 0; j < k; ++j) ++counts[s * E + keys[j].second];
-    }
+    const measure::SeededRouting r = measure::seeded_routing(kind, tokens, E, k, 1.2, 1, rng);
+    for (int32_t e : r.index) ++counts[s * E + e];
   }
   return counts;
 }
