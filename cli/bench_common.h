@@ -19,6 +19,7 @@ namespace moepeak::cli {
 // The benches' measurements live in core/measure; cli/ keeps the flags and the printing.
 using measure::bench_any_backend_options;
 using measure::bench_backend_options;
+using measure::bench_dtype;
 using measure::Ceiling;
 using measure::EventTimer;
 using measure::fill_seeded;

@@ -22,7 +22,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -51,17 +50,6 @@ struct VocabBenchArgs {
   std::vector<int64_t> strips = {0, 1024, 256};
   std::vector<int64_t> kept = {0};  // schedules.vocab_kept_strips values, each with every strip
 };
-
-// max |got - want| / max |want|; infinite on a NaN.
-double scaled_err(const std::vector<double>& got, const std::vector<double>& want) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    if (std::isnan(got[i]) || std::isnan(want[i])) return std::numeric_limits<double>::infinity();
-    err = std::max(err, std::abs(got[i] - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return scale > 0 ? err / scale : err;
-}
 
 int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankInfo& ranks) {
   Config cfg = load_config_for_command(args.common.config, ctx);
@@ -108,7 +96,7 @@ int run_bench_vocab(const VocabBenchArgs& args, const Context& ctx, const RankIn
         const VocabMeasured& ref = rows.front();
         const double loss = bench.sum_over_ranks(m.loss);
         errors.push_back(std::max({std::abs(loss - ref_loss) / std::abs(ref_loss),
-                                   scaled_err(m.dx, ref.dx), scaled_err(m.dw, ref.dw)}));
+                                   max_scaled_err(m.dx, ref.dx), max_scaled_err(m.dw, ref.dw)}));
         m.dx = {};
         m.dw = {};
         rows.push_back(std::move(m));

@@ -48,6 +48,10 @@ Ceiling measure_ceiling(Backend& backend, const std::string& dtype, int size, co
   return c;
 }
 
+DType bench_dtype(const std::string& text) {
+  return text == "f64" ? DType::f64 : text == "bf16" ? DType::bf16 : DType::f32;
+}
+
 OwnedTensor filled(Backend& b, Shape shape, DType dtype, double value, const char* what) {
   auto t = OwnedTensor::device(b, shape, dtype, LiveSet::workspace, what);
   ops::fill(t, value, b.default_stream());

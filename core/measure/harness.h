@@ -41,6 +41,9 @@ void fill_seeded(const Tensor& t, Backend& backend, Next&& next) {
   copy_from_host_as(values, t, backend, backend.default_stream());
 }
 
+// A bench's --dtype text: "f64", "bf16", anything else f32 (the flags check the names).
+DType bench_dtype(const std::string& text);
+
 // A device tensor of the workspace live set with every element `value`.
 OwnedTensor filled(Backend& b, Shape shape, DType dtype, double value, const char* what);
 

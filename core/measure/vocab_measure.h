@@ -57,9 +57,7 @@ class VocabBench {
  public:
   VocabBench(const VocabShape& args, const Config& cfg, const RankInfo& ranks)
       : args_(args),
-        dtype_(args.dtype == "f64"    ? DType::f64
-               : args.dtype == "bf16" ? DType::bf16
-                                      : DType::f32),
+        dtype_(bench_dtype(args.dtype)),
         backend_(Backend::create(bench_any_backend_options(cfg, ranks))),
         comm_(make_comm(*backend_, ranks)),
         shard_(schedules::vocab_shard(args.vocab, ranks.world_size, ranks.rank)) {
