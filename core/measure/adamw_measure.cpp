@@ -14,9 +14,8 @@
 #include "core/measure/harness.h"
 #include "core/runtime/arena.h"
 #include "core/runtime/pinned_pool.h"
-#include "ops/schedules/adamw_offload_serial.h"
 #include "ops/schedules/adamw_offload_stream.h"
-#include "ops/schedules/adamw_resident.h"
+#include "ops/schedules/optimizer_choice.h"
 
 namespace moepeak::measure {
 namespace {
@@ -149,16 +148,7 @@ LinkBandwidth pinned_bandwidth(Backend& backend, uint64_t bytes, Stream& stream)
 
 std::unique_ptr<schedules::Optimizer> make_adamw(Backend& backend, AdamwParams& p,
                                                  const OptimizerConfig& o, int host_threads) {
-  switch (o.placement) {
-    case OptimizerPlacement::resident:
-      return std::make_unique<schedules::ResidentAdamW>(backend, p.values.view(), p.pieces, o);
-    case OptimizerPlacement::offload_serial:
-      return std::make_unique<schedules::SerialOffloadAdamW>(backend, p.values.view(), p.pieces, o,
-                                                             host_threads);
-    case OptimizerPlacement::offload_stream:
-      return std::make_unique<schedules::OffloadStreamAdamW>(backend, p.values.view(), p.pieces, o);
-  }
-  MOEPEAK_THROW("unknown optimizer placement");
+  return schedules::make_optimizer(backend, {p.values.view(), p.pieces}, o, host_threads);
 }
 
 AdamwRun time_adamw(Backend& backend, AdamwParams& p, schedules::Optimizer& optimizer, int warmup,

@@ -13,14 +13,9 @@
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "ops/router.h"
-#include "ops/schedules/checkpoint_sco.h"
-#include "ops/schedules/checkpoint_standard.h"
-#include "ops/schedules/dispatch_expert_parallel.h"
-#include "ops/schedules/dispatch_llep.h"
-#include "ops/schedules/dispatch_pipelined_llep.h"
-#include "ops/schedules/dispatch_standard.h"
-#include "ops/schedules/vocab_materialized.h"
-#include "ops/schedules/vocab_ring_dtp.h"
+#include "ops/schedules/checkpoint_choice.h"
+#include "ops/schedules/dispatch_choice.h"
+#include "ops/schedules/vocab_choice.h"
 
 namespace moepeak {
 
@@ -47,10 +42,6 @@ struct MixtralModel::LayerActivations {
     if (dispatch) dispatch->release();
   }
 };
-
-LmHeadSharding lm_head_sharding(VocabSchedule vocab) {
-  return vocab == VocabSchedule::ring_dtp ? LmHeadSharding::vocab_rows : LmHeadSharding::zero3;
-}
 
 namespace {
 SchedulesConfig with_checkpoint(CheckpointSchedule checkpoint) {
@@ -79,17 +70,9 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
                     (dtype == DType::bf16 && backend.kind() == BackendKind::cuda),
                 "the model computes in f32 or f64 (and bf16 on the CUDA backend), not ",
                 dtype_name(dtype), " on ", backend.describe());
-  if (checkpoint_ == CheckpointSchedule::sco) {
-    boundaries_ = std::make_unique<schedules::ScoBoundaries>(backend_, stream_,
-                                                             schedules_.sco_host_budget_bytes());
-  } else {
-    boundaries_ = std::make_unique<schedules::StandardBoundaries>();
-  }
-  if (schedules_.vocab == VocabSchedule::ring_dtp) {  // collective: duplicates the communicator
-    ring_vocab_ = std::make_unique<schedules::RingDtpVocab>(
-        backend_, stream_, comm_, dtype_, model_.vocab_size, schedules_.ring_payload,
-        schedules_.vocab_strip, schedules_.vocab_kept_strips);
-  }
+  boundaries_ = schedules::make_boundaries(schedules_, backend_, stream_);
+  // Collective under ring_dtp (RingDtpVocab duplicates the communicator).
+  vocab_ = schedules::make_vocab(schedules_, backend_, stream_, comm_, dtype_, model_.vocab_size);
 }
 
 MixtralModel::~MixtralModel() = default;
@@ -107,28 +90,6 @@ void MixtralModel::check_layout(const ModelConfig& model, int64_t batch, int64_t
 
 OwnedTensor MixtralModel::device(Shape shape, LiveSet set, const char* what) const {
   return OwnedTensor::device(backend_, shape, dtype_, set, what);
-}
-
-std::unique_ptr<schedules::ExpertDispatch> MixtralModel::make_dispatch() {
-  const SchedulesConfig& s = schedules_;
-  const int64_t E = model_.num_local_experts;
-  switch (s.dispatch) {
-    case DispatchSchedule::standard:
-      if (comm_.world_size() == 1)
-        return std::make_unique<schedules::StandardDispatch>(backend_, stream_, dtype_);
-      return std::make_unique<schedules::ExpertParallelDispatch>(backend_, stream_, comm_, dtype_,
-                                                                 E);
-    case DispatchSchedule::llep:
-      return std::make_unique<schedules::LlepDispatch>(
-          backend_, stream_, comm_, dtype_, E,
-          schedules::LlepParams{s.llep_alpha, s.llep_lambda, s.min_tokens_per_gemm});
-    case DispatchSchedule::pipelined_llep:
-      // Collective: every rank makes the lane at the same (first) layer.
-      if (!llep_lane_) llep_lane_ = schedules::PipelinedLlepLane::make(backend_, comm_);
-      return std::make_unique<schedules::PipelinedLlepDispatch>(
-          backend_, stream_, comm_, dtype_, E, schedules::pipelined_llep_params(s), llep_lane_);
-  }
-  MOEPEAK_THROW("schedules.dispatch: unknown schedule ", static_cast<int>(s.dispatch));
 }
 
 std::vector<schedules::ExpertWeights> MixtralModel::local_experts_of(int layer) const {
@@ -297,11 +258,15 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor&
   ops::copy(a.h, y, stream_);
   if (dispatchers_.size() <= static_cast<size_t>(layer))
     dispatchers_.resize(static_cast<size_t>(layer) + 1);
-  if (!dispatchers_[layer]) dispatchers_[layer] = make_dispatch();
+  if (!dispatchers_[layer]) {
+    dispatchers_[layer] = schedules::make_dispatch(schedules_, backend_, stream_, comm_, dtype_,
+                                                   model_.num_local_experts, llep_lane_);
+  }
   a.dispatch = dispatchers_[layer].get();
-  // The recompute's output is dropped: PipelinedLLEP then only plans (an undefined `out`), as
-  // its backward recomputes the experts chunk by chunk anyway (ExpertDispatch::forward).
-  const bool plan_only = recompute && schedules_.dispatch == DispatchSchedule::pipelined_llep;
+  // The recompute's output is dropped: a dispatcher that can (PipelinedLLEP) then only plans (an
+  // undefined `out`), as its backward recomputes the experts chunk by chunk anyway
+  // (ExpertDispatch::forward).
+  const bool plan_only = recompute && a.dispatch->supports_plan_only();
   a.dispatch->forward(a.n2, a.topk_index, a.topk_weight, local_experts_of(layer),
                       plan_only ? Tensor() : y.view());
   if (!recompute) {
@@ -363,7 +328,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   // The checkpoint boundaries — each layer's input, from its forward to its backward — live in
   // boundaries_ (standard: on device; SCO: some in pinned host memory, brought back one layer
   // ahead); `final_hidden`, the last layer's output, feeds the final norm.
-  const bool recompute = checkpoint_ != CheckpointSchedule::none;
+  const bool recompute = schedules::recomputes_layers(checkpoint_);
   schedules::CheckpointBoundaries& boundaries = *boundaries_;
   boundaries.begin(Lc, Shape{N, H}, dtype_, with_backward);
   struct DiscardOnExit {  // after end() a no-op; after an error, no copy runs into freed bytes
@@ -399,15 +364,18 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   OwnedTensor rstdf = device(Shape{N}, LiveSet::workspace, "final norm rstd");
   ops::rmsnorm_forward(final_hidden, head.value(P.final_norm), model_.rms_norm_eps, xf, rstdf,
                        stream_);
-  // The vocabulary projection and cross-entropy: materialised (N, V) logits over the gathered LM
-  // head, or Ring-DTP over this rank's vocabulary rows (never gathered; its gradient accumulates
-  // on this rank for every rank's batch, so it needs no reduce-scatter).
-  schedules::MaterializedVocab materialized(backend_, stream_, dtype_);
-  const Tensor lm_head = ring_vocab_ ? params_.local_value(P.lm_head) : head.value(P.lm_head);
+  // The vocabulary projection and cross-entropy (vocab_): materialised (N, V) logits over the
+  // gathered LM head, or Ring-DTP over this rank's vocabulary rows (never gathered; its gradient
+  // accumulates on this rank for every rank's batch, so it needs no reduce-scatter).
+  const bool head_rows = params_.lm_head_sharding() == LmHeadSharding::vocab_rows;
+  const Tensor lm_head = head_rows ? params_.local_value(P.lm_head) : head.value(P.lm_head);
   const double loss_scale = 1.0 / static_cast<double>(loss_tokens);
-  double loss = ring_vocab_ ? ring_vocab_->forward(xf, lm_head, batch.labels, loss_scale)
-                            : materialized.forward(xf, lm_head, batch.labels, loss_scale);
-  if (ring_vocab_ && !with_backward) ring_vocab_->release();
+  struct ReleaseOnExit {  // after backward a no-op; after an error, what forward kept is freed
+    schedules::VocabProjection& v;
+    ~ReleaseOnExit() { v.release(); }
+  } release_vocab_on_exit{*vocab_};
+  double loss = vocab_->forward(xf, lm_head, batch.labels, loss_scale);
+  if (!with_backward) vocab_->release();
   if (W > 1) {
     double total[1] = {loss};
     all_reduce_host(comm_, backend_, stream_, total);
@@ -417,11 +385,8 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   if (!with_backward) return loss;
 
   OwnedTensor dxf = device(Shape{N, H}, LiveSet::workspace, "d final norm");
-  if (ring_vocab_) {
-    ring_vocab_->backward(xf, lm_head, dxf, params_.local_grad(P.lm_head));
-  } else {
-    materialized.backward(xf, lm_head, dxf, head.grad(P.lm_head));
-  }
+  vocab_->backward(xf, lm_head, dxf,
+                   head_rows ? params_.local_grad(P.lm_head) : head.grad(P.lm_head));
   OwnedTensor dx = device(Shape{N, H}, LiveSet::workspace, "d final hidden");
   ops::rmsnorm_backward(final_hidden, head.value(P.final_norm), rstdf, dxf, dx,
                         head.grad(P.final_norm), stream_);

@@ -18,7 +18,8 @@
 //     all-to-alls to whole sequences of nh/W query heads (and their kv heads, replicated when
 //     nkv < W), attention, and back (ops/schedules/ulysses.h);
 //   - MoE: router on this rank's tokens, then the dispatcher schedules.dispatch names (one per
-//     layer, made on the layer's first forward and kept): "standard" — StandardDispatch on one
+//     layer, made on the layer's first forward and kept; schedules::make_dispatch,
+//     ops/schedules/dispatch_choice.h): "standard" — StandardDispatch on one
 //     rank, ExpertParallelDispatch (one all_to_all_v each way) on W; "llep" — LlepDispatch
 //     (least-loaded EP, ops/schedules/dispatch_llep.h); "pipelined_llep" — PipelinedLlepDispatch
 //     (LLEP per chunk of at most c_eff tokens per source, buffers fixed at launch,
@@ -27,13 +28,15 @@
 //   - loss: each rank's share of the global mean, all-reduced; the load-balancing loss from the
 //     job-wide expert counts and router-probability sums.
 //
-// Vocabulary projection (schedules.vocab): "materialized" gathers the LM head with the final norm
-// and forms the (N, V) logits (MaterializedVocab); "ring_dtp" keeps the LM head stored by
-// vocabulary rows (LmHeadSharding::vocab_rows, never gathered) and folds logit strips into an
-// online log-sum-exp over a ring of the W ranks (RingDtpVocab, ops/schedules/vocab_ring_dtp.h).
+// Vocabulary projection (schedules.vocab; schedules::make_vocab, ops/schedules/vocab_choice.h):
+// "materialized" gathers the LM head with the final norm and forms the (N, V) logits
+// (MaterializedVocab); "ring_dtp" keeps the LM head stored by vocabulary rows
+// (LmHeadSharding::vocab_rows, never gathered) and folds logit strips into an online
+// log-sum-exp over a ring of the W ranks (RingDtpVocab, ops/schedules/vocab_ring_dtp.h).
 //
-// Checkpoint boundaries (schedules.checkpoint): each layer's input is kept from its forward to
-// its backward by a schedules::CheckpointBoundaries — StandardBoundaries (on device; also for
+// Checkpoint boundaries (schedules.checkpoint; schedules::make_boundaries,
+// ops/schedules/checkpoint_choice.h): each layer's input is kept from its forward to its backward
+// by a schedules::CheckpointBoundaries — StandardBoundaries (on device; also for
 // "none") or ScoBoundaries ("sco": the inputs that fit schedules.sco_host_budget go to pinned host
 // memory on a copy stream and come back one layer ahead; ops/schedules/checkpoint_sco.h).
 //
@@ -54,17 +57,18 @@
 #include "ops/schedules/checkpoint_standard.h"
 #include "ops/schedules/dispatch.h"
 #include "ops/schedules/ulysses.h"
+#include "ops/schedules/vocab_choice.h"
 
 namespace moepeak {
 
 namespace schedules {
-class RingDtpVocab;
 struct PipelinedLlepLane;
 }  // namespace schedules
 
 // How the LM head is stored for a vocabulary schedule: by vocabulary rows for ring_dtp, else
-// ZeRO-3 like every dense tensor (the planner sizes `weights` and `grads` with the same choice).
-LmHeadSharding lm_head_sharding(VocabSchedule vocab);
+// ZeRO-3 like every dense tensor (the planner sizes `weights` and `grads` with the same choice;
+// defined with the vocabulary schedules, ops/schedules/vocab_choice.h).
+using schedules::lm_head_sharding;
 
 struct TokenBatch {
   Tensor input_ids;  // (N) i64, device; N = batch * seq_len / W, this rank's slice of each sequence
@@ -129,8 +133,6 @@ class MixtralModel {
   OwnedTensor attention_backward(const LayerParamIndex& L, const Group& w, const Tensor& dh,
                                  const Tensor& x, const TokenBatch& batch, LayerActivations& a);
   double run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward);
-  // The dispatcher of schedules.dispatch for this world size (see the file comment).
-  std::unique_ptr<schedules::ExpertDispatch> make_dispatch();
   std::vector<schedules::ExpertWeights> local_experts_of(int layer) const;
   // Mixtral's auxiliary load-balancing loss (router_aux_loss_coef > 0), HF's formula over all
   // layers and the job's tokens: adds each layer's column sums of the router probabilities,
@@ -154,7 +156,7 @@ class MixtralModel {
   std::vector<double> router_prob_sums_;  // per expert, over all layers of the current forward
   OwnedTensor aux_dprobs_;                // (E) d(coef * aux)/d probs, during backward
   std::unique_ptr<schedules::CheckpointBoundaries> boundaries_;  // per schedules.checkpoint
-  std::unique_ptr<schedules::RingDtpVocab> ring_vocab_;  // schedules.vocab = "ring_dtp", else null
+  std::unique_ptr<schedules::VocabProjection> vocab_;            // per schedules.vocab
   // Per layer, made on its first forward (PipelinedLLEP's constructor is collective: every rank
   // reaches it at the same layer) and kept across steps.
   std::vector<std::unique_ptr<schedules::ExpertDispatch>> dispatchers_;

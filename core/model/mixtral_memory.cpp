@@ -11,7 +11,8 @@
 #include "core/runtime/arena.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
-#include "ops/schedules/dispatch_pipelined_llep.h"
+#include "ops/schedules/checkpoint_choice.h"
+#include "ops/schedules/dispatch_choice.h"
 #include "ops/schedules/ulysses.h"
 
 namespace moepeak {
@@ -25,7 +26,7 @@ int64_t numel(const Shape& s) { return s.numel(); }
 
 // Layers whose activations are live at once during backward.
 int64_t resident_layers(const ModelConfig& model, CheckpointSchedule checkpoint) {
-  return checkpoint == CheckpointSchedule::none ? model.num_hidden_layers : 1;
+  return schedules::resident_layers(checkpoint, model.num_hidden_layers);
 }
 
 schedules::UlyssesLayout layout_of(const ModelConfig& m, int64_t B, int64_t T, int world,
@@ -83,24 +84,14 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
   const uint64_t Q = fp(N * nh * d * b), KV = fp(N * nkv * d * b);
   const uint64_t Qh = fp(numel(U.heads_shape(schedules::HeadKind::query)) * b);
   const uint64_t KVh = fp(numel(U.heads_shape(schedules::HeadKind::kv)) * b);
-  const bool none = s.checkpoint == CheckpointSchedule::none;
+  const bool none = !schedules::recomputes_layers(s.checkpoint);  // every layer's activations kept
   const bool aux = m.router_aux_loss_coef != 0.0;
 
   // The trainer's batch: input ids, labels, positions (i64), for the whole run.
   const uint64_t batch_tensors = 3 * fp(8 * N);
-  // The dispatchers' small count exchanges (workspace, during their forward's planning):
-  // ExpertParallelDispatch "dispatch counts" (3, E) i64; LlepDispatch "llep counts"
-  // ((W+1)(E+1)) i64; PipelinedLlepDispatch its tokens ((W+1)) and counts ((W+1) K E) i64.
-  uint64_t counts = 0;
-  if (s.dispatch == DispatchSchedule::standard) {
-    counts = world > 1 ? fp(3 * E * 8) : 0;
-  } else if (s.dispatch == DispatchSchedule::llep) {
-    counts = fp((world + 1) * (E + 1) * 8);
-  } else {
-    const auto shape =
-        schedules::pipelined_llep_shape(N, k, world, schedules::pipelined_llep_params(s));
-    counts = std::max(fp((world + 1) * 8), fp((world + 1) * shape.chunks * E * 8));
-  }
+  // The dispatcher's small count exchange (workspace, during its forward's planning).
+  const uint64_t counts = schedules::dispatch_workspace_bytes(
+      s, {N, k, H, m.intermediate_size, E, world, resident_layers(m, s.checkpoint), dtype});
   // The load-balancing loss: its per-expert gradient (E) from the head to the end of backward,
   // and the all-reduce of the probability sums in each layer's forward (W > 1).
   const uint64_t aux_dprobs = aux ? fp(E * b) : 0;

@@ -51,12 +51,14 @@
 #include "core/model/mixtral_params.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/tensor.h"
+#include "ops/schedules/vocab.h"
 
 namespace moepeak {
 
 // How the LM head is stored: ZeRO-3 like every dense tensor (gathered for the materialised
-// projection), or by vocabulary rows for Ring-DTP.
-enum class LmHeadSharding { zero3, vocab_rows };
+// projection), or by vocabulary rows for Ring-DTP. The vocabulary schedule's choice
+// (schedules::lm_head_sharding, ops/schedules/vocab_choice.h).
+using schedules::LmHeadSharding;
 
 // Rank r's LM-head rows [begin, end) under LmHeadSharding::vocab_rows: floor(r*V/W) ..
 // floor((r+1)*V/W). Requires V >= W.

@@ -1,5 +1,7 @@
-// make_plan: each live set's term from its schedule's own byte function (see plan.h and
-// docs/plan.md for the table of functions). Test: ctest -R test_plan
+// make_plan: one small function per live-set term, each from its schedule's choice point
+// (ops/schedules/*_choice.h: the bytes of the configured schedule, its formula and its name) or
+// the model's own functions (see plan.h and docs/plan.md for the table of functions).
+// Test: ctest -R 'test_plan|test_schedule_choice'
 #include "core/plan/plan.h"
 
 #include <algorithm>
@@ -11,29 +13,17 @@
 #include "core/model/zero_params.h"
 #include "core/runtime/backend.h"
 #include "core/units.h"
-#include "ops/schedules/adamw_host_state.h"
-#include "ops/schedules/adamw_offload_serial.h"
-#include "ops/schedules/adamw_offload_stream.h"
-#include "ops/schedules/adamw_resident.h"
-#include "ops/schedules/checkpoint_sco.h"
-#include "ops/schedules/checkpoint_standard.h"
-#include "ops/schedules/dispatch_expert_parallel.h"
-#include "ops/schedules/dispatch_llep.h"
-#include "ops/schedules/dispatch_pipelined_llep.h"
-#include "ops/schedules/dispatch_standard.h"
-#include "ops/schedules/llep_experts.h"
-#include "ops/schedules/vocab_materialized.h"
-#include "ops/schedules/vocab_ring_dtp.h"
+#include "ops/schedules/checkpoint_choice.h"
+#include "ops/schedules/dispatch_choice.h"
+#include "ops/schedules/optimizer_choice.h"
+#include "ops/schedules/vocab_choice.h"
 #include "topology/auto_budget.h"
 
 namespace moepeak {
 namespace {
 
 std::string args(std::initializer_list<std::pair<const char*, int64_t>> kv) {
-  std::string s;
-  for (const auto& [k, v] : kv)
-    s += (s.empty() ? "" : ", ") + std::string(k) + "=" + std::to_string(v);
-  return s;
+  return schedules::formula_args(kv);
 }
 
 double pct(uint64_t part, uint64_t whole) {
@@ -81,9 +71,20 @@ PlanInputs plan_inputs(const Config& cfg, int world) {
   return in;
 }
 
-Plan make_plan(const Config& cfg, const PlanInputs& in) {
+namespace {
+
+// The shapes every term is a function of (N for the largest rank).
+struct PlanSizes {
+  int W = 1;
+  DType dt = DType::f32;
+  int64_t B = 0, T = 0, N = 0;
+  int64_t H = 0, F = 0, V = 0, L = 0, k = 0, E = 0;
+};
+
+// Throws (naming the key) for a config the model cannot lay out on W ranks or whose shapes are
+// not positive.
+void check_plan_inputs(const Config& cfg, const PlanInputs& in) {
   const ModelConfig& m = cfg.model;
-  const SchedulesConfig& s = cfg.schedules;
   check_positive("training.batch_size", in.batch);
   check_positive("training.seq_len", in.seq_len);
   check_positive("model.hidden_size", m.hidden_size);
@@ -96,203 +97,136 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
     MOEPEAK_INPUT_ERROR("this config cannot be laid out on W = ", in.world,
                         " ranks: ", nested_message(e));
   }
-  if (s.vocab == VocabSchedule::ring_dtp && m.vocab_size < in.world) {
-    MOEPEAK_INPUT_ERROR("schedules.vocab = \"ring_dtp\" needs model.vocab_size (", m.vocab_size,
-                        ") >= the world size (", in.world, ")");
-  }
+  schedules::check_vocab_schedule(cfg.schedules, m.vocab_size, in.world);
+}
 
-  Plan p;
-  p.inputs = in;
-  const int W = in.world;
-  const DType dt = in.dtype;
-  const int64_t N = in.batch * in.seq_len / W, H = m.hidden_size, F = m.intermediate_size;
-  const int64_t V = m.vocab_size, L = m.num_hidden_layers, k = m.num_experts_per_tok;
-  p.tokens_per_rank = N;
-  auto set = [&](LiveSet ls, uint64_t bytes, std::string function, std::string_view schedule) {
-    p.terms[static_cast<size_t>(ls)] =
-        PlanTerm{ls, bytes, std::move(function), std::string(schedule)};
-  };
+PlanSizes sizes_of(const Config& cfg, const PlanInputs& in) {
+  const ModelConfig& m = cfg.model;
+  PlanSizes z;
+  z.W = in.world;
+  z.dt = in.dtype;
+  z.B = in.batch;
+  z.T = in.seq_len;
+  z.N = in.batch * in.seq_len / in.world;
+  z.H = m.hidden_size;
+  z.F = m.intermediate_size;
+  z.V = m.vocab_size;
+  z.L = m.num_hidden_layers;
+  z.k = m.num_experts_per_tok;
+  z.E = m.num_local_experts;
+  return z;
+}
 
-  // weights, grads: the persistent shards + local experts, and the largest gathered group.
-  const LmHeadSharding head = lm_head_sharding(s.vocab);
-  const ZeroBytes zp = zero_persistent_bytes(m, dt, W, head);
-  const ZeroBytes zg = zero_largest_gathered_bytes(m, dt, W, head);
-  const int64_t P = zero_persistent_elements(m, W, head);
-  const std::string zargs =
-      "(W=" + std::to_string(W) + (head == LmHeadSharding::vocab_rows ? ", vocab_rows)" : ")");
-  set(LiveSet::weights, zp.weights + zg.weights,
-      "zero_persistent_bytes" + zargs + " + zero_largest_gathered_bytes" + zargs,
-      head == LmHeadSharding::vocab_rows ? "zero3+vocab_rows" : "zero3");
-  set(LiveSet::grads, zp.grads + zg.grads,
-      "zero_persistent_bytes" + zargs + " + zero_largest_gathered_bytes" + zargs,
-      head == LmHeadSharding::vocab_rows ? "zero3+vocab_rows" : "zero3");
+void set(Plan& p, LiveSet ls, uint64_t bytes, std::string function, std::string_view schedule) {
+  p.terms[static_cast<size_t>(ls)] =
+      PlanTerm{ls, bytes, std::move(function), std::string(schedule)};
+}
 
-  // optimizer (device) and its host state: fp32 (docs/design.md#the-schedules; the CPU optimizers
-  // keep it in the compute dtype, f32 there). With bf16 working weights the resident state is an
-  // fp32 master, m and v (adamw_resident_bytes of the working dtype); the offloaded state is fp32
-  // either way.
-  const OptimizerConfig& o = cfg.optimizer;
-  const DType st = DType::f32;
-  const std::string_view placement = enum_name(o.placement);
-  uint64_t host_before_sco = 0;
-  switch (o.placement) {
-    case OptimizerPlacement::resident:
-      set(LiveSet::optimizer, schedules::adamw_resident_bytes(P, dt),
-          "adamw_resident_bytes(" + args({{"P", P}}) + ")", placement);
-      break;
-    case OptimizerPlacement::offload_serial: {
-      set(LiveSet::optimizer, 0, "0 (host AdamW)", placement);
-      const uint64_t state = schedules::adamw_offload_host_bytes(P, st);
-      const uint64_t grads = schedules::adamw_offload_serial_grad_bytes(P, st);
-      p.host.push_back(
-          {"optimizer_state", state, "adamw_offload_host_bytes(" + args({{"P", P}}) + ")"});
-      p.host.push_back({"optimizer_grad_copy", grads,
-                        "adamw_offload_serial_grad_bytes(" + args({{"P", P}}) + ")"});
-      host_before_sco = state + grads;
-      break;
-    }
-    case OptimizerPlacement::offload_stream: {
-      const auto shape = schedules::offload_stream_shape(P, o.bucket_params, o.staging_slots);
-      set(LiveSet::optimizer, schedules::adamw_offload_stream_bytes(shape.bucket, shape.slots, st),
-          "adamw_offload_stream_bytes(" + args({{"bucket", shape.bucket}, {"slots", shape.slots}}) +
-              ")",
-          placement);
-      const uint64_t state = schedules::adamw_offload_host_bytes(P, st);
-      p.host.push_back(
-          {"optimizer_state", state, "adamw_offload_host_bytes(" + args({{"P", P}}) + ")"});
-      host_before_sco = state;
-      break;
-    }
-  }
+void set(Plan& p, LiveSet ls, schedules::ScheduleBytes b) {
+  set(p, ls, b.bytes, std::move(b.function), b.schedule);
+}
 
-  // attention, workspace: the model's own functions.
-  set(LiveSet::attention, attention_bytes(m, in.batch, in.seq_len, W, s.checkpoint, dt),
-      "attention_bytes(" + args({{"B", in.batch}, {"T", in.seq_len}, {"W", W}}) + ")",
-      W > 1 ? "ulysses" : "local");
-  set(LiveSet::workspace, workspace_bytes(m, in.batch, in.seq_len, W, s, dt),
-      "workspace_bytes(" + args({{"B", in.batch}, {"T", in.seq_len}, {"W", W}}) + ")", "model");
+void add_host(Plan& p, const std::vector<schedules::HostBytes>& host) {
+  for (const schedules::HostBytes& h : host) p.host.push_back({h.name, h.bytes, h.function});
+}
 
-  // dispatch.
-  const int64_t layers_resident = s.checkpoint == CheckpointSchedule::none ? L : 1;
-  const std::string dargs = args({{"N", N}, {"k", k}, {"H", H}, {"F", F}});
-  switch (s.dispatch) {
-    case DispatchSchedule::standard:
-      if (W == 1) {
-        set(LiveSet::dispatch, schedules::dispatch_standard_bytes(N, k, H, F, dt, layers_resident),
-            "dispatch_standard_bytes(" + dargs + ", layers=" + std::to_string(layers_resident) +
-                ")",
-            "standard");
-      } else {
-        // The worst case R = W*N*k (every token to this rank's experts). NOTES: without
-        // checkpointing every layer keeps its dispatcher's buffers; the function has no layer
-        // count, so the bound is L times it (loose, documented in docs/plan.md).
-        const uint64_t one = schedules::dispatch_expert_parallel_bytes(N, k, H, F, dt, W * N * k);
-        set(LiveSet::dispatch, static_cast<uint64_t>(layers_resident) * one,
-            (layers_resident > 1 ? std::to_string(layers_resident) + " x " : std::string()) +
-                "dispatch_expert_parallel_bytes(" + dargs +
-                ", R=W*N*k=" + std::to_string(W * N * k) + ")",
-            "standard");
-      }
-      break;
-    case DispatchSchedule::llep: {
-      const schedules::LlepParams lp{s.llep_alpha, s.llep_lambda, s.min_tokens_per_gemm};
-      const uint64_t one = schedules::llep_dispatch_bytes(N, k, H, F, dt, W, lp);
-      set(LiveSet::dispatch, static_cast<uint64_t>(layers_resident) * one,
-          (layers_resident > 1 ? std::to_string(layers_resident) + " x " : std::string()) +
-              "llep_dispatch_bytes(" + dargs + ", W=" + std::to_string(W) + ")",
-          "llep");
-      break;
-    }
-    case DispatchSchedule::pipelined_llep: {
-      const auto pp = schedules::pipelined_llep_params(s);
-      const auto shape = schedules::pipelined_llep_shape(N, k, W, pp);
-      set(LiveSet::dispatch, schedules::pipelined_llep_dispatch_bytes(N, k, H, F, dt, W, pp),
-          "pipelined_llep_dispatch_bytes(" + dargs + ", W=" + std::to_string(W) + ", K=" +
-              std::to_string(shape.chunks) + ", c_eff=" + std::to_string(shape.chunk_tokens) + ")",
-          "pipelined_llep");
-      break;
-    }
-  }
+// weights, grads: the persistent shards + local experts, and the largest gathered group, with the
+// LM head as the vocabulary schedule stores it.
+void add_weights_and_grads(Plan& p, const Config& cfg, const PlanSizes& z) {
+  const LmHeadSharding head = lm_head_sharding(cfg.schedules.vocab);
+  const bool rows = head == LmHeadSharding::vocab_rows;
+  const ZeroBytes zp = zero_persistent_bytes(cfg.model, z.dt, z.W, head);
+  const ZeroBytes zg = zero_largest_gathered_bytes(cfg.model, z.dt, z.W, head);
+  const std::string zargs = "(W=" + std::to_string(z.W) + (rows ? ", vocab_rows)" : ")");
+  const std::string function =
+      "zero_persistent_bytes" + zargs + " + zero_largest_gathered_bytes" + zargs;
+  const std::string_view schedule = rows ? "zero3+vocab_rows" : "zero3";
+  set(p, LiveSet::weights, zp.weights + zg.weights, function, schedule);
+  set(p, LiveSet::grads, zp.grads + zg.grads, function, schedule);
+}
 
-  // LLEP's weight spilling (W > 1): a helper's copies of spilled experts in `weights` and, in
-  // backward, their gradient buffers plus the owner's returned-gradient scratch in `grads`.
-  // LlepDispatch holds its copies from forward to backward (L layers at once under `none`);
-  // PipelinedLLEP allocates them inside each forward / backward call (one layer, K chunk plans).
-  if (W > 1 &&
-      (s.dispatch == DispatchSchedule::llep || s.dispatch == DispatchSchedule::pipelined_llep)) {
-    const int64_t E = m.num_local_experts;
-    const schedules::LlepParams lp{s.llep_alpha, s.llep_lambda, s.min_tokens_per_gemm};
-    int64_t capacity = 0, plans = 0, layers = 1;
-    if (s.dispatch == DispatchSchedule::llep) {
-      capacity = std::max<int64_t>(1, schedules::llep_receive_capacity(N * k, W, lp));
-      plans = 1;
-      layers = layers_resident;
-    } else {
-      const auto shape =
-          schedules::pipelined_llep_shape(N, k, W, schedules::pipelined_llep_params(s));
-      capacity = std::max<int64_t>(1, shape.receive_rows);
-      plans = shape.chunks;
-    }
-    const schedules::LlepSpillCopyBytes spill =
-        schedules::llep_spill_copy_bytes(E, W, H, F, dt, capacity, plans, lp);
-    const std::string f =
-        "llep_spill_copy_bytes(" +
-        args({{"E", E}, {"W", W}, {"H", H}, {"F", F}, {"cap", capacity}, {"plans", plans}}) +
-        ", copies=" + std::to_string(spill.copies) + ")";
-    const std::string times = layers > 1 ? std::to_string(layers) + " x " : std::string();
+// optimizer (device) and its host state, for this rank's P flat parameter elements. Returns the
+// host bytes it holds (live in the pinned pool when a step starts).
+uint64_t add_optimizer(Plan& p, const Config& cfg, const PlanSizes& z) {
+  const int64_t P = zero_persistent_elements(cfg.model, z.W, lm_head_sharding(cfg.schedules.vocab));
+  schedules::OptimizerBytes o = schedules::optimizer_bytes(cfg.optimizer, P, z.dt);
+  set(p, LiveSet::optimizer, std::move(o.device));
+  add_host(p, o.host);
+  return o.host_total();
+}
+
+// attention: the model's own function (with Ulysses' staging when W > 1).
+void add_attention(Plan& p, const Config& cfg, const PlanSizes& z) {
+  set(p, LiveSet::attention,
+      attention_bytes(cfg.model, z.B, z.T, z.W, cfg.schedules.checkpoint, z.dt),
+      "attention_bytes(" + args({{"B", z.B}, {"T", z.T}, {"W", z.W}}) + ")",
+      z.W > 1 ? "ulysses" : "local");
+}
+
+// workspace: the model's own function.
+void add_workspace(Plan& p, const Config& cfg, const PlanSizes& z) {
+  set(p, LiveSet::workspace, workspace_bytes(cfg.model, z.B, z.T, z.W, cfg.schedules, z.dt),
+      "workspace_bytes(" + args({{"B", z.B}, {"T", z.T}, {"W", z.W}}) + ")", "model");
+}
+
+// dispatch, and what the dispatcher adds to weights and grads (LLEP's spilled-expert copies).
+void add_dispatch(Plan& p, const Config& cfg, const PlanSizes& z) {
+  const SchedulesConfig& s = cfg.schedules;
+  const schedules::DispatchShape shape{
+      z.N, z.k, z.H, z.F, z.E, z.W, schedules::resident_layers(s.checkpoint, z.L), z.dt};
+  set(p, LiveSet::dispatch, schedules::dispatch_bytes(s, shape));
+  if (const auto spill = schedules::dispatch_spill_bytes(s, shape)) {
     PlanTerm& wt = p.terms[static_cast<size_t>(LiveSet::weights)];
-    wt.bytes += static_cast<uint64_t>(layers) * spill.weights;
-    wt.function += " + " + times + f + ".weights";
-    wt.schedule += "+" + std::string(enum_name(s.dispatch));
+    wt.bytes += spill->weights;
+    wt.function += " + " + spill->weights_function;
+    wt.schedule += "+" + spill->schedule;
     PlanTerm& gt = p.terms[static_cast<size_t>(LiveSet::grads)];
-    gt.bytes += static_cast<uint64_t>(layers) * spill.grads + spill.scratch;
-    gt.function += " + " + times + f + ".grads + .scratch";
-    gt.schedule += "+" + std::string(enum_name(s.dispatch));
+    gt.bytes += spill->grads;
+    gt.function += " + " + spill->grads_function;
+    gt.schedule += "+" + spill->schedule;
   }
+}
 
-  // logits.
-  if (s.vocab == VocabSchedule::materialized) {
-    set(LiveSet::logits, schedules::vocab_materialized_bytes(N, V, dt),
-        "vocab_materialized_bytes(" + args({{"N", N}, {"V", V}}) + ")", "materialized");
-  } else {
-    set(LiveSet::logits,
-        schedules::ring_dtp_bytes(N, H, V, W, s.vocab_strip, s.vocab_kept_strips, s.ring_payload,
-                                  dt),
-        "ring_dtp_bytes(" +
-            args({{"N", N},
-                  {"H", H},
-                  {"V", V},
-                  {"P", W},
-                  {"strip", s.vocab_strip},
-                  {"kept", s.vocab_kept_strips}}) +
-            ", " + std::string(enum_name(s.ring_payload)) + ")",
-        "ring_dtp");
-  }
+// logits: the vocabulary schedule's.
+void add_logits(Plan& p, const Config& cfg, const PlanSizes& z) {
+  set(p, LiveSet::logits, schedules::vocab_bytes(cfg.schedules, {z.N, z.H, z.V, z.W, z.dt}));
+}
 
-  // boundaries (device) and SCO's pinned block.
-  if (s.checkpoint == CheckpointSchedule::sco) {
-    // "auto": the pool's budget less what is live in it when the step starts (the optimizer's
-    // host state), as sco_host_budget resolves it in the run.
-    const uint64_t budget = s.sco_host_budget_bytes().value_or(
-        in.host_budget > host_before_sco ? in.host_budget - host_before_sco : 0);
-    p.sco_offloaded_layers = schedules::sco_offloaded_layers(L, N, H, dt, budget);
-    set(LiveSet::boundaries, schedules::sco_boundaries_bytes(L, p.sco_offloaded_layers, N, H, dt),
-        "sco_boundaries_bytes(" +
-            args({{"L", L}, {"S", p.sco_offloaded_layers}, {"N", N}, {"H", H}}) + ")",
-        "sco");
-    p.host.push_back(
-        {"sco_boundaries", schedules::sco_host_bytes(p.sco_offloaded_layers, N, H, dt),
-         "sco_host_bytes(" + args({{"S", p.sco_offloaded_layers}, {"N", N}, {"H", H}}) + ")"});
-  } else {
-    set(LiveSet::boundaries, schedules::boundaries_standard_bytes(L, N, H, dt),
-        "boundaries_standard_bytes(" + args({{"L", L}, {"N", N}, {"H", H}}) + ")",
-        enum_name(s.checkpoint));
-  }
+// boundaries (device) and SCO's pinned block; `host_live` is what the optimizer holds in the
+// pool when a step starts (SCO's "auto" budget is the rest).
+void add_boundaries(Plan& p, const Config& cfg, const PlanSizes& z, uint64_t host_live) {
+  schedules::BoundariesBytes b = schedules::boundaries_bytes(
+      cfg.schedules, {z.L, z.N, z.H, z.dt, p.inputs.host_budget, host_live});
+  p.sco_offloaded_layers = b.offloaded_layers;
+  set(p, LiveSet::boundaries, std::move(b.device));
+  add_host(p, b.host);
+}
 
+void add_totals(Plan& p) {
   for (const PlanTerm& t : p.terms) p.total += t.bytes;
   for (const HostTerm& h : p.host) p.host_total += h.bytes;
-  p.device_fits = p.total <= in.capacity;
-  p.host_fits = p.host_total <= in.host_budget;
+  p.device_fits = p.total <= p.inputs.capacity;
+  p.host_fits = p.host_total <= p.inputs.host_budget;
+}
+
+}  // namespace
+
+// A list of terms, one per live set, in the order their inputs need (the spill copies join the
+// weights and grads with the dispatch term; SCO's "auto" budget follows the optimizer's host).
+Plan make_plan(const Config& cfg, const PlanInputs& in) {
+  check_plan_inputs(cfg, in);
+  const PlanSizes z = sizes_of(cfg, in);
+  Plan p;
+  p.inputs = in;
+  p.tokens_per_rank = z.N;
+  add_weights_and_grads(p, cfg, z);
+  const uint64_t optimizer_host = add_optimizer(p, cfg, z);
+  add_attention(p, cfg, z);
+  add_workspace(p, cfg, z);
+  add_dispatch(p, cfg, z);
+  add_logits(p, cfg, z);
+  add_boundaries(p, cfg, z, optimizer_host);
+  add_totals(p);
   return p;
 }
 

@@ -26,6 +26,7 @@
 #include "ops/elementwise.h"
 #include "ops/fill.h"
 #include "ops/schedules/optimizer.h"
+#include "ops/schedules/optimizer_choice.h"
 #include "topology/auto_budget.h"
 #include "topology/binding.h"
 
@@ -96,7 +97,7 @@ void check_supported(const Config& cfg) {
         "\"float32\"");
   }
   // Every schedule of every live set is available (schedules.dispatch included: standard, llep,
-  // pipelined_llep on any W that divides the experts; see MixtralModel::make_dispatch).
+  // pipelined_llep on any W that divides the experts; see schedules::make_dispatch).
 }
 
 // "adamw offload_stream (bucket_params 1048576, staging_slots 3)" for the log.

@@ -5,7 +5,7 @@
 //   ExpertParallelDispatch  W ranks, one all_to_all_v each way      (dispatch_expert_parallel.h)
 //   LlepDispatch            W ranks, least-loaded placement of rows  (dispatch_llep.h)
 //   PipelinedLlepDispatch   LLEP per chunk, buffers fixed at launch  (dispatch_pipelined_llep.h)
-// The model picks one from schedules.dispatch (MixtralModel::make_dispatch).
+// The model picks one from schedules.dispatch (make_dispatch, dispatch_choice.h).
 //
 //   x       (N, H)   this rank's tokens
 //   index   (N, k)   i32 top-k expert ids (global, in [0, E)), weight (N, k) their weights
@@ -30,13 +30,17 @@ class ExpertDispatch {
  public:
   virtual ~ExpertDispatch() = default;
   // Forward: out += MoE(x). Keeps what backward needs until backward() or release().
-  // PipelinedLlepDispatch also takes an undefined `out` (plan only, for a checkpoint recompute).
+  // A dispatcher whose supports_plan_only() is true (PipelinedLlepDispatch) also takes an
+  // undefined `out` (plan only, for a checkpoint recompute).
   virtual void forward(const Tensor& x, const Tensor& index, const Tensor& weight,
                        const std::vector<ExpertWeights>& experts, const Tensor& out) = 0;
   // Backward from dout (N, H): dx (N, H) +=, dweight (N, k) =, expert weight grads +=.
   virtual void backward(const Tensor& dout, const std::vector<ExpertWeights>& experts,
                         const Tensor& dx, const Tensor& dweight) = 0;
   virtual void release() = 0;
+  // Whether forward() with an undefined `out` only plans what backward needs (a recompute whose
+  // output is dropped then saves the dispatch and the expert GEMMs).
+  virtual bool supports_plan_only() const { return false; }
   // Rows each expert received in the last forward, over the whole job (E entries; metrics and
   // the auxiliary load-balancing loss).
   virtual const std::vector<int64_t>& expert_counts() const = 0;

@@ -208,6 +208,7 @@ class PipelinedLlepDispatch final : public ExpertDispatch {
   void backward(const Tensor& dout, const std::vector<ExpertWeights>& local_experts,
                 const Tensor& dx, const Tensor& dweight) override;
   void release() override;
+  bool supports_plan_only() const override { return true; }
   // Rows each expert received in the last forward, summed over chunks and ranks (E entries).
   const std::vector<int64_t>& expert_counts() const override { return counts_; }
 

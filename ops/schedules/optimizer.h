@@ -95,9 +95,6 @@ class Optimizer {
   virtual void load_master_from_weights(Stream& stream) = 0;
 };
 
-// The optimizer optimizer.placement names, over this rank's pieces of `params`.
-// host_threads: threads of the serial offload's host AdamW (<= 0: every core).
-std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const OptimizerParams& params,
-                                          const OptimizerConfig& config, int host_threads = 0);
+// make_optimizer, the optimizer optimizer.placement names, and its bytes: optimizer_choice.h.
 
 }  // namespace moepeak::schedules

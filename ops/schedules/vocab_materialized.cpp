@@ -40,4 +40,9 @@ void MaterializedVocab::backward(const Tensor& x, const Tensor& lm_head, const T
   logits_.reset();
 }
 
+void MaterializedVocab::release() {
+  logits_.reset();
+  labels_ = Tensor();
+}
+
 }  // namespace moepeak::schedules

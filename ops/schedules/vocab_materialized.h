@@ -12,6 +12,7 @@
 
 #include "core/runtime/backend.h"
 #include "core/runtime/tensor.h"
+#include "ops/schedules/vocab.h"
 
 namespace moepeak::schedules {
 
@@ -19,14 +20,18 @@ namespace moepeak::schedules {
 // gradient) and the per-token losses.
 uint64_t vocab_materialized_bytes(int64_t tokens, int64_t vocab, DType dtype);
 
-class MaterializedVocab {
+class MaterializedVocab final : public VocabProjection {
  public:
   MaterializedVocab(Backend& backend, Stream& stream, DType dtype);
 
   // Returns the summed loss of the scored tokens times loss_scale (synchronises the stream).
-  double forward(const Tensor& x, const Tensor& lm_head, const Tensor& labels, double loss_scale);
+  double forward(const Tensor& x, const Tensor& lm_head, const Tensor& labels,
+                 double loss_scale) override;
   // dx (N, H) =, dlm_head (V, H) +=. Releases the logits.
-  void backward(const Tensor& x, const Tensor& lm_head, const Tensor& dx, const Tensor& dlm_head);
+  void backward(const Tensor& x, const Tensor& lm_head, const Tensor& dx,
+                const Tensor& dlm_head) override;
+  // Drops the logits without a backward (evaluation).
+  void release() override;
 
  private:
   Backend& backend_;

@@ -62,6 +62,7 @@
 #include "core/config/config.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/tensor.h"
+#include "ops/schedules/vocab.h"
 
 namespace moepeak::schedules {
 
@@ -126,14 +127,14 @@ RingDtpBytes ring_dtp_memory(int64_t tokens, int64_t hidden, int64_t vocab, int 
 uint64_t ring_dtp_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int ranks, int64_t strip,
                         int64_t kept, VocabPayload payload, DType dtype);
 
-class RingDtpVocab {
+class RingDtpVocab final : public VocabProjection {
  public:
   // vocab: the global V; payload: auto | activations | weights; strip: columns per strip, 0 =
   // whole shard; kept: strips kept from forward to backward (at most the strips formed).
   // Duplicates `comm` (collective) for the ring's traffic when P > 1.
   RingDtpVocab(Backend& backend, Stream& stream, Comm& comm, DType dtype, int64_t vocab,
                VocabPayload payload = VocabPayload::automatic, int64_t strip = 0, int64_t kept = 0);
-  ~RingDtpVocab();
+  ~RingDtpVocab() override;
   RingDtpVocab(const RingDtpVocab&) = delete;
   RingDtpVocab& operator=(const RingDtpVocab&) = delete;
 
@@ -144,13 +145,13 @@ class RingDtpVocab {
   // (N, 3) home state for backward. Labels must stay alive and unchanged until backward().
   // Throws naming the position and label when a label is neither -100 nor in [0, V).
   double forward(const Tensor& x, const Tensor& lm_head_shard, const Tensor& labels,
-                 double loss_scale);
+                 double loss_scale) override;
   // dx (N, H) =, dlm_head_shard (V_r, H) += (this rank's rows, summed over every rank's batch).
   // Releases the home state.
   void backward(const Tensor& x, const Tensor& lm_head_shard, const Tensor& dx,
-                const Tensor& dlm_head_shard);
+                const Tensor& dlm_head_shard) override;
   // Drops the saved state without a backward (evaluation).
-  void release();
+  void release() override;
 
   // The payload the last forward used (auto resolved for its N).
   VocabPayload payload() const { return resolved_; }
