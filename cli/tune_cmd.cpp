@@ -58,10 +58,8 @@ namespace {
 struct TuneArgs {
   ConfigArgs config;
   std::string out;
-  int repeats = 5, warmup = 1;
   std::vector<std::string> only;
-  double dispatch_tolerance = 0.03, optimizer_tolerance = 0.05, vocab_tolerance = 0.03,
-         sco_tolerance = 0.03;
+  TuneRequest request;  // --repeats, --warmup and the tolerances bind to it; --only fills sweeps
 };
 
 // The progress of the sweeps on rank 0: a bar redrawn in place when metrics.progress is "on", or
@@ -144,7 +142,7 @@ void print_tables(const Outcome& o, const TuneShape& s, const TuneArgs& args,
       "# every point: median (min..max) of %d timed repetitions after %d warm-up, the slowest "
       "rank's; "
       "* = chosen, plan: the plan with the point's values applied\n",
-      args.repeats, args.warmup);
+      args.request.repeats, args.request.warmup);
   if (o.dispatch) {
     std::printf(
         "# dispatch: PipelinedLLEP forward + backward of one MoE layer, Zipf(1.2) routing\n");
@@ -233,8 +231,8 @@ nlohmann::json curves_json(const Outcome& o, const TuneShape& s, const TuneArgs&
                       {"world_size", s.world},
                       {"config_files", args.config.files},
                       {"overrides", args.config.overrides},
-                      {"repeats", args.repeats},
-                      {"warmup", args.warmup},
+                      {"repeats", args.request.repeats},
+                      {"warmup", args.request.warmup},
                       {"shape",
                        {{"tokens_per_rank", s.tokens},
                         {"hidden_size", s.hidden},
@@ -269,7 +267,7 @@ nlohmann::json curves_json(const Outcome& o, const TuneShape& s, const TuneArgs&
     j["dispatch"] = {
         {"what", "PipelinedLLEP forward + backward of one MoE layer, Zipf(1.2) routing"},
         {"rule", "smallest c_eff within tolerance of the fastest point the plan accepts"},
-        {"tolerance", args.dispatch_tolerance},
+        {"tolerance", args.request.dispatch_tolerance},
         {"points", pts},
         {"chosen", o.dispatch_choice.index},
         {"reason", o.dispatch_choice.reason}};
@@ -291,7 +289,7 @@ nlohmann::json curves_json(const Outcome& o, const TuneShape& s, const TuneArgs&
         {"what", "one OffloadStreamAdamW step of this rank's parameters"},
         {"rule",
          "smallest staging (s x beta) within tolerance of the fastest point the plan accepts"},
-        {"tolerance", args.optimizer_tolerance},
+        {"tolerance", args.request.optimizer_tolerance},
         {"points", pts},
         {"floor_s", o.optimizer_sweep.floor_s},
         {"h2d_bytes_per_s", o.optimizer_sweep.h2d_bytes_per_s},
@@ -315,7 +313,7 @@ nlohmann::json curves_json(const Outcome& o, const TuneShape& s, const TuneArgs&
         {"rule",
          "the faster payload the plan accepts with no strips kept; then the fewest kept strips "
          "within tolerance of that payload's fastest point the plan accepts"},
-        {"tolerance", args.vocab_tolerance},
+        {"tolerance", args.request.vocab_tolerance},
         {"points", pts},
         {"chosen", o.kept_choice.index},
         {"reason", o.vocab_choice.reason + "; " + o.kept_choice.reason}};
@@ -335,7 +333,7 @@ nlohmann::json curves_json(const Outcome& o, const TuneShape& s, const TuneArgs&
     }
     j["sco"] = {{"what", "a model step's forward + backward, standard checkpointing vs SCO"},
                 {"rule", "most offloaded layers with overhead within tolerance of standard"},
-                {"tolerance", args.sco_tolerance},
+                {"tolerance", args.request.sco_tolerance},
                 {"standard", timing_json(o.sco_sweep.standard)},
                 {"standard_boundaries_bytes", o.sco_sweep.standard_boundaries},
                 {"points", pts},
@@ -537,28 +535,22 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
   const RankInfo ranks = join_ranks();
   const bool root = ranks.rank == 0;
   const int W = ranks.world_size;
-  TuneRequest request;
+  TuneRequest request = args.request;
   if (!args.only.empty()) request.sweeps = {args.only.begin(), args.only.end()};
   const std::set<std::string>& only = request.sweeps;
-  request.warmup = args.warmup;
-  request.repeats = args.repeats;
-  request.dispatch_tolerance = args.dispatch_tolerance;
-  request.optimizer_tolerance = args.optimizer_tolerance;
-  request.vocab_tolerance = args.vocab_tolerance;
-  request.sco_tolerance = args.sco_tolerance;
   const TuneGrids grids = tune_grids(cfg, W, request);
   const TuneShape& shape = grids.shape;
   SweepRun run;
-  run.warmup = args.warmup;
-  run.repeats = args.repeats;
+  run.warmup = args.request.warmup;
+  run.repeats = args.request.repeats;
   if (root) {
     std::printf(
         "# moepeak tune: %d points to measure (dispatch %zu, optimizer %zu, vocab %zu, sco %d "
         "steps) on "
         "W = %d rank%s, %d repetitions each after %d warm-up\n",
         grids.ticks, grids.dispatch_grid.size(), grids.optimizer_grid.size(),
-        grids.vocab_grid.size(), grids.sco ? sco_ticks(run) : 0, W, W == 1 ? "" : "s", args.repeats,
-        args.warmup);
+        grids.vocab_grid.size(), grids.sco ? sco_ticks(run) : 0, W, W == 1 ? "" : "s",
+        args.request.repeats, args.request.warmup);
     std::fflush(stdout);
   }
   Outcome o;
@@ -621,7 +613,7 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
     MOEPEAK_CHECK(reloaded_plan.fits() && reloaded.schedules == base.schedules &&
                       reloaded.optimizer == base.optimizer,
                   "tune: tuned.toml does not re-load to the chosen settings");
-    for (const auto& [name, svg] : plots(o, shape, args.sco_tolerance))
+    for (const auto& [name, svg] : plots(o, shape, args.request.sco_tolerance))
       write_file_atomically(out_dir + "/" + name, svg);
     write_file_atomically(out_dir + "/curves.json",
                           curves_json(o, shape, args, final_plan, command).dump(2) + "\n");
@@ -646,23 +638,25 @@ void register_tune_command(CLI::App& app, Context& ctx) {
   add_config_options(*cmd, args.config);
   cmd->add_option("--out", args.out, "directory for tuned.toml, curves.json and the plots")
       ->required();
-  cmd->add_option("--repeats", args.repeats, "timed repetitions per point (the median is used)")
+  cmd->add_option("--repeats", args.request.repeats,
+                  "timed repetitions per point (the median is used)")
       ->check(CLI::Range(1, 1000));
-  cmd->add_option("--warmup", args.warmup, "untimed repetitions first")->check(CLI::Range(0, 1000));
+  cmd->add_option("--warmup", args.request.warmup, "untimed repetitions first")
+      ->check(CLI::Range(0, 1000));
   cmd->add_option("--only", args.only,
                   "sweeps to run (default all): dispatch, optimizer, vocab, sco")
       ->delimiter(',')
       ->check(CLI::IsMember({"dispatch", "optimizer", "vocab", "sco"}));
-  cmd->add_option("--dispatch-tolerance", args.dispatch_tolerance,
+  cmd->add_option("--dispatch-tolerance", args.request.dispatch_tolerance,
                   "the chunk rule's time tolerance over the fastest point (0.03 = 3%)")
       ->check(CLI::Range(0.0, 10.0));
-  cmd->add_option("--optimizer-tolerance", args.optimizer_tolerance,
+  cmd->add_option("--optimizer-tolerance", args.request.optimizer_tolerance,
                   "the staging rule's time tolerance over the fastest point (0.05 = 5%)")
       ->check(CLI::Range(0.0, 10.0));
-  cmd->add_option("--vocab-tolerance", args.vocab_tolerance,
+  cmd->add_option("--vocab-tolerance", args.request.vocab_tolerance,
                   "the kept-strips rule's time tolerance over the fastest point (0.03 = 3%)")
       ->check(CLI::Range(0.0, 10.0));
-  cmd->add_option("--sco-tolerance", args.sco_tolerance,
+  cmd->add_option("--sco-tolerance", args.request.sco_tolerance,
                   "the SCO rule's overhead limit over standard checkpointing (0.03 = 3%)")
       ->check(CLI::Range(0.0, 10.0));
   cmd->callback([&ctx] {
