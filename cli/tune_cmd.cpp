@@ -540,17 +540,14 @@ int run_tune(const TuneArgs& args, const Context& ctx) {
   const std::set<std::string>& only = request.sweeps;
   const TuneGrids grids = tune_grids(cfg, W, request);
   const TuneShape& shape = grids.shape;
-  SweepRun run;
-  run.warmup = args.request.warmup;
-  run.repeats = args.request.repeats;
   if (root) {
     std::printf(
         "# moepeak tune: %d points to measure (dispatch %zu, optimizer %zu, vocab %zu, sco %d "
         "steps) on "
         "W = %d rank%s, %d repetitions each after %d warm-up\n",
         grids.ticks, grids.dispatch_grid.size(), grids.optimizer_grid.size(),
-        grids.vocab_grid.size(), grids.sco ? sco_ticks(run) : 0, W, W == 1 ? "" : "s",
-        args.request.repeats, args.request.warmup);
+        grids.vocab_grid.size(), grids.sco_steps, W, W == 1 ? "" : "s", args.request.repeats,
+        args.request.warmup);
     std::fflush(stdout);
   }
   Outcome o;

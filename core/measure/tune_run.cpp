@@ -16,6 +16,24 @@ PlanCheck plan_check(const Config& cfg, const PlanInputs& in) {
   }
 }
 
+namespace {
+
+// Marks each point with whether `base` with the point's values applied (apply(config, point))
+// fits the plan, and why not.
+template <typename Point, typename Apply>
+void plan_check_points(std::vector<Point>& points, const Config& base, const PlanInputs& in,
+                       Apply&& apply) {
+  for (Point& p : points) {
+    Config c = base;
+    apply(c, p);
+    const PlanCheck pc = plan_check(c, in);
+    p.plan_fits = pc.fits;
+    p.plan_note = pc.note;
+  }
+}
+
+}  // namespace
+
 TuneGrids tune_grids(const Config& cfg, int world, const TuneRequest& request) {
   TuneGrids g;
   g.dispatch = request.sweeps.count("dispatch") > 0;
@@ -47,9 +65,10 @@ TuneGrids tune_grids(const Config& cfg, int world, const TuneRequest& request) {
   SweepRun run;
   run.warmup = request.warmup;
   run.repeats = request.repeats;
+  g.sco_steps = g.sco ? sco_ticks(run) : 0;
   g.ticks =
       static_cast<int>(g.dispatch_grid.size() + g.optimizer_grid.size() + g.vocab_grid.size()) +
-      (g.sco ? sco_ticks(run) : 0);
+      g.sco_steps;
   return g;
 }
 
@@ -75,14 +94,11 @@ TuneOutcome tune_measure_and_select(const Config& cfg, const RankInfo& ranks, co
   Config base = g.base;
   const PlanInputs& in = g.in;
   if (o.optimizer) {
-    for (tune::OptimizerPoint& p : o.optimizer_sweep.points) {
-      Config c = base;
-      c.optimizer.bucket_params = p.bucket_params;
-      c.optimizer.staging_slots = p.staging_slots;
-      const PlanCheck pc = plan_check(c, in);
-      p.plan_fits = pc.fits;
-      p.plan_note = pc.note;
-    }
+    plan_check_points(o.optimizer_sweep.points, base, in,
+                      [](Config& c, const tune::OptimizerPoint& p) {
+                        c.optimizer.bucket_params = p.bucket_params;
+                        c.optimizer.staging_slots = p.staging_slots;
+                      });
     o.optimizer_choice =
         tune::select_staging(o.optimizer_sweep.points, request.optimizer_tolerance);
     const tune::OptimizerPoint& p = o.optimizer_sweep.points[o.optimizer_choice.index];
@@ -90,14 +106,10 @@ TuneOutcome tune_measure_and_select(const Config& cfg, const RankInfo& ranks, co
     base.optimizer.staging_slots = p.staging_slots;
   }
   if (o.vocab) {
-    for (tune::VocabPoint& p : o.vocab_points) {
-      Config c = base;
+    plan_check_points(o.vocab_points, base, in, [](Config& c, const tune::VocabPoint& p) {
       c.schedules.ring_payload = enum_from_name<VocabPayload>(p.payload).value();
       c.schedules.vocab_kept_strips = p.kept_strips;
-      const PlanCheck pc = plan_check(c, in);
-      p.plan_fits = pc.fits;
-      p.plan_note = pc.note;
-    }
+    });
     const VocabPayload preferred = schedules::ring_dtp_resolve_payload(
         VocabPayload::automatic, g.shape.tokens, g.shape.vocab, g.shape.world);
     o.vocab_choice = tune::select_payload(o.vocab_points, std::string(enum_name(preferred)));
@@ -107,26 +119,18 @@ TuneOutcome tune_measure_and_select(const Config& cfg, const RankInfo& ranks, co
     base.schedules.vocab_kept_strips = o.vocab_points[o.kept_choice.index].kept_strips;
   }
   if (o.sco) {
-    for (tune::ScoPoint& p : o.sco_sweep.points) {
-      Config c = base;
+    plan_check_points(o.sco_sweep.points, base, in, [](Config& c, const tune::ScoPoint& p) {
       c.schedules.sco_host_budget = std::to_string(p.host_budget);
-      const PlanCheck pc = plan_check(c, in);
-      p.plan_fits = pc.fits;
-      p.plan_note = pc.note;
-    }
+    });
     o.sco_choice = tune::select_sco(o.sco_sweep.points, request.sco_tolerance);
     base.schedules.sco_host_budget =
         std::to_string(o.sco_sweep.points[o.sco_choice.index].host_budget);
   }
   if (o.dispatch) {
-    for (tune::DispatchPoint& p : o.dispatch_points) {
-      Config c = base;
+    plan_check_points(o.dispatch_points, base, in, [](Config& c, const tune::DispatchPoint& p) {
       c.schedules.chunk_tokens = p.chunk_tokens;
       c.schedules.max_chunks = p.max_chunks;
-      const PlanCheck pc = plan_check(c, in);
-      p.plan_fits = pc.fits;
-      p.plan_note = pc.note;
-    }
+    });
     o.dispatch_choice = tune::select_chunk(o.dispatch_points, request.dispatch_tolerance);
     base.schedules.chunk_tokens = o.dispatch_points[o.dispatch_choice.index].chunk_tokens;
     base.schedules.max_chunks = o.dispatch_points[o.dispatch_choice.index].max_chunks;

@@ -51,7 +51,8 @@ struct TuneGrids {
   std::vector<std::pair<int64_t, int64_t>> optimizer_grid;  // (beta, s)
   // (payload, K): K = 0 always, K > 0 only where the plan of `base` with it fits.
   std::vector<std::pair<VocabPayload, int64_t>> vocab_grid;
-  int ticks = 0;  // measured points + SCO steps: the progress bar's total
+  int sco_steps = 0;  // the SCO sweep's steps (sco_ticks), 0 when it does not run
+  int ticks = 0;      // measured points + SCO steps: the progress bar's total
 };
 // Error (naming the key) when the config cannot be laid out on `world` ranks.
 TuneGrids tune_grids(const Config& cfg, int world, const TuneRequest& request);
