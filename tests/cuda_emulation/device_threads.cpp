@@ -12,6 +12,8 @@
 #include <ucontext.h>
 
 #include <exception>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,7 @@ namespace {
 
 constexpr size_t kStackBytes = 256 * 1024;
 constexpr int kWarp = 32;
+constexpr size_t kMaxStaticPlusDynamicShared = 227 * 1024;  // sm_90's opt-in limit
 
 enum class State { runnable, block_barrier, warp_barrier, done };
 enum class WarpOp { sync, ballot, exchange };
@@ -40,6 +43,9 @@ struct BlockRun {
   Dim3 grid, block, block_index;
   std::vector<Fiber> fibers;
   std::vector<unsigned char> shared;
+  // Static __shared__ arrays of the block in flight, by declaration site (static_shared).
+  std::map<const void*, std::unique_ptr<unsigned char[]>> static_shared;
+  size_t static_shared_bytes = 0;
   const std::function<void()>* body = nullptr;
   ucontext_t scheduler;
   int current = -1;
@@ -143,6 +149,8 @@ void run_block(BlockRun& r, Order order) {
     makecontext(&f.context, trampoline, 0);
   }
   std::memset(r.shared.data(), 0xff, r.shared.size());
+  r.static_shared.clear();
+  r.static_shared_bytes = 0;
   for (;;) {
     for (int k = 0; k < n; ++k) {
       const int t = order == Order::forward ? k : n - 1 - k;
@@ -187,19 +195,19 @@ void launch(Dim3 grid, Dim3 block, size_t shared_bytes, const std::function<void
   r.body = &body;
   r.shared.resize(shared_bytes);
   r.fibers.resize(block.count());
-  for (Fiber& f : r.fibers) {
-    void* p =
-        mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // NOTES: stacks are mapped once per OS thread and kept (1024 x 256 KiB of address space at
+  // most; only the pages a kernel touches are ever backed).
+  thread_local std::vector<char*> stacks;
+  while (stacks.size() < r.fibers.size()) {
+    void* p = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     MOEPEAK_CHECK(p != MAP_FAILED, "cannot map a fiber stack of ", kStackBytes, " bytes");
-    f.stack = static_cast<char*>(p);
+    stacks.push_back(static_cast<char*>(p));
   }
+  for (size_t t = 0; t < r.fibers.size(); ++t) r.fibers[t].stack = stacks[t];
   struct Cleanup {
-    BlockRun& r;
-    ~Cleanup() {
-      for (Fiber& f : r.fibers) munmap(f.stack, kStackBytes);
-      g_run = nullptr;
-    }
-  } cleanup{r};
+    ~Cleanup() { g_run = nullptr; }
+  } cleanup;
   g_run = &r;
   for (unsigned z = 0; z < grid.z; ++z) {
     for (unsigned y = 0; y < grid.y; ++y) {
@@ -220,6 +228,23 @@ Dim3 block_index() { return run().block_index; }
 Dim3 block_dim() { return run().block; }
 Dim3 grid_dim() { return run().grid; }
 void* dynamic_shared() { return run().shared.data(); }
+
+void* static_shared_bytes(const void* site, size_t bytes, size_t alignment) {
+  BlockRun& r = run();
+  auto it = r.static_shared.find(site);
+  if (it == r.static_shared.end()) {
+    r.static_shared_bytes += bytes;
+    MOEPEAK_CHECK(r.static_shared_bytes + r.shared.size() <= kMaxStaticPlusDynamicShared,
+                  block_name(r), ": ", r.static_shared_bytes, " bytes of static and ",
+                  r.shared.size(), " of dynamic shared memory, over the ",
+                  kMaxStaticPlusDynamicShared, " a block can have");
+    auto storage = std::make_unique<unsigned char[]>(bytes + alignment);
+    std::memset(storage.get(), 0xff, bytes + alignment);
+    it = r.static_shared.emplace(site, std::move(storage)).first;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(it->second.get());
+  return reinterpret_cast<void*>((base + alignment - 1) / alignment * alignment);
+}
 
 void sync_threads() { wait(State::block_barrier); }
 

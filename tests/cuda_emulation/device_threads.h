@@ -47,7 +47,10 @@ Dim3 thread_index();     // threadIdx
 Dim3 block_index();      // blockIdx
 Dim3 block_dim();        // blockDim
 Dim3 grid_dim();         // gridDim
-void* dynamic_shared();  // extern __shared__ memory of this block
+void* dynamic_shared();  // extern __shared__ memory of this block, 0xff at the block's start
+// A static __shared__ array of this block (device_prelude.h's static_shared): the same storage
+// for every thread of the block that passes `site`, fresh and 0xff at the block's first call.
+void* static_shared_bytes(const void* site, size_t bytes, size_t alignment);
 
 void sync_threads();                             // __syncthreads()
 void sync_warp(unsigned mask);                   // __syncwarp(mask)
