@@ -76,9 +76,46 @@ std::string squash(std::string s) {  // one line, single spaces: the kernel's na
   return out;
 }
 
+// Whether `pos` is inside a comment or a string or character literal.
+bool in_comment_or_literal(const std::string& s, size_t pos) {
+  enum { code, line_comment, block_comment, literal } state = code;
+  char quote = 0;
+  for (size_t i = 0; i < pos; ++i) {
+    const char c = s[i], next = i + 1 < s.size() ? s[i + 1] : '\0';
+    if (state == code) {
+      if (c == '/' && next == '/') {
+        state = line_comment;
+        ++i;
+      } else if (c == '/' && next == '*') {
+        state = block_comment;
+        ++i;
+      } else if (c == '"' || c == '\'') {
+        state = literal;
+        quote = c;
+      }
+    } else if (state == line_comment) {
+      if (c == '\n') state = code;
+    } else if (state == block_comment) {
+      if (c == '*' && next == '/') {
+        state = code;
+        ++i;
+      }
+    } else if (c == '\\') {
+      ++i;  // an escaped character of the literal
+    } else if (c == quote) {
+      state = code;
+    }
+  }
+  return state != code;
+}
+
 std::string rewrite_launches(const std::string& file, std::string s) {
   size_t pos = 0;
   while ((pos = s.find("<<<", pos)) != std::string::npos) {
+    if (in_comment_or_literal(s, pos)) {
+      pos += 3;
+      continue;
+    }
     const size_t start = kernel_start(s, pos);
     if (start == pos) fail(file, s, pos, "a <<< launch without a kernel name before it");
     // The configuration ends at the first >>> outside parentheses.
@@ -117,6 +154,8 @@ std::string rewrite_shared(const std::string& file, const std::string& s) {
   std::string line;
   size_t offset = 0;
   while (std::getline(lines, line)) {
+    const size_t line_start = offset;
+    offset += line.size() + 1;
     std::smatch m;
     if (line.find("__shared__") != std::string::npos) {
       const size_t indent = line.find_first_not_of(" \t");
@@ -129,14 +168,13 @@ std::string rewrite_shared(const std::string& file, const std::string& s) {
                ">([] { static const char site = 0; return &site; }());" + m.suffix().str();
       } else if (line.find("//") == std::string::npos ||
                  line.find("//") > line.find("__shared__")) {
-        fail(file, s, offset,
+        fail(file, s, line_start,
              "a __shared__ declaration the emulation's rewrite cannot read "
              "(one declaration per line: [extern] __shared__ TYPE NAME[...];)");
       }
     }
     out += line;
     out += '\n';
-    offset += line.size() + 1;
   }
   return out;
 }

@@ -96,8 +96,8 @@ struct State {
   std::map<uintptr_t, size_t> host_allocations;   // cudaMallocHost (to free)
   std::vector<CUstream_st*> streams;              // every stream ever created (never freed)
   std::vector<CUevent_st*> events;
-  CUstream_st legacy;
-  std::map<const void*, int> max_dynamic_shared;  // by kernel
+  std::vector<std::unique_ptr<CUstream_st>> legacy;  // each device's legacy default stream
+  std::map<const void*, int> max_dynamic_shared;     // by kernel
   cudaError_t sticky = cudaSuccess;
   cudaError_t last = cudaSuccess;
 
@@ -110,7 +110,10 @@ struct State {
       order = std::string(v) == "reverse" ? Order::reverse : Order::forward;
     }
     allocated.assign(static_cast<size_t>(device_count > 0 ? device_count : 0), 0);
-    legacy.blocking = true;
+    for (int d = 0; d < device_count; ++d) {
+      legacy.push_back(std::make_unique<CUstream_st>());
+      legacy.back()->device = d;
+    }
   }
 };
 
@@ -169,12 +172,12 @@ void run_all() {
   State& s = state();
   // Streams created last first: the order least likely to hide a missing wait.
   for (auto it = s.streams.rbegin(); it != s.streams.rend(); ++it) run_until(*it, (*it)->enqueued);
-  run_until(&s.legacy, s.legacy.enqueued);
+  for (auto& legacy : s.legacy) run_until(legacy.get(), legacy->enqueued);
 }
 
 CUstream_st* resolve(cudaStream_t stream) {
   State& s = state();
-  if (stream == nullptr) return &s.legacy;
+  if (stream == nullptr) return s.legacy.empty() ? nullptr : s.legacy[t_device].get();
   for (CUstream_st* known : s.streams) {
     if (known == stream) return known->alive ? known : nullptr;
   }
@@ -192,13 +195,17 @@ void push_wait(CUstream_st* stream, CUstream_st* on, uint64_t ticket) {
 
 uint64_t push(CUstream_st* stream, std::string what, std::function<void()> work) {
   State& s = state();
-  // The legacy default stream waits for every blocking stream and they for it.
-  if (stream == &s.legacy) {
+  // A device's legacy default stream waits for every blocking stream of that device and they
+  // for it.
+  CUstream_st* legacy = s.legacy[static_cast<size_t>(stream->device)].get();
+  if (stream == legacy) {
     for (CUstream_st* other : s.streams) {
-      if (other->alive && other->blocking) push_wait(stream, other, other->enqueued);
+      if (other->alive && other->blocking && other->device == stream->device) {
+        push_wait(stream, other, other->enqueued);
+      }
     }
   } else if (stream->blocking) {
-    push_wait(stream, &s.legacy, s.legacy.enqueued);
+    push_wait(stream, legacy, legacy->enqueued);
   }
   QueuedOp op;
   op.ticket = ++stream->enqueued;
@@ -231,6 +238,25 @@ bool fits(const void* p, size_t bytes) {
   const auto* range = device_range(p);
   if (range == nullptr) return true;
   return reinterpret_cast<uintptr_t>(p) + bytes <= range->first + range->second.bytes;
+}
+
+// Whether the pointers agree with an explicit direction (cudaMemcpyDefault infers it): a
+// device side must lie in a cudaMalloc'd block, a host side must not.
+bool directions_hold(void* dst, const void* src, cudaMemcpyKind kind) {
+  const bool dst_device = device_range(dst) != nullptr, src_device = device_range(src) != nullptr;
+  switch (kind) {
+    case cudaMemcpyHostToHost:
+      return !dst_device && !src_device;
+    case cudaMemcpyHostToDevice:
+      return dst_device && !src_device;
+    case cudaMemcpyDeviceToHost:
+      return !dst_device && src_device;
+    case cudaMemcpyDeviceToDevice:
+      return dst_device && src_device;
+    case cudaMemcpyDefault:
+      return true;
+  }
+  return false;
 }
 
 bool pageable_host(const void* p) {
@@ -600,11 +626,12 @@ cudaError_t cudaHostUnregister(void* ptr) {
   return s.sticky;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind /*kind*/,
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream) {
   MOEPEAK_EMULATION_ENTER();
   if (bytes == 0) return cudaSuccess;
-  if (dst == nullptr || src == nullptr || !fits(dst, bytes) || !fits(src, bytes)) {
+  if (dst == nullptr || src == nullptr || !fits(dst, bytes) || !fits(src, bytes) ||
+      !directions_hold(dst, src, kind)) {
     return fail(cudaErrorInvalidValue);
   }
   return queue_transfer(stream, "cudaMemcpyAsync", pageable_host(dst) || pageable_host(src),
@@ -615,16 +642,18 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   MOEPEAK_EMULATION_ENTER();
   const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
   if (e != cudaSuccess) return e;
-  run_until(&s.legacy, s.legacy.enqueued);
+  CUstream_st* legacy = s.legacy[static_cast<size_t>(t_device)].get();
+  run_until(legacy, legacy->enqueued);
   return s.sticky;
 }
 
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
-                              size_t width, size_t height, cudaMemcpyKind /*kind*/,
+                              size_t width, size_t height, cudaMemcpyKind kind,
                               cudaStream_t stream) {
   MOEPEAK_EMULATION_ENTER();
   if (width == 0 || height == 0) return cudaSuccess;
-  if (dst == nullptr || src == nullptr || width > dpitch || width > spitch) {
+  if (dst == nullptr || src == nullptr || width > dpitch || width > spitch ||
+      !directions_hold(dst, src, kind)) {
     return fail(cudaErrorInvalidValue);
   }
   const size_t dst_span = dpitch * (height - 1) + width, src_span = spitch * (height - 1) + width;
@@ -692,7 +721,7 @@ cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority) {
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   MOEPEAK_EMULATION_ENTER();
   CUstream_st* st = resolve(stream);
-  if (st == nullptr || st == &s.legacy) return fail(cudaErrorInvalidResourceHandle);
+  if (st == nullptr || stream == nullptr) return fail(cudaErrorInvalidResourceHandle);
   // Work already queued still runs (CUDA completes it); the handle is dead from now on.
   run_until(st, st->enqueued);
   st->alive = false;

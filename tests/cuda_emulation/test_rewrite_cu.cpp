@@ -1,0 +1,224 @@
+// rewrite_cu (the build-time rewrite of .cu files for the CPU emulation of CUDA) on small fixture
+// inputs this test writes: launches, static and dynamic __shared__ declarations, the lines kept
+// (diagnostics point at the .cu file), and the constructs it refuses with file:line and no
+// output. ctest passes the built tool in MOEPEAK_REWRITE_CU.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // the rewritten file ("" when none was written)
+  std::string errors;  // the tool's stderr
+  bool wrote = false;  // OUT or OUT.tmp exists
+};
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+class RewriteCu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tool = std::getenv("MOEPEAK_REWRITE_CU");
+    ASSERT_NE(tool, nullptr) << "MOEPEAK_REWRITE_CU names the moepeak_rewrite_cu executable";
+    tool_ = tool;
+    std::string dir = (fs::temp_directory_path() / "rewrite_cu.XXXXXX").string();
+    ASSERT_NE(mkdtemp(dir.data()), nullptr);
+    dir_ = dir;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path input(const std::string& name, const std::string& text) {
+    const fs::path path = dir_ / name;
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  Result rewrite(const fs::path& in, const std::vector<std::string>& args = {}) {
+    const fs::path out = dir_ / (in.filename().string() + ".cpp"), err = dir_ / "stderr";
+    std::string command = "'" + tool_ + "'";
+    if (args.empty()) {
+      command += " '" + in.string() + "' '" + out.string() + "'";
+    } else {
+      for (const std::string& a : args) command += " '" + a + "'";
+    }
+    command += " 2> '" + err.string() + "'";
+    Result r;
+    const int status = std::system(command.c_str());
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.errors = read(err);
+    r.wrote = fs::exists(out) || fs::exists(out.string() + ".tmp");
+    if (fs::exists(out)) r.output = read(out);
+    return r;
+  }
+
+  std::string tool_;
+  fs::path dir_;
+};
+
+// What ops/cuda writes: a launch whose templated kernel sits on the line before the <<<, casts
+// and a dependent constant in the configuration, static shared arrays with a trailing comment
+// and two dimensions, the dynamic shared memory, and comments that mention __shared__.
+const char kKernels[] =
+    "template <int D>\n"                                                       // 1
+    "struct Smem { static constexpr int kForward = D * 64; };\n"               // 2
+    "template <typename T, int D>\n"                                           // 3
+    "__global__ void fused_kernel(T* out, int n) {\n"                          // 4
+    "  __shared__ double scratch[32];  // per-warp partial sums\n"             // 5
+    "  __shared__ double lane_sum[4][8];\n"                                    // 6
+    "  extern __shared__ __align__(16) unsigned char smem[];\n"                // 7
+    "  // the __shared__ arrays above are the block's\n"                       // 8
+    "  int x = 0;  // not __shared__\n"                                        // 9
+    "}\n"                                                                      // 10
+    "__global__ void simple_kernel(float* p) {}\n"                             // 11
+    "namespace detail { __global__ void k(int) {} }\n"                         // 12
+    "template <int D>\n"                                                       // 13
+    "void run(float* out, int n, int x, dim3 grid, cudaStream_t stream) {\n"   // 14
+    "  fused_kernel<float, D>\n"                                               // 15
+    "      <<<static_cast<unsigned>(x), 256, Smem<D>::kForward, stream>>>(\n"  // 16
+    "          out, n);\n"                                                     // 17
+    "  simple_kernel<<<grid, 128>>>(out);\n"                                   // 18
+    "  detail::k<<<1, 32, 0, stream>>>(n);\n"                                  // 19
+    "}\n";                                                                     // 20
+
+TEST_F(RewriteCu, RewritesLaunchesAndSharedDeclarationsLineForLine) {
+  const fs::path in = input("kernels.cu", kKernels);
+  const Result r = rewrite(in);
+  ASSERT_EQ(r.exit_code, 0) << r.errors;
+  EXPECT_EQ(r.errors, "");
+  const std::vector<std::string> out = lines_of(r.output), src = lines_of(kKernels);
+  ASSERT_GE(out.size(), 3u);
+  EXPECT_EQ(out[0], "// Generated by rewrite_cu from " + in.string() + ": do not edit.");
+  EXPECT_EQ(out[1], "#include \"tests/cuda_emulation/device_prelude.h\"");
+  ASSERT_EQ(out[2], "#line 1 \"" + in.string() + "\"");
+  // After the #line, line k is the input's line k.
+  const std::vector<std::string> body(out.begin() + 3, out.end());
+  ASSERT_EQ(body.size(), src.size()) << r.output;
+  auto line = [&](int k) { return body[static_cast<size_t>(k - 1)]; };
+
+  const std::string site = "([] { static const char site = 0; return &site; }());";
+  EXPECT_EQ(line(5), "  auto& scratch = ::moepeak::cuda_emulation::static_shared<double[32]>" +
+                         site + "  // per-warp partial sums");
+  EXPECT_EQ(line(6),
+            "  auto& lane_sum = ::moepeak::cuda_emulation::static_shared<double[4][8]>" + site);
+  EXPECT_EQ(line(7),
+            "  #define smem (reinterpret_cast<unsigned char*>("
+            "::moepeak::cuda_emulation::dynamic_shared()))");
+  EXPECT_EQ(line(15),
+            "  ::moepeak::cuda_emulation::launcher(\"fused_kernel<float, D>\", "
+            "fused_kernel<float, D>");
+  EXPECT_EQ(line(16), "      , static_cast<unsigned>(x), 256, Smem<D>::kForward, stream)(");
+  EXPECT_EQ(line(18),
+            "  ::moepeak::cuda_emulation::launcher(\"simple_kernel\", simple_kernel, grid, 128)"
+            "(out);");
+  EXPECT_EQ(line(19),
+            "  ::moepeak::cuda_emulation::launcher(\"detail::k\", detail::k, 1, 32, 0, stream)"
+            "(n);");
+  for (int k : {1, 2, 3, 4, 8, 9, 10, 11, 12, 13, 14, 17, 20}) {
+    EXPECT_EQ(line(k), src[static_cast<size_t>(k - 1)]) << "line " << k;
+  }
+}
+
+TEST_F(RewriteCu, KeepsTheLineCountOfAnInputWithoutAFinalNewline) {
+  const fs::path in = input("last.cu", "__global__ void k() {}\nvoid f() { k<<<1, 1>>>(); }");
+  const Result r = rewrite(in);
+  ASSERT_EQ(r.exit_code, 0) << r.errors;
+  const std::vector<std::string> out = lines_of(r.output);
+  ASSERT_EQ(out.size(), 3u + 2u) << r.output;
+  EXPECT_EQ(out[4], "void f() { ::moepeak::cuda_emulation::launcher(\"k\", k, 1, 1)(); }");
+}
+
+struct Unreadable {
+  const char* what;
+  const char* text;
+  int line;  // where the error points
+};
+void PrintTo(const Unreadable& u, std::ostream* os) { *os << u.what; }
+
+class RewriteCuRefuses : public RewriteCu, public ::testing::WithParamInterface<Unreadable> {};
+
+TEST_P(RewriteCuRefuses, ExitsNonZeroNamingFileAndLineAndWritesNothing) {
+  const fs::path in = input("bad.cu", GetParam().text);
+  const Result r = rewrite(in);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.errors.find(in.string() + ":" + std::to_string(GetParam().line) + ":"),
+            std::string::npos)
+      << r.errors;
+  EXPECT_FALSE(r.wrote) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Constructs, RewriteCuRefuses,
+    ::testing::Values(
+        Unreadable{"two_shared_arrays_in_one_declaration",
+                   "__global__ void k() {\n  int x;\n  __shared__ float a[4], b[4];\n}\n", 3},
+        Unreadable{"scalar_shared", "__global__ void k() {\n  __shared__ float total;\n}\n", 2},
+        Unreadable{"launch_without_its_close", "void f() {\n  k<<<grid, block(x);\n}\nint y;\n", 2},
+        Unreadable{"launch_without_a_kernel_name", "void f() {\n  (k)<<<1, 1>>>();\n}\n", 2},
+        Unreadable{"launch_without_arguments", "void f() {\n\n  k<<<1, 1>>>;\n}\n", 3}),
+    [](const ::testing::TestParamInfo<Unreadable>& info) { return info.param.what; });
+
+// DISABLED: rewrite_shared counts the offset of each line in the text after rewriting that line,
+// so once a __shared__ declaration has been rewritten (a longer line), an unreadable one below it
+// is reported at a later line than its own (here bad.cu:3 for line 2).
+TEST_F(RewriteCu, ErrorAfterARewrittenSharedDeclarationNamesItsOwnLine) {
+  const fs::path in =
+      input("bad.cu", "  __shared__ double ok[4];\n  __shared__ float a[4], b[4];\n");
+  const Result r = rewrite(in);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.errors.find(in.string() + ":2:"), std::string::npos) << r.errors;
+}
+
+// DISABLED: rewrite_launches does not skip comments. A `<<<` in a comment takes the word before
+// it for a kernel and the text up to the next `>>>` (the real launch's, lines below) for its
+// configuration; the tool exits 0 and the real launch is left as `k<<<1, 2)(3);`, which fails
+// later in g++ instead of here.
+TEST_F(RewriteCu, LaunchSyntaxInACommentLeavesTheLaunchBelowIntact) {
+  const fs::path in = input("comment.cu",
+                            "// the <<< syntax, see below\n"
+                            "__global__ void k(int) {}\n"
+                            "void f() { k<<<1, 2>>>(3); }\n");
+  const Result r = rewrite(in);
+  ASSERT_EQ(r.exit_code, 0) << r.errors;
+  const std::vector<std::string> out = lines_of(r.output);
+  ASSERT_EQ(out.size(), 3u + 3u) << r.output;
+  EXPECT_EQ(out[5], "void f() { ::moepeak::cuda_emulation::launcher(\"k\", k, 1, 2)(3); }");
+}
+
+TEST_F(RewriteCu, WrongArgumentCountIsAUsageError) {
+  const Result r = rewrite("unused", {"only-one-argument"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.errors.find("usage"), std::string::npos) << r.errors;
+}
+
+TEST_F(RewriteCu, MissingInputIsAnError) {
+  const Result r = rewrite(dir_ / "missing.cu");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.errors.find("missing.cu: cannot read"), std::string::npos) << r.errors;
+  EXPECT_FALSE(r.wrote);
+}
+
+}  // namespace
