@@ -225,7 +225,9 @@ TEST(TuneRun, MeasuresSelectsAndPlansTheChosenConfig) {
   TuneRequest request;
   request.warmup = 0;
   request.repeats = 1;
-  request.sco_tolerance = 1;  // one repetition is noisy: accept any SCO overhead
+  // One repetition on a loaded machine is noise: accept any SCO overhead (the rule itself is
+  // test_tune_select's), so the test never depends on timing.
+  request.sco_tolerance = 1e9;
   const TuneGrids g = tune_grids(cfg, 1, request);
   EXPECT_EQ(g.base.schedules.dispatch, DispatchSchedule::pipelined_llep);
   EXPECT_EQ(g.base.optimizer.placement, OptimizerPlacement::offload_stream);
