@@ -185,6 +185,12 @@ Array& static_shared(const void* site) {
   return *static_cast<Array*>(static_shared_bytes(site, sizeof(Array), alignof(Array)));
 }
 
+// ---- kernel coverage ------------------------------------------------------------------------
+// Records that the kernel `name` ran (rewrite_cu puts a call first in every __global__ body);
+// with MOEPEAK_CUDA_EMULATION_KERNEL_LOG=FILE the process appends the names it saw to FILE at
+// exit, one per line. Returns true.
+bool note_kernel(const char* name);
+
 // ---- launches ---------------------------------------------------------------------------------
 // Checks the configuration as the CUDA runtime does (an invalid one is the error
 // cudaGetLastError reports, and nothing runs) and queues on `stream` one run of `body` per

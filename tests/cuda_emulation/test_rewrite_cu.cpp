@@ -137,7 +137,14 @@ TEST_F(RewriteCu, RewritesLaunchesAndSharedDeclarationsLineForLine) {
   EXPECT_EQ(line(19),
             "  ::moepeak::cuda_emulation::launcher(\"detail::k\", detail::k, 1, 32, 0, stream)"
             "(n);");
-  for (int k : {1, 2, 3, 4, 8, 9, 10, 11, 12, 13, 14, 17, 20}) {
+  // A kernel's body starts with the note of its name (the kernel coverage log).
+  const std::string note =
+      " static const bool moepeak_kernel_noted_ ="
+      " ::moepeak::cuda_emulation::note_kernel(__func__); (void)moepeak_kernel_noted_;";
+  EXPECT_EQ(line(4), "__global__ void fused_kernel(T* out, int n) {" + note);
+  EXPECT_EQ(line(11), "__global__ void simple_kernel(float* p) {" + note + "}");
+  EXPECT_EQ(line(12), "namespace detail { __global__ void k(int) {" + note + "} }");
+  for (int k : {1, 2, 3, 8, 9, 10, 13, 14, 17, 20}) {
     EXPECT_EQ(line(k), src[static_cast<size_t>(k - 1)]) << "line " << k;
   }
 }
