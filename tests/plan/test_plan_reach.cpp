@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/config/config.h"
+#include "core/model/mixtral_params.h"
 #include "core/plan/plan.h"
 #include "core/plan/plan_svg.h"
 
@@ -72,6 +73,18 @@ TEST(PlanReach, PaperSettingsReachOneMillion) {
   EXPECT_FALSE(fits_at("gpt-oss-120b", 16, false, 128 * K));  // 64K and 128K
   EXPECT_TRUE(fits_at("deepseek-v3-like", 64, true, 1024 * K));
   EXPECT_FALSE(fits_at("deepseek-v3-like", 64, false, 1 * K));
+}
+
+// The Mixtral presets are Hugging Face's shapes (parameters as the model cards count them), and
+// on 8 H200s (one expert per rank) the bounded schedules train each at its full context.
+TEST(PlanReach, MixtralPresetsAreTheHuggingFaceShapesAndFitAtFullContext) {
+  const Config x7 = h200("mixtral-8x7b", true), x22 = h200("mixtral-8x22b", true);
+  EXPECT_EQ(ParamLayout(x7.model).parameter_count(), 46702792704);
+  EXPECT_EQ(ParamLayout(x22.model).parameter_count(), 140620634112);
+  EXPECT_EQ(x7.training.seq_len, x7.model.max_position_embeddings);
+  EXPECT_EQ(x22.training.seq_len, x22.model.max_position_embeddings);
+  EXPECT_TRUE(fits_at("mixtral-8x7b", 8, true, x7.training.seq_len));
+  EXPECT_TRUE(fits_at("mixtral-8x22b", 8, true, x22.training.seq_len));
 }
 
 TEST(PlanSvg, WellFormed) {
