@@ -54,6 +54,13 @@ void print_plan(const Plan& p, std::FILE* out) {
       in.world, in.world == 1 ? "" : "s", static_cast<long long>(in.batch),
       static_cast<long long>(in.seq_len), static_cast<long long>(p.tokens_per_rank),
       std::string(dtype_name(in.dtype)).c_str());
+  if (in.grad_accum > 1) {
+    std::fprintf(out,
+                 "# grad_accum_steps %lld: every bound is per micro-batch (batch %lld); a step "
+                 "trains on %lld sequences, its gradients summed in place in the shards\n",
+                 static_cast<long long>(in.grad_accum), static_cast<long long>(in.batch),
+                 static_cast<long long>(in.grad_accum * in.batch));
+  }
   std::fprintf(out, "# capacity %s per rank, host (pinned) budget %s\n",
                format_bytes(in.capacity).c_str(), format_bytes(in.host_budget).c_str());
   std::fprintf(out,
@@ -101,6 +108,7 @@ nlohmann::json plan_json(const Plan& p) {
   for (const HostTerm& h : p.host) host[h.name] = h.bytes;
   return {{"world_size", p.inputs.world},
           {"batch", p.inputs.batch},
+          {"grad_accum_steps", p.inputs.grad_accum},
           {"seq_len", p.inputs.seq_len},
           {"tokens_per_rank", p.tokens_per_rank},
           {"dtype", std::string(dtype_name(p.inputs.dtype))},

@@ -158,7 +158,8 @@ struct ModelConfig {
 };
 
 struct TrainingConfig {
-  int64_t batch_size = 8;  // global sequences per step
+  int64_t batch_size = 8;        // global sequences per micro-batch B
+  int64_t grad_accum_steps = 1;  // micro-batches per optimizer step m (a step sees m B sequences)
   int64_t seq_len = 128;
   int64_t steps = 300;
   double max_norm = 1.0;  // 0 = no gradient clipping

@@ -164,7 +164,12 @@ const std::vector<Field>& field_table() {
       FIELD(model, initializer_range, above(0),
             "Standard deviation of the normal weight initialisation."),
       // [training]
-      FIELD(training, batch_size, at_least(1), "Global sequences per optimizer step B."),
+      FIELD(training, batch_size, at_least(1),
+            "Global sequences per micro-batch B (over all ranks): what every memory bound is "
+            "for."),
+      FIELD(training, grad_accum_steps, at_least(1),
+            "Micro-batches per optimizer step m: a step trains on m B sequences, with the "
+            "gradients of its micro-batches summed before the one AdamW update."),
       FIELD(training, seq_len, at_least(2),
             "Tokens per sequence T; at most model.max_position_embeddings."),
       FIELD(training, steps, at_least(1), "Optimizer steps to run."),

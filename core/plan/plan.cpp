@@ -43,6 +43,7 @@ PlanInputs plan_inputs(const Config& cfg, int world) {
              : cfg.parallelism.world_size > 0 ? static_cast<int>(cfg.parallelism.world_size)
                                               : 1;
   in.batch = cfg.training.batch_size;
+  in.grad_accum = cfg.training.grad_accum_steps;
   in.seq_len = cfg.training.seq_len;
   const bool cuda = cfg.runtime.backend == BackendChoice::cuda;
   switch (cfg.training.dtype) {

@@ -28,7 +28,8 @@ namespace moepeak {
 
 struct PlanInputs {
   int world = 1;                   // W ranks
-  int64_t batch = 0, seq_len = 0;  // the global batch B x T
+  int64_t batch = 0, seq_len = 0;  // the global micro-batch B x T (what every bound is for)
+  int64_t grad_accum = 1;          // m micro-batches per step: no term depends on it
   DType dtype = DType::f32;        // compute dtype (weights, activations)
   uint64_t capacity = 0;           // device bytes per rank
   uint64_t host_budget = 0;        // pinned host bytes per rank

@@ -161,7 +161,7 @@ struct Trainer::State {
   std::unique_ptr<DataLoader> loader;
   std::string checkpoint_folder;
   int64_t completed = 0;
-  std::vector<int64_t> ids, labels;          // the global batch (B*T), the same on every rank
+  std::vector<int64_t> ids, labels;  // the step's m global micro-batches (m*B*T), as every rank
   OwnedTensor d_ids, d_labels, d_positions;  // this rank's N = B*T/W tokens
   double flops = 0, ceiling_gflops = 0;
 };
@@ -210,14 +210,15 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   }
 
   const int64_t B = cfg.training.batch_size, T = cfg.training.seq_len;
+  const int64_t m = cfg.training.grad_accum_steps;
   const int64_t N = B * T / s.ranks.world_size;
-  s.ids.resize(static_cast<size_t>(B * T));
-  s.labels.resize(static_cast<size_t>(B * T));
+  s.ids.resize(static_cast<size_t>(m * B * T));
+  s.labels.resize(static_cast<size_t>(m * B * T));
   s.d_ids = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "input ids");
   s.d_labels = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
   s.d_positions =
       OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
-  s.flops = step_flops(cfg.model, B, T);
+  s.flops = static_cast<double>(m) * step_flops(cfg.model, B, T);
   s.ceiling_gflops = measure_gemm_ceiling(512, 3);
 }
 
@@ -277,26 +278,47 @@ StepMetrics Trainer::step() {
   const int W = s.ranks.world_size;
   const int64_t step = s.completed + 1;
   const int64_t B = s.cfg.training.batch_size, T = s.cfg.training.seq_len;
+  const int64_t accum = s.cfg.training.grad_accum_steps;
 
   backend.arena().reset_peaks();
   auto t0 = std::chrono::steady_clock::now();
-  s.loader->next_batch(s.ids.data(), s.labels.data());
-  const LocalBatch local = shard_batch(s.ids, s.labels, B, T, W, s.ranks.rank);
-  const int64_t N = static_cast<int64_t>(local.input_ids.size());
-  TokenBatch batch{s.d_ids, s.d_labels, s.d_positions, B, T, count_scored(local.labels)};
-  backend.copy_async(s.d_ids.data(), local.input_ids.data(), N * 8, CopyKind::host_to_device,
-                     stream);
-  backend.copy_async(s.d_labels.data(), local.labels.data(), N * 8, CopyKind::host_to_device,
-                     stream);
-  backend.copy_async(s.d_positions.data(), local.positions.data(), N * 8, CopyKind::host_to_device,
-                     stream);
+  // NOTES: the step's m micro-batches are read first, so that each micro-batch's loss is scaled
+  // by the scored tokens of the whole step: the summed gradients are then those of one batch of
+  // m B sequences. Each micro-batch's gradients are reduced (ZeRO-3's reduce-scatter, the
+  // experts' own) as its backward runs and added into the shard's gradients, so the memory of a
+  // step is that of one micro-batch (docs/design.md#the-model).
+  const auto micro = static_cast<ptrdiff_t>(B * T);
+  for (int64_t i = 0; i < accum; ++i) {
+    s.loader->next_batch(s.ids.data() + i * micro, s.labels.data() + i * micro);
+  }
+  const int64_t step_scored = count_scored(s.labels);
   params.zero_grads(stream);
-  const double loss = s.model->forward_backward(batch, count_scored(s.labels));
+  double loss = 0;
+  int64_t N = 0;
+  // The host sides of the copies stay alive until the step's end (the stream may read them
+  // late); the device buffers are reused in stream order.
+  std::vector<LocalBatch> locals;
+  locals.reserve(static_cast<size_t>(accum));
+  for (int64_t i = 0; i < accum; ++i) {
+    const std::vector<int64_t> ids(s.ids.begin() + i * micro, s.ids.begin() + (i + 1) * micro);
+    const std::vector<int64_t> labels(s.labels.begin() + i * micro,
+                                      s.labels.begin() + (i + 1) * micro);
+    const LocalBatch& local = locals.emplace_back(shard_batch(ids, labels, B, T, W, s.ranks.rank));
+    N = static_cast<int64_t>(local.input_ids.size());
+    TokenBatch batch{s.d_ids, s.d_labels, s.d_positions, B, T, count_scored(local.labels)};
+    backend.copy_async(s.d_ids.data(), local.input_ids.data(), N * 8, CopyKind::host_to_device,
+                       stream);
+    backend.copy_async(s.d_labels.data(), local.labels.data(), N * 8, CopyKind::host_to_device,
+                       stream);
+    backend.copy_async(s.d_positions.data(), local.positions.data(), N * 8,
+                       CopyKind::host_to_device, stream);
+    loss += s.model->forward_backward(batch, step_scored);
+  }
   if (!std::isfinite(loss)) MOEPEAK_THROW("step ", step, ": the loss is ", loss);
   const double grad_norm = global_grad_norm(params, backend, stream);
   if (step == 1 && !s.options.dump_step_dir.empty()) {
-    write_step_dump(s.options.dump_step_dir, s.cfg.model, params, s.ids, s.labels, B, T, loss,
-                    stream);
+    write_step_dump(s.options.dump_step_dir, s.cfg.model, params, s.ids, s.labels, accum * B, T,
+                    loss, stream);
     spdlog::info("wrote the step-1 dump to {}", s.options.dump_step_dir);
   }
   const double max_norm = s.cfg.training.max_norm;
@@ -328,11 +350,11 @@ StepMetrics Trainer::step() {
   for (int r = 0; r < W; ++r) {
     const double t = all[2 * r];
     slowest = std::max(slowest, t);
-    m.rank_tokens_per_s.push_back(static_cast<double>(N) / t);
+    m.rank_tokens_per_s.push_back(static_cast<double>(accum * N) / t);
     m.rank_peak_bytes.push_back(static_cast<uint64_t>(all[2 * r + 1]));
   }
   m.step_time_s = slowest;
-  m.tokens_per_s = static_cast<double>(B * T) / slowest;
+  m.tokens_per_s = static_cast<double>(accum * B * T) / slowest;
   m.tflops = s.flops / slowest / 1e12;
   m.mfu = s.flops / W / slowest / 1e9 / s.ceiling_gflops;  // per rank, against one rank's ceiling
   return m;
