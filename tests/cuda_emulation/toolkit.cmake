@@ -12,6 +12,7 @@ target_compile_options(moepeak_rewrite_cu PRIVATE ${MOEPEAK_CXX_WARNINGS})
 add_library(moepeak_cuda_emulation STATIC
   ${MOEPEAK_EMULATION_DIR}/device_threads.cpp
   ${MOEPEAK_EMULATION_DIR}/runtime.cpp
+  ${MOEPEAK_EMULATION_DIR}/errors.cpp
   ${MOEPEAK_EMULATION_DIR}/cublas.cpp
   ${MOEPEAK_EMULATION_DIR}/nccl.cpp)
 moepeak_view(moepeak_cuda_emulation FOLDERS tests/cuda_emulation)
