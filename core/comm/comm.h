@@ -89,6 +89,13 @@ class Comm {
   // A second communicator over the same ranks, for traffic that overlaps this one's.
   virtual std::unique_ptr<Comm> duplicate() = 0;
 
+  // A communicator over the ranks that pass the same `color`, ranked by `key` (ties by this
+  // communicator's rank): an expert-parallel or sequence-parallel group, or the replicas of one
+  // shard. Collective over this communicator on the host thread: every rank calls it, in the
+  // same order relative to its other collectives. The group's RankInfo counts its own members
+  // (local_rank and local_size among the group's ranks on this host).
+  virtual std::unique_ptr<Comm> split(int color, int key) = 0;
+
  protected:
   explicit Comm(RankInfo ranks) : ranks_(std::move(ranks)) {}
   // Argument checks every implementation makes on the calling thread, before any traffic.

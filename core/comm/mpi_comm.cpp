@@ -472,6 +472,29 @@ void MpiComm::broadcast(void* buf, size_t count, DType dtype, int root, Stream& 
 
 void MpiComm::barrier() { MOEPEAK_MPI_CHECK(MPI_Barrier(host_comm_)); }
 
+RankInfo split_rank_info(MPI_Comm group, const RankInfo& parent) {
+  RankInfo info = parent;
+  MOEPEAK_MPI_CHECK(MPI_Comm_rank(group, &info.rank));
+  MOEPEAK_MPI_CHECK(MPI_Comm_size(group, &info.world_size));
+  MPI_Comm local = MPI_COMM_NULL;
+  MOEPEAK_MPI_CHECK(
+      MPI_Comm_split_type(group, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &local));
+  MOEPEAK_MPI_CHECK(MPI_Comm_rank(local, &info.local_rank));
+  MOEPEAK_MPI_CHECK(MPI_Comm_size(local, &info.local_size));
+  MPI_Comm_free(&local);
+  return info;
+}
+
+std::unique_ptr<Comm> MpiComm::split(int color, int key) {
+  MOEPEAK_CHECK(color >= 0, "Comm::split: color ", color, " must be >= 0");
+  MPI_Comm group = MPI_COMM_NULL;
+  MOEPEAK_MPI_CHECK(MPI_Comm_split(host_comm_, color, key, &group));
+  auto sub = std::make_unique<MpiComm>(group, split_rank_info(group, ranks_));
+  sub->max_elements_ = max_elements_;
+  MPI_Comm_free(&group);  // the new communicator keeps its own duplicates
+  return sub;
+}
+
 std::unique_ptr<Comm> MpiComm::duplicate() {
   auto copy = std::make_unique<MpiComm>(host_comm_, ranks_);
   copy->max_elements_ = max_elements_;

@@ -59,6 +59,11 @@ MPI_Op mpi_reduce_op(ReduceOp op, DType dtype);
 
 namespace moepeak {
 
+// The RankInfo of this rank in `group`, a communicator split from one whose ranks `parent`
+// describes: rank and size in the group, and local_rank / local_size among the group's ranks on
+// this host (host unchanged). Collective over `group`.
+RankInfo split_rank_info(MPI_Comm group, const RankInfo& parent);
+
 class MpiComm final : public Comm {
  public:
   // Duplicates `parent` (collective over its ranks). `ranks` must agree with it: rank and world
@@ -89,6 +94,7 @@ class MpiComm final : public Comm {
   void broadcast(void* buf, size_t count, DType dtype, int root, Stream& stream) override;
   void barrier() override;
   std::unique_ptr<Comm> duplicate() override;
+  std::unique_ptr<Comm> split(int color, int key) override;
 
   // The communicator the stream-ordered operations use (for code that needs a raw MPI call).
   MPI_Comm native() const { return comm_; }

@@ -315,6 +315,16 @@ void NcclComm::barrier() {
   if (world_size() > 1) MOEPEAK_MPI_CHECK(MPI_Barrier(host_comm_));
 }
 
+std::unique_ptr<Comm> NcclComm::split(int color, int key) {
+  MOEPEAK_CHECK(color >= 0, "Comm::split: color ", color, " must be >= 0");
+  if (host_comm_ == MPI_COMM_NULL) return duplicate();  // a world of one without MPI
+  MPI_Comm group = MPI_COMM_NULL;
+  MOEPEAK_MPI_CHECK(MPI_Comm_split(host_comm_, color, key, &group));
+  auto sub = std::make_unique<NcclComm>(split_rank_info(group, ranks_), group, device_);
+  MPI_Comm_free(&group);  // the new communicator keeps its own duplicate
+  return sub;
+}
+
 std::unique_ptr<Comm> NcclComm::duplicate() {
   return std::make_unique<NcclComm>(ranks_, host_comm_, device_);
 }

@@ -72,6 +72,7 @@ class NcclComm final : public Comm {
   void broadcast(void* buf, size_t count, DType dtype, int root, Stream& stream) override;
   void barrier() override;
   std::unique_ptr<Comm> duplicate() override;
+  std::unique_ptr<Comm> split(int color, int key) override;
 
  private:
   void check_async_error() const;

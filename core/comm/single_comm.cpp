@@ -112,6 +112,11 @@ void SingleComm::broadcast(void*, size_t, DType, int root, Stream&) {
   check_rank_zero(root, "broadcast (root)");
 }
 
+std::unique_ptr<Comm> SingleComm::split(int color, int /*key*/) {
+  MOEPEAK_CHECK(color >= 0, "Comm::split: color ", color, " must be >= 0");
+  return duplicate();  // the one rank is the whole group
+}
+
 std::unique_ptr<Comm> SingleComm::duplicate() {
   return std::make_unique<SingleComm>(backend_kind_, ranks_);
 }

@@ -42,6 +42,7 @@ class SingleComm final : public Comm {
   void broadcast(void* buf, size_t count, DType dtype, int root, Stream& stream) override;
   void barrier() override {}
   std::unique_ptr<Comm> duplicate() override;
+  std::unique_ptr<Comm> split(int color, int key) override;
 
  private:
   // Copies `bytes` from src to dst in stream order; nothing when src == dst, an Error when the

@@ -445,4 +445,30 @@ void check_every_operation(Comm& comm, Stream& stream, TestMemory& mem, uint64_t
   check_exchange<T>(comm, stream, mem, seed + 12);
 }
 
+// Comm::split: the ranks with rank % modulus == color, ranked by decreasing parent rank (key =
+// -rank), as a communicator: its size and rank, the parent ranks all-gathered in key order, and
+// every operation on it.
+inline void check_split(Comm& parent, Stream& stream, TestMemory& mem, int modulus, uint64_t seed) {
+  const int W = parent.world_size(), me = parent.rank(), color = me % modulus;
+  std::unique_ptr<Comm> group = parent.split(color, -me);
+  std::vector<int64_t> members;  // parent ranks in the group's order
+  for (int r = W - 1; r >= 0; --r) {
+    if (r % modulus == color) members.push_back(r);
+  }
+  ASSERT_EQ(group->world_size(), static_cast<int>(members.size()));
+  EXPECT_EQ(group->kind(), parent.kind());
+  EXPECT_EQ(members[static_cast<size_t>(group->rank())], me);
+  EXPECT_LE(group->ranks().local_size, group->world_size());
+  const int64_t mine = me;
+  auto* send = static_cast<int64_t*>(mem.alloc(sizeof(int64_t)));
+  auto* recv = static_cast<int64_t*>(mem.alloc(members.size() * sizeof(int64_t)));
+  mem.upload(send, &mine, sizeof mine);
+  group->all_gather(send, recv, 1, DType::i64, stream);
+  stream.synchronize();
+  std::vector<int64_t> gathered(members.size());
+  mem.download(gathered.data(), recv, gathered.size() * sizeof(int64_t));
+  EXPECT_EQ(gathered, members) << "split by rank % " << modulus;
+  check_every_operation<float>(*group, stream, mem, seed);
+}
+
 }  // namespace moepeak::testing_comm

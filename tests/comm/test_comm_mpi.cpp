@@ -84,6 +84,12 @@ TEST_F(MpiCommTest, EveryOperationI64) {
   check_every_operation<int64_t>(*comm_, stream_, mem_, 500);
 }
 
+TEST_F(MpiCommTest, SplitGroupsByColorRankedByKey) {
+  check_split(*comm_, stream_, mem_, 2, 1000);                    // {3, 1} and {2, 0} on four ranks
+  check_split(*comm_, stream_, mem_, 1, 1001);                    // everyone, reversed
+  check_split(*comm_, stream_, mem_, comm_->world_size(), 1002);  // each rank alone
+}
+
 TEST_F(MpiCommTest, ChunkedPathsAboveThePerCallLimitGiveTheSameResults) {
   // The paths taken for counts above INT_MAX, exercised with a limit of 3 elements per call.
   std::unique_ptr<Comm> dup = comm_->duplicate();

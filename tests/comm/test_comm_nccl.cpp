@@ -97,6 +97,12 @@ TEST_F(NcclCommTest, EveryOperationI64) {
   check_every_operation<int64_t>(*comm_, *stream_, mem, 500);
 }
 
+TEST_F(NcclCommTest, SplitGroupsByColorRankedByKey) {
+  CudaTestMemory mem;
+  check_split(*comm_, *stream_, mem, 2, 1000);
+  check_split(*comm_, *stream_, mem, 1, 1001);
+}
+
 TEST_F(NcclCommTest, DuplicateAndBarrier) {
   std::unique_ptr<Comm> dup = comm_->duplicate();
   EXPECT_EQ(dup->kind(), "nccl");

@@ -30,6 +30,8 @@ TEST(SingleComm, EveryOperationIsACopy) {
   check_every_operation<int64_t>(comm, stream, mem, 5);
   std::unique_ptr<Comm> dup = comm.duplicate();
   check_every_operation<float>(*dup, stream, mem, 6);
+  check_split(comm, stream, mem, 1, 7);  // the one rank is its own group
+  EXPECT_THROW(comm.split(-1, 0), Error);
 }
 
 TEST(SingleComm, CopiesRunInStreamOrder) {
