@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/temp_dir.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -45,11 +47,7 @@ class RewriteCu : public ::testing::Test {
     const char* tool = std::getenv("MOEPEAK_REWRITE_CU");
     ASSERT_NE(tool, nullptr) << "MOEPEAK_REWRITE_CU names the moepeak_rewrite_cu executable";
     tool_ = tool;
-    std::string dir = (fs::temp_directory_path() / "rewrite_cu.XXXXXX").string();
-    ASSERT_NE(mkdtemp(dir.data()), nullptr);
-    dir_ = dir;
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   fs::path input(const std::string& name, const std::string& text) {
     const fs::path path = dir_ / name;
@@ -76,7 +74,8 @@ class RewriteCu : public ::testing::Test {
   }
 
   std::string tool_;
-  fs::path dir_;
+  moepeak::test_support::TempDir temp_{"rewrite_cu"};
+  const fs::path& dir_ = temp_.path();
 };
 
 // What ops/cuda writes: a launch whose templated kernel sits on the line before the <<<, casts

@@ -9,8 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -19,36 +17,15 @@
 #include "core/config/config.h"
 #include "core/model/mixtral_params.h"
 #include "core/train/trainer.h"
+#include "tests/grad_accum_job.h"
 #include "tests/temp_dir.h"
 
 namespace moepeak {
 namespace {
 namespace fs = std::filesystem;
 
+using test_support::accum_config;
 using test_support::TempDir;
-
-// Random uint16 tokens below 32: sequential windows, so m micro-batches of B are exactly the
-// windows of one batch of m B.
-std::string write_tokens(const fs::path& dir) {
-  std::mt19937 rng(7);
-  std::vector<uint16_t> tokens(20000);
-  for (uint16_t& t : tokens) t = static_cast<uint16_t>(rng() % 32);
-  const fs::path path = dir / "tokens.bin";
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(tokens.data()),
-            static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
-  return path.string();
-}
-
-Config accum_config(const fs::path& run_dir, const std::string& tokens, int64_t batch,
-                    int64_t accum, int64_t steps) {
-  return load_config(
-      {}, {"job.run_dir=" + run_dir.string(), "training.steps=" + std::to_string(steps),
-           "training.seq_len=32", "training.batch_size=" + std::to_string(batch),
-           "training.grad_accum_steps=" + std::to_string(accum), "training.dataset=\"bin\"",
-           "training.dataset_path=\"" + tokens + "\"", "model.vocab_size=32",
-           "metrics.progress=\"off\"", "runtime.log_level=\"warn\""});
-}
 
 template <typename T>
 std::vector<T> read_tensor(const SafetensorsFile& file, const std::string& name) {
@@ -77,7 +54,7 @@ double max_relative_difference(const fs::path& a_path, const fs::path& b_path) {
 
 TEST(GradAccum, MicroBatchesTrainAsOneBatchOfMTimesTheSequences) {
   TempDir dir;
-  const std::string tokens = write_tokens(dir.path());
+  const std::string tokens = test_support::write_accum_tokens(dir.path());
   struct Run {
     int64_t batch, accum;
   };
@@ -116,7 +93,7 @@ TEST(GradAccum, MicroBatchesTrainAsOneBatchOfMTimesTheSequences) {
 
 TEST(GradAccum, ResumeContinuesBitForBitCountingMicroBatches) {
   TempDir dir;
-  const std::string tokens = write_tokens(dir.path());
+  const std::string tokens = test_support::write_accum_tokens(dir.path());
   Config cfg = accum_config(dir.path(), tokens, 2, 3, 6);
   cfg.checkpoint.enable = true;
   cfg.checkpoint.interval = 3;

@@ -7,63 +7,49 @@
 #include <mpi.h>
 
 #include <cstdint>
-#include <cstdlib>
+#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <random>
+#include <optional>
 #include <string>
-#include <vector>
 
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/config/config.h"
 #include "core/train/trainer.h"
+#include "tests/grad_accum_job.h"
+#include "tests/temp_dir.h"
 
 namespace moepeak {
 namespace {
 namespace fs = std::filesystem;
 
-// A directory every rank sees, with the token file in it (rank 0 writes; the others wait).
+// A directory every rank sees, with the token file in it (rank 0 makes both; the others wait),
+// removed when every rank is done with it.
 class SharedRunDir {
  public:
   SharedRunDir() {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     char path[512] = {0};
-    if (rank == 0) {
-      std::string templ = (fs::temp_directory_path() / "moepeak-accum-XXXXXX").string();
-      if (mkdtemp(templ.data()) == nullptr) std::abort();
-      std::snprintf(path, sizeof path, "%s", templ.c_str());
-      std::mt19937 rng(11);
-      std::vector<uint16_t> tokens(20000);
-      for (uint16_t& t : tokens) t = static_cast<uint16_t>(rng() % 32);
-      std::ofstream out(fs::path(path) / "tokens.bin", std::ios::binary);
-      out.write(reinterpret_cast<const char*>(tokens.data()),
-                static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+    if (rank_ == 0) {
+      temp_.emplace("moepeak-accum");
+      test_support::write_accum_tokens(temp_->path());
+      std::snprintf(path, sizeof path, "%s", temp_->path().c_str());
     }
     MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
     dir_ = path;
-    rank_ = rank;
   }
-  ~SharedRunDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (rank_ == 0) fs::remove_all(dir_);
-  }
+  ~SharedRunDir() { MPI_Barrier(MPI_COMM_WORLD); }  // then rank 0's TempDir removes it
   const fs::path& path() const { return dir_; }
 
  private:
-  fs::path dir_;
   int rank_ = 0;
+  std::optional<test_support::TempDir> temp_;
+  fs::path dir_;
 };
 
 Config accum_config(const fs::path& dir, const std::string& name, int64_t batch, int64_t accum,
                     int64_t steps) {
-  Config cfg = load_config(
-      {},
-      {"job.run_dir=" + dir.string(), "job.name=" + name, "training.steps=" + std::to_string(steps),
-       "training.seq_len=32", "training.batch_size=" + std::to_string(batch),
-       "training.grad_accum_steps=" + std::to_string(accum), "training.dataset=\"bin\"",
-       "training.dataset_path=\"" + (dir / "tokens.bin").string() + "\"", "model.vocab_size=32",
-       "metrics.progress=\"off\"", "runtime.log_level=\"warn\""});
+  Config cfg = test_support::accum_config(dir, (dir / "tokens.bin").string(), batch, accum, steps);
+  cfg.job.name = name;
   return cfg;
 }
 
