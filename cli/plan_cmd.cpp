@@ -1,12 +1,13 @@
 // `moepeak plan [--config F]... [--set k=v]... [-n W] [--json FILE] [--max-context] [--max-batch]
-//  [--svg FILE [--svg-range LO:HI]]`:
+//  [--svg FILE [--svg-range LO:HI]] [--search-layout]`:
 // the closed-form per-rank memory plan of a config (core/plan/plan.h;
 // docs/design.md#memory-accounting, paper eq. 6) — one row per live set with the function that gave
 // it, the total against the device capacity, the pinned host terms against the host budget, and the
 // verdict. Exit 0 when it fits, 3 when it does not (so scripts can branch on it), 1 for a bad
 // config. `moepeak train` prints the same table and refuses to start (exit 2) when the plan does
 // not fit, unless --force. --svg draws the stacked per-set budget against seq_len, all-standard and
-// configured (core/plan/plan_svg.h). Test: ctest -R test_plan_cli (tests/plan/test_plan_cli.sh).
+// configured (core/plan/plan_svg.h). --search-layout ranks every layout of W ranks instead
+// (core/plan/layout_search.h). Test: ctest -R test_plan_cli (tests/plan/test_plan_cli.sh).
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
@@ -19,6 +20,7 @@
 #include "core/atomic_file.h"
 #include "core/config/config.h"
 #include "core/error.h"
+#include "core/plan/layout_search.h"
 #include "core/plan/plan.h"
 #include "core/plan/plan_svg.h"
 #include "core/units.h"
@@ -36,7 +38,7 @@ struct PlanArgs {
   ConfigArgs config;
   int world = 0;
   std::string json_path, svg_path, svg_range;
-  bool max_context = false, max_batch = false;
+  bool max_context = false, max_batch = false, search_layout = false;
 };
 
 struct Reach {
@@ -47,13 +49,13 @@ struct Reach {
 
 void print_plan(const Plan& p, std::FILE* out) {
   const PlanInputs& in = p.inputs;
-  std::fprintf(
-      out,
-      "# moepeak plan: per-rank device memory on W = %d rank%s, batch %lld x seq_len %lld, "
-      "N = %lld tokens per rank, %s\n",
-      in.world, in.world == 1 ? "" : "s", static_cast<long long>(in.batch),
-      static_cast<long long>(in.seq_len), static_cast<long long>(p.tokens_per_rank),
-      std::string(dtype_name(in.dtype)).c_str());
+  std::fprintf(out,
+               "# moepeak plan: per-rank device memory on W = %d rank%s (%s), batch %lld x seq_len "
+               "%lld, N = %lld tokens per rank, %s\n",
+               in.world(), in.world() == 1 ? "" : "s", in.degrees.str().c_str(),
+               static_cast<long long>(in.batch), static_cast<long long>(in.seq_len),
+               static_cast<long long>(p.tokens_per_rank),
+               std::string(dtype_name(in.dtype)).c_str());
   if (in.grad_accum > 1) {
     std::fprintf(out,
                  "# grad_accum_steps %lld: every bound is per micro-batch (batch %lld); a step "
@@ -106,7 +108,10 @@ nlohmann::json plan_json(const Plan& p) {
     scheds[name] = t.schedule;
   }
   for (const HostTerm& h : p.host) host[h.name] = h.bytes;
-  return {{"world_size", p.inputs.world},
+  return {{"world_size", p.inputs.world()},
+          {"expert_parallel", p.inputs.degrees.expert},
+          {"sequence_parallel", p.inputs.degrees.sequence},
+          {"data_shard", p.inputs.degrees.data_shard},
           {"batch", p.inputs.batch},
           {"grad_accum_steps", p.inputs.grad_accum},
           {"seq_len", p.inputs.seq_len},
@@ -150,7 +155,7 @@ std::string svg_of(const Config& cfg, const PlanInputs& in, const std::string& r
   }
   std::vector<PlanSeries> series{{"all standard", {}}, {"configured schedules", {}}};
   const Config standard = with_standard_schedules(cfg);
-  for (int64_t T : svg_seq_lens(lo, hi, in.world)) {
+  for (int64_t T : svg_seq_lens(lo, hi, in.degrees.sequence)) {
     PlanInputs at = in;
     at.seq_len = T;
     try {
@@ -161,13 +166,103 @@ std::string svg_of(const Config& cfg, const PlanInputs& in, const std::string& r
     }
   }
   if (series[1].plans.empty())
-    MOEPEAK_INPUT_ERROR("--svg: no seq_len in ", lo, ":", hi, " can be laid out on W = ", in.world);
-  return plan_svg(series, cfg.job.name + " on W = " + std::to_string(in.world) + " ranks, batch " +
-                              std::to_string(in.batch) + ", " + std::string(dtype_name(in.dtype)));
+    MOEPEAK_INPUT_ERROR("--svg: no seq_len in ", lo, ":", hi,
+                        " can be laid out on W = ", in.world());
+  return plan_svg(series, cfg.job.name + " on W = " + std::to_string(in.world()) +
+                              " ranks, batch " + std::to_string(in.batch) + ", " +
+                              std::string(dtype_name(in.dtype)));
+}
+
+// The layout search's table: one row per (Ep, Sp, data_shard), the best marked, then its name.
+int print_layout_search(const LayoutSearch& s, const PlanInputs& in, nlohmann::json& j) {
+  const char* goal = s.goal == LayoutGoal::max_context ? "the longest seq_len"
+                     : s.goal == LayoutGoal::max_batch ? "the largest micro-batch"
+                                                       : "fits at the configured shape";
+  std::printf(
+      "# moepeak plan --search-layout: W = %d ranks, global batch %lld x seq_len %lld, %s; best: "
+      "%s, then the fewest bytes per step\n",
+      in.world(), static_cast<long long>(s.global_batch), static_cast<long long>(in.seq_len),
+      std::string(dtype_name(in.dtype)).c_str(), goal);
+  std::printf(
+      "# bytes per step: what one rank sends in a step (docs/parallelism.md#bytes-per-step)\n");
+  std::printf("# %4s %4s %4s %6s %6s  %-13s %-10s %10s %10s %10s %12s\n", "Ep", "Sp", "Ds", "batch",
+              "accum", "verdict", "binding", "peak GiB", "max ctx", "max batch", "GB/step");
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t i = 0; i < s.rows.size(); ++i) {
+    const LayoutRow& r = s.rows[i];
+    const ParallelDegrees& d = r.degrees;
+    nlohmann::json jr = {{"expert_parallel", d.expert},
+                         {"sequence_parallel", d.sequence},
+                         {"data_shard", d.data_shard},
+                         {"valid", r.valid}};
+    if (!r.valid) {
+      std::printf("  %4d %4d %4d %6s %6s  %-13s %s\n", d.expert, d.sequence, d.data_shard, "-", "-",
+                  "invalid", r.why.c_str());
+      jr["why"] = r.why;
+      rows.push_back(jr);
+      continue;
+    }
+    const char* verdict = r.plan.fits() ? "fits" : "does not fit";
+    std::printf("%s %4d %4d %4d %6lld %6lld  %-13s %-10s %10.2f %10lld %10lld %12.3f\n",
+                static_cast<int>(i) == s.best ? "*" : " ", d.expert, d.sequence, d.data_shard,
+                static_cast<long long>(r.batch), static_cast<long long>(r.grad_accum), verdict,
+                r.binding.c_str(), static_cast<double>(r.plan.total) / kGiB,
+                static_cast<long long>(r.max_context), static_cast<long long>(r.max_batch),
+                r.traffic.total() / 1e9);
+    jr.update({{"batch", r.batch},
+               {"grad_accum_steps", r.grad_accum},
+               {"fits", r.plan.fits()},
+               {"binding", r.binding},
+               {"total_bytes", r.plan.total},
+               {"max_context", r.max_context},
+               {"max_batch", r.max_batch},
+               {"bytes_per_step",
+                {{"total", r.traffic.total()},
+                 {"zero_dense", r.traffic.zero_dense},
+                 {"dense_replicas", r.traffic.dense_replicas},
+                 {"zero_experts", r.traffic.zero_experts},
+                 {"ulysses", r.traffic.ulysses},
+                 {"dispatch", r.traffic.dispatch},
+                 {"vocab", r.traffic.vocab}}}});
+    rows.push_back(jr);
+  }
+  j["layouts"] = rows;
+  if (s.best < 0) {
+    std::printf("# best layout: none fits\n");
+    j["best"] = nullptr;
+    return 3;
+  }
+  const LayoutRow& b = s.rows[static_cast<size_t>(s.best)];
+  std::printf(
+      "# best layout: --set parallelism.expert_parallel=%d --set parallelism.sequence_parallel=%d "
+      "--set parallelism.data_shard=%d --set training.batch_size=%lld --set "
+      "training.grad_accum_steps=%lld\n",
+      b.degrees.expert, b.degrees.sequence, b.degrees.data_shard, static_cast<long long>(b.batch),
+      static_cast<long long>(b.grad_accum));
+  j["best"] = {{"expert_parallel", b.degrees.expert},
+               {"sequence_parallel", b.degrees.sequence},
+               {"data_shard", b.degrees.data_shard},
+               {"batch", b.batch},
+               {"grad_accum_steps", b.grad_accum}};
+  return 0;
 }
 
 int run_plan(const PlanArgs& args, const Context& ctx) {
   const Config cfg = load_config_for_command(args.config, ctx);
+  if (args.search_layout) {
+    // The configured degrees need not divide the searched W: only the other inputs count.
+    Config any = cfg;
+    any.parallelism.expert_parallel = any.parallelism.sequence_parallel =
+        any.parallelism.data_shard = 0;
+    const PlanInputs in = plan_inputs(any, args.world);
+    const LayoutGoal goal = args.max_context ? LayoutGoal::max_context
+                            : args.max_batch ? LayoutGoal::max_batch
+                                             : LayoutGoal::fits;
+    nlohmann::json j;
+    const int rc = print_layout_search(search_layouts(any, in, goal), in, j);
+    if (!args.json_path.empty()) write_file_atomically(args.json_path, j.dump(2) + "\n");
+    return rc;
+  }
   const PlanInputs in = plan_inputs(cfg, args.world);
   const Plan p = make_plan(cfg, in);
   print_plan(p, stdout);
@@ -218,7 +313,16 @@ void register_plan_command(CLI::App& app, Context& ctx) {
                 "find the largest seq_len that fits, configured and all-standard schedules");
   cmd->add_flag("--max-batch", args.max_batch,
                 "find the largest batch_size that fits, configured and all-standard schedules");
-  cmd->callback([&ctx] { ctx.action = [&ctx] { return run_plan(args, ctx); }; });
+  cmd->add_flag("--search-layout", args.search_layout,
+                "enumerate every (expert_parallel, sequence_parallel, data_shard) for W ranks, "
+                "each with the micro-batch and grad_accum_steps of the config's global batch, and "
+                "name the best (with --max-context or --max-batch: by that reach)");
+  cmd->callback([&ctx] {
+    if (args.search_layout && args.max_context && args.max_batch) {
+      throw CLI::ValidationError("--search-layout", "takes --max-context or --max-batch, not both");
+    }
+    ctx.action = [&ctx] { return run_plan(args, ctx); };
+  });
 }
 
 }  // namespace moepeak::cli

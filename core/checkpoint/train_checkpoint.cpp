@@ -53,100 +53,6 @@ std::vector<uint8_t> unhex(const std::string& text, const std::string& where) {
   return out;
 }
 
-// Element offset of this rank's piece of `param` in its flat buffers (the param is local).
-int64_t piece_offset(const ZeroParamStore& params, int param) {
-  const char* base = static_cast<const char*>(params.flat_values().data());
-  const char* at = static_cast<const char*>(params.local_value(param).data());
-  return static_cast<int64_t>(at - base) / static_cast<int64_t>(dtype_size(params.dtype()));
-}
-
-// True when `flat` is what ZeroParamStore's gather_full / load_full take: device memory in the
-// store's dtype (the weights, the grads, resident m and v).
-bool store_layout_on_device(const ZeroParamStore& params, const Tensor& flat) {
-  return flat.placement() == Placement::device && flat.dtype() == params.dtype();
-}
-
-void check_flat(const ZeroParamStore& params, const Tensor& flat) {
-  MOEPEAK_CHECK(flat.numel() == params.flat_values().numel(), "optimizer state ", flat.str(),
-                " is not laid out like this rank's ", params.flat_values().numel(),
-                " parameter elements");
-}
-
-// The full tensor of `param` from `flat` (laid out like the store's values) on every rank
-// (collective). Device state in the store's dtype goes through gather_full. Other state (pinned
-// host memory, or another dtype) is staged through a device `workspace` buffer into the same
-// collectives gather_full uses — all_gather of the dense shards, broadcast from an expert's
-// owner — since NCCL reads device memory only (on the CPU backend both are host memory).
-std::vector<char> gather_state_full(const ZeroParamStore& params, int param, const Tensor& flat,
-                                    Stream& stream) {
-  if (store_layout_on_device(params, flat)) return params.gather_full(param, flat, stream);
-  check_flat(params, flat);
-  Backend& backend = params.backend();
-  const DType dtype = flat.dtype();
-  const size_t e = dtype_size(dtype);
-  const int64_t n = params.layout().params()[param].shape.numel();
-  const CopyKind in =
-      flat.placement() == Placement::host ? CopyKind::host_to_device : CopyKind::device_to_device;
-  std::vector<char> full(static_cast<size_t>(n) * e);
-  auto local = [&] {
-    return static_cast<const char*>(flat.data()) +
-           static_cast<size_t>(piece_offset(params, param)) * e;
-  };
-  if (!params.is_expert(param)) {
-    const int64_t s = params.shard_elements(param);
-    OwnedTensor piece =
-        OwnedTensor::device(backend, Shape{s}, dtype, LiveSet::workspace, "checkpoint state shard");
-    OwnedTensor all = OwnedTensor::device(backend, Shape{params.world_size() * s}, dtype,
-                                          LiveSet::workspace, "checkpoint state gather");
-    backend.copy_async(piece.data(), local(), static_cast<size_t>(s) * e, in, stream);
-    params.comm().all_gather(piece.data(), all.data(), static_cast<size_t>(s), dtype, stream);
-    backend.copy_async(full.data(), all.data(), full.size(), CopyKind::device_to_host, stream);
-    stream.synchronize();
-    return full;
-  }
-  const int owner = params.expert_owner(param);
-  OwnedTensor tmp =
-      OwnedTensor::device(backend, Shape{n}, dtype, LiveSet::workspace, "checkpoint state expert");
-  if (owner == params.rank()) backend.copy_async(tmp.data(), local(), full.size(), in, stream);
-  params.comm().broadcast(tmp.data(), static_cast<size_t>(n), dtype, owner, stream);
-  backend.copy_async(full.data(), tmp.data(), full.size(), CopyKind::device_to_host, stream);
-  stream.synchronize();
-  return full;
-}
-
-// Keeps this rank's part of the full host tensor `full` of `param` in `flat` (not collective):
-// rank r's elements [r*s, r*s + s) of a dense tensor (zeros past its end), an expert whole on its
-// owner. Host state is written directly; device state through copies on `stream`.
-void load_state_full(ZeroParamStore& params, int param, const void* full, const Tensor& flat,
-                     Stream& stream) {
-  if (store_layout_on_device(params, flat)) return params.load_full(param, full, flat, stream);
-  check_flat(params, flat);
-  if (!params.is_local(param)) return;  // another rank's expert
-  Backend& backend = params.backend();
-  const size_t e = dtype_size(flat.dtype());
-  const int64_t n = params.layout().params()[param].shape.numel();
-  const int64_t s = params.shard_elements(param);
-  char* dst =
-      static_cast<char*>(flat.data()) + static_cast<size_t>(piece_offset(params, param)) * e;
-  int64_t begin = 0, end = n;
-  if (!params.is_expert(param)) {
-    begin = std::min(n, params.rank() * s);
-    end = std::min(n, begin + s);
-  }
-  const char* src = static_cast<const char*>(full) + static_cast<size_t>(begin) * e;
-  const size_t have = static_cast<size_t>(end - begin) * e;
-  const size_t pad = static_cast<size_t>(s - (end - begin)) * e;  // past a dense tensor's end
-  stream.synchronize();  // nothing queued still uses the state
-  if (flat.placement() == Placement::host) {
-    std::memcpy(dst, src, have);
-    std::memset(dst + have, 0, pad);
-    return;
-  }
-  backend.copy_async(dst, src, have, CopyKind::host_to_device, stream);
-  if (pad > 0) backend.memset_async(dst + have, 0, pad, stream);
-  stream.synchronize();  // `full` may die after the call
-}
-
 // Reads tensor `name` of `file` (the full tensor of param `index`) and keeps this rank's part of
 // it in `flat` (laid out like the store's values: the weights, or an optimizer state), checking
 // dtype (flat's) and shape.
@@ -164,7 +70,7 @@ void read_into(const SafetensorsFile& file, const std::string& name, ZeroParamSt
   }
   std::vector<char> host(static_cast<size_t>(p.shape.numel()) * dtype_size(flat.dtype()));
   file.read(name, host.data(), host.size());
-  load_state_full(params, index, host.data(), flat, stream);
+  params.load_full(index, host.data(), flat, stream);
 }
 
 // The full tensors of every param from `flat` (values, grads, or an optimizer state), gathered on
@@ -173,7 +79,7 @@ std::vector<std::vector<char>> gather_all(const ZeroParamStore& params, const Te
                                           Stream& stream) {
   std::vector<std::vector<char>> full(params.layout().params().size());
   for (size_t i = 0; i < full.size(); ++i) {
-    std::vector<char> t = gather_state_full(params, static_cast<int>(i), flat, stream);
+    std::vector<char> t = params.gather_full(static_cast<int>(i), flat, stream);
     if (params.rank() == 0) full[i] = std::move(t);
   }
   return full;

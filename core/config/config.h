@@ -173,6 +173,10 @@ struct TrainingConfig {
 
 struct ParallelismConfig {
   int64_t world_size = 0;  // 0 = whatever the launcher starts
+  // The degrees of the layout (docs/parallelism.md); 0 = the world size W. Each divides W.
+  int64_t expert_parallel = 0;    // Ep: ranks an expert layer is split over
+  int64_t sequence_parallel = 0;  // Sp: ranks of one Ulysses group (one set of sequences)
+  int64_t data_shard = 0;         // ranks a dense weight's ZeRO-3 shards span (HSDP below W)
 
   bool operator==(const ParallelismConfig&) const = default;
 };

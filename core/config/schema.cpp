@@ -123,7 +123,7 @@ constexpr Section kSections[] = {
     {"job", "Run identity: name, seed, and where the run's outputs go."},
     {"model", "Mixtral architecture, with Hugging Face MixtralConfig field names."},
     {"training", "Batch, sequence length, steps, data and compute dtype."},
-    {"parallelism", "The process count the job expects."},
+    {"parallelism", "The process count the job expects and the degrees of its layout."},
     {"schedules",
      "Standard or bounded schedule per live set (docs/design.md#the-schedules) and their knobs."},
     {"optimizer", "AdamW hyper-parameters and where the optimizer state lives."},
@@ -188,6 +188,16 @@ const std::vector<Field>& field_table() {
       FIELD(parallelism, world_size, at_least(0),
             "Ranks the job expects; 0 = whatever the launcher starts, otherwise the job refuses "
             "to start on another count."),
+      FIELD(parallelism, expert_parallel, at_least(0),
+            "Expert-parallel degree Ep (divides the world size W and num_local_experts): each "
+            "group of Ep ranks holds every expert once; the W/Ep groups are expert-data-parallel "
+            "replicas over which each expert is ZeRO-3 sharded. 0 = W."),
+      FIELD(parallelism, sequence_parallel, at_least(0),
+            "Ulysses degree Sp (divides W, num_attention_heads and seq_len): each group of Sp "
+            "ranks holds B/(W/Sp) whole sequences, split by position. 0 = W."),
+      FIELD(parallelism, data_shard, at_least(0),
+            "Ranks a dense weight is ZeRO-3 sharded over (divides W); below W the W/data_shard "
+            "groups are replicas whose gradients are all-reduced (hybrid sharding). 0 = W."),
       // [schedules]
       FIELD(schedules, dispatch, no_limit(),
             "Expert dispatch: standard all-to-all, llep (least-loaded EP), or pipelined_llep "

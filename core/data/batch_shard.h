@@ -1,10 +1,11 @@
-// This rank's share of the global batch under sequence parallelism
-// (docs/design.md#parallel-layout): rank r of W takes positions [r*T/W, (r+1)*T/W) of every one of
-// the B sequences — N = B*T/W distinct tokens — with their global positions (RoPE needs the true
-// position in the sequence).
+// This rank's share of the global batch under sequence parallelism (docs/parallelism.md): with
+// Sp ranks per sequence group, rank r of W is rank r % Sp of sequence group g = r / Sp, which
+// holds sequences [g*B/(W/Sp), (g+1)*B/(W/Sp)); the rank takes positions [(r%Sp)*T/Sp, +T/Sp) of
+// each — N = B*T/W distinct tokens — with their global positions (RoPE needs the true position
+// in the sequence). Sp = W (the default): every rank takes its slice of all B sequences.
 //
 //   global input_ids, labels: (B, T) row-major
-//   local  input_ids, labels, positions: (B, T/W) row-major = (N) tokens, sequence-major
+//   local  input_ids, labels, positions: (B/(W/Sp), T/Sp) row-major = (N) tokens, sequence-major
 #pragma once
 
 #include <cstdint>
@@ -14,12 +15,14 @@ namespace moepeak {
 
 struct LocalBatch {
   std::vector<int64_t> input_ids, labels, positions;  // N = B * T / W each
-  int64_t batch = 0, local_seq_len = 0;
+  int64_t batch = 0, local_seq_len = 0;               // B/(W/Sp) sequences of T/Sp tokens
 };
 
-// Throws moepeak::Error unless 0 <= rank < world and seq_len % world == 0 (naming the numbers).
+// Throws moepeak::Error unless 0 <= rank < world, Sp divides W, seq_len % Sp == 0 and
+// batch % (W/Sp) == 0 (naming the numbers). sequence_parallel 0 = W.
 LocalBatch shard_batch(const std::vector<int64_t>& input_ids, const std::vector<int64_t>& labels,
-                       int64_t batch, int64_t seq_len, int world, int rank);
+                       int64_t batch, int64_t seq_len, int world, int rank,
+                       int sequence_parallel = 0);
 
 // Labels that count towards the loss (not -100) in `labels`.
 int64_t count_scored(const std::vector<int64_t>& labels);

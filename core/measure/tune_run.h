@@ -35,7 +35,7 @@ struct TuneRequest {
          sco_tolerance = 0.03;
 };
 
-// Whether `cfg` fits its plan on in.world ranks, and why not (the verdict, or the layout error).
+// Whether `cfg` fits its plan on in.world() ranks, and why not (the verdict, or the layout error).
 struct PlanCheck {
   bool fits = false;
   std::string note;

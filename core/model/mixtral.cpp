@@ -56,7 +56,8 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
     : MixtralModel(backend, stream, comm, model, with_checkpoint(checkpoint), dtype) {}
 
 MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
-                           const SchedulesConfig& schedules, DType dtype)
+                           const SchedulesConfig& schedules, DType dtype,
+                           std::optional<ParallelDegrees> degrees)
     : backend_(backend),
       stream_(stream),
       comm_(comm),
@@ -64,8 +65,10 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
       schedules_(schedules),
       checkpoint_(schedules.checkpoint),
       dtype_(dtype),
-      params_(backend, model, dtype, comm, lm_head_sharding(schedules.vocab)),
-      groups_(zero_gather_groups(params_.layout(), params_.lm_head_sharding())) {
+      layout_(comm, degrees.value_or(ParallelDegrees::uniform(comm.world_size())), backend.kind()),
+      params_(backend, model, dtype, layout_, lm_head_sharding(schedules.vocab)) {
+  const auto [first, last] = zero_local_experts(model, layout_.degrees(), layout_.expert().rank());
+  groups_ = zero_gather_groups(params_.layout(), params_.lm_head_sharding(), first, last);
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 ||
                     (dtype == DType::bf16 && backend.kind() == BackendKind::cuda),
                 "the model computes in f32 or f64 (and bf16 on the CUDA backend), not ",
@@ -78,13 +81,23 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
 MixtralModel::~MixtralModel() = default;
 
 void MixtralModel::check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len,
-                                int world) {
-  if (world < 1 || model.num_local_experts % world != 0) {
-    MOEPEAK_INPUT_ERROR("expert parallelism over W = ", world,
+                                const ParallelDegrees& d) {
+  MOEPEAK_CHECK(d.world >= 1 && d.world % d.expert == 0 && d.world % d.sequence == 0 &&
+                    d.world % d.data_shard == 0,
+                "degrees ", d.str(), " do not divide W = ", d.world);
+  if (model.num_local_experts % d.expert != 0) {
+    MOEPEAK_INPUT_ERROR("expert parallelism over Ep = ", d.expert,
                         " ranks needs model.num_local_experts (", model.num_local_experts,
-                        ") divisible by W");
+                        ") divisible by Ep (parallelism.expert_parallel)");
   }
-  schedules::UlyssesLayout::make(batch, seq_len, world, 0, model.num_attention_heads,
+  const int groups = d.sequence_groups();
+  if (batch % groups != 0) {
+    MOEPEAK_INPUT_ERROR("sequence parallelism over Sp = ", d.sequence, " of W = ", d.world,
+                        " ranks gives ", groups,
+                        " sequence groups, which need training.batch_size (", batch,
+                        ") divisible by W/Sp = ", groups);
+  }
+  schedules::UlyssesLayout::make(batch / groups, seq_len, d.sequence, 0, model.num_attention_heads,
                                  model.num_key_value_heads, model.head_dim_resolved());
 }
 
@@ -92,14 +105,19 @@ OwnedTensor MixtralModel::device(Shape shape, LiveSet set, const char* what) con
   return OwnedTensor::device(backend_, shape, dtype_, set, what);
 }
 
-std::vector<schedules::ExpertWeights> MixtralModel::local_experts_of(int layer) const {
+std::vector<schedules::ExpertWeights> MixtralModel::local_experts_of(int layer, const Group& w,
+                                                                     bool with_grads) const {
   const LayerParamIndex& L = params_.layout().layers[layer];
   std::vector<schedules::ExpertWeights> experts;
   for (size_t j = 0; j < L.w1.size(); ++j) {
     if (!params_.is_local(L.w1[j])) continue;
-    experts.push_back({params_.local_value(L.w1[j]), params_.local_value(L.w2[j]),
-                       params_.local_value(L.w3[j]), params_.local_grad(L.w1[j]),
-                       params_.local_grad(L.w2[j]), params_.local_grad(L.w3[j])});
+    schedules::ExpertWeights e{w.value(L.w1[j]), w.value(L.w2[j]), w.value(L.w3[j]), {}, {}, {}};
+    if (with_grads) {
+      e.dw1 = w.grad(L.w1[j]);
+      e.dw2 = w.grad(L.w2[j]);
+      e.dw3 = w.grad(L.w3[j]);
+    }
+    experts.push_back(e);
   }
   return experts;
 }
@@ -108,10 +126,12 @@ OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Grou
                                             const Tensor& x, const TokenBatch& batch,
                                             LayerActivations& a) {
   const schedules::UlyssesLayout& U = ulysses_;
-  const int64_t N = x.size(0), H = model_.hidden_size, B = batch.batch, T = batch.seq_len;
+  // B: the sequences of this rank's sequence group (all B when Sp = W).
+  const int64_t N = x.size(0), H = model_.hidden_size, B = U.batch, T = batch.seq_len;
   const int64_t nh = model_.num_attention_heads, nkv = model_.num_key_value_heads;
   const int64_t d = model_.head_dim_resolved();
-  const bool exchange = comm_.world_size() > 1;
+  Comm& sp = layout_.sequence();
+  const bool exchange = sp.world_size() > 1;
 
   // n1 = norm(x); q, k, v of this rank's tokens; RoPE at their global positions.
   a.n1 = device(Shape{N, H}, LiveSet::attention, "input norm");
@@ -137,7 +157,7 @@ OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Grou
     staging = schedules::make_ulysses_staging(backend_, U, dtype_);
     auto to_heads = [&](const OwnedTensor& seq, HeadKind kind, const char* what) {
       OwnedTensor heads = device(U.heads_shape(kind), LiveSet::attention, what);
-      schedules::seq_to_heads(seq.view().reshape(U.seq_shape(kind)), heads, kind, staging, U, comm_,
+      schedules::seq_to_heads(seq.view().reshape(U.seq_shape(kind)), heads, kind, staging, U, sp,
                               stream_);
       return heads;
     };
@@ -161,7 +181,7 @@ OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Grou
     a.attn = device(Shape{N, nh * d}, LiveSet::attention, "attention output (token layout)");
     schedules::heads_to_seq(a.out.view().reshape(q_heads),
                             a.attn.view().reshape(U.seq_shape(HeadKind::query)), HeadKind::query,
-                            false, staging, U, comm_, stream_);
+                            false, staging, U, sp, stream_);
     attn = a.attn.view();
   }
   OwnedTensor h = device(Shape{N, H}, LiveSet::workspace, "attention residual");
@@ -177,7 +197,8 @@ OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Gro
   const int64_t N = x.size(0), H = model_.hidden_size;
   const int64_t nh = model_.num_attention_heads, nkv = model_.num_key_value_heads;
   const int64_t d = model_.head_dim_resolved();
-  const bool exchange = comm_.world_size() > 1;
+  Comm& sp = layout_.sequence();
+  const bool exchange = sp.world_size() > 1;
   const Shape q_heads = U.heads_shape(HeadKind::query), kv_heads = U.heads_shape(HeadKind::kv);
 
   Tensor attn = exchange ? a.attn.view() : a.out.view().reshape(Shape{N, nh * d});
@@ -188,7 +209,7 @@ OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Gro
     staging = schedules::make_ulysses_staging(backend_, U, dtype_);
     dout = device(q_heads, LiveSet::workspace, "d attention output (head layout)");
     schedules::seq_to_heads(dattn.view().reshape(U.seq_shape(HeadKind::query)), dout,
-                            HeadKind::query, staging, U, comm_, stream_);
+                            HeadKind::query, staging, U, sp, stream_);
     dattn.reset();
   } else {
     dout = std::move(dattn);
@@ -206,7 +227,7 @@ OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Gro
     auto to_tokens = [&](OwnedTensor& heads, HeadKind kind, int64_t width, const char* what) {
       OwnedTensor seq = device(Shape{N, width}, LiveSet::workspace, what);
       schedules::heads_to_seq(heads, seq.view().reshape(U.seq_shape(kind)), kind, true, staging, U,
-                              comm_, stream_);
+                              sp, stream_);
       heads.reset();
       return seq;
     };
@@ -259,18 +280,26 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor&
   if (dispatchers_.size() <= static_cast<size_t>(layer))
     dispatchers_.resize(static_cast<size_t>(layer) + 1);
   if (!dispatchers_[layer]) {
-    dispatchers_[layer] = schedules::make_dispatch(schedules_, backend_, stream_, comm_, dtype_,
-                                                   model_.num_local_experts, llep_lane_);
+    dispatchers_[layer] = schedules::make_dispatch(schedules_, backend_, stream_, layout_.expert(),
+                                                   dtype_, model_.num_local_experts, llep_lane_);
   }
   a.dispatch = dispatchers_[layer].get();
   // The recompute's output is dropped: a dispatcher that can (PipelinedLLEP) then only plans (an
   // undefined `out`), as its backward recomputes the experts chunk by chunk anyway
   // (ExpertDispatch::forward).
   const bool plan_only = recompute && a.dispatch->supports_plan_only();
-  a.dispatch->forward(a.n2, a.topk_index, a.topk_weight, local_experts_of(layer),
+  a.dispatch->forward(a.n2, a.topk_index, a.topk_weight, local_experts_of(layer, w, false),
                       plan_only ? Tensor() : y.view());
   if (!recompute) {
-    expert_load_[layer] = a.dispatch->expert_counts();
+    expert_load_[layer] = a.dispatch->expert_counts();  // over the expert group
+    Comm& replicas = layout_.expert_replicas();
+    if (replicas.world_size() > 1) {
+      std::vector<double> counts(expert_load_[layer].begin(), expert_load_[layer].end());
+      all_reduce_host(replicas, backend_, stream_, counts);
+      for (size_t e = 0; e < counts.size(); ++e) {
+        expert_load_[layer][e] = static_cast<int64_t>(counts[e]);
+      }
+    }
     if (model_.router_aux_loss_coef != 0.0) accumulate_router_prob_sums(a.probs);
   }
   return y;
@@ -288,7 +317,7 @@ OwnedTensor MixtralModel::layer_backward(int layer, const Group& w, const Tensor
   ops::fill(dn2, 0.0, stream_);
   {
     OwnedTensor dtopk_weight = device(Shape{N, k}, LiveSet::workspace, "d top-k weights");
-    a.dispatch->backward(dy, local_experts_of(layer), dn2, dtopk_weight);
+    a.dispatch->backward(dy, local_experts_of(layer, w, true), dn2, dtopk_weight);
     OwnedTensor drouter = device(Shape{N, E}, LiveSet::workspace, "d router logits");
     ops::router_backward(a.probs, a.topk_index, a.topk_weight, dtopk_weight, drouter, stream_);
     if (aux_dprobs_.view().defined())
@@ -309,8 +338,10 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   const int W = comm_.world_size();
   const int64_t B = batch.batch, T = batch.seq_len, H = model_.hidden_size;
   const int Lc = static_cast<int>(model_.num_hidden_layers);
-  check_layout(model_, B, T, W);
-  ulysses_ = schedules::UlyssesLayout::make(B, T, W, comm_.rank(), model_.num_attention_heads,
+  const ParallelDegrees& degrees = layout_.degrees();
+  check_layout(model_, B, T, degrees);
+  ulysses_ = schedules::UlyssesLayout::make(B / degrees.sequence_groups(), T, degrees.sequence,
+                                            layout_.sequence().rank(), model_.num_attention_heads,
                                             model_.num_key_value_heads, model_.head_dim_resolved());
   const int64_t N = ulysses_.local_tokens();
   MOEPEAK_CHECK(

@@ -5,22 +5,27 @@
 // input kept, the layer recomputed in backward; "sco": the same, with inputs offloaded to pinned
 // host memory in between).
 //
-//   this rank's tokens  N = B*T/W: positions [r*T/W, (r+1)*T/W) of each of the B sequences
+//   this rank's tokens  N = B*T/W: positions [(r%Sp)*T/Sp, +T/Sp) of each of the B/(W/Sp)
+//                       sequences of its sequence group (docs/parallelism.md; Sp = W: all B)
 //   input_ids, labels, positions (N) i64, sequence-major, positions global
 //   embedding -> L x [x += attn(norm(x)); x += moe(norm(x))] -> norm -> lm_head -> cross-entropy
 //
-// Parallel layout (W > 1; with W = 1 every exchange below is skipped and every gather is a view):
-//   - parameters: ZeroParamStore — dense tensors ZeRO-3 sharded, gathered one group at a time
-//     (the embedding, each layer's attention/norms/router, the final norm with the LM head) right
-//     before use in forward and again in backward, their gradients reduce-scattered after use;
-//     expert e whole on rank e / (E/W);
+// Parallel layout (W > 1, degrees Ep, Sp, Ds: core/model/parallel_layout.h; with W = 1 every
+// exchange below is skipped and every gather is a view):
+//   - parameters: ZeroParamStore — dense tensors ZeRO-3 sharded over the data-shard group,
+//     gathered one group at a time (the embedding, each layer's attention/norms/router with the
+//     rank's experts of the layer, the final norm with the LM head) right before use in forward
+//     and again in backward, their gradients reduce-scattered after use (and all-reduced over
+//     the dense replicas when Ds < W); expert e on expert-group rank e / (E/Ep), ZeRO-3 sharded
+//     over the W/Ep expert replicas (whole, never gathered, when Ep = W);
 //   - attention: q, k, v from this rank's tokens, RoPE at global positions, then Ulysses
-//     all-to-alls to whole sequences of nh/W query heads (and their kv heads, replicated when
-//     nkv < W), attention, and back (ops/schedules/ulysses.h);
+//     all-to-alls inside the sequence group to whole sequences of nh/Sp query heads (and their
+//     kv heads, replicated when nkv < Sp), attention, and back (ops/schedules/ulysses.h);
 //   - MoE: router on this rank's tokens, then the dispatcher schedules.dispatch names (one per
 //     layer, made on the layer's first forward and kept; schedules::make_dispatch,
 //     ops/schedules/dispatch_choice.h): "standard" — StandardDispatch on one
-//     rank, ExpertParallelDispatch (one all_to_all_v each way) on W; "llep" — LlepDispatch
+//     rank, ExpertParallelDispatch (one all_to_all_v each way) over the Ep ranks of the expert
+//     group; "llep" — LlepDispatch
 //     (least-loaded EP, ops/schedules/dispatch_llep.h); "pipelined_llep" — PipelinedLlepDispatch
 //     (LLEP per chunk of at most c_eff tokens per source, buffers fixed at launch,
 //     ops/schedules/dispatch_pipelined_llep.h). On one rank LLEP has nothing to balance (the
@@ -48,10 +53,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/comm/comm.h"
 #include "core/config/config.h"
+#include "core/model/parallel_layout.h"
 #include "core/model/zero_params.h"
 #include "core/runtime/backend.h"
 #include "ops/schedules/checkpoint_standard.h"
@@ -71,10 +78,12 @@ struct PipelinedLlepLane;
 using schedules::lm_head_sharding;
 
 struct TokenBatch {
-  Tensor input_ids;  // (N) i64, device; N = batch * seq_len / W, this rank's slice of each sequence
-  Tensor labels;     // (N) i64, device; -100 = not scored
-  Tensor positions;  // (N) i64, device; global positions in each sequence
-  int64_t batch = 0, seq_len = 0;  // B and the whole sequence length T (not T/W)
+  // N = batch * seq_len / W: this rank's slice (positions [(r % Sp) T/Sp, +T/Sp)) of each of the
+  // B/(W/Sp) sequences of its sequence group r / Sp (docs/parallelism.md).
+  Tensor input_ids;                // (N) i64, device
+  Tensor labels;                   // (N) i64, device; -100 = not scored
+  Tensor positions;                // (N) i64, device; global positions in each sequence
+  int64_t batch = 0, seq_len = 0;  // the global batch B and the whole sequence length T
   int64_t scored_tokens = 0;       // this rank's labels != -100
 };
 
@@ -82,25 +91,33 @@ class MixtralModel {
  public:
   // dtype: f32 (training), f64 (gradient checks) or, on the CUDA backend, bf16 (bf16 weights,
   // gradients and activations; fp32 math inside the ops; the attention lse in f32). `comm`
-  // spans the W ranks (a single-rank Comm for W = 1); E must be a multiple of W. `schedules`:
-  // the [schedules] section of the config (the schedule of each live set the model owns and
-  // their knobs).
+  // spans the W ranks (a single-rank Comm for W = 1); `degrees` the layout on them (default:
+  // every degree W), whose groups the model splits from `comm` (collective); E must be a
+  // multiple of Ep. `schedules`: the [schedules] section of the config (the schedule of each
+  // live set the model owns and their knobs).
   MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
-               const SchedulesConfig& schedules, DType dtype);
+               const SchedulesConfig& schedules, DType dtype,
+               std::optional<ParallelDegrees> degrees = std::nullopt);
   // The default schedules with this checkpointing (tests).
   MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                CheckpointSchedule checkpoint, DType dtype);
   ~MixtralModel();
 
-  // Throws moepeak::Error, naming the numbers, unless a batch of B x T tokens can be trained on
-  // W ranks: E % W == 0 and the sequence-parallel attention's conditions (UlyssesLayout::make).
-  // Not collective: every rank reaches the same verdict before any work.
-  static void check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len, int world);
+  // Throws moepeak::Error, naming the numbers, unless a global batch of B x T tokens can be
+  // trained in the layout: E % Ep == 0, B % (W/Sp) == 0 and the sequence-parallel attention's
+  // conditions on the Sp ranks of a group (UlyssesLayout::make). Not collective: every rank
+  // reaches the same verdict before any work.
+  static void check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len,
+                           const ParallelDegrees& degrees);
+  static void check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len, int world) {
+    check_layout(model, batch, seq_len, ParallelDegrees::uniform(world));
+  }
 
   ZeroParamStore& params() { return params_; }
   const ZeroParamStore& params() const { return params_; }
   const ModelConfig& config() const { return model_; }
   Comm& comm() const { return comm_; }
+  const ParallelGroups& groups() const { return layout_; }
 
   // The job's mean cross-entropy over the scored tokens (plus router_aux_loss_coef times
   // Mixtral's load-balancing loss when the coefficient is not 0, as HF's MixtralForCausalLM
@@ -133,7 +150,9 @@ class MixtralModel {
   OwnedTensor attention_backward(const LayerParamIndex& L, const Group& w, const Tensor& dh,
                                  const Tensor& x, const TokenBatch& batch, LayerActivations& a);
   double run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward);
-  std::vector<schedules::ExpertWeights> local_experts_of(int layer) const;
+  // This rank's experts of `layer` from its gathered group (with their gradients for backward).
+  std::vector<schedules::ExpertWeights> local_experts_of(int layer, const Group& w,
+                                                         bool with_grads) const;
   // Mixtral's auxiliary load-balancing loss (router_aux_loss_coef > 0), HF's formula over all
   // layers and the job's tokens: adds each layer's column sums of the router probabilities,
   // then forms the loss and (for backward) its constant per-expert gradient with respect to the
@@ -149,9 +168,11 @@ class MixtralModel {
   SchedulesConfig schedules_;
   CheckpointSchedule checkpoint_;
   DType dtype_;
+  ParallelGroups layout_;  // the layout's groups (before params_, which keeps a reference)
   ZeroParamStore params_;
-  std::vector<std::vector<int>> groups_;  // zero_gather_groups: embed, layers..., final norm + head
-  schedules::UlyssesLayout ulysses_;      // of the current batch
+  // zero_gather_groups: embed, layers (with this rank's experts)..., final norm + head
+  std::vector<std::vector<int>> groups_;
+  schedules::UlyssesLayout ulysses_;  // of the current batch
   std::vector<std::vector<int64_t>> expert_load_;
   std::vector<double> router_prob_sums_;  // per expert, over all layers of the current forward
   OwnedTensor aux_dprobs_;                // (E) d(coef * aux)/d probs, during backward

@@ -29,24 +29,21 @@ int64_t resident_layers(const ModelConfig& model, CheckpointSchedule checkpoint)
   return schedules::resident_layers(checkpoint, model.num_hidden_layers);
 }
 
-schedules::UlyssesLayout layout_of(const ModelConfig& m, int64_t B, int64_t T, int world,
-                                   int rank) {
-  return schedules::UlyssesLayout::make(B, T, world, rank, m.num_attention_heads,
-                                        m.num_key_value_heads, m.head_dim_resolved());
+// The Ulysses layout of world rank `rank`: rank r % Sp of a group of Sp ranks holding
+// B/(W/Sp) sequences.
+schedules::UlyssesLayout layout_of(const ModelConfig& m, int64_t B, int64_t T,
+                                   const ParallelDegrees& d, int rank) {
+  return schedules::UlyssesLayout::make(B / d.sequence_groups(), T, d.sequence, rank % d.sequence,
+                                        m.num_attention_heads, m.num_key_value_heads,
+                                        m.head_dim_resolved());
 }
 
-// The largest ZeRO-3 shard (ceil(n_i / W) elements) of the dense params in `group`: the
-// reduce-scatter temporary of GatheredGroup::reduce_scatter_grads (0 on one rank).
-int64_t largest_shard(const ParamLayout& layout, const std::vector<int>& group, int world) {
-  if (world == 1) return 0;
-  int64_t most = 0;
-  for (int p : group) most = std::max(most, (numel(layout.params()[p].shape) + world - 1) / world);
-  return most;
-}
-
-uint64_t attention_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world, int rank,
-                           CheckpointSchedule checkpoint, DType dtype) {
-  const schedules::UlyssesLayout U = layout_of(m, B, T, world, rank);
+uint64_t attention_on_rank(const ModelConfig& m, int64_t B, int64_t T,
+                           const ParallelDegrees& degrees, int rank, CheckpointSchedule checkpoint,
+                           DType dtype) {
+  const schedules::UlyssesLayout U = layout_of(m, B, T, degrees, rank);
+  const int world = degrees.sequence;  // the exchange's ranks
+  B = U.batch;
   const int64_t b = static_cast<int64_t>(dtype_size(dtype));
   const int64_t N = U.local_tokens(), H = m.hidden_size, d = m.head_dim_resolved();
   const int64_t nh = m.num_attention_heads, nkv = m.num_key_value_heads;
@@ -72,9 +69,13 @@ uint64_t attention_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
          std::max(forward, kept + S);
 }
 
-uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world, int rank,
-                           const SchedulesConfig& s, DType dtype) {
-  const schedules::UlyssesLayout U = layout_of(m, B, T, world, rank);
+// `temporaries`: the reduce-scatter temporary's elements of each gather group (embed, layers,
+// head), the same on every rank.
+uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
+                           const ParallelDegrees& degrees, int rank, const SchedulesConfig& s,
+                           DType dtype, const std::vector<int64_t>& temporaries) {
+  const schedules::UlyssesLayout U = layout_of(m, B, T, degrees, rank);
+  const int world = degrees.world;
   const int64_t b = static_cast<int64_t>(dtype_size(dtype));
   const int64_t N = U.local_tokens(), H = m.hidden_size, d = m.head_dim_resolved();
   const int64_t nh = m.num_attention_heads, nkv = m.num_key_value_heads;
@@ -91,11 +92,14 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
   const uint64_t batch_tensors = 3 * fp(8 * N);
   // The dispatcher's small count exchange (workspace, during its forward's planning).
   const uint64_t counts = schedules::dispatch_workspace_bytes(
-      s, {N, k, H, m.intermediate_size, E, world, resident_layers(m, s.checkpoint), dtype});
+      s,
+      {N, k, H, m.intermediate_size, E, degrees.expert, resident_layers(m, s.checkpoint), dtype});
   // The load-balancing loss: its per-expert gradient (E) from the head to the end of backward,
-  // and the all-reduce of the probability sums in each layer's forward (W > 1).
+  // and the all-reduce of the probability sums in each layer's forward (W > 1); the expert
+  // counts' all-reduce over the expert replicas (W/Ep > 1) in each layer's forward.
   const uint64_t aux_dprobs = aux ? fp(E * b) : 0;
-  const uint64_t aux_reduce = aux && world > 1 ? fp(E * 8) : 0;
+  const uint64_t aux_reduce =
+      std::max(aux && world > 1 ? fp(E * 8) : 0, degrees.expert_replicas() > 1 ? fp(E * 8) : 0);
 
   // What each layer keeps from forward (LayerActivations in workspace): the attention residual
   // h, n2, rstd2, probs (N, E), top-k index (i32) and weights.
@@ -108,15 +112,13 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
   const uint64_t forward = earlier + Aw + max_of({NE, counts, aux_reduce});
   const uint64_t recompute = none ? 0 : Nb + aux_dprobs + NH + Aw + max_of({NE, counts});
   // Head: final norm xf and rstdf, d xf and d final hidden; then the head group's reduce-scatter.
-  const ParamLayout layout(m);
-  const auto groups = zero_gather_groups(layout, lm_head_sharding(s.vocab));
-  const uint64_t rs_head = fp(largest_shard(layout, groups.back(), world) * b);
+  const uint64_t rs_head = fp(temporaries.back() * b);
   const uint64_t head = all_kept + aux_dprobs + std::max(NH + Nb + NH + NH, Nb + NH + rs_head);
   // Backward of the last layer: rstdf, the incoming gradient dy, the layer's activations, then
   // per moment dn2 with the router's gradients, dn2 with dh, and attention's gradients beside dh.
   const uint64_t base = Nb + aux_dprobs + NH + (none ? all_kept : Aw);
   uint64_t attn;
-  if (world == 1) {
+  if (degrees.sequence == 1) {                             // no Ulysses exchange
     attn = std::max(2 * Q + 2 * KV, Q + 2 * KV + 2 * NH);  // dattn=dout, dq, dk, dv; dn1, dx
   } else {
     attn = max_of({Q + Qh, 2 * Qh + 2 * KVh, Qh + 2 * KVh + Q, Q + 2 * KVh + KV, Q + KVh + 2 * KV,
@@ -125,12 +127,11 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
   const uint64_t backward = base + max_of({NH + Kb + counts, NH + Kb + NE, NH + NH, NH + attn});
   // After a layer's backward: its new dx, the earlier layers' activations, the reduce-scatter.
   int64_t layer_shard = 0;
-  for (size_t g = 1; g + 1 < groups.size(); ++g) {
-    layer_shard = std::max(layer_shard, largest_shard(layout, groups[g], world));
+  for (size_t g = 1; g + 1 < temporaries.size(); ++g) {
+    layer_shard = std::max(layer_shard, temporaries[g]);
   }
   const uint64_t reduce = Nb + aux_dprobs + NH + earlier + fp(layer_shard * b);
-  const uint64_t embed =
-      Nb + aux_dprobs + NH + fp(largest_shard(layout, groups.front(), world) * b);
+  const uint64_t embed = Nb + aux_dprobs + NH + fp(temporaries.front() * b);
   // After the step: the grad norm's partials (f64) and its all-reduce; the metrics' all-gather.
   const uint64_t after = std::max(fp(8 * ops::kSumSquaresParts) + (world > 1 ? fp(8) : 0),
                                   world > 1 ? fp(16) + fp(16 * world) : 0);
@@ -140,20 +141,29 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T, int world
 
 }  // namespace
 
-uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len, int world,
-                         CheckpointSchedule checkpoint, DType dtype) {
+uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
+                         const ParallelDegrees& degrees, CheckpointSchedule checkpoint,
+                         DType dtype) {
   uint64_t most = 0;
-  for (int r = 0; r < world; ++r) {
-    most = std::max(most, attention_on_rank(model, batch, seq_len, world, r, checkpoint, dtype));
+  for (int r = 0; r < degrees.sequence; ++r) {  // every rank of a sequence group; groups alike
+    most = std::max(most, attention_on_rank(model, batch, seq_len, degrees, r, checkpoint, dtype));
   }
   return most;
 }
 
-uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len, int world,
-                         const SchedulesConfig& schedules, DType dtype) {
+uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
+                         const ParallelDegrees& degrees, const SchedulesConfig& schedules,
+                         DType dtype) {
+  // Every rank of the job has the same reduce temporaries (their shards are equal) and a rank's
+  // attention and MoE shapes depend on its rank in the sequence group only.
+  const auto [first, last] = zero_local_experts(model, degrees, 0);
+  const std::vector<int64_t> reduce = zero_reduce_temporary_elements(
+      model, degrees,
+      zero_gather_groups(ParamLayout(model), lm_head_sharding(schedules.vocab), first, last));
   uint64_t most = 0;
-  for (int r = 0; r < world; ++r) {
-    most = std::max(most, workspace_on_rank(model, batch, seq_len, world, r, schedules, dtype));
+  for (int r = 0; r < degrees.sequence; ++r) {
+    most = std::max(most,
+                    workspace_on_rank(model, batch, seq_len, degrees, r, schedules, dtype, reduce));
   }
   return most;
 }

@@ -7,8 +7,9 @@
 // Test: ctest -R 'test_plan' (tests/plan/: measured peak <= these bytes, within 10%).
 //
 // With fp = DeviceArena::footprint, b = dtype bytes, N = B*T/W this rank's tokens, Qh/KVh the
-// head-layout q and k/v of UlyssesLayout (= the token layout when W = 1), S the Ulysses staging
-// (ulysses_exchange_bytes, W > 1 only), l_res = L under checkpoint = "none", else 1:
+// head-layout q and k/v of UlyssesLayout over the Sp ranks of a sequence group (= the token
+// layout when Sp = 1), S the Ulysses staging (ulysses_exchange_bytes, Sp > 1 only), l_res = L under
+// checkpoint = "none", else 1:
 //   attention: per resident layer Aa = fp(NHb) + fp(Nb) + fp(Qh b) + 2 fp(KVh b) + fp(N nh d b)
 //              + fp(B h_q T b) [+ fp(N nh d b) the token-layout output, W > 1];
 //              peak = (l_res - 1) Aa + the forward peak of one layer (W > 1: the token-layout
@@ -23,18 +24,32 @@
 #include <cstdint>
 
 #include "core/config/config.h"
+#include "core/model/parallel_layout.h"
 #include "core/runtime/dtype.h"
 
 namespace moepeak {
 
 // Peak bytes of the `attention` live set on the largest rank for a global batch of B x T tokens
-// on W ranks. `checkpoint` decides how many layers keep their attention activations at once.
-uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len, int world,
-                         CheckpointSchedule checkpoint, DType dtype);
+// in the layout `degrees` (Ulysses over the Sp ranks of a sequence group, B/(W/Sp) sequences
+// each). `checkpoint` decides how many layers keep their attention activations at once.
+uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
+                         const ParallelDegrees& degrees, CheckpointSchedule checkpoint,
+                         DType dtype);
 
 // Peak bytes of the `workspace` live set of one training step (forward, backward, grad norm,
 // optimizer step, metrics) on the largest rank, including the trainer's batch tensors.
-uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len, int world,
-                         const SchedulesConfig& schedules, DType dtype);
+uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
+                         const ParallelDegrees& degrees, const SchedulesConfig& schedules,
+                         DType dtype);
+
+// The same for every degree W.
+inline uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len, int world,
+                                CheckpointSchedule checkpoint, DType dtype) {
+  return attention_bytes(model, batch, seq_len, ParallelDegrees::uniform(world), checkpoint, dtype);
+}
+inline uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len, int world,
+                                const SchedulesConfig& schedules, DType dtype) {
+  return workspace_bytes(model, batch, seq_len, ParallelDegrees::uniform(world), schedules, dtype);
+}
 
 }  // namespace moepeak

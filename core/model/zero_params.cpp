@@ -3,6 +3,7 @@
 #include "core/model/zero_params.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -13,17 +14,20 @@
 namespace moepeak {
 namespace {
 
+constexpr int64_t kAbsent = -1, kInStore = -2;
+
 int64_t align_up(int64_t n) {
   constexpr int64_t a = ParamLayout::kAlignElements;
   return (n + a - 1) / a * a;
 }
 
-int64_t shard_size(int64_t numel, int world) { return (numel + world - 1) / world; }
+int64_t shard_size(int64_t numel, int ranks) { return (numel + ranks - 1) / ranks; }
 
-void check_experts_divisible(const ModelConfig& model, int world) {
-  if (world < 1 || model.num_local_experts % world != 0) {
-    MOEPEAK_INPUT_ERROR("ZeRO-3 with expert parallelism needs num_local_experts (E = ",
-                        model.num_local_experts, ") divisible by the world size (W = ", world, ")");
+void check_experts_divisible(const ModelConfig& model, const ParallelDegrees& d) {
+  if (d.expert < 1 || model.num_local_experts % d.expert != 0) {
+    MOEPEAK_INPUT_ERROR("expert parallelism over Ep = ", d.expert,
+                        " ranks needs num_local_experts (E = ", model.num_local_experts,
+                        ") divisible by Ep");
   }
 }
 
@@ -39,42 +43,74 @@ std::vector<int> expert_of(const ParamLayout& layout) {
 }
 
 // What rank `rank` stores of param i: elements [first, first + numel) of the flattened tensor
-// (numel = 0: nothing). Dense: the ZeRO-3 slice [r*s, r*s + s) (the part past n is padding);
-// expert: all of it on the owner; vocabulary rows: rows [floor(rV/W), floor((r+1)V/W)).
+// (stored = false: nothing), whose shards span `shards` ranks and which `replicas` groups hold
+// again (see zero_params.h). Dense: the ZeRO-3 slice of data-shard rank r % Ds; expert: the
+// slice of replica r / Ep on the ranks of its expert-group rank, whole when W/Ep = 1;
+// vocabulary rows: rows [floor(rV/W), floor((r+1)V/W)).
 struct Extent {
+  bool stored = true, rows = false;
   int64_t first = 0, numel = 0;
-  bool rows = false;
+  int shards = 1, replicas = 1;
 };
 Extent extent_of(const ParamLayout& layout, const std::vector<int>& expert, size_t i,
-                 int experts_per_rank, int world, int rank, LmHeadSharding lm_head) {
+                 const ParallelDegrees& d, int rank, LmHeadSharding lm_head) {
   const int64_t n = layout.params()[i].shape.numel();
+  Extent e;
   if (expert[i] >= 0) {
-    if (expert[i] / experts_per_rank != rank) return {};
-    return {0, n, false};
+    const int per_rank = static_cast<int>(layout.layers.front().w1.size()) / d.expert;
+    if (expert[i] / per_rank != rank % d.expert) return Extent{false};
+    e.shards = d.expert_replicas();
+    const int64_t s = shard_size(n, e.shards);
+    e.first = (rank / d.expert) * s;
+    e.numel = s;
+    return e;
   }
   if (lm_head == LmHeadSharding::vocab_rows && static_cast<int>(i) == layout.lm_head) {
     const Shape& shape = layout.params()[i].shape;
-    const auto [begin, end] = lm_head_rows(shape[0], world, rank);
-    return {begin * shape[1], (end - begin) * shape[1], true};
+    const auto [begin, end] = lm_head_rows(shape[0], d.world, rank);
+    e.rows = true;
+    e.first = begin * shape[1];
+    e.numel = (end - begin) * shape[1];
+    return e;
   }
-  const int64_t s = shard_size(n, world);
-  return {rank * s, s, false};
+  e.shards = d.data_shard;
+  e.replicas = d.dense_replicas();
+  const int64_t s = shard_size(n, e.shards);
+  e.first = (rank % d.data_shard) * s;
+  e.numel = s;
+  return e;
 }
 
 // Elements of rank `rank`'s flat buffers.
-int64_t local_elements(const ParamLayout& layout, int experts_per_rank, int world, int rank,
-                       LmHeadSharding lm_head) {
-  std::vector<int> expert = expert_of(layout);
+int64_t local_elements(const ParamLayout& layout, const std::vector<int>& expert,
+                       const ParallelDegrees& d, int rank, LmHeadSharding lm_head) {
   int64_t total = 0;
   for (size_t i = 0; i < expert.size(); ++i) {
-    total += align_up(extent_of(layout, expert, i, experts_per_rank, world, rank, lm_head).numel);
+    const Extent e = extent_of(layout, expert, i, d, rank, lm_head);
+    if (e.stored) total += align_up(e.numel);
   }
   return total;
+}
+int64_t local_elements(const ParamLayout& layout, const ParallelDegrees& d, int rank,
+                       LmHeadSharding lm_head) {
+  return local_elements(layout, expert_of(layout), d, rank, lm_head);
 }
 
 uint64_t footprint(int64_t elements, DType dtype) {
   if (elements == 0) return 0;
   return DeviceArena::footprint(static_cast<uint64_t>(elements) * dtype_size(dtype));
+}
+
+// A param's extent on rank 0 of its groups (the sizes every rank shares), Error if unknown.
+Extent any_extent(const ParamLayout& layout, const std::vector<int>& expert, int p,
+                  const ParallelDegrees& d) {
+  MOEPEAK_CHECK(p >= 0 && p < static_cast<int>(expert.size()), "no parameter ", p);
+  int rank = 0;
+  if (expert[p] >= 0) {
+    const int per_rank = static_cast<int>(layout.layers.front().w1.size()) / d.expert;
+    rank = expert[p] / per_rank;  // an expert-group rank that holds it
+  }
+  return extent_of(layout, expert, static_cast<size_t>(p), d, rank, LmHeadSharding::zero3);
 }
 
 }  // namespace
@@ -88,12 +124,16 @@ std::pair<int64_t, int64_t> lm_head_rows(int64_t vocab, int world, int rank) {
   return {rank * vocab / world, (rank + 1) * vocab / world};
 }
 
-std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout,
-                                                 LmHeadSharding lm_head) {
+std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout, LmHeadSharding lm_head,
+                                                 int expert_begin, int expert_end) {
   std::vector<std::vector<int>> groups;
   groups.push_back({layout.embed});
   for (const LayerParamIndex& L : layout.layers) {
-    groups.push_back({L.input_norm, L.q, L.k, L.v, L.o, L.post_norm, L.gate});
+    std::vector<int> g{L.input_norm, L.q, L.k, L.v, L.o, L.post_norm, L.gate};
+    for (int j = expert_begin; j < expert_end; ++j) {
+      g.insert(g.end(), {L.w1[j], L.w2[j], L.w3[j]});
+    }
+    groups.push_back(std::move(g));
   }
   if (lm_head == LmHeadSharding::vocab_rows)
     groups.push_back({layout.final_norm});
@@ -102,77 +142,155 @@ std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout,
   return groups;
 }
 
-int64_t zero_persistent_elements(const ModelConfig& model, int world_size, LmHeadSharding lm_head) {
-  check_experts_divisible(model, world_size);
-  ParamLayout layout(model);
-  int per_rank = static_cast<int>(model.num_local_experts / world_size);
-  int64_t largest = 0;
-  for (int r = 0; r < world_size; ++r) {
-    largest = std::max(largest, local_elements(layout, per_rank, world_size, r, lm_head));
-  }
-  return largest;
+std::pair<int, int> zero_local_experts(const ModelConfig& model, const ParallelDegrees& degrees,
+                                       int expert_rank) {
+  check_experts_divisible(model, degrees);
+  const int per_rank = static_cast<int>(model.num_local_experts / degrees.expert);
+  return {expert_rank * per_rank, (expert_rank + 1) * per_rank};
 }
 
-ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size,
-                                LmHeadSharding lm_head) {
-  uint64_t b = footprint(zero_persistent_elements(model, world_size, lm_head), dtype);
+int64_t zero_persistent_elements(const ModelConfig& model, const ParallelDegrees& degrees,
+                                 LmHeadSharding lm_head) {
+  check_experts_divisible(model, degrees);
+  ParamLayout layout(model);
+  const std::vector<int> expert = expert_of(layout);
+  // NOTES: every piece has the same size on every rank but the vocabulary rows (floor or ceil of
+  // V/W rows), so rank 0's pieces without the rows plus the largest rank's rows is the largest.
+  int64_t base = local_elements(layout, expert, degrees, 0, LmHeadSharding::zero3);
+  if (lm_head != LmHeadSharding::vocab_rows) return base;
+  const Shape& head = layout.params()[layout.lm_head].shape;
+  base -= align_up(shard_size(head.numel(), degrees.data_shard));
+  int64_t rows = 0;
+  for (int r = 0; r < degrees.world; ++r) {
+    const auto [begin, end] = lm_head_rows(head[0], degrees.world, r);
+    rows = std::max(rows, align_up((end - begin) * head[1]));
+  }
+  return base + rows;
+}
+
+ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype,
+                                const ParallelDegrees& degrees, LmHeadSharding lm_head) {
+  uint64_t b = footprint(zero_persistent_elements(model, degrees, lm_head), dtype);
   return ZeroBytes{b, b};
 }
 
-ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
-                              std::span<const int> params, GatherParts parts) {
-  ParamLayout layout(model);
-  std::vector<int> expert = expert_of(layout);
-  int64_t elements = 0;
+namespace {
+
+ZeroBytes gathered_bytes(const ParamLayout& layout, const std::vector<int>& expert, DType dtype,
+                         const ParallelDegrees& degrees, std::span<const int> params,
+                         GatherParts parts) {
+  int64_t values = 0, grads = 0;
   for (int p : params) {
-    MOEPEAK_CHECK(p >= 0 && p < static_cast<int>(expert.size()), "no parameter ", p);
-    if (expert[p] >= 0) continue;
-    elements += align_up(world_size * shard_size(layout.params()[p].shape.numel(), world_size));
+    const Extent e = any_extent(layout, expert, p, degrees);
+    const int64_t slot = align_up(e.shards * e.numel);
+    if (e.shards > 1) values += slot;
+    if (e.shards * e.replicas > 1) grads += slot;
   }
-  if (world_size == 1) return ZeroBytes{};  // views of the stored tensors
-  uint64_t b = footprint(elements, dtype);
-  return ZeroBytes{parts == GatherParts::grads ? 0 : b, parts == GatherParts::values ? 0 : b};
+  return ZeroBytes{parts == GatherParts::grads ? 0 : footprint(values, dtype),
+                   parts == GatherParts::values ? 0 : footprint(grads, dtype)};
 }
 
-ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
-                                      LmHeadSharding lm_head) {
+}  // namespace
+
+ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, const ParallelDegrees& degrees,
+                              std::span<const int> params, GatherParts parts) {
+  check_experts_divisible(model, degrees);
+  ParamLayout layout(model);
+  return gathered_bytes(layout, expert_of(layout), dtype, degrees, params, parts);
+}
+
+ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype,
+                                      const ParallelDegrees& degrees, LmHeadSharding lm_head) {
+  const auto [begin, end] = zero_local_experts(model, degrees, 0);
+  ParamLayout layout(model);
+  const std::vector<int> expert = expert_of(layout);
   ZeroBytes best;
-  for (const auto& g : zero_gather_groups(ParamLayout(model), lm_head)) {
-    ZeroBytes b = zero_gathered_bytes(model, dtype, world_size, g);
+  for (const auto& g : zero_gather_groups(layout, lm_head, begin, end)) {
+    ZeroBytes b = gathered_bytes(layout, expert, dtype, degrees, g, GatherParts::values_and_grads);
     if (b.total() > best.total()) best = b;
   }
   return best;
 }
 
+std::vector<int64_t> zero_reduce_temporary_elements(const ModelConfig& model,
+                                                    const ParallelDegrees& degrees,
+                                                    const std::vector<std::vector<int>>& groups) {
+  check_experts_divisible(model, degrees);
+  ParamLayout layout(model);
+  const std::vector<int> expert = expert_of(layout);
+  std::vector<int64_t> out;
+  for (const auto& g : groups) {
+    int64_t most = 0;
+    for (int p : g) {
+      const Extent e = any_extent(layout, expert, p, degrees);
+      if (e.shards > 1) most = std::max(most, e.numel);
+    }
+    out.push_back(most);
+  }
+  return out;
+}
+
 ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype, Comm& comm,
+                               LmHeadSharding lm_head)
+    : ZeroParamStore(backend, model, dtype,
+                     std::make_unique<ParallelGroups>(
+                         comm, ParallelDegrees::uniform(comm.world_size()), backend.kind()),
+                     nullptr, lm_head) {}
+
+ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype,
+                               const ParallelGroups& groups, LmHeadSharding lm_head)
+    : ZeroParamStore(backend, model, dtype, nullptr, &groups, lm_head) {}
+
+ZeroParamStore::~ZeroParamStore() = default;
+
+ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype,
+                               std::unique_ptr<ParallelGroups> owned, const ParallelGroups* groups,
                                LmHeadSharding lm_head)
     : layout_(model),
       dtype_(dtype),
       lm_head_(lm_head),
       backend_(backend),
-      comm_(comm),
-      rank_(comm.rank()),
-      world_(comm.world_size()) {
-  check_experts_divisible(model, world_);
+      owned_groups_(std::move(owned)),
+      groups_(groups ? groups : owned_groups_.get()),
+      rank_(groups_->world().rank()),
+      world_(groups_->world().world_size()) {
+  const ParallelDegrees& d = groups_->degrees();
+  check_experts_divisible(model, d);
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
                 "parameters must be f32, f64 or bf16, not ", dtype_name(dtype));
-  const int per_rank = static_cast<int>(model.num_local_experts / world_);
+  dense_replica_rank_ = rank_ / d.data_shard;
   std::vector<int> expert = expert_of(layout_);
   info_.resize(expert.size());
-  int64_t total = 0;
+  std::vector<Extent> extents(expert.size());
   for (size_t i = 0; i < expert.size(); ++i) {
-    Info& info = info_[i];
-    info.expert = expert[i];
-    const Extent e = extent_of(layout_, expert, i, per_rank, world_, rank_, lm_head_);
-    info.rows = e.rows;
-    if (e.numel == 0 && info.expert >= 0) continue;  // another rank's expert
-    info.first = e.first;
-    info.local_numel = e.numel;
-    info.offset = total;
-    total += align_up(info.local_numel);
+    extents[i] = extent_of(layout_, expert, i, d, rank_, lm_head_);
   }
-  MOEPEAK_CHECK(total == local_elements(layout_, per_rank, world_, rank_, lm_head_),
-                "ZeRO-3 layout drift");
+  // Offsets: with dense replicas, the dense shards first (the replicated region), then the rest;
+  // without, every piece in layout order (one region, each element on one rank).
+  const bool regions = d.dense_replicas() > 1;
+  int64_t total = 0;
+  for (int pass = 0; pass < (regions ? 2 : 1); ++pass) {
+    for (size_t i = 0; i < expert.size(); ++i) {
+      const Extent& e = extents[i];
+      const bool dense = expert[i] < 0 && !e.rows;
+      if (regions && dense != (pass == 0)) continue;
+      Info& info = info_[i];
+      info.expert = expert[i];
+      info.rows = e.rows;
+      if (!e.stored) continue;  // another expert-group rank's expert
+      info.first = e.first;
+      info.local_numel = e.numel;
+      info.whole = !e.rows && e.shards * e.replicas == 1;
+      info.slot_elements = e.shards * e.numel;
+      if (e.shards > 1)
+        info.shards = expert[i] >= 0 ? &groups_->expert_replicas() : &groups_->data_shard();
+      if (e.replicas > 1) info.replicas = &groups_->dense_replicas();
+      info.offset = total;
+      total += align_up(info.local_numel);
+    }
+    if (regions && pass == 0) replicated_elements_ = total;
+  }
+  MOEPEAK_CHECK(total == local_elements(layout_, d, rank_, lm_head_), "ZeRO-3 layout drift");
   values_ =
       OwnedTensor::device(backend, Shape{total}, dtype, LiveSet::weights, "ZeRO-3 weight shards");
   grads_ =
@@ -192,22 +310,39 @@ ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType
 int ZeroParamStore::expert_owner(int param) const {
   int e = info_.at(param).expert;
   if (e < 0) return -1;
-  int per_rank = static_cast<int>(layout_.layers.front().w1.size()) / world_;
+  int per_rank = static_cast<int>(layout_.layers.front().w1.size()) / groups_->degrees().expert;
   return e / per_rank;
+}
+
+Tensor ZeroParamStore::replicated_grads() const {
+  return Tensor(grads_.data(), Shape{replicated_elements_}, dtype_, Placement::device, &backend_);
+}
+
+Tensor ZeroParamStore::unique_grads() const {
+  char* base = static_cast<char*>(grads_.data()) + replicated_elements_ * dtype_size(dtype_);
+  return Tensor(base, Shape{grads_.view().numel() - replicated_elements_}, dtype_,
+                Placement::device, &backend_);
+}
+
+char* ZeroParamStore::piece_bytes(const Tensor& flat, int param) const {
+  const Info& info = info_.at(param);
+  MOEPEAK_CHECK(flat.numel() == values_.view().numel(),
+                "a flat buffer laid out like this rank's parameters has ", values_.view().numel(),
+                " elements, not ", flat.str());
+  MOEPEAK_CHECK(info.offset >= 0, layout_.params()[param].name, " is expert ", info.expert,
+                " of expert-group rank ", expert_owner(param), ", not stored on rank ", rank_);
+  return static_cast<char*>(flat.data()) + info.offset * dtype_size(flat.dtype());
 }
 
 Tensor ZeroParamStore::piece(const Tensor& flat, int param) const {
   const Info& info = info_.at(param);
-  MOEPEAK_CHECK(flat.numel() == values_.view().numel() && flat.dtype() == dtype_,
-                "a flat buffer laid out like this rank's parameters has ", values_.view().numel(),
-                " elements of ", dtype_name(dtype_), ", not ", flat.str());
-  MOEPEAK_CHECK(info.offset >= 0, layout_.params()[param].name, " is expert ", info.expert,
-                " of rank ", expert_owner(param), ", not stored on rank ", rank_);
-  char* base = static_cast<char*>(flat.data()) + info.offset * dtype_size(dtype_);
+  MOEPEAK_CHECK(flat.dtype() == dtype_, "a flat buffer of ", dtype_name(dtype_), ", not ",
+                flat.str());
+  char* base = piece_bytes(flat, param);
   const Shape& full = layout_.params()[param].shape;
-  Shape shape = info.expert >= 0 ? full
-                : info.rows      ? Shape{info.local_numel / full[1], full[1]}
-                                 : Shape{info.local_numel};
+  Shape shape = info.whole && info.expert >= 0 ? full
+                : info.rows                    ? Shape{info.local_numel / full[1], full[1]}
+                                               : Shape{info.local_numel};
   return Tensor(base, shape, dtype_, Placement::device, &backend_);
 }
 
@@ -243,37 +378,39 @@ ZeroParamStore::GatheredGroup ZeroParamStore::gather(std::span<const int> params
   g.store_ = this;
   g.parts_ = parts;
   g.params_.assign(params.begin(), params.end());
-  g.slot_.assign(info_.size(), -1);
-  int64_t total = 0;
+  g.value_slot_.assign(info_.size(), kAbsent);
+  g.grad_slot_.assign(info_.size(), kAbsent);
+  int64_t values = 0, grads = 0;
   for (int p : params) {
     MOEPEAK_CHECK(p >= 0 && p < static_cast<int>(info_.size()), "gather: no parameter ", p);
-    MOEPEAK_CHECK(g.slot_[p] < 0, "gather: ", layout_.params()[p].name, " named twice");
+    MOEPEAK_CHECK(g.value_slot_[p] == kAbsent, "gather: ", layout_.params()[p].name,
+                  " named twice");
     MOEPEAK_CHECK(!info_[p].rows, "gather: ", layout_.params()[p].name,
                   " is stored by vocabulary rows (Ring-DTP) and never gathered; use local_value");
-    if (info_[p].expert >= 0) {
-      local_value(p);  // throws unless it is one of this rank's experts
-      g.slot_[p] = 0;  // marks it present; experts are read from the store
-      continue;
-    }
-    g.slot_[p] = total;
-    total += align_up(world_ * info_[p].local_numel);
+    local_value(p);  // throws unless it is stored here (an expert of this rank)
+    const Info& info = info_[p];
+    const int64_t slot = align_up(info.slot_elements);
+    // NOTES: a param whose shards span one rank is its own full tensor (read from the store);
+    // its gradient needs a slot of its own only when replicas sum it, since the store's grads
+    // already hold earlier micro-batches' sums.
+    g.value_slot_[p] = info.shards ? values : kInStore;
+    if (info.shards) values += slot;
+    g.grad_slot_[p] = info.whole ? kInStore : grads;
+    if (!info.whole) grads += slot;
   }
-  // NOTES: with one rank a shard is the whole tensor, so the group reads and accumulates into
-  // the store itself (value()/grad() check world_ before they look at the buffers).
-  if (total == 0 || world_ == 1) return g;
   const size_t b = dtype_size(dtype_);
-  if (parts != GatherParts::grads) {
-    g.values_ = OwnedTensor::device(backend_, Shape{total}, dtype_, LiveSet::weights,
+  if (parts != GatherParts::grads && values > 0) {
+    g.values_ = OwnedTensor::device(backend_, Shape{values}, dtype_, LiveSet::weights,
                                     "ZeRO-3 gathered weights");
     for (int p : params) {
-      if (info_[p].expert >= 0) continue;
-      char* dst = static_cast<char*>(g.values_.data()) + g.slot_[p] * b;
-      comm_.all_gather(local_value(p).data(), dst, static_cast<size_t>(info_[p].local_numel),
-                       dtype_, stream);
+      if (g.value_slot_[p] < 0) continue;
+      char* dst = static_cast<char*>(g.values_.data()) + g.value_slot_[p] * b;
+      info_[p].shards->all_gather(local_value(p).data(), dst,
+                                  static_cast<size_t>(info_[p].local_numel), dtype_, stream);
     }
   }
-  if (parts != GatherParts::values) {
-    g.grads_ = OwnedTensor::device(backend_, Shape{total}, dtype_, LiveSet::grads,
+  if (parts != GatherParts::values && grads > 0) {
+    g.grads_ = OwnedTensor::device(backend_, Shape{grads}, dtype_, LiveSet::grads,
                                    "ZeRO-3 gathered grads");
     backend_.memset_async(g.grads_.data(), 0, g.grads_.nbytes(), stream);
   }
@@ -282,29 +419,29 @@ ZeroParamStore::GatheredGroup ZeroParamStore::gather(std::span<const int> params
 
 Tensor ZeroParamStore::GatheredGroup::value(int param) const {
   MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
-  MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(slot_.size()) && slot_[param] >= 0,
-                "GatheredGroup: parameter ", param, " was not gathered");
+  MOEPEAK_CHECK(
+      param >= 0 && param < static_cast<int>(value_slot_.size()) && value_slot_[param] != kAbsent,
+      "GatheredGroup: parameter ", param, " was not gathered");
   const Shape& shape = store_->layout_.params()[param].shape;
-  if (store_->is_expert(param)) return store_->local_value(param);
+  if (value_slot_[param] == kInStore) return store_->local_value(param).reshape(shape);
   MOEPEAK_CHECK(parts_ != GatherParts::grads,
                 "GatheredGroup: ", store_->layout_.params()[param].name,
                 " was gathered for its gradient only");
-  if (store_->world_ == 1) return store_->local_value(param).reshape(shape);
-  char* base = static_cast<char*>(values_.data()) + slot_[param] * dtype_size(store_->dtype_);
+  char* base = static_cast<char*>(values_.data()) + value_slot_[param] * dtype_size(store_->dtype_);
   return Tensor(base, shape, store_->dtype_, Placement::device, &store_->backend_);
 }
 
 Tensor ZeroParamStore::GatheredGroup::grad(int param) const {
   MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
-  MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(slot_.size()) && slot_[param] >= 0,
-                "GatheredGroup: parameter ", param, " was not gathered");
+  MOEPEAK_CHECK(
+      param >= 0 && param < static_cast<int>(grad_slot_.size()) && grad_slot_[param] != kAbsent,
+      "GatheredGroup: parameter ", param, " was not gathered");
   const Shape& shape = store_->layout_.params()[param].shape;
-  if (store_->is_expert(param)) return store_->local_grad(param);
   MOEPEAK_CHECK(parts_ != GatherParts::values,
                 "GatheredGroup: ", store_->layout_.params()[param].name,
                 " was gathered without its gradient");
-  if (store_->world_ == 1) return store_->local_grad(param).reshape(shape);
-  char* base = static_cast<char*>(grads_.data()) + slot_[param] * dtype_size(store_->dtype_);
+  if (grad_slot_[param] == kInStore) return store_->local_grad(param).reshape(shape);
+  char* base = static_cast<char*>(grads_.data()) + grad_slot_[param] * dtype_size(store_->dtype_);
   return Tensor(base, shape, store_->dtype_, Placement::device, &store_->backend_);
 }
 
@@ -312,23 +449,36 @@ void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream) {
   MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
   MOEPEAK_CHECK(parts_ != GatherParts::values,
                 "GatheredGroup: reduce_scatter_grads of a group gathered without gradients");
-  if (store_->world_ == 1) return;  // the grads were accumulated in place
+  const ZeroParamStore& s = *store_;
   int64_t largest = 0;
   for (int p : params_) {
-    if (!store_->is_expert(p)) largest = std::max(largest, store_->info_[p].local_numel);
+    if (grad_slot_[p] >= 0 && s.info_[p].shards)
+      largest = std::max(largest, s.info_[p].local_numel);
   }
-  if (largest == 0) return;
-  OwnedTensor tmp = OwnedTensor::device(store_->backend_, Shape{largest}, store_->dtype_,
-                                        LiveSet::workspace, "ZeRO-3 reduce-scatter temporary");
-  const size_t b = dtype_size(store_->dtype_);
+  OwnedTensor tmp;
+  if (largest > 0) {
+    tmp = OwnedTensor::device(s.backend_, Shape{largest}, s.dtype_, LiveSet::workspace,
+                              "ZeRO-3 reduce-scatter temporary");
+  }
+  const size_t b = dtype_size(s.dtype_);
   for (int p : params_) {
-    if (store_->is_expert(p)) continue;
-    int64_t s = store_->info_[p].local_numel;
-    const char* src = static_cast<const char*>(grads_.data()) + slot_[p] * b;
-    store_->comm_.reduce_scatter(src, tmp.data(), static_cast<size_t>(s), store_->dtype_,
-                                 ReduceOp::sum, stream);
-    Tensor part(tmp.data(), Shape{s}, store_->dtype_, Placement::device, &store_->backend_);
-    ops::add(store_->local_grad(p), part, store_->local_grad(p), stream);  // shard += part
+    if (grad_slot_[p] < 0) continue;  // accumulated in the store
+    const Info& info = s.info_[p];
+    const int64_t n = info.local_numel;
+    char* src = static_cast<char*>(grads_.data()) + grad_slot_[p] * b;
+    void* part = src;  // a param held whole: its slot is its full gradient
+    if (info.shards) {
+      info.shards->reduce_scatter(src, tmp.data(), static_cast<size_t>(n), s.dtype_, ReduceOp::sum,
+                                  stream);
+      part = tmp.data();
+    }
+    if (info.replicas) {
+      info.replicas->all_reduce(part, part, static_cast<size_t>(n), s.dtype_, ReduceOp::sum,
+                                stream);
+    }
+    Tensor summed(part, Shape{n}, s.dtype_, Placement::device, &s.backend_);
+    Tensor shard = s.local_grad(p).reshape(Shape{n});
+    ops::add(shard, summed, shard, stream);  // shard += the job's sum
   }
   // `tmp` is released here; its last uses are queued on `stream`, as are its next owner's.
 }
@@ -340,54 +490,80 @@ std::vector<char> ZeroParamStore::gather_full(int param, Stream& stream) const {
 std::vector<char> ZeroParamStore::gather_full(int param, const Tensor& flat, Stream& stream) const {
   MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(info_.size()), "no parameter ", param);
   const Info& info = info_[param];
-  const size_t b = dtype_size(dtype_);
-  const int64_t n = layout_.params()[param].shape.numel();
+  const DType dtype = flat.dtype();
+  const size_t b = dtype_size(dtype);
+  const Shape& shape = layout_.params()[param].shape;
+  const int64_t n = shape.numel();
   std::vector<char> full(static_cast<size_t>(n) * b);
+  // NOTES: collectives read device memory (NCCL), so a piece of a host or other-dtype buffer (an
+  // offloaded optimizer state, the fp32 master) is staged in a device `workspace` buffer first;
+  // on the CPU backend both are host memory and the staging is a copy.
+  const bool in_place = flat.placement() == Placement::device;
+  auto staged = [&](int64_t elements, const char* what) {
+    return OwnedTensor::device(backend_, Shape{elements}, dtype, LiveSet::workspace, what);
+  };
+  auto send_piece = [&](OwnedTensor& stage) -> const void* {
+    const char* src = piece_bytes(flat, param);
+    if (in_place) return src;
+    stage = staged(info.local_numel, "gather_full piece");
+    backend_.copy_async(stage.data(), src, static_cast<size_t>(info.local_numel) * b,
+                        CopyKind::host_to_device, stream);
+    return stage.data();
+  };
+  auto to_host = [&](const void* src, size_t bytes, size_t at) {
+    backend_.copy_async(full.data() + at, src, bytes, CopyKind::device_to_host, stream);
+  };
   if (info.rows) {
     // Ranks hold floor or ceil(V/W) rows: pad every part to the largest for one all_gather.
     int64_t most = 0;
     for (int r = 0; r < world_; ++r) {
-      const auto [begin, end] = lm_head_rows(layout_.params()[param].shape[0], world_, r);
+      const auto [begin, end] = lm_head_rows(shape[0], world_, r);
       most = std::max(most, end - begin);
     }
-    const int64_t H = layout_.params()[param].shape[1];
-    OwnedTensor mine = OwnedTensor::device(backend_, Shape{most * H}, dtype_, LiveSet::workspace,
-                                           "vocabulary rows gather_full send");
-    OwnedTensor all = OwnedTensor::device(backend_, Shape{world_ * most * H}, dtype_,
-                                          LiveSet::workspace, "vocabulary rows gather_full");
-    backend_.copy_async(mine.data(), piece(flat, param).data(),
-                        static_cast<size_t>(info.local_numel) * b, CopyKind::device_to_device,
-                        stream);
-    comm_.all_gather(mine.data(), all.data(), static_cast<size_t>(most * H), dtype_, stream);
-    std::vector<char> padded(all.nbytes());
-    backend_.copy_async(padded.data(), all.data(), padded.size(), CopyKind::device_to_host, stream);
-    stream.synchronize();
+    const int64_t H = shape[1];
+    OwnedTensor mine = staged(most * H, "vocabulary rows gather_full send");
+    OwnedTensor all = staged(world_ * most * H, "vocabulary rows gather_full");
+    backend_.copy_async(mine.data(), piece_bytes(flat, param),
+                        static_cast<size_t>(info.local_numel) * b,
+                        in_place ? CopyKind::device_to_device : CopyKind::host_to_device, stream);
+    comm().all_gather(mine.data(), all.data(), static_cast<size_t>(most * H), dtype, stream);
     for (int r = 0; r < world_; ++r) {
-      const auto [begin, end] = lm_head_rows(layout_.params()[param].shape[0], world_, r);
-      std::copy_n(padded.data() + static_cast<size_t>(r * most * H) * b,
-                  static_cast<size_t>((end - begin) * H) * b,
-                  full.data() + static_cast<size_t>(begin * H) * b);
+      const auto [begin, end] = lm_head_rows(shape[0], world_, r);
+      to_host(static_cast<const char*>(all.data()) + static_cast<size_t>(r * most * H) * b,
+              static_cast<size_t>((end - begin) * H) * b, static_cast<size_t>(begin * H) * b);
     }
-    return full;
-  }
-  if (info.expert < 0) {
-    OwnedTensor tmp = OwnedTensor::device(backend_, Shape{world_ * info.local_numel}, dtype_,
-                                          LiveSet::workspace, "ZeRO-3 gather_full");
-    comm_.all_gather(piece(flat, param).data(), tmp.data(), static_cast<size_t>(info.local_numel),
-                     dtype_, stream);
-    backend_.copy_async(full.data(), tmp.data(), full.size(), CopyKind::device_to_host, stream);
     stream.synchronize();
     return full;
   }
-  const int owner = expert_owner(param);
-  OwnedTensor tmp =
-      OwnedTensor::device(backend_, Shape{n}, dtype_, LiveSet::workspace, "ZeRO-3 gather_full");
-  if (owner == rank_) {
-    backend_.copy_async(tmp.data(), piece(flat, param).data(), full.size(),
-                        CopyKind::device_to_device, stream);
+  // The shards' group puts the full tensor (padded to G * s) on each of its ranks; an expert's
+  // owner in each expert group then broadcasts it to the group.
+  const bool held = info.offset >= 0;
+  OwnedTensor stage, all;
+  const void* whole = nullptr;
+  if (held) {
+    const void* mine = send_piece(stage);
+    if (info.shards) {
+      all = staged(info.slot_elements, "gather_full");
+      info.shards->all_gather(mine, all.data(), static_cast<size_t>(info.local_numel), dtype,
+                              stream);
+      whole = all.data();
+    } else {
+      whole = mine;
+    }
   }
-  comm_.broadcast(tmp.data(), static_cast<size_t>(n), dtype_, owner, stream);
-  backend_.copy_async(full.data(), tmp.data(), full.size(), CopyKind::device_to_host, stream);
+  if (info.expert >= 0 && groups_->degrees().expert > 1) {
+    OwnedTensor bcast = staged(n, "gather_full expert");
+    if (held) {
+      backend_.copy_async(bcast.data(), whole, static_cast<size_t>(n) * b,
+                          CopyKind::device_to_device, stream);
+    }
+    groups_->expert().broadcast(bcast.data(), static_cast<size_t>(n), dtype, expert_owner(param),
+                                stream);
+    to_host(bcast.data(), full.size(), 0);
+    stream.synchronize();
+    return full;
+  }
+  to_host(whole, full.size(), 0);
   stream.synchronize();
   return full;
 }
@@ -399,25 +575,23 @@ void ZeroParamStore::load_full(int param, const void* full, Stream& stream) {
 void ZeroParamStore::load_full(int param, const void* full, const Tensor& flat, Stream& stream) {
   MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(info_.size()), "no parameter ", param);
   const Info& info = info_[param];
-  if (info.offset < 0) return;  // another rank's expert
-  const size_t b = dtype_size(dtype_);
+  if (info.offset < 0) return;  // another expert-group rank's expert
+  const size_t b = dtype_size(flat.dtype());
   const int64_t n = layout_.params()[param].shape.numel();
-  Tensor dst = piece(flat, param);
-  if (info.expert >= 0) {
-    backend_.copy_async(dst.data(), full, static_cast<size_t>(n) * b, CopyKind::host_to_device,
-                        stream);
-  } else {
-    int64_t begin = std::min(n, info.first);
-    int64_t end = std::min(n, begin + info.local_numel);
-    if (end > begin) {
-      backend_.copy_async(dst.data(), static_cast<const char*>(full) + begin * b,
-                          static_cast<size_t>(end - begin) * b, CopyKind::host_to_device, stream);
-    }
-    if (end - begin < info.local_numel) {  // padding stays zero
-      backend_.memset_async(static_cast<char*>(dst.data()) + (end - begin) * b, 0,
-                            static_cast<size_t>(info.local_numel - (end - begin)) * b, stream);
-    }
+  char* dst = piece_bytes(flat, param);
+  const int64_t begin = std::min(n, info.first);
+  const int64_t end = std::min(n, begin + info.local_numel);
+  const char* src = static_cast<const char*>(full) + static_cast<size_t>(begin) * b;
+  const size_t have = static_cast<size_t>(end - begin) * b;
+  const size_t pad = static_cast<size_t>(info.local_numel - (end - begin)) * b;  // stays zero
+  if (flat.placement() == Placement::host) {
+    stream.synchronize();  // nothing queued still uses the state
+    std::memcpy(dst, src, have);
+    std::memset(dst + have, 0, pad);
+    return;
   }
+  if (have > 0) backend_.copy_async(dst, src, have, CopyKind::host_to_device, stream);
+  if (pad > 0) backend_.memset_async(dst + have, 0, pad, stream);
   stream.synchronize();  // `full` may die after the call
 }
 

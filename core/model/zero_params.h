@@ -1,47 +1,54 @@
-// ZeroParamStore: the model parameters of one rank under ZeRO-3 for the dense weights and expert
-// parallelism for the experts (docs/design.md#parallel-layout).
+// ZeroParamStore: the model parameters of one rank, ZeRO-3 sharded over the groups of a parallel
+// layout (docs/parallelism.md; the groups: core/model/parallel_layout.h).
 //
-// W = comm.world_size(), r = comm.rank(); E = num_local_experts must be a multiple of W.
+// W ranks, degrees Ep (expert_parallel), Sp, Ds (data_shard); E = num_local_experts, a multiple
+// of Ep. Every tensor of n_i elements, flattened:
 //   - Dense tensor i (every parameter but model.layers.{l}.block_sparse_moe.experts.{j}.w{1,2,3}:
-//     embedding, norms, attention, router, LM head) of n_i elements is cut in W shards of
-//     s_i = ceil(n_i / W) elements; rank r stores elements [r*s_i, r*s_i + s_i) of the flattened
-//     tensor, the part past n_i (only on the last ranks) being zeros that stay zero.
-//   - Expert j lives whole on rank j / (E/W) (experts [r*E/W, (r+1)*E/W) on rank r); the other
-//     ranks store nothing of it. Expert weights and grads are never sharded or reduced here.
+//     embedding, norms, attention, router, LM head) is cut in Ds shards of s_i = ceil(n_i / Ds)
+//     elements over the rank's data-shard group; its rank g = r % Ds stores elements
+//     [g*s_i, g*s_i + s_i), the part past n_i (only on the last ranks) zeros that stay zero. The
+//     W/Ds data-shard groups are replicas: their gradients are summed over them.
+//   - Expert j is held by rank j / (E/Ep) of every expert group (experts [e*E/Ep, (e+1)*E/Ep) on
+//     the ranks with r % Ep = e). Over the W/Ep ranks that hold it (the expert replicas) it is
+//     ZeRO-3 sharded like a dense tensor: replica q = r / Ep stores elements [q*s, q*s + s),
+//     s = ceil(n / (W/Ep)). With W/Ep = 1 (Ep = W, the default) the owner stores it whole and it
+//     is never gathered or reduced.
 //   - With LmHeadSharding::vocab_rows (Ring-DTP), lm_head.weight (V, H) is split by vocabulary
-//     rows instead: rank r keeps rows [floor(r*V/W), floor((r+1)*V/W)) (lm_head_rows(), the same
-//     intervals as Ring-DTP's vocab_shard) as a (V_r, H) tensor, never gathered; its gradient
-//     accumulates there. With W = 1 both layouts are the whole tensor.
-// This rank's pieces (dense shards and local expert tensors, in ParamLayout order) sit at offsets
-// aligned to ParamLayout::kAlignElements in one flat `weights` buffer and one flat `grads`
-// buffer, both zero-filled at construction, so padding is zero and a sum of squares over
-// flat_grads() on every rank, all-reduced, counts each real element exactly once.
+//     rows over all W ranks instead: rank r keeps rows [floor(r*V/W), floor((r+1)*V/W))
+//     (lm_head_rows(), the intervals of Ring-DTP's vocab_shard) as a (V_r, H) tensor, never
+//     gathered; its gradient accumulates there. With W = 1 every layout is the whole tensor.
+// This rank's pieces sit at offsets aligned to ParamLayout::kAlignElements in one flat `weights`
+// buffer and one flat `grads` buffer, zero-filled at construction, in ParamLayout order — with
+// dense replicas (Ds < W), first the dense shards (the `replicated` region, equal on the W/Ds
+// replicas), then experts and vocabulary rows (the `unique` region: each element on one rank of
+// the job). A norm over the job sums the unique region on every rank and the replicated one on
+// one replica (without replicas the replicated region is empty).
 //
-// A layer is used through a GatheredGroup (RAII): gather() all-gathers the full dense tensors into
-// one `weights` buffer (one all_gather per tensor, straight into its place: rank q's shard lands at
-// q*s_i, so no staging or reordering; the gathered slot of a tensor is W*s_i elements, aligned)
-// and, for backward, allocates a zeroed `grads` buffer of the same layout; reduce_scatter_grads()
-// sums the gathered grads over ranks into this rank's shard grads (+=: one reduce_scatter per
-// tensor into a `workspace` temporary of max s_i, then an add). GatherParts says which of the two
-// buffers a use needs (forward: values; embedding backward: grads). Expert params of this rank
-// may be named in a group: value/grad return the stored tensors. Destroying the group frees both
-// buffers at once (host-side, as every Buffer: safe when all their uses ran on the stream the
-// next owner uses).
-//
-// One rank (W = 1): the shards are the whole tensors, so a group is views of the stored tensors:
-// gather() allocates and copies nothing, grads accumulate straight into the stored grads and
-// reduce_scatter_grads() does nothing. The single-rank model thus has the one-rank memory profile.
+// A layer is used through a GatheredGroup (RAII): gather() all-gathers the full tensors of the
+// params whose shards span more than one rank into one `weights` buffer (one all_gather per
+// tensor over its shard group, straight into its place: rank q's shard lands at q*s_i; the slot
+// is G*s_i elements, aligned) and, for backward, allocates zeroed gradient slots for every param
+// whose gradient is summed over ranks; reduce_scatter_grads() adds the job's sum into this rank's
+// shard grads (+=: one reduce_scatter per tensor over its shard group into a `workspace`
+// temporary of the largest s_i, then an all_reduce of it over the dense replicas when there are
+// any, then an add; a param stored whole but replicated all-reduces its slot in place instead).
+// A param held whole and by one rank only (an expert with W/Ep = 1, any param on one rank) is read
+// and accumulated in the store itself. GatherParts says which of the two buffers a use needs
+// (forward: values; embedding backward: grads). Destroying the group frees both buffers at once
+// (host-side, as every Buffer: safe when all their uses ran on the stream the next owner uses).
 //
 // Memory (per rank, bytes as the arena counts them, DeviceArena::footprint):
 //   persistent weights = persistent grads = footprint(sum_i align(piece_i) * b)
-//   gathered weights   = gathered grads   = footprint(sum_{i in group} align(W*s_i) * b)  (W > 1;
-//   0 for W = 1, and 0 for a part the GatherParts leaves out)
+//   gathered weights = footprint(sum_{i in group, G_i > 1} align(G_i*s_i) * b)
+//   gathered grads   = footprint(sum_{i in group, G_i*R_i > 1} align(G_i*s_i) * b)
+//   (G_i the ranks its shards span, R_i its replicas; 0 for a part the GatherParts leaves out)
 // zero_persistent_bytes / zero_gathered_bytes / zero_largest_gathered_bytes give these to the
 // planner; the largest group is over zero_gather_groups(): the embedding, each decoder layer's
-// dense params, and the final norm with the LM head.
+// dense params with the rank's experts of the layer, and the final norm with the LM head.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <utility>
 #include <vector>
@@ -49,6 +56,7 @@
 #include "core/comm/comm.h"
 #include "core/config/config.h"
 #include "core/model/mixtral_params.h"
+#include "core/model/parallel_layout.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/tensor.h"
 #include "ops/schedules/vocab.h"
@@ -74,32 +82,63 @@ struct ZeroBytes {
   uint64_t total() const { return weights + grads; }
 };
 
-// Dense (ZeRO-sharded) params of each gather group, in order of use in the forward pass:
-// {embed}, {layer l: input_norm, q, k, v, o, post_norm, gate} for each l, {final_norm, lm_head}
-// ({final_norm} alone when the LM head is stored by vocabulary rows).
+// The params of each gather group, in order of use in the forward pass: {embed},
+// {layer l: input_norm, q, k, v, o, post_norm, gate, then w1, w2, w3 of experts
+// [expert_begin, expert_end)} for each l, {final_norm, lm_head} ({final_norm} alone when the LM
+// head is stored by vocabulary rows). A rank names its own experts (those of its expert-group
+// rank e: [e*E/Ep, (e+1)*E/Ep)); they cost nothing unless W/Ep > 1.
 std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout,
-                                                 LmHeadSharding lm_head = LmHeadSharding::zero3);
-// Persistent shard + local-expert buffers of one rank: the same on every rank, except that
-// vocabulary rows differ by one row between ranks — then the largest rank's.
-ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size,
+                                                 LmHeadSharding lm_head = LmHeadSharding::zero3,
+                                                 int expert_begin = 0, int expert_end = 0);
+// The experts of expert-group rank `expert_rank` in every layer: [begin, end).
+std::pair<int, int> zero_local_experts(const ModelConfig& model, const ParallelDegrees& degrees,
+                                       int expert_rank);
+// Persistent shard buffers of one rank: the same on every rank, except that vocabulary rows
+// differ by one row between ranks — then the largest rank's.
+ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype,
+                                const ParallelDegrees& degrees,
                                 LmHeadSharding lm_head = LmHeadSharding::zero3);
 // The elements of that flat buffer on the largest rank (the P the optimizer's byte functions take).
-int64_t zero_persistent_elements(const ModelConfig& model, int world_size,
+int64_t zero_persistent_elements(const ModelConfig& model, const ParallelDegrees& degrees,
                                  LmHeadSharding lm_head = LmHeadSharding::zero3);
-// The buffers gather(params, parts) allocates (expert params in `params` cost nothing; W = 1
-// costs nothing).
-ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
+// The buffers gather(params, parts) allocates (see the memory formulas above).
+ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, const ParallelDegrees& degrees,
                               std::span<const int> params,
                               GatherParts parts = GatherParts::values_and_grads);
-// The largest over zero_gather_groups().
-ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
+// The largest over zero_gather_groups() (with expert-group rank 0's experts: every rank's are
+// the same size).
+ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype,
+                                      const ParallelDegrees& degrees,
                                       LmHeadSharding lm_head = LmHeadSharding::zero3);
+// Elements of reduce_scatter_grads' temporary for each group of `groups`: the largest s_i of
+// the group's params whose shards span more than one rank (0 if none).
+std::vector<int64_t> zero_reduce_temporary_elements(const ModelConfig& model,
+                                                    const ParallelDegrees& degrees,
+                                                    const std::vector<std::vector<int>>& groups);
+// The same functions for the layout with every degree W.
+inline ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size,
+                                       LmHeadSharding lm_head = LmHeadSharding::zero3) {
+  return zero_persistent_bytes(model, dtype, ParallelDegrees::uniform(world_size), lm_head);
+}
+inline int64_t zero_persistent_elements(const ModelConfig& model, int world_size,
+                                        LmHeadSharding lm_head = LmHeadSharding::zero3) {
+  return zero_persistent_elements(model, ParallelDegrees::uniform(world_size), lm_head);
+}
+inline ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
+                                     std::span<const int> params,
+                                     GatherParts parts = GatherParts::values_and_grads) {
+  return zero_gathered_bytes(model, dtype, ParallelDegrees::uniform(world_size), params, parts);
+}
+inline ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
+                                             LmHeadSharding lm_head = LmHeadSharding::zero3) {
+  return zero_largest_gathered_bytes(model, dtype, ParallelDegrees::uniform(world_size), lm_head);
+}
 
 class ZeroParamStore {
  public:
   struct LocalPiece {
     int param;
-    Tensor value, grad;  // dense: 1-D (s_i) shard; expert: the full tensor
+    Tensor value, grad;  // a 1-D shard; an expert stored whole: the full tensor; rows: (V_r, H)
     bool is_norm;
     bool is_expert;
   };
@@ -110,11 +149,12 @@ class ZeroParamStore {
     GatheredGroup(GatheredGroup&&) noexcept = default;
     GatheredGroup& operator=(GatheredGroup&&) noexcept = default;
 
-    // The full tensor of a gathered dense param, or the stored tensor of a local expert param.
+    // The full tensor of a param of the group (gathered, or the store's own when held whole).
     // Error if the part was not gathered.
     Tensor value(int param) const;
     Tensor grad(int param) const;
-    // shard grads += sum over ranks of the gathered grads (collective: every rank calls it).
+    // shard grads += sum over ranks of the gathered grads (collective over the shard and replica
+    // groups: every rank calls it).
     void reduce_scatter_grads(Stream& stream);
     const std::vector<int>& params() const { return params_; }
 
@@ -122,79 +162,104 @@ class ZeroParamStore {
     friend class ZeroParamStore;
     const ZeroParamStore* store_ = nullptr;
     std::vector<int> params_;
-    std::vector<int64_t> slot_;  // per param of the layout: element offset in the buffers, or -1
+    // Per param of the layout: element offset in values_ / grads_, kInStore (read from, or
+    // accumulated into, the store itself) or kAbsent.
+    std::vector<int64_t> value_slot_, grad_slot_;
     GatherParts parts_ = GatherParts::values_and_grads;
     OwnedTensor values_, grads_;
   };
 
-  // Throws unless num_local_experts % world_size == 0 (and V >= W for vocab_rows). Not
-  // collective.
+  // Throws unless num_local_experts % Ep == 0 (and V >= W for vocab_rows). Not collective: the
+  // groups' communicators come made.
+  ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype,
+                 const ParallelGroups& groups, LmHeadSharding lm_head = LmHeadSharding::zero3);
+  // Every degree W over `comm` (no group communicator is made).
   ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype, Comm& comm,
                  LmHeadSharding lm_head = LmHeadSharding::zero3);
+  ~ZeroParamStore();
 
   const ParamLayout& layout() const { return layout_; }
   DType dtype() const { return dtype_; }
   int rank() const { return rank_; }
   int world_size() const { return world_; }
-  Comm& comm() const { return comm_; }
+  Comm& comm() const { return groups_->world(); }  // all W ranks
+  const ParallelGroups& groups() const { return *groups_; }
   Backend& backend() const { return backend_; }
 
   bool is_expert(int param) const { return info_.at(param).expert >= 0; }
   // Stored by vocabulary rows (the LM head under LmHeadSharding::vocab_rows).
   bool is_row_sharded(int param) const { return info_.at(param).rows; }
   LmHeadSharding lm_head_sharding() const { return lm_head_; }
-  // Rank that stores expert param `param` whole; -1 for dense params.
+  // The expert-group rank that holds expert param `param` (in every expert group); -1 for dense.
   int expert_owner(int param) const;
   // Stored here: every dense param (its shard) and this rank's expert params.
   bool is_local(int param) const { return info_.at(param).offset >= 0; }
-  // s_i for a dense param; numel for an expert param; V_r * H for row-sharded.
+  // Elements of this rank's piece: s_i (sharded), numel (held whole), V_r * H (rows).
   int64_t shard_elements(int param) const { return info_.at(param).local_numel; }
-  // The piece of `param` this rank stores (Error if none): a 1-D shard (dense), the full tensor
-  // (expert) or (V_r, H) rows (row-sharded).
+  // The piece of `param` this rank stores (Error if none): a 1-D shard, the full tensor (an
+  // expert held whole) or (V_r, H) rows (row-sharded).
   Tensor local_value(int param) const;
   Tensor local_grad(int param) const;
 
   const std::vector<LocalPiece>& local_pieces() const { return pieces_; }
   Tensor flat_values() const { return values_.view(); }
   Tensor flat_grads() const { return grads_.view(); }
+  // The two regions of the flat grads (see above): dense shards, equal on the W/Ds dense
+  // replicas, and the rest, each element on one rank; and whether this rank's replicated region
+  // is the one a job-wide sum counts (dense-replica rank 0).
+  Tensor replicated_grads() const;
+  Tensor unique_grads() const;
+  bool counts_replicated() const { return dense_replica_rank_ == 0; }
 
   // Fills this rank's pieces with exactly the values ParamStore::initialize gives those elements.
   void initialize(uint64_t seed, double initializer_range, Stream& stream);
   void zero_grads(Stream& stream);
 
-  // Collective: every rank calls it with the same params, in the same order as other collectives.
+  // Collective: every rank calls it with the same dense params, in the same order as other
+  // collectives, each naming its own experts of the same layers.
   GatheredGroup gather(std::span<const int> params, Stream& stream,
                        GatherParts parts = GatherParts::values_and_grads) const;
-  // The full tensor's bytes (numel * dtype size) on every rank: dense params by all_gather of the
-  // shards, experts by a broadcast from their owner. `flat` is any buffer laid out like
-  // flat_values() (the values, the grads, the optimizer's m or v); the first form reads the
-  // values. Collective; synchronises the stream.
+  // The full tensor's bytes (numel elements of flat's dtype) on every rank: the shards
+  // all-gathered over their group, an expert's then broadcast from its owner in each expert
+  // group. `flat` is any buffer laid out like flat_values() — the values, the grads, the
+  // optimizer's m, v or fp32 master, on the device or in host memory, of any float dtype; the
+  // first form reads the values. Collective; synchronises the stream.
   std::vector<char> gather_full(int param, Stream& stream) const;
   std::vector<char> gather_full(int param, const Tensor& flat, Stream& stream) const;
-  // Keeps this rank's part of a full host tensor (numel elements of dtype()) in the values, or
-  // in `flat` laid out like them; not collective. Synchronises the stream (the host memory may go
-  // away after the call).
+  // Keeps this rank's part of a full host tensor (numel elements of flat's dtype) in the values,
+  // or in `flat` laid out like them (zeros past a tensor's end); not collective. Synchronises
+  // the stream (the host memory may go away after the call).
   void load_full(int param, const void* full, Stream& stream);
   void load_full(int param, const void* full, const Tensor& flat, Stream& stream);
 
  private:
+  ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype,
+                 std::unique_ptr<ParallelGroups> owned, const ParallelGroups* groups,
+                 LmHeadSharding lm_head);
   struct Info {
-    int expert = -1;          // expert index j for expert params
-    bool rows = false;        // stored by vocabulary rows
-    int64_t offset = -1;      // elements into the flat buffers, -1 if not stored here
-    int64_t local_numel = 0;  // s_i (dense), numel (expert), V_r * H (rows)
-    int64_t first = 0;        // the first element of the flattened tensor this rank stores
+    int expert = -1;            // expert index j for expert params
+    bool rows = false;          // stored by vocabulary rows
+    bool whole = false;         // held whole and by no other rank (no gather, no reduction)
+    int64_t offset = -1;        // elements into the flat buffers, -1 if not stored here
+    int64_t local_numel = 0;    // s_i, numel (held whole), V_r * H (rows)
+    int64_t first = 0;          // the first element of the flattened tensor this rank stores
+    Comm* shards = nullptr;     // the group its shards span, when more than one rank
+    Comm* replicas = nullptr;   // the dense replicas its gradients are summed over, if any
+    int64_t slot_elements = 0;  // G * s_i: its place in a gathered group
   };
   Tensor piece(const Tensor& flat, int param) const;
+  char* piece_bytes(const Tensor& flat, int param) const;  // any dtype laid out like the values
 
   ParamLayout layout_;
   DType dtype_;
   LmHeadSharding lm_head_;
   Backend& backend_;
-  Comm& comm_;
-  int rank_, world_;
+  std::unique_ptr<ParallelGroups> owned_groups_;  // the uniform layout of the Comm& form
+  const ParallelGroups* groups_;
+  int rank_, world_, dense_replica_rank_ = 0;
   std::vector<Info> info_;
   std::vector<LocalPiece> pieces_;
+  int64_t replicated_elements_ = 0;  // the dense region at the front of the flat buffers
   OwnedTensor values_, grads_;
 };
 

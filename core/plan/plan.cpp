@@ -39,9 +39,10 @@ void check_positive(const char* key, int64_t v) {
 PlanInputs plan_inputs(const Config& cfg, int world) {
   PlanInputs in;
   if (world < 0) MOEPEAK_INPUT_ERROR("--world-size ", world, ": must be positive");
-  in.world = world > 0                        ? world
-             : cfg.parallelism.world_size > 0 ? static_cast<int>(cfg.parallelism.world_size)
-                                              : 1;
+  const int W = world > 0                        ? world
+                : cfg.parallelism.world_size > 0 ? static_cast<int>(cfg.parallelism.world_size)
+                                                 : 1;
+  in.degrees = ParallelDegrees::resolve(cfg.parallelism, W);
   in.batch = cfg.training.batch_size;
   in.grad_accum = cfg.training.grad_accum_steps;
   in.seq_len = cfg.training.seq_len;
@@ -76,7 +77,8 @@ namespace {
 
 // The shapes every term is a function of (N for the largest rank).
 struct PlanSizes {
-  int W = 1;
+  ParallelDegrees d;
+  int W = 1, Ep = 1;
   DType dt = DType::f32;
   int64_t B = 0, T = 0, N = 0;
   int64_t H = 0, F = 0, V = 0, L = 0, k = 0, E = 0;
@@ -91,24 +93,27 @@ void check_plan_inputs(const Config& cfg, const PlanInputs& in) {
   check_positive("model.hidden_size", m.hidden_size);
   check_positive("model.num_hidden_layers", m.num_hidden_layers);
   check_positive("model.vocab_size", m.vocab_size);
-  if (in.world < 1) MOEPEAK_INPUT_ERROR("world size ", in.world, ": must be positive");
+  const ParallelDegrees& d = in.degrees;
+  if (d.world < 1) MOEPEAK_INPUT_ERROR("world size ", d.world, ": must be positive");
   try {
-    MixtralModel::check_layout(m, in.batch, in.seq_len, in.world);
+    MixtralModel::check_layout(m, in.batch, in.seq_len, d);
   } catch (const Error& e) {
-    MOEPEAK_INPUT_ERROR("this config cannot be laid out on W = ", in.world,
-                        " ranks: ", nested_message(e));
+    MOEPEAK_INPUT_ERROR("this config cannot be laid out on W = ", d.world, " ranks (", d.str(),
+                        "): ", nested_message(e));
   }
-  schedules::check_vocab_schedule(cfg.schedules, m.vocab_size, in.world);
+  schedules::check_vocab_schedule(cfg.schedules, m.vocab_size, d.world);
 }
 
 PlanSizes sizes_of(const Config& cfg, const PlanInputs& in) {
   const ModelConfig& m = cfg.model;
   PlanSizes z;
-  z.W = in.world;
+  z.d = in.degrees;
+  z.W = in.degrees.world;
+  z.Ep = in.degrees.expert;
   z.dt = in.dtype;
   z.B = in.batch;
   z.T = in.seq_len;
-  z.N = in.batch * in.seq_len / in.world;
+  z.N = in.batch * in.seq_len / z.W;
   z.H = m.hidden_size;
   z.F = m.intermediate_size;
   z.V = m.vocab_size;
@@ -136,9 +141,13 @@ void add_host(Plan& p, const std::vector<schedules::HostBytes>& host) {
 void add_weights_and_grads(Plan& p, const Config& cfg, const PlanSizes& z) {
   const LmHeadSharding head = lm_head_sharding(cfg.schedules.vocab);
   const bool rows = head == LmHeadSharding::vocab_rows;
-  const ZeroBytes zp = zero_persistent_bytes(cfg.model, z.dt, z.W, head);
-  const ZeroBytes zg = zero_largest_gathered_bytes(cfg.model, z.dt, z.W, head);
-  const std::string zargs = "(W=" + std::to_string(z.W) + (rows ? ", vocab_rows)" : ")");
+  const ZeroBytes zp = zero_persistent_bytes(cfg.model, z.dt, z.d, head);
+  const ZeroBytes zg = zero_largest_gathered_bytes(cfg.model, z.dt, z.d, head);
+  const std::string zargs = "(W=" + std::to_string(z.W) +
+                            (z.d.is_uniform() ? std::string()
+                                              : ", Ep=" + std::to_string(z.Ep) +
+                                                    ", Ds=" + std::to_string(z.d.data_shard)) +
+                            (rows ? ", vocab_rows)" : ")");
   const std::string function =
       "zero_persistent_bytes" + zargs + " + zero_largest_gathered_bytes" + zargs;
   const std::string_view schedule = rows ? "zero3+vocab_rows" : "zero3";
@@ -149,32 +158,38 @@ void add_weights_and_grads(Plan& p, const Config& cfg, const PlanSizes& z) {
 // optimizer (device) and its host state, for this rank's P flat parameter elements. Returns the
 // host bytes it holds (live in the pinned pool when a step starts).
 uint64_t add_optimizer(Plan& p, const Config& cfg, const PlanSizes& z) {
-  const int64_t P = zero_persistent_elements(cfg.model, z.W, lm_head_sharding(cfg.schedules.vocab));
+  const int64_t P = zero_persistent_elements(cfg.model, z.d, lm_head_sharding(cfg.schedules.vocab));
   schedules::OptimizerBytes o = schedules::optimizer_bytes(cfg.optimizer, P, z.dt);
   set(p, LiveSet::optimizer, std::move(o.device));
   add_host(p, o.host);
   return o.host_total();
 }
 
-// attention: the model's own function (with Ulysses' staging when W > 1).
+// "W=8" or "W=8, Ep=2, Sp=4, Ds=8" for the functions' arguments.
+std::string layout_args(const ParallelDegrees& d) {
+  if (d.is_uniform()) return args({{"W", d.world}});
+  return args({{"W", d.world}, {"Ep", d.expert}, {"Sp", d.sequence}, {"Ds", d.data_shard}});
+}
+
+// attention: the model's own function (with Ulysses' staging when Sp > 1).
 void add_attention(Plan& p, const Config& cfg, const PlanSizes& z) {
   set(p, LiveSet::attention,
-      attention_bytes(cfg.model, z.B, z.T, z.W, cfg.schedules.checkpoint, z.dt),
-      "attention_bytes(" + args({{"B", z.B}, {"T", z.T}, {"W", z.W}}) + ")",
-      z.W > 1 ? "ulysses" : "local");
+      attention_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules.checkpoint, z.dt),
+      "attention_bytes(" + args({{"B", z.B}, {"T", z.T}}) + ", " + layout_args(z.d) + ")",
+      z.d.sequence > 1 ? "ulysses" : "local");
 }
 
 // workspace: the model's own function.
 void add_workspace(Plan& p, const Config& cfg, const PlanSizes& z) {
-  set(p, LiveSet::workspace, workspace_bytes(cfg.model, z.B, z.T, z.W, cfg.schedules, z.dt),
-      "workspace_bytes(" + args({{"B", z.B}, {"T", z.T}, {"W", z.W}}) + ")", "model");
+  set(p, LiveSet::workspace, workspace_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules, z.dt),
+      "workspace_bytes(" + args({{"B", z.B}, {"T", z.T}}) + ", " + layout_args(z.d) + ")", "model");
 }
 
 // dispatch, and what the dispatcher adds to weights and grads (LLEP's spilled-expert copies).
 void add_dispatch(Plan& p, const Config& cfg, const PlanSizes& z) {
   const SchedulesConfig& s = cfg.schedules;
   const schedules::DispatchShape shape{
-      z.N, z.k, z.H, z.F, z.E, z.W, schedules::resident_layers(s.checkpoint, z.L), z.dt};
+      z.N, z.k, z.H, z.F, z.E, z.Ep, schedules::resident_layers(s.checkpoint, z.L), z.dt};
   set(p, LiveSet::dispatch, schedules::dispatch_bytes(s, shape));
   if (const auto spill = schedules::dispatch_spill_bytes(s, shape)) {
     PlanTerm& wt = p.terms[static_cast<size_t>(LiveSet::weights)];
@@ -329,7 +344,7 @@ int64_t search(int64_t step, int64_t limit, Fits fits) {
 }  // namespace
 
 int64_t max_seq_len(const Config& cfg, const PlanInputs& inputs, int64_t limit) {
-  return search(inputs.world, limit, [&](int64_t T) {
+  return search(inputs.degrees.sequence, limit, [&](int64_t T) {
     PlanInputs in = inputs;
     in.seq_len = T;
     return make_plan(cfg, in).fits();
@@ -337,7 +352,7 @@ int64_t max_seq_len(const Config& cfg, const PlanInputs& inputs, int64_t limit) 
 }
 
 int64_t max_batch(const Config& cfg, const PlanInputs& inputs, int64_t limit) {
-  return search(1, limit, [&](int64_t B) {
+  return search(inputs.degrees.sequence_groups(), limit, [&](int64_t B) {
     PlanInputs in = inputs;
     in.batch = B;
     return make_plan(cfg, in).fits();

@@ -21,21 +21,24 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/model/parallel_layout.h"
 #include "core/runtime/dtype.h"
 #include "core/runtime/live_set.h"
 
 namespace moepeak {
 
 struct PlanInputs {
-  int world = 1;                   // W ranks
+  ParallelDegrees degrees;         // W ranks and the layout's degrees (Ep, Sp, data_shard)
   int64_t batch = 0, seq_len = 0;  // the global micro-batch B x T (what every bound is for)
   int64_t grad_accum = 1;          // m micro-batches per step: no term depends on it
   DType dtype = DType::f32;        // compute dtype (weights, activations)
   uint64_t capacity = 0;           // device bytes per rank
   uint64_t host_budget = 0;        // pinned host bytes per rank
+  int world() const { return degrees.world; }
 };
 
-// W: `world` when > 0, else parallelism.world_size, else 1. Capacity: runtime.device_memory, or
+// W: `world` when > 0, else parallelism.world_size, else 1; the degrees: the [parallelism] keys
+// on W (0 = W; Error unless each divides W). Capacity: runtime.device_memory, or
 // for "auto" the CPU arena's default (the CPU backend's "device"); "auto" with backend "cuda" is
 // an Error asking for a size. Host budget: runtime.pinned_memory, or for "auto" what the CPU
 // backend takes then (half the default device memory). dtype: training.dtype ("auto": float32
@@ -80,8 +83,8 @@ Plan make_plan(const Config& cfg, const PlanInputs& inputs);
 // The same config with every schedule standard (dispatch, vocab, checkpoint, optimizer placement).
 Config with_standard_schedules(const Config& cfg);
 
-// The largest seq_len (a multiple of W, at most `limit`) / batch size whose plan fits, or 0 if
-// none does. Each candidate is a make_plan call.
+// The largest seq_len (a multiple of Sp, at most `limit`) / batch size (a multiple of W/Sp)
+// whose plan fits, or 0 if none does. Each candidate is a make_plan call.
 int64_t max_seq_len(const Config& cfg, const PlanInputs& inputs, int64_t limit = int64_t{1} << 24);
 int64_t max_batch(const Config& cfg, const PlanInputs& inputs, int64_t limit = int64_t{1} << 20);
 

@@ -110,6 +110,11 @@ std::string optimizer_text(const OptimizerConfig& o) {
   return t;
 }
 
+// The layout on the launcher's ranks: the [parallelism] degrees, each checked against W.
+ParallelDegrees degrees_of(const Config& cfg, const RankInfo& ranks) {
+  return ParallelDegrees::resolve(cfg.parallelism, ranks.world_size);
+}
+
 // The layout checks, before anything is allocated: every rank reaches the same verdict.
 void check_layout(const Config& cfg, const RankInfo& ranks) {
   const int64_t want = cfg.parallelism.world_size;
@@ -121,21 +126,27 @@ void check_layout(const Config& cfg, const RankInfo& ranks) {
   }
   try {
     MixtralModel::check_layout(cfg.model, cfg.training.batch_size, cfg.training.seq_len,
-                               ranks.world_size);
+                               degrees_of(cfg, ranks));
   } catch (const Error& e) {
     MOEPEAK_INPUT_ERROR("this config cannot train on ", ranks.world_size,
                         " ranks: ", nested_message(e));
   }
 }
 
-// sqrt of the sum of squares of every rank's flat grads (shards and local experts: each real
-// element once; the padding is zero). The device sums kSumSquaresParts parts at once (one GPU
-// block each) and the host adds the partials in order: the second pass of the reduction.
+// sqrt of the sum of squares of the job's gradients: every rank's unique region (experts,
+// vocabulary rows: each element on one rank) and one dense replica's replicated region (the
+// dense shards, equal on the W/Ds replicas); the padding is zero. The device sums
+// kSumSquaresParts parts at once (one GPU block each) and the host adds the partials in order:
+// the second pass of the reduction.
 double global_grad_norm(const ZeroParamStore& params, Backend& backend, Stream& stream) {
   OwnedTensor acc = OwnedTensor::device(backend, Shape{ops::kSumSquaresParts}, DType::f64,
                                         LiveSet::workspace, "grad norm partials");
   ops::fill(acc, 0.0, stream);
-  ops::sum_squares(params.flat_grads(), acc, stream);
+  if (params.counts_replicated()) {
+    ops::sum_squares(params.flat_grads(), acc, stream);  // both regions, in one pass
+  } else {
+    ops::sum_squares(params.unique_grads(), acc, stream);
+  }
   std::vector<double> partial(static_cast<size_t>(ops::kSumSquaresParts));
   backend.copy_async(partial.data(), acc.data(), partial.size() * sizeof(double),
                      CopyKind::device_to_host, stream);
@@ -156,6 +167,7 @@ struct Trainer::State {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Comm> comm;
   DType dtype = DType::f32;  // training_dtype: the model's weights, grads and activations
+  ParallelDegrees degrees;   // [parallelism] on the launcher's W ranks
   std::unique_ptr<MixtralModel> model;
   std::unique_ptr<schedules::Optimizer> optimizer;  // optimizer.placement's AdamW
   std::unique_ptr<DataLoader> loader;
@@ -187,8 +199,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   s.comm = make_comm(*s.backend, s.ranks);
   Stream& stream = s.backend->default_stream();
   s.dtype = training_dtype(cfg);
+  s.degrees = degrees_of(cfg, s.ranks);
   s.model = std::make_unique<MixtralModel>(*s.backend, stream, *s.comm, cfg.model, cfg.schedules,
-                                           s.dtype);
+                                           s.dtype, s.degrees);
   ZeroParamStore& params = s.model->params();
   params.initialize(static_cast<uint64_t>(cfg.job.seed), cfg.model.initializer_range, stream);
   // The serial offload's host AdamW gets the rank's share of the cores, as OpenBLAS does.
@@ -256,11 +269,20 @@ std::string Trainer::describe() const {
   const State& s = *s_;
   const ParamLayout& layout = s.model->params().layout();
   const int W = s.ranks.world_size;
-  std::string ranks = W == 1 ? "1 rank"
-                             : std::to_string(W) + " ranks (" + std::string(s.comm->kind()) +
-                                   "; ZeRO-3 dense, sequence-parallel attention, " +
-                                   std::to_string(s.cfg.model.num_local_experts / W) +
-                                   " experts per rank)";
+  const ParallelDegrees& d = s.degrees;
+  std::string ranks =
+      W == 1
+          ? "1 rank"
+          : std::to_string(W) + " ranks (" + std::string(s.comm->kind()) + "; " + d.str() +
+                ": ZeRO-3 dense over " + std::to_string(d.data_shard) +
+                (d.dense_replicas() > 1 ? " x " + std::to_string(d.dense_replicas()) + " replicas"
+                                        : "") +
+                ", Ulysses over " + std::to_string(d.sequence) + ", " +
+                std::to_string(s.cfg.model.num_local_experts / d.expert) + " experts per rank" +
+                (d.expert_replicas() > 1
+                     ? " sharded over " + std::to_string(d.expert_replicas()) + " replicas"
+                     : "") +
+                ")";
   return "backend " + s.backend->describe() + "; " + ranks + "; model " +
          std::to_string(layout.parameter_count()) + " parameters (" +
          std::to_string(layout.active_matmul_parameters()) + " active per token), " +
@@ -303,7 +325,8 @@ StepMetrics Trainer::step() {
     const std::vector<int64_t> ids(s.ids.begin() + i * micro, s.ids.begin() + (i + 1) * micro);
     const std::vector<int64_t> labels(s.labels.begin() + i * micro,
                                       s.labels.begin() + (i + 1) * micro);
-    const LocalBatch& local = locals.emplace_back(shard_batch(ids, labels, B, T, W, s.ranks.rank));
+    const LocalBatch& local =
+        locals.emplace_back(shard_batch(ids, labels, B, T, W, s.ranks.rank, s.degrees.sequence));
     N = static_cast<int64_t>(local.input_ids.size());
     TokenBatch batch{s.d_ids, s.d_labels, s.d_positions, B, T, count_scored(local.labels)};
     backend.copy_async(s.d_ids.data(), local.input_ids.data(), N * 8, CopyKind::host_to_device,

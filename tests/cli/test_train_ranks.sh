@@ -331,7 +331,7 @@ train 4 experts "$tmp/experts" --set training.steps=10 \
   --set model.num_local_experts=6 --set model.num_experts_per_tok=2; rc=$?
 check "6 experts on 4 ranks fails (rc $rc)" is_failure $rc
 check "6 experts on 4 ranks: every rank names 6 and 4" \
-  every_rank "$tmp/experts" 4 "over W = 4 ranks needs model\.num_local_experts \(6\) divisible by W"
+  every_rank "$tmp/experts" 4 "over Ep = 4 ranks needs model\.num_local_experts \(6\) divisible by Ep"
 check "6 experts on 4 ranks: no run directory" test ! -e "$tmp/runs/experts"
 unset OMPI_MCA_mpi_abort_delay
 

@@ -4,47 +4,22 @@
 // its data cursor counted in micro-batches. Rank 0 makes the run directory and the token file and
 // tells the others where they are. Run: ctest -R train_grad_accum --output-on-failure
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
-#include <optional>
 #include <string>
 
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/config/config.h"
 #include "core/train/trainer.h"
 #include "tests/grad_accum_job.h"
-#include "tests/temp_dir.h"
+#include "tests/parallel/shared_run_dir.h"
 
 namespace moepeak {
 namespace {
 namespace fs = std::filesystem;
 
-// A directory every rank sees, with the token file in it (rank 0 makes both; the others wait),
-// removed when every rank is done with it.
-class SharedRunDir {
- public:
-  SharedRunDir() {
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    char path[512] = {0};
-    if (rank_ == 0) {
-      temp_.emplace("moepeak-accum");
-      test_support::write_accum_tokens(temp_->path());
-      std::snprintf(path, sizeof path, "%s", temp_->path().c_str());
-    }
-    MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir_ = path;
-  }
-  ~SharedRunDir() { MPI_Barrier(MPI_COMM_WORLD); }  // then rank 0's TempDir removes it
-  const fs::path& path() const { return dir_; }
-
- private:
-  int rank_ = 0;
-  std::optional<test_support::TempDir> temp_;
-  fs::path dir_;
-};
+using test_support::SharedRunDir;
 
 Config accum_config(const fs::path& dir, const std::string& name, int64_t batch, int64_t accum,
                     int64_t steps) {

@@ -439,7 +439,8 @@ TEST(ZeroParams, ExpertsMustDivideWorld) {
   if (world == 1) GTEST_SKIP() << "every E divides W = 1";
   ModelConfig model = tiny_model();
   model.num_local_experts = world + 1;
-  const std::string e = "E = " + std::to_string(world + 1), w = "W = " + std::to_string(world);
+  // Ep = W here (the Comm& form: every degree W).
+  const std::string e = "E = " + std::to_string(world + 1), w = "Ep = " + std::to_string(world);
   try {
     ZeroParamStore store(env.backend(), model, DType::f32, env.comm());
     ADD_FAILURE() << "no error for E % W != 0";

@@ -1,15 +1,16 @@
 // The trainer-like harness the multi-rank model tests share: a MixtralModel with its [schedules]
-// on this rank's Comm (one rank or W), ResidentAdamW over it, this rank's share of a seeded global
-// batch, the job's grad norm, and whole gathered tensors to compare across schedules or rank
-// counts. Header-only; each test is one translation unit.
+// on this rank's Comm (one rank or W, in a layout of ParallelDegrees), the AdamW that an
+// OptimizerConfig's placement names over it (resident by default), this rank's share of a
+// seeded global batch, the job's grad norm, and whole gathered tensors to compare across
+// schedules, layouts or rank counts. Header-only; each test is one translation unit.
 //
 //   TrainingRun run(init_process_group(), model_config, schedules);   // this rank of W
 //   global_batch(step, B * T, V, ids, labels);                         // the same on every rank
 //   double loss = run.forward_backward(ids, labels, B, T);             // the job's loss
 //   double norm = run.grad_norm();  run.update(step, norm, lr);
 //
-// Used by test_train_parallel, test_model_ring_dtp and test_train_llep (ctest -R
-// parallel|ring|llep).
+// Used by test_train_parallel, test_train_layouts, test_model_ring_dtp and test_train_llep
+// (ctest -R parallel|layouts|ring|llep).
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/comm/comm.h"
@@ -27,7 +29,7 @@
 #include "core/model/optimizer_params.h"
 #include "ops/elementwise.h"
 #include "ops/fill.h"
-#include "ops/schedules/adamw_resident.h"
+#include "ops/schedules/optimizer_choice.h"
 
 namespace moepeak::test_support {
 
@@ -70,29 +72,34 @@ struct TrainingRun {
   Stream& stream = backend->default_stream();
   std::unique_ptr<Comm> comm;
   std::unique_ptr<MixtralModel> model;
-  std::unique_ptr<schedules::ResidentAdamW> adamw;
+  std::unique_ptr<schedules::Optimizer> adamw;
   DType dtype;
   OwnedTensor ids, labels, positions;  // (N) this rank's share of the loaded batch
   TokenBatch batch;
   int64_t loss_tokens = 0;  // scored tokens of the whole global batch
 
   // ranks = RankInfo{} for one rank in this process (no MPI peers).
+  // `degrees`: the layout (default: every degree W); `placement`: the optimizer's.
   TrainingRun(const RankInfo& ranks, const ModelConfig& cfg, const SchedulesConfig& schedules,
-              DType dtype_ = DType::f32, uint64_t init_seed = 11)
+              DType dtype_ = DType::f32, uint64_t init_seed = 11,
+              std::optional<ParallelDegrees> degrees = std::nullopt,
+              OptimizerPlacement placement = OptimizerPlacement::resident)
       : dtype(dtype_) {
     comm = make_comm(*backend, ranks);
-    model = std::make_unique<MixtralModel>(*backend, stream, *comm, cfg, schedules, dtype);
+    model = std::make_unique<MixtralModel>(*backend, stream, *comm, cfg, schedules, dtype, degrees);
     model->params().initialize(init_seed, cfg.initializer_range, stream);
     OptimizerConfig opt;
     opt.weight_decay = 0.1;
-    adamw = std::make_unique<schedules::ResidentAdamW>(*backend, optimizer_params(model->params()),
-                                                       opt);
+    opt.placement = placement;
+    opt.bucket_params = 512;  // several buckets of the tiny models under offload_stream
+    adamw = schedules::make_optimizer(*backend, optimizer_params(model->params()), opt, 1);
   }
 
   // Uploads this rank's share of the global (B*T) batch.
   void load(const std::vector<int64_t>& gids, const std::vector<int64_t>& glabels, int64_t B,
             int64_t T) {
-    const LocalBatch local = shard_batch(gids, glabels, B, T, comm->world_size(), comm->rank());
+    const LocalBatch local = shard_batch(gids, glabels, B, T, comm->world_size(), comm->rank(),
+                                         model->groups().degrees().sequence);
     const int64_t N = static_cast<int64_t>(local.input_ids.size());
     auto upload = [&](OwnedTensor& t, const std::vector<int64_t>& v, const char* what) {
       t = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, what);
@@ -116,12 +123,15 @@ struct TrainingRun {
     return forward_backward();
   }
 
-  // The gradient norm over the job (each element counted once).
+  // The gradient norm over the job (each element counted once: the dense shards on one of their
+  // replicas).
   double grad_norm() {
     OwnedTensor acc =
         OwnedTensor::device(*backend, Shape{1}, DType::f64, LiveSet::workspace, "norm");
     ops::fill(acc, 0.0, stream);
-    ops::sum_squares_cpu(model->params().flat_grads(), acc, stream);
+    const ZeroParamStore& params = model->params();
+    ops::sum_squares_cpu(params.counts_replicated() ? params.flat_grads() : params.unique_grads(),
+                         acc, stream);
     stream.synchronize();
     double sum[1] = {acc.data_as<double>()[0]};
     all_reduce_host(*comm, *backend, stream, sum);

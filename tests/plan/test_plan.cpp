@@ -155,10 +155,10 @@ TEST(PlanVerdict, NamesTheOverflowingTermAndTheAmount) {
 
 TEST(PlanInputsTest, WorldSizeCapacityAndBudgetFromTheConfig) {
   Config c = tiny_plan_config();
-  EXPECT_EQ(plan_inputs(c).world, 1);
+  EXPECT_EQ(plan_inputs(c).world(), 1);
   c.parallelism.world_size = 4;
-  EXPECT_EQ(plan_inputs(c).world, 4);
-  EXPECT_EQ(plan_inputs(c, 2).world, 2);
+  EXPECT_EQ(plan_inputs(c).world(), 4);
+  EXPECT_EQ(plan_inputs(c, 2).world(), 2);
   EXPECT_EQ(plan_inputs(c).capacity, 256ull << 20);
   EXPECT_EQ(plan_inputs(c).host_budget, 64ull << 20);
   c.runtime.device_memory = "auto";

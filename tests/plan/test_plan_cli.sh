@@ -92,4 +92,31 @@ check "train --force reached the allocation" contains "$tmp/err" "out of device 
 check "train that fits exits 0" test $rc -eq 0
 check "train that fits wrote metrics" test -s "$tmp/runs/moepeak/metrics.jsonl"
 
+# --search-layout on 8 ranks of the embedded default (4 experts, 4 heads): every (Ep, Sp, Ds),
+# the best named as --set lines, --json with the rows; a bad degree in a plain plan is named.
+"$bin" plan -n 8 --set training.batch_size=8 --search-layout --max-context --json "$tmp/layouts.json" \
+  >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan --search-layout exits 0" test $rc -eq 0
+check "search-layout prints the column header" grep -qE '^#   Ep   Sp   Ds  batch  accum  verdict' "$tmp/out"
+check "search-layout marks the best row" grep -qE '^\*' "$tmp/out"
+check "search-layout names the best as --set lines" grep -qE '^# best layout: --set parallelism.expert_parallel=[0-9]+ --set parallelism.sequence_parallel=[0-9]+ --set parallelism.data_shard=[0-9]+' "$tmp/out"
+check "search-layout says why Sp = 8 cannot split 4 heads" grep -qE '^ +[0-9]+ +8 +[0-9]+ .*invalid .*heads' "$tmp/out"
+check "search-layout --json has every layout and the best" python3 - "$tmp/layouts.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+rows = j["layouts"]
+# Ep in {1, 2, 4} (4 experts), Sp and Ds in {1, 2, 4, 8}.
+assert len(rows) == 3 * 4 * 4, len(rows)
+b = j["best"]
+best = [r for r in rows if r["valid"] and r["expert_parallel"] == b["expert_parallel"]
+        and r["sequence_parallel"] == b["sequence_parallel"] and r["data_shard"] == b["data_shard"]]
+assert len(best) == 1 and best[0]["fits"], best
+assert all(r["max_context"] <= best[0]["max_context"] for r in rows if r["valid"])
+assert set(best[0]["bytes_per_step"]) == {"total", "zero_dense", "dense_replicas", "zero_experts",
+                                          "ulysses", "dispatch", "vocab"}
+PY
+"$bin" plan -n 8 --set parallelism.expert_parallel=3 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan with Ep = 3 on 8 ranks exits 1" test $rc -eq 1
+check "plan names the degree that does not divide W" contains "$tmp/err" "parallelism.expert_parallel = 3 must divide the world size W = 8"
+
 report test_plan_cli

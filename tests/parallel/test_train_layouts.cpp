@@ -1,0 +1,229 @@
+// Training in layouts with independent degrees (Ep expert_parallel, Sp sequence_parallel, Ds
+// data_shard; docs/parallelism.md) on W real rank processes against one rank on the same global
+// batches and seed, in float32 — every rank also trains the one-rank model locally as the
+// reference. For each layout of W, with the standard schedules and with all four bounded ones
+// (PipelinedLLEP in several chunks with rebalancing, Ring-DTP in strips, SCO, OffloadStreamAdamW):
+//   - the loss and the grad norm of each of 10 AdamW steps within 1e-5 relative;
+//   - every parameter's gradient after step 1 (gathered from the shards) within 1e-5 relative to
+//     the tensor's largest element;
+//   - under the standard schedules, the per-rank `weights` and `grads` peaks: exactly the
+//     persistent shards plus the largest gathered group, from the planner's functions for these
+//     degrees; and the persistent weights fall with the expert replicas (W/Ep).
+// The tolerance: the ranks sum the same products in another order (per-rank partial sums, then
+// the collectives), so agreement is to fp32 rounding, not bitwise.
+// Also: a checkpoint written in one layout resumes in another (the Trainer end to end), and
+// degrees that do not fit are rejected with their numbers before any work.
+// Run: ctest -R train_layouts --output-on-failure   (4 and 8 ranks under mpirun)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint/train_checkpoint.h"
+#include "core/comm/process_group.h"
+#include "core/error.h"
+#include "core/model/mixtral.h"
+#include "core/model/zero_params.h"
+#include "core/train/trainer.h"
+#include "tests/expect_contains.h"
+#include "tests/parallel/shared_run_dir.h"
+#include "tests/parallel/training_run.h"
+
+namespace moepeak {
+namespace {
+namespace fs = std::filesystem;
+
+using test_support::global_batch;
+using test_support::rel;
+using test_support::TrainingRun;
+
+struct LayoutCase {
+  int world, ep, sp, ds;
+  bool bounded;
+  ParallelDegrees degrees() const { return {world, ep, sp, ds}; }
+};
+
+std::string name_of(const LayoutCase& c) {
+  return "W" + std::to_string(c.world) + "_ep" + std::to_string(c.ep) + "_sp" +
+         std::to_string(c.sp) + "_ds" + std::to_string(c.ds) +
+         (c.bounded ? "_bounded" : "_standard");
+}
+
+void PrintTo(const LayoutCase& c, std::ostream* os) { *os << name_of(c); }
+
+// 8 experts (Ep up to 8), 8 query heads over 2 kv heads (replicated when Sp = 4), the
+// load-balancing loss on (its counts are summed over the expert replicas).
+ModelConfig layout_model() {
+  ModelConfig m;
+  m.vocab_size = 37;
+  m.hidden_size = 16;
+  m.intermediate_size = 20;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 8;
+  m.num_key_value_heads = 2;
+  m.head_dim = 4;
+  m.num_local_experts = 8;
+  m.num_experts_per_tok = 2;
+  m.max_position_embeddings = 64;
+  m.router_aux_loss_coef = 0.02;
+  m.initializer_range = 0.2;
+  return m;
+}
+
+SchedulesConfig schedules_of(bool bounded) {
+  SchedulesConfig s;
+  if (!bounded) return s;
+  s.dispatch = DispatchSchedule::pipelined_llep;
+  s.chunk_tokens = 3;  // several chunks of the 8 tokens per rank
+  s.max_chunks = 4;
+  s.llep_lambda = 1.0;  // rebalance whenever one expert group is busier than the mean
+  s.min_tokens_per_gemm = 1;
+  s.vocab = VocabSchedule::ring_dtp;
+  s.vocab_strip = 2;
+  s.checkpoint = CheckpointSchedule::sco;
+  return s;
+}
+
+class TrainLayouts : public ::testing::TestWithParam<LayoutCase> {};
+
+TEST_P(TrainLayouts, MatchesOneRankOverTenSteps) {
+  const LayoutCase c = GetParam();
+  const RankInfo ranks = init_process_group();
+  if (ranks.world_size != c.world) GTEST_SKIP() << "a layout of " << c.world << " ranks";
+  const ModelConfig cfg = layout_model();
+  const int64_t B = 4, T = 8;
+  const SchedulesConfig schedules = schedules_of(c.bounded);
+  const OptimizerPlacement placement =
+      c.bounded ? OptimizerPlacement::offload_stream : OptimizerPlacement::resident;
+  TrainingRun ref(RankInfo{}, cfg, SchedulesConfig{});  // one rank, standard, in this process
+  TrainingRun dist(ranks, cfg, schedules, DType::f32, 11, c.degrees(), placement);
+  const ParamLayout& layout = ref.model->params().layout();
+  const LmHeadSharding head = lm_head_sharding(schedules.vocab);
+
+  std::vector<int64_t> gids, glabels;
+  for (int step = 1; step <= 10; ++step) {
+    global_batch(step, B * T, cfg.vocab_size, gids, glabels, 5);
+    const double ref_loss = ref.forward_backward(gids, glabels, B, T);
+    if (step == 1) dist.backend->arena().reset_peaks();
+    const double loss = dist.forward_backward(gids, glabels, B, T);
+    EXPECT_LT(rel(loss, ref_loss), 1e-5)
+        << "step " << step << ": " << loss << " vs one rank " << ref_loss;
+    const double ref_norm = ref.grad_norm(), norm = dist.grad_norm();
+    EXPECT_LT(rel(norm, ref_norm), 1e-5) << "step " << step << " grad norm";
+
+    if (step == 1) {
+      const MemoryStats mem = dist.backend->arena().stats();
+      const ZeroBytes persistent = zero_persistent_bytes(cfg, DType::f32, c.degrees(), head);
+      const ZeroBytes gathered = zero_largest_gathered_bytes(cfg, DType::f32, c.degrees(), head);
+      if (!c.bounded) {  // (LLEP's spilled copies join weights and grads under the bounded ones)
+        EXPECT_EQ(mem.peak_per_set()[LiveSet::weights], persistent.weights + gathered.weights);
+        EXPECT_EQ(mem.peak_per_set()[LiveSet::grads], persistent.grads + gathered.grads);
+      }
+      // Each expert is ZeRO-3 sharded over its W/Ep replicas: a rank stores 1/(W/Ep) of each of
+      // its E/Ep experts, so its expert elements fall with W, not just with Ep.
+      const int64_t replicas = c.world / c.ep, experts_here = cfg.num_local_experts / c.ep;
+      const int64_t FH = cfg.intermediate_size * cfg.hidden_size;
+      int64_t expert_elements = 0;
+      for (const auto& piece : dist.model->params().local_pieces()) {
+        if (piece.is_expert) expert_elements += piece.value.numel();
+      }
+      EXPECT_EQ(expert_elements,
+                cfg.num_hidden_layers * experts_here * 3 * ((FH + replicas - 1) / replicas));
+      for (size_t p = 0; p < layout.params().size(); ++p) {
+        const int i = static_cast<int>(p);
+        const std::vector<double> got = dist.gathered(i, dist.model->params().flat_grads());
+        const std::vector<double> want = ref.gathered(i, ref.model->params().flat_grads());
+        EXPECT_LT(test_support::scaled_error(got, want), 1e-5)
+            << layout.params()[p].name << " gradient after step 1";
+      }
+    }
+    const double lr = 1e-2 * std::min(1.0, step / 3.0);
+    ref.update(step, ref_norm, lr);
+    dist.update(step, norm, lr);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Degrees, TrainLayouts,
+    ::testing::Values(LayoutCase{4, 2, 2, 4, false}, LayoutCase{4, 2, 2, 4, true},
+                      LayoutCase{4, 4, 1, 2, false}, LayoutCase{4, 4, 1, 2, true},
+                      LayoutCase{4, 1, 4, 4, false}, LayoutCase{4, 1, 4, 4, true},
+                      LayoutCase{4, 2, 4, 2, false}, LayoutCase{4, 2, 4, 2, true},
+                      LayoutCase{8, 2, 4, 4, false}, LayoutCase{8, 2, 4, 4, true},
+                      LayoutCase{8, 4, 2, 8, false}, LayoutCase{8, 4, 2, 8, true}),
+    [](const ::testing::TestParamInfo<LayoutCase>& info) { return name_of(info.param); });
+
+// The Trainer in a layout set by the [parallelism] keys: 4 steps of the tiny model (4 experts,
+// 4 heads over 2 kv heads) on the gradient-accumulation job.
+Config layout_config(const fs::path& dir, const std::string& name, int ep, int sp, int ds) {
+  Config cfg = test_support::accum_config(dir, (dir / "tokens.bin").string(), 4, 1, 4);
+  cfg.job.name = name;
+  cfg.parallelism.expert_parallel = ep;
+  cfg.parallelism.sequence_parallel = sp;
+  cfg.parallelism.data_shard = ds;
+  cfg.checkpoint.enable = true;
+  cfg.checkpoint.interval = 2;
+  cfg.checkpoint.keep_latest = 2;
+  return cfg;
+}
+
+TEST(TrainLayoutsCheckpoint, ACheckpointOfOneLayoutResumesInAnother) {
+  const RankInfo ranks = init_process_group();
+  if (ranks.world_size != 4) GTEST_SKIP() << "written for 4 ranks";
+  test_support::SharedRunDir dir;
+  const TrainResult full = train(layout_config(dir.path(), "ep2_sp2_ds4", 2, 2, 4), {});
+  ASSERT_EQ(full.losses.size(), 4u);
+  const std::string step2 =
+      (fs::path(full.run_dir) / "checkpoints" / checkpoint_dir_name(2)).string();
+  // Resumed with other degrees: every expert on each rank's own group of 4, the dense weights
+  // sharded over pairs and replicated, whole sequences per rank; then the default layout.
+  for (const auto& [name, ep, sp, ds] :
+       {std::tuple{"ep4_sp1_ds2", 4, 1, 2}, std::tuple{"uniform", 0, 0, 0}}) {
+    TrainOptions options;
+    options.resume_from = step2;
+    const TrainResult resumed = train(layout_config(dir.path(), name, ep, sp, ds), options);
+    ASSERT_EQ(resumed.losses.size(), 2u) << name;
+    EXPECT_LT(rel(resumed.losses[0], full.losses[2]), 1e-5) << name << " step 3";
+    EXPECT_LT(rel(resumed.losses[1], full.losses[3]), 1e-5) << name << " step 4";
+  }
+}
+
+TEST(TrainLayoutsCheck, DegreesThatDoNotFitAreRejectedWithTheirNumbers) {
+  const ModelConfig m = layout_model();
+  auto message = [](const auto& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  ParallelismConfig p;
+  p.expert_parallel = 3;
+  EXPECT_CONTAINS(message([&] { ParallelDegrees::resolve(p, 4); }),
+                  "parallelism.expert_parallel = 3 must divide the world size W = 4");
+  p = {};
+  p.data_shard = 8;
+  EXPECT_CONTAINS(message([&] { ParallelDegrees::resolve(p, 4); }),
+                  "parallelism.data_shard = 8 must divide the world size W = 4");
+  ModelConfig six = m;
+  six.num_local_experts = 6;
+  EXPECT_CONTAINS(message([&] {
+                    MixtralModel::check_layout(six, 4, 8, {8, 4, 8, 8});
+                  }),
+                  "num_local_experts (6) divisible by Ep");
+  // Sp = 2 of 8 ranks: 4 sequence groups, and a batch of 6 does not split over them.
+  EXPECT_CONTAINS(message([&] {
+                    MixtralModel::check_layout(m, 6, 8, {8, 8, 2, 8});
+                  }),
+                  "training.batch_size (6) divisible by W/Sp = 4");
+  // Sp = 4: T = 10 is not a multiple of 4.
+  EXPECT_NE(message([&] { MixtralModel::check_layout(m, 4, 10, {8, 8, 4, 8}); }), "no error");
+  EXPECT_EQ(message([&] { MixtralModel::check_layout(m, 4, 8, {8, 2, 4, 4}); }), "no error");
+}
+
+}  // namespace
+}  // namespace moepeak

@@ -1,0 +1,154 @@
+// The layout search (core/plan/layout_search.h, `moepeak plan --search-layout`) on the Mixtral
+// presets at 8, 16 and 64 H200s and on gpt-oss-20b at 8: every (Ep, Sp, data_shard) of W is
+// listed once; the invalid ones say why; each valid row's plan is make_plan's for its degrees,
+// micro-batch and accumulation (B * m = the global batch); the best is eligible and no row beats
+// it on the goal; the traffic terms vanish exactly where a degree makes a collective trivial and
+// equal the documented formula on one row.
+// Run: ctest -R test_plan_layout_search --output-on-failure
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "core/config/config.h"
+#include "core/model/mixtral_params.h"
+#include "core/plan/layout_search.h"
+#include "core/plan/plan.h"
+
+namespace moepeak {
+namespace {
+
+const std::string kSourceDir = MOEPEAK_SOURCE_DIR;
+
+Config h200_bounded(const std::string& model) {
+  Config c = load_config({kSourceDir + "/configs/" + model + ".toml"},
+                         {"runtime.device_memory=141GB", "runtime.pinned_memory=250GB",
+                          "schedules.dispatch=pipelined_llep", "schedules.vocab=ring_dtp",
+                          "schedules.checkpoint=sco", "optimizer.placement=offload_stream"});
+  // The search ignores the configured degrees.
+  c.parallelism.expert_parallel = c.parallelism.sequence_parallel = c.parallelism.data_shard = 0;
+  return c;
+}
+
+int divisor_count(int n) {
+  int c = 0;
+  for (int d = 1; d <= n; ++d) c += n % d == 0;
+  return c;
+}
+
+void expect_consistent(const std::string& model, int W, LayoutGoal goal) {
+  SCOPED_TRACE(model + " on " + std::to_string(W));
+  const Config cfg = h200_bounded(model);
+  const PlanInputs in = plan_inputs(cfg, W);
+  const LayoutSearch s = search_layouts(cfg, in, goal);
+  int ep_count = 0;
+  for (int ep = 1; ep <= W; ++ep) {
+    ep_count += W % ep == 0 && cfg.model.num_local_experts % ep == 0;
+  }
+  EXPECT_EQ(s.rows.size(), static_cast<size_t>(ep_count * divisor_count(W) * divisor_count(W)));
+  std::set<std::tuple<int, int, int>> seen;
+  auto score = [&](const LayoutRow& r) {
+    return goal == LayoutGoal::max_context ? r.max_context : r.max_batch;
+  };
+  for (const LayoutRow& r : s.rows) {
+    const ParallelDegrees& d = r.degrees;
+    EXPECT_TRUE(seen.insert({d.expert, d.sequence, d.data_shard}).second) << d.str();
+    EXPECT_EQ(W % d.expert + W % d.sequence + W % d.data_shard, 0) << d.str();
+    if (!r.valid) {
+      EXPECT_FALSE(r.why.empty()) << d.str();
+      continue;
+    }
+    EXPECT_EQ(r.batch * r.grad_accum, s.global_batch) << d.str();
+    EXPECT_EQ(r.batch % d.sequence_groups(), 0) << d.str();
+    PlanInputs at = in;
+    at.degrees = d;
+    at.batch = r.batch;
+    at.grad_accum = r.grad_accum;
+    EXPECT_EQ(make_plan(cfg, at).total, r.plan.total) << d.str();
+    // A collective over one rank moves nothing.
+    if (d.data_shard == 1) {
+      EXPECT_EQ(r.traffic.zero_dense, 0.0) << d.str();
+    }
+    if (d.data_shard == W) {
+      EXPECT_EQ(r.traffic.dense_replicas, 0.0) << d.str();
+    }
+    if (d.expert == W) {
+      EXPECT_EQ(r.traffic.zero_experts, 0.0) << d.str();
+    }
+    if (d.sequence == 1) {
+      EXPECT_EQ(r.traffic.ulysses, 0.0) << d.str();
+    }
+    if (d.expert == 1) {
+      EXPECT_EQ(r.traffic.dispatch, 0.0) << d.str();
+    }
+  }
+  // A head count that Sp does not divide is invalid, and says so.
+  if (W > cfg.model.num_attention_heads || cfg.model.num_attention_heads % W != 0) {
+    bool named = false;
+    for (const LayoutRow& r : s.rows) {
+      named |= !r.valid && r.degrees.sequence == W && r.why.find("heads") != std::string::npos;
+    }
+    EXPECT_TRUE(named) << "Sp = W = " << W << " with " << cfg.model.num_attention_heads
+                       << " heads is not flagged";
+  }
+  ASSERT_GE(s.best, 0) << "no layout fits";
+  const LayoutRow& best = s.rows[static_cast<size_t>(s.best)];
+  EXPECT_TRUE(best.valid);
+  EXPECT_GT(score(best), 0);
+  for (const LayoutRow& r : s.rows) {
+    if (r.valid) {
+      EXPECT_LE(score(r), score(best)) << r.degrees.str();
+    }
+  }
+}
+
+TEST(LayoutSearch, Mixtral8x7bOn8And16And64ByMaxContext) {
+  for (int W : {8, 16, 64}) expect_consistent("mixtral-8x7b", W, LayoutGoal::max_context);
+}
+
+TEST(LayoutSearch, Mixtral8x22bOn8And16And64ByMaxBatch) {
+  for (int W : {8, 16, 64}) expect_consistent("mixtral-8x22b", W, LayoutGoal::max_batch);
+}
+
+TEST(LayoutSearch, GptOss20bOn8ByMaxContext) {
+  expect_consistent("gpt-oss-20b", 8, LayoutGoal::max_context);
+}
+
+// Mixtral-8x7B has 8 experts: on 64 ranks every valid layout has Ep <= 8, and the best of the
+// default goal (fits at the configured shape, fewest bytes) fits.
+TEST(LayoutSearch, Mixtral8x7bOn64RanksFitsWithAtMostEightExpertRanks) {
+  const Config cfg = h200_bounded("mixtral-8x7b");
+  const LayoutSearch s = search_layouts(cfg, plan_inputs(cfg, 64), LayoutGoal::fits);
+  ASSERT_GE(s.best, 0);
+  const LayoutRow& best = s.rows[static_cast<size_t>(s.best)];
+  EXPECT_TRUE(best.plan.fits()) << best.plan.verdict();
+  for (const LayoutRow& r : s.rows) EXPECT_LE(r.degrees.expert, 8);
+  for (const LayoutRow& r : s.rows) {
+    if (r.valid && r.plan.fits()) {
+      EXPECT_GE(r.traffic.total(), best.traffic.total());
+    }
+  }
+}
+
+// The traffic formula of docs/parallelism.md#bytes-per-step, on one layout by hand.
+TEST(LayoutSearch, TrafficIsTheDocumentedFormula) {
+  const Config cfg = h200_bounded("mixtral-8x7b");
+  const ModelConfig& m = cfg.model;
+  const ParallelDegrees d{64, 8, 8, 8};
+  const int64_t B = 8, T = 32768, accum = 2;
+  const StepTraffic t = step_traffic(cfg, d, B, T, accum, DType::bf16);
+  const double b = 2, H = 4096, F = 14336, L = 32, E = 8, V = 32000, N = B * T / 64.0;
+  const double P_exp = L * E * 3 * F * H;
+  const double P_dense = static_cast<double>(ParamLayout(m).parameter_count()) - P_exp - V * H;
+  auto ring = [](double g) { return (g - 1) / g; };
+  EXPECT_DOUBLE_EQ(t.zero_dense, accum * 3 * ring(8) * P_dense * b);
+  EXPECT_DOUBLE_EQ(t.dense_replicas, accum * 2 * ring(8) * P_dense / 8 * b);
+  EXPECT_DOUBLE_EQ(t.zero_experts, accum * 3 * ring(8) * P_exp / 8 * b);
+  EXPECT_DOUBLE_EQ(t.ulysses, accum * 3 * L * 2 * N * (32 + 8) * 128 * b * ring(8));
+  EXPECT_DOUBLE_EQ(t.dispatch, accum * 3 * L * 2 * N * 2 * H * b * ring(8));
+  EXPECT_DOUBLE_EQ(t.vocab, accum * 3 * 63 * std::min(N, V / 64) * H * b);
+}
+
+}  // namespace
+}  // namespace moepeak
