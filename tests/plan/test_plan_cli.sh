@@ -119,4 +119,10 @@ PY
 check "plan with Ep = 3 on 8 ranks exits 1" test $rc -eq 1
 check "plan names the degree that does not divide W" contains "$tmp/err" "parallelism.expert_parallel = 3 must divide the world size W = 8"
 
+# The Mixtral preset on 64 ranks as written: its layout (Ep 8, Sp 8, data_shard 8) plans and fits.
+configs="$(dirname "${BASH_SOURCE[0]}")/../../configs"
+"$bin" plan -n 64 -c "$configs/mixtral-8x7b.toml" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan -n 64 -c configs/mixtral-8x7b.toml exits 0" test $rc -eq 0
+check "the Mixtral preset's layout on 64 ranks is Ep 8, Sp 8, data_shard 8" contains "$tmp/out" "W = 64 ranks (Ep 8, Sp 8, data_shard 8)"
+
 report test_plan_cli

@@ -75,16 +75,25 @@ TEST(PlanReach, PaperSettingsReachOneMillion) {
   EXPECT_FALSE(fits_at("deepseek-v3-like", 64, false, 1 * K));
 }
 
-// The Mixtral presets are Hugging Face's shapes (parameters as the model cards count them), and
-// on 8 H200s (one expert per rank) the bounded schedules train each at its full context.
+// The Mixtral presets are Hugging Face's shapes (parameters as the model cards count them),
+// laid out for nodes of 8 GPUs (Ep = Sp = Ds = 8, eight sequences per micro-batch): on 8, 16
+// and 64 H200s the bounded schedules train each at its full context, and on 64 the standard ones
+// too (docs/plan.md: preset reach 7.08M / 280K for 8x7B, 3.00M / 163K for 8x22B on 64).
 TEST(PlanReach, MixtralPresetsAreTheHuggingFaceShapesAndFitAtFullContext) {
   const Config x7 = h200("mixtral-8x7b", true), x22 = h200("mixtral-8x22b", true);
   EXPECT_EQ(ParamLayout(x7.model).parameter_count(), 46702792704);
   EXPECT_EQ(ParamLayout(x22.model).parameter_count(), 140620634112);
   EXPECT_EQ(x7.training.seq_len, x7.model.max_position_embeddings);
   EXPECT_EQ(x22.training.seq_len, x22.model.max_position_embeddings);
-  EXPECT_TRUE(fits_at("mixtral-8x7b", 8, true, x7.training.seq_len));
-  EXPECT_TRUE(fits_at("mixtral-8x22b", 8, true, x22.training.seq_len));
+  for (int W : {8, 16, 64}) {
+    EXPECT_TRUE(fits_at("mixtral-8x7b", W, true, x7.training.seq_len)) << W;
+    EXPECT_TRUE(fits_at("mixtral-8x22b", W, true, x22.training.seq_len)) << W;
+  }
+  EXPECT_TRUE(fits_at("mixtral-8x7b", 64, false, x7.training.seq_len));
+  EXPECT_TRUE(fits_at("mixtral-8x22b", 64, false, x22.training.seq_len));
+  EXPECT_FALSE(fits_at("mixtral-8x22b", 8, false, x22.training.seq_len));
+  const PlanInputs in = plan_inputs(x7, 64);
+  EXPECT_EQ(in.degrees, (ParallelDegrees{64, 8, 8, 8}));
 }
 
 TEST(PlanSvg, WellFormed) {
