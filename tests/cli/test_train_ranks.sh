@@ -309,6 +309,19 @@ check "a ring_dtp checkpoint resumes materialised on 4 ranks (rc $rc)" test $rc 
 check "ring_dtp checkpoint resumed materialised: steps 4..6 equal the uninterrupted run (1e-5)" \
   series_match "$(metrics ringck2)" "$(metrics ringresume4)" loss 1e-5
 
+# 3c. A layout with its own degrees (docs/parallelism.md): experts over pairs with their replicas,
+# Ulysses over pairs (two sequence groups of 4 sequences), dense weights sharded over pairs and
+# replicated (HSDP): the same losses and grad norms as one rank.
+layout=(--set parallelism.expert_parallel=2 --set parallelism.sequence_parallel=2
+        --set parallelism.data_shard=2)
+train 4 layout4 "$tmp/layout4" --set training.steps=10 "${layout[@]}"; rc=$?
+check "Ep 2, Sp 2, data_shard 2 on 4 ranks exits 0 (rc $rc)" test $rc -eq 0
+check "Ep 2, Sp 2, data_shard 2 on 4 ranks: losses equal 1 rank's (1e-5 relative)" \
+  series_match "$(metrics w1)" "$(metrics layout4)" loss 1e-5
+check "Ep 2, Sp 2, data_shard 2 on 4 ranks: grad norms equal 1 rank's (1e-5 relative)" \
+  series_match "$(metrics w1)" "$(metrics layout4)" grad_norm 1e-5
+check "the log names the layout" grep -q "Ep 2, Sp 2, data_shard 2" "$tmp/layout4.err" "$tmp/layout4.out"
+
 # 4. Layouts that cannot be split over W ranks: an error on every rank before any work. Each
 # rank checks on its own (no collective), and the first to fail calls MPI_Abort, which may kill the
 # others before they print: mpi_abort_delay (Open MPI) holds the abort back a second, so every
@@ -333,6 +346,11 @@ check "6 experts on 4 ranks fails (rc $rc)" is_failure $rc
 check "6 experts on 4 ranks: every rank names 6 and 4" \
   every_rank "$tmp/experts" 4 "over Ep = 4 ranks needs model\.num_local_experts \(6\) divisible by Ep"
 check "6 experts on 4 ranks: no run directory" test ! -e "$tmp/runs/experts"
+train 4 degree "$tmp/degree" --set training.steps=10 --set parallelism.sequence_parallel=3; rc=$?
+check "sequence_parallel=3 on 4 ranks fails (rc $rc)" is_failure $rc
+check "sequence_parallel=3 on 4 ranks: every rank names 3 and 4" \
+  every_rank "$tmp/degree" 4 "parallelism\.sequence_parallel = 3 must divide the world size W = 4"
+check "sequence_parallel=3 on 4 ranks: no run directory" test ! -e "$tmp/runs/degree"
 unset OMPI_MCA_mpi_abort_delay
 
 # 5. One rank's failure ends the job: only rank 0 creates the run directory (here under a regular
