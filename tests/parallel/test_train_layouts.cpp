@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -104,6 +105,7 @@ TEST_P(TrainLayouts, MatchesOneRankOverTenSteps) {
   const LmHeadSharding head = lm_head_sharding(schedules.vocab);
 
   std::vector<int64_t> gids, glabels;
+  double worst_loss = 0, worst_norm = 0, worst_grad = 0;
   for (int step = 1; step <= 10; ++step) {
     global_batch(step, B * T, cfg.vocab_size, gids, glabels, 5);
     const double ref_loss = ref.forward_backward(gids, glabels, B, T);
@@ -113,6 +115,8 @@ TEST_P(TrainLayouts, MatchesOneRankOverTenSteps) {
         << "step " << step << ": " << loss << " vs one rank " << ref_loss;
     const double ref_norm = ref.grad_norm(), norm = dist.grad_norm();
     EXPECT_LT(rel(norm, ref_norm), 1e-5) << "step " << step << " grad norm";
+    worst_loss = std::max(worst_loss, rel(loss, ref_loss));
+    worst_norm = std::max(worst_norm, rel(norm, ref_norm));
 
     if (step == 1) {
       const MemoryStats mem = dist.backend->arena().stats();
@@ -136,13 +140,18 @@ TEST_P(TrainLayouts, MatchesOneRankOverTenSteps) {
         const int i = static_cast<int>(p);
         const std::vector<double> got = dist.gathered(i, dist.model->params().flat_grads());
         const std::vector<double> want = ref.gathered(i, ref.model->params().flat_grads());
-        EXPECT_LT(test_support::scaled_error(got, want), 1e-5)
-            << layout.params()[p].name << " gradient after step 1";
+        const double err = test_support::scaled_error(got, want);
+        worst_grad = std::max(worst_grad, err);
+        EXPECT_LT(err, 1e-5) << layout.params()[p].name << " gradient after step 1";
       }
     }
     const double lr = 1e-2 * std::min(1.0, step / 3.0);
     ref.update(step, ref_norm, lr);
     dist.update(step, norm, lr);
+  }
+  if (ranks.rank == 0) {
+    std::printf("  %s: 10 steps, worst relative loss %.2e, grad norm %.2e; step-1 gradients %.2e\n",
+                name_of(c).c_str(), worst_loss, worst_norm, worst_grad);
   }
 }
 
