@@ -26,7 +26,7 @@ std::string_view reduce_op_name(ReduceOp op) {
   return "?";
 }
 
-std::unique_ptr<Comm> make_comm(Backend& backend, const RankInfo& ranks) {
+std::unique_ptr<Comm> make_comm(Backend& backend, const RankInfo& ranks, const LinkModel& link) {
   if (ranks.world_size == 1) return std::make_unique<SingleComm>(backend.kind(), ranks);
   if (!process_group_uses_mpi()) {
     MOEPEAK_THROW("make_comm for ", ranks.world_size,
@@ -34,8 +34,11 @@ std::unique_ptr<Comm> make_comm(Backend& backend, const RankInfo& ranks) {
                   "init_process_group() under mpirun or srun first");
   }
   switch (backend.kind()) {
-    case BackendKind::cpu:
-      return std::make_unique<MpiComm>(MPI_COMM_WORLD, ranks);
+    case BackendKind::cpu: {
+      auto comm = std::make_unique<MpiComm>(MPI_COMM_WORLD, ranks);
+      comm->set_link_model(link);
+      return comm;
+    }
     case BackendKind::cuda:
 #ifdef MOEPEAK_WITH_CUDA
       return std::make_unique<NcclComm>(ranks, MPI_COMM_WORLD);

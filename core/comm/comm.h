@@ -46,6 +46,20 @@ struct PeerMessage {
   int peer = 0;
 };
 
+// A link for communicators whose bytes move far faster than a cluster's network (MPI over
+// shared memory on the CPU backend): each operation takes at least latency + bytes / bandwidth
+// (MpiComm::set_link_model says which bytes), so whether a schedule hides its communication
+// shows on any machine. bytes_per_s = latency_s = 0: off. runtime.cpu_link_gb_per_s and
+// runtime.cpu_link_latency_us set it for a run (make_comm).
+struct LinkModel {
+  double bytes_per_s = 0;  // 0: no bandwidth limit
+  double latency_s = 0;
+  bool enabled() const { return bytes_per_s > 0 || latency_s > 0; }
+  double seconds(double bytes) const {
+    return latency_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0.0);
+  }
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -112,8 +126,11 @@ class Comm {
 
 // The communicator for `backend` over the ranks of init_process_group(): a world of one gets the
 // single-rank Comm; otherwise the CPU backend gets MPI and the CUDA backend NCCL (bootstrapped
-// over MPI_COMM_WORLD; the rank's GPU must be current). Collective: every rank calls it.
-std::unique_ptr<Comm> make_comm(Backend& backend, const RankInfo& ranks);
+// over MPI_COMM_WORLD; the rank's GPU must be current). Collective: every rank calls it. `link`:
+// the CPU backend's link model (MpiComm::set_link_model); NCCL's links are real and a world of
+// one has none, so both ignore it.
+std::unique_ptr<Comm> make_comm(Backend& backend, const RankInfo& ranks,
+                                const LinkModel& link = {});
 
 // A few host doubles through a collective (a step's loss, squared grad norm, metrics): copied
 // into a device buffer of `backend` (LiveSet::workspace), reduced or gathered on `stream`,

@@ -4,8 +4,10 @@
 #include "core/comm/mpi_comm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "core/runtime/cpu_stream.h"
@@ -13,6 +15,27 @@
 namespace moepeak {
 
 namespace {
+
+// The link model's bytes of an all_to_all_v: the larger of what this rank sends to and receives
+// from the others (its own block is a local copy).
+double wire_bytes_all_to_all(const std::vector<size_t>& send_counts,
+                             const std::vector<size_t>& recv_counts, int me, size_t es) {
+  size_t out = 0, in = 0;
+  for (size_t p = 0; p < send_counts.size(); ++p) {
+    if (static_cast<int>(p) == me) continue;
+    out += send_counts[p];
+    in += recv_counts[p];
+  }
+  return static_cast<double>(std::max(out, in) * es);
+}
+
+double wire_bytes_exchange(std::span<const PeerMessage> sends, std::span<const PeerMessage> recvs,
+                           size_t es) {
+  size_t out = 0, in = 0;
+  for (const PeerMessage& m : sends) out += m.count;
+  for (const PeerMessage& m : recvs) in += m.count;
+  return static_cast<double>(std::max(out, in) * es);
+}
 
 // One tag for every point-to-point message (send/recv, sendrecv, all_to_all_v), so a send()
 // matches a sendrecv() on the peer as ncclSend matches ncclRecv. Messages of one operation
@@ -256,6 +279,30 @@ MpiComm::~MpiComm() {
   if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
 }
 
+void MpiComm::submit(Stream& stream, double wire_bytes, std::function<void()> op) {
+  const LinkModel link = link_;
+  if (!link.enabled()) {
+    as_cpu_stream(stream).enqueue(std::move(op));
+    return;
+  }
+  // NOTES: the clock starts when the operation starts on its stream (not when it is queued), so
+  // a transfer queued behind compute on the same stream is not credited with that time.
+  as_cpu_stream(stream).enqueue([link, wire_bytes, op = std::move(op)] {
+    const auto start = std::chrono::steady_clock::now();
+    op();
+    std::this_thread::sleep_until(start +
+                                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                      std::chrono::duration<double>(link.seconds(wire_bytes))));
+  });
+}
+
+void MpiComm::set_link_model(const LinkModel& link) {
+  MOEPEAK_CHECK(link.bytes_per_s >= 0 && link.latency_s >= 0,
+                "a link model needs bandwidth and latency >= 0, not ", link.bytes_per_s,
+                " B/s and ", link.latency_s, " s");
+  link_ = link;
+}
+
 void MpiComm::set_max_elements_per_call(size_t max_elements) {
   MOEPEAK_CHECK(max_elements >= 1 && max_elements <= static_cast<size_t>(INT_MAX),
                 "max elements per MPI call must be in [1, INT_MAX], got ", max_elements);
@@ -276,23 +323,26 @@ void MpiComm::all_to_all_v(const void* send, std::span<const size_t> send_counts
   std::vector<size_t> ro(recv_offsets.begin(), recv_offsets.end());
   const size_t es = dtype_size(dtype);
   MPI_Datatype type = mpi_datatype(dtype);
-  as_cpu_stream(stream).enqueue([=, comm = comm_, max = max_elements_, sc = std::move(sc),
-                                 so = std::move(so), rc = std::move(rc), ro = std::move(ro)] {
-    std::vector<MPI_Request> requests;
-    std::vector<ExpectedRecv> expected;
-    const int w = static_cast<int>(world);
-    // Peers in ring order from this rank, so not every rank talks to rank 0 first.
-    for (int step = 1; step < w; ++step) {
-      int from = (me - step + w) % w;
-      post_recv(at(recv, ro[from], es), rc[from], es, from, type, comm, max, requests, expected);
-    }
-    for (int step = 1; step < w; ++step) {
-      int to = (me + step) % w;
-      post_send(at(send, so[to], es), sc[to], es, to, type, comm, max, requests);
-    }
-    if (sc[me] > 0) std::memmove(at(recv, ro[me], es), at(send, so[me], es), sc[me] * es);
-    wait_all(requests, expected, type, "all_to_all_v");
-  });
+  const double wire = wire_bytes_all_to_all(sc, rc, me, es);
+  submit(stream, wire,
+         [=, comm = comm_, max = max_elements_, sc = std::move(sc), so = std::move(so),
+          rc = std::move(rc), ro = std::move(ro)] {
+           std::vector<MPI_Request> requests;
+           std::vector<ExpectedRecv> expected;
+           const int w = static_cast<int>(world);
+           // Peers in ring order from this rank, so not every rank talks to rank 0 first.
+           for (int step = 1; step < w; ++step) {
+             int from = (me - step + w) % w;
+             post_recv(at(recv, ro[from], es), rc[from], es, from, type, comm, max, requests,
+                       expected);
+           }
+           for (int step = 1; step < w; ++step) {
+             int to = (me + step) % w;
+             post_send(at(send, so[to], es), sc[to], es, to, type, comm, max, requests);
+           }
+           if (sc[me] > 0) std::memmove(at(recv, ro[me], es), at(send, so[me], es), sc[me] * es);
+           wait_all(requests, expected, type, "all_to_all_v");
+         });
 }
 
 void MpiComm::send(const void* buf, size_t count, DType dtype, int peer, Stream& stream) {
@@ -302,7 +352,8 @@ void MpiComm::send(const void* buf, size_t count, DType dtype, int peer, Stream&
   if (count == 0) return;
   const size_t es = dtype_size(dtype);
   MPI_Datatype type = mpi_datatype(dtype);
-  as_cpu_stream(stream).enqueue([=, comm = comm_, max = max_elements_] {
+  const double wire = static_cast<double>(count * es);
+  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
     for_each_chunk(count, max, [&](size_t offset, int n) {
       MOEPEAK_MPI_CHECK(MPI_Send(at(buf, offset, es), n, type, peer, kPointToPointTag, comm));
     });
@@ -316,7 +367,8 @@ void MpiComm::recv(void* buf, size_t count, DType dtype, int peer, Stream& strea
   if (count == 0) return;
   const size_t es = dtype_size(dtype);
   MPI_Datatype type = mpi_datatype(dtype);
-  as_cpu_stream(stream).enqueue([=, comm = comm_, max = max_elements_] {
+  const double wire = static_cast<double>(count * es);
+  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
     for_each_chunk(count, max, [&](size_t offset, int n) {
       MPI_Status status;
       MOEPEAK_MPI_CHECK(
@@ -341,7 +393,8 @@ void MpiComm::sendrecv(const void* send, size_t send_count, int dst, void* recv,
   }
   if (send_count == 0 && recv_count == 0) return;
   MPI_Datatype type = mpi_datatype(dtype);
-  as_cpu_stream(stream).enqueue([=, comm = comm_, max = max_elements_] {
+  const double wire = static_cast<double>(std::max(send_count, recv_count) * es);
+  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
     std::vector<MPI_Request> requests;
     std::vector<ExpectedRecv> expected;
     requests.reserve(chunk_count(send_count, max) + chunk_count(recv_count, max));
@@ -358,7 +411,8 @@ void MpiComm::exchange(std::span<const PeerMessage> sends, std::span<const PeerM
   const size_t es = dtype_size(dtype);
   MPI_Datatype type = mpi_datatype(dtype);
   std::vector<PeerMessage> to(sends.begin(), sends.end()), from(recvs.begin(), recvs.end());
-  as_cpu_stream(stream).enqueue([=, comm = comm_, max = max_elements_] {
+  const double wire = wire_bytes_exchange(sends, recvs, es);
+  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
     std::vector<MPI_Request> requests;
     std::vector<ExpectedRecv> expected;
     for (const PeerMessage& m : from) {
@@ -380,7 +434,8 @@ void MpiComm::all_reduce(const void* send, void* recv, size_t count, DType dtype
   if (count == 0) return;
   MPI_Datatype type = mpi_datatype(dtype);
   MPI_Op mpi_op = mpi_reduce_op(op, dtype);
-  as_cpu_stream(stream).enqueue([=, comm = comm_, max = max_elements_] {
+  const double wire = 2.0 * (world_size() - 1) / world_size() * static_cast<double>(count * es);
+  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
     for_each_chunk(count, max, [&](size_t offset, int n) {
       const void* in = in_place ? MPI_IN_PLACE : at(send, offset, es);
       MOEPEAK_MPI_CHECK(MPI_Allreduce(in, at(recv, offset, es), n, type, mpi_op, comm));
@@ -401,7 +456,8 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DT
   if (recv_count == 0) return;
   MPI_Datatype type = mpi_datatype(dtype);
   MPI_Op mpi_op = mpi_reduce_op(op, dtype);
-  as_cpu_stream(stream).enqueue([=, comm = comm_, max = max_elements_] {
+  const double wire = static_cast<double>((world - 1) * recv_count * es);
+  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
     if (recv_count <= max) {
       if (in_place) {
         // MPI's in-place form reads the whole buffer and leaves the result at its start.
@@ -440,7 +496,8 @@ void MpiComm::all_gather(const void* send, void* recv, size_t send_count, DType 
                 "(the in-place form)");
   if (send_count == 0) return;
   MPI_Datatype type = mpi_datatype(dtype);
-  as_cpu_stream(stream).enqueue([=, comm = comm_, max = max_elements_] {
+  const double wire = static_cast<double>((world - 1) * send_count * es);
+  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
     if (send_count <= max) {
       const void* in = in_place ? MPI_IN_PLACE : send;
       MOEPEAK_MPI_CHECK(MPI_Allgather(in, static_cast<int>(send_count), type, recv,
@@ -463,7 +520,8 @@ void MpiComm::broadcast(void* buf, size_t count, DType dtype, int root, Stream& 
   if (count == 0) return;
   const size_t es = dtype_size(dtype);
   MPI_Datatype type = mpi_datatype(dtype);
-  as_cpu_stream(stream).enqueue([=, comm = comm_, max = max_elements_] {
+  const double wire = static_cast<double>(count * es);
+  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
     for_each_chunk(count, max, [&](size_t offset, int n) {
       MOEPEAK_MPI_CHECK(MPI_Bcast(at(buf, offset, es), n, type, root, comm));
     });
@@ -491,6 +549,7 @@ std::unique_ptr<Comm> MpiComm::split(int color, int key) {
   MOEPEAK_MPI_CHECK(MPI_Comm_split(host_comm_, color, key, &group));
   auto sub = std::make_unique<MpiComm>(group, split_rank_info(group, ranks_));
   sub->max_elements_ = max_elements_;
+  sub->link_ = link_;
   MPI_Comm_free(&group);  // the new communicator keeps its own duplicates
   return sub;
 }
@@ -498,6 +557,7 @@ std::unique_ptr<Comm> MpiComm::split(int color, int key) {
 std::unique_ptr<Comm> MpiComm::duplicate() {
   auto copy = std::make_unique<MpiComm>(host_comm_, ranks_);
   copy->max_elements_ = max_elements_;
+  copy->link_ = link_;
   return copy;
 }
 

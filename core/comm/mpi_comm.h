@@ -18,6 +18,14 @@
 // exchange likewise posts every message (chunked) at once and waits for all of them.
 // A sent message must be received with the same count (as in NCCL).
 //
+// Link model (set_link_model, LinkModel in comm.h): with one set, every stream-ordered operation
+// takes at least latency + bytes / bandwidth from when it starts on its stream, bytes being what
+// this rank moves over the link for it — send / recv / sendrecv / exchange / all_to_all_v: the
+// larger of its bytes out and in (other ranks only); all_gather: (W-1) blocks; reduce_scatter:
+// (W-1) blocks; all_reduce: 2(W-1)/W of the buffer (a ring); broadcast: the buffer. Both ends of
+// a transfer wait, so a rank cannot get ahead of the link by receiving early. Duplicates and
+// splits inherit it.
+//
 // Communicators: the constructor duplicates the parent communicator twice: one for stream-ordered
 // traffic (used only by the stream worker threads) and one for host-side calls (barrier,
 // duplicate), so a host barrier never races a collective still running on a stream. Both get
@@ -30,6 +38,7 @@
 #include <mpi.h>
 
 #include <climits>
+#include <functional>
 #include <string>
 
 #include "core/comm/comm.h"
@@ -105,10 +114,17 @@ class MpiComm final : public Comm {
   void set_max_elements_per_call(size_t max_elements);
   size_t max_elements_per_call() const { return max_elements_; }
 
+  // Every operation submitted after this takes at least the link's time (see above).
+  void set_link_model(const LinkModel& link);
+  const LinkModel& link_model() const { return link_; }
+
  private:
+  // Queues `op` on the CPU stream, padded to the link model's time for `wire_bytes`.
+  void submit(Stream& stream, double wire_bytes, std::function<void()> op);
   MPI_Comm comm_ = MPI_COMM_NULL;       // stream-ordered traffic
   MPI_Comm host_comm_ = MPI_COMM_NULL;  // barrier() and duplicate() on the host thread
   size_t max_elements_ = INT_MAX;
+  LinkModel link_;
 };
 
 }  // namespace moepeak

@@ -248,6 +248,9 @@ struct RuntimeConfig {
   int64_t threads = 0;     // 0 = this rank's share of the cores
   int64_t numa_node = -1;  // -1 = the local node
   BindPolicy bind = BindPolicy::automatic;
+  // The CPU backend's link model (LinkModel, core/comm/comm.h): 0 = off.
+  double cpu_link_gb_per_s = 0;    // GB/s = 1e9 B/s per rank, as `moepeak probe` reports
+  double cpu_link_latency_us = 0;  // per operation
 
   std::optional<uint64_t> device_memory_bytes() const;  // nullopt = auto
   std::optional<uint64_t> pinned_memory_bytes() const;  // nullopt = auto

@@ -284,6 +284,12 @@ const std::vector<Field>& field_table() {
             "Bind each rank's threads and pinned pool to its place (its GPU's NUMA node, or its "
             "share of the cores); auto = unless the launcher bound the rank already or the host "
             "has more ranks than PUs; rank = always; none = never."),
+      FIELD(runtime, cpu_link_gb_per_s, at_least(0),
+            "CPU backend only: every collective and send/recv of a rank takes at least its bytes "
+            "/ this bandwidth (GB/s = 1e9 B/s, as `moepeak probe` reports), so overlap shows as "
+            "over a real network; 0 = off (shared-memory speed)."),
+      FIELD(runtime, cpu_link_latency_us, at_least(0),
+            "CPU backend only: the link model's latency per operation in microseconds; 0 = none."),
   };
   return table;
 }

@@ -110,6 +110,14 @@ std::string optimizer_text(const OptimizerConfig& o) {
   return t;
 }
 
+}  // namespace
+
+LinkModel link_model(const RuntimeConfig& runtime) {
+  return LinkModel{runtime.cpu_link_gb_per_s * 1e9, runtime.cpu_link_latency_us * 1e-6};
+}
+
+namespace {
+
 // The layout on the launcher's ranks: the [parallelism] degrees, each checked against W.
 ParallelDegrees degrees_of(const Config& cfg, const RankInfo& ranks) {
   return ParallelDegrees::resolve(cfg.parallelism, ranks.world_size);
@@ -196,7 +204,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
                  s.binding.cpus);
   }
   s.backend = Backend::create(backend_options(cfg, s.ranks, s.binding));
-  s.comm = make_comm(*s.backend, s.ranks);
+  s.comm = make_comm(*s.backend, s.ranks, link_model(cfg.runtime));
   Stream& stream = s.backend->default_stream();
   s.dtype = training_dtype(cfg);
   s.degrees = degrees_of(cfg, s.ranks);

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/comm.h"
 #include "core/config/config.h"
 #include "core/metrics/step_metrics.h"
 #include "core/runtime/dtype.h"
@@ -34,6 +35,9 @@ bool uses_cuda_backend(const Config& cfg);
 // training.dtype resolved as `moepeak plan` reads it: "auto" is bf16 on CUDA and f32 on the CPU.
 // bf16 (CUDA only) trains bf16 weights, gradients and activations with an fp32 AdamW master.
 DType training_dtype(const Config& cfg);
+
+// runtime.cpu_link_gb_per_s / cpu_link_latency_us as the CPU comm's link model (off at 0).
+LinkModel link_model(const RuntimeConfig& runtime);
 
 struct TrainOptions {
   bool resume = false;        // continue from the latest checkpoint of this run, if any

@@ -1,0 +1,129 @@
+// The CPU backend's link model (LinkModel, MpiComm::set_link_model) on real rank processes: with
+// a bandwidth set, a transfer of B bytes takes at least B / bandwidth on both of its ends, from
+// when it starts on its stream — a send, an all_gather ((W-1) blocks), an all_to_all_v; with a
+// latency, each operation takes at least the latency; the results are unchanged; duplicates and
+// splits inherit it; the config keys reach make_comm; bad values are an Error. Only lower bounds
+// of elapsed time are asserted (what the model promises); how much longer a loaded machine
+// takes is not.
+//     ctest -R test_comm_link --output-on-failure
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <numeric>
+#include <vector>
+
+#include "core/comm/mpi_comm.h"
+#include "core/comm/process_group.h"
+#include "core/config/config.h"
+#include "core/error.h"
+#include "core/runtime/backend.h"
+#include "core/runtime/cpu_stream.h"
+#include "core/train/trainer.h"
+
+namespace moepeak {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// 1 GB/s: a megabyte takes a millisecond.
+constexpr double kBandwidth = 1e9;
+
+class LinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ranks_ = init_process_group();
+    comm_ = std::make_unique<MpiComm>(MPI_COMM_WORLD, ranks_);
+  }
+  RankInfo ranks_;
+  std::unique_ptr<MpiComm> comm_;
+  CpuStream stream_{"link-test"};
+};
+
+TEST_F(LinkTest, ASendOfBBytesTakesAtLeastBOverTheBandwidthOnBothEnds) {
+  ASSERT_GE(ranks_.world_size, 2);
+  comm_->set_link_model({kBandwidth, 0});
+  const size_t n = 2'000'000;  // 8 MB of f32: >= 8 ms
+  std::vector<float> buf(n, static_cast<float>(ranks_.rank));
+  comm_->barrier();
+  const auto t0 = Clock::now();
+  if (ranks_.rank == 0) comm_->send(buf.data(), n, DType::f32, 1, stream_);
+  if (ranks_.rank == 1) comm_->recv(buf.data(), n, DType::f32, 0, stream_);
+  stream_.synchronize();
+  const double took = seconds_since(t0);
+  if (ranks_.rank <= 1) {
+    EXPECT_GE(took, n * 4 / kBandwidth) << "rank " << ranks_.rank;
+    EXPECT_EQ(buf[n - 1], 0.0f) << "the bytes arrived";
+  }
+}
+
+TEST_F(LinkTest, AnAllGatherMovesWMinusOneBlocksPerRank) {
+  comm_->set_link_model({kBandwidth, 0});
+  const int W = ranks_.world_size;
+  const size_t n = 500'000;  // 2 MB per block
+  std::vector<float> mine(n, static_cast<float>(ranks_.rank)), all(n * W, -1.0f);
+  comm_->barrier();
+  const auto t0 = Clock::now();
+  comm_->all_gather(mine.data(), all.data(), n, DType::f32, stream_);
+  stream_.synchronize();
+  EXPECT_GE(seconds_since(t0), (W - 1) * n * 4 / kBandwidth);
+  for (int r = 0; r < W; ++r) EXPECT_EQ(all[r * n + n / 2], static_cast<float>(r));
+}
+
+TEST_F(LinkTest, AnAllToAllTakesItsLargerDirection) {
+  comm_->set_link_model({kBandwidth, 0});
+  const int W = ranks_.world_size;
+  const size_t per_peer = 250'000;  // 1 MB to each other rank
+  std::vector<size_t> counts(W, per_peer), offsets(W);
+  for (int p = 0; p < W; ++p) offsets[p] = p * per_peer;
+  std::vector<float> send(per_peer * W, static_cast<float>(ranks_.rank)), recv(per_peer * W);
+  comm_->barrier();
+  const auto t0 = Clock::now();
+  comm_->all_to_all_v(send.data(), counts, offsets, recv.data(), counts, offsets, DType::f32,
+                      stream_);
+  stream_.synchronize();
+  EXPECT_GE(seconds_since(t0), (W - 1) * per_peer * 4 / kBandwidth);
+  for (int p = 0; p < W; ++p) EXPECT_EQ(recv[p * per_peer], static_cast<float>(p));
+}
+
+TEST_F(LinkTest, LatencyPadsEveryOperationAndSplitsAndDuplicatesInheritIt) {
+  comm_->set_link_model({0, 2e-3});  // 2 ms per operation, no bandwidth limit
+  auto dup = comm_->duplicate();
+  auto half = comm_->split(ranks_.rank % 2, ranks_.rank);
+  double v = 1;
+  comm_->barrier();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 5; ++i) comm_->all_reduce(&v, &v, 1, DType::f64, ReduceOp::sum, stream_);
+  for (int i = 0; i < 5; ++i) dup->all_reduce(&v, &v, 1, DType::f64, ReduceOp::max, stream_);
+  if (half->world_size() > 1) {
+    for (int i = 0; i < 5; ++i) half->all_reduce(&v, &v, 1, DType::f64, ReduceOp::max, stream_);
+  }
+  stream_.synchronize();
+  const int ops = half->world_size() > 1 ? 15 : 10;
+  EXPECT_GE(seconds_since(t0), ops * 2e-3);
+  EXPECT_EQ(dynamic_cast<MpiComm&>(*dup).link_model().latency_s, 2e-3);
+  EXPECT_EQ(dynamic_cast<MpiComm&>(*half).link_model().latency_s, 2e-3);
+}
+
+TEST_F(LinkTest, TheConfigKeysReachMakeComm) {
+  const Config cfg =
+      load_config({}, {"runtime.cpu_link_gb_per_s=12.5", "runtime.cpu_link_latency_us=3"});
+  const LinkModel link = link_model(cfg.runtime);
+  EXPECT_DOUBLE_EQ(link.bytes_per_s, 12.5e9);
+  EXPECT_DOUBLE_EQ(link.latency_s, 3e-6);
+  EXPECT_FALSE(link_model(load_config({}, {}).runtime).enabled()) << "off by default";
+  BackendOptions options;
+  options.cpu_threads = 1;
+  auto backend = Backend::create(options);
+  auto comm = make_comm(*backend, ranks_, link);
+  EXPECT_DOUBLE_EQ(dynamic_cast<MpiComm&>(*comm).link_model().bytes_per_s, 12.5e9);
+  EXPECT_THROW(load_config({}, {"runtime.cpu_link_gb_per_s=-1"}), Error);
+  EXPECT_THROW(comm_->set_link_model({-1, 0}), Error);
+}
+
+}  // namespace
+}  // namespace moepeak
