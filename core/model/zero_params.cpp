@@ -51,14 +51,24 @@ struct Extent {
   bool stored = true, rows = false;
   int64_t first = 0, numel = 0;
   int shards = 1, replicas = 1;
+  // Its shards span more than one rank: a gathered group all-gathers its full tensor.
+  bool gathered() const { return shards > 1; }
+  // Its gradient is summed over ranks (over its shards' group, its replicas or both): a gathered
+  // group gives the gradient a slot of its own and reduces it into the shard.
+  bool reduced() const { return shards * replicas > 1; }
 };
+
+// The expert-group rank that holds expert j: j / (E/Ep).
+int expert_group_rank(const ParamLayout& layout, const ParallelDegrees& d, int expert) {
+  return expert / (static_cast<int>(layout.layers.front().w1.size()) / d.expert);
+}
+
 Extent extent_of(const ParamLayout& layout, const std::vector<int>& expert, size_t i,
                  const ParallelDegrees& d, int rank, LmHeadSharding lm_head) {
   const int64_t n = layout.params()[i].shape.numel();
   Extent e;
   if (expert[i] >= 0) {
-    const int per_rank = static_cast<int>(layout.layers.front().w1.size()) / d.expert;
-    if (expert[i] / per_rank != rank % d.expert) return Extent{false};
+    if (expert_group_rank(layout, d, expert[i]) != rank % d.expert) return Extent{false};
     e.shards = d.expert_replicas();
     const int64_t s = shard_size(n, e.shards);
     e.first = (rank / d.expert) * s;
@@ -105,11 +115,7 @@ uint64_t footprint(int64_t elements, DType dtype) {
 Extent any_extent(const ParamLayout& layout, const std::vector<int>& expert, int p,
                   const ParallelDegrees& d) {
   MOEPEAK_CHECK(p >= 0 && p < static_cast<int>(expert.size()), "no parameter ", p);
-  int rank = 0;
-  if (expert[p] >= 0) {
-    const int per_rank = static_cast<int>(layout.layers.front().w1.size()) / d.expert;
-    rank = expert[p] / per_rank;  // an expert-group rank that holds it
-  }
+  const int rank = expert[p] >= 0 ? expert_group_rank(layout, d, expert[p]) : 0;
   return extent_of(layout, expert, static_cast<size_t>(p), d, rank, LmHeadSharding::zero3);
 }
 
@@ -183,8 +189,8 @@ ZeroBytes gathered_bytes(const ParamLayout& layout, const std::vector<int>& expe
   for (int p : params) {
     const Extent e = any_extent(layout, expert, p, degrees);
     const int64_t slot = align_up(e.shards * e.numel);
-    if (e.shards > 1) values += slot;
-    if (e.shards * e.replicas > 1) grads += slot;
+    if (e.gathered()) values += slot;
+    if (e.reduced()) grads += slot;
   }
   return ZeroBytes{parts == GatherParts::grads ? 0 : footprint(values, dtype),
                    parts == GatherParts::values ? 0 : footprint(grads, dtype)};
@@ -223,7 +229,7 @@ std::vector<int64_t> zero_reduce_temporary_elements(const ModelConfig& model,
     int64_t most = 0;
     for (int p : g) {
       const Extent e = any_extent(layout, expert, p, degrees);
-      if (e.shards > 1) most = std::max(most, e.numel);
+      if (e.gathered()) most = std::max(most, e.numel);
     }
     out.push_back(most);
   }
@@ -258,7 +264,6 @@ ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType
   check_experts_divisible(model, d);
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
                 "parameters must be f32, f64 or bf16, not ", dtype_name(dtype));
-  dense_replica_rank_ = rank_ / d.data_shard;
   std::vector<int> expert = expert_of(layout_);
   info_.resize(expert.size());
   std::vector<Extent> extents(expert.size());
@@ -280,9 +285,9 @@ ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType
       if (!e.stored) continue;  // another expert-group rank's expert
       info.first = e.first;
       info.local_numel = e.numel;
-      info.whole = !e.rows && e.shards * e.replicas == 1;
+      info.whole = !e.rows && !e.reduced();
       info.slot_elements = e.shards * e.numel;
-      if (e.shards > 1)
+      if (e.gathered())
         info.shards = expert[i] >= 0 ? &groups_->expert_replicas() : &groups_->data_shard();
       if (e.replicas > 1) info.replicas = &groups_->dense_replicas();
       info.offset = total;
@@ -310,15 +315,11 @@ ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType
 int ZeroParamStore::expert_owner(int param) const {
   int e = info_.at(param).expert;
   if (e < 0) return -1;
-  int per_rank = static_cast<int>(layout_.layers.front().w1.size()) / groups_->degrees().expert;
-  return e / per_rank;
+  return expert_group_rank(layout_, groups_->degrees(), e);
 }
 
-Tensor ZeroParamStore::replicated_grads() const {
-  return Tensor(grads_.data(), Shape{replicated_elements_}, dtype_, Placement::device, &backend_);
-}
-
-Tensor ZeroParamStore::unique_grads() const {
+Tensor ZeroParamStore::counted_grads() const {
+  if (rank_ / groups_->degrees().data_shard == 0) return grads_.view();  // dense-replica rank 0
   char* base = static_cast<char*>(grads_.data()) + replicated_elements_ * dtype_size(dtype_);
   return Tensor(base, Shape{grads_.view().numel() - replicated_elements_}, dtype_,
                 Placement::device, &backend_);

@@ -204,12 +204,10 @@ class ZeroParamStore {
   const std::vector<LocalPiece>& local_pieces() const { return pieces_; }
   Tensor flat_values() const { return values_.view(); }
   Tensor flat_grads() const { return grads_.view(); }
-  // The two regions of the flat grads (see above): dense shards, equal on the W/Ds dense
-  // replicas, and the rest, each element on one rank; and whether this rank's replicated region
-  // is the one a job-wide sum counts (dense-replica rank 0).
-  Tensor replicated_grads() const;
-  Tensor unique_grads() const;
-  bool counts_replicated() const { return dense_replica_rank_ == 0; }
+  // The part of the flat grads this rank adds to a job-wide sum (the grad norm), so that every
+  // element of the job counts once: all of them on dense-replica rank 0 (every rank without
+  // dense replicas), else only the unique region after the replicated dense shards (see above).
+  Tensor counted_grads() const;
 
   // Fills this rank's pieces with exactly the values ParamStore::initialize gives those elements.
   void initialize(uint64_t seed, double initializer_range, Stream& stream);
@@ -256,7 +254,7 @@ class ZeroParamStore {
   Backend& backend_;
   std::unique_ptr<ParallelGroups> owned_groups_;  // the uniform layout of the Comm& form
   const ParallelGroups* groups_;
-  int rank_, world_, dense_replica_rank_ = 0;
+  int rank_, world_;
   std::vector<Info> info_;
   std::vector<LocalPiece> pieces_;
   int64_t replicated_elements_ = 0;  // the dense region at the front of the flat buffers

@@ -78,7 +78,7 @@ namespace {
 // The shapes every term is a function of (N for the largest rank).
 struct PlanSizes {
   ParallelDegrees d;
-  int W = 1, Ep = 1;
+  int W = 1;
   DType dt = DType::f32;
   int64_t B = 0, T = 0, N = 0;
   int64_t H = 0, F = 0, V = 0, L = 0, k = 0, E = 0;
@@ -109,7 +109,6 @@ PlanSizes sizes_of(const Config& cfg, const PlanInputs& in) {
   PlanSizes z;
   z.d = in.degrees;
   z.W = in.degrees.world;
-  z.Ep = in.degrees.expert;
   z.dt = in.dtype;
   z.B = in.batch;
   z.T = in.seq_len;
@@ -145,7 +144,7 @@ void add_weights_and_grads(Plan& p, const Config& cfg, const PlanSizes& z) {
   const ZeroBytes zg = zero_largest_gathered_bytes(cfg.model, z.dt, z.d, head);
   const std::string zargs = "(W=" + std::to_string(z.W) +
                             (z.d.is_uniform() ? std::string()
-                                              : ", Ep=" + std::to_string(z.Ep) +
+                                              : ", Ep=" + std::to_string(z.d.expert) +
                                                     ", Ds=" + std::to_string(z.d.data_shard)) +
                             (rows ? ", vocab_rows)" : ")");
   const std::string function =
@@ -189,7 +188,7 @@ void add_workspace(Plan& p, const Config& cfg, const PlanSizes& z) {
 void add_dispatch(Plan& p, const Config& cfg, const PlanSizes& z) {
   const SchedulesConfig& s = cfg.schedules;
   const schedules::DispatchShape shape{
-      z.N, z.k, z.H, z.F, z.E, z.Ep, schedules::resident_layers(s.checkpoint, z.L), z.dt};
+      z.N, z.k, z.H, z.F, z.E, z.d.expert, schedules::resident_layers(s.checkpoint, z.L), z.dt};
   set(p, LiveSet::dispatch, schedules::dispatch_bytes(s, shape));
   if (const auto spill = schedules::dispatch_spill_bytes(s, shape)) {
     PlanTerm& wt = p.terms[static_cast<size_t>(LiveSet::weights)];

@@ -141,20 +141,15 @@ void check_layout(const Config& cfg, const RankInfo& ranks) {
   }
 }
 
-// sqrt of the sum of squares of the job's gradients: every rank's unique region (experts,
-// vocabulary rows: each element on one rank) and one dense replica's replicated region (the
-// dense shards, equal on the W/Ds replicas); the padding is zero. The device sums
-// kSumSquaresParts parts at once (one GPU block each) and the host adds the partials in order:
+// sqrt of the sum of squares of the job's gradients: every rank's counted_grads() (each element
+// of the job once, the dense shards from one of their replicas); the padding is zero. The device
+// sums kSumSquaresParts parts at once (one GPU block each) and the host adds the partials in order:
 // the second pass of the reduction.
 double global_grad_norm(const ZeroParamStore& params, Backend& backend, Stream& stream) {
   OwnedTensor acc = OwnedTensor::device(backend, Shape{ops::kSumSquaresParts}, DType::f64,
                                         LiveSet::workspace, "grad norm partials");
   ops::fill(acc, 0.0, stream);
-  if (params.counts_replicated()) {
-    ops::sum_squares(params.flat_grads(), acc, stream);  // both regions, in one pass
-  } else {
-    ops::sum_squares(params.unique_grads(), acc, stream);
-  }
+  ops::sum_squares(params.counted_grads(), acc, stream);
   std::vector<double> partial(static_cast<size_t>(ops::kSumSquaresParts));
   backend.copy_async(partial.data(), acc.data(), partial.size() * sizeof(double),
                      CopyKind::device_to_host, stream);

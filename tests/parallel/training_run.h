@@ -129,9 +129,7 @@ struct TrainingRun {
     OwnedTensor acc =
         OwnedTensor::device(*backend, Shape{1}, DType::f64, LiveSet::workspace, "norm");
     ops::fill(acc, 0.0, stream);
-    const ZeroParamStore& params = model->params();
-    ops::sum_squares_cpu(params.counts_replicated() ? params.flat_grads() : params.unique_grads(),
-                         acc, stream);
+    ops::sum_squares_cpu(model->params().counted_grads(), acc, stream);
     stream.synchronize();
     double sum[1] = {acc.data_as<double>()[0]};
     all_reduce_host(*comm, *backend, stream, sum);
