@@ -100,6 +100,15 @@ class Comm {
   // Host-blocking barrier across all ranks (not stream-ordered).
   virtual void barrier() = 0;
 
+  // Operations issued between group_start() and group_end() go out as one launch (bucketing many
+  // small tensors): NCCL's ncclGroupStart/End; on MPI one task on the stream that runs them in
+  // the order issued, each exactly as it would run alone, which under a link model pays one
+  // latency for all their bytes together; the single-rank Comm runs each as issued. Every
+  // operation of a group goes to one stream; they complete together, and their buffers must live
+  // as for each alone. Groups do not nest. CommGroup (below) opens and closes one.
+  virtual void group_start() {}
+  virtual void group_end() {}
+
   // A second communicator over the same ranks, for traffic that overlaps this one's.
   virtual std::unique_ptr<Comm> duplicate() = 0;
 
@@ -122,6 +131,30 @@ class Comm {
                                std::span<const size_t> recv_counts,
                                std::span<const size_t> recv_offsets) const;
   RankInfo ranks_;
+};
+
+// One Comm group for a scope: group_start() now, group_end() at end() or, on an error path, in
+// the destructor (whose own error is dropped: the one in flight is the caller's).
+class CommGroup {
+ public:
+  explicit CommGroup(Comm& comm) : comm_(&comm) { comm_->group_start(); }
+  ~CommGroup() {
+    if (!comm_) return;
+    try {
+      comm_->group_end();
+    } catch (...) {
+    }
+  }
+  void end() {
+    Comm* comm = comm_;
+    comm_ = nullptr;
+    comm->group_end();
+  }
+  CommGroup(const CommGroup&) = delete;
+  CommGroup& operator=(const CommGroup&) = delete;
+
+ private:
+  Comm* comm_;
 };
 
 // The communicator for `backend` over the ranks of init_process_group(): a world of one gets the

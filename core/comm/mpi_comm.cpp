@@ -280,6 +280,34 @@ MpiComm::~MpiComm() {
 }
 
 void MpiComm::submit(Stream& stream, double wire_bytes, std::function<void()> op) {
+  if (group_) {
+    MOEPEAK_CHECK(group_->stream == nullptr || group_->stream == &stream,
+                  "a Comm group's operations go to one stream, not '", group_->stream->name(),
+                  "' and '", stream.name(), "'");
+    group_->stream = &stream;
+    group_->wire_bytes += wire_bytes;
+    group_->ops.push_back(std::move(op));
+    return;
+  }
+  enqueue(stream, wire_bytes, std::move(op));
+}
+
+void MpiComm::group_start() {
+  MOEPEAK_CHECK(!group_, "Comm::group_start: a group is already open (groups do not nest)");
+  group_.emplace();
+}
+
+void MpiComm::group_end() {
+  MOEPEAK_CHECK(group_, "Comm::group_end without group_start");
+  OpenGroup group = std::move(*group_);
+  group_.reset();
+  if (group.ops.empty()) return;
+  enqueue(*group.stream, group.wire_bytes, [ops = std::move(group.ops)] {
+    for (const std::function<void()>& op : ops) op();
+  });
+}
+
+void MpiComm::enqueue(Stream& stream, double wire_bytes, std::function<void()> op) {
   const LinkModel link = link_;
   if (!link.enabled()) {
     as_cpu_stream(stream).enqueue(std::move(op));

@@ -39,6 +39,7 @@
 
 #include <climits>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "core/comm/comm.h"
@@ -102,6 +103,8 @@ class MpiComm final : public Comm {
                   Stream& stream) override;
   void broadcast(void* buf, size_t count, DType dtype, int root, Stream& stream) override;
   void barrier() override;
+  void group_start() override;
+  void group_end() override;
   std::unique_ptr<Comm> duplicate() override;
   std::unique_ptr<Comm> split(int color, int key) override;
 
@@ -119,8 +122,16 @@ class MpiComm final : public Comm {
   const LinkModel& link_model() const { return link_; }
 
  private:
-  // Queues `op` on the CPU stream, padded to the link model's time for `wire_bytes`.
+  // Queues `op` on the CPU stream, padded to the link model's time for `wire_bytes` (inside a
+  // group: adds it to the group's one task).
   void submit(Stream& stream, double wire_bytes, std::function<void()> op);
+  void enqueue(Stream& stream, double wire_bytes, std::function<void()> op);
+  struct OpenGroup {
+    Stream* stream = nullptr;
+    double wire_bytes = 0;
+    std::vector<std::function<void()>> ops;
+  };
+  std::optional<OpenGroup> group_;
   MPI_Comm comm_ = MPI_COMM_NULL;       // stream-ordered traffic
   MPI_Comm host_comm_ = MPI_COMM_NULL;  // barrier() and duplicate() on the host thread
   size_t max_elements_ = INT_MAX;

@@ -315,6 +315,10 @@ void NcclComm::barrier() {
   if (world_size() > 1) MOEPEAK_MPI_CHECK(MPI_Barrier(host_comm_));
 }
 
+void NcclComm::group_start() { MOEPEAK_NCCL_CHECK(ncclGroupStart()); }
+
+void NcclComm::group_end() { MOEPEAK_NCCL_CHECK(ncclGroupEnd()); }
+
 std::unique_ptr<Comm> NcclComm::split(int color, int key) {
   MOEPEAK_CHECK(color >= 0, "Comm::split: color ", color, " must be >= 0");
   if (host_comm_ == MPI_COMM_NULL) return duplicate();  // a world of one without MPI

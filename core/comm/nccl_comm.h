@@ -71,6 +71,8 @@ class NcclComm final : public Comm {
                   Stream& stream) override;
   void broadcast(void* buf, size_t count, DType dtype, int root, Stream& stream) override;
   void barrier() override;
+  void group_start() override;
+  void group_end() override;
   std::unique_ptr<Comm> duplicate() override;
   std::unique_ptr<Comm> split(int color, int key) override;
 

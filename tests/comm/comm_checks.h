@@ -426,6 +426,47 @@ void check_exchange(Comm& comm, Stream& stream, TestMemory& mem, uint64_t seed) 
 }
 
 // Every operation once, for one element type (the reductions with each op).
+// A group (Comm::group_start/end, through CommGroup) of an in-place all_gather, an in-place
+// reduce_scatter and an all_reduce of different sizes: each result is what the call gives alone.
+template <typename T>
+void check_group(Comm& comm, Stream& stream, TestMemory& mem, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message()
+               << "group " << dtype_name(dtype_of<T>::value) << " rank " << comm.rank());
+  const int world = comm.world_size(), me = comm.rank();
+  const size_t gather_count = 5, scatter_count = 3, reduce_count = 6;
+  void* gathered = poisoned<T>(mem, world * gather_count);
+  std::vector<T> mine = rank_data<T>(seed, me, gather_count);
+  void* my_block = static_cast<char*>(gathered) + me * gather_count * sizeof(T);
+  mem.upload(my_block, mine.data(), gather_count * sizeof(T));
+  void* scattered = upload_vector(mem, rank_data<T>(seed + 1, me, world * scatter_count));
+  void* my_sum = static_cast<char*>(scattered) + me * scatter_count * sizeof(T);
+  void* reduced_in = upload_vector(mem, rank_data<T>(seed + 2, me, reduce_count));
+  void* reduced_out = poisoned<T>(mem, reduce_count);
+  CommGroup group(comm);
+  comm.all_gather(my_block, gathered, gather_count, dtype_of<T>::value, stream);
+  comm.reduce_scatter(scattered, my_sum, scatter_count, dtype_of<T>::value, ReduceOp::sum, stream);
+  comm.all_reduce(reduced_in, reduced_out, reduce_count, dtype_of<T>::value, ReduceOp::sum, stream);
+  group.end();
+  stream.synchronize();
+  std::vector<double> expect_gathered(world * gather_count);
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < gather_count; ++i) {
+      expect_gathered[r * gather_count + i] = as_double(value<T>(seed, r, i));
+    }
+  }
+  std::vector<double> expect_scattered(scatter_count), expect_reduced(reduce_count);
+  for (size_t i = 0; i < scatter_count; ++i) {
+    expect_scattered[i] = reduced<T>(seed + 1, world, me * scatter_count + i, ReduceOp::sum);
+  }
+  for (size_t i = 0; i < reduce_count; ++i) {
+    expect_reduced[i] = reduced<T>(seed + 2, world, i, ReduceOp::sum);
+  }
+  EXPECT_TRUE(
+      same_values(download_vector<T>(mem, gathered, world * gather_count), expect_gathered));
+  EXPECT_TRUE(same_values(download_vector<T>(mem, my_sum, scatter_count), expect_scattered));
+  EXPECT_TRUE(same_values(download_vector<T>(mem, reduced_out, reduce_count), expect_reduced));
+}
+
 template <typename T>
 void check_every_operation(Comm& comm, Stream& stream, TestMemory& mem, uint64_t seed) {
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min}) {
@@ -443,6 +484,7 @@ void check_every_operation(Comm& comm, Stream& stream, TestMemory& mem, uint64_t
   check_ring_shift<T>(comm, stream, mem, -1, seed + 10);
   if (comm.world_size() >= 2) check_send_recv_pairs<T>(comm, stream, mem, 10, seed + 11);
   check_exchange<T>(comm, stream, mem, seed + 12);
+  check_group<T>(comm, stream, mem, seed + 13);
 }
 
 // Comm::split: the ranks with rank % modulus == color, ranked by decreasing parent rank (key =
