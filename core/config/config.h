@@ -177,6 +177,9 @@ struct ParallelismConfig {
   int64_t expert_parallel = 0;    // Ep: ranks an expert layer is split over
   int64_t sequence_parallel = 0;  // Sp: ranks of one Ulysses group (one set of sequences)
   int64_t data_shard = 0;         // ranks a dense weight's ZeRO-3 shards span (HSDP below W)
+  // ZeRO-3 gathers issued ahead of use on a comm stream (core/model/zero_traffic.h); 0 = every
+  // gather and reduce-scatter on the compute stream where it is needed.
+  int64_t zero_prefetch_depth = 1;
 
   bool operator==(const ParallelismConfig&) const = default;
 };

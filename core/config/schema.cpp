@@ -198,6 +198,11 @@ const std::vector<Field>& field_table() {
       FIELD(parallelism, data_shard, at_least(0),
             "Ranks a dense weight is ZeRO-3 sharded over (divides W); below W the W/data_shard "
             "groups are replicas whose gradients are all-reduced (hybrid sharding). 0 = W."),
+      FIELD(parallelism, zero_prefetch_depth, between({0, true}, {8, true}),
+            "ZeRO-3 groups all-gathered ahead of use on a comm stream while the current one "
+            "computes (each layer's gradient reduce-scatter then overlaps the next layer's "
+            "backward); each costs one gathered layer in `weights`. 0 = every gather and "
+            "reduce-scatter on the compute stream, exposed."),
       // [schedules]
       FIELD(schedules, dispatch, no_limit(),
             "Expert dispatch: standard all-to-all, llep (least-loaded EP), or pipelined_llep "

@@ -57,7 +57,7 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
 
 MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                            const SchedulesConfig& schedules, DType dtype,
-                           std::optional<ParallelDegrees> degrees)
+                           std::optional<ParallelDegrees> degrees, int zero_prefetch_depth)
     : backend_(backend),
       stream_(stream),
       comm_(comm),
@@ -66,7 +66,9 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
       checkpoint_(schedules.checkpoint),
       dtype_(dtype),
       layout_(comm, degrees.value_or(ParallelDegrees::uniform(comm.world_size())), backend.kind()),
-      params_(backend, model, dtype, layout_, lm_head_sharding(schedules.vocab)) {
+      params_(backend, model, dtype, layout_, lm_head_sharding(schedules.vocab)),
+      // One rank gathers nothing: no comm stream for it.
+      zero_traffic_(params_, backend, stream, comm.world_size() > 1 ? zero_prefetch_depth : 0) {
   const auto [first, last] = zero_local_experts(model, layout_.degrees(), layout_.expert().rank());
   groups_ = zero_gather_groups(params_.layout(), params_.lm_head_sharding(), first, last);
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 ||
@@ -352,8 +354,6 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   MOEPEAK_CHECK(loss_tokens > 0, "a batch with no scored tokens (every label is -100)");
   expert_load_.assign(static_cast<size_t>(Lc), {});
   router_prob_sums_.assign(static_cast<size_t>(model_.num_local_experts), 0.0);
-  const auto forward_parts = GatherParts::values;
-  const auto backward_parts = GatherParts::values_and_grads;
   const ParamLayout& P = params_.layout();
 
   // The checkpoint boundaries — each layer's input, from its forward to its backward — live in
@@ -366,20 +366,32 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
     schedules::CheckpointBoundaries& b;
     ~DiscardOnExit() { b.discard(); }
   } discard_on_exit{boundaries};
+  // The gathered groups in the order of zero_pass_uses (the planner's), their collectives on
+  // ZeroTraffic's comm stream ahead of use (zero_prefetch_depth >= 1).
+  ZeroTraffic& zero = zero_traffic_;
+  zero.begin(groups_, zero_pass_uses(Lc, with_backward));
+  struct AbandonOnExit {  // after end() a no-op; after an error, no collective outlives the pass
+    ZeroTraffic& t;
+    ~AbandonOnExit() {
+      if (t.in_pass()) t.abandon();
+    }
+  } abandon_on_exit{zero};
   std::vector<LayerActivations> acts(static_cast<size_t>(Lc));
   Tensor x;  // (N, H) the current layer's input
   {
     OwnedTensor embedded = device(Shape{N, H}, LiveSet::boundaries, "embedding output");
-    Group embed = params_.gather(groups_.front(), stream_, forward_parts);
+    Group embed = zero.acquire();
     ops::embedding_forward(batch.input_ids, embed.value(P.embed), embedded, stream_);
+    zero.release(std::move(embed));
     x = boundaries.keep(0, std::move(embedded));
   }
   OwnedTensor final_hidden;
   for (int l = 0; l < Lc; ++l) {
     // Without checkpointing, backward reuses this forward's activations but gathers the weights
     // again; with it, backward recomputes the layer from its input under one backward gather.
-    Group w = params_.gather(groups_[1 + l], stream_, forward_parts);
+    Group w = zero.acquire();
     OwnedTensor y = layer_forward(l, w, x, batch, acts[l], false);
+    zero.release(std::move(w));
     if (recompute || !with_backward) acts[l].release();
     boundaries.forward_done(l);
     if (l + 1 < Lc) {
@@ -389,8 +401,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
     }
   }
 
-  Group head =
-      params_.gather(groups_.back(), stream_, with_backward ? backward_parts : forward_parts);
+  Group head = zero.acquire();  // with backward: values and grads (zero_pass_uses)
   OwnedTensor xf = device(Shape{N, H}, LiveSet::workspace, "final norm");
   OwnedTensor rstdf = device(Shape{N}, LiveSet::workspace, "final norm rstd");
   ops::rmsnorm_forward(final_hidden, head.value(P.final_norm), model_.rms_norm_eps, xf, rstdf,
@@ -413,7 +424,11 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
     loss = total[0];
   }
   if (model_.router_aux_loss_coef != 0.0) loss += router_aux_loss(B * T, with_backward);
-  if (!with_backward) return loss;
+  if (!with_backward) {
+    zero.release(std::move(head));
+    zero.end();
+    return loss;
+  }
 
   OwnedTensor dxf = device(Shape{N, H}, LiveSet::workspace, "d final norm");
   vocab_->backward(xf, lm_head, dxf,
@@ -427,10 +442,12 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   // NOTES: the last layer's input comes back only now, after the logits are gone: starting its
   // copy during the head would add a boundary to the step's largest moment.
   boundaries.prefetch(Lc - 1);
-  head.reduce_scatter_grads(stream_);
-  head = Group();
+  // NOTES: the head holds prefetch (zero_pass_uses), so layer L-1's backward gather starts only
+  // here, behind the head's reduce-scatter: one exposed gather per step, the price of keeping a
+  // gathered layer out of the logits' moment (as SCO's restore of layer L-1 above).
+  zero.release(std::move(head));
   for (int l = Lc - 1; l >= 0; --l) {
-    Group w = params_.gather(groups_[1 + l], stream_, backward_parts);
+    Group w = zero.acquire();
     x = boundaries.restore(l);
     if (recompute) layer_forward(l, w, x, batch, acts[l], true);  // the output is dropped
     // NOTES: the next input is fetched after the recompute, not before: the recompute's output
@@ -438,14 +455,15 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
     // holds at most two boundaries on device. Its copy runs while layer l's backward does.
     if (l > 0) boundaries.prefetch(l - 1);
     dx = layer_backward(l, w, dx, x, batch, acts[l]);
-    w.reduce_scatter_grads(stream_);
+    zero.release(std::move(w));  // its reduce-scatter overlaps layer l-1's backward
     if (l > 0) boundaries.release(l);
   }
   {
-    Group embed = params_.gather(groups_.front(), stream_, GatherParts::grads);
+    Group embed = zero.acquire();  // gradients only
     ops::embedding_backward(batch.input_ids, dx, embed.grad(P.embed), stream_);
-    embed.reduce_scatter_grads(stream_);
+    zero.release(std::move(embed));
   }
+  zero.end();
   stream_.synchronize();
   boundaries.end();
   aux_dprobs_.reset();

@@ -13,11 +13,13 @@
 // Parallel layout (W > 1, degrees Ep, Sp, Ds: core/model/parallel_layout.h; with W = 1 every
 // exchange below is skipped and every gather is a view):
 //   - parameters: ZeroParamStore — dense tensors ZeRO-3 sharded over the data-shard group,
-//     gathered one group at a time (the embedding, each layer's attention/norms/router with the
-//     rank's experts of the layer, the final norm with the LM head) right before use in forward
-//     and again in backward, their gradients reduce-scattered after use (and all-reduced over
-//     the dense replicas when Ds < W); expert e on expert-group rank e / (E/Ep), ZeRO-3 sharded
-//     over the W/Ep expert replicas (whole, never gathered, when Ep = W);
+//     gathered by groups (the embedding, each layer's attention/norms/router with the rank's
+//     experts of the layer, the final norm with the LM head) for use in forward and again in
+//     backward, their gradients reduce-scattered after use (and all-reduced over the dense
+//     replicas when Ds < W) — by ZeroTraffic (core/model/zero_traffic.h): the next
+//     zero_prefetch_depth groups gathered on a comm stream while one computes, each
+//     reduce-scatter there during the next layer's backward; expert e on expert-group rank e /
+//     (E/Ep), ZeRO-3 sharded over the W/Ep expert replicas (whole, never gathered, when Ep = W);
 //   - attention: q, k, v from this rank's tokens, RoPE at global positions, then Ulysses
 //     all-to-alls inside the sequence group to whole sequences of nh/Sp query heads (and their
 //     kv heads, replicated when nkv < Sp), attention, and back (ops/schedules/ulysses.h);
@@ -60,6 +62,7 @@
 #include "core/config/config.h"
 #include "core/model/parallel_layout.h"
 #include "core/model/zero_params.h"
+#include "core/model/zero_traffic.h"
 #include "core/runtime/backend.h"
 #include "ops/schedules/checkpoint_standard.h"
 #include "ops/schedules/dispatch.h"
@@ -95,9 +98,12 @@ class MixtralModel {
   // every degree W), whose groups the model splits from `comm` (collective); E must be a
   // multiple of Ep. `schedules`: the [schedules] section of the config (the schedule of each
   // live set the model owns and their knobs).
+  // zero_prefetch_depth: the ZeRO-3 gathers issued ahead of use (ZeroTraffic; 0 = every
+  // collective on `stream` where it is needed).
   MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                const SchedulesConfig& schedules, DType dtype,
-               std::optional<ParallelDegrees> degrees = std::nullopt);
+               std::optional<ParallelDegrees> degrees = std::nullopt,
+               int zero_prefetch_depth = kDefaultZeroPrefetchDepth);
   // The default schedules with this checkpointing (tests).
   MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                CheckpointSchedule checkpoint, DType dtype);
@@ -132,6 +138,8 @@ class MixtralModel {
   // schedules::ScoBoundaries under checkpoint = "sco": tests read its |S| and slow its copy
   // stream).
   schedules::CheckpointBoundaries& boundaries() { return *boundaries_; }
+  // The ZeRO-3 traffic of each pass (tests slow its comm stream).
+  ZeroTraffic& zero_traffic() { return zero_traffic_; }
 
   // Tokens routed to each expert of each layer in the last forward, over the job: [layer][expert].
   const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }
@@ -170,6 +178,7 @@ class MixtralModel {
   DType dtype_;
   ParallelGroups layout_;  // the layout's groups (before params_, which keeps a reference)
   ZeroParamStore params_;
+  ZeroTraffic zero_traffic_;  // the ZeRO-3 collectives of each pass (after params_, which it reads)
   // zero_gather_groups: embed, layers (with this rank's experts)..., final norm + head
   std::vector<std::vector<int>> groups_;
   schedules::UlyssesLayout ulysses_;  // of the current batch

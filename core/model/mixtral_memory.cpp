@@ -69,11 +69,9 @@ uint64_t attention_on_rank(const ModelConfig& m, int64_t B, int64_t T,
          std::max(forward, kept + S);
 }
 
-// `temporaries`: the reduce-scatter temporary's elements of each gather group (embed, layers,
-// head), the same on every rank.
 uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
                            const ParallelDegrees& degrees, int rank, const SchedulesConfig& s,
-                           DType dtype, const std::vector<int64_t>& temporaries) {
+                           DType dtype) {
   const schedules::UlyssesLayout U = layout_of(m, B, T, degrees, rank);
   const int world = degrees.world;
   const int64_t b = static_cast<int64_t>(dtype_size(dtype));
@@ -111,9 +109,9 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
   // gradient and the final rstd): its activations plus the router logits, or a count exchange.
   const uint64_t forward = earlier + Aw + max_of({NE, counts, aux_reduce});
   const uint64_t recompute = none ? 0 : Nb + aux_dprobs + NH + Aw + max_of({NE, counts});
-  // Head: final norm xf and rstdf, d xf and d final hidden; then the head group's reduce-scatter.
-  const uint64_t rs_head = fp(temporaries.back() * b);
-  const uint64_t head = all_kept + aux_dprobs + std::max(NH + Nb + NH + NH, Nb + NH + rs_head);
+  // Head: final norm xf and rstdf, d xf and d final hidden (the ZeRO-3 reduce-scatters run in
+  // place in the gathered grads: no temporary here).
+  const uint64_t head = all_kept + aux_dprobs + NH + Nb + NH + NH;
   // Backward of the last layer: rstdf, the incoming gradient dy, the layer's activations, then
   // per moment dn2 with the router's gradients, dn2 with dh, and attention's gradients beside dh.
   const uint64_t base = Nb + aux_dprobs + NH + (none ? all_kept : Aw);
@@ -125,18 +123,10 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
                    Q + 2 * KV + 2 * NH});
   }
   const uint64_t backward = base + max_of({NH + Kb + counts, NH + Kb + NE, NH + NH, NH + attn});
-  // After a layer's backward: its new dx, the earlier layers' activations, the reduce-scatter.
-  int64_t layer_shard = 0;
-  for (size_t g = 1; g + 1 < temporaries.size(); ++g) {
-    layer_shard = std::max(layer_shard, temporaries[g]);
-  }
-  const uint64_t reduce = Nb + aux_dprobs + NH + earlier + fp(layer_shard * b);
-  const uint64_t embed = Nb + aux_dprobs + NH + fp(temporaries.front() * b);
   // After the step: the grad norm's partials (f64) and its all-reduce; the metrics' all-gather.
   const uint64_t after = std::max(fp(8 * ops::kSumSquaresParts) + (world > 1 ? fp(8) : 0),
                                   world > 1 ? fp(16) + fp(16 * world) : 0);
-  return batch_tensors +
-         max_of({forward, recompute, head, backward, reduce, world > 1 ? embed : 0, after});
+  return batch_tensors + max_of({forward, recompute, head, backward, after});
 }
 
 }  // namespace
@@ -154,16 +144,10 @@ uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_le
 uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
                          const ParallelDegrees& degrees, const SchedulesConfig& schedules,
                          DType dtype) {
-  // Every rank of the job has the same reduce temporaries (their shards are equal) and a rank's
-  // attention and MoE shapes depend on its rank in the sequence group only.
-  const auto [first, last] = zero_local_experts(model, degrees, 0);
-  const std::vector<int64_t> reduce = zero_reduce_temporary_elements(
-      model, degrees,
-      zero_gather_groups(ParamLayout(model), lm_head_sharding(schedules.vocab), first, last));
+  // A rank's attention and MoE shapes depend on its rank in the sequence group only.
   uint64_t most = 0;
   for (int r = 0; r < degrees.sequence; ++r) {
-    most = std::max(most,
-                    workspace_on_rank(model, batch, seq_len, degrees, r, schedules, dtype, reduce));
+    most = std::max(most, workspace_on_rank(model, batch, seq_len, degrees, r, schedules, dtype));
   }
   return most;
 }

@@ -18,7 +18,8 @@
 //              a layer's forward (kept MoE inputs: residual, norm, rstd, probs, top-k, plus the
 //              router logits), the head (final norm, its rstd, their gradients), a layer's
 //              backward (incoming gradient, dn2, the router's gradients, dh, the attention
-//              gradients in both layouts, dn1, dx), and the ZeRO-3 reduce-scatter temporaries.
+//              gradients in both layouts, dn1, dx); the ZeRO-3 reduce-scatters run in place in
+//              the gathered grads and add nothing here.
 #pragma once
 
 #include <cstdint>

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -205,37 +206,6 @@ ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, const Paral
   return gathered_bytes(layout, expert_of(layout), dtype, degrees, params, parts);
 }
 
-ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype,
-                                      const ParallelDegrees& degrees, LmHeadSharding lm_head) {
-  const auto [begin, end] = zero_local_experts(model, degrees, 0);
-  ParamLayout layout(model);
-  const std::vector<int> expert = expert_of(layout);
-  ZeroBytes best;
-  for (const auto& g : zero_gather_groups(layout, lm_head, begin, end)) {
-    ZeroBytes b = gathered_bytes(layout, expert, dtype, degrees, g, GatherParts::values_and_grads);
-    if (b.total() > best.total()) best = b;
-  }
-  return best;
-}
-
-std::vector<int64_t> zero_reduce_temporary_elements(const ModelConfig& model,
-                                                    const ParallelDegrees& degrees,
-                                                    const std::vector<std::vector<int>>& groups) {
-  check_experts_divisible(model, degrees);
-  ParamLayout layout(model);
-  const std::vector<int> expert = expert_of(layout);
-  std::vector<int64_t> out;
-  for (const auto& g : groups) {
-    int64_t most = 0;
-    for (int p : g) {
-      const Extent e = any_extent(layout, expert, p, degrees);
-      if (e.gathered()) most = std::max(most, e.numel);
-    }
-    out.push_back(most);
-  }
-  return out;
-}
-
 ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype, Comm& comm,
                                LmHeadSharding lm_head)
     : ZeroParamStore(backend, model, dtype,
@@ -288,8 +258,8 @@ ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType
       info.whole = !e.rows && !e.reduced();
       info.slot_elements = e.shards * e.numel;
       if (e.gathered())
-        info.shards = expert[i] >= 0 ? &groups_->expert_replicas() : &groups_->data_shard();
-      if (e.replicas > 1) info.replicas = &groups_->dense_replicas();
+        info.shards = expert[i] >= 0 ? ShardGroup::expert_replicas : ShardGroup::data_shard;
+      info.replicated = e.replicas > 1;
       info.offset = total;
       total += align_up(info.local_numel);
     }
@@ -373,8 +343,28 @@ void ZeroParamStore::zero_grads(Stream& stream) {
   backend_.memset_async(grads_.data(), 0, grads_.nbytes(), stream);
 }
 
+ZeroComms ZeroParamStore::comms() const {
+  return ZeroComms{&groups_->data_shard(), &groups_->expert_replicas(), &groups_->dense_replicas()};
+}
+
+Comm& ZeroParamStore::shard_comm(const Info& info, const ZeroComms& comms) const {
+  Comm* c = info.shards == ShardGroup::expert_replicas ? comms.expert_replicas
+            : info.shards == ShardGroup::data_shard    ? comms.data_shard
+                                                       : nullptr;
+  MOEPEAK_CHECK(c != nullptr, "ZeroParamStore: a collective over no shard group");
+  return *c;
+}
+
 ZeroParamStore::GatheredGroup ZeroParamStore::gather(std::span<const int> params, Stream& stream,
                                                      GatherParts parts) const {
+  GatheredGroup g = gather_values(params, parts, stream, comms());
+  g.allocate_grads(stream);
+  return g;
+}
+
+ZeroParamStore::GatheredGroup ZeroParamStore::gather_values(std::span<const int> params,
+                                                            GatherParts parts, Stream& stream,
+                                                            const ZeroComms& comms) const {
   GatheredGroup g;
   g.store_ = this;
   g.parts_ = parts;
@@ -394,28 +384,45 @@ ZeroParamStore::GatheredGroup ZeroParamStore::gather(std::span<const int> params
     // NOTES: a param whose shards span one rank is its own full tensor (read from the store);
     // its gradient needs a slot of its own only when replicas sum it, since the store's grads
     // already hold earlier micro-batches' sums.
-    g.value_slot_[p] = info.shards ? values : kInStore;
-    if (info.shards) values += slot;
+    const bool gathered = info.shards != ShardGroup::none;
+    g.value_slot_[p] = gathered ? values : kInStore;
+    if (gathered) values += slot;
     g.grad_slot_[p] = info.whole ? kInStore : grads;
     if (!info.whole) grads += slot;
   }
+  if (parts != GatherParts::values) g.grad_elements_ = grads;
   const size_t b = dtype_size(dtype_);
   if (parts != GatherParts::grads && values > 0) {
     g.values_ = OwnedTensor::device(backend_, Shape{values}, dtype_, LiveSet::weights,
                                     "ZeRO-3 gathered weights");
-    for (int p : params) {
-      if (g.value_slot_[p] < 0) continue;
-      char* dst = static_cast<char*>(g.values_.data()) + g.value_slot_[p] * b;
-      info_[p].shards->all_gather(local_value(p).data(), dst,
-                                  static_cast<size_t>(info_[p].local_numel), dtype_, stream);
+    // One Comm group per shard group: a layer's small tensors (norms, router) go with its large
+    // ones.
+    for (ShardGroup group : {ShardGroup::data_shard, ShardGroup::expert_replicas}) {
+      Comm* comm = nullptr;
+      std::optional<CommGroup> batch;
+      for (int p : params) {
+        const Info& info = info_[p];
+        if (g.value_slot_[p] < 0 || info.shards != group) continue;
+        if (!comm) {
+          comm = &shard_comm(info, comms);
+          batch.emplace(*comm);
+        }
+        char* dst = static_cast<char*>(g.values_.data()) + g.value_slot_[p] * b;
+        comm->all_gather(local_value(p).data(), dst, static_cast<size_t>(info.local_numel), dtype_,
+                         stream);
+      }
+      if (batch) batch->end();
     }
   }
-  if (parts != GatherParts::values && grads > 0) {
-    g.grads_ = OwnedTensor::device(backend_, Shape{grads}, dtype_, LiveSet::grads,
-                                   "ZeRO-3 gathered grads");
-    backend_.memset_async(g.grads_.data(), 0, g.grads_.nbytes(), stream);
-  }
   return g;
+}
+
+void ZeroParamStore::GatheredGroup::allocate_grads(Stream& stream) {
+  MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
+  if (grad_elements_ == 0 || grads_.data() != nullptr) return;
+  grads_ = OwnedTensor::device(store_->backend_, Shape{grad_elements_}, store_->dtype_,
+                               LiveSet::grads, "ZeRO-3 gathered grads");
+  store_->backend_.memset_async(grads_.data(), 0, grads_.nbytes(), stream);
 }
 
 Tensor ZeroParamStore::GatheredGroup::value(int param) const {
@@ -448,40 +455,61 @@ Tensor ZeroParamStore::GatheredGroup::grad(int param) const {
 
 void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream) {
   MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
+  reduce_scatter_grads(stream, store_->comms());
+}
+
+void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream, const ZeroComms& comms) {
+  MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
   MOEPEAK_CHECK(parts_ != GatherParts::values,
                 "GatheredGroup: reduce_scatter_grads of a group gathered without gradients");
+  if (grad_elements_ == 0) return;
+  MOEPEAK_CHECK(grads_.data() != nullptr,
+                "GatheredGroup: reduce_scatter_grads before allocate_grads");
   const ZeroParamStore& s = *store_;
-  int64_t largest = 0;
-  for (int p : params_) {
-    if (grad_slot_[p] >= 0 && s.info_[p].shards)
-      largest = std::max(largest, s.info_[p].local_numel);
-  }
-  OwnedTensor tmp;
-  if (largest > 0) {
-    tmp = OwnedTensor::device(s.backend_, Shape{largest}, s.dtype_, LiveSet::workspace,
-                              "ZeRO-3 reduce-scatter temporary");
-  }
   const size_t b = dtype_size(s.dtype_);
+  // This rank's part of param p's summed gradient: its block of the slot (sharded: the in-place
+  // reduce_scatter's output, rank q of the shard group at q * s_i) or the whole slot.
+  auto part_of = [&](int p) -> char* {
+    const Info& info = s.info_[p];
+    char* slot = static_cast<char*>(grads_.data()) + grad_slot_[p] * b;
+    if (info.shards == ShardGroup::none) return slot;
+    return slot + static_cast<size_t>(s.shard_comm(info, comms).rank() * info.local_numel) * b;
+  };
+  for (ShardGroup group : {ShardGroup::data_shard, ShardGroup::expert_replicas}) {
+    Comm* comm = nullptr;
+    std::optional<CommGroup> batch;
+    for (int p : params_) {
+      const Info& info = s.info_[p];
+      if (grad_slot_[p] < 0 || info.shards != group) continue;
+      if (!comm) {
+        comm = &s.shard_comm(info, comms);
+        batch.emplace(*comm);
+      }
+      comm->reduce_scatter(static_cast<char*>(grads_.data()) + grad_slot_[p] * b, part_of(p),
+                           static_cast<size_t>(info.local_numel), s.dtype_, ReduceOp::sum, stream);
+    }
+    if (batch) batch->end();
+  }
+  {
+    std::optional<CommGroup> batch;
+    for (int p : params_) {
+      const Info& info = s.info_[p];
+      if (grad_slot_[p] < 0 || !info.replicated) continue;
+      MOEPEAK_CHECK(comms.dense_replicas != nullptr, "ZeroParamStore: no dense-replica group");
+      if (!batch) batch.emplace(*comms.dense_replicas);
+      comms.dense_replicas->all_reduce(part_of(p), part_of(p),
+                                       static_cast<size_t>(info.local_numel), s.dtype_,
+                                       ReduceOp::sum, stream);
+    }
+    if (batch) batch->end();
+  }
   for (int p : params_) {
     if (grad_slot_[p] < 0) continue;  // accumulated in the store
-    const Info& info = s.info_[p];
-    const int64_t n = info.local_numel;
-    char* src = static_cast<char*>(grads_.data()) + grad_slot_[p] * b;
-    void* part = src;  // a param held whole: its slot is its full gradient
-    if (info.shards) {
-      info.shards->reduce_scatter(src, tmp.data(), static_cast<size_t>(n), s.dtype_, ReduceOp::sum,
-                                  stream);
-      part = tmp.data();
-    }
-    if (info.replicas) {
-      info.replicas->all_reduce(part, part, static_cast<size_t>(n), s.dtype_, ReduceOp::sum,
-                                stream);
-    }
-    Tensor summed(part, Shape{n}, s.dtype_, Placement::device, &s.backend_);
+    const int64_t n = s.info_[p].local_numel;
+    Tensor summed(part_of(p), Shape{n}, s.dtype_, Placement::device, &s.backend_);
     Tensor shard = s.local_grad(p).reshape(Shape{n});
     ops::add(shard, summed, shard, stream);  // shard += the job's sum
   }
-  // `tmp` is released here; its last uses are queued on `stream`, as are its next owner's.
 }
 
 std::vector<char> ZeroParamStore::gather_full(int param, Stream& stream) const {
@@ -543,10 +571,10 @@ std::vector<char> ZeroParamStore::gather_full(int param, const Tensor& flat, Str
   const void* whole = nullptr;
   if (held) {
     const void* mine = send_piece(stage);
-    if (info.shards) {
+    if (info.shards != ShardGroup::none) {
       all = staged(info.slot_elements, "gather_full");
-      info.shards->all_gather(mine, all.data(), static_cast<size_t>(info.local_numel), dtype,
-                              stream);
+      shard_comm(info, comms())
+          .all_gather(mine, all.data(), static_cast<size_t>(info.local_numel), dtype, stream);
       whole = all.data();
     } else {
       whole = mine;

@@ -25,26 +25,31 @@
 // one replica (without replicas the replicated region is empty).
 //
 // A layer is used through a GatheredGroup (RAII): gather() all-gathers the full tensors of the
-// params whose shards span more than one rank into one `weights` buffer (one all_gather per
+// params whose shards span more than one rank into one `weights` buffer (an all_gather per
 // tensor over its shard group, straight into its place: rank q's shard lands at q*s_i; the slot
-// is G*s_i elements, aligned) and, for backward, allocates zeroed gradient slots for every param
-// whose gradient is summed over ranks; reduce_scatter_grads() adds the job's sum into this rank's
-// shard grads (+=: one reduce_scatter per tensor over its shard group into a `workspace`
-// temporary of the largest s_i, then an all_reduce of it over the dense replicas when there are
-// any, then an add; a param stored whole but replicated all-reduces its slot in place instead).
-// A param held whole and by one rank only (an expert with W/Ep = 1, any param on one rank) is read
-// and accumulated in the store itself. GatherParts says which of the two buffers a use needs
-// (forward: values; embedding backward: grads). Destroying the group frees both buffers at once
-// (host-side, as every Buffer: safe when all their uses ran on the stream the next owner uses).
+// is G*s_i elements, aligned; the tensors of one group go as one Comm group per communicator)
+// and, for backward, allocates zeroed gradient slots for every param whose gradient is summed
+// over ranks; reduce_scatter_grads() adds the job's sum into this rank's shard grads (+=: a
+// reduce_scatter per tensor over its shard group in place, into this rank's block q*s_i of its
+// slot, then an all_reduce of that block over the dense replicas when there are any, then an add
+// into the shard; a param stored whole but replicated all-reduces its slot in place instead; one
+// Comm group per communicator and step, so no temporary). A param held whole and by one rank
+// only (an expert with W/Ep = 1, any param on one rank) is read and accumulated in the store
+// itself. GatherParts says which of the two buffers a use needs (forward: values; embedding
+// backward: grads). Destroying the group frees both buffers at once (host-side, as every Buffer:
+// safe when all their uses ran on the stream the next owner uses; ZeroTraffic,
+// core/model/zero_traffic.h, runs the collectives on a comm stream of their own and keeps that
+// rule across the two streams).
 //
 // Memory (per rank, bytes as the arena counts them, DeviceArena::footprint):
 //   persistent weights = persistent grads = footprint(sum_i align(piece_i) * b)
 //   gathered weights = footprint(sum_{i in group, G_i > 1} align(G_i*s_i) * b)
 //   gathered grads   = footprint(sum_{i in group, G_i*R_i > 1} align(G_i*s_i) * b)
 //   (G_i the ranks its shards span, R_i its replicas; 0 for a part the GatherParts leaves out)
-// zero_persistent_bytes / zero_gathered_bytes / zero_largest_gathered_bytes give these to the
-// planner; the largest group is over zero_gather_groups(): the embedding, each decoder layer's
-// dense params with the rank's experts of the layer, and the final norm with the LM head.
+// zero_persistent_bytes / zero_gathered_bytes give these to the planner, over
+// zero_gather_groups(): the embedding, each decoder layer's dense params with the rank's experts
+// of the layer, and the final norm with the LM head (the groups live at once over a pass:
+// zero_pass_gathered_bytes, core/model/zero_traffic.h).
 #pragma once
 
 #include <cstdint>
@@ -105,16 +110,6 @@ int64_t zero_persistent_elements(const ModelConfig& model, const ParallelDegrees
 ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, const ParallelDegrees& degrees,
                               std::span<const int> params,
                               GatherParts parts = GatherParts::values_and_grads);
-// The largest over zero_gather_groups() (with expert-group rank 0's experts: every rank's are
-// the same size).
-ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype,
-                                      const ParallelDegrees& degrees,
-                                      LmHeadSharding lm_head = LmHeadSharding::zero3);
-// Elements of reduce_scatter_grads' temporary for each group of `groups`: the largest s_i of
-// the group's params whose shards span more than one rank (0 if none).
-std::vector<int64_t> zero_reduce_temporary_elements(const ModelConfig& model,
-                                                    const ParallelDegrees& degrees,
-                                                    const std::vector<std::vector<int>>& groups);
 // The same functions for the layout with every degree W.
 inline ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size,
                                        LmHeadSharding lm_head = LmHeadSharding::zero3) {
@@ -129,10 +124,15 @@ inline ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, int 
                                      GatherParts parts = GatherParts::values_and_grads) {
   return zero_gathered_bytes(model, dtype, ParallelDegrees::uniform(world_size), params, parts);
 }
-inline ZeroBytes zero_largest_gathered_bytes(const ModelConfig& model, DType dtype, int world_size,
-                                             LmHeadSharding lm_head = LmHeadSharding::zero3) {
-  return zero_largest_gathered_bytes(model, dtype, ParallelDegrees::uniform(world_size), lm_head);
-}
+
+// The communicators a store's collectives use: its layout's groups (ZeroParamStore::comms()), or
+// duplicates of them for a stream of their own (ZeroTraffic). Each spans the same ranks as the
+// group it stands for.
+struct ZeroComms {
+  Comm* data_shard = nullptr;       // ParallelGroups::data_shard()
+  Comm* expert_replicas = nullptr;  // ParallelGroups::expert_replicas()
+  Comm* dense_replicas = nullptr;   // ParallelGroups::dense_replicas()
+};
 
 class ZeroParamStore {
  public:
@@ -154,8 +154,18 @@ class ZeroParamStore {
     Tensor value(int param) const;
     Tensor grad(int param) const;
     // shard grads += sum over ranks of the gathered grads (collective over the shard and replica
-    // groups: every rank calls it).
+    // groups: every rank calls it), on `stream` over `comms` (default: the store's own). The
+    // gathered grads' blocks are overwritten by the partial sums.
     void reduce_scatter_grads(Stream& stream);
+    void reduce_scatter_grads(Stream& stream, const ZeroComms& comms);
+    // The zeroed gradient slots of a group gathered by gather_values() (memset on `stream`);
+    // nothing when its parts have no grads or no param needs a slot.
+    void allocate_grads(Stream& stream);
+    // Frees the gathered values now (the grads stay, e.g. for a reduce still to run).
+    void release_values() { values_.reset(); }
+    // Some param's gradient is summed over ranks: reduce_scatter_grads has work to do.
+    bool has_reduced_grads() const { return grad_elements_ > 0; }
+    GatherParts parts() const { return parts_; }
     const std::vector<int>& params() const { return params_; }
 
    private:
@@ -166,6 +176,7 @@ class ZeroParamStore {
     // accumulated into, the store itself) or kAbsent.
     std::vector<int64_t> value_slot_, grad_slot_;
     GatherParts parts_ = GatherParts::values_and_grads;
+    int64_t grad_elements_ = 0;  // of grads_ (allocated by allocate_grads)
     OwnedTensor values_, grads_;
   };
 
@@ -214,9 +225,16 @@ class ZeroParamStore {
   void zero_grads(Stream& stream);
 
   // Collective: every rank calls it with the same dense params, in the same order as other
-  // collectives, each naming its own experts of the same layers.
+  // collectives, each naming its own experts of the same layers. gather() = gather_values() on
+  // the store's comms, then allocate_grads(), all on `stream`.
   GatheredGroup gather(std::span<const int> params, Stream& stream,
                        GatherParts parts = GatherParts::values_and_grads) const;
+  // The values part of gather(): the weights buffer allocated now and its all-gathers issued on
+  // `stream` over `comms`; the gradient slots are laid out but not allocated.
+  GatheredGroup gather_values(std::span<const int> params, GatherParts parts, Stream& stream,
+                              const ZeroComms& comms) const;
+  // The layout's own communicators.
+  ZeroComms comms() const;
   // The full tensor's bytes (numel elements of flat's dtype) on every rank: the shards
   // all-gathered over their group, an expert's then broadcast from its owner in each expert
   // group. `flat` is any buffer laid out like flat_values() — the values, the grads, the
@@ -234,17 +252,20 @@ class ZeroParamStore {
   ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype,
                  std::unique_ptr<ParallelGroups> owned, const ParallelGroups* groups,
                  LmHeadSharding lm_head);
+  enum class ShardGroup { none, data_shard, expert_replicas };
   struct Info {
-    int expert = -1;            // expert index j for expert params
-    bool rows = false;          // stored by vocabulary rows
-    bool whole = false;         // held whole and by no other rank (no gather, no reduction)
-    int64_t offset = -1;        // elements into the flat buffers, -1 if not stored here
-    int64_t local_numel = 0;    // s_i, numel (held whole), V_r * H (rows)
-    int64_t first = 0;          // the first element of the flattened tensor this rank stores
-    Comm* shards = nullptr;     // the group its shards span, when more than one rank
-    Comm* replicas = nullptr;   // the dense replicas its gradients are summed over, if any
-    int64_t slot_elements = 0;  // G * s_i: its place in a gathered group
+    int expert = -1;          // expert index j for expert params
+    bool rows = false;        // stored by vocabulary rows
+    bool whole = false;       // held whole and by no other rank (no gather, no reduction)
+    int64_t offset = -1;      // elements into the flat buffers, -1 if not stored here
+    int64_t local_numel = 0;  // s_i, numel (held whole), V_r * H (rows)
+    int64_t first = 0;        // the first element of the flattened tensor this rank stores
+    ShardGroup shards = ShardGroup::none;  // the group its shards span (more than one rank)
+    bool replicated = false;               // its gradients are summed over the dense replicas
+    int64_t slot_elements = 0;             // G * s_i: its place in a gathered group
   };
+  // The communicator of a param's shard group among `comms`.
+  Comm& shard_comm(const Info& info, const ZeroComms& comms) const;
   Tensor piece(const Tensor& flat, int param) const;
   char* piece_bytes(const Tensor& flat, int param) const;  // any dtype laid out like the values
 

@@ -11,6 +11,7 @@
 #include "core/model/mixtral.h"
 #include "core/model/mixtral_memory.h"
 #include "core/model/zero_params.h"
+#include "core/model/zero_traffic.h"
 #include "core/runtime/backend.h"
 #include "core/units.h"
 #include "ops/schedules/checkpoint_choice.h"
@@ -135,20 +136,24 @@ void add_host(Plan& p, const std::vector<schedules::HostBytes>& host) {
   for (const schedules::HostBytes& h : host) p.host.push_back({h.name, h.bytes, h.function});
 }
 
-// weights, grads: the persistent shards + local experts, and the largest gathered group, with the
-// LM head as the vocabulary schedule stores it.
+// weights, grads: the persistent shards + local experts, and the gathered groups live at once
+// over a pass (with the prefetch depth's groups ahead and a reduce-scatter behind), with the LM
+// head as the vocabulary schedule stores it.
 void add_weights_and_grads(Plan& p, const Config& cfg, const PlanSizes& z) {
   const LmHeadSharding head = lm_head_sharding(cfg.schedules.vocab);
   const bool rows = head == LmHeadSharding::vocab_rows;
+  const int depth = static_cast<int>(cfg.parallelism.zero_prefetch_depth);
   const ZeroBytes zp = zero_persistent_bytes(cfg.model, z.dt, z.d, head);
-  const ZeroBytes zg = zero_largest_gathered_bytes(cfg.model, z.dt, z.d, head);
+  const ZeroBytes zg = zero_pass_gathered_bytes(cfg.model, z.dt, z.d, head, depth);
   const std::string zargs = "(W=" + std::to_string(z.W) +
                             (z.d.is_uniform() ? std::string()
                                               : ", Ep=" + std::to_string(z.d.expert) +
                                                     ", Ds=" + std::to_string(z.d.data_shard)) +
                             (rows ? ", vocab_rows)" : ")");
+  std::string pass_args = zargs;
+  pass_args.insert(pass_args.size() - 1, ", depth=" + std::to_string(depth));
   const std::string function =
-      "zero_persistent_bytes" + zargs + " + zero_largest_gathered_bytes" + zargs;
+      "zero_persistent_bytes" + zargs + " + zero_pass_gathered_bytes" + pass_args;
   const std::string_view schedule = rows ? "zero3+vocab_rows" : "zero3";
   set(p, LiveSet::weights, zp.weights + zg.weights, function, schedule);
   set(p, LiveSet::grads, zp.grads + zg.grads, function, schedule);

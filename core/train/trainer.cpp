@@ -204,7 +204,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   s.dtype = training_dtype(cfg);
   s.degrees = degrees_of(cfg, s.ranks);
   s.model = std::make_unique<MixtralModel>(*s.backend, stream, *s.comm, cfg.model, cfg.schedules,
-                                           s.dtype, s.degrees);
+                                           s.dtype, s.degrees,
+                                           static_cast<int>(cfg.parallelism.zero_prefetch_depth));
   ZeroParamStore& params = s.model->params();
   params.initialize(static_cast<uint64_t>(cfg.job.seed), cfg.model.initializer_range, stream);
   // The serial offload's host AdamW gets the rank's share of the cores, as OpenBLAS does.

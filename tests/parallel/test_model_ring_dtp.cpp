@@ -14,7 +14,7 @@
 //     (the planner's function) — at these toy sizes (4 tokens a rank) the ring's state and
 //     payload buffers outweigh the materialised (N, V) logits; the saving at scale is measured by
 //     `moepeak bench vocab` —; `weights` and `grads` peaks equal zero_persistent_bytes +
-//     zero_largest_gathered_bytes with vocab_rows;
+//     zero_pass_gathered_bytes with vocab_rows;
 //   - V < W is rejected with the numbers.
 // Cases: both payloads, strips of the whole shard and of 5 columns (with and without 3 strips
 // kept from forward to backward); V = 37 is uneven over 2 and 4 ranks; about one label in seven
@@ -29,6 +29,7 @@
 #include "core/comm/process_group.h"
 #include "core/model/mixtral.h"
 #include "core/model/zero_params.h"
+#include "core/model/zero_traffic.h"
 #include "ops/schedules/vocab_ring_dtp.h"
 #include "tests/expect_contains.h"
 #include "tests/parallel/training_run.h"
@@ -105,7 +106,8 @@ TEST_P(ModelRingDtp, MatchesMaterializedLogitsOverThreeSteps) {
     EXPECT_EQ(mem.peak_per_set()[LiveSet::logits], bound) << "step " << step;
     const ZeroBytes persistent = zero_persistent_bytes(cfg, kDtype, W, LmHeadSharding::vocab_rows);
     const ZeroBytes largest =
-        zero_largest_gathered_bytes(cfg, kDtype, W, LmHeadSharding::vocab_rows);
+        zero_pass_gathered_bytes(cfg, kDtype, ParallelDegrees::uniform(W),
+                                 LmHeadSharding::vocab_rows, kDefaultZeroPrefetchDepth);
     EXPECT_EQ(mem.peak_per_set()[LiveSet::weights], persistent.weights + largest.weights);
     EXPECT_EQ(mem.peak_per_set()[LiveSet::grads], persistent.grads + largest.grads);
 

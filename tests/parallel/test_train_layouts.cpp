@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "core/model/mixtral.h"
 #include "core/model/zero_params.h"
+#include "core/model/zero_traffic.h"
 #include "core/train/trainer.h"
 #include "tests/expect_contains.h"
 #include "tests/parallel/shared_run_dir.h"
@@ -121,7 +122,8 @@ TEST_P(TrainLayouts, MatchesOneRankOverTenSteps) {
     if (step == 1) {
       const MemoryStats mem = dist.backend->arena().stats();
       const ZeroBytes persistent = zero_persistent_bytes(cfg, DType::f32, c.degrees(), head);
-      const ZeroBytes gathered = zero_largest_gathered_bytes(cfg, DType::f32, c.degrees(), head);
+      const ZeroBytes gathered =
+          zero_pass_gathered_bytes(cfg, DType::f32, c.degrees(), head, kDefaultZeroPrefetchDepth);
       if (!c.bounded) {  // (LLEP's spilled copies join weights and grads under the bounded ones)
         EXPECT_EQ(mem.peak_per_set()[LiveSet::weights], persistent.weights + gathered.weights);
         EXPECT_EQ(mem.peak_per_set()[LiveSet::grads], persistent.grads + gathered.grads);

@@ -25,6 +25,8 @@
 #include "core/error.h"
 #include "core/model/mixtral.h"
 #include "core/model/zero_params.h"
+#include "core/model/zero_traffic.h"
+
 #include "ops/schedules/checkpoint_sco.h"
 #include "tests/expect_contains.h"
 #include "tests/parallel/training_run.h"
@@ -90,7 +92,9 @@ TEST_P(TrainParallel, MatchesOneRankOverTenSteps) {
     if (step == 1) {
       const MemoryStats mem = dist.backend->arena().stats();
       const ZeroBytes persistent = zero_persistent_bytes(cfg, DType::f32, ranks.world_size);
-      const ZeroBytes gathered = zero_largest_gathered_bytes(cfg, DType::f32, ranks.world_size);
+      const ZeroBytes gathered =
+          zero_pass_gathered_bytes(cfg, DType::f32, ParallelDegrees::uniform(ranks.world_size),
+                                   LmHeadSharding::zero3, kDefaultZeroPrefetchDepth);
       EXPECT_EQ(mem.peak_per_set()[LiveSet::weights], persistent.weights + gathered.weights);
       EXPECT_EQ(mem.peak_per_set()[LiveSet::grads], persistent.grads + gathered.grads);
       if (c.checkpoint == CheckpointSchedule::sco) {

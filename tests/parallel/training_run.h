@@ -79,14 +79,17 @@ struct TrainingRun {
   int64_t loss_tokens = 0;  // scored tokens of the whole global batch
 
   // ranks = RankInfo{} for one rank in this process (no MPI peers).
-  // `degrees`: the layout (default: every degree W); `placement`: the optimizer's.
+  // `degrees`: the layout (default: every degree W); `placement`: the optimizer's;
+  // `zero_prefetch_depth`: the model's ZeRO-3 gathers ahead of use (ZeroTraffic).
   TrainingRun(const RankInfo& ranks, const ModelConfig& cfg, const SchedulesConfig& schedules,
               DType dtype_ = DType::f32, uint64_t init_seed = 11,
               std::optional<ParallelDegrees> degrees = std::nullopt,
-              OptimizerPlacement placement = OptimizerPlacement::resident)
+              OptimizerPlacement placement = OptimizerPlacement::resident,
+              int zero_prefetch_depth = kDefaultZeroPrefetchDepth)
       : dtype(dtype_) {
     comm = make_comm(*backend, ranks);
-    model = std::make_unique<MixtralModel>(*backend, stream, *comm, cfg, schedules, dtype, degrees);
+    model = std::make_unique<MixtralModel>(*backend, stream, *comm, cfg, schedules, dtype, degrees,
+                                           zero_prefetch_depth);
     model->params().initialize(init_seed, cfg.initializer_range, stream);
     OptimizerConfig opt;
     opt.weight_decay = 0.1;

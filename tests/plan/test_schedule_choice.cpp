@@ -17,6 +17,7 @@
 #include "core/model/mixtral_params.h"
 #include "core/model/optimizer_params.h"
 #include "core/model/zero_params.h"
+#include "core/model/zero_traffic.h"
 #include "core/plan/plan.h"
 #include "core/runtime/arena.h"
 #include "core/runtime/backend.h"
@@ -248,7 +249,9 @@ TEST_P(VocabChoice, BytesObjectAndPlanAgree) {
   expect_term(plan, LiveSet::logits, choice);
   EXPECT_EQ(plan.term(LiveSet::weights).bytes,
             zero_persistent_bytes(c.model, kDtype, W, head).weights +
-                zero_largest_gathered_bytes(c.model, kDtype, W, head).weights);
+                zero_pass_gathered_bytes(c.model, kDtype, ParallelDegrees::uniform(W), head,
+                                         static_cast<int>(c.parallelism.zero_prefetch_depth))
+                    .weights);
 
   if (W != 1) return;
   OneRank r;
