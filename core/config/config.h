@@ -192,6 +192,7 @@ struct SchedulesConfig {
   double llep_lambda = 1.3;
   double llep_alpha = 1.0;
   int64_t min_tokens_per_gemm = 32;
+  int64_t llep_slots = 0;  // PipelinedLLEP receive slots S; 0 = the bound's rule
   VocabSchedule vocab = VocabSchedule::materialized;
   VocabPayload ring_payload = VocabPayload::automatic;
   int64_t vocab_strip = 0;        // columns per strip, 0 = whole shard

@@ -217,6 +217,12 @@ const std::vector<Field>& field_table() {
             "LLEP rebalances only when max/mean expert load exceeds lambda."),
       FIELD(schedules, llep_alpha, above(0),
             "LLEP capacity factor: each rank takes at most alpha x total/W routes."),
+      FIELD(schedules, llep_slots, between({0, true}, {3, true}),
+            "PipelinedLLEP receive slots S in flight: 1 = dispatch, experts and return one chunk "
+            "after another; 2 = the next chunk's dispatch and the last one's return beside this "
+            "chunk's experts; 3 = all three at once with no wait between them. 0 = the most the "
+            "paper's bound 2 Ep k c_eff H b holds (2, or 1 when it does not fit). Each slot is "
+            "R_c rows (2 R_c in backward) in `dispatch`; the plan follows the choice."),
       FIELD(schedules, min_tokens_per_gemm, at_least(1),
             "LLEP spills no fewer routes than this to another rank (keeps GEMMs efficient)."),
       FIELD(schedules, vocab, no_limit(),

@@ -1,29 +1,39 @@
-// PipelinedLlepDispatch: LLEP per chunk, S receive slots (1 or 2, fixed at launch by the byte
-// budget), with two the next chunk's dispatch on a comm stream while this chunk's experts run,
-// experts per tile written back into the slot, recomputed in backward (see the header).
+// PipelinedLlepDispatch: LLEP per chunk, S receive slots in flight (fixed at launch by the byte
+// budget or schedules.llep_slots), the next chunk's dispatch on the dispatch lane and the last
+// chunk's return and combine on the return lane while this chunk's experts run, experts per
+// tile written back into the slot, recomputed in backward (see the header).
 //
 // Stream discipline (NOTES):
-//   - `stream_` (compute) and the lane's stream (`cs`) never share a communicator: cs uses the
-//     lane's `cc` (duplicated), stream_ uses comm_. Each issues its collectives in chunk order, the
-//     same on every rank, so the per-stream orders merge into one global order — S = 2:
-//     X0, X1, C0, X2, C1, X3, ...; S = 1: X0, C0, X1, C1, ... (X = a chunk's dispatch, C = its
-//     compute and return) — in which every collective waits only for earlier ones: no deadlock.
-//   - cs starts after `entry_` (the caller's work on stream_ that produced x, dout).
-//   - chunk i's dispatch waits for slot_free_[i%S] (chunk i-S's return and combine): the receive
-//     slot and the metadata slot are then free. S = 2: the send staging buffers are used by cs
-//     alone, the returned-rows and tile buffers by stream_ alone: stream order suffices. S = 1:
-//     the returned rows land in the staging buffers, written by stream_ after recv_ready_ (the
-//     sends have left them) and refilled by cs after slot_free_.
+//   - three streams, three communicators: `stream_` (compute) uses comm_ (only for the plan's
+//     counts and, in backward, the spilled gradients' return), the dispatch lane `cs` its `cc`,
+//     the return lane `rs` its `rc` (both duplicated). Each issues its collectives in chunk
+//     order, the same on every rank; chunk i's dispatch X_i waits for R_{i-S} (its slot's
+//     return), its experts C_i for X_i (and chunk 0's for the weight copies W on rs), its return
+//     R_i for C_i — so the per-stream orders merge into one global order (S = 2: W, X0, X1, R0,
+//     X2, R1, ...) in which every collective waits only for earlier ones: no deadlock.
+//   - cs and rs start after `entry_` (the caller's work on stream_ that produced x, dout, and
+//     the compute stream's waits on the expert weights, e.g. ZeroTraffic's gathers). In forward
+//     prepare()'s host synchronisation already orders them; in backward the wait alone does.
+//   - slot s (receive rows, send indices, routing weights) is written by cs for chunk i, read by
+//     stream_, read again by rs, and refilled by cs only after slot_free_[s], recorded on rs
+//     after chunk i's combine. The send staging buffer is cs's alone with S >= 2 (the results
+//     return into a buffer of rs's own); with S = 1 they return into it, after computed_ (the
+//     sends have left it) and before slot_free_ lets cs refill it.
 //   - a tile's rows are read from and written back to the slot on stream_ only; each arrival row
 //     belongs to exactly one tile, so a tile's writes never touch another tile's inputs.
-//   - the host never waits inside the loop: every ordering is an event wait, and the buffers are
-//     freed only after both streams are drained.
+//   - `out` (forward) and dx, dweight (backward) are accumulated on rs only, in chunk order, so
+//     each token adds its k results in the order the standard dispatcher does.
+//   - the host never waits inside the loop or at its end: the compute stream waits for rs's last
+//     slot_free_ (every earlier lane work precedes it), so the buffers freed on return go back to
+//     the arena behind all their uses, and every lane's next work waits for the compute stream.
+//     The chunks' host metadata, read by copies queued on cs, is retired with an event instead of
+//     freed (retire_metadata).
 //   - weight spilling is done once per pass, not per chunk: every (expert, helper) pair of any
-//     chunk's plan gets its copy before chunk 0 (on cs), helpers accumulate a spilled expert's
-//     gradient over all chunks and return it once after the last chunk. Per-chunk
-//     transfers would move the same hot experts' 3 F H values up to K times each way; the copies
-//     held are at most llep_max_copies(E, W, R_c, K) <= E - E/W foreign experts either way
-//     (`weights`, `grads`; checked in LlepExpertCopies::allocate, counted by the plan).
+//     chunk's plan gets its copy before chunk 0 (on rs, beside chunk 0's dispatch), helpers
+//     accumulate a spilled expert's gradient over all chunks and return it once after the last
+//     chunk. Per-chunk transfers would move the same hot experts' 3 F H values up to K times each
+//     way; the copies held are at most llep_max_copies(E, W, R_c, K) <= E - E/W foreign experts
+//     either way (`weights`, `grads`; checked in LlepExpertCopies::allocate, counted by the plan).
 // Test: ctest -R test_llep
 #include "ops/schedules/dispatch_pipelined_llep.h"
 
@@ -73,7 +83,7 @@ struct Footprints {
 Footprints footprints(const Sizes& z, uint64_t S, uint64_t T, uint64_t Fb) {
   const uint64_t row_M = fp(z.Mc * z.H * z.b), row_R = fp(z.Rc * z.H * z.b);
   const uint64_t tile_H = fp(T * z.H * z.b), tile_F = fp(T * Fb * z.b);
-  const uint64_t staging = (S == 2 ? 2 : 1) * row_M;  // sent rows [, returned rows if S = 2]
+  const uint64_t staging = (S >= 2 ? 2 : 1) * row_M;  // sent rows [, returned rows if S >= 2]
   const uint64_t send_index = 2 * fp(z.Mc * 4);       // per slot: send token, slot (i32)
   Footprints f;
   // Slots; x and y tiles; a, b, g blocks.
@@ -81,10 +91,10 @@ Footprints footprints(const Sizes& z, uint64_t S, uint64_t T, uint64_t Fb) {
   f.meta_forward = S * (send_index + fp(z.Mc * z.b));  // + the routing weights
   // Slots of x and dout rows; x, dout and dx tiles; a, b, g, dg blocks.
   f.rows_backward = staging + 2 * S * row_R + 3 * tile_H + 4 * tile_F;
-  // Weights sent [, dweights returned if S = 2]; per slot the indices and the received
+  // Weights sent [, dweights returned if S >= 2]; per slot the indices and the received
   // weights (then dweights); a tile's weights and dweights.
   f.meta_backward =
-      (S == 2 ? 2 : 1) * fp(z.Mc * z.b) + S * (send_index + fp(z.Rc * z.b)) + 2 * fp(T * z.b);
+      (S >= 2 ? 2 : 1) * fp(z.Mc * z.b) + S * (send_index + fp(z.Rc * z.b)) + 2 * fp(T * z.b);
   return f;
 }
 
@@ -115,6 +125,7 @@ PipelinedLlepParams pipelined_llep_params(const SchedulesConfig& schedules) {
   q.lambda = schedules.llep_lambda;
   q.alpha = schedules.llep_alpha;
   q.min_tokens_per_gemm = schedules.min_tokens_per_gemm;
+  q.slots = schedules.llep_slots;
   return q;
 }
 
@@ -161,8 +172,16 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
   const uint64_t t_min = std::min<uint64_t>(
       z.ce, static_cast<uint64_t>(std::max<int64_t>(1, params.min_tokens_per_gemm)));
   const uint64_t f_min = std::min<uint64_t>(z.F, kMinFfnBlock);
+  MOEPEAK_CHECK(params.slots >= 0 && params.slots <= kPipelinedLlepMaxSlots,
+                "pipelined llep: schedules.llep_slots = ", params.slots, " must be in [0, ",
+                kPipelinedLlepMaxSlots, "]");
   uint64_t S = 1, T = t_min, Fb = std::max<uint64_t>(f_min, 1);
-  if (fits(2, t_min, f_min)) {
+  if (params.slots > 0) {
+    // Asked for: bounded if its slots fit with tiles worth overlapping (T_min rows, F_min
+    // columns) — or, one slot, any tile; else the T_min, F_min tiles beside them, over the bound.
+    S = static_cast<uint64_t>(params.slots);
+    s.bounded = S >= 2 ? fits(S, t_min, f_min) : fits(1, 1, 1);
+  } else if (fits(2, t_min, f_min)) {
     S = 2;
   } else if (!fits(1, 1, 1)) {
     s.bounded = false;  // the corner case of the header's "Bound": over by the rows
@@ -181,7 +200,7 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
     // that fit, take the one that minimizes it (T on a geometric grid; ties to the larger T).
     const uint64_t f_lo = fits(S, 1, f_min) ? f_min : 1;
     const uint64_t t_hi = largest(1, z.ce, [&](uint64_t t) { return fits(S, t, f_lo); });
-    const uint64_t t_lo = S == 2 ? std::min(t_min, t_hi) : 1;
+    const uint64_t t_lo = S >= 2 ? std::min(t_min, t_hi) : 1;
     double best = 0;
     for (uint64_t t = t_hi;;) {
       const uint64_t widest = largest(f_lo, z.F, [&](uint64_t v) { return fits(S, t, v); });
@@ -258,17 +277,24 @@ PipelinedLlepDispatch::PipelinedLlepDispatch(Backend& backend, Stream& stream, C
                 "pipelined llep dispatch: chunk_tokens = ", params.chunk_tokens,
                 ", max_chunks = ", params.max_chunks, " (>= 1), llep_alpha = ", params.alpha,
                 " (> 0), min_tokens_per_gemm = ", params.min_tokens_per_gemm, " (>= 0)");
+  MOEPEAK_CHECK(params.slots >= 0 && params.slots <= kPipelinedLlepMaxSlots,
+                "pipelined llep dispatch: schedules.llep_slots = ", params.slots,
+                " must be in [0, ", kPipelinedLlepMaxSlots, "]");
   local_experts_ = num_experts / W;
   first_expert_ = comm.rank() * local_experts_;
   lane_ = lane ? std::move(lane) : PipelinedLlepLane::make(backend, comm);
-  MOEPEAK_CHECK(lane_->comm && lane_->stream && lane_->comm->world_size() == W &&
-                    lane_->comm->rank() == comm.rank(),
+  MOEPEAK_CHECK(lane_->comm && lane_->stream && lane_->return_comm && lane_->return_stream &&
+                    lane_->comm->world_size() == W && lane_->comm->rank() == comm.rank() &&
+                    lane_->return_comm->world_size() == W &&
+                    lane_->return_comm->rank() == comm.rank(),
                 "pipelined llep dispatch: the lane's communicator is not a duplicate of the "
                 "compute stream's (rank ",
                 comm.rank(), " of ", W, ")");
   entry_ = backend.create_event();
-  for (int s = 0; s < 2; ++s) {
+  copies_ready_ = backend.create_event();
+  for (int64_t s = 0; s < kPipelinedLlepMaxSlots; ++s) {
     recv_ready_[s] = backend.create_event();
+    computed_[s] = backend.create_event();
     slot_free_[s] = backend.create_event();
   }
 }
@@ -277,6 +303,8 @@ std::shared_ptr<PipelinedLlepLane> PipelinedLlepLane::make(Backend& backend, Com
   auto lane = std::make_shared<PipelinedLlepLane>();
   lane->comm = comm.duplicate();
   lane->stream = backend.create_stream("pipelined llep dispatch", StreamPriority::high);
+  lane->return_comm = comm.duplicate();
+  lane->return_stream = backend.create_stream("pipelined llep return", StreamPriority::high);
   return lane;
 }
 
@@ -288,12 +316,25 @@ PipelinedLlepDispatch::~PipelinedLlepDispatch() {
 void PipelinedLlepDispatch::drain() noexcept {
   // NOTES: used on error paths too, where a stream may hold a sticky error: it is dropped here,
   // the error that brought us here is the one the caller sees.
-  for (Stream* s : {lane_ ? lane_->stream.get() : nullptr, &stream_}) {
+  for (Stream* s : {lane_ ? lane_->stream.get() : nullptr,
+                    lane_ ? lane_->return_stream.get() : nullptr, &stream_}) {
     try {
       if (s) s->synchronize();
     } catch (...) {
     }
   }
+  retired_.clear();  // every stream has passed every retired pass
+}
+
+void PipelinedLlepDispatch::retire_metadata() {
+  std::erase_if(retired_, [](const Retired& r) { return r.done->query(); });
+  if (!chunks_) return;
+  // NOTES: the compute stream has waited for both lanes by the end of a pass (and a pass cut
+  // short by an error drained them): an event on it after the pass covers the lanes' copies.
+  Retired r{std::move(chunks_), backend_.create_event()};
+  r.done->record(stream_);
+  retired_.push_back(std::move(r));
+  chunks_.reset();
 }
 
 OwnedTensor PipelinedLlepDispatch::buffer(Shape shape, DType dtype, const char* what) {
@@ -355,6 +396,8 @@ void PipelinedLlepDispatch::prepare(const Tensor& x, const Tensor& index, const 
   std::vector<int32_t> host_index(static_cast<size_t>(N * k));
   backend_.copy_async(host_index.data(), index.data(), host_index.size() * 4,
                       CopyKind::device_to_host, stream_);
+  // NOTES: host synchronisation 1 of a forward: the chunks' plans and row layouts are made on
+  // the host from every token's experts.
   stream_.synchronize();
   for (int32_t e : host_index) {
     MOEPEAK_CHECK(e >= 0 && e < E, "pipelined llep dispatch: expert index ", e,
@@ -366,44 +409,67 @@ void PipelinedLlepDispatch::prepare(const Tensor& x, const Tensor& index, const 
   tokens_ = N;
   top_k_ = k;
 
-  // N of every rank: K and c_eff come from the largest, so every rank runs the same chunks.
-  std::vector<int64_t> all_n(static_cast<size_t>(W));
-  {
-    OwnedTensor buf = OwnedTensor::device(backend_, Shape{W + 1}, DType::i64, LiveSet::workspace,
-                                          "pipelined llep tokens");
-    auto* p = buf.data_as<int64_t>();
-    backend_.copy_async(p, &N, 8, CopyKind::host_to_device, stream_);
-    comm_.all_gather(p, p + 1, 1, DType::i64, stream_);
-    backend_.copy_async(all_n.data(), p + 1, W * 8, CopyKind::device_to_host, stream_);
-    stream_.synchronize();
-  }
-  const int64_t n_max = *std::max_element(all_n.begin(), all_n.end());
-  shape_ = pipelined_llep_shape(n_max, k, hidden_, ffn_, dtype_, W, params_);
-  const int64_t K = shape_.chunks, ce = shape_.chunk_tokens, T = shape_.tile_rows;
-
-  chunks_.assign(static_cast<size_t>(K), Chunk{});
-  std::vector<int64_t> local(static_cast<size_t>(K * E), 0);
-  for (int64_t i = 0; i < K; ++i) {
-    std::vector<int64_t>& t = chunks_[i].tokens;
-    if (params_.membership == ChunkMembership::strided) {
-      for (int64_t p = i; p < N; p += K) t.push_back(p);
-    } else {
-      for (int64_t p = i * ce; p < std::min(N, (i + 1) * ce); ++p) t.push_back(p);
+  // The chunks of a job whose largest N is n_max (every rank runs the same K and c_eff), and
+  // this rank's per-chunk expert counts [K][E].
+  std::vector<int64_t> local;
+  auto chunk_for = [&](int64_t n_max) {
+    shape_ = pipelined_llep_shape(n_max, k, hidden_, ffn_, dtype_, W, params_);
+    const int64_t K = shape_.chunks, ce = shape_.chunk_tokens;
+    chunks_ = std::make_shared<std::vector<Chunk>>(static_cast<size_t>(K));
+    local.assign(static_cast<size_t>(K * E), 0);
+    for (int64_t i = 0; i < K; ++i) {
+      std::vector<int64_t>& t = (*chunks_)[i].tokens;
+      if (params_.membership == ChunkMembership::strided) {
+        for (int64_t p = i; p < N; p += K) t.push_back(p);
+      } else {
+        for (int64_t p = i * ce; p < std::min(N, (i + 1) * ce); ++p) t.push_back(p);
+      }
+      for (int64_t p : t) {
+        for (int64_t j = 0; j < k; ++j) ++local[i * E + host_index[p * k + j]];
+      }
     }
-    for (int64_t p : t) {
-      for (int64_t j = 0; j < k; ++j) ++local[i * E + host_index[p * k + j]];
-    }
-  }
-  std::vector<int64_t> all(static_cast<size_t>(W * K * E));
-  if (K > 0) {
-    OwnedTensor buf = OwnedTensor::device(backend_, Shape{(W + 1) * K * E}, DType::i64,
-                                          LiveSet::workspace, "pipelined llep counts");
+  };
+  // Every rank's `mine` (the same length everywhere), rank-major.
+  auto all_gather = [&](const std::vector<int64_t>& mine, const char* what) {
+    const int64_t n = static_cast<int64_t>(mine.size());
+    std::vector<int64_t> all(static_cast<size_t>(W * n));
+    OwnedTensor buf =
+        OwnedTensor::device(backend_, Shape{(W + 1) * n}, DType::i64, LiveSet::workspace, what);
     auto* p = buf.data_as<int64_t>();
-    backend_.copy_async(p, local.data(), K * E * 8, CopyKind::host_to_device, stream_);
-    comm_.all_gather(p, p + K * E, static_cast<size_t>(K * E), DType::i64, stream_);
-    backend_.copy_async(all.data(), p + K * E, all.size() * 8, CopyKind::device_to_host, stream_);
+    backend_.copy_async(p, mine.data(), n * 8, CopyKind::host_to_device, stream_);
+    comm_.all_gather(p, p + n, static_cast<size_t>(n), DType::i64, stream_);
+    backend_.copy_async(all.data(), p + n, all.size() * 8, CopyKind::device_to_host, stream_);
+    // NOTES: host synchronisation 2 of a forward: the plans need every rank's counts. Every
+    // rank first assumes the others hold its N (the model's case: B*T/W tokens each), so N
+    // travels with the counts of its chunking; only ranks of unequal N exchange again.
     stream_.synchronize();
+    return all;
+  };
+  chunk_for(N);
+  // [N, this chunking's counts, zeros up to K_max chunks]: the same length on every rank.
+  std::vector<int64_t> mine{N};
+  mine.insert(mine.end(), local.begin(), local.end());
+  mine.resize(static_cast<size_t>(1 + params_.max_chunks * E), 0);
+  std::vector<int64_t> all = all_gather(mine, "pipelined llep tokens and counts");
+  const int64_t per_rank = static_cast<int64_t>(mine.size());
+  const int64_t counted = static_cast<int64_t>(local.size());
+  int64_t n_max = N;
+  for (int64_t r = 0; r < W; ++r) n_max = std::max(n_max, all[r * per_rank]);
+  bool same = true;
+  for (int64_t r = 0; r < W; ++r) same = same && all[r * per_rank] == N;
+  if (same) {  // drop the N in front of each rank's counts
+    std::vector<int64_t> counts;
+    for (int64_t r = 0; r < W; ++r) {
+      counts.insert(counts.end(), all.begin() + r * per_rank + 1,
+                    all.begin() + r * per_rank + 1 + counted);
+    }
+    all = std::move(counts);
+  } else {
+    chunk_for(n_max);
+    all = all_gather(local, "pipelined llep counts");
   }
+  const int64_t K = shape_.chunks, T = shape_.tile_rows;
+  std::vector<Chunk>& chunks = *chunks_;
   counts_.assign(static_cast<size_t>(E), 0);
   plans_.clear();
   transfers_.clear();
@@ -418,7 +484,7 @@ void PipelinedLlepDispatch::prepare(const Tensor& x, const Tensor& index, const 
       }
     }
     plans_.push_back(plan_llep(chunk_counts, W, params_.llep(), capacity));
-    Chunk& c = chunks_[i];
+    Chunk& c = chunks[i];
     c.route = make_llep_route(plans_.back(), me, c.tokens, host_index, k);
     // Tiles: the arrival blocks in expert-grouped order (expert, then source), each expert's
     // rows cut into tiles of at most T; a tile's rows are runs (pieces) of arrival rows.
@@ -441,7 +507,7 @@ void PipelinedLlepDispatch::prepare(const Tensor& x, const Tensor& index, const 
       }
     }
     for (const LlepTransfer& t : llep_transfers(plans_.back())) transfers_.push_back(t);
-    max_received_ = std::max(max_received_, chunks_[i].route.received());
+    max_received_ = std::max(max_received_, c.route.received());
   }
   auto key = [](const LlepTransfer& t) { return std::make_pair(t.expert, t.helper); };
   std::sort(transfers_.begin(), transfers_.end(),
@@ -492,20 +558,24 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
   if (K == 0) return;
   const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows;
   const int64_t S = shape_.slots, T = shape_.tile_rows, Fb = shape_.ffn_block;
-  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1 && Fb >= 1 && F >= 1, "pipelined llep: ", S,
-                " slots, tiles of ", T, " rows, F blocks of ", Fb, " (F = ", F,
-                ", at least 1 expected)");
+  MOEPEAK_CHECK(S >= 1 && S <= kPipelinedLlepMaxSlots && T >= 1 && Fb >= 1 && F >= 1,
+                "pipelined llep: ", S, " slots, tiles of ", T, " rows, F blocks of ", Fb,
+                " (F = ", F, ", at least 1 expected)");
   const Tensor weight_rows = weight_.reshape(Shape{tokens_ * top_k_, 1});
-  Stream& cs = *lane_->stream;  // the comm stream
-  Comm& cc = *lane_->comm;      // its communicator
+  const std::vector<Chunk>& chunks = *chunks_;
+  Stream& cs = *lane_->stream;         // the dispatch lane
+  Comm& cc = *lane_->comm;             // its communicator
+  Stream& rs = *lane_->return_stream;  // the return lane
+  Comm& rc = *lane_->return_comm;
   // The fixed buffers: pipelined_llep_forward_bytes, exactly.
   OwnedTensor x_send = buffer(Shape{Mc, H}, dtype_, "llep chunk rows sent");
   // NOTES: with one slot the next dispatch waits for this chunk's combine, so the returned rows
-  // can land in the staging buffer; with two it is refilled while they return.
+  // can land in the staging buffer; with more it is refilled while they return.
   OwnedTensor y_own;
-  if (S == 2) y_own = buffer(Shape{Mc, H}, dtype_, "llep chunk outputs returned");
-  const Tensor y_back = S == 2 ? y_own.view() : x_send.view();
-  OwnedTensor token[2], slot[2], row_weight[2], recv[2];
+  if (S >= 2) y_own = buffer(Shape{Mc, H}, dtype_, "llep chunk outputs returned");
+  const Tensor y_back = S >= 2 ? y_own.view() : x_send.view();
+  OwnedTensor token[kPipelinedLlepMaxSlots], slot[kPipelinedLlepMaxSlots],
+      row_weight[kPipelinedLlepMaxSlots], recv[kPipelinedLlepMaxSlots];
   for (int64_t s = 0; s < S; ++s) {
     token[s] = buffer(Shape{Mc}, DType::i32, "llep chunk send token");
     slot[s] = buffer(Shape{Mc}, DType::i32, "llep chunk send slot");
@@ -521,16 +591,20 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
   try {
     entry_->record(stream_);
     cs.wait(*entry_);
-    copies_.send_weights(cc, cs, transfers_, me, first_expert_, local);
+    rs.wait(*entry_);
+    // The spilled experts' weights on the return lane, while chunk 0 is dispatched.
+    copies_.send_weights(rc, rs, transfers_, me, first_expert_, local);
+    copies_ready_->record(rs);
     for (int64_t i = 0; i < K; ++i) {
       const int s = static_cast<int>(i % S);
-      const Chunk& c = chunks_[i];
+      const Chunk& c = chunks[i];
       const LlepRoute& r = c.route;
       const int64_t m = r.sent(), rr = r.received();
       MOEPEAK_CHECK(m <= Mc && rr <= Rc, "pipelined llep: chunk ", i, " sends ", m, " rows (cap ",
                     Mc, ") and receives ", rr, " (cap ", Rc, ")");
 
-      // Dispatch on the comm stream, once chunk i-S has left the slot (and, S = 1, the staging).
+      // Dispatch on the dispatch lane, once chunk i-S has left the slot (and, S = 1, the
+      // staging buffer).
       if (i >= S) cs.wait(*slot_free_[s]);
       copy_metadata(c, token[s], slot[s], cs);
       ops::gather_rows(weight_rows, slot[s].view().rows(0, m),
@@ -541,8 +615,9 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
       recv_ready_[s]->record(cs);
 
       // Experts on the compute stream, tile by tile; each tile's outputs over its inputs in the
-      // slot, which then goes back in arrival order.
+      // slot.
       stream_.wait(*recv_ready_[s]);
+      if (i == 0) stream_.wait(*copies_ready_);
       const Tensor arrival = recv[s].view().rows(0, rr);  // (rr, H)
       for (const Tile& t : c.tiles) {
         const ExpertWeights& ex = weights_of(t.expert, local, copies_);
@@ -563,15 +638,22 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
         }
         move_tile_rows(c, t, arrival, ys, false);  // y over x in the slot
       }
-      exchange_rows(comm_, stream_, arrival, r.recv_rows, y_back.rows(0, m), r.send_rows, H);
+      computed_[s]->record(stream_);
+
+      // The slot back in arrival order and combined, on the return lane (in chunk order, so each
+      // token still adds its k outputs in expert order).
+      rs.wait(*computed_[s]);
+      exchange_rows(rc, rs, arrival, r.recv_rows, y_back.rows(0, m), r.send_rows, H);
       for (const LlepRoute::Range& rg : r.combine_ranges) {
         ops::combine_rows(y_back.rows(rg.begin, rg.end), token[s].view().rows(rg.begin, rg.end),
-                          row_weight[s].view().rows(rg.begin, rg.end), out, stream_);
+                          row_weight[s].view().rows(rg.begin, rg.end), out, rs);
       }
-      slot_free_[s]->record(stream_);
+      slot_free_[s]->record(rs);
     }
-    cs.synchronize();
-    stream_.synchronize();
+    // NOTES: no host synchronisation: the compute stream waits for the last combine (after every
+    // dispatch, which it waited for chunk by chunk), so the buffers freed below go back to the
+    // arena behind all their uses; a lane's next work waits for the compute stream (entry_).
+    stream_.wait(*slot_free_[(K - 1) % S]);
   } catch (...) {
     drain();
     copies_.reset();
@@ -609,24 +691,29 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout,
   if (K == 0) return;
   const int64_t Mc = shape_.rows_per_source, Rc = shape_.receive_rows;
   const int64_t S = shape_.slots, T = shape_.tile_rows, Fb = shape_.ffn_block;
-  MOEPEAK_CHECK((S == 1 || S == 2) && T >= 1 && Fb >= 1 && F >= 1, "pipelined llep: ", S,
-                " slots, tiles of ", T, " rows, F blocks of ", Fb, " (F = ", F,
-                ", at least 1 expected)");
+  MOEPEAK_CHECK(S >= 1 && S <= kPipelinedLlepMaxSlots && T >= 1 && Fb >= 1 && F >= 1,
+                "pipelined llep: ", S, " slots, tiles of ", T, " rows, F blocks of ", Fb,
+                " (F = ", F, ", at least 1 expected)");
   const Tensor weight_rows = weight_.reshape(Shape{NK, 1});
-  Stream& cs = *lane_->stream;  // the comm stream
-  Comm& cc = *lane_->comm;      // its communicator
+  const std::vector<Chunk>& chunks = *chunks_;
+  Stream& cs = *lane_->stream;         // the dispatch lane
+  Comm& cc = *lane_->comm;             // its communicator
+  Stream& rs = *lane_->return_stream;  // the return lane
+  Comm& rc = *lane_->return_comm;
   // The fixed buffers: pipelined_llep_backward_bytes, exactly.
   OwnedTensor stage = buffer(Shape{Mc, H}, dtype_, "llep chunk rows sent");
   OwnedTensor w_stage = buffer(Shape{Mc}, dtype_, "llep chunk weights sent");
   // NOTES: as in forward, one slot lets dx and dweight return into the staging buffers.
   OwnedTensor dx_own, dw_own;
-  if (S == 2) {
+  if (S >= 2) {
     dx_own = buffer(Shape{Mc, H}, dtype_, "llep chunk d rows returned");
     dw_own = buffer(Shape{Mc}, dtype_, "llep chunk d weights returned");
   }
-  const Tensor dx_back = S == 2 ? dx_own.view() : stage.view();
-  const Tensor dw_back = S == 2 ? dw_own.view() : w_stage.view();
-  OwnedTensor token[2], slot[2], recv_x[2], recv_d[2], recv_w[2];
+  const Tensor dx_back = S >= 2 ? dx_own.view() : stage.view();
+  const Tensor dw_back = S >= 2 ? dw_own.view() : w_stage.view();
+  OwnedTensor token[kPipelinedLlepMaxSlots], slot[kPipelinedLlepMaxSlots],
+      recv_x[kPipelinedLlepMaxSlots], recv_d[kPipelinedLlepMaxSlots],
+      recv_w[kPipelinedLlepMaxSlots];
   for (int64_t s = 0; s < S; ++s) {
     token[s] = buffer(Shape{Mc}, DType::i32, "llep chunk send token");
     slot[s] = buffer(Shape{Mc}, DType::i32, "llep chunk send slot");
@@ -653,10 +740,12 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout,
   try {
     entry_->record(stream_);
     cs.wait(*entry_);
-    copies_.send_weights(cc, cs, transfers_, me, first_expert_, local);
+    rs.wait(*entry_);
+    copies_.send_weights(rc, rs, transfers_, me, first_expert_, local);
+    copies_ready_->record(rs);
     for (int64_t i = 0; i < K; ++i) {
       const int s = static_cast<int>(i % S);
-      const Chunk& c = chunks_[i];
+      const Chunk& c = chunks[i];
       const LlepRoute& r = c.route;
       const int64_t m = r.sent(), rr = r.received();
 
@@ -679,6 +768,7 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout,
       // Recompute and backward tile by tile: dweight and dy from y, then dx over the tile's dout
       // rows and dweight over its weights in the slot, which then go back in arrival order.
       stream_.wait(*recv_ready_[s]);
+      if (i == 0) stream_.wait(*copies_ready_);
       const Tensor xa = recv_x[s].view().rows(0, rr), da = recv_d[s].view().rows(0, rr);  // (rr, H)
       const Tensor wa = recv_w[s].view().rows(0, rr);                                     // (rr)
       for (const Tile& t : c.tiles) {
@@ -720,20 +810,25 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout,
         move_tile_rows(c, t, da, dxs, false);  // dx over dout in the slot
         move_tile_rows(c, t, wa, dws, false);  // dweight over the (used) weights
       }
-      exchange_rows(comm_, stream_, da, r.recv_rows, dx_back.rows(0, m), r.send_rows, H);
-      exchange_rows(comm_, stream_, wa, r.recv_rows, dw_back.rows(0, m), r.send_rows, 1);
+      computed_[s]->record(stream_);
+
+      // dx and dweight back and added, on the return lane, in chunk order.
+      rs.wait(*computed_[s]);
+      exchange_rows(rc, rs, da, r.recv_rows, dx_back.rows(0, m), r.send_rows, H);
+      exchange_rows(rc, rs, wa, r.recv_rows, dw_back.rows(0, m), r.send_rows, 1);
       for (const LlepRoute::Range& rg : r.combine_ranges) {
         ops::scatter_add_rows(dx_back.rows(rg.begin, rg.end),
-                              token[s].view().rows(rg.begin, rg.end), dx, stream_);
+                              token[s].view().rows(rg.begin, rg.end), dx, rs);
       }
       ops::scatter_add_rows(dw_back.rows(0, m).reshape(Shape{m, 1}), slot[s].view().rows(0, m),
-                            dweight.reshape(Shape{NK, 1}), stream_);
-      slot_free_[s]->record(stream_);
+                            dweight.reshape(Shape{NK, 1}), rs);
+      slot_free_[s]->record(rs);
     }
-    // Spilled experts' gradients, summed over the chunks on their helpers, back to the owners.
+    // Spilled experts' gradients, summed over the chunks on their helpers, back to the owners
+    // (on the compute stream, which computed them), while the last chunks return.
     copies_.return_grads(comm_, stream_, transfers_, me, first_expert_, local, scratch);
-    cs.synchronize();
-    stream_.synchronize();
+    // NOTES: no host synchronisation, as in forward.
+    stream_.wait(*slot_free_[(K - 1) % S]);
   } catch (...) {
     drain();
     copies_.reset();
@@ -747,7 +842,7 @@ void PipelinedLlepDispatch::release() {
   x_ = Tensor();
   index_ = Tensor();
   weight_ = Tensor();
-  chunks_.clear();
+  retire_metadata();
   transfers_.clear();
   copies_.reset();
 }

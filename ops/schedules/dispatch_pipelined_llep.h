@@ -22,12 +22,15 @@
 // came from -> the slot, now holding the rows to return in arrival order, back to the sources
 // (all_to_all_v) -> combine in expert order.
 //
-// Slots and overlap: S receive slots, chosen at launch by pipelined_llep_shape (below). S = 2:
-// chunk i+1's dispatch runs on this dispatcher's own comm stream with a duplicated communicator
-// while chunk i's experts run on `stream`; the slots alternate, guarded by events (slot i%2 is
-// refilled only after chunk i-2 has returned its rows); the returned rows land in a buffer of
-// their own. S = 1: chunk i+1 is dispatched once chunk i's rows have returned and been combined
-// (no overlap), and they return into the send staging buffer.
+// Slots and overlap: three streams, each with its own communicator — the dispatch lane (chunk
+// i+1's rows out), `stream` (chunk i's experts) and the return lane (chunk i-1's results back
+// and combined into `out`) — and S receive slots in flight, chosen at launch by
+// pipelined_llep_shape (below; schedules.llep_slots asks for one). Slot i%S is refilled only
+// after chunk i-S has returned and been combined, so S = 3 keeps all three stages busy at once;
+// S = 2 runs chunk i-1's return, then chunk i+1's dispatch, both beside chunk i's experts; S = 1
+// runs the three one after another (no overlap) and returns into the send staging buffer (with
+// S >= 2 the returned rows land in a buffer of their own). The spilled experts' weights travel
+// on the return lane before chunk 0's return, beside chunk 0's dispatch.
 //
 // Backward recomputes each chunk's experts (nothing routing-sized is kept from forward: the
 // dispatch live set is empty between forward and backward): the source sends x rows, then dout
@@ -42,30 +45,37 @@
 // (+=). That is 8 GEMMs per tile and block where a forward and a backward of y take 9.
 //
 // Weight spilling, once per pass: the weights of every expert some chunk's plan spills to a
-// helper are sent owner -> helper before chunk 0 (llep_experts.h), not again per chunk.
+// helper are sent owner -> helper before chunk 0 (llep_experts.h), not again per chunk, on the
+// return lane while chunk 0 is dispatched.
+//
+// Host synchronisations: two per forward, none in backward — the routing to the host (the
+// plans are made there) and one all-gather of every rank's token count and per-chunk expert
+// counts (a second only when ranks hold different N); every other ordering is an event wait.
 //
 // Bound (docs/memory.md "Dispatch bound"). Every buffer with H or F columns ("rows") counts
 // against 2 * Ep * k * c_eff * H * b = 2 * W * M_c * H * b (Ep = W); the per-chunk metadata — i32
 // send token / slot indices (M_c), per-row routing weights and their gradients (M_c or R_c), a
 // tile's weights and dweights (T) — sits beside it: pipelined_llep_bound_bytes is the sum. In
 // units U = M_c * H * b, rho = R_c / M_c (<= max(1, alpha, lambda), 1.3 at the defaults):
-//   S = 2: forward 2 + 2 rho, backward 2 + 4 rho      S = 1: forward 1 + rho, backward 1 + 2 rho
+//   S >= 2: forward 2 + S rho, backward 2 + 2 S rho    S = 1: forward 1 + rho, backward 1 + 2 rho
 // plus the tile temporaries: forward x and y tiles (T, H) and a, b, g (T, F_b); backward x, dout
 // and dx tiles (T, H) and a, b, g, dg (T, F_b). The rule (pipelined_llep_shape), with
 // T_min = min(c_eff, max(1, min_tokens_per_gemm)), F_min = min(F, 64) and every size an arena
 // footprint:
 //   S = 2 if the two-slot rows with T_min-row tiles and F_min-column blocks fit under 2 W U
-//     (forward and backward), else S = 1 if T = 1, F_b = 1 fits;
+//     (forward and backward), else S = 1 if T = 1, F_b = 1 fits; schedules.llep_slots = S
+//     instead takes that S, bounded if it fits so (S = 1: with T = 1, F_b = 1);
 //   then (T, F_b): a GEMM's per-call packing of the weight block and of the tile's rows costs
-//     about 1/T + 1/F_b per flop, so among T <= c_eff (>= T_min when S = 2) with the widest
+//     about 1/T + 1/F_b per flop, so among T <= c_eff (>= T_min when S >= 2) with the widest
 //     F_b >= F_min (>= 1 if F_min does not fit even at T = 1) that fits beside it, the pair
 //     with the smallest 1/T + 1/F_b; F is then cut into ffn_blocks = ceil(F / F_b) equal blocks;
 //   else (max(alpha, lambda) near W, e.g. W = 2 with lambda >= 1.5; W = 1, where R_c = M_c and
-//     backward needs 3 U; or rows so narrow that footprint rounding dominates) S = 1, T = T_min,
-//     F in equal blocks of at most F_min columns and `bounded` = false: nothing fails, and the
-//     peak exceeds the bound by
+//     backward needs 3 U; or rows so narrow that footprint rounding dominates; or more slots
+//     asked for than fit) S = 1 (or the S asked for), T = T_min, F in equal blocks of at most
+//     F_min columns and `bounded` = false: nothing fails, and the peak exceeds the bound by
 //     exactly backward's rows minus 2 W U
-//     = fp(M_c H b) + 2 fp(R_c H b) + 3 fp(T H b) + 4 fp(T F_b b) - 2 W M_c H b.
+//     = s fp(M_c H b) + 2 S fp(R_c H b) + 3 fp(T H b) + 4 fp(T F_b b) - 2 W M_c H b
+//     (s = 1 for S = 1, else 2).
 // Backward's rows and metadata are never below forward's, so the peak is backward's and the
 // metadata term of the bound is backward's.
 // At the defaults (alpha = 1, lambda = 1.3): S = 1 at W = 2 and 3; S = 2 at W >= 4 once the
@@ -107,8 +117,11 @@
 
 namespace moepeak::schedules {
 
+// The most receive slots a pipeline keeps in flight (schedules.llep_slots).
+inline constexpr int64_t kPipelinedLlepMaxSlots = 3;
+
 // The [schedules] keys the dispatcher reads: chunk_tokens, max_chunks, chunk_membership,
-// llep_lambda, llep_alpha, min_tokens_per_gemm (pipelined_llep_params below).
+// llep_lambda, llep_alpha, min_tokens_per_gemm, llep_slots (pipelined_llep_params below).
 struct PipelinedLlepParams {
   int64_t chunk_tokens = 4096;  // c: the per-source token budget of a chunk
   int64_t max_chunks = 16;      // K_max
@@ -116,6 +129,7 @@ struct PipelinedLlepParams {
   double lambda = 1.3;
   double alpha = 1.0;
   int64_t min_tokens_per_gemm = 32;
+  int64_t slots = 0;  // S in [1, kPipelinedLlepMaxSlots]; 0 = the rule (see "Bound")
 
   LlepParams llep() const { return {alpha, lambda, min_tokens_per_gemm}; }
 };
@@ -130,7 +144,7 @@ struct PipelinedLlepShape {
   int64_t rows_per_source = 0;  // M_c = k * c_eff
   int64_t receive_rows = 0;     // R_c = llep_receive_capacity(M_c, W, params)
   // Set by the overload with H, F and the dtype only (0 / true otherwise): see "Bound" above.
-  int64_t slots = 0;       // S: receive slots, 2 (overlapped dispatch) or 1
+  int64_t slots = 0;       // S: receive slots in flight, 1 to kPipelinedLlepMaxSlots
   int64_t tile_rows = 0;   // T: rows per expert tile, 1 <= T <= c_eff
   int64_t ffn_blocks = 0;  // the expert MLP runs over its F columns in this many blocks,
   int64_t ffn_block = 0;   // F_b = ceil(F / ffn_blocks) columns each (the last may be narrower)
@@ -173,8 +187,9 @@ uint64_t pipelined_llep_backward_bytes(int64_t tokens, int64_t top_k, int64_t hi
 uint64_t pipelined_llep_bound_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
                                     DType dtype, int64_t world, const PipelinedLlepParams& params);
 
-// The side lane the overlapped traffic runs on: a duplicate of the compute stream's communicator
-// and the stream it is used on. make() is collective (it duplicates `comm`).
+// The side lanes the overlapped traffic runs on: for dispatch and for return, each a duplicate of
+// the compute stream's communicator and the stream it is used on. make() is collective (it
+// duplicates `comm` twice).
 // NOTES: one lane serves every layer's dispatcher. The layers run one after another from one host
 // thread, so their lane traffic is issued in the same order on every rank, and each forward or
 // backward's first lane work waits for `entry_` on the compute stream (all of the previous
@@ -183,8 +198,11 @@ uint64_t pipelined_llep_bound_bytes(int64_t tokens, int64_t top_k, int64_t hidde
 // outside the arena) and one stream per layer.
 struct PipelinedLlepLane {
   static std::shared_ptr<PipelinedLlepLane> make(Backend& backend, Comm& comm);
-  std::unique_ptr<Comm> comm;
+  std::unique_ptr<Comm> comm;  // dispatch: chunks' rows out to the compute ranks
   std::unique_ptr<Stream> stream;
+  // Return: chunks' results back and combined; the spilled experts' weights before chunk 0.
+  std::unique_ptr<Comm> return_comm;
+  std::unique_ptr<Stream> return_stream;
 };
 
 class PipelinedLlepDispatch final : public ExpertDispatch {
@@ -218,8 +236,10 @@ class PipelinedLlepDispatch final : public ExpertDispatch {
   const std::vector<LlepPlan>& plans() const { return plans_; }
   // The most rows this rank computed in one chunk of the last forward (<= shape().receive_rows).
   int64_t max_received_rows() const { return max_received_; }
-  // The stream the next chunk's dispatch runs on (tests slow it with set_debug_delay).
+  // The streams the next chunk's dispatch and the last chunk's return run on (tests slow them
+  // with set_debug_delay).
   Stream& comm_stream() { return *lane_->stream; }
+  Stream& return_stream() { return *lane_->return_stream; }
 
  private:
   // One chunk's host metadata: its local token positions, its row layout, and the tiles of the
@@ -268,7 +288,11 @@ class PipelinedLlepDispatch final : public ExpertDispatch {
   // The comm stream (dispatch of the next chunk) and its communicator; maybe shared with other
   // layers' dispatchers.
   std::shared_ptr<PipelinedLlepLane> lane_;
-  std::unique_ptr<Event> entry_, recv_ready_[2], slot_free_[2];  // per slot (S <= 2)
+  std::unique_ptr<Event> entry_, copies_ready_;
+  // Per slot: its rows received (dispatch lane), its results written (compute), its rows back
+  // and combined (return lane).
+  std::unique_ptr<Event> recv_ready_[kPipelinedLlepMaxSlots], computed_[kPipelinedLlepMaxSlots],
+      slot_free_[kPipelinedLlepMaxSlots];
   LlepExpertCopies copies_;
 
   // What forward keeps for backward: the caller's tensors (views) and host metadata only.
@@ -278,7 +302,15 @@ class PipelinedLlepDispatch final : public ExpertDispatch {
   PipelinedLlepShape shape_;
   std::vector<int64_t> counts_;
   std::vector<LlepPlan> plans_;
-  std::vector<Chunk> chunks_;
+  // The chunks' host metadata, read by host-to-device copies queued on the dispatch lane: a pass
+  // that is over hands it to retired_ with an event after its last use, freed once that passed.
+  std::shared_ptr<std::vector<Chunk>> chunks_;
+  struct Retired {
+    std::shared_ptr<std::vector<Chunk>> chunks;
+    std::unique_ptr<Event> done;
+  };
+  std::vector<Retired> retired_;
+  void retire_metadata();
   std::vector<LlepTransfer> transfers_;  // over all chunks (see the NOTES in the .cpp)
   int64_t max_received_ = 0;
 };

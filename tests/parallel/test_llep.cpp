@@ -32,14 +32,17 @@
 //     a whole number of 256-byte granules, so footprint rounding leaves the tiles room), no chunk
 //     receives more than R_c rows; the launch shape's slots: S = 1 on 2 ranks, S = 2 on 4 at the
 //     defaults, S = 1 on 4 with lambda = 2 (two slots would not fit), and the corner case
-//     lambda = W - 0.4 (over the bound by exactly the documented rows); the standard dispatcher's
-//     peak on rank 0 grows from balanced to adversarial;
+//     lambda = W - 0.4 (over the bound by exactly the documented rows); schedules.llep_slots = 2
+//     and 3 on 2 and 4 ranks (exact, the peak the formula's, over the bound by the documented
+//     rows where they do not fit); the standard dispatcher's peak on rank 0 grows from balanced
+//     to adversarial;
 //   - spills happen (adversarial: every chunk's plan spills, weights travel, gradients return);
-//   - both streams slowed on purpose (a missing wait would corrupt a slot: with S = 2 on 4 ranks
-//     chunk i+1's dispatch overlaps chunk i's experts; S = 1 once more with the comm stream
-//     slowed); forward, then the checkpoint's recompute as a plan-only forward (undefined
-//     `out`), then backward; LLEP with the recompute as a full forward; strided and contiguous
-//     chunks; K capped by K_max; one chunk; errors.
+//   - each of the three streams (compute, dispatch lane, return lane) slowed on purpose (a missing
+//     wait would corrupt a slot: with S >= 2 chunk i+1's dispatch and chunk i-1's return overlap
+//     chunk i's experts; S = 1 once more with the dispatch lane slowed); forward, then the
+//     checkpoint's recompute as a plan-only forward (undefined `out`), then backward; LLEP with the
+//     recompute as a full forward; strided and contiguous chunks; K capped by K_max; one chunk;
+//     errors.
 //
 //     ctest -R test_llep --output-on-failure
 //     mpirun --allow-run-as-root --oversubscribe -np 4 build/tests/parallel/test_llep
@@ -444,6 +447,8 @@ class LlepTest : public ::testing::Test {
       as_cpu_stream(env.stream()).set_debug_delay(std::chrono::microseconds(300));
     if (slowed_stream == 1)
       as_cpu_stream(d.comm_stream()).set_debug_delay(std::chrono::microseconds(300));
+    if (slowed_stream == 2)
+      as_cpu_stream(d.return_stream()).set_debug_delay(std::chrono::microseconds(300));
     schedules::PipelinedLlepShape shape;
     int64_t max_rows = 0;
     bool all_spilled = true;
@@ -454,6 +459,7 @@ class LlepTest : public ::testing::Test {
     });
     as_cpu_stream(env.stream()).set_debug_delay(std::chrono::microseconds(0));
     as_cpu_stream(d.comm_stream()).set_debug_delay(std::chrono::microseconds(0));
+    as_cpu_stream(d.return_stream()).set_debug_delay(std::chrono::microseconds(0));
     std::ostringstream name;
     name << "pipelined " << (q.membership == ChunkMembership::strided ? "strided" : "contiguous")
          << " K=" << shape.chunks << " c_eff=" << shape.chunk_tokens << " S=" << shape.slots
@@ -461,7 +467,8 @@ class LlepTest : public ::testing::Test {
          << (shape.bounded ? "" : " (unbounded)") << " " << dtype_name(dtype) << " "
          << routing_name(routing) << (recompute ? " recompute" : "")
          << (slowed_stream == 0   ? " slowed compute"
-             : slowed_stream == 1 ? " slowed comm"
+             : slowed_stream == 1 ? " slowed dispatch lane"
+             : slowed_stream == 2 ? " slowed return lane"
                                   : "");
     const std::string what = name.str();
     check_against_standard(env, got, refs.ref, refs.has64 ? &refs.ref64 : nullptr, what, false);
@@ -502,9 +509,12 @@ class LlepTest : public ::testing::Test {
       EXPECT_LE(got.dispatch_peak, bound) << what << ": dispatch peak over 2 W M_c H b + metadata";
     } else {
       auto fp = [](uint64_t v) { return DeviceArena::footprint(v); };
-      const uint64_t rows =
-          fp(Mc * H * b) + 2 * fp(Rc * H * b) + 3 * fp(T * H * b) + 4 * fp(T * Fb * b);
-      EXPECT_EQ(shape.slots, 1) << what;
+      const uint64_t S = static_cast<uint64_t>(shape.slots);
+      const uint64_t rows = (S >= 2 ? 2 : 1) * fp(Mc * H * b) + 2 * S * fp(Rc * H * b) +
+                            3 * fp(T * H * b) + 4 * fp(T * Fb * b);
+      if (q.slots == 0) {
+        EXPECT_EQ(shape.slots, 1) << what;
+      }
       EXPECT_EQ(got.dispatch_peak - bound, rows - paper) << what << ": the documented excess";
     }
     if (env.rank() == 0) {
@@ -627,6 +637,24 @@ TEST_F(LlepTest, SlowedStreamsAndRecompute) {
   check_pipelined(DType::f64, Routing::zipf, 74, q, true, 1, e);
 }
 
+TEST_F(LlepTest, AskedSlotsAtAnyWorldSize) {
+  // schedules.llep_slots: two slots on 2 ranks (where the rule picks one: 7.2 U > 4 U, so over
+  // the bound by the documented rows) and on 4; three on both (dispatch of chunk i+1, experts of
+  // chunk i and the return of chunk i-1 with no wait between them) — each with every one of the
+  // three streams slowed in turn, and the plan-only recompute.
+  const int64_t W = init_process_group().world_size;
+  for (int64_t slots : {2, 3}) {
+    PipelinedLlepParams q = pipeline_params(12, 16, ChunkMembership::strided);
+    q.slots = slots;
+    const bool fits = slots == 2 && W >= 4;  // 2 + 4 rho = 7.2 U <= 2 W U = 8 U
+    const Expect e{slots, fits};
+    check_pipelined(DType::f64, Routing::adversarial, 81, q, false, -1, e);
+    check_pipelined(DType::f64, Routing::zipf, 82, q, true, 0, e);
+    check_pipelined(DType::f64, Routing::adversarial, 83, q, false, 1, e);
+    check_pipelined(DType::f32, Routing::adversarial, 84, q, true, 2, e);
+  }
+}
+
 TEST_F(LlepTest, LayersShareOneLane) {
   // The model gives every layer's dispatcher one lane (PipelinedLlepLane: one duplicated
   // communicator, one comm stream). Two layers on one lane, run as a step runs them — forward
@@ -698,6 +726,15 @@ TEST_F(LlepTest, Errors) {
   EXPECT_THROW(
       PipelinedLlepDispatch(env.backend(), env.stream(), env.comm(), DType::f64, kExperts, bad),
       Error);
+  PipelinedLlepParams four_slots;
+  four_slots.slots = schedules::kPipelinedLlepMaxSlots + 1;
+  try {
+    PipelinedLlepDispatch(env.backend(), env.stream(), env.comm(), DType::f64, kExperts,
+                          four_slots);
+    ADD_FAILURE() << "4 slots accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("schedules.llep_slots = 4"), std::string::npos) << e.message();
+  }
   PipelinedLlepDispatch d(env.backend(), env.stream(), env.comm(), DType::f64, kExperts);
   LlepDispatch l(env.backend(), env.stream(), env.comm(), DType::f64, kExperts);
   auto t = env.nan_output(Shape{2, kHidden});

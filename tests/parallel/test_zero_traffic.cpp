@@ -48,6 +48,9 @@ struct TrafficCase {
   int ep, sp, ds;
   bool bounded;
   Slowed slowed;
+  // Every layer's activations kept (no recompute): backward then has no host synchronisation
+  // of its own (PipelinedLLEP plans only in forward), so only stream waits order it.
+  bool keep_activations = false;
 };
 
 std::string name_of(const TrafficCase& c) {
@@ -55,7 +58,7 @@ std::string name_of(const TrafficCase& c) {
                        : c.slowed == Slowed::compute_stream ? "_slow_compute"
                                                             : "";
   return "ep" + std::to_string(c.ep) + "_sp" + std::to_string(c.sp) + "_ds" + std::to_string(c.ds) +
-         (c.bounded ? "_bounded" : "_standard") + slowed;
+         (c.bounded ? "_bounded" : "_standard") + slowed + (c.keep_activations ? "_kept" : "");
 }
 
 void PrintTo(const TrafficCase& c, std::ostream* os) { *os << name_of(c); }
@@ -77,9 +80,10 @@ ModelConfig traffic_model() {
   return m;
 }
 
-SchedulesConfig schedules_of(bool bounded) {
+SchedulesConfig schedules_of(const TrafficCase& c) {
   SchedulesConfig s;
-  if (!bounded) return s;
+  if (c.keep_activations) s.checkpoint = CheckpointSchedule::none;
+  if (!c.bounded) return s;
   s.dispatch = DispatchSchedule::pipelined_llep;
   s.chunk_tokens = 3;
   s.max_chunks = 4;
@@ -87,7 +91,7 @@ SchedulesConfig schedules_of(bool bounded) {
   s.min_tokens_per_gemm = 1;
   s.vocab = VocabSchedule::ring_dtp;
   s.vocab_strip = 2;
-  s.checkpoint = CheckpointSchedule::sco;
+  if (!c.keep_activations) s.checkpoint = CheckpointSchedule::sco;
   return s;
 }
 
@@ -105,7 +109,7 @@ std::vector<char> bytes_of(const Tensor& t) {
 Trace train(const RankInfo& ranks, const TrafficCase& c, int depth, Slowed slowed) {
   const ModelConfig cfg = traffic_model();
   const int64_t B = 4, T = 8;
-  TrainingRun run(ranks, cfg, schedules_of(c.bounded), DType::f32, 11,
+  TrainingRun run(ranks, cfg, schedules_of(c), DType::f32, 11,
                   ParallelDegrees{ranks.world_size, c.ep, c.sp, c.ds},
                   c.bounded ? OptimizerPlacement::offload_stream : OptimizerPlacement::resident,
                   depth);
@@ -155,7 +159,7 @@ TEST_P(ZeroTrafficRun, PrefetchIsBitwiseTheUnoverlappedScheduleWithThePlannedPea
   const RankInfo ranks = init_process_group();
   ASSERT_EQ(ranks.world_size, 4);
   const ParallelDegrees degrees{4, c.ep, c.sp, c.ds};
-  const LmHeadSharding head = lm_head_sharding(schedules_of(c.bounded).vocab);
+  const LmHeadSharding head = lm_head_sharding(schedules_of(c).vocab);
   const ModelConfig cfg = traffic_model();
   const ZeroBytes persistent = zero_persistent_bytes(cfg, DType::f32, degrees, head);
   const Trace blocking = train(ranks, c, 0, Slowed::none);
@@ -190,7 +194,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ZeroTrafficRun,
                                            TrafficCase{2, 2, 2, true, Slowed::none},
                                            TrafficCase{2, 2, 2, false, Slowed::comm_stream},
                                            TrafficCase{2, 2, 2, false, Slowed::compute_stream},
-                                           TrafficCase{2, 2, 2, true, Slowed::comm_stream}),
+                                           TrafficCase{2, 2, 2, true, Slowed::comm_stream},
+                                           TrafficCase{2, 2, 2, true, Slowed::comm_stream, true}),
                          [](const auto& info) { return name_of(info.param); });
 
 // A pass driven directly, with no host synchronisation between its uses (as on a GPU, where the
