@@ -9,8 +9,8 @@
 //   mpirun -np W moepeak bench dispatch [--tokens N] [--hidden H] [--ffn F] [--experts E]
 //       [--top-k k] [--chunk-tokens c] [--max-chunks K]
 //       [--routing balanced|zipf|segments|adversarial] [--segments 8]
-//       [--zipf-s 1.2] [--lambda 1.3] [--alpha 1] [--min-tokens 32] [--dtype f32|f64|bf16]
-//       [--recompute] [--warmup 2] [--iters 5] [--json FILE]
+//       [--zipf-s 1.2] [--lambda 1.3] [--alpha 1] [--min-tokens 32] [--slots S]
+//       [--dtype f32|f64|bf16] [--recompute] [--warmup 2] [--iters 5] [--json FILE]
 //
 // N is tokens per rank; c defaults to ceil(N / 10) (K = 10, the paper's setting). Routing:
 // balanced draws k distinct experts uniformly; zipf with p(e) ~ 1 / (e + 1)^s (the hot experts
@@ -26,8 +26,10 @@
 // pipelined_llep — pipelined_llep_dispatch_bytes (its formula, which the peak equals); the header
 // also prints PipelinedLLEP's slots S and tile rows T and pipelined_llep_bound_bytes (the paper's
 // 2 Ep k c_eff H b plus the per-chunk metadata), the JSON's shape carries them. --config/--set
-// only feed the runtime section (backend, device_memory, threads): runtime.backend = "cuda" runs
-// every rank on its local GPU with NCCL (one GPU per rank), and allows --dtype bf16.
+// only feed the runtime section (backend, device_memory, threads, and the CPU link model
+// runtime.cpu_link_gb_per_s / cpu_link_latency_us, so that the dispatch lanes' overlap shows on
+// a CPU): runtime.backend = "cuda" runs every rank on its local GPU with NCCL (one GPU per
+// rank), and allows --dtype bf16.
 //
 // Test: ctest -R llep_bench_dispatch (2 ranks, a small shape: the JSON's rows, bounds and errors);
 // results in docs/perf.md.
@@ -47,6 +49,7 @@
 #include "core/error.h"
 #include "core/measure/dispatch_layer.h"
 #include "core/runtime/backend.h"
+#include "core/train/trainer.h"
 #include "core/units.h"
 #include "ops/schedules/dispatch_expert_parallel.h"
 #include "ops/schedules/dispatch_llep.h"
@@ -70,6 +73,7 @@ struct DispatchBenchArgs {
   double lambda = 1.3;
   double alpha = 1.0;
   int64_t min_tokens = 32;
+  int64_t slots = 0;  // PipelinedLLEP's S; 0 = the rule
   std::string dtype = "f32";
   bool recompute = false;
 };
@@ -91,7 +95,7 @@ class DispatchBench {
       : args_(args),
         dtype_(bench_dtype(args.dtype)),
         backend_(Backend::create(bench_any_backend_options(cfg, ranks))),
-        comm_(make_comm(*backend_, ranks)),
+        comm_(make_comm(*backend_, ranks, link_model(cfg.runtime))),
         layer_(*backend_, *comm_,
                {args.tokens, args.hidden, args.ffn, args.experts, args.top_k, dtype_, args.routing,
                 args.zipf_s, args.segments}) {}
@@ -109,6 +113,7 @@ class DispatchBench {
     q.lambda = args_.lambda;
     q.alpha = args_.alpha;
     q.min_tokens_per_gemm = args_.min_tokens;
+    q.slots = args_.slots;
     return q;
   }
   int64_t chunk_tokens() const {
@@ -211,7 +216,9 @@ int run_bench_dispatch(const DispatchBenchArgs& args, const Context& ctx, const 
         "# pipeline slots S = %lld (%s), expert tiles of T = %lld rows in %lld F blocks of "
         "%lld; bound with the per-chunk metadata %s (pipelined_llep_bound_bytes)%s\n",
         static_cast<long long>(shape.slots),
-        shape.slots == 2 ? "next chunk's dispatch overlapped" : "no overlap",
+        shape.slots == 3   ? "next chunk's dispatch and last chunk's return at once"
+        : shape.slots == 2 ? "next chunk's dispatch and last chunk's return overlapped"
+                           : "no overlap",
         static_cast<long long>(shape.tile_rows), static_cast<long long>(shape.ffn_blocks),
         static_cast<long long>(shape.ffn_block), format_bytes(bound_with_metadata).c_str(),
         shape.bounded ? "" : "; rows over it (max(alpha, lambda) near W or tiny rows)");
@@ -335,6 +342,8 @@ void register_bench_dispatch(CLI::App& bench, Context& ctx) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--min-tokens", args.min_tokens, "LLEP's min_tokens_per_gemm")
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--slots", args.slots, "PipelinedLLEP's receive slots S (0 = the bound's rule)")
+      ->check(CLI::Range(0, 3));
   sub->add_option("--dtype", args.dtype, "f32 or f64 (bf16 on the CUDA backend)")
       ->check(CLI::IsMember({"f32", "f64", "bf16"}));
   sub->add_flag("--recompute", args.recompute,
