@@ -347,13 +347,30 @@ ZeroComms ZeroParamStore::comms() const {
   return ZeroComms{&groups_->data_shard(), &groups_->expert_replicas(), &groups_->dense_replicas()};
 }
 
-Comm& ZeroParamStore::shard_comm(const Info& info, const ZeroComms& comms) const {
-  Comm* c = info.shards == ShardGroup::expert_replicas ? comms.expert_replicas
-            : info.shards == ShardGroup::data_shard    ? comms.data_shard
-                                                       : nullptr;
+Comm& ZeroParamStore::shard_comm(ShardGroup group, const ZeroComms& comms) {
+  Comm* c = group == ShardGroup::expert_replicas ? comms.expert_replicas
+            : group == ShardGroup::data_shard    ? comms.data_shard
+                                                 : nullptr;
   MOEPEAK_CHECK(c != nullptr, "ZeroParamStore: a collective over no shard group");
   return *c;
 }
+
+namespace {
+
+// op(p) for each p of `params` that `pick` selects, as one Comm group on `comm` (none when no
+// param is selected): a layer's small tensors (norms, router) go with its large ones.
+template <typename Pick, typename Op>
+void in_one_group(Comm& comm, std::span<const int> params, Pick pick, Op op) {
+  std::optional<CommGroup> batch;
+  for (int p : params) {
+    if (!pick(p)) continue;
+    if (!batch) batch.emplace(comm);
+    op(p);
+  }
+  if (batch) batch->end();
+}
+
+}  // namespace
 
 ZeroParamStore::GatheredGroup ZeroParamStore::gather(std::span<const int> params, Stream& stream,
                                                      GatherParts parts) const {
@@ -395,23 +412,15 @@ ZeroParamStore::GatheredGroup ZeroParamStore::gather_values(std::span<const int>
   if (parts != GatherParts::grads && values > 0) {
     g.values_ = OwnedTensor::device(backend_, Shape{values}, dtype_, LiveSet::weights,
                                     "ZeRO-3 gathered weights");
-    // One Comm group per shard group: a layer's small tensors (norms, router) go with its large
-    // ones.
     for (ShardGroup group : {ShardGroup::data_shard, ShardGroup::expert_replicas}) {
-      Comm* comm = nullptr;
-      std::optional<CommGroup> batch;
-      for (int p : params) {
-        const Info& info = info_[p];
-        if (g.value_slot_[p] < 0 || info.shards != group) continue;
-        if (!comm) {
-          comm = &shard_comm(info, comms);
-          batch.emplace(*comm);
-        }
-        char* dst = static_cast<char*>(g.values_.data()) + g.value_slot_[p] * b;
-        comm->all_gather(local_value(p).data(), dst, static_cast<size_t>(info.local_numel), dtype_,
-                         stream);
-      }
-      if (batch) batch->end();
+      Comm& comm = shard_comm(group, comms);
+      in_one_group(
+          comm, params, [&](int p) { return g.value_slot_[p] >= 0 && info_[p].shards == group; },
+          [&](int p) {
+            char* dst = static_cast<char*>(g.values_.data()) + g.value_slot_[p] * b;
+            comm.all_gather(local_value(p).data(), dst, static_cast<size_t>(info_[p].local_numel),
+                            dtype_, stream);
+          });
     }
   }
   return g;
@@ -473,36 +482,26 @@ void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream, const Z
     const Info& info = s.info_[p];
     char* slot = static_cast<char*>(grads_.data()) + grad_slot_[p] * b;
     if (info.shards == ShardGroup::none) return slot;
-    return slot + static_cast<size_t>(s.shard_comm(info, comms).rank() * info.local_numel) * b;
+    return slot + static_cast<size_t>(shard_comm(info.shards, comms).rank() * info.local_numel) * b;
   };
+  auto count = [&](int p) { return static_cast<size_t>(s.info_[p].local_numel); };
   for (ShardGroup group : {ShardGroup::data_shard, ShardGroup::expert_replicas}) {
-    Comm* comm = nullptr;
-    std::optional<CommGroup> batch;
-    for (int p : params_) {
-      const Info& info = s.info_[p];
-      if (grad_slot_[p] < 0 || info.shards != group) continue;
-      if (!comm) {
-        comm = &s.shard_comm(info, comms);
-        batch.emplace(*comm);
-      }
-      comm->reduce_scatter(static_cast<char*>(grads_.data()) + grad_slot_[p] * b, part_of(p),
-                           static_cast<size_t>(info.local_numel), s.dtype_, ReduceOp::sum, stream);
-    }
-    if (batch) batch->end();
+    Comm& comm = shard_comm(group, comms);
+    in_one_group(
+        comm, params_, [&](int p) { return grad_slot_[p] >= 0 && s.info_[p].shards == group; },
+        [&](int p) {
+          comm.reduce_scatter(static_cast<char*>(grads_.data()) + grad_slot_[p] * b, part_of(p),
+                              count(p), s.dtype_, ReduceOp::sum, stream);
+        });
   }
-  {
-    std::optional<CommGroup> batch;
-    for (int p : params_) {
-      const Info& info = s.info_[p];
-      if (grad_slot_[p] < 0 || !info.replicated) continue;
-      MOEPEAK_CHECK(comms.dense_replicas != nullptr, "ZeroParamStore: no dense-replica group");
-      if (!batch) batch.emplace(*comms.dense_replicas);
-      comms.dense_replicas->all_reduce(part_of(p), part_of(p),
-                                       static_cast<size_t>(info.local_numel), s.dtype_,
-                                       ReduceOp::sum, stream);
-    }
-    if (batch) batch->end();
-  }
+  MOEPEAK_CHECK(comms.dense_replicas != nullptr, "ZeroParamStore: no dense-replica group");
+  in_one_group(
+      *comms.dense_replicas, params_,
+      [&](int p) { return grad_slot_[p] >= 0 && s.info_[p].replicated; },
+      [&](int p) {
+        comms.dense_replicas->all_reduce(part_of(p), part_of(p), count(p), s.dtype_, ReduceOp::sum,
+                                         stream);
+      });
   for (int p : params_) {
     if (grad_slot_[p] < 0) continue;  // accumulated in the store
     const int64_t n = s.info_[p].local_numel;
@@ -573,7 +572,7 @@ std::vector<char> ZeroParamStore::gather_full(int param, const Tensor& flat, Str
     const void* mine = send_piece(stage);
     if (info.shards != ShardGroup::none) {
       all = staged(info.slot_elements, "gather_full");
-      shard_comm(info, comms())
+      shard_comm(info.shards, comms())
           .all_gather(mine, all.data(), static_cast<size_t>(info.local_numel), dtype, stream);
       whole = all.data();
     } else {

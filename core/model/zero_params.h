@@ -264,8 +264,8 @@ class ZeroParamStore {
     bool replicated = false;               // its gradients are summed over the dense replicas
     int64_t slot_elements = 0;             // G * s_i: its place in a gathered group
   };
-  // The communicator of a param's shard group among `comms`.
-  Comm& shard_comm(const Info& info, const ZeroComms& comms) const;
+  // The communicator of a shard group among `comms` (Error for ShardGroup::none).
+  static Comm& shard_comm(ShardGroup group, const ZeroComms& comms);
   Tensor piece(const Tensor& flat, int param) const;
   char* piece_bytes(const Tensor& flat, int param) const;  // any dtype laid out like the values
 

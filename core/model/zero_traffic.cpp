@@ -155,16 +155,10 @@ ZeroTraffic::Group ZeroTraffic::acquire() {
     while (reducing_.size() > 1) retire_oldest_reduce();
     a.group.allocate_grads(compute_);
   }
-  const bool stop =
-      u.holds_prefetch || (!ahead_.empty() && uses_[ahead_.back().use].holds_prefetch);
-  if (!stop) {
-    const size_t last = ahead_.empty() ? k : ahead_.back().use;
-    const size_t until = std::min(uses_.size() - 1, k + static_cast<size_t>(depth_));
-    for (size_t j = last + 1; j <= until; ++j) {
-      issue(j);
-      if (uses_[j].holds_prefetch) break;
-    }
-  }
+  // The uses gathered ahead are always the ones right after k, none past a use that holds
+  // prefetch: issue the rest of k's window (the planner's rule, window_end).
+  const size_t last = ahead_.empty() ? k : ahead_.back().use;
+  for (size_t j = last + 1; j <= window_end(uses_, k, depth_); ++j) issue(j);
   return std::move(a.group);
 }
 

@@ -45,22 +45,7 @@ using test_support::TrainingRun;
 constexpr DType kDtype = DType::f64;
 constexpr int64_t kBatch = 2, kSeqLen = 8;
 
-ModelConfig model_config() {
-  ModelConfig m;
-  m.vocab_size = 37;
-  m.hidden_size = 16;
-  m.intermediate_size = 20;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 4;
-  m.num_local_experts = 4;
-  m.num_experts_per_tok = 2;
-  m.max_position_embeddings = 64;
-  m.router_aux_loss_coef = 0.02;
-  m.initializer_range = 0.2;
-  return m;
-}
+ModelConfig model_config() { return test_support::small_moe_model(); }
 
 struct Case {
   const char* name;

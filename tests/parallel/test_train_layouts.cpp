@@ -76,17 +76,7 @@ ModelConfig layout_model() {
 }
 
 SchedulesConfig schedules_of(bool bounded) {
-  SchedulesConfig s;
-  if (!bounded) return s;
-  s.dispatch = DispatchSchedule::pipelined_llep;
-  s.chunk_tokens = 3;  // several chunks of the 8 tokens per rank
-  s.max_chunks = 4;
-  s.llep_lambda = 1.0;  // rebalance whenever one expert group is busier than the mean
-  s.min_tokens_per_gemm = 1;
-  s.vocab = VocabSchedule::ring_dtp;
-  s.vocab_strip = 2;
-  s.checkpoint = CheckpointSchedule::sco;
-  return s;
+  return bounded ? test_support::bounded_schedules() : SchedulesConfig{};
 }
 
 class TrainLayouts : public ::testing::TestWithParam<LayoutCase> {};

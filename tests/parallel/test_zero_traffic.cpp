@@ -63,35 +63,11 @@ std::string name_of(const TrafficCase& c) {
 
 void PrintTo(const TrafficCase& c, std::ostream* os) { *os << name_of(c); }
 
-ModelConfig traffic_model() {
-  ModelConfig m;
-  m.vocab_size = 37;
-  m.hidden_size = 16;
-  m.intermediate_size = 20;
-  m.num_hidden_layers = 3;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 4;
-  m.num_local_experts = 4;
-  m.num_experts_per_tok = 2;
-  m.max_position_embeddings = 64;
-  m.router_aux_loss_coef = 0.02;
-  m.initializer_range = 0.2;
-  return m;
-}
+ModelConfig traffic_model() { return test_support::small_moe_model(3); }
 
 SchedulesConfig schedules_of(const TrafficCase& c) {
-  SchedulesConfig s;
+  SchedulesConfig s = c.bounded ? test_support::bounded_schedules() : SchedulesConfig{};
   if (c.keep_activations) s.checkpoint = CheckpointSchedule::none;
-  if (!c.bounded) return s;
-  s.dispatch = DispatchSchedule::pipelined_llep;
-  s.chunk_tokens = 3;
-  s.max_chunks = 4;
-  s.llep_lambda = 1.0;
-  s.min_tokens_per_gemm = 1;
-  s.vocab = VocabSchedule::ring_dtp;
-  s.vocab_strip = 2;
-  if (!c.keep_activations) s.checkpoint = CheckpointSchedule::sco;
   return s;
 }
 

@@ -67,6 +67,41 @@ inline double scaled_error(const std::vector<double>& got, const std::vector<dou
   return worst / std::max(scale, 1e-300);
 }
 
+// A small MoE decoder the multi-rank tests train: V = 37, H = 16, F = 20, 4 query heads of 4
+// over 2 kv heads, 4 experts of which each token takes 2, the load-balancing loss on.
+inline ModelConfig small_moe_model(int64_t layers = 2) {
+  ModelConfig m;
+  m.vocab_size = 37;
+  m.hidden_size = 16;
+  m.intermediate_size = 20;
+  m.num_hidden_layers = layers;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 4;
+  m.num_local_experts = 4;
+  m.num_experts_per_tok = 2;
+  m.max_position_embeddings = 64;
+  m.router_aux_loss_coef = 0.02;
+  m.initializer_range = 0.2;
+  return m;
+}
+
+// All four bounded schedules at the small models' shapes (8 tokens per rank): PipelinedLLEP in
+// several chunks with rebalancing whenever one expert group is busier than the mean, Ring-DTP
+// in strips of 2 columns, SCO (OffloadStreamAdamW is the optimizer's placement, set apart).
+inline SchedulesConfig bounded_schedules() {
+  SchedulesConfig s;
+  s.dispatch = DispatchSchedule::pipelined_llep;
+  s.chunk_tokens = 3;
+  s.max_chunks = 4;
+  s.llep_lambda = 1.0;
+  s.min_tokens_per_gemm = 1;
+  s.vocab = VocabSchedule::ring_dtp;
+  s.vocab_strip = 2;
+  s.checkpoint = CheckpointSchedule::sco;
+  return s;
+}
+
 struct TrainingRun {
   std::unique_ptr<Backend> backend = Backend::create(BackendOptions{});
   Stream& stream = backend->default_stream();
