@@ -192,7 +192,8 @@ struct SchedulesConfig {
   double llep_lambda = 1.3;
   double llep_alpha = 1.0;
   int64_t min_tokens_per_gemm = 32;
-  int64_t llep_slots = 0;  // PipelinedLLEP receive slots S; 0 = the bound's rule
+  int64_t llep_slots = 0;               // PipelinedLLEP receive slots S; 0 = the bound's rule
+  int64_t llep_max_helped_experts = 0;  // new foreign experts per rank per plan; 0 = E/W + 1
   VocabSchedule vocab = VocabSchedule::materialized;
   VocabPayload ring_payload = VocabPayload::automatic;
   int64_t vocab_strip = 0;        // columns per strip, 0 = whole shard

@@ -223,6 +223,12 @@ const std::vector<Field>& field_table() {
             "chunk's experts; 3 = all three at once with no wait between them. 0 = the most the "
             "paper's bound 2 Ep k c_eff H b holds (2, or 1 when it does not fit). Each slot is "
             "R_c rows (2 R_c in backward) in `dispatch`; the plan follows the choice."),
+      FIELD(schedules, llep_max_helped_experts, at_least(0),
+            "LLEP and PipelinedLLEP: foreign experts a rank may compute rows of (and so hold "
+            "weight copies of) per plan, new ones per chunk under PipelinedLLEP. It fixes the "
+            "copies' bytes in `weights` and `grads` at launch. 0 = min(E - E/W, E/W + 1), the "
+            "fewest that always fits the receive capacity; smaller values are refused, larger "
+            "ones (up to E - E/W) let the planner balance more at the cost of more copies."),
       FIELD(schedules, min_tokens_per_gemm, at_least(1),
             "LLEP spills no fewer routes than this to another rank (keeps GEMMs efficient)."),
       FIELD(schedules, vocab, no_limit(),

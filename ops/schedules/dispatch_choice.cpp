@@ -18,7 +18,7 @@ namespace moepeak::schedules {
 namespace {
 
 LlepParams llep_params(const SchedulesConfig& s) {
-  return LlepParams{s.llep_alpha, s.llep_lambda, s.min_tokens_per_gemm};
+  return LlepParams{s.llep_alpha, s.llep_lambda, s.min_tokens_per_gemm, s.llep_max_helped_experts};
 }
 
 // "3 x " when `layers` layers hold the buffers at once, else nothing.

@@ -37,6 +37,7 @@ LlepDispatch::LlepDispatch(Backend& backend, Stream& stream, Comm& comm, DType d
   MOEPEAK_CHECK(params.alpha > 0 && params.min_tokens_per_gemm >= 0,
                 "llep dispatch: alpha = ", params.alpha,
                 " (> 0), min_tokens_per_gemm = ", params.min_tokens_per_gemm, " (>= 0)");
+  llep_helped_limit(num_experts, W, params);  // a refused limit fails here, not mid-step
   local_experts_ = num_experts / W;
   first_expert_ = comm.rank() * local_experts_;
 }

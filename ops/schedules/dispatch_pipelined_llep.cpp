@@ -126,6 +126,7 @@ PipelinedLlepParams pipelined_llep_params(const SchedulesConfig& schedules) {
   q.alpha = schedules.llep_alpha;
   q.min_tokens_per_gemm = schedules.min_tokens_per_gemm;
   q.slots = schedules.llep_slots;
+  q.max_helped_experts = schedules.llep_max_helped_experts;
   return q;
 }
 
@@ -280,6 +281,7 @@ PipelinedLlepDispatch::PipelinedLlepDispatch(Backend& backend, Stream& stream, C
   MOEPEAK_CHECK(params.slots >= 0 && params.slots <= kPipelinedLlepMaxSlots,
                 "pipelined llep dispatch: schedules.llep_slots = ", params.slots,
                 " must be in [0, ", kPipelinedLlepMaxSlots, "]");
+  llep_helped_limit(num_experts, W, params.llep());  // a refused limit fails here
   local_experts_ = num_experts / W;
   first_expert_ = comm.rank() * local_experts_;
   lane_ = lane ? std::move(lane) : PipelinedLlepLane::make(backend, comm);
@@ -476,6 +478,9 @@ void PipelinedLlepDispatch::prepare(const Tensor& x, const Tensor& index, const 
   max_received_ = 0;
   const int64_t capacity = std::max<int64_t>(1, shape_.receive_rows);
   std::vector<int64_t> chunk_counts(static_cast<size_t>(W * E));
+  // NOTES: each chunk's plan is told which experts the earlier chunks already spilled where, so
+  // helping one again is free and the pass's copies stay within max_copies().
+  std::vector<uint8_t> helped(static_cast<size_t>(W * E), 0);
   for (int64_t i = 0; i < K; ++i) {
     for (int64_t s = 0; s < W; ++s) {
       for (int64_t e = 0; e < E; ++e) {
@@ -483,7 +488,8 @@ void PipelinedLlepDispatch::prepare(const Tensor& x, const Tensor& index, const 
         counts_[e] += chunk_counts[s * E + e];
       }
     }
-    plans_.push_back(plan_llep(chunk_counts, W, params_.llep(), capacity));
+    plans_.push_back(plan_llep(chunk_counts, W, params_.llep(), capacity, helped));
+    llep_mark_helped(plans_.back(), helped);
     Chunk& c = chunks[i];
     c.route = make_llep_route(plans_.back(), me, c.tokens, host_index, k);
     // Tiles: the arrival blocks in expert-grouped order (expert, then source), each expert's

@@ -121,7 +121,8 @@ namespace moepeak::schedules {
 inline constexpr int64_t kPipelinedLlepMaxSlots = 3;
 
 // The [schedules] keys the dispatcher reads: chunk_tokens, max_chunks, chunk_membership,
-// llep_lambda, llep_alpha, min_tokens_per_gemm, llep_slots (pipelined_llep_params below).
+// llep_lambda, llep_alpha, min_tokens_per_gemm, llep_slots, llep_max_helped_experts
+// (pipelined_llep_params below).
 struct PipelinedLlepParams {
   int64_t chunk_tokens = 4096;  // c: the per-source token budget of a chunk
   int64_t max_chunks = 16;      // K_max
@@ -129,9 +130,10 @@ struct PipelinedLlepParams {
   double lambda = 1.3;
   double alpha = 1.0;
   int64_t min_tokens_per_gemm = 32;
-  int64_t slots = 0;  // S in [1, kPipelinedLlepMaxSlots]; 0 = the rule (see "Bound")
+  int64_t slots = 0;               // S in [1, kPipelinedLlepMaxSlots]; 0 = the rule (see "Bound")
+  int64_t max_helped_experts = 0;  // new foreign experts per rank per chunk plan (LlepParams)
 
-  LlepParams llep() const { return {alpha, lambda, min_tokens_per_gemm}; }
+  LlepParams llep() const { return {alpha, lambda, min_tokens_per_gemm, max_helped_experts}; }
 };
 
 // The [schedules] section's dispatch knobs as PipelinedLlepParams.

@@ -24,10 +24,11 @@ int64_t llep_max_copies(int64_t num_experts, int64_t world, int64_t capacity, in
       plans);
   if (!llep_may_spill(world, params)) return 0;
   const int64_t foreign = num_experts - num_experts / world;
-  // plans * capacity, saturating (capacity may be kNoCapacity).
-  if (plans == 0 || capacity == 0) return 0;
-  if (capacity >= (foreign + plans - 1) / plans) return foreign;
-  return std::min(foreign, plans * capacity);
+  const int64_t per_plan = std::min(capacity, llep_helped_limit(num_experts, world, params));
+  // plans * per_plan, saturating.
+  if (plans == 0 || per_plan == 0) return 0;
+  if (per_plan >= (foreign + plans - 1) / plans) return foreign;
+  return std::min(foreign, plans * per_plan);
 }
 
 LlepSpillCopyBytes llep_spill_copy_bytes(int64_t num_experts, int64_t world, int64_t hidden,

@@ -46,17 +46,17 @@ bool llep_may_spill(int64_t world, const LlepParams& params);
 // The most foreign experts one rank can hold copies of at once (one LlepExpertCopies), when every
 // plan behind the copies has hard capacity <= `capacity` rows per rank and `plans` plans feed one
 // allocation (LLEP: 1, one exchange; PipelinedLLEP: K, the chunks of a pass, whose spills are
-// all sent before chunk 0):
+// all sent before chunk 0, each chunk's plan told what the earlier ones spilled):
 //   copies = 0                                        if !llep_may_spill(W, params)
 //                                                     (W == 1, lambda > W)
-//          = min(E - E/W, plans * capacity)           otherwise.
-// Derivation: a rank holds a copy of expert e iff it is a helper of e, i.e. some piece of e with
-// >= 1 row is on it and e is not one of its own E/W experts: at most E - E/W experts. Every
-// piece on a rank counts against its hard cap (the owner's share, the helpers' soft-capped
-// pieces and the forced pieces are all cut at `capacity - assigned`), so one plan puts at most
-// `capacity` rows, hence at most `capacity` distinct helped experts, on a rank; K plans, K times
-// that. min_tokens_per_gemm does not tighten it: an expert's remainder and the forced pieces are
-// exempt, so a helper can take a 1-row remainder of every foreign expert.
+//          = min(E - E/W, plans * min(capacity, H))   otherwise,
+// H = llep_helped_limit(E, W, params). Derivation: a rank holds a copy of expert e iff it is a
+// helper of e, i.e. some piece of e with >= 1 row is on it and e is not one of its own E/W
+// experts: at most E - E/W experts. Each plan adds at most H experts a rank did not already
+// help (plan_llep's limit, held by its capacity fill too), and at most `capacity` (every piece
+// counts against the hard cap, so one plan puts at most `capacity` rows, hence at most that many
+// distinct experts, on a rank); K plans, K times that. min_tokens_per_gemm does not tighten it:
+// an expert's remainder and the forced pieces are exempt.
 int64_t llep_max_copies(int64_t num_experts, int64_t world, int64_t capacity, int64_t plans,
                         const LlepParams& params);
 

@@ -23,11 +23,29 @@
 //     the least-loaded helper past its soft cap (`forced_rows` counts them);
 //   - `capacity` is a hard cap no rank may exceed (the receive buffers of a receiver-bounded
 //     schedule): forced pieces are cut at it, and the gate is overridden when a native load
-//     would exceed it. Feasible whenever W * capacity >= T (checked).
+//     would exceed it. Feasible whenever W * capacity >= T (checked);
+//   - the helped-expert limit H (llep_helped_limit): a rank may take pieces of at most H foreign
+//     experts it does not already help (`already_helped`, the earlier chunk plans of a pass),
+//     so the weight copies a rank receives are fixed at launch. A helper at its limit is passed
+//     over; when no helper may take a remainder it stays on its owner, past the soft cap, up to
+//     the hard cap. If even the owner is full the plan is redone by the capacity fill (below).
 //
-// NOTES: the plan is a deterministic function of (counts, W, params, capacity): every rank
-// computes the same plan from the same all-gathered counts, with no communication. Helpers of a
-// spilled expert receive a copy of its weights and return their weight gradients to the owner.
+// The capacity fill (`filled`), which is feasible whenever W * capacity >= T and puts at most
+// E/W + 1 foreign experts on any rank: each rank keeps its smallest experts whole while they
+// fit under the capacity R; the rest of its experts are spilled whole, and the spilled experts
+// are poured, in owner order, into the ranks' free room R - kept (rank order), each rank filled
+// before the next. Why E/W + 1: a spilled expert of rank o is at least as large as x, the
+// smallest one o could not keep, and x > R / E/W (o's kept experts, each <= x, plus x exceed R);
+// a rank's share of the pour is one contiguous run of <= R rows, whose whole experts are each
+// > R / (E/W), so fewer than E/W of them, plus the two cut at the run's ends. Near the least
+// any rule can promise: with W - 1 ranks each routed R + R / (W - 1) rows over E/W equal
+// experts and one rank routed none, every rank ends exactly full and the empty one holds R rows
+// of experts of W R / ((W - 1) E/W) rows each: pieces of at least (W - 1)(E/W) / W experts.
+//
+// NOTES: the plan is a deterministic function of (counts, W, params, capacity, already_helped):
+// every rank
+// computes the same plan from the same all-gathered counts, with no communication. Helpers of
+// a spilled expert receive a copy of its weights and return their weight gradients to the owner.
 //
 // Test: ctest -R test_llep_plan (tests/ops/test_llep_plan.cpp: the invariants on balanced,
 // Zipf-skewed and adversarial counts).
@@ -45,7 +63,18 @@ struct LlepParams {
   double alpha = 1.0;                // soft cap per rank: ceil(alpha * T / W) rows
   double lambda = 1.3;               // spill only when max/mean native load > lambda
   int64_t min_tokens_per_gemm = 32;  // smallest spill piece, unless it is the remainder
+  // New foreign experts a rank may help with in one plan (schedules.llep_max_helped_experts);
+  // 0 = the least that is always feasible (llep_helped_limit).
+  int64_t max_helped_experts = 0;
 };
+
+// The helped-expert limit H of plan_llep on W ranks with E experts (E/W per rank):
+//   configured 0          -> min(E - E/W, E/W + 1)  (the capacity fill's bound, see above)
+//   configured >= that    -> min(configured, E - E/W)
+// Throws moepeak::Error (naming schedules.llep_max_helped_experts) for a configured value below
+// min(E - E/W, E/W + 1), for which a routing may exist with no plan under a hard capacity, or
+// a negative one.
+int64_t llep_helped_limit(int64_t num_experts, int64_t world, const LlepParams& params);
 
 inline constexpr int64_t kNoCapacity = std::numeric_limits<int64_t>::max();
 
@@ -80,6 +109,8 @@ struct LlepPlan {
   int64_t soft_cap = 0;              // ceil(alpha * T / W)
   int64_t capacity = kNoCapacity;    // the hard cap given
   int64_t forced_rows = 0;           // rows forced past the soft cap (see above)
+  int64_t helped_limit = 0;          // H, llep_helped_limit
+  bool filled = false;               // the capacity fill made the plan (see above)
   std::vector<int64_t> expert_load;  // (E) L_e
   std::vector<int64_t> native_load;  // (W) rows of each rank's own experts
   std::vector<int64_t> rank_load;    // (W) rows each rank computes
@@ -91,10 +122,17 @@ struct LlepPlan {
   int64_t max_rank_load() const;
 };
 
-// Plans one exchange. Throws moepeak::Error on E % W != 0, a negative count, counts of the
-// wrong size, alpha <= 0, a negative min_tokens_per_gemm, capacity < 1, or W * capacity < T.
+// Plans one exchange. `already_helped` is empty or (W, E) row-major flags: rank g already holds
+// a copy of expert e (an earlier plan of the same pass), so helping e again is not new. Throws
+// moepeak::Error on E % W != 0, a negative count, counts of the wrong size, alpha <= 0, a
+// negative min_tokens_per_gemm, capacity < 1, W * capacity < T, flags of the wrong size, or a
+// helped-expert limit llep_helped_limit rejects.
 LlepPlan plan_llep(std::span<const int64_t> counts, int64_t world, const LlepParams& params,
-                   int64_t capacity = kNoCapacity);
+                   int64_t capacity = kNoCapacity, std::span<const uint8_t> already_helped = {});
+
+// Marks in `helped` ((W, E) flags, as plan_llep's already_helped) every (helper, expert) of
+// `plan` with rows on a rank that does not own the expert.
+void llep_mark_helped(const LlepPlan& plan, std::vector<uint8_t>& helped);
 
 // An expert's weights travelling owner -> helper (and its gradient back) for one plan: every
 // (expert, helper != owner) pair with rows, sorted by (expert, helper). The same list on every

@@ -6,9 +6,12 @@
 //   - the hard capacity is never exceeded;
 //   - gate: no spill (every row on its owner) iff max/mean native load <= lambda and no native
 //     load exceeds the capacity;
-//   - soft cap: with nothing forced, no rank computes more than ceil(alpha T / W); with alpha >= 1
-//     and min_tokens_per_gemm <= 1 nothing is ever forced; forced overflow (no capacity) stays
-//     under (W - 1) * (min_tokens_per_gemm - 1) rows past the cap;
+//   - soft cap: with nothing forced, no rank computes more than ceil(alpha T / W); with alpha >= 1,
+//     min_tokens_per_gemm <= 1 and no helped-expert limit nothing is ever forced; forced overflow
+//     (no capacity, no limit) stays under (W - 1) * (min_tokens_per_gemm - 1) rows past the cap;
+//   - the helped-expert limit H: no rank holds pieces of more than H foreign experts it did not
+//     already help, with the limit at its least (E/W + 1) and unbounded (E - E/W); when the LPT
+//     cannot place a remainder under it, the capacity fill does (hand-checked, and counted);
 //   - min_tokens_per_gemm: without a binding capacity every helper piece below it is the last
 //     piece of its expert (the remainder);
 //   - the receive capacity formula covers every plan of a receiver-bounded exchange;
@@ -125,10 +128,18 @@ void check_plan(const LlepPlan& p, const std::vector<int64_t>& counts, const Lle
   if (p.forced_rows == 0 && p.spill) {
     EXPECT_LE(p.max_rank_load(), p.soft_cap) << what;
   }
-  if (p.spill && q.alpha >= 1.0 && q.min_tokens_per_gemm <= 1) {
+  // The helped-expert limit (nothing already helped here): foreign experts per rank.
+  EXPECT_EQ(p.helped_limit, schedules::llep_helped_limit(E, W, q));
+  std::vector<int64_t> helped(static_cast<size_t>(W), 0);
+  for (const auto& t : llep_transfers(p)) ++helped[t.helper];
+  for (int64_t g = 0; g < W; ++g) EXPECT_LE(helped[g], p.helped_limit) << what << ": rank " << g;
+  if (!p.spill) EXPECT_FALSE(p.filled) << what;
+  if (p.filled) EXPECT_NE(p.capacity, kNoCapacity) << what;
+  const bool unlimited = p.helped_limit == E - El;
+  if (p.spill && unlimited && q.alpha >= 1.0 && q.min_tokens_per_gemm <= 1) {
     EXPECT_EQ(p.forced_rows, 0) << what;
   }
-  if (p.spill && q.alpha >= 1.0 && p.capacity == kNoCapacity) {
+  if (p.spill && unlimited && q.alpha >= 1.0 && p.capacity == kNoCapacity) {
     EXPECT_LE(p.max_rank_load(),
               p.soft_cap + (W - 1) * std::max<int64_t>(0, q.min_tokens_per_gemm - 1))
         << what;
@@ -157,7 +168,7 @@ void check_plan(const LlepPlan& p, const std::vector<int64_t>& counts, const Lle
 
 TEST(LlepPlan, InvariantsOverRandomCounts) {
   std::mt19937_64 rng(20261129);
-  int64_t cases = 0, spilled = 0, forced = 0;
+  int64_t cases = 0, spilled = 0, forced = 0, filled = 0;
   for (int64_t W : {1, 2, 4, 8}) {
     for (int64_t E : {8, 16, 32}) {
       if (E % W != 0) continue;
@@ -168,18 +179,22 @@ TEST(LlepPlan, InvariantsOverRandomCounts) {
           for (double alpha : {1.0, 1.1, 0.8}) {
             for (double lambda : {1.0, 1.3, 2.0}) {
               for (int64_t min_tokens : {0, 1, 8, 64}) {
-                LlepParams q{alpha, lambda, min_tokens};
-                // No hard cap, and the receiver-bounded one (every source sent tokens * k rows).
-                for (bool bounded : {false, true}) {
-                  const int64_t cap =
-                      bounded ? std::max<int64_t>(1, llep_receive_capacity(tokens * k, W, q))
-                              : kNoCapacity;
-                  LlepPlan p = plan_llep(counts, W, q, cap);
-                  check_plan(p, counts, q);
-                  if (HasFatalFailure()) return;
-                  ++cases;
-                  spilled += p.spill;
-                  forced += p.forced_rows > 0;
+                // The helped-expert limit at its least (0) and unbounded (E, clamped).
+                for (int64_t helped : {int64_t{0}, E}) {
+                  LlepParams q{alpha, lambda, min_tokens, helped};
+                  // No hard cap, and the receiver-bounded one (every source sent tokens * k rows).
+                  for (bool bounded : {false, true}) {
+                    const int64_t cap =
+                        bounded ? std::max<int64_t>(1, llep_receive_capacity(tokens * k, W, q))
+                                : kNoCapacity;
+                    LlepPlan p = plan_llep(counts, W, q, cap);
+                    check_plan(p, counts, q);
+                    if (HasFatalFailure()) return;
+                    ++cases;
+                    spilled += p.spill;
+                    forced += p.forced_rows > 0;
+                    filled += p.filled;
+                  }
                 }
               }
             }
@@ -188,11 +203,12 @@ TEST(LlepPlan, InvariantsOverRandomCounts) {
       }
     }
   }
-  std::printf("%lld plans checked, %lld spilled, %lld with forced rows\n",
+  std::printf("%lld plans checked, %lld spilled, %lld with forced rows, %lld filled\n",
               static_cast<long long>(cases), static_cast<long long>(spilled),
-              static_cast<long long>(forced));
+              static_cast<long long>(forced), static_cast<long long>(filled));
   EXPECT_GT(spilled, cases / 10);
   EXPECT_GT(forced, 0);
+  EXPECT_GT(filled, 0);
 }
 
 TEST(LlepPlan, ReceiveCapacityHoldsEveryPlanOfABoundedExchange) {
@@ -205,7 +221,7 @@ TEST(LlepPlan, ReceiveCapacityHoldsEveryPlanOfABoundedExchange) {
     for (Skew skew : {Skew::balanced, Skew::zipf, Skew::adversarial}) {
       const std::vector<int64_t> counts = draw_counts(rng, W, E, tokens, k, skew);
       for (double lambda : {1.0, 1.3, 3.0}) {
-        LlepParams q{1.0, lambda, 1};
+        LlepParams q{1.0, lambda, 1, E};  // no helped-expert limit: balance alone
         const int64_t cap = llep_receive_capacity(M, W, q);
         EXPECT_EQ(cap, std::min(W * M, std::max(M, static_cast<int64_t>(std::floor(lambda * M)))));
         LlepPlan p = plan_llep(counts, W, q, cap);
@@ -482,6 +498,118 @@ TEST(PipelinedLlepShape, DefaultsGiveOneSlotOnTwoAndThreeRanksAndTwoFromFour) {
   EXPECT_EQ(c.tile_rows, 0);
   EXPECT_EQ(c.ffn_blocks, 0);
   EXPECT_EQ(c.receive_rows, a.receive_rows);
+}
+
+TEST(LlepPlan, HelpedLimitIsTheLeastAlwaysFeasibleUnlessRaised) {
+  using schedules::llep_helped_limit;
+  EXPECT_EQ(llep_helped_limit(8, 8, {}), 2);   // E/W = 1: 1 + 1
+  EXPECT_EQ(llep_helped_limit(8, 4, {}), 3);   // E/W = 2
+  EXPECT_EQ(llep_helped_limit(8, 2, {}), 4);   // E/W + 1 = 5 > E - E/W = 4 foreign experts
+  EXPECT_EQ(llep_helped_limit(64, 8, {}), 9);  // E/W = 8
+  EXPECT_EQ(llep_helped_limit(8, 1, {}), 0);   // one rank: nothing is foreign
+  LlepParams q;
+  q.max_helped_experts = 5;
+  EXPECT_EQ(llep_helped_limit(8, 4, q), 5);
+  q.max_helped_experts = 100;
+  EXPECT_EQ(llep_helped_limit(8, 4, q), 6);  // clamped to E - E/W
+  q.max_helped_experts = 2;                  // below E/W + 1 = 3
+  try {
+    llep_helped_limit(8, 4, q);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("schedules.llep_max_helped_experts = 2"), std::string::npos)
+        << e.message();
+  }
+  q.max_helped_experts = -1;
+  EXPECT_THROW(llep_helped_limit(8, 4, q), Error);
+}
+
+TEST(LlepPlan, CapacityFillPlacesWhatTheLimitedLptCannot) {
+  // W = 8, E = 8 (one expert each, H = 2), 6 rows per source, capacity 6 = T / W: every rank
+  // must end exactly full. Expert loads 15 11 7 4 4 1 3 3. The LPT, with each helper allowed
+  // two foreign experts, leaves a remainder no rank may take; the fill keeps experts 3..7 home
+  // and pours 0, 1, 2 into the free rooms 6 6 6 2 2 5 3 3 in rank order.
+  const int64_t W = 8, E = 8;
+  const std::vector<int64_t> counts = {
+      2, 1, 0, 1, 1, 0, 1, 0,  //
+      3, 1, 1, 0, 0, 0, 0, 1,  //
+      2, 3, 1, 0, 0, 0, 0, 0,  //
+      3, 0, 1, 0, 0, 0, 1, 1,  //
+      2, 1, 2, 0, 1, 0, 0, 0,  //
+      0, 2, 1, 1, 1, 0, 1, 0,  //
+      1, 2, 0, 1, 1, 0, 0, 1,  //
+      2, 1, 1, 1, 0, 1, 0, 0,  //
+  };
+  const LlepParams q{1.0, 1.0, 1, 0};
+  const LlepPlan p = plan_llep(counts, W, q, 6);
+  check_plan(p, counts, q);
+  ASSERT_TRUE(p.filled);
+  EXPECT_EQ(p.rank_load, std::vector<int64_t>(8, 6));
+  auto pieces = [&](int64_t e) {
+    std::vector<std::vector<int64_t>> out;
+    for (const auto& x : p.pieces[e]) out.push_back({x.rank, x.begin, x.end});
+    return out;
+  };
+  EXPECT_EQ(pieces(0), (std::vector<std::vector<int64_t>>{{0, 0, 6}, {1, 6, 12}, {2, 12, 15}}));
+  EXPECT_EQ(pieces(1),
+            (std::vector<std::vector<int64_t>>{{2, 0, 3}, {3, 3, 5}, {4, 5, 7}, {5, 7, 11}}));
+  EXPECT_EQ(pieces(2), (std::vector<std::vector<int64_t>>{{5, 0, 1}, {6, 1, 4}, {7, 4, 7}}));
+  for (int64_t e = 3; e < E; ++e) {
+    EXPECT_EQ(pieces(e), (std::vector<std::vector<int64_t>>{{e, 0, p.expert_load[e]}}));
+  }
+  // With the limit lifted the LPT places it alone, with more copies on some rank.
+  const LlepPlan free_plan = plan_llep(counts, W, {1.0, 1.0, 1, E}, 6);
+  check_plan(free_plan, counts, {1.0, 1.0, 1, E});
+  EXPECT_FALSE(free_plan.filled);
+}
+
+TEST(LlepPlan, ExpertsAlreadyHelpedDoNotCountAgainstTheLimit) {
+  // W = 4, E = 4 (H = 2). Every source routes 10 rows to each of experts 0, 1, 2: T = 120, soft
+  // cap 30, and each owner keeps 30 and spills 10. Unlimited, rank 3 takes all three spills;
+  // with H = 2 it takes two and the third goes past the soft cap onto a rank that may help.
+  const int64_t W = 4, E = 4;
+  std::vector<int64_t> counts(W * E, 0);
+  for (int64_t s = 0; s < W; ++s) {
+    for (int64_t e = 0; e < 3; ++e) counts[s * E + e] = 10;
+  }
+  const LlepParams q{1.0, 1.3, 1, 0};
+  const LlepPlan unlimited = plan_llep(counts, W, {1.0, 1.3, 1, E});
+  EXPECT_EQ(unlimited.rank_load, (std::vector<int64_t>{30, 30, 30, 30}));
+  const LlepPlan first = plan_llep(counts, W, q);
+  check_plan(first, counts, q);
+  EXPECT_EQ(first.helped_limit, 2);
+  EXPECT_GT(first.forced_rows, 0);
+  EXPECT_EQ(first.rank_load[3], 20);
+  std::vector<uint8_t> helped(static_cast<size_t>(W * E), 0);
+  schedules::llep_mark_helped(first, helped);
+  for (const auto& t : llep_transfers(first)) EXPECT_EQ(helped[t.helper * E + t.expert], 1);
+  // A later chunk that may reuse every copy: the limit no longer binds, the plan is the
+  // unlimited one.
+  std::vector<uint8_t> all(static_cast<size_t>(W * E), 0);
+  for (int64_t g = 0; g < W; ++g) {
+    for (int64_t e = 0; e < E; ++e) all[g * E + e] = e != g;
+  }
+  const LlepPlan with_all = plan_llep(counts, W, q, kNoCapacity, all);
+  EXPECT_EQ(with_all.rank_load, unlimited.rank_load);
+  ASSERT_EQ(with_all.assignments.size(), unlimited.assignments.size());
+  for (size_t i = 0; i < with_all.assignments.size(); ++i) {
+    EXPECT_EQ(with_all.assignments[i].rank, unlimited.assignments[i].rank);
+    EXPECT_EQ(with_all.assignments[i].end, unlimited.assignments[i].end);
+  }
+  // New experts per rank stay within H for random already-helped sets.
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<uint8_t> some(static_cast<size_t>(W * E), 0);
+    for (auto& f : some) f = rng() % 3 == 0;
+    const std::vector<int64_t> c = draw_counts(rng, W, E, 30, 2, Skew::zipf);
+    const int64_t cap = llep_receive_capacity(60, W, q);
+    const LlepPlan p = plan_llep(c, W, q, cap, some);
+    std::vector<int64_t> fresh(W, 0);
+    for (const auto& t : llep_transfers(p)) fresh[t.helper] += !some[t.helper * E + t.expert];
+    for (int64_t g = 0; g < W; ++g) EXPECT_LE(fresh[g], p.helped_limit) << "trial " << trial;
+    EXPECT_LE(p.max_rank_load(), cap);
+  }
+  EXPECT_THROW(plan_llep(counts, W, q, kNoCapacity, std::vector<uint8_t>(3, 0)), Error);
 }
 
 TEST(LlepPlan, Errors) {

@@ -210,6 +210,7 @@ struct Result {
   std::vector<std::vector<double>> dw;  // per local expert: dw1, dw3, dw2
   std::vector<int64_t> counts;
   uint64_t dispatch_peak = 0, dispatch_left = 0;
+  uint64_t copies_peak = 0;  // the `weights` peak past the layer's own weights: spill copies
 };
 
 // One layer's inputs and outputs over this rank's slice of a problem.
@@ -256,6 +257,7 @@ Result run_dispatch(Env& env, const Problem& p, ExpertDispatch& dispatch, bool r
   LayerRun layer(env, p);
   env.poison_free_arena();
   env.backend().arena().reset_peaks();
+  const uint64_t own_weights = env.backend().arena().stats().current()[LiveSet::weights];
   layer.forward(dispatch);
   if (recompute) {
     dispatch.release();
@@ -272,6 +274,7 @@ Result run_dispatch(Env& env, const Problem& p, ExpertDispatch& dispatch, bool r
   run.counts = counts;
   run.dispatch_peak = stats.peak_per_set()[LiveSet::dispatch];
   run.dispatch_left = stats.current()[LiveSet::dispatch];
+  run.copies_peak = stats.peak_per_set()[LiveSet::weights] - own_weights;
   return run;
 }
 
@@ -366,6 +369,22 @@ Diff check_against_standard(Env& env, const Result& got, const Result& ref, cons
   return dw;
 }
 
+// The spilled experts `rank` holds copies of over a pass's plans (the union of its helped
+// experts), and their bytes: one (3, F, H) buffer each in `weights`.
+int64_t copies_held(const std::vector<schedules::LlepPlan>& plans, int64_t rank) {
+  std::vector<int64_t> experts;
+  for (const auto& plan : plans) {
+    for (const auto& t : schedules::llep_transfers(plan)) {
+      if (t.helper == rank) experts.push_back(t.expert);
+    }
+  }
+  std::sort(experts.begin(), experts.end());
+  return std::unique(experts.begin(), experts.end()) - experts.begin();
+}
+uint64_t copy_bytes(DType dtype) {
+  return DeviceArena::footprint(3ull * kFfn * kHidden * dtype_size(dtype));
+}
+
 PipelinedLlepParams pipeline_params(int64_t c, int64_t k_max, ChunkMembership membership,
                                     double lambda = 1.3) {
   PipelinedLlepParams q;
@@ -405,17 +424,18 @@ class LlepTest : public ::testing::Test {
     return r;
   }
 
-  void check_llep(DType dtype, Routing routing, uint64_t seed) {
+  void check_llep(DType dtype, Routing routing, uint64_t seed, int64_t max_helped = 0) {
     Env env(dtype);
     const Problem p = make_problem(seed, routing, env.world());
     References refs = references(dtype, p);
-    LlepParams q{1.0, 1.3, 2};
+    LlepParams q{1.0, 1.3, 2, max_helped};
     LlepDispatch d(env.backend(), env.stream(), env.comm(), dtype, kExperts, q);
-    int64_t received = 0;
+    int64_t received = 0, copies = 0;
     bool spilled = false, split = false;
     Result got = run_dispatch(env, p, d, false, [&] {
       received = d.received_rows();
       spilled = d.plan().spill;
+      copies = copies_held({d.plan()}, env.rank());
       for (const auto& pieces : d.plan().pieces) split = split || pieces.size() > 1;
       EXPECT_LE(received, d.capacity());
     });
@@ -432,6 +452,10 @@ class LlepTest : public ::testing::Test {
     if (routing == Routing::adversarial && env.world() > 1) {
       EXPECT_TRUE(spilled) << what;
     }
+    // The spill copies: exactly the experts this rank helps, within the launch-time bound.
+    EXPECT_EQ(got.copies_peak, static_cast<uint64_t>(copies) * copy_bytes(dtype)) << what;
+    EXPECT_LE(copies, schedules::llep_max_copies(kExperts, env.world(), d.capacity(), 1, q))
+        << what;
   }
 
   // Returns this rank's dispatch peak.
@@ -450,11 +474,12 @@ class LlepTest : public ::testing::Test {
     if (slowed_stream == 2)
       as_cpu_stream(d.return_stream()).set_debug_delay(std::chrono::microseconds(300));
     schedules::PipelinedLlepShape shape;
-    int64_t max_rows = 0;
+    int64_t max_rows = 0, copies = 0;
     bool all_spilled = true;
     Result got = run_dispatch(env, p, d, recompute, [&] {
       shape = d.shape();
       max_rows = d.max_received_rows();
+      copies = copies_held(d.plans(), env.rank());
       for (const auto& plan : d.plans()) all_spilled = all_spilled && plan.spill;
     });
     as_cpu_stream(env.stream()).set_debug_delay(std::chrono::microseconds(0));
@@ -529,6 +554,12 @@ class LlepTest : public ::testing::Test {
     if (routing == Routing::adversarial && W > 1) {
       EXPECT_TRUE(all_spilled) << what;
     }
+    // The spill copies of the pass: the union over the chunks' plans, within the bound.
+    EXPECT_EQ(got.copies_peak, static_cast<uint64_t>(copies) * copy_bytes(dtype)) << what;
+    EXPECT_LE(copies,
+              schedules::llep_max_copies(kExperts, W, std::max<int64_t>(1, shape.receive_rows),
+                                         shape.chunks, q.llep()))
+        << what;
     return got.dispatch_peak;
   }
 };
@@ -558,6 +589,18 @@ TEST_F(LlepTest, PipelinedStridedMatchesStandardF32) {
     check_pipelined(DType::f32, r, 42, q, false, -1, {default_slots(), true});
   }
 }
+TEST_F(LlepTest, HelpedExpertLimitRaisedToEveryForeignExpert) {
+  // schedules.llep_max_helped_experts = E - E/W: the copies bound is then E - E/W, and the
+  // plans may differ from the default's (E/W + 1); still exact.
+  const int64_t W = init_process_group().world_size;
+  for (Routing r : {Routing::zipf, Routing::adversarial}) {
+    check_llep(DType::f64, r, 33, kExperts - kExperts / W);
+  }
+  PipelinedLlepParams q = pipeline_params(12, 16, ChunkMembership::strided);
+  q.max_helped_experts = kExperts - kExperts / W;
+  check_pipelined(DType::f64, Routing::zipf, 43, q, false, -1, {default_slots(), true});
+}
+
 TEST_F(LlepTest, PipelinedContiguousAndCappedChunkCountMatchStandard) {
   // Contiguous membership; and c = 1 with K_max = 3: K = 3 chunks of c_eff = ceil(N_max / 3).
   check_pipelined(DType::f64, Routing::zipf, 51,

@@ -65,28 +65,35 @@ TEST(PlanMeasured, LlepNoneCheckpointing) {
   expect_within_plan("llep+none+ring_dtp", c);
 }
 
-// LLEP's spill copies (ops/schedules/llep_experts.h): min(E - E/W, plans * capacity) copies of
-// 3 F H elements each (arena footprint), the same again in backward, one scratch; none on one
-// rank or when lambda > W (no plan can spill); the plan adds them to weights and grads.
+// LLEP's spill copies (ops/schedules/llep_experts.h): min(E - E/W, plans * min(capacity, H))
+// copies of 3 F H elements each (arena footprint), H the helped-expert limit (E/W + 1 unless
+// raised), the same again in backward, one scratch; none on one rank or when lambda > W (no
+// plan can spill); the plan adds them to weights and grads.
 TEST(PlanLlepSpill, CopyBoundArithmetic) {
   using schedules::llep_max_copies;
   using schedules::llep_spill_copy_bytes;
-  const schedules::LlepParams lp{1.0, 1.0, 1};
-  EXPECT_EQ(llep_max_copies(8, 2, 1000, 1, lp), 4);  // E - E/W
-  EXPECT_EQ(llep_max_copies(8, 4, 1000, 1, lp), 6);
-  EXPECT_EQ(llep_max_copies(8, 4, 2, 1, lp), 2);  // at most `capacity` rows on a rank
-  EXPECT_EQ(llep_max_copies(8, 4, 2, 2, lp), 4);  // K plans: K x capacity
+  const schedules::LlepParams lp{1.0, 1.0, 1};         // H = E/W + 1 (or E - E/W)
+  const schedules::LlepParams open{1.0, 1.0, 1, 100};  // H = E - E/W
+  EXPECT_EQ(llep_max_copies(8, 2, 1000, 1, lp), 4);    // E - E/W = 4 < E/W + 1
+  EXPECT_EQ(llep_max_copies(8, 4, 1000, 1, lp), 3);    // H = E/W + 1 = 3
+  EXPECT_EQ(llep_max_copies(8, 4, 1000, 1, open), 6);  // E - E/W
+  EXPECT_EQ(llep_max_copies(8, 4, 1000, 2, lp), 6);    // K plans: K x H, at most E - E/W
+  EXPECT_EQ(llep_max_copies(16, 4, 1000, 2, lp), 10);  // 2 x (E/W + 1) < 12
+  EXPECT_EQ(llep_max_copies(8, 4, 2, 1, open), 2);     // at most `capacity` rows on a rank
+  EXPECT_EQ(llep_max_copies(8, 4, 2, 2, open), 4);     // K plans: K x capacity
   EXPECT_EQ(llep_max_copies(8, 4, schedules::kNoCapacity, 3, lp), 6);  // no overflow
   EXPECT_EQ(llep_max_copies(8, 4, 5, 0, lp), 0);                       // no chunks
   EXPECT_EQ(llep_max_copies(8, 1, 1000, 1, lp), 0);               // one rank: nothing is foreign
   EXPECT_EQ(llep_max_copies(8, 4, 1000, 1, {1.0, 4.001, 1}), 0);  // lambda > W: never spills
-  EXPECT_EQ(llep_max_copies(8, 4, 1000, 1, {1.0, 4.0, 1}), 6);    // = W: rounding may tip it
-  const auto b = llep_spill_copy_bytes(8, 4, 32, 48, DType::f32, 1000, 1, lp);
+  EXPECT_EQ(llep_max_copies(8, 4, 1000, 1, {1.0, 4.0, 1}), 3);    // = W: rounding may tip it
+  EXPECT_THROW(llep_max_copies(8, 4, 1000, 1, {1.0, 1.0, 1, 2}), Error);  // below E/W + 1
+  const auto b = llep_spill_copy_bytes(8, 4, 32, 48, DType::f32, 1000, 1, open);
   const uint64_t one = DeviceArena::footprint(3 * 48 * 32 * 4);
   EXPECT_EQ(b.copies, 6);
   EXPECT_EQ(b.weights, 6 * one);
   EXPECT_EQ(b.grads, 6 * one);
   EXPECT_EQ(b.scratch, one);
+  EXPECT_EQ(llep_spill_copy_bytes(8, 4, 32, 48, DType::f32, 1000, 1, lp).weights, 3 * one);
   const auto none = llep_spill_copy_bytes(8, 4, 32, 48, DType::f32, 1000, 1, {1.0, 100.0, 1});
   EXPECT_EQ(none.weights + none.grads + none.scratch, 0u);
 
@@ -104,6 +111,23 @@ TEST(PlanLlepSpill, CopyBoundArithmetic) {
             without.term(LiveSet::grads).bytes + L * 2 * tiny + tiny);
   EXPECT_CONTAINS(with.term(LiveSet::weights).function, "llep_spill_copy_bytes(");
   EXPECT_CONTAINS(with.term(LiveSet::grads).function, "copies=2");
+
+  // On 4 ranks (E/W = 1) the key sets the copies: 2 by default (E/W + 1), 3 = E - E/W when
+  // raised, and a value below E/W + 1 is refused by the plan, naming the key.
+  c.schedules.llep_lambda = 1.0;
+  c.schedules.llep_max_helped_experts = 0;
+  const Plan least = make_plan(c, plan_inputs(c, 4));
+  c.schedules.llep_max_helped_experts = 3;
+  const Plan most = make_plan(c, plan_inputs(c, 4));
+  EXPECT_CONTAINS(least.term(LiveSet::weights).function, "copies=2");
+  EXPECT_EQ(most.term(LiveSet::weights).bytes, least.term(LiveSet::weights).bytes + L * tiny);
+  c.schedules.llep_max_helped_experts = 1;
+  try {
+    make_plan(c, plan_inputs(c, 4));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_CONTAINS(e.message(), "schedules.llep_max_helped_experts = 1");
+  }
 }
 
 TEST(PlanVerdict, NamesTheOverflowingTermAndTheAmount) {
