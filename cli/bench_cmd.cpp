@@ -136,6 +136,7 @@ void register_bench_command(CLI::App& app, Context& ctx) {
   register_bench_vocab(*bench, ctx);
   register_bench_adamw(*bench, ctx);
   register_bench_dispatch(*bench, ctx);
+  register_bench_overlap(*bench, ctx);
   register_bench_gemm(*bench, ctx);
   register_bench_attention(*bench, ctx);
 }

@@ -61,6 +61,7 @@ void register_bench_sco(CLI::App& bench, Context& ctx);        // cli/bench_sco.
 void register_bench_vocab(CLI::App& bench, Context& ctx);      // cli/bench_vocab.cpp
 void register_bench_adamw(CLI::App& bench, Context& ctx);      // cli/bench_adamw.cpp
 void register_bench_dispatch(CLI::App& bench, Context& ctx);   // cli/bench_dispatch.cpp
+void register_bench_overlap(CLI::App& bench, Context& ctx);    // cli/bench_overlap.cpp
 void register_bench_gemm(CLI::App& bench, Context& ctx);       // cli/bench_gemm.cpp
 void register_bench_attention(CLI::App& bench, Context& ctx);  // cli/bench_attention.cpp
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/runtime/cpu_stream.h"
+#include "core/runtime/stream_profile.h"
 
 namespace moepeak {
 
@@ -279,17 +280,19 @@ MpiComm::~MpiComm() {
   if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
 }
 
-void MpiComm::submit(Stream& stream, double wire_bytes, std::function<void()> op) {
+void MpiComm::submit(Stream& stream, const char* label, double wire_bytes,
+                     std::function<void()> op) {
   if (group_) {
     MOEPEAK_CHECK(group_->stream == nullptr || group_->stream == &stream,
                   "a Comm group's operations go to one stream, not '", group_->stream->name(),
                   "' and '", stream.name(), "'");
     group_->stream = &stream;
+    if (group_->label == nullptr) group_->label = label;  // a group is named by its first op
     group_->wire_bytes += wire_bytes;
     group_->ops.push_back(std::move(op));
     return;
   }
-  enqueue(stream, wire_bytes, std::move(op));
+  enqueue(stream, label, wire_bytes, std::move(op));
 }
 
 void MpiComm::group_start() {
@@ -302,12 +305,14 @@ void MpiComm::group_end() {
   OpenGroup group = std::move(*group_);
   group_.reset();
   if (group.ops.empty()) return;
-  enqueue(*group.stream, group.wire_bytes, [ops = std::move(group.ops)] {
+  enqueue(*group.stream, group.label, group.wire_bytes, [ops = std::move(group.ops)] {
     for (const std::function<void()>& op : ops) op();
   });
 }
 
-void MpiComm::enqueue(Stream& stream, double wire_bytes, std::function<void()> op) {
+void MpiComm::enqueue(Stream& stream, const char* label, double wire_bytes,
+                      std::function<void()> op) {
+  const StreamOpLabel op_label(label);  // StreamProfile tells communication from compute
   const LinkModel link = link_;
   if (!link.enabled()) {
     as_cpu_stream(stream).enqueue(std::move(op));
@@ -317,6 +322,7 @@ void MpiComm::enqueue(Stream& stream, double wire_bytes, std::function<void()> o
   // a transfer queued behind compute on the same stream is not credited with that time.
   as_cpu_stream(stream).enqueue([link, wire_bytes, op = std::move(op)] {
     const auto start = std::chrono::steady_clock::now();
+    note_task_link_seconds(link.seconds(wire_bytes));
     op();
     std::this_thread::sleep_until(start +
                                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -352,7 +358,7 @@ void MpiComm::all_to_all_v(const void* send, std::span<const size_t> send_counts
   const size_t es = dtype_size(dtype);
   MPI_Datatype type = mpi_datatype(dtype);
   const double wire = wire_bytes_all_to_all(sc, rc, me, es);
-  submit(stream, wire,
+  submit(stream, "all_to_all_v", wire,
          [=, comm = comm_, max = max_elements_, sc = std::move(sc), so = std::move(so),
           rc = std::move(rc), ro = std::move(ro)] {
            std::vector<MPI_Request> requests;
@@ -381,7 +387,7 @@ void MpiComm::send(const void* buf, size_t count, DType dtype, int peer, Stream&
   const size_t es = dtype_size(dtype);
   MPI_Datatype type = mpi_datatype(dtype);
   const double wire = static_cast<double>(count * es);
-  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
+  submit(stream, "send", wire, [=, comm = comm_, max = max_elements_] {
     for_each_chunk(count, max, [&](size_t offset, int n) {
       MOEPEAK_MPI_CHECK(MPI_Send(at(buf, offset, es), n, type, peer, kPointToPointTag, comm));
     });
@@ -396,7 +402,7 @@ void MpiComm::recv(void* buf, size_t count, DType dtype, int peer, Stream& strea
   const size_t es = dtype_size(dtype);
   MPI_Datatype type = mpi_datatype(dtype);
   const double wire = static_cast<double>(count * es);
-  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
+  submit(stream, "recv", wire, [=, comm = comm_, max = max_elements_] {
     for_each_chunk(count, max, [&](size_t offset, int n) {
       MPI_Status status;
       MOEPEAK_MPI_CHECK(
@@ -422,7 +428,7 @@ void MpiComm::sendrecv(const void* send, size_t send_count, int dst, void* recv,
   if (send_count == 0 && recv_count == 0) return;
   MPI_Datatype type = mpi_datatype(dtype);
   const double wire = static_cast<double>(std::max(send_count, recv_count) * es);
-  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
+  submit(stream, "sendrecv", wire, [=, comm = comm_, max = max_elements_] {
     std::vector<MPI_Request> requests;
     std::vector<ExpectedRecv> expected;
     requests.reserve(chunk_count(send_count, max) + chunk_count(recv_count, max));
@@ -440,7 +446,7 @@ void MpiComm::exchange(std::span<const PeerMessage> sends, std::span<const PeerM
   MPI_Datatype type = mpi_datatype(dtype);
   std::vector<PeerMessage> to(sends.begin(), sends.end()), from(recvs.begin(), recvs.end());
   const double wire = wire_bytes_exchange(sends, recvs, es);
-  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
+  submit(stream, "exchange", wire, [=, comm = comm_, max = max_elements_] {
     std::vector<MPI_Request> requests;
     std::vector<ExpectedRecv> expected;
     for (const PeerMessage& m : from) {
@@ -463,7 +469,7 @@ void MpiComm::all_reduce(const void* send, void* recv, size_t count, DType dtype
   MPI_Datatype type = mpi_datatype(dtype);
   MPI_Op mpi_op = mpi_reduce_op(op, dtype);
   const double wire = 2.0 * (world_size() - 1) / world_size() * static_cast<double>(count * es);
-  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
+  submit(stream, "all_reduce", wire, [=, comm = comm_, max = max_elements_] {
     for_each_chunk(count, max, [&](size_t offset, int n) {
       const void* in = in_place ? MPI_IN_PLACE : at(send, offset, es);
       MOEPEAK_MPI_CHECK(MPI_Allreduce(in, at(recv, offset, es), n, type, mpi_op, comm));
@@ -485,7 +491,7 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DT
   MPI_Datatype type = mpi_datatype(dtype);
   MPI_Op mpi_op = mpi_reduce_op(op, dtype);
   const double wire = static_cast<double>((world - 1) * recv_count * es);
-  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
+  submit(stream, "reduce_scatter", wire, [=, comm = comm_, max = max_elements_] {
     if (recv_count <= max) {
       if (in_place) {
         // MPI's in-place form reads the whole buffer and leaves the result at its start.
@@ -525,7 +531,7 @@ void MpiComm::all_gather(const void* send, void* recv, size_t send_count, DType 
   if (send_count == 0) return;
   MPI_Datatype type = mpi_datatype(dtype);
   const double wire = static_cast<double>((world - 1) * send_count * es);
-  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
+  submit(stream, "all_gather", wire, [=, comm = comm_, max = max_elements_] {
     if (send_count <= max) {
       const void* in = in_place ? MPI_IN_PLACE : send;
       MOEPEAK_MPI_CHECK(MPI_Allgather(in, static_cast<int>(send_count), type, recv,
@@ -549,7 +555,7 @@ void MpiComm::broadcast(void* buf, size_t count, DType dtype, int root, Stream& 
   const size_t es = dtype_size(dtype);
   MPI_Datatype type = mpi_datatype(dtype);
   const double wire = static_cast<double>(count * es);
-  submit(stream, wire, [=, comm = comm_, max = max_elements_] {
+  submit(stream, "broadcast", wire, [=, comm = comm_, max = max_elements_] {
     for_each_chunk(count, max, [&](size_t offset, int n) {
       MOEPEAK_MPI_CHECK(MPI_Bcast(at(buf, offset, es), n, type, root, comm));
     });

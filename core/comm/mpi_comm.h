@@ -124,10 +124,12 @@ class MpiComm final : public Comm {
  private:
   // Queues `op` on the CPU stream, padded to the link model's time for `wire_bytes` (inside a
   // group: adds it to the group's one task).
-  void submit(Stream& stream, double wire_bytes, std::function<void()> op);
-  void enqueue(Stream& stream, double wire_bytes, std::function<void()> op);
+  // `label` names the operation for StreamProfile (core/runtime/stream_profile.h).
+  void submit(Stream& stream, const char* label, double wire_bytes, std::function<void()> op);
+  void enqueue(Stream& stream, const char* label, double wire_bytes, std::function<void()> op);
   struct OpenGroup {
     Stream* stream = nullptr;
+    const char* label = nullptr;
     double wire_bytes = 0;
     std::vector<std::function<void()>> ops;
   };

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/model/param_init.h"
+#include "core/runtime/stream_profile.h"
 #include "ops/elementwise.h"
 #include "ops/op_common.h"
 
@@ -382,6 +383,7 @@ ZeroParamStore::GatheredGroup ZeroParamStore::gather(std::span<const int> params
 ZeroParamStore::GatheredGroup ZeroParamStore::gather_values(std::span<const int> params,
                                                             GatherParts parts, Stream& stream,
                                                             const ZeroComms& comms) const {
+  const StreamTrafficTag traffic("zero gather");
   GatheredGroup g;
   g.store_ = this;
   g.parts_ = parts;
@@ -468,6 +470,7 @@ void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream) {
 }
 
 void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream, const ZeroComms& comms) {
+  const StreamTrafficTag traffic("zero reduce-scatter");
   MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
   MOEPEAK_CHECK(parts_ != GatherParts::values,
                 "GatheredGroup: reduce_scatter_grads of a group gathered without gradients");

@@ -1,6 +1,7 @@
 #include "core/runtime/cpu_stream.h"
 
 #include "core/error.h"
+#include "core/runtime/stream_profile.h"
 
 namespace moepeak {
 
@@ -19,17 +20,37 @@ CpuStream::~CpuStream() {
   if (on_destroy_) on_destroy_(this);
 }
 
-void CpuStream::enqueue(std::function<void()> work) {
+namespace {
+thread_local const CpuStream* t_worker_of = nullptr;  // the stream whose worker this thread is
+}  // namespace
+
+void CpuStream::push(Task task) {
+  const bool wait = task.work && serial_streams() && t_worker_of == nullptr;
+  uint64_t mine;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(work));
+    queue_.push_back(std::move(task));
+    mine = ++pushed_;
   }
   cv_work_.notify_one();
+  if (wait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_done_.wait(lock, [&] { return finished_ >= mine; });
+  }
+}
+
+void CpuStream::enqueue(std::function<void()> work) {
+  push({std::move(work), current_stream_traffic(), current_stream_op(), true});
+}
+
+void CpuStream::enqueue_control(std::function<void()> control) {
+  push({std::move(control), nullptr, nullptr, false});
 }
 
 void CpuStream::run() {
+  t_worker_of = this;
   for (;;) {
-    std::function<void()> task;
+    Task task;
     std::chrono::microseconds delay;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -47,16 +68,26 @@ void CpuStream::run() {
     }
     if (!skip) {
       if (delay.count() > 0) std::this_thread::sleep_for(delay);
+      const bool record = task.work && StreamProfile::recording();
+      const auto begin =
+          record ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+      if (record) detail::begin_stream_task();
       try {
-        task();
+        task.fn();
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu_);
         error_ = std::current_exception();
+      }
+      if (record) {
+        detail::record_stream_span(name_, task.traffic, task.op, begin,
+                                   std::chrono::steady_clock::now());
       }
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
       busy_ = false;
+      ++finished_;
+      cv_done_.notify_all();
       if (queue_.empty()) cv_idle_.notify_all();
     }
   }
@@ -65,7 +96,7 @@ void CpuStream::run() {
 void CpuStream::wait(const Event& event) {
   auto mark = dynamic_cast<const CpuEvent&>(event).latest();
   if (!mark) return;  // never recorded: no-op, as in CUDA
-  enqueue([mark] { mark->block(); });
+  enqueue_control([mark] { mark->block(); });
 }
 
 void CpuStream::synchronize() {
@@ -99,7 +130,7 @@ void CpuEvent::record(Stream& stream) {
     std::lock_guard<std::mutex> lock(mu_);
     latest_ = mark;
   }
-  as_cpu_stream(stream).enqueue([mark] { mark->complete(); });
+  as_cpu_stream(stream).enqueue_control([mark] { mark->complete(); });
 }
 
 std::shared_ptr<CpuEvent::Mark> CpuEvent::latest() const {

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -26,7 +27,12 @@ class CpuStream final : public Stream {
   explicit CpuStream(std::string name, std::function<void(CpuStream*)> on_destroy = {});
   ~CpuStream() override;  // finishes queued work, then joins the worker
 
+  // Queues `work` (tagged for StreamProfile with this thread's traffic tag and op label). With
+  // serial streams (stream_profile.h) the host then waits for it to finish.
   void enqueue(std::function<void()> work);
+  // Queues bookkeeping that is not work (event records and waits): never recorded, never
+  // waited for by serial streams.
+  void enqueue_control(std::function<void()> control);
   void wait(const Event& event) override;
   void synchronize() override;
   void* native_handle() const override { return nullptr; }
@@ -37,12 +43,20 @@ class CpuStream final : public Stream {
   void set_debug_delay(std::chrono::microseconds delay);
 
  private:
+  struct Task {
+    std::function<void()> fn;
+    const char* traffic = nullptr;
+    const char* op = nullptr;
+    bool work = true;
+  };
+  void push(Task task);
   void run();
 
   std::string name_;
   std::mutex mu_;
-  std::condition_variable cv_work_, cv_idle_;
-  std::deque<std::function<void()>> queue_;
+  std::condition_variable cv_work_, cv_idle_, cv_done_;
+  std::deque<Task> queue_;
+  uint64_t pushed_ = 0, finished_ = 0;  // tasks queued and run (or skipped) so far
   bool busy_ = false;
   bool stop_ = false;
   std::exception_ptr error_;

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/runtime/stream_profile.h"
 #include "ops/fill.h"
 #include "ops/permute.h"
 #include "ops/schedules/schedule_dtype.h"
@@ -100,6 +101,7 @@ void ExpertParallelDispatch::exchange_rows(const Tensor& send,
 void ExpertParallelDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& weight,
                                      const std::vector<ExpertWeights>& local_experts,
                                      const Tensor& out) {
+  const StreamTrafficTag traffic("dispatch");
   const int64_t N = x.size(0), H = x.size(1), k = index.size(1);
   const int64_t E = num_experts_, El = local_experts_, W = comm_.world_size();
   MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == El,
@@ -253,6 +255,7 @@ void ExpertParallelDispatch::forward(const Tensor& x, const Tensor& index, const
 void ExpertParallelDispatch::backward(const Tensor& dout,
                                       const std::vector<ExpertWeights>& local_experts,
                                       const Tensor& dx, const Tensor& dweight) {
+  const StreamTrafficTag traffic("dispatch");
   MOEPEAK_CHECK(have_forward_,
                 "expert parallel dispatch: backward without a forward to go with it");
   const int64_t N = tokens_, k = top_k_, M = N * k, R = received_rows_;

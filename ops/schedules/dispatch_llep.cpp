@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/runtime/stream_profile.h"
 #include "ops/fill.h"
 #include "ops/permute.h"
 #include "ops/schedules/dispatch_expert_parallel.h"
@@ -67,6 +68,7 @@ std::vector<ExpertWeights> LlepDispatch::computed_weights(
 
 void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& weight,
                            const std::vector<ExpertWeights>& local_experts, const Tensor& out) {
+  const StreamTrafficTag traffic("dispatch");
   const int64_t N = x.size(0), H = x.size(1), k = index.size(1);
   const int64_t E = num_experts_, El = local_experts_, W = comm_.world_size(), me = comm_.rank();
   MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == El,
@@ -210,6 +212,7 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
 
 void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>& local_experts,
                             const Tensor& dx, const Tensor& dweight) {
+  const StreamTrafficTag traffic("dispatch");
   MOEPEAK_CHECK(have_forward_, "llep dispatch: backward without a forward to go with it");
   const int64_t N = tokens_, k = top_k_, M = N * k, R = received_rows_;
   const int64_t H = x_rows_.shape()[1], F = a_.shape()[1], El = local_experts_;

@@ -40,6 +40,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/runtime/stream_profile.h"
 #include "ops/elementwise.h"
 #include "ops/fill.h"
 #include "ops/linear.h"
@@ -527,6 +528,7 @@ void PipelinedLlepDispatch::prepare(const Tensor& x, const Tensor& index, const 
 void PipelinedLlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& weight,
                                     const std::vector<ExpertWeights>& local_experts,
                                     const Tensor& out) {
+  const StreamTrafficTag traffic("dispatch");
   const int64_t N = x.size(0), H = x.size(1), k = index.size(1);
   const int64_t El = local_experts_;
   MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == El,
@@ -671,6 +673,7 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
 void PipelinedLlepDispatch::backward(const Tensor& dout,
                                      const std::vector<ExpertWeights>& local_experts,
                                      const Tensor& dx, const Tensor& dweight) {
+  const StreamTrafficTag traffic("dispatch");
   MOEPEAK_CHECK(have_forward_, "pipelined llep dispatch: backward without a forward to go with it");
   MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == local_experts_,
                 "pipelined llep dispatch: ", local_experts.size(),

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/runtime/arena.h"
+#include "core/runtime/stream_profile.h"
 #include "ops/copy_2d.h"
 #include "ops/elementwise.h"
 
@@ -171,6 +172,7 @@ OwnedTensor make_ulysses_staging(Backend& backend, const UlyssesLayout& layout, 
 
 void seq_to_heads(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind, const Tensor& staging,
                   const UlyssesLayout& layout, Comm& comm, Stream& stream) {
+  const StreamTrafficTag traffic("ulysses");
   check_args(x_seq, x_heads, kind, staging, layout, comm, "seq_to_heads");
   const Plan p = make_plan(layout, kind);
   const int64_t recv = p.wide_total;  // the receive half starts here (elements)
@@ -198,6 +200,7 @@ void seq_to_heads(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind, con
 
 void heads_to_seq(const Tensor& x_heads, const Tensor& x_seq, HeadKind kind, bool accumulate,
                   const Tensor& staging, const UlyssesLayout& layout, Comm& comm, Stream& stream) {
+  const StreamTrafficTag traffic("ulysses");
   check_args(x_seq, x_heads, kind, staging, layout, comm, "heads_to_seq");
   const Plan p = make_plan(layout, kind);
   const int64_t recv = p.narrow_total;  // the receive half starts here (elements)

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/runtime/stream_profile.h"
 #include "ops/cross_entropy.h"
 #include "ops/linear.h"
 
@@ -19,6 +20,7 @@ MaterializedVocab::MaterializedVocab(Backend& backend, Stream& stream, DType dty
 
 double MaterializedVocab::forward(const Tensor& x, const Tensor& lm_head, const Tensor& labels,
                                   double loss_scale) {
+  const StreamTrafficTag traffic("vocab");
   const int64_t N = x.size(0), V = lm_head.size(0);
   loss_scale_ = loss_scale;
   labels_ = labels;
@@ -34,6 +36,7 @@ double MaterializedVocab::forward(const Tensor& x, const Tensor& lm_head, const 
 
 void MaterializedVocab::backward(const Tensor& x, const Tensor& lm_head, const Tensor& dx,
                                  const Tensor& dlm_head) {
+  const StreamTrafficTag traffic("vocab");
   MOEPEAK_CHECK(logits_.view().defined(), "vocab backward without a forward to go with it");
   ops::cross_entropy_backward(logits_, labels_, loss_scale_, logits_, stream_);  // in place
   ops::linear_backward(x, lm_head, logits_, dx, false, dlm_head, stream_);

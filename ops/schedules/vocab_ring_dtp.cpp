@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/runtime/stream_profile.h"
 #include "ops/cross_entropy.h"
 #include "ops/cross_entropy_strip.h"
 #include "ops/linear.h"
@@ -267,6 +268,7 @@ std::unique_ptr<Event> RingDtpVocab::record(Stream& stream) {
 
 double RingDtpVocab::forward(const Tensor& x, const Tensor& lm_head_shard, const Tensor& labels,
                              double loss_scale) {
+  const StreamTrafficTag traffic("vocab");
   release();
   const Problem p = check(x, lm_head_shard, labels);
   resolved_ = p.payload;
@@ -310,6 +312,7 @@ double RingDtpVocab::forward(const Tensor& x, const Tensor& lm_head_shard, const
 
 void RingDtpVocab::backward(const Tensor& x, const Tensor& lm_head_shard, const Tensor& dx,
                             const Tensor& dlm_head_shard) {
+  const StreamTrafficTag traffic("vocab");
   MOEPEAK_CHECK(saved_state_.view().defined(), "Ring-DTP backward without a forward to go with it");
   const Problem p = check(x, lm_head_shard, labels_);
   MOEPEAK_CHECK(p.N == tokens_ && p.H == hidden_, "Ring-DTP backward on x ", x.str(),

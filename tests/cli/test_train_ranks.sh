@@ -15,7 +15,8 @@
 #     boundary with a checkpoint and exit 75; --resume then ends with an uninterrupted run's
 #     losses, bitwise, every step once;
 #   - a config the layout cannot split over W ranks is rejected before any work (non-zero exit,
-#     numbers in the message), and one rank's failure ends the whole job instead of hanging it.
+#     numbers in the message), and one rank's failure ends the whole job instead of hanging it;
+#   - `bench overlap` on 4 ranks: both modes, the traffic classes, serial steps fully exposed.
 # Every run is under `timeout 120`: a hang is a failure (exit 124), not a blocked test.
 # Run: ctest -R test_train_ranks   (or: OMPI_MCA_btl=self,vader
 #   OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_ALLOW_RUN_AS_ROOT=1
@@ -362,5 +363,27 @@ timeout -k 10 120 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$bin" tra
 check "rank 0 failing alone ends the 2-rank job with an error, not a hang (rc $rc)" is_failure $rc
 rank0_error_names() { grep -F 'moepeak: error: ' "$1" | grep -F ' rank 0/2] ' | grep -qF -- "$2"; }
 check "rank 0's error names the run directory" rank0_error_names "$tmp/abort.err" "$tmp/afile/runs"
+
+# 6. bench overlap on 4 ranks with the link model on: both modes timed, every traffic class in
+# the JSON; in the serial steps no compute task runs beside a communication task, so all their
+# communication is exposed; the link model charged something.
+timeout -k 10 180 "$mpirun" --allow-run-as-root --oversubscribe -np 4 "$bin" bench overlap \
+  --config "$src/configs/tiny.toml" --set schedules.dispatch=pipelined_llep \
+  --set schedules.chunk_tokens=64 --set schedules.vocab=ring_dtp \
+  --set runtime.cpu_link_gb_per_s=1 --set runtime.cpu_link_latency_us=10 --warmup 1 --iters 1 \
+  --json "$tmp/overlap.json" >"$tmp/overlap.out" 2>"$tmp/overlap.err"; rc=$?
+check "bench overlap on 4 ranks exits 0 (rc $rc)" test $rc -eq 0
+check "bench overlap prints both modes" grep -q '^  serial ' "$tmp/overlap.out"
+check "bench overlap prints the exposed dispatch" grep -q '^  dispatch ' "$tmp/overlap.out"
+check "bench overlap JSON: serial steps expose all their communication, the link charged it" \
+  "$py" -c "
+import json, sys
+d = json.load(open('$tmp/overlap.json'))
+rows = {r['schedule']: r for r in d['rows']}
+s, o = rows['serial'], rows['overlap']
+ok = d['bench'] == 'overlap' and s['comm_s'] > 0 and s['exposed_comm_s'] >= 0.999 * s['comm_s']
+ok = ok and o['link_s'] > 0 and set(o['traffic']) >= {'zero gather', 'zero reduce-scatter', 'dispatch', 'vocab'}
+ok = ok and o['traffic']['dispatch']['comm_s'] > 0 and o['traffic']['zero gather']['comm_s'] > 0
+sys.exit(not ok)"
 
 report

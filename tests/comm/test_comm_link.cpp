@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/cpu_stream.h"
+#include "core/runtime/stream_profile.h"
 #include "core/train/trainer.h"
 
 namespace moepeak {
@@ -133,6 +134,41 @@ TEST_F(LinkTest, AGroupPaysOneLatencyForAllItsBytes) {
   comm_->group_start();
   EXPECT_THROW(comm_->group_start(), Error) << "groups do not nest";
   comm_->group_end();
+}
+
+TEST_F(LinkTest, OperationsAreLabelledForTheStreamProfile) {
+  // Each operation is one task named by its op (a group by its first), with the link time
+  // inside the span and the caller's traffic tag on it.
+  comm_->set_link_model({kBandwidth, 5e-3});
+  std::vector<float> a(1000, 1.0f), b(1000 * ranks_.world_size);
+  comm_->barrier();
+  StreamProfile::start();
+  {
+    const StreamTrafficTag tag("zero gather");
+    comm_->all_gather(a.data(), b.data(), a.size(), DType::f32, stream_);
+  }
+  {
+    CommGroup group(*comm_);
+    comm_->reduce_scatter(b.data(), a.data(), a.size(), DType::f32, ReduceOp::sum, stream_);
+    comm_->all_reduce(a.data(), a.data(), a.size(), DType::f32, ReduceOp::sum, stream_);
+  }
+  stream_.synchronize();
+  const std::vector<StreamSpan> spans = StreamProfile::stop();
+  ASSERT_EQ(spans.size(), 2u);
+  EXPECT_EQ(spans[0].op, "all_gather");
+  EXPECT_EQ(spans[0].traffic, "zero gather");
+  EXPECT_EQ(spans[0].stream, "link-test");
+  EXPECT_EQ(spans[1].op, "reduce_scatter");
+  EXPECT_EQ(spans[1].traffic, "");
+  for (const StreamSpan& s : spans) {
+    EXPECT_GE(s.end_s - s.begin_s, 5e-3) << s.op;
+    EXPECT_GE(s.end_s - s.begin_s, s.link_s) << s.op;
+  }
+  const int64_t W = ranks_.world_size;
+  EXPECT_DOUBLE_EQ(spans[0].link_s, comm_->link_model().seconds((W - 1) * 1000.0 * 4))
+      << "the all_gather's charge";
+  EXPECT_GT(spans[1].link_s, 5e-3) << "a group: one latency and both operations' bytes";
+  EXPECT_LT(spans[1].link_s, 10e-3);
 }
 
 TEST_F(LinkTest, TheConfigKeysReachMakeComm) {
