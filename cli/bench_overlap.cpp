@@ -34,6 +34,7 @@
 #include "cli/commands.h"
 #include "core/comm/process_group.h"
 #include "core/config/config.h"
+#include "core/error.h"
 #include "core/runtime/stream_profile.h"  // defines: StreamProfile, set_serial_streams
 #include "core/train/trainer.h"
 
@@ -95,6 +96,9 @@ StepView timed_step(Trainer& trainer, bool serial) {
   const StepMetrics m = trainer.step();
   std::vector<StreamSpan> spans = StreamProfile::stop();
   set_serial_streams(false);
+  MOEPEAK_CHECK(!spans.empty(),
+                "bench overlap: no stream task was recorded; it measures the CPU backend's "
+                "streams (runtime.backend = \"cpu\"), a GPU's timeline is a profiler's job");
 
   return analyse(m.step_time_s, spans);
 }
