@@ -133,8 +133,12 @@ void check_plan(const LlepPlan& p, const std::vector<int64_t>& counts, const Lle
   std::vector<int64_t> helped(static_cast<size_t>(W), 0);
   for (const auto& t : llep_transfers(p)) ++helped[t.helper];
   for (int64_t g = 0; g < W; ++g) EXPECT_LE(helped[g], p.helped_limit) << what << ": rank " << g;
-  if (!p.spill) EXPECT_FALSE(p.filled) << what;
-  if (p.filled) EXPECT_NE(p.capacity, kNoCapacity) << what;
+  if (!p.spill) {
+    EXPECT_FALSE(p.filled) << what;
+  }
+  if (p.filled) {
+    EXPECT_NE(p.capacity, kNoCapacity) << what;
+  }
   const bool unlimited = p.helped_limit == E - El;
   if (p.spill && unlimited && q.alpha >= 1.0 && q.min_tokens_per_gemm <= 1) {
     EXPECT_EQ(p.forced_rows, 0) << what;

@@ -114,7 +114,9 @@ TEST_F(ProfileFixture, SerialStreamsRunOneTaskAtATimeInTheHostsOrder) {
             [](const StreamSpan& x, const StreamSpan& y) { return x.begin_s < y.begin_s; });
   for (size_t i = 0; i < spans.size(); ++i) {
     EXPECT_EQ(spans[i].stream, i % 2 ? "stream b" : "stream a") << i;
-    if (i > 0) EXPECT_GE(spans[i].begin_s, spans[i - 1].end_s) << i;
+    if (i > 0) {
+      EXPECT_GE(spans[i].begin_s, spans[i - 1].end_s) << i;
+    }
   }
 }
 
