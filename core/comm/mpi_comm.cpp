@@ -273,10 +273,18 @@ MpiComm::MpiComm(MPI_Comm parent, RankInfo ranks) : Comm(std::move(ranks)) {
 }
 
 MpiComm::~MpiComm() {
+  bool in_use;
+  {
+    std::lock_guard<std::mutex> lock(lifetime_->mu);
+    lifetime_->alive = false;
+    in_use = lifetime_->running > 0;
+  }
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  // NOTES: a task still inside MPI (its peers never came: this rank is unwinding an error, and
+  // cli/ aborts the job next) keeps using comm_, so comm_ is left to MPI_Abort/MPI_Finalize.
+  if (comm_ != MPI_COMM_NULL && !in_use) MPI_Comm_free(&comm_);
   if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
 }
 
@@ -311,8 +319,27 @@ void MpiComm::group_end() {
 }
 
 void MpiComm::enqueue(Stream& stream, const char* label, double wire_bytes,
-                      std::function<void()> op) {
+                      std::function<void()> op_body) {
   const StreamOpLabel op_label(label);  // StreamProfile tells communication from compute
+  std::function<void()> op = [lifetime = lifetime_, label, body = std::move(op_body)] {
+    {
+      std::lock_guard<std::mutex> lock(lifetime->mu);
+      if (!lifetime->alive) {
+        MOEPEAK_THROW("Comm ", label,
+                      ": the communicator was destroyed with this operation still queued on its "
+                      "stream");
+      }
+      ++lifetime->running;
+    }
+    struct Leave {
+      Lifetime& l;
+      ~Leave() {
+        std::lock_guard<std::mutex> lock(l.mu);
+        --l.running;
+      }
+    } leave{*lifetime};
+    body();
+  };
   const LinkModel link = link_;
   if (!link.enabled()) {
     as_cpu_stream(stream).enqueue(std::move(op));

@@ -39,6 +39,8 @@
 
 #include <climits>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -134,6 +136,14 @@ class MpiComm final : public Comm {
     std::vector<std::function<void()>> ops;
   };
   std::optional<OpenGroup> group_;
+  // Shared with every queued task: a task that starts after the communicator is destroyed is
+  // refused instead of calling MPI on a freed handle (an error unwinding past queued work).
+  struct Lifetime {
+    std::mutex mu;
+    bool alive = true;
+    int running = 0;  // tasks inside MPI now
+  };
+  std::shared_ptr<Lifetime> lifetime_ = std::make_shared<Lifetime>();
   MPI_Comm comm_ = MPI_COMM_NULL;       // stream-ordered traffic
   MPI_Comm host_comm_ = MPI_COMM_NULL;  // barrier() and duplicate() on the host thread
   size_t max_elements_ = INT_MAX;

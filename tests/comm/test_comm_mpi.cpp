@@ -269,6 +269,27 @@ TEST_F(MpiCommTest, MpiErrorsBecomeMoepeakErrorsWithMpisText) {
   }
 }
 
+TEST_F(MpiCommTest, AnOperationQueuedPastItsCommunicatorIsRefusedNotRunOnAFreedHandle) {
+  // An error that unwinds past queued work destroys the communicator before its stream drains
+  // (seen as a segfault inside MPI_Irecv that hid an out-of-memory error). The slowed stream has
+  // not started the all_reduce when its communicator goes; the task must fail with an Error at
+  // synchronize, not call MPI on the freed handle.
+  std::unique_ptr<Comm> comm = comm_->duplicate();
+  CpuStream slowed("slowed");
+  slowed.set_debug_delay(std::chrono::milliseconds(200));
+  std::vector<float> data(16, 1.0f), out(16, 0.0f);
+  comm->all_reduce(data.data(), out.data(), data.size(), DType::f32, ReduceOp::sum, slowed);
+  comm.reset();
+  try {
+    slowed.synchronize();
+    ADD_FAILURE() << "an operation ran after its communicator was destroyed";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("all_reduce: the communicator was destroyed"), std::string::npos)
+        << e.message();
+  }
+  EXPECT_EQ(out[0], 0.0f);  // never reduced
+}
+
 TEST_F(MpiCommTest, MismatchedCountsSurfaceAtSynchronize) {
   // Rank 0 sends 8 elements to rank 1, which expects 4 (MPI truncates: MPI_ERR_TRUNCATE), then
   // 4 elements where rank 1 expects 8 (moepeak's own received-count check). Fresh communicator
