@@ -54,6 +54,9 @@ struct PeerMessage {
 struct LinkModel {
   double bytes_per_s = 0;  // 0: no bandwidth limit
   double latency_s = 0;
+  // Wait for MPI by testing with short sleeps instead of MPI's spinning blocking calls, so a
+  // waiting comm thread leaves its core to compute (runtime.cpu_comm_wait = "poll").
+  bool poll_waits = false;
   bool enabled() const { return bytes_per_s > 0 || latency_s > 0; }
   double seconds(double bytes) const {
     return latency_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0.0);

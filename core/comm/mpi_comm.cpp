@@ -129,13 +129,48 @@ struct ExpectedRecv {
   int count;
 };
 
+// Whether the operation running on this thread waits by polling (LinkModel::poll_waits), set
+// for the length of each stream task by MpiComm::enqueue.
+thread_local bool t_poll_waits = false;
+
+// MPI_Waitall, or under poll_waits MPI_Testall between short sleeps: the thread then gives its
+// core to the compute threads while its peers catch up, where MPI's own wait would spin.
+int complete_all(int n, MPI_Request* requests, MPI_Status* statuses) {
+  if (!t_poll_waits) return MPI_Waitall(n, requests, statuses);
+  // NOTES: the nap doubles from 10 us to 200 us, so a long wait costs ~5 wake-ups per ms and a
+  // finished operation is seen at most 200 us late (each test also progresses the transfers).
+  std::chrono::microseconds nap(10);
+  for (;;) {
+    int done = 0;
+    const int rc = MPI_Testall(n, requests, &done, statuses);
+    if (rc != MPI_SUCCESS || done) return rc;
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(200));
+  }
+}
+
+// One MPI operation to completion: `blocking()` makes MPI's blocking call; under poll_waits
+// `start(&request)` makes its non-blocking twin, which is then waited for by polling (its
+// status into `status` when given; `blocking` fills it itself).
+template <typename Blocking, typename Start>
+void run_op(Blocking&& blocking, Start&& start, MPI_Status* status = nullptr) {
+  if (!t_poll_waits) {
+    blocking();
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  start(&request);
+  MPI_Status ignored;
+  MOEPEAK_MPI_CHECK(complete_all(1, &request, status ? status : &ignored));
+}
+
 // Waits for all requests; raises the first failed request's error, then any received message
 // whose length differs from what the receiver expected (a sender/receiver count mismatch).
 void wait_all(std::vector<MPI_Request>& requests, const std::vector<ExpectedRecv>& expected,
               MPI_Datatype type, const char* op_name) {
   if (requests.empty()) return;
   std::vector<MPI_Status> statuses(requests.size());
-  int rc = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses.data());
+  int rc = complete_all(static_cast<int>(requests.size()), requests.data(), statuses.data());
   if (rc == MPI_ERR_IN_STATUS) {
     for (const MPI_Status& s : statuses) {
       if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) {
@@ -321,7 +356,8 @@ void MpiComm::group_end() {
 void MpiComm::enqueue(Stream& stream, const char* label, double wire_bytes,
                       std::function<void()> op_body) {
   const StreamOpLabel op_label(label);  // StreamProfile tells communication from compute
-  std::function<void()> op = [lifetime = lifetime_, label, body = std::move(op_body)] {
+  std::function<void()> op = [lifetime = lifetime_, label, poll = link_.poll_waits,
+                              body = std::move(op_body)] {
     {
       std::lock_guard<std::mutex> lock(lifetime->mu);
       if (!lifetime->alive) {
@@ -338,6 +374,7 @@ void MpiComm::enqueue(Stream& stream, const char* label, double wire_bytes,
         --l.running;
       }
     } leave{*lifetime};
+    t_poll_waits = poll;
     body();
   };
   const LinkModel link = link_;
@@ -416,7 +453,11 @@ void MpiComm::send(const void* buf, size_t count, DType dtype, int peer, Stream&
   const double wire = static_cast<double>(count * es);
   submit(stream, "send", wire, [=, comm = comm_, max = max_elements_] {
     for_each_chunk(count, max, [&](size_t offset, int n) {
-      MOEPEAK_MPI_CHECK(MPI_Send(at(buf, offset, es), n, type, peer, kPointToPointTag, comm));
+      const void* piece = at(buf, offset, es);
+      run_op([&] { MOEPEAK_MPI_CHECK(MPI_Send(piece, n, type, peer, kPointToPointTag, comm)); },
+             [&](MPI_Request* r) {
+               MOEPEAK_MPI_CHECK(MPI_Isend(piece, n, type, peer, kPointToPointTag, comm, r));
+             });
     });
   });
 }
@@ -432,8 +473,15 @@ void MpiComm::recv(void* buf, size_t count, DType dtype, int peer, Stream& strea
   submit(stream, "recv", wire, [=, comm = comm_, max = max_elements_] {
     for_each_chunk(count, max, [&](size_t offset, int n) {
       MPI_Status status;
-      MOEPEAK_MPI_CHECK(
-          MPI_Recv(at(buf, offset, es), n, type, peer, kPointToPointTag, comm, &status));
+      void* piece = at(buf, offset, es);
+      run_op(
+          [&] {
+            MOEPEAK_MPI_CHECK(MPI_Recv(piece, n, type, peer, kPointToPointTag, comm, &status));
+          },
+          [&](MPI_Request* r) {
+            MOEPEAK_MPI_CHECK(MPI_Irecv(piece, n, type, peer, kPointToPointTag, comm, r));
+          },
+          &status);
       check_received(status, type, n, peer, "recv");
     });
   });
@@ -499,7 +547,11 @@ void MpiComm::all_reduce(const void* send, void* recv, size_t count, DType dtype
   submit(stream, "all_reduce", wire, [=, comm = comm_, max = max_elements_] {
     for_each_chunk(count, max, [&](size_t offset, int n) {
       const void* in = in_place ? MPI_IN_PLACE : at(send, offset, es);
-      MOEPEAK_MPI_CHECK(MPI_Allreduce(in, at(recv, offset, es), n, type, mpi_op, comm));
+      void* out = at(recv, offset, es);
+      run_op([&] { MOEPEAK_MPI_CHECK(MPI_Allreduce(in, out, n, type, mpi_op, comm)); },
+             [&](MPI_Request* r) {
+               MOEPEAK_MPI_CHECK(MPI_Iallreduce(in, out, n, type, mpi_op, comm, r));
+             });
     });
   });
 }
@@ -523,12 +575,24 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DT
       if (in_place) {
         // MPI's in-place form reads the whole buffer and leaves the result at its start.
         void* whole = const_cast<void*>(send);
-        MOEPEAK_MPI_CHECK(MPI_Reduce_scatter_block(
-            MPI_IN_PLACE, whole, static_cast<int>(recv_count), type, mpi_op, comm));
+        const int n = static_cast<int>(recv_count);
+        run_op(
+            [&] {
+              MOEPEAK_MPI_CHECK(
+                  MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, n, type, mpi_op, comm));
+            },
+            [&](MPI_Request* r) {
+              MOEPEAK_MPI_CHECK(
+                  MPI_Ireduce_scatter_block(MPI_IN_PLACE, whole, n, type, mpi_op, comm, r));
+            });
         if (me != 0) std::memmove(recv, whole, recv_count * es);
       } else {
-        MOEPEAK_MPI_CHECK(
-            MPI_Reduce_scatter_block(send, recv, static_cast<int>(recv_count), type, mpi_op, comm));
+        const int n = static_cast<int>(recv_count);
+        run_op(
+            [&] { MOEPEAK_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, n, type, mpi_op, comm)); },
+            [&](MPI_Request* r) {
+              MOEPEAK_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, n, type, mpi_op, comm, r));
+            });
       }
       return;
     }
@@ -538,7 +602,10 @@ void MpiComm::reduce_scatter(const void* send, void* recv, size_t recv_count, DT
       for_each_chunk(recv_count, max, [&](size_t offset, int n) {
         const void* in = (in_place && root == me) ? MPI_IN_PLACE : at(send, block + offset, es);
         void* out = root == me ? at(recv, offset, es) : nullptr;
-        MOEPEAK_MPI_CHECK(MPI_Reduce(in, out, n, type, mpi_op, root, comm));
+        run_op([&] { MOEPEAK_MPI_CHECK(MPI_Reduce(in, out, n, type, mpi_op, root, comm)); },
+               [&](MPI_Request* r) {
+                 MOEPEAK_MPI_CHECK(MPI_Ireduce(in, out, n, type, mpi_op, root, comm, r));
+               });
       });
     }
   });
@@ -561,8 +628,11 @@ void MpiComm::all_gather(const void* send, void* recv, size_t send_count, DType 
   submit(stream, "all_gather", wire, [=, comm = comm_, max = max_elements_] {
     if (send_count <= max) {
       const void* in = in_place ? MPI_IN_PLACE : send;
-      MOEPEAK_MPI_CHECK(MPI_Allgather(in, static_cast<int>(send_count), type, recv,
-                                      static_cast<int>(send_count), type, comm));
+      const int n = static_cast<int>(send_count);
+      run_op([&] { MOEPEAK_MPI_CHECK(MPI_Allgather(in, n, type, recv, n, type, comm)); },
+             [&](MPI_Request* r) {
+               MOEPEAK_MPI_CHECK(MPI_Iallgather(in, n, type, recv, n, type, comm, r));
+             });
       return;
     }
     // Above the per-call limit: every rank broadcasts its block in chunks.
@@ -570,7 +640,10 @@ void MpiComm::all_gather(const void* send, void* recv, size_t send_count, DType 
     for (int root = 0; root < world; ++root) {
       const size_t block = static_cast<size_t>(root) * send_count;
       for_each_chunk(send_count, max, [&](size_t offset, int n) {
-        MOEPEAK_MPI_CHECK(MPI_Bcast(at(recv, block + offset, es), n, type, root, comm));
+        void* piece = at(recv, block + offset, es);
+        run_op(
+            [&] { MOEPEAK_MPI_CHECK(MPI_Bcast(piece, n, type, root, comm)); },
+            [&](MPI_Request* r) { MOEPEAK_MPI_CHECK(MPI_Ibcast(piece, n, type, root, comm, r)); });
       });
     }
   });
@@ -584,7 +657,9 @@ void MpiComm::broadcast(void* buf, size_t count, DType dtype, int root, Stream& 
   const double wire = static_cast<double>(count * es);
   submit(stream, "broadcast", wire, [=, comm = comm_, max = max_elements_] {
     for_each_chunk(count, max, [&](size_t offset, int n) {
-      MOEPEAK_MPI_CHECK(MPI_Bcast(at(buf, offset, es), n, type, root, comm));
+      void* piece = at(buf, offset, es);
+      run_op([&] { MOEPEAK_MPI_CHECK(MPI_Bcast(piece, n, type, root, comm)); },
+             [&](MPI_Request* r) { MOEPEAK_MPI_CHECK(MPI_Ibcast(piece, n, type, root, comm, r)); });
     });
   });
 }

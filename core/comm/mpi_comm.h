@@ -24,7 +24,11 @@
 // larger of its bytes out and in (other ranks only); all_gather: (W-1) blocks; reduce_scatter:
 // (W-1) blocks; all_reduce: 2(W-1)/W of the buffer (a ring); broadcast: the buffer. Both ends of
 // a transfer wait, so a rank cannot get ahead of the link by receiving early. Duplicates and
-// splits inherit it.
+// splits inherit it. With LinkModel::poll_waits (runtime.cpu_comm_wait = "poll") every call is
+// made non-blocking (MPI_Isend, MPI_Iallreduce, ...) and waited for with MPI_Testall between
+// sleeps, so a comm thread waiting on its peers leaves its core to the compute threads (MPI's
+// blocking calls spin); the collectives then run MPI's non-blocking algorithms, whose sums may
+// be ordered differently from the blocking ones (each mode is deterministic on its own).
 //
 // Communicators: the constructor duplicates the parent communicator twice: one for stream-ordered
 // traffic (used only by the stream worker threads) and one for host-side calls (barrier,

@@ -40,6 +40,7 @@ enum class ProgressMode { automatic, on, off };
 enum class BackendChoice { automatic, cpu, cuda };
 enum class LogLevel { trace, debug, info, warn, error };
 enum class BindPolicy { automatic, rank, none };
+enum class CpuCommWait { block, poll };
 
 template <typename E>
 struct EnumNames;
@@ -100,6 +101,10 @@ struct EnumNames<BackendChoice> {
 template <>
 struct EnumNames<BindPolicy> {
   static constexpr std::array<std::string_view, 3> names{"auto", "rank", "none"};
+};
+template <>
+struct EnumNames<CpuCommWait> {
+  static constexpr std::array<std::string_view, 2> names{"block", "poll"};
 };
 template <>
 struct EnumNames<LogLevel> {
@@ -256,6 +261,7 @@ struct RuntimeConfig {
   // The CPU backend's link model (LinkModel, core/comm/comm.h): 0 = off.
   double cpu_link_gb_per_s = 0;    // GB/s = 1e9 B/s per rank, as `moepeak probe` reports
   double cpu_link_latency_us = 0;  // per operation
+  CpuCommWait cpu_comm_wait = CpuCommWait::block;  // how a comm stream waits for MPI
 
   std::optional<uint64_t> device_memory_bytes() const;  // nullopt = auto
   std::optional<uint64_t> pinned_memory_bytes() const;  // nullopt = auto

@@ -307,6 +307,11 @@ const std::vector<Field>& field_table() {
             "over a real network; 0 = off (shared-memory speed)."),
       FIELD(runtime, cpu_link_latency_us, at_least(0),
             "CPU backend only: the link model's latency per operation in microseconds; 0 = none."),
+      FIELD(runtime, cpu_comm_wait, no_limit(),
+            "CPU backend only: how a comm stream waits for MPI. block = MPI's blocking calls, "
+            "which spin on a core; poll = non-blocking calls tested with short sleeps, so a "
+            "waiting rank leaves its core to compute (as a GPU's communication leaves its SMs). "
+            "For overlap measurements on hosts with fewer cores than ranks' threads."),
   };
   return table;
 }

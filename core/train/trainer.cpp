@@ -113,7 +113,8 @@ std::string optimizer_text(const OptimizerConfig& o) {
 }  // namespace
 
 LinkModel link_model(const RuntimeConfig& runtime) {
-  return LinkModel{runtime.cpu_link_gb_per_s * 1e9, runtime.cpu_link_latency_us * 1e-6};
+  return LinkModel{runtime.cpu_link_gb_per_s * 1e9, runtime.cpu_link_latency_us * 1e-6,
+                   runtime.cpu_comm_wait == CpuCommWait::poll};
 }
 
 namespace {

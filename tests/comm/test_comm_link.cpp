@@ -178,11 +178,17 @@ TEST_F(LinkTest, TheConfigKeysReachMakeComm) {
   EXPECT_DOUBLE_EQ(link.bytes_per_s, 12.5e9);
   EXPECT_DOUBLE_EQ(link.latency_s, 3e-6);
   EXPECT_FALSE(link_model(load_config({}, {}).runtime).enabled()) << "off by default";
+  EXPECT_FALSE(link.poll_waits) << "MPI's blocking calls by default";
+  EXPECT_TRUE(link_model(load_config({}, {"runtime.cpu_comm_wait=poll"}).runtime).poll_waits);
+  EXPECT_THROW(load_config({}, {"runtime.cpu_comm_wait=sleep"}), Error);
   BackendOptions options;
   options.cpu_threads = 1;
   auto backend = Backend::create(options);
   auto comm = make_comm(*backend, ranks_, link);
   EXPECT_DOUBLE_EQ(dynamic_cast<MpiComm&>(*comm).link_model().bytes_per_s, 12.5e9);
+  auto polled = make_comm(*backend, ranks_, {0, 0, true});
+  EXPECT_TRUE(dynamic_cast<MpiComm&>(*polled->duplicate()).link_model().poll_waits)
+      << "duplicates inherit the wait mode";
   EXPECT_THROW(load_config({}, {"runtime.cpu_link_gb_per_s=-1"}), Error);
   EXPECT_THROW(comm_->set_link_model({-1, 0}), Error);
 }

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <thread>
@@ -108,6 +109,54 @@ TEST_F(MpiCommTest, ChunkedPathsAboveThePerCallLimitGiveTheSameResults) {
   check_all_gather<double>(chunked, stream_, mem_, 3, true, 902);
   check_reduce_scatter<double>(chunked, stream_, mem_, 4, ReduceOp::max, true, 903);
   check_send_recv_pairs<double>(chunked, stream_, mem_, 7, 904);
+}
+
+// runtime.cpu_comm_wait = "poll": every operation through MPI's non-blocking calls, completed by
+// MPI_Testall between sleeps; results as the blocking path's, chunked paths included.
+std::unique_ptr<Comm> polling_duplicate(MpiComm& comm) {
+  std::unique_ptr<Comm> dup = comm.duplicate();
+  dynamic_cast<MpiComm&>(*dup).set_link_model({0, 0, /*poll_waits=*/true});
+  return dup;
+}
+
+TEST_F(MpiCommTest, EveryOperationWithPolledWaits) {
+  std::unique_ptr<Comm> polled = polling_duplicate(*comm_);
+  check_every_operation<float>(*polled, stream_, mem_, 1100);
+  check_every_operation<bf16>(*polled, stream_, mem_, 1101);
+  check_every_operation<int64_t>(*polled, stream_, mem_, 1102);
+  check_split(*polled, stream_, mem_, 2, 1103);
+  auto& chunked = dynamic_cast<MpiComm&>(*polled);
+  chunked.set_max_elements_per_call(3);
+  check_every_operation<double>(chunked, stream_, mem_, 1104);
+}
+
+TEST_F(MpiCommTest, APolledWaitLeavesTheCoreWhileItsPeerIsLate) {
+  // Rank 1 sends 300 ms late; rank 0's receive waits by polling, so its process spends a small
+  // part of that wait on the CPU (MPI's blocking receive would spin through all of it).
+  std::unique_ptr<Comm> polled = polling_duplicate(*comm_);
+  const int me = polled->rank();
+  std::vector<float> buf(1000, static_cast<float>(me));
+  polled->barrier();
+  if (me == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    polled->send(buf.data(), buf.size(), DType::f32, 0, stream_);
+    stream_.synchronize();
+  } else if (me == 0) {
+    timespec cpu0{}, cpu1{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
+    const auto t0 = std::chrono::steady_clock::now();
+    polled->recv(buf.data(), buf.size(), DType::f32, 1, stream_);
+    stream_.synchronize();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
+    const double cpu = (cpu1.tv_sec - cpu0.tv_sec) + 1e-9 * (cpu1.tv_nsec - cpu0.tv_nsec);
+    EXPECT_GE(wall, 0.25) << "the receive finished before its peer sent";
+    EXPECT_LT(cpu, 0.2 * wall) << "the polled wait spent " << cpu << " s of CPU in " << wall
+                               << " s";
+    EXPECT_EQ(buf[999], 1.0f);
+  }
+  polled->barrier();
 }
 
 TEST_F(MpiCommTest, PerCallLimitOutsideTheIntRangeIsAnError) {
