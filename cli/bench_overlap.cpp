@@ -158,10 +158,10 @@ int run_bench_overlap(const OverlapArgs& args, const Context& ctx) {
                 std::string(enum_name(cfg.schedules.vocab)).c_str());
     if (link > 0) {
       std::printf(
-          "# link model %.4g GB/s + %.4g us per operation; GEMM ceiling %.2f GFLOP/s per rank: "
-          "%.0f FLOP per link byte\n",
-          cfg.runtime.cpu_link_gb_per_s, cfg.runtime.cpu_link_latency_us, ceiling / 1e9,
-          ceiling / link);
+          "# link model %.4g GB/s + %.4g us per operation, %s waits; GEMM ceiling %.2f GFLOP/s "
+          "per rank: %.0f FLOP per link byte\n",
+          cfg.runtime.cpu_link_gb_per_s, cfg.runtime.cpu_link_latency_us,
+          std::string(enum_name(cfg.runtime.cpu_comm_wait)).c_str(), ceiling / 1e9, ceiling / link);
     } else {
       std::printf("# link model off: communication runs at shared-memory speed\n");
     }
@@ -233,6 +233,7 @@ int run_bench_overlap(const OverlapArgs& args, const Context& ctx) {
                                   {"num_hidden_layers", cfg.model.num_hidden_layers},
                                   {"num_local_experts", cfg.model.num_local_experts},
                                   {"link_gb_per_s", cfg.runtime.cpu_link_gb_per_s},
+                                  {"comm_wait", enum_name(cfg.runtime.cpu_comm_wait)},
                                   {"zero_prefetch_depth", cfg.parallelism.zero_prefetch_depth},
                                   {"flop_per_link_byte", link > 0 ? ceiling / link : 0.0}};
     write_bench_json(args.common.json_path, "overlap", W, shape, rows);

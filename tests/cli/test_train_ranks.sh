@@ -370,10 +370,11 @@ check "rank 0's error names the run directory" rank0_error_names "$tmp/abort.err
 timeout -k 10 180 "$mpirun" --allow-run-as-root --oversubscribe -np 4 "$bin" bench overlap \
   --config "$src/configs/tiny.toml" --set schedules.dispatch=pipelined_llep \
   --set schedules.chunk_tokens=64 --set schedules.vocab=ring_dtp \
-  --set runtime.cpu_link_gb_per_s=1 --set runtime.cpu_link_latency_us=10 --warmup 1 --iters 1 \
-  --json "$tmp/overlap.json" >"$tmp/overlap.out" 2>"$tmp/overlap.err"; rc=$?
+  --set runtime.cpu_link_gb_per_s=1 --set runtime.cpu_link_latency_us=10 \
+  --set runtime.cpu_comm_wait=poll --warmup 1 --iters 1 --json "$tmp/overlap.json" >"$tmp/overlap.out" 2>"$tmp/overlap.err"; rc=$?
 check "bench overlap on 4 ranks exits 0 (rc $rc)" test $rc -eq 0
 check "bench overlap prints both modes" grep -q '^  serial ' "$tmp/overlap.out"
+check "bench overlap names the wait mode" grep -q 'per operation, poll waits' "$tmp/overlap.out"
 check "bench overlap prints the exposed dispatch" grep -q '^  dispatch ' "$tmp/overlap.out"
 check "bench overlap JSON: serial steps expose all their communication, the link charged it" \
   "$py" -c "
