@@ -9,7 +9,7 @@ MOEPEAK_PACKAGES=(
   cmake ninja-build g++ pkg-config git
   libhwloc-dev libnuma-dev libopenmpi-dev openmpi-bin
   libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
-  libgtest-dev libopenblas-dev nlohmann-json3-dev
+  libgtest-dev libopenblas-dev nlohmann-json3-dev libxxhash-dev
   python3-numpy
   # scripts/format.sh --check (the tree's formatting is clang-format 14's)
   clang-format-14

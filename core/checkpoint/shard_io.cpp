@@ -1,0 +1,201 @@
+// Sharded checkpoint files: the buffered, checksumming writer and the mapping, verifying reader.
+#include "core/checkpoint/shard_io.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace moepeak {
+
+namespace {
+
+std::string base_name(const std::string& path) {
+  return std::filesystem::path(path).filename().string();
+}
+
+}  // namespace
+
+// ---- ShardFileWriter -------------------------------------------------------------------------
+
+ShardFileWriter::ShardFileWriter(std::string path, size_t buffer_bytes, uint64_t block_bytes)
+    : path_(std::move(path)), block_bytes_(block_bytes) {
+  MOEPEAK_CHECK(buffer_bytes >= 4096, "a shard write buffer needs >= 4096 bytes, not ",
+                buffer_bytes);
+  MOEPEAK_CHECK(block_bytes > 0, "shard checksum blocks need > 0 bytes");
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd_ < 0) MOEPEAK_THROW("cannot create ", path_, ": ", std::strerror(errno));
+  buffer_.resize(buffer_bytes);
+}
+
+ShardFileWriter::~ShardFileWriter() {
+  if (finished_) return;
+  if (fd_ >= 0) ::close(fd_);
+  ::unlink(path_.c_str());
+}
+
+uint64_t ShardFileWriter::append(const void* data, size_t bytes) {
+  MOEPEAK_CHECK(!finished_, "append to ", path_, " after finish()");
+  static constexpr char kZeros[kShardAlignBytes] = {};
+  const uint64_t pad = (kShardAlignBytes - size_ % kShardAlignBytes) % kShardAlignBytes;
+  put(kZeros, pad);
+  const uint64_t at = size_;
+  put(data, bytes);
+  return at;
+}
+
+void ShardFileWriter::put(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const size_t n = std::min(bytes, buffer_.size() - buffered_);
+    std::memcpy(buffer_.data() + buffered_, p, n);
+    buffered_ += n;
+    p += n;
+    bytes -= n;
+    size_ += n;
+    if (buffered_ == buffer_.size()) flush();
+  }
+}
+
+void ShardFileWriter::flush() {
+  // NOTES: blocks are hashed over the file's byte stream as it leaves the buffer, so a block may
+  // span several flushes and a flush several blocks; only what was written is hashed.
+  size_t hashed = 0;
+  while (hashed < buffered_) {
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(buffered_ - hashed, block_bytes_ - in_block_));
+    block_hash_.update(buffer_.data() + hashed, n);
+    hashed += n;
+    in_block_ += n;
+    if (in_block_ == block_bytes_) {
+      block_sums_.push_back(block_hash_.digest());
+      block_hash_.reset();
+      in_block_ = 0;
+    }
+  }
+  size_t done = 0;
+  while (done < buffered_) {
+    const ssize_t w = ::write(fd_, buffer_.data() + done, buffered_ - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      MOEPEAK_THROW("writing ", path_, ": ", std::strerror(errno));
+    }
+    done += static_cast<size_t>(w);
+  }
+  buffered_ = 0;
+}
+
+ShardFileInfo ShardFileWriter::finish() {
+  MOEPEAK_CHECK(!finished_, "finish() of ", path_, " twice");
+  flush();
+  if (in_block_ > 0) {
+    block_sums_.push_back(block_hash_.digest());
+    in_block_ = 0;
+  }
+  if (::fsync(fd_) != 0) MOEPEAK_THROW("fsync of ", path_, ": ", std::strerror(errno));
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    MOEPEAK_THROW("closing ", path_, ": ", std::strerror(errno));
+  }
+  fd_ = -1;
+  finished_ = true;
+  return ShardFileInfo{base_name(path_), size_, std::move(block_sums_)};
+}
+
+// ---- ShardReader -----------------------------------------------------------------------------
+
+struct ShardReader::Mapped {
+  const char* data = nullptr;
+  uint64_t bytes = 0;
+  std::vector<bool> verified;  // per block
+};
+
+ShardReader::ShardReader(std::string dir, const ShardManifest& manifest)
+    : dir_(std::move(dir)), manifest_(manifest) {
+  files_.resize(manifest_.files.size());
+}
+
+ShardReader::~ShardReader() {
+  for (const std::unique_ptr<Mapped>& m : files_) {
+    if (m && m->data != nullptr) ::munmap(const_cast<char*>(m->data), m->bytes);
+  }
+}
+
+ShardReader::Mapped& ShardReader::mapped(int file, const ShardTensor& tensor) {
+  std::unique_ptr<Mapped>& slot = files_[static_cast<size_t>(file)];
+  if (slot) return *slot;
+  const ShardFileInfo& info = manifest_.files[static_cast<size_t>(file)];
+  const std::string path = (std::filesystem::path(dir_) / info.name).string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    MOEPEAK_THROW(path, ": cannot open (", std::strerror(errno), "); the manifest lists it for ",
+                  "tensor '", tensor.name, "'");
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    MOEPEAK_THROW(path, ": cannot stat (", std::strerror(e), ")");
+  }
+  if (static_cast<uint64_t>(st.st_size) != info.bytes) {
+    ::close(fd);
+    MOEPEAK_THROW(path, " is ", st.st_size, " bytes; the manifest says ", info.bytes,
+                  (static_cast<uint64_t>(st.st_size) < info.bytes ? " (truncated)" : ""),
+                  "; tensor '", tensor.name, "' reads from it");
+  }
+  auto m = std::make_unique<Mapped>();
+  m->bytes = info.bytes;
+  m->verified.assign(info.block_xxh3.size(), false);
+  if (info.bytes > 0) {
+    void* p = ::mmap(nullptr, info.bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      ::close(fd);
+      MOEPEAK_THROW(path, ": cannot map (", std::strerror(e), ")");
+    }
+    m->data = static_cast<const char*>(p);
+  }
+  ::close(fd);  // the mapping keeps the file
+  slot = std::move(m);
+  return *slot;
+}
+
+void ShardReader::verify(int file, Mapped& m, uint64_t offset, uint64_t bytes,
+                         const ShardTensor& tensor) {
+  if (bytes == 0) return;
+  const ShardFileInfo& info = manifest_.files[static_cast<size_t>(file)];
+  const uint64_t bb = manifest_.block_bytes;
+  for (uint64_t b = offset / bb; b <= (offset + bytes - 1) / bb; ++b) {
+    if (m.verified[b]) continue;
+    const uint64_t lo = b * bb;
+    const uint64_t hi = std::min(lo + bb, m.bytes);
+    const uint64_t got = xxh3_64(m.data + lo, hi - lo);
+    if (got != info.block_xxh3[b]) {
+      MOEPEAK_THROW((std::filesystem::path(dir_) / info.name).string(), ": bytes [", lo, ", ", hi,
+                    ") (block ", b, ") fail their checksum (XXH3 ", checksum_hex(got),
+                    ", the manifest says ", checksum_hex(info.block_xxh3[b]), "); tensor '",
+                    tensor.name, "' is stored there: the checkpoint is corrupt");
+    }
+    m.verified[b] = true;
+    ++blocks_verified_;
+  }
+}
+
+void ShardReader::read(const ShardTensor& tensor, int64_t begin, int64_t end, void* dest) {
+  const size_t es = dtype_size(tensor.dtype);
+  for (const ShardReadPiece& piece : plan_read(tensor, begin, end)) {
+    Mapped& m = mapped(piece.file, tensor);
+    verify(piece.file, m, piece.offset, piece.bytes, tensor);
+    std::memcpy(static_cast<char*>(dest) + static_cast<size_t>(piece.dest_element) * es,
+                m.data + piece.offset, piece.bytes);
+  }
+}
+
+}  // namespace moepeak
