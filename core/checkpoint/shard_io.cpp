@@ -42,13 +42,31 @@ ShardFileWriter::~ShardFileWriter() {
 }
 
 uint64_t ShardFileWriter::append(const void* data, size_t bytes) {
-  MOEPEAK_CHECK(!finished_, "append to ", path_, " after finish()");
+  const uint64_t at = begin_slice();
+  put(data, bytes);
+  return at;
+}
+
+uint64_t ShardFileWriter::begin_slice() {
+  MOEPEAK_CHECK(!finished_, "write to ", path_, " after finish()");
   static constexpr char kZeros[kShardAlignBytes] = {};
   const uint64_t pad = (kShardAlignBytes - size_ % kShardAlignBytes) % kShardAlignBytes;
   put(kZeros, pad);
-  const uint64_t at = size_;
-  put(data, bytes);
-  return at;
+  return size_;
+}
+
+std::span<char> ShardFileWriter::space() {
+  MOEPEAK_CHECK(!finished_, "write to ", path_, " after finish()");
+  if (buffered_ == buffer_.size()) flush();
+  return {buffer_.data() + buffered_, buffer_.size() - buffered_};
+}
+
+void ShardFileWriter::commit(size_t bytes) {
+  MOEPEAK_CHECK(bytes <= buffer_.size() - buffered_, "commit of ", bytes, " bytes to ", path_,
+                " past its buffer's free ", buffer_.size() - buffered_);
+  buffered_ += bytes;
+  size_ += bytes;
+  if (buffered_ == buffer_.size()) flush();
 }
 
 void ShardFileWriter::put(const void* data, size_t bytes) {

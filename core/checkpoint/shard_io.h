@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,12 @@ class ShardFileWriter {
 
   // Appends `bytes` at the next multiple of kShardAlignBytes; returns that offset.
   uint64_t append(const void* data, size_t bytes);
+  // The same in pieces, without a copy: begin_slice() pads to the next multiple of
+  // kShardAlignBytes and returns the offset; then, repeatedly, space() is the free part of the
+  // buffer (never empty) and commit(n) adds its first n bytes to the file.
+  uint64_t begin_slice();
+  std::span<char> space();
+  void commit(size_t bytes);
   // Writes what is buffered, fsyncs and closes; the file's size and block checksums, its name
   // without the directory.
   ShardFileInfo finish();

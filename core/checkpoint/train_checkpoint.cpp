@@ -15,6 +15,7 @@
 #include "core/atomic_file.h"
 #include "core/checkpoint/hf_config.h"
 #include "core/checkpoint/safetensors.h"
+#include "core/checkpoint/sharded_checkpoint.h"
 #include "core/comm/comm.h"
 #include "core/error.h"
 
@@ -27,16 +28,6 @@ std::vector<int64_t> dims(const Shape& s) {
   std::vector<int64_t> d;
   for (int i = 0; i < s.ndim(); ++i) d.push_back(s[i]);
   return d;
-}
-
-std::string hex(const std::vector<uint8_t>& bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (uint8_t b : bytes) {
-    out += digits[b >> 4];
-    out += digits[b & 15];
-  }
-  return out;
 }
 
 std::vector<uint8_t> unhex(const std::string& text, const std::string& where) {
@@ -94,25 +85,10 @@ void add_params(SafetensorsWriter& writer, const ZeroParamStore& params,
   }
 }
 
-// Runs `write` on rank 0 and makes its outcome every rank's: rank 0 rethrows its own error, the
-// others throw one that points to it (so no rank goes on to a collective rank 0 will not join).
+// Runs `write` on rank 0 and makes its outcome every rank's (run_and_agree).
 void write_on_rank0(const ZeroParamStore& params, Stream& stream, const std::string& what,
                     const std::function<void()>& write) {
-  std::exception_ptr failure;
-  if (params.rank() == 0) {
-    try {
-      write();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  }
-  double failed[1] = {failure ? 1.0 : 0.0};
-  if (params.world_size() > 1) {
-    all_reduce_host(params.comm(), params.backend(), stream, failed, ReduceOp::max);
-  }
-  if (failure) std::rethrow_exception(failure);
-  if (failed[0] != 0)
-    MOEPEAK_INPUT_ERROR("rank 0 could not write ", what, " (its error is in its log)");
+  run_and_agree(params, stream, what, params.rank() == 0, write);
 }
 
 }  // namespace
@@ -136,60 +112,10 @@ void write_params_safetensors(const std::string& path, const ZeroParamStore& par
 
 void save_checkpoint(const std::string& folder, int64_t step, const ModelConfig& model,
                      const ZeroParamStore& params, const schedules::Optimizer& optimizer,
-                     const DataLoader& loader, Stream& stream, int64_t keep_latest) {
-  const auto weights = gather_all(params, params.flat_values(), stream);
-  struct GatheredState {
-    schedules::OptimizerState state;
-    std::vector<std::vector<char>> full;
-  };
-  std::vector<GatheredState> states;
-  for (const schedules::OptimizerState& st : optimizer.state()) {
-    states.push_back({st, gather_all(params, st.flat, stream)});
-  }
-  const std::string name = checkpoint_dir_name(step);
-  write_on_rank0(params, stream, "checkpoint " + (fs::path(folder) / name).string(), [&] {
-    create_directories(folder);
-    const fs::path final_dir = fs::path(folder) / name;
-    const fs::path tmp_dir = fs::path(folder) / (".tmp_" + name);
-    std::error_code ec;
-    fs::remove_all(tmp_dir, ec);
-    create_directories(tmp_dir.string());
-    {
-      SafetensorsWriter writer;
-      add_params(writer, params, weights, "", params.dtype());
-      writer.set_metadata("format", "pt");
-      writer.write((tmp_dir / "model.safetensors").string());
-    }
-    write_config_json((tmp_dir / "config.json").string(), model);
-    {
-      SafetensorsWriter writer;
-      for (const GatheredState& st : states) {
-        add_params(writer, params, st.full, st.state.name + ".", st.state.flat.dtype());
-      }
-      writer.set_metadata("step", std::to_string(step));
-      writer.set_metadata("data_loader_state", hex(loader.state()));
-      writer.set_metadata("world_size", std::to_string(params.world_size()));
-      writer.set_metadata("optimizer_placement", std::string(enum_name(optimizer.placement())));
-      writer.write((tmp_dir / "optimizer.safetensors").string());
-    }
-    fs::remove_all(final_dir, ec);
-    fs::rename(tmp_dir, final_dir, ec);
-    if (ec)
-      MOEPEAK_INPUT_ERROR("cannot move checkpoint ", tmp_dir.string(),
-                          " into place: ", ec.message());
-    write_file_atomically((fs::path(folder) / "latest").string(), name + "\n");
-
-    // Keep the newest keep_latest step directories.
-    std::vector<std::string> steps;
-    for (const auto& entry : fs::directory_iterator(folder)) {
-      std::string n = entry.path().filename().string();
-      if (entry.is_directory() && n.rfind("step_", 0) == 0) steps.push_back(n);
-    }
-    std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; i + static_cast<size_t>(keep_latest) < steps.size(); ++i) {
-      fs::remove_all(fs::path(folder) / steps[i], ec);
-    }
-  });
+                     const DataLoader& loader, Stream& stream, int64_t keep_latest,
+                     uint64_t write_buffer_bytes) {
+  save_sharded_checkpoint(folder, checkpoint_dir_name(step), step, model, params, optimizer, loader,
+                          stream, keep_latest, write_buffer_bytes);
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& folder) {
@@ -224,6 +150,9 @@ int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroPa
                           " was saved for another model shape than [model] in the config");
     }
   }
+  if (is_sharded_checkpoint(dir))
+    return load_sharded_checkpoint(dir, params, optimizer, loader, stream);
+  // A checkpoint of the earlier whole-tensor format (model.safetensors + optimizer.safetensors).
   const auto& infos = params.layout().params();
   SafetensorsFile weights = SafetensorsFile::open((root / "model.safetensors").string());
   SafetensorsFile state = SafetensorsFile::open((root / "optimizer.safetensors").string());

@@ -1,37 +1,24 @@
 // Training checkpoints and step dumps, on any number of ranks.
 //
-// A checkpoint is a directory, written under a temporary name and renamed into place when every
-// file in it is complete (each file itself written atomically), so a crash never leaves a
-// checkpoint that looks finished but is not:
-//
-//   <folder>/step_00000100/
-//       model.safetensors      the full weights, Hugging Face Mixtral tensor names, model dtype
-//       config.json            MixtralConfig (loads in transformers)
-//       optimizer.safetensors  AdamW's m and v of every parameter, full tensors named
-//                              "exp_avg.<name>" and "exp_avg_sq.<name>"; metadata: step, data
-//                              loader cursor, the world size that saved it
-//   <folder>/latest            "step_00000100", replaced atomically after the directory
-//
-// Every tensor is whole (gathered from the ZeRO-3 shards and the experts' owners), so the
-// checkpoint does not depend on the rank count: a run saved on W ranks resumes on any W' that can
-// train the model (each rank keeps its part of every tensor). Resuming on the same W reads the
-// very bytes that were saved, so the run continues bit for bit. Saving is collective (every rank
-// gathers, rank 0 writes; the node running rank 0 needs host memory for the model and its
-// optimizer state); loading is not (each rank reads the files, which must be on a file system
-// every rank sees).
+// A checkpoint is a directory written by every rank in parallel, sharded as the ranks hold the
+// model (core/checkpoint/sharded_checkpoint.h: one file of pieces per rank, manifest.json with
+// checksums, config.json), renamed into place when complete, then named by <folder>/latest. It
+// resumes in any layout on any number of ranks that can train the model: each rank reads the
+// byte ranges of what it holds; on the same layout those are the very bytes saved, so the run
+// continues bit for bit. load_checkpoint also reads the earlier whole-tensor format
+// (model.safetensors with every weight, optimizer.safetensors with "exp_avg.<name>" and
+// "exp_avg_sq.<name>" and the step and data cursor in its metadata).
 //
 // The optimizer state goes through schedules::Optimizer (ops/schedules/optimizer.h), whatever
-// its placement: state in device memory is gathered with ZeroParamStore::gather_full; state in
-// pinned host memory (the offload placements) is staged piece by piece through a device
-// `workspace` buffer into the same collectives (NCCL reads device memory only; MPI on the CPU
-// backend is given host memory either way) and loaded straight into the host buffers. Every
+// its placement (device memory, or pinned host memory for the offload placements): every
 // placement saves the same tensors, so a checkpoint of one resumes under any other; a master the
 // checkpoint does not carry is re-derived from the loaded weights.
 //
 // A step dump (`moepeak train --dump-step DIR`) writes what any Mixtral implementation needs to
 // check one training step: model.safetensors (weights before the step), config.json,
 // batch.safetensors (input_ids, labels: int64 (B, T), the global batch), loss.json,
-// grads.safetensors (the full gradients, summed over ranks). Collective; rank 0 writes.
+// grads.safetensors (the full gradients, summed over ranks). Collective; every tensor is
+// gathered and rank 0 writes (a dump is for models small enough to check by hand).
 #pragma once
 
 #include <cstdint>
@@ -47,11 +34,13 @@ namespace moepeak {
 std::string checkpoint_dir_name(int64_t step);  // "step_00000100"
 
 // Writes the checkpoint of `step` into `folder` (created if needed), updates `latest`, and
-// removes the oldest step directories beyond keep_latest. Collective: if rank 0 fails to write,
-// every rank throws.
+// removes the oldest step directories beyond keep_latest. Collective: if any rank fails to
+// write, every rank throws. Each rank's host memory for it: `write_buffer_bytes`
+// (checkpoint.write_buffer).
 void save_checkpoint(const std::string& folder, int64_t step, const ModelConfig& model,
                      const ZeroParamStore& params, const schedules::Optimizer& optimizer,
-                     const DataLoader& loader, Stream& stream, int64_t keep_latest);
+                     const DataLoader& loader, Stream& stream, int64_t keep_latest,
+                     uint64_t write_buffer_bytes = 64ull << 20);
 
 // The directory `latest` points to, or nullopt when the folder holds no checkpoint.
 std::optional<std::string> latest_checkpoint(const std::string& folder);

@@ -349,6 +349,10 @@ std::optional<uint64_t> SchedulesConfig::sco_host_budget_bytes() const {
   return byte_size_setting(sco_host_budget, "schedules.sco_host_budget");
 }
 
+uint64_t CheckpointConfig::write_buffer_bytes() const {
+  return byte_size_setting(write_buffer, "checkpoint.write_buffer").value_or(64ull << 20);
+}
+
 std::optional<uint64_t> RuntimeConfig::device_memory_bytes() const {
   return byte_size_setting(device_memory, "runtime.device_memory");
 }

@@ -237,7 +237,10 @@ struct CheckpointConfig {
   std::string folder = "checkpoints";  // relative to the run directory
   int64_t interval = 0;                // 0 = only at the end
   int64_t keep_latest = 2;
+  std::string write_buffer = "auto";  // byte size or "auto" (64 MiB)
 
+  // The host buffer each rank streams its shards through on a save (auto: 64 MiB).
+  uint64_t write_buffer_bytes() const;
   bool operator==(const CheckpointConfig&) const = default;
 };
 

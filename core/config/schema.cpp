@@ -277,6 +277,9 @@ const std::vector<Field>& field_table() {
             "Checkpoint directory, relative to the run directory."),
       FIELD(checkpoint, interval, at_least(0), "Steps between checkpoints; 0 = only at the end."),
       FIELD(checkpoint, keep_latest, at_least(1), "Checkpoints kept; older ones are deleted."),
+      FIELD(checkpoint, write_buffer, byte_size_or_auto(Bound{4096, true}),
+            "Host buffer each rank streams its own shards through on a save (a save's host "
+            "memory per rank beyond the training's); auto = 64MiB."),
       // [metrics]
       FIELD(metrics, log_freq, at_least(1), "Steps between console metric lines."),
       FIELD(metrics, file, no_limit(),

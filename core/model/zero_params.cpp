@@ -626,4 +626,59 @@ void ZeroParamStore::load_full(int param, const void* full, const Tensor& flat, 
   stream.synchronize();  // `full` may die after the call
 }
 
+std::optional<std::pair<int64_t, int64_t>> ZeroParamStore::stored_range(int param) const {
+  const Info& info = info_.at(param);
+  if (info.offset < 0) return std::nullopt;
+  const int64_t n = layout_.params()[param].shape.numel();
+  const int64_t begin = std::min(n, info.first);
+  return std::pair{begin, std::min(n, begin + info.local_numel)};
+}
+
+bool ZeroParamStore::writes_checkpoint(int param) const {
+  const Info& info = info_.at(param);
+  if (info.offset < 0) return false;
+  const bool dense = info.expert < 0 && !info.rows;
+  return !dense || rank_ / groups_->degrees().data_shard == 0;  // dense-replica rank 0
+}
+
+void ZeroParamStore::copy_piece_to_host(int param, const Tensor& flat, int64_t offset,
+                                        int64_t count, void* dst, Stream& stream) const {
+  const auto range = stored_range(param);
+  MOEPEAK_CHECK(
+      range && offset >= 0 && count >= 0 && offset + count <= range->second - range->first,
+      "copy_piece_to_host: elements [", offset, ", ", offset + count, ") of ",
+      layout_.params()[param].name, "'s piece on rank ", rank_, " are not stored there");
+  const size_t b = dtype_size(flat.dtype());
+  const char* src = piece_bytes(flat, param) + static_cast<size_t>(offset) * b;
+  if (count == 0) return;
+  if (flat.placement() == Placement::host) {
+    stream.synchronize();  // the state is current
+    std::memcpy(dst, src, static_cast<size_t>(count) * b);
+    return;
+  }
+  backend_.copy_async(dst, src, static_cast<size_t>(count) * b, CopyKind::device_to_host, stream);
+  stream.synchronize();
+}
+
+void ZeroParamStore::load_stored_range(int param, const void* src, const Tensor& flat,
+                                       Stream& stream) {
+  const Info& info = info_.at(param);
+  const auto range = stored_range(param);
+  MOEPEAK_CHECK(range, "load_stored_range: ", layout_.params()[param].name,
+                " is not stored on rank ", rank_);
+  const size_t b = dtype_size(flat.dtype());
+  char* dst = piece_bytes(flat, param);
+  const size_t have = static_cast<size_t>(range->second - range->first) * b;
+  const size_t pad = static_cast<size_t>(info.local_numel) * b - have;  // stays zero
+  if (flat.placement() == Placement::host) {
+    stream.synchronize();
+    std::memcpy(dst, src, have);
+    std::memset(dst + have, 0, pad);
+    return;
+  }
+  if (have > 0) backend_.copy_async(dst, src, have, CopyKind::host_to_device, stream);
+  if (pad > 0) backend_.memset_async(dst + have, 0, pad, stream);
+  stream.synchronize();  // `src` may die after the call
+}
+
 }  // namespace moepeak

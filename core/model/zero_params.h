@@ -54,6 +54,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -247,6 +248,23 @@ class ZeroParamStore {
   // the stream (the host memory may go away after the call).
   void load_full(int param, const void* full, Stream& stream);
   void load_full(int param, const void* full, const Tensor& flat, Stream& stream);
+
+  // ---- pieces by element range (sharded checkpoints, core/checkpoint/sharded_checkpoint.h) ----
+  // The elements [begin, end) of param's flattened tensor held in this rank's piece, less the
+  // zero padding past the tensor's end (begin == end for a piece that is all padding); nullopt
+  // when the param is another expert-group rank's expert.
+  std::optional<std::pair<int64_t, int64_t>> stored_range(int param) const;
+  // This rank writes its stored range of `param` to a sharded checkpoint: every piece that is on
+  // one rank of the job only, and a dense shard only on dense-replica rank 0 (the other replicas
+  // hold the same elements). Over the job the writers' ranges tile every tensor once.
+  bool writes_checkpoint(int param) const;
+  // Copies elements [offset, offset + count) of the stored range of `param` in `flat` (laid out
+  // like the values, any dtype, on the device or the host) to host memory `dst`. Synchronises.
+  void copy_piece_to_host(int param, const Tensor& flat, int64_t offset, int64_t count, void* dst,
+                          Stream& stream) const;
+  // Sets the stored range of `param` in `flat` from host `src` ((end - begin) elements of flat's
+  // dtype) and zeros the padding after it, as load_full does. Not collective; synchronises.
+  void load_stored_range(int param, const void* src, const Tensor& flat, Stream& stream);
 
  private:
   ZeroParamStore(Backend& backend, const ModelConfig& model, DType dtype,

@@ -392,7 +392,7 @@ void Trainer::save_checkpoint() const {
   const State& s = *s_;
   moepeak::save_checkpoint(s.checkpoint_folder, s.completed, s.cfg.model, s.model->params(),
                            *s.optimizer, *s.loader, s.backend->default_stream(),
-                           s.cfg.checkpoint.keep_latest);
+                           s.cfg.checkpoint.keep_latest, s.cfg.checkpoint.write_buffer_bytes());
   spdlog::info("checkpoint: {}/{}", s.checkpoint_folder, checkpoint_dir_name(s.completed));
 }
 

@@ -277,7 +277,7 @@ train 2 ck2 "$tmp/ck2" --set training.steps=6 "${ckpt[@]}"; rc=$?
 check "2 ranks with checkpoints exits 0 (rc $rc)" test $rc -eq 0
 check "2 ranks with checkpoints: 6 metrics lines" metrics_shape "$(metrics ck2)" 1 6 2
 step3="$tmp/runs/ck2/checkpoints/step_00000003"
-for f in model.safetensors config.json optimizer.safetensors; do
+for f in manifest.json config.json shard-00000.bin shard-00001.bin; do
   check "checkpoint step_00000003 has $f" test -s "$step3/$f"
 done
 for w in 2 4 1; do

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint/safetensors.h"
+#include "core/checkpoint/sharded_checkpoint.h"
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/config/config.h"
 #include "core/model/mixtral_params.h"
@@ -82,20 +83,23 @@ TEST(Train, ResumeContinuesBitForBit) {
   TrainResult full = train(cfg, {});
   ASSERT_EQ(full.losses.size(), 8u);
   const fs::path ckpt = fs::path(full.run_dir) / "checkpoints" / checkpoint_dir_name(4);
-  ASSERT_TRUE(fs::exists(ckpt / "model.safetensors"));
+  ASSERT_TRUE(fs::exists(ckpt / "manifest.json"));
   ASSERT_TRUE(fs::exists(ckpt / "config.json"));
-  ASSERT_TRUE(fs::exists(ckpt / "optimizer.safetensors"));
+  ASSERT_TRUE(fs::exists(ckpt / "shard-00000.bin"));
+  EXPECT_FALSE(fs::exists(ckpt / "shard-00000.json")) << "the sidecar stays out of the checkpoint";
   {
-    // Whole tensors under Hugging Face names, so the checkpoint does not depend on the rank count.
-    auto state = SafetensorsFile::open((ckpt / "optimizer.safetensors").string());
+    // Every tensor under its Hugging Face name (the optimizer's prefixed), whole shapes.
+    ShardedCheckpoint state(ckpt.string());
     const ParamLayout layout(cfg.model);
     for (const ParamInfo& p : layout.params()) {
       std::vector<int64_t> shape;
       for (int i = 0; i < p.shape.ndim(); ++i) shape.push_back(p.shape[i]);
-      EXPECT_EQ(state.info("exp_avg." + p.name).shape, shape) << p.name;
-      EXPECT_EQ(state.info("exp_avg_sq." + p.name).shape, shape) << p.name;
+      EXPECT_EQ(state.manifest().tensor(p.name, "test").shape, shape) << p.name;
+      EXPECT_EQ(state.manifest().tensor("exp_avg." + p.name, "test").shape, shape) << p.name;
+      EXPECT_EQ(state.manifest().tensor("exp_avg_sq." + p.name, "test").shape, shape) << p.name;
     }
-    EXPECT_EQ(state.metadata().at("world_size"), "1");
+    EXPECT_EQ(state.metadata().at("world_size"), 1);
+    EXPECT_EQ(state.metadata().at("step"), 4);
   }
 
   // A second run (another run directory) resumed from step 4 of the first.
@@ -113,6 +117,63 @@ TEST(Train, ResumeContinuesBitForBit) {
   TrainOptions latest;
   latest.resume = true;
   EXPECT_TRUE(train(cfg, latest).losses.empty());
+}
+
+// The write buffer (checkpoint.write_buffer) bounds a save's host memory and changes no byte:
+// a save through 4 KiB (every piece in many pieces) writes the files a 64 MiB one writes.
+TEST(Train, TheWriteBufferChangesNoByteOfTheCheckpoint) {
+  TempDir dir;
+  Config big = quick_config(dir.path(), 2);
+  big.checkpoint.enable = true;
+  big.job.name = "big-buffer";
+  Config small = big;
+  small.job.name = "small-buffer";
+  small.checkpoint.write_buffer = "4KiB";
+  EXPECT_EQ(small.checkpoint.write_buffer_bytes(), 4096u);
+  const TrainResult a = train(big, {}), b = train(small, {});
+  const fs::path ca = fs::path(a.run_dir) / "checkpoints" / checkpoint_dir_name(2);
+  const fs::path cb = fs::path(b.run_dir) / "checkpoints" / checkpoint_dir_name(2);
+  auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_GT(fs::file_size(ca / "shard-00000.bin"), 100u * 4096) << "the test needs many buffers";
+  EXPECT_TRUE(bytes(ca / "shard-00000.bin") == bytes(cb / "shard-00000.bin"));
+  EXPECT_TRUE(bytes(ca / "manifest.json") == bytes(cb / "manifest.json"));
+}
+
+// A byte flipped in a shard file (not a NaN: one bit of one float) fails the resume with the
+// file, the block and the tensor named; nothing is trained from the corrupt state.
+TEST(Train, ResumeFromACorruptShardFailsNamingFileAndTensor) {
+  TempDir dir;
+  Config cfg = quick_config(dir.path(), 2);
+  cfg.checkpoint.enable = true;
+  const TrainResult r = train(cfg, {});
+  const fs::path ckpt = fs::path(r.run_dir) / "checkpoints" / checkpoint_dir_name(2);
+  ShardedCheckpoint c(ckpt.string());
+  const ShardTensor& t = c.manifest().tensor("model.norm.weight", "test");
+  const uint64_t at = t.slices.at(0).offset + 5;  // inside its first float
+  {
+    std::fstream f(ckpt / "shard-00000.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    char byte = 0;
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x01);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(&byte, 1);
+  }
+  Config again = cfg;
+  again.job.name = "from-corrupt";
+  TrainOptions options;
+  options.resume_from = ckpt.string();
+  try {
+    train(again, options);
+    ADD_FAILURE() << "a corrupt checkpoint was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("shard-00000.bin"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("fail their checksum"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("tensor '"), std::string::npos) << e.message();
+  }
 }
 
 // Preemption (TrainOptions::stop_signal): a signal seen after a step stops the run at that step
@@ -142,7 +203,7 @@ TEST(Train, StopSignalCheckpointsAtTheStepBoundaryAndResumes) {
   ASSERT_EQ(stopped.losses.size(), 1u);
   EXPECT_EQ(stopped.losses[0], full.losses[0]);
   EXPECT_TRUE(fs::exists(fs::path(stopped.run_dir) / "checkpoints" / checkpoint_dir_name(1) /
-                         "model.safetensors"));
+                         "manifest.json"));
 
   signal = 0;
   TrainOptions resume = quiet;
@@ -216,18 +277,6 @@ Config placement_config(const fs::path& run_dir, int64_t steps, OptimizerPlaceme
   return cfg;
 }
 
-// Every tensor of a safetensors file, by name.
-std::map<std::string, std::vector<char>> read_all(const fs::path& path) {
-  auto file = SafetensorsFile::open(path.string());
-  std::map<std::string, std::vector<char>> out;
-  for (const std::string& name : file.names()) {
-    std::vector<char> bytes(file.info(name).bytes);
-    file.read(name, bytes.data(), bytes.size());
-    out[name] = std::move(bytes);
-  }
-  return out;
-}
-
 class TrainPlacement : public ::testing::TestWithParam<OptimizerPlacement> {};
 
 TEST_P(TrainPlacement, LossesWeightsAndMomentsAreBitwiseResident) {
@@ -242,14 +291,12 @@ TEST_P(TrainPlacement, LossesWeightsAndMomentsAreBitwiseResident) {
   EXPECT_EQ(r.losses, resident.losses);  // exact
   const fs::path a = fs::path(resident.run_dir) / "checkpoints" / checkpoint_dir_name(8);
   const fs::path b = fs::path(r.run_dir) / "checkpoints" / checkpoint_dir_name(8);
-  EXPECT_TRUE(read_all(a / "model.safetensors") == read_all(b / "model.safetensors"))
-      << "weights differ";
-  EXPECT_TRUE(read_all(a / "optimizer.safetensors") == read_all(b / "optimizer.safetensors"))
-      << "m or v differ";
-  EXPECT_EQ(SafetensorsFile::open((b / "optimizer.safetensors").string())
-                .metadata()
-                .at("optimizer_placement"),
-            enum_name(GetParam()));
+  ShardedCheckpoint ca(a.string()), cb(b.string());
+  ASSERT_EQ(ca.manifest().tensors.size(), cb.manifest().tensors.size());
+  for (const ShardTensor& t : ca.manifest().tensors) {
+    EXPECT_TRUE(ca.read(t.name) == cb.read(t.name)) << t.name << " differs";  // weights, m, v
+  }
+  EXPECT_EQ(cb.metadata().at("optimizer_placement"), enum_name(GetParam()));
 }
 
 TEST_P(TrainPlacement, ResumeContinuesBitForBit) {

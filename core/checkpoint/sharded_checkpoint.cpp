@@ -1,0 +1,315 @@
+#include "core/checkpoint/sharded_checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>  // defines: nlohmann::json (sidecars, metadata)
+
+#include "core/atomic_file.h"
+#include "core/checkpoint/hf_config.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/checkpoint/shard_io.h"
+#include "core/checkpoint/shard_manifest.h"
+#include "core/comm/comm.h"
+#include "core/error.h"
+
+namespace moepeak {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kBlockBytes = 8ull << 20;
+
+std::string shard_name(int rank, const char* ext) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "shard-%05d.%s", rank, ext);
+  return buf;
+}
+
+// One flat buffer a checkpoint saves, and the prefix of its tensors' names.
+struct SavedFlat {
+  std::string prefix;  // "" for the weights, "exp_avg." ...
+  Tensor flat;
+};
+
+std::vector<SavedFlat> saved_flats(const ZeroParamStore& params,
+                                   const schedules::Optimizer& optimizer) {
+  std::vector<SavedFlat> flats{{"", params.flat_values()}};
+  for (const schedules::OptimizerState& st : optimizer.state()) {
+    flats.push_back({st.name + ".", st.flat});
+  }
+  return flats;
+}
+
+std::vector<int64_t> dims(const Shape& s) {
+  std::vector<int64_t> d;
+  for (int i = 0; i < s.ndim(); ++i) d.push_back(s[i]);
+  return d;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) MOEPEAK_INPUT_ERROR(path.string(), ": cannot open");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Streams this rank's pieces into its shard file; returns the sidecar: the file's info and
+// every slice it holds.
+nlohmann::json write_rank_shard(const fs::path& dir, const ZeroParamStore& params,
+                                const std::vector<SavedFlat>& flats, Stream& stream,
+                                uint64_t write_buffer_bytes) {
+  // A multiple of kShardAlignBytes, so the free part of the buffer always holds whole elements.
+  const size_t buffer =
+      static_cast<size_t>(write_buffer_bytes / kShardAlignBytes * kShardAlignBytes);
+  ShardFileWriter writer((dir / shard_name(params.rank(), "bin")).string(), buffer, kBlockBytes);
+  nlohmann::json slices = nlohmann::json::array();
+  const auto& infos = params.layout().params();
+  for (const SavedFlat& f : flats) {
+    const size_t es = dtype_size(f.flat.dtype());
+    for (size_t i = 0; i < infos.size(); ++i) {
+      const int p = static_cast<int>(i);
+      if (!params.writes_checkpoint(p)) continue;
+      const auto [begin, end] = *params.stored_range(p);
+      if (begin == end) continue;  // all padding
+      const uint64_t offset = writer.begin_slice();
+      // NOTES: each piece goes straight from the device into the writer's buffer, as many
+      // elements as fit at a time, so the buffer is the save's only host memory.
+      for (int64_t done = 0; done < end - begin;) {
+        std::span<char> room = writer.space();
+        const int64_t n =
+            std::min<int64_t>(end - begin - done, static_cast<int64_t>(room.size() / es));
+        MOEPEAK_CHECK(n > 0, "a shard buffer's free part holds no element");  // 64-byte multiple
+        params.copy_piece_to_host(p, f.flat, done, n, room.data(), stream);
+        writer.commit(static_cast<size_t>(n) * es);
+        done += n;
+      }
+      slices.push_back({{"tensor", f.prefix + infos[i].name},
+                        {"offset", offset},
+                        {"begin", begin},
+                        {"end", end}});
+    }
+  }
+  const ShardFileInfo info = writer.finish();
+  ShardManifest one;  // for the file's JSON form
+  one.block_bytes = kBlockBytes;
+  one.files = {info};
+  const nlohmann::json file = nlohmann::json::parse(one.to_json())["files"][0];
+  return {{"file", file}, {"slices", std::move(slices)}};
+}
+
+// Rank 0: the manifest from every rank's sidecar, tensors in layout order.
+ShardManifest merge_sidecars(const fs::path& dir, const ZeroParamStore& params,
+                             const std::vector<SavedFlat>& flats, nlohmann::json metadata) {
+  ShardManifest m;
+  m.block_bytes = kBlockBytes;
+  m.metadata = std::move(metadata);
+  const auto& infos = params.layout().params();
+  std::map<std::string, size_t> index;
+  for (const SavedFlat& f : flats) {
+    for (const ParamInfo& p : infos) {
+      index[f.prefix + p.name] = m.tensors.size();
+      m.tensors.push_back({f.prefix + p.name, f.flat.dtype(), dims(p.shape), {}});
+    }
+  }
+  for (int r = 0; r < params.world_size(); ++r) {
+    const fs::path path = dir / shard_name(r, "json");
+    nlohmann::json side;
+    try {
+      side = nlohmann::json::parse(read_text(path));
+    } catch (const nlohmann::json::exception& e) {
+      MOEPEAK_THROW(path.string(), ": ", e.what());
+    }
+    const nlohmann::json& f = side.at("file");
+    ShardFileInfo info;
+    info.name = f.at("name").get<std::string>();
+    info.bytes = f.at("bytes").get<uint64_t>();
+    for (const nlohmann::json& h : f.at("block_xxh3")) {
+      info.block_xxh3.push_back(*parse_checksum_hex(h.get<std::string>()));
+    }
+    m.files.push_back(std::move(info));
+    for (const nlohmann::json& s : side.at("slices")) {
+      const std::string name = s.at("tensor").get<std::string>();
+      auto it = index.find(name);
+      MOEPEAK_CHECK(it != index.end(), path.string(), " names a tensor '", name,
+                    "' this model does not have");
+      m.tensors[it->second].slices.push_back({r, s.at("offset").get<uint64_t>(),
+                                              s.at("begin").get<int64_t>(),
+                                              s.at("end").get<int64_t>()});
+    }
+  }
+  for (ShardTensor& t : m.tensors) {
+    std::sort(t.slices.begin(), t.slices.end(),
+              [](const ShardSlice& a, const ShardSlice& b) { return a.begin < b.begin; });
+  }
+  m.validate((dir / kShardManifestName).string());  // the pieces must tile every tensor
+  return m;
+}
+
+void remove_old_steps(const std::string& folder, int64_t keep_latest) {
+  std::vector<std::string> steps;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    std::string n = entry.path().filename().string();
+    if (entry.is_directory() && n.rfind("step_", 0) == 0) steps.push_back(n);
+  }
+  std::sort(steps.begin(), steps.end());
+  std::error_code ec;
+  for (size_t i = 0; i + static_cast<size_t>(keep_latest) < steps.size(); ++i) {
+    fs::remove_all(fs::path(folder) / steps[i], ec);
+  }
+}
+
+}  // namespace
+
+void run_and_agree(const ZeroParamStore& params, Stream& stream, const std::string& what, bool here,
+                   const std::function<void()>& work) {
+  std::exception_ptr failure;
+  if (here) {
+    try {
+      work();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  double failed[1] = {failure ? 1.0 : 0.0};
+  if (params.world_size() > 1) {
+    all_reduce_host(params.comm(), params.backend(), stream, failed, ReduceOp::max);
+  }
+  if (failure) std::rethrow_exception(failure);
+  if (failed[0] != 0) {
+    MOEPEAK_INPUT_ERROR("another rank could not write ", what, " (its error is in its log)");
+  }
+}
+
+void save_sharded_checkpoint(const std::string& folder, const std::string& dir_name, int64_t step,
+                             const ModelConfig& model, const ZeroParamStore& params,
+                             const schedules::Optimizer& optimizer, const DataLoader& loader,
+                             Stream& stream, int64_t keep_latest, uint64_t write_buffer_bytes) {
+  const fs::path final_dir = fs::path(folder) / dir_name;
+  const fs::path tmp_dir = fs::path(folder) / (".tmp_" + dir_name);
+  const std::string what = "checkpoint " + final_dir.string();
+  const bool rank0 = params.rank() == 0;
+  run_and_agree(params, stream, what, rank0, [&] {
+    create_directories(folder);
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);  // a save that died part-way
+    create_directories(tmp_dir.string());
+  });
+  const std::vector<SavedFlat> flats = saved_flats(params, optimizer);
+  run_and_agree(params, stream, what, true, [&] {
+    const nlohmann::json side =
+        write_rank_shard(tmp_dir, params, flats, stream, write_buffer_bytes);
+    write_file_atomically((tmp_dir / shard_name(params.rank(), "json")).string(), side.dump());
+  });
+  run_and_agree(params, stream, what, rank0, [&] {
+    const ParallelDegrees& d = params.groups().degrees();
+    const std::vector<uint8_t> cursor = loader.state();
+    nlohmann::json metadata = {
+        {"step", step},
+        {"world_size", params.world_size()},
+        {"expert_parallel", d.expert},
+        {"sequence_parallel", d.sequence},
+        {"data_shard", d.data_shard},
+        {"optimizer_placement", std::string(enum_name(optimizer.placement()))},
+        {"data_loader_state", cursor}};
+    const ShardManifest m = merge_sidecars(tmp_dir, params, flats, std::move(metadata));
+    write_config_json((tmp_dir / "config.json").string(), model);
+    // NOTES: manifest.json is the directory's last file: a directory without one is never
+    // renamed into place, so every checkpoint a reader finds is complete.
+    write_file_atomically((tmp_dir / kShardManifestName).string(), m.to_json());
+    std::error_code ec;
+    for (int r = 0; r < params.world_size(); ++r) fs::remove(tmp_dir / shard_name(r, "json"), ec);
+    fs::remove_all(final_dir, ec);
+    fs::rename(tmp_dir, final_dir, ec);
+    if (ec) {
+      MOEPEAK_INPUT_ERROR("cannot move checkpoint ", tmp_dir.string(),
+                          " into place: ", ec.message());
+    }
+    write_file_atomically((fs::path(folder) / "latest").string(), dir_name + "\n");
+    remove_old_steps(folder, keep_latest);
+  });
+}
+
+ShardedCheckpoint::ShardedCheckpoint(std::string dir) : dir_(std::move(dir)) {
+  const fs::path path = fs::path(dir_) / kShardManifestName;
+  if (!fs::exists(path)) MOEPEAK_INPUT_ERROR("checkpoint ", dir_, " has no ", kShardManifestName);
+  manifest_ = ShardManifest::parse(read_text(path), path.string());
+  reader_ = std::make_unique<ShardReader>(dir_, manifest_);
+}
+
+std::vector<char> ShardedCheckpoint::read(const std::string& name) {
+  const ShardTensor& t = manifest_.tensor(name, "checkpoint " + dir_);
+  std::vector<char> bytes(static_cast<size_t>(t.numel()) * dtype_size(t.dtype));
+  reader_->read(t, 0, t.numel(), bytes.data());
+  return bytes;
+}
+
+bool is_sharded_checkpoint(const std::string& dir) {
+  return fs::exists(fs::path(dir) / kShardManifestName);
+}
+
+int64_t load_sharded_checkpoint(const std::string& dir, ZeroParamStore& params,
+                                schedules::Optimizer& optimizer, DataLoader& loader,
+                                Stream& stream) {
+  const fs::path manifest_path = fs::path(dir) / kShardManifestName;
+  const ShardManifest m = ShardManifest::parse(read_text(manifest_path), manifest_path.string());
+  ShardReader reader(dir, m);
+  const auto& infos = params.layout().params();
+  const std::vector<schedules::OptimizerState> states = optimizer.state();
+  // A master is loaded when the optimizer keeps one apart from the weights and the checkpoint
+  // has it; otherwise it is re-derived from the loaded weights below.
+  const bool has_master = !infos.empty() && m.has_tensor("master." + infos[0].name);
+  bool master_loaded = false;
+  std::vector<SavedFlat> flats{{"", params.flat_values()}};
+  for (const schedules::OptimizerState& st : states) {
+    if (st.name == "master" && !has_master) continue;
+    flats.push_back({st.name + ".", st.flat});
+    if (st.name == "master") master_loaded = true;
+  }
+  std::vector<char> host;
+  for (const SavedFlat& f : flats) {
+    for (size_t i = 0; i < infos.size(); ++i) {
+      const int p = static_cast<int>(i);
+      const auto range = params.stored_range(p);
+      if (!range) continue;
+      const std::string name = f.prefix + infos[i].name;
+      const ShardTensor& t = m.tensor(name, manifest_path.string());
+      if (t.dtype != f.flat.dtype() || t.shape != dims(infos[i].shape)) {
+        std::ostringstream got;
+        for (int64_t d : t.shape) got << d << ",";
+        MOEPEAK_INPUT_ERROR(manifest_path.string(), ": tensor '", name, "' is ",
+                            safetensors_dtype_name(t.dtype), " (", got.str(),
+                            ") but this model expects ", safetensors_dtype_name(f.flat.dtype()),
+                            " ", infos[i].shape.str());
+      }
+      host.resize(static_cast<size_t>(range->second - range->first) * dtype_size(t.dtype));
+      reader.read(t, range->first, range->second, host.data());
+      params.load_stored_range(p, host.data(), f.flat, stream);
+    }
+  }
+  if (!master_loaded) optimizer.load_master_from_weights(stream);
+  const nlohmann::json& meta = m.metadata;
+  if (!meta.contains("step") || !meta["step"].is_number_integer() ||
+      !meta.contains("data_loader_state") || !meta["data_loader_state"].is_array()) {
+    MOEPEAK_INPUT_ERROR(manifest_path.string(),
+                        ": metadata needs \"step\" (an integer) and \"data_loader_state\"");
+  }
+  std::vector<uint8_t> cursor;
+  for (const nlohmann::json& b : meta["data_loader_state"]) {
+    if (!b.is_number_unsigned() || b.get<uint64_t>() > 255) {
+      MOEPEAK_INPUT_ERROR(manifest_path.string(), ": data_loader_state holds a non-byte");
+    }
+    cursor.push_back(static_cast<uint8_t>(b.get<uint64_t>()));
+  }
+  loader.restore(cursor);
+  return meta["step"].get<int64_t>();
+}
+
+}  // namespace moepeak

@@ -1,0 +1,84 @@
+// Sharded training checkpoints: every rank writes its own pieces, in parallel; any layout reads.
+//
+//   <folder>/step_00000100/
+//       shard-00000.bin ...   rank r's pieces of the weights and of every optimizer state, back
+//                             to back (core/checkpoint/shard_io.h), one file per rank
+//       manifest.json         which bytes of which file hold which elements of which tensor,
+//                             with XXH3 block checksums (core/checkpoint/shard_manifest.h), and
+//                             the metadata: step, data-loader cursor, layout, optimizer placement
+//       config.json           MixtralConfig of the model (transformers' spelling)
+//   <folder>/latest           "step_00000100", replaced atomically after the directory
+//
+// Tensors: the weights under their Hugging Face names in the model dtype, each optimizer state
+// as "<state>.<name>" ("exp_avg.", "exp_avg_sq.", "master." for a master apart from the weights)
+// in its own dtype. What a rank writes of a tensor is its ZeRO-3 piece
+// (ZeroParamStore::stored_range): a dense shard (on dense-replica rank 0 only), its experts'
+// pieces, its LM-head vocabulary rows; over the job the pieces tile every tensor once.
+//
+// Saving is collective and atomic as a directory: rank 0 makes a fresh ".tmp_step_N", every rank
+// streams its pieces into its file through one host buffer of `write_buffer_bytes` (device data
+// is copied straight into that buffer, piece by piece: a save's host memory per rank is that
+// buffer, nothing else) and records its slices in a sidecar "shard-0000r.json"; rank 0 then
+// writes manifest.json from the sidecars (the commit point inside the directory), config.json,
+// renames the directory into place and updates `latest`. A failure on any rank is every rank's
+// error; a crash or kill at any moment leaves `latest` and the previous checkpoint as they were
+// (a stale ".tmp_" directory is removed by the next save).
+//
+// Loading is not collective: each rank reads only the byte ranges of the elements it stores in
+// the layout it runs (memory-mapped, every block it touches verified), so a checkpoint saved on W
+// ranks in one layout resumes on W' ranks in another; in the same layout it reads back the very
+// bytes saved. Anything missing, truncated, corrupt, or of another shape or dtype is an error
+// naming the file and tensor.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/checkpoint/shard_io.h"
+#include "core/checkpoint/shard_manifest.h"
+#include "core/data/data_loader.h"
+#include "core/model/zero_params.h"
+#include "ops/schedules/optimizer.h"
+
+namespace moepeak {
+
+// See above. Collective. Removes the oldest step directories beyond keep_latest.
+void save_sharded_checkpoint(const std::string& folder, const std::string& dir_name, int64_t step,
+                             const ModelConfig& model, const ZeroParamStore& params,
+                             const schedules::Optimizer& optimizer, const DataLoader& loader,
+                             Stream& stream, int64_t keep_latest, uint64_t write_buffer_bytes);
+
+// Runs `work` where `here` is true and makes its outcome every rank's (collective): a rank whose
+// work failed rethrows its own error, the others throw one naming `what`, so no rank goes on to
+// a collective another will not join.
+void run_and_agree(const ZeroParamStore& params, Stream& stream, const std::string& what, bool here,
+                   const std::function<void()>& work);
+
+// A sharded checkpoint read tensor by tensor, whole (export, tests): the validated manifest and
+// any tensor's full bytes, every block verified. Not collective.
+class ShardedCheckpoint {
+ public:
+  explicit ShardedCheckpoint(std::string dir);
+  const ShardManifest& manifest() const { return manifest_; }
+  const nlohmann::json& metadata() const { return manifest_.metadata; }
+  // The full tensor `name` (numel * dtype_size bytes, row-major). Error naming it if absent.
+  std::vector<char> read(const std::string& name);
+
+ private:
+  std::string dir_;
+  ShardManifest manifest_;
+  std::unique_ptr<ShardReader> reader_;
+};
+
+// `dir` holds a manifest.json.
+bool is_sharded_checkpoint(const std::string& dir);
+
+// Loads weights, optimizer state and the loader cursor from a sharded checkpoint; returns the
+// step it was taken after. The caller has compared its config.json with the model
+// (load_checkpoint, core/checkpoint/train_checkpoint.h).
+int64_t load_sharded_checkpoint(const std::string& dir, ZeroParamStore& params,
+                                schedules::Optimizer& optimizer, DataLoader& loader,
+                                Stream& stream);
+
+}  // namespace moepeak
