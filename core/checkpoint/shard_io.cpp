@@ -52,6 +52,7 @@ uint64_t ShardFileWriter::begin_slice() {
   static constexpr char kZeros[kShardAlignBytes] = {};
   const uint64_t pad = (kShardAlignBytes - size_ % kShardAlignBytes) % kShardAlignBytes;
   put(kZeros, pad);
+  close_block();  // a slice starts a block: a failed block names one tensor
   return size_;
 }
 
@@ -64,6 +65,7 @@ std::span<char> ShardFileWriter::space() {
 void ShardFileWriter::commit(size_t bytes) {
   MOEPEAK_CHECK(bytes <= buffer_.size() - buffered_, "commit of ", bytes, " bytes to ", path_,
                 " past its buffer's free ", buffer_.size() - buffered_);
+  hash(buffer_.data() + buffered_, bytes);
   buffered_ += bytes;
   size_ += bytes;
   if (buffered_ == buffer_.size()) flush();
@@ -74,30 +76,34 @@ void ShardFileWriter::put(const void* data, size_t bytes) {
   while (bytes > 0) {
     const size_t n = std::min(bytes, buffer_.size() - buffered_);
     std::memcpy(buffer_.data() + buffered_, p, n);
-    buffered_ += n;
+    commit(n);
     p += n;
     bytes -= n;
-    size_ += n;
-    if (buffered_ == buffer_.size()) flush();
   }
 }
 
-void ShardFileWriter::flush() {
-  // NOTES: blocks are hashed over the file's byte stream as it leaves the buffer, so a block may
-  // span several flushes and a flush several blocks; only what was written is hashed.
-  size_t hashed = 0;
-  while (hashed < buffered_) {
-    const size_t n =
-        static_cast<size_t>(std::min<uint64_t>(buffered_ - hashed, block_bytes_ - in_block_));
-    block_hash_.update(buffer_.data() + hashed, n);
-    hashed += n;
+// NOTES: bytes are hashed as they enter the file's byte stream (put, commit), so the blocks
+// follow file offsets whatever the buffer's size: a block may span several flushes and a flush
+// several blocks.
+void ShardFileWriter::hash(const char* p, size_t bytes) {
+  while (bytes > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, block_bytes_ - in_block_));
+    block_hash_.update(p, n);
     in_block_ += n;
-    if (in_block_ == block_bytes_) {
-      block_sums_.push_back(block_hash_.digest());
-      block_hash_.reset();
-      in_block_ = 0;
-    }
+    p += n;
+    bytes -= n;
+    if (in_block_ == block_bytes_) close_block();
   }
+}
+
+void ShardFileWriter::close_block() {
+  if (in_block_ == 0) return;
+  blocks_.push_back({in_block_, block_hash_.digest()});
+  block_hash_.reset();
+  in_block_ = 0;
+}
+
+void ShardFileWriter::flush() {
   size_t done = 0;
   while (done < buffered_) {
     const ssize_t w = ::write(fd_, buffer_.data() + done, buffered_ - done);
@@ -113,10 +119,7 @@ void ShardFileWriter::flush() {
 ShardFileInfo ShardFileWriter::finish() {
   MOEPEAK_CHECK(!finished_, "finish() of ", path_, " twice");
   flush();
-  if (in_block_ > 0) {
-    block_sums_.push_back(block_hash_.digest());
-    in_block_ = 0;
-  }
+  close_block();
   if (::fsync(fd_) != 0) MOEPEAK_THROW("fsync of ", path_, ": ", std::strerror(errno));
   if (::close(fd_) != 0) {
     fd_ = -1;
@@ -124,7 +127,7 @@ ShardFileInfo ShardFileWriter::finish() {
   }
   fd_ = -1;
   finished_ = true;
-  return ShardFileInfo{base_name(path_), size_, std::move(block_sums_)};
+  return ShardFileInfo{base_name(path_), size_, std::move(blocks_)};
 }
 
 // ---- ShardReader -----------------------------------------------------------------------------
@@ -132,7 +135,8 @@ ShardFileInfo ShardFileWriter::finish() {
 struct ShardReader::Mapped {
   const char* data = nullptr;
   uint64_t bytes = 0;
-  std::vector<bool> verified;  // per block
+  std::vector<uint64_t> starts;  // per block: its first byte
+  std::vector<bool> verified;    // per block
 };
 
 ShardReader::ShardReader(std::string dir, const ShardManifest& manifest)
@@ -170,7 +174,12 @@ ShardReader::Mapped& ShardReader::mapped(int file, const ShardTensor& tensor) {
   }
   auto m = std::make_unique<Mapped>();
   m->bytes = info.bytes;
-  m->verified.assign(info.block_xxh3.size(), false);
+  m->verified.assign(info.blocks.size(), false);
+  uint64_t start = 0;
+  for (const ShardBlock& b : info.blocks) {
+    m->starts.push_back(start);
+    start += b.bytes;
+  }
   if (info.bytes > 0) {
     void* p = ::mmap(nullptr, info.bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
@@ -189,17 +198,19 @@ void ShardReader::verify(int file, Mapped& m, uint64_t offset, uint64_t bytes,
                          const ShardTensor& tensor) {
   if (bytes == 0) return;
   const ShardFileInfo& info = manifest_.files[static_cast<size_t>(file)];
-  const uint64_t bb = manifest_.block_bytes;
-  for (uint64_t b = offset / bb; b <= (offset + bytes - 1) / bb; ++b) {
+  // The block holding `offset`: the last one starting at or before it.
+  size_t b = static_cast<size_t>(std::upper_bound(m.starts.begin(), m.starts.end(), offset) -
+                                 m.starts.begin()) -
+             1;
+  for (; b < info.blocks.size() && m.starts[b] < offset + bytes; ++b) {
     if (m.verified[b]) continue;
-    const uint64_t lo = b * bb;
-    const uint64_t hi = std::min(lo + bb, m.bytes);
+    const uint64_t lo = m.starts[b], hi = lo + info.blocks[b].bytes;
     const uint64_t got = xxh3_64(m.data + lo, hi - lo);
-    if (got != info.block_xxh3[b]) {
+    if (got != info.blocks[b].xxh3) {
       MOEPEAK_THROW((std::filesystem::path(dir_) / info.name).string(), ": bytes [", lo, ", ", hi,
                     ") (block ", b, ") fail their checksum (XXH3 ", checksum_hex(got),
-                    ", the manifest says ", checksum_hex(info.block_xxh3[b]), "); tensor '",
-                    tensor.name, "' is stored there: the checkpoint is corrupt");
+                    ", the manifest says ", checksum_hex(info.blocks[b].xxh3), "); they hold ",
+                    "tensor '", tensor.name, "': the checkpoint is corrupt");
     }
     m.verified[b] = true;
     ++blocks_verified_;

@@ -1,5 +1,6 @@
 // The data files of a sharded checkpoint (core/checkpoint/shard_manifest.h): a writer that
-// streams one rank's slices through one bounded host buffer, checksumming each block as it goes,
+// streams one rank's slices through one bounded host buffer, checksumming each block as it goes
+// (blocks of at most block_bytes, a new one at every slice),
 // and a reader that maps the files and copies out any element range, verifying every block it
 // touches.
 //
@@ -57,6 +58,8 @@ class ShardFileWriter {
 
  private:
   void put(const void* data, size_t bytes);
+  void hash(const char* p, size_t bytes);
+  void close_block();
   void flush();
   std::string path_;
   int fd_ = -1;
@@ -66,7 +69,7 @@ class ShardFileWriter {
   uint64_t size_ = 0;
   uint64_t in_block_ = 0;  // bytes of the current block hashed so far
   Xxh3Stream block_hash_;
-  std::vector<uint64_t> block_sums_;
+  std::vector<ShardBlock> blocks_;
   bool finished_ = false;
 };
 

@@ -30,11 +30,7 @@ bool ShardManifest::has_tensor(std::string_view name) const {
 
 std::string ShardManifest::to_json() const {
   nlohmann::json files_json = nlohmann::json::array();
-  for (const ShardFileInfo& f : files) {
-    nlohmann::json sums = nlohmann::json::array();
-    for (uint64_t h : f.block_xxh3) sums.push_back(checksum_hex(h));
-    files_json.push_back({{"name", f.name}, {"bytes", f.bytes}, {"block_xxh3", std::move(sums)}});
-  }
+  for (const ShardFileInfo& f : files) files_json.push_back(shard_file_to_json(f));
   nlohmann::json tensors_json = nlohmann::json::array();
   for (const ShardTensor& t : tensors) {
     nlohmann::json slices = nlohmann::json::array();
@@ -92,6 +88,30 @@ const nlohmann::json& array(const nlohmann::json& obj, const char* key, const st
 
 }  // namespace
 
+nlohmann::json shard_file_to_json(const ShardFileInfo& file) {
+  nlohmann::json blocks = nlohmann::json::array();
+  for (const ShardBlock& b : file.blocks) blocks.push_back({b.bytes, checksum_hex(b.xxh3)});
+  return {{"name", file.name}, {"bytes", file.bytes}, {"blocks", std::move(blocks)}};
+}
+
+ShardFileInfo shard_file_from_json(const nlohmann::json& f, const std::string& where) {
+  ShardFileInfo info;
+  info.name = text(f, "name", where);
+  info.bytes = number<uint64_t>(f, "bytes", where);
+  for (const nlohmann::json& b : array(f, "blocks", where)) {
+    std::optional<uint64_t> sum;
+    if (b.is_array() && b.size() == 2 && b[0].is_number_unsigned() && b[1].is_string()) {
+      sum = parse_checksum_hex(b[1].get<std::string>());
+    }
+    if (!sum) {
+      MOEPEAK_THROW(where, " (", info.name,
+                    "): a block is not [bytes, \"16 hex digits of its XXH3-64\"]");
+    }
+    info.blocks.push_back({b[0].get<uint64_t>(), *sum});
+  }
+  return info;
+}
+
 ShardManifest ShardManifest::parse(std::string_view text_in, const std::string& path) {
   nlohmann::json doc;
   try {
@@ -116,17 +136,8 @@ ShardManifest ShardManifest::parse(std::string_view text_in, const std::string& 
     if (!m.metadata.is_object()) MOEPEAK_THROW(path, ": field \"metadata\" must be an object");
   }
   for (const nlohmann::json& f : array(doc, "files", path)) {
-    const std::string where = path + ": files[" + std::to_string(m.files.size()) + "]";
-    ShardFileInfo info;
-    info.name = text(f, "name", where);
-    info.bytes = number<uint64_t>(f, "bytes", where);
-    for (const nlohmann::json& h : array(f, "block_xxh3", where)) {
-      std::optional<uint64_t> sum =
-          h.is_string() ? parse_checksum_hex(h.get<std::string>()) : std::nullopt;
-      if (!sum) MOEPEAK_THROW(where, " (", info.name, "): a block checksum is not 16 hex digits");
-      info.block_xxh3.push_back(*sum);
-    }
-    m.files.push_back(std::move(info));
+    m.files.push_back(
+        shard_file_from_json(f, path + ": files[" + std::to_string(m.files.size()) + "]"));
   }
   for (const nlohmann::json& t : array(doc, "tensors", path)) {
     const std::string where = path + ": tensors[" + std::to_string(m.tensors.size()) + "]";
@@ -166,10 +177,17 @@ void ShardManifest::validate(const std::string& path) const {
       MOEPEAK_THROW(path, ": file name \"", f.name, "\" is not a plain name in the directory");
     }
     if (!file_names.insert(f.name).second) MOEPEAK_THROW(path, ": file ", f.name, " listed twice");
-    const uint64_t blocks = (f.bytes + block_bytes - 1) / block_bytes;
-    if (f.block_xxh3.size() != blocks) {
-      MOEPEAK_THROW(path, ": file ", f.name, " of ", f.bytes, " bytes has ", blocks, " blocks of ",
-                    block_bytes, " bytes but ", f.block_xxh3.size(), " checksums");
+    uint64_t covered = 0;
+    for (const ShardBlock& b : f.blocks) {
+      if (b.bytes == 0 || b.bytes > block_bytes) {
+        MOEPEAK_THROW(path, ": file ", f.name, " has a block of ", b.bytes,
+                      " bytes (blocks hold 1 to ", block_bytes, ")");
+      }
+      covered += b.bytes;
+    }
+    if (covered != f.bytes) {
+      MOEPEAK_THROW(path, ": the checksum blocks of file ", f.name, " cover ", covered,
+                    " bytes of its ", f.bytes);
     }
   }
   std::set<std::string> tensor_names;

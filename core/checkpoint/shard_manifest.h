@@ -9,15 +9,18 @@
 // to a reader: any rank of any layout finds the byte ranges of the elements it needs with
 // plan_read and reads only those.
 //
-// Integrity: every file is cut in blocks of `block_bytes` (the last one shorter) and the
-// manifest keeps the XXH3-64 of each block (core/checkpoint/checksum.h), so a reader verifies
-// exactly the blocks it touches; the file's length is checked against `bytes` before anything is
-// read (a truncated file is an error naming it, not a short read).
+// Integrity: every file is cut in consecutive blocks of at most `block_bytes`, a new block
+// starting at every slice (so a block holds bytes of one slice and the padding after it), and
+// the manifest keeps the length and XXH3-64 of each block (core/checkpoint/checksum.h): a reader
+// verifies exactly the blocks it touches, and a failed block names the one tensor it belongs to.
+// The file's length is checked against `bytes` before anything is read (a truncated file is an
+// error naming it, not a short read).
 //
 // manifest.json:
 //   {"format": "moepeak-sharded-checkpoint", "version": 1, "block_bytes": 8388608,
 //    "metadata": {...},                                   free-form: step, cursors, layout
-//    "files": [{"name": "shard-00000.bin", "bytes": 4096, "block_xxh3": ["0f3c...", ...]}, ...],
+//    "files": [{"name": "shard-00000.bin", "bytes": 4096,
+//               "blocks": [[4000, "0f3c..."], [96, "81aa..."]]}, ...],      [bytes, XXH3-64]
 //    "tensors": [{"name": "model.norm.weight", "dtype": "F32", "shape": [64],
 //                 "slices": [{"file": 0, "offset": 0, "begin": 0, "end": 32}, ...]}, ...]}
 // dtype is the safetensors spelling (F32, BF16, F64, I32, I64).
@@ -55,11 +58,22 @@ struct ShardTensor {
   int64_t numel() const;
 };
 
+struct ShardBlock {
+  uint64_t bytes = 0;
+  uint64_t xxh3 = 0;
+  bool operator==(const ShardBlock&) const = default;
+};
+
 struct ShardFileInfo {
   std::string name;  // a plain file name inside the checkpoint directory
   uint64_t bytes = 0;
-  std::vector<uint64_t> block_xxh3;  // ceil(bytes / block_bytes) checksums
+  std::vector<ShardBlock> blocks;  // consecutive from byte 0; their lengths add up to `bytes`
 };
+
+// A file's entry of "files" and back (also each rank's sidecar during a save); errors name
+// `where`.
+nlohmann::json shard_file_to_json(const ShardFileInfo& file);
+ShardFileInfo shard_file_from_json(const nlohmann::json& j, const std::string& where);
 
 // One contiguous read of plan_read: `bytes` at `offset` of files[file] are elements
 // [dest_element, dest_element + bytes / dtype_size) of the range asked for (0 = its first).
@@ -83,9 +97,10 @@ struct ShardManifest {
   std::string to_json() const;
   // Parses and validates (validate()); errors name `path` and the field, file or tensor at fault.
   static ShardManifest parse(std::string_view text, const std::string& path);
-  // Every rule above: known format and version, block_bytes > 0, unique plain file names, one
-  // checksum per block, unique tensor names, slices ordered and tiling each tensor exactly,
-  // element-aligned offsets, every slice inside its file. Throws moepeak::Error naming `path`.
+  // Every rule above: known format and version, block_bytes > 0, unique plain file names, blocks
+  // of 1..block_bytes bytes covering each file, unique tensor names, slices ordered and tiling each
+  // tensor exactly, element-aligned offsets, every slice inside its file. Throws moepeak::Error
+  // naming `path`.
   void validate(const std::string& path) const;
 };
 

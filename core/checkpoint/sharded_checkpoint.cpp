@@ -97,11 +97,7 @@ nlohmann::json write_rank_shard(const fs::path& dir, const ZeroParamStore& param
                         {"end", end}});
     }
   }
-  const ShardFileInfo info = writer.finish();
-  ShardManifest one;  // for the file's JSON form
-  one.block_bytes = kBlockBytes;
-  one.files = {info};
-  const nlohmann::json file = nlohmann::json::parse(one.to_json())["files"][0];
+  const nlohmann::json file = shard_file_to_json(writer.finish());
   return {{"file", file}, {"slices", std::move(slices)}};
 }
 
@@ -127,13 +123,7 @@ ShardManifest merge_sidecars(const fs::path& dir, const ZeroParamStore& params,
     } catch (const nlohmann::json::exception& e) {
       MOEPEAK_THROW(path.string(), ": ", e.what());
     }
-    const nlohmann::json& f = side.at("file");
-    ShardFileInfo info;
-    info.name = f.at("name").get<std::string>();
-    info.bytes = f.at("bytes").get<uint64_t>();
-    for (const nlohmann::json& h : f.at("block_xxh3")) {
-      info.block_xxh3.push_back(*parse_checksum_hex(h.get<std::string>()));
-    }
+    ShardFileInfo info = shard_file_from_json(side.at("file"), path.string());
     m.files.push_back(std::move(info));
     for (const nlohmann::json& s : side.at("slices")) {
       const std::string name = s.at("tensor").get<std::string>();

@@ -605,25 +605,11 @@ void ZeroParamStore::load_full(int param, const void* full, Stream& stream) {
 
 void ZeroParamStore::load_full(int param, const void* full, const Tensor& flat, Stream& stream) {
   MOEPEAK_CHECK(param >= 0 && param < static_cast<int>(info_.size()), "no parameter ", param);
-  const Info& info = info_[param];
-  if (info.offset < 0) return;  // another expert-group rank's expert
+  const auto range = stored_range(param);
+  if (!range) return;  // another expert-group rank's expert
   const size_t b = dtype_size(flat.dtype());
-  const int64_t n = layout_.params()[param].shape.numel();
-  char* dst = piece_bytes(flat, param);
-  const int64_t begin = std::min(n, info.first);
-  const int64_t end = std::min(n, begin + info.local_numel);
-  const char* src = static_cast<const char*>(full) + static_cast<size_t>(begin) * b;
-  const size_t have = static_cast<size_t>(end - begin) * b;
-  const size_t pad = static_cast<size_t>(info.local_numel - (end - begin)) * b;  // stays zero
-  if (flat.placement() == Placement::host) {
-    stream.synchronize();  // nothing queued still uses the state
-    std::memcpy(dst, src, have);
-    std::memset(dst + have, 0, pad);
-    return;
-  }
-  if (have > 0) backend_.copy_async(dst, src, have, CopyKind::host_to_device, stream);
-  if (pad > 0) backend_.memset_async(dst + have, 0, pad, stream);
-  stream.synchronize();  // `full` may die after the call
+  load_stored_range(param, static_cast<const char*>(full) + static_cast<size_t>(range->first) * b,
+                    flat, stream);
 }
 
 std::optional<std::pair<int64_t, int64_t>> ZeroParamStore::stored_range(int param) const {

@@ -27,16 +27,7 @@
 namespace moepeak {
 namespace {
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  ADD_FAILURE() << "no moepeak::Error thrown";
-  return "";
-}
+using test_support::error_of;
 
 class CheckpointIoTest : public ::testing::Test {
  protected:

@@ -37,17 +37,7 @@ Batch next(DataLoader& loader) {
   return b;
 }
 
-// The message of the moepeak::Error that `fn` throws; fails the test when none is thrown.
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  ADD_FAILURE() << "no moepeak::Error thrown";
-  return "";
-}
+using test_support::error_of;
 
 // ---- Copy task --------------------------------------------------------------------------------
 

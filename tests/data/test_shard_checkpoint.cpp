@@ -7,6 +7,7 @@
 //     ctest -R test_shard_checkpoint --output-on-failure
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -35,16 +36,7 @@ void expect_all(const std::string& message, const std::vector<std::string>& need
 }
 #define EXPECT_CONTAINS_ALL(message, ...) expect_all((message), __VA_ARGS__, __FILE__, __LINE__)
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  ADD_FAILURE() << "no moepeak::Error thrown";
-  return "";
-}
+using test_support::error_of;
 
 std::vector<char> file_bytes(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -112,22 +104,36 @@ struct ShardedFixture {
   std::filesystem::path file(int f) const { return dir.path() / manifest.files[f].name; }
 };
 
-TEST(ShardFileWriter, BlockChecksumsMatchTheFileAndOffsetsAreAligned) {
+TEST(ShardFileWriter, BlockChecksumsMatchTheFileAndEverySliceStartsABlock) {
   ShardedFixture fx;
   for (size_t f = 0; f < fx.manifest.files.size(); ++f) {
     const ShardFileInfo& info = fx.manifest.files[f];
     const std::vector<char> bytes = file_bytes(fx.file(static_cast<int>(f)));
     ASSERT_EQ(bytes.size(), info.bytes);
-    const uint64_t bb = fx.manifest.block_bytes;
-    ASSERT_EQ(info.block_xxh3.size(), (info.bytes + bb - 1) / bb);
-    for (size_t b = 0; b < info.block_xxh3.size(); ++b) {
-      const uint64_t lo = b * bb, hi = std::min<uint64_t>(lo + bb, bytes.size());
-      EXPECT_EQ(info.block_xxh3[b], xxh3_64(bytes.data() + lo, hi - lo)) << info.name << " " << b;
+    std::vector<uint64_t> starts;
+    uint64_t lo = 0;
+    for (const ShardBlock& b : info.blocks) {
+      EXPECT_LE(b.bytes, fx.manifest.block_bytes);
+      EXPECT_EQ(b.xxh3, xxh3_64(bytes.data() + lo, b.bytes)) << info.name << " at " << lo;
+      starts.push_back(lo);
+      lo += b.bytes;
+    }
+    EXPECT_EQ(lo, info.bytes);
+    for (const ShardTensor& t : fx.manifest.tensors) {
+      for (const ShardSlice& s : t.slices) {
+        if (s.file != static_cast<int>(f)) continue;
+        EXPECT_TRUE(std::find(starts.begin(), starts.end(), s.offset) != starts.end())
+            << t.name << "'s slice at " << s.offset << " does not start a block";
+      }
     }
   }
-  // File 0: 3334 floats (13,336 bytes), 8 bytes of padding to 13,376, then 37 floats.
+  // File 0: 3334 floats (13,336 bytes: 13 blocks of 1000 and one of 336 + 40 bytes of padding
+  // to 13,376), then the 37 floats in a block of their own.
   EXPECT_EQ(fx.manifest.tensors[1].slices[0].offset, 13'376u);
   EXPECT_EQ(fx.manifest.files[0].bytes, 13'376u + 37 * 4);
+  ASSERT_EQ(fx.manifest.files[0].blocks.size(), 15u);
+  EXPECT_EQ(fx.manifest.files[0].blocks[13].bytes, 376u);
+  EXPECT_EQ(fx.manifest.files[0].blocks[14].bytes, 148u);
 }
 
 TEST(ShardFileWriter, AnUnfinishedFileIsRemoved) {
@@ -155,7 +161,7 @@ TEST(ShardManifest, JsonRoundTripKeepsEveryField) {
   for (size_t f = 0; f < 3; ++f) {
     EXPECT_EQ(back.files[f].name, fx.manifest.files[f].name);
     EXPECT_EQ(back.files[f].bytes, fx.manifest.files[f].bytes);
-    EXPECT_EQ(back.files[f].block_xxh3, fx.manifest.files[f].block_xxh3);
+    EXPECT_EQ(back.files[f].blocks, fx.manifest.files[f].blocks);
   }
   ASSERT_EQ(back.tensors.size(), 2u);
   const ShardTensor& t = back.tensor("model.embed_tokens.weight", "test");
@@ -189,8 +195,8 @@ TEST(ShardManifest, EveryRuleIsCheckedWithTheTensorOrFileNamed) {
                       {"tensor 'model.norm.weight'", "not aligned"});
   EXPECT_CONTAINS_ALL(broken([](ShardManifest& m) { m.tensors[1].slices[0].offset += 64; }),
                       {"tensor 'model.norm.weight'", "runs past", "shard-00000.bin"});
-  EXPECT_CONTAINS_ALL(broken([](ShardManifest& m) { m.files[1].block_xxh3.pop_back(); }),
-                      {"shard-00001.bin", "checksums"});
+  EXPECT_CONTAINS_ALL(broken([](ShardManifest& m) { m.files[1].blocks.pop_back(); }),
+                      {"shard-00001.bin", "cover"});
   EXPECT_CONTAINS_ALL(broken([](ShardManifest& m) { m.files[1].name = "../x.bin"; }),
                       {"not a plain name"});
   EXPECT_CONTAINS_ALL(broken([](ShardManifest& m) { m.files[2].name = m.files[0].name; }),
@@ -273,6 +279,25 @@ TEST(ShardReader, AFlippedByteFailsTheReadsOfItsBlockNamingFileBlockAndTensor) {
        "tensor 'model.embed_tokens.weight'", "corrupt"});
   reader.read(fx.manifest.tensors[0], 3334, 3344, got.data());  // block 0 of the same file
   EXPECT_EQ(got[0], fx.big[3334]);
+}
+
+TEST(ShardReader, AFailedBlockNamesTheTensorWhoseBytesChanged) {
+  // The small tensor shares file 0 with a shard of the big one; a byte of the small one flipped
+  // fails only its reads, and names it.
+  ShardedFixture fx;
+  {
+    std::fstream f(fx.file(0), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(13'376 + 41);
+    const char c = 0x5a;
+    f.write(&c, 1);
+  }
+  ShardReader reader(fx.dir.path().string(), fx.manifest);
+  std::vector<float> big(10'000), small(37);
+  reader.read(fx.manifest.tensors[0], 0, 10'000, big.data());
+  EXPECT_EQ(big, fx.big);
+  EXPECT_CONTAINS_ALL(
+      error_of([&] { reader.read(fx.manifest.tensors[1], 0, 37, small.data()); }),
+      {"shard-00000.bin", "bytes [13376, 13524) (block 14)", "tensor 'model.norm.weight'"});
 }
 
 TEST(ShardReader, TruncatedAndMissingFilesAreErrorsNamingThem) {
