@@ -47,12 +47,6 @@ std::vector<SavedFlat> saved_flats(const ZeroParamStore& params,
   return flats;
 }
 
-std::vector<int64_t> dims(const Shape& s) {
-  std::vector<int64_t> d;
-  for (int i = 0; i < s.ndim(); ++i) d.push_back(s[i]);
-  return d;
-}
-
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) MOEPEAK_INPUT_ERROR(path.string(), ": cannot open");
@@ -112,7 +106,7 @@ ShardManifest merge_sidecars(const fs::path& dir, const ZeroParamStore& params,
   for (const SavedFlat& f : flats) {
     for (const ParamInfo& p : infos) {
       index[f.prefix + p.name] = m.tensors.size();
-      m.tensors.push_back({f.prefix + p.name, f.flat.dtype(), dims(p.shape), {}});
+      m.tensors.push_back({f.prefix + p.name, f.flat.dtype(), p.shape.dims(), {}});
     }
   }
   for (int r = 0; r < params.world_size(); ++r) {
@@ -249,20 +243,16 @@ int64_t load_sharded_checkpoint(const std::string& dir, ZeroParamStore& params,
                                 schedules::Optimizer& optimizer, DataLoader& loader,
                                 Stream& stream) {
   const fs::path manifest_path = fs::path(dir) / kShardManifestName;
-  const ShardManifest m = ShardManifest::parse(read_text(manifest_path), manifest_path.string());
-  ShardReader reader(dir, m);
+  ShardedCheckpoint checkpoint(dir);
+  const ShardManifest& m = checkpoint.manifest();
   const auto& infos = params.layout().params();
-  const std::vector<schedules::OptimizerState> states = optimizer.state();
   // A master is loaded when the optimizer keeps one apart from the weights and the checkpoint
   // has it; otherwise it is re-derived from the loaded weights below.
   const bool has_master = !infos.empty() && m.has_tensor("master." + infos[0].name);
-  bool master_loaded = false;
-  std::vector<SavedFlat> flats{{"", params.flat_values()}};
-  for (const schedules::OptimizerState& st : states) {
-    if (st.name == "master" && !has_master) continue;
-    flats.push_back({st.name + ".", st.flat});
-    if (st.name == "master") master_loaded = true;
-  }
+  std::vector<SavedFlat> flats = saved_flats(params, optimizer);
+  auto is_master = [](const SavedFlat& f) { return f.prefix == "master."; };
+  if (!has_master) std::erase_if(flats, is_master);
+  const bool master_loaded = std::any_of(flats.begin(), flats.end(), is_master);
   std::vector<char> host;
   for (const SavedFlat& f : flats) {
     for (size_t i = 0; i < infos.size(); ++i) {
@@ -271,7 +261,7 @@ int64_t load_sharded_checkpoint(const std::string& dir, ZeroParamStore& params,
       if (!range) continue;
       const std::string name = f.prefix + infos[i].name;
       const ShardTensor& t = m.tensor(name, manifest_path.string());
-      if (t.dtype != f.flat.dtype() || t.shape != dims(infos[i].shape)) {
+      if (t.dtype != f.flat.dtype() || t.shape != infos[i].shape.dims()) {
         std::ostringstream got;
         for (int64_t d : t.shape) got << d << ",";
         MOEPEAK_INPUT_ERROR(manifest_path.string(), ": tensor '", name, "' is ",
@@ -280,7 +270,7 @@ int64_t load_sharded_checkpoint(const std::string& dir, ZeroParamStore& params,
                             " ", infos[i].shape.str());
       }
       host.resize(static_cast<size_t>(range->second - range->first) * dtype_size(t.dtype));
-      reader.read(t, range->first, range->second, host.data());
+      checkpoint.read(t, range->first, range->second, host.data());
       params.load_stored_range(p, host.data(), f.flat, stream);
     }
   }

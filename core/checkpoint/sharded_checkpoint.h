@@ -64,6 +64,10 @@ class ShardedCheckpoint {
   const nlohmann::json& metadata() const { return manifest_.metadata; }
   // The full tensor `name` (numel * dtype_size bytes, row-major). Error naming it if absent.
   std::vector<char> read(const std::string& name);
+  // Elements [begin, end) of `tensor` (one of the manifest's) into `dest`.
+  void read(const ShardTensor& tensor, int64_t begin, int64_t end, void* dest) {
+    reader_->read(tensor, begin, end, dest);
+  }
 
  private:
   std::string dir_;

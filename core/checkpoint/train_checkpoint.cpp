@@ -24,12 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<int64_t> dims(const Shape& s) {
-  std::vector<int64_t> d;
-  for (int i = 0; i < s.ndim(); ++i) d.push_back(s[i]);
-  return d;
-}
-
 std::vector<uint8_t> unhex(const std::string& text, const std::string& where) {
   MOEPEAK_CHECK(text.size() % 2 == 0, where, ": malformed hex string");
   std::vector<uint8_t> out;
@@ -52,7 +46,7 @@ void read_into(const SafetensorsFile& file, const std::string& name, ZeroParamSt
   if (!file.contains(name)) MOEPEAK_INPUT_ERROR(file.path(), ": no tensor '", name, "'");
   const SafetensorsTensorInfo& info = file.info(name);
   const ParamInfo& p = params.layout().params()[index];
-  if (info.dtype != safetensors_dtype_name(flat.dtype()) || info.shape != dims(p.shape)) {
+  if (info.dtype != safetensors_dtype_name(flat.dtype()) || info.shape != p.shape.dims()) {
     std::ostringstream got;
     for (int64_t d : info.shape) got << d << ",";
     MOEPEAK_INPUT_ERROR(file.path(), ": tensor '", name, "' is ", info.dtype, " (", got.str(),
@@ -81,7 +75,8 @@ void add_params(SafetensorsWriter& writer, const ZeroParamStore& params,
                 DType dtype) {
   const auto& infos = params.layout().params();
   for (size_t i = 0; i < infos.size(); ++i) {
-    writer.add(prefix + infos[i].name, dtype, dims(infos[i].shape), full[i].data(), full[i].size());
+    writer.add(prefix + infos[i].name, dtype, infos[i].shape.dims(), full[i].data(),
+               full[i].size());
   }
 }
 

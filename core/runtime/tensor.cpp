@@ -32,6 +32,8 @@ Shape Shape::with_dim(int i, int64_t size) const {
   return s;
 }
 
+std::vector<int64_t> Shape::dims() const { return {dims_.begin(), dims_.begin() + ndim_}; }
+
 bool Shape::operator==(const Shape& o) const {
   if (ndim_ != o.ndim_) return false;
   for (int i = 0; i < ndim_; ++i) {

@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
 #include "core/runtime/buffer.h"
@@ -33,7 +34,8 @@ class Shape {
   Shape with_dim(int i, int64_t size) const;
   bool operator==(const Shape& o) const;
   bool operator!=(const Shape& o) const { return !(*this == o); }
-  std::string str() const;  // "(4, 128, 64)"
+  std::string str() const;            // "(4, 128, 64)"
+  std::vector<int64_t> dims() const;  // {4, 128, 64}
 
  private:
   std::array<int64_t, kMaxDims> dims_{};

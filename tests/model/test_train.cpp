@@ -92,8 +92,7 @@ TEST(Train, ResumeContinuesBitForBit) {
     ShardedCheckpoint state(ckpt.string());
     const ParamLayout layout(cfg.model);
     for (const ParamInfo& p : layout.params()) {
-      std::vector<int64_t> shape;
-      for (int i = 0; i < p.shape.ndim(); ++i) shape.push_back(p.shape[i]);
+      const std::vector<int64_t> shape = p.shape.dims();
       EXPECT_EQ(state.manifest().tensor(p.name, "test").shape, shape) << p.name;
       EXPECT_EQ(state.manifest().tensor("exp_avg." + p.name, "test").shape, shape) << p.name;
       EXPECT_EQ(state.manifest().tensor("exp_avg_sq." + p.name, "test").shape, shape) << p.name;
