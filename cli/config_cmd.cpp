@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "core/checkpoint/hf_import.h"  // defines: with_init_from_model
 #include "core/comm/process_group.h"
 #include "core/config/config.h"
 #include "core/log.h"
@@ -20,7 +21,9 @@ void add_config_options(CLI::App& sub, ConfigArgs& args) {
 }
 
 Config load_config_for_command(const ConfigArgs& args, const Context& ctx) {
-  Config cfg = load_config(args.files, args.overrides);
+  // [model] completed from model.init_from's config.json, so that plan, tune and train all see
+  // the model the run will start from.
+  Config cfg = with_init_from_model(load_config(args.files, args.overrides));
   if (ctx.log_level.empty()) log::set_level(log::parse_level(enum_name(cfg.runtime.log_level)));
   return cfg;
 }
@@ -41,7 +44,7 @@ void register_config_command(CLI::App& app, Context& ctx) {
   show->add_flag("--origins", origins, "annotate each key set by a file or --set with where");
   show->callback([&ctx] {
     ctx.action = [] {
-      Config cfg = load_config(args.files, args.overrides);
+      Config cfg = with_init_from_model(load_config(args.files, args.overrides));
       std::fputs(config_to_toml(cfg, origins).c_str(), stdout);
       return 0;
     };

@@ -5,8 +5,9 @@
 //   moepeak plan [--config F]... [--set section.key=value]... [-n W] [--json FILE] [--max-context]
 //   moepeak probe [--ranks-per-node N] [--output probe.toml] [--json FILE] [--no-bench]
 //                 [--topology-xml F]
-//   moepeak train [--config F]... [--set section.key=value]... [--resume] [--dump-step DIR]
-//                 [--force]
+//   moepeak train [--config F]... [--set section.key=value]... [--resume] [--init-from DIR]
+//                 [--dump-step DIR] [--force]
+//   moepeak export CHECKPOINT OUT [--dtype bfloat16|float32] [--max-shard-size 5GB]
 //   moepeak tune [--config F]... [--set section.key=value]... --out DIR [--repeats 5] [--only ...]
 //   moepeak bench step [--config F]... [--warmup n] [--iters n] [--json FILE]
 //
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   moepeak::cli::register_probe_command(app, ctx);
   moepeak::cli::register_tune_command(app, ctx);
   moepeak::cli::register_bench_command(app, ctx);
+  moepeak::cli::register_export_command(app, ctx);
 
   try {
     app.parse(argc, argv);

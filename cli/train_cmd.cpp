@@ -1,9 +1,10 @@
 // `moepeak train [--config F]... [--set section.key=value]... [--resume | --resume-from DIR]
-//                [--dump-step DIR] [--force]`: runs training (core/train/trainer.h) and ends with a
-// summary of the final loss and the peak of each live set. First it plans the run's memory
-// (core/plan/plan.h, the same table as `moepeak plan`) and refuses to start, printing the plan and
-// exiting 2, when the plan does not fit the device capacity or the host budget (--force: start
-// anyway).
+//                [--init-from HF_DIR] [--dump-step DIR] [--force]`: runs training
+// (core/train/trainer.h) and ends with a summary of the final loss and the peak of each live set.
+// First it plans the run's memory (core/plan/plan.h, the same table as `moepeak plan`) and refuses
+// to start, printing the plan and exiting 2, when the plan does not fit the device capacity or the
+// host budget (--force: start anyway). --init-from is model.init_from
+// (core/checkpoint/hf_import.h).
 //
 // Preemption (docs/slurm.md): SIGUSR1 and SIGTERM ask every rank to checkpoint at the next step
 // boundary and exit with kExitRequeue (75), which slurm/train.sbatch answers with `scontrol
@@ -77,12 +78,18 @@ void register_train_command(CLI::App& app, Context& ctx) {
   cmd->add_option("--resume-from", options.resume_from, "continue from this checkpoint directory")
       ->check(CLI::ExistingDirectory)
       ->excludes(resume);
+  static std::string init_from;
+  cmd->add_option("--init-from", init_from,
+                  "start from this Hugging Face Mixtral checkpoint directory (model.init_from); "
+                  "a resumed run continues from its own checkpoint instead")
+      ->check(CLI::ExistingDirectory);
   cmd->add_option("--dump-step", options.dump_step_dir,
                   "write step 1's weights, batch, loss and gradients (safetensors) into DIR");
   static bool force = false;
   cmd->add_flag("--force", force, "start even when the memory plan (moepeak plan) does not fit");
   cmd->callback([&ctx] {
     ctx.action = [&ctx] {
+      if (!init_from.empty()) args.overrides.push_back("model.init_from=" + init_from);
       Config cfg = load_config_for_command(args, ctx);
       const RankInfo ranks = join_ranks();
       // The launch check: every rank reaches the same verdict from the same config. A config the

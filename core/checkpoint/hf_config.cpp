@@ -55,9 +55,48 @@ const nlohmann::json* optional_field(const nlohmann::json& json, const char* fie
   return it == json.end() ? nullptr : &*it;
 }
 
+// A rope dictionary (transformers 4's rope_scaling, 5's rope_parameters) must describe plain RoPE.
+void check_default_rope(const nlohmann::json& rope, const std::string& source, const char* field) {
+  if (rope.is_null()) return;
+  if (!rope.is_object()) {
+    MOEPEAK_INPUT_ERROR(source, ": field \"", field, "\" must be an object or null, got ",
+                        json_type_and_value(rope));
+  }
+  for (const char* kind : {"rope_type", "type"}) {
+    const nlohmann::json* type = optional_field(rope, kind);
+    if (type && !(type->is_string() && type->get<std::string>() == "default")) {
+      MOEPEAK_INPUT_ERROR(source, ": field \"", field, ".", kind, "\" is ", type->dump(),
+                          "; only the default RoPE is implemented (no scaling)");
+    }
+  }
+}
+
+// rope_theta at the top level (transformers 4) or in rope_parameters (transformers 5).
+double rope_theta_of(const nlohmann::json& json, const std::string& source) {
+  if (const nlohmann::json* scaling = optional_field(json, "rope_scaling"))
+    check_default_rope(*scaling, source, "rope_scaling");
+  const nlohmann::json* top = optional_field(json, "rope_theta");
+  const nlohmann::json* params = optional_field(json, "rope_parameters");
+  if (params) check_default_rope(*params, source, "rope_parameters");
+  const nlohmann::json* nested =
+      params && params->is_object() ? optional_field(*params, "rope_theta") : nullptr;
+  if (!top && !nested) {
+    MOEPEAK_INPUT_ERROR(source,
+                        ": field \"rope_theta\" is missing (neither at the top level nor in "
+                        "\"rope_parameters\")");
+  }
+  const double theta = top ? number_field(*top, source, "rope_theta")
+                           : number_field(*nested, source, "rope_parameters.rope_theta");
+  if (top && nested && number_field(*nested, source, "rope_parameters.rope_theta") != theta) {
+    MOEPEAK_INPUT_ERROR(source, ": \"rope_theta\" ", top->dump(),
+                        " and \"rope_parameters.rope_theta\" ", nested->dump(), " disagree");
+  }
+  return theta;
+}
+
 }  // namespace
 
-nlohmann::json mixtral_config_json(const ModelConfig& model) {
+nlohmann::json mixtral_config_json(const ModelConfig& model, std::string_view dtype) {
   nlohmann::json j;
   j["architectures"] = {"MixtralForCausalLM"};
   j["model_type"] = "mixtral";
@@ -72,6 +111,7 @@ nlohmann::json mixtral_config_json(const ModelConfig& model) {
   j["num_experts_per_tok"] = model.num_experts_per_tok;
   j["max_position_embeddings"] = model.max_position_embeddings;
   j["rope_theta"] = model.rope_theta;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", model.rope_theta}};
   j["rms_norm_eps"] = model.rms_norm_eps;
   j["router_aux_loss_coef"] = model.router_aux_loss_coef;
   j["output_router_logits"] = model.router_aux_loss_coef > 0;
@@ -80,7 +120,8 @@ nlohmann::json mixtral_config_json(const ModelConfig& model) {
   j["initializer_range"] = model.initializer_range;
   j["attention_dropout"] = 0.0;
   j["sliding_window"] = nullptr;
-  j["torch_dtype"] = "float32";
+  j["torch_dtype"] = dtype;
+  j["dtype"] = dtype;
   return j;
 }
 
@@ -120,7 +161,7 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
   m.num_local_experts = required_integer(json, source, "num_local_experts");
   m.num_experts_per_tok = required_integer(json, source, "num_experts_per_tok");
   m.max_position_embeddings = required_integer(json, source, "max_position_embeddings");
-  m.rope_theta = required_number(json, source, "rope_theta");
+  m.rope_theta = rope_theta_of(json, source);
   m.rms_norm_eps = required_number(json, source, "rms_norm_eps");
 
   m.head_dim = 0;
@@ -162,7 +203,7 @@ void write_config_json(const std::string& path, const ModelConfig& model) {
   write_file_atomically(path, mixtral_config_json(model).dump(2) + "\n");
 }
 
-ModelConfig read_config_json(const std::string& path) {
+nlohmann::json read_json_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) MOEPEAK_INPUT_ERROR(path, ": cannot open");
   std::stringstream text;
@@ -173,7 +214,11 @@ ModelConfig read_config_json(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     MOEPEAK_INPUT_ERROR(path, ": not valid JSON: ", e.what());
   }
-  return model_config_from_json(json, path);
+  return json;
+}
+
+ModelConfig read_config_json(const std::string& path) {
+  return model_config_from_json(read_json_file(path), path);
 }
 
 }  // namespace moepeak

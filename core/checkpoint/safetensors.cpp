@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 #include <utility>
 
 #include "core/atomic_file.h"
@@ -30,7 +31,7 @@ struct DTypeSpelling {
   size_t element_size;
 };
 constexpr DTypeSpelling kKnownDTypes[] = {
-    {"F32", 4}, {"F64", 8}, {"BF16", 2}, {"I32", 4}, {"I64", 8}, {"U8", 1},
+    {"F32", 4}, {"F64", 8}, {"BF16", 2}, {"F16", 2}, {"I32", 4}, {"I64", 8}, {"U8", 1},
 };
 
 // product(shape), or nullopt on a negative dimension or overflow past 2^62.
@@ -95,6 +96,85 @@ size_t safetensors_element_size(std::string_view name) {
   return 0;
 }
 
+namespace {
+
+// IEEE binary16 -> binary32, exactly (subnormals, infinities and NaNs included).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // inf / NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);  // rebias 15 -> 127
+  } else if (mantissa == 0) {
+    bits = sign;  // +-0
+  } else {
+    // Subnormal: m * 2^-24; normalise the mantissa.
+    int shift = 0;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      ++shift;
+    }
+    bits = sign | (static_cast<uint32_t>(113 - shift) << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Loads element i of a buffer of `Source` (float, or the bits of a bf16 / f16) as a float.
+template <typename Source, float (*widen)(uint16_t)>
+float load_as_float(const uint8_t* p, size_t i) {
+  Source v;
+  std::memcpy(&v, p + i * sizeof(Source), sizeof(Source));
+  if constexpr (std::is_same_v<Source, float>) {
+    return v;
+  } else {
+    return widen(v);
+  }
+}
+
+float no_widen(uint16_t) { return 0; }
+
+template <float (*load)(const uint8_t*, size_t)>
+void convert_loop(const uint8_t* in, uint8_t* out, bool to_f32, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const float f = load(in, i);
+    if (to_f32) {
+      std::memcpy(out + 4 * i, &f, 4);
+    } else {
+      const uint16_t b = bf16::from_float(f);
+      std::memcpy(out + 2 * i, &b, 2);
+    }
+  }
+}
+
+}  // namespace
+
+void convert_float_elements(const void* src, std::string_view from, void* dst, std::string_view to,
+                            size_t count) {
+  const bool from_ok = from == "F32" || from == "BF16" || from == "F16";
+  if (!from_ok || !(to == "F32" || to == "BF16")) {
+    MOEPEAK_THROW("convert_float_elements: cannot convert ", from, " to ", to);
+  }
+  if (from == to) {
+    std::memcpy(dst, src, count * safetensors_element_size(from));
+    return;
+  }
+  const auto* in = static_cast<const uint8_t*>(src);
+  auto* out = static_cast<uint8_t*>(dst);
+  const bool to_f32 = to == "F32";
+  if (from == "F32") {
+    convert_loop<load_as_float<float, no_widen>>(in, out, to_f32, count);
+  } else if (from == "BF16") {
+    convert_loop<load_as_float<uint16_t, bf16::to_float>>(in, out, to_f32, count);
+  } else {
+    convert_loop<load_as_float<uint16_t, half_to_float>>(in, out, to_f32, count);
+  }
+}
+
 int64_t SafetensorsTensorInfo::elements() const { return element_count(shape).value_or(0); }
 
 // ---- Writer -------------------------------------------------------------------------------------
@@ -106,6 +186,27 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
 
 void SafetensorsWriter::add(const std::string& name, std::string_view dtype,
                             const std::vector<int64_t>& shape, const void* data, size_t bytes) {
+  const size_t expected = checked_bytes(name, dtype, shape);
+  if (expected != bytes) {
+    MOEPEAK_THROW("safetensors: tensor \"", name, "\": shape ", shape_text(shape), " of ", dtype,
+                  " is ", expected, " bytes, but ", bytes, " bytes were given");
+  }
+  if (bytes > 0 && data == nullptr) MOEPEAK_THROW("safetensors: tensor \"", name, "\": null data");
+  tensors_.push_back(Entry{name, std::string(dtype), shape, data, {}, bytes, data_bytes_});
+  data_bytes_ += bytes;
+}
+
+void SafetensorsWriter::add_streamed(const std::string& name, std::string_view dtype,
+                                     const std::vector<int64_t>& shape,
+                                     std::function<void(FileSink&)> produce) {
+  const size_t bytes = checked_bytes(name, dtype, shape);
+  tensors_.push_back(
+      Entry{name, std::string(dtype), shape, nullptr, std::move(produce), bytes, data_bytes_});
+  data_bytes_ += bytes;
+}
+
+size_t SafetensorsWriter::checked_bytes(const std::string& name, std::string_view dtype,
+                                        const std::vector<int64_t>& shape) const {
   if (name.empty()) MOEPEAK_THROW("safetensors: a tensor needs a name");
   if (name == kMetadataKey) MOEPEAK_THROW("safetensors: \"", name, "\" is reserved for metadata");
   for (const Entry& e : tensors_) {
@@ -114,18 +215,11 @@ void SafetensorsWriter::add(const std::string& name, std::string_view dtype,
   const size_t element = safetensors_element_size(dtype);
   if (element == 0) {
     MOEPEAK_THROW("safetensors: tensor \"", name, "\": unknown dtype \"", dtype,
-                  "\" (this build writes F32 F64 BF16 I32 I64 U8)");
+                  "\" (this build writes F32 F64 BF16 F16 I32 I64 U8)");
   }
   std::optional<int64_t> count = element_count(shape);
   if (!count) MOEPEAK_THROW("safetensors: tensor \"", name, "\": bad shape ", shape_text(shape));
-  if (static_cast<size_t>(*count) * element != bytes) {
-    MOEPEAK_THROW("safetensors: tensor \"", name, "\": shape ", shape_text(shape), " of ", dtype,
-                  " is ", static_cast<size_t>(*count) * element, " bytes, but ", bytes,
-                  " bytes were given");
-  }
-  if (bytes > 0 && data == nullptr) MOEPEAK_THROW("safetensors: tensor \"", name, "\": null data");
-  tensors_.push_back(Entry{name, std::string(dtype), shape, data, bytes, data_bytes_});
-  data_bytes_ += bytes;
+  return static_cast<size_t>(*count) * element;
 }
 
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
@@ -166,7 +260,18 @@ void SafetensorsWriter::write(const std::string& path) const {
     std::memcpy(size_bytes, &header_size, 8);
     out.write(size_bytes, 8);
     out.write(header);
-    for (const Entry& e : tensors_) out.write(e.data, e.bytes);
+    for (const Entry& e : tensors_) {
+      if (!e.produce) {
+        out.write(e.data, e.bytes);
+        continue;
+      }
+      const size_t before = out.bytes_written();
+      e.produce(out);
+      if (out.bytes_written() - before != e.bytes) {
+        MOEPEAK_THROW(path, ": tensor \"", e.name, "\" was streamed as ",
+                      out.bytes_written() - before, " bytes, its header says ", e.bytes);
+      }
+    }
   });
 }
 
@@ -262,7 +367,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     const size_t element = safetensors_element_size(info.dtype);
     if (element == 0) {
       MOEPEAK_INPUT_ERROR(where(), ": unknown dtype \"", info.dtype,
-                          "\" (this build reads F32 F64 BF16 I32 I64 U8)");
+                          "\" (this build reads F32 F64 BF16 F16 I32 I64 U8)");
     }
     const auto& shape = entry.at("shape");
     if (!shape.is_array()) MOEPEAK_INPUT_ERROR(where(), ": \"shape\" is not an array");
@@ -329,6 +434,23 @@ void SafetensorsFile::read(const std::string& name, void* dst, size_t bytes) con
   if (!read_exactly(fd_, dst, bytes, t.file_offset)) {
     MOEPEAK_INPUT_ERROR(path_, ": tensor \"", name, "\": cannot read ", bytes, " bytes at byte ",
                         t.file_offset, errno ? ": " : " (file shrank?)",
+                        errno ? std::strerror(errno) : "");
+  }
+}
+
+void SafetensorsFile::read_bytes(const std::string& name, size_t offset, void* dst,
+                                 size_t bytes) const {
+  const SafetensorsTensorInfo& t = info(name);
+  if (offset > t.bytes || bytes > t.bytes - offset) {
+    MOEPEAK_INPUT_ERROR(path_, ": tensor \"", name, "\" (", t.dtype, " ", shape_text(t.shape), ", ",
+                        t.bytes, " bytes): bytes [", offset, ", ", offset + bytes,
+                        ") are out of range");
+  }
+  if (bytes == 0) return;
+  errno = 0;
+  if (!read_exactly(fd_, dst, bytes, t.file_offset + offset)) {
+    MOEPEAK_INPUT_ERROR(path_, ": tensor \"", name, "\": cannot read ", bytes, " bytes at byte ",
+                        t.file_offset + offset, errno ? ": " : " (file shrank?)",
                         errno ? std::strerror(errno) : "");
   }
 }

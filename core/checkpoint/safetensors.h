@@ -2,8 +2,8 @@
 //
 // Format (https://huggingface.co/docs/safetensors): an 8-byte little-endian unsigned header size
 // N, N bytes of UTF-8 JSON, then the data. The JSON is an object mapping each tensor name to
-// {"dtype": "F32"|"F64"|"BF16"|"I32"|"I64"|"U8", "shape": [d0, ...], "data_offsets": [begin, end]}
-// with offsets relative to the start of the data, plus an optional "__metadata__" object of
+// {"dtype": "F32"|"F64"|"BF16"|"F16"|"I32"|"I64"|"U8", "shape": [d0, ...], "data_offsets": [begin,
+// end]} with offsets relative to the start of the data, plus an optional "__metadata__" object of
 // string to string. The writer pads the JSON with spaces to a multiple of 8 bytes so that the
 // data starts 8-byte aligned, and lays tensors out back to back in insertion order.
 //
@@ -19,12 +19,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/runtime/dtype.h"
 
 namespace moepeak {
@@ -34,9 +36,16 @@ std::string_view safetensors_dtype_name(DType dtype);
 // The DType of a safetensors dtype string; nullopt for "U8" and for names this build does not
 // handle.
 std::optional<DType> dtype_from_safetensors(std::string_view name);
-// Bytes per element of a safetensors dtype this build handles (F32 F64 BF16 I32 I64 U8); 0 for
-// any other name.
+// Bytes per element of a safetensors dtype this build handles (F32 F64 BF16 F16 I32 I64 U8); 0
+// for any other name. (F16 has no DType: it is read by the Hugging Face import, which converts.)
 size_t safetensors_element_size(std::string_view name);
+
+// Converts `count` floating-point elements from safetensors dtype `from` to `to` (each of F32,
+// BF16, F16): F16 and BF16 widen to F32 exactly; F32 (and F16) narrow to BF16 by round to nearest
+// even, as torch's .to(torch.bfloat16); same dtype copies. Throws for any other pair (F16 is only
+// read, never written).
+void convert_float_elements(const void* src, std::string_view from, void* dst, std::string_view to,
+                            size_t count);
 
 struct SafetensorsTensorInfo {
   std::string dtype;           // "F32", "BF16", "U8", ...
@@ -58,6 +67,11 @@ class SafetensorsWriter {
   // The same with the safetensors dtype spelled out; this is how "U8" tensors are added.
   void add(const std::string& name, std::string_view dtype, const std::vector<int64_t>& shape,
            const void* data, size_t bytes);
+  // A tensor whose bytes `produce` writes into the file when write() reaches it (tensor by
+  // tensor, with whatever buffer it likes: an export streams a model larger than memory). It must
+  // write exactly product(shape) * element size bytes; write() fails otherwise.
+  void add_streamed(const std::string& name, std::string_view dtype,
+                    const std::vector<int64_t>& shape, std::function<void(FileSink&)> produce);
   void set_metadata(const std::string& key, const std::string& value);
 
   // The header JSON exactly as write() puts it in the file, padding included.
@@ -70,11 +84,15 @@ class SafetensorsWriter {
   size_t data_bytes() const { return data_bytes_; }
 
  private:
+  // bytes of product(shape) elements of dtype; throws on a bad name, dtype or shape.
+  size_t checked_bytes(const std::string& name, std::string_view dtype,
+                       const std::vector<int64_t>& shape) const;
   struct Entry {
     std::string name;
     std::string dtype;
     std::vector<int64_t> shape;
-    const void* data;
+    const void* data;                        // or null, and `produce` writes the bytes
+    std::function<void(FileSink&)> produce;  // add_streamed
     size_t bytes;
     size_t begin;  // offset in the data section
   };
@@ -107,6 +125,9 @@ class SafetensorsFile {
   const SafetensorsTensorInfo& info(const std::string& name) const;
   // Reads the tensor into dst; throws unless bytes == info(name).bytes, or on a read error.
   void read(const std::string& name, void* dst, size_t bytes) const;
+  // Reads bytes [offset, offset + bytes) of the tensor's data (a rank's slice of it); throws
+  // naming the file and tensor when the range is outside the tensor, or on a read error.
+  void read_bytes(const std::string& name, size_t offset, void* dst, size_t bytes) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:

@@ -139,6 +139,7 @@ int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroPa
     ModelConfig saved = model_config_from_json(j, (root / "config.json").string());
     ModelConfig expected = model;
     expected.head_dim = expected.head_dim_resolved();  // config.json stores it resolved
+    expected.init_from.clear();                        // where the run began: not a shape
     saved.head_dim = saved.head_dim_resolved();
     if (!(saved == expected)) {
       MOEPEAK_INPUT_ERROR("checkpoint ", dir,

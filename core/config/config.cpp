@@ -373,6 +373,19 @@ bool Config::same_settings(const Config& other) const {
          checkpoint == other.checkpoint && metrics == other.metrics && runtime == other.runtime;
 }
 
+void set_config_value(Config& cfg, std::string_view key, const std::string& toml_value,
+                      const std::string& origin) {
+  const size_t dot = key.find('.');
+  const Field* field = dot == std::string_view::npos
+                           ? nullptr
+                           : config_schema::find_field(std::string(key.substr(0, dot)),
+                                                       std::string(key.substr(dot + 1)));
+  if (!field) MOEPEAK_THROW("set_config_value: unknown key '", key, "'");
+  assign(cfg, *field, read_override_value(*field, toml_value, origin), origin);
+}
+
+void check_config(const Config& cfg) { check_cross_field_rules(cfg); }
+
 Config load_config(const std::vector<std::string>& files,
                    const std::vector<std::string>& overrides) {
   Config cfg;

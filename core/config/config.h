@@ -155,6 +155,9 @@ struct ModelConfig {
   double rms_norm_eps = 1e-5;
   double router_aux_loss_coef = 0.0;  // 0 = no auxiliary load-balancing loss
   double initializer_range = 0.02;
+  // A Hugging Face Mixtral checkpoint directory to start from (core/checkpoint/hf_import.h);
+  // empty = random initialisation. Not part of the model's shape: checkpoints do not record it.
+  std::string init_from;
 
   int64_t head_dim_resolved() const {
     return head_dim != 0 ? head_dim : hidden_size / num_attention_heads;
@@ -303,6 +306,15 @@ struct Config {
 // a value outside an enum, a TOML syntax error or a missing file.
 Config load_config(const std::vector<std::string>& files,
                    const std::vector<std::string>& overrides);
+
+// Sets `key` ("section.key") from a TOML literal (as config_value_toml prints it), range-checked
+// as a file's value is, and records `origin` as where it came from (model.init_from's
+// config.json, for instance). Throws moepeak::Error naming the origin on a bad value.
+void set_config_value(Config& cfg, std::string_view key, const std::string& toml_value,
+                      const std::string& origin);
+
+// The rules that span keys, which load_config checks last: for a config changed after loading.
+void check_config(const Config& cfg);
 
 // Every key in schema order as valid TOML that load_config re-reads to the same settings; with
 // origins, each key not at its default carries a "  # file:line" (or "# --set ...") comment.

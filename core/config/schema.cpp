@@ -163,6 +163,10 @@ const std::vector<Field>& field_table() {
             "Weight of the auxiliary load-balancing loss; 0 = the loss is off."),
       FIELD(model, initializer_range, above(0),
             "Standard deviation of the normal weight initialisation."),
+      FIELD(model, init_from, no_limit(),
+            "Hugging Face Mixtral checkpoint directory (config.json, model.safetensors or "
+            "model.safetensors.index.json) to start from; keys of [model] not set come from its "
+            "config.json. Empty = random initialisation. Ignored when a run resumes."),
       // [training]
       FIELD(training, batch_size, at_least(1),
             "Global sequences per micro-batch B (over all ranks): what every memory bound is "

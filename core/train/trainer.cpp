@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/atomic_file.h"
+#include "core/checkpoint/hf_import.h"
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/comm/comm.h"
 #include "core/comm/process_group.h"
@@ -182,8 +183,12 @@ struct Trainer::State {
   double flops = 0, ceiling_gflops = 0;
 };
 
-Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_unique<State>()) {
+Trainer::Trainer(const Config& config, const TrainOptions& options)
+    : s_(std::make_unique<State>()) {
   State& s = *s_;
+  // [model] from model.init_from's config.json, when there is one (the CLI has done it already;
+  // it is idempotent).
+  const Config cfg = with_init_from_model(config);
   s.ranks = init_process_group();
   check_supported(cfg);
   check_layout(cfg, s.ranks);
@@ -223,8 +228,14 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& options) : s_(std::make_
   if (resume_dir) {
     s.completed = load_checkpoint(*resume_dir, cfg.model, params, *s.optimizer, *s.loader, stream);
     spdlog::info("resumed from {} after step {}", *resume_dir, s.completed);
-  } else if (options.resume) {
-    spdlog::info("no checkpoint in {}: starting from step 1", s.checkpoint_folder);
+  } else {
+    if (options.resume)
+      spdlog::info("no checkpoint in {}: starting from step 1", s.checkpoint_folder);
+    if (!cfg.model.init_from.empty()) {
+      load_hf_weights(HfCheckpoint(cfg.model.init_from), params, stream);
+      s.optimizer->load_master_from_weights(stream);
+      spdlog::info("weights from the Hugging Face checkpoint {}", cfg.model.init_from);
+    }
   }
 
   const int64_t B = cfg.training.batch_size, T = cfg.training.seq_len;

@@ -145,7 +145,7 @@ TEST_F(CheckpointIoTest, SafetensorsWriterRejectsBadTensors) {
   EXPECT_CONTAINS(error_of([&] { w.add("y", DType::f32, {5}, x, 16); }),
                   "tensor \"y\": shape [5] of F32 is 20 bytes, but 16 bytes were given");
   EXPECT_CONTAINS(error_of([&] { w.add("z", DType::f32, {-1}, x, 16); }), "bad shape [-1]");
-  EXPECT_CONTAINS(error_of([&] { w.add("q", "F16", {4}, x, 8); }), "unknown dtype \"F16\"");
+  EXPECT_CONTAINS(error_of([&] { w.add("q", "F8_E4M3", {4}, x, 4); }), "unknown dtype \"F8_E4M3\"");
   EXPECT_CONTAINS(error_of([&] { w.add("__metadata__", DType::f32, {4}, x, 16); }), "reserved");
 }
 
@@ -358,7 +358,10 @@ TEST_F(CheckpointIoTest, ConfigJsonFieldNames) {
   EXPECT_EQ(j["attention_dropout"], 0.0);
   EXPECT_TRUE(j["sliding_window"].is_null());
   EXPECT_EQ(j["torch_dtype"], "float32");
-  EXPECT_EQ(j.size(), 22u);
+  EXPECT_EQ(j["dtype"], "float32");  // transformers 5's name
+  EXPECT_EQ(j["rope_parameters"]["rope_theta"], m.rope_theta);
+  EXPECT_EQ(j["rope_parameters"]["rope_type"], "default");
+  EXPECT_EQ(j.size(), 24u);
 
   m.router_aux_loss_coef = 0.02;
   EXPECT_EQ(mixtral_config_json(m)["output_router_logits"], true);
