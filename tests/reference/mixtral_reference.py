@@ -20,6 +20,7 @@ one itself; here they are NOT shifted again.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -32,14 +33,21 @@ IGNORE_INDEX = -100
 # safetensors and config.json
 # ---------------------------------------------------------------------------------------------
 
-_SAFETENSORS_DTYPES = {"F32": "<f4", "F64": "<f8", "I64": "<i8", "I32": "<i4"}
+_SAFETENSORS_DTYPES = {"F32": "<f4", "F64": "<f8", "I64": "<i8", "I32": "<i4", "F16": "<f2",
+                       "BF16": "<u2"}
+
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) as the float32 values they are (the top half of a float32)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def read_safetensors(path: str) -> Dict[str, np.ndarray]:
     """Reads a .safetensors file: u64 little-endian header length, JSON header, raw data.
 
     Each header entry is {"dtype", "shape", "data_offsets": [begin, end]} with offsets relative
-    to the first byte after the header. "__metadata__" is skipped. Returns read-only arrays.
+    to the first byte after the header. "__metadata__" is skipped. Returns read-only arrays;
+    BF16 tensors come back as the float32 values they hold.
     """
     with open(path, "rb") as f:
         blob = f.read()
@@ -60,6 +68,8 @@ def read_safetensors(path: str) -> Dict[str, np.ndarray]:
         array = np.frombuffer(data[begin:end], dtype=dtype)
         if array.size != int(np.prod(shape, dtype=np.int64)):
             raise ValueError(f"{path}: tensor {name}: {array.size} elements for shape {shape}")
+        if entry["dtype"] == "BF16":
+            array = bf16_bits_to_float32(array)
         tensors[name] = array.reshape(shape)
     return tensors
 
@@ -93,6 +103,11 @@ def read_config(path: str) -> MixtralConfig:
         raise ValueError(f"{path}: hidden_act {j.get('hidden_act')!r}: only silu is implemented")
     if j.get("rope_scaling") not in (None, {}):
         raise ValueError(f"{path}: rope_scaling is not implemented by this reference")
+    # transformers 5 keeps theta in rope_parameters (and may drop the top-level key).
+    rope_parameters = j.get("rope_parameters") or {}
+    if rope_parameters.get("rope_type", "default") != "default":
+        raise ValueError(f"{path}: rope_parameters.rope_type is not implemented by this reference")
+    rope_theta = j.get("rope_theta", rope_parameters.get("rope_theta", 1e6))
     head_dim = j.get("head_dim") or j["hidden_size"] // j["num_attention_heads"]
     return MixtralConfig(
         vocab_size=int(j["vocab_size"]),
@@ -104,7 +119,7 @@ def read_config(path: str) -> MixtralConfig:
         head_dim=int(head_dim),
         num_local_experts=int(j["num_local_experts"]),
         num_experts_per_tok=int(j["num_experts_per_tok"]),
-        rope_theta=float(j.get("rope_theta", 1e6)),
+        rope_theta=float(rope_theta),
         rms_norm_eps=float(j.get("rms_norm_eps", 1e-5)),
         router_aux_loss_coef=float(j.get("router_aux_loss_coef", 0.001)),
         output_router_logits=bool(j.get("output_router_logits", False)),
@@ -114,8 +129,26 @@ def read_config(path: str) -> MixtralConfig:
 
 
 def load_params(path: str) -> Dict[str, np.ndarray]:
-    """The weights of model.safetensors as writable float64 arrays, keyed by HF tensor name."""
-    return {name: np.array(t, dtype=np.float64) for name, t in read_safetensors(path).items()}
+    """The weights of a safetensors file, or of a Hugging Face model directory (model.safetensors,
+    or the files model.safetensors.index.json maps), as writable float64 arrays keyed by HF
+    tensor name."""
+    if not os.path.isdir(path):
+        return {name: np.array(t, dtype=np.float64) for name, t in read_safetensors(path).items()}
+    index = os.path.join(path, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return load_params(os.path.join(path, "model.safetensors"))
+    with open(index, "r", encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    params: Dict[str, np.ndarray] = {}
+    for file in sorted(set(weight_map.values())):
+        for name, t in read_safetensors(os.path.join(path, file)).items():
+            if weight_map.get(name) != file:
+                raise ValueError(f"{path}: {file} holds {name}, which the index does not put there")
+            params[name] = np.array(t, dtype=np.float64)
+    missing = set(weight_map) - set(params)
+    if missing:
+        raise ValueError(f"{path}: the index names tensors no file holds: {sorted(missing)[:3]}")
+    return params
 
 
 # ---------------------------------------------------------------------------------------------
