@@ -1,7 +1,11 @@
 #include "core/checkpoint/sharded_checkpoint.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -55,18 +59,33 @@ std::string read_text(const fs::path& path) {
   return text.str();
 }
 
+// NOTES: fault injection for the crash tests (tests/cli/test_train_ranks.sh), inert unless the
+// environment asks: MOEPEAK_TEST_KILL_IN_SAVE="RANK:STEP:POINT" makes rank RANK kill itself
+// (SIGKILL: no handler, no cleanup, as the OOM killer or a node failure would) in the save of
+// step STEP at POINT: "shard", with half of its pieces in its shard file; "manifest" (rank 0),
+// with manifest.json written into the temporary directory but not yet renamed.
+void die_here_if_asked(const ZeroParamStore& params, int64_t step, std::string_view point) {
+  const char* spec = std::getenv("MOEPEAK_TEST_KILL_IN_SAVE");
+  if (spec == nullptr) return;
+  const std::string want =
+      std::to_string(params.rank()) + ":" + std::to_string(step) + ":" + std::string(point);
+  if (want == spec) ::kill(::getpid(), SIGKILL);
+}
+
 // Streams this rank's pieces into its shard file; returns the sidecar: the file's info and
 // every slice it holds.
 nlohmann::json write_rank_shard(const fs::path& dir, const ZeroParamStore& params,
                                 const std::vector<SavedFlat>& flats, Stream& stream,
-                                uint64_t write_buffer_bytes) {
+                                uint64_t write_buffer_bytes, int64_t step) {
   // A multiple of kShardAlignBytes, so the free part of the buffer always holds whole elements.
   const size_t buffer =
       static_cast<size_t>(write_buffer_bytes / kShardAlignBytes * kShardAlignBytes);
   ShardFileWriter writer((dir / shard_name(params.rank(), "bin")).string(), buffer, kBlockBytes);
   nlohmann::json slices = nlohmann::json::array();
   const auto& infos = params.layout().params();
-  for (const SavedFlat& f : flats) {
+  for (size_t k = 0; k < flats.size(); ++k) {
+    const SavedFlat& f = flats[k];
+    if (k == flats.size() / 2) die_here_if_asked(params, step, "shard");
     const size_t es = dtype_size(f.flat.dtype());
     for (size_t i = 0; i < infos.size(); ++i) {
       const int p = static_cast<int>(i);
@@ -189,7 +208,7 @@ void save_sharded_checkpoint(const std::string& folder, const std::string& dir_n
   const std::vector<SavedFlat> flats = saved_flats(params, optimizer);
   run_and_agree(params, stream, what, true, [&] {
     const nlohmann::json side =
-        write_rank_shard(tmp_dir, params, flats, stream, write_buffer_bytes);
+        write_rank_shard(tmp_dir, params, flats, stream, write_buffer_bytes, step);
     write_file_atomically((tmp_dir / shard_name(params.rank(), "json")).string(), side.dump());
   });
   run_and_agree(params, stream, what, rank0, [&] {
@@ -208,6 +227,7 @@ void save_sharded_checkpoint(const std::string& folder, const std::string& dir_n
     // NOTES: manifest.json is the directory's last file: a directory without one is never
     // renamed into place, so every checkpoint a reader finds is complete.
     write_file_atomically((tmp_dir / kShardManifestName).string(), m.to_json());
+    die_here_if_asked(params, step, "manifest");
     std::error_code ec;
     for (int r = 0; r < params.world_size(); ++r) fs::remove(tmp_dir / shard_name(r, "json"), ec);
     fs::remove_all(final_dir, ec);

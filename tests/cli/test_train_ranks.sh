@@ -6,6 +6,8 @@
 #   - the step-1 dump (--dump-step) on 4 ranks has the 1-rank dump's tensors: the same batch and
 #     initial weights bitwise, gradients within 1e-5 relative, the loss within 1e-6;
 #   - a checkpoint saved on 2 ranks resumes bit for bit on 2 ranks and within 1e-5 on 4 and 1;
+#   - kill -9 of one rank in the middle of a save leaves the previous checkpoint as `latest` and
+#     no new one, and --resume continues from it bit for bit;
 #   - schedules.vocab = "ring_dtp" on 4 ranks gives 1 rank's materialised losses (1e-5), and its
 #     checkpoint resumes under the materialised schedule on 4 ranks;
 #   - runtime.bind: each rank binds to its share of the PUs when the launcher
@@ -291,6 +293,29 @@ check "resume on 4 ranks: losses of steps 4..6 equal the uninterrupted run's (1e
   series_match "$(metrics ck2)" "$(metrics resume4)" loss 1e-5
 check "resume on 1 rank: losses of steps 4..6 equal the uninterrupted run's (1e-5 relative)" \
   series_match "$(metrics ck2)" "$(metrics resume1)" loss 1e-5
+
+# 3a. kill -9 in the middle of a save (MOEPEAK_TEST_KILL_IN_SAVE, core/checkpoint/
+# sharded_checkpoint.cpp): rank 1 half-way through its shard file, or rank 0 with the new
+# manifest written but the directory not yet renamed. Either way the job dies, `latest` still
+# names step 3, no step_00000006 exists, and --resume continues from step 3 to the uninterrupted
+# run's losses, bitwise (the stale temporary directory is cleared by its save).
+for point in 1:6:shard 0:6:manifest; do
+  name="kill_${point//:/_}"
+  MOEPEAK_TEST_KILL_IN_SAVE=$point MPIRUN_EXTRA="-x MOEPEAK_TEST_KILL_IN_SAVE" \
+    train 2 "$name" "$tmp/$name" --set training.steps=6 "${ckpt[@]}"; rc=$?
+  check "kill -9 at $point: the job fails (rc $rc)" is_failure $rc
+  folder="$tmp/runs/$name/checkpoints"
+  check "kill -9 at $point: latest still names step 3" grep -qx step_00000003 "$folder/latest"
+  check "kill -9 at $point: no step_00000006 appeared" test ! -e "$folder/step_00000006"
+  check "kill -9 at $point: step 3 is whole" test -s "$folder/step_00000003/manifest.json"
+  train 2 "$name" "$tmp/${name}_resumed" --set training.steps=6 "${ckpt[@]}" --resume; rc=$?
+  check "kill -9 at $point: --resume exits 0 (rc $rc)" test $rc -eq 0
+  check "kill -9 at $point: it resumed after step 3" contains "$tmp/${name}_resumed.err" "after step 3"
+  check "kill -9 at $point: steps 4..6 bitwise equal the uninterrupted run's" \
+    series_match "$(metrics ck2)" "$(metrics "$name")" loss 0
+  check "kill -9 at $point: the resumed save cleared the stale temporary directory" \
+    test ! -e "$folder/.tmp_step_00000006"
+done
 
 # 3b. Ring-DTP (schedules.vocab = "ring_dtp"): the LM head stored by vocabulary rows, the same
 # losses as the materialised logits on 1 rank; its checkpoint (whole tensors) resumes under the

@@ -6,8 +6,10 @@
 // (preemption) checkpoints at the step boundary and the resumed run ends bit for bit the same.
 // Run: ctest -R test_train
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -139,6 +141,53 @@ TEST(Train, TheWriteBufferChangesNoByteOfTheCheckpoint) {
   EXPECT_GT(fs::file_size(ca / "shard-00000.bin"), 100u * 4096) << "the test needs many buffers";
   EXPECT_TRUE(bytes(ca / "shard-00000.bin") == bytes(cb / "shard-00000.bin"));
   EXPECT_TRUE(bytes(ca / "manifest.json") == bytes(cb / "manifest.json"));
+}
+
+// This process's resident memory ("VmRSS") or its peak since the last reset ("VmHWM"), bytes.
+uint64_t proc_status_bytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) == 0) return std::stoull(line.substr(key.size() + 1)) * 1024;
+  }
+  ADD_FAILURE() << "no " << key << " in /proc/self/status";
+  return 0;
+}
+
+// The host peak of a save (docs/design.md, Checkpoints): the rank's pieces stream from (device)
+// memory through the write buffer, so the process grows by that buffer, not by its state. The
+// state here is ~80 MiB (weights, m, v) against a 1 MiB buffer; the bound allows 3 MiB more for
+// the manifest, sidecar and JSON strings. (On the CPU backend device memory is host memory, all
+// of it resident after a step: only what the save allocates can move the peak.)
+TEST(Train, ASaveGrowsTheHostPeakByItsWriteBufferNotByTheState) {
+  std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to VmRSS (Linux >= 4.0)
+  if (proc_status_bytes("VmHWM") > proc_status_bytes("VmRSS") + (1u << 20)) {
+    GTEST_SKIP() << "this kernel cannot reset the peak RSS (/proc/self/clear_refs)";
+  }
+  TempDir dir;
+  Config cfg = load_config(
+      {}, {"job.run_dir=" + dir.path().string(), "training.steps=1", "training.seq_len=16",
+           "training.batch_size=2", "model.vocab_size=4096", "model.hidden_size=256",
+           "model.head_dim=64", "model.intermediate_size=512", "metrics.progress=\"off\"",
+           "runtime.log_level=\"warn\"", "checkpoint.write_buffer=\"1MiB\""});
+  Trainer trainer(cfg, {});
+  trainer.step();
+  trainer.save_checkpoint();  // the first save pages in its code and makes the folder
+  const fs::path shard = fs::path(cfg.job.run_path()) / cfg.checkpoint.folder /
+                         checkpoint_dir_name(1) / "shard-00000.bin";
+  const uint64_t state = fs::file_size(shard);
+  ASSERT_GT(state, 64ull << 20) << "the state must dwarf the buffer for the bound to mean much";
+
+  malloc_trim(0);  // hand back what the first save freed, so the second one allocates anew
+  std::ofstream("/proc/self/clear_refs") << "5";
+  const uint64_t before = proc_status_bytes("VmRSS");
+  trainer.save_checkpoint();
+  const uint64_t growth = proc_status_bytes("VmHWM") - before;
+  EXPECT_LE(growth, cfg.checkpoint.write_buffer_bytes() + (3ull << 20))
+      << "a save of " << state << " bytes of state grew the host peak by " << growth;
+  std::printf("# save of %llu bytes of state: host peak +%llu bytes (write buffer %llu)\n",
+              static_cast<unsigned long long>(state), static_cast<unsigned long long>(growth),
+              static_cast<unsigned long long>(cfg.checkpoint.write_buffer_bytes()));
 }
 
 // A byte flipped in a shard file (not a NaN: one bit of one float) fails the resume naming the
