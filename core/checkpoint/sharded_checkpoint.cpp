@@ -75,7 +75,7 @@ void die_here_if_asked(const ZeroParamStore& params, int64_t step, std::string_v
 // Streams this rank's pieces into its shard file; returns the sidecar: the file's info and
 // every slice it holds.
 nlohmann::json write_rank_shard(const fs::path& dir, const ZeroParamStore& params,
-                                const std::vector<SavedFlat>& flats, Stream& stream,
+                                const std::vector<SavedFlat>& flats, const PieceCopy& copy,
                                 uint64_t write_buffer_bytes, int64_t step) {
   // A multiple of kShardAlignBytes, so the free part of the buffer always holds whole elements.
   const size_t buffer =
@@ -93,14 +93,15 @@ nlohmann::json write_rank_shard(const fs::path& dir, const ZeroParamStore& param
       const auto [begin, end] = *params.stored_range(p);
       if (begin == end) continue;  // all padding
       const uint64_t offset = writer.begin_slice();
-      // NOTES: each piece goes straight from the device into the writer's buffer, as many
-      // elements as fit at a time, so the buffer is the save's only host memory.
+      // NOTES: each piece goes straight from its source (the device, or an asynchronous save's
+      // snapshot) into the writer's buffer, as many elements as fit at a time, so the buffer is
+      // the write's only host memory.
       for (int64_t done = 0; done < end - begin;) {
         std::span<char> room = writer.space();
         const int64_t n =
             std::min<int64_t>(end - begin - done, static_cast<int64_t>(room.size() / es));
         MOEPEAK_CHECK(n > 0, "a shard buffer's free part holds no element");  // 64-byte multiple
-        params.copy_piece_to_host(p, f.flat, done, n, room.data(), stream);
+        copy(static_cast<int>(k), p, done, n, room.data());
         writer.commit(static_cast<size_t>(n) * es);
         done += n;
       }
@@ -191,43 +192,59 @@ void run_and_agree(const ZeroParamStore& params, Stream& stream, const std::stri
   }
 }
 
-void save_sharded_checkpoint(const std::string& folder, const std::string& dir_name, int64_t step,
-                             const ModelConfig& model, const ZeroParamStore& params,
-                             const schedules::Optimizer& optimizer, const DataLoader& loader,
-                             Stream& stream, int64_t keep_latest, uint64_t write_buffer_bytes) {
-  const fs::path final_dir = fs::path(folder) / dir_name;
-  const fs::path tmp_dir = fs::path(folder) / (".tmp_" + dir_name);
-  const std::string what = "checkpoint " + final_dir.string();
-  const bool rank0 = params.rank() == 0;
-  run_and_agree(params, stream, what, rank0, [&] {
+CheckpointSave begin_checkpoint_save(const std::string& folder, const std::string& dir_name,
+                                     int64_t step, const ModelConfig& model,
+                                     const ZeroParamStore& params,
+                                     const schedules::Optimizer& optimizer,
+                                     const DataLoader& loader, Stream& stream, int64_t keep_latest,
+                                     uint64_t write_buffer_bytes) {
+  CheckpointSave save;
+  save.folder = folder;
+  save.dir_name = dir_name;
+  save.step = step;
+  save.keep_latest = keep_latest;
+  save.write_buffer_bytes = write_buffer_bytes;
+  save.model = model;
+  const ParallelDegrees& d = params.groups().degrees();
+  save.metadata = {{"step", step},
+                   {"world_size", params.world_size()},
+                   {"expert_parallel", d.expert},
+                   {"sequence_parallel", d.sequence},
+                   {"data_shard", d.data_shard},
+                   {"optimizer_placement", std::string(enum_name(optimizer.placement()))},
+                   {"data_loader_state", loader.state()}};
+  run_and_agree(params, stream, save.what(), params.rank() == 0, [&] {
     create_directories(folder);
     std::error_code ec;
-    fs::remove_all(tmp_dir, ec);  // a save that died part-way
-    create_directories(tmp_dir.string());
+    fs::remove_all(save.tmp_dir(), ec);  // a save that died part-way
+    create_directories(save.tmp_dir().string());
   });
-  const std::vector<SavedFlat> flats = saved_flats(params, optimizer);
-  run_and_agree(params, stream, what, true, [&] {
-    const nlohmann::json side =
-        write_rank_shard(tmp_dir, params, flats, stream, write_buffer_bytes, step);
-    write_file_atomically((tmp_dir / shard_name(params.rank(), "json")).string(), side.dump());
+  return save;
+}
+
+void write_checkpoint_pieces(const CheckpointSave& save, const ZeroParamStore& params,
+                             const schedules::Optimizer& optimizer, const PieceCopy& copy) {
+  const nlohmann::json side =
+      write_rank_shard(save.tmp_dir(), params, saved_flats(params, optimizer), copy,
+                       save.write_buffer_bytes, save.step);
+  write_file_atomically((save.tmp_dir() / shard_name(params.rank(), "json")).string(), side.dump());
+}
+
+void commit_checkpoint_save(const CheckpointSave& save, const ZeroParamStore& params,
+                            const schedules::Optimizer& optimizer, Stream& stream,
+                            std::exception_ptr write_failure) {
+  run_and_agree(params, stream, save.what(), true, [&] {
+    if (write_failure) std::rethrow_exception(write_failure);
   });
-  run_and_agree(params, stream, what, rank0, [&] {
-    const ParallelDegrees& d = params.groups().degrees();
-    const std::vector<uint8_t> cursor = loader.state();
-    nlohmann::json metadata = {
-        {"step", step},
-        {"world_size", params.world_size()},
-        {"expert_parallel", d.expert},
-        {"sequence_parallel", d.sequence},
-        {"data_shard", d.data_shard},
-        {"optimizer_placement", std::string(enum_name(optimizer.placement()))},
-        {"data_loader_state", cursor}};
-    const ShardManifest m = merge_sidecars(tmp_dir, params, flats, std::move(metadata));
-    write_config_json((tmp_dir / "config.json").string(), model);
+  const fs::path tmp_dir = save.tmp_dir(), final_dir = save.final_dir();
+  run_and_agree(params, stream, save.what(), params.rank() == 0, [&] {
+    const ShardManifest m =
+        merge_sidecars(tmp_dir, params, saved_flats(params, optimizer), save.metadata);
+    write_config_json((tmp_dir / "config.json").string(), save.model);
     // NOTES: manifest.json is the directory's last file: a directory without one is never
     // renamed into place, so every checkpoint a reader finds is complete.
     write_file_atomically((tmp_dir / kShardManifestName).string(), m.to_json());
-    die_here_if_asked(params, step, "manifest");
+    die_here_if_asked(params, save.step, "manifest");
     std::error_code ec;
     for (int r = 0; r < params.world_size(); ++r) fs::remove(tmp_dir / shard_name(r, "json"), ec);
     fs::remove_all(final_dir, ec);
@@ -236,10 +253,46 @@ void save_sharded_checkpoint(const std::string& folder, const std::string& dir_n
       MOEPEAK_INPUT_ERROR("cannot move checkpoint ", tmp_dir.string(),
                           " into place: ", ec.message());
     }
-    write_file_atomically((fs::path(folder) / "latest").string(), dir_name + "\n");
-    remove_old_steps(folder, keep_latest);
+    write_file_atomically((fs::path(save.folder) / "latest").string(), save.dir_name + "\n");
+    remove_old_steps(save.folder, save.keep_latest);
   });
 }
+
+void save_sharded_checkpoint(const std::string& folder, const std::string& dir_name, int64_t step,
+                             const ModelConfig& model, const ZeroParamStore& params,
+                             const schedules::Optimizer& optimizer, const DataLoader& loader,
+                             Stream& stream, int64_t keep_latest, uint64_t write_buffer_bytes) {
+  const CheckpointSave save =
+      begin_checkpoint_save(folder, dir_name, step, model, params, optimizer, loader, stream,
+                            keep_latest, write_buffer_bytes);
+  const std::vector<SavedFlat> flats = saved_flats(params, optimizer);
+  std::exception_ptr failure;
+  try {
+    write_checkpoint_pieces(save, params, optimizer,
+                            [&](int flat, int param, int64_t offset, int64_t count, void* dst) {
+                              params.copy_piece_to_host(param, flats[flat].flat, offset, count, dst,
+                                                        stream);
+                            });
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  commit_checkpoint_save(save, params, optimizer, stream, failure);
+}
+
+std::vector<Tensor> checkpoint_flats(const ZeroParamStore& params,
+                                     const schedules::Optimizer& optimizer) {
+  std::vector<Tensor> out;
+  for (const SavedFlat& f : saved_flats(params, optimizer)) out.push_back(f.flat);
+  return out;
+}
+
+std::filesystem::path CheckpointSave::final_dir() const {
+  return std::filesystem::path(folder) / dir_name;
+}
+std::filesystem::path CheckpointSave::tmp_dir() const {
+  return std::filesystem::path(folder) / (".tmp_" + dir_name);
+}
+std::string CheckpointSave::what() const { return "checkpoint " + final_dir().string(); }
 
 ShardedCheckpoint::ShardedCheckpoint(std::string dir) : dir_(std::move(dir)) {
   const fs::path path = fs::path(dir_) / kShardManifestName;

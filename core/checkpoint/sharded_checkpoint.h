@@ -32,8 +32,11 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/checkpoint/shard_io.h"
 #include "core/checkpoint/shard_manifest.h"
@@ -48,6 +51,52 @@ void save_sharded_checkpoint(const std::string& folder, const std::string& dir_n
                              const ModelConfig& model, const ZeroParamStore& params,
                              const schedules::Optimizer& optimizer, const DataLoader& loader,
                              Stream& stream, int64_t keep_latest, uint64_t write_buffer_bytes);
+
+// ---- the phases of a save (save_sharded_checkpoint runs them in a row; an asynchronous save,
+// core/checkpoint/async_checkpoint.h, runs the middle one on a background thread) ----
+
+// A save in progress: where it goes and the metadata of its step boundary (step, data cursor,
+// layout, placement), taken when it began.
+struct CheckpointSave {
+  std::string folder, dir_name;
+  int64_t step = 0, keep_latest = 0;
+  uint64_t write_buffer_bytes = 0;
+  ModelConfig model;
+  nlohmann::json metadata;
+  std::filesystem::path final_dir() const;
+  std::filesystem::path tmp_dir() const;  // ".tmp_<dir_name>"
+  std::string what() const;               // "checkpoint <final_dir>", for errors
+};
+
+// Collective: records the metadata and makes a fresh temporary directory (rank 0).
+CheckpointSave begin_checkpoint_save(const std::string& folder, const std::string& dir_name,
+                                     int64_t step, const ModelConfig& model,
+                                     const ZeroParamStore& params,
+                                     const schedules::Optimizer& optimizer,
+                                     const DataLoader& loader, Stream& stream, int64_t keep_latest,
+                                     uint64_t write_buffer_bytes);
+
+// Copies elements [offset, offset + count) of the stored range of `param` in saved flat number
+// `flat` (checkpoint_flats order) to host `dst`.
+using PieceCopy =
+    std::function<void(int flat, int param, int64_t offset, int64_t count, void* dst)>;
+
+// The flats a checkpoint saves, in order: the weights, then each optimizer state.
+std::vector<Tensor> checkpoint_flats(const ZeroParamStore& params,
+                                     const schedules::Optimizer& optimizer);
+
+// Not collective, no backend calls of its own: streams this rank's pieces (those it
+// writes_checkpoint) from `copy` into its shard file and sidecar in the temporary directory,
+// through the save's write buffer. Throws on a write error.
+void write_checkpoint_pieces(const CheckpointSave& save, const ZeroParamStore& params,
+                             const schedules::Optimizer& optimizer, const PieceCopy& copy);
+
+// Collective: every rank's write outcome (`write_failure`: this rank's, or null) becomes every
+// rank's; then rank 0 merges the sidecars into manifest.json, writes config.json, renames the
+// directory into place, updates `latest` and removes old steps.
+void commit_checkpoint_save(const CheckpointSave& save, const ZeroParamStore& params,
+                            const schedules::Optimizer& optimizer, Stream& stream,
+                            std::exception_ptr write_failure);
 
 // Runs `work` where `here` is true and makes its outcome every rank's (collective): a rank whose
 // work failed rethrows its own error, the others throw one naming `what`, so no rank goes on to

@@ -241,6 +241,7 @@ struct CheckpointConfig {
   int64_t interval = 0;                // 0 = only at the end
   int64_t keep_latest = 2;
   std::string write_buffer = "auto";  // byte size or "auto" (64 MiB)
+  bool async = false;  // snapshot to pinned host memory; write on a background thread
 
   // The host buffer each rank streams its shards through on a save (auto: 64 MiB).
   uint64_t write_buffer_bytes() const;

@@ -284,6 +284,10 @@ const std::vector<Field>& field_table() {
       FIELD(checkpoint, write_buffer, byte_size_or_auto(Bound{4096, true}),
             "Host buffer each rank streams its own shards through on a save (a save's host "
             "memory per rank beyond the training's); auto = 64MiB."),
+      FIELD(checkpoint, async, no_limit(),
+            "Asynchronous saves: the step boundary copies the state to pinned host memory (the "
+            "plan's checkpoint_snapshot term) and a background thread writes the files while "
+            "training goes on; the next save, a stop signal and the end of training wait for it."),
       // [metrics]
       FIELD(metrics, log_freq, at_least(1), "Steps between console metric lines."),
       FIELD(metrics, file, no_limit(),

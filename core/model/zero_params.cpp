@@ -627,6 +627,13 @@ bool ZeroParamStore::writes_checkpoint(int param) const {
   return !dense || rank_ / groups_->degrees().data_shard == 0;  // dense-replica rank 0
 }
 
+int64_t ZeroParamStore::piece_offset(int param) const {
+  const Info& info = info_.at(param);
+  MOEPEAK_CHECK(info.offset >= 0, layout_.params()[param].name, " is expert ", info.expert,
+                " of expert-group rank ", expert_owner(param), ", not stored on rank ", rank_);
+  return info.offset;
+}
+
 void ZeroParamStore::copy_piece_to_host(int param, const Tensor& flat, int64_t offset,
                                         int64_t count, void* dst, Stream& stream) const {
   const auto range = stored_range(param);

@@ -258,6 +258,9 @@ class ZeroParamStore {
   // one rank of the job only, and a dense shard only on dense-replica rank 0 (the other replicas
   // hold the same elements). Over the job the writers' ranges tile every tensor once.
   bool writes_checkpoint(int param) const;
+  // Where the stored range of `param` starts in any flat buffer laid out like the values, in
+  // elements (a host copy of a flat holds the piece there too). Error for another rank's expert.
+  int64_t piece_offset(int param) const;
   // Copies elements [offset, offset + count) of the stored range of `param` in `flat` (laid out
   // like the values, any dtype, on the device or the host) to host memory `dst`. Synchronises.
   void copy_piece_to_host(int param, const Tensor& flat, int64_t offset, int64_t count, void* dst,

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/model/checkpoint_snapshot.h"
 #include "core/model/mixtral.h"
 #include "core/model/mixtral_memory.h"
 #include "core/model/zero_params.h"
@@ -169,6 +170,18 @@ uint64_t add_optimizer(Plan& p, const Config& cfg, const PlanSizes& z) {
   return o.host_total();
 }
 
+// An asynchronous checkpoint's pinned snapshot (checkpoint.enable and checkpoint.async): a host
+// copy of the P elements of every saved flat. Returns its bytes (live in the pool from setup).
+uint64_t add_checkpoint_snapshot(Plan& p, const Config& cfg, const PlanSizes& z) {
+  if (!cfg.checkpoint.enable || !cfg.checkpoint.async) return 0;
+  const int64_t P = zero_persistent_elements(cfg.model, z.d, lm_head_sharding(cfg.schedules.vocab));
+  const uint64_t bytes = checkpoint_snapshot_bytes(P, checkpoint_flat_dtypes(z.dt));
+  p.host.push_back({"checkpoint_snapshot", bytes,
+                    "checkpoint_snapshot_bytes(" + args({{"P", P}}) + ", " +
+                        std::string(dtype_name(z.dt)) + " weights + AdamW state)"});
+  return bytes;
+}
+
 // "W=8" or "W=8, Ep=2, Sp=4, Ds=8" for the functions' arguments.
 std::string layout_args(const ParallelDegrees& d) {
   if (d.is_uniform()) return args({{"W", d.world}});
@@ -241,11 +254,12 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
   p.tokens_per_rank = z.N;
   add_weights_and_grads(p, cfg, z);
   const uint64_t optimizer_host = add_optimizer(p, cfg, z);
+  const uint64_t snapshot_host = add_checkpoint_snapshot(p, cfg, z);
   add_attention(p, cfg, z);
   add_workspace(p, cfg, z);
   add_dispatch(p, cfg, z);
   add_logits(p, cfg, z);
-  add_boundaries(p, cfg, z, optimizer_host);
+  add_boundaries(p, cfg, z, optimizer_host + snapshot_host);
   add_totals(p);
   return p;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/atomic_file.h"
+#include "core/checkpoint/async_checkpoint.h"
 #include "core/checkpoint/hf_import.h"
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/comm/comm.h"
@@ -177,6 +178,8 @@ struct Trainer::State {
   std::unique_ptr<schedules::Optimizer> optimizer;  // optimizer.placement's AdamW
   std::unique_ptr<DataLoader> loader;
   std::string checkpoint_folder;
+  // checkpoint.enable and .async (a preemption save without checkpoint.enable is synchronous)
+  std::unique_ptr<AsyncCheckpointWriter> async_checkpoint;
   int64_t completed = 0;
   std::vector<int64_t> ids, labels;  // the step's m global micro-batches (m*B*T), as every rank
   OwnedTensor d_ids, d_labels, d_positions;  // this rank's N = B*T/W tokens
@@ -219,6 +222,11 @@ Trainer::Trainer(const Config& config, const TrainOptions& options)
                                           backend_options(cfg, s.ranks, s.binding).cpu_threads);
   s.loader = make_data_loader(cfg.training, cfg.model, cfg.job.seed);
   s.checkpoint_folder = (fs::path(cfg.job.run_path()) / cfg.checkpoint.folder).string();
+  if (cfg.checkpoint.enable && cfg.checkpoint.async) {
+    // The snapshot is pinned now, before the first step sizes SCO's "auto" share of the pool.
+    s.async_checkpoint = std::make_unique<AsyncCheckpointWriter>(*s.backend);
+    s.async_checkpoint->reserve(params, *s.optimizer);
+  }
 
   std::optional<std::string> resume_dir;
   if (!options.resume_from.empty())
@@ -400,11 +408,46 @@ StepMetrics Trainer::step() {
 }
 
 void Trainer::save_checkpoint() const {
-  const State& s = *s_;
+  State& s = *s_;
+  Stream& stream = s.backend->default_stream();
+  if (s.async_checkpoint) {
+    const int64_t before = s.async_checkpoint->last_committed_step();
+    s.async_checkpoint->start(s.checkpoint_folder, checkpoint_dir_name(s.completed), s.completed,
+                              s.cfg.model, s.model->params(), *s.optimizer, *s.loader, stream,
+                              s.cfg.checkpoint.keep_latest, s.cfg.checkpoint.write_buffer_bytes());
+    log_committed(before);
+    spdlog::info("checkpoint: {}/{} snapshotted, writing in the background", s.checkpoint_folder,
+                 checkpoint_dir_name(s.completed));
+    return;
+  }
   moepeak::save_checkpoint(s.checkpoint_folder, s.completed, s.cfg.model, s.model->params(),
-                           *s.optimizer, *s.loader, s.backend->default_stream(),
-                           s.cfg.checkpoint.keep_latest, s.cfg.checkpoint.write_buffer_bytes());
+                           *s.optimizer, *s.loader, stream, s.cfg.checkpoint.keep_latest,
+                           s.cfg.checkpoint.write_buffer_bytes());
   spdlog::info("checkpoint: {}/{}", s.checkpoint_folder, checkpoint_dir_name(s.completed));
+}
+
+void Trainer::poll_checkpoint() const {
+  State& s = *s_;
+  if (!s.async_checkpoint || !s.async_checkpoint->in_flight()) return;
+  const int64_t before = s.async_checkpoint->last_committed_step();
+  s.async_checkpoint->poll(s.model->params(), *s.optimizer, s.backend->default_stream());
+  log_committed(before);
+}
+
+void Trainer::finish_checkpoint() const {
+  State& s = *s_;
+  if (!s.async_checkpoint) return;
+  const int64_t before = s.async_checkpoint->last_committed_step();
+  s.async_checkpoint->finish(s.model->params(), *s.optimizer, s.backend->default_stream());
+  log_committed(before);
+}
+
+void Trainer::log_committed(int64_t before) const {
+  const State& s = *s_;
+  const int64_t step = s.async_checkpoint->last_committed_step();
+  if (step != before) {
+    spdlog::info("checkpoint: {}/{} written", s.checkpoint_folder, checkpoint_dir_name(step));
+  }
 }
 
 TrainResult train(const Config& cfg, const TrainOptions& options) {
@@ -434,6 +477,7 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   }
   while (trainer.completed_steps() < cfg.training.steps) {
     StepMetrics m = trainer.step();
+    trainer.poll_checkpoint();  // commits an asynchronous save whose writes are done
     if (metrics)
       metrics->record(m, m.step % cfg.metrics.log_freq == 0 || m.step == cfg.training.steps);
     result.losses.push_back(m.loss);
@@ -456,6 +500,7 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
     result.stopped_by_signal = signal;
     break;
   }
+  trainer.finish_checkpoint();  // the end of training (or a stop) waits for the last save
   return result;
 }
 

@@ -76,7 +76,14 @@ class Trainer {
   // Runs the next step (loads its batch, forward, backward, clip, AdamW) and returns its metrics.
   StepMetrics step();
   int64_t completed_steps() const;  // steps done so far, including those before a resume
-  void save_checkpoint() const;     // into the run's checkpoint folder (collective; rank 0 writes)
+  // Into the run's checkpoint folder (collective). With checkpoint.async the step boundary only
+  // snapshots the state (core/checkpoint/async_checkpoint.h) and waits for a save in flight.
+  void save_checkpoint() const;
+  // Collective after every step: commits an asynchronous save whose writes are done (no-op, and
+  // no collective, when none is in flight).
+  void poll_checkpoint() const;
+  // Collective: waits for an asynchronous save in flight and commits it (end of training, stop).
+  void finish_checkpoint() const;
   int rank() const;
   int world_size() const;
   // The sum of `value` over the ranks (collective; `value` itself on one rank).
@@ -91,6 +98,7 @@ class Trainer {
   std::string describe() const;  // backend, model and data, for the log
 
  private:
+  void log_committed(int64_t before) const;
   struct State;
   std::unique_ptr<State> s_;
 };

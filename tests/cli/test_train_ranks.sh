@@ -298,22 +298,26 @@ check "resume on 1 rank: losses of steps 4..6 equal the uninterrupted run's (1e-
 # sharded_checkpoint.cpp): rank 1 half-way through its shard file, or rank 0 with the new
 # manifest written but the directory not yet renamed. Either way the job dies, `latest` still
 # names step 3, no step_00000006 exists, and --resume continues from step 3 to the uninterrupted
-# run's losses, bitwise (the stale temporary directory is cleared by its save).
-for point in 1:6:shard 0:6:manifest; do
-  name="kill_${point//:/_}"
+# run's losses, bitwise (the stale temporary directory is cleared by its save). With
+# checkpoint.async the shard is written by the background thread: killing it there is the same.
+for spec in 1:6:shard 0:6:manifest 1:6:shard:async; do
+  point="${spec%:async}"
+  mode=(); [ "$point" != "$spec" ] && mode=(--set checkpoint.async=true)
+  name="kill_${spec//:/_}"
   MOEPEAK_TEST_KILL_IN_SAVE=$point MPIRUN_EXTRA="-x MOEPEAK_TEST_KILL_IN_SAVE" \
-    train 2 "$name" "$tmp/$name" --set training.steps=6 "${ckpt[@]}"; rc=$?
-  check "kill -9 at $point: the job fails (rc $rc)" is_failure $rc
+    train 2 "$name" "$tmp/$name" --set training.steps=6 "${ckpt[@]}" "${mode[@]}"; rc=$?
+  check "kill -9 at $spec: the job fails (rc $rc)" is_failure $rc
   folder="$tmp/runs/$name/checkpoints"
-  check "kill -9 at $point: latest still names step 3" grep -qx step_00000003 "$folder/latest"
-  check "kill -9 at $point: no step_00000006 appeared" test ! -e "$folder/step_00000006"
-  check "kill -9 at $point: step 3 is whole" test -s "$folder/step_00000003/manifest.json"
-  train 2 "$name" "$tmp/${name}_resumed" --set training.steps=6 "${ckpt[@]}" --resume; rc=$?
-  check "kill -9 at $point: --resume exits 0 (rc $rc)" test $rc -eq 0
-  check "kill -9 at $point: it resumed after step 3" contains "$tmp/${name}_resumed.err" "after step 3"
-  check "kill -9 at $point: steps 4..6 bitwise equal the uninterrupted run's" \
+  check "kill -9 at $spec: latest still names step 3" grep -qx step_00000003 "$folder/latest"
+  check "kill -9 at $spec: no step_00000006 appeared" test ! -e "$folder/step_00000006"
+  check "kill -9 at $spec: step 3 is whole" test -s "$folder/step_00000003/manifest.json"
+  train 2 "$name" "$tmp/${name}_resumed" --set training.steps=6 "${ckpt[@]}" "${mode[@]}" \
+    --resume; rc=$?
+  check "kill -9 at $spec: --resume exits 0 (rc $rc)" test $rc -eq 0
+  check "kill -9 at $spec: it resumed after step 3" contains "$tmp/${name}_resumed.err" "after step 3"
+  check "kill -9 at $spec: steps 4..6 bitwise equal the uninterrupted run's" \
     series_match "$(metrics ck2)" "$(metrics "$name")" loss 0
-  check "kill -9 at $point: the resumed save cleared the stale temporary directory" \
+  check "kill -9 at $spec: the resumed save cleared the stale temporary directory" \
     test ! -e "$folder/.tmp_step_00000006"
 done
 

@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "core/model/checkpoint_snapshot.h"
+#include "core/model/zero_params.h"
 #include "core/runtime/backend.h"
 #include "ops/schedules/llep_experts.h"
+#include "ops/schedules/vocab_choice.h"
 #include "tests/expect_contains.h"
 #include "tests/plan/plan_check.h"
 
@@ -223,6 +226,39 @@ TEST(PlanErrors, BadConfigsAreRejectedWithTheirNumbers) {
   EXPECT_THROW_CONTAINS(make_plan(c, plan_inputs(c, 3)), "W = 3");  // 4 experts over 3 ranks
   c.training.seq_len = 0;
   EXPECT_THROW_CONTAINS(make_plan(c, plan_inputs(c, 1)), "training.seq_len");
+}
+
+}  // namespace
+}  // namespace moepeak
+
+namespace moepeak {
+namespace {
+
+// checkpoint.async pins a snapshot of every saved flat: the host term "checkpoint_snapshot",
+// only with checkpoint.enable and async, sized by the saver's own function (the weights and m, v
+// of this rank's P elements; a master too when the weights are bf16).
+TEST(PlanTest, AnAsyncCheckpointAddsItsSnapshotToTheHostTerms) {
+  Config c = tiny_plan_config();
+  auto snapshot = [](const Plan& p) -> const HostTerm* {
+    for (const HostTerm& h : p.host) {
+      if (h.name == "checkpoint_snapshot") return &h;
+    }
+    return nullptr;
+  };
+  c.checkpoint.async = true;
+  EXPECT_EQ(snapshot(make_plan(c, plan_inputs(c, 1))), nullptr) << "checkpoints are off";
+  c.checkpoint.enable = true;
+  const Plan p = make_plan(c, plan_inputs(c, 1));
+  const HostTerm* term = snapshot(p);
+  ASSERT_NE(term, nullptr);
+  const int64_t P = zero_persistent_elements(c.model, plan_inputs(c, 1).degrees,
+                                             schedules::lm_head_sharding(c.schedules.vocab));
+  EXPECT_EQ(term->bytes, checkpoint_snapshot_bytes(P, {DType::f32, DType::f32, DType::f32}));
+  EXPECT_GE(term->bytes, static_cast<uint64_t>(P) * 12);
+  EXPECT_EQ(checkpoint_flat_dtypes(DType::bf16),
+            (std::vector<DType>{DType::bf16, DType::f32, DType::f32, DType::f32}));
+  c.checkpoint.async = false;
+  EXPECT_EQ(snapshot(make_plan(c, plan_inputs(c, 1))), nullptr) << "synchronous saves pin nothing";
 }
 
 }  // namespace
