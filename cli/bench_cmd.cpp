@@ -139,6 +139,7 @@ void register_bench_command(CLI::App& app, Context& ctx) {
   register_bench_overlap(*bench, ctx);
   register_bench_gemm(*bench, ctx);
   register_bench_attention(*bench, ctx);
+  register_bench_checkpoint(*bench, ctx);
 }
 
 }  // namespace moepeak::cli

@@ -57,12 +57,13 @@ void write_bench_json(const std::string& path, const std::string& bench, int wor
 
 // Bench subcommands registered on `moepeak bench` (each in its own cli/bench_<name>.cpp).
 void register_bench_step(CLI::App& bench, Context& ctx);
-void register_bench_sco(CLI::App& bench, Context& ctx);        // cli/bench_sco.cpp
-void register_bench_vocab(CLI::App& bench, Context& ctx);      // cli/bench_vocab.cpp
-void register_bench_adamw(CLI::App& bench, Context& ctx);      // cli/bench_adamw.cpp
-void register_bench_dispatch(CLI::App& bench, Context& ctx);   // cli/bench_dispatch.cpp
-void register_bench_overlap(CLI::App& bench, Context& ctx);    // cli/bench_overlap.cpp
-void register_bench_gemm(CLI::App& bench, Context& ctx);       // cli/bench_gemm.cpp
-void register_bench_attention(CLI::App& bench, Context& ctx);  // cli/bench_attention.cpp
+void register_bench_sco(CLI::App& bench, Context& ctx);         // cli/bench_sco.cpp
+void register_bench_vocab(CLI::App& bench, Context& ctx);       // cli/bench_vocab.cpp
+void register_bench_adamw(CLI::App& bench, Context& ctx);       // cli/bench_adamw.cpp
+void register_bench_dispatch(CLI::App& bench, Context& ctx);    // cli/bench_dispatch.cpp
+void register_bench_overlap(CLI::App& bench, Context& ctx);     // cli/bench_overlap.cpp
+void register_bench_gemm(CLI::App& bench, Context& ctx);        // cli/bench_gemm.cpp
+void register_bench_attention(CLI::App& bench, Context& ctx);   // cli/bench_attention.cpp
+void register_bench_checkpoint(CLI::App& bench, Context& ctx);  // cli/bench_checkpoint.cpp
 
 }  // namespace moepeak::cli

@@ -163,4 +163,20 @@ check "bench sco exits 0" test $rc -eq 0
 check "bench sco: four rows bitwise equal to standard" \
   test "$(grep -c 'bitwise equal$' "$tmp/out")" -eq 4
 
+# bench checkpoint: the three modes, the last sync and async saves byte-identical, its
+# checkpoints removed afterwards (--keep keeps them).
+"$bin" bench checkpoint --set runtime.backend=cpu --set job.run_dir="$tmp/bench-runs" \
+  --warmup 0 --iters 2 --json "$tmp/ckpt.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench checkpoint exits 0" test $rc -eq 0
+check "bench checkpoint: sync and async wrote the same bytes" \
+  contains "$tmp/out" "1 shard file(s), byte-identical"
+check "bench checkpoint JSON: none, sync, async; a save's bytes" \
+  python3 -c "import json,sys; r=json.load(open('$tmp/ckpt.json'))['rows']; sys.exit(not ([x['schedule'] for x in r]==['none','sync','async'] and r[1]['bytes_per_save']==r[2]['bytes_per_save']>0))"
+check "bench checkpoint removes its checkpoints" \
+  test ! -e "$tmp/bench-runs/bench-checkpoint-sync"
+"$bin" bench checkpoint --set runtime.backend=cpu --set job.run_dir="$tmp/bench-runs" \
+  --warmup 0 --iters 1 --every 2 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench checkpoint: --iters below --every is refused (rc $rc)" test $rc -ne 0
+check "it says why" contains "$tmp/err" "--iters must be at least --every"
+
 report
