@@ -47,12 +47,8 @@ void AsyncCheckpointWriter::start(const std::string& folder, const std::string& 
   MOEPEAK_CHECK(dtypes == checkpoint_flat_dtypes(params.dtype()),
                 "the saved flats' dtypes differ from what the planner counts "
                 "(checkpoint_flat_dtypes)");
-  const int64_t elements = params.flat_values().numel();
-  for (const Tensor& f : flats) {
-    MOEPEAK_CHECK(f.numel() == elements, "a saved flat is not laid out like the weights");
-    snapshot_.push_back(OwnedTensor::pinned(backend_, Shape{elements}, f.dtype(),
-                                            LiveSet::optimizer, "checkpoint snapshot"));
-  }
+  MOEPEAK_CHECK(snapshot_.size() == flats.size(), "the checkpoint snapshot has ", snapshot_.size(),
+                " flats, the save ", flats.size());
   // The snapshot: each flat as it is at this step boundary.
   for (size_t k = 0; k < flats.size(); ++k) {
     if (flats[k].placement() == Placement::host) {

@@ -22,7 +22,9 @@
 #include "core/checkpoint/sharded_checkpoint.h"
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/config/config.h"
+#include "core/model/checkpoint_snapshot.h"
 #include "core/model/mixtral_params.h"
+#include "core/model/zero_params.h"
 #include "core/train/trainer.h"
 #include "tests/temp_dir.h"
 
@@ -174,6 +176,12 @@ TEST(Train, AsyncSavesWriteTheSynchronousBytesAndResumeBitForBit) {
   std::string name;
   latest >> name;
   EXPECT_EQ(name, checkpoint_dir_name(6)) << "the end of training waited for the last save";
+  // Three saves share the one snapshot reserved at setup: the pinned pool's optimizer set (the
+  // optimizer state itself is on the device) peaks at one snapshot, the planner's term.
+  const int64_t P = zero_persistent_elements(async.model, 1);
+  EXPECT_EQ(b.last.host_peak_per_set[LiveSet::optimizer],
+            checkpoint_snapshot_bytes(P, checkpoint_flat_dtypes(DType::f32)));
+  EXPECT_EQ(a.last.host_peak_per_set[LiveSet::optimizer], 0u) << "a synchronous save pins nothing";
 
   Config resumed = async;
   resumed.job.name = "async-resumed";
