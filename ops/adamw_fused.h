@@ -8,16 +8,22 @@
 //   working (n)       the working dtype, written (= the new master)
 //   The arithmetic is ops/adamw.h's, element for element and bit for bit (ops/cpu/adamw_simd.h).
 //
-// The CPU kernel runs f32 or f64 with working dtype = state dtype (the CPU backend trains in
-// f32; the working weights are then a separate fp32 copy of the master); other combinations
-// throw naming the dtypes (bf16 working weights need the CUDA kernel).
+// The CPU kernel runs f32 or f64 with working dtype = state dtype (the working weights are then a
+// separate copy of the master), and an fp32 master, m and v with bf16 working weights and
+// gradient, as CUDA does: the gradient is widened to fp32 exactly (a fixed-size chunk at a time),
+// the update is the f32 path's, so master, m and v are bitwise the f32 update of the widened
+// gradient, and the working weights are the new master rounded to nearest even, once. Other
+// combinations throw naming the dtypes.
 // The CUDA kernel (ops/cuda/adamw.cu) runs an fp32 master, m and v with working weights and
 // gradient in f32 or bf16: the gradient is widened to fp32 exactly, the update is the CPU f32
 // path's sequence of correctly rounded operations (no FMA contraction, so master, m and v are
 // bitwise the CPU's for the same fp32 gradient), and the working weights are the new master
 // (f32) or its round-to-nearest-even bf16. Other dtypes throw naming them. n == 0 is allowed.
-// Test: tests/ops/test_adamw_kernels.cpp (AdamWFused.*, CPU), tests/ops/backend_ops/
-// cases_adamw.cpp (CUDA against the f64 CPU reference, f32 and bf16 working weights).
+// So with the same fp32 gradient (or the same bf16 one) the two backends agree bitwise on master,
+// m, v and the working weights.
+// Test: tests/ops/test_adamw_kernels.cpp (AdamWFused.*, CPU, f32 and bf16 working weights
+// bitwise), tests/ops/backend_ops/cases_adamw.cpp (each backend against the f64 CPU reference,
+// f32 and bf16 working weights).
 #pragma once
 
 #include "core/runtime/stream.h"

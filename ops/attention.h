@@ -2,8 +2,8 @@
 // backward. Query head h reads kv head h / (nh / nkv); query t attends keys s <= t of its own
 // sequence; scores are scaled by `scale` (1/sqrt(d) in the model, passed explicitly).
 //
-//   q:    (B, T, nh, d)   f32 | f64, or bf16 on CUDA (one dtype for every tensor of a call but
-//                         lse; on CUDA d <= 256)
+//   q:    (B, T, nh, d)   f32 | bf16 | f64 (one dtype for every tensor of a call but lse; on
+//                         CUDA d <= 256)
 //   k, v: (B, T, nkv, d)  nh % nkv == 0
 //   out:  (B, T, nh, d)   out = softmax(scale * q k^T, causal) v, written (=)
 //   lse:  (B, nh, T)      in attention_lse_dtype(q): q's dtype, f32 for bf16 q;
@@ -17,7 +17,8 @@
 // No T x T matrix exists anywhere: the forward runs an online softmax over key blocks (running
 // max, running sum, rescaled accumulator) and the backward recomputes each block's probabilities
 // from q, k and the saved lse. Scratch is a thread-local block of queries and of scores, of size
-// O(block_rows * (block_keys + d)) — the "shared memory" of a GPU kernel.
+// O(block_rows * (block_keys + d)), plus O(block_keys * d) of widened keys and values with bf16
+// storage — the "shared memory" of a GPU kernel.
 //
 // A query block stacks the nh/nkv query heads of one kv head over a run of positions, so each
 // key/value block is read once for the whole group and the GEMMs have block_rows rows whatever
@@ -28,6 +29,19 @@
 // oversubscribe the cores. Every reduction has a fixed order, so results are bitwise
 // reproducible run to run (with a fixed OpenBLAS thread count).
 //
+// CPU, bf16 storage (ops/cpu/attention.cpp): the CPU f32 algorithm with bf16 loads and stores.
+// Query rows are widened to fp32 as a block is gathered and each key/value block into scratch
+// once per visit; every product, the softmax and its gradient are the f32 path's fp32 arithmetic
+// (P and dS stay fp32); each element of out, dq, dk and dv is rounded to bf16 once (nearest
+// even), and lse is f32. So a bf16 result is bitwise the CPU f32 result on the widened inputs
+// (the backward's: q, k, v, dout and out widened, lse as is), rounded once
+// (tests/ops/test_attention.cpp). As a bf16 dk/dv cannot sum across query blocks in its own
+// tensor, and an fp32 sum over the sequence would grow with T, the bf16 backward runs two passes
+// as CUDA does: dq by query blocks, then dk/dv by key blocks with one key block's fp32 sums in
+// scratch (P and dS computed twice: 7 block GEMMs instead of 5). Against CUDA: the tensor-core
+// path below rounds P and dS to bf16 before its products (l sums the rounded P), the CPU does not
+// (as CUDA's SIMT path does not), and the sums run in other orders, so the two agree to bf16
+// rounding (test_backend_ops), not bitwise.
 // CUDA, bf16 with d = 32, 64 or 128 (ops/cuda/attention_tc.cu): tensor-core kernels, 64-row
 // blocks of 4 warps streaming 64-entry tiles; Q K^T, P V, dO V^T, dS K, P^T dO and dS^T Q are bf16
 // WMMA products with fp32 accumulation, the softmax and its gradient fp32 (P and dS rounded to

@@ -1,7 +1,7 @@
 // cross_entropy: per-token next-token cross-entropy on materialised logits (the standard schedule
 // of the vocabulary projection; Ring-DTP is the bounded one and is tested against this).
 //
-//   logits:  (N, V) f32 | f64 (CUDA: f32 | bf16 | f64)
+//   logits:  (N, V) f32 | bf16 | f64
 //   labels:  (N) i64, in [0, V) or -100 (ignored)
 //   losses:  (N) logits' dtype   losses[n] = logsumexp(logits[n]) - logits[n, labels[n]],
 //                                0 for an ignored position                        (written, =)
@@ -15,14 +15,19 @@
 // The log-sum-exp subtracts the row max and accumulates in double; the softmax is evaluated in
 // double and rounded once. A label outside [0, V) other than -100 makes the stream task throw a
 // moepeak::Error naming the position and the label (it surfaces at synchronize()).
+// bf16 logits on the CPU: each logit is read exactly into double, the arithmetic is the f32
+// path's double, and each loss and gradient is stored double -> fp32 -> bf16 (nearest even each,
+// as CUDA's store_from does), so a bf16 result is bitwise the f32 CPU result on the widened
+// logits, rounded to bf16 (tests/ops/test_vocab_ops.cpp).
 //
 // CUDA (ops/cuda/cross_entropy.cu): one block per row; f32 | bf16 storage (f64 too). The max, the
 // differences y - max and y - lse and the sums are in double, the exponentials in fp32 (f64 for
-// f64), and each result is rounded once. In place is safe: the block finishes reading the row
-// (a block-wide barrier) before it writes any element. The GPU does not throw on a bad label: a
-// label outside [0, V) other than -100 gives that row a NaN loss (forward) and a NaN gradient row
-// (backward), and reads nothing outside the row. CUDA against the CPU:
-// tests/ops/backend_ops/cases_cross_entropy.cpp.
+// f64), and each result is rounded once (bf16 through fp32, as on the CPU); the CPU's
+// exponentials are double, so the backends differ by that rounding and the sums' order. In place
+// is safe: the block finishes reading the row (a block-wide barrier) before it writes any
+// element. The GPU does not throw on a bad label: a label outside [0, V) other than -100 gives
+// that row a NaN loss (forward) and a NaN gradient row (backward), and reads nothing outside the
+// row. CUDA against the CPU: tests/ops/backend_ops/cases_cross_entropy.cpp.
 #pragma once
 
 #include <cstdint>

@@ -14,8 +14,7 @@
 //
 //   cross_entropy_state_init_cpu(state)                  state = (-inf, 0, 0)    (written, =)
 //   cross_entropy_strip_forward_cpu(strip, labels, column_begin, state)
-//       strip  (N, C) f32 | f64 (CUDA: also bf16);  labels (N) i64 global vocabulary ids or
-//       -100 (ignored)
+//       strip  (N, C) f32 | bf16 | f64;  labels (N) i64 global vocabulary ids or -100 (ignored)
 //       folds the strip into the state (FlashAttention's recurrence, paper eq. 3):
 //         m' = max(m, max_v y_v);  z' = z exp(m - m') + sum_v exp(y_v - m');
 //         t  = y[label - column_begin] when the label is in the strip;
@@ -31,7 +30,10 @@
 //
 // Arithmetic: the strip max, the exponentials and the sums are taken in double, and the
 // gradient is evaluated in double and rounded once, as ops/cross_entropy.h does, so the folded
-// result differs from the materialised one only by the summation order of z.
+// result differs from the materialised one only by the summation order of z. A bf16 strip is read
+// exactly into double, so its fold (the state) is bitwise the fold of the widened f32 strip, and
+// each gradient element is stored as double -> fp32 -> bf16 (nearest even each, as CUDA's
+// store_from): bitwise the f32 gradient rounded to bf16 (tests/ops/test_vocab_ops.cpp).
 // Labels are not range-checked here (a strip sees a part of the vocabulary only): the caller
 // checks them against V; a label in no strip simply leaves t = 0.
 //

@@ -3,7 +3,7 @@
 //
 //   add_cpu(a, b, out)      out = a + b; a, b, out of one shape and float dtype; out may be a or b
 //                                                                                   (written, =)
-//   scale_cpu(x, alpha)     x *= alpha in place, in x's dtype (alpha rounded to it first)
+//   scale_cpu(x, alpha)     x *= alpha in place, in x's compute type (alpha rounded to it first)
 //   sum_squares_cpu(x, out) out[p] += sum over part p of x[i]^2; x float of any shape, out (P)
 //                           f64, P >= 1: x (flattened) is cut into P parts of c = ceil(n / P)
 //                           elements, part p = [p c, min(n, (p + 1) c)) (the last ones may be
@@ -20,9 +20,15 @@
 // (the two halves of combine_rows_backward for rows already in order, used per F block by the
 // blocked expert MLP of ops/schedules/dispatch_pipelined_llep.cpp)
 //
-// CUDA (ops/cuda/elementwise.cu): "float" also takes bf16 (f32 | bf16 | f64 storage); arithmetic
-// in fp32 for f32 and bf16 (f64 for f64), rounded once to the storage type, so with f32 storage
-// add, scale and scale_rows are the CPU's f32 results bit for bit.
+// "float" is f32 | bf16 | f64 storage on both backends: arithmetic in fp32 for f32 and bf16 (f64
+// for f64), each element read once into it and every output rounded once to the storage type
+// (sum_squares squares and sums in double and writes f64, so bf16 x adds no rounding). On the
+// CPU (ops/cpu/elementwise.cpp) a bf16 result is therefore the f32 result on the same (bf16)
+// values rounded once to bf16: add = bf16(a + b), scale = bf16(x * fp32(alpha)), scale_rows =
+// bf16(x * w), row_dot = bf16(fp32(dot)) or bf16(out + fp32(dot)); copy copies the bytes.
+//
+// CUDA (ops/cuda/elementwise.cu): the same arithmetic, so with f32 or bf16 storage add, scale and
+// scale_rows are the CPU's results bit for bit (NaN payloads aside).
 //   add           grid-stride; out may be a or b
 //   scale         alpha rounded to the compute type (fp32 for bf16 storage, not to bf16)
 //   sum_squares   deterministic without atomics: one block of 512 threads per part sums it in
@@ -36,8 +42,8 @@
 //   scale_rows    a block per row
 //   row_dot       a block per row; the dot in double (a block reduction, not c order), rounded
 //                 to the compute type, then written or added to out[i] and rounded once
-// Test: tests/ops/test_dense_ops.cpp (CPU), tests/ops/backend_ops/cases_elementwise.cpp (CUDA
-// against the f64 CPU reference).
+// Test: tests/ops/test_dense_ops.cpp (CPU; Bf16Storage: bf16 bitwise against f32),
+// tests/ops/backend_ops/cases_elementwise.cpp (each backend against the f64 CPU reference).
 #pragma once
 
 #include "core/runtime/stream.h"

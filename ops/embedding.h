@@ -1,13 +1,19 @@
 // embedding: token embedding lookup (model.embed_tokens) and its weight gradient.
 //
 //   ids:     (N)    i64, token ids in [0, V)
-//   weight:  (V, H) f32 | f64 (CUDA: f32 | bf16 | f64)
+//   weight:  (V, H) f32 | bf16 | f64 (both backends)
 //   out:     (N, H) same dtype as weight             out[n] = weight[ids[n]]      (written, =)
 //   dout:    (N, H)
-//   dweight: (V, H)                                  dweight[ids[n]] += dout[n]   (accumulated, +=)
+//   dweight: (V, H) dout's dtype; on the CPU also f32 when dout is bf16 (the fp32 main gradient;
+//                   CUDA takes only dout's dtype)
+//                                                    dweight[ids[n]] += dout[n]   (accumulated, +=)
 //
 // The backward adds rows in increasing n, so a weight row hit by several tokens sums them in a
-// fixed order and results are bitwise reproducible.
+// fixed order and results are bitwise reproducible. Each += is done in the compute type (fp32
+// for f32 and bf16, double for f64) and stored in dweight's dtype: with bf16 storage every
+// addition rounds to bf16 (on both backends, so CPU and CUDA agree bitwise); with an f32
+// dweight for bf16 dout (CPU) the additions are the f32 ones on the bf16 values, no bf16
+// rounding. The forward copies elements unchanged (bitwise, any of the three dtypes).
 //
 // Id range: ids are often produced on a stream (a copy from pinned memory), so the stream task
 // checks every id before it is used and throws a moepeak::Error naming the position and the id;
@@ -25,8 +31,9 @@
 // forward writes NaN to out[n] for an id outside [0, V) (so the loss goes NaN and the training's
 // non-finite guard stops the run), the backward skips such a token (adds nothing for it).
 // Check ids on the host with embedding_check_ids_host() where an error is wanted.
-// Test: tests/ops/test_vocab_ops.cpp (CPU), tests/ops/backend_ops/cases_embedding.cpp (CUDA
-// against the f64 CPU reference, and the invalid-id behaviour).
+// Test: tests/ops/test_vocab_ops.cpp (CPU), tests/ops/test_moe_ops.cpp (Bf16Storage: the CPU's
+// bf16 and f32-dweight paths), tests/ops/backend_ops/cases_embedding.cpp (each backend against
+// the f64 CPU reference, and the invalid-id behaviour on CUDA).
 #pragma once
 
 #include <cstdint>
@@ -44,8 +51,9 @@ void embedding_backward_cpu(const Tensor& ids, const Tensor& dout, const Tensor&
 // The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
 void check_embedding_forward_args(const char* op, const Tensor& ids, const Tensor& weight,
                                   const Tensor& out);
+// With f32_dweight_for_bf16 (the CPU entry point), dweight may also be f32 when dout is bf16.
 void check_embedding_backward_args(const char* op, const Tensor& ids, const Tensor& dout,
-                                   const Tensor& dweight);
+                                   const Tensor& dweight, bool f32_dweight_for_bf16 = false);
 
 // Synchronous check on the caller's thread: throws naming the first position whose id is outside
 // [0, vocab_size). Reads the ids now, so they must be ready (no pending stream writes).

@@ -2,7 +2,7 @@
 // grouped by expert (contiguous blocks, as the dispatch schedules lay them out), and group g
 // multiplies its rows by its own weight w_g:
 //
-//   x:       (M, K) f32 | f64 on the CPU; f32 | bf16 | f64 on CUDA
+//   x:       (M, K) f32 | bf16 | f64 (on both backends)
 //   w:       G tensors (N, K), x's dtype (nn.Linear layout), G >= 1, one N for all
 //   offsets: G + 1 host row offsets, offsets[0] = 0 <= offsets[1] <= ... <= offsets[G] = M;
 //            group g owns rows [offsets[g], offsets[g + 1]) (an empty group owns none)
@@ -11,7 +11,9 @@
 //   dx:      (M, K)   dx[g rows] = dy[g rows] w_g, written (=) or, with accumulate_dx, added (+=);
 //                     pass an undefined Tensor() to skip it
 //   dw:      empty (no weight gradients) or G tensors (N, K): dw_g += dy[g rows]^T x[g rows],
-//            always accumulated; an undefined dw_g skips that group's gradient
+//            always accumulated; an undefined dw_g skips that group's gradient. x's dtype; on the
+//            CPU also f32 when x is bf16 (the fp32 main gradient, as in ops/linear.h); CUDA: x's
+//            dtype only for now
 //
 // It computes exactly what the loop over groups of ops/linear.h computes,
 //   for g: linear_forward(x.rows(o[g], o[g+1]), w[g], y.rows(o[g], o[g+1]), accumulate)
@@ -21,7 +23,8 @@
 // K == 0 or N == 0 behave as in ops/linear.h (y = 0 without accumulate; dx = 0 without
 // accumulate_dx).
 // CPU (ops/cpu/grouped_linear.cpp): that loop over the non-empty groups, through the CPU linear
-// entry points, so results are bitwise those of the per-expert loop.
+// entry points, so results are bitwise those of the per-expert loop (bf16 storage: fp32
+// arithmetic and one rounding per bf16 output per group, ops/cpu/gemm_tiles.h).
 // CUDA (ops/cuda/grouped_linear.cpp): f32 and bf16 through cublasGemmGroupedBatchedEx, one
 // cuBLAS call for the forward, and in backward one for dx and one for dw, over the non-empty
 // groups; f32 in strict fp32 (no TF32), bf16 storage with fp32 accumulation and one rounding to
@@ -33,7 +36,7 @@
 // time (see the file's NOTES).
 //
 // Test: ctest -R test_grouped_linear (CPU, against the per-group loop bitwise and a float64
-// reference); ctest -R test_backend_ops (both backends, cases in
+// reference, f32, f64 and bf16); ctest -R test_backend_ops (both backends, cases in
 // tests/ops/backend_ops/cases_grouped_linear.cpp).
 #pragma once
 
@@ -69,12 +72,12 @@ struct GroupedLinearGrads {
   bool dx = false;
   std::vector<bool> dw;  // G entries, all false when dw is empty
 };
-// The above, dy (M, N), a given dx (M, K), and dw empty or G entries, each given one (N, K).
-GroupedLinearGrads check_grouped_linear_backward_args(const char* op, const Tensor& x,
-                                                      std::span<const Tensor> w,
-                                                      std::span<const int64_t> offsets,
-                                                      const Tensor& dy, const Tensor& dx,
-                                                      std::span<const Tensor> dw);
+// The above, dy (M, N), a given dx (M, K), and dw empty or G entries, each given one (N, K), all
+// of x's dtype, except that with f32_dw_for_bf16 (the CPU entry points) a bf16 x may have f32
+// dw_g; CUDA passes false until its grouped GEMMs write an f32 dw.
+GroupedLinearGrads check_grouped_linear_backward_args(
+    const char* op, const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets,
+    const Tensor& dy, const Tensor& dx, std::span<const Tensor> dw, bool f32_dw_for_bf16 = false);
 
 // Benches (`bench gemm`): from now on the CUDA grouped GEMMs run as one cuBLASLt GEMM per group
 // (ops/cuda/linear.cpp, which takes set_gemm_algorithm_rank) instead of one

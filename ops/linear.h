@@ -1,14 +1,17 @@
 // linear: y = x W^T without bias (every projection of the Mixtral decoder: q/k/v/o, the router
 // gate, the experts' w1/w2/w3 and the LM head).
 //
-//   x:  (M, K) f32 | f64 on the CPU; f32 | bf16 | f64 on CUDA
+//   x:  (M, K) f32 | bf16 | f64 (on both backends)
 //   w:  (N, K) same dtype (PyTorch's nn.Linear layout: out_features x in_features)
 //   y:  (M, N)          y = x w^T, written (=) or, with accumulate, added (+=)
 //   dy: (M, N)
 //   dx: (M, K)          dx = dy w, written (=) or, with accumulate_dx, added (+=);
 //                       pass an undefined Tensor() to skip it (e.g. the first layer's input)
 //   dw: (N, K)          dw += dy^T x, always accumulated (+=); pass an undefined Tensor() to
-//                       skip it (a product by a weight that needs no gradient here)
+//                       skip it (a product by a weight that needs no gradient here). x's dtype;
+//                       on the CPU also f32 when x is bf16 (the fp32 main gradient: the sum is
+//                       accumulated into dw in fp32 with no bf16 rounding); CUDA: x's dtype only
+//                       for now
 //
 // The _cols variants multiply by a block of w's input columns, w[:, k0 : k0 + K] with K = x's
 // columns, where w and dw are (N, K_w) with k0 + K <= K_w, and dw is updated in those columns
@@ -18,7 +21,11 @@
 // M == 0 is allowed (an expert that received no tokens): y/dx have no rows and dw is unchanged.
 // K == 0 writes y = 0 (or leaves it with accumulate).
 // CPU: GEMMs are OpenBLAS CBLAS (row-major sgemm/dgemm); with a fixed thread count OpenBLAS
-// reduces each output element in a fixed order, so results are reproducible run to run.
+// reduces each output element in a fixed order, so results are reproducible run to run. bf16
+// storage runs ops/cpu/gemm_tiles.h: fixed-size tiles widened to fp32, sgemm, fp32 accumulation
+// and one rounding to bf16 per output element per call (an accumulated output is read from bf16
+// and added in fp32 before that rounding), as on CUDA; 6 MiB of thread-local scratch per stream
+// thread, allocated at its first bf16 GEMM; reproducible run to run as well.
 // CUDA (ops/cuda/linear.cpp): the same GEMMs through cuBLASLt (ops/cuda/cublaslt.h), enqueued on
 // the stream: f32 in strict fp32 (no TF32), bf16 storage with fp32 accumulation (an accumulated
 // output is read in bf16 and rounded to bf16 once per call), f64 in f64. dx and dw are two GEMMs
@@ -27,8 +34,8 @@
 // call allocates nothing and does not synchronise. Results are reproducible run to run on one GPU
 // model and cuBLAS version.
 //
-// Test: ctest -R test_dense_ops (CPU); ctest -R test_backend_ops (both backends, cases in
-// tests/ops/backend_ops/cases_linear.cpp).
+// Test: ctest -R test_dense_ops (CPU f32, f64); ctest -R test_gemm_bf16 (CPU bf16, f32 dw);
+// ctest -R test_backend_ops (both backends, cases in tests/ops/backend_ops/cases_linear.cpp).
 #pragma once
 
 #include "core/runtime/stream.h"
@@ -48,6 +55,8 @@ void linear_backward_cols_cpu(const Tensor& x, const Tensor& w, int64_t k0, cons
 
 // The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
 // `cols` selects the _cols variants' w (N, K_w) with columns [k0, k0 + K); otherwise w is (N, K).
+// Every tensor has x's dtype, except that with f32_dw_for_bf16 (the CPU entry points) a bf16 x
+// may have an f32 dw; CUDA passes false until its GEMMs write an f32 dw.
 void check_linear_forward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
                                bool cols, const Tensor& y);
 // Which gradients a backward call forms: dx (dw) is wanted when it is defined or has a shape (a
@@ -58,7 +67,7 @@ struct LinearGrads {
 };
 LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
                                        bool cols, const Tensor& dy, const Tensor& dx,
-                                       const Tensor& dw);
+                                       const Tensor& dw, bool f32_dw_for_bf16 = false);
 
 // Benches (`bench gemm`): from now on the CUDA GEMMs of every op take the rank-th algorithm of
 // cuBLASLt's heuristic list for their configuration (0, the default, is its first choice: what

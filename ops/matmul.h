@@ -3,17 +3,19 @@
 // would also form dW in the same task (Ring-DTP sends one of the two accumulators to the next
 // rank while the other GEMM still runs, so it needs them as separate stream tasks).
 //
-//   a: (M, K) f32 | f64 on the CPU; f32 | bf16 | f64 on CUDA
+//   a: (M, K) f32 | bf16 | f64 (on both backends)
 //   b: (K, N) same dtype
 //   c: (M, N) same dtype   c = a b, written (=) or, with accumulate, added (+=)
 //
 // Empty sizes are allowed: M == 0 or N == 0 does nothing; K == 0 writes zeros (or leaves c
 // unchanged with accumulate), so a NaN-poisoned output is still overwritten. GEMMs are OpenBLAS
-// CBLAS (sgemm / dgemm) on the CPU and cuBLASLt on CUDA (ops/cuda/matmul.cpp; K == 0 is a
-// cudaMemset of c), with the precision, workspace and reproducibility of ops/linear.h.
+// CBLAS (sgemm / dgemm; bf16 storage through ops/cpu/gemm_tiles.h) on the CPU and cuBLASLt on
+// CUDA (ops/cuda/matmul.cpp; K == 0 is a cudaMemset of c), with the precision, scratch,
+// workspace and reproducibility of ops/linear.h: bf16 storage has fp32 arithmetic and one
+// rounding of c to bf16 per call on both.
 //
-// Test: ctest -R test_ring_dtp_ops (CPU); ctest -R test_backend_ops (both backends, cases in
-// tests/ops/backend_ops/cases_matmul.cpp).
+// Test: ctest -R test_ring_dtp_ops (CPU); ctest -R test_gemm_bf16 (CPU bf16); ctest -R
+// test_backend_ops (both backends, cases in tests/ops/backend_ops/cases_matmul.cpp).
 #pragma once
 
 #include "core/runtime/stream.h"

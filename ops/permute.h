@@ -9,7 +9,7 @@
 //                          dy (M, H)     dy[i] = weight[i] * dout[index[i]]                    (=)
 //                          dweight (M)   dweight[i] = sum_h dout[index[i], h] * y[i, h]        (=)
 //
-// Float tensors share one dtype (f32 | f64; on CUDA also bf16). The additions run in increasing
+// Float tensors share one dtype (f32 | bf16 | f64, both backends). The additions run in increasing
 // i, so a token that several experts (or chunks) send back sums them in a fixed order: bitwise
 // reproducible. The dweight dot products accumulate in double; dy may be y itself (each row of y
 // is read before it is overwritten). An index outside [0, N) makes the stream task throw a
@@ -27,8 +27,19 @@
 // differ in the last bits between models). The index is not checked on the GPU
 // (a check would need a host sync) and nothing throws: a position whose index is outside [0, N)
 // is skipped — scatter_add_rows and combine_rows add nothing for it, gather_rows writes zeros to
-// dst[i], combine_rows_backward writes zeros to dy[i] and dweight[i]. CUDA against the CPU:
-// tests/ops/backend_ops/cases_permute.cpp.
+// dst[i], combine_rows_backward writes zeros to dy[i] and dweight[i].
+//
+// CPU with bf16 storage (ops/cpu/permute.cpp): fp32 arithmetic, the CUDA rule above for a grid
+// of one block that owns every destination row: a run of consecutive positions i (within one
+// chunk of 256 positions, the CUDA block size) with one index is summed in fp32 onto the row and
+// rounded to bf16 once; every other addition rounds to bf16. CUDA's runs contain the CPU's (its
+// blocks own fewer rows, so hits of one row can be consecutive in its list with other rows'
+// positions between them), so the two agree bitwise where no CUDA run is longer than the CPU's
+// (e.g. N = 1, or no row hit twice within a chunk) and otherwise differ only by where the
+// bf16 roundings fall. gather_rows copies the elements; combine_rows_backward computes dy =
+// w * dout[index[i]] in fp32 and rounds once, and dweight's double dot is rounded to fp32 and
+// then to bf16, as on CUDA. CUDA against the CPU: tests/ops/backend_ops/cases_permute.cpp; the
+// CPU's bf16 rule: tests/ops/test_moe_ops.cpp (Bf16Storage).
 #pragma once
 
 #include "core/runtime/stream.h"

@@ -1,6 +1,6 @@
 // router: Mixtral's top-k expert selection (block_sparse_moe.gate, after the gate's linear).
 //
-//   logits:       (N, E) f32 | f64    router logits x W_g^T (CUDA: f32 | bf16 | f64)
+//   logits:       (N, E) f32 | bf16 | f64   router logits x W_g^T (both backends)
 //   probs:        (N, E) same dtype   softmax over all E experts                    (written, =)
 //   topk_index:   (N, k) i32          the k most probable experts, most probable first; equal
 //                                     probabilities go to the lower expert index   (written, =)
@@ -8,8 +8,10 @@
 //   dtopk_weight: (N, k)
 //   dlogits:      (N, E)              dL/dlogits through renormalisation and softmax    (=)
 //
-// Forward precision: the softmax subtracts the row max, exponentiates in the tensors' dtype and
-// sums in double; the renormalising sum is also taken in double.
+// Forward precision: the softmax subtracts the row max, exponentiates in the tensors' compute
+// type (fp32 for f32 and bf16, double for f64) and sums in double; probs is rounded to the
+// storage dtype, and the selection and renormalisation read the stored probs; the renormalising
+// sum is also taken in double.
 //
 // Backward: the selection is piecewise constant, so the gradient flows only through the weights.
 // The renormalised weights are a softmax over the selected logits alone,
@@ -26,7 +28,18 @@
 // CPU's whenever the probs do (a row whose probs are all NaN selects experts 0..k-1 on both).
 // The backward does not throw: a slot whose expert is outside [0, E), or repeats an earlier
 // slot's expert, writes nothing (sum_j dw_j w_j still runs over all k slots); the experts no valid
-// slot names get 0. CUDA against the CPU: tests/ops/backend_ops/cases_router.cpp.
+// slot names get 0.
+//
+// CPU with bf16 storage (ops/cpu/router.cpp): the same semantics with the CPU's summation order.
+// The exponentials are fp32 (kept in a row of scratch, not in bf16 probs), probs[e] =
+// bf16(fp32(exp_e / sum)); the selection reads the bf16 probs (ties, including those the
+// rounding creates, to the lower index, as on CUDA) and topk_weight = bf16(fp32(p / chosen
+// sum)) of those bf16 probs. So probs is the CPU's f32 probs rounded once, while topk_index and
+// topk_weight are computed from the rounded probs (not the f32 ones rounded). The backwards
+// compute in double from the stored values and round each output once (via fp32); the aux
+// backward's += rounds the double term to fp32, adds in fp32 and rounds to bf16 once.
+// CUDA against the CPU: tests/ops/backend_ops/cases_router.cpp; the CPU's bf16 path:
+// tests/ops/test_moe_ops.cpp (Bf16Storage).
 #pragma once
 
 #include "core/runtime/stream.h"

@@ -1,14 +1,19 @@
 // swiglu: the gated activation inside each Mixtral expert, h = silu(w1 x) * (w3 x).
 //
-//   a:  (M, F) f32 | f64   the gate, w1 x
+//   a:  (M, F) f32 | bf16 | f64 (both backends)   the gate, w1 x
 //   b:  (M, F) same dtype  the up projection, w3 x
 //   h:  (M, F)             h = silu(a) * b, silu(a) = a * sigmoid(a)      (written, =)
 //   dh: (M, F)
 //   da: (M, F)             da = dh * b * sigmoid(a) * (1 + a * (1 - sigmoid(a)))   (written, =)
 //   db: (M, F)             db = dh * silu(a)                              (written, =)
 //
-// Element-wise in the tensors' dtype; sigmoid(a) = 1 / (1 + exp(-a)), which saturates cleanly
-// to 0 or 1 for large |a|. M == 0 is allowed.
+// Element-wise in the tensors' compute type (fp32 for f32 and bf16 storage, double for f64);
+// sigmoid(a) = 1 / (1 + exp(-a)), which saturates cleanly to 0 or 1 for large |a|. Each element
+// is read once into the compute type and each output rounded once to the storage type, so on
+// the CPU a bf16 result is the f32 result on the same (bf16) inputs rounded once to bf16. M == 0
+// is allowed.
+// CUDA (ops/cuda/swiglu.cu): the same formulas and rounding (its exp and the association of
+// db = dh * a * s may differ from the CPU's in the last fp32 bit).
 #pragma once
 
 #include "core/runtime/stream.h"

@@ -1,12 +1,37 @@
 // CPU adamw_fused: arguments checked on the caller's thread (the CPU's dtype rule, then
 // check_adamw_fused_args, shared with the CUDA kernel in ops/cuda/adamw.cu), then one adamw_span
-// (AVX2 when the CPU has it) with the working-weight output on the stream's worker. See
-// ops/adamw_fused.h. Test: ctest -R test_adamw_kernels
+// (AVX2 when the CPU has it) with the working-weight output on the stream's worker; with bf16
+// working weights, adamw_span runs a chunk at a time on the widened gradient and the chunk's new
+// master is rounded to bf16. See ops/adamw_fused.h. Test: ctest -R test_adamw_kernels
 #include "ops/adamw_fused.h"
+
+#include <algorithm>
+
 #include "core/runtime/cpu_stream.h"
 #include "ops/cpu/adamw_simd.h"
+#include "ops/cpu/cpu_storage.h"
 
 namespace moepeak::ops {
+namespace {
+
+// An f32 master, m, v with a bf16 gradient and bf16 working weights. The gradient is widened
+// (exactly) kChunk elements at a time into fixed scratch, adamw_span<float> updates the chunk,
+// and the working weights are the chunk's new master rounded to nearest even. The update is
+// element-wise, so the chunking changes no bit: master, m and v are adamw_span<float>'s (hence
+// adamw_cpu's) on the widened gradient.
+void adamw_span_bf16_working(float* master, const bf16* grad, float* m, float* v, bf16* working,
+                             int64_t n, const AdamWScalars<float>& s) {
+  constexpr int64_t kChunk = 2048;  // 8 KiB of fp32 gradient: in L1 with the chunk's state
+  float widened[kChunk];
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t len = std::min(kChunk, n - i);
+    widen(grad + i, widened, len);
+    adamw_span<float>(master + i, widened, m + i, v + i, nullptr, len, s);
+    narrow(master + i, working + i, len);
+  }
+}
+
+}  // namespace
 
 void check_adamw_fused_args(const char* op, const Tensor& master, const Tensor& grad,
                             const Tensor& m, const Tensor& v, const Tensor& working,
@@ -28,14 +53,25 @@ void check_adamw_fused_args(const char* op, const Tensor& master, const Tensor& 
 void adamw_fused_cpu(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const Tensor& working, const AdamWHyper& hyper, bool decay, Stream& stream) {
   const char* op = "adamw_fused_cpu";
-  // The CPU's dtype rule first: bf16 working weights are the usual mistake, and its message says
-  // where they run.
-  MOEPEAK_CHECK(working.dtype() == master.dtype(), op,
-                " updates working weights of the master's dtype; got master ", master.str(),
-                " and working weights ", working.str(),
-                " (bf16 working weights need the CUDA kernel, adamw_fused_cuda)");
+  // The CPU's dtype rule first: working weights of the master's dtype, or bf16 ones of an f32
+  // master (the CUDA kernel's pair).
+  const bool bf16_working = master.dtype() == DType::f32 && working.dtype() == DType::bf16;
+  MOEPEAK_CHECK(working.dtype() == master.dtype() || bf16_working, op,
+                " updates working weights of the master's dtype, or bf16 working weights of an "
+                "f32 master; got master ",
+                master.str(), " and working weights ", working.str());
   check_adamw_fused_args(op, master, grad, m, v, working, hyper);
   const int64_t n = master.numel();
+  if (bf16_working) {
+    float* p = master.data_as<float>();
+    const bf16* g = grad.data_as<bf16>();
+    float* mm = m.data_as<float>();
+    float* vv = v.data_as<float>();
+    bf16* w = working.data_as<bf16>();
+    const AdamWScalars<float> s = AdamWScalars<float>::make(hyper, decay);
+    as_cpu_stream(stream).enqueue([=] { adamw_span_bf16_working(p, g, mm, vv, w, n, s); });
+    return;
+  }
   dispatch_float(master.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     T* p = master.data_as<T>();

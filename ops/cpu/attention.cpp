@@ -21,6 +21,12 @@
 // last key block stops at its last position, so keys after t never touch row t's bits.
 // Query blocks run in a fixed order (b, g, t0), so dk/dv sum the blocks — and, inside a block's
 // GEMM, the query heads of the group — in a fixed order: results are bitwise reproducible.
+//
+// bf16 storage (fp32 arithmetic, ops/cpu/cpu_storage.h): query rows are widened as they are
+// gathered and every key/value block into scratch once per visit (rows d apart), the arithmetic
+// is the f32 kernel's, and out, dq, dk, dv are rounded once as they are stored (lse is f32). The
+// backward then runs two passes (backward_kernel_widened): dq by query blocks, dk/dv by key
+// blocks, each key block's fp32 sums in scratch.
 #include <cblas.h>
 
 #include <algorithm>
@@ -37,6 +43,7 @@
 
 #include "core/runtime/cpu_stream.h"
 #include "ops/attention.h"
+#include "ops/cpu/cpu_storage.h"
 
 namespace moepeak::ops {
 namespace {
@@ -240,6 +247,9 @@ void dscores(T* p_to_ds, const T* dp, int64_t n, T d_row) {
 }
 
 // ---- Scratch: one query block and one score block per worker thread ----------------------------
+// T is the compute type (float for f32 and bf16 storage, double for f64). f32 and f64 read the
+// key/value blocks in place and sum dK, dV straight into dk, dv; bf16 storage widens each
+// key/value block into k_block / v_block and sums one key block's dK, dV in dk_block / dv_block.
 
 template <typename T>
 struct Scratch {
@@ -251,8 +261,12 @@ struct Scratch {
   std::vector<T> row_max;      // rows: running max m (forward)
   std::vector<T> row_sum;      // rows: running sum l (forward) / lse (backward)
   std::vector<T> row_delta;    // rows: D = rowsum(dout * out) (backward)
+  std::vector<T> k_block;      // keys x d: a widened key block (bf16 storage)
+  std::vector<T> v_block;      // keys x d: a widened value block (bf16 storage)
+  std::vector<T> dk_block;     // keys x d: dK of one key block (bf16 backward)
+  std::vector<T> dv_block;     // keys x d: dV of one key block (bf16 backward)
 
-  void reserve(const BlockPlan& plan, int64_t head_dim, bool backward) {
+  void reserve(const BlockPlan& plan, int64_t head_dim, bool backward, bool widened) {
     size_t rows = static_cast<size_t>(plan.rows);
     size_t row_block = rows * static_cast<size_t>(head_dim);
     size_t score_block = rows * static_cast<size_t>(plan.keys);
@@ -266,6 +280,15 @@ struct Scratch {
       row_delta.resize(rows);
     } else {
       row_max.resize(rows);
+    }
+    if (widened) {
+      size_t key_block = static_cast<size_t>(plan.keys) * static_cast<size_t>(head_dim);
+      k_block.resize(key_block);
+      v_block.resize(key_block);
+      if (backward) {
+        dk_block.resize(key_block);
+        dv_block.resize(key_block);
+      }
     }
   }
 };
@@ -283,24 +306,83 @@ struct QueryBlock {
   int64_t last_position() const { return t0 + positions - 1; }
 };
 
+// ---- Storage: blocks between the tensors (storage type S) and the scratch (compute_t<S>) -------
+// f32 and f64 copy rows (or read key/value blocks in place); bf16 widens on the way in and rounds
+// each element once on the way out (ops/cpu/cpu_storage.h).
+
+template <typename S>
+constexpr bool kWidened = !std::is_same_v<S, compute_t<S>>;
+
+#if defined(__x86_64__)
+// bf16 -> fp32 8 at a time (a bf16 is the top half of its fp32): exact, as widen() is.
+__attribute__((target("avx2"))) void widen_bf16_avx2(const bf16* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    __m256i full = _mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16);
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(full));
+  }
+  widen(src + i, dst + i, n - i);
+}
+#endif
+
+// widen() with the AVX2 loop where the CPU has it (the block copies are ~20% of a bf16 backward
+// with the scalar loop).
+inline void widen_run(const bf16* src, float* dst, int64_t n) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2_fma()) return widen_bf16_avx2(src, dst, n);
+#endif
+  widen(src, dst, n);
+}
+
 // Copies rows of a (B, T, nh, d) tensor into / out of a block's stacked rows.
-template <typename T>
-void gather_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& blk, const T* src,
-                 T* rows) {
+template <typename S>
+void gather_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& blk, const S* src,
+                 compute_t<S>* rows) {
   const int64_t run = plan.group * geo.head_dim;
   for (int64_t p = 0; p < blk.positions; ++p) {
-    const T* from = src + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group, geo.heads);
-    std::memcpy(rows + p * run, from, static_cast<size_t>(run) * sizeof(T));
+    const S* from = src + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group, geo.heads);
+    if constexpr (kWidened<S>) {
+      widen_run(from, rows + p * run, run);
+    } else {
+      std::memcpy(rows + p * run, from, static_cast<size_t>(run) * sizeof(S));
+    }
   }
 }
 
-template <typename T>
-void scatter_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& blk, const T* rows,
-                  T* dst) {
+template <typename S>
+void scatter_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& blk,
+                  const compute_t<S>* rows, S* dst) {
   const int64_t run = plan.group * geo.head_dim;
   for (int64_t p = 0; p < blk.positions; ++p) {
-    T* to = dst + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group, geo.heads);
-    std::memcpy(to, rows + p * run, static_cast<size_t>(run) * sizeof(T));
+    S* to = dst + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group, geo.heads);
+    if constexpr (kWidened<S>) {
+      narrow(rows + p * run, to, run);
+    } else {
+      std::memcpy(to, rows + p * run, static_cast<size_t>(run) * sizeof(S));
+    }
+  }
+}
+
+// A key or value block as a GEMM operand: `keys` rows of d, `ld` apart.
+template <typename T>
+struct KvOperand {
+  const T* data;
+  int64_t ld;
+};
+
+// Rows [s0, s0 + keys) of one kv head (element `offset` is row s0): in place for f32 and f64
+// (rows nkv * d apart), widened into `scratch` for bf16 (rows d apart), once per block visit.
+template <typename S>
+KvOperand<compute_t<S>> kv_operand(const Geometry& geo, const S* src, int64_t offset, int64_t keys,
+                                   compute_t<S>* scratch) {
+  const int64_t d = geo.head_dim, kv_stride = geo.kv_heads * d;
+  if constexpr (kWidened<S>) {
+    for (int64_t j = 0; j < keys; ++j) widen_run(src + offset + j * kv_stride, scratch + j * d, d);
+    return {scratch, d};
+  } else {
+    (void)keys, (void)scratch;
+    return {src + offset, kv_stride};
   }
 }
 
@@ -328,13 +410,13 @@ void for_each_query_block(const Geometry& geo, const BlockPlan& plan, F&& f) {
 
 // ---- Forward ------------------------------------------------------------------------------------
 
-template <typename T>
-void forward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, const T* k, const T* v,
-                    T scale, T* out, T* lse) {
+template <typename S>
+void forward_kernel(const Geometry& geo, const BlockPlan& plan, const S* q, const S* k, const S* v,
+                    compute_t<S> scale, S* out, compute_t<S>* lse) {
+  using T = compute_t<S>;
   Scratch<T>& s = thread_scratch<T>();
-  s.reserve(plan, geo.head_dim, /*backward=*/false);
+  s.reserve(plan, geo.head_dim, /*backward=*/false, kWidened<S>);
   const int64_t d = geo.head_dim;
-  const int64_t kv_stride = geo.kv_heads * d;  // between consecutive positions of one kv head
 
   for_each_query_block(geo, plan, [&](const QueryBlock& blk) {
     const int64_t rows = blk.rows(plan);
@@ -347,9 +429,10 @@ void forward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, cons
       const int64_t keys = std::min(plan.keys, blk.last_position() + 1 - s0);
       const int64_t kv_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads);
       const bool on_diagonal = s0 + keys - 1 > blk.t0;  // some row must mask some key
+      const KvOperand<T> kb = kv_operand(geo, k, kv_offset, keys, s.k_block.data());
       T* scores = s.scores.data();
-      gemm(CblasNoTrans, CblasTrans, rows, keys, d, scale, s.q_rows.data(), d, k + kv_offset,
-           kv_stride, T(0), scores, keys);
+      gemm(CblasNoTrans, CblasTrans, rows, keys, d, scale, s.q_rows.data(), d, kb.data, kb.ld, T(0),
+           scores, keys);
 
       for (int64_t r = 0; r < rows; ++r) {
         T* row = scores + r * keys;
@@ -367,8 +450,9 @@ void forward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, cons
           for (int64_t i = 0; i < d; ++i) acc[i] *= rescale;
         }
       }
-      gemm(CblasNoTrans, CblasNoTrans, rows, d, keys, T(1), scores, keys, v + kv_offset, kv_stride,
-           T(1), s.accumulator.data(), d);
+      const KvOperand<T> vb = kv_operand(geo, v, kv_offset, keys, s.v_block.data());
+      gemm(CblasNoTrans, CblasNoTrans, rows, d, keys, T(1), scores, keys, vb.data, vb.ld, T(1),
+           s.accumulator.data(), d);
     }
 
     for (int64_t r = 0; r < rows; ++r) {
@@ -383,11 +467,60 @@ void forward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, cons
 
 // ---- Backward -----------------------------------------------------------------------------------
 
+// A query block's rows for the backward: q and dout gathered, and per row lse (s.row_sum) and
+// D = rowsum(dout * out) (s.row_delta; out is read where it lies, in the gather's row order).
+template <typename S>
+void load_backward_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& blk,
+                        const S* q, const S* out, const compute_t<S>* lse, const S* dout,
+                        Scratch<compute_t<S>>& s) {
+  using T = compute_t<S>;
+  const int64_t rows = blk.rows(plan), d = geo.head_dim;
+  gather_rows(geo, plan, blk, q, s.q_rows.data());
+  gather_rows(geo, plan, blk, dout, s.dout_rows.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t p = r / plan.group, hh = r % plan.group;
+    const S* out_row =
+        out + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group + hh, geo.heads);
+    const T* dout_row = s.dout_rows.data() + r * d;
+    T delta = 0;
+    for (int64_t i = 0; i < d; ++i) delta += dout_row[i] * load(out_row[i]);
+    s.row_delta[r] = delta;
+    s.row_sum[r] = lse[lse_index(geo, plan, blk, r)];
+  }
+}
+
+// P = exp(scale * Q K^T - lse) of keys [s0, s0 + keys) into s.scores, 0 past each row's position.
+template <typename T>
+void backward_probs(const BlockPlan& plan, const QueryBlock& blk, int64_t rows, int64_t s0,
+                    int64_t keys, int64_t d, const KvOperand<T>& kb, T scale, Scratch<T>& s) {
+  const bool on_diagonal = s0 + keys - 1 > blk.t0;
+  T* probs = s.scores.data();
+  gemm(CblasNoTrans, CblasTrans, rows, keys, d, scale, s.q_rows.data(), d, kb.data, kb.ld, T(0),
+       probs, keys);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = probs + r * keys;
+    const int64_t visible = on_diagonal ? visible_keys(plan, blk, r, s0, keys) : keys;
+    std::fill(row + visible, row + keys, T(0));
+    if (visible > 0) exp_shift_sum(row, visible, s.row_sum[r]);
+  }
+}
+
+// dP = dout V^T, then dS = P * (dP - D): s.scores turns from P into dS.
+template <typename T>
+void backward_dscores(int64_t rows, int64_t keys, int64_t d, const KvOperand<T>& vb,
+                      Scratch<T>& s) {
+  gemm(CblasNoTrans, CblasTrans, rows, keys, d, T(1), s.dout_rows.data(), d, vb.data, vb.ld, T(0),
+       s.dprobs.data(), keys);
+  for (int64_t r = 0; r < rows; ++r)
+    dscores(s.scores.data() + r * keys, s.dprobs.data() + r * keys, keys, s.row_delta[r]);
+}
+
+// f32 and f64: one pass over the query blocks; dK and dV sum in dk, dv (GEMMs with beta = 1).
 template <typename T>
 void backward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, const T* k, const T* v,
                      const T* out, const T* lse, const T* dout, T scale, T* dq, T* dk, T* dv) {
   Scratch<T>& s = thread_scratch<T>();
-  s.reserve(plan, geo.head_dim, /*backward=*/true);
+  s.reserve(plan, geo.head_dim, /*backward=*/true, /*widened=*/false);
   const int64_t d = geo.head_dim;
   const int64_t kv_stride = geo.kv_heads * d;
   const int64_t kv_numel = geo.batch * geo.seq * geo.kv_heads * d;
@@ -396,55 +529,96 @@ void backward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, con
 
   for_each_query_block(geo, plan, [&](const QueryBlock& blk) {
     const int64_t rows = blk.rows(plan);
-    T* q_rows = s.q_rows.data();
-    T* dout_rows = s.dout_rows.data();
     T* dq_rows = s.accumulator.data();
-    gather_rows(geo, plan, blk, q, q_rows);
-    gather_rows(geo, plan, blk, dout, dout_rows);
+    load_backward_rows(geo, plan, blk, q, out, lse, dout, s);
     std::fill_n(dq_rows, rows * d, T(0));
-    for (int64_t r = 0; r < rows; ++r) {
-      // D = rowsum(dout * out): out is read where it lies (same row order as the gather).
-      const int64_t p = r / plan.group, hh = r % plan.group;
-      const T* out_row =
-          out + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group + hh, geo.heads);
-      const T* dout_row = dout_rows + r * d;
-      T delta = 0;
-      for (int64_t i = 0; i < d; ++i) delta += dout_row[i] * out_row[i];
-      s.row_delta[r] = delta;
-      s.row_sum[r] = lse[lse_index(geo, plan, blk, r)];
-    }
 
     for (int64_t s0 = 0; s0 <= blk.last_position(); s0 += plan.keys) {
       const int64_t keys = std::min(plan.keys, blk.last_position() + 1 - s0);
       const int64_t kv_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads);
-      const bool on_diagonal = s0 + keys - 1 > blk.t0;
-      T* probs = s.scores.data();  // S, then P, then dS
-      T* dprobs = s.dprobs.data();
-
-      // P = exp(scale * Q K^T - lse), 0 past each row's position.
-      gemm(CblasNoTrans, CblasTrans, rows, keys, d, scale, q_rows, d, k + kv_offset, kv_stride,
-           T(0), probs, keys);
-      for (int64_t r = 0; r < rows; ++r) {
-        T* row = probs + r * keys;
-        const int64_t visible = on_diagonal ? visible_keys(plan, blk, r, s0, keys) : keys;
-        std::fill(row + visible, row + keys, T(0));
-        if (visible > 0) exp_shift_sum(row, visible, s.row_sum[r]);
-      }
-      // dV += P^T dout;  dP = dout V^T.
-      gemm(CblasTrans, CblasNoTrans, keys, d, rows, T(1), probs, keys, dout_rows, d, T(1),
-           dv + kv_offset, kv_stride);
-      gemm(CblasNoTrans, CblasTrans, rows, keys, d, T(1), dout_rows, d, v + kv_offset, kv_stride,
-           T(0), dprobs, keys);
-      // dS = P * (dP - D);  dQ += scale * dS K;  dK += scale * dS^T Q.
-      for (int64_t r = 0; r < rows; ++r)
-        dscores(probs + r * keys, dprobs + r * keys, keys, s.row_delta[r]);
-      gemm(CblasNoTrans, CblasNoTrans, rows, d, keys, scale, probs, keys, k + kv_offset, kv_stride,
+      const KvOperand<T> kb{k + kv_offset, kv_stride}, vb{v + kv_offset, kv_stride};
+      backward_probs(plan, blk, rows, s0, keys, d, kb, scale, s);
+      // dV += P^T dout;  dS = P * (dout V^T - D);  dQ += scale * dS K;  dK += scale * dS^T Q.
+      gemm(CblasTrans, CblasNoTrans, keys, d, rows, T(1), s.scores.data(), keys, s.dout_rows.data(),
+           d, T(1), dv + kv_offset, kv_stride);
+      backward_dscores(rows, keys, d, vb, s);
+      gemm(CblasNoTrans, CblasNoTrans, rows, d, keys, scale, s.scores.data(), keys, kb.data, kb.ld,
            T(1), dq_rows, d);
-      gemm(CblasTrans, CblasNoTrans, keys, d, rows, scale, probs, keys, q_rows, d, T(1),
-           dk + kv_offset, kv_stride);
+      gemm(CblasTrans, CblasNoTrans, keys, d, rows, scale, s.scores.data(), keys, s.q_rows.data(),
+           d, T(1), dk + kv_offset, kv_stride);
     }
     scatter_rows(geo, plan, blk, dq_rows, dq);
   });
+}
+
+// bf16 storage: each output element is rounded once, so dK and dV cannot sum across query blocks
+// in their bf16 tensors, and an fp32 sum over a whole sequence would grow with T. Two passes
+// instead, as the CUDA kernels run (ops/cuda/attention.cu): dQ query block by query block (the
+// loop above without the dV and dK products), then dK and dV key block by key block, one key
+// block's fp32 sums in scratch, rounded once. Both passes visit every (query block, key block)
+// pair of the one-pass loop with its products, sizes and order of accumulation, so each output is
+// the f32 kernel's on the widened inputs, rounded once; P and dS are computed twice.
+template <typename S>
+void backward_kernel_widened(const Geometry& geo, const BlockPlan& plan, const S* q, const S* k,
+                             const S* v, const S* out, const compute_t<S>* lse, const S* dout,
+                             compute_t<S> scale, S* dq, S* dk, S* dv) {
+  using T = compute_t<S>;
+  Scratch<T>& s = thread_scratch<T>();
+  s.reserve(plan, geo.head_dim, /*backward=*/true, /*widened=*/true);
+  const int64_t d = geo.head_dim;
+  const int64_t kv_stride = geo.kv_heads * d;
+
+  // Pass 1: dQ += scale * dS K over the key blocks of each query block.
+  for_each_query_block(geo, plan, [&](const QueryBlock& blk) {
+    const int64_t rows = blk.rows(plan);
+    T* dq_rows = s.accumulator.data();
+    load_backward_rows(geo, plan, blk, q, out, lse, dout, s);
+    std::fill_n(dq_rows, rows * d, T(0));
+    for (int64_t s0 = 0; s0 <= blk.last_position(); s0 += plan.keys) {
+      const int64_t keys = std::min(plan.keys, blk.last_position() + 1 - s0);
+      const int64_t kv_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads);
+      const KvOperand<T> kb = kv_operand(geo, k, kv_offset, keys, s.k_block.data());
+      const KvOperand<T> vb = kv_operand(geo, v, kv_offset, keys, s.v_block.data());
+      backward_probs(plan, blk, rows, s0, keys, d, kb, scale, s);
+      backward_dscores(rows, keys, d, vb, s);
+      gemm(CblasNoTrans, CblasNoTrans, rows, d, keys, scale, s.scores.data(), keys, kb.data, kb.ld,
+           T(1), dq_rows, d);
+    }
+    scatter_rows(geo, plan, blk, dq_rows, dq);
+  });
+
+  // Pass 2: dV += P^T dout and dK += scale * dS^T Q of each key block over the query blocks that
+  // see it (last position >= s0), in the one-pass loop's order and with its key counts (its key
+  // block stops at the query block's last position).
+  T* dk_block = s.dk_block.data();
+  T* dv_block = s.dv_block.data();
+  for (int64_t b = 0; b < geo.batch; ++b)
+    for (int64_t g = 0; g < geo.kv_heads; ++g)
+      for (int64_t s0 = 0; s0 < geo.seq; s0 += plan.keys) {
+        const int64_t block_keys = std::min(plan.keys, geo.seq - s0);
+        const int64_t kv_offset = geo.offset(b, s0, g, geo.kv_heads);
+        const KvOperand<T> kb = kv_operand(geo, k, kv_offset, block_keys, s.k_block.data());
+        const KvOperand<T> vb = kv_operand(geo, v, kv_offset, block_keys, s.v_block.data());
+        std::fill_n(dk_block, block_keys * d, T(0));
+        std::fill_n(dv_block, block_keys * d, T(0));
+        for (int64_t t0 = s0 / plan.positions * plan.positions; t0 < geo.seq;
+             t0 += plan.positions) {
+          const QueryBlock blk{b, g, t0, std::min(plan.positions, geo.seq - t0)};
+          const int64_t rows = blk.rows(plan);
+          const int64_t keys = std::min(block_keys, blk.last_position() + 1 - s0);
+          load_backward_rows(geo, plan, blk, q, out, lse, dout, s);
+          backward_probs(plan, blk, rows, s0, keys, d, kb, scale, s);
+          gemm(CblasTrans, CblasNoTrans, keys, d, rows, T(1), s.scores.data(), keys,
+               s.dout_rows.data(), d, T(1), dv_block, d);
+          backward_dscores(rows, keys, d, vb, s);
+          gemm(CblasTrans, CblasNoTrans, keys, d, rows, scale, s.scores.data(), keys,
+               s.q_rows.data(), d, T(1), dk_block, d);
+        }
+        for (int64_t j = 0; j < block_keys; ++j) {
+          narrow(dk_block + j * d, dk + kv_offset + j * kv_stride, d);
+          narrow(dv_block + j * d, dv + kv_offset + j * kv_stride, d);
+        }
+      }
 }
 
 // ---- Argument checks ----------------------------------------------------------------------------
@@ -462,7 +636,7 @@ Geometry check_common(const char* op, const Tensor& q, const Tensor& k, const Te
                       double scale, const Tensor& out, const Tensor& lse) {
   if (q.ndim() != 4) MOEPEAK_THROW(op, ": q must be (B, T, nh, d), got ", q.str());
   if (q.dtype() != DType::f32 && q.dtype() != DType::f64 && q.dtype() != DType::bf16)
-    MOEPEAK_THROW(op, " supports f32, bf16 (CUDA only) and f64, got q ", q.str());
+    MOEPEAK_THROW(op, " supports f32, bf16 and f64, got q ", q.str());
   Geometry geo{q.size(0), q.size(1), q.size(2), k.ndim() == 4 ? k.size(2) : 0, q.size(3)};
   if (k.ndim() != 4 || k.size(0) != geo.batch || k.size(1) != geo.seq ||
       k.size(3) != geo.head_dim || geo.kv_heads < 1)
@@ -521,15 +695,16 @@ void attention_forward_cpu_blocked(const Tensor& q, const Tensor& k, const Tenso
   CpuStream& cpu = as_cpu_stream(stream);
   if (q.numel() == 0) return;
   const BlockPlan plan = plan_blocks(geo, blocks);
-  dispatch_float(q.dtype(), op, [&](auto zero) {
-    using T = decltype(zero);
-    const T* qp = q.data_as<T>();
-    const T* kp = k.data_as<T>();
-    const T* vp = v.data_as<T>();
-    T* outp = out.data_as<T>();
+  dispatch_storage(q.dtype(), op, [&](auto zero) {
+    using S = decltype(zero);
+    using T = compute_t<S>;  // also lse's dtype (attention_lse_dtype)
+    const S* qp = q.data_as<S>();
+    const S* kp = k.data_as<S>();
+    const S* vp = v.data_as<S>();
+    S* outp = out.data_as<S>();
     T* lsep = lse.data_as<T>();
     const T scale_t = static_cast<T>(scale);
-    cpu.enqueue([=] { forward_kernel<T>(geo, plan, qp, kp, vp, scale_t, outp, lsep); });
+    cpu.enqueue([=] { forward_kernel<S>(geo, plan, qp, kp, vp, scale_t, outp, lsep); });
   });
 }
 
@@ -544,20 +719,26 @@ void attention_backward_cpu_blocked(const Tensor& q, const Tensor& k, const Tens
   if (q.numel() == 0) return;
   const Geometry geo{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
   const BlockPlan plan = plan_blocks(geo, blocks);
-  dispatch_float(q.dtype(), op, [&](auto zero) {
-    using T = decltype(zero);
-    const T* qp = q.data_as<T>();
-    const T* kp = k.data_as<T>();
-    const T* vp = v.data_as<T>();
-    const T* outp = out.data_as<T>();
+  dispatch_storage(q.dtype(), op, [&](auto zero) {
+    using S = decltype(zero);
+    using T = compute_t<S>;
+    const S* qp = q.data_as<S>();
+    const S* kp = k.data_as<S>();
+    const S* vp = v.data_as<S>();
+    const S* outp = out.data_as<S>();
     const T* lsep = lse.data_as<T>();
-    const T* doutp = dout.data_as<T>();
-    T* dqp = dq.data_as<T>();
-    T* dkp = dk.data_as<T>();
-    T* dvp = dv.data_as<T>();
+    const S* doutp = dout.data_as<S>();
+    S* dqp = dq.data_as<S>();
+    S* dkp = dk.data_as<S>();
+    S* dvp = dv.data_as<S>();
     const T scale_t = static_cast<T>(scale);
     cpu.enqueue([=] {
-      backward_kernel<T>(geo, plan, qp, kp, vp, outp, lsep, doutp, scale_t, dqp, dkp, dvp);
+      if constexpr (kWidened<S>) {
+        backward_kernel_widened<S>(geo, plan, qp, kp, vp, outp, lsep, doutp, scale_t, dqp, dkp,
+                                   dvp);
+      } else {
+        backward_kernel<S>(geo, plan, qp, kp, vp, outp, lsep, doutp, scale_t, dqp, dkp, dvp);
+      }
     });
   });
 }

@@ -1,6 +1,8 @@
 // CPU cross-entropy on materialised (N, V) logits: per row, max and log-sum-exp in double, then
 // the loss (forward) or the softmax minus the one-hot label (backward, in place allowed); see
-// ops/cross_entropy.h.
+// ops/cross_entropy.h. Storage f32, bf16 or f64 (ops/cpu/cpu_storage.h): a bf16 logit is read
+// exactly into double where it lies, and each result is rounded from double as the f32 path rounds
+// it, then once more to bf16 (store(), as CUDA's store_from).
 #include "ops/cross_entropy.h"
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <string>
 
 #include "core/runtime/cpu_stream.h"
+#include "ops/cpu/cpu_storage.h"
 
 namespace moepeak::ops {
 namespace {
@@ -29,13 +32,19 @@ void check_label(const char* op, int64_t position, int64_t label, int64_t vocab)
   }
 }
 
+// One stored logit in double (exact for every storage type).
+template <typename T>
+double logit(const T* row, int64_t v) {
+  return static_cast<double>(load(row[v]));
+}
+
 // log(sum_v exp(row[v])) with the row max subtracted, accumulated in double.
 template <typename T>
 double log_sum_exp(const T* row, int64_t vocab) {
-  double row_max = row[0];
-  for (int64_t v = 1; v < vocab; ++v) row_max = std::max(row_max, static_cast<double>(row[v]));
+  double row_max = logit(row, 0);
+  for (int64_t v = 1; v < vocab; ++v) row_max = std::max(row_max, logit(row, v));
   double sum = 0;
-  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - row_max);
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(logit(row, v) - row_max);
   return row_max + std::log(sum);
 }
 
@@ -57,8 +66,9 @@ void cross_entropy_forward_cpu(const Tensor& logits, const Tensor& labels, const
                                Stream& stream) {
   const char* op = "cross_entropy_forward_cpu";
   check_cross_entropy_forward_args(op, logits, labels, losses);
-  dispatch_float(logits.dtype(), op, [&](auto zero) {
+  dispatch_storage(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
+    using C = compute_t<T>;
     const T* lp = logits.data_as<T>();                 // (N, V)
     const int64_t* label = labels.data_as<int64_t>();  // (N)
     T* loss = losses.data_as<T>();                     // (N)
@@ -67,11 +77,11 @@ void cross_entropy_forward_cpu(const Tensor& logits, const Tensor& labels, const
       for (int64_t n = 0; n < tokens; ++n) {
         check_label(op, n, label[n], vocab);
         if (label[n] == kIgnoreLabel) {
-          loss[n] = T(0);
+          store(loss + n, C(0));
           continue;
         }
         const T* row = lp + n * vocab;
-        loss[n] = static_cast<T>(log_sum_exp(row, vocab) - static_cast<double>(row[label[n]]));
+        store(loss + n, static_cast<C>(log_sum_exp(row, vocab) - logit(row, label[n])));
       }
     });
   });
@@ -81,8 +91,9 @@ void cross_entropy_backward_cpu(const Tensor& logits, const Tensor& labels, doub
                                 const Tensor& dlogits, Stream& stream) {
   const char* op = "cross_entropy_backward_cpu";
   check_cross_entropy_backward_args(op, logits, labels, dlogits);
-  dispatch_float(logits.dtype(), op, [&](auto zero) {
+  dispatch_storage(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
+    using C = compute_t<T>;
     const T* lp = logits.data_as<T>();                 // (N, V), may be dlogits itself
     const int64_t* label = labels.data_as<int64_t>();  // (N)
     T* dlp = dlogits.data_as<T>();                     // (N, V)
@@ -92,15 +103,15 @@ void cross_entropy_backward_cpu(const Tensor& logits, const Tensor& labels, doub
         check_label(op, n, label[n], vocab);
         T* drow = dlp + n * vocab;
         if (label[n] == kIgnoreLabel) {
-          std::fill(drow, drow + vocab, T(0));
+          for (int64_t v = 0; v < vocab; ++v) store(drow + v, C(0));
           continue;
         }
         const T* row = lp + n * vocab;
         double lse = log_sum_exp(row, vocab);  // before the row is overwritten when in place
         for (int64_t v = 0; v < vocab; ++v) {
-          double softmax = std::exp(static_cast<double>(row[v]) - lse);
+          double softmax = std::exp(logit(row, v) - lse);
           double onehot = v == label[n] ? 1.0 : 0.0;
-          drow[v] = static_cast<T>(scale * (softmax - onehot));
+          store(drow + v, static_cast<C>(scale * (softmax - onehot)));
         }
       }
     });

@@ -1,6 +1,9 @@
 // CPU cross-entropy over vocabulary strips: per token, the strip's max and exponential sum in
 // double folded into a running (m, z, t) state, states merged, and the strip's gradient from the
-// final state (see ops/cross_entropy_strip.h). Test: ctest -R test_ring_dtp_ops
+// final state (see ops/cross_entropy_strip.h). Strips f32, bf16 or f64 (ops/cpu/cpu_storage.h):
+// a bf16 logit is read exactly into double, the state is double for all three, and a gradient is
+// rounded from double as the f32 path rounds it, then once more to bf16 (store(), as CUDA's
+// store_from). Test: ctest -R test_ring_dtp_ops
 #include "ops/cross_entropy_strip.h"
 
 #include <algorithm>
@@ -9,6 +12,7 @@
 #include <string>
 
 #include "core/runtime/cpu_stream.h"
+#include "ops/cpu/cpu_storage.h"
 #include "ops/cross_entropy.h"
 
 namespace moepeak::ops {
@@ -29,6 +33,12 @@ void check_strip_and_labels(const char* op, const Tensor& strip, const Tensor& l
       labels.ndim() == 1 && labels.dtype() == DType::i64 && labels.size(0) == strip.size(0), op,
       ": labels must be i64 (", strip.size(0), "), got ", labels.str());
   MOEPEAK_CHECK(column_begin >= 0, op, ": column_begin ", column_begin, " is negative");
+}
+
+// One stored logit in double (exact for every storage type).
+template <typename T>
+double logit(const T* row, int64_t v) {
+  return static_cast<double>(load(row[v]));
 }
 
 // The column of `label` inside a strip of `columns` starting at column_begin, or -1.
@@ -84,7 +94,7 @@ void cross_entropy_strip_forward_cpu(const Tensor& strip, const Tensor& labels,
                                      int64_t column_begin, const Tensor& state, Stream& stream) {
   const char* op = "cross_entropy_strip_forward_cpu";
   check_cross_entropy_strip_forward_args(op, strip, labels, column_begin, state);
-  dispatch_float(strip.dtype(), op, [&](auto zero) {
+  dispatch_storage(strip.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* yp = strip.data_as<T>();                  // (N, C)
     const int64_t* label = labels.data_as<int64_t>();  // (N)
@@ -94,17 +104,17 @@ void cross_entropy_strip_forward_cpu(const Tensor& strip, const Tensor& labels,
       for (int64_t n = 0; n < tokens; ++n) {
         if (label[n] == kIgnoreLabel) continue;
         const T* row = yp + n * columns;
-        double strip_max = row[0];
-        for (int64_t v = 1; v < columns; ++v) strip_max = std::max(strip_max, double(row[v]));
+        double strip_max = logit(row, 0);
+        for (int64_t v = 1; v < columns; ++v) strip_max = std::max(strip_max, logit(row, v));
         double* st = s + 3 * n;
         const double m = std::max(st[0], strip_max);
         double sum = 0;
-        for (int64_t v = 0; v < columns; ++v) sum += std::exp(static_cast<double>(row[v]) - m);
+        for (int64_t v = 0; v < columns; ++v) sum += std::exp(logit(row, v) - m);
         // NOTES: st[0] - m is -inf before the first strip (exp gives 0, z is 0): no NaN.
         st[1] = st[1] * std::exp(st[0] - m) + sum;
         st[0] = m;
         int64_t c = column_in_strip(label[n], column_begin, columns);
-        if (c >= 0) st[2] = static_cast<double>(row[c]);
+        if (c >= 0) st[2] = logit(row, c);
       }
     });
   });
@@ -140,8 +150,9 @@ void cross_entropy_strip_backward_cpu(const Tensor& strip, const Tensor& labels,
                                       const Tensor& dstrip, Stream& stream) {
   const char* op = "cross_entropy_strip_backward_cpu";
   check_cross_entropy_strip_backward_args(op, strip, labels, column_begin, state, dstrip);
-  dispatch_float(strip.dtype(), op, [&](auto zero) {
+  dispatch_storage(strip.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
+    using C = compute_t<T>;
     const T* yp = strip.data_as<T>();                  // (N, C), may be dstrip itself
     const int64_t* label = labels.data_as<int64_t>();  // (N)
     const double* s = state.data_as<double>();         // (N, 3)
@@ -151,16 +162,16 @@ void cross_entropy_strip_backward_cpu(const Tensor& strip, const Tensor& labels,
       for (int64_t n = 0; n < tokens; ++n) {
         T* drow = dp + n * columns;
         if (label[n] == kIgnoreLabel) {
-          std::fill(drow, drow + columns, T(0));
+          for (int64_t v = 0; v < columns; ++v) store(drow + v, C(0));
           continue;
         }
         const T* row = yp + n * columns;
         const double lse = s[3 * n] + std::log(s[3 * n + 1]);
         const int64_t target = column_in_strip(label[n], column_begin, columns);
         for (int64_t v = 0; v < columns; ++v) {
-          double softmax = std::exp(static_cast<double>(row[v]) - lse);
+          double softmax = std::exp(logit(row, v) - lse);
           double onehot = v == target ? 1.0 : 0.0;
-          drow[v] = static_cast<T>(scale * (softmax - onehot));
+          store(drow + v, static_cast<C>(scale * (softmax - onehot)));
         }
       }
     });

@@ -1,5 +1,6 @@
 // CPU element-wise helpers: add, in-place scale, sum of squares (double, index order), copy,
-// per-row scale and dot (see ops/elementwise.h).
+// per-row scale and dot (see ops/elementwise.h). f32 | bf16 | f64 storage (ops/cpu/cpu_storage.h):
+// each element is loaded into the compute type, and every output is stored (rounded) once.
 #include "ops/elementwise.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/runtime/cpu_stream.h"
+#include "ops/cpu/cpu_storage.h"
 
 namespace moepeak::ops {
 
@@ -39,26 +41,27 @@ void check_row_dot_args(const char* op, const Tensor& a, const Tensor& b, const 
 void add_cpu(const Tensor& a, const Tensor& b, const Tensor& out, Stream& stream) {
   const char* op = "add_cpu";
   check_add_args(op, a, b, out);
-  dispatch_float(a.dtype(), op, [&](auto zero) {
+  dispatch_storage(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* ap = a.data_as<T>();
     const T* bp = b.data_as<T>();
     T* outp = out.data_as<T>();  // may be ap or bp
     int64_t n = a.numel();
     as_cpu_stream(stream).enqueue([=] {
-      for (int64_t i = 0; i < n; ++i) outp[i] = ap[i] + bp[i];
+      for (int64_t i = 0; i < n; ++i) store(outp + i, load(ap[i]) + load(bp[i]));
     });
   });
 }
 
 void scale_cpu(const Tensor& x, double alpha, Stream& stream) {
-  dispatch_float(x.dtype(), "scale_cpu", [&](auto zero) {
+  dispatch_storage(x.dtype(), "scale_cpu", [&](auto zero) {
     using T = decltype(zero);
     T* xp = x.data_as<T>();
-    T factor = static_cast<T>(alpha);
+    // alpha is rounded to the compute type (fp32 for bf16 storage, not to bf16), as on CUDA.
+    compute_t<T> factor = static_cast<compute_t<T>>(alpha);
     int64_t n = x.numel();
     as_cpu_stream(stream).enqueue([=] {
-      for (int64_t i = 0; i < n; ++i) xp[i] *= factor;
+      for (int64_t i = 0; i < n; ++i) store(xp + i, load(xp[i]) * factor);
     });
   });
 }
@@ -66,7 +69,7 @@ void scale_cpu(const Tensor& x, double alpha, Stream& stream) {
 void sum_squares_cpu(const Tensor& x, const Tensor& out, Stream& stream) {
   const char* op = "sum_squares_cpu";
   check_sum_squares_args(op, out);
-  dispatch_float(x.dtype(), op, [&](auto zero) {
+  dispatch_storage(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* xp = x.data_as<T>();
     double* outp = out.data_as<double>();
@@ -75,7 +78,8 @@ void sum_squares_cpu(const Tensor& x, const Tensor& out, Stream& stream) {
       for (int64_t p = 0; p < parts && p * c < n; ++p) {
         double sum = 0;
         for (int64_t i = p * c; i < std::min(n, (p + 1) * c); ++i) {
-          sum += static_cast<double>(xp[i]) * xp[i];
+          const double v = load(xp[i]);
+          sum += v * v;
         }
         outp[p] += sum;
       }
@@ -96,14 +100,17 @@ void copy_cpu(const Tensor& src, const Tensor& dst, Stream& stream) {
 void scale_rows_cpu(const Tensor& x, const Tensor& weight, Stream& stream) {
   const char* op = "scale_rows_cpu";
   check_scale_rows_args(op, x, weight);
-  dispatch_float(x.dtype(), op, [&](auto zero) {
+  dispatch_storage(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     T* xp = x.data_as<T>();             // (M, C)
     const T* wp = weight.data_as<T>();  // (M)
     const int64_t rows = x.size(0), cols = x.size(1);
     as_cpu_stream(stream).enqueue([=] {
       for (int64_t i = 0; i < rows; ++i) {
-        for (int64_t c = 0; c < cols; ++c) xp[i * cols + c] *= wp[i];
+        const compute_t<T> factor = load(wp[i]);
+        for (int64_t c = 0; c < cols; ++c) {
+          store(xp + i * cols + c, load(xp[i * cols + c]) * factor);
+        }
       }
     });
   });
@@ -113,7 +120,7 @@ void row_dot_cpu(const Tensor& a, const Tensor& b, const Tensor& out, bool accum
                  Stream& stream) {
   const char* op = "row_dot_cpu";
   check_row_dot_args(op, a, b, out);
-  dispatch_float(a.dtype(), op, [&](auto zero) {
+  dispatch_storage(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* ap = a.data_as<T>();  // (M, C)
     const T* bp = b.data_as<T>();  // (M, C)
@@ -123,9 +130,11 @@ void row_dot_cpu(const Tensor& a, const Tensor& b, const Tensor& out, bool accum
       for (int64_t i = 0; i < rows; ++i) {
         double dot = 0;
         for (int64_t c = 0; c < cols; ++c) {
-          dot += static_cast<double>(ap[i * cols + c]) * bp[i * cols + c];
+          dot += static_cast<double>(load(ap[i * cols + c])) * load(bp[i * cols + c]);
         }
-        outp[i] = accumulate ? outp[i] + static_cast<T>(dot) : static_cast<T>(dot);
+        // Rounded to the compute type, added in it, and stored (rounded to bf16) once.
+        const compute_t<T> d = static_cast<compute_t<T>>(dot);
+        store(outp + i, accumulate ? load(outp[i]) + d : d);
       }
     });
   });

@@ -1,8 +1,14 @@
 // CPU embedding: a row copy per token (forward) and a row add per token in token order
-// (backward). Ids are checked inside the stream task (see ops/embedding.h).
+// (backward). Ids are checked inside the stream task (see ops/embedding.h). f32 | bf16 | f64
+// storage (ops/cpu/cpu_storage.h): the forward copies elements as they are; each backward += is
+// done in fp32 and rounded to dweight's dtype (bf16: one rounding per addition, as on CUDA; an f32
+// dweight for bf16 dout: none).
 #include "ops/embedding.h"
 
+#include <type_traits>
+
 #include "core/runtime/cpu_stream.h"
+#include "ops/cpu/cpu_storage.h"
 
 namespace moepeak::ops {
 namespace {
@@ -15,14 +21,19 @@ void check_id(const char* op, int64_t position, int64_t id, int64_t vocab_size) 
   }
 }
 
-// ids: (N) i64; the float tensors: (N, H) rows and a (V, H) table of one float dtype.
+// ids: (N) i64; the float tensors: (N, H) rows and a (V, H) table of one float dtype, or with
+// `f32_table_for_bf16` an f32 table for bf16 rows.
 void check_embedding_args(const char* op, const Tensor& ids, const Tensor& rows,
-                          const char* rows_name, const Tensor& table, const char* table_name) {
+                          const char* rows_name, const Tensor& table, const char* table_name,
+                          bool f32_table_for_bf16 = false) {
   MOEPEAK_CHECK(ids.ndim() == 1 && ids.dtype() == DType::i64, op, ": ids must be i64 (N), got ",
                 ids.str());
   MOEPEAK_CHECK(table.ndim() == 2, op, ": ", table_name, " must be (V, H), got ", table.str());
   int64_t n = ids.size(0), h = table.size(1);
-  rows.expect(Shape{n, h}, table.dtype(), std::string(op) + ": " + rows_name);
+  const bool main_grad =
+      f32_table_for_bf16 && table.dtype() == DType::f32 && rows.dtype() == DType::bf16;
+  rows.expect(Shape{n, h}, main_grad ? DType::bf16 : table.dtype(),
+              std::string(op) + ": " + rows_name);
 }
 
 }  // namespace
@@ -33,8 +44,8 @@ void check_embedding_forward_args(const char* op, const Tensor& ids, const Tenso
 }
 
 void check_embedding_backward_args(const char* op, const Tensor& ids, const Tensor& dout,
-                                   const Tensor& dweight) {
-  check_embedding_args(op, ids, dout, "dout", dweight, "dweight");
+                                   const Tensor& dweight, bool f32_dweight_for_bf16) {
+  check_embedding_args(op, ids, dout, "dout", dweight, "dweight", f32_dweight_for_bf16);
 }
 
 void embedding_check_ids_host(const Tensor& ids, int64_t vocab_size) {
@@ -50,7 +61,7 @@ void embedding_forward_cpu(const Tensor& ids, const Tensor& weight, const Tensor
                            Stream& stream) {
   const char* op = "embedding_forward_cpu";
   check_embedding_forward_args(op, ids, weight, out);
-  dispatch_float(weight.dtype(), op, [&](auto zero) {
+  dispatch_storage(weight.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const int64_t* id = ids.data_as<int64_t>();
     const T* table = weight.data_as<T>();  // (V, H)
@@ -67,25 +78,46 @@ void embedding_forward_cpu(const Tensor& ids, const Tensor& weight, const Tensor
   });
 }
 
+namespace {
+
+// dtable[ids[n]] += dy[n] for n in increasing order, each addition in the compute type of the
+// table's dtype DW (T, or float for the fp32 main gradient of bf16 rows) and stored once.
+template <typename T, typename DW>
+void embedding_backward_loop(const char* op, const int64_t* id, const T* dy, DW* dtable,
+                             int64_t n_tokens, int64_t vocab, int64_t hidden) {
+  // Check every id before adding anything, so a bad id leaves dweight untouched.
+  for (int64_t n = 0; n < n_tokens; ++n) check_id(op, n, id[n], vocab);
+  for (int64_t n = 0; n < n_tokens; ++n) {
+    const T* src = dy + n * hidden;
+    DW* dst = dtable + id[n] * hidden;
+    for (int64_t h = 0; h < hidden; ++h) {
+      store(dst + h, load(dst[h]) + static_cast<compute_t<DW>>(load(src[h])));
+    }
+  }
+}
+
+}  // namespace
+
 void embedding_backward_cpu(const Tensor& ids, const Tensor& dout, const Tensor& dweight,
                             Stream& stream) {
   const char* op = "embedding_backward_cpu";
-  check_embedding_backward_args(op, ids, dout, dweight);
-  dispatch_float(dweight.dtype(), op, [&](auto zero) {
+  check_embedding_backward_args(op, ids, dout, dweight, /*f32_dweight_for_bf16=*/true);
+  dispatch_storage(dout.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const int64_t* id = ids.data_as<int64_t>();
-    const T* dy = dout.data_as<T>();   // (N, H)
-    T* dtable = dweight.data_as<T>();  // (V, H)
+    const T* dy = dout.data_as<T>();  // (N, H)
     int64_t n_tokens = ids.size(0), vocab = dweight.size(0), hidden = dweight.size(1);
-    as_cpu_stream(stream).enqueue([=] {
-      // Check every id before adding anything, so a bad id leaves dweight untouched.
-      for (int64_t n = 0; n < n_tokens; ++n) check_id(op, n, id[n], vocab);
-      for (int64_t n = 0; n < n_tokens; ++n) {
-        const T* src = dy + n * hidden;
-        T* dst = dtable + id[n] * hidden;
-        for (int64_t h = 0; h < hidden; ++h) dst[h] += src[h];
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (dweight.dtype() == DType::f32) {         // the fp32 main gradient (checked above)
+        float* dtable = dweight.data_as<float>();  // (V, H)
+        as_cpu_stream(stream).enqueue(
+            [=] { embedding_backward_loop(op, id, dy, dtable, n_tokens, vocab, hidden); });
+        return;
       }
-    });
+    }
+    T* dtable = dweight.data_as<T>();  // (V, H)
+    as_cpu_stream(stream).enqueue(
+        [=] { embedding_backward_loop(op, id, dy, dtable, n_tokens, vocab, hidden); });
   });
 }
 

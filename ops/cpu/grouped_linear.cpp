@@ -3,13 +3,15 @@
 //   forward   y[g rows] (M_g, N)  (+)= x[g rows] (M_g, K) . w_g^T
 //   backward  dx[g rows] (M_g, K) (+)= dy[g rows] (M_g, N) . w_g (N, K)
 //             dw_g (N, K)          += dy[g rows]^T . x[g rows]
-// so every result is bitwise the per-expert loop's. Also the argument checks both backends share.
+// so every result is bitwise the per-expert loop's (bf16 storage included: the same gemm_bf16
+// calls, ops/cpu/gemm_tiles.h). Also the argument checks both backends share.
 // Test: ctest -R test_grouped_linear;
 //       MOEPEAK_BACKEND_OPS=cpu test_backend_ops --gtest_filter='*grouped_linear*'.
 #include "ops/grouped_linear.h"
 
 #include <string>
 
+#include "ops/cpu/cpu_storage.h"
 #include "ops/linear.h"
 
 namespace moepeak::ops {
@@ -55,11 +57,9 @@ void check_grouped_linear_forward_args(const char* op, const Tensor& x, std::spa
   y.expect(Shape{x.size(0), N}, x.dtype(), std::string(op) + ": y");
 }
 
-GroupedLinearGrads check_grouped_linear_backward_args(const char* op, const Tensor& x,
-                                                      std::span<const Tensor> w,
-                                                      std::span<const int64_t> offsets,
-                                                      const Tensor& dy, const Tensor& dx,
-                                                      std::span<const Tensor> dw) {
+GroupedLinearGrads check_grouped_linear_backward_args(
+    const char* op, const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets,
+    const Tensor& dy, const Tensor& dx, std::span<const Tensor> dw, bool f32_dw_for_bf16) {
   const int64_t N = check_grouped_linear_args(op, x, w, offsets);
   dy.expect(Shape{x.size(0), N}, x.dtype(), std::string(op) + ": dy");
   GroupedLinearGrads want;
@@ -73,7 +73,9 @@ GroupedLinearGrads check_grouped_linear_backward_args(const char* op, const Tens
                 w.size(), "), got ", dw.size());
   for (size_t g = 0; g < w.size(); ++g) {
     want.dw[g] = given(dw[g]);
-    if (want.dw[g]) dw[g].expect(w[g].shape(), x.dtype(), group_label(op, g) + ": dw");
+    if (!want.dw[g]) continue;
+    const bool f32_dw = f32_dw_for_bf16 && x.dtype() == DType::bf16 && dw[g].dtype() == DType::f32;
+    dw[g].expect(w[g].shape(), f32_dw ? DType::f32 : x.dtype(), group_label(op, g) + ": dw");
   }
   return want;
 }
@@ -83,7 +85,7 @@ void grouped_linear_forward_cpu(const Tensor& x, std::span<const Tensor> w,
                                 Stream& stream) {
   const char* op = "grouped_linear_forward_cpu";
   check_grouped_linear_forward_args(op, x, w, offsets, y);
-  dispatch_float(x.dtype(), op, [](auto) {});  // the dtype check, also when every group is empty
+  dispatch_storage(x.dtype(), op, [](auto) {});  // the dtype check, also when every group is empty
   for (size_t g = 0; g < w.size(); ++g) {
     const int64_t lo = offsets[g], hi = offsets[g + 1];
     if (lo == hi) continue;
@@ -96,8 +98,9 @@ void grouped_linear_backward_cpu(const Tensor& x, std::span<const Tensor> w,
                                  const Tensor& dx, bool accumulate_dx, std::span<const Tensor> dw,
                                  Stream& stream) {
   const char* op = "grouped_linear_backward_cpu";
-  const GroupedLinearGrads want = check_grouped_linear_backward_args(op, x, w, offsets, dy, dx, dw);
-  dispatch_float(x.dtype(), op, [](auto) {});
+  const GroupedLinearGrads want = check_grouped_linear_backward_args(op, x, w, offsets, dy, dx, dw,
+                                                                     /*f32_dw_for_bf16=*/true);
+  dispatch_storage(x.dtype(), op, [](auto) {});
   for (size_t g = 0; g < w.size(); ++g) {
     const int64_t lo = offsets[g], hi = offsets[g + 1];
     if (lo == hi) continue;  // no rows: dx has none, dw_g += 0

@@ -1,8 +1,11 @@
-// CPU linear: three row-major GEMMs through OpenBLAS CBLAS (see ops/linear.h).
+// CPU linear: three row-major GEMMs (see ops/linear.h).
 //   forward   y (M, N)  = x (M, K) . w^T (K, N)
 //   backward  dx (M, K) = dy (M, N) . w (N, K)
 //             dw (N, K) += dy^T (N, M) . x (M, K)
 // A column block w[:, k0 : k0 + K] of an (N, K_w) w is the same GEMMs with leading dimension K_w.
+// f32 and f64 are one OpenBLAS CBLAS sgemm / dgemm each; bf16 storage runs gemm_bf16
+// (ops/cpu/gemm_tiles.h: fp32 arithmetic, one rounding per bf16 output), with dw in bf16 or in
+// f32 (the fp32 main gradient, accumulated with no bf16 rounding).
 #include "ops/linear.h"
 
 #include <cblas.h>
@@ -11,6 +14,8 @@
 #include <type_traits>
 
 #include "core/runtime/cpu_stream.h"
+#include "ops/cpu/cpu_storage.h"
+#include "ops/cpu/gemm_tiles.h"
 
 namespace moepeak::ops {
 namespace {
@@ -20,8 +25,8 @@ namespace {
 // elements does nothing; an empty inner dimension leaves beta * C (zeros when beta == 0, so an
 // output poisoned with NaN is still overwritten).
 template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner, const T* a,
-          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+void gemm_blas(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner, const T* a,
+               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (rows == 0 || cols == 0) return;
   if (inner == 0) {
     for (int64_t i = 0; i < rows; ++i) {
@@ -45,6 +50,21 @@ void gemm(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner,
   }
 }
 
+// The GEMM of storage T into a C of storage TC (TC = T, or f32 for a bf16 T), written or, with
+// `accumulate`, added: gemm_blas with beta 0 or 1 for f32 and f64, gemm_bf16 for bf16 (the same
+// empty cases).
+template <typename T, typename TC>
+void gemm(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner, const T* a,
+          int64_t lda, const T* b, int64_t ldb, bool accumulate, TC* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    gemm_bf16(trans_a, trans_b, rows, cols, inner, a, lda, b, ldb, accumulate, c, ldc);
+  } else {
+    static_assert(std::is_same_v<T, TC>);
+    gemm_blas<T>(trans_a, trans_b, rows, cols, inner, a, lda, b, ldb, accumulate ? T(1) : T(0), c,
+                 ldc);
+  }
+}
+
 // x: (M, K) float; w: (N, K) of x's dtype, or, for a column block (`block`), (N, K_w) with
 // 0 <= k0 and k0 + K <= K_w.
 void check_x_and_w(const char* op, const Tensor& x, const Tensor& w, int64_t k0, bool block) {
@@ -65,36 +85,49 @@ void forward(const char* op, bool block, const Tensor& x, const Tensor& w, int64
              const Tensor& y, bool accumulate, Stream& stream) {
   check_linear_forward_args(op, x, w, k0, block, y);
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), kw = w.size(1);
-  dispatch_float(x.dtype(), op, [&](auto zero) {
+  dispatch_storage(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* xp = x.data_as<T>();       // (M, K)
     const T* wp = w.data_as<T>() + k0;  // (N, K) within (N, K_w)
     T* yp = y.data_as<T>();             // (M, N)
-    T beta = accumulate ? T(1) : T(0);
     as_cpu_stream(stream).enqueue(
-        [=] { gemm<T>(false, true, m, n, k, xp, k, wp, kw, beta, yp, n); });
+        [=] { gemm<T, T>(false, true, m, n, k, xp, k, wp, kw, accumulate, yp, n); });
   });
 }
 
-// dx (M, K) (+)= dy (M, N) . w[:, k0 : k0 + K];  dw[:, k0 : k0 + K] += dy^T x.
+// dx (M, K) (+)= dy (M, N) . w[:, k0 : k0 + K];  dw[:, k0 : k0 + K] += dy^T x, with dw of
+// storage TW (T, or f32 for a bf16 T).
+template <typename T, typename TW>
+void enqueue_backward(Stream& stream, const Tensor& x, const Tensor& w, int64_t k0,
+                      const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw,
+                      const LinearGrads& want) {
+  const bool want_dx = want.dx, want_dw = want.dw;
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0), kw = w.size(1);
+  const T* xp = x.data_as<T>();                         // (M, K)
+  const T* wp = w.data_as<T>() + k0;                    // (N, K) within (N, K_w)
+  const T* dyp = dy.data_as<T>();                       // (M, N)
+  T* dxp = want_dx ? dx.data_as<T>() : nullptr;         // (M, K)
+  TW* dwp = want_dw ? dw.data_as<TW>() + k0 : nullptr;  // (N, K) within (N, K_w)
+  as_cpu_stream(stream).enqueue([=] {
+    if (want_dx) gemm<T, T>(false, false, m, k, n, dyp, n, wp, kw, accumulate_dx, dxp, k);
+    if (want_dw) gemm<T, TW>(true, false, n, k, m, dyp, n, xp, k, true, dwp, kw);
+  });
+}
+
 void backward(const char* op, bool block, const Tensor& x, const Tensor& w, int64_t k0,
               const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw,
               Stream& stream) {
-  const LinearGrads want = check_linear_backward_args(op, x, w, k0, block, dy, dx, dw);
-  const bool want_dx = want.dx, want_dw = want.dw;
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(0), kw = w.size(1);
-  dispatch_float(x.dtype(), op, [&](auto zero) {
+  const LinearGrads want = check_linear_backward_args(op, x, w, k0, block, dy, dx, dw,
+                                                      /*f32_dw_for_bf16=*/true);
+  dispatch_storage(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    const T* xp = x.data_as<T>();                       // (M, K)
-    const T* wp = w.data_as<T>() + k0;                  // (N, K) within (N, K_w)
-    const T* dyp = dy.data_as<T>();                     // (M, N)
-    T* dxp = want_dx ? dx.data_as<T>() : nullptr;       // (M, K)
-    T* dwp = want_dw ? dw.data_as<T>() + k0 : nullptr;  // (N, K) within (N, K_w)
-    T beta_dx = accumulate_dx ? T(1) : T(0);
-    as_cpu_stream(stream).enqueue([=] {
-      if (want_dx) gemm<T>(false, false, m, k, n, dyp, n, wp, kw, beta_dx, dxp, k);
-      if (want_dw) gemm<T>(true, false, n, k, m, dyp, n, xp, k, T(1), dwp, kw);
-    });
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (want.dw && dw.dtype() == DType::f32) {
+        enqueue_backward<T, float>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
+        return;
+      }
+    }
+    enqueue_backward<T, T>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
   });
 }
 
@@ -108,7 +141,7 @@ void check_linear_forward_args(const char* op, const Tensor& x, const Tensor& w,
 
 LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
                                        bool cols, const Tensor& dy, const Tensor& dx,
-                                       const Tensor& dw) {
+                                       const Tensor& dw, bool f32_dw_for_bf16) {
   check_x_and_w(op, x, w, k0, cols);
   dy.expect(Shape{x.size(0), w.size(0)}, x.dtype(), std::string(op) + ": dy");
   // A (0, K) dx, or a dw of a (0, K) w, may have no bytes but is "given".
@@ -116,7 +149,10 @@ LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Te
   want.dx = dx.defined() || dx.ndim() > 0;
   want.dw = dw.defined() || dw.ndim() > 0;
   if (want.dx) dx.expect(x.shape(), x.dtype(), std::string(op) + ": dx");
-  if (want.dw) dw.expect(w.shape(), x.dtype(), std::string(op) + ": dw");
+  if (want.dw) {
+    const bool f32_dw = f32_dw_for_bf16 && x.dtype() == DType::bf16 && dw.dtype() == DType::f32;
+    dw.expect(w.shape(), f32_dw ? DType::f32 : x.dtype(), std::string(op) + ": dw");
+  }
   return want;
 }
 

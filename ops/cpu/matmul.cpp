@@ -1,5 +1,6 @@
-// CPU matmul: one row-major GEMM through OpenBLAS CBLAS, c (M, N) (=|+=) a (M, K) . b (K, N)
-// (see ops/matmul.h). Test: ctest -R test_ring_dtp_ops
+// CPU matmul: one row-major GEMM, c (M, N) (=|+=) a (M, K) . b (K, N) (see ops/matmul.h):
+// OpenBLAS CBLAS sgemm / dgemm for f32 / f64, gemm_bf16 (ops/cpu/gemm_tiles.h) for bf16 storage.
+// Test: ctest -R test_ring_dtp_ops; ctest -R test_gemm_bf16
 #include "ops/matmul.h"
 
 #include <cblas.h>
@@ -8,6 +9,8 @@
 #include <type_traits>
 
 #include "core/runtime/cpu_stream.h"
+#include "ops/cpu/cpu_storage.h"
+#include "ops/cpu/gemm_tiles.h"
 
 namespace moepeak::ops {
 
@@ -24,29 +27,35 @@ void matmul_cpu(const Tensor& a, const Tensor& b, const Tensor& c, bool accumula
   const char* op = "matmul_cpu";
   check_matmul_args(op, a, b, c);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  dispatch_float(a.dtype(), op, [&](auto zero) {
+  dispatch_storage(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* ap = a.data_as<T>();  // (M, K)
     const T* bp = b.data_as<T>();  // (K, N)
     T* cp = c.data_as<T>();        // (M, N)
-    as_cpu_stream(stream).enqueue([=] {
-      if (m == 0 || n == 0) return;
-      if (k == 0) {
-        if (!accumulate) {
-          for (int64_t i = 0; i < m * n; ++i) cp[i] = T(0);
+    if constexpr (std::is_same_v<T, bf16>) {
+      as_cpu_stream(stream).enqueue(
+          [=] { gemm_bf16(false, false, m, n, k, ap, k, bp, n, accumulate, cp, n); });
+      return;
+    } else {
+      as_cpu_stream(stream).enqueue([=] {
+        if (m == 0 || n == 0) return;
+        if (k == 0) {
+          if (!accumulate) {
+            for (int64_t i = 0; i < m * n; ++i) cp[i] = T(0);
+          }
+          return;
         }
-        return;
-      }
-      const auto bm = static_cast<blasint>(m), bn = static_cast<blasint>(n),
-                 bk = static_cast<blasint>(k);
-      if constexpr (std::is_same_v<T, float>) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bm, bn, bk, 1.0f, ap, bk, bp, bn,
-                    accumulate ? 1.0f : 0.0f, cp, bn);
-      } else {
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bm, bn, bk, 1.0, ap, bk, bp, bn,
-                    accumulate ? 1.0 : 0.0, cp, bn);
-      }
-    });
+        const auto bm = static_cast<blasint>(m), bn = static_cast<blasint>(n),
+                   bk = static_cast<blasint>(k);
+        if constexpr (std::is_same_v<T, float>) {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bm, bn, bk, 1.0f, ap, bk, bp, bn,
+                      accumulate ? 1.0f : 0.0f, cp, bn);
+        } else {
+          cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bm, bn, bk, 1.0, ap, bk, bp, bn,
+                      accumulate ? 1.0 : 0.0, cp, bn);
+        }
+      });
+    }
   });
 }
 

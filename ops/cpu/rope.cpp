@@ -1,11 +1,14 @@
-// CPU RoPE: per token, the cos/sin table of its position (d/2 entries, computed in double), then
-// the rotate_half rotation of every head in place (see ops/rope.h).
+// CPU RoPE: per token, the cos/sin table of its position (d/2 entries, computed in double and
+// rounded to the compute type: fp32 for f32 and bf16 storage, ops/cpu/cpu_storage.h), then the
+// rotate_half rotation of every head in place, each element stored (rounded) once (see
+// ops/rope.h).
 #include "ops/rope.h"
 
 #include <cmath>
 #include <vector>
 
 #include "core/runtime/cpu_stream.h"
+#include "ops/cpu/cpu_storage.h"
 
 namespace moepeak::ops {
 
@@ -25,9 +28,10 @@ namespace {
 template <typename T>
 void rotate(T* x, const int64_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
             double theta, bool transpose) {
+  using C = compute_t<T>;
   int64_t half = head_dim / 2;
   // Scratch of head_dim entries, not of the token count.
-  thread_local std::vector<T> cos_table, sin_table;
+  thread_local std::vector<C> cos_table, sin_table;
   cos_table.resize(static_cast<size_t>(half));
   sin_table.resize(static_cast<size_t>(half));
   for (int64_t n = 0; n < tokens; ++n) {
@@ -36,15 +40,15 @@ void rotate(T* x, const int64_t* positions, int64_t tokens, int64_t heads, int64
       double inv_freq =
           std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
       double angle = position * inv_freq;
-      cos_table[i] = static_cast<T>(std::cos(angle));
-      sin_table[i] = static_cast<T>(transpose ? -std::sin(angle) : std::sin(angle));
+      cos_table[i] = static_cast<C>(std::cos(angle));
+      sin_table[i] = static_cast<C>(transpose ? -std::sin(angle) : std::sin(angle));
     }
     for (int64_t head = 0; head < heads; ++head) {
       T* v = x + (n * heads + head) * head_dim;  // one head: (d)
       for (int64_t i = 0; i < half; ++i) {
-        T lo = v[i], hi = v[i + half];
-        v[i] = lo * cos_table[i] - hi * sin_table[i];
-        v[i + half] = hi * cos_table[i] + lo * sin_table[i];
+        const C lo = load(v[i]), hi = load(v[i + half]);
+        store(v + i, lo * cos_table[i] - hi * sin_table[i]);
+        store(v + i + half, hi * cos_table[i] + lo * sin_table[i]);
       }
     }
   }
@@ -53,7 +57,7 @@ void rotate(T* x, const int64_t* positions, int64_t tokens, int64_t heads, int64
 void rope_cpu(const char* op, const Tensor& x, const Tensor& positions, double theta,
               bool transpose, Stream& stream) {
   check_rope_args(op, x, positions, theta);
-  dispatch_float(x.dtype(), op, [&](auto zero) {
+  dispatch_storage(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     T* xp = x.data_as<T>();                             // (N, n_heads, d)
     const int64_t* pos = positions.data_as<int64_t>();  // (N)

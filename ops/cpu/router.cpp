@@ -1,6 +1,8 @@
 // CPU router: per token, a max-subtracted softmax over E experts, top-k by repeated arg-max
 // (strict '>' so the lower index wins ties), and renormalisation; the backward is the softmax
-// over the selected logits' gradient (see ops/router.h).
+// over the selected logits' gradient (see ops/router.h). f32 | bf16 | f64 storage
+// (ops/cpu/cpu_storage.h): the exponentials in the compute type (fp32 for bf16), kept in a row
+// of scratch until the sum is known, so every output element is rounded to bf16 once.
 #include "ops/router.h"
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "core/runtime/cpu_stream.h"
+#include "ops/cpu/cpu_storage.h"
 
 namespace moepeak::ops {
 
@@ -48,27 +51,34 @@ void router_forward_cpu(const Tensor& logits, int k, const Tensor& probs, const 
   const char* op = "router_forward_cpu";
   check_router_forward_args(op, logits, k, probs, topk_index, topk_weight);
   int64_t tokens = logits.size(0), experts = logits.size(1);
-  dispatch_float(logits.dtype(), op, [&](auto zero) {
+  dispatch_storage(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* lp = logits.data_as<T>();            // (N, E)
     T* pp = probs.data_as<T>();                   // (N, E)
     int32_t* ip = topk_index.data_as<int32_t>();  // (N, k)
     T* wp = topk_weight.data_as<T>();             // (N, k)
     as_cpu_stream(stream).enqueue([=] {
-      thread_local std::vector<char> chosen;  // (E): scratch of the expert count
+      using C = compute_t<T>;
+      // (E): scratch of the expert count. ex holds the row's exponentials (for f32 the values
+      // the f32 path used to park in probs), rounded once when divided by the sum.
+      thread_local std::vector<char> chosen;
+      thread_local std::vector<C> ex;
       chosen.resize(static_cast<size_t>(experts));
+      ex.resize(static_cast<size_t>(experts));
       for (int64_t n = 0; n < tokens; ++n) {
         const T* l = lp + n * experts;
         T* p = pp + n * experts;
-        T row_max = l[0];
-        for (int64_t e = 1; e < experts; ++e) row_max = std::max(row_max, l[e]);
+        C row_max = load(l[0]);
+        for (int64_t e = 1; e < experts; ++e) row_max = std::max(row_max, load(l[e]));
         double sum = 0;
         for (int64_t e = 0; e < experts; ++e) {
-          p[e] = std::exp(l[e] - row_max);
-          sum += p[e];
+          ex[e] = std::exp(load(l[e]) - row_max);
+          sum += ex[e];
         }
-        for (int64_t e = 0; e < experts; ++e) p[e] = static_cast<T>(p[e] / sum);
+        // Rounded to the compute type, then (bf16) to the storage type, as CUDA's store does.
+        for (int64_t e = 0; e < experts; ++e) store(p + e, static_cast<C>(ex[e] / sum));
 
+        // The selection and renormalisation read the stored (rounded) probs.
         std::fill(chosen.begin(), chosen.end(), 0);
         int32_t* idx = ip + n * k;
         T* w = wp + n * k;
@@ -76,13 +86,13 @@ void router_forward_cpu(const Tensor& logits, int k, const Tensor& probs, const 
         for (int j = 0; j < k; ++j) {
           int64_t best = -1;
           for (int64_t e = 0; e < experts; ++e) {
-            if (!chosen[e] && (best < 0 || p[e] > p[best])) best = e;
+            if (!chosen[e] && (best < 0 || load(p[e]) > load(p[best]))) best = e;
           }
           chosen[best] = 1;
           idx[j] = static_cast<int32_t>(best);
-          chosen_sum += p[best];
+          chosen_sum += load(p[best]);
         }
-        for (int j = 0; j < k; ++j) w[j] = static_cast<T>(p[idx[j]] / chosen_sum);
+        for (int j = 0; j < k; ++j) store(w + j, static_cast<C>(load(p[idx[j]]) / chosen_sum));
       }
     });
   });
@@ -93,7 +103,7 @@ void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Te
   const char* op = "router_backward_cpu";
   check_router_backward_args(op, probs, topk_index, topk_weight, dtopk_weight, dlogits);
   int64_t tokens = probs.size(0), experts = probs.size(1), k = topk_index.size(1);
-  dispatch_float(probs.dtype(), op, [&](auto zero) {
+  dispatch_storage(probs.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const int32_t* ip = topk_index.data_as<int32_t>();  // (N, k)
     const T* wp = topk_weight.data_as<T>();             // (N, k)
@@ -117,11 +127,14 @@ void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Te
         const T* w = wp + n * k;
         const T* dw = dwp + n * k;
         double weighted_dw = 0;  // sum_j dw_j w_j
-        for (int64_t j = 0; j < k; ++j) weighted_dw += static_cast<double>(dw[j]) * w[j];
-        T* dl = dlp + n * experts;
-        for (int64_t e = 0; e < experts; ++e) dl[e] = T(0);
         for (int64_t j = 0; j < k; ++j) {
-          dl[idx[j]] = static_cast<T>(static_cast<double>(w[j]) * (dw[j] - weighted_dw));
+          weighted_dw += static_cast<double>(load(dw[j])) * load(w[j]);
+        }
+        T* dl = dlp + n * experts;
+        for (int64_t e = 0; e < experts; ++e) store(dl + e, compute_t<T>(0));
+        for (int64_t j = 0; j < k; ++j) {
+          const double g = static_cast<double>(load(w[j])) * (load(dw[j]) - weighted_dw);
+          store(dl + idx[j], static_cast<compute_t<T>>(g));
         }
       }
     });
@@ -137,7 +150,7 @@ void router_aux_backward_cpu(const Tensor& probs, const Tensor& dprobs, const Te
   const char* op = "router_aux_backward_cpu";
   check_router_aux_backward_args(op, probs, dprobs, dlogits);
   const int64_t tokens = probs.size(0), experts = probs.size(1);
-  dispatch_float(probs.dtype(), op, [&](auto zero) {
+  dispatch_storage(probs.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* p = probs.data_as<T>();    // (N, E)
     const T* dp = dprobs.data_as<T>();  // (E)
@@ -146,9 +159,15 @@ void router_aux_backward_cpu(const Tensor& probs, const Tensor& dprobs, const Te
       for (int64_t n = 0; n < tokens; ++n) {
         const T* pn = p + n * experts;
         double mean = 0;  // sum_j p_j dp_j, in double
-        for (int64_t e = 0; e < experts; ++e) mean += static_cast<double>(pn[e]) * dp[e];
         for (int64_t e = 0; e < experts; ++e) {
-          dl[n * experts + e] += static_cast<T>(static_cast<double>(pn[e]) * (dp[e] - mean));
+          mean += static_cast<double>(load(pn[e])) * load(dp[e]);
+        }
+        for (int64_t e = 0; e < experts; ++e) {
+          // Rounded to the compute type, added in it, and stored (rounded to bf16) once.
+          const auto add =
+              static_cast<compute_t<T>>(static_cast<double>(load(pn[e])) * (load(dp[e]) - mean));
+          T* d = dl + n * experts + e;
+          store(d, load(*d) + add);
         }
       }
     });

@@ -1,4 +1,6 @@
-// CPU SwiGLU, forward and backward: element-wise loops over (M, F) (see ops/swiglu.h).
+// CPU SwiGLU, forward and backward: element-wise loops over (M, F) (see ops/swiglu.h), in the
+// compute type of the storage (fp32 for f32 and bf16, ops/cpu/cpu_storage.h), each output stored
+// (rounded) once.
 #include "ops/swiglu.h"
 
 #include <cmath>
@@ -7,6 +9,7 @@
 #include <utility>
 
 #include "core/runtime/cpu_stream.h"
+#include "ops/cpu/cpu_storage.h"
 
 namespace moepeak::ops {
 namespace {
@@ -38,14 +41,17 @@ void check_swiglu_backward_args(const char* op, const Tensor& a, const Tensor& b
 void swiglu_forward_cpu(const Tensor& a, const Tensor& b, const Tensor& h, Stream& stream) {
   const char* op = "swiglu_forward_cpu";
   check_swiglu_forward_args(op, a, b, h);
-  dispatch_float(a.dtype(), op, [&](auto zero) {
+  dispatch_storage(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* ap = a.data_as<T>();  // (M, F)
     const T* bp = b.data_as<T>();  // (M, F)
     T* hp = h.data_as<T>();        // (M, F)
     int64_t n = a.numel();
     as_cpu_stream(stream).enqueue([=] {
-      for (int64_t i = 0; i < n; ++i) hp[i] = ap[i] * sigmoid(ap[i]) * bp[i];
+      for (int64_t i = 0; i < n; ++i) {
+        const compute_t<T> av = load(ap[i]);
+        store(hp + i, av * sigmoid(av) * load(bp[i]));
+      }
     });
   });
 }
@@ -54,7 +60,7 @@ void swiglu_backward_cpu(const Tensor& a, const Tensor& b, const Tensor& dh, con
                          const Tensor& db, Stream& stream) {
   const char* op = "swiglu_backward_cpu";
   check_swiglu_backward_args(op, a, b, dh, da, db);
-  dispatch_float(a.dtype(), op, [&](auto zero) {
+  dispatch_storage(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* ap = a.data_as<T>();    // (M, F)
     const T* bp = b.data_as<T>();    // (M, F)
@@ -63,14 +69,16 @@ void swiglu_backward_cpu(const Tensor& a, const Tensor& b, const Tensor& dh, con
     T* dbp = db.data_as<T>();        // (M, F)
     int64_t n = a.numel();
     as_cpu_stream(stream).enqueue([=] {
+      using C = compute_t<T>;
       for (int64_t i = 0; i < n; ++i) {
-        T s = sigmoid(ap[i]);
-        T silu = ap[i] * s;
-        T dsilu = s * (T(1) + ap[i] * (T(1) - s));
-        T g = dhp[i];
+        const C av = load(ap[i]), bv = load(bp[i]);
+        C s = sigmoid(av);
+        C silu = av * s;
+        C dsilu = s * (C(1) + av * (C(1) - s));
+        C g = load(dhp[i]);
         // Element i is read in full before it is written, so da or db may alias an input.
-        dap[i] = g * bp[i] * dsilu;
-        dbp[i] = g * silu;
+        store(dap + i, g * bv * dsilu);
+        store(dbp + i, g * silu);
       }
     });
   });

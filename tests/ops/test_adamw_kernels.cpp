@@ -2,7 +2,9 @@
 //   - adamw_span, scalar and AVX2 paths, f32 and f64, every tail length 0..40 and a long span,
 //     random inputs (never zeros) and random hyper-parameters, decay on and off;
 //   - adamw_fused_cpu (the device stage of OffloadStreamAdamW): master, m, v as adamw_cpu, and
-//     the working weights equal to the new master; argument errors;
+//     the working weights equal to the new master; with bf16 working weights and gradient,
+//     master, m, v as adamw_cpu in f32 on the widened gradient and the working weights the new
+//     master rounded to nearest even; argument errors;
 //   - WorkerPool: every task exactly once, on 1..4 threads, errors propagated, reused;
 //   - CpuAdamW (serial offload's host AdamW): segments with gaps on 1, 2 and 4 threads, each
 //     segment bitwise adamw_cpu's, the gaps untouched.
@@ -168,24 +170,67 @@ TEST(AdamWFused, MasterMomentsAndWorkingWeightsAreBitwiseTheReferenceF64) {
   fused_matches_reference<double>();
 }
 
+TEST(AdamWFused, Bf16WorkingWeightsAreTheF32UpdateOfTheWidenedGradient) {
+  // The gradient drawn in f32 and rounded to bf16; the reference is adamw_cpu in f32 on that
+  // gradient widened. n crosses the kernel's 2048-element chunks and leaves every AVX2 tail.
+  auto backend = Backend::create(BackendOptions{});
+  Stream& stream = backend->default_stream();
+  std::mt19937_64 rng(17);
+  for (int64_t n : {1, 9, 2047, 2048, 2049, 4099, 10007}) {
+    for (bool decay : {true, false}) {
+      Inputs<float> in = random_inputs<float>(n, rng);
+      std::vector<bf16> grad(static_cast<size_t>(n));
+      for (size_t i = 0; i < grad.size(); ++i) {
+        grad[i] = bf16(in.g[i]);
+        in.g[i] = static_cast<float>(grad[i]);
+      }
+      const ops::AdamWHyper h = random_hyper(rng);
+      const Inputs<float> want = reference(*backend, in, h, decay);
+      Inputs<float> got = in;
+      std::vector<bf16> working(static_cast<size_t>(n), bf16(NAN));
+      auto t = [&](void* data, DType dtype) {
+        return Tensor(data, Shape{n}, dtype, Placement::device, backend.get());
+      };
+      ops::adamw_fused_cpu(t(got.p.data(), DType::f32), t(grad.data(), DType::bf16),
+                           t(got.m.data(), DType::f32), t(got.v.data(), DType::f32),
+                           t(working.data(), DType::bf16), h, decay, stream);
+      stream.synchronize();
+      SCOPED_TRACE(testing::Message() << "n " << n << " decay " << decay);
+      expect_bitwise(got.p, want.p, "master");
+      expect_bitwise(got.m, want.m, "m");
+      expect_bitwise(got.v, want.v, "v");
+      int64_t differ = 0;
+      for (size_t i = 0; i < working.size(); ++i)
+        differ += working[i].bits != bf16(want.p[i]).bits ? 1 : 0;
+      EXPECT_EQ(differ, 0) << "working weights other than the new master rounded to bf16";
+    }
+  }
+}
+
 TEST(AdamWFused, RejectsMismatchedArguments) {
   auto backend = Backend::create(BackendOptions{});
   Stream& stream = backend->default_stream();
   std::vector<float> a(8, 1.0f), b(7, 1.0f);
+  std::vector<double> wide(8, 1.0);
   std::vector<uint16_t> half(8);
   Tensor t8(a.data(), Shape{8}, DType::f32, Placement::device, backend.get());
   Tensor t7(b.data(), Shape{7}, DType::f32, Placement::device, backend.get());
+  Tensor d8(wide.data(), Shape{8}, DType::f64, Placement::device, backend.get());
   Tensor bf(half.data(), Shape{8}, DType::bf16, Placement::device, backend.get());
   ops::AdamWHyper h;
   EXPECT_THROW(ops::adamw_fused_cpu(t8, t7, t8, t8, t8, h, true, stream), Error);
-  try {
-    ops::adamw_fused_cpu(t8, t8, t8, t8, bf, h, true, stream);
-    ADD_FAILURE() << "bf16 working weights were accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("bf16 working weights need the CUDA kernel"),
-              std::string::npos)
-        << e.what();
-  }
+  // bf16 working weights take a bf16 gradient and an f32 master.
+  auto expect_error = [&](const Tensor& master, const Tensor& grad, const Tensor& moments,
+                          const Tensor& working, const char* fragment) {
+    try {
+      ops::adamw_fused_cpu(master, grad, moments, moments, working, h, true, stream);
+      ADD_FAILURE() << "accepted: " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  expect_error(t8, t8, t8, bf, "the gradient takes the working weights' dtype");
+  expect_error(d8, bf, d8, bf, "bf16 working weights of an f32 master; got master f64");
   h.step = 0;
   EXPECT_THROW(ops::adamw_fused_cpu(t8, t8, t8, t8, t8, h, true, stream), Error);
   stream.synchronize();

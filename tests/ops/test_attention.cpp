@@ -1,6 +1,7 @@
 // Causal grouped-query attention on the CPU (ops/attention.h): forward against a materialised-
 // softmax float64 reference, gradients against central finite differences, float vs double,
-// causality, bitwise determinism and argument checks.
+// bf16 storage as the float result rounded once (bitwise), causality, bitwise determinism and
+// argument checks.
 //
 //   q, out, dout, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
 //
@@ -66,21 +67,28 @@ class AttentionTest : public ::testing::Test {
  protected:
   Stream& stream() { return backend_->default_stream(); }
 
+  // lse in ops::attention_lse_dtype(dtype) (f32 for bf16), every other tensor in dtype.
   AttentionTensors allocate(const Dims& dims, DType dtype) {
-    auto make = [&](Shape shape, const char* name) {
-      return OwnedTensor::device(*backend_, shape, dtype, LiveSet::workspace, name);
+    auto make = [&](Shape shape, const char* name, DType t) {
+      return OwnedTensor::device(*backend_, shape, t, LiveSet::workspace, name);
     };
-    return AttentionTensors{
-        make(dims.q_shape(), "q"),   make(dims.kv_shape(), "k"),    make(dims.kv_shape(), "v"),
-        make(dims.q_shape(), "out"), make(dims.lse_shape(), "lse"), make(dims.q_shape(), "dout"),
-        make(dims.q_shape(), "dq"),  make(dims.kv_shape(), "dk"),   make(dims.kv_shape(), "dv")};
+    const DType lse = ops::attention_lse_dtype(dtype);
+    return AttentionTensors{make(dims.q_shape(), "q", dtype),   make(dims.kv_shape(), "k", dtype),
+                            make(dims.kv_shape(), "v", dtype),  make(dims.q_shape(), "out", dtype),
+                            make(dims.lse_shape(), "lse", lse), make(dims.q_shape(), "dout", dtype),
+                            make(dims.q_shape(), "dq", dtype),  make(dims.kv_shape(), "dk", dtype),
+                            make(dims.kv_shape(), "dv", dtype)};
   }
 
-  // CPU "device" memory is host memory: written directly, read after synchronising.
+  // CPU "device" memory is host memory: written directly (rounded to the dtype), read after
+  // synchronising.
   static void upload(const OwnedTensor& t, const std::vector<double>& values) {
     ASSERT_EQ(static_cast<int64_t>(values.size()), t.numel());
     if (t.view().dtype() == DType::f64) {
       std::memcpy(t.data(), values.data(), values.size() * sizeof(double));
+    } else if (t.view().dtype() == DType::bf16) {
+      bf16* p = t.data_as<bf16>();
+      for (size_t i = 0; i < values.size(); ++i) p[i] = bf16(static_cast<float>(values[i]));
     } else {
       float* p = t.data_as<float>();
       for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<float>(values[i]);
@@ -91,6 +99,9 @@ class AttentionTest : public ::testing::Test {
     std::vector<double> values(static_cast<size_t>(t.numel()));
     if (t.view().dtype() == DType::f64) {
       std::memcpy(values.data(), t.data(), values.size() * sizeof(double));
+    } else if (t.view().dtype() == DType::bf16) {
+      const bf16* p = t.data_as<bf16>();
+      for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(p[i]);
     } else {
       const float* p = t.data_as<float>();
       for (size_t i = 0; i < values.size(); ++i) values[i] = p[i];
@@ -182,6 +193,27 @@ double norm_rel_err(const std::vector<double>& got, const std::vector<double>& w
     scale = std::max(scale, std::abs(want[i]));
   }
   return diff / scale;
+}
+
+// The values rounded to bf16: inputs f32 and bf16 both hold exactly.
+std::vector<double> rounded_to_bf16(std::vector<double> v) {
+  for (auto& x : v) x = static_cast<float>(bf16(static_cast<float>(x)));
+  return v;
+}
+
+// Every element bitwise equal; else how many differ, and the first.
+::testing::AssertionResult bitwise_equal(const std::vector<double>& got,
+                                         const std::vector<double>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " elements, want " << want.size();
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(double)) != 0 && differ++ == 0) first = i;
+  }
+  if (differ == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << differ << " of " << got.size() << " elements differ, first [" << first
+         << "] = " << got[first] << ", want " << want[first];
 }
 
 constexpr ops::AttentionBlocks kSmallBlocks{8, 16};
@@ -344,12 +376,60 @@ TEST_F(AttentionTest, FloatMatchesDouble) {
   }
 }
 
+TEST_F(AttentionTest, Bf16IsTheFloatResultRoundedOnce) {
+  // bf16 storage is the f32 kernel with bf16 loads and stores (ops/attention.h): on inputs bf16
+  // holds exactly, lse is the f32 run's bitwise and out, dq, dk, dv are the f32 run's rounded to
+  // bf16 once — the two-pass bf16 backward included, as its passes repeat the one-pass loop's
+  // products in its order. The f32 backward reads the bf16 run's out (widened), as the bf16
+  // backward does. Shapes: groups 1, 2, 4; one query block and many; default, small and odd
+  // blocks (key blocks cut at a query block's last position, rows not a multiple of the group).
+  // NOTES: f32 reads k and v in place (rows nkv * d apart), bf16 from widened blocks (rows d
+  // apart); equality relies on the GEMM's value for an element not depending on its operands'
+  // leading dimensions or on M, true of OpenBLAS's packed kernels.
+  struct Case {
+    Dims dims;
+    ops::AttentionBlocks blocks;
+  };
+  const Case cases[] = {
+      {{2, 300, 4, 2, 16}, ops::kAttentionBlocks},  // 128 positions a block, 2 key blocks
+      {{1, 600, 8, 2, 64}, ops::kAttentionBlocks},  // 64 positions a block, 3 key blocks
+      {{2, 65, 4, 1, 8}, kSmallBlocks},
+      {{1, 37, 4, 4, 24}, kOddBlocks},
+      {{2, 13, 4, 2, 8}, ops::AttentionBlocks{8, 5}},
+  };
+  uint64_t seed = 70;
+  for (const Case& c : cases) {
+    const Dims& dims = c.dims;
+    SCOPED_TRACE(::testing::Message()
+                 << "B=" << dims.batch << " T=" << dims.seq << " nh=" << dims.heads
+                 << " nkv=" << dims.kv_heads << " d=" << dims.head_dim << " blocks "
+                 << c.blocks.query_rows << "x" << c.blocks.keys);
+    Inputs in = random_inputs(dims, seed++);
+    for (std::vector<double>* x : {&in.q, &in.k, &in.v, &in.dout}) *x = rounded_to_bf16(*x);
+    AttentionTensors t16 = allocate(dims, DType::bf16);
+    AttentionTensors t32 = allocate(dims, DType::f32);
+    upload_inputs(t16, in);
+    upload_inputs(t32, in);
+    forward(t16, dims, c.blocks);
+    forward(t32, dims, c.blocks);
+    const std::vector<double> out16 = download(t16.out);
+    EXPECT_TRUE(bitwise_equal(out16, rounded_to_bf16(download(t32.out)))) << "out";
+    EXPECT_TRUE(bitwise_equal(download(t16.lse), download(t32.lse))) << "lse";
+    upload(t32.out, out16);
+    backward(t16, dims, c.blocks);
+    backward(t32, dims, c.blocks);
+    EXPECT_TRUE(bitwise_equal(download(t16.dq), rounded_to_bf16(download(t32.dq)))) << "dq";
+    EXPECT_TRUE(bitwise_equal(download(t16.dk), rounded_to_bf16(download(t32.dk)))) << "dk";
+    EXPECT_TRUE(bitwise_equal(download(t16.dv), rounded_to_bf16(download(t32.dv)))) << "dv";
+  }
+}
+
 TEST_F(AttentionTest, FutureKeysDoNotChangeEarlierOutputs) {
   // Perturbing k and v at position s leaves out, lse and dq at t < s bitwise unchanged: masked
   // probabilities are exactly 0, never exp(-large).
   const Dims dims{2, 70, 4, 2, 8};
   const int64_t s = 37;
-  for (DType dtype : {DType::f64, DType::f32})
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16})
     for (ops::AttentionBlocks blocks : {ops::kAttentionBlocks, kSmallBlocks}) {
       Inputs in = random_inputs(dims, 31);
       AttentionTensors t = allocate(dims, dtype);
@@ -390,7 +470,7 @@ TEST_F(AttentionTest, FutureKeysDoNotChangeEarlierOutputs) {
 TEST_F(AttentionTest, RunsAreBitwiseIdentical) {
   const Dims dims{2, 300, 8, 2, 32};
   const Inputs in = random_inputs(dims, 41);
-  for (DType dtype : {DType::f32, DType::f64}) {
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
     AttentionTensors t = allocate(dims, dtype);
     upload_inputs(t, in);
     std::vector<std::vector<char>> first;
@@ -441,13 +521,18 @@ TEST_F(AttentionTest, BadArgumentsThrowAtTheCall) {
   forward_throws(t.q.view().reshape(Shape{10, 4, 8}), t.k, t.v, t.out, t.lse, scale,
                  "q must be (B, T, nh, d)");
   forward_throws(t.q, t.k, t.v, t.out, t.lse, std::nan(""), "scale");
-  // Mixed dtypes; an unsupported dtype.
+  // Mixed dtypes (bf16 q with f64 k; bf16 with an lse in bf16, not f32); an unsupported dtype.
   OwnedTensor v32 =
       OwnedTensor::device(*backend_, dims.kv_shape(), DType::f32, LiveSet::workspace, "v32");
   forward_throws(t.q, t.k, v32, t.out, t.lse, scale, "f32(2, 5, 2, 8)");
-  OwnedTensor q16 =
-      OwnedTensor::device(*backend_, dims.q_shape(), DType::bf16, LiveSet::workspace, "q16");
-  forward_throws(q16, t.k, t.v, t.out, t.lse, scale, "bf16");
+  AttentionTensors t16 = allocate(dims, DType::bf16);
+  forward_throws(t16.q, t.k, t.v, t.out, t.lse, scale, "bf16");
+  OwnedTensor lse16 =
+      OwnedTensor::device(*backend_, dims.lse_shape(), DType::bf16, LiveSet::workspace, "lse16");
+  forward_throws(t16.q, t16.k, t16.v, t16.out, lse16, scale, "lse must be (B, nh, T) = f32");
+  OwnedTensor q_int =
+      OwnedTensor::device(*backend_, dims.q_shape(), DType::i32, LiveSet::workspace, "q_int");
+  forward_throws(q_int, t.k, t.v, t.out, t.lse, scale, "supports f32, bf16 and f64");
   // Backward: dk of the query shape.
   try {
     ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, scale, t.dq, t.dq, t.dv,

@@ -2,15 +2,20 @@
 // For each: float64 forward against a plain double reference in this file, every input gradient
 // against central finite differences (L = sum(y * probe)), the float instantiation against the
 // double one, accumulate flags, and argument errors. Outputs are poisoned with NaN before each run.
-// The MoE ops are in test_moe_ops.cpp, the vocabulary ops in test_vocab_ops.cpp.
+// The MoE ops are in test_moe_ops.cpp, the vocabulary ops in test_vocab_ops.cpp. Bf16Storage at
+// the end: with bf16 storage each op is its f32 path plus one rounding per output.
 // Run: ./build-ops/tests/ops/test_dense_ops
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/runtime/dtype.h"
 #include "ops/copy_2d.h"
 #include "ops/elementwise.h"
 #include "ops/linear.h"
@@ -639,6 +644,155 @@ TEST(Copy2d, RejectsBlocksOutsideTheTensorsAtTheCall) {
   ops::copy_2d_cpu(src, {0, 10}, dst, {0, 10}, 0, 10, env.stream());  // empty: allowed
   ops::copy_2d_cpu(src, {5, 10}, dst, {0, 10}, 3, 10, env.stream());  // exactly fits
   env.stream().synchronize();
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 storage (ops/cpu/cpu_storage.h): fp32 arithmetic and one rounding to bf16 per output, so
+// a bf16 run is the f32 run on the same (bf16) values with every output rounded once to bf16.
+// Each test below makes its float tensors in f32 and in bf16 from bf16-rounded values and
+// expects that, bit for bit.
+
+std::vector<double> rounded_to_bf16(std::vector<double> v) {
+  for (auto& x : v) x = static_cast<float>(bf16(static_cast<float>(x)));
+  return v;
+}
+
+// A float tensor of `dtype` (f32 | bf16 | f64) holding `values` rounded to it.
+OwnedTensor make_input(OpEnv& env, Shape shape, DType dtype, const std::vector<double>& values) {
+  if (dtype != DType::bf16) return env.input(shape, dtype, values);
+  auto t = OwnedTensor::device(env.backend(), shape, dtype, LiveSet::workspace, "bf16 input");
+  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size()) << "input " << shape.str();
+  for (size_t i = 0; i < values.size(); ++i) {
+    t.data_as<bf16>()[i] = bf16(static_cast<float>(values[i]));
+  }
+  return t;
+}
+
+// A tensor's elements as bf16 bits: as stored for bf16, rounded once to bf16 for f32.
+std::vector<uint16_t> bf16_bits(OpEnv& env, const Tensor& t) {
+  env.stream().synchronize();
+  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < bits.size(); ++i) {
+    bits[i] =
+        t.dtype() == DType::bf16 ? t.data_as<bf16>()[i].bits : bf16(t.data_as<float>()[i]).bits;
+  }
+  return bits;
+}
+
+// `run(storage)` makes its float tensors in `storage`, runs the ops and returns the tensors to
+// compare. Expects every one of the bf16 run to be the f32 run's rounded once, bit for bit (and
+// the f32 run to be finite, so two unwritten NaN outputs cannot agree).
+void expect_bf16_is_f32_rounded_once(OpEnv& env,
+                                     const std::function<std::vector<OwnedTensor>(DType)>& run) {
+  std::vector<OwnedTensor> f = run(DType::f32);
+  std::vector<OwnedTensor> b = run(DType::bf16);
+  ASSERT_EQ(f.size(), b.size());
+  for (size_t j = 0; j < f.size(); ++j) {
+    EXPECT_TRUE(all_finite(env.read(f[j]))) << "output " << j;
+    EXPECT_EQ(bf16_bits(env, b[j]), bf16_bits(env, f[j])) << "output " << j;
+  }
+}
+
+TEST(Bf16Storage, ElementwiseIsTheF32ResultRoundedOnce) {
+  OpEnv env;
+  constexpr int64_t kM = 7, kC = 45;
+  const auto a = rounded_to_bf16(random_vector(kM * kC, 130));
+  const auto b = rounded_to_bf16(random_vector(kM * kC, 131));
+  const auto w = rounded_to_bf16(random_vector(kM, 132));
+  const auto seed = rounded_to_bf16(random_vector(kM, 133));
+  expect_bf16_is_f32_rounded_once(env, [&](DType dt) {
+    std::vector<OwnedTensor> r;
+    auto at = make_input(env, {kM, kC}, dt, a), bt = make_input(env, {kM, kC}, dt, b);
+    r.push_back(env.output({kM, kC}, dt));
+    ops::add_cpu(at, bt, r.back(), env.stream());
+    r.push_back(make_input(env, {kM, kC}, dt, a));
+    ops::add_cpu(r.back(), bt, r.back(), env.stream());  // out = a
+    r.push_back(make_input(env, {kM, kC}, dt, a));
+    ops::scale_cpu(r.back(), 0.1, env.stream());  // alpha rounded to fp32 for both
+    auto wt = make_input(env, {kM}, dt, w);       // inputs live until the stream has run
+    r.push_back(make_input(env, {kM, kC}, dt, a));
+    ops::scale_rows_cpu(r.back(), wt, env.stream());
+    r.push_back(env.output({kM}, dt));
+    ops::row_dot_cpu(at, bt, r.back(), false, env.stream());
+    r.push_back(make_input(env, {kM}, dt, seed));
+    ops::row_dot_cpu(at, bt, r.back(), true, env.stream());
+    r.push_back(env.output({kM, kC}, dt));
+    ops::copy_cpu(at, r.back(), env.stream());
+    env.stream().synchronize();  // the inputs above are freed on return
+    return r;
+  });
+  // sum_squares writes f64 and squares in double: bf16 x gives exactly the f32 x sums.
+  std::vector<std::vector<double>> sums;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    auto x = make_input(env, {kM * kC}, dt, a);
+    auto out = env.input({3}, DType::f64, {0.5, -1.0, 2.0});
+    ops::sum_squares_cpu(x, out, env.stream());
+    sums.push_back(env.read(out));
+  }
+  EXPECT_EQ(sums[1], sums[0]);
+}
+
+TEST(Bf16Storage, RmsnormIsTheF32ResultRoundedOnceAndTakesAnF32Dw) {
+  OpEnv env;
+  constexpr int64_t kN = 9, kH = 70;
+  const auto x = rounded_to_bf16(random_vector(kN * kH, 140));
+  const auto w = rounded_to_bf16(random_vector(kH, 141, 0.3));
+  const auto rstd = rounded_to_bf16(random_vector(kN, 142, 0.2));  // any values: an input
+  const auto dy = rounded_to_bf16(random_vector(kN * kH, 143));
+  const auto dw0 = rounded_to_bf16(random_vector(kH, 144));
+  expect_bf16_is_f32_rounded_once(env, [&](DType dt) {
+    std::vector<OwnedTensor> r;
+    auto xt = make_input(env, {kN, kH}, dt, x), wt = make_input(env, {kH}, dt, w);
+    r.push_back(env.output({kN, kH}, dt));  // y: from the fp32 rstd, rounded once
+    r.push_back(env.output({kN}, dt));      // rstd
+    ops::rmsnorm_forward_cpu(xt, wt, kEps, r[0], r[1], env.stream());
+    auto rt = make_input(env, {kN}, dt, rstd), dyt = make_input(env, {kN, kH}, dt, dy);
+    r.push_back(env.output({kN, kH}, dt));  // dx
+    r.push_back(make_input(env, {kH}, dt, dw0));
+    ops::rmsnorm_backward_cpu(xt, wt, rt, dyt, r[2], r[3], env.stream());
+    env.stream().synchronize();
+    return r;
+  });
+  // An f32 dw (the fp32 main gradient) with bf16 storage accumulates exactly as the f32 path.
+  std::vector<std::vector<double>> dws;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    auto xt = make_input(env, {kN, kH}, dt, x), wt = make_input(env, {kH}, dt, w);
+    auto rt = make_input(env, {kN}, dt, rstd), dyt = make_input(env, {kN, kH}, dt, dy);
+    auto dx = env.output({kN, kH}, dt);
+    auto dw = env.input({kH}, DType::f32, dw0);
+    ops::rmsnorm_backward_cpu(xt, wt, rt, dyt, dx, dw, env.stream());
+    ops::rmsnorm_backward_cpu(xt, wt, rt, dyt, dx, dw, env.stream());  // twice: +=
+    dws.push_back(env.read(dw));
+  }
+  EXPECT_EQ(dws[1], dws[0]);
+  // f32 dw only for bf16 x; bf16 dw for f32 x is rejected.
+  auto x32 = env.input({kN, kH}, DType::f32, x), w32 = env.input({kH}, DType::f32, w);
+  auto r32 = env.input({kN}, DType::f32, rstd), dx32 = env.output({kN, kH}, DType::f32);
+  auto dw64 = env.output({kH}, DType::f64), dwb = make_input(env, {kH}, DType::bf16, dw0);
+  EXPECT_THROW(ops::rmsnorm_backward_cpu(x32, w32, r32, x32, dx32, dwb, env.stream()), Error);
+  auto xb = make_input(env, {kN, kH}, DType::bf16, x), wb = make_input(env, {kH}, DType::bf16, w);
+  auto rb = make_input(env, {kN}, DType::bf16, rstd), dxb = env.output({kN, kH}, DType::bf16);
+  EXPECT_THROW(ops::rmsnorm_backward_cpu(xb, wb, rb, xb, dxb, dw64, env.stream()), Error);
+  env.stream().synchronize();
+}
+
+TEST(Bf16Storage, RopeIsTheF32ResultRoundedOnce) {
+  OpEnv env;
+  const auto x = rounded_to_bf16(random_vector(kTokens * kHeads * kHeadDim, 150));
+  expect_bf16_is_f32_rounded_once(env, [&](DType dt) {
+    std::vector<OwnedTensor> r;
+    auto pos = env.indices({kTokens}, DType::i64, kPositions);
+    for (bool backward : {false, true}) {
+      r.push_back(make_input(env, {kTokens, kHeads, kHeadDim}, dt, x));
+      if (backward) {
+        ops::rope_backward_cpu(r.back(), pos, kTheta, env.stream());
+      } else {
+        ops::rope_forward_cpu(r.back(), pos, kTheta, env.stream());
+      }
+    }
+    env.stream().synchronize();
+    return r;
+  });
 }
 
 }  // namespace

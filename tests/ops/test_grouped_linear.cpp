@@ -1,11 +1,13 @@
 // Grouped linear on the CPU backend (ops/grouped_linear.h): the experts' projections of one MoE
 // layer in one call. For several group layouts (empty groups first, in the middle and last, one
-// group, no rows at all) and both dtypes, forward and backward are checked
+// group, no rows at all) and every storage (f64, f32, bf16, and bf16 with f32 dw: the fp32 main
+// gradient), forward and backward are checked
 //   - bitwise against the loop over groups of ops::linear_forward / linear_backward on each
 //     group's rows (what the dispatch schedules ran before, so their exactness tests still hold);
 //   - against a plain float64 reference in this file: 1e-12 of the output's scale in f64 (only
-//     summation order differs), 1e-5 in f32 (inputs rounded to float first, at most 150 float
-//     products per element);
+//     summation order differs), 1e-5 in f32 and for an f32 dw of bf16 inputs (inputs rounded to
+//     the storage first, at most 150 fp32 products per element), 5e-3 for bf16 outputs (one
+//     rounding to bf16, 2^-8 relative, after the fp32 sum: ops/cpu/gemm_tiles.h);
 // with accumulate on and off, dx written, accumulated or undefined, dw for every group, for some
 // groups (others undefined) or none (an empty span); written outputs are poisoned with NaN first
 // and accumulated ones start from random values. Bad arguments throw moepeak::Error naming the
@@ -35,6 +37,54 @@ using testing::OpEnv;
 using testing::random_vector;
 using testing::rounded_to_float;
 
+// The storages a run uses: x, w, y, dy, dx in `dtype`; dw in `dw` (x's dtype, or f32 for bf16).
+struct Storage {
+  DType dtype;
+  DType dw;
+  std::string name() const {
+    return std::string(dtype_name(dtype)) +
+           (dw != dtype ? " dw " + std::string(dtype_name(dw)) : "");
+  }
+};
+const std::vector<Storage>& storages() {
+  static const std::vector<Storage> s{{DType::f32, DType::f32},
+                                      {DType::f64, DType::f64},
+                                      {DType::bf16, DType::bf16},
+                                      {DType::bf16, DType::f32}};
+  return s;
+}
+
+// Tensors of any float storage (OpEnv's helpers take f32 and f64): inputs, NaN-poisoned outputs
+// and reads as doubles.
+OwnedTensor make_input(OpEnv& env, Shape shape, DType dtype, const std::vector<double>& values) {
+  if (dtype != DType::bf16) return env.input(shape, dtype, values);
+  auto t = OwnedTensor::device(env.backend(), shape, dtype, LiveSet::workspace, "test input");
+  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size()) << "input " << shape.str();
+  for (size_t i = 0; i < values.size(); ++i) {
+    t.data_as<bf16>()[i] = bf16(static_cast<float>(values[i]));
+  }
+  return t;
+}
+OwnedTensor make_output(OpEnv& env, Shape shape, DType dtype) {
+  if (dtype != DType::bf16) return env.output(shape, dtype);
+  env.stream().synchronize();
+  auto t = OwnedTensor::device(env.backend(), shape, dtype, LiveSet::workspace, "test output");
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<bf16>()[i] = bf16(NAN);
+  return t;
+}
+std::vector<double> read(OpEnv& env, const Tensor& t) {
+  if (t.dtype() != DType::bf16) return env.read(t);
+  env.stream().synchronize();
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data_as<bf16>()[i]);
+  return out;
+}
+
+std::vector<double> rounded_to_bf16(std::vector<double> v) {
+  for (auto& x : v) x = static_cast<float>(bf16(static_cast<float>(x)));
+  return v;
+}
+
 // Rows grouped by offsets (G + 1 entries, 0 to M); x (M, K), every w_g (N, K).
 struct Layout {
   std::vector<int64_t> offsets;
@@ -59,13 +109,13 @@ const std::vector<Layout>& layouts() {
   return l;
 }
 
-// Inputs of one layout, rounded to float so both dtypes hold them exactly.
+// Inputs of one layout, rounded to float (or to bf16) so every dtype of the run holds them exactly.
 struct Inputs {
   std::vector<double> x, dy, y0, dx0;
   std::vector<std::vector<double>> w, dw0;
 };
 
-Inputs make_inputs(const Layout& p, uint64_t seed) {
+Inputs make_inputs(const Layout& p, uint64_t seed, DType dtype = DType::f32) {
   const auto m = static_cast<size_t>(p.m()), k = static_cast<size_t>(p.k),
              n = static_cast<size_t>(p.n);
   Inputs in;
@@ -76,6 +126,11 @@ Inputs make_inputs(const Layout& p, uint64_t seed) {
   for (size_t g = 0; g < p.groups(); ++g) {
     in.w.push_back(rounded_to_float(random_vector(n * k, seed + 10 + g)));
     in.dw0.push_back(rounded_to_float(random_vector(n * k, seed + 100 + g)));
+  }
+  if (dtype == DType::bf16) {
+    for (auto* v : {&in.x, &in.dy, &in.y0, &in.dx0}) *v = rounded_to_bf16(*v);
+    for (auto& v : in.w) v = rounded_to_bf16(v);
+    for (auto& v : in.dw0) v = rounded_to_bf16(v);
   }
   return in;
 }
@@ -143,7 +198,7 @@ std::string dw_name(Dw d) { return d == Dw::all ? "all" : d == Dw::some ? "some"
 std::vector<OwnedTensor> weights(OpEnv& env, DType dtype, const Layout& p,
                                  const std::vector<std::vector<double>>& values) {
   std::vector<OwnedTensor> w;
-  for (const auto& v : values) w.push_back(env.input({p.n, p.k}, dtype, v));
+  for (const auto& v : values) w.push_back(make_input(env, {p.n, p.k}, dtype, v));
   return w;
 }
 
@@ -155,10 +210,11 @@ std::vector<Tensor> views(const std::vector<OwnedTensor>& owned) {
 
 std::vector<double> run_forward(OpEnv& env, DType dtype, const Layout& p, const Inputs& in,
                                 bool accumulate, bool grouped) {
-  auto x = env.input({p.m(), p.k}, dtype, in.x);
+  auto x = make_input(env, {p.m(), p.k}, dtype, in.x);
   auto w_owned = weights(env, dtype, p, in.w);
   const std::vector<Tensor> w = views(w_owned);
-  auto y = accumulate ? env.input({p.m(), p.n}, dtype, in.y0) : env.output({p.m(), p.n}, dtype);
+  auto y = accumulate ? make_input(env, {p.m(), p.n}, dtype, in.y0)
+                      : make_output(env, {p.m(), p.n}, dtype);
   if (grouped) {
     ops::grouped_linear_forward(x, w, p.offsets, y, accumulate, env.stream());
   } else {
@@ -168,7 +224,7 @@ std::vector<double> run_forward(OpEnv& env, DType dtype, const Layout& p, const 
                           env.stream());
     }
   }
-  return env.read(y);
+  return read(env, y);
 }
 
 struct Grads {
@@ -176,16 +232,17 @@ struct Grads {
   std::vector<std::vector<double>> dw;  // every group's dw tensor (unchanged when not passed)
 };
 
-Grads run_backward(OpEnv& env, DType dtype, const Layout& p, const Inputs& in, Dx dx_mode,
+Grads run_backward(OpEnv& env, Storage storage, const Layout& p, const Inputs& in, Dx dx_mode,
                    Dw dw_mode, bool grouped) {
-  auto x = env.input({p.m(), p.k}, dtype, in.x);
-  auto dy = env.input({p.m(), p.n}, dtype, in.dy);
+  const DType dtype = storage.dtype;
+  auto x = make_input(env, {p.m(), p.k}, dtype, in.x);
+  auto dy = make_input(env, {p.m(), p.n}, dtype, in.dy);
   auto w_owned = weights(env, dtype, p, in.w);
-  auto dw_owned = weights(env, dtype, p, in.dw0);
+  auto dw_owned = weights(env, storage.dw, p, in.dw0);
   const std::vector<Tensor> w = views(w_owned);
   OwnedTensor dx_owned;
-  if (dx_mode == Dx::write) dx_owned = env.output({p.m(), p.k}, dtype);
-  if (dx_mode == Dx::accumulate) dx_owned = env.input({p.m(), p.k}, dtype, in.dx0);
+  if (dx_mode == Dx::write) dx_owned = make_output(env, {p.m(), p.k}, dtype);
+  if (dx_mode == Dx::accumulate) dx_owned = make_input(env, {p.m(), p.k}, dtype, in.dx0);
   const Tensor dx = dx_mode == Dx::none ? Tensor() : dx_owned.view();
   std::vector<Tensor> dw;  // empty with Dw::none
   if (dw_mode != Dw::none) {
@@ -205,8 +262,8 @@ Grads run_backward(OpEnv& env, DType dtype, const Layout& p, const Inputs& in, D
     }
   }
   Grads out;
-  if (dx.defined()) out.dx = env.read(dx);
-  for (const auto& t : dw_owned) out.dw.push_back(env.read(t));
+  if (dx.defined()) out.dx = read(env, dx);
+  for (const auto& t : dw_owned) out.dw.push_back(read(env, t));
   return out;
 }
 
@@ -220,7 +277,9 @@ void expect_bitwise(const std::vector<double>& got, const std::vector<double>& w
   }
 }
 
-double tolerance(DType dtype) { return dtype == DType::f64 ? kForwardTol : kFloatVsDoubleTol; }
+double tolerance(DType dtype) {
+  return dtype == DType::f64 ? kForwardTol : dtype == DType::bf16 ? 5e-3 : kFloatVsDoubleTol;
+}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -228,8 +287,9 @@ TEST(GroupedLinear, ForwardIsThePerGroupLoopBitwiseAndMatchesFloat64) {
   OpEnv env;
   uint64_t seed = 1;
   for (const Layout& p : layouts()) {
-    const Inputs in = make_inputs(p, seed += 1000);
-    for (DType dtype : {DType::f32, DType::f64}) {
+    seed += 1000;
+    for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+      const Inputs in = make_inputs(p, seed, dtype);
       for (bool accumulate : {false, true}) {
         const std::string what = p.name() + " " + std::string(dtype_name(dtype)) +
                                  (accumulate ? " accumulate" : "") + ": y";
@@ -247,14 +307,16 @@ TEST(GroupedLinear, BackwardIsThePerGroupLoopBitwiseAndMatchesFloat64) {
   OpEnv env;
   uint64_t seed = 7;
   for (const Layout& p : layouts()) {
-    const Inputs in = make_inputs(p, seed += 1000);
-    for (DType dtype : {DType::f32, DType::f64}) {
+    seed += 1000;
+    for (const Storage& storage : storages()) {
+      const DType dtype = storage.dtype;
+      const Inputs in = make_inputs(p, seed, dtype);
       for (Dx dx_mode : {Dx::write, Dx::accumulate, Dx::none}) {
         for (Dw dw_mode : {Dw::all, Dw::some, Dw::none}) {
-          const std::string what = p.name() + " " + std::string(dtype_name(dtype)) +
-                                   " dx=" + dx_name(dx_mode) + " dw=" + dw_name(dw_mode);
-          const Grads grouped = run_backward(env, dtype, p, in, dx_mode, dw_mode, true);
-          const Grads loop = run_backward(env, dtype, p, in, dx_mode, dw_mode, false);
+          const std::string what = p.name() + " " + storage.name() + " dx=" + dx_name(dx_mode) +
+                                   " dw=" + dw_name(dw_mode);
+          const Grads grouped = run_backward(env, storage, p, in, dx_mode, dw_mode, true);
+          const Grads loop = run_backward(env, storage, p, in, dx_mode, dw_mode, false);
           expect_bitwise(grouped.dx, loop.dx, what + ": dx");
           if (dx_mode != Dx::none) {
             EXPECT_LE(max_scaled_err(grouped.dx, dx_reference(p, in, dx_mode == Dx::accumulate)),
@@ -272,7 +334,7 @@ TEST(GroupedLinear, BackwardIsThePerGroupLoopBitwiseAndMatchesFloat64) {
             if (!formed || p.offsets[g] == p.offsets[g + 1]) {
               expect_bitwise(grouped.dw[g], in.dw0[g], name + " (untouched)");
             }
-            EXPECT_LE(max_scaled_err(grouped.dw[g], want), tolerance(dtype)) << name;
+            EXPECT_LE(max_scaled_err(grouped.dw[g], want), tolerance(storage.dw)) << name;
           }
         }
       }
@@ -351,19 +413,24 @@ TEST(GroupedLinear, RejectsBadArgumentsAtTheCall) {
   dw_bad[2] = w_bad_n;
   expect_error([&] { ops::grouped_linear_backward(x, w, offsets, dy, dx, false, dw_bad, s); },
                {bwd, "group 2", "dw"});
+  // dw: x's dtype, or f32 for a bf16 x (the fp32 main gradient) only.
+  auto dw_f32 = weights(env, DType::f32, p, in.dw0);
+  expect_error(
+      [&] { ops::grouped_linear_backward(x, w, offsets, dy, dx, false, views(dw_f32), s); },
+      {bwd, "group 0", "dw", "f64"});
   // A CPU op rejects storage it has no loop for, even with every group empty.
-  auto x_bf16 =
-      OwnedTensor::device(env.backend(), Shape{0, 4}, DType::bf16, LiveSet::workspace, "bf16 x");
-  auto w_bf16 =
-      OwnedTensor::device(env.backend(), Shape{6, 4}, DType::bf16, LiveSet::workspace, "bf16 w");
-  auto y_bf16 =
-      OwnedTensor::device(env.backend(), Shape{0, 6}, DType::bf16, LiveSet::workspace, "bf16 y");
+  auto x_i32 =
+      OwnedTensor::device(env.backend(), Shape{0, 4}, DType::i32, LiveSet::workspace, "i32 x");
+  auto w_i32 =
+      OwnedTensor::device(env.backend(), Shape{6, 4}, DType::i32, LiveSet::workspace, "i32 w");
+  auto y_i32 =
+      OwnedTensor::device(env.backend(), Shape{0, 6}, DType::i32, LiveSet::workspace, "i32 y");
   expect_error(
       [&] {
-        ops::grouped_linear_forward(x_bf16, std::vector<Tensor>{w_bf16.view()},
-                                    std::vector<int64_t>{0, 0}, y_bf16, false, s);
+        ops::grouped_linear_forward(x_i32, std::vector<Tensor>{w_i32.view()},
+                                    std::vector<int64_t>{0, 0}, y_i32, false, s);
       },
-      {fwd, "bf16"});
+      {fwd, "i32"});
 
   // Nothing was enqueued by the failed calls: y is still all NaN.
   for (double v : env.read(y)) EXPECT_TRUE(std::isnan(v));

@@ -1,18 +1,26 @@
 // MoE ops on the CPU backend: the router (softmax, top-k, renormalisation), the experts' SwiGLU,
 // and the row gather / scatter-add / weighted combine of the standard dispatch schedule. Same
 // checks as test_dense_ops.cpp: float64 forward against a plain reference, input gradients
-// against central finite differences, float vs double, accumulation, and errors.
+// against central finite differences, float vs double, accumulation, and errors. Bf16Storage at
+// the end: with bf16 storage each op is its f32 path plus one rounding per output, except where
+// ops/permute.h and ops/router.h say otherwise (runs of additions, selection on rounded probs).
+// It also holds the bf16 tests of the embedding (its f32/f64 tests: test_vocab_ops.cpp) and fill.
 // Run: ./build-ops/tests/ops/test_moe_ops
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/runtime/backend.h"
+#include "core/runtime/dtype.h"
+#include "ops/embedding.h"
+#include "ops/fill.h"
 #include "ops/permute.h"
 #include "ops/router.h"
 #include "ops/swiglu.h"
@@ -21,6 +29,7 @@
 namespace moepeak {
 namespace {
 
+using testing::all_finite;
 using testing::dot;
 using testing::grad_err;
 using testing::kFloatVsDoubleTol;
@@ -470,6 +479,261 @@ TEST(Permute, RejectsBadArguments) {
   auto negative_index = env.indices({kRoutedM}, DType::i32, bad);
   ops::gather_rows_cpu(tokens, negative_index, routed, *gather_stream);
   expect_stream_error(*gather_stream, {"gather_rows_cpu", "index -1 at position 2"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 storage (ops/cpu/cpu_storage.h): fp32 arithmetic and one rounding to bf16 per output, so
+// where the op's semantics allow, a bf16 run is the f32 run on the same (bf16) values with every
+// output rounded once to bf16, bit for bit. (The helpers repeat test_dense_ops.cpp's.)
+
+std::vector<double> rounded_to_bf16(std::vector<double> v) {
+  for (auto& x : v) x = static_cast<float>(bf16(static_cast<float>(x)));
+  return v;
+}
+
+// A float tensor of `dtype` (f32 | bf16 | f64) holding `values` rounded to it.
+OwnedTensor make_input(OpEnv& env, Shape shape, DType dtype, const std::vector<double>& values) {
+  if (dtype != DType::bf16) return env.input(shape, dtype, values);
+  auto t = OwnedTensor::device(env.backend(), shape, dtype, LiveSet::workspace, "bf16 input");
+  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size()) << "input " << shape.str();
+  for (size_t i = 0; i < values.size(); ++i) {
+    t.data_as<bf16>()[i] = bf16(static_cast<float>(values[i]));
+  }
+  return t;
+}
+
+// A tensor's elements as bf16 bits: as stored for bf16, rounded once to bf16 for f32.
+std::vector<uint16_t> bf16_bits(OpEnv& env, const Tensor& t) {
+  env.stream().synchronize();
+  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < bits.size(); ++i) {
+    bits[i] =
+        t.dtype() == DType::bf16 ? t.data_as<bf16>()[i].bits : bf16(t.data_as<float>()[i]).bits;
+  }
+  return bits;
+}
+
+// `run(storage)` makes its float tensors in `storage`, runs the ops and returns the tensors to
+// compare; every one of the bf16 run must be the f32 run's rounded once (and the f32 run finite).
+void expect_bf16_is_f32_rounded_once(OpEnv& env,
+                                     const std::function<std::vector<OwnedTensor>(DType)>& run) {
+  std::vector<OwnedTensor> f = run(DType::f32);
+  std::vector<OwnedTensor> b = run(DType::bf16);
+  ASSERT_EQ(f.size(), b.size());
+  for (size_t j = 0; j < f.size(); ++j) {
+    EXPECT_TRUE(all_finite(env.read(f[j]))) << "output " << j;
+    EXPECT_EQ(bf16_bits(env, b[j]), bf16_bits(env, f[j])) << "output " << j;
+  }
+}
+
+TEST(Bf16Storage, SwigluIsTheF32ResultRoundedOnce) {
+  OpEnv env;
+  const auto a = rounded_to_bf16(random_vector(kM * kF, 170, 4.0));
+  const auto b = rounded_to_bf16(random_vector(kM * kF, 171));
+  const auto dh = rounded_to_bf16(random_vector(kM * kF, 172));
+  expect_bf16_is_f32_rounded_once(env, [&](DType dt) {
+    std::vector<OwnedTensor> r;
+    auto at = make_input(env, {kM, kF}, dt, a), bt = make_input(env, {kM, kF}, dt, b);
+    r.push_back(env.output({kM, kF}, dt));
+    ops::swiglu_forward_cpu(at, bt, r.back(), env.stream());
+    r.push_back(env.output({kM, kF}, dt));
+    r.push_back(env.output({kM, kF}, dt));
+    auto dht = make_input(env, {kM, kF}, dt, dh);  // inputs live until the stream has run
+    ops::swiglu_backward_cpu(at, bt, dht, r[1], r[2], env.stream());
+    env.stream().synchronize();
+    return r;
+  });
+}
+
+TEST(Bf16Storage, PermuteIsTheF32ResultRoundedOnceWhereNoRowRepeats) {
+  OpEnv env;
+  const auto tokens = rounded_to_bf16(random_vector(kRowsN * kHidden, 180));
+  const auto routed = rounded_to_bf16(random_vector(kRoutedM * kHidden, 181));
+  const auto weight = rounded_to_bf16(random_vector(kRoutedM, 182));
+  // kIndex sends tokens 0 and 2 twice (not consecutively): the gather and the backward round
+  // once per output; the scatters are compared on the first kRowsN positions, a permutation.
+  const std::vector<int64_t> perm = {2, 0, 3, 1};
+  expect_bf16_is_f32_rounded_once(env, [&](DType dt) {
+    std::vector<OwnedTensor> r;
+    auto tt = make_input(env, {kRowsN, kHidden}, dt, tokens);
+    auto yt = make_input(env, {kRoutedM, kHidden}, dt, routed);
+    auto wt = make_input(env, {kRoutedM}, dt, weight);
+    auto index = env.indices({kRoutedM}, DType::i32, kIndex);
+    r.push_back(env.output({kRoutedM, kHidden}, dt));
+    ops::gather_rows_cpu(tt, index, r.back(), env.stream());
+    r.push_back(env.output({kRoutedM, kHidden}, dt));
+    r.push_back(env.output({kRoutedM}, dt));
+    ops::combine_rows_backward_cpu(tt, yt, index, wt, r[1], r[2], env.stream());
+    auto pi = env.indices({kRowsN}, DType::i32, perm);
+    auto head = yt.view().rows(0, kRowsN);
+    r.push_back(make_input(env, {kRowsN, kHidden}, dt, tokens));
+    ops::scatter_add_rows_cpu(head, pi, r.back(), env.stream());
+    r.push_back(make_input(env, {kRowsN, kHidden}, dt, tokens));
+    ops::combine_rows_cpu(head, pi, wt.view().rows(0, kRowsN), r.back(), env.stream());
+    env.stream().synchronize();
+    return r;
+  });
+}
+
+TEST(Bf16Storage, ScatterSumsEachRunOfOneRowInFp32AndRoundsOnce) {
+  // ops/permute.h: consecutive positions on one row within a chunk of 256 are summed in fp32 and
+  // rounded once; every other addition rounds to bf16. 300 positions on row 0 (two chunks: 256
+  // and 44), then rows 1 and 2 alternating (a rounding each), then row 2 three times (one).
+  OpEnv env;
+  constexpr int64_t kN = 3, kH = 4, kChunk = 256;
+  std::vector<int64_t> index(300, 0);
+  for (int i = 0; i < 20; ++i) index.push_back(1 + i % 2);
+  for (int i = 0; i < 3; ++i) index.push_back(2);
+  const auto m = static_cast<int64_t>(index.size());
+  const auto y = rounded_to_bf16(random_vector(m * kH, 190));
+  const auto w = rounded_to_bf16(random_vector(m, 191));
+  const auto init = rounded_to_bf16(random_vector(kN * kH, 192));
+  for (bool weighted : {false, true}) {
+    std::vector<float> dst(init.begin(), init.end());  // bf16 values, held in fp32
+    for (int64_t i = 0; i < m;) {
+      int64_t end = i + 1;
+      while (end < m && end % kChunk != 0 && index[end] == index[i]) ++end;
+      for (int64_t h = 0; h < kH; ++h) {
+        float acc = dst[index[i] * kH + h];
+        for (int64_t j = i; j < end; ++j) {
+          acc += (weighted ? static_cast<float>(w[j]) : 1.0f) * static_cast<float>(y[j * kH + h]);
+        }
+        dst[index[i] * kH + h] = static_cast<float>(bf16(acc));
+      }
+      i = end;
+    }
+    std::vector<uint16_t> want(dst.size());
+    for (size_t e = 0; e < dst.size(); ++e) want[e] = bf16(dst[e]).bits;
+    auto yt = make_input(env, {m, kH}, DType::bf16, y);
+    auto it = env.indices({m}, DType::i32, index);
+    auto wt = make_input(env, {m}, DType::bf16, w);
+    auto out = make_input(env, {kN, kH}, DType::bf16, init);
+    if (weighted) {
+      ops::combine_rows_cpu(yt, it, wt, out, env.stream());
+    } else {
+      ops::scatter_add_rows_cpu(yt, it, out, env.stream());
+    }
+    EXPECT_EQ(bf16_bits(env, out), want) << (weighted ? "combine_rows" : "scatter_add_rows");
+  }
+}
+
+TEST(Bf16Storage, RouterRoundsProbsOnceAndSelectsOnTheRoundedProbs) {
+  OpEnv env;
+  constexpr int64_t kN = 4, kE = 4;
+  constexpr int kK = 2;
+  // Row 0: p0 < p1 in fp32 (logits 0 and 2^-10) but both round to one bf16 value, so bf16 picks
+  // expert 0 first (ties to the lower index) where f32 picks expert 1.
+  auto logits = random_vector(kN * kE, 200, 1.5);
+  std::copy_n(std::vector<double>{0.0, 1.0 / 1024, -3.0, -3.0}.begin(), kE, logits.begin());
+  logits = rounded_to_bf16(logits);
+  const auto weight = rounded_to_bf16(random_vector(kN * kK, 201, 0.3));
+  const auto dweight = rounded_to_bf16(random_vector(kN * kK, 202));
+  const auto dprobs = rounded_to_bf16(random_vector(kE, 203));
+  const auto dl0 = rounded_to_bf16(random_vector(kN * kE, 204));
+  const auto probs_in = rounded_to_bf16(random_vector(kN * kE, 205, 0.3));  // the aux's input
+  const std::vector<int64_t> chosen = {3, 1, 0, 2, 2, 3, 1, 0};
+  // probs, the backward and the aux backward: the f32 results rounded once.
+  expect_bf16_is_f32_rounded_once(env, [&](DType dt) {
+    std::vector<OwnedTensor> r;
+    // Inputs live until the stream has run.
+    auto lt = make_input(env, {kN, kE}, dt, logits), ci = env.indices({kN, kK}, DType::i32, chosen);
+    auto wt = make_input(env, {kN, kK}, dt, weight), dwt = make_input(env, {kN, kK}, dt, dweight);
+    auto dpt = make_input(env, {kE}, dt, dprobs), pt = make_input(env, {kN, kE}, dt, probs_in);
+    r.push_back(env.output({kN, kE}, dt));
+    auto index = env.output({kN, kK}, DType::i32), w = env.output({kN, kK}, dt);
+    ops::router_forward_cpu(lt, kK, r[0], index, w, env.stream());
+    r.push_back(env.output({kN, kE}, dt));
+    ops::router_backward_cpu(r[0], ci, wt, dwt, r[1], env.stream());
+    r.push_back(make_input(env, {kN, kE}, dt, dl0));
+    ops::router_aux_backward_cpu(pt, dpt, r[2], env.stream());
+    env.stream().synchronize();
+    return r;
+  });
+  // topk_index and topk_weight: the repeated arg-max over the bf16 probs and bf16(fp32(p / the
+  // chosen sum in double)) of them.
+  auto probs = env.output({kN, kE}, DType::bf16), w = env.output({kN, kK}, DType::bf16);
+  auto index = env.output({kN, kK}, DType::i32);
+  auto lt = make_input(env, {kN, kE}, DType::bf16, logits);
+  ops::router_forward_cpu(lt, kK, probs, index, w, env.stream());
+  env.stream().synchronize();
+  std::vector<double> p(kN * kE);
+  for (int64_t e = 0; e < kN * kE; ++e) p[e] = static_cast<float>(probs.data_as<bf16>()[e]);
+  ASSERT_EQ(p[0], p[1]) << "row 0 ties in bf16";
+  ASSERT_EQ(run_router_forward(env, DType::f32, logits, kN, kE, kK).index[0], 1.0)
+      << "row 0 does not tie in f32";
+  std::vector<double> want_index;
+  std::vector<uint16_t> want_weight;
+  for (int64_t n = 0; n < kN; ++n) {
+    std::vector<int64_t> order(kE);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return p[n * kE + a] > p[n * kE + b]; });
+    double sum = 0;
+    for (int j = 0; j < kK; ++j) sum += p[n * kE + order[j]];
+    for (int j = 0; j < kK; ++j) {
+      want_index.push_back(static_cast<double>(order[j]));
+      want_weight.push_back(bf16(static_cast<float>(p[n * kE + order[j]] / sum)).bits);
+    }
+  }
+  EXPECT_EQ(env.read(index), want_index);
+  EXPECT_EQ(want_index[0], 0.0);
+  EXPECT_EQ(bf16_bits(env, w), want_weight);
+}
+
+TEST(Bf16Storage, EmbeddingCopiesRowsAndRoundsEachAdditionOrTakesAnF32Dweight) {
+  OpEnv env;
+  constexpr int64_t kV = 6, kH = 9, kN = 5;
+  const auto table = rounded_to_bf16(random_vector(kV * kH, 160));
+  const auto dout = rounded_to_bf16(random_vector(kN * kH, 161));
+  const auto dw0 = rounded_to_bf16(random_vector(kV * kH, 162));
+  // Distinct ids: the forward copies, and each dweight row takes at most one addition, so the
+  // backward is the f32 one rounded once.
+  const std::vector<int64_t> distinct = {4, 0, 5, 2, 1};
+  expect_bf16_is_f32_rounded_once(env, [&](DType dt) {
+    std::vector<OwnedTensor> r;
+    auto ids = env.indices({kN}, DType::i64, distinct);
+    r.push_back(env.output({kN, kH}, dt));
+    auto tt = make_input(env, {kV, kH}, dt, table), dt_out = make_input(env, {kN, kH}, dt, dout);
+    ops::embedding_forward_cpu(ids, tt, r.back(), env.stream());
+    r.push_back(make_input(env, {kV, kH}, dt, dw0));
+    ops::embedding_backward_cpu(ids, dt_out, r.back(), env.stream());
+    env.stream().synchronize();
+    return r;
+  });
+  // Repeated ids: with bf16 dweight every += rounds (ops/embedding.h); with an f32 dweight (the
+  // fp32 main gradient) the sums are the f32 path's exactly.
+  const std::vector<int64_t> repeated = {3, 1, 3, 3, 1};
+  auto ids = env.indices({kN}, DType::i64, repeated);
+  auto dout_b = make_input(env, {kN, kH}, DType::bf16, dout);
+  auto dw_b = make_input(env, {kV, kH}, DType::bf16, dw0);
+  ops::embedding_backward_cpu(ids, dout_b, dw_b, env.stream());
+  std::vector<uint16_t> want(dw0.size());
+  for (size_t i = 0; i < dw0.size(); ++i) want[i] = bf16(static_cast<float>(dw0[i])).bits;
+  for (int64_t n = 0; n < kN; ++n) {
+    for (int64_t h = 0; h < kH; ++h) {
+      uint16_t& acc = want[repeated[n] * kH + h];
+      acc = bf16(bf16::to_float(acc) + static_cast<float>(dout[n * kH + h])).bits;
+    }
+  }
+  EXPECT_EQ(bf16_bits(env, dw_b), want);
+  auto dout_f = env.input({kN, kH}, DType::f32, dout);
+  auto dw_f32_path = env.input({kV, kH}, DType::f32, dw0);
+  auto dw_main = env.input({kV, kH}, DType::f32, dw0);
+  ops::embedding_backward_cpu(ids, dout_f, dw_f32_path, env.stream());
+  ops::embedding_backward_cpu(ids, dout_b, dw_main, env.stream());
+  EXPECT_EQ(env.read(dw_main), env.read(dw_f32_path));
+  // The other mix (bf16 dweight for f32 dout) is rejected at the call.
+  EXPECT_THROW(ops::embedding_backward_cpu(ids, dout_f, dw_b, env.stream()), Error);
+  env.stream().synchronize();
+}
+
+TEST(Bf16Storage, FillWritesTheRoundedValue) {
+  OpEnv env;
+  auto t = make_input(env, {5}, DType::bf16, std::vector<double>(5, 2.0));
+  ops::fill(t, 1.0 / 3.0, env.stream());
+  EXPECT_EQ(bf16_bits(env, t), std::vector<uint16_t>(5, bf16(static_cast<float>(1.0 / 3.0)).bits));
+  ops::fill(t, 0.0, env.stream());
+  EXPECT_EQ(bf16_bits(env, t), std::vector<uint16_t>(5, 0));
 }
 
 }  // namespace

@@ -2,17 +2,21 @@
 // materialised cross-entropy (losses and dlogits, in place or not). Same checks as
 // test_dense_ops.cpp: float64 forward against a plain reference, input gradients against central
 // finite differences, float vs double, accumulation, and errors at the call or at synchronize().
+// bf16 storage of the cross-entropy and of its vocabulary-strip fold (ops/cross_entropy_strip.h):
+// bitwise the f32 result on the same values, rounded to bf16.
 // Run: ./build-ops/tests/ops/test_vocab_ops
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/runtime/backend.h"
 #include "ops/cross_entropy.h"
+#include "ops/cross_entropy_strip.h"
 #include "ops/embedding.h"
 #include "tests/ops/dense_ops_testing.h"
 
@@ -255,6 +259,89 @@ TEST(CrossEntropy, RejectsBadArguments) {
   auto backward_stream = env.backend().create_stream("ce backward errors");
   ops::cross_entropy_backward_cpu(logits, negative, kScale, dlogits, *backward_stream);
   expect_stream_error(*backward_stream, {"cross_entropy_backward_cpu", "label -1 at position 3"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 storage: logits read exactly, the f32 path's double arithmetic, each result stored
+// double -> fp32 -> bf16 (ops/cross_entropy.h), so bitwise the f32 result rounded to bf16.
+
+std::vector<double> rounded_to_bf16(std::vector<double> v) {
+  for (auto& x : v) x = static_cast<float>(bf16(static_cast<float>(x)));
+  return v;
+}
+
+// A bf16 tensor holding `values` rounded, or poisoned with NaN (written directly: CPU memory).
+OwnedTensor bf16_tensor(OpEnv& env, Shape shape, const std::vector<double>& values = {}) {
+  auto t = OwnedTensor::device(env.backend(), shape, DType::bf16, LiveSet::workspace, "bf16");
+  bf16* p = t.data_as<bf16>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    p[i] = values.empty() ? bf16(NAN) : bf16(static_cast<float>(values[static_cast<size_t>(i)]));
+  }
+  return t;
+}
+
+std::vector<double> read_bf16(OpEnv& env, const Tensor& t) {
+  env.stream().synchronize();
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data_as<bf16>()[i]);
+  return out;
+}
+
+TEST(CrossEntropy, Bf16IsTheFloatResultRoundedToBf16) {
+  OpEnv env;
+  auto logits = rounded_to_bf16(random_vector(kRows * kClasses, 125, 3.0));
+  const auto losses32 = run_ce_forward(env, DType::f32, logits);
+  const auto dlogits32 = run_ce_backward(env, DType::f32, logits, false);
+  auto lt = bf16_tensor(env, {kRows, kClasses}, logits);
+  auto labels = env.indices({kRows}, DType::i64, kLabels);
+  auto losses = bf16_tensor(env, {kRows});
+  auto dlogits = bf16_tensor(env, {kRows, kClasses});
+  Stream& s = env.stream();
+  ops::cross_entropy_forward_cpu(lt, labels, losses, s);
+  ops::cross_entropy_backward_cpu(lt, labels, kScale, dlogits, s);
+  EXPECT_EQ(read_bf16(env, losses), rounded_to_bf16(losses32));
+  EXPECT_EQ(read_bf16(env, dlogits), rounded_to_bf16(dlogits32));
+  ops::cross_entropy_backward_cpu(lt, labels, kScale, lt, s);  // in place
+  EXPECT_EQ(read_bf16(env, lt), rounded_to_bf16(dlogits32));
+}
+
+TEST(CrossEntropyStrip, Bf16IsTheFloatResultRoundedToBf16) {
+  // One strip of columns [100, 800) of a 900-word vocabulary folded into a state that already
+  // holds another strip (so the rescaling runs), then its gradient; labels inside the strip,
+  // outside it and ignored. The state is f64 for both: the bf16 fold equals the f32 fold bitwise.
+  OpEnv env;
+  constexpr int64_t kTokens = 5, kColumns = 700, kBegin = 100;
+  const std::vector<int64_t> labels_v = {150, -100, 799, 3, 100};
+  const auto strip_v = rounded_to_bf16(random_vector(kTokens * kColumns, 126, 2.0));
+  const auto first_v = rounded_to_bf16(random_vector(kTokens * kBegin, 127, 2.0));
+  auto labels = env.indices({kTokens}, DType::i64, labels_v);
+  Stream& s = env.stream();
+  auto fold = [&](const Tensor& first, const Tensor& strip, const Tensor& state) {
+    ops::cross_entropy_state_init_cpu(state, s);
+    ops::cross_entropy_strip_forward_cpu(first, labels, 0, state, s);
+    ops::cross_entropy_strip_forward_cpu(strip, labels, kBegin, state, s);
+  };
+  auto state32 = env.output({kTokens, 3}, DType::f64);
+  auto strip32 = env.input({kTokens, kColumns}, DType::f32, strip_v);
+  auto first32 = env.input({kTokens, kBegin}, DType::f32, first_v);
+  fold(first32, strip32, state32);
+  auto dstrip32 = env.output({kTokens, kColumns}, DType::f32);
+  ops::cross_entropy_strip_backward_cpu(strip32, labels, kBegin, state32, 0.3, dstrip32, s);
+
+  auto state16 = env.output({kTokens, 3}, DType::f64);
+  auto strip16 = bf16_tensor(env, {kTokens, kColumns}, strip_v);
+  auto first16 = bf16_tensor(env, {kTokens, kBegin}, first_v);
+  fold(first16, strip16, state16);
+  auto dstrip16 = bf16_tensor(env, {kTokens, kColumns});
+  ops::cross_entropy_strip_backward_cpu(strip16, labels, kBegin, state16, 0.3, dstrip16, s);
+
+  const auto state = env.read(state32);
+  EXPECT_EQ(env.read(state16), state);
+  EXPECT_EQ(state[3 * 1], -std::numeric_limits<double>::infinity()) << "ignored: identity";
+  const auto want = rounded_to_bf16(env.read(dstrip32));
+  EXPECT_EQ(read_bf16(env, dstrip16), want);
+  ops::cross_entropy_strip_backward_cpu(strip16, labels, kBegin, state16, 0.3, strip16, s);
+  EXPECT_EQ(read_bf16(env, strip16), want) << "in place";
 }
 
 }  // namespace

@@ -3,8 +3,9 @@
 // adamw: param, grad, m, v are Kind::state — f32 under test, f64 in the reference — and run
 // without bf16 storage (the op takes one dtype, f32 in training). adamw_fused: master, m, v are
 // Kind::state and grad, working Kind::floating, so the reference runs everything in f64 (which
-// adamw_fused_cpu supports: working dtype = state dtype) and CUDA runs an f32 master with f32
-// working weights, and with bf16 ones (the gradient then holds bf16 values in both runs).
+// adamw_fused_cpu supports: working dtype = state dtype) and the backend under test (CUDA, or
+// the CPU) runs an f32 master with f32 working weights, and with bf16 ones (the gradient then
+// holds bf16 values in both runs).
 //
 // Values keep every output well conditioned, since the harness measures error relative to the
 // largest reference element (with n = 1, to that element alone): |param| in [0.5, 1.5) and |m| in

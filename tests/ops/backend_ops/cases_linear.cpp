@@ -10,7 +10,10 @@
 // pointers are aligned to the element size only. Two shapes also run with other cuBLASLt
 // algorithms than the heuristic's first (ops::set_gemm_algorithm_rank). bf16 keeps the default
 // 1e-2: the inputs are exact in bf16, products accumulate in fp32, and the result is rounded once
-// to bf16 (2^-9).
+// to bf16 (2^-8 of the element at most). With the CPU under test, backward also runs with an f32
+// dw (Kind::state) for a bf16 x, the fp32 main gradient (ops/linear.h; CUDA takes x's dtype only
+// for now): fp32 accumulation of exact inputs, so 1e-5 in both storages when dw is the only
+// output (with a bf16 dx the case keeps bf16's 1e-2).
 #include <string>
 #include <vector>
 
@@ -56,13 +59,16 @@ OpCase forward_case(const Mkn& s, bool accumulate, int64_t k0, int64_t kw) {
                 }};
 }
 
-// The backward case, as forward_case; undefined gradients are passed as Tensor().
-OpCase backward_case(const Mkn& s, const Grads& g, int64_t k0, int64_t kw) {
+// The backward case, as forward_case; undefined gradients are passed as Tensor(). dw_kind state:
+// an f32 dw whatever the storage.
+OpCase backward_case(const Mkn& s, const Grads& g, int64_t k0, int64_t kw,
+                     Kind dw_kind = Kind::floating) {
   const bool cols = k0 >= 0;
   const int64_t wk = cols ? kw : s.k;
-  std::string name =
-      std::string(cols ? "linear_backward_cols" : "linear_backward") + shape_name(s) +
-      (cols ? " k0=" + std::to_string(k0) + " K_w=" + std::to_string(kw) : "") + g.name();
+  std::string name = std::string(cols ? "linear_backward_cols" : "linear_backward") +
+                     shape_name(s) +
+                     (cols ? " k0=" + std::to_string(k0) + " K_w=" + std::to_string(kw) : "") +
+                     g.name() + (dw_kind == Kind::state ? " dw_f32" : "");
   std::vector<TensorSpec> t{in("x", {s.m, s.k}), in("w", {s.n, wk}), in("dy", {s.m, s.n})};
   int dx = -1, dw = -1;
   if (g.dx) {
@@ -71,7 +77,8 @@ OpCase backward_case(const Mkn& s, const Grads& g, int64_t k0, int64_t kw) {
   }
   if (g.dw) {
     dw = static_cast<int>(t.size());
-    t.push_back(inout("dw", {s.n, wk}));  // always accumulated; outside the block unchanged
+    // Always accumulated; outside the block unchanged.
+    t.push_back(inout("dw", {s.n, wk}, dw_kind));
   }
   const bool acc = g.accumulate_dx;
   return OpCase{name, t, [cols, k0, acc, dx, dw](const std::vector<Tensor>& v, Stream& st) {
@@ -122,6 +129,16 @@ MOEPEAK_BACKEND_OPS_CASES(linear) {
   for (const Block& b : blocks) {
     for (bool acc : {false, true}) cases.push_back(forward_case(b.s, acc, b.k0, b.kw));
     for (const Grads& g : grads) cases.push_back(backward_case(b.s, g, b.k0, b.kw));
+  }
+
+  // An f32 dw for a bf16 x (the CPU only, see the top of the file), plain and on column blocks.
+  for (OpCase c : {backward_case({37, 96, 50}, {true, false, true}, -1, 0, Kind::state),
+                   backward_case({130, 257, 65}, {false, false, true}, -1, 0, Kind::state),
+                   backward_case({130, 257, 65}, {true, true, true}, 7, 264, Kind::state),
+                   backward_case({0, 64, 32}, {true, false, true}, 3, 70, Kind::state)}) {
+    c.bf16 = cpu_under_test();
+    if (c.tensors.size() == 4) c.tolerance = Tolerance{1e-5, 1e-5};  // x, w, dy, dw: no dx
+    cases.push_back(std::move(c));
   }
 
   // The other algorithms `bench gemm` times (ops::set_gemm_algorithm_rank): the same results

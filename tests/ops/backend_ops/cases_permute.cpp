@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/cpu/cpu_storage.h"
 #include "ops/op_common.h"
 #include "ops/permute.h"
 #include "tests/ops/backend_ops/harness.h"
@@ -58,16 +59,21 @@ Generator index_with_invalid(int64_t rows) {
 
 bool valid(int32_t r, int64_t rows) { return r >= 0 && r < rows; }
 
-// The CUDA rule for an index outside [0, N) (ops/permute.h), on host memory of the CPU backend.
+// The CUDA rule for an index outside [0, N) (ops/permute.h), on host memory of the CPU backend:
+// in f64 for the reference, and in the storage dtype when the CPU is under test (bf16 with fp32
+// arithmetic, ops/cpu/cpu_storage.h; the sums of combine_skip_rule are kept in fp32 and rounded
+// once, since a row here takes a dozen additions and bf16 rounding at each would drift past the
+// 1e-2 tolerance: only the f64 run of this host rule matters, as CUDA's reference).
 void gather_skip_rule(const Tensor& src, const Tensor& index, const Tensor& dst) {
-  ops::dispatch_float(dst.dtype(), "gather_rows skip rule", [&](auto zero) {
+  ops::dispatch_storage(dst.dtype(), "gather_rows skip rule", [&](auto zero) {
     using T = decltype(zero);
+    using C = ops::compute_t<T>;
     const int64_t rows = src.size(0), hidden = src.size(1);
     const int32_t* ip = index.data_as<int32_t>();
     for (int64_t i = 0; i < index.size(0); ++i) {
       for (int64_t h = 0; h < hidden; ++h) {
-        dst.data_as<T>()[i * hidden + h] =
-            valid(ip[i], rows) ? src.data_as<T>()[ip[i] * hidden + h] : T(0);
+        ops::store(dst.data_as<T>() + i * hidden + h,
+                   valid(ip[i], rows) ? ops::load(src.data_as<T>()[ip[i] * hidden + h]) : C(0));
       }
     }
   });
@@ -75,34 +81,39 @@ void gather_skip_rule(const Tensor& src, const Tensor& index, const Tensor& dst)
 
 void combine_skip_rule(const Tensor& y, const Tensor& index, const Tensor* weight,
                        const Tensor& out) {
-  ops::dispatch_float(out.dtype(), "combine_rows skip rule", [&](auto zero) {
+  ops::dispatch_storage(out.dtype(), "combine_rows skip rule", [&](auto zero) {
     using T = decltype(zero);
+    using C = ops::compute_t<T>;
     const int64_t rows = out.size(0), hidden = out.size(1);
     const int32_t* ip = index.data_as<int32_t>();
+    std::vector<C> acc(static_cast<size_t>(out.numel()));
+    ops::widen(out.data_as<T>(), acc.data(), out.numel());
     for (int64_t i = 0; i < index.size(0); ++i) {
       if (!valid(ip[i], rows)) continue;
-      T w = weight != nullptr ? weight->data_as<T>()[i] : T(1);
+      C w = weight != nullptr ? ops::load(weight->data_as<T>()[i]) : C(1);
       for (int64_t h = 0; h < hidden; ++h) {
-        out.data_as<T>()[ip[i] * hidden + h] += w * y.data_as<T>()[i * hidden + h];
+        acc[ip[i] * hidden + h] += w * ops::load(y.data_as<T>()[i * hidden + h]);
       }
     }
+    ops::narrow(acc.data(), out.data_as<T>(), out.numel());
   });
 }
 
 void combine_backward_skip_rule(const Tensor& dout, const Tensor& y, const Tensor& index,
                                 const Tensor& weight, const Tensor& dy, const Tensor& dweight) {
-  ops::dispatch_float(dout.dtype(), "combine_rows_backward skip rule", [&](auto zero) {
+  ops::dispatch_storage(dout.dtype(), "combine_rows_backward skip rule", [&](auto zero) {
     using T = decltype(zero);
+    using C = ops::compute_t<T>;
     const int64_t rows = dout.size(0), hidden = dout.size(1);
     const int32_t* ip = index.data_as<int32_t>();
     for (int64_t i = 0; i < index.size(0); ++i) {
       double dot = 0;
       for (int64_t h = 0; h < hidden; ++h) {
-        T g = valid(ip[i], rows) ? dout.data_as<T>()[ip[i] * hidden + h] : T(0);
-        dot += double(g) * y.data_as<T>()[i * hidden + h];
-        dy.data_as<T>()[i * hidden + h] = weight.data_as<T>()[i] * g;
+        C g = valid(ip[i], rows) ? ops::load(dout.data_as<T>()[ip[i] * hidden + h]) : C(0);
+        dot += double(g) * ops::load(y.data_as<T>()[i * hidden + h]);
+        ops::store(dy.data_as<T>() + i * hidden + h, ops::load(weight.data_as<T>()[i]) * g);
       }
-      dweight.data_as<T>()[i] = static_cast<T>(dot);
+      ops::store(dweight.data_as<T>() + i, static_cast<C>(dot));
     }
   });
 }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/cpu/cpu_storage.h"
 #include "ops/op_common.h"
 #include "ops/router.h"
 #include "tests/ops/backend_ops/harness.h"
@@ -68,11 +69,15 @@ Generator topk_subsets(int64_t experts, int64_t k, bool invalid = false) {
   };
 }
 
-// The CUDA backward's rule for bad slots (ops/router.h), on host memory of the CPU backend.
+// The CUDA backward's rule for bad slots (ops/router.h), on host memory of the CPU backend (in
+// f64 for the reference; in the storage dtype, bf16 with fp32 rounding included, when the CPU is
+// under test: ops/cpu/cpu_storage.h).
 void router_backward_skip_rule(const Tensor& topk_index, const Tensor& topk_weight,
                                const Tensor& dtopk_weight, const Tensor& dlogits) {
-  ops::dispatch_float(dlogits.dtype(), "router_backward skip rule", [&](auto zero) {
+  ops::dispatch_storage(dlogits.dtype(), "router_backward skip rule", [&](auto zero) {
     using T = decltype(zero);
+    using C = ops::compute_t<T>;
+    using ops::load;
     const int64_t tokens = dlogits.size(0), experts = dlogits.size(1), k = topk_index.size(1);
     const int32_t* idx = topk_index.data_as<int32_t>();
     const T* w = topk_weight.data_as<T>();
@@ -80,12 +85,15 @@ void router_backward_skip_rule(const Tensor& topk_index, const Tensor& topk_weig
     T* dl = dlogits.data_as<T>();
     for (int64_t n = 0; n < tokens; ++n) {
       double weighted_dw = 0;
-      for (int64_t j = 0; j < k; ++j) weighted_dw += double(dw[n * k + j]) * w[n * k + j];
-      for (int64_t e = 0; e < experts; ++e) dl[n * experts + e] = T(0);
+      for (int64_t j = 0; j < k; ++j) {
+        weighted_dw += double(load(dw[n * k + j])) * load(w[n * k + j]);
+      }
+      for (int64_t e = 0; e < experts; ++e) ops::store(dl + n * experts + e, C(0));
       for (int64_t j = k - 1; j >= 0; --j) {  // backwards, so the first slot naming e wins
         int64_t e = idx[n * k + j];
         if (e < 0 || e >= experts) continue;
-        dl[n * experts + e] = static_cast<T>(double(w[n * k + j]) * (dw[n * k + j] - weighted_dw));
+        const double g = double(load(w[n * k + j])) * (load(dw[n * k + j]) - weighted_dw);
+        ops::store(dl + n * experts + e, static_cast<C>(g));
       }
     }
   });

@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
   const auto& cases = registry();
   for (size_t i = 0; i < cases.size(); ++i) {
     std::vector<moepeak::DType> storages{moepeak::DType::f32};
-    if (cases[i].bf16 && !cpu_under_test()) storages.push_back(moepeak::DType::bf16);
+    if (cases[i].bf16) storages.push_back(moepeak::DType::bf16);
     for (moepeak::DType storage : storages) {
       std::string name = test_name(cases[i].name) + "_" + std::string(moepeak::dtype_name(storage));
       ::testing::RegisterTest(

@@ -4,9 +4,9 @@
 //   build/tests/ops/test_backend_ops                  CUDA under test (f32 and bf16 storage);
 //                                                     every test skips without a CUDA device
 //   MOEPEAK_BACKEND_OPS=cpu build/tests/ops/test_backend_ops
-//                                                     the CPU in f32 under test (ctest runs this
-//                                                     as test_backend_ops_cpu: it checks the
-//                                                     cases themselves on machines with no GPU)
+//                                                     the CPU in f32 and bf16 under test (ctest
+//                                                     runs this as test_backend_ops_cpu: the
+//                                                     cases and the CPU's bf16 path, no GPU)
 //   ... --gtest_filter='*rmsnorm*'                    one op
 //
 // A case lists its tensors (shape, kind, role, how to fill them) and a function that runs the op
