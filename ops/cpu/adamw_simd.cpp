@@ -82,6 +82,7 @@ MOEPEAK_AVX2 void span_avx2(typename X::T* p, const typename X::T* gin, typename
     X::store(p + i, pi);
     if (w != nullptr) X::store(w + i, pi);
   }
+  _mm256_zeroupper();  // before the SSE tail: see ops/cpu/gemm_tiles.cpp, widen_avx2
   span_scalar(p, gin, m, v, w, vec_end, n, s);
 }
 
