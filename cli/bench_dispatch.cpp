@@ -344,7 +344,7 @@ void register_bench_dispatch(CLI::App& bench, Context& ctx) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--slots", args.slots, "PipelinedLLEP's receive slots S (0 = the bound's rule)")
       ->check(CLI::Range(0, 3));
-  sub->add_option("--dtype", args.dtype, "f32 or f64 (bf16 on the CUDA backend)")
+  sub->add_option("--dtype", args.dtype, "f32, bf16 or f64")
       ->check(CLI::IsMember({"f32", "f64", "bf16"}));
   sub->add_flag("--recompute", args.recompute,
                 "time forward, checkpoint recompute and backward (a checkpointed layer)");

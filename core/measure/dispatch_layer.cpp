@@ -16,10 +16,6 @@ DispatchLayer::DispatchLayer(Backend& backend, Comm& comm, const DispatchLayerSh
                 W = comm.world_size();
   MOEPEAK_CHECK_INPUT(E % W == 0 && k <= E, "a dispatch layer of E = ", E, " experts on W = ", W,
                       " ranks with top-", k, " needs E divisible by W and k <= E");
-  MOEPEAK_CHECK_INPUT(s.dtype != DType::bf16 || backend.kind() == BackendKind::cuda,
-                      "a dispatch layer in bf16 runs on the CUDA backend only "
-                      "(runtime.backend = \"cuda\"); this one is ",
-                      backend.describe());
   std::mt19937_64 rng(4321 + static_cast<uint64_t>(comm.rank()));
   std::uniform_real_distribution<double> uni(-1.0, 1.0);
   x_ = tensor(Shape{N, H}, "dispatch x");

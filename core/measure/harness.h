@@ -99,8 +99,8 @@ struct Ceiling {
   int n = 0;               // the n^3 GEMM
   double gflops = 0;       // its best of five through ops::linear_forward
 };
-// dtype "" = bf16 on CUDA, f32 on the CPU (bf16 on the CPU is an error naming `bench`);
-// size 0 = 8192 on CUDA, 1024 on the CPU. Measures the ceiling on the backend.
+// dtype "" = bf16 on CUDA, f32 on the CPU (either may run f32 or bf16; another is an error naming
+// `bench`); size 0 = 8192 on CUDA, 1024 on the CPU. Measures the ceiling on the backend.
 Ceiling measure_ceiling(Backend& backend, const std::string& dtype, int size, const char* bench);
 
 // This rank's E/W experts of a bench MoE layer (bench dispatch, tune): w1, w3 (F, H) and w2

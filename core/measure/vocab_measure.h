@@ -61,10 +61,6 @@ class VocabBench {
         backend_(Backend::create(bench_any_backend_options(cfg, ranks))),
         comm_(make_comm(*backend_, ranks)),
         shard_(schedules::vocab_shard(args.vocab, ranks.world_size, ranks.rank)) {
-    MOEPEAK_CHECK(
-        dtype_ != DType::bf16 || backend_->kind() == BackendKind::cuda,
-        "bench vocab --dtype bf16 needs the CUDA backend (runtime.backend = \"cuda\"); the "
-        "CPU computes in f32 or f64");
     const int64_t N = args.tokens, H = args.hidden, V = args.vocab;
     // Inputs every schedule reads: this rank's batch and labels, the whole LM head (the
     // materialised schedule's replica), its rows (Ring-DTP's shard) and the gradients.

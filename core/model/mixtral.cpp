@@ -71,10 +71,8 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
       zero_traffic_(params_, backend, stream, comm.world_size() > 1 ? zero_prefetch_depth : 0) {
   const auto [first, last] = zero_local_experts(model, layout_.degrees(), layout_.expert().rank());
   groups_ = zero_gather_groups(params_.layout(), params_.lm_head_sharding(), first, last);
-  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 ||
-                    (dtype == DType::bf16 && backend.kind() == BackendKind::cuda),
-                "the model computes in f32 or f64 (and bf16 on the CUDA backend), not ",
-                dtype_name(dtype), " on ", backend.describe());
+  MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
+                "the model computes in f32, bf16 or f64, not ", dtype_name(dtype));
   boundaries_ = schedules::make_boundaries(schedules_, backend_, stream_);
   // Collective under ring_dtp (RingDtpVocab duplicates the communicator).
   vocab_ = schedules::make_vocab(schedules_, backend_, stream_, comm_, dtype_, model_.vocab_size);

@@ -84,12 +84,6 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
 }
 
 void check_supported(const Config& cfg) {
-  const bool cuda = uses_cuda_backend(cfg);
-  if (cfg.training.dtype == ComputeDtype::bfloat16 && !cuda) {
-    MOEPEAK_INPUT_ERROR(
-        "training.dtype = \"bfloat16\" needs the CUDA backend (bf16 storage with fp32 "
-        "math); the CPU trains in float32: use \"auto\" or \"float32\"");
-  }
   if (training_dtype(cfg) == DType::bf16 &&
       cfg.optimizer.placement == OptimizerPlacement::offload_serial) {
     MOEPEAK_INPUT_ERROR(

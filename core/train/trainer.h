@@ -33,7 +33,7 @@ namespace moepeak {
 // trainer and the benches that run on either backend (gemm, vocab) create.
 bool uses_cuda_backend(const Config& cfg);
 // training.dtype resolved as `moepeak plan` reads it: "auto" is bf16 on CUDA and f32 on the CPU.
-// bf16 (CUDA only) trains bf16 weights, gradients and activations with an fp32 AdamW master.
+// bf16 (either backend) trains bf16 weights, gradients and activations with an fp32 AdamW master.
 DType training_dtype(const Config& cfg);
 
 // runtime.cpu_link_gb_per_s / cpu_link_latency_us as the CPU comm's link model (off at 0).

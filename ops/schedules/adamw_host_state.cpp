@@ -18,10 +18,9 @@ HostAdamWState::HostAdamWState(Backend& backend, const Tensor& flat_values,
                                std::vector<OptimizerPiece> pieces, const char* who)
     : backend_(&backend), flat_values_(flat_values), pieces_(std::move(pieces)) {
   const DType working = flat_values.dtype();
-  MOEPEAK_CHECK(working == DType::f32 || working == DType::f64 ||
-                    (working == DType::bf16 && backend.kind() == BackendKind::cuda),
-                who, ": working weights ", flat_values.str(),
-                " (f32 or f64 expected; bf16, with an fp32 master, on the CUDA backend)");
+  MOEPEAK_CHECK(working == DType::f32 || working == DType::f64 || working == DType::bf16, who,
+                ": working weights ", flat_values.str(),
+                " (f32 or f64 expected; bf16 with an fp32 master)");
   const DType dtype = adamw_state_dtype(working);
   const size_t b = dtype_size(working);
   const int64_t n = flat_values.numel();

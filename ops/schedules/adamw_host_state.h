@@ -5,7 +5,7 @@
 //
 //   master, m, v (P)   pinned host, state dtype adamw_state_dtype(working): the working weights'
 //                      dtype for f32 (the master is then a separate fp32 copy of the working
-//                      weights) and f64 (tests); fp32 for bf16 working weights (CUDA only).
+//                      weights) and f64 (tests); fp32 for bf16 working weights.
 //                      P = the flat weights buffer's elements.
 //   host bytes         adamw_offload_host_bytes(P, dtype) = 3·PinnedPool::footprint(P·b)
 //

@@ -30,9 +30,6 @@ ResidentAdamW::ResidentAdamW(Backend& backend, const Tensor& flat_values,
     slots_.push_back({p, static_cast<int64_t>((at - base) / static_cast<ptrdiff_t>(elem))});
   }
   const DType working = flat_values.dtype(), state = adamw_state_dtype(working);
-  MOEPEAK_CHECK(working != DType::bf16 || backend.kind() == BackendKind::cuda,
-                "resident AdamW: bf16 working weights ", flat_values.str(),
-                " need the CUDA backend (the CPU updates f32 or f64 in place)");
   Stream& stream = backend.default_stream();
   flat_values_ = flat_values;
   if (state != working) {

@@ -123,7 +123,6 @@ class BackendSco : public ::testing::TestWithParam<DType> {};
 TEST_P(BackendSco, IsBitwiseStandardCheckpointingWithinItsBound) {
   if (std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
   const DType dtype = GetParam();
-  if (dtype == DType::bf16 && cpu_under_test()) GTEST_SKIP() << "bf16 storage is CUDA's";
   Backend& backend = backend_under_test();
   const Step standard = model_step(backend, standard_schedules(), dtype);
   SchedulesConfig s = standard_schedules();
@@ -178,7 +177,6 @@ class BackendBoundedSchedule : public ::testing::TestWithParam<BoundedCase> {};
 TEST_P(BackendBoundedSchedule, MatchesTheStandardScheduleInFloat32) {
   if (std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
   const DType dtype = GetParam().dtype;
-  if (dtype == DType::bf16 && cpu_under_test()) GTEST_SKIP() << "bf16 storage is CUDA's";
   Backend& backend = backend_under_test();
   const Step standard = model_step(backend, standard_schedules(), dtype);
   const Step bounded = model_step(backend, GetParam().schedules, dtype);
@@ -246,7 +244,6 @@ class BackendAdamW : public ::testing::TestWithParam<DType> {};
 TEST_P(BackendAdamW, OffloadedPlacementsAreBitwiseResident) {
   if (std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
   const DType dtype = GetParam();
-  if (dtype == DType::bf16 && cpu_under_test()) GTEST_SKIP() << "bf16 storage is CUDA's";
   Backend& backend = backend_under_test();
   Stream& stream = backend.default_stream();
   std::unique_ptr<Comm> comm = make_comm(backend, RankInfo{});
