@@ -3,6 +3,9 @@
 // formulas describe exactly what each schedule allocates. Run: ctest -R test_model_memory
 #include <gtest/gtest.h>
 
+#include <string>
+#include <tuple>
+
 #include "core/model/mixtral.h"
 #include "core/model/optimizer_params.h"
 #include "ops/schedules/adamw_resident.h"
@@ -28,10 +31,14 @@ ModelConfig model_config() {
   return m;
 }
 
-class StandardLiveSets : public ::testing::TestWithParam<CheckpointSchedule> {};
+// (checkpointing, storage dtype): f32, and bf16 with the GPU path's byte layout (b = 2; on the
+// CPU too, ops/cpu/cpu_storage.h), its AdamW keeping an fp32 master.
+using LiveSetsCase = std::tuple<CheckpointSchedule, DType>;
+class StandardLiveSets : public ::testing::TestWithParam<LiveSetsCase> {};
 
 TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
   const ModelConfig cfg = model_config();
+  const auto [checkpoint, dtype] = GetParam();
   auto backend = Backend::create(BackendOptions{});
   Stream& stream = backend->default_stream();
   const int64_t B = 3, T = 20, N = B * T;
@@ -45,34 +52,42 @@ TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
     positions.data_as<int64_t>()[n] = n % T;
   }
   auto comm = make_comm(*backend, RankInfo{});  // one rank
-  MixtralModel model(*backend, stream, *comm, cfg, GetParam(), DType::f32);
+  MixtralModel model(*backend, stream, *comm, cfg, checkpoint, dtype);
   model.params().initialize(3, 0.1, stream);
   schedules::ResidentAdamW adamw(*backend, optimizer_params(model.params()), OptimizerConfig{});
   backend->arena().reset_peaks();
   model.forward_backward(TokenBatch{ids, labels, positions, B, T, N}, N);
   const MemoryStats s = backend->arena().stats();
-  const DType f32 = DType::f32;
+  const uint64_t b = dtype_size(dtype);
   const int64_t params = model.params().layout().total_elements();
 
   const int64_t layers_resident =
-      GetParam() == CheckpointSchedule::none ? cfg.num_hidden_layers : 1;
+      checkpoint == CheckpointSchedule::none ? cfg.num_hidden_layers : 1;
   EXPECT_EQ(s.peak_per_set()[LiveSet::dispatch],
             schedules::dispatch_standard_bytes(N, cfg.num_experts_per_tok, cfg.hidden_size,
-                                               cfg.intermediate_size, f32, layers_resident));
+                                               cfg.intermediate_size, dtype, layers_resident));
   EXPECT_EQ(s.peak_per_set()[LiveSet::logits],
-            schedules::vocab_materialized_bytes(N, cfg.vocab_size, f32));
+            schedules::vocab_materialized_bytes(N, cfg.vocab_size, dtype));
   EXPECT_EQ(s.peak_per_set()[LiveSet::boundaries],
-            schedules::boundaries_standard_bytes(cfg.num_hidden_layers, N, cfg.hidden_size, f32));
-  EXPECT_EQ(s.peak_per_set()[LiveSet::optimizer], schedules::adamw_resident_bytes(params, f32));
-  EXPECT_EQ(s.peak_per_set()[LiveSet::weights], DeviceArena::footprint(params * 4));
-  EXPECT_EQ(s.peak_per_set()[LiveSet::grads], DeviceArena::footprint(params * 4));
+            schedules::boundaries_standard_bytes(cfg.num_hidden_layers, N, cfg.hidden_size, dtype));
+  EXPECT_EQ(s.peak_per_set()[LiveSet::optimizer], schedules::adamw_resident_bytes(params, dtype));
+  EXPECT_EQ(s.peak_per_set()[LiveSet::weights], DeviceArena::footprint(params * b));
+  EXPECT_EQ(s.peak_per_set()[LiveSet::grads], DeviceArena::footprint(params * b));
   // The total peak is one moment's sum of live sets, never more than their own peaks added up.
   EXPECT_LE(s.peak_total(), s.peak_per_set().total());
   EXPECT_EQ(s.at_peak().total(), s.peak_total());
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpointing, StandardLiveSets,
-                         ::testing::Values(CheckpointSchedule::none, CheckpointSchedule::standard));
+                         ::testing::Combine(::testing::Values(CheckpointSchedule::none,
+                                                              CheckpointSchedule::standard),
+                                            ::testing::Values(DType::f32, DType::bf16)),
+                         [](const ::testing::TestParamInfo<LiveSetsCase>& info) {
+                           return std::string(std::get<0>(info.param) == CheckpointSchedule::none
+                                                  ? "none"
+                                                  : "standard") +
+                                  "_" + std::string(dtype_name(std::get<1>(info.param)));
+                         });
 
 }  // namespace
 }  // namespace moepeak

@@ -68,6 +68,45 @@ TEST(PlanMeasured, LlepNoneCheckpointing) {
   expect_within_plan("llep+none+ring_dtp", c);
 }
 
+// The same tables in bf16 (training.dtype = "bfloat16" on the CPU: the GPU path's byte layout,
+// b = 2, with AdamW's fp32 master): every live set's peak at or under its plan, within 10%.
+TEST(PlanMeasuredBf16, StandardSchedules) {
+  Config c = tiny_plan_config();
+  c.training.dtype = ComputeDtype::bfloat16;
+  expect_within_plan("bf16 standard", c);
+}
+
+TEST(PlanMeasuredBf16, ScoRingDtpOffloadStream) {
+  Config c = tiny_plan_config();
+  c.training.dtype = ComputeDtype::bfloat16;
+  c.schedules.checkpoint = CheckpointSchedule::sco;
+  c.schedules.vocab = VocabSchedule::ring_dtp;
+  c.schedules.vocab_strip = 16;
+  c.schedules.vocab_kept_strips = 2;
+  c.optimizer.placement = OptimizerPlacement::offload_stream;
+  expect_within_plan("bf16 sco+ring_dtp+offload_stream", c);
+}
+
+TEST(PlanMeasuredBf16, PipelinedLlepPartialScoAux) {
+  Config c = tiny_plan_config();
+  c.training.dtype = ComputeDtype::bfloat16;
+  c.schedules.dispatch = DispatchSchedule::pipelined_llep;
+  c.schedules.chunk_tokens = 24;
+  c.schedules.checkpoint = CheckpointSchedule::sco;
+  c.schedules.sco_host_budget = "2MiB";
+  c.model.router_aux_loss_coef = 0.01;
+  expect_within_plan("bf16 pipelined_llep+sco+aux", c);
+}
+
+TEST(PlanMeasuredBf16, LlepNoneCheckpointing) {
+  Config c = tiny_plan_config();
+  c.training.dtype = ComputeDtype::bfloat16;
+  c.schedules.dispatch = DispatchSchedule::llep;
+  c.schedules.checkpoint = CheckpointSchedule::none;
+  c.schedules.vocab = VocabSchedule::ring_dtp;
+  expect_within_plan("bf16 llep+none+ring_dtp", c);
+}
+
 // LLEP's spill copies (ops/schedules/llep_experts.h): min(E - E/W, plans * min(capacity, H))
 // copies of 3 F H elements each (arena footprint), H the helped-expert limit (E/W + 1 unless
 // raised), the same again in backward, one scratch; none on one rank or when lambda > W (no
