@@ -27,15 +27,19 @@ namespace moepeak {
 namespace {
 
 using testing::all_finite;
+using testing::bf16_bits;
 using testing::dot;
+using testing::expect_bf16_is_f32_rounded_once;
 using testing::grad_err;
 using testing::kFloatVsDoubleTol;
 using testing::kForwardTol;
 using testing::kGradTol;
+using testing::make_input;
 using testing::max_rel_err;
 using testing::max_scaled_err;
 using testing::OpEnv;
 using testing::random_vector;
+using testing::rounded_to_bf16;
 using testing::rounded_to_float;
 
 // ---------------------------------------------------------------------------------------------
@@ -650,48 +654,7 @@ TEST(Copy2d, RejectsBlocksOutsideTheTensorsAtTheCall) {
 // bf16 storage (ops/cpu/cpu_storage.h): fp32 arithmetic and one rounding to bf16 per output, so
 // a bf16 run is the f32 run on the same (bf16) values with every output rounded once to bf16.
 // Each test below makes its float tensors in f32 and in bf16 from bf16-rounded values and
-// expects that, bit for bit.
-
-std::vector<double> rounded_to_bf16(std::vector<double> v) {
-  for (auto& x : v) x = static_cast<float>(bf16(static_cast<float>(x)));
-  return v;
-}
-
-// A float tensor of `dtype` (f32 | bf16 | f64) holding `values` rounded to it.
-OwnedTensor make_input(OpEnv& env, Shape shape, DType dtype, const std::vector<double>& values) {
-  if (dtype != DType::bf16) return env.input(shape, dtype, values);
-  auto t = OwnedTensor::device(env.backend(), shape, dtype, LiveSet::workspace, "bf16 input");
-  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size()) << "input " << shape.str();
-  for (size_t i = 0; i < values.size(); ++i) {
-    t.data_as<bf16>()[i] = bf16(static_cast<float>(values[i]));
-  }
-  return t;
-}
-
-// A tensor's elements as bf16 bits: as stored for bf16, rounded once to bf16 for f32.
-std::vector<uint16_t> bf16_bits(OpEnv& env, const Tensor& t) {
-  env.stream().synchronize();
-  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < bits.size(); ++i) {
-    bits[i] =
-        t.dtype() == DType::bf16 ? t.data_as<bf16>()[i].bits : bf16(t.data_as<float>()[i]).bits;
-  }
-  return bits;
-}
-
-// `run(storage)` makes its float tensors in `storage`, runs the ops and returns the tensors to
-// compare. Expects every one of the bf16 run to be the f32 run's rounded once, bit for bit (and
-// the f32 run to be finite, so two unwritten NaN outputs cannot agree).
-void expect_bf16_is_f32_rounded_once(OpEnv& env,
-                                     const std::function<std::vector<OwnedTensor>(DType)>& run) {
-  std::vector<OwnedTensor> f = run(DType::f32);
-  std::vector<OwnedTensor> b = run(DType::bf16);
-  ASSERT_EQ(f.size(), b.size());
-  for (size_t j = 0; j < f.size(); ++j) {
-    EXPECT_TRUE(all_finite(env.read(f[j]))) << "output " << j;
-    EXPECT_EQ(bf16_bits(env, b[j]), bf16_bits(env, f[j])) << "output " << j;
-  }
-}
+// expects that, bit for bit (the helpers: dense_ops_testing.h).
 
 TEST(Bf16Storage, ElementwiseIsTheF32ResultRoundedOnce) {
   OpEnv env;

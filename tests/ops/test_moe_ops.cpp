@@ -41,7 +41,11 @@ using testing::OpEnv;
 using testing::random_vector;
 using testing::rounded_to_float;
 
+using testing::bf16_bits;
+using testing::expect_bf16_is_f32_rounded_once;
 using testing::expect_stream_error;
+using testing::make_input;
+using testing::rounded_to_bf16;
 
 // ---------------------------------------------------------------------------------------------
 // Router: logits (N, E), top-k
@@ -484,47 +488,7 @@ TEST(Permute, RejectsBadArguments) {
 // ---------------------------------------------------------------------------------------------
 // bf16 storage (ops/cpu/cpu_storage.h): fp32 arithmetic and one rounding to bf16 per output, so
 // where the op's semantics allow, a bf16 run is the f32 run on the same (bf16) values with every
-// output rounded once to bf16, bit for bit. (The helpers repeat test_dense_ops.cpp's.)
-
-std::vector<double> rounded_to_bf16(std::vector<double> v) {
-  for (auto& x : v) x = static_cast<float>(bf16(static_cast<float>(x)));
-  return v;
-}
-
-// A float tensor of `dtype` (f32 | bf16 | f64) holding `values` rounded to it.
-OwnedTensor make_input(OpEnv& env, Shape shape, DType dtype, const std::vector<double>& values) {
-  if (dtype != DType::bf16) return env.input(shape, dtype, values);
-  auto t = OwnedTensor::device(env.backend(), shape, dtype, LiveSet::workspace, "bf16 input");
-  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size()) << "input " << shape.str();
-  for (size_t i = 0; i < values.size(); ++i) {
-    t.data_as<bf16>()[i] = bf16(static_cast<float>(values[i]));
-  }
-  return t;
-}
-
-// A tensor's elements as bf16 bits: as stored for bf16, rounded once to bf16 for f32.
-std::vector<uint16_t> bf16_bits(OpEnv& env, const Tensor& t) {
-  env.stream().synchronize();
-  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < bits.size(); ++i) {
-    bits[i] =
-        t.dtype() == DType::bf16 ? t.data_as<bf16>()[i].bits : bf16(t.data_as<float>()[i]).bits;
-  }
-  return bits;
-}
-
-// `run(storage)` makes its float tensors in `storage`, runs the ops and returns the tensors to
-// compare; every one of the bf16 run must be the f32 run's rounded once (and the f32 run finite).
-void expect_bf16_is_f32_rounded_once(OpEnv& env,
-                                     const std::function<std::vector<OwnedTensor>(DType)>& run) {
-  std::vector<OwnedTensor> f = run(DType::f32);
-  std::vector<OwnedTensor> b = run(DType::bf16);
-  ASSERT_EQ(f.size(), b.size());
-  for (size_t j = 0; j < f.size(); ++j) {
-    EXPECT_TRUE(all_finite(env.read(f[j]))) << "output " << j;
-    EXPECT_EQ(bf16_bits(env, b[j]), bf16_bits(env, f[j])) << "output " << j;
-  }
-}
+// output rounded once to bf16, bit for bit. (The helpers: dense_ops_testing.h.)
 
 TEST(Bf16Storage, SwigluIsTheF32ResultRoundedOnce) {
   OpEnv env;
