@@ -11,9 +11,8 @@
 //   dx:      (M, K)   dx[g rows] = dy[g rows] w_g, written (=) or, with accumulate_dx, added (+=);
 //                     pass an undefined Tensor() to skip it
 //   dw:      empty (no weight gradients) or G tensors (N, K): dw_g += dy[g rows]^T x[g rows],
-//            always accumulated; an undefined dw_g skips that group's gradient. x's dtype; on the
-//            CPU also f32 when x is bf16 (the fp32 main gradient, as in ops/linear.h); CUDA: x's
-//            dtype only for now
+//            always accumulated; an undefined dw_g skips that group's gradient. x's dtype, or
+//            f32 when x is bf16 (the fp32 main gradient, as in ops/linear.h), on both backends
 //
 // It computes exactly what the loop over groups of ops/linear.h computes,
 //   for g: linear_forward(x.rows(o[g], o[g+1]), w[g], y.rows(o[g], o[g+1]), accumulate)
@@ -29,15 +28,17 @@
 // cuBLAS call for the forward, and in backward one for dx and one for dw, over the non-empty
 // groups; f32 in strict fp32 (no TF32), bf16 storage with fp32 accumulation and one rounding to
 // bf16 per output (as ops/linear.h on CUDA). f64 (test references), K == 0, N == 0 and sizes past
-// int32 run the per-group loop of CUDA linear calls instead. Each call copies its pointer arrays
+// int32 run the per-group loop of CUDA linear calls instead, and so does each f32 dw_g of a bf16
+// x: one cuBLASLt GEMM with bf16 A/B and f32 C/D, fp32 accumulation, beta = 1 (the grouped cuBLAS
+// call keeps C in A's type; dx and any bf16 dw_g stay grouped). Each call copies its pointer arrays
 // (3 per GEMM) to a small per-stream device buffer through pinned staging on the stream; nothing
 // grows with the tokens, and a call waits for the GPU only when the host is 8 grouped calls
 // ahead on that stream, or allocates when one needs room for more than 256 GEMMs for the first
 // time (see the file's NOTES).
 //
 // Test: ctest -R test_grouped_linear (CPU, against the per-group loop bitwise and a float64
-// reference, f32, f64 and bf16); ctest -R test_backend_ops (both backends, cases in
-// tests/ops/backend_ops/cases_grouped_linear.cpp).
+// reference, f32, f64 and bf16); ctest -R test_backend_ops (both backends, f32 dw_g included,
+// cases in tests/ops/backend_ops/cases_grouped_linear.cpp).
 #pragma once
 
 #include <cstdint>
@@ -73,11 +74,12 @@ struct GroupedLinearGrads {
   std::vector<bool> dw;  // G entries, all false when dw is empty
 };
 // The above, dy (M, N), a given dx (M, K), and dw empty or G entries, each given one (N, K), all
-// of x's dtype, except that with f32_dw_for_bf16 (the CPU entry points) a bf16 x may have f32
-// dw_g; CUDA passes false until its grouped GEMMs write an f32 dw.
-GroupedLinearGrads check_grouped_linear_backward_args(
-    const char* op, const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets,
-    const Tensor& dy, const Tensor& dx, std::span<const Tensor> dw, bool f32_dw_for_bf16 = false);
+// of x's dtype, except that a bf16 x may have f32 dw_g (the fp32 main gradient).
+GroupedLinearGrads check_grouped_linear_backward_args(const char* op, const Tensor& x,
+                                                      std::span<const Tensor> w,
+                                                      std::span<const int64_t> offsets,
+                                                      const Tensor& dy, const Tensor& dx,
+                                                      std::span<const Tensor> dw);
 
 // Benches (`bench gemm`): from now on the CUDA grouped GEMMs run as one cuBLASLt GEMM per group
 // (ops/cuda/linear.cpp, which takes set_gemm_algorithm_rank) instead of one

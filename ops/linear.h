@@ -8,10 +8,9 @@
 //   dx: (M, K)          dx = dy w, written (=) or, with accumulate_dx, added (+=);
 //                       pass an undefined Tensor() to skip it (e.g. the first layer's input)
 //   dw: (N, K)          dw += dy^T x, always accumulated (+=); pass an undefined Tensor() to
-//                       skip it (a product by a weight that needs no gradient here). x's dtype;
-//                       on the CPU also f32 when x is bf16 (the fp32 main gradient: the sum is
-//                       accumulated into dw in fp32 with no bf16 rounding); CUDA: x's dtype only
-//                       for now
+//                       skip it (a product by a weight that needs no gradient here). x's dtype,
+//                       or f32 when x is bf16 (the fp32 main gradient: the sum is accumulated
+//                       into dw in fp32 with no bf16 rounding), on both backends
 //
 // The _cols variants multiply by a block of w's input columns, w[:, k0 : k0 + K] with K = x's
 // columns, where w and dw are (N, K_w) with k0 + K <= K_w, and dw is updated in those columns
@@ -28,14 +27,16 @@
 // thread, allocated at its first bf16 GEMM; reproducible run to run as well.
 // CUDA (ops/cuda/linear.cpp): the same GEMMs through cuBLASLt (ops/cuda/cublaslt.h), enqueued on
 // the stream: f32 in strict fp32 (no TF32), bf16 storage with fp32 accumulation (an accumulated
-// output is read in bf16 and rounded to bf16 once per call), f64 in f64. dx and dw are two GEMMs
-// in stream order. Each stream's first GEMM allocates its 32 MiB cuBLASLt workspace (outside the
-// arena), and each new shape or pointer alignment queries cuBLASLt's heuristic once; after that a
-// call allocates nothing and does not synchronise. Results are reproducible run to run on one GPU
-// model and cuBLAS version.
+// output is read in bf16 and rounded to bf16 once per call), f64 in f64; an f32 dw of a bf16 x
+// is a GEMM with bf16 A/B and f32 C/D (fp32 accumulation, beta = 1 reads and writes dw in fp32,
+// no TF32). dx and dw are two GEMMs in stream order. Each stream's first GEMM allocates its
+// 32 MiB cuBLASLt workspace (outside the arena), and each new shape, pointer alignment or dw
+// dtype queries cuBLASLt's heuristic once; after that a call allocates nothing and does not
+// synchronise. Results are reproducible run to run on one GPU model and cuBLAS version.
 //
 // Test: ctest -R test_dense_ops (CPU f32, f64); ctest -R test_gemm_bf16 (CPU bf16, f32 dw);
-// ctest -R test_backend_ops (both backends, cases in tests/ops/backend_ops/cases_linear.cpp).
+// ctest -R test_backend_ops (both backends, f32 dw included, cases in
+// tests/ops/backend_ops/cases_linear.cpp).
 #pragma once
 
 #include "core/runtime/stream.h"
@@ -55,8 +56,7 @@ void linear_backward_cols_cpu(const Tensor& x, const Tensor& w, int64_t k0, cons
 
 // The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
 // `cols` selects the _cols variants' w (N, K_w) with columns [k0, k0 + K); otherwise w is (N, K).
-// Every tensor has x's dtype, except that with f32_dw_for_bf16 (the CPU entry points) a bf16 x
-// may have an f32 dw; CUDA passes false until its GEMMs write an f32 dw.
+// Every tensor has x's dtype, except that a bf16 x may have an f32 dw (the fp32 main gradient).
 void check_linear_forward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
                                bool cols, const Tensor& y);
 // Which gradients a backward call forms: dx (dw) is wanted when it is defined or has a shape (a
@@ -67,7 +67,7 @@ struct LinearGrads {
 };
 LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
                                        bool cols, const Tensor& dy, const Tensor& dx,
-                                       const Tensor& dw, bool f32_dw_for_bf16 = false);
+                                       const Tensor& dw);
 
 // Benches (`bench gemm`): from now on the CUDA GEMMs of every op take the rank-th algorithm of
 // cuBLASLt's heuristic list for their configuration (0, the default, is its first choice: what

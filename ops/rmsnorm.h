@@ -9,9 +9,8 @@
 //   dy:   (N, H)
 //   dx:   (N, H)                                          (written, =)
 //   dw:   (H)    dw[h] += sum_n dy[n, h] * x[n, h] * rstd[n]   (accumulated, +=)
-//                x's dtype; on the CPU also f32 when x is bf16 (the fp32 main gradient: the
-//                column sum is rounded to fp32 and added in fp32, no bf16 rounding). CUDA takes
-//                only x's dtype.
+//                x's dtype, or f32 when x is bf16 (the fp32 main gradient: the column sum is
+//                rounded to fp32 and added in fp32, no bf16 rounding), on both backends
 //
 // Precision: the mean of squares is accumulated in double for both float and double (at least
 // the fp32 Hugging Face uses), then rstd is rounded to the tensors' compute type (fp32 for f32 and
@@ -27,7 +26,8 @@
 // uses the fp32 value (one rounding, to bf16, at the end). dw is deterministic without atomics: a
 // second kernel owns each column, sums its rows in double over a fixed split (16 row lanes, added
 // in lane order) and adds the total to dw[h] once, so it is reproducible run to run, though not
-// bitwise the CPU's increasing-n order. It runs before the dx kernel, so dx may be x or dy.
+// bitwise the CPU's increasing-n order; an f32 dw of bf16 x takes dw[h] += fp32(total) in fp32,
+// as on the CPU. It runs before the dx kernel, so dx may be x or dy.
 //
 // CPU with bf16 storage (ops/cpu/rmsnorm.cpp): the CUDA semantics above with the CPU's orders.
 // Elements are read into fp32 (double for the statistics); rstd is rounded to fp32, stored
@@ -54,12 +54,12 @@ void rmsnorm_backward_cpu(const Tensor& x, const Tensor& w, const Tensor& rstd, 
                           const Tensor& dx, const Tensor& dw, Stream& stream);
 
 // The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
-// With f32_dw_for_bf16 (the CPU entry point), dw may also be f32 when x is bf16.
+// dw has x's dtype, or f32 when x is bf16 (the fp32 main gradient).
 void check_rmsnorm_forward_args(const char* op, const Tensor& x, const Tensor& w, double eps,
                                 const Tensor& y, const Tensor& rstd);
 void check_rmsnorm_backward_args(const char* op, const Tensor& x, const Tensor& w,
                                  const Tensor& rstd, const Tensor& dy, const Tensor& dx,
-                                 const Tensor& dw, bool f32_dw_for_bf16 = false);
+                                 const Tensor& dw);
 
 // The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
 // backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).

@@ -1,8 +1,9 @@
 // CPU adamw_fused: arguments checked on the caller's thread (the CPU's dtype rule, then
 // check_adamw_fused_args, shared with the CUDA kernel in ops/cuda/adamw.cu), then one adamw_span
 // (AVX2 when the CPU has it) with the working-weight output on the stream's worker; with bf16
-// working weights, adamw_span runs a chunk at a time on the widened gradient and the chunk's new
-// master is rounded to bf16. See ops/adamw_fused.h. Test: ctest -R test_adamw_kernels
+// working weights, adamw_span runs a chunk at a time on the widened gradient (or the f32 one as it
+// is) and the chunk's new master is rounded to bf16. See ops/adamw_fused.h.
+// Test: ctest -R test_adamw_kernels
 #include "ops/adamw_fused.h"
 
 #include <algorithm>
@@ -14,19 +15,30 @@
 namespace moepeak::ops {
 namespace {
 
-// An f32 master, m, v with a bf16 gradient and bf16 working weights. The gradient is widened
-// (exactly) kChunk elements at a time into fixed scratch, adamw_span<float> updates the chunk,
-// and the working weights are the chunk's new master rounded to nearest even. The update is
-// element-wise, so the chunking changes no bit: master, m and v are adamw_span<float>'s (hence
-// adamw_cpu's) on the widened gradient.
+// An f32 master, m, v with bf16 working weights and a bf16 gradient (the first overload) or an
+// f32 one (the second: the fp32 main gradient). A bf16 gradient is widened (exactly) kChunk
+// elements at a time into fixed scratch, an f32 one is read as it is; adamw_span<float> updates
+// the chunk, and the working weights are the chunk's new master rounded to nearest even. The
+// update is element-wise, so the chunking changes no bit: master, m and v are
+// adamw_span<float>'s (hence adamw_cpu's) on the fp32 gradient.
+constexpr int64_t kChunk = 2048;  // 8 KiB of fp32 gradient: in L1 with the chunk's state
+
 void adamw_span_bf16_working(float* master, const bf16* grad, float* m, float* v, bf16* working,
                              int64_t n, const AdamWScalars<float>& s) {
-  constexpr int64_t kChunk = 2048;  // 8 KiB of fp32 gradient: in L1 with the chunk's state
   float widened[kChunk];
   for (int64_t i = 0; i < n; i += kChunk) {
     const int64_t len = std::min(kChunk, n - i);
     widen(grad + i, widened, len);
     adamw_span<float>(master + i, widened, m + i, v + i, nullptr, len, s);
+    narrow(master + i, working + i, len);
+  }
+}
+
+void adamw_span_bf16_working(float* master, const float* grad, float* m, float* v, bf16* working,
+                             int64_t n, const AdamWScalars<float>& s) {
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t len = std::min(kChunk, n - i);
+    adamw_span<float>(master + i, grad + i, m + i, v + i, nullptr, len, s);
     narrow(master + i, working + i, len);
   }
 }
@@ -45,8 +57,10 @@ void check_adamw_fused_args(const char* op, const Tensor& master, const Tensor& 
     MOEPEAK_CHECK(t->dtype() == master.dtype(), op, ": master ", master.str(), " with ", t->str(),
                   " (m and v take master's dtype)");
   }
-  MOEPEAK_CHECK(grad.dtype() == working.dtype(), op, ": grad ", grad.str(), " with working ",
-                working.str(), " (the gradient takes the working weights' dtype)");
+  const bool f32_grad = grad.dtype() == DType::f32 && working.dtype() == DType::bf16;
+  MOEPEAK_CHECK(grad.dtype() == working.dtype() || f32_grad, op, ": grad ", grad.str(),
+                " with working ", working.str(),
+                " (the gradient takes the working weights' dtype, or f32 with bf16 ones)");
   MOEPEAK_CHECK(hyper.step >= 1, op, ": step ", hyper.step, " (steps count from 1)");
 }
 
@@ -64,12 +78,17 @@ void adamw_fused_cpu(const Tensor& master, const Tensor& grad, const Tensor& m, 
   const int64_t n = master.numel();
   if (bf16_working) {
     float* p = master.data_as<float>();
-    const bf16* g = grad.data_as<bf16>();
     float* mm = m.data_as<float>();
     float* vv = v.data_as<float>();
     bf16* w = working.data_as<bf16>();
     const AdamWScalars<float> s = AdamWScalars<float>::make(hyper, decay);
-    as_cpu_stream(stream).enqueue([=] { adamw_span_bf16_working(p, g, mm, vv, w, n, s); });
+    if (grad.dtype() == DType::f32) {  // the fp32 main gradient (checked above)
+      const float* g = grad.data_as<float>();
+      as_cpu_stream(stream).enqueue([=] { adamw_span_bf16_working(p, g, mm, vv, w, n, s); });
+    } else {
+      const bf16* g = grad.data_as<bf16>();
+      as_cpu_stream(stream).enqueue([=] { adamw_span_bf16_working(p, g, mm, vv, w, n, s); });
+    }
     return;
   }
   dispatch_float(master.dtype(), op, [&](auto zero) {

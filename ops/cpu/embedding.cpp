@@ -44,8 +44,8 @@ void check_embedding_forward_args(const char* op, const Tensor& ids, const Tenso
 }
 
 void check_embedding_backward_args(const char* op, const Tensor& ids, const Tensor& dout,
-                                   const Tensor& dweight, bool f32_dweight_for_bf16) {
-  check_embedding_args(op, ids, dout, "dout", dweight, "dweight", f32_dweight_for_bf16);
+                                   const Tensor& dweight) {
+  check_embedding_args(op, ids, dout, "dout", dweight, "dweight", /*f32_table_for_bf16=*/true);
 }
 
 void embedding_check_ids_host(const Tensor& ids, int64_t vocab_size) {
@@ -101,7 +101,7 @@ void embedding_backward_loop(const char* op, const int64_t* id, const T* dy, DW*
 void embedding_backward_cpu(const Tensor& ids, const Tensor& dout, const Tensor& dweight,
                             Stream& stream) {
   const char* op = "embedding_backward_cpu";
-  check_embedding_backward_args(op, ids, dout, dweight, /*f32_dweight_for_bf16=*/true);
+  check_embedding_backward_args(op, ids, dout, dweight);
   dispatch_storage(dout.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const int64_t* id = ids.data_as<int64_t>();

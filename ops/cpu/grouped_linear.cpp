@@ -57,9 +57,11 @@ void check_grouped_linear_forward_args(const char* op, const Tensor& x, std::spa
   y.expect(Shape{x.size(0), N}, x.dtype(), std::string(op) + ": y");
 }
 
-GroupedLinearGrads check_grouped_linear_backward_args(
-    const char* op, const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets,
-    const Tensor& dy, const Tensor& dx, std::span<const Tensor> dw, bool f32_dw_for_bf16) {
+GroupedLinearGrads check_grouped_linear_backward_args(const char* op, const Tensor& x,
+                                                      std::span<const Tensor> w,
+                                                      std::span<const int64_t> offsets,
+                                                      const Tensor& dy, const Tensor& dx,
+                                                      std::span<const Tensor> dw) {
   const int64_t N = check_grouped_linear_args(op, x, w, offsets);
   dy.expect(Shape{x.size(0), N}, x.dtype(), std::string(op) + ": dy");
   GroupedLinearGrads want;
@@ -74,7 +76,7 @@ GroupedLinearGrads check_grouped_linear_backward_args(
   for (size_t g = 0; g < w.size(); ++g) {
     want.dw[g] = given(dw[g]);
     if (!want.dw[g]) continue;
-    const bool f32_dw = f32_dw_for_bf16 && x.dtype() == DType::bf16 && dw[g].dtype() == DType::f32;
+    const bool f32_dw = x.dtype() == DType::bf16 && dw[g].dtype() == DType::f32;
     dw[g].expect(w[g].shape(), f32_dw ? DType::f32 : x.dtype(), group_label(op, g) + ": dw");
   }
   return want;
@@ -98,8 +100,7 @@ void grouped_linear_backward_cpu(const Tensor& x, std::span<const Tensor> w,
                                  const Tensor& dx, bool accumulate_dx, std::span<const Tensor> dw,
                                  Stream& stream) {
   const char* op = "grouped_linear_backward_cpu";
-  const GroupedLinearGrads want = check_grouped_linear_backward_args(op, x, w, offsets, dy, dx, dw,
-                                                                     /*f32_dw_for_bf16=*/true);
+  const GroupedLinearGrads want = check_grouped_linear_backward_args(op, x, w, offsets, dy, dx, dw);
   dispatch_storage(x.dtype(), op, [](auto) {});
   for (size_t g = 0; g < w.size(); ++g) {
     const int64_t lo = offsets[g], hi = offsets[g + 1];

@@ -117,8 +117,7 @@ void enqueue_backward(Stream& stream, const Tensor& x, const Tensor& w, int64_t 
 void backward(const char* op, bool block, const Tensor& x, const Tensor& w, int64_t k0,
               const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw,
               Stream& stream) {
-  const LinearGrads want = check_linear_backward_args(op, x, w, k0, block, dy, dx, dw,
-                                                      /*f32_dw_for_bf16=*/true);
+  const LinearGrads want = check_linear_backward_args(op, x, w, k0, block, dy, dx, dw);
   dispatch_storage(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     if constexpr (std::is_same_v<T, bf16>) {
@@ -141,7 +140,7 @@ void check_linear_forward_args(const char* op, const Tensor& x, const Tensor& w,
 
 LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
                                        bool cols, const Tensor& dy, const Tensor& dx,
-                                       const Tensor& dw, bool f32_dw_for_bf16) {
+                                       const Tensor& dw) {
   check_x_and_w(op, x, w, k0, cols);
   dy.expect(Shape{x.size(0), w.size(0)}, x.dtype(), std::string(op) + ": dy");
   // A (0, K) dx, or a dw of a (0, K) w, may have no bytes but is "given".
@@ -150,7 +149,7 @@ LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Te
   want.dw = dw.defined() || dw.ndim() > 0;
   if (want.dx) dx.expect(x.shape(), x.dtype(), std::string(op) + ": dx");
   if (want.dw) {
-    const bool f32_dw = f32_dw_for_bf16 && x.dtype() == DType::bf16 && dw.dtype() == DType::f32;
+    const bool f32_dw = x.dtype() == DType::bf16 && dw.dtype() == DType::f32;
     dw.expect(w.shape(), f32_dw ? DType::f32 : x.dtype(), std::string(op) + ": dw");
   }
   return want;

@@ -33,14 +33,14 @@ void check_rmsnorm_forward_args(const char* op, const Tensor& x, const Tensor& w
 
 void check_rmsnorm_backward_args(const char* op, const Tensor& x, const Tensor& w,
                                  const Tensor& rstd, const Tensor& dy, const Tensor& dx,
-                                 const Tensor& dw, bool f32_dw_for_bf16) {
+                                 const Tensor& dw) {
   check_x_and_w(op, x, w);
   rstd.expect(Shape{x.size(0)}, x.dtype(), std::string(op) + ": rstd");
   dy.expect(x.shape(), x.dtype(), std::string(op) + ": dy");
   dx.expect(x.shape(), x.dtype(), std::string(op) + ": dx");
-  const bool main_grad = f32_dw_for_bf16 && x.dtype() == DType::bf16 && dw.dtype() == DType::f32;
+  const bool main_grad = x.dtype() == DType::bf16 && dw.dtype() == DType::f32;
   dw.expect(w.shape(), main_grad ? DType::f32 : x.dtype(),
-            std::string(op) + ": dw" + (f32_dw_for_bf16 ? " (x's dtype, or f32 for bf16 x)" : ""));
+            std::string(op) + ": dw (x's dtype, or f32 for bf16 x)");
 }
 
 void rmsnorm_forward_cpu(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
@@ -118,7 +118,7 @@ void rmsnorm_backward_loop(const T* xp, const T* wp, const T* rp, const T* dyp, 
 void rmsnorm_backward_cpu(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                           const Tensor& dx, const Tensor& dw, Stream& stream) {
   const char* op = "rmsnorm_backward_cpu";
-  check_rmsnorm_backward_args(op, x, w, rstd, dy, dx, dw, /*f32_dw_for_bf16=*/true);
+  check_rmsnorm_backward_args(op, x, w, rstd, dy, dx, dw);
   int64_t rows = x.size(0), hidden = x.size(1);
   dispatch_storage(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);

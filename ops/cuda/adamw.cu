@@ -1,9 +1,9 @@
 // CUDA AdamW: adamw_cuda (ops/adamw.h; param, grad, m, v of one dtype, f32 or f64) and
 // adamw_fused_cuda (ops/adamw_fused.h; the device stage of OffloadStreamAdamW: fp32 master, m, v
-// in a staging slot, gradient and working weights in f32 or bf16). One grid-stride element-wise
-// kernel each, sharing one element update; the per-call scalars are ops/cpu/adamw_simd.h's
-// AdamWScalars<T>, computed on the host in double and rounded to T exactly as the CPU does, and
-// passed to the kernel by value.
+// in a staging slot, working weights in f32 or bf16, the gradient in their dtype or f32). One
+// grid-stride element-wise kernel each, sharing one element update; the per-call scalars are
+// ops/cpu/adamw_simd.h's AdamWScalars<T>, computed on the host in double and rounded to T exactly
+// as the CPU does, and passed to the kernel by value.
 //
 // NOTES: bitwise equality with the CPU. The CPU f32 path (ops/cpu/adamw.cpp, adamw_simd.h) is a
 // fixed sequence of correctly rounded IEEE 754 operations (mul, add, sub, div, sqrt) with no
@@ -16,8 +16,9 @@
 // CPU f32 result for the same inputs (f64 likewise bitwise the CPU f64 result). This holds with
 // denormals kept, as the CPU keeps them: the build does not pass --use_fast_math or -ftz=true.
 // A bf16 gradient is widened to fp32 exactly, so the fused update with bf16 working weights is
-// the f32 update of that widened gradient; the bf16 working weights are the new master rounded
-// to nearest even (__float2bfloat16_rn).
+// the f32 update of that widened gradient; an f32 gradient with bf16 working weights (the fp32
+// main gradient) is read as it is, so the update is the f32 update of that gradient. The bf16
+// working weights are the new master rounded to nearest even (__float2bfloat16_rn).
 //
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_adamw.cpp).
 #include "ops/adamw.h"
@@ -74,9 +75,10 @@ __global__ void adamw_kernel(T* param, const T* grad, T* m, T* v, int64_t n, Ada
   }
 }
 
-// W: the working dtype (float or __nv_bfloat16) of grad and working; the state is fp32.
-template <typename W>
-__global__ void adamw_fused_kernel(float* master, const W* grad, float* m, float* v, W* working,
+// W: the working dtype (float or __nv_bfloat16); G: the gradient's (W, or float with bf16 W, the
+// fp32 main gradient, read as it is); the state is fp32.
+template <typename W, typename G>
+__global__ void adamw_fused_kernel(float* master, const G* grad, float* m, float* v, W* working,
                                    int64_t n, AdamWScalars<float> s) {
   MOEPEAK_GRID_STRIDE(i, n) {
     float p = master[i], mi = m[i], vi = v[i];
@@ -125,24 +127,28 @@ void adamw_fused_cuda(const Tensor& master, const Tensor& grad, const Tensor& m,
   MOEPEAK_CHECK(master.dtype() == DType::f32 &&
                     (working.dtype() == DType::f32 || working.dtype() == DType::bf16),
                 "op ", op,
-                " runs an f32 master, m and v with f32 or bf16 working weights and "
-                "gradient; got master ",
+                " runs an f32 master, m and v with f32 or bf16 working weights (and a gradient "
+                "of their dtype, or f32); got master ",
                 dtype_name(master.dtype()), " and working weights ", dtype_name(working.dtype()));
   const int64_t n = master.numel();
   if (n == 0) return;
   const AdamWScalars<float> s = AdamWScalars<float>::make(hyper, decay);
-  auto launch = [&](auto zero) {
-    using W = decltype(zero);
-    adamw_fused_kernel<W><<<cuda::grid_for(n), cuda::kThreads, 0, cuda::native(stream)>>>(
-        static_cast<float*>(master.data()), static_cast<const W*>(grad.data()),
+  auto launch = [&](auto working_zero, auto grad_zero) {
+    using W = decltype(working_zero);
+    using G = decltype(grad_zero);
+    adamw_fused_kernel<W, G><<<cuda::grid_for(n), cuda::kThreads, 0, cuda::native(stream)>>>(
+        static_cast<float*>(master.data()), static_cast<const G*>(grad.data()),
         static_cast<float*>(m.data()), static_cast<float*>(v.data()),
         static_cast<W*>(working.data()), n, s);
     MOEPEAK_CUDA_LAUNCH_CHECK();
   };
-  if (working.dtype() == DType::bf16) {
-    launch(__nv_bfloat16{});
+  // The gradient in the working dtype, or f32 with bf16 working weights (checked above).
+  if (working.dtype() == DType::bf16 && grad.dtype() == DType::f32) {
+    launch(__nv_bfloat16{}, float{});
+  } else if (working.dtype() == DType::bf16) {
+    launch(__nv_bfloat16{}, __nv_bfloat16{});
   } else {
-    launch(float{});
+    launch(float{}, float{});
   }
 }
 

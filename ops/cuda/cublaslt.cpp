@@ -20,25 +20,33 @@
 namespace moepeak::ops::cuda {
 namespace {
 
-// The cuBLASLt types of a storage dtype (see the header's table).
+// The cuBLASLt types of a storage dtype pair (see the header's table).
 struct LtTypes {
-  cudaDataType_t data;          // A, B, C and D
+  cudaDataType_t ab;            // A and B
+  cudaDataType_t cd;            // C and D
   cublasComputeType_t compute;  // accumulation
   cudaDataType_t scale;         // alpha and beta
 };
 
-LtTypes lt_types(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return {CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
-    case DType::bf16:
-      return {CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
-    case DType::f64:
-      return {CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
-    default:
-      break;
+LtTypes lt_types(DType dtype, DType c_dtype) {
+  if (c_dtype == dtype) {
+    switch (dtype) {
+      case DType::f32:
+        return {CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+      case DType::bf16:
+        return {CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+      case DType::f64:
+        return {CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
+      default:
+        break;
+    }
+    MOEPEAK_THROW("cuBLASLt GEMM supports f32, bf16 and f64 storage, got ", dtype_name(dtype));
   }
-  MOEPEAK_THROW("cuBLASLt GEMM supports f32, bf16 and f64 storage, got ", dtype_name(dtype));
+  // The fp32 main gradient: bf16 products accumulated into an f32 C.
+  MOEPEAK_CHECK(dtype == DType::bf16 && c_dtype == DType::f32,
+                "cuBLASLt GEMM takes C of A's and B's dtype, or f32 C for bf16 A and B; got ",
+                dtype_name(dtype), " A/B with ", dtype_name(c_dtype), " C");
+  return {CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
 }
 
 // The largest power of two (at most 256, cuBLASLt's default assumption) dividing the address.
@@ -51,15 +59,16 @@ uint32_t alignment_of(const void* p) {
 
 // Everything an algorithm choice depends on. Alignments are of our A, B and C pointers.
 struct PlanKey {
-  DType dtype;
+  DType dtype;    // A and B
+  DType c_dtype;  // C and D
   bool trans_a, trans_b;
   int64_t rows, cols, inner, lda, ldb, ldc;
   uint32_t align_a, align_b, align_c;
   int rank;  // which of the heuristic's algorithms (set_gemm_algorithm_rank)
 
   auto tie() const {
-    return std::tie(dtype, trans_a, trans_b, rows, cols, inner, lda, ldb, ldc, align_a, align_b,
-                    align_c, rank);
+    return std::tie(dtype, c_dtype, trans_a, trans_b, rows, cols, inner, lda, ldb, ldc, align_a,
+                    align_b, align_c, rank);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
@@ -105,10 +114,12 @@ std::atomic<int>& algorithm_rank() {
 }
 
 std::string describe(const PlanKey& k) {
-  return std::string(dtype_name(k.dtype)) + " GEMM (" + std::to_string(k.rows) + ", " +
-         std::to_string(k.inner) + ")" + (k.trans_a ? "^T" : "") + " x (" +
-         std::to_string(k.inner) + ", " + std::to_string(k.cols) + ")" + (k.trans_b ? "^T" : "") +
-         " with lda " + std::to_string(k.lda) + ", ldb " + std::to_string(k.ldb) + ", ldc " +
+  const std::string ab(dtype_name(k.dtype)), cd(dtype_name(k.c_dtype));
+  const std::string types = k.c_dtype == k.dtype ? ab : ab + " x " + ab + " -> " + cd;
+  return types + " GEMM (" + std::to_string(k.rows) + ", " + std::to_string(k.inner) + ")" +
+         (k.trans_a ? "^T" : "") + " x (" + std::to_string(k.inner) + ", " +
+         std::to_string(k.cols) + ")" + (k.trans_b ? "^T" : "") + " with lda " +
+         std::to_string(k.lda) + ", ldb " + std::to_string(k.ldb) + ", ldc " +
          std::to_string(k.ldc) + ", alignments " + std::to_string(k.align_a) + "/" +
          std::to_string(k.align_b) + "/" + std::to_string(k.align_c) + " bytes";
 }
@@ -116,7 +127,7 @@ std::string describe(const PlanKey& k) {
 // Creates the descriptors of `key` and asks the heuristic for its algorithm. Caller holds the
 // lock (the heuristic is host-only work, once per configuration).
 Plan make_plan(cublasLtHandle_t handle, const PlanKey& key) {
-  const LtTypes t = lt_types(key.dtype);
+  const LtTypes t = lt_types(key.dtype, key.c_dtype);
   const auto m = static_cast<uint64_t>(key.cols), n = static_cast<uint64_t>(key.rows),
              k = static_cast<uint64_t>(key.inner);
   Plan p;
@@ -131,11 +142,11 @@ Plan make_plan(cublasLtHandle_t handle, const PlanKey& key) {
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     // Stored (column-major) shapes: cuBLASLt's A is (m, k) after op_a, so (k, m) when op_a
     // transposes; its B is (k, n) after op_b; C is (m, n).
-    MOEPEAK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lt_a, t.data, key.trans_b ? k : m,
+    MOEPEAK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lt_a, t.ab, key.trans_b ? k : m,
                                                     key.trans_b ? m : k, key.ldb));
-    MOEPEAK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lt_b, t.data, key.trans_a ? n : k,
+    MOEPEAK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lt_b, t.ab, key.trans_a ? n : k,
                                                     key.trans_a ? k : n, key.lda));
-    MOEPEAK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lt_c, t.data, m, n, key.ldc));
+    MOEPEAK_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lt_c, t.cd, m, n, key.ldc));
 
     MOEPEAK_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t workspace = kWorkspaceBytes;
@@ -214,14 +225,14 @@ Launch prepare(const PlanKey& key, cudaStream_t stream) {
 
 }  // namespace
 
-void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner,
-          double alpha, const void* a, int64_t lda, const void* b, int64_t ldb, double beta,
-          void* c, int64_t ldc, cudaStream_t stream) {
-  const LtTypes t = lt_types(dtype);
+void gemm(DType dtype, DType c_dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols,
+          int64_t inner, double alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+          double beta, void* c, int64_t ldc, cudaStream_t stream) {
+  const LtTypes t = lt_types(dtype, c_dtype);
   MOEPEAK_CHECK(rows >= 0 && cols >= 0 && inner >= 0, "cuda::gemm: sizes (rows ", rows, ", cols ",
                 cols, ", inner ", inner, ") must not be negative");
   if (rows == 0 || cols == 0) return;
-  const size_t es = dtype_size(dtype);
+  const size_t es = dtype_size(c_dtype);  // C's elements (inner == 0 below)
   MOEPEAK_CHECK(c != nullptr && ldc >= cols, "cuda::gemm: C (", rows, ", ", cols,
                 ") needs a pointer and ldc >= ", cols, ", got ldc ", ldc);
   if (inner == 0) {
@@ -250,6 +261,7 @@ void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, i
                 trans_b ? inner : cols, ", got ldb ", ldb);
 
   const PlanKey key{dtype,
+                    c_dtype,
                     trans_a,
                     trans_b,
                     rows,

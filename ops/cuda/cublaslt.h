@@ -10,6 +10,9 @@
 //   bf16  bf16 A/B/C, CUBLAS_COMPUTE_32F, fp32 scale: products accumulate in fp32, and beta = 1
 //         reads C in bf16 and rounds the sum to bf16 once
 //   f64   CUBLAS_COMPUTE_64F (test references); a cuBLASLt without it throws naming the dtype
+// and one mixed pair (the overload with c_dtype), the fp32 main gradient of ops/linear.h:
+//   bf16 A/B with f32 C/D, CUBLAS_COMPUTE_32F, fp32 scale: products accumulate in fp32, beta = 1
+//         reads C in fp32 and the sum is stored in fp32 (no bf16 rounding anywhere)
 //
 // What the module keeps (created on first use under one mutex, never freed; the process ends
 // with them):
@@ -21,12 +24,12 @@
 //   destroyed); each distinct stream that ever runs a GEMM keeps 32 MiB. The grouped GEMMs of
 //   ops/cuda/grouped_linear.cpp (cuBLAS) use the same workspace on the same stream
 //   (stream_workspace below);
-// - one plan per GEMM configuration (device, dtype, transposes, sizes, leading dimensions, and
-//   the pointers' alignments): descriptors and the algorithm cublasLtMatmulAlgoGetHeuristic
-//   chose, so the heuristic runs once per configuration, not once per call. With the choice
-//   fixed per configuration, a GEMM repeats bit for bit run to run on one GPU model and cuBLAS
-//   version (cuBLAS's reproducibility guarantee); a different pointer alignment may choose a
-//   different algorithm and round differently.
+// - one plan per GEMM configuration (device, A/B dtype, C/D dtype, transposes, sizes, leading
+//   dimensions, and the pointers' alignments): descriptors and the algorithm
+//   cublasLtMatmulAlgoGetHeuristic chose, so the heuristic runs once per configuration, not once
+//   per call. With the choice fixed per configuration, a GEMM repeats bit for bit run to run on one
+//   GPU model and cuBLAS version (cuBLAS's reproducibility guarantee); a different pointer
+//   alignment may choose a different algorithm and round differently.
 // NOTES: the workspaces are outside the arena, inside Backend::kCudaReserveBytes
 // (core/runtime/backend.h), like cuBLAS's own workspaces: 32 MiB per stream that runs GEMMs, and
 // the schedules run theirs on the caller's compute stream (their comm and copy streams run none).
@@ -71,9 +74,18 @@ constexpr size_t kWorkspaceBytes = 32ull << 20;
 // when beta == 0 (a cudaMemsetAsync, so a NaN-poisoned C is overwritten) and leaves C when
 // beta == 1 (other betas with inner == 0 throw). Throws moepeak::Error on a bad argument, an
 // unsupported dtype, or when cuBLASLt has no algorithm for the configuration.
-void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner,
-          double alpha, const void* a, int64_t lda, const void* b, int64_t ldb, double beta,
-          void* c, int64_t ldc, cudaStream_t stream);
+// A and B are `dtype`, C is `c_dtype`: dtype itself, or f32 for a bf16 dtype (the table above;
+// any other pair throws naming both).
+void gemm(DType dtype, DType c_dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols,
+          int64_t inner, double alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+          double beta, void* c, int64_t ldc, cudaStream_t stream);
+// The same with C of A's and B's dtype.
+inline void gemm(DType dtype, bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner,
+                 double alpha, const void* a, int64_t lda, const void* b, int64_t ldb, double beta,
+                 void* c, int64_t ldc, cudaStream_t stream) {
+  gemm(dtype, dtype, trans_a, trans_b, rows, cols, inner, alpha, a, lda, b, ldb, beta, c, ldc,
+       stream);
+}
 
 // The workspace (kWorkspaceBytes) gemm() uses on `stream` on the current device, cudaMalloc'd by
 // the first call for that stream (gemm()'s or this). Other cuBLAS calls enqueued on the same

@@ -1,9 +1,11 @@
 // CUDA embedding (see ops/embedding.h): the forward copies a weight row per token (a block per
 // token); the backward is deterministic without atomics: each block owns a range of weight rows,
 // scans the ids in increasing n and adds the dout rows that land in its range in that order, each
-// column by one thread, so every dweight element sees the CPU's additions in the CPU's order.
+// column by one thread, so every dweight element sees the CPU's additions in the CPU's order
+// (an f32 dweight of bf16 dout, the fp32 main gradient, adds in fp32 with no bf16 rounding).
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_embedding.cpp).
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/embedding.h"
@@ -51,15 +53,16 @@ __global__ void embedding_forward_kernel(const int64_t* ids, const T* weight, T*
 // (ballot + per-warp counts), then adds those dout rows one after another, thread t owning
 // columns t, t + kBackwardThreads, ...: each element of dweight is updated by one thread, in
 // increasing n. An id outside [0, vocab) is in no block's range and is skipped. The result does
-// not depend on rows_per_block.
+// not depend on rows_per_block. DW is dweight's storage: T, or float for bf16 T (the fp32 main
+// gradient: each += in fp32 on the bf16 values, stored with no bf16 rounding).
 constexpr int kBackwardThreads = 256;
 
-template <typename T>
+template <typename T, typename DW>
 __global__ void __launch_bounds__(kBackwardThreads)
     embedding_backward_kernel(const int64_t* __restrict__ ids, const T* __restrict__ dout,
-                              T* __restrict__ dweight, int64_t tokens, int64_t vocab,
+                              DW* __restrict__ dweight, int64_t tokens, int64_t vocab,
                               int64_t hidden, int64_t rows_per_block) {
-  using C = compute_t<T>;
+  using C = compute_t<DW>;
   constexpr int kWarps = kBackwardThreads / 32;
   __shared__ int64_t hit_n[kBackwardThreads];    // positions in this chunk, increasing
   __shared__ int64_t hit_row[kBackwardThreads];  // their ids
@@ -88,7 +91,7 @@ __global__ void __launch_bounds__(kBackwardThreads)
     __syncthreads();
     for (int k = 0; k < count; ++k) {
       const T* src = dout + hit_n[k] * hidden;
-      T* dst = dweight + hit_row[k] * hidden;
+      DW* dst = dweight + hit_row[k] * hidden;
       for (int64_t h = threadIdx.x; h < hidden; h += kBackwardThreads) {
         store_from(dst, h, load_as<C>(dst, h) + load_as<C>(src, h));
       }
@@ -120,7 +123,7 @@ void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, const Tensor
   const char* op = "embedding_backward_cuda";
   check_embedding_backward_args(op, ids, dout, dweight);
   const int64_t tokens = ids.size(0), vocab = dweight.size(0), hidden = dweight.size(1);
-  cuda::dispatch_storage(dweight.dtype(), op, [&](auto zero) {
+  cuda::dispatch_storage(dout.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     if (tokens == 0 || vocab == 0 || hidden == 0) return;
     // About kTargetBlocks blocks: each scans all the ids (tokens * 8 bytes, from L2), so more
@@ -128,9 +131,22 @@ void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, const Tensor
     constexpr int64_t kTargetBlocks = 512;
     const int64_t rows_per_block = (vocab + kTargetBlocks - 1) / kTargetBlocks;
     const auto blocks = static_cast<unsigned>((vocab + rows_per_block - 1) / rows_per_block);
-    embedding_backward_kernel<T><<<blocks, kBackwardThreads, 0, cuda::native(stream)>>>(
-        static_cast<const int64_t*>(ids.data()), static_cast<const T*>(dout.data()),
-        static_cast<T*>(dweight.data()), tokens, vocab, hidden, rows_per_block);
+    auto launch = [&](auto dw_zero) {
+      using DW = decltype(dw_zero);
+      embedding_backward_kernel<T, DW><<<blocks, kBackwardThreads, 0, cuda::native(stream)>>>(
+          static_cast<const int64_t*>(ids.data()), static_cast<const T*>(dout.data()),
+          static_cast<DW*>(dweight.data()), tokens, vocab, hidden, rows_per_block);
+    };
+    // dweight in dout's dtype, or f32 for a bf16 dout (checked above).
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (dweight.dtype() == DType::f32) {
+        launch(float{});
+      } else {
+        launch(T{});
+      }
+    } else {
+      launch(T{});
+    }
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

@@ -16,6 +16,11 @@
 // overlap one another (one grouped call would add into the same memory concurrently), and every
 // call while set_grouped_gemm_per_group(true) is in force (benches); a call with a pointer or a
 // leading dimension off 16 bytes runs its GEMMs one cuda::gemm each (GroupedGemm::run).
+// An f32 dw_g of a bf16 x (the fp32 main gradient, ops/grouped_linear.h) is one cuBLASLt GEMM
+// per group, bf16 A/B with f32 C/D and CUBLAS_COMPUTE_32F, beta = 1 (ops/cuda/linear.cpp): the
+// type table of cublasGemmGroupedBatchedEx pairs each A/B type with a C of the same type only
+// (CUBLAS_COMPUTE_32F: 16F/16F, 16BF/16BF, 32F/32F), so the grouped call cannot write an f32 C
+// from bf16 inputs. dx and the bf16 dw_g of the same call stay grouped.
 //
 // What the module keeps, per (device, stream) that runs a grouped GEMM (created on first use,
 // never freed, as ops/cuda/cublaslt.cpp keeps its state):
@@ -345,6 +350,9 @@ void grouped_linear_backward_cuda(const Tensor& x, std::span<const Tensor> w,
   const size_t G = w.size();
   const bool grouped = grouped_call_takes(x.dtype(), M, N, K);
   const bool grouped_dw = grouped && !weight_grads_overlap(dw, want.dw);
+  // The dw_g the grouped dw call takes: those of x's dtype. An f32 dw_g of a bf16 x runs as its
+  // own GEMM below (the file comment: the grouped call keeps C in A's type).
+  auto in_grouped_dw = [&](size_t g) { return grouped_dw && dw[g].dtype() == x.dtype(); };
   GroupedGemm dx_gemm, dw_gemm;
   for (size_t g = 0; g < G; ++g) {
     const int64_t lo = offsets[g], hi = offsets[g + 1];
@@ -361,18 +369,19 @@ void grouped_linear_backward_cuda(const Tensor& x, std::span<const Tensor> w,
       dx_gemm.add(false, false, hi - lo, K, N, row_pointer(dy, lo), N, w[g].data(), K,
                   accumulate_dx ? 1.0f : 0.0f, row_pointer(dx, lo), K);
     }
-    if (want.dw[g] && grouped_dw) {
+    if (want.dw[g] && in_grouped_dw(g)) {
       // dw_g (N, K) += dy[lo:hi]^T (N, M_g) . x[lo:hi] (M_g, K), dy stored (M_g, N).
       dw_gemm.add(true, false, N, K, hi - lo, row_pointer(dy, lo), N, row_pointer(x, lo), K, 1.0f,
                   dw[g].data(), K);
     }
   }
   dx_gemm.run(op, x.dtype(), stream);
-  if (grouped && !grouped_dw) {
-    // Overlapping dw_g: one GEMM at a time, in group order (stream order keeps them apart).
+  if (grouped) {
+    // Overlapping dw_g, and f32 dw_g of a bf16 x: one GEMM at a time (cuBLASLt, bf16 x bf16 ->
+    // f32 for the latter), in group order (stream order keeps overlapping ones apart).
     for (size_t g = 0; g < G; ++g) {
       const int64_t lo = offsets[g], hi = offsets[g + 1];
-      if (lo < hi && want.dw[g]) {
+      if (lo < hi && want.dw[g] && !in_grouped_dw(g)) {
         linear_backward_cuda(x.rows(lo, hi), w[g], dy.rows(lo, hi), Tensor(), false, dw[g], stream);
       }
     }

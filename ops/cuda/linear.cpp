@@ -3,6 +3,9 @@
 //   forward   y (M, N)  (+)= x (M, K) . w^T (K, N)
 //   backward  dx (M, K) (+)= dy (M, N) . w (N, K)
 //             dw (N, K)  += dy^T (N, M) . x (M, K)
+// With bf16 x and an f32 dw (the fp32 main gradient), the dw GEMM is cuBLASLt's bf16 A/B with
+// f32 C/D, CUBLAS_COMPUTE_32F and beta = 1: the products accumulate in fp32 and are added to the
+// f32 dw in fp32, with no bf16 rounding.
 // A column block w[:, k0 : k0 + K] of an (N, K_w) w is the same GEMMs on w + k0 with leading
 // dimension K_w. Host code only (compiled by the C++ compiler; the GEMMs are cuBLASLt's).
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_linear.cpp).
@@ -57,7 +60,8 @@ void backward(const char* op, bool cols, const Tensor& x, const Tensor& w, int64
                accumulate_dx ? 1.0 : 0.0, dx.data(), k, native(stream));
   }
   if (want.dw && n > 0) {
-    cuda::gemm(dtype, true, false, n, k, m, 1.0, dy.data(), n, x.data(), k, 1.0,
+    // dw's dtype: x's, or f32 for a bf16 x (checked above).
+    cuda::gemm(dtype, dw.dtype(), true, false, n, k, m, 1.0, dy.data(), n, x.data(), k, 1.0,
                element_mut(dw, k0), kw, native(stream));
   }
 }

@@ -1,8 +1,10 @@
 // CUDA RMSNorm, forward and backward (see ops/rmsnorm.h): a block per row for y, rstd and dx with
 // double block reductions (the CPU's double statistics), and a column-sum kernel for dw that owns
-// each column in one block and adds to dw[h] once, so dw needs no atomics and is reproducible.
+// each column in one block and adds to dw[h] once, so dw needs no atomics and is reproducible; an
+// f32 dw of bf16 x (the fp32 main gradient) is added to in fp32 with no bf16 rounding.
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_rmsnorm.cpp).
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/rmsnorm.h"
@@ -72,14 +74,16 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const T* rstd
 // kDwCols columns: lane l sums rows l, l + kDwLanes, ... in double (a warp reads kDwCols
 // consecutive elements of one row), then one thread per column adds the lane sums in lane order
 // and adds the total to dw[h] once. The order depends only on the shape: reproducible run to run.
+// DW is dw's storage: T, or float for bf16 T (the fp32 main gradient): the total is rounded to
+// dw's compute type (fp32) and added in it, then stored with no bf16 rounding, as the CPU does.
 constexpr int kDwCols = 32;
 constexpr int kDwLanes = 16;
 
-template <typename T>
+template <typename T, typename DW>
 __global__ void __launch_bounds__(kDwCols* kDwLanes)
-    rmsnorm_backward_dw_kernel(const T* x, const T* rstd, const T* dy, T* dw, int64_t rows,
+    rmsnorm_backward_dw_kernel(const T* x, const T* rstd, const T* dy, DW* dw, int64_t rows,
                                int64_t hidden) {
-  using C = compute_t<T>;
+  using C = compute_t<DW>;
   __shared__ double lane_sum[kDwLanes][kDwCols];
   const int64_t h = static_cast<int64_t>(blockIdx.x) * kDwCols + threadIdx.x;
   double sum = 0;
@@ -126,9 +130,22 @@ void rmsnorm_backward_cuda(const Tensor& x, const Tensor& w, const Tensor& rstd,
     cudaStream_t s = cuda::native(stream);
     // dw first: it reads x and dy, which dx may overwrite (dx may be x or dy).
     const unsigned dw_blocks = static_cast<unsigned>((hidden + kDwCols - 1) / kDwCols);
-    rmsnorm_backward_dw_kernel<T><<<dw_blocks, dim3(kDwCols, kDwLanes), 0, s>>>(
-        static_cast<const T*>(x.data()), static_cast<const T*>(rstd.data()),
-        static_cast<const T*>(dy.data()), static_cast<T*>(dw.data()), rows, hidden);
+    auto launch_dw = [&](auto dw_zero) {
+      using DW = decltype(dw_zero);
+      rmsnorm_backward_dw_kernel<T, DW><<<dw_blocks, dim3(kDwCols, kDwLanes), 0, s>>>(
+          static_cast<const T*>(x.data()), static_cast<const T*>(rstd.data()),
+          static_cast<const T*>(dy.data()), static_cast<DW*>(dw.data()), rows, hidden);
+    };
+    // dw in x's dtype, or f32 for a bf16 x (checked above).
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (dw.dtype() == DType::f32) {
+        launch_dw(float{});
+      } else {
+        launch_dw(T{});
+      }
+    } else {
+      launch_dw(T{});
+    }
     MOEPEAK_CUDA_LAUNCH_CHECK();
     rmsnorm_backward_dx_kernel<T><<<row_blocks(rows), row_threads(hidden), 0, s>>>(
         static_cast<const T*>(x.data()), static_cast<const T*>(w.data()),

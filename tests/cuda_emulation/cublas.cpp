@@ -10,6 +10,8 @@
 // Types (cuBLAS's tables, the part the emulation runs; anything else is NOT_SUPPORTED):
 //   compute CUBLAS_COMPUTE_32F(_PEDANTIC), alpha/beta float:
 //     A, B CUDA_R_16BF with C, D CUDA_R_16BF or CUDA_R_32F;  A, B, C, D CUDA_R_32F
+//     (cublasGemmGroupedBatchedEx: C of A's and B's type only, so no CUDA_R_16BF A/B with a
+//     CUDA_R_32F C there; cuBLASLt's matmul takes both, the f32 main gradient of ops/linear.h)
 //   compute CUBLAS_COMPUTE_64F(_PEDANTIC), alpha/beta double: A, B, C, D CUDA_R_64F
 // Math: each output is sum over p = 0, 1, ..., k-1 (in that order) of op(A)(i, p) * op(B)(p, j)
 // in the compute type, starting from 0; then alpha * sum + beta * C(i, j) in the compute type,

@@ -567,6 +567,12 @@ TEST(Cublas, GroupedBatchedRejectsBadCalls) {
   EXPECT_EQ(call(&minus, &four, CUDA_R_32F, CUBLAS_COMPUTE_32F), CUBLAS_STATUS_INVALID_VALUE);
   EXPECT_EQ(call(&four, &four, CUDA_R_16BF, CUBLAS_COMPUTE_64F), CUBLAS_STATUS_NOT_SUPPORTED);
   EXPECT_EQ(call(&four, &four, CUDA_R_16F, CUBLAS_COMPUTE_32F), CUBLAS_STATUS_NOT_SUPPORTED);
+  // The grouped GEMM keeps C in A's and B's type: no bf16 A/B with an f32 C (cuBLASLt's matmul
+  // has that pair; ops/cuda/grouped_linear.cpp runs such dw_g per group through it).
+  EXPECT_EQ(cublasGemmGroupedBatchedEx(h, &n_op, &n_op, &four, &four, &four, &one, a, CUDA_R_16BF,
+                                       &four, b, CUDA_R_16BF, &four, &one, c, CUDA_R_32F, &four, 1,
+                                       &one_group, CUBLAS_COMPUTE_32F),
+            CUBLAS_STATUS_NOT_SUPPORTED);
   EXPECT_EQ(call(&four, &four, CUDA_R_32F, CUBLAS_COMPUTE_32F), CUBLAS_STATUS_SUCCESS);
   sync();
   EXPECT_EQ(cublasGemmGroupedBatchedEx(nullptr, &n_op, &n_op, &four, &four, &four, &one, a,

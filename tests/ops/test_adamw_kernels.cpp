@@ -4,7 +4,8 @@
 //   - adamw_fused_cpu (the device stage of OffloadStreamAdamW): master, m, v as adamw_cpu, and
 //     the working weights equal to the new master; with bf16 working weights and gradient,
 //     master, m, v as adamw_cpu in f32 on the widened gradient and the working weights the new
-//     master rounded to nearest even; argument errors;
+//     master rounded to nearest even; with bf16 working weights and an f32 gradient (the fp32
+//     main gradient), the same on that gradient as it is; argument errors;
 //   - WorkerPool: every task exactly once, on 1..4 threads, errors propagated, reused;
 //   - CpuAdamW (serial offload's host AdamW): segments with gaps on 1, 2 and 4 threads, each
 //     segment bitwise adamw_cpu's, the gaps untouched.
@@ -207,6 +208,40 @@ TEST(AdamWFused, Bf16WorkingWeightsAreTheF32UpdateOfTheWidenedGradient) {
   }
 }
 
+TEST(AdamWFused, Bf16WorkingWeightsWithAnF32GradientAreTheF32UpdateOfThatGradient) {
+  // The fp32 main gradient: f32 values with no bf16 rounding, read as they are; the reference is
+  // adamw_cpu in f32 on that gradient. n crosses the kernel's 2048-element chunks and leaves every
+  // AVX2 tail.
+  auto backend = Backend::create(BackendOptions{});
+  Stream& stream = backend->default_stream();
+  std::mt19937_64 rng(19);
+  for (int64_t n : {1, 9, 2047, 2048, 2049, 4099, 10007}) {
+    for (bool decay : {true, false}) {
+      const Inputs<float> in = random_inputs<float>(n, rng);
+      const ops::AdamWHyper h = random_hyper(rng);
+      const Inputs<float> want = reference(*backend, in, h, decay);
+      Inputs<float> got = in;
+      std::vector<bf16> working(static_cast<size_t>(n), bf16(NAN));
+      auto t = [&](void* data, DType dtype) {
+        return Tensor(data, Shape{n}, dtype, Placement::device, backend.get());
+      };
+      ops::adamw_fused_cpu(t(got.p.data(), DType::f32), t(got.g.data(), DType::f32),
+                           t(got.m.data(), DType::f32), t(got.v.data(), DType::f32),
+                           t(working.data(), DType::bf16), h, decay, stream);
+      stream.synchronize();
+      SCOPED_TRACE(testing::Message() << "n " << n << " decay " << decay);
+      expect_bitwise(got.g, in.g, "gradient (read only)");
+      expect_bitwise(got.p, want.p, "master");
+      expect_bitwise(got.m, want.m, "m");
+      expect_bitwise(got.v, want.v, "v");
+      int64_t differ = 0;
+      for (size_t i = 0; i < working.size(); ++i)
+        differ += working[i].bits != bf16(want.p[i]).bits ? 1 : 0;
+      EXPECT_EQ(differ, 0) << "working weights other than the new master rounded to bf16";
+    }
+  }
+}
+
 TEST(AdamWFused, RejectsMismatchedArguments) {
   auto backend = Backend::create(BackendOptions{});
   Stream& stream = backend->default_stream();
@@ -219,7 +254,8 @@ TEST(AdamWFused, RejectsMismatchedArguments) {
   Tensor bf(half.data(), Shape{8}, DType::bf16, Placement::device, backend.get());
   ops::AdamWHyper h;
   EXPECT_THROW(ops::adamw_fused_cpu(t8, t7, t8, t8, t8, h, true, stream), Error);
-  // bf16 working weights take a bf16 gradient and an f32 master.
+  // bf16 working weights take a bf16 or f32 gradient and an f32 master; f32 working weights an
+  // f32 gradient.
   auto expect_error = [&](const Tensor& master, const Tensor& grad, const Tensor& moments,
                           const Tensor& working, const char* fragment) {
     try {
@@ -229,7 +265,8 @@ TEST(AdamWFused, RejectsMismatchedArguments) {
       EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
     }
   };
-  expect_error(t8, t8, t8, bf, "the gradient takes the working weights' dtype");
+  expect_error(t8, d8, t8, bf, "the gradient takes the working weights' dtype, or f32");
+  expect_error(t8, bf, t8, t8, "the gradient takes the working weights' dtype, or f32");
   expect_error(d8, bf, d8, bf, "bf16 working weights of an f32 master; got master f64");
   h.step = 0;
   EXPECT_THROW(ops::adamw_fused_cpu(t8, t8, t8, t8, t8, h, true, stream), Error);

@@ -32,6 +32,7 @@ namespace {
 
 using testing::kFloatVsDoubleTol;
 using testing::kForwardTol;
+using testing::make_input;
 using testing::max_scaled_err;
 using testing::OpEnv;
 using testing::random_vector;
@@ -54,17 +55,8 @@ const std::vector<Storage>& storages() {
   return s;
 }
 
-// Tensors of any float storage (OpEnv's helpers take f32 and f64): inputs, NaN-poisoned outputs
-// and reads as doubles.
-OwnedTensor make_input(OpEnv& env, Shape shape, DType dtype, const std::vector<double>& values) {
-  if (dtype != DType::bf16) return env.input(shape, dtype, values);
-  auto t = OwnedTensor::device(env.backend(), shape, dtype, LiveSet::workspace, "test input");
-  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size()) << "input " << shape.str();
-  for (size_t i = 0; i < values.size(); ++i) {
-    t.data_as<bf16>()[i] = bf16(static_cast<float>(values[i]));
-  }
-  return t;
-}
+// Tensors of any float storage (OpEnv's helpers take f32 and f64): NaN-poisoned outputs and reads
+// as doubles (inputs: dense_ops_testing.h's make_input).
 OwnedTensor make_output(OpEnv& env, Shape shape, DType dtype) {
   if (dtype != DType::bf16) return env.output(shape, dtype);
   env.stream().synchronize();

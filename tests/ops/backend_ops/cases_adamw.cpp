@@ -5,7 +5,9 @@
 // Kind::state and grad, working Kind::floating, so the reference runs everything in f64 (which
 // adamw_fused_cpu supports: working dtype = state dtype) and the backend under test (CUDA, or
 // the CPU) runs an f32 master with f32 working weights, and with bf16 ones (the gradient then
-// holds bf16 values in both runs).
+// holds bf16 values in both runs). adamw_fused f32_grad: the gradient Kind::state, so the bf16
+// run passes an f32 gradient with bf16 working weights (the fp32 main gradient; its f32 run is
+// the plain fused case again).
 //
 // Values keep every output well conditioned, since the harness measures error relative to the
 // largest reference element (with n = 1, to that element alone): |param| in [0.5, 1.5) and |m| in
@@ -90,6 +92,15 @@ MOEPEAK_BACKEND_OPS_CASES(adamw) {
                        }};
           fused.seed = seed;
           cases.push_back(std::move(fused));
+
+          OpCase f32_grad{"adamw_fused f32_grad" + params,
+                          {param("master"), in("grad", s, Kind::state, uniform(-1e-2, 1e-2)), m, v,
+                           out("working", s, Kind::floating)},
+                          [h, decay](const std::vector<Tensor>& t, Stream& st) {
+                            ops::adamw_fused(t[0], t[1], t[2], t[3], t[4], h, decay, st);
+                          }};
+          f32_grad.seed = seed;
+          cases.push_back(std::move(f32_grad));
           ++seed;
         }
       }

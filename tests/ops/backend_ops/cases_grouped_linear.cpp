@@ -11,9 +11,10 @@
 // accumulate on and off; dx written, accumulated or undefined; dw for every group, for the even
 // groups only (odd ones undefined) or none (an empty span). bf16 keeps the default 1e-2: inputs
 // are exact in bf16, products accumulate in fp32 and each output is rounded once (2^-8 of the
-// element at most). With the CPU under test, backward also runs with f32 dw_g (Kind::state) for a
-// bf16 x, the fp32 main gradient (ops/grouped_linear.h; CUDA takes x's dtype only for now): 1e-5
-// when the dw_g are the only outputs, else bf16's 1e-2 for the bf16 dx.
+// element at most). Backward also runs with f32 dw_g (Kind::state) for a bf16 x, the fp32 main
+// gradient (ops/grouped_linear.h, both backends; on CUDA one bf16 x bf16 -> f32 cuBLASLt GEMM per
+// group beside the grouped dx call): 1e-5 when the dw_g are the only outputs, else bf16's 1e-2 for
+// the bf16 dx.
 // The per-group loop `bench gemm` times against the grouped call (ops::set_grouped_gemm_per_group,
 // with cuBLASLt's first and last heuristic algorithms) on the odd-size layout, forward and
 // backward.
@@ -76,7 +77,10 @@ OpCase forward_case(const Layout& l, bool accumulate) {
                 }};
 }
 
-OpCase backward_case(const Layout& l, const Grads& g, Kind dw_kind = Kind::floating) {
+// dw_kind state: f32 dw_g whatever the storage; with mixed, only the even groups' (the odd ones
+// in the storage's dtype, so a bf16 run passes both in one call).
+OpCase backward_case(const Layout& l, const Grads& g, Kind dw_kind = Kind::floating,
+                     bool mixed = false) {
   std::vector<TensorSpec> t = inputs(l);
   const size_t G = l.groups();
   t.push_back(in("dy", {l.m(), l.n}));
@@ -89,21 +93,22 @@ OpCase backward_case(const Layout& l, const Grads& g, Kind dw_kind = Kind::float
   for (size_t i = 0; i < G && g.dw != DwMode::none; ++i) {
     if (g.dw == DwMode::even && i % 2 == 1) continue;
     dw[i] = static_cast<int>(t.size());
-    t.push_back(inout("dw" + std::to_string(i), {l.n, l.k}, dw_kind));  // always accumulated
+    const Kind kind = mixed && i % 2 == 1 ? Kind::floating : dw_kind;
+    t.push_back(inout("dw" + std::to_string(i), {l.n, l.k}, kind));  // always accumulated
   }
   const bool acc = g.accumulate_dx;
   const bool any_dw = g.dw != DwMode::none;
-  return OpCase{
-      "grouped_linear_backward" + l.name() + g.name() + (dw_kind == Kind::state ? " dw_f32" : ""),
-      t, [l, G, dx, dw, acc, any_dw](const std::vector<Tensor>& v, Stream& st) {
-        std::vector<Tensor> grads;
-        for (size_t i = 0; i < G && any_dw; ++i) {
-          grads.push_back(dw[i] >= 0 ? v[static_cast<size_t>(dw[i])] : Tensor());
-        }
-        ops::grouped_linear_backward(v[0], weights_of(v, G), l.offsets, v[G + 1],
-                                     dx >= 0 ? v[static_cast<size_t>(dx)] : Tensor(), acc, grads,
-                                     st);
-      }};
+  return OpCase{"grouped_linear_backward" + l.name() + g.name() +
+                    (dw_kind == Kind::state ? (mixed ? " dw_f32_even" : " dw_f32") : ""),
+                t, [l, G, dx, dw, acc, any_dw](const std::vector<Tensor>& v, Stream& st) {
+                  std::vector<Tensor> grads;
+                  for (size_t i = 0; i < G && any_dw; ++i) {
+                    grads.push_back(dw[i] >= 0 ? v[static_cast<size_t>(dw[i])] : Tensor());
+                  }
+                  ops::grouped_linear_backward(v[0], weights_of(v, G), l.offsets, v[G + 1],
+                                               dx >= 0 ? v[static_cast<size_t>(dx)] : Tensor(), acc,
+                                               grads, st);
+                }};
 }
 
 }  // namespace
@@ -133,14 +138,20 @@ MOEPEAK_BACKEND_OPS_CASES(grouped_linear) {
   }
   // Neither gradient: a valid call that forms nothing.
   cases.push_back(backward_case(layouts[0], {false, false, DwMode::none}));
-  // f32 dw_g for a bf16 x (the CPU only, see the top of the file).
-  for (const Layout& l : {layouts[0], layouts[4]}) {
+  // f32 dw_g for a bf16 x (see the top of the file): on a layout whose rows are 16-byte aligned
+  // (the grouped dx call beside the per-group dw GEMMs on CUDA), and on two whose row blocks are
+  // not (every GEMM on its own). Also f32 dw_g for the even groups with bf16 ones for the odd
+  // groups in one call (CUDA: the bf16 dw_g in the grouped call, the f32 ones per group).
+  const Layout aligned{{0, 8, 8, 24, 40}, 64, 32};  // bf16 rows of 128 and 64 bytes
+  for (const Layout& l : {aligned, layouts[0], layouts[4]}) {
     for (const Grads& g : {Grads{true, true, DwMode::even}, Grads{false, false, DwMode::all}}) {
       OpCase c = backward_case(l, g, Kind::state);
-      c.bf16 = cpu_under_test();
       if (!g.dx) c.tolerance = Tolerance{1e-5, 1e-5};
       cases.push_back(std::move(c));
     }
+  }
+  for (const Layout& l : {aligned, layouts[4]}) {
+    cases.push_back(backward_case(l, {true, false, DwMode::all}, Kind::state, /*mixed=*/true));
   }
   // The per-group loop `bench gemm` compares the grouped call with: the same results within the
   // dtype's tolerance, at the first and the last algorithm rank (the CPU ignores both settings).

@@ -55,10 +55,9 @@ MOEPEAK_BACKEND_OPS_CASES(rmsnorm) {
                            ops::rmsnorm_forward(t[0], t[1], 1e-5, t[2], t[3], s);
                            ops::rmsnorm_backward(t[0], t[1], t[3], t[4], t[5], t[6], s);
                          }});
-  // The fp32 main gradient: an f32 dw for bf16 x (CPU only, ops/rmsnorm.h; CUDA takes x's dtype,
-  // so the bf16 run is registered only with the CPU under test). dw's column sums are in double
-  // and added in fp32, but the case's bf16 tolerance is dx's (bf16); test_dense_ops checks dw
-  // bitwise against the f32 path.
+  // The fp32 main gradient: an f32 dw for bf16 x (ops/rmsnorm.h, both backends). dw's column
+  // sums are in double and added in fp32, but the case's bf16 tolerance is dx's (bf16);
+  // test_dense_ops checks dw bitwise against the f32 path on the CPU.
   for (auto [n, h] : {std::pair<int64_t, int64_t>{37, 96}, {3000, 33}}) {
     OpCase main_grad{"rmsnorm_backward f32 dw N=" + std::to_string(n) + " H=" + std::to_string(h),
                      {in("x", {n, h}), in("w", {h}, Kind::floating, uniform(0.5, 1.5)),
@@ -67,7 +66,6 @@ MOEPEAK_BACKEND_OPS_CASES(rmsnorm) {
                      [](const std::vector<Tensor>& t, Stream& s) {
                        ops::rmsnorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], s);
                      }};
-    main_grad.bf16 = cpu_under_test();
     cases.push_back(std::move(main_grad));
   }
   return cases;
