@@ -42,11 +42,7 @@ void AsyncCheckpointWriter::start(const std::string& folder, const std::string& 
   const std::vector<Tensor> flats = checkpoint_flats(params, optimizer);
   save_ = begin_checkpoint_save(folder, dir_name, step, model, params, optimizer, loader, stream,
                                 keep_latest, write_buffer_bytes);
-  std::vector<DType> dtypes;
-  for (const Tensor& f : flats) dtypes.push_back(f.dtype());
-  MOEPEAK_CHECK(dtypes == checkpoint_flat_dtypes(params.dtype()),
-                "the saved flats' dtypes differ from what the planner counts "
-                "(checkpoint_flat_dtypes)");
+  // reserve() checked the flats' dtypes against the planner's when it made the snapshot.
   MOEPEAK_CHECK(snapshot_.size() == flats.size(), "the checkpoint snapshot has ", snapshot_.size(),
                 " flats, the save ", flats.size());
   // The snapshot: each flat as it is at this step boundary.
