@@ -15,8 +15,9 @@
 //   scale_rows_cpu(x, w)    x[i, :] *= w[i]; x (M, C) float, w (M) of x's dtype     (in place)
 //   row_dot_cpu(a, b, out, accumulate)
 //                           out[i] (+)= sum_c a[i, c] * b[i, c]; a, b (M, C), out (M), one
-//                           float dtype; each dot accumulated in double in c order, then rounded
-//                           to out's dtype and written (=) or added (+=)
+//                           float dtype (or an f32 out beside bf16 a, b: an fp32 accumulator
+//                           over several calls); each dot accumulated in double in c order,
+//                           then rounded to out's dtype and written (=) or added (+=)
 // (the two halves of combine_rows_backward for rows already in order, used per F block by the
 // blocked expert MLP of ops/schedules/dispatch_pipelined_llep.cpp)
 //

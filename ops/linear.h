@@ -3,10 +3,13 @@
 //
 //   x:  (M, K) f32 | bf16 | f64 (on both backends)
 //   w:  (N, K) same dtype (PyTorch's nn.Linear layout: out_features x in_features)
-//   y:  (M, N)          y = x w^T, written (=) or, with accumulate, added (+=)
+//   y:  (M, N)          y = x w^T, written (=) or, with accumulate, added (+=); x's dtype, or
+//                       f32 when x is bf16 (an fp32 accumulator over several calls, as
+//                       PipelinedLLEP sums a tile's output over F blocks), on both backends
 //   dy: (M, N)
 //   dx: (M, K)          dx = dy w, written (=) or, with accumulate_dx, added (+=);
-//                       pass an undefined Tensor() to skip it (e.g. the first layer's input)
+//                       pass an undefined Tensor() to skip it (e.g. the first layer's input);
+//                       x's dtype, or f32 when x is bf16 (an fp32 accumulator, as y)
 //   dw: (N, K)          dw += dy^T x, always accumulated (+=); pass an undefined Tensor() to
 //                       skip it (a product by a weight that needs no gradient here). x's dtype,
 //                       or f32 when x is bf16 (the fp32 main gradient: the sum is accumulated
@@ -27,9 +30,9 @@
 // thread, allocated at its first bf16 GEMM; reproducible run to run as well.
 // CUDA (ops/cuda/linear.cpp): the same GEMMs through cuBLASLt (ops/cuda/cublaslt.h), enqueued on
 // the stream: f32 in strict fp32 (no TF32), bf16 storage with fp32 accumulation (an accumulated
-// output is read in bf16 and rounded to bf16 once per call), f64 in f64; an f32 dw of a bf16 x
-// is a GEMM with bf16 A/B and f32 C/D (fp32 accumulation, beta = 1 reads and writes dw in fp32,
-// no TF32). dx and dw are two GEMMs in stream order. Each stream's first GEMM allocates its
+// output is read in bf16 and rounded to bf16 once per call), f64 in f64; an f32 y, dx or dw of a
+// bf16 x is a GEMM with bf16 A/B and f32 C/D (fp32 accumulation, beta = 1 reads and writes it in
+// fp32, no TF32). dx and dw are two GEMMs in stream order. Each stream's first GEMM allocates its
 // 32 MiB cuBLASLt workspace (outside the arena), and each new shape, pointer alignment or dw
 // dtype queries cuBLASLt's heuristic once; after that a call allocates nothing and does not
 // synchronise. Results are reproducible run to run on one GPU model and cuBLAS version.
@@ -56,7 +59,8 @@ void linear_backward_cols_cpu(const Tensor& x, const Tensor& w, int64_t k0, cons
 
 // The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
 // `cols` selects the _cols variants' w (N, K_w) with columns [k0, k0 + K); otherwise w is (N, K).
-// Every tensor has x's dtype, except that a bf16 x may have an f32 dw (the fp32 main gradient).
+// Every tensor has x's dtype, except that a bf16 x may have an f32 y, dx or dw (fp32
+// accumulators: the main gradient, PipelinedLLEP's tile sums).
 void check_linear_forward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
                                bool cols, const Tensor& y);
 // Which gradients a backward call forms: dx (dw) is wanted when it is defined or has a shape (a

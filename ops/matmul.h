@@ -5,14 +5,15 @@
 //
 //   a: (M, K) f32 | bf16 | f64 (on both backends)
 //   b: (K, N) same dtype
-//   c: (M, N) same dtype   c = a b, written (=) or, with accumulate, added (+=)
+//   c: (M, N) same dtype, or f32 when a is bf16 (an fp32 accumulator: Ring-DTP sums dX over
+//      strips and rounds in fp32), c = a b, written (=) or, with accumulate, added (+=)
 //
 // Empty sizes are allowed: M == 0 or N == 0 does nothing; K == 0 writes zeros (or leaves c
 // unchanged with accumulate), so a NaN-poisoned output is still overwritten. GEMMs are OpenBLAS
 // CBLAS (sgemm / dgemm; bf16 storage through ops/cpu/gemm_tiles.h) on the CPU and cuBLASLt on
 // CUDA (ops/cuda/matmul.cpp; K == 0 is a cudaMemset of c), with the precision, scratch,
 // workspace and reproducibility of ops/linear.h: bf16 storage has fp32 arithmetic and one
-// rounding of c to bf16 per call on both.
+// rounding of c to bf16 per call on both (none for an f32 c).
 //
 // Test: ctest -R test_ring_dtp_ops (CPU); ctest -R test_gemm_bf16 (CPU bf16); ctest -R
 // test_backend_ops (both backends, cases in tests/ops/backend_ops/cases_matmul.cpp).

@@ -11,6 +11,7 @@
 #include "core/metrics/flops.h"
 #include "core/train/trainer.h"
 #include "ops/fill.h"
+#include "ops/schedules/schedule_dtype.h"  // defines: main_grad_dtype
 
 namespace moepeak::measure {
 
@@ -100,7 +101,8 @@ std::vector<schedules::ExpertWeights> seeded_local_experts(Backend& backend, DTy
     std::uniform_real_distribution<double> uni(-1.0, 1.0);
     schedules::ExpertWeights ex;
     auto add = [&](Shape shape, LiveSet set, double scale, Tensor& slot) {
-      storage.push_back(OwnedTensor::device(backend, shape, dtype, set, "bench expert"));
+      const DType as = set == LiveSet::grads ? schedules::main_grad_dtype(dtype) : dtype;
+      storage.push_back(OwnedTensor::device(backend, shape, as, set, "bench expert"));
       const OwnedTensor& t = storage.back();
       fill_seeded(t, backend, [&] { return scale * uni(rng); });
       slot = t.view();

@@ -105,8 +105,9 @@ Ceiling measure_ceiling(Backend& backend, const std::string& dtype, int size, co
 
 // This rank's E/W experts of a bench MoE layer (bench dispatch, tune): w1, w3 (F, H) and w2
 // (H, F) uniform in +-1/sqrt(fan-in), gradients zero, the same values whichever rank owns an
-// expert (each seeded by its id), so runs on any W compute the same layer. f32 or f64 (and bf16
-// on CUDA); the tensors are appended to `storage`, which must outlive the returned views.
+// expert (each seeded by its id), so runs on any W compute the same layer. f32, bf16 or f64
+// weights, gradients in schedules::main_grad_dtype (fp32 beside bf16, as the model's); the
+// tensors are appended to `storage`, which must outlive the returned views.
 std::vector<schedules::ExpertWeights> seeded_local_experts(Backend& backend, DType dtype,
                                                            int64_t experts, int rank, int world,
                                                            int64_t hidden, int64_t ffn,

@@ -27,6 +27,7 @@
 #include "core/runtime/memory_stats.h"
 #include "core/runtime/tensor.h"
 #include "ops/fill.h"
+#include "ops/schedules/schedule_dtype.h"  // defines: main_grad_dtype
 #include "ops/schedules/vocab_materialized.h"
 #include "ops/schedules/vocab_ring_dtp.h"
 
@@ -87,7 +88,9 @@ class VocabBench {
     all_reduce_host(*comm_, *backend_, stream(), count);
     loss_scale_ = 1.0 / count[0];
     dx_ = tensor(Shape{N, H}, LiveSet::workspace, "bench dx");
-    dw_full_ = tensor(Shape{V, H}, LiveSet::grads, "bench dlm_head");
+    // The LM head's gradient in the model's gradient dtype (fp32 beside bf16).
+    dw_full_ = OwnedTensor::device(*backend_, Shape{V, H}, schedules::main_grad_dtype(dtype_),
+                                   LiveSet::grads, "bench dlm_head");
   }
 
   int rank() const { return comm_->rank(); }
@@ -109,7 +112,7 @@ class VocabBench {
     m.dx = read(dx_);
     // This rank's batch contributed to every row of dW: the sum over ranks is the whole dW.
     comm_->all_reduce(dw_full_.data(), dw_full_.data(), static_cast<size_t>(dw_full_.numel()),
-                      dtype_, ReduceOp::sum, stream());
+                      dw_full_.view().dtype(), ReduceOp::sum, stream());
     m.dw = read(dw_full_.view().rows(shard_.begin, shard_.end));
     return m;
   }

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/model/param_init.h"
 #include "ops/fill.h"
+#include "ops/schedules/schedule_dtype.h"  // defines: main_grad_dtype
 
 namespace moepeak {
 ParamLayout::ParamLayout(const ModelConfig& m) {
@@ -59,11 +60,14 @@ int ParamLayout::find(const std::string& name) const {
 }
 
 ParamStore::ParamStore(Backend& backend, const ModelConfig& model, DType dtype)
-    : layout_(model), dtype_(dtype), backend_(backend) {
+    : layout_(model),
+      dtype_(dtype),
+      grad_dtype_(schedules::main_grad_dtype(dtype)),
+      backend_(backend) {
   values_ = OwnedTensor::device(backend, Shape{layout_.total_elements()}, dtype, LiveSet::weights,
                                 "model weights");
-  grads_ = OwnedTensor::device(backend, Shape{layout_.total_elements()}, dtype, LiveSet::grads,
-                               "model gradients");
+  grads_ = OwnedTensor::device(backend, Shape{layout_.total_elements()}, grad_dtype_,
+                               LiveSet::grads, "model gradients");
 }
 
 Tensor ParamStore::value(int index) const {
@@ -74,8 +78,8 @@ Tensor ParamStore::value(int index) const {
 
 Tensor ParamStore::grad(int index) const {
   const ParamInfo& p = layout_.params()[index];
-  char* base = static_cast<char*>(grads_.data()) + p.offset * dtype_size(dtype_);
-  return Tensor(base, p.shape, dtype_, Placement::device, &backend_);
+  char* base = static_cast<char*>(grads_.data()) + p.offset * dtype_size(grad_dtype_);
+  return Tensor(base, p.shape, grad_dtype_, Placement::device, &backend_);
 }
 
 void ParamStore::initialize(uint64_t seed, double initializer_range, Stream& stream) {

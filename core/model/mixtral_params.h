@@ -66,6 +66,8 @@ class ParamStore {
 
   const ParamLayout& layout() const { return layout_; }
   DType dtype() const { return dtype_; }
+  // The gradients' dtype: schedules::main_grad_dtype(dtype()) (fp32 for bf16 weights).
+  DType grad_dtype() const { return grad_dtype_; }
   Tensor value(int index) const;
   Tensor grad(int index) const;
   Tensor flat_values() const { return values_.view(); }
@@ -78,7 +80,7 @@ class ParamStore {
 
  private:
   ParamLayout layout_;
-  DType dtype_;
+  DType dtype_, grad_dtype_;
   Backend& backend_;
   OwnedTensor values_, grads_;
 };

@@ -12,6 +12,7 @@
 #include "core/runtime/stream_profile.h"
 #include "ops/elementwise.h"
 #include "ops/op_common.h"
+#include "ops/schedules/schedule_dtype.h"  // defines: main_grad_dtype
 
 namespace moepeak {
 namespace {
@@ -178,8 +179,9 @@ int64_t zero_persistent_elements(const ModelConfig& model, const ParallelDegrees
 
 ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype,
                                 const ParallelDegrees& degrees, LmHeadSharding lm_head) {
-  uint64_t b = footprint(zero_persistent_elements(model, degrees, lm_head), dtype);
-  return ZeroBytes{b, b};
+  const int64_t elements = zero_persistent_elements(model, degrees, lm_head);
+  return ZeroBytes{footprint(elements, dtype),
+                   footprint(elements, schedules::main_grad_dtype(dtype))};
 }
 
 namespace {
@@ -194,8 +196,9 @@ ZeroBytes gathered_bytes(const ParamLayout& layout, const std::vector<int>& expe
     if (e.gathered()) values += slot;
     if (e.reduced()) grads += slot;
   }
-  return ZeroBytes{parts == GatherParts::grads ? 0 : footprint(values, dtype),
-                   parts == GatherParts::values ? 0 : footprint(grads, dtype)};
+  return ZeroBytes{
+      parts == GatherParts::grads ? 0 : footprint(values, dtype),
+      parts == GatherParts::values ? 0 : footprint(grads, schedules::main_grad_dtype(dtype))};
 }
 
 }  // namespace
@@ -225,6 +228,7 @@ ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType
                                LmHeadSharding lm_head)
     : layout_(model),
       dtype_(dtype),
+      grad_dtype_(schedules::main_grad_dtype(dtype)),
       lm_head_(lm_head),
       backend_(backend),
       owned_groups_(std::move(owned)),
@@ -269,8 +273,8 @@ ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType
   MOEPEAK_CHECK(total == local_elements(layout_, d, rank_, lm_head_), "ZeRO-3 layout drift");
   values_ =
       OwnedTensor::device(backend, Shape{total}, dtype, LiveSet::weights, "ZeRO-3 weight shards");
-  grads_ =
-      OwnedTensor::device(backend, Shape{total}, dtype, LiveSet::grads, "ZeRO-3 gradient shards");
+  grads_ = OwnedTensor::device(backend, Shape{total}, grad_dtype_, LiveSet::grads,
+                               "ZeRO-3 gradient shards");
   Stream& stream = backend.default_stream();
   backend.memset_async(values_.data(), 0, values_.nbytes(), stream);
   backend.memset_async(grads_.data(), 0, grads_.nbytes(), stream);
@@ -291,8 +295,8 @@ int ZeroParamStore::expert_owner(int param) const {
 
 Tensor ZeroParamStore::counted_grads() const {
   if (rank_ / groups_->degrees().data_shard == 0) return grads_.view();  // dense-replica rank 0
-  char* base = static_cast<char*>(grads_.data()) + replicated_elements_ * dtype_size(dtype_);
-  return Tensor(base, Shape{grads_.view().numel() - replicated_elements_}, dtype_,
+  char* base = static_cast<char*>(grads_.data()) + replicated_elements_ * dtype_size(grad_dtype_);
+  return Tensor(base, Shape{grads_.view().numel() - replicated_elements_}, grad_dtype_,
                 Placement::device, &backend_);
 }
 
@@ -308,14 +312,12 @@ char* ZeroParamStore::piece_bytes(const Tensor& flat, int param) const {
 
 Tensor ZeroParamStore::piece(const Tensor& flat, int param) const {
   const Info& info = info_.at(param);
-  MOEPEAK_CHECK(flat.dtype() == dtype_, "a flat buffer of ", dtype_name(dtype_), ", not ",
-                flat.str());
   char* base = piece_bytes(flat, param);
   const Shape& full = layout_.params()[param].shape;
   Shape shape = info.whole && info.expert >= 0 ? full
                 : info.rows                    ? Shape{info.local_numel / full[1], full[1]}
                                                : Shape{info.local_numel};
-  return Tensor(base, shape, dtype_, Placement::device, &backend_);
+  return Tensor(base, shape, flat.dtype(), Placement::device, &backend_);
 }
 
 Tensor ZeroParamStore::local_value(int param) const { return piece(values_.view(), param); }
@@ -431,7 +433,7 @@ ZeroParamStore::GatheredGroup ZeroParamStore::gather_values(std::span<const int>
 void ZeroParamStore::GatheredGroup::allocate_grads(Stream& stream) {
   MOEPEAK_CHECK(store_ != nullptr, "GatheredGroup: empty group");
   if (grad_elements_ == 0 || grads_.data() != nullptr) return;
-  grads_ = OwnedTensor::device(store_->backend_, Shape{grad_elements_}, store_->dtype_,
+  grads_ = OwnedTensor::device(store_->backend_, Shape{grad_elements_}, store_->grad_dtype_,
                                LiveSet::grads, "ZeRO-3 gathered grads");
   store_->backend_.memset_async(grads_.data(), 0, grads_.nbytes(), stream);
 }
@@ -460,8 +462,9 @@ Tensor ZeroParamStore::GatheredGroup::grad(int param) const {
                 "GatheredGroup: ", store_->layout_.params()[param].name,
                 " was gathered without its gradient");
   if (grad_slot_[param] == kInStore) return store_->local_grad(param).reshape(shape);
-  char* base = static_cast<char*>(grads_.data()) + grad_slot_[param] * dtype_size(store_->dtype_);
-  return Tensor(base, shape, store_->dtype_, Placement::device, &store_->backend_);
+  char* base =
+      static_cast<char*>(grads_.data()) + grad_slot_[param] * dtype_size(store_->grad_dtype_);
+  return Tensor(base, shape, store_->grad_dtype_, Placement::device, &store_->backend_);
 }
 
 void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream) {
@@ -478,7 +481,8 @@ void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream, const Z
   MOEPEAK_CHECK(grads_.data() != nullptr,
                 "GatheredGroup: reduce_scatter_grads before allocate_grads");
   const ZeroParamStore& s = *store_;
-  const size_t b = dtype_size(s.dtype_);
+  const DType g = s.grad_dtype_;
+  const size_t b = dtype_size(g);
   // This rank's part of param p's summed gradient: its block of the slot (sharded: the in-place
   // reduce_scatter's output, rank q of the shard group at q * s_i) or the whole slot.
   auto part_of = [&](int p) -> char* {
@@ -494,7 +498,7 @@ void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream, const Z
         comm, params_, [&](int p) { return grad_slot_[p] >= 0 && s.info_[p].shards == group; },
         [&](int p) {
           comm.reduce_scatter(static_cast<char*>(grads_.data()) + grad_slot_[p] * b, part_of(p),
-                              count(p), s.dtype_, ReduceOp::sum, stream);
+                              count(p), g, ReduceOp::sum, stream);
         });
   }
   MOEPEAK_CHECK(comms.dense_replicas != nullptr, "ZeroParamStore: no dense-replica group");
@@ -502,13 +506,13 @@ void ZeroParamStore::GatheredGroup::reduce_scatter_grads(Stream& stream, const Z
       *comms.dense_replicas, params_,
       [&](int p) { return grad_slot_[p] >= 0 && s.info_[p].replicated; },
       [&](int p) {
-        comms.dense_replicas->all_reduce(part_of(p), part_of(p), count(p), s.dtype_, ReduceOp::sum,
+        comms.dense_replicas->all_reduce(part_of(p), part_of(p), count(p), g, ReduceOp::sum,
                                          stream);
       });
   for (int p : params_) {
     if (grad_slot_[p] < 0) continue;  // accumulated in the store
     const int64_t n = s.info_[p].local_numel;
-    Tensor summed(part_of(p), Shape{n}, s.dtype_, Placement::device, &s.backend_);
+    Tensor summed(part_of(p), Shape{n}, g, Placement::device, &s.backend_);
     Tensor shard = s.local_grad(p).reshape(Shape{n});
     ops::add(shard, summed, shard, stream);  // shard += the job's sum
   }

@@ -42,10 +42,13 @@
 // rule across the two streams).
 //
 // Memory (per rank, bytes as the arena counts them, DeviceArena::footprint):
-//   persistent weights = persistent grads = footprint(sum_i align(piece_i) * b)
+//   persistent weights = footprint(sum_i align(piece_i) * b)
+//   persistent grads   = footprint(sum_i align(piece_i) * b_g)
 //   gathered weights = footprint(sum_{i in group, G_i > 1} align(G_i*s_i) * b)
-//   gathered grads   = footprint(sum_{i in group, G_i*R_i > 1} align(G_i*s_i) * b)
-//   (G_i the ranks its shards span, R_i its replicas; 0 for a part the GatherParts leaves out)
+//   gathered grads   = footprint(sum_{i in group, G_i*R_i > 1} align(G_i*s_i) * b_g)
+//   (G_i the ranks its shards span, R_i its replicas; 0 for a part the GatherParts leaves out;
+//   b_g the bytes of schedules::main_grad_dtype: 4 for bf16 weights, so gradients are summed
+//   over micro-batches, ranks and replicas in fp32)
 // zero_persistent_bytes / zero_gathered_bytes give these to the planner, over
 // zero_gather_groups(): the embedding, each decoder layer's dense params with the rank's experts
 // of the layer, and the final norm with the LM head (the groups live at once over a pass:
@@ -192,6 +195,9 @@ class ZeroParamStore {
 
   const ParamLayout& layout() const { return layout_; }
   DType dtype() const { return dtype_; }
+  // The dtype of every gradient buffer (shards, gathered slots) and of the reduce-scatters:
+  // schedules::main_grad_dtype(dtype()) — fp32 for bf16 weights.
+  DType grad_dtype() const { return grad_dtype_; }
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   Comm& comm() const { return groups_->world(); }  // all W ranks
@@ -291,7 +297,7 @@ class ZeroParamStore {
   char* piece_bytes(const Tensor& flat, int param) const;  // any dtype laid out like the values
 
   ParamLayout layout_;
-  DType dtype_;
+  DType dtype_, grad_dtype_;
   LmHeadSharding lm_head_;
   Backend& backend_;
   std::unique_ptr<ParallelGroups> owned_groups_;  // the uniform layout of the Comm& form

@@ -35,7 +35,9 @@ void check_scale_rows_args(const char* op, const Tensor& x, const Tensor& weight
 void check_row_dot_args(const char* op, const Tensor& a, const Tensor& b, const Tensor& out) {
   MOEPEAK_CHECK(a.ndim() == 2, op, ": a must be (M, C), got ", a.str());
   b.expect(a.shape(), a.dtype(), std::string(op) + ": b (like a " + a.str() + ")");
-  out.expect(Shape{a.size(0)}, a.dtype(), std::string(op) + ": out (for a " + a.str() + ")");
+  const bool f32_out = a.dtype() == DType::bf16 && out.dtype() == DType::f32;
+  out.expect(Shape{a.size(0)}, f32_out ? DType::f32 : a.dtype(),
+             std::string(op) + ": out (for a " + a.str() + ")");
 }
 
 void add_cpu(const Tensor& a, const Tensor& b, const Tensor& out, Stream& stream) {
@@ -124,9 +126,8 @@ void row_dot_cpu(const Tensor& a, const Tensor& b, const Tensor& out, bool accum
     using T = decltype(zero);
     const T* ap = a.data_as<T>();  // (M, C)
     const T* bp = b.data_as<T>();  // (M, C)
-    T* outp = out.data_as<T>();    // (M)
     const int64_t rows = a.size(0), cols = a.size(1);
-    as_cpu_stream(stream).enqueue([=] {
+    auto run = [=](auto* outp) {  // (M): T, or float beside bf16
       for (int64_t i = 0; i < rows; ++i) {
         double dot = 0;
         for (int64_t c = 0; c < cols; ++c) {
@@ -136,7 +137,14 @@ void row_dot_cpu(const Tensor& a, const Tensor& b, const Tensor& out, bool accum
         const compute_t<T> d = static_cast<compute_t<T>>(dot);
         store(outp + i, accumulate ? load(outp[i]) + d : d);
       }
-    });
+    };
+    if (out.dtype() != a.dtype()) {
+      float* outp = out.data_as<float>();
+      as_cpu_stream(stream).enqueue([=] { run(outp); });
+    } else {
+      T* outp = out.data_as<T>();
+      as_cpu_stream(stream).enqueue([=] { run(outp); });
+    }
   });
 }
 

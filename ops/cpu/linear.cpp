@@ -65,6 +65,11 @@ void gemm(bool trans_a, bool trans_b, int64_t rows, int64_t cols, int64_t inner,
   }
 }
 
+// The dtype an output of x's GEMM may have: x's, or f32 beside a bf16 x (an fp32 accumulator).
+DType accumulator_dtype(const Tensor& x, const Tensor& out) {
+  return x.dtype() == DType::bf16 && out.dtype() == DType::f32 ? DType::f32 : x.dtype();
+}
+
 // x: (M, K) float; w: (N, K) of x's dtype, or, for a column block (`block`), (N, K_w) with
 // 0 <= k0 and k0 + K <= K_w.
 void check_x_and_w(const char* op, const Tensor& x, const Tensor& w, int64_t k0, bool block) {
@@ -89,15 +94,23 @@ void forward(const char* op, bool block, const Tensor& x, const Tensor& w, int64
     using T = decltype(zero);
     const T* xp = x.data_as<T>();       // (M, K)
     const T* wp = w.data_as<T>() + k0;  // (N, K) within (N, K_w)
-    T* yp = y.data_as<T>();             // (M, N)
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (y.dtype() == DType::f32) {  // an fp32 accumulator of bf16 products
+        float* yp = y.data_as<float>();
+        as_cpu_stream(stream).enqueue(
+            [=] { gemm<T, float>(false, true, m, n, k, xp, k, wp, kw, accumulate, yp, n); });
+        return;
+      }
+    }
+    T* yp = y.data_as<T>();  // (M, N)
     as_cpu_stream(stream).enqueue(
         [=] { gemm<T, T>(false, true, m, n, k, xp, k, wp, kw, accumulate, yp, n); });
   });
 }
 
-// dx (M, K) (+)= dy (M, N) . w[:, k0 : k0 + K];  dw[:, k0 : k0 + K] += dy^T x, with dw of
-// storage TW (T, or f32 for a bf16 T).
-template <typename T, typename TW>
+// dx (M, K) (+)= dy (M, N) . w[:, k0 : k0 + K];  dw[:, k0 : k0 + K] += dy^T x, with dx of
+// storage TX and dw of storage TW (each T, or f32 for a bf16 T).
+template <typename T, typename TX, typename TW>
 void enqueue_backward(Stream& stream, const Tensor& x, const Tensor& w, int64_t k0,
                       const Tensor& dy, const Tensor& dx, bool accumulate_dx, const Tensor& dw,
                       const LinearGrads& want) {
@@ -106,10 +119,10 @@ void enqueue_backward(Stream& stream, const Tensor& x, const Tensor& w, int64_t 
   const T* xp = x.data_as<T>();                         // (M, K)
   const T* wp = w.data_as<T>() + k0;                    // (N, K) within (N, K_w)
   const T* dyp = dy.data_as<T>();                       // (M, N)
-  T* dxp = want_dx ? dx.data_as<T>() : nullptr;         // (M, K)
+  TX* dxp = want_dx ? dx.data_as<TX>() : nullptr;       // (M, K)
   TW* dwp = want_dw ? dw.data_as<TW>() + k0 : nullptr;  // (N, K) within (N, K_w)
   as_cpu_stream(stream).enqueue([=] {
-    if (want_dx) gemm<T, T>(false, false, m, k, n, dyp, n, wp, kw, accumulate_dx, dxp, k);
+    if (want_dx) gemm<T, TX>(false, false, m, k, n, dyp, n, wp, kw, accumulate_dx, dxp, k);
     if (want_dw) gemm<T, TW>(true, false, n, k, m, dyp, n, xp, k, true, dwp, kw);
   });
 }
@@ -121,12 +134,20 @@ void backward(const char* op, bool block, const Tensor& x, const Tensor& w, int6
   dispatch_storage(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     if constexpr (std::is_same_v<T, bf16>) {
-      if (want.dw && dw.dtype() == DType::f32) {
-        enqueue_backward<T, float>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
-        return;
+      const bool f32_dx = want.dx && dx.dtype() == DType::f32;
+      const bool f32_dw = want.dw && dw.dtype() == DType::f32;
+      if (f32_dx && f32_dw) {
+        enqueue_backward<T, float, float>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
+      } else if (f32_dx) {
+        enqueue_backward<T, float, T>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
+      } else if (f32_dw) {
+        enqueue_backward<T, T, float>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
+      } else {
+        enqueue_backward<T, T, T>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
       }
+      return;
     }
-    enqueue_backward<T, T>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
+    enqueue_backward<T, T, T>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
   });
 }
 
@@ -135,7 +156,7 @@ void backward(const char* op, bool block, const Tensor& x, const Tensor& w, int6
 void check_linear_forward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
                                bool cols, const Tensor& y) {
   check_x_and_w(op, x, w, k0, cols);
-  y.expect(Shape{x.size(0), w.size(0)}, x.dtype(), std::string(op) + ": y");
+  y.expect(Shape{x.size(0), w.size(0)}, accumulator_dtype(x, y), std::string(op) + ": y");
 }
 
 LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Tensor& w, int64_t k0,
@@ -147,11 +168,8 @@ LinearGrads check_linear_backward_args(const char* op, const Tensor& x, const Te
   LinearGrads want;
   want.dx = dx.defined() || dx.ndim() > 0;
   want.dw = dw.defined() || dw.ndim() > 0;
-  if (want.dx) dx.expect(x.shape(), x.dtype(), std::string(op) + ": dx");
-  if (want.dw) {
-    const bool f32_dw = x.dtype() == DType::bf16 && dw.dtype() == DType::f32;
-    dw.expect(w.shape(), f32_dw ? DType::f32 : x.dtype(), std::string(op) + ": dw");
-  }
+  if (want.dx) dx.expect(x.shape(), accumulator_dtype(x, dx), std::string(op) + ": dx");
+  if (want.dw) dw.expect(w.shape(), accumulator_dtype(x, dw), std::string(op) + ": dw");
   return want;
 }
 

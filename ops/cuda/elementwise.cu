@@ -110,9 +110,9 @@ __global__ void scale_rows_kernel(T* x, const T* w, int64_t rows, int64_t cols) 
 }
 
 // A block per row: the dot in double (block reduction), rounded to the compute type, then
-// written or added to out[r] and rounded once to the storage type.
-template <typename T>
-__global__ void row_dot_kernel(const T* a, const T* b, T* out, int64_t rows, int64_t cols,
+// written or added to out[r] and rounded once to out's storage type (TO: T, or float beside bf16).
+template <typename T, typename TO>
+__global__ void row_dot_kernel(const T* a, const T* b, TO* out, int64_t rows, int64_t cols,
                                bool accumulate) {
   using C = compute_t<T>;
   __shared__ double scratch[32];
@@ -205,9 +205,15 @@ void row_dot_cuda(const Tensor& a, const Tensor& b, const Tensor& out, bool accu
   cuda::dispatch_storage(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     if (rows == 0) return;  // cols == 0 still writes out = 0 (or leaves it, with accumulate)
-    row_dot_kernel<T><<<row_blocks(rows), row_threads(cols), 0, cuda::native(stream)>>>(
-        static_cast<const T*>(a.data()), static_cast<const T*>(b.data()),
-        static_cast<T*>(out.data()), rows, cols, accumulate);
+    if (out.dtype() != a.dtype()) {  // an f32 accumulator beside bf16 (checked above)
+      row_dot_kernel<T, float><<<row_blocks(rows), row_threads(cols), 0, cuda::native(stream)>>>(
+          static_cast<const T*>(a.data()), static_cast<const T*>(b.data()),
+          static_cast<float*>(out.data()), rows, cols, accumulate);
+    } else {
+      row_dot_kernel<T, T><<<row_blocks(rows), row_threads(cols), 0, cuda::native(stream)>>>(
+          static_cast<const T*>(a.data()), static_cast<const T*>(b.data()),
+          static_cast<T*>(out.data()), rows, cols, accumulate);
+    }
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

@@ -5,7 +5,8 @@
 //             dw (N, K)  += dy^T (N, M) . x (M, K)
 // With bf16 x and an f32 dw (the fp32 main gradient), the dw GEMM is cuBLASLt's bf16 A/B with
 // f32 C/D, CUBLAS_COMPUTE_32F and beta = 1: the products accumulate in fp32 and are added to the
-// f32 dw in fp32, with no bf16 rounding.
+// f32 dw in fp32, with no bf16 rounding; an f32 y or dx (an fp32 accumulator over several calls,
+// PipelinedLLEP's F blocks) is the same GEMM form.
 // A column block w[:, k0 : k0 + K] of an (N, K_w) w is the same GEMMs on w + k0 with leading
 // dimension K_w. Host code only (compiled by the C++ compiler; the GEMMs are cuBLASLt's).
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_linear.cpp).
@@ -36,7 +37,8 @@ void forward(const char* op, bool cols, const Tensor& x, const Tensor& w, int64_
   cuda::expect_device_operand(op, y, "y");
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), kw = w.size(1);
   if (m == 0 || n == 0) return;
-  cuda::gemm(x.dtype(), false, true, m, n, k, 1.0, x.data(), k, element(w, k0), kw,
+  // y's dtype: x's, or f32 for a bf16 x (checked above), as dx's and dw's below.
+  cuda::gemm(x.dtype(), y.dtype(), false, true, m, n, k, 1.0, x.data(), k, element(w, k0), kw,
              accumulate ? 1.0 : 0.0, y.data(), n, native(stream));
 }
 
@@ -56,7 +58,7 @@ void backward(const char* op, bool cols, const Tensor& x, const Tensor& w, int64
   if (m == 0 || k == 0) return;
   const DType dtype = x.dtype();
   if (want.dx) {
-    cuda::gemm(dtype, false, false, m, k, n, 1.0, dy.data(), n, element(w, k0), kw,
+    cuda::gemm(dtype, dx.dtype(), false, false, m, k, n, 1.0, dy.data(), n, element(w, k0), kw,
                accumulate_dx ? 1.0 : 0.0, dx.data(), k, native(stream));
   }
   if (want.dw && n > 0) {

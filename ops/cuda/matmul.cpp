@@ -20,7 +20,8 @@ void matmul_cuda(const Tensor& a, const Tensor& b, const Tensor& c, bool accumul
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0) return;
   // k == 0: cuda::gemm writes zeros (beta 0) or leaves c (beta 1) without calling cuBLASLt.
-  cuda::gemm(a.dtype(), false, false, m, n, k, 1.0, a.data(), k, b.data(), n,
+  // c's dtype: a's, or f32 for a bf16 a (checked above): bf16 A/B, f32 C/D, fp32 compute.
+  cuda::gemm(a.dtype(), c.dtype(), false, false, m, n, k, 1.0, a.data(), k, b.data(), n,
              accumulate ? 1.0 : 0.0, c.data(), n,
              static_cast<cudaStream_t>(stream.native_handle()));
 }

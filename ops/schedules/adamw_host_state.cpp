@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "ops/schedules/schedule_dtype.h"  // defines: main_grad_dtype
 
 namespace moepeak::schedules {
 
@@ -28,7 +29,7 @@ HostAdamWState::HostAdamWState(Backend& backend, const Tensor& flat_values,
   for (size_t i = 0; i < pieces_.size(); ++i) {
     const OptimizerPiece& p = pieces_[i];
     const char* at = static_cast<const char*>(p.value.data());
-    MOEPEAK_CHECK(p.value.dtype() == working && p.grad.dtype() == working &&
+    MOEPEAK_CHECK(p.value.dtype() == working && p.grad.dtype() == main_grad_dtype(working) &&
                       p.grad.numel() == p.value.numel() && at >= base &&
                       at + p.value.nbytes() <= base + static_cast<size_t>(n) * b,
                   who, ": piece ", p.value.str(), " (grad ", p.grad.str(),

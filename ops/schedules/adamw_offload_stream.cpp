@@ -35,7 +35,6 @@ OffloadStreamAdamW::OffloadStreamAdamW(Backend& backend, const Tensor& flat_valu
       host_(backend, flat_values, std::move(pieces), "OffloadStreamAdamW"),
       shape_(
           offload_stream_shape(flat_values.numel(), config.bucket_params, config.staging_slots)) {
-  const size_t b = dtype_size(host_.working_dtype());  // the pieces' (grad, working weights)
   for (int64_t g = 0; g < shape_.buckets; ++g) {
     Bucket bucket{g * shape_.bucket, std::min(host_.elements(), (g + 1) * shape_.bucket), {}};
     for (const HostAdamWState::Segment& s : host_.segments()) {
@@ -43,8 +42,9 @@ OffloadStreamAdamW::OffloadStreamAdamW(Backend& backend, const Tensor& flat_valu
       const int64_t hi = std::min(bucket.end, s.offset + s.length);
       if (lo >= hi) continue;
       const OptimizerPiece& p = host_.pieces()[static_cast<size_t>(s.piece)];
-      const size_t skip = static_cast<size_t>(lo - s.offset) * b;
+      // NOTES: the grad may be wider than the working weights (fp32 main grads beside bf16).
       auto view = [&](const Tensor& t) {
+        const size_t skip = static_cast<size_t>(lo - s.offset) * dtype_size(t.dtype());
         return Tensor(static_cast<char*>(t.data()) + skip, Shape{hi - lo}, t.dtype(), t.placement(),
                       t.backend());
       };

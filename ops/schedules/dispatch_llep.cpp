@@ -276,8 +276,8 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
   if (!transfers_.empty()) {
     OwnedTensor scratch;
     if (llep_owns_a_transfer(transfers_, me)) {
-      scratch = OwnedTensor::device(backend_, Shape{3 * F * H}, dtype_, LiveSet::grads,
-                                    "llep returned gradient");
+      scratch = OwnedTensor::device(backend_, Shape{3 * F * H}, main_grad_dtype(dtype_),
+                                    LiveSet::grads, "llep returned gradient");
     }
     copies_.return_grads(comm_, stream_, transfers_, me, first_expert_, local_experts, scratch);
     stream_.synchronize();

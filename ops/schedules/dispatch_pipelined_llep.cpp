@@ -41,6 +41,7 @@
 
 #include "core/error.h"
 #include "core/runtime/stream_profile.h"
+#include "ops/convert.h"
 #include "ops/elementwise.h"
 #include "ops/fill.h"
 #include "ops/linear.h"
@@ -60,8 +61,10 @@ uint64_t fp(uint64_t bytes) { return DeviceArena::footprint(bytes); }
 constexpr uint64_t kMinFfnBlock = 64;
 
 // One chunk's sizes, unsigned (from the chunking of pipelined_llep_shape).
+// b: the storage dtype's bytes; b_acc: the tile accumulators' (y, dx, dweight summed over F
+// blocks: main_grad_dtype, fp32 beside bf16).
 struct Sizes {
-  uint64_t W, Mc, Rc, ce, H, F, b;
+  uint64_t W, Mc, Rc, ce, H, F, b, b_acc;
 };
 Sizes sizes_of(const PipelinedLlepShape& s, int64_t hidden, int64_t ffn, DType dtype,
                int64_t world) {
@@ -71,7 +74,8 @@ Sizes sizes_of(const PipelinedLlepShape& s, int64_t hidden, int64_t ffn, DType d
           static_cast<uint64_t>(s.chunk_tokens),
           static_cast<uint64_t>(hidden),
           static_cast<uint64_t>(ffn),
-          dtype_size(dtype)};
+          dtype_size(dtype),
+          dtype_size(main_grad_dtype(dtype))};
 }
 
 // The footprints the dispatcher allocates with S slots, T-row tiles and F blocks of Fb columns,
@@ -84,18 +88,19 @@ struct Footprints {
 Footprints footprints(const Sizes& z, uint64_t S, uint64_t T, uint64_t Fb) {
   const uint64_t row_M = fp(z.Mc * z.H * z.b), row_R = fp(z.Rc * z.H * z.b);
   const uint64_t tile_H = fp(T * z.H * z.b), tile_F = fp(T * Fb * z.b);
+  const uint64_t tile_acc = fp(T * z.H * z.b_acc);    // y (forward) or dx (backward) over F blocks
   const uint64_t staging = (S >= 2 ? 2 : 1) * row_M;  // sent rows [, returned rows if S >= 2]
   const uint64_t send_index = 2 * fp(z.Mc * 4);       // per slot: send token, slot (i32)
   Footprints f;
   // Slots; x and y tiles; a, b, g blocks.
-  f.rows_forward = staging + S * row_R + 2 * tile_H + 3 * tile_F;
+  f.rows_forward = staging + S * row_R + tile_H + tile_acc + 3 * tile_F;
   f.meta_forward = S * (send_index + fp(z.Mc * z.b));  // + the routing weights
   // Slots of x and dout rows; x, dout and dx tiles; a, b, g, dg blocks.
-  f.rows_backward = staging + 2 * S * row_R + 3 * tile_H + 4 * tile_F;
+  f.rows_backward = staging + 2 * S * row_R + 2 * tile_H + tile_acc + 4 * tile_F;
   // Weights sent [, dweights returned if S >= 2]; per slot the indices and the received
   // weights (then dweights); a tile's weights and dweights.
-  f.meta_backward =
-      (S >= 2 ? 2 : 1) * fp(z.Mc * z.b) + S * (send_index + fp(z.Rc * z.b)) + 2 * fp(T * z.b);
+  f.meta_backward = (S >= 2 ? 2 : 1) * fp(z.Mc * z.b) + S * (send_index + fp(z.Rc * z.b)) +
+                    fp(T * z.b) + fp(T * z.b_acc);
   return f;
 }
 
@@ -382,9 +387,13 @@ void PipelinedLlepDispatch::move_tile_rows(const Chunk& c, const Tile& t, const 
     const Piece& p = c.pieces[i];
     const Tensor slot_rows = arrival.rows(p.begin, p.begin + p.rows);
     const Tensor tile_rows = tile.rows(at, at + p.rows);
-    backend_.copy_async(gather ? tile_rows.data() : slot_rows.data(),
-                        gather ? slot_rows.data() : tile_rows.data(), slot_rows.nbytes(),
-                        CopyKind::device_to_device, stream_);
+    if (!gather && tile.dtype() != arrival.dtype()) {
+      ops::convert(tile_rows, slot_rows, stream_);  // an fp32 accumulator rounded once, to bf16
+    } else {
+      backend_.copy_async(gather ? tile_rows.data() : slot_rows.data(),
+                          gather ? slot_rows.data() : tile_rows.data(), slot_rows.nbytes(),
+                          CopyKind::device_to_device, stream_);
+    }
     at += p.rows;
   }
   MOEPEAK_CHECK(at == t.rows && tile.size(0) == t.rows, "pipelined llep: tile of ", t.rows,
@@ -591,7 +600,9 @@ void PipelinedLlepDispatch::run_forward(const std::vector<ExpertWeights>& local,
     recv[s] = buffer(Shape{Rc, H}, dtype_, "llep chunk received rows");
   }
   OwnedTensor xt = buffer(Shape{T, H}, dtype_, "llep tile rows");
-  OwnedTensor yt = buffer(Shape{T, H}, dtype_, "llep tile outputs");
+  // NOTES: y sums the tile's F blocks in main_grad_dtype (fp32 beside bf16) and is rounded into
+  // the slot once, as the standard schedule's one w2 GEMM rounds it once.
+  OwnedTensor yt = buffer(Shape{T, H}, main_grad_dtype(dtype_), "llep tile outputs");
   OwnedTensor a = buffer(Shape{T, Fb}, dtype_, "llep tile w1 block");
   OwnedTensor b = buffer(Shape{T, Fb}, dtype_, "llep tile w3 block");
   OwnedTensor g = buffer(Shape{T, Fb}, dtype_, "llep tile swiglu block");
@@ -732,18 +743,19 @@ void PipelinedLlepDispatch::run_backward(const Tensor& dout,
   }
   OwnedTensor xt = buffer(Shape{T, H}, dtype_, "llep tile rows");
   OwnedTensor dt = buffer(Shape{T, H}, dtype_, "llep tile d outputs");
-  OwnedTensor dxt = buffer(Shape{T, H}, dtype_, "llep tile d rows");
+  // dx and dweight sum the F blocks in main_grad_dtype too (rounded once into the slot).
+  OwnedTensor dxt = buffer(Shape{T, H}, main_grad_dtype(dtype_), "llep tile d rows");
   OwnedTensor a = buffer(Shape{T, Fb}, dtype_, "llep tile w1 block");
   OwnedTensor b = buffer(Shape{T, Fb}, dtype_, "llep tile w3 block");
   OwnedTensor g = buffer(Shape{T, Fb}, dtype_, "llep tile swiglu block");
   OwnedTensor dg = buffer(Shape{T, Fb}, dtype_, "llep tile d swiglu block");
   OwnedTensor wt = buffer(Shape{T}, dtype_, "llep tile weights");
-  OwnedTensor dwt = buffer(Shape{T}, dtype_, "llep tile d weights");
+  OwnedTensor dwt = buffer(Shape{T}, main_grad_dtype(dtype_), "llep tile d weights");
   // An owner adds each helper's gradients from this scratch (`grads`, as the gradients are).
   OwnedTensor scratch;
   if (llep_owns_a_transfer(transfers_, me)) {
-    scratch = OwnedTensor::device(backend_, Shape{3 * F * H}, dtype_, LiveSet::grads,
-                                  "llep returned gradient");
+    scratch = OwnedTensor::device(backend_, Shape{3 * F * H}, main_grad_dtype(dtype_),
+                                  LiveSet::grads, "llep returned gradient");
   }
   copies_.allocate(backend_, dtype_, transfers_, me, H, F, true, stream_, max_copies());
   try {

@@ -90,7 +90,10 @@
 // standard sums dout . y over H, OpenBLAS rounds a GEMM row differently depending on where it
 // falls in the register blocking of per-chunk tiles, and expert weight gradients are summed per
 // chunk, per tile and per helper in another order. Each token still adds its k outputs (and dx
-// rows) in the same expert order.
+// rows) in the same expert order. With bf16 storage every such sum runs in fp32 (the tile
+// accumulators above, the fp32 expert gradients of schedules::main_grad_dtype), so a bf16 result
+// differs from the standard schedule's by the rounding of the result, not by one per F block or
+// chunk.
 // tests/parallel/test_llep.cpp states the tolerances and what was measured.
 //
 // Lifetimes: x, index and weight passed to forward() must stay alive and unchanged until
@@ -170,9 +173,11 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
 //             metadata: weight staging (M_c) [+ returned dweight (M_c) if S = 2]
 //                       + S x (send token, slot i32 (M_c) + received weights / dweights (R_c))
 //                       + tile weights and dweights (T)
-// with the shape of pipelined_llep_shape(tokens, top_k, hidden, ffn, dtype, world, params). The
-// dispatcher allocates exactly these at the start of forward and backward and frees them at the
-// end.
+// in the storage dtype, except the tile accumulators — the y tile, the dx tile and the tile
+// dweights, each a sum over F blocks — in main_grad_dtype (fp32 beside bf16: each is rounded to
+// bf16 once, into the slot), with the shape of pipelined_llep_shape(tokens, top_k, hidden, ffn,
+// dtype, world, params). The dispatcher allocates exactly these at the start of forward and
+// backward and frees them at the end.
 uint64_t pipelined_llep_dispatch_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t ffn,
                                        DType dtype, int64_t world,
                                        const PipelinedLlepParams& params);

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "ops/elementwise.h"
 #include "ops/fill.h"
+#include "ops/schedules/schedule_dtype.h"  // defines: main_grad_dtype
 
 namespace moepeak::schedules {
 
@@ -38,11 +39,12 @@ LlepSpillCopyBytes llep_spill_copy_bytes(int64_t num_experts, int64_t world, int
   LlepSpillCopyBytes b;
   b.copies = llep_max_copies(num_experts, world, capacity, plans, params);
   if (b.copies == 0) return b;
-  const uint64_t one = DeviceArena::footprint(3 * static_cast<uint64_t>(ffn) *
-                                              static_cast<uint64_t>(hidden) * dtype_size(dtype));
+  const uint64_t elements = 3 * static_cast<uint64_t>(ffn) * static_cast<uint64_t>(hidden);
+  const uint64_t one = DeviceArena::footprint(elements * dtype_size(dtype));
+  const uint64_t one_grad = DeviceArena::footprint(elements * dtype_size(main_grad_dtype(dtype)));
   b.weights = static_cast<uint64_t>(b.copies) * one;
-  b.grads = static_cast<uint64_t>(b.copies) * one;
-  b.scratch = one;
+  b.grads = static_cast<uint64_t>(b.copies) * one_grad;
+  b.scratch = one_grad;
   return b;
 }
 
@@ -70,8 +72,8 @@ void LlepExpertCopies::allocate(Backend& backend, DType dtype,
     v.w2 = flat.rows(2 * ffn, 3 * ffn).reshape(Shape{hidden, ffn});
     storage_.push_back(std::move(w));
     if (with_grads) {
-      OwnedTensor g = OwnedTensor::device(backend, Shape{3, ffn, hidden}, dtype, LiveSet::grads,
-                                          "llep expert gradient copy");
+      OwnedTensor g = OwnedTensor::device(backend, Shape{3, ffn, hidden}, main_grad_dtype(dtype),
+                                          LiveSet::grads, "llep expert gradient copy");
       ops::fill(g, 0.0, grad_stream);
       const Tensor gflat = g.view().reshape(Shape{3 * ffn, hidden});
       v.dw1 = gflat.rows(0, ffn);

@@ -62,9 +62,11 @@ int64_t llep_max_copies(int64_t num_experts, int64_t world, int64_t capacity, in
 
 // The device bytes of one rank's spill copies at their peak, arena footprints (fp) included:
 //   weights  copies * fp(3 F H b)   (the w1, w3, w2 copies; `weights`)
-//   grads    copies * fp(3 F H b)   (their gradient buffers, backward; `grads`)
-//   scratch  fp(3 F H b) if copies > 0, else 0   (the owner's buffer for returned gradients,
+//   grads    copies * fp(3 F H b_g) (their gradient buffers, backward; `grads`)
+//   scratch  fp(3 F H b_g) if copies > 0, else 0   (the owner's buffer for returned gradients,
 //            one per backward call, in `grads`)
+// (b_g: main_grad_dtype's bytes, 4 for bf16 — a spilled expert's gradient is summed over chunks
+// on its helper and sent back in fp32, like the owner's own).
 // with copies = llep_max_copies(E, W, capacity, plans, params). Used by the plan (core/plan/).
 struct LlepSpillCopyBytes {
   int64_t copies = 0;
@@ -77,8 +79,8 @@ LlepSpillCopyBytes llep_spill_copy_bytes(int64_t num_experts, int64_t world, int
 class LlepExpertCopies {
  public:
   // Allocates the copies of the experts `rank` helps with in `transfers` (hidden H, width F).
-  // With grads, their gradient buffers too, zeroed on `grad_stream`. Throws if they are more than
-  // `max_copies` (llep_max_copies of the plans behind `transfers`).
+  // With grads, their gradient buffers too (main_grad_dtype(dtype)), zeroed on `grad_stream`.
+  // Throws if they are more than `max_copies` (llep_max_copies of the plans behind `transfers`).
   void allocate(Backend& backend, DType dtype, const std::vector<LlepTransfer>& transfers,
                 int64_t rank, int64_t hidden, int64_t ffn, bool with_grads, Stream& grad_stream,
                 int64_t max_copies);

@@ -33,6 +33,7 @@
 
 #include "core/error.h"
 #include "core/runtime/stream_profile.h"
+#include "ops/convert.h"
 #include "ops/cross_entropy.h"
 #include "ops/cross_entropy_strip.h"
 #include "ops/linear.h"
@@ -134,6 +135,9 @@ RingDtpBytes ring_dtp_memory(int64_t tokens, int64_t hidden, int64_t vocab, int 
                 ", hidden ", hidden, ", ranks ", ranks);
   auto fp = [](int64_t bytes) { return DeviceArena::footprint(static_cast<uint64_t>(bytes)); };
   const int64_t N = tokens, H = hidden, b = static_cast<int64_t>(dtype_size(dtype));
+  const int64_t bg = static_cast<int64_t>(dtype_size(main_grad_dtype(dtype)));
+  // The fp32 home dX accumulator of bf16 storage (backward only; none when bg == b).
+  const uint64_t dx_home = bg != b ? fp(N * H * bg) : 0;
   const int64_t c = ring_dtp_strip_columns(vocab, ranks, strip);
   const int64_t Vm = vocab_shard_max(vocab, ranks);
   const uint64_t h = static_cast<uint64_t>(receive_buffers(ranks));
@@ -149,14 +153,14 @@ RingDtpBytes ring_dtp_memory(int64_t tokens, int64_t hidden, int64_t vocab, int 
   switch (resolved) {
     case VocabPayload::weights: {
       const uint64_t shard = fp(Vm * H * b);
-      m.forward = base + h * shard;       // W
-      m.backward = base + 2 * h * shard;  // W, dW
+      m.forward = base + h * shard;                                   // W
+      m.backward = base + h * shard + h * fp(Vm * H * bg) + dx_home;  // W, dW (, dX home)
       break;
     }
     default: {
-      const uint64_t batch = fp(N * H * b) + fp(N * 8) + m.state;  // X, labels, a state
-      m.forward = base + h * batch + (ranks > 1 ? m.state : 0);    // + partial state
-      m.backward = base + h * batch + h * fp(N * H * b);           // + dX
+      const uint64_t batch = fp(N * H * b) + fp(N * 8) + m.state;    // X, labels, a state
+      m.forward = base + h * batch + (ranks > 1 ? m.state : 0);      // + partial state
+      m.backward = base + h * batch + h * fp(N * H * bg) + dx_home;  // + dX (, dX home)
       break;
     }
   }
@@ -318,11 +322,22 @@ void RingDtpVocab::backward(const Tensor& x, const Tensor& lm_head_shard, const 
   MOEPEAK_CHECK(p.N == tokens_ && p.H == hidden_, "Ring-DTP backward on x ", x.str(),
                 " after a forward on (", tokens_, ", ", hidden_, ")");
   dx.expect(x.shape(), dtype_, "Ring-DTP: dx");
-  dlm_head_shard.expect(lm_head_shard.shape(), dtype_, "Ring-DTP: dlm_head shard");
+  const DType grad = main_grad_dtype(dtype_);
+  dlm_head_shard.expect(lm_head_shard.shape(), grad, "Ring-DTP: dlm_head shard");
+  // NOTES: dX is a sum over every strip of every round; with bf16 storage it accumulates (and
+  // travels) in an fp32 buffer and is rounded into dx once at the end, as the materialised
+  // projection's one GEMM rounds it once.
+  OwnedTensor dx_home;
+  if (grad != dtype_) dx_home = alloc(x.shape(), grad, "ring-dtp dX home");
+  const Tensor dx_sum = grad != dtype_ ? dx_home.view() : dx;
   if (p.payload == VocabPayload::weights) {
-    backward_weights(p, x, lm_head_shard, dx, dlm_head_shard);
+    backward_weights(p, x, lm_head_shard, dx_sum, dlm_head_shard);
   } else {
-    backward_activations(p, x, lm_head_shard, dx, dlm_head_shard);
+    backward_activations(p, x, lm_head_shard, dx_sum, dlm_head_shard);
+  }
+  if (grad != dtype_) {
+    ops::convert(dx_sum, dx, stream_);
+    stream_.synchronize();
   }
   release();
 }
@@ -445,7 +460,7 @@ void RingDtpVocab::backward_weights(const Problem& p, const Tensor& x, const Ten
   std::array<OwnedTensor, 2> wbuf, dbuf;             // (Vm, H) each
   for (int i = 0; i < receive_buffers(P); ++i) {
     wbuf[i] = alloc(Shape{Vm, H}, dtype_, "ring-dtp W");
-    dbuf[i] = alloc(Shape{Vm, H}, dtype_, "ring-dtp dW");
+    dbuf[i] = alloc(Shape{Vm, H}, dw.dtype(), "ring-dtp dW");  // main_grad_dtype
   }
   auto rows_of = [&](int k) { return p.shards[p.held(k)].size(); };
   auto w_of = [&](int k) { return k == 0 ? w : wbuf[(k - 1) % 2].view().rows(0, rows_of(k)); };
@@ -479,8 +494,8 @@ void RingDtpVocab::backward_weights(const Problem& p, const Tensor& x, const Ten
     if (P > 1) {  // dW_s on to the next rank; after the last round to its owner
       comm_stream_->wait(*acc_done[k]);
       void* into = k + 1 < P ? dbuf[k % 2].data() : dw.data();
-      comm_->sendrecv(dwk.data(), rows_of(k) * H, p.right, into, rows_of(k + 1) * H, p.left, dtype_,
-                      *comm_stream_);
+      comm_->sendrecv(dwk.data(), rows_of(k) * H, p.right, into, rows_of(k + 1) * H, p.left,
+                      dw.dtype(), *comm_stream_);
       acc_arrived[k + 1] = record(*comm_stream_);
     }
   }
@@ -502,7 +517,7 @@ void RingDtpVocab::backward_activations(const Problem& p, const Tensor& x, const
     xbuf[i] = alloc(Shape{N, H}, dtype_, "ring-dtp X");
     lbuf[i] = alloc(Shape{N}, DType::i64, "ring-dtp labels");
     sbuf[i] = alloc(Shape{N, kStateWidth}, DType::f64, "ring-dtp state");
-    dbuf[i] = alloc(Shape{N, H}, dtype_, "ring-dtp dX");
+    dbuf[i] = alloc(Shape{N, H}, dx.dtype(), "ring-dtp dX");  // main_grad_dtype
   }
   auto x_of = [&](int k) { return k == 0 ? x : xbuf[(k - 1) % 2].view(); };
   auto l_of = [&](int k) { return k == 0 ? labels_ : lbuf[(k - 1) % 2].view(); };
@@ -542,7 +557,7 @@ void RingDtpVocab::backward_activations(const Problem& p, const Tensor& x, const
     if (P > 1) {  // dX_j on to the batch's next holder; after the last round home into dx
       comm_stream_->wait(*acc_done[k]);
       void* into = k + 1 < P ? dbuf[k % 2].data() : dx.data();
-      comm_->sendrecv(dxk.data(), N * H, p.right, into, N * H, p.left, dtype_, *comm_stream_);
+      comm_->sendrecv(dxk.data(), N * H, p.right, into, N * H, p.left, dx.dtype(), *comm_stream_);
       acc_arrived[k + 1] = record(*comm_stream_);
     }
   }

@@ -96,7 +96,9 @@ int64_t ring_dtp_kept_strips(int64_t vocab, int ranks, int64_t strip, int64_t ke
                              VocabPayload resolved_payload);
 
 // The `logits` live set of Ring-DTP, in arena footprints (DeviceArena::footprint, 256-byte
-// blocks). fp() = footprint, b = dtype bytes, c = ring_dtp_strip_columns, Vm = ceil(V/P),
+// blocks). fp() = footprint, b = dtype bytes, b_g = main_grad_dtype's (4 for bf16: the dW and dX
+// accumulators sum over strips and rounds in fp32, and travel in fp32), c =
+// ring_dtp_strip_columns, Vm = ceil(V/P),
 // h = min(P - 1, 2) receive buffers per travelling tensor (double-buffered; one for P = 2, none
 // for P = 1), K = ring_dtp_kept_strips:
 //   kept   = fp(K N c b)   the kept strips, from forward to backward (0 when K = 0)
@@ -105,11 +107,13 @@ int64_t ring_dtp_kept_strips(int64_t vocab, int ranks, int64_t strip, int64_t ke
 //   state  = fp(N 3 8)     (m, z, t) per token, f64
 //   batch  = fp(N H b) + fp(N 8) + state      a travelling batch: X, its labels, a state
 //   weights      forward  = state + kept + work strip + h fp(Vm H b)              (+ W)
-//                backward = state + kept + work strip + 2 h fp(Vm H b)            (+ W, dW)
+//                backward = state + kept + work strip + h fp(Vm H b) + h fp(Vm H b_g)
+//                           + home                                    (+ W, dW, dX home)
 //   activations  forward  = state + kept + work strip + h batch + [P > 1] state
 //                                                  (+ X, labels, arriving state; partial state)
-//                backward = state + kept + work strip + h batch + h fp(N H b)
-//                                                  (+ X, labels, final state; dX)
+//                backward = state + kept + work strip + h batch + h fp(N H b_g) + home
+//                                                  (+ X, labels, final state; dX; dX home)
+//   home   = fp(N H b_g) when b_g > b (bf16: the fp32 home dX, rounded into dx once), else 0
 // The leading `state` (the home state) and `kept` stay from forward to backward.
 struct RingDtpBytes {
   uint64_t strip = 0;       // one strip
@@ -147,6 +151,7 @@ class RingDtpVocab final : public VocabProjection {
   double forward(const Tensor& x, const Tensor& lm_head_shard, const Tensor& labels,
                  double loss_scale) override;
   // dx (N, H) =, dlm_head_shard (V_r, H) += (this rank's rows, summed over every rank's batch).
+  // dx has x's dtype; dlm_head_shard main_grad_dtype's (fp32 beside bf16).
   // Releases the home state.
   void backward(const Tensor& x, const Tensor& lm_head_shard, const Tensor& dx,
                 const Tensor& dlm_head_shard) override;

@@ -11,6 +11,7 @@
 #include "ops/schedules/adamw_resident.h"
 #include "ops/schedules/checkpoint_standard.h"
 #include "ops/schedules/dispatch_standard.h"
+#include "ops/schedules/schedule_dtype.h"
 #include "ops/schedules/vocab_materialized.h"
 
 namespace moepeak {
@@ -72,7 +73,9 @@ TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
             schedules::boundaries_standard_bytes(cfg.num_hidden_layers, N, cfg.hidden_size, dtype));
   EXPECT_EQ(s.peak_per_set()[LiveSet::optimizer], schedules::adamw_resident_bytes(params, dtype));
   EXPECT_EQ(s.peak_per_set()[LiveSet::weights], DeviceArena::footprint(params * b));
-  EXPECT_EQ(s.peak_per_set()[LiveSet::grads], DeviceArena::footprint(params * b));
+  // The gradients are fp32 main grads beside bf16 weights (schedules::main_grad_dtype).
+  EXPECT_EQ(s.peak_per_set()[LiveSet::grads],
+            DeviceArena::footprint(params * dtype_size(schedules::main_grad_dtype(dtype))));
   // The total peak is one moment's sum of live sets, never more than their own peaks added up.
   EXPECT_LE(s.peak_total(), s.peak_per_set().total());
   EXPECT_EQ(s.at_peak().total(), s.peak_total());

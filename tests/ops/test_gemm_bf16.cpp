@@ -540,8 +540,8 @@ TEST(GemmBf16, Matmul) {
   }
 }
 
-// Which dtypes the bf16 entry points take: an f32 dw only for a bf16 x (the fp32 main gradient);
-// every other tensor x's dtype.
+// Which dtypes the bf16 entry points take: an f32 y, dx or dw only for a bf16 x (fp32
+// accumulators: the main gradient, tile sums); w and dy x's dtype.
 TEST(GemmBf16, LinearDtypeChecks) {
   OpEnv env;
   auto x = tensor(env, {4, 3}, DType::bf16, std::vector<float>(12, 1.0f));
@@ -556,9 +556,8 @@ TEST(GemmBf16, LinearDtypeChecks) {
   auto dyf = tensor(env, {4, 5}, DType::f32, std::vector<float>(20, 1.0f));
   auto dw_bf16 = tensor(env, {5, 3}, DType::bf16, std::vector<float>(15, 0.0f));
   Stream& s = env.stream();
-  EXPECT_THROW(ops::linear_forward(x, w, y_f32, false, s), Error);
-  EXPECT_THROW(ops::linear_backward(x, w, dy, dx_f32, false, Tensor(), s), Error);
   EXPECT_THROW(ops::linear_backward(x, w, dy, dx, false, dw_f64, s), Error);
+  EXPECT_THROW(ops::linear_forward(xf, wf, tensor(env, {4, 5}, DType::bf16), false, s), Error);
   EXPECT_THROW(ops::linear_backward(xf, wf, dyf, Tensor(), false, dw_bf16, s), Error);
   // Both backends' checks take an f32 dw beside bf16 x (the fp32 main gradient).
   auto dw_f32 = tensor(env, {5, 3}, DType::f32, std::vector<float>(15, 0.0f));
@@ -566,9 +565,23 @@ TEST(GemmBf16, LinearDtypeChecks) {
   EXPECT_NO_THROW(ops::linear_backward(x, w, dy, dx, false, dw_f32, s));
   const auto got = read(env, dw_f32);
   for (float v : got) EXPECT_EQ(v, 4.0f);  // 4 rows of 1 * 1
-  auto c_f32 = tensor(env, {4, 5}, DType::f32);
+  // An f32 y and dx beside bf16 x are fp32 accumulators over calls (PipelinedLLEP's F blocks).
+  ops::linear_forward(x, w, y_f32, false, s);
+  ops::linear_backward(x, w, dy, dx_f32, false, Tensor(), s);
+  for (float v : read(env, y_f32)) EXPECT_EQ(v, 3.0f);   // 3 columns of 1 * 1
+  for (float v : read(env, dx_f32)) EXPECT_EQ(v, 5.0f);  // 5 outputs of 1 * 1
+  // matmul likewise takes an f32 c beside bf16 a and b (Ring-DTP's fp32 dX accumulator), and
+  // accumulates into it in fp32: 3 + 3 * 2^-10 per call stays exact, where a bf16 c would round
+  // every add back to 3 (half its ulp there is 2^-7).
+  auto c_f32 = tensor(env, {4, 5}, DType::f32, std::vector<float>(20, 0.0f));
   auto b = tensor(env, {3, 5}, DType::bf16, std::vector<float>(15, 1.0f));
-  EXPECT_THROW(ops::matmul(x, b, c_f32, false, s), Error);
+  auto c_f64 = OwnedTensor::device(env.backend(), {4, 5}, DType::f64, LiveSet::workspace, "c");
+  EXPECT_THROW(ops::matmul(x, b, c_f64, false, s), Error);
+  EXPECT_THROW(ops::matmul(xf, wf, c_f32, false, s), Error);
+  auto small = tensor(env, {4, 3}, DType::bf16, std::vector<float>(12, 1.0f / 1024));
+  ops::matmul(x, b, c_f32, false, s);
+  for (int i = 0; i < 4; ++i) ops::matmul(small, b, c_f32, true, s);
+  for (float v : read(env, c_f32)) EXPECT_EQ(v, 3.0f + 4.0f * 3.0f / 1024);
 }
 
 }  // namespace
