@@ -5,6 +5,12 @@
 # Run: ctest -R llep --output-on-failure
 moepeak_add_mpi_test(test_llep NP 4 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llep.cpp)
 moepeak_add_mpi_test(test_llep_np2 NP 2 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llep.cpp)
+# The bf16 cases on one rank too (chunks and F blocks without peers).
+add_test(NAME test_llep_np1_bf16
+  COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 1
+          $<TARGET_FILE:test_llep> --gtest_filter=*Bf16*)
+set_tests_properties(test_llep_np1_bf16 PROPERTIES LABELS "mpi" PROCESSORS 1 TIMEOUT 300
+  ENVIRONMENT "OMPI_MCA_btl=self,vader;OMPI_MCA_btl_vader_single_copy_mechanism=none;OMPI_MCA_rmaps_base_oversubscribe=1")
 # `moepeak bench dispatch` under mpirun -np 2: the §10 JSON's rows, bounds and errors.
 add_test(NAME test_llep_bench_dispatch
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_llep_bench_dispatch.sh $<TARGET_FILE:moepeak>

@@ -1,8 +1,8 @@
 // RankTestEnv: what the multi-rank schedule tests (test_expert_parallel, test_llep,
 // test_ring_dtp) share on each rank process — a CPU backend with a small arena (16 MiB, one
 // worker thread), the communicator of the launched ranks, and inputs, poisoned outputs and
-// read-backs in the run's dtype (f32 or f64), all in the arena's `workspace` set so the live set
-// under test holds only its schedule's buffers.
+// read-backs in the run's dtype (f32, bf16 or f64), all in the arena's `workspace` set so the live
+// set under test holds only its schedule's buffers.
 //
 // Each test derives its Env from it and adds what only it needs (index and label tensors of its
 // own width, its collectives).
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/comm/comm.h"
@@ -37,18 +38,16 @@ class RankTestEnv {
   int rank() const { return comm_->rank(); }
   int world() const { return comm_->world_size(); }
 
-  // Rows [begin, end) of a row-major (rows, width) array as a tensor of the run's dtype.
-  OwnedTensor input(const std::vector<double>& v, int64_t width, int64_t begin, int64_t end) {
-    auto t = OwnedTensor::device(*backend_, Shape{end - begin, width}, dtype_, LiveSet::workspace,
-                                 "test tensor");
-    for (int64_t i = 0; i < (end - begin) * width; ++i) {
-      const double value = v[static_cast<size_t>(begin * width + i)];
-      if (dtype_ == DType::f32) {
-        t.data_as<float>()[i] = static_cast<float>(value);
-      } else {
-        t.data_as<double>()[i] = value;
-      }
-    }
+  // Rows [begin, end) of a row-major (rows, width) array as a tensor of the run's dtype (or of
+  // `as`: an fp32 gradient beside bf16), rounded to it once; written before the call returns.
+  OwnedTensor input(const std::vector<double>& v, int64_t width, int64_t begin, int64_t end,
+                    std::optional<DType> as = std::nullopt) {
+    auto t = OwnedTensor::device(*backend_, Shape{end - begin, width}, as.value_or(dtype_),
+                                 LiveSet::workspace, "test tensor");
+    const auto first = v.begin() + begin * width;
+    copy_from_host_as(std::vector<double>(first, first + (end - begin) * width), t, *backend_,
+                      stream());
+    stream().synchronize();
     return t;
   }
   // Rows [begin, end) of a row-major (rows, width) array of indices as an i32 tensor.
