@@ -199,8 +199,21 @@ ModelConfig model_config_from_json(const nlohmann::json& json, const std::string
   return m;
 }
 
-void write_config_json(const std::string& path, const ModelConfig& model) {
-  write_file_atomically(path, mixtral_config_json(model).dump(2) + "\n");
+std::string_view torch_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f64:
+      return "float64";
+    case DType::f32:
+      return "float32";
+    default:
+      MOEPEAK_THROW("torch_dtype_name: ", dtype_name(dtype), " is not a weight dtype");
+  }
+}
+
+void write_config_json(const std::string& path, const ModelConfig& model, DType weights) {
+  write_file_atomically(path, mixtral_config_json(model, torch_dtype_name(weights)).dump(2) + "\n");
 }
 
 nlohmann::json read_json_file(const std::string& path) {

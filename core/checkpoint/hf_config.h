@@ -2,7 +2,7 @@
 // moepeak checkpoint directory loads with transformers' MixtralForCausalLM
 // (docs/design.md#the-model).
 //
-//   write_config_json("ckpt/step_100/config.json", cfg.model);   // atomically
+//   write_config_json("ckpt/step_100/config.json", cfg.model, DType::bf16);   // atomically
 //   ModelConfig m = model_config_from_json(json, "ckpt/step_100/config.json");
 //
 // Written fields: architectures ["MixtralForCausalLM"], model_type "mixtral", the ModelConfig
@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "core/config/config.h"
+#include "core/runtime/dtype.h"
 
 namespace moepeak {
 
@@ -37,8 +38,11 @@ nlohmann::json mixtral_config_json(const ModelConfig& model, std::string_view dt
 // than none/"default"). torch_dtype / dtype are not read: tensors carry their own dtype.
 ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& source);
 
-// Writes mixtral_config_json(model), indented, atomically.
-void write_config_json(const std::string& path, const ModelConfig& model);
+// The torch spelling of a weight dtype: "float32", "bfloat16", "float64".
+std::string_view torch_dtype_name(DType dtype);
+// Writes mixtral_config_json(model, the torch name of `weights`: the dtype the weights beside it
+// are written in), indented, atomically.
+void write_config_json(const std::string& path, const ModelConfig& model, DType weights);
 
 // The JSON document in `path`; throws moepeak::Error naming the path when it cannot be opened or
 // is not valid JSON.

@@ -240,7 +240,7 @@ void commit_checkpoint_save(const CheckpointSave& save, const ZeroParamStore& pa
   run_and_agree(params, stream, save.what(), params.rank() == 0, [&] {
     const ShardManifest m =
         merge_sidecars(tmp_dir, params, saved_flats(params, optimizer), save.metadata);
-    write_config_json((tmp_dir / "config.json").string(), save.model);
+    write_config_json((tmp_dir / "config.json").string(), save.model, params.dtype());
     // NOTES: manifest.json is the directory's last file: a directory without one is never
     // renamed into place, so every checkpoint a reader finds is complete.
     write_file_atomically((tmp_dir / kShardManifestName).string(), m.to_json());

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -99,7 +100,7 @@ void write_params_safetensors(const std::string& path, const ZeroParamStore& par
   auto full = gather_all(params, gradients ? params.flat_grads() : params.flat_values(), stream);
   write_on_rank0(params, stream, path, [&] {
     SafetensorsWriter writer;
-    add_params(writer, params, full, "", params.dtype());
+    add_params(writer, params, full, "", gradients ? params.grad_dtype() : params.dtype());
     writer.set_metadata("format", "pt");
     writer.write(path);
   });
@@ -191,14 +192,16 @@ void write_step_dump(const std::string& dir, const ModelConfig& model, const Zer
   const auto grads = gather_all(params, params.flat_grads(), stream);
   write_on_rank0(params, stream, "the step dump in " + dir, [&] {
     create_directories(dir);
-    for (const auto& [file, tensors] :
-         {std::pair{"model.safetensors", &weights}, std::pair{"grads.safetensors", &grads}}) {
+    // NOTES: the gradients are in grad_dtype (fp32 main grads beside bf16 weights).
+    for (const auto& [file, tensors, dtype] :
+         {std::tuple{"model.safetensors", &weights, params.dtype()},
+          std::tuple{"grads.safetensors", &grads, params.grad_dtype()}}) {
       SafetensorsWriter writer;
-      add_params(writer, params, *tensors, "", params.dtype());
+      add_params(writer, params, *tensors, "", dtype);
       writer.set_metadata("format", "pt");
       writer.write((root / file).string());
     }
-    write_config_json((root / "config.json").string(), model);
+    write_config_json((root / "config.json").string(), model, params.dtype());
     SafetensorsWriter writer;
     writer.add("input_ids", DType::i64, {batch, seq_len}, input_ids.data(), input_ids.size() * 8);
     writer.add("labels", DType::i64, {batch, seq_len}, labels.data(), labels.size() * 8);

@@ -377,7 +377,7 @@ TEST_F(CheckpointIoTest, ConfigJsonRoundTrip) {
   m.router_aux_loss_coef = 0.02;
   m.initializer_range = 0.01;
   const std::string p = path("config.json");
-  write_config_json(p, m);
+  write_config_json(p, m, DType::f32);
   EXPECT_EQ(read_config_json(p), m);
   EXPECT_EQ(model_config_from_json(nlohmann::json::parse(read_bytes(p)), p), m);
   EXPECT_EQ(read_bytes(p).back(), '\n');
