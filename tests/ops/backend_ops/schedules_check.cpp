@@ -3,13 +3,16 @@
 // rank of a tiny Mixtral (2 layers, GQA, 4 experts top-2):
 //   - SCO (every boundary offloaded through the copy stream) vs standard checkpointing: the loss
 //     and every gradient bitwise equal, and the `boundaries` peaks equal to their formulas (also
-//     in bf16 on CUDA);
+//     in bf16, on both backends);
 //   - PipelinedLLEP (several chunks) vs the standard dispatcher, Ring-DTP (several strips, both
 //     payloads) vs materialised logits, and all four bounded schedules at once vs all standard:
-//     loss and gradients within f32 rounding (and all at once in bf16 on CUDA, within bf16's);
+//     loss and gradients within f32 rounding (and all at once in bf16, within bf16's: the
+//     schedules round bf16 activations at other points, so a whole model drifts by bf16 rounding
+//     even with every sum in fp32; each schedule alone in bf16: tests/parallel/test_llep.cpp,
+//     test_ring_dtp.cpp);
 //   - OffloadStreamAdamW (several buckets, 2 and 3 staging slots) and the serial CPU offload vs
 //     resident AdamW over three steps: weights, m and v bitwise equal, the `optimizer` peaks equal
-//     to adamw_resident_bytes and adamw_offload_stream_bytes; on CUDA also with bf16 working
+//     to adamw_resident_bytes and adamw_offload_stream_bytes; also with bf16 working
 //     weights and an fp32 master (resident's on the device, OffloadStreamAdamW's pinned on the
 //     host): master, m, v and the bf16 weights bitwise equal.
 // On CUDA this is the "schedules on streams" check; with MOEPEAK_BACKEND_OPS=cpu it
