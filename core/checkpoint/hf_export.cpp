@@ -45,10 +45,6 @@ std::string step_directory(const std::string& checkpoint) {
                       "`latest` file (a checkpoint folder)");
 }
 
-std::string torch_dtype_name(const std::string& dtype) {
-  return dtype == "BF16" ? "bfloat16" : "float32";
-}
-
 std::string shard_file_name(int k, int n) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "model-%05d-of-%05d.safetensors", k + 1, n);
@@ -152,7 +148,10 @@ HfExportSummary export_hf_checkpoint(const std::string& checkpoint, const std::s
     write_file_atomically((tmp / "model.safetensors.index.json").string(), index.dump(2) + "\n");
     write_file_atomically(
         (tmp / "config.json").string(),
-        mixtral_config_json(model, torch_dtype_name(options.dtype)).dump(2) + "\n");
+        mixtral_config_json(model,
+                            torch_dtype_name(options.dtype == "BF16" ? DType::bf16 : DType::f32))
+                .dump(2) +
+            "\n");
     write_file_atomically((tmp / "generation_config.json").string(),
                           nlohmann::json{{"_from_model_config", true}}.dump(2) + "\n");
     if (fs::exists(target)) fs::remove(target);  // the empty directory checked above
