@@ -1,5 +1,5 @@
 // Token files on disk: the read-only mapping, the llm.c / nanoGPT .bin and Megatron .bin/.idx
-// readers, the token-id scan, and the windowing loader. Formats: core/data/token_dataset.h.
+// readers, the checked reads, and the windowing loader. Formats: core/data/token_dataset.h.
 #include "core/data/token_dataset.h"
 
 #include <fcntl.h>
@@ -172,29 +172,18 @@ TokenDataset::TokenDataset(MappedFile file, TokenStorage storage, LoaderKind kin
   }
 }
 
-void TokenDataset::check_token_ids(int64_t vocab_size) const {
-  const uint64_t element = token_storage_size(storage_);
-  with_storage_type(storage_, [&](auto type_tag) {
-    using T = decltype(type_tag);
-    for (const Run& run : runs_) {
-      const uint8_t* base = file_.data() + run.byte_offset;
-      for (uint64_t i = 0; i < run.tokens; ++i) {
-        const int64_t id = static_cast<int64_t>(load_le<T>(base + i * element));
-        if (id >= 0 && id < vocab_size) continue;
-        const uint64_t byte = run.byte_offset + i * element;
-        const uint64_t offset = (byte - data_begin_) / element;
-        if (id < 0) {
-          MOEPEAK_INPUT_ERROR(path(), ": token ", id, " at offset ", offset, " (byte ", byte,
-                              ") is negative");
-        }
-        MOEPEAK_INPUT_ERROR(path(), ": token ", id, " at offset ", offset, " (byte ", byte,
-                            ") is >= model.vocab_size ", vocab_size);
-      }
-    }
-  });
+void TokenDataset::bad_token(int64_t id, uint64_t byte, int64_t vocab_size) const {
+  const uint64_t offset = (byte - data_begin_) / token_storage_size(storage_);
+  if (id < 0) {
+    MOEPEAK_INPUT_ERROR(path(), ": token ", id, " at offset ", offset, " (byte ", byte,
+                        ") is negative");
+  }
+  MOEPEAK_INPUT_ERROR(path(), ": token ", id, " at offset ", offset, " (byte ", byte,
+                      ") is >= model.vocab_size ", vocab_size);
 }
 
-void TokenDataset::read_cyclic(uint64_t begin, uint64_t count, int64_t* out) const {
+void TokenDataset::read_cyclic(uint64_t begin, uint64_t count, int64_t* out,
+                               int64_t vocab_size) const {
   MOEPEAK_CHECK(token_count_ > 0, "reading from an empty token dataset ", path());
   const uint64_t element = token_storage_size(storage_);
   uint64_t position = begin % token_count_;
@@ -208,8 +197,14 @@ void TokenDataset::read_cyclic(uint64_t begin, uint64_t count, int64_t* out) con
       const uint64_t within = position - run->stream_begin;
       const uint64_t take = std::min(count, run->tokens - within);
       const uint8_t* src = file_.data() + run->byte_offset + within * element;
-      for (uint64_t i = 0; i < take; ++i)
-        *out++ = static_cast<int64_t>(load_le<T>(src + i * element));
+      for (uint64_t i = 0; i < take; ++i) {
+        const int64_t id = static_cast<int64_t>(load_le<T>(src + i * element));
+        // NOTES: the vocabulary check of every token read (no scan at open: O(1) start-up).
+        if (id < 0 || id >= vocab_size) {
+          bad_token(id, run->byte_offset + (within + i) * element, vocab_size);
+        }
+        *out++ = id;
+      }
       count -= take;
       position += take;
       if (++run == runs_.end()) {
@@ -440,7 +435,10 @@ TokenDataset open_megatron_dataset(const std::string& path) {
 
 TokenWindowLoader::TokenWindowLoader(TokenDataset dataset, int64_t batch_size, int64_t seq_len,
                                      int64_t vocab_size)
-    : dataset_(std::move(dataset)), batch_size_(batch_size), seq_len_(seq_len) {
+    : dataset_(std::move(dataset)),
+      batch_size_(batch_size),
+      seq_len_(seq_len),
+      vocab_size_(vocab_size) {
   if (batch_size < 1)
     MOEPEAK_INPUT_ERROR(dataset_.path(), ": training.batch_size ", batch_size, " must be >= 1");
   if (seq_len < 1)
@@ -450,7 +448,6 @@ TokenWindowLoader::TokenWindowLoader(TokenDataset dataset, int64_t batch_size, i
                         " tokens, fewer than training.seq_len + 1 = ", seq_len + 1,
                         " (one window of inputs and labels)");
   }
-  dataset_.check_token_ids(vocab_size);
   window_.resize(static_cast<size_t>(seq_len) + 1);
 }
 
@@ -460,7 +457,7 @@ void TokenWindowLoader::next_batch(int64_t* input_ids, int64_t* labels) {
   for (int64_t b = 0; b < batch_size_; ++b) {
     const uint64_t start =
         static_cast<uint64_t>((cursor_ + static_cast<unsigned __int128>(b) * T) % N);
-    dataset_.read_cyclic(start, T + 1, window_.data());
+    dataset_.read_cyclic(start, T + 1, window_.data(), vocab_size_);
     std::copy(window_.begin(), window_.end() - 1, input_ids + b * seq_len_);
     std::copy(window_.begin() + 1, window_.end(), labels + b * seq_len_);
   }

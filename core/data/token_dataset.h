@@ -21,7 +21,9 @@
 // first input of the next (llm.c style, every position scored), the cursor advances B*T tokens per
 // step, and a window that runs past the end continues at the start. The state is the cursor.
 //
-// Every token id is checked against the vocabulary once, at open, by a linear scan of the mapping.
+// Opening reads the header (and a Megatron .idx) only: nothing at open is O(dataset), so a
+// 100B-token file starts as fast as a small one. Every token id is checked against the
+// vocabulary when its window is read, before the step that uses it (read_cyclic).
 #pragma once
 
 #include <cstddef>
@@ -83,15 +85,15 @@ class TokenDataset {
   const std::string& format() const { return format_; }  // for describe(), e.g. "llm.c .bin"
   uint64_t token_count() const { return token_count_; }  // N
 
-  // Throws moepeak::Error on the first token id outside [0, vocab_size): "PATH: token X at
-  // offset I (byte B) is >= model.vocab_size V", where I counts tokens of the file's storage
-  // type from the start of the file's token data and B is the byte position in the file.
-  void check_token_ids(int64_t vocab_size) const;
-
-  // Writes the tokens at stream positions begin, begin+1, ... (modulo N), `count` of them.
-  void read_cyclic(uint64_t begin, uint64_t count, int64_t* out) const;
+  // Writes the tokens at stream positions begin, begin+1, ... (modulo N), `count` of them,
+  // each checked as it is read: throws moepeak::Error on the first token id outside
+  // [0, vocab_size): "PATH: token X at offset I (byte B) is >= model.vocab_size V" (or "is
+  // negative"), where I counts tokens of the file's storage type from the start of the file's
+  // token data and B is the byte position in the file. `out` is then partly written.
+  void read_cyclic(uint64_t begin, uint64_t count, int64_t* out, int64_t vocab_size) const;
 
  private:
+  [[noreturn]] void bad_token(int64_t id, uint64_t byte, int64_t vocab_size) const;
   MappedFile file_;
   TokenStorage storage_;
   LoaderKind kind_;
@@ -114,7 +116,9 @@ TokenDataset open_megatron_dataset(const std::string& path);
 // The windowing loader described above.
 class TokenWindowLoader final : public DataLoader {
  public:
-  // Checks token ids against vocab_size and that the stream holds at least seq_len + 1 tokens.
+  // Checks that the stream holds at least seq_len + 1 tokens; the token ids are checked against
+  // vocab_size as next_batch reads them (an id outside it: moepeak::Error naming file, offset,
+  // byte and value).
   TokenWindowLoader(TokenDataset dataset, int64_t batch_size, int64_t seq_len, int64_t vocab_size);
 
   int64_t batch_size() const override { return batch_size_; }
@@ -131,6 +135,7 @@ class TokenWindowLoader final : public DataLoader {
   TokenDataset dataset_;
   int64_t batch_size_;
   int64_t seq_len_;
+  int64_t vocab_size_;
   uint64_t cursor_ = 0;
   std::vector<int64_t> window_;  // T + 1 tokens
 };

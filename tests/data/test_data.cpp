@@ -483,26 +483,37 @@ TEST_F(TokenFileTest, TooFewTokens) {
                   empty + ": 0 tokens");
 }
 
-TEST_F(TokenFileTest, TokenIdOutOfVocabularyNamesFileOffsetAndByte) {
+// The error of the batch whose window holds a bad id, after `good` batches that read fine: open
+// does not scan the file, so the loader opens and the earlier batches run.
+std::string error_at_batch(std::unique_ptr<DataLoader> loader, int good) {
+  std::vector<int64_t> ids(static_cast<size_t>(loader->batch_size() * loader->seq_len()));
+  std::vector<int64_t> labels(ids.size());
+  for (int i = 0; i < good; ++i) {
+    EXPECT_NO_THROW(loader->next_batch(ids.data(), labels.data())) << "batch " << i;
+  }
+  return error_of([&] { loader->next_batch(ids.data(), labels.data()); });
+}
+
+TEST_F(TokenFileTest, TokenIdOutOfVocabularyNamesFileOffsetAndByteWhenItsWindowIsRead) {
   std::vector<int64_t> tokens = iota_tokens(20);
   tokens[3] = 70000;
   std::string p = write_headerless<uint32_t>("train.bin", tokens);
-  EXPECT_EQ(error_of([&] {
-              make_data_loader(training(DatasetKind::bin, p, TokenDtype::uint32, 1, 4),
-                               model(50257), 0);
-            }),
+  EXPECT_EQ(error_at_batch(make_data_loader(training(DatasetKind::bin, p, TokenDtype::uint32, 1, 4),
+                                            model(50257), 0),
+                           0),
             p + ": token 70000 at offset 3 (byte 12) is >= model.vocab_size 50257");
 
+  // Windows of 4 + 1 tokens from 0, 4, 8, 12: the fifth (16..20) is the first to read token 17.
   std::vector<int64_t> small = iota_tokens(20);
   small[17] = 300;
   std::string q = write_llmc<uint16_t>("llmc.bin", small, 20240520, 1, 20);
-  EXPECT_EQ(error_of([&] {
-              make_data_loader(training(DatasetKind::bin, q, TokenDtype::llmc, 1, 4), model(256),
-                               0);
-            }),
+  EXPECT_EQ(error_at_batch(make_data_loader(training(DatasetKind::bin, q, TokenDtype::llmc, 1, 4),
+                                            model(256), 0),
+                           4),
             q + ": token 300 at offset 17 (byte 1058) is >= model.vocab_size 256");
 
-  // Megatron: offsets count tokens of the .bin; a negative id in an int32 dataset.
+  // Megatron: offsets count tokens of the .bin; a negative id in an int32 dataset, read by the
+  // third window (8..12).
   std::vector<int64_t> m = iota_tokens(12);
   m[9] = -5;
   std::string prefix = write_megatron<int32_t>(
@@ -513,10 +524,10 @@ TEST_F(TokenFileTest, TokenIdOutOfVocabularyNamesFileOffsetAndByte) {
         return idx;
       }(),
       m);
-  EXPECT_EQ(error_of([&] {
-              make_data_loader(training(DatasetKind::megatron, prefix, TokenDtype::uint16, 1, 4),
-                               model(256), 0);
-            }),
+  EXPECT_EQ(error_at_batch(
+                make_data_loader(training(DatasetKind::megatron, prefix, TokenDtype::uint16, 1, 4),
+                                 model(256), 0),
+                2),
             prefix + ".bin: token -5 at offset 9 (byte 36) is negative");
 }
 

@@ -3,7 +3,8 @@
 // documented layout, and the metrics file has one JSON object per step. Each offload placement
 // of the optimizer (offload_serial, offload_stream) trains bitwise like resident (losses, and
 // the weights, m and v the final checkpoint holds) and resumes bit for bit. A stop signal
-// (preemption) checkpoints at the step boundary and the resumed run ends bit for bit the same.
+// (preemption) checkpoints at the step boundary and the resumed run ends bit for bit the same. A
+// token id past the vocabulary stops the run at the step whose window holds it.
 // Run: ctest -R test_train
 #include <gtest/gtest.h>
 #include <malloc.h>
@@ -120,6 +121,42 @@ TEST(Train, ResumeContinuesBitForBit) {
   TrainOptions latest;
   latest.resume = true;
   EXPECT_TRUE(train(cfg, latest).losses.empty());
+}
+
+// A token file's ids are checked as their windows are read (no scan at open): a run over a file
+// with one id past the vocabulary trains the steps before it and stops with an error naming the
+// file, the token's offset and its value at the step whose window holds it.
+TEST(Train, ABadTokenIdStopsTheRunAtTheStepThatReadsIt) {
+  TempDir dir;
+  // 16 sequences of 32 tokens = 512 tokens a step; the bad id in step 3's tokens.
+  std::vector<uint16_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 32);
+  tokens[2 * 512 + 100] = 40;
+  const fs::path file = dir.path() / "train.bin";
+  {
+    std::ofstream out(file, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(tokens.data()),
+              static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+  }
+  Config cfg = quick_config(dir.path(), 5);
+  cfg.training.dataset = DatasetKind::bin;
+  cfg.training.dataset_path = file.string();
+  cfg.training.token_dtype = TokenDtype::uint16;
+  std::string error;
+  try {
+    train(cfg, {});
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find(file.string() + ": token 40 at offset 1124 (byte 2248) is >= "
+                                       "model.vocab_size 32"),
+            std::string::npos)
+      << error;
+  // Steps 1 and 2 ran (and were logged) before step 3 read the window.
+  std::ifstream metrics(dir.path() / "moepeak" / "metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(metrics, line);) lines += !line.empty();
+  EXPECT_EQ(lines, 2);
 }
 
 // The write buffer (checkpoint.write_buffer) bounds a save's host memory and changes no byte:
