@@ -65,5 +65,6 @@ void register_bench_overlap(CLI::App& bench, Context& ctx);     // cli/bench_ove
 void register_bench_gemm(CLI::App& bench, Context& ctx);        // cli/bench_gemm.cpp
 void register_bench_attention(CLI::App& bench, Context& ctx);   // cli/bench_attention.cpp
 void register_bench_checkpoint(CLI::App& bench, Context& ctx);  // cli/bench_checkpoint.cpp
+void register_bench_data(CLI::App& bench, Context& ctx);        // cli/bench_data.cpp
 
 }  // namespace moepeak::cli

@@ -145,6 +145,19 @@ check "bench vocab --dtype bf16 runs on the CPU (rc $rc)" test $rc -eq 0
   --experts 4 --top-k 2 >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bench dispatch --dtype bf16 runs on the CPU (rc $rc)" test $rc -eq 0
 
+# bench data: a generated token file (both formats) opened, first batch, one full pass; the file
+# is removed afterwards.
+for fmt in bin megatron; do
+  "$bin" bench data --bytes 1MB --iters 2 --format $fmt --dir "$tmp/bench-data" \
+    --json "$tmp/data-$fmt.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+  check "bench data --format $fmt exits 0 (rc $rc)" test $rc -eq 0
+  check "bench data --format $fmt: create, open, first_batch, full_pass rows of 1MB" \
+    python3 -c "import json,sys; d=json.load(open('$tmp/data-$fmt.json')); r=[x['schedule'] for x in d['rows']]; sys.exit(not (r==['create','open','first_batch','full_pass'] and d['shape']['bytes']==1000000 and all(x['time_s']>=0 for x in d['rows'])))"
+  check "bench data --format $fmt removes its file" test ! -e "$tmp/bench-data/bench-tokens.bin"
+done
+"$bin" bench data --bytes 1KB >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench data --bytes 1KB is refused (rc $rc)" sh -c "test $rc -ne 0 && grep -q 'at least 4KB' '$tmp/err'"
+
 # bench adamw and bench sco on the configured backend (here the CPU): every row exact, no GPU
 # target stated, the JSON names the backend.
 "$bin" bench adamw --set runtime.backend=cpu --params 4096 --buckets 512 --slots 2 --warmup 0 \
