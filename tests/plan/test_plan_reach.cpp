@@ -90,7 +90,9 @@ TEST(PlanReach, MixtralPresetsAreTheHuggingFaceShapesAndFitAtFullContext) {
   EXPECT_EQ(x22.training.seq_len, x22.model.max_position_embeddings);
   for (int W : {8, 16, 64}) {
     EXPECT_TRUE(fits_at("mixtral-8x7b", W, true, x7.training.seq_len)) << W;
-    if (W > 8) EXPECT_TRUE(fits_at("mixtral-8x22b", W, true, x22.training.seq_len)) << W;
+    if (W > 8) {
+      EXPECT_TRUE(fits_at("mixtral-8x22b", W, true, x22.training.seq_len)) << W;
+    }
   }
   EXPECT_TRUE(fits_at("mixtral-8x22b", 8, true, 60 * 1024));
   EXPECT_FALSE(fits_at("mixtral-8x22b", 8, true, x22.training.seq_len));
