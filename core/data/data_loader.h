@@ -58,7 +58,8 @@ class DataLoader {
 
 // Opens the dataset that `training` names (training.dataset, dataset_path, token_dtype) for
 // batches of training.batch_size x training.seq_len, checking every token id against
-// model.vocab_size as its window is read (nothing O(dataset) at open). Throws moepeak::Error naming the file and position of anything wrong.
+// model.vocab_size as its window is read (nothing O(dataset) at open). Throws moepeak::Error naming
+// the file and position of anything wrong.
 std::unique_ptr<DataLoader> make_data_loader(const TrainingConfig& training,
                                              const ModelConfig& model, int64_t seed);
 
