@@ -171,11 +171,37 @@ TEST(AdamWFused, MasterMomentsAndWorkingWeightsAreBitwiseTheReferenceF64) {
   fused_matches_reference<double>();
 }
 
+// adamw_fused_cpu with bf16 working weights on the f32 master, m and v of `in` and the gradient
+// `grad` (in.g stored as `grad_dtype`, bf16 or f32): master, m and v bitwise the f32 reference
+// on in.g, the working weights that new master rounded to bf16.
+void expect_fused_bf16_is_the_f32_update(Backend& backend, const Inputs<float>& in, void* grad,
+                                         DType grad_dtype, const ops::AdamWHyper& h, bool decay) {
+  const int64_t n = static_cast<int64_t>(in.p.size());
+  const Inputs<float> want = reference(backend, in, h, decay);
+  Inputs<float> got = in;
+  std::vector<bf16> working(static_cast<size_t>(n), bf16(NAN));
+  auto t = [&](void* data, DType dtype) {
+    return Tensor(data, Shape{n}, dtype, Placement::device, &backend);
+  };
+  Stream& stream = backend.default_stream();
+  ops::adamw_fused_cpu(t(got.p.data(), DType::f32), t(grad, grad_dtype),
+                       t(got.m.data(), DType::f32), t(got.v.data(), DType::f32),
+                       t(working.data(), DType::bf16), h, decay, stream);
+  stream.synchronize();
+  SCOPED_TRACE(testing::Message() << "n " << n << " decay " << decay);
+  expect_bitwise(got.p, want.p, "master");
+  expect_bitwise(got.m, want.m, "m");
+  expect_bitwise(got.v, want.v, "v");
+  int64_t differ = 0;
+  for (size_t i = 0; i < working.size(); ++i)
+    differ += working[i].bits != bf16(want.p[i]).bits ? 1 : 0;
+  EXPECT_EQ(differ, 0) << "working weights other than the new master rounded to bf16";
+}
+
 TEST(AdamWFused, Bf16WorkingWeightsAreTheF32UpdateOfTheWidenedGradient) {
   // The gradient drawn in f32 and rounded to bf16; the reference is adamw_cpu in f32 on that
   // gradient widened. n crosses the kernel's 2048-element chunks and leaves every AVX2 tail.
   auto backend = Backend::create(BackendOptions{});
-  Stream& stream = backend->default_stream();
   std::mt19937_64 rng(17);
   for (int64_t n : {1, 9, 2047, 2048, 2049, 4099, 10007}) {
     for (bool decay : {true, false}) {
@@ -186,24 +212,7 @@ TEST(AdamWFused, Bf16WorkingWeightsAreTheF32UpdateOfTheWidenedGradient) {
         in.g[i] = static_cast<float>(grad[i]);
       }
       const ops::AdamWHyper h = random_hyper(rng);
-      const Inputs<float> want = reference(*backend, in, h, decay);
-      Inputs<float> got = in;
-      std::vector<bf16> working(static_cast<size_t>(n), bf16(NAN));
-      auto t = [&](void* data, DType dtype) {
-        return Tensor(data, Shape{n}, dtype, Placement::device, backend.get());
-      };
-      ops::adamw_fused_cpu(t(got.p.data(), DType::f32), t(grad.data(), DType::bf16),
-                           t(got.m.data(), DType::f32), t(got.v.data(), DType::f32),
-                           t(working.data(), DType::bf16), h, decay, stream);
-      stream.synchronize();
-      SCOPED_TRACE(testing::Message() << "n " << n << " decay " << decay);
-      expect_bitwise(got.p, want.p, "master");
-      expect_bitwise(got.m, want.m, "m");
-      expect_bitwise(got.v, want.v, "v");
-      int64_t differ = 0;
-      for (size_t i = 0; i < working.size(); ++i)
-        differ += working[i].bits != bf16(want.p[i]).bits ? 1 : 0;
-      EXPECT_EQ(differ, 0) << "working weights other than the new master rounded to bf16";
+      expect_fused_bf16_is_the_f32_update(*backend, in, grad.data(), DType::bf16, h, decay);
     }
   }
 }
@@ -213,31 +222,14 @@ TEST(AdamWFused, Bf16WorkingWeightsWithAnF32GradientAreTheF32UpdateOfThatGradien
   // adamw_cpu in f32 on that gradient. n crosses the kernel's 2048-element chunks and leaves every
   // AVX2 tail.
   auto backend = Backend::create(BackendOptions{});
-  Stream& stream = backend->default_stream();
   std::mt19937_64 rng(19);
   for (int64_t n : {1, 9, 2047, 2048, 2049, 4099, 10007}) {
     for (bool decay : {true, false}) {
       const Inputs<float> in = random_inputs<float>(n, rng);
       const ops::AdamWHyper h = random_hyper(rng);
-      const Inputs<float> want = reference(*backend, in, h, decay);
-      Inputs<float> got = in;
-      std::vector<bf16> working(static_cast<size_t>(n), bf16(NAN));
-      auto t = [&](void* data, DType dtype) {
-        return Tensor(data, Shape{n}, dtype, Placement::device, backend.get());
-      };
-      ops::adamw_fused_cpu(t(got.p.data(), DType::f32), t(got.g.data(), DType::f32),
-                           t(got.m.data(), DType::f32), t(got.v.data(), DType::f32),
-                           t(working.data(), DType::bf16), h, decay, stream);
-      stream.synchronize();
-      SCOPED_TRACE(testing::Message() << "n " << n << " decay " << decay);
-      expect_bitwise(got.g, in.g, "gradient (read only)");
-      expect_bitwise(got.p, want.p, "master");
-      expect_bitwise(got.m, want.m, "m");
-      expect_bitwise(got.v, want.v, "v");
-      int64_t differ = 0;
-      for (size_t i = 0; i < working.size(); ++i)
-        differ += working[i].bits != bf16(want.p[i]).bits ? 1 : 0;
-      EXPECT_EQ(differ, 0) << "working weights other than the new master rounded to bf16";
+      std::vector<float> grad = in.g;
+      expect_fused_bf16_is_the_f32_update(*backend, in, grad.data(), DType::f32, h, decay);
+      expect_bitwise(grad, in.g, "gradient (read only)");
     }
   }
 }

@@ -84,23 +84,19 @@ MOEPEAK_BACKEND_OPS_CASES(adamw) {
           plain.seed = seed;
           cases.push_back(std::move(plain));
 
-          OpCase fused{"adamw_fused" + params,
-                       {param("master"), in("grad", s, Kind::floating, uniform(-1e-2, 1e-2)), m, v,
-                        out("working", s, Kind::floating)},
-                       [h, decay](const std::vector<Tensor>& t, Stream& st) {
-                         ops::adamw_fused(t[0], t[1], t[2], t[3], t[4], h, decay, st);
-                       }};
-          fused.seed = seed;
-          cases.push_back(std::move(fused));
-
-          OpCase f32_grad{"adamw_fused f32_grad" + params,
-                          {param("master"), in("grad", s, Kind::state, uniform(-1e-2, 1e-2)), m, v,
-                           out("working", s, Kind::floating)},
-                          [h, decay](const std::vector<Tensor>& t, Stream& st) {
-                            ops::adamw_fused(t[0], t[1], t[2], t[3], t[4], h, decay, st);
-                          }};
-          f32_grad.seed = seed;
-          cases.push_back(std::move(f32_grad));
+          // The gradient in the working dtype (floating), or f32 beside bf16 working weights
+          // (state: the fp32 main gradient).
+          for (Kind grad : {Kind::floating, Kind::state}) {
+            OpCase fused{
+                std::string(grad == Kind::state ? "adamw_fused f32_grad" : "adamw_fused") + params,
+                {param("master"), in("grad", s, grad, uniform(-1e-2, 1e-2)), m, v,
+                 out("working", s, Kind::floating)},
+                [h, decay](const std::vector<Tensor>& t, Stream& st) {
+                  ops::adamw_fused(t[0], t[1], t[2], t[3], t[4], h, decay, st);
+                }};
+            fused.seed = seed;
+            cases.push_back(std::move(fused));
+          }
           ++seed;
         }
       }
