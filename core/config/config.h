@@ -174,6 +174,7 @@ struct TrainingConfig {
   DatasetKind dataset = DatasetKind::copy;
   std::string dataset_path;  // required unless dataset is copy
   TokenDtype token_dtype = TokenDtype::uint16;
+  bool shuffle = true;  // token files: each epoch's windows in a seeded shuffled order
   ComputeDtype dtype = ComputeDtype::automatic;  // auto: fp32 on the CPU, bf16 on CUDA
 
   bool operator==(const TrainingConfig&) const = default;

@@ -186,6 +186,10 @@ const std::vector<Field>& field_table() {
       FIELD(training, token_dtype, no_limit(),
             "Token type of a headerless .bin (uint16, uint32), or llmc = llm.c's 256-int32 "
             "header form."),
+      FIELD(training, shuffle, no_limit(),
+            "Token files: visit each epoch's seq_len-token windows in a pseudo-random order "
+            "drawn from job.seed, reshuffled every epoch; false = in file order, each window "
+            "starting where the last ended. The copy task ignores it."),
       FIELD(training, dtype, no_limit(),
             "Compute dtype; auto = float32 on the CPU backend, bfloat16 on CUDA."),
       // [parallelism]

@@ -1,12 +1,12 @@
+// rank_batch_block and read_local_batch: see batch_shard.h.
 #include "core/data/batch_shard.h"
 
-#include "core/data/data_loader.h"
 #include "core/error.h"
 
 namespace moepeak {
 
-LocalBatch shard_batch(const std::vector<int64_t>& input_ids, const std::vector<int64_t>& labels,
-                       int64_t batch, int64_t seq_len, int world, int rank, int sequence_parallel) {
+BatchBlock rank_batch_block(int64_t batch, int64_t seq_len, int world, int rank,
+                            int sequence_parallel) {
   MOEPEAK_CHECK(world >= 1 && rank >= 0 && rank < world, "rank ", rank, " of ", world);
   const int sp = sequence_parallel == 0 ? world : sequence_parallel;
   MOEPEAK_CHECK(sp >= 1 && world % sp == 0, "sequence_parallel ", sp, " does not divide ", world);
@@ -20,21 +20,26 @@ LocalBatch shard_batch(const std::vector<int64_t>& input_ids, const std::vector<
     MOEPEAK_INPUT_ERROR("training.batch_size = ", batch, " cannot be split over ", groups,
                         " sequence groups (W/Sp = ", world, "/", sp, ")");
   }
-  const size_t total = static_cast<size_t>(batch * seq_len);
-  MOEPEAK_CHECK(input_ids.size() == total && labels.size() == total, "a batch of ", batch, " x ",
-                seq_len, " needs ", total, " ids and labels, got ", input_ids.size(), " and ",
-                labels.size());
+  BatchBlock block;
+  block.rows = batch / groups;
+  block.cols = seq_len / sp;
+  block.row_begin = (rank / sp) * block.rows;
+  block.col_begin = (rank % sp) * block.cols;
+  return block;
+}
+
+LocalBatch read_local_batch(DataLoader& loader, const BatchBlock& block) {
   LocalBatch local;
-  local.batch = batch / groups;
-  local.local_seq_len = seq_len / sp;
-  const int64_t first_seq = (rank / sp) * local.batch;
-  const int64_t begin = (rank % sp) * local.local_seq_len;
-  for (int64_t b = first_seq; b < first_seq + local.batch; ++b) {
-    for (int64_t t = begin; t < begin + local.local_seq_len; ++t) {
-      local.input_ids.push_back(input_ids[b * seq_len + t]);
-      local.labels.push_back(labels[b * seq_len + t]);
-      local.positions.push_back(t);
-    }
+  local.batch = block.rows;
+  local.local_seq_len = block.cols;
+  const auto n = static_cast<size_t>(block.tokens());
+  local.input_ids.resize(n);
+  local.labels.resize(n);
+  local.positions.resize(n);
+  loader.read_block(block, local.input_ids.data(), local.labels.data());
+  for (int64_t r = 0; r < block.rows; ++r) {
+    for (int64_t c = 0; c < block.cols; ++c)
+      local.positions[static_cast<size_t>(r * block.cols + c)] = block.col_begin + c;
   }
   return local;
 }

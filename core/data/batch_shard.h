@@ -6,10 +6,15 @@
 //
 //   global input_ids, labels: (B, T) row-major
 //   local  input_ids, labels, positions: (B/(W/Sp), T/Sp) row-major = (N) tokens, sequence-major
+//
+// The rank reads only that block from the loader (DataLoader::read_block): no rank reads the
+// global batch.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "core/data/data_loader.h"
 
 namespace moepeak {
 
@@ -18,11 +23,15 @@ struct LocalBatch {
   int64_t batch = 0, local_seq_len = 0;               // B/(W/Sp) sequences of T/Sp tokens
 };
 
-// Throws moepeak::Error unless 0 <= rank < world, Sp divides W, seq_len % Sp == 0 and
-// batch % (W/Sp) == 0 (naming the numbers). sequence_parallel 0 = W.
-LocalBatch shard_batch(const std::vector<int64_t>& input_ids, const std::vector<int64_t>& labels,
-                       int64_t batch, int64_t seq_len, int world, int rank,
-                       int sequence_parallel = 0);
+// The block of a (batch, seq_len) batch that `rank` of `world` holds. Throws moepeak::Error
+// unless 0 <= rank < world, Sp divides W, seq_len % Sp == 0 and batch % (W/Sp) == 0 (naming the
+// numbers). sequence_parallel 0 = W.
+BatchBlock rank_batch_block(int64_t batch, int64_t seq_len, int world, int rank,
+                            int sequence_parallel = 0);
+
+// The block's tokens of the loader's next batch, with their global positions. Does not advance
+// the loader.
+LocalBatch read_local_batch(DataLoader& loader, const BatchBlock& block);
 
 // Labels that count towards the loss (not -100) in `labels`.
 int64_t count_scored(const std::vector<int64_t>& labels);

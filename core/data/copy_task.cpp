@@ -52,22 +52,20 @@ CopyTaskLoader::CopyTaskLoader(int64_t batch_size, int64_t seq_len, int64_t voca
     MOEPEAK_INPUT_ERROR("copy task: model.vocab_size ", vocab_size, " must be >= 1");
 }
 
-void CopyTaskLoader::next_batch(int64_t* input_ids, int64_t* labels) {
-  const int64_t T = seq_len_;
+void CopyTaskLoader::read_block(const BatchBlock& block, int64_t* input_ids, int64_t* labels) {
+  check_block(block, batch_size_, seq_len_);
   const int64_t h = half();
-  std::vector<int64_t> prefix(static_cast<size_t>(h));
-  for (int64_t b = 0; b < batch_size_; ++b) {
-    for (int64_t i = 0; i < h; ++i) {
-      prefix[static_cast<size_t>(i)] = copy_task_random_token(seed_, step_, b, i, vocab_size_);
-    }
-    int64_t* row_inputs = input_ids + b * T;
-    int64_t* row_labels = labels + b * T;
-    for (int64_t t = 0; t < T; ++t) {
-      row_inputs[t] = prefix[static_cast<size_t>(t % h)];
-      row_labels[t] = t + 1 >= h ? prefix[static_cast<size_t>((t + 1) % h)] : kIgnoreLabel;
+  for (int64_t r = 0; r < block.rows; ++r) {
+    const int64_t b = block.row_begin + r;
+    int64_t* row_inputs = input_ids + r * block.cols;
+    int64_t* row_labels = labels + r * block.cols;
+    for (int64_t c = 0; c < block.cols; ++c) {
+      const int64_t t = block.col_begin + c;
+      row_inputs[c] = copy_task_random_token(seed_, step_, b, t % h, vocab_size_);
+      row_labels[c] = t + 1 >= h ? copy_task_random_token(seed_, step_, b, (t + 1) % h, vocab_size_)
+                                 : kIgnoreLabel;
     }
   }
-  ++step_;
 }
 
 std::vector<uint8_t> CopyTaskLoader::state() const {

@@ -17,8 +17,9 @@
 // back h positions.
 //
 // r comes from a counter-based generator (splitmix64 finalisers over seed, step, sequence, index),
-// so step s is the same whether it is reached by calling next_batch s times or by restoring a
-// state that says s. The state is the step counter alone.
+// so step s is the same whether it is reached by advancing s times or by restoring a
+// state that says s, and any block of it is computed without the rest. The state is the step
+// counter alone.
 #pragma once
 
 #include <cstdint>
@@ -40,9 +41,10 @@ class CopyTaskLoader final : public DataLoader {
   int64_t batch_size() const override { return batch_size_; }
   int64_t seq_len() const override { return seq_len_; }
   int64_t half() const { return seq_len_ / 2; }  // h
-  int64_t step() const { return step_; }         // the step next_batch fills next
+  int64_t step() const { return step_; }         // the step read_block fills
 
-  void next_batch(int64_t* input_ids, int64_t* labels) override;
+  void read_block(const BatchBlock& block, int64_t* input_ids, int64_t* labels) override;
+  void advance() override { ++step_; }
   std::vector<uint8_t> state() const override;
   void restore(std::span<const uint8_t> state) override;
   std::string describe() const override;

@@ -1,10 +1,12 @@
 // make_data_loader (the dataset switch) and the loader-state byte string shared by all loaders.
 #include "core/data/data_loader.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/data/copy_task.h"
 #include "core/data/token_dataset.h"
+#include "core/data/window_loader.h"
 #include "core/error.h"
 
 namespace moepeak {
@@ -51,7 +53,8 @@ std::vector<uint8_t> encode_loader_state(LoaderKind kind, std::span<const uint64
 }
 
 std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, LoaderKind kind,
-                                          size_t field_count) {
+                                          std::span<const size_t> field_counts) {
+  MOEPEAK_CHECK(!field_counts.empty(), "no field count to decode a loader state with");
   if (state.size() < kStateHeaderBytes || std::memcmp(state.data(), kStateMagic, 4) != 0) {
     MOEPEAK_INPUT_ERROR("data-loader state: not a moepeak data-loader state (", state.size(),
                         " bytes, expected the \"MPDL\" header)");
@@ -66,15 +69,40 @@ std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, Loader
                         "' loader, this run reads training.dataset = ", loader_kind_name(kind));
   }
   const uint64_t saved_fields = read_le(state, 6, 2);
-  const size_t expected_bytes = kStateHeaderBytes + 8 * field_count;
-  if (saved_fields != field_count || state.size() != expected_bytes) {
+  const bool known =
+      std::find(field_counts.begin(), field_counts.end(), saved_fields) != field_counts.end();
+  if (!known || state.size() != kStateHeaderBytes + 8 * saved_fields) {
+    std::string expected;
+    for (size_t n : field_counts)
+      expected += detail::concat(expected.empty() ? "" : " or ", kStateHeaderBytes + 8 * n,
+                                 " bytes with ", n, " fields");
     MOEPEAK_INPUT_ERROR("data-loader state: ", state.size(), " bytes with ", saved_fields,
-                        " fields; a '", loader_kind_name(kind), "' state has ", expected_bytes,
-                        " bytes with ", field_count, " fields");
+                        " fields; a '", loader_kind_name(kind), "' state has ", expected);
   }
-  std::vector<uint64_t> fields(field_count);
-  for (size_t i = 0; i < field_count; ++i) fields[i] = read_le(state, kStateHeaderBytes + 8 * i, 8);
+  std::vector<uint64_t> fields(saved_fields);
+  for (size_t i = 0; i < saved_fields; ++i)
+    fields[i] = read_le(state, kStateHeaderBytes + 8 * i, 8);
   return fields;
+}
+
+std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, LoaderKind kind,
+                                          size_t field_count) {
+  const size_t counts[] = {field_count};
+  return decode_loader_state(state, kind, counts);
+}
+
+void check_block(const BatchBlock& block, int64_t batch, int64_t seq_len) {
+  MOEPEAK_CHECK(block.rows >= 1 && block.cols >= 1 && block.row_begin >= 0 &&
+                    block.col_begin >= 0 && block.row_begin + block.rows <= batch &&
+                    block.col_begin + block.cols <= seq_len,
+                "block rows [", block.row_begin, ", ", block.row_begin + block.rows,
+                ") x columns [", block.col_begin, ", ", block.col_begin + block.cols,
+                ") is not inside a ", batch, " x ", seq_len, " batch");
+}
+
+void DataLoader::next_batch(int64_t* input_ids, int64_t* labels) {
+  read_block(whole_batch(), input_ids, labels);
+  advance();
 }
 
 std::unique_ptr<DataLoader> make_data_loader(const TrainingConfig& training,
@@ -90,8 +118,9 @@ std::unique_ptr<DataLoader> make_data_loader(const TrainingConfig& training,
   TokenDataset dataset = training.dataset == DatasetKind::bin
                              ? open_token_bin(training.dataset_path, training.token_dtype)
                              : open_megatron_dataset(training.dataset_path);
-  return std::make_unique<TokenWindowLoader>(std::move(dataset), training.batch_size,
-                                             training.seq_len, model.vocab_size);
+  return std::make_unique<TokenWindowLoader>(
+      std::move(dataset), training.batch_size, training.seq_len, model.vocab_size,
+      WindowOrder{training.shuffle, static_cast<uint64_t>(seed)});
 }
 
 }  // namespace moepeak

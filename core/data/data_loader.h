@@ -1,16 +1,19 @@
 // The training data interface: each step the trainer asks for the global batch of
-// B = training.batch_size sequences of T = training.seq_len tokens,
+// B = training.batch_size sequences of T = training.seq_len tokens — or for the block of it that
+// one rank holds, which is all that rank reads —
 //
 //   auto loader = make_data_loader(cfg.training, cfg.model, cfg.job.seed);
-//   loader->next_batch(input_ids, labels);   // each B*T int64, row-major (B, T)
-//   std::vector<uint8_t> saved = loader->state();   // into the checkpoint
+//   loader->read_block(block, input_ids, labels);  // this rank's rows x columns of the batch
+//   loader->advance();                             // on to the next batch (every rank)
+//   loader->next_batch(input_ids, labels);         // or the whole (B, T) batch, then advance
+//   std::vector<uint8_t> saved = loader->state();  // into the checkpoint
 //   ...
 //   loader->restore(saved);                  // a resumed run reads the batches an
 //                                            // uninterrupted one would have read
 //
 // labels[b, t] is the token that should follow input_ids[b, t], or kIgnoreLabel (-100) where the
 // position is not scored. Batches depend only on the seed, the dataset and the loader's cursor,
-// never on wall-clock time or thread timing.
+// never on wall-clock time, thread timing or which block of them a rank reads.
 //
 // Three sources (docs/design.md#conventions), chosen by training.dataset:
 //   copy      the built-in synthetic long-range copy task (core/data/copy_task.h)
@@ -18,7 +21,8 @@
 //             (core/data/token_dataset.h)
 //   megatron  a Megatron-LM .bin/.idx indexed dataset; its .idx names the token type, so
 //             training.token_dtype is not used (core/data/token_dataset.h)
-// The seed matters only to the copy task; token files are read in order.
+// Token files are windowed by core/data/window_loader.h: in a seeded shuffled order of the
+// epoch's windows (training.shuffle, the default) or in file order.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +38,17 @@ namespace moepeak {
 // The label of a position that does not count towards the loss (PyTorch's ignore_index).
 inline constexpr int64_t kIgnoreLabel = -100;
 
+// A rectangle of a (B, T) batch: sequences [row_begin, row_begin + rows), positions
+// [col_begin, col_begin + cols) of each.
+struct BatchBlock {
+  int64_t row_begin = 0, rows = 0, col_begin = 0, cols = 0;
+  int64_t tokens() const { return rows * cols; }
+  bool operator==(const BatchBlock&) const = default;
+};
+
+// Throws moepeak::Error unless `block` is non-empty and lies inside a (batch, seq_len) batch.
+void check_block(const BatchBlock& block, int64_t batch, int64_t seq_len);
+
 class DataLoader {
  public:
   virtual ~DataLoader() = default;
@@ -41,9 +56,18 @@ class DataLoader {
   virtual int64_t batch_size() const = 0;  // B
   virtual int64_t seq_len() const = 0;     // T
 
-  // Fills the next global batch: input_ids and labels each hold B*T values, row-major (B, T).
-  // Advances the cursor by one step.
-  virtual void next_batch(int64_t* input_ids, int64_t* labels) = 0;
+  // Fills `block` of the next batch: input_ids and labels each hold block.tokens() values,
+  // row-major (rows, cols), equal to those positions of the whole batch. Reads only what the
+  // block needs (a token file: cols + 1 tokens per row). Does not move the cursor. Throws
+  // moepeak::Error on a block outside (B, T) and on bad data it reads (a token file: an id
+  // outside the vocabulary, naming file and offset); the outputs are then partly written.
+  virtual void read_block(const BatchBlock& block, int64_t* input_ids, int64_t* labels) = 0;
+  // Moves the cursor to the next batch.
+  virtual void advance() = 0;
+
+  // The whole batch: read_block of (B, T), then advance(). B*T values each, row-major (B, T).
+  void next_batch(int64_t* input_ids, int64_t* labels);
+  BatchBlock whole_batch() const { return BatchBlock{0, batch_size(), 0, seq_len()}; }
 
   // The cursor as a small self-describing byte string (see encode_loader_state); restore() of
   // that string on a loader opened with the same settings continues with the same batches.
@@ -56,10 +80,11 @@ class DataLoader {
   virtual std::string describe() const = 0;
 };
 
-// Opens the dataset that `training` names (training.dataset, dataset_path, token_dtype) for
-// batches of training.batch_size x training.seq_len, checking every token id against
-// model.vocab_size as its window is read (nothing O(dataset) at open). Throws moepeak::Error naming
-// the file and position of anything wrong.
+// Opens the dataset that `training` names (training.dataset, dataset_path, token_dtype,
+// shuffle) for batches of training.batch_size x training.seq_len, checking every token id
+// against model.vocab_size as its window is read (nothing O(dataset) at open). `seed` draws the
+// copy task's tokens and a token file's shuffled order. Throws moepeak::Error naming the file and
+// position of anything wrong.
 std::unique_ptr<DataLoader> make_data_loader(const TrainingConfig& training,
                                              const ModelConfig& model, int64_t seed);
 
@@ -67,8 +92,8 @@ std::unique_ptr<DataLoader> make_data_loader(const TrainingConfig& training,
 // Layout (little-endian): "MPDL" (4 bytes), format version (1 byte, = 1), loader kind (1 byte,
 // the LoaderKind value), field count n (2 bytes), then n uint64 fields. The fields per kind:
 //   copy:      [step]
-//   bin:       [token offset, token count of the dataset]
-//   megatron:  [token offset, token count of the dataset]
+//   bin, megatron in file order:  [token offset, token count of the dataset]
+//   bin, megatron shuffled:       [sample index, token count of the dataset, seq_len, seed]
 
 enum class LoaderKind : uint8_t { copy = 0, bin = 1, megatron = 2 };
 
@@ -80,5 +105,8 @@ std::vector<uint8_t> encode_loader_state(LoaderKind kind, std::span<const uint64
 // exactly `field_count` fields.
 std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, LoaderKind kind,
                                           size_t field_count);
+// The same for a kind whose states come in several lengths: any field count in `field_counts`.
+std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, LoaderKind kind,
+                                          std::span<const size_t> field_counts);
 
 }  // namespace moepeak

@@ -1,4 +1,4 @@
-// Token datasets on disk, memory-mapped read-only, and the loader that windows them.
+// Token datasets on disk, memory-mapped read-only: a dataset is one token stream.
 //
 // Formats (all little-endian):
 //   llm.c / nanoGPT .bin, headerless   token_dtype = uint16 | uint32: the file is the tokens.
@@ -14,12 +14,7 @@
 //       (sequence index where each document starts, then S). The documents' sequences are
 //       concatenated in index order into one token stream.
 //
-// Windows: the token stream of N tokens is read as a cycle. Step k (cursor p = k*B*T mod N) fills
-// sequence b with the T+1 tokens starting at stream position p + b*T (modulo N):
-//   input_ids[b, t] = stream[(p + b*T + t) mod N],  labels[b, t] = stream[(p + b*T + t + 1) mod N]
-// so consecutive windows overlap by the one token that is both the last label of one and the
-// first input of the next (llm.c style, every position scored), the cursor advances B*T tokens per
-// step, and a window that runs past the end continues at the start. The state is the cursor.
+// The loader that windows a dataset's token stream is core/data/window_loader.h.
 //
 // Opening reads the header (and a Megatron .idx) only: nothing at open is O(dataset), so a
 // 100B-token file starts as fast as a small one. Every token id is checked against the
@@ -112,32 +107,5 @@ TokenDataset open_token_bin(const std::string& path, TokenDtype token_dtype);
 // Opens a Megatron indexed dataset from its prefix, or the path of its .bin or .idx. Throws
 // moepeak::Error naming the file (and the entry) on anything malformed.
 TokenDataset open_megatron_dataset(const std::string& path);
-
-// The windowing loader described above.
-class TokenWindowLoader final : public DataLoader {
- public:
-  // Checks that the stream holds at least seq_len + 1 tokens; the token ids are checked against
-  // vocab_size as next_batch reads them (an id outside it: moepeak::Error naming file, offset,
-  // byte and value).
-  TokenWindowLoader(TokenDataset dataset, int64_t batch_size, int64_t seq_len, int64_t vocab_size);
-
-  int64_t batch_size() const override { return batch_size_; }
-  int64_t seq_len() const override { return seq_len_; }
-  uint64_t cursor() const { return cursor_; }  // stream position of the next batch's first token
-  const TokenDataset& dataset() const { return dataset_; }
-
-  void next_batch(int64_t* input_ids, int64_t* labels) override;
-  std::vector<uint8_t> state() const override;
-  void restore(std::span<const uint8_t> state) override;
-  std::string describe() const override;
-
- private:
-  TokenDataset dataset_;
-  int64_t batch_size_;
-  int64_t seq_len_;
-  int64_t vocab_size_;
-  uint64_t cursor_ = 0;
-  std::vector<int64_t> window_;  // T + 1 tokens
-};
 
 }  // namespace moepeak

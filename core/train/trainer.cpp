@@ -175,7 +175,7 @@ struct Trainer::State {
   // checkpoint.enable and .async (a preemption save without checkpoint.enable is synchronous)
   std::unique_ptr<AsyncCheckpointWriter> async_checkpoint;
   int64_t completed = 0;
-  std::vector<int64_t> ids, labels;  // the step's m global micro-batches (m*B*T), as every rank
+  std::vector<int64_t> ids, labels;          // the step-1 dump's m global micro-batches (m*B*T)
   OwnedTensor d_ids, d_labels, d_positions;  // this rank's N = B*T/W tokens
   double flops = 0, ceiling_gflops = 0;
 };
@@ -243,8 +243,6 @@ Trainer::Trainer(const Config& config, const TrainOptions& options)
   const int64_t B = cfg.training.batch_size, T = cfg.training.seq_len;
   const int64_t m = cfg.training.grad_accum_steps;
   const int64_t N = B * T / s.ranks.world_size;
-  s.ids.resize(static_cast<size_t>(m * B * T));
-  s.labels.resize(static_cast<size_t>(m * B * T));
   s.d_ids = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "input ids");
   s.d_labels = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
   s.d_positions =
@@ -310,6 +308,36 @@ std::string Trainer::describe() const {
          optimizer_text(s.cfg.optimizer) + "; data " + s.loader->describe();
 }
 
+namespace {
+
+// The scored tokens of the step's blocks over all ranks (each token is on one rank), once every
+// rank has read its blocks: one gather of (scored, failed) per rank. When any rank could not
+// read, every rank throws moepeak::Error at this step: that rank its own error (naming the file,
+// offset and value), the others one naming that rank.
+int64_t agree_on_batch(Comm& comm, Backend& backend, int64_t step,
+                       const std::vector<LocalBatch>& locals,
+                       const std::exception_ptr& read_error) {
+  int64_t scored = 0;
+  for (const LocalBatch& local : locals) scored += count_scored(local.labels);
+  const double mine[2] = {static_cast<double>(scored), read_error ? 1.0 : 0.0};
+  const std::vector<double> all =
+      comm.world_size() > 1 ? all_gather_host(comm, backend, backend.default_stream(), mine)
+                            : std::vector<double>(std::begin(mine), std::end(mine));
+  if (read_error) std::rethrow_exception(read_error);
+  int64_t total = 0;
+  for (size_t r = 0; 2 * r < all.size(); ++r) {
+    if (all[2 * r + 1] != 0) {
+      MOEPEAK_INPUT_ERROR("step ", step, ": rank ", r,
+                          " could not read its block of the batch (its error names the file and "
+                          "offset); every rank stops at this step");
+    }
+    total += static_cast<int64_t>(all[2 * r]);
+  }
+  return total;
+}
+
+}  // namespace
+
 StepMetrics Trainer::step() {
   State& s = *s_;
   Backend& backend = *s.backend;
@@ -322,29 +350,41 @@ StepMetrics Trainer::step() {
 
   backend.arena().reset_peaks();
   auto t0 = std::chrono::steady_clock::now();
-  // NOTES: the step's m micro-batches are read first, so that each micro-batch's loss is scaled
-  // by the scored tokens of the whole step: the summed gradients are then those of one batch of
-  // m B sequences. Each micro-batch's gradients are reduced (ZeRO-3's reduce-scatter, the
-  // experts' own) as its backward runs and added into the shard's gradients, so the memory of a
-  // step is that of one micro-batch (docs/design.md#the-model).
+  // NOTES: the step's m micro-batches are read first, each rank reading only its block of each,
+  // so that each micro-batch's loss is scaled by the scored tokens of the whole step: the summed
+  // gradients are then those of one batch of m B sequences. The ranks agree on that count and on
+  // whether each could read its blocks (one gather) before the step's first collective, so a bad
+  // token id that one rank reads stops every rank at this step instead of leaving the others
+  // waiting in a collective. Each micro-batch's gradients are reduced (ZeRO-3's reduce-scatter,
+  // the experts' own) as its backward runs and added into the shard's gradients, so the memory of
+  // a step is that of one micro-batch (docs/design.md#the-model).
+  const BatchBlock block = rank_batch_block(B, T, W, s.ranks.rank, s.degrees.sequence);
+  const bool dump = step == 1 && !s.options.dump_step_dir.empty();
   const auto micro = static_cast<ptrdiff_t>(B * T);
-  for (int64_t i = 0; i < accum; ++i) {
-    s.loader->next_batch(s.ids.data() + i * micro, s.labels.data() + i * micro);
-  }
-  const int64_t step_scored = count_scored(s.labels);
-  params.zero_grads(stream);
-  double loss = 0;
-  int64_t N = 0;
   // The host sides of the copies stay alive until the step's end (the stream may read them
   // late); the device buffers are reused in stream order.
   std::vector<LocalBatch> locals;
   locals.reserve(static_cast<size_t>(accum));
-  for (int64_t i = 0; i < accum; ++i) {
-    const std::vector<int64_t> ids(s.ids.begin() + i * micro, s.ids.begin() + (i + 1) * micro);
-    const std::vector<int64_t> labels(s.labels.begin() + i * micro,
-                                      s.labels.begin() + (i + 1) * micro);
-    const LocalBatch& local =
-        locals.emplace_back(shard_batch(ids, labels, B, T, W, s.ranks.rank, s.degrees.sequence));
+  std::exception_ptr read_error;
+  try {
+    for (int64_t i = 0; i < accum; ++i) {
+      locals.push_back(read_local_batch(*s.loader, block));
+      if (dump) {  // the step-1 dump holds the global batch
+        s.ids.resize(static_cast<size_t>(accum * micro));
+        s.labels.resize(static_cast<size_t>(accum * micro));
+        s.loader->read_block(s.loader->whole_batch(), s.ids.data() + i * micro,
+                             s.labels.data() + i * micro);
+      }
+      s.loader->advance();
+    }
+  } catch (const Error&) {
+    read_error = std::current_exception();
+  }
+  const int64_t step_scored = agree_on_batch(*s.comm, backend, step, locals, read_error);
+  params.zero_grads(stream);
+  double loss = 0;
+  int64_t N = 0;
+  for (const LocalBatch& local : locals) {
     N = static_cast<int64_t>(local.input_ids.size());
     TokenBatch batch{s.d_ids, s.d_labels, s.d_positions, B, T, count_scored(local.labels)};
     backend.copy_async(s.d_ids.data(), local.input_ids.data(), N * 8, CopyKind::host_to_device,
@@ -357,7 +397,7 @@ StepMetrics Trainer::step() {
   }
   if (!std::isfinite(loss)) MOEPEAK_THROW("step ", step, ": the loss is ", loss);
   const double grad_norm = global_grad_norm(params, backend, stream);
-  if (step == 1 && !s.options.dump_step_dir.empty()) {
+  if (dump) {
     write_step_dump(s.options.dump_step_dir, s.cfg.model, params, s.ids, s.labels, accum * B, T,
                     loss, stream);
     spdlog::info("wrote the step-1 dump to {}", s.options.dump_step_dir);

@@ -271,6 +271,7 @@ class TokenFileTest : public ::testing::Test {
     t.token_dtype = dtype;
     t.batch_size = B;
     t.seq_len = T;
+    t.shuffle = false;  // the file order these tests check; the shuffled order is tested below
     return t;
   }
   static ModelConfig model(int64_t vocab) {

@@ -257,6 +257,7 @@ Config run_config(const TempDir& dir, const std::string& name, int64_t steps,
                                    "training.batch_size=" + std::to_string(kBatch),
                                    "training.dataset=bin",
                                    "training.dataset_path=" + one_batch_file(dir).string(),
+                                   "training.shuffle=false",  // every step reads the one batch
                                    "metrics.progress=off",
                                    "runtime.log_level=warn"};
   sets.insert(sets.end(), extra.begin(), extra.end());

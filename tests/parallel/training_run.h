@@ -136,8 +136,16 @@ struct TrainingRun {
   // Uploads this rank's share of the global (B*T) batch.
   void load(const std::vector<int64_t>& gids, const std::vector<int64_t>& glabels, int64_t B,
             int64_t T) {
-    const LocalBatch local = shard_batch(gids, glabels, B, T, comm->world_size(), comm->rank(),
-                                         model->groups().degrees().sequence);
+    const BatchBlock block = rank_batch_block(B, T, comm->world_size(), comm->rank(),
+                                              model->groups().degrees().sequence);
+    LocalBatch local;
+    for (int64_t b = block.row_begin; b < block.row_begin + block.rows; ++b) {
+      for (int64_t t = block.col_begin; t < block.col_begin + block.cols; ++t) {
+        local.input_ids.push_back(gids[b * T + t]);
+        local.labels.push_back(glabels[b * T + t]);
+        local.positions.push_back(t);
+      }
+    }
     const int64_t N = static_cast<int64_t>(local.input_ids.size());
     auto upload = [&](OwnedTensor& t, const std::vector<int64_t>& v, const char* what) {
       t = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, what);

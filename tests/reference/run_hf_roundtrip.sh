@@ -34,6 +34,7 @@ fi
 "$py" -c 'import numpy as np; np.random.default_rng(3).integers(0, 48, 64).astype("<u2").tofile("'"$tmp"'/one_batch.bin")'
 common=(--set training.seq_len=16 --set training.batch_size=4 --set metrics.progress=off
         --set training.dataset=bin --set training.dataset_path="$tmp/one_batch.bin"
+        --set training.shuffle=false
         --set job.run_dir="$tmp/runs")
 
 # run W NAME [ARGS...]: `moepeak train` on W ranks (1: a plain process) as job NAME; output in
