@@ -62,6 +62,8 @@ std::string_view expected_phrase(FieldType type) {
       return "a string";
     case FieldType::byte_size:
       return "a byte size string such as \"16GiB\", or \"auto\"";
+    case FieldType::dataset_list:
+      return "an array of tables such as [{ path = \"a.bin\", weight = 0.7 }]";
   }
   return "a value";
 }
@@ -102,6 +104,68 @@ std::string section_suggestion(std::string_view name) {
 
 // ---- Applying one value --------------------------------------------------------------------
 
+// A dataset list: an array of inline tables { path, weight[, dataset] }. An error names the
+// entry (training.datasets[i]) and its line where the file gives one.
+std::vector<DatasetSource> read_dataset_list(const Field& field, const toml::node& node,
+                                             const std::string& where) {
+  const toml::array* array = node.as_array();
+  if (!array) {
+    MOEPEAK_INPUT_ERROR(where, ": ", field.full_key(), ": expected ", expected_phrase(field.type),
+                        ", got ", describe_node(node));
+  }
+  static const std::vector<std::string_view> kKeys = {"path", "weight", "dataset"};
+  std::vector<DatasetSource> list;
+  for (size_t i = 0; i < array->size(); ++i) {
+    const toml::node& element = *array->get(i);
+    const std::string entry = field.full_key() + "[" + std::to_string(i) + "]";
+    const std::string at =
+        element.source().begin.line == 0 || where.rfind("--set", 0) == 0
+            ? where
+            : where.substr(0, where.rfind(':')) + ":" + std::to_string(element.source().begin.line);
+    const toml::table* table = element.as_table();
+    if (!table) {
+      MOEPEAK_INPUT_ERROR(at, ": ", entry,
+                          ": expected a table { path = \"...\", weight = w }, got ",
+                          describe_node(element));
+    }
+    for (const auto& [key, value] : *table) {
+      if (std::find(kKeys.begin(), kKeys.end(), key.str()) == kKeys.end()) {
+        const auto near = config_schema::closest_match(key.str(), kKeys);
+        MOEPEAK_INPUT_ERROR(at, ": ", entry, ": unknown key '", key.str(), "'",
+                            near ? " (did you mean '" + *near + "'?)" : std::string(),
+                            "; an entry has path, weight and optionally dataset");
+      }
+    }
+    DatasetSource d;
+    const toml::node* path = table->get("path");
+    if (!path || !path->is_string()) {
+      MOEPEAK_INPUT_ERROR(at, ": ", entry, ": needs path = \"...\" (a string)",
+                          path ? ", got " + describe_node(*path) : std::string());
+    }
+    d.path = *path->value<std::string>();
+    const toml::node* weight = table->get("weight");
+    if (!weight || !(weight->is_integer() || weight->is_floating_point())) {
+      MOEPEAK_INPUT_ERROR(at, ": ", entry, " (", d.path, "): needs weight = w (a number >= 0)",
+                          weight ? ", got " + describe_node(*weight) : std::string());
+    }
+    d.weight = weight->is_integer() ? static_cast<double>(*weight->value<int64_t>())
+                                    : *weight->value<double>();
+    if (const toml::node* kind = table->get("dataset")) {
+      const auto parsed = kind->is_string()
+                              ? enum_from_name<DatasetKind>(*kind->value<std::string>())
+                              : std::nullopt;
+      if (!parsed) {
+        MOEPEAK_INPUT_ERROR(at, ": ", entry, " (", d.path,
+                            "): dataset must be \"bin\" or \"megatron\", got ",
+                            describe_node(*kind));
+      }
+      d.dataset = *parsed;
+    }
+    list.push_back(std::move(d));
+  }
+  return list;
+}
+
 // The node as the field's value type, or an error at `where` naming the key.
 FieldValue read_value(const Field& field, const toml::node& node, const std::string& where) {
   auto wrong_type = [&]() {
@@ -127,6 +191,8 @@ FieldValue read_value(const Field& field, const toml::node& node, const std::str
     case FieldType::enumeration:
       if (!node.is_string()) wrong_type();
       return *node.value<std::string>();
+    case FieldType::dataset_list:
+      return read_dataset_list(field, node, where);
   }
   wrong_type();
   return {};
@@ -327,10 +393,29 @@ void check_cross_field_rules(const Config& cfg) {
     MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "training.seq_len"),
                         " must be <= ", shown(cfg, "model.max_position_embeddings"));
   }
-  if (t.dataset != DatasetKind::copy && t.dataset_path.empty()) {
+  if (t.dataset != DatasetKind::copy && t.dataset_path.empty() && t.datasets.empty()) {
     MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "training.dataset"),
                         " needs a data file, but training.dataset_path is empty (",
                         cfg.origin("training.dataset_path"), ")");
+  }
+  if (!t.datasets.empty() && !t.dataset_path.empty()) {
+    MOEPEAK_INPUT_ERROR("invalid config: training.datasets (", cfg.origin("training.datasets"),
+                        ") and training.dataset_path (", cfg.origin("training.dataset_path"),
+                        ") are both set; a run reads one dataset or one blend");
+  }
+  if (cfg.eval.enabled() && t.dataset == DatasetKind::copy) {
+    MOEPEAK_INPUT_ERROR("invalid config: eval.dataset_path (", cfg.origin("eval.dataset_path"),
+                        ") is read in training.dataset's format, but ",
+                        shown(cfg, "training.dataset"),
+                        " is not a token file's; set training.dataset = \"bin\" or \"megatron\"");
+  }
+  for (size_t i = 0; i < t.datasets.size(); ++i) {
+    if (!t.datasets[i].dataset && t.dataset == DatasetKind::copy) {
+      MOEPEAK_INPUT_ERROR("invalid config: training.datasets[", i, "] (", t.datasets[i].path,
+                          ") names no format and ", shown(cfg, "training.dataset"),
+                          " is not a token file's; set training.dataset = \"bin\" or "
+                          "\"megatron\", or dataset = ... in the entry");
+    }
   }
 }
 
@@ -370,7 +455,8 @@ bool Config::same_settings(const Config& other) const {
   return job == other.job && model == other.model && training == other.training &&
          parallelism == other.parallelism && schedules == other.schedules &&
          optimizer == other.optimizer && lr_scheduler == other.lr_scheduler &&
-         checkpoint == other.checkpoint && metrics == other.metrics && runtime == other.runtime;
+         checkpoint == other.checkpoint && eval == other.eval && metrics == other.metrics &&
+         runtime == other.runtime;
 }
 
 void set_config_value(Config& cfg, std::string_view key, const std::string& toml_value,

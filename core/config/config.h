@@ -165,6 +165,15 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
+// One dataset of a blend (training.datasets): a token file, its sampling weight, and its format
+// where it is not training.dataset's.
+struct DatasetSource {
+  std::string path;
+  double weight = 1.0;                 // >= 0; the blend samples in proportion to the weights
+  std::optional<DatasetKind> dataset;  // bin or megatron; none = training.dataset
+  bool operator==(const DatasetSource&) const = default;
+};
+
 struct TrainingConfig {
   int64_t batch_size = 8;        // global sequences per micro-batch B
   int64_t grad_accum_steps = 1;  // micro-batches per optimizer step m (a step sees m B sequences)
@@ -172,7 +181,9 @@ struct TrainingConfig {
   int64_t steps = 300;
   double max_norm = 1.0;  // 0 = no gradient clipping
   DatasetKind dataset = DatasetKind::copy;
-  std::string dataset_path;  // required unless dataset is copy
+  std::string dataset_path;  // required unless dataset is copy or datasets is set
+  // A blend of token files (core/data/blend_loader.h); empty = the one dataset_path.
+  std::vector<DatasetSource> datasets;
   TokenDtype token_dtype = TokenDtype::uint16;
   bool shuffle = true;  // token files: each epoch's windows in a seeded shuffled order
   ComputeDtype dtype = ComputeDtype::automatic;  // auto: fp32 on the CPU, bf16 on CUDA
@@ -249,6 +260,16 @@ struct CheckpointConfig {
   bool operator==(const CheckpointConfig&) const = default;
 };
 
+// A held-out loss during training (core/train/trainer.h, Trainer::evaluate).
+struct EvalConfig {
+  std::string dataset_path;  // empty = no evaluation; in training.dataset's format
+  int64_t interval = 0;      // steps between evaluations; 0 = at the end of training only
+  int64_t batches = 8;       // batches of training.batch_size x seq_len per evaluation
+
+  bool enabled() const { return !dataset_path.empty(); }
+  bool operator==(const EvalConfig&) const = default;
+};
+
 struct MetricsConfig {
   int64_t log_freq = 1;
   std::string file;  // empty = metrics.jsonl in the run directory
@@ -285,6 +306,7 @@ struct Config {
   OptimizerConfig optimizer;
   LrSchedulerConfig lr_scheduler;
   CheckpointConfig checkpoint;
+  EvalConfig eval;
   MetricsConfig metrics;
   RuntimeConfig runtime;
 

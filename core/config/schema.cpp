@@ -85,9 +85,11 @@ Field make_field(std::string_view section, std::string_view key, Rule rule, std:
     f.type = FieldType::boolean;
   } else if constexpr (std::is_same_v<Value, std::string>) {
     f.type = rule.byte_size ? FieldType::byte_size : FieldType::string;
+  } else if constexpr (std::is_same_v<Value, std::vector<DatasetSource>>) {
+    f.type = FieldType::dataset_list;
   } else {
     static_assert(is_config_enum<Value>,
-                  "config members are int64_t, double, bool, string or enum");
+                  "config members are int64_t, double, bool, string, enum or a dataset list");
     f.type = FieldType::enumeration;
     f.choices = EnumNames<Value>::names;
   }
@@ -129,6 +131,7 @@ constexpr Section kSections[] = {
     {"optimizer", "AdamW hyper-parameters and where the optimizer state lives."},
     {"lr_scheduler", "Learning-rate warm-up and decay."},
     {"checkpoint", "Saving checkpoints (HF safetensors + per-rank state) during the run."},
+    {"eval", "A held-out loss during training: forward only, with the training schedules."},
     {"metrics", "Per-step metrics: console line, JSONL file, progress line."},
     {"runtime", "Backend, memory capacities, logging and threads."},
 };
@@ -183,6 +186,11 @@ const std::vector<Field>& field_table() {
             "megatron = Megatron .bin/.idx indexed dataset."),
       FIELD(training, dataset_path, no_limit(),
             "Data file (for megatron the path of the .bin); required unless dataset = \"copy\"."),
+      FIELD(training, datasets, no_limit(),
+            "A blend of token files, sampled in proportion to their weights (Megatron's blended "
+            "dataset): [{ path = \"a\", weight = 0.7 }, { path = \"b\", weight = 0.3 }]; each "
+            "entry's format is training.dataset unless it sets dataset. Empty = the one "
+            "training.dataset_path."),
       FIELD(training, token_dtype, no_limit(),
             "Token type of a headerless .bin (uint16, uint32), or llmc = llm.c's 256-int32 "
             "header form."),
@@ -293,6 +301,16 @@ const std::vector<Field>& field_table() {
             "plan's checkpoint_snapshot term) and a background thread writes the files while "
             "training goes on; the next save, a stop signal and the end of training wait for it."),
       // [metrics]
+      // [eval]
+      FIELD(eval, dataset_path, no_limit(),
+            "Held-out token file (for megatron the prefix or .bin), in training.dataset's format "
+            "and token type; empty = no evaluation. The same windows, in file order from its "
+            "start, every evaluation."),
+      FIELD(eval, interval, at_least(0),
+            "Steps between evaluations, and one at the end of training; 0 = at the end only."),
+      FIELD(eval, batches, at_least(1),
+            "Batches of training.batch_size x training.seq_len per evaluation (the file must "
+            "hold batches x batch_size x seq_len + 1 tokens)."),
       FIELD(metrics, log_freq, at_least(1), "Steps between console metric lines."),
       FIELD(metrics, file, no_limit(),
             "JSONL metrics file; empty = metrics.jsonl in the run directory."),
@@ -413,6 +431,8 @@ std::string_view type_name(FieldType type) {
       return "enum";
     case FieldType::byte_size:
       return "byte size";
+    case FieldType::dataset_list:
+      return "dataset list";
   }
   return "?";
 }
@@ -435,9 +455,42 @@ std::string allowed_text(const Field& field) {
       if (field.lower || field.upper) r += "; bytes " + range_text(field.lower, field.upper);
       return r;
     }
+    case FieldType::dataset_list:
+      return "an array of { path = \"...\", weight = w >= 0 [, dataset = \"bin\" | "
+             "\"megatron\"] }, the weights not all 0";
   }
   return "";
 }
+
+namespace {
+
+// training.datasets: each path named, each weight finite and >= 0, each format a token file's,
+// and not every weight 0. "" when fine.
+std::string check_dataset_list(const std::string& key, const std::vector<DatasetSource>& list) {
+  bool any_weight = false;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const DatasetSource& d = list[i];
+    const std::string entry = key + "[" + std::to_string(i) + "]";
+    if (d.path.empty()) return entry + ".path must not be empty";
+    if (!std::isfinite(d.weight) || d.weight < 0) {
+      return entry + " (" + d.path + "): weight must be a finite number >= 0, got " +
+             shortest_number(d.weight);
+    }
+    if (d.dataset == DatasetKind::copy) {
+      return entry + " (" + d.path +
+             "): dataset must be \"bin\" or \"megatron\" (a blend mixes token files)";
+    }
+    any_weight = any_weight || d.weight > 0;
+  }
+  if (!list.empty() && !any_weight) {
+    return key +
+           ": every weight is 0, so the blend has nothing to sample; give at least one "
+           "dataset a weight > 0";
+  }
+  return "";
+}
+
+}  // namespace
 
 std::string check_value(const Field& field, const FieldValue& value) {
   const std::string key = field.full_key();
@@ -493,6 +546,8 @@ std::string check_value(const Field& field, const FieldValue& value) {
       }
       return "";
     }
+    case FieldType::dataset_list:
+      return check_dataset_list(key, std::get<std::vector<DatasetSource>>(value));
   }
   return "";
 }
@@ -531,6 +586,16 @@ std::string quote_toml_string(std::string_view text) {
 }
 
 std::string to_toml_literal(const FieldValue& value) {
+  if (auto list = std::get_if<std::vector<DatasetSource>>(&value)) {
+    std::string out = "[";
+    for (const DatasetSource& d : *list) {
+      out += (out.size() > 1 ? ", " : "") + std::string("{ path = ") + quote_toml_string(d.path) +
+             ", weight = " + to_toml_literal(d.weight);
+      if (d.dataset) out += ", dataset = " + quote_toml_string(enum_name(*d.dataset));
+      out += " }";
+    }
+    return out + "]";
+  }
   if (auto i = std::get_if<int64_t>(&value)) return std::to_string(*i);
   if (auto b = std::get_if<bool>(&value)) return *b ? "true" : "false";
   if (auto s = std::get_if<std::string>(&value)) return quote_toml_string(*s);

@@ -15,10 +15,11 @@
 
 namespace moepeak::config_schema {
 
-enum class FieldType { integer, floating, boolean, string, enumeration, byte_size };
+enum class FieldType { integer, floating, boolean, string, enumeration, byte_size, dataset_list };
 
-// A value on its way into or out of Config. Enumerations and byte sizes travel as strings.
-using FieldValue = std::variant<int64_t, double, bool, std::string>;
+// A value on its way into or out of Config. Enumerations and byte sizes travel as strings; a
+// dataset list (training.datasets) as itself.
+using FieldValue = std::variant<int64_t, double, bool, std::string, std::vector<DatasetSource>>;
 
 struct Bound {
   double value = 0;
@@ -52,7 +53,8 @@ std::span<const Field> fields();  // grouped by section, in the order of section
 const Section* find_section(std::string_view name);
 const Field* find_field(std::string_view section, std::string_view key);
 
-// "integer", "float", "boolean", "string", "enum", "byte size" (as errors and docs say it).
+// "integer", "float", "boolean", "string", "enum", "byte size", "dataset list" (as errors and
+// docs say it).
 std::string_view type_name(FieldType type);
 // What the field accepts, as one line: ">= 1", "[0, 1)", "copy, bin, megatron", ...
 std::string allowed_text(const Field& field);

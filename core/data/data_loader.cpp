@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/data/blend_loader.h"
 #include "core/data/copy_task.h"
 #include "core/data/token_dataset.h"
 #include "core/data/window_loader.h"
@@ -38,6 +39,8 @@ std::string_view loader_kind_name(LoaderKind kind) {
       return "bin";
     case LoaderKind::megatron:
       return "megatron";
+    case LoaderKind::blend:
+      return "blend";
   }
   return "unknown";
 }
@@ -66,7 +69,8 @@ std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, Loader
   const auto saved_kind = static_cast<LoaderKind>(state[5]);
   if (saved_kind != kind) {
     MOEPEAK_INPUT_ERROR("data-loader state: saved by a '", loader_kind_name(saved_kind),
-                        "' loader, this run reads training.dataset = ", loader_kind_name(kind));
+                        "' loader, but this run reads its data with a '", loader_kind_name(kind),
+                        "' loader (training.dataset", kind == LoaderKind::blend ? "s" : "", ")");
   }
   const uint64_t saved_fields = read_le(state, 6, 2);
   const bool known =
@@ -107,20 +111,70 @@ void DataLoader::next_batch(int64_t* input_ids, int64_t* labels) {
 
 std::unique_ptr<DataLoader> make_data_loader(const TrainingConfig& training,
                                              const ModelConfig& model, int64_t seed) {
-  if (training.dataset == DatasetKind::copy) {
+  if (training.dataset == DatasetKind::copy && training.datasets.empty()) {
     return std::make_unique<CopyTaskLoader>(training.batch_size, training.seq_len, model.vocab_size,
                                             seed);
   }
-  if (training.dataset_path.empty()) {
-    MOEPEAK_INPUT_ERROR("training.dataset_path is required when training.dataset is ",
-                        enum_name(training.dataset));
+  const WindowOrder order{training.shuffle, static_cast<uint64_t>(seed)};
+  if (training.datasets.empty()) {
+    if (training.dataset_path.empty()) {
+      MOEPEAK_INPUT_ERROR("training.dataset_path is required when training.dataset is ",
+                          enum_name(training.dataset));
+    }
+    return std::make_unique<TokenWindowLoader>(
+        open_token_dataset(training.dataset, training.dataset_path, training.token_dtype),
+        training.batch_size, training.seq_len, model.vocab_size, order);
   }
-  TokenDataset dataset = training.dataset == DatasetKind::bin
-                             ? open_token_bin(training.dataset_path, training.token_dtype)
-                             : open_megatron_dataset(training.dataset_path);
-  return std::make_unique<TokenWindowLoader>(
-      std::move(dataset), training.batch_size, training.seq_len, model.vocab_size,
-      WindowOrder{training.shuffle, static_cast<uint64_t>(seed)});
+  std::vector<TokenWindowLoader> members;
+  std::vector<double> weights;
+  for (size_t d = 0; d < training.datasets.size(); ++d) {
+    const DatasetSource& source = training.datasets[d];
+    const DatasetKind kind = source.dataset.value_or(training.dataset);
+    if (kind == DatasetKind::copy) {
+      MOEPEAK_INPUT_ERROR("training.datasets[", d, "] (", source.path,
+                          ") names no token-file format; set training.dataset or its dataset");
+    }
+    TokenDataset dataset = open_token_dataset(kind, source.path, training.token_dtype);
+    if (!members.empty()) {
+      check_same_token_type(members.front().dataset(), "training.datasets[0]", dataset,
+                            detail::concat("training.datasets[", d, "]"));
+    }
+    members.emplace_back(std::move(dataset), training.batch_size, training.seq_len,
+                         model.vocab_size, order);
+    weights.push_back(source.weight);
+  }
+  return std::make_unique<BlendLoader>(std::move(members), std::move(weights));
+}
+
+std::unique_ptr<DataLoader> make_eval_loader(const EvalConfig& eval, const TrainingConfig& training,
+                                             const ModelConfig& model) {
+  MOEPEAK_CHECK(eval.enabled(), "make_eval_loader without eval.dataset_path");
+  if (training.dataset == DatasetKind::copy) {
+    MOEPEAK_INPUT_ERROR("eval.dataset_path ", eval.dataset_path,
+                        " is read in training.dataset's format, but training.dataset is copy");
+  }
+  TokenDataset held_out =
+      open_token_dataset(training.dataset, eval.dataset_path, training.token_dtype);
+  const bool blend = !training.datasets.empty();
+  const TokenDataset trained = open_token_dataset(
+      blend ? training.datasets[0].dataset.value_or(training.dataset) : training.dataset,
+      blend ? training.datasets[0].path : training.dataset_path, training.token_dtype);
+  check_same_token_type(trained, blend ? "training.datasets[0]" : "training.dataset_path", held_out,
+                        "eval.dataset_path");
+  const auto needed = static_cast<unsigned __int128>(eval.batches) *
+                          static_cast<uint64_t>(training.batch_size) *
+                          static_cast<uint64_t>(training.seq_len) +
+                      1;
+  if (held_out.token_count() < needed) {
+    MOEPEAK_INPUT_ERROR("eval.dataset_path ", held_out.path(), " holds ", held_out.token_count(),
+                        " tokens, fewer than eval.batches x training.batch_size x "
+                        "training.seq_len + 1 = ",
+                        static_cast<uint64_t>(needed),
+                        " (an evaluation would read its windows twice); lower eval.batches");
+  }
+  return std::make_unique<TokenWindowLoader>(std::move(held_out), training.batch_size,
+                                             training.seq_len, model.vocab_size,
+                                             WindowOrder{/*shuffle=*/false, 0});
 }
 
 }  // namespace moepeak

@@ -15,7 +15,8 @@
 // position is not scored. Batches depend only on the seed, the dataset and the loader's cursor,
 // never on wall-clock time, thread timing or which block of them a rank reads.
 //
-// Three sources (docs/design.md#conventions), chosen by training.dataset:
+// Three sources (docs/design.md#conventions), chosen by training.dataset, and blends of token
+// files (training.datasets, core/data/blend_loader.h):
 //   copy      the built-in synthetic long-range copy task (core/data/copy_task.h)
 //   bin       an llm.c / nanoGPT token file, stored as training.token_dtype
 //             (core/data/token_dataset.h)
@@ -49,6 +50,14 @@ struct BatchBlock {
 // Throws moepeak::Error unless `block` is non-empty and lies inside a (batch, seq_len) batch.
 void check_block(const BatchBlock& block, int64_t batch, int64_t seq_len);
 
+// One dataset's part in the samples a loader has given so far (a blend's members), for the
+// metrics.
+struct SourceShare {
+  std::string path;
+  double weight = 0;     // as configured
+  uint64_t samples = 0;  // sequences drawn from it
+};
+
 class DataLoader {
  public:
   virtual ~DataLoader() = default;
@@ -78,6 +87,9 @@ class DataLoader {
 
   // One line for the log: the source, its size and the batch shape.
   virtual std::string describe() const = 0;
+
+  // A blend's datasets and the samples each has given; empty for a single source.
+  virtual std::vector<SourceShare> shares() const { return {}; }
 };
 
 // Opens the dataset that `training` names (training.dataset, dataset_path, token_dtype,
@@ -88,14 +100,23 @@ class DataLoader {
 std::unique_ptr<DataLoader> make_data_loader(const TrainingConfig& training,
                                              const ModelConfig& model, int64_t seed);
 
+// The held-out loader of eval.dataset_path (Trainer::evaluate): training.dataset's format and
+// training.token_dtype, in file order, batches of training.batch_size x training.seq_len. Throws
+// moepeak::Error naming the file when it cannot be opened, stores another token type than the
+// training data (another tokenizer's ids), or holds fewer than eval.batches x batch_size x
+// seq_len + 1 tokens (an evaluation would read a window twice).
+std::unique_ptr<DataLoader> make_eval_loader(const EvalConfig& eval, const TrainingConfig& training,
+                                             const ModelConfig& model);
+
 // ---- The state byte string --------------------------------------------------------------------
 // Layout (little-endian): "MPDL" (4 bytes), format version (1 byte, = 1), loader kind (1 byte,
 // the LoaderKind value), field count n (2 bytes), then n uint64 fields. The fields per kind:
 //   copy:      [step]
 //   bin, megatron in file order:  [token offset, token count of the dataset]
 //   bin, megatron shuffled:       [sample index, token count of the dataset, seq_len, seed]
+//   blend:                        core/data/blend_loader.h
 
-enum class LoaderKind : uint8_t { copy = 0, bin = 1, megatron = 2 };
+enum class LoaderKind : uint8_t { copy = 0, bin = 1, megatron = 2, blend = 3 };
 
 std::string_view loader_kind_name(LoaderKind kind);
 

@@ -431,4 +431,18 @@ TokenDataset open_megatron_dataset(const std::string& path) {
   return TokenDataset(std::move(bin), storage, LoaderKind::megatron, std::move(format), 0, runs);
 }
 
+TokenDataset open_token_dataset(DatasetKind kind, const std::string& path, TokenDtype token_dtype) {
+  MOEPEAK_CHECK(kind != DatasetKind::copy, "open_token_dataset of the copy task");
+  return kind == DatasetKind::bin ? open_token_bin(path, token_dtype) : open_megatron_dataset(path);
+}
+
+void check_same_token_type(const TokenDataset& first, const std::string& first_role,
+                           const TokenDataset& other, const std::string& other_role) {
+  if (other.storage() == first.storage()) return;
+  MOEPEAK_INPUT_ERROR(other_role, " ", other.path(), " stores ",
+                      token_storage_name(other.storage()), " token ids, but ", first_role, " ",
+                      first.path(), " stores ", token_storage_name(first.storage()),
+                      ": the datasets of a run must hold one tokenizer's ids in one token type");
+}
+
 }  // namespace moepeak

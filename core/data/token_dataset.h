@@ -108,4 +108,13 @@ TokenDataset open_token_bin(const std::string& path, TokenDtype token_dtype);
 // moepeak::Error naming the file (and the entry) on anything malformed.
 TokenDataset open_megatron_dataset(const std::string& path);
 
+// open_token_bin (kind bin) or open_megatron_dataset (kind megatron).
+TokenDataset open_token_dataset(DatasetKind kind, const std::string& path, TokenDtype token_dtype);
+
+// Throws moepeak::Error naming both files and token types unless `other` stores its ids as
+// `first` does; the roles say what each is to the run ("training.datasets[1]",
+// "eval.dataset_path").
+void check_same_token_type(const TokenDataset& first, const std::string& first_role,
+                           const TokenDataset& other, const std::string& other_role);
+
 }  // namespace moepeak

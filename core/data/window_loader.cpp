@@ -45,11 +45,11 @@ uint64_t TokenWindowLoader::window_start(uint64_t ahead) const {
 
 void TokenWindowLoader::read_window(uint64_t ahead, int64_t col_begin, int64_t cols,
                                     int64_t* input_ids, int64_t* labels) {
-  MOEPEAK_CHECK(col_begin >= 0 && cols >= 1 && col_begin + cols <= seq_len_, "columns [",
-                col_begin, ", ", col_begin + cols, ") of a window of ", seq_len_);
+  MOEPEAK_CHECK(col_begin >= 0 && cols >= 1 && col_begin + cols <= seq_len_, "columns [", col_begin,
+                ", ", col_begin + cols, ") of a window of ", seq_len_);
   window_.resize(static_cast<size_t>(cols) + 1);
-  const uint64_t begin = (window_start(ahead) + static_cast<uint64_t>(col_begin)) %
-                         dataset_.token_count();
+  const uint64_t begin =
+      (window_start(ahead) + static_cast<uint64_t>(col_begin)) % dataset_.token_count();
   dataset_.read_cyclic(begin, static_cast<uint64_t>(cols) + 1, window_.data(), vocab_size_);
   std::copy(window_.begin(), window_.end() - 1, input_ids);
   std::copy(window_.begin() + 1, window_.end(), labels);
@@ -78,7 +78,7 @@ std::vector<uint64_t> TokenWindowLoader::state_fields() const {
   return {cursor_, dataset_.token_count(), static_cast<uint64_t>(seq_len_), order_.seed};
 }
 
-void TokenWindowLoader::restore_fields(std::span<const uint64_t> fields) {
+void TokenWindowLoader::check_fields(std::span<const uint64_t> fields) const {
   const std::string& path = dataset_.path();
   const bool saved_shuffled = fields.size() == kShuffledFields;
   MOEPEAK_CHECK(saved_shuffled || fields.size() == kFileOrderFields, "a window-loader state of ",
@@ -100,9 +100,9 @@ void TokenWindowLoader::restore_fields(std::span<const uint64_t> fields) {
     }
   } else {
     if (fields[2] != static_cast<uint64_t>(seq_len_)) {
-      MOEPEAK_INPUT_ERROR("data-loader state: the checkpoint's shuffled windows of ", path,
-                          " are ", fields[2], " tokens long, but this run has training.seq_len = ",
-                          seq_len_, " (a shuffled order resumes only at the seq_len it began with)");
+      MOEPEAK_INPUT_ERROR("data-loader state: the checkpoint's shuffled windows of ", path, " are ",
+                          fields[2], " tokens long, but this run has training.seq_len = ", seq_len_,
+                          " (a shuffled order resumes only at the seq_len it began with)");
     }
     if (fields[3] != order_.seed) {
       MOEPEAK_INPUT_ERROR("data-loader state: the checkpoint's shuffled order of ", path,
@@ -110,6 +110,10 @@ void TokenWindowLoader::restore_fields(std::span<const uint64_t> fields) {
                           ", but this run has job.seed = ", static_cast<int64_t>(order_.seed));
     }
   }
+}
+
+void TokenWindowLoader::restore_fields(std::span<const uint64_t> fields) {
+  check_fields(fields);
   cursor_ = fields[0];
 }
 
@@ -122,13 +126,18 @@ void TokenWindowLoader::restore(std::span<const uint8_t> state) {
   restore_fields(decode_loader_state(state, dataset_.kind(), counts));
 }
 
-std::string TokenWindowLoader::describe() const {
+std::string TokenWindowLoader::describe_source() const {
   const std::string order =
-      order_.shuffle ? detail::concat("shuffled each epoch (seed ", static_cast<int64_t>(order_.seed),
-                                      ", ", windows_per_epoch_, " windows per epoch)")
-                     : std::string("in file order");
+      order_.shuffle
+          ? detail::concat("shuffled each epoch (seed ", static_cast<int64_t>(order_.seed), ", ",
+                           windows_per_epoch_, " windows per epoch)")
+          : std::string("in file order");
   return detail::concat(dataset_.path(), ": ", dataset_.format(), ", ", dataset_.token_count(),
-                        " tokens, ", order, "; ", batch_size_, " windows of ", seq_len_,
+                        " tokens, ", order);
+}
+
+std::string TokenWindowLoader::describe() const {
+  return detail::concat(describe_source(), "; ", batch_size_, " windows of ", seq_len_,
                         " + 1 tokens per batch, ", batch_size_ * seq_len_, " tokens per batch");
 }
 

@@ -69,10 +69,14 @@ class TokenWindowLoader final : public DataLoader {
   void restore(std::span<const uint8_t> state) override;
   std::string describe() const override;
 
-  // The state's fields alone (state() encodes them) and their check-and-apply (restore() decodes
-  // them); a blend keeps one set per dataset.
+  // The state's fields alone (state() encodes them), their check (moepeak::Error unless they
+  // fit this dataset and order) and their check-and-apply (restore() decodes them); a blend keeps
+  // one set per dataset.
   std::vector<uint64_t> state_fields() const;
+  void check_fields(std::span<const uint64_t> fields) const;
   void restore_fields(std::span<const uint64_t> fields);
+  // "PATH: FORMAT, N tokens, shuffled each epoch (...)" — describe() without the batch shape.
+  std::string describe_source() const;
 
  private:
   uint64_t window_start(uint64_t ahead) const;  // p(s) of the sample `ahead` after the cursor

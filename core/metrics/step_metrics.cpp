@@ -22,22 +22,45 @@ nlohmann::json step_metrics_json(const StepMetrics& m) {
   for (LiveSet s : kAllLiveSets) peak[std::string(live_set_name(s))] = m.peak_per_set[s];
   nlohmann::json at_peak = nlohmann::json::object();
   for (LiveSet s : kAllLiveSets) at_peak[std::string(live_set_name(s))] = m.at_peak[s];
-  return {{"step", m.step},
-          {"loss", m.loss},
-          {"grad_norm", m.grad_norm},
-          {"lr", m.lr},
-          {"step_time_s", m.step_time_s},
-          {"tokens_per_s", m.tokens_per_s},
-          {"tflops", m.tflops},
-          {"mfu", m.mfu},
-          {"peak_bytes", peak},
-          {"peak_breakdown_bytes", at_peak},
-          {"peak_gib", static_cast<double>(m.peak_total) / GiB},
-          {"peak_pct", m.capacity ? 100.0 * static_cast<double>(m.peak_total) / m.capacity : 0.0},
-          {"capacity_bytes", m.capacity},
-          {"world_size", m.world_size},
-          {"rank_tokens_per_s", m.rank_tokens_per_s},
-          {"rank_peak_bytes", m.rank_peak_bytes}};
+  nlohmann::json out = {
+      {"step", m.step},
+      {"loss", m.loss},
+      {"grad_norm", m.grad_norm},
+      {"lr", m.lr},
+      {"step_time_s", m.step_time_s},
+      {"tokens_per_s", m.tokens_per_s},
+      {"tflops", m.tflops},
+      {"mfu", m.mfu},
+      {"peak_bytes", peak},
+      {"peak_breakdown_bytes", at_peak},
+      {"peak_gib", static_cast<double>(m.peak_total) / GiB},
+      {"peak_pct", m.capacity ? 100.0 * static_cast<double>(m.peak_total) / m.capacity : 0.0},
+      {"capacity_bytes", m.capacity},
+      {"world_size", m.world_size},
+      {"rank_tokens_per_s", m.rank_tokens_per_s},
+      {"rank_peak_bytes", m.rank_peak_bytes}};
+  if (m.eval) {
+    nlohmann::json peak = {{"total", m.eval->peak_total}};
+    for (LiveSet s : kAllLiveSets) peak[std::string(live_set_name(s))] = m.eval->peak_per_set[s];
+    out["eval_loss"] = m.eval->loss;
+    out["eval_perplexity"] = m.eval->perplexity;
+    out["eval_tokens"] = m.eval->tokens;
+    out["eval_time_s"] = m.eval->seconds;
+    out["eval_peak_bytes"] = peak;
+  }
+  if (!m.data_shares.empty()) {
+    uint64_t total = 0;
+    for (const SourceShare& d : m.data_shares) total += d.samples;
+    nlohmann::json data = nlohmann::json::array();
+    for (const SourceShare& d : m.data_shares) {
+      data.push_back({{"path", d.path},
+                      {"weight", d.weight},
+                      {"samples", d.samples},
+                      {"share", total ? static_cast<double>(d.samples) / total : 0.0}});
+    }
+    out["data"] = data;
+  }
+  return out;
 }
 
 std::string step_metrics_line(const StepMetrics& m) {
@@ -49,7 +72,13 @@ std::string step_metrics_line(const StepMetrics& m) {
                 "tps: %9.0f  tflops: %.3f  mfu: %.1f%%",
                 static_cast<long long>(m.step), m.loss, m.grad_norm, m.lr,
                 static_cast<double>(peak) / GiB, pct, m.tokens_per_s, m.tflops, 100.0 * m.mfu);
-  return buf;
+  std::string line = buf;
+  if (m.eval) {
+    std::snprintf(buf, sizeof(buf), "  eval_loss: %8.4f  eval_ppl: %.2f", m.eval->loss,
+                  m.eval->perplexity);
+    line += buf;
+  }
+  return line;
 }
 
 MetricsLog::MetricsLog(const std::string& path, bool progress, int64_t first_step,

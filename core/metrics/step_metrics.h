@@ -8,14 +8,26 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/data/data_loader.h"  // defines: SourceShare
 #include "core/runtime/memory_stats.h"
 
 namespace moepeak {
+
+// One evaluation (eval.*): the held-out loss after a step.
+struct EvalMetrics {
+  double loss = 0;        // mean cross-entropy over the eval tokens (nats)
+  double perplexity = 0;  // exp(loss)
+  int64_t tokens = 0;     // scored eval tokens
+  double seconds = 0;
+  uint64_t peak_total = 0;      // device bytes at the evaluation's peak (this rank)
+  MemorySnapshot peak_per_set;  // each live set's peak during it
+};
 
 struct StepMetrics {
   int64_t step = 0;
@@ -36,6 +48,9 @@ struct StepMetrics {
   // device peak. The console line shows the largest peak.
   std::vector<double> rank_tokens_per_s;
   std::vector<uint64_t> rank_peak_bytes;
+  // A blend's datasets: the sequences each has given so far in the run (empty otherwise).
+  std::vector<SourceShare> data_shares;
+  std::optional<EvalMetrics> eval;  // when an evaluation followed this step
   uint64_t max_rank_peak() const;
 };
 

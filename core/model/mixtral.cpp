@@ -334,7 +334,8 @@ OwnedTensor MixtralModel::layer_backward(int layer, const Group& w, const Tensor
   return dx;
 }
 
-double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward) {
+double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward,
+                         bool with_aux_loss) {
   const int W = comm_.world_size();
   const int64_t B = batch.batch, T = batch.seq_len, H = model_.hidden_size;
   const int Lc = static_cast<int>(model_.num_hidden_layers);
@@ -421,7 +422,8 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
     all_reduce_host(comm_, backend_, stream_, total);
     loss = total[0];
   }
-  if (model_.router_aux_loss_coef != 0.0) loss += router_aux_loss(B * T, with_backward);
+  if (with_aux_loss && model_.router_aux_loss_coef != 0.0)
+    loss += router_aux_loss(B * T, with_backward);
   if (!with_backward) {
     zero.release(std::move(head));
     zero.end();
@@ -513,6 +515,10 @@ double MixtralModel::forward_backward(const TokenBatch& batch, int64_t loss_toke
 
 double MixtralModel::forward_loss(const TokenBatch& batch, int64_t loss_tokens) {
   return run(batch, loss_tokens, false);
+}
+
+double MixtralModel::forward_cross_entropy(const TokenBatch& batch, int64_t loss_tokens) {
+  return run(batch, loss_tokens, false, /*with_aux_loss=*/false);
 }
 
 }  // namespace moepeak

@@ -131,8 +131,12 @@ class MixtralModel {
   // rank's params().flat_grads() (dense shards: the sum over ranks; local experts).
   // loss_tokens: the number of scored tokens of the whole global batch. Collective.
   double forward_backward(const TokenBatch& batch, int64_t loss_tokens);
-  // The same loss without gradients (evaluation, finite differences). Collective.
+  // The same loss without gradients (finite differences). Collective.
   double forward_loss(const TokenBatch& batch, int64_t loss_tokens);
+  // The cross-entropy alone (no auxiliary loss), forward only: nothing kept for a backward (no
+  // boundaries, no activations past their layer), no gradient touched — evaluation. The sum over
+  // this rank's tokens of the job's batch divided by loss_tokens, summed over ranks. Collective.
+  double forward_cross_entropy(const TokenBatch& batch, int64_t loss_tokens);
 
   // Where the layers' inputs are kept between forward and backward (StandardBoundaries, or
   // schedules::ScoBoundaries under checkpoint = "sco": tests read its |S| and slow its copy
@@ -157,7 +161,8 @@ class MixtralModel {
   // dx = d layer input from dh (the residual's gradient), param grads += into the group.
   OwnedTensor attention_backward(const LayerParamIndex& L, const Group& w, const Tensor& dh,
                                  const Tensor& x, const TokenBatch& batch, LayerActivations& a);
-  double run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward);
+  double run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward,
+             bool with_aux_loss = true);
   // This rank's experts of `layer` from its gathered group (with their gradients for backward).
   std::vector<schedules::ExpertWeights> local_experts_of(int layer, const Group& w,
                                                          bool with_grads) const;

@@ -171,6 +171,8 @@ struct Trainer::State {
   std::unique_ptr<MixtralModel> model;
   std::unique_ptr<schedules::Optimizer> optimizer;  // optimizer.placement's AdamW
   std::unique_ptr<DataLoader> loader;
+  std::unique_ptr<DataLoader> eval_loader;  // eval.dataset_path's, when set
+  std::vector<uint8_t> eval_start;          // its state at the start of the file
   std::string checkpoint_folder;
   // checkpoint.enable and .async (a preemption save without checkpoint.enable is synchronous)
   std::unique_ptr<AsyncCheckpointWriter> async_checkpoint;
@@ -215,6 +217,10 @@ Trainer::Trainer(const Config& config, const TrainOptions& options)
   s.optimizer = schedules::make_optimizer(*s.backend, optimizer_params(params), cfg.optimizer,
                                           backend_options(cfg, s.ranks, s.binding).cpu_threads);
   s.loader = make_data_loader(cfg.training, cfg.model, cfg.job.seed);
+  if (cfg.eval.enabled()) {
+    s.eval_loader = make_eval_loader(cfg.eval, cfg.training, cfg.model);
+    s.eval_start = s.eval_loader->state();
+  }
   s.checkpoint_folder = (fs::path(cfg.job.run_path()) / cfg.checkpoint.folder).string();
   if (cfg.checkpoint.enable && cfg.checkpoint.async) {
     // The snapshot is pinned now, before the first step sizes SCO's "auto" share of the pool.
@@ -312,9 +318,9 @@ namespace {
 
 // The scored tokens of the step's blocks over all ranks (each token is on one rank), once every
 // rank has read its blocks: one gather of (scored, failed) per rank. When any rank could not
-// read, every rank throws moepeak::Error at this step: that rank its own error (naming the file,
-// offset and value), the others one naming that rank.
-int64_t agree_on_batch(Comm& comm, Backend& backend, int64_t step,
+// read, every rank throws moepeak::Error there (`when`: "step 7"): that rank its own error (naming
+// the file, offset and value), the others one naming that rank.
+int64_t agree_on_batch(Comm& comm, Backend& backend, const std::string& when,
                        const std::vector<LocalBatch>& locals,
                        const std::exception_ptr& read_error) {
   int64_t scored = 0;
@@ -327,13 +333,30 @@ int64_t agree_on_batch(Comm& comm, Backend& backend, int64_t step,
   int64_t total = 0;
   for (size_t r = 0; 2 * r < all.size(); ++r) {
     if (all[2 * r + 1] != 0) {
-      MOEPEAK_INPUT_ERROR("step ", step, ": rank ", r,
+      MOEPEAK_INPUT_ERROR(when, ": rank ", r,
                           " could not read its block of the batch (its error names the file and "
-                          "offset); every rank stops at this step");
+                          "offset); every rank stops here");
     }
     total += static_cast<int64_t>(all[2 * r]);
   }
   return total;
+}
+
+}  // namespace
+
+namespace {
+
+// Copies `local` into the device token buffers (in stream order: the host side must live until
+// the stream has run the copies) and describes them as the model's (B, T) batch.
+TokenBatch upload_batch(Backend& backend, OwnedTensor& ids, OwnedTensor& labels,
+                        OwnedTensor& positions, int64_t B, int64_t T, const LocalBatch& local) {
+  Stream& stream = backend.default_stream();
+  const size_t bytes = local.input_ids.size() * 8;
+  backend.copy_async(ids.data(), local.input_ids.data(), bytes, CopyKind::host_to_device, stream);
+  backend.copy_async(labels.data(), local.labels.data(), bytes, CopyKind::host_to_device, stream);
+  backend.copy_async(positions.data(), local.positions.data(), bytes, CopyKind::host_to_device,
+                     stream);
+  return TokenBatch{ids, labels, positions, B, T, count_scored(local.labels)};
 }
 
 }  // namespace
@@ -380,19 +403,14 @@ StepMetrics Trainer::step() {
   } catch (const Error&) {
     read_error = std::current_exception();
   }
-  const int64_t step_scored = agree_on_batch(*s.comm, backend, step, locals, read_error);
+  const int64_t step_scored =
+      agree_on_batch(*s.comm, backend, "step " + std::to_string(step), locals, read_error);
   params.zero_grads(stream);
   double loss = 0;
   int64_t N = 0;
   for (const LocalBatch& local : locals) {
     N = static_cast<int64_t>(local.input_ids.size());
-    TokenBatch batch{s.d_ids, s.d_labels, s.d_positions, B, T, count_scored(local.labels)};
-    backend.copy_async(s.d_ids.data(), local.input_ids.data(), N * 8, CopyKind::host_to_device,
-                       stream);
-    backend.copy_async(s.d_labels.data(), local.labels.data(), N * 8, CopyKind::host_to_device,
-                       stream);
-    backend.copy_async(s.d_positions.data(), local.positions.data(), N * 8,
-                       CopyKind::host_to_device, stream);
+    const TokenBatch batch = upload_batch(backend, s.d_ids, s.d_labels, s.d_positions, B, T, local);
     loss += s.model->forward_backward(batch, step_scored);
   }
   if (!std::isfinite(loss)) MOEPEAK_THROW("step ", step, ": the loss is ", loss);
@@ -423,6 +441,7 @@ StepMetrics Trainer::step() {
   m.at_peak = mem.at_peak();
   m.host_peak_per_set = backend.pinned().stats().peak_per_set();
   m.capacity = backend.arena().capacity();
+  m.data_shares = s.loader->shares();
   // Every rank's time and peak (after the step, so gathering them is not timed).
   const double mine[2] = {seconds, static_cast<double>(m.peak_total)};
   const std::vector<double> all =
@@ -439,6 +458,51 @@ StepMetrics Trainer::step() {
   m.tflops = s.flops / slowest / 1e12;
   m.mfu = s.flops / W / slowest / 1e9 / s.ceiling_gflops;  // per rank, against one rank's ceiling
   return m;
+}
+
+EvalMetrics Trainer::evaluate() {
+  State& s = *s_;
+  MOEPEAK_CHECK(s.eval_loader != nullptr, "Trainer::evaluate without eval.dataset_path");
+  Backend& backend = *s.backend;
+  Stream& stream = backend.default_stream();
+  const int64_t B = s.cfg.training.batch_size, T = s.cfg.training.seq_len;
+  const auto t0 = std::chrono::steady_clock::now();
+  // NOTES: the step's metrics were taken before this, and the next step resets the peaks again,
+  // so the evaluation's own peaks are measured here without touching the step's.
+  backend.arena().reset_peaks();
+  s.eval_loader->restore(s.eval_start);
+  const BatchBlock block =
+      rank_batch_block(B, T, s.ranks.world_size, s.ranks.rank, s.degrees.sequence);
+  std::vector<LocalBatch> locals;
+  std::exception_ptr read_error;
+  try {
+    for (int64_t i = 0; i < s.cfg.eval.batches; ++i) {
+      locals.push_back(read_local_batch(*s.eval_loader, block));
+      s.eval_loader->advance();
+    }
+  } catch (const Error&) {
+    read_error = std::current_exception();
+  }
+  const int64_t scored =
+      agree_on_batch(*s.comm, backend, "the evaluation after step " + std::to_string(s.completed),
+                     locals, read_error);
+  // Each batch's sum of cross-entropies over the scored tokens of all eval batches: their sum is
+  // the mean over the whole evaluation.
+  double loss = 0;
+  for (const LocalBatch& local : locals) {
+    const TokenBatch batch = upload_batch(backend, s.d_ids, s.d_labels, s.d_positions, B, T, local);
+    loss += s.model->forward_cross_entropy(batch, scored);
+  }
+  stream.synchronize();
+  const MemoryStats mem = backend.arena().stats();
+  EvalMetrics e;
+  e.loss = loss;
+  e.perplexity = std::exp(loss);
+  e.tokens = scored;
+  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  e.peak_total = mem.peak_total();
+  e.peak_per_set = mem.peak_per_set();
+  return e;
 }
 
 void Trainer::save_checkpoint() const {
@@ -512,8 +576,17 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   while (trainer.completed_steps() < cfg.training.steps) {
     StepMetrics m = trainer.step();
     trainer.poll_checkpoint();  // commits an asynchronous save whose writes are done
-    if (metrics)
-      metrics->record(m, m.step % cfg.metrics.log_freq == 0 || m.step == cfg.training.steps);
+    const bool evaluates =
+        cfg.eval.enabled() && ((cfg.eval.interval > 0 && m.step % cfg.eval.interval == 0) ||
+                               m.step == cfg.training.steps);
+    if (evaluates) {
+      m.eval = trainer.evaluate();
+      result.evals.push_back({m.step, *m.eval});
+    }
+    if (metrics) {
+      metrics->record(
+          m, m.step % cfg.metrics.log_freq == 0 || m.step == cfg.training.steps || evaluates);
+    }
     result.losses.push_back(m.loss);
     result.last = m;
     const bool at_interval = cfg.checkpoint.interval > 0 && m.step % cfg.checkpoint.interval == 0;

@@ -4,10 +4,10 @@
 // each live set and the AdamW that optimizer.placement names (ops/schedules/optimizer.h: resident,
 // offload_serial, offload_stream — bitwise the same updates).
 //
-//   per step:  global batch (the same on every rank) -> this rank's slice of every sequence
+//   per step:  this rank's block of the global batch (its slice of its sequences, read alone)
 //              -> zero grads -> forward + backward (the job's mean loss over scored tokens)
 //              -> grad norm over all ranks' shards -> clip factor -> AdamW on this rank's shard
-//              -> metrics (job and per rank) -> checkpoint
+//              -> metrics (job and per rank) -> evaluation (eval.interval) -> checkpoint
 //
 // Every rank computes the same loss, grad norm and learning rate; rank 0 writes the metrics file
 // and the checkpoints. Peak memory is measured per step: the arena's peaks are reset when a step
@@ -55,6 +55,11 @@ struct TrainResult {
   int64_t first_step = 0, last_step = 0;
   std::vector<double> losses;  // one per step run
   StepMetrics last;
+  struct Evaluation {
+    int64_t step = 0;  // after which step
+    EvalMetrics metrics;
+  };
+  std::vector<Evaluation> evals;  // every evaluation, in order
   std::string run_dir, metrics_file;
   // Non-zero: training stopped early at last_step on this signal, with a checkpoint of that step
   // written (the `moepeak train` exit code is then kExitRequeue; a --resume continues it).
@@ -75,6 +80,14 @@ class Trainer {
 
   // Runs the next step (loads its batch, forward, backward, clip, AdamW) and returns its metrics.
   StepMetrics step();
+  // The held-out loss (eval.*): eval.batches batches of eval.dataset_path, the same windows every
+  // time (file order from its start), each rank reading its block, through the training
+  // schedules forward only (MixtralModel::forward_cross_entropy: no boundaries kept, no
+  // gradients, no optimizer). Changes nothing that training reads: the training data cursor,
+  // weights, gradients and optimizer state are untouched, so a run's losses are bitwise the same
+  // with and without evaluation. Its memory is a training forward's of the same B x T, inside
+  // the step's plan (docs/design.md#conventions). Collective; moepeak::Error unless eval is set.
+  EvalMetrics evaluate();
   int64_t completed_steps() const;  // steps done so far, including those before a resume
   // Into the run's checkpoint folder (collective). With checkpoint.async the step boundary only
   // snapshots the state (core/checkpoint/async_checkpoint.h) and waits for a save in flight.

@@ -146,9 +146,9 @@ TEST_F(ShuffledWindows, RestoreRefusesAnotherOrderSeqLenOrSeed) {
   auto in_order = make_data_loader(training(p, 2, 8, false), model(), 9);
   starts(*shuffled, 2);
   starts(*in_order, 2);
-  EXPECT_CONTAINS(error_of([&] { in_order->restore(shuffled->state()); }),
-                  "the checkpoint read " + p +
-                      " in shuffled order, but this run has training.shuffle = false");
+  EXPECT_CONTAINS(
+      error_of([&] { in_order->restore(shuffled->state()); }),
+      "the checkpoint read " + p + " in shuffled order, but this run has training.shuffle = false");
   EXPECT_CONTAINS(error_of([&] { shuffled->restore(in_order->state()); }),
                   "in file order, but this run has training.shuffle = true");
   auto longer = make_data_loader(training(p, 2, 10, true), model(), 9);
