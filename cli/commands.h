@@ -45,6 +45,7 @@ void register_plan_command(CLI::App& app, Context& ctx);
 void register_probe_command(CLI::App& app, Context& ctx);   // cli/probe_cmd.cpp
 void register_tune_command(CLI::App& app, Context& ctx);    // cli/tune_cmd.cpp
 void register_export_command(CLI::App& app, Context& ctx);  // cli/export_cmd.cpp
+void register_data_command(CLI::App& app, Context& ctx);    // cli/data_cmd.cpp
 
 // The plan table (nccl-tests style, `#` comment lines; cli/plan_cmd.cpp), also printed by
 // `moepeak train` when it refuses to start.

@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   moepeak::cli::register_tune_command(app, ctx);
   moepeak::cli::register_bench_command(app, ctx);
   moepeak::cli::register_export_command(app, ctx);
+  moepeak::cli::register_data_command(app, ctx);
 
   try {
     app.parse(argc, argv);

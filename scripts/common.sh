@@ -10,6 +10,8 @@ MOEPEAK_PACKAGES=(
   libhwloc-dev libnuma-dev libopenmpi-dev openmpi-bin
   libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
   libgtest-dev libopenblas-dev nlohmann-json3-dev libxxhash-dev
+  # `moepeak data prepare` (the library) and its tests (spm_train, spm_encode)
+  libsentencepiece-dev sentencepiece
   python3-numpy
   # scripts/format.sh --check (the tree's formatting is clang-format 14's)
   clang-format-14

@@ -60,8 +60,9 @@ void BlendLoader::read_block(const BatchBlock& block, int64_t* input_ids, int64_
   const std::vector<Row> rows = plan_next_batch();
   for (int64_t r = 0; r < block.rows; ++r) {
     const Row& row = rows[static_cast<size_t>(block.row_begin + r)];
-    datasets_[static_cast<size_t>(row.dataset)].read_window(
-        row.ahead, block.col_begin, block.cols, input_ids + r * block.cols, labels + r * block.cols);
+    datasets_[static_cast<size_t>(row.dataset)].read_window(row.ahead, block.col_begin, block.cols,
+                                                            input_ids + r * block.cols,
+                                                            labels + r * block.cols);
   }
 }
 
@@ -102,8 +103,8 @@ void BlendLoader::restore(std::span<const uint8_t> state) {
                         " datasets, this run's training.datasets has ", K);
   }
   if (fields.size() != 2 + K * (2 + fields[1])) {
-    MOEPEAK_INPUT_ERROR("data-loader state: a damaged blend state (", fields.size(),
-                        " fields for ", K, " datasets of ", fields[1], " fields)");
+    MOEPEAK_INPUT_ERROR("data-loader state: a damaged blend state (", fields.size(), " fields for ",
+                        K, " datasets of ", fields[1], " fields)");
   }
   if (fields[1] != F) {
     MOEPEAK_INPUT_ERROR("data-loader state: the checkpoint's blend read its datasets in ",

@@ -7,8 +7,8 @@
 //
 // and is that dataset's next sample (its own window order: shuffled or file order,
 // core/data/window_loader.h). Greedy and deterministic, every prefix of the run stays close to
-// the weights (each c_d within two samples of w_d * i; tests/data/test_blend.cpp), and the choice of
-// sample i needs only the counts c_d — so the state is K counts and each dataset's cursor, no
+// the weights (each c_d within two samples of w_d * i; tests/data/test_blend.cpp), and the choice
+// of sample i needs only the counts c_d — so the state is K counts and each dataset's cursor, no
 // index table. A dataset of weight 0 is opened and checked but never sampled.
 //
 // Every rank computes the dataset of each row of the batch (B choices, no reading) and reads only

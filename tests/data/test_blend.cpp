@@ -289,10 +289,9 @@ TEST(BlendConfig, BadWeightsAndEntriesAreErrorsNamingTheEntry) {
                                      "training.datasets=[{ path = \"a.bin\", weight = 1 }]"});
                   }),
                   "are both set; a run reads one dataset or one blend");
-  EXPECT_CONTAINS(error_of([] {
-                    load_config({}, {"training.datasets=[{ path = \"a.bin\", weight = 1 }]"});
-                  }),
-                  "training.datasets[0] (a.bin) names no format");
+  EXPECT_CONTAINS(
+      error_of([] { load_config({}, {"training.datasets=[{ path = \"a.bin\", weight = 1 }]"}); }),
+      "training.datasets[0] (a.bin) names no format");
   // A good one round-trips through the TOML that `moepeak config show` prints.
   const Config cfg = load_config(
       {}, {"training.dataset=megatron",

@@ -56,7 +56,8 @@ std::vector<uint16_t> pattern(size_t n, uint32_t seed) {
 }
 
 Config eval_config(const fs::path& dir, const std::string& name, const std::string& train_file,
-                   const std::string& eval_file, int64_t steps, std::vector<std::string> extra = {}) {
+                   const std::string& eval_file, int64_t steps,
+                   std::vector<std::string> extra = {}) {
   std::vector<std::string> sets = {"job.run_dir=" + dir.string(),
                                    "job.name=" + name,
                                    "training.steps=" + std::to_string(steps),
@@ -166,8 +167,9 @@ TEST(TrainEval, BadDataIsAnErrorNamingTheFileBeforeTheFirstStep) {
   const std::string short_eval = write_tokens(dir.path() / "short.bin", pattern(300, 1));
   EXPECT_CONTAINS(
       fails_before_step_one(eval_config(dir.path(), "e3", good, short_eval, 2, {"eval.batches=3"})),
-      "eval.dataset_path " + short_eval + " holds 300 tokens, fewer than eval.batches x "
-                                          "training.batch_size x training.seq_len + 1 = 385");
+      "eval.dataset_path " + short_eval +
+          " holds 300 tokens, fewer than eval.batches x "
+          "training.batch_size x training.seq_len + 1 = 385");
   const std::string missing = (dir.path() / "missing.bin").string();
   EXPECT_CONTAINS(fails_before_step_one(eval_config(dir.path(), "e4", good, missing, 2)),
                   "missing.bin");
@@ -186,16 +188,13 @@ TEST(TrainEval, BadDataIsAnErrorNamingTheFileBeforeTheFirstStep) {
   };
   const std::string gpt2 = llmc("gpt2.bin", 20240520, 1, 2);
   const std::string llama = llmc("llama.bin", 20240801, 7, 4);
-  EXPECT_CONTAINS(fails_before_step_one(eval_config(dir.path(), "e5", gpt2, llama, 2,
-                                                    {"training.token_dtype=llmc",
-                                                     "model.vocab_size=300"})),
-                  "eval.dataset_path " + llama +
-                      " stores uint32 token ids, but training.dataset_path " + gpt2 +
-                      " stores uint16");
+  EXPECT_CONTAINS(
+      fails_before_step_one(eval_config(dir.path(), "e5", gpt2, llama, 2,
+                                        {"training.token_dtype=llmc", "model.vocab_size=300"})),
+      "eval.dataset_path " + llama + " stores uint32 token ids, but training.dataset_path " + gpt2 +
+          " stores uint16");
   // Eval needs a token file's format.
-  EXPECT_CONTAINS(error_of([&] {
-                    load_config({}, {"eval.dataset_path=" + good});
-                  }),
+  EXPECT_CONTAINS(error_of([&] { load_config({}, {"eval.dataset_path=" + good}); }),
                   "is not a token file's");
 }
 
