@@ -77,9 +77,10 @@ TEST(MegatronWriter, NothingIsInPlaceBeforeCommitAndAnAbandonedWriterKeepsTheOld
   size_t files = 0;
   for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir.path())) ++files;
   EXPECT_EQ(files, 2u) << "no temporary file left behind";
-  EXPECT_CONTAINS(
-      error_of([&] { MegatronWriter bad((dir.path() / "no/such/dir/ds").string(), TokenStorage::u16); }),
-      "no/such/dir/ds.bin: cannot create it");
+  EXPECT_CONTAINS(error_of([&] {
+                    MegatronWriter bad((dir.path() / "no/such/dir/ds").string(), TokenStorage::u16);
+                  }),
+                  "no/such/dir/ds.bin: cannot create it");
 }
 
 class Documents : public ::testing::Test {
@@ -102,7 +103,8 @@ class Documents : public ::testing::Test {
 TEST_F(Documents, TextAndJsonlInOrderInAnyChunkSize) {
   const std::string text = write("a.txt", "first line\nsecond line\n\n\n  \nnext doc\r\n\nlast");
   const std::string jsonl = write(
-      "b.jsonl", "{\"text\": \"json one\", \"id\": 1}\n\n{\"text\": \"\"}\n{\"text\": \"two\\nlines\"}\n");
+      "b.jsonl",
+      "{\"text\": \"json one\", \"id\": 1}\n\n{\"text\": \"\"}\n{\"text\": \"two\\nlines\"}\n");
   const std::vector<std::string> expected = {"first line\nsecond line", "next doc", "last",
                                              "json one", "two\nlines"};
   for (size_t chunk : {size_t{1}, size_t{10}, size_t{1} << 20}) {
@@ -129,7 +131,9 @@ TEST_F(Documents, BadJsonlLinesAndMissingFilesAreNamed) {
   DocumentReader not_object({r}, InputFormat::automatic);
   EXPECT_CONTAINS(error_of([&] { all(not_object, 100); }), r + ":1: not a JSON object");
   const std::string missing = (temp_.path() / "missing.txt").string();
-  EXPECT_CONTAINS(error_of([&] { DocumentReader({p, missing}, InputFormat::automatic); }),
+  EXPECT_CONTAINS(error_of([&] {
+                    DocumentReader({p, missing}, InputFormat::automatic);
+                  }),
                   missing + ": no such input file");
 }
 

@@ -28,6 +28,7 @@
 #include "core/model/zero_params.h"
 #include "core/train/trainer.h"
 #include "tests/temp_dir.h"
+#include "tests/train_checks.h"
 
 namespace moepeak {
 namespace {
@@ -154,10 +155,7 @@ TEST(Train, ABadTokenIdStopsTheRunAtTheStepThatReadsIt) {
             std::string::npos)
       << error;
   // Steps 1 and 2 ran (and were logged) before step 3 read the window.
-  std::ifstream metrics(dir.path() / "moepeak" / "metrics.jsonl");
-  int lines = 0;
-  for (std::string line; std::getline(metrics, line);) lines += !line.empty();
-  EXPECT_EQ(lines, 2);
+  EXPECT_EQ(test_support::metrics_line_count(dir.path() / "moepeak" / "metrics.jsonl"), 2);
 }
 
 // The write buffer (checkpoint.write_buffer) bounds a save's host memory and changes no byte:

@@ -19,13 +19,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/checkpoint/train_checkpoint.h"
 #include "core/config/config.h"
 #include "core/error.h"
 #include "core/plan/plan.h"
 #include "core/train/trainer.h"
 #include "tests/expect_contains.h"
 #include "tests/parallel/shared_run_dir.h"
+#include "tests/train_checks.h"
 
 namespace moepeak {
 namespace {
@@ -81,10 +81,7 @@ TEST(TrainData, ABadIdInOneRanksBlockStopsEveryRankAtThatStep) {
     EXPECT_CONTAINS(error, "step 2: rank 2 could not read its block of the batch");
   }
   if (world_rank() == 0) {  // step 1 ran and was logged
-    std::ifstream metrics(dir.path() / "bad_id" / "metrics.jsonl");
-    int lines = 0;
-    for (std::string line; std::getline(metrics, line);) lines += !line.empty();
-    EXPECT_EQ(lines, 1);
+    EXPECT_EQ(test_support::metrics_line_count(dir.path() / "bad_id" / "metrics.jsonl"), 1);
   }
 }
 
@@ -124,14 +121,7 @@ TEST(TrainData, ABlendOnWRanksLogsItsSharesAndResumesBitForBit) {
     EXPECT_EQ(data[0].at("share"), 0.75);
     EXPECT_EQ(data[1].at("weight"), 0.25);
   }
-  Config resumed_cfg = cfg;
-  resumed_cfg.job.name = "blend_resumed";
-  TrainOptions options;
-  options.resume_from = (fs::path(full.run_dir) / "checkpoints" / checkpoint_dir_name(2)).string();
-  const TrainResult resumed = train(resumed_cfg, options);
-  ASSERT_EQ(resumed.losses.size(), 2u);
-  EXPECT_EQ(resumed.losses[0], full.losses[2]);
-  EXPECT_EQ(resumed.losses[1], full.losses[3]);
+  test_support::expect_resumes_bit_for_bit(cfg, "blend_resumed", full, 2);
 }
 
 TEST(TrainData, EvaluationWithTheBoundedSchedulesChangesNothingAndFitsThePlan) {

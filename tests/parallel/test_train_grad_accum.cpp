@@ -9,11 +9,11 @@
 #include <filesystem>
 #include <string>
 
-#include "core/checkpoint/train_checkpoint.h"
 #include "core/config/config.h"
 #include "core/train/trainer.h"
 #include "tests/grad_accum_job.h"
 #include "tests/parallel/shared_run_dir.h"
+#include "tests/train_checks.h"
 
 namespace moepeak {
 namespace {
@@ -47,14 +47,7 @@ TEST(TrainGradAccum, ACheckpointOnWRanksResumesBitForBit) {
   cfg.checkpoint.keep_latest = 2;
   const TrainResult full = train(cfg, {});
   ASSERT_EQ(full.losses.size(), 4u);
-  Config resumed_cfg = cfg;
-  resumed_cfg.job.name = "resumed";
-  TrainOptions options;
-  options.resume_from = (fs::path(full.run_dir) / "checkpoints" / checkpoint_dir_name(2)).string();
-  const TrainResult resumed = train(resumed_cfg, options);
-  ASSERT_EQ(resumed.losses.size(), 2u);
-  EXPECT_EQ(resumed.losses[0], full.losses[2]);
-  EXPECT_EQ(resumed.losses[1], full.losses[3]);
+  test_support::expect_resumes_bit_for_bit(cfg, "resumed", full, 2);
 }
 
 }  // namespace
