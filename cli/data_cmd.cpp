@@ -78,8 +78,8 @@ struct ProgressPrinter {
 void print_result(const PrepareResult& r, const PrepareArgs& args) {
   std::printf("# moepeak data prepare: %s -> %s\n", args.tokenizer.c_str(), args.output.c_str());
   std::printf("# %s; vocabulary %lld, %s tokens; %d worker threads\n", now_utc().c_str(),
-              static_cast<long long>(r.vocab_size), std::string(token_storage_name(r.storage)).c_str(),
-              r.workers);
+              static_cast<long long>(r.vocab_size),
+              std::string(token_storage_name(r.storage)).c_str(), r.workers);
   std::printf("# %-6s %12s %14s %12s  %s\n", "part", "documents", "tokens", "bin_bytes", "prefix");
   for (const PreparedPart& p : r.parts) {
     std::printf("  %-6s %12llu %14llu %12llu  %s\n", p.name.c_str(),

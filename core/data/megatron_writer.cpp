@@ -47,8 +47,8 @@ MegatronWriter::MegatronWriter(std::string prefix, TokenStorage storage)
   bin_temp_ = prefix_ + ".bin.tmp." + std::to_string(::getpid());
   fd_ = ::open(bin_temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd_ < 0) {
-    MOEPEAK_INPUT_ERROR(prefix_, ".bin: cannot create it (", bin_temp_, "): ",
-                        std::strerror(errno));
+    MOEPEAK_INPUT_ERROR(prefix_, ".bin: cannot create it (", bin_temp_,
+                        "): ", std::strerror(errno));
   }
 }
 
@@ -95,8 +95,7 @@ void MegatronWriter::add_document(std::span<const int32_t> ids) {
 
 void MegatronWriter::commit() {
   MOEPEAK_CHECK(!committed_, "MegatronWriter::commit twice");
-  if (::fsync(fd_) != 0)
-    MOEPEAK_INPUT_ERROR(prefix_, ".bin: fsync failed: ", std::strerror(errno));
+  if (::fsync(fd_) != 0) MOEPEAK_INPUT_ERROR(prefix_, ".bin: fsync failed: ", std::strerror(errno));
   ::close(fd_);
   fd_ = -1;
   const uint64_t S = lengths_.size();

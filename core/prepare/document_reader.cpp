@@ -15,7 +15,8 @@ bool blank(const std::string& line) {
 }
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
@@ -70,8 +71,7 @@ bool DocumentReader::next_document(std::string& text) {
       }
       if (!j.is_object()) MOEPEAK_INPUT_ERROR(current_, ":", line_, ": not a JSON object");
       const auto field = j.find(key_);
-      if (field == j.end())
-        MOEPEAK_INPUT_ERROR(current_, ":", line_, ": no \"", key_, "\" field");
+      if (field == j.end()) MOEPEAK_INPUT_ERROR(current_, ":", line_, ": no \"", key_, "\" field");
       if (!field->is_string())
         MOEPEAK_INPUT_ERROR(current_, ":", line_, ": \"", key_, "\" is not a string");
       text = field->get<std::string>();

@@ -34,9 +34,9 @@ struct PrepareOptions {
   std::vector<std::string> inputs;  // text or JSONL files
   InputFormat format = InputFormat::automatic;
   std::string json_key = "text";
-  std::string output;       // the output prefix: PREFIX.bin/.idx, or PREFIX-<part>.bin/.idx
-  std::vector<int> split;   // empty: one output; 2 or 3 positive parts
-  int workers = 0;          // tokenizing threads; 0 = the machine's hardware threads
+  std::string output;              // the output prefix: PREFIX.bin/.idx, or PREFIX-<part>.bin/.idx
+  std::vector<int> split;          // empty: one output; 2 or 3 positive parts
+  int workers = 0;                 // tokenizing threads; 0 = the machine's hardware threads
   size_t chunk_bytes = 16u << 20;  // text handed to the workers at a time
   bool append_eos = true;
   bool prepend_bos = false;

@@ -32,8 +32,7 @@ int32_t Tokenizer::bos_id() const { return impl_->processor.bos_id(); }
 
 void Tokenizer::encode(std::string_view text, std::vector<int32_t>& ids) const {
   std::vector<int> out;
-  const auto status =
-      impl_->processor.Encode(text, &out);
+  const auto status = impl_->processor.Encode(text, &out);
   if (!status.ok()) MOEPEAK_THROW(path_, ": SentencePiece could not encode: ", status.ToString());
   ids.insert(ids.end(), out.begin(), out.end());
 }
