@@ -91,13 +91,12 @@ std::vector<uint8_t> BlendLoader::state() const {
 void BlendLoader::restore(std::span<const uint8_t> state) {
   const size_t K = datasets_.size();
   const size_t F = datasets_.front().state_fields().size();
-  // The field count says K and F: accept the counts of every K' <= 64 with F' in {2, 4}, then
-  // say which differs.
-  std::vector<size_t> counts;
-  for (size_t k = 1; k <= 64; ++k) {
-    for (size_t f : {size_t{2}, size_t{4}}) counts.push_back(2 + k * (2 + f));
+  // The state says its own K and F (its first two fields): any length is decoded, then checked.
+  const std::vector<uint64_t> fields =
+      decode_loader_state(state, LoaderKind::blend, std::span<const size_t>());
+  if (fields.size() < 2) {
+    MOEPEAK_INPUT_ERROR("data-loader state: a damaged blend state (", fields.size(), " fields)");
   }
-  const std::vector<uint64_t> fields = decode_loader_state(state, LoaderKind::blend, counts);
   if (fields[0] != K) {
     MOEPEAK_INPUT_ERROR("data-loader state: the checkpoint's blend has ", fields[0],
                         " datasets, this run's training.datasets has ", K);

@@ -57,7 +57,6 @@ std::vector<uint8_t> encode_loader_state(LoaderKind kind, std::span<const uint64
 
 std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, LoaderKind kind,
                                           std::span<const size_t> field_counts) {
-  MOEPEAK_CHECK(!field_counts.empty(), "no field count to decode a loader state with");
   if (state.size() < kStateHeaderBytes || std::memcmp(state.data(), kStateMagic, 4) != 0) {
     MOEPEAK_INPUT_ERROR("data-loader state: not a moepeak data-loader state (", state.size(),
                         " bytes, expected the \"MPDL\" header)");
@@ -73,8 +72,8 @@ std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, Loader
                         "' loader (training.dataset", kind == LoaderKind::blend ? "s" : "", ")");
   }
   const uint64_t saved_fields = read_le(state, 6, 2);
-  const bool known =
-      std::find(field_counts.begin(), field_counts.end(), saved_fields) != field_counts.end();
+  const bool known = field_counts.empty() || std::find(field_counts.begin(), field_counts.end(),
+                                                       saved_fields) != field_counts.end();
   if (!known || state.size() != kStateHeaderBytes + 8 * saved_fields) {
     std::string expected;
     for (size_t n : field_counts)

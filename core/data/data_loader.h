@@ -126,7 +126,8 @@ std::vector<uint8_t> encode_loader_state(LoaderKind kind, std::span<const uint64
 // exactly `field_count` fields.
 std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, LoaderKind kind,
                                           size_t field_count);
-// The same for a kind whose states come in several lengths: any field count in `field_counts`.
+// The same for a kind whose states come in several lengths: any field count in `field_counts`
+// (empty: any count, for a state that says its own length).
 std::vector<uint64_t> decode_loader_state(std::span<const uint8_t> state, LoaderKind kind,
                                           std::span<const size_t> field_counts);
 

@@ -62,7 +62,7 @@ class Blend : public ::testing::Test {
   }
   static ModelConfig model() {
     ModelConfig m;
-    m.vocab_size = 4000;
+    m.vocab_size = 65536;
     return m;
   }
   // The dataset each row of `batches` batches came from (by its first token), each row checked
@@ -199,6 +199,16 @@ TEST_F(Blend, RestoreContinuesWithTheSameBatches) {
       ASSERT_EQ(la, lb);
     }
   }
+}
+
+TEST_F(Blend, ABlendOfManyDatasetsRestores) {
+  // 65 datasets (more than a fixed table of state lengths would allow); ids up to 64,039.
+  const TrainingConfig t = blend(std::vector<double>(65, 1.0), 7, 8, true, 40);
+  auto run = make_data_loader(t, model(), 2);
+  sources(*run, 12);
+  auto resumed = make_data_loader(t, model(), 2);
+  resumed->restore(run->state());
+  EXPECT_EQ(sources(*resumed, 5), sources(*run, 5));
 }
 
 TEST_F(Blend, RestoreRefusesAnotherBlend) {
