@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -342,9 +343,23 @@ int64_t agree_on_batch(Comm& comm, Backend& backend, const std::string& when,
   return total;
 }
 
-}  // namespace
-
-namespace {
+// Reads `count` batches' `block` from `loader` into `locals`, advancing past each;
+// `before_advance(i)` runs once batch i's block is read. Returns the error a read threw (bad
+// data: the ranks agree on it in agree_on_batch before anything collective), or null.
+std::exception_ptr read_blocks(DataLoader& loader, const BatchBlock& block, int64_t count,
+                               std::vector<LocalBatch>& locals,
+                               const std::function<void(int64_t)>& before_advance = {}) {
+  try {
+    for (int64_t i = 0; i < count; ++i) {
+      locals.push_back(read_local_batch(loader, block));
+      if (before_advance) before_advance(i);
+      loader.advance();
+    }
+  } catch (const Error&) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
 
 // Copies `local` into the device token buffers (in stream order: the host side must live until
 // the stream has run the copies) and describes them as the model's (B, T) batch.
@@ -388,21 +403,17 @@ StepMetrics Trainer::step() {
   // late); the device buffers are reused in stream order.
   std::vector<LocalBatch> locals;
   locals.reserve(static_cast<size_t>(accum));
-  std::exception_ptr read_error;
-  try {
-    for (int64_t i = 0; i < accum; ++i) {
-      locals.push_back(read_local_batch(*s.loader, block));
-      if (dump) {  // the step-1 dump holds the global batch
-        s.ids.resize(static_cast<size_t>(accum * micro));
-        s.labels.resize(static_cast<size_t>(accum * micro));
-        s.loader->read_block(s.loader->whole_batch(), s.ids.data() + i * micro,
-                             s.labels.data() + i * micro);
-      }
-      s.loader->advance();
-    }
-  } catch (const Error&) {
-    read_error = std::current_exception();
+  if (dump) {  // the step-1 dump holds the global batch
+    s.ids.resize(static_cast<size_t>(accum * micro));
+    s.labels.resize(static_cast<size_t>(accum * micro));
   }
+  const std::exception_ptr read_error =
+      read_blocks(*s.loader, block, accum, locals, [&](int64_t i) {
+        if (dump) {
+          s.loader->read_block(s.loader->whole_batch(), s.ids.data() + i * micro,
+                               s.labels.data() + i * micro);
+        }
+      });
   const int64_t step_scored =
       agree_on_batch(*s.comm, backend, "step " + std::to_string(step), locals, read_error);
   params.zero_grads(stream);
@@ -474,15 +485,8 @@ EvalMetrics Trainer::evaluate() {
   const BatchBlock block =
       rank_batch_block(B, T, s.ranks.world_size, s.ranks.rank, s.degrees.sequence);
   std::vector<LocalBatch> locals;
-  std::exception_ptr read_error;
-  try {
-    for (int64_t i = 0; i < s.cfg.eval.batches; ++i) {
-      locals.push_back(read_local_batch(*s.eval_loader, block));
-      s.eval_loader->advance();
-    }
-  } catch (const Error&) {
-    read_error = std::current_exception();
-  }
+  const std::exception_ptr read_error =
+      read_blocks(*s.eval_loader, block, s.cfg.eval.batches, locals);
   const int64_t scored =
       agree_on_batch(*s.comm, backend, "the evaluation after step " + std::to_string(s.completed),
                      locals, read_error);
