@@ -4,9 +4,13 @@
 # numa, OpenBLAS, ...): the stripped binaries scripts/gpu-check.sh runs, in the layout of
 # a build folder, and the shared libraries they need that the GPU machine lacks.
 #
-#   scripts/device-bundle.sh [--build DIR] [--out DIR] [--max-mib 64]
+#   scripts/device-bundle.sh [--build DIR] [--out DIR] [--pack] [--max-mib 64]
 #       --build   the CUDA build (configured with -DMOEPEAK_CUDA=ON); default build/
 #       --out     where the bundle goes; default .device/ (git-ignored)
+#       --pack    also pack it into DIR.tar.gz (the test binaries and OpenBLAS make the folder
+#                 larger than a 64 MiB transfer; packed it is under 30 MiB); --max-mib then
+#                 limits the packed file. Unpack there with `mkdir -p .device &&
+#                 tar xzf .device.tar.gz -C .device`
 #       --max-mib fail when the bundle is larger (a transfer limit); default 64
 #
 # Then, on the GPU machine, from the repository root:
@@ -22,12 +26,14 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 build="$root/build"
 out="$root/.device"
 max_mib=64
+pack=no
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build="$2"; shift ;;
     --out) out="$2"; shift ;;
     --max-mib) max_mib="$2"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --pack) pack=yes ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "device-bundle: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -83,6 +89,12 @@ copy_libs '^(libmpi|libopen-rte|libopen-pal|libevent_core|libevent_pthreads|libz
 bytes=$(du -sb "$out" | cut -f1)
 mib=$(( (bytes + 1048575) / 1048576 ))
 echo "device-bundle: $out: ${mib} MiB ($(ls "$out/lib" | wc -l) libraries, $(ls "$out/fallback-lib" | wc -l) fallback libraries, ${#binaries[@]} binaries)"
+if [ "$pack" = yes ]; then
+  tar czf "$out.tar.gz" -C "$out" .
+  bytes=$(stat -c %s "$out.tar.gz")
+  mib=$(( (bytes + 1048575) / 1048576 ))
+  echo "device-bundle: packed into $out.tar.gz: ${mib} MiB"
+fi
 if [ "$mib" -gt "$max_mib" ]; then
   echo "device-bundle: larger than --max-mib $max_mib" >&2
   exit 1
