@@ -11,14 +11,15 @@
 // (cols, rows, inner). Math: CUBLAS_COMPUTE_32F with fp32 alpha/beta for both storages: f32 is
 // strict fp32 (the handle's math mode is CUBLAS_DEFAULT_MATH, so no TF32), bf16 multiplies in
 // fp32 and rounds each output to bf16 once; reductions stay in fp32
-// (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION). f64, K == 0, N == 0 and sizes past int32
-// run the per-group loop of ops/cuda/linear.cpp instead, as do weight gradients whose dw_g
-// overlap one another (one grouped call would add into the same memory concurrently), and every
-// call while set_grouped_gemm_per_group(true) is in force (benches); a call with a pointer or a
-// leading dimension off 16 bytes runs its GEMMs one cuda::gemm each (GroupedGemm::run).
-// An f32 dw_g of a bf16 x (the fp32 main gradient, ops/grouped_linear.h) is one cuBLASLt GEMM
-// per group, bf16 A/B with f32 C/D and CUBLAS_COMPUTE_32F, beta = 1 (ops/cuda/linear.cpp): the
-// type table of cublasGemmGroupedBatchedEx pairs each A/B type with a C of the same type only
+// (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION). f64, K == 0, N == 0, sizes past int32 and
+// groups of more than kGroupedCallMaxMeanRows rows on average run the per-group loop of
+// ops/cuda/linear.cpp instead, as do weight gradients whose dw_g overlap one another (one grouped
+// call would add into the same memory concurrently), and every call while
+// set_grouped_gemm_per_group(true) is in force (benches); a call with a pointer or a leading
+// dimension off 16 bytes runs its GEMMs one cuda::gemm each (GroupedGemm::run). An f32 dw_g of a
+// bf16 x (the fp32 main gradient, ops/grouped_linear.h) is one cuBLASLt GEMM per group, bf16 A/B
+// with f32 C/D and CUBLAS_COMPUTE_32F, beta = 1 (ops/cuda/linear.cpp): the type table of
+// cublasGemmGroupedBatchedEx pairs each A/B type with a C of the same type only
 // (CUBLAS_COMPUTE_32F: 16F/16F, 16BF/16BF, 32F/32F), so the grouped call cannot write an f32 C
 // from bf16 inputs. dx and the bf16 dw_g of the same call stay grouped.
 //
@@ -270,11 +271,21 @@ class GroupedGemm {
 
 // True when one grouped call takes the problem: f32 or bf16 storage (cuBLAS's grouped GEMM has
 // no f64 with COMPUTE_32F), no empty inner or output dimension (cuda::gemm's zero-fill handles
-// those), and every size and leading dimension within int32 — unless a bench asked for the
-// per-group loop.
-bool grouped_call_takes(DType dtype, int64_t M, int64_t N, int64_t K) {
+// those), every size and leading dimension within int32, and groups of at most
+// kGroupedCallMaxMeanRows rows on average — unless a bench asked for the per-group loop.
+// NOTES: and only when the groups are small. On an H200 (docs/perf.md, bench gemm) a grouped
+// call over 32 groups of 1024 rows (H = F = 2880, bf16) took 1.62 ms where one cuBLASLt GEMM per
+// group took 0.79 ms: the grouped kernel's tiles are chosen for the call as a whole, not per
+// group. The grouped call pays off when launches dominate: groups of a few hundred rows or fewer.
+constexpr int64_t kGroupedCallMaxMeanRows = 256;
+
+bool grouped_call_takes(DType dtype, int64_t M, int64_t N, int64_t K,
+                        std::span<const int64_t> offsets) {
+  int64_t groups = 0;  // the non-empty ones
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) groups += offsets[g + 1] > offsets[g];
   return (dtype == DType::f32 || dtype == DType::bf16) && N > 0 && K > 0 && M <= INT_MAX &&
-         N <= INT_MAX && K <= INT_MAX && !g_per_group.load(std::memory_order_relaxed);
+         N <= INT_MAX && K <= INT_MAX && M <= groups * kGroupedCallMaxMeanRows &&
+         !g_per_group.load(std::memory_order_relaxed);
 }
 
 // True when two of the given dw_g share memory.
@@ -312,7 +323,7 @@ void grouped_linear_forward_cuda(const Tensor& x, std::span<const Tensor> w,
   expect_weights_on_device(op, w, "w");
   const int64_t M = x.size(0), K = x.size(1), N = w[0].size(0);
   const size_t G = w.size();
-  if (!grouped_call_takes(x.dtype(), M, N, K)) {
+  if (!grouped_call_takes(x.dtype(), M, N, K, offsets)) {
     for (size_t g = 0; g < G; ++g) {
       const int64_t lo = offsets[g], hi = offsets[g + 1];
       if (lo < hi) linear_forward_cuda(x.rows(lo, hi), w[g], y.rows(lo, hi), accumulate, stream);
@@ -348,7 +359,7 @@ void grouped_linear_backward_cuda(const Tensor& x, std::span<const Tensor> w,
   }
   const int64_t M = x.size(0), K = x.size(1), N = w[0].size(0);
   const size_t G = w.size();
-  const bool grouped = grouped_call_takes(x.dtype(), M, N, K);
+  const bool grouped = grouped_call_takes(x.dtype(), M, N, K, offsets);
   const bool grouped_dw = grouped && !weight_grads_overlap(dw, want.dw);
   // The dw_g the grouped dw call takes: those of x's dtype. An f32 dw_g of a bf16 x runs as its
   // own GEMM below (the file comment: the grouped call keeps C in A's type).
