@@ -36,9 +36,16 @@ nlohmann::json step_metrics_json(const StepMetrics& m) {
       {"peak_gib", static_cast<double>(m.peak_total) / GiB},
       {"peak_pct", m.capacity ? 100.0 * static_cast<double>(m.peak_total) / m.capacity : 0.0},
       {"capacity_bytes", m.capacity},
+      {"arena_high_water_bytes", m.arena_high_water},
       {"world_size", m.world_size},
       {"rank_tokens_per_s", m.rank_tokens_per_s},
       {"rank_peak_bytes", m.rank_peak_bytes}};
+  if (m.device_used > 0) {
+    // What the plan's terms must cover beyond the arena (docs/plan.md#outside-the-arena).
+    out["device_used_bytes"] = m.device_used;
+    out["device_used_before_arena_bytes"] = m.used_before_arena;
+    out["outside_arena_bytes"] = m.device_used > m.capacity ? m.device_used - m.capacity : 0;
+  }
   if (m.eval) {
     nlohmann::json peak = {{"total", m.eval->peak_total}};
     for (LiveSet s : kAllLiveSets) peak[std::string(live_set_name(s))] = m.eval->peak_per_set[s];

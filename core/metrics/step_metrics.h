@@ -43,7 +43,13 @@ struct StepMetrics {
   MemorySnapshot peak_per_set;       // each live set's own peak during the step
   MemorySnapshot at_peak;            // live sets at the moment of the total peak
   uint64_t capacity = 0;             // device memory capacity
+  uint64_t arena_high_water = 0;     // the arena's highest block end in the step (>= peak_total)
   MemorySnapshot host_peak_per_set;  // pinned host pool, each live set's peak so far in the run
+  // CUDA only (0 on the CPU backend): the driver's view of this rank's device after the step.
+  // device_used: total - free (the arena, the CUDA context, cuBLAS workspaces, NCCL buffers, and
+  // any other process on the GPU); used_before_arena: the same when the device was opened.
+  uint64_t device_used = 0;
+  uint64_t used_before_arena = 0;
   // Per rank (W entries, rank order): this rank's tokens over its own step time, and its total
   // device peak. The console line shows the largest peak.
   std::vector<double> rank_tokens_per_s;

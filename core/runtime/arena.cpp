@@ -1,5 +1,6 @@
 #include "core/runtime/arena.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/error.h"
@@ -45,6 +46,7 @@ Buffer DeviceArena::alloc(size_t bytes, LiveSet set, std::string_view what) {
   free_.erase(best);
   if (size > need) free_[offset + need] = size - need;
   allocated_[offset] = need;
+  high_water_ = std::max(high_water_, offset + need);
   stats_.on_alloc(set, need);
   return Buffer(this, base_ + offset, bytes, set);
 }
@@ -98,9 +100,16 @@ MemoryStats DeviceArena::stats() const {
   return stats_;
 }
 
+uint64_t DeviceArena::high_water() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return high_water_;
+}
+
 void DeviceArena::reset_peaks() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.reset_peaks();
+  // The live block that ends highest (allocated_ is address-ordered).
+  high_water_ = allocated_.empty() ? 0 : allocated_.rbegin()->first + allocated_.rbegin()->second;
 }
 
 }  // namespace moepeak

@@ -45,6 +45,11 @@ class DeviceArena final : public BufferOwner {
 
   // Copies of the statistics (the arena may be used from several threads).
   MemoryStats stats() const;
+  // The highest end offset any block reached since the last reset_peaks (at least that of the
+  // blocks live then): the region the run really needed. Beyond stats().peak_total() it is the
+  // allocator's fragmentation, which the plan's sum of per-set peaks must also cover
+  // (docs/plan.md#outside-the-arena).
+  uint64_t high_water() const;
   void reset_peaks();
 
   void release(void* ptr, size_t bytes, LiveSet set) noexcept override;
@@ -59,6 +64,7 @@ class DeviceArena final : public BufferOwner {
   std::map<uint64_t, uint64_t> free_;       // offset -> size, address-ordered, coalesced
   std::map<uint64_t, uint64_t> allocated_;  // offset -> footprint
   MemoryStats stats_;
+  uint64_t high_water_ = 0;
 };
 
 }  // namespace moepeak

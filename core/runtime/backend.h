@@ -54,6 +54,11 @@ struct MemoryInfo {
   uint64_t largest_free = 0;    // largest block a request can still get
   uint64_t physical_total = 0;  // the device's (or host's) total memory
   uint64_t physical_free = 0;   // free as the driver (or OS) reports it
+  // CUDA only (0 on the CPU): device bytes in use when the backend opened the device, before it
+  // took the arena (the CUDA context, and anything other processes hold). With physical_total -
+  // physical_free - capacity it gives what lives outside the arena
+  // (docs/plan.md#outside-the-arena).
+  uint64_t used_before_arena = 0;
 };
 
 class Backend;

@@ -95,6 +95,7 @@ class CudaBackend final : public Backend {
     MOEPEAK_CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
     size_t free_bytes = 0, total_bytes = 0;
     MOEPEAK_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    used_before_arena_ = total_bytes - free_bytes;
     uint64_t capacity = options.device_memory;
     if (capacity == 0) {
       MOEPEAK_CHECK(free_bytes > kCudaReserveBytes, "GPU ", device_, " has only ",
@@ -168,6 +169,7 @@ class CudaBackend final : public Backend {
     MOEPEAK_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     info.physical_total = total_bytes;
     info.physical_free = free_bytes;
+    info.used_before_arena = used_before_arena_;
     return info;
   }
 
@@ -175,6 +177,7 @@ class CudaBackend final : public Backend {
   int device_;
   cudaDeviceProp props_{};
   void* region_ = nullptr;
+  uint64_t used_before_arena_ = 0;  // total - free when the device was opened (context, others)
   CudaHostRegistrar registrar_;
   std::unique_ptr<DeviceArena> arena_;
   std::unique_ptr<PinnedPool> pinned_;

@@ -452,6 +452,12 @@ StepMetrics Trainer::step() {
   m.at_peak = mem.at_peak();
   m.host_peak_per_set = backend.pinned().stats().peak_per_set();
   m.capacity = backend.arena().capacity();
+  m.arena_high_water = backend.arena().high_water();
+  if (backend.kind() == BackendKind::cuda) {
+    const MemoryInfo info = backend.memory_info();
+    m.device_used = info.physical_total - info.physical_free;
+    m.used_before_arena = info.used_before_arena;
+  }
   m.data_shares = s.loader->shares();
   // Every rank's time and peak (after the step, so gathering them is not timed).
   const double mine[2] = {seconds, static_cast<double>(m.peak_total)};

@@ -7,7 +7,8 @@
 //                                             LLEP dispatch, which the plan takes at their worst
 //                                             case R, and LLEP's spill copies in weights/grads;
 //                                             docs/plan.md), which have only the first;
-//   measured total peak <= planned total      (the sum of per-set peaks is an upper bound).
+//   measured total peak <= planned total      (the sum of per-set peaks is an upper bound),
+//   arena high water    <= planned total      (so is it of the allocator's fragmentation).
 // Rank 0 prints "ratio <case> <set> planned measured planned/measured" lines (docs/plan.md).
 #pragma once
 
@@ -74,7 +75,7 @@ inline bool loose_by_design(const Config& c, int world, LiveSet set) {
 inline MemorySnapshot expect_within_plan(const std::string& name, const Config& cfg) {
   Trainer trainer(cfg, TrainOptions{});
   MemorySnapshot device, host;
-  uint64_t total = 0;
+  uint64_t total = 0, high_water = 0;
   for (int64_t i = 0; i < cfg.training.steps; ++i) {
     const StepMetrics m = trainer.step();
     for (size_t s = 0; s < kNumLiveSets; ++s) {
@@ -82,6 +83,7 @@ inline MemorySnapshot expect_within_plan(const std::string& name, const Config& 
       host.bytes[s] = std::max(host.bytes[s], m.host_peak_per_set.bytes[s]);
     }
     total = std::max(total, m.peak_total);
+    high_water = std::max(high_water, m.arena_high_water);
   }
   const int W = trainer.world_size();
   const Plan plan = make_plan(cfg, plan_inputs(cfg, W));
@@ -104,6 +106,17 @@ inline MemorySnapshot expect_within_plan(const std::string& name, const Config& 
     }
   }
   EXPECT_LE(total, plan.total) << name;
+  // The arena's fragmentation (its highest block end past the live bytes at the peak) fits in
+  // the slack of the plan's sum of per-set peaks: a capacity of plan.total holds the run.
+  EXPECT_GE(high_water, total) << name;
+  EXPECT_LE(high_water, plan.total) << name << ": the arena reached " << high_water;
+  if (trainer.rank() == 0) {
+    std::printf("fragmentation %s W=%d peak %llu high_water %llu (+%.2f%%) plan total %llu\n",
+                name.c_str(), W, static_cast<unsigned long long>(total),
+                static_cast<unsigned long long>(high_water),
+                total ? 100.0 * static_cast<double>(high_water - total) / total : 0.0,
+                static_cast<unsigned long long>(plan.total));
+  }
   // Host (pinned pool): SCO's block in `boundaries`, the optimizer state in `optimizer`, the
   // serial offload's gradient copy in `grads`.
   uint64_t sco = 0, state = 0, grad_copy = 0;

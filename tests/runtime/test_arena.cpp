@@ -83,6 +83,27 @@ TEST_F(ArenaFixture, FragmentationCanFailWhileTotalFreeWouldFit) {
   EXPECT_EQ(all.data(), region.data());
 }
 
+TEST_F(ArenaFixture, HighWaterIsTheHighestBlockEndSinceTheReset) {
+  Buffer a = arena.alloc(4 * kA, LiveSet::workspace, "a");  // [0, 4)
+  Buffer b = arena.alloc(2 * kA, LiveSet::workspace, "b");  // [4, 6)
+  EXPECT_EQ(arena.high_water(), 6 * kA);
+  a.reset();
+  // 3 units do not need new space: the hole [0, 4) takes them, the high water stays.
+  Buffer c = arena.alloc(3 * kA, LiveSet::workspace, "c");  // [0, 3)
+  EXPECT_EQ(arena.high_water(), 6 * kA);
+  // 2 more live units than the hole's remaining 1 can hold: the region grows past the live bytes.
+  Buffer d = arena.alloc(2 * kA, LiveSet::workspace, "d");  // [6, 8)
+  EXPECT_EQ(arena.high_water(), 8 * kA);
+  EXPECT_EQ(arena.stats().peak_total(), 7 * kA);  // 1 unit of fragmentation past the peak
+  b.reset();
+  d.reset();
+  arena.reset_peaks();  // c is still live: the high water starts at its end
+  EXPECT_EQ(arena.high_water(), 3 * kA);
+  c.reset();
+  arena.reset_peaks();
+  EXPECT_EQ(arena.high_water(), 0u);
+}
+
 TEST_F(ArenaFixture, BestFitReusesTheSmallestHole) {
   Buffer a = arena.alloc(4 * kA, LiveSet::workspace, "a");
   Buffer sep1 = arena.alloc(kA, LiveSet::workspace, "sep1");

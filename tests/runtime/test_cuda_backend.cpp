@@ -39,6 +39,19 @@ TEST_F(CudaBackendTest, ArenaCapacityAndOutOfMemory) {
   EXPECT_EQ(gpu->arena().stats().current()[LiveSet::weights], 200ull << 20);
 }
 
+// The driver's view beside the arena's (the metrics' device_used_bytes, outside_arena_bytes):
+// the arena is one cudaMalloc the driver counts as used, taken after what was in use at open.
+TEST_F(CudaBackendTest, TheDriverSeesTheArenaBesideWhatWasUsedAtOpen) {
+  const MemoryInfo info = gpu->memory_info();
+  ASSERT_GT(info.physical_total, 0u);
+  const uint64_t used = info.physical_total - info.physical_free;
+  EXPECT_GE(used, info.capacity + info.used_before_arena);
+  EXPECT_LT(info.used_before_arena, info.physical_total);
+  // Sub-allocation is the arena's own: the driver's count does not move.
+  auto a = gpu->alloc(64ull << 20, LiveSet::weights, "weights");
+  EXPECT_EQ(gpu->memory_info().physical_free, info.physical_free);
+}
+
 TEST_F(CudaBackendTest, PinnedRoundTripAcrossStreamsOrderedByEvents) {
   constexpr size_t n = 1 << 20;
   auto host_in = gpu->pinned().alloc(n * 4, LiveSet::boundaries, "in");
