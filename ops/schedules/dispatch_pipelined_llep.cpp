@@ -200,17 +200,16 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
     const uint64_t blocks = (z.F + widest - 1) / widest;
     return (z.F + blocks - 1) / blocks;
   };
-  if (s.bounded) {
-    // NOTES: the per-call costs of an expert tile's GEMMs on top of their flops are a packing
-    // of the weights' block (Fb H, once per tile and block) and of the tile's rows (T H, once
-    // per block), so the overhead per flop goes as 1/T + 1/Fb: among the (T, widest Fb) pairs
-    // that fit, take the one that minimizes it (T on a geometric grid; ties to the larger T).
-    const uint64_t f_lo = fits(S, 1, f_min) ? f_min : 1;
-    const uint64_t t_hi = largest(1, z.ce, [&](uint64_t t) { return fits(S, t, f_lo); });
-    const uint64_t t_lo = S >= 2 ? std::min(t_min, t_hi) : 1;
+  // NOTES: the per-call costs of an expert tile's GEMMs on top of their flops are a packing of
+  // the weights' block (Fb H, once per tile and block) and of the tile's rows (T H, once per
+  // block) — on a GPU a launch per GEMM besides — so the overhead per flop goes as 1/T + 1/Fb:
+  // among the (T, widest Fb) pairs that `ok` allows, take the one that minimizes it (T on a
+  // geometric grid down to t_lo; ties to the larger T). ok(t_lo, f_lo) holds.
+  auto cheapest = [&](auto ok, uint64_t t_lo, uint64_t f_lo) {
+    const uint64_t t_hi = largest(t_lo, z.ce, [&](uint64_t t) { return ok(t, f_lo); });
     double best = 0;
     for (uint64_t t = t_hi;;) {
-      const uint64_t widest = largest(f_lo, z.F, [&](uint64_t v) { return fits(S, t, v); });
+      const uint64_t widest = largest(f_lo, z.F, [&](uint64_t v) { return ok(t, v); });
       const uint64_t f = std::max<uint64_t>(1, equal_blocks(widest));
       const double cost = 1.0 / static_cast<double>(t) + 1.0 / static_cast<double>(f);
       if (t == t_hi || cost < best) {
@@ -221,8 +220,26 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
       if (t <= t_lo) break;
       t = std::max(t_lo, std::min(t - 1, t * 15 / 16));
     }
+  };
+  if (s.bounded) {
+    const uint64_t f_lo = fits(S, 1, f_min) ? f_min : 1;
+    auto ok = [&](uint64_t t, uint64_t f) { return fits(S, t, f); };
+    const uint64_t t_lo =
+        S >= 2 ? std::min(t_min, largest(1, z.ce, [&](uint64_t t) { return ok(t, f_lo); })) : 1;
+    cheapest(ok, t_lo, f_lo);
   } else {
-    Fb = std::max<uint64_t>(1, equal_blocks(Fb));
+    // Over the bound whatever the tiles: T_min-row tiles and F_min-column blocks overshoot it
+    // least, but tiles that small cost a GPU a launch per 32 x 64 block (the small preset on one
+    // H200: 2.7 s a step against 0.11 s for the standard dispatch, docs/perf.md). Tiles may use
+    // one more U = M_c H b beside that least overshoot: the cheapest pair within it.
+    const uint64_t least = footprints(z, S, t_min, f_min).rows_backward;
+    const uint64_t allowed = least + z.Mc * z.H * z.b;
+    cheapest(
+        [&](uint64_t t, uint64_t f) {
+          const Footprints fp = footprints(z, S, t, f);
+          return fp.rows_forward <= allowed && fp.rows_backward <= allowed;
+        },
+        t_min, f_min);
   }
   s.slots = static_cast<int64_t>(S);
   s.tile_rows = static_cast<int64_t>(T);

@@ -71,11 +71,12 @@
 //     with the smallest 1/T + 1/F_b; F is then cut into ffn_blocks = ceil(F / F_b) equal blocks;
 //   else (max(alpha, lambda) near W, e.g. W = 2 with lambda >= 1.5; W = 1, where R_c = M_c and
 //     backward needs 3 U; or rows so narrow that footprint rounding dominates; or more slots
-//     asked for than fit) S = 1 (or the S asked for), T = T_min, F in equal blocks of at most
-//     F_min columns and `bounded` = false: nothing fails, and the peak exceeds the bound by
-//     exactly backward's rows minus 2 W U
+//     asked for than fit) S = 1 (or the S asked for) and `bounded` = false: nothing fails, and
+//     the peak exceeds the bound by exactly backward's rows minus 2 W U
 //     = s fp(M_c H b) + 2 S fp(R_c H b) + 3 fp(T H b) + 4 fp(T F_b b) - 2 W M_c H b
-//     (s = 1 for S = 1, else 2).
+//     (s = 1 for S = 1, else 2). (T, F_b) is then the cheapest pair (as above, T >= T_min,
+//     F_b >= F_min) whose rows stay within one U of the least overshoot, that of T_min-row tiles
+//     and F_min-column blocks: tiles that small cost a GPU one launch per 32 x 64 block.
 // Backward's rows and metadata are never below forward's, so the peak is backward's and the
 // metadata term of the bound is backward's.
 // At the defaults (alpha = 1, lambda = 1.3): S = 1 at W = 2 and 3; S = 2 at W >= 4 once the

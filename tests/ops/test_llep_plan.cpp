@@ -415,9 +415,30 @@ TEST(PipelinedLlepShape, SlotsAndTilesKeepTheDispatchUnderTheBound) {
                           << what << ": T = " << t << " costs less";
                     }
                   } else {
+                    // Over the bound: the cheapest pair whose rows stay within one U of the
+                    // least overshoot (T_min-row tiles, F_min-column blocks).
                     EXPECT_EQ(s.slots, 1) << what;
-                    EXPECT_EQ(T, t_min) << what;
-                    EXPECT_EQ(static_cast<uint64_t>(s.ffn_blocks), (F + f_min - 1) / f_min) << what;
+                    const uint64_t allowed =
+                        pipelined_rows(1, t_min, f_min, Mc, Rc, H, b) + Mc * H * b;
+                    auto ok = [&](uint64_t t, uint64_t f) {
+                      return pipelined_rows(1, t, f, Mc, Rc, H, b) <= allowed;
+                    };
+                    auto widest_ok = [&](uint64_t t) {
+                      uint64_t f = f_min;
+                      while (f < static_cast<uint64_t>(F) && ok(t, f + 1)) ++f;
+                      return f;
+                    };
+                    EXPECT_TRUE(ok(T, Fb)) << what;
+                    EXPECT_GE(T, t_min) << what;
+                    const uint64_t f_at_t = widest_ok(T);
+                    EXPECT_EQ(static_cast<uint64_t>(s.ffn_blocks), (F + f_at_t - 1) / f_at_t)
+                        << what << ": F_b not the widest block at T";
+                    uint64_t t_hi = t_min;
+                    while (t_hi < ce && ok(t_hi + 1, f_min)) ++t_hi;
+                    for (uint64_t t : {t_hi, t_min}) {
+                      EXPECT_LE(cost(T, f_at_t), cost(t, widest_ok(t)) + 1e-12)
+                          << what << ": T = " << t << " costs less";
+                    }
                   }
                   // One slot with a one-row tile fits when 2 W U - U - 2 R_c H b (what is left
                   // beside the staging and the slot) covers the tile and the footprint rounding.
