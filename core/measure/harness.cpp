@@ -49,6 +49,32 @@ Ceiling measure_ceiling(Backend& backend, const std::string& dtype, int size, co
   return c;
 }
 
+void repeat_head(const Tensor& t, int64_t head, Backend& backend) {
+  Stream& stream = backend.default_stream();
+  const size_t elem = dtype_size(t.dtype());
+  char* base = static_cast<char*>(t.data());
+  for (int64_t done = head; head > 0 && done < t.numel();) {
+    const int64_t n = std::min(done, t.numel() - done);  // [0, n) again at [done, done + n)
+    backend.copy_async(base + done * elem, base, static_cast<size_t>(n) * elem,
+                       CopyKind::device_to_device, stream);
+    done += n;
+  }
+  stream.synchronize();
+}
+
+std::vector<double> read_sampled_rows(const Tensor& t, Backend& backend, Stream& stream) {
+  if (t.numel() <= kHostElements || t.ndim() < 2) return copy_to_host_as_double(t, backend, stream);
+  const int64_t rows = t.size(0), per_row = t.numel() / rows;
+  const int64_t stride = (t.numel() + kHostElements - 1) / kHostElements;  // rows apart
+  std::vector<double> out;
+  out.reserve(static_cast<size_t>((rows + stride - 1) / stride * per_row));
+  for (int64_t r = 0; r < rows; r += stride) {
+    const std::vector<double> row = copy_to_host_as_double(t.rows(r, r + 1), backend, stream);
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  return out;
+}
+
 DType bench_dtype(const std::string& text) {
   return text == "f64" ? DType::f64 : text == "bf16" ? DType::bf16 : DType::f32;
 }
@@ -104,7 +130,11 @@ std::vector<schedules::ExpertWeights> seeded_local_experts(Backend& backend, DTy
       const DType as = set == LiveSet::grads ? schedules::main_grad_dtype(dtype) : dtype;
       storage.push_back(OwnedTensor::device(backend, shape, as, set, "bench expert"));
       const OwnedTensor& t = storage.back();
-      fill_seeded(t, backend, [&] { return scale * uni(rng); });
+      if (scale == 0) {
+        ops::fill(t, 0.0, backend.default_stream());  // the gradients: nothing to draw
+      } else {
+        fill_seeded(t, backend, [&] { return scale * uni(rng); });
+      }
       slot = t.view();
     };
     add(Shape{F, H}, LiveSet::weights, 1.0 / std::sqrt(double(H)), ex.w1);

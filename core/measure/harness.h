@@ -10,6 +10,7 @@
 // experts) see the same values. Test: ctest -R test_measure
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -32,14 +33,35 @@ BackendOptions bench_backend_options(const Config& cfg, const RankInfo& ranks);
 // less the reserve; the pinned pool on runtime.numa_node); otherwise bench_backend_options.
 BackendOptions bench_any_backend_options(const Config& cfg, const RankInfo& ranks);
 
+// NOTES: at GPU shapes a bench's tensors hold billions of elements (an LM head of 200,000 x
+// 7168, 32 experts of 3 x 2880 x 2880); drawing each on the host, or reading each result back
+// as a double, took minutes and tens of GB. The host touches at most this many elements of one
+// tensor: inputs repeat their first kHostElements values, results are compared on sampled rows.
+// Every CI-sized tensor is below it, so those are drawn and compared whole.
+constexpr int64_t kHostElements = int64_t{1} << 24;
+
+// Copies the first `head` elements of `t` over the rest, in place and periodically (doubling
+// copies on the default stream), and waits for it. Tensors are contiguous.
+void repeat_head(const Tensor& t, int64_t head, Backend& backend);
+
 // Writes next() into each element of `t` in order (any dtype, rounded to it; device or host
 // memory of either backend) and waits for the default stream: the seeded inputs of a bench.
+// Past kHostElements the values repeat: element i is the (i mod kHostElements)-th drawn, copied
+// on the device.
 template <typename Next>
 void fill_seeded(const Tensor& t, Backend& backend, Next&& next) {
-  std::vector<double> values(static_cast<size_t>(t.numel()));
+  const int64_t drawn = std::min(t.numel(), kHostElements);
+  std::vector<double> values(static_cast<size_t>(drawn));
   for (double& v : values) v = static_cast<double>(next());
-  copy_from_host_as(values, t, backend, backend.default_stream());
+  const Tensor head = t.reshape(Shape{t.numel()}).rows(0, drawn);
+  copy_from_host_as(values, head, backend, backend.default_stream());
+  repeat_head(t, drawn, backend);
 }
+
+// The rows of `t` (dim 0) a bench reads back to compare: every row while t has at most
+// kHostElements elements, else every s-th, s the least stride that keeps to it. The same
+// stride for tensors of the same shape, so two results compare row for row.
+std::vector<double> read_sampled_rows(const Tensor& t, Backend& backend, Stream& stream);
 
 // A bench's --dtype text: "f64", "bf16", anything else f32 (the flags check the names).
 DType bench_dtype(const std::string& text);

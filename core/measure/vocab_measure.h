@@ -153,16 +153,14 @@ class VocabBench {
   OwnedTensor tensor(Shape shape, LiveSet set, const char* what) {
     return OwnedTensor::device(*backend_, shape, dtype_, set, what);
   }
-  // Values drawn on the host in element order, written in the tensor's dtype (any backend).
+  // Values drawn on the host in element order, written in the tensor's dtype (any backend;
+  // repeating past kHostElements, harness.h).
   template <typename F>
   void fill(const OwnedTensor& t, F&& next) {
-    std::vector<double> values(static_cast<size_t>(t.numel()));
-    for (auto& v : values) v = next();
-    copy_from_host_as(values, t, *backend_, stream());
+    fill_seeded(t, *backend_, next);
   }
-  std::vector<double> read(const Tensor& t) {
-    return copy_to_host_as_double(t, *backend_, stream());
-  }
+  // Every row, or at GPU shapes sampled rows (harness.h): what the errors are computed over.
+  std::vector<double> read(const Tensor& t) { return read_sampled_rows(t, *backend_, stream()); }
 
   // Warm-up and timed repetitions of `step` (forward + backward, synchronised), each started
   // together on every rank, dW zeroed before each; the peaks cover all of them.
