@@ -22,8 +22,8 @@ case "$*" in -L) echo "GPU 0: Stand-in GPU";; *) echo "Stand-in GPU, 1024 MiB, 0
 EOF
 chmod +x "$tmp/bin/nvidia-smi"
 export PATH="$tmp/bin:$PATH"
-steps="cuda-tests bench-gemm bench-attention-bf16 bench-attention-f32 bench-vocab bench-dispatch
-       bench-sco bench-adamw train-float32 train-auto"
+steps="cuda-tests bench-gemm bench-gemm-1024 bench-attention-bf16 bench-attention-f32 bench-vocab
+       bench-dispatch bench-sco bench-adamw train-float32 train-bfloat16"
 
 # A whole run: every step recorded, the report and the archive written, a failing exit status.
 MOEPEAK_BUILD_DIR="$build" "$root/scripts/gpu-check.sh" --no-build --out "$tmp/gc" \
@@ -51,10 +51,10 @@ check "the archive holds the summary, the report and the step logs" \
 targets() {  # targets DIR ELAPSED -> the table on stdout
   python3 "$root/scripts/gpu_targets.py" "$1" "$2"
 }
-write_results() {  # write_results DIR GEMM_BEST VOCAB_S VOCAB_GIB STREAM_S FLOOR_RATIO LAST_LOSS
+write_results() {  # write_results DIR GEMM_BEST VOCAB_S VOCAB_GIB STREAM_S FLOOR_RATIO LOSS_REL
   local logits
   logits=$(python3 -c "print(int($4 * 2**30))")
-  mkdir -p "$1/runs/small-gpu-float32" "$1/runs/small-gpu-auto"
+  mkdir -p "$1/runs/small-cuda-float32" "$1/runs/small-cuda-bfloat16"
   cat >"$1/bench-gemm.json" <<JSON
 {"shape": {"ceiling_gflops": 760000}, "rows": [
  {"schedule": "router forward", "percent_of_ceiling": 3.1, "percent_of_best_algorithm": $2},
@@ -74,14 +74,18 @@ JSON
  {"schedule": "offload_stream", "bucket_params": 8388608, "staging_slots": 2, "time_s": 0.090, "floor_ratio": 1.48},
  {"schedule": "offload_stream", "bucket_params": 2097152, "staging_slots": 3, "time_s": $5, "floor_ratio": $6}]}
 JSON
-  local run i
-  for run in small-gpu-float32 small-gpu-auto; do
-    for i in $(seq 1 30); do
-      if [ "$i" -eq 1 ]; then echo '{"step": 1, "loss": 10.0}'; else echo "{\"step\": $i, \"loss\": $7}"; fi
-    done >"$1/runs/$run/metrics.jsonl"
-  done
+  # 10 steps each, the first 3 at LOSS_REL relative from the CPU's (scripts/gpu_reference_losses.json)
+  python3 - "$1" "$7" "$root/scripts/gpu_reference_losses.json" <<'PY'
+import json, sys
+out, rel, reference = sys.argv[1], float(sys.argv[2]), json.load(open(sys.argv[3]))
+for dtype, cpu in reference.items():
+    with open(f"{out}/runs/small-cuda-{dtype}/metrics.jsonl", "w") as f:
+        for step in range(1, 11):
+            loss = cpu[step - 1] * (1 + rel) if step <= len(cpu) else 8.0
+            f.write(json.dumps({"step": step, "loss": loss}) + "\n")
+PY
 }
-write_results "$tmp/met" 88.0 0.112 2.67 0.074 1.22 6.5
+write_results "$tmp/met" 88.0 0.112 2.67 0.074 1.22 5e-7
 targets "$tmp/met" 300 >"$tmp/met.out"
 check "targets: six rows, all MET" test "$(grep -c '| MET |$' "$tmp/met.out")" -eq 6
 check "targets: GEMMs judged by each shape's best (88.0% for the router)" \
@@ -90,6 +94,8 @@ check "targets: Ring-DTP's fastest row under the memory cap" \
   grep -qF '| Ring-DTP, P = 1, strips of V/8 | 112.0 ms = 0.97x 115 ms, logits 2.67 GiB (6 strips kept, weights) |' "$tmp/met.out"
 check "targets: the streamed optimizer against the floor and the serial offload" \
   grep -qF '| OffloadStreamAdamW, 268M parameters | 74.0 ms = 1.22x floor (60.7 ms), 12.2x our serial offload, 5.1x 380 ms (beta 2097152, s 3) |' "$tmp/met.out"
+check "targets: the GPU's first losses against the CPU's" \
+  grep -qE '^\| small preset, every operator on, bf16, vs CPU \| 10 GPU steps, loss .* steps 1-3 within 5\.0e-07 of the CPU.s \| relative difference <= 2e-03 \| MET \|$' "$tmp/met.out"
 # The 5x is against the 380 ms anchor (gpu_targets.py): a serial offload of ours that is
 # fast does not fail a streamed step at 1.22x the floor, and a step over 76 ms fails even within
 # 1.25x of a slower link's floor.
@@ -108,10 +114,10 @@ check "targets: 5x the 380 ms anchor, whatever our own serial offload's time" \
 adamw_case "$tmp/slow-link" 0.900 0.0650 0.078 1.20
 check "targets: over 76 ms is NOT MET even within 1.25x of the floor" \
   grep -qE '\| NOT MET \|$' "$tmp/slow-link.row"
-write_results "$tmp/missed" 84.0 0.140 2.60 0.080 1.32 10.5
+write_results "$tmp/missed" 84.0 0.140 2.60 0.080 1.32 3e-3
 targets "$tmp/missed" 500 >"$tmp/missed.out"
 check "targets: each one missed" test "$(grep -c '| NOT MET |$' "$tmp/missed.out")" -eq 6
-write_results "$tmp/over" 88.0 0.100 2.80 0.074 1.22 6.5
+write_results "$tmp/over" 88.0 0.100 2.80 0.074 1.22 5e-7
 targets "$tmp/over" 300 >"$tmp/over.out"
 check "targets: a fast Ring-DTP row over 15% of 18.3 GiB does not count" \
   grep -qE '^\| Ring-DTP, P = 1, strips of V/8 \| 150.0 ms = 1.30x 115 ms, logits 0.38 GiB \(0 strips kept, weights\) \|.*\| NOT MET \|$' "$tmp/over.out"
@@ -121,7 +127,7 @@ MOEPEAK_BUILD_DIR="$build" "$root/scripts/gpu-check.sh" --no-build --out "$tmp/s
   --budget 3 >"$tmp/out" 2>&1; rc=$?
 check "a spent budget is a failure" test $rc -ne 0
 check "steps past the budget are skipped" \
-  test "$(grep -cE '^  [a-z0-9-]+ +skipped' "$tmp/skip/summary.txt")" -eq 10
+  test "$(grep -cE '^  [a-z0-9-]+ +skipped' "$tmp/skip/summary.txt")" -eq 11
 check "a skipped step leaves no log" test ! -e "$tmp/skip/bench-gemm.log"
 
 # A step that outlives its limit (a stand-in moepeak that hangs): killed and reported as TIMEOUT
@@ -137,7 +143,7 @@ MOEPEAK_BUILD_DIR="$tmp/hang" "$root/scripts/gpu-check.sh" --no-build --out "$tm
   --budget 12 >"$tmp/out" 2>&1; rc=$?
 check "a hung step fails the run" test $rc -ne 0
 check "the hung step is reported as TIMEOUT" grep -qE '^  bench-gemm +TIMEOUT \([0-9]+ s\)' "$tmp/hung/summary.txt"
-check "the steps after it are skipped" grep -qE '^  train-auto +skipped' "$tmp/hung/summary.txt"
+check "the steps after it are skipped" grep -qE '^  train-bfloat16 +skipped' "$tmp/hung/summary.txt"
 check "the run keeps to its budget" test $(( $(date +%s) - start )) -lt 40
 
 # A binary whose shared library is missing: named before any step runs.
