@@ -507,6 +507,19 @@ TEST(PipelinedLlepShape, DefaultsGiveOneSlotOnTwoAndThreeRanksAndTwoFromFour) {
       EXPECT_EQ(s.bounded, W > 1) << "W=" << W;  // one rank: R_c = M_c, backward needs 3 U > 2 U
     }
   }
+  // One rank over the bound (R_c = M_c): the small preset's layer (N = 4096, top-2, H = 512,
+  // F = 1024, one chunk) takes tiles far past T_min x F_min = 32 x 64, which cost a GPU a launch
+  // per block (2.7 s a step on an H200, docs/perf.md), yet stays within one U of that overshoot.
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const schedules::PipelinedLlepParams defaults;
+    const auto s = schedules::pipelined_llep_shape(4096, 2, 512, 1024, dtype, 1, defaults);
+    std::printf("small preset W=1 %s: S=%lld T=%lld F_b=%lld (%lld blocks)\n",
+                std::string(dtype_name(dtype)).c_str(), static_cast<long long>(s.slots),
+                static_cast<long long>(s.tile_rows), static_cast<long long>(s.ffn_block),
+                static_cast<long long>(s.ffn_blocks));
+    EXPECT_FALSE(s.bounded);
+    EXPECT_GE(s.tile_rows * s.ffn_block, 16 * 32 * 64) << dtype_name(dtype);
+  }
   // The bench at W = 4: c_eff = 205, M_c = 1640, R_c = 2132; 7.2 U of the 8 U are the
   // staging, landing and two slots of x and dout, the tiles get the rest, 0.8 U = 1312 rows of
   // H = 256: T (3 H + 4 F_b) <= 1312 H, best at T = 180 rows with F = 512 in 2 blocks of 256
