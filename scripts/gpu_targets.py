@@ -55,9 +55,10 @@ def gemm(out):
     runs = [d for d in runs if d and d.get("rows")]
     if not runs:
         return None
+    # With both, each row names its token count.
+    at = lambda run: f" @{run['shape'].get('tokens', '?')}" if len(runs) > 1 else ""
     d = {"shape": runs[0]["shape"],
-         "rows": [dict(r, schedule=f"{r['schedule']} @{run['shape'].get('tokens', '?')}")
-                  for run in runs for r in run["rows"]]}
+         "rows": [dict(r, schedule=r["schedule"] + at(run)) for run in runs for r in run["rows"]]}
     # Each row against its own shape's best algorithm where that was searched (CUDA), else the
     # n^3 ceiling.
     def score(r):
