@@ -83,6 +83,19 @@ void print_plan(const Plan& p, std::FILE* out) {
   std::fprintf(out, "  %-11s %-*s %16llu %10.4f %8.2f%%  %s\n", "total", sw, "",
                static_cast<unsigned long long>(p.total), p.total / kGiB, pct(p.total, in.capacity),
                p.device_fits ? "fits" : "DOES NOT FIT");
+  if (!p.outside.empty()) {
+    // CUDA: beside the arena, not in its capacity (core/runtime/outside_arena.h).
+    std::fprintf(out, "# outside the arena %-*s %16s %10s %9s  %s\n", hw - 19, "term", "bytes",
+                 "GiB", "%cap", "basis");
+    for (const OutsideArenaTerm& t : p.outside) {
+      std::fprintf(out, "  %-*s %16llu %10.4f %8.2f%%  %s\n", hw, t.name.c_str(),
+                   static_cast<unsigned long long>(t.bytes), t.bytes / kGiB,
+                   pct(t.bytes, in.capacity), t.basis.c_str());
+    }
+    std::fprintf(out, "  %-*s %16llu %10.4f %8.2f%%  the GPU needs capacity + this\n", hw,
+                 "outside total", static_cast<unsigned long long>(p.outside_total),
+                 p.outside_total / kGiB, pct(p.outside_total, in.capacity));
+  }
   std::fprintf(out, "# host (pinned) %-*s %16s %10s %9s  %s\n", hw - 15, "term", "bytes", "GiB",
                "%budget", "function");
   for (const HostTerm& h : p.host) {
@@ -108,6 +121,8 @@ nlohmann::json plan_json(const Plan& p) {
     scheds[name] = t.schedule;
   }
   for (const HostTerm& h : p.host) host[h.name] = h.bytes;
+  nlohmann::json outside = nlohmann::json::object();
+  for (const OutsideArenaTerm& t : p.outside) outside[t.name] = t.bytes;
   return {{"world_size", p.inputs.world()},
           {"expert_parallel", p.inputs.degrees.expert},
           {"sequence_parallel", p.inputs.degrees.sequence},
@@ -122,6 +137,9 @@ nlohmann::json plan_json(const Plan& p) {
           {"schedules", scheds},
           {"total_bytes", p.total},
           {"capacity_bytes", p.inputs.capacity},
+          {"outside_arena", outside},
+          {"outside_arena_bytes", p.outside_total},
+          {"group_communicators", p.communicators},
           {"host_terms", host},
           {"host_bytes", p.host_total},
           {"host_budget_bytes", p.inputs.host_budget},

@@ -2,6 +2,8 @@
 // Test: ctest -R 'test_comm_single|test_comm_mpi'
 #include "core/comm/comm.h"
 
+#include <atomic>
+
 #include "core/comm/mpi_comm.h"
 #include "core/comm/process_group.h"
 #include "core/comm/single_comm.h"
@@ -78,6 +80,20 @@ std::vector<double> all_gather_host(Comm& comm, Backend& backend, Stream& stream
   stream.synchronize();
   return all;
 }
+
+namespace {
+std::atomic<int> g_group_communicators{0};
+}  // namespace
+
+Comm::Comm(RankInfo ranks) : ranks_(std::move(ranks)) {
+  if (ranks_.world_size > 1) ++g_group_communicators;
+}
+
+Comm::~Comm() {
+  if (ranks_.world_size > 1) --g_group_communicators;
+}
+
+int live_group_communicators() { return g_group_communicators.load(); }
 
 void Comm::check_peer(int peer, const char* what) const {
   if (peer < 0 || peer >= world_size()) {

@@ -65,7 +65,9 @@ struct LinkModel {
 
 class Comm {
  public:
-  virtual ~Comm() = default;
+  virtual ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
 
   virtual std::string_view kind() const = 0;  // "mpi", "nccl", "single"
   const RankInfo& ranks() const { return ranks_; }
@@ -123,7 +125,7 @@ class Comm {
   virtual std::unique_ptr<Comm> split(int color, int key) = 0;
 
  protected:
-  explicit Comm(RankInfo ranks) : ranks_(std::move(ranks)) {}
+  explicit Comm(RankInfo ranks);
   // Argument checks every implementation makes on the calling thread, before any traffic.
   void check_peer(int peer, const char* what) const;
   // Every message's peer is another rank of the communicator.
@@ -135,6 +137,11 @@ class Comm {
                                std::span<const size_t> recv_offsets) const;
   RankInfo ranks_;
 };
+
+// How many communicators of more than one rank this process holds now (MPI's on the CPU
+// backend, NCCL's on CUDA, where each keeps buffers on the GPU outside the arena; SingleComm is
+// not one). The plan counts them with plan_communicators (core/plan/plan.h) for its NCCL term.
+int live_group_communicators();
 
 // One Comm group for a scope: group_start() now, group_end() at end() or, on an error path, in
 // the destructor (whose own error is dropped: the one in flight is the caller's).

@@ -318,9 +318,10 @@ const std::vector<Field>& field_table() {
       // [runtime]
       FIELD(runtime, backend, no_limit(), "auto = CUDA when built and a GPU is usable, else CPU."),
       FIELD(runtime, device_memory, byte_size_or_auto(Bound{0, false}),
-            "Device memory capacity (the arena); auto = the card's free memory less 2 GiB for "
-            "the CUDA context, cuBLAS workspaces and NCCL's three communicators on CUDA (set it "
-            "lower where NCCL needs more, e.g. NVLS on NVSwitch nodes), 2 GiB on the CPU."),
+            "Device memory capacity (the arena); auto = on CUDA the card's free memory less the "
+            "plan's terms outside the arena (the CUDA context, cuBLAS, 512 MiB of NCCL buffers "
+            "per communicator; set it lower where NCCL needs more, e.g. NVLS on NVSwitch nodes), "
+            "2 GiB on the CPU."),
       FIELD(runtime, pinned_memory, byte_size_or_auto(),
             "Pinned host pool budget; auto = from the probe's host budget."),
       FIELD(runtime, probe_file, no_limit(),

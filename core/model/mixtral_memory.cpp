@@ -152,4 +152,19 @@ uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_le
   return most;
 }
 
+int mixtral_group_communicators(const ParallelDegrees& d, const SchedulesConfig& s,
+                                int64_t zero_prefetch_depth) {
+  const int W = d.world;
+  if (W <= 1) return 0;
+  int count = 1;  // the world
+  const int Ep = d.expert, Sp = d.sequence, Ds = d.data_shard;
+  for (int size : {Ep, W / Ep, Sp, Ds, W / Ds}) count += size > 1 && size < W;
+  if (zero_prefetch_depth >= 1) {
+    for (int size : {Ds, W / Ep, W / Ds}) count += size > 1;
+  }
+  if (s.vocab == VocabSchedule::ring_dtp) ++count;
+  if (s.dispatch == DispatchSchedule::pipelined_llep && Ep > 1) count += 2;
+  return count;
+}
+
 }  // namespace moepeak

@@ -30,6 +30,16 @@
 
 namespace moepeak {
 
+// The communicators of more than one rank one rank of this layout holds (Comm's
+// live_group_communicators): the world, the layout's splits (ParallelGroups: a group of one rank
+// or of all makes none), ZeRO-3's traffic duplicates of the data-shard, expert-replica and
+// dense-replica groups (zero_prefetch_depth >= 1), Ring-DTP's duplicate of the world, and
+// PipelinedLLEP's two lanes over the expert group. On CUDA each is an NCCL communicator with
+// buffers outside the arena (core/runtime/outside_arena.h). Test: test_plan_parallel counts them
+// live on 2 and 4 ranks.
+int mixtral_group_communicators(const ParallelDegrees& d, const SchedulesConfig& s,
+                                int64_t zero_prefetch_depth);
+
 // Peak bytes of the `attention` live set on the largest rank for a global batch of B x T tokens
 // in the layout `degrees` (Ulysses over the Sp ranks of a sequence group, B/(W/Sp) sequences
 // each). `checkpoint` decides how many layers keep their attention activations at once.

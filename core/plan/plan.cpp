@@ -235,6 +235,16 @@ void add_boundaries(Plan& p, const Config& cfg, const PlanSizes& z, uint64_t hos
   add_host(p, b.host);
 }
 
+// CUDA: the device memory beside the arena (outside_arena.h), for this layout's communicators.
+void add_outside_arena(Plan& p, const Config& cfg) {
+  if (cfg.runtime.backend != BackendChoice::cuda) return;
+  p.communicators = mixtral_group_communicators(p.inputs.degrees, cfg.schedules,
+                                                cfg.parallelism.zero_prefetch_depth);
+  const OutsideArena o = cuda_outside_arena({p.communicators, 1});
+  p.outside = o.terms;
+  p.outside_total = o.total();
+}
+
 void add_totals(Plan& p) {
   for (const PlanTerm& t : p.terms) p.total += t.bytes;
   for (const HostTerm& h : p.host) p.host_total += h.bytes;
@@ -260,6 +270,7 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
   add_dispatch(p, cfg, z);
   add_logits(p, cfg, z);
   add_boundaries(p, cfg, z, optimizer_host + snapshot_host);
+  add_outside_arena(p, cfg);
   add_totals(p);
   return p;
 }

@@ -24,6 +24,7 @@
 #include "core/model/parallel_layout.h"
 #include "core/runtime/dtype.h"
 #include "core/runtime/live_set.h"
+#include "core/runtime/outside_arena.h"
 
 namespace moepeak {
 
@@ -63,6 +64,13 @@ struct Plan {
   int64_t tokens_per_rank = 0;                 // N = B*T/W
   std::array<PlanTerm, kNumLiveSets> terms{};  // kAllLiveSets order
   std::vector<HostTerm> host;
+  // runtime.backend = "cuda" only: the device memory beside the arena (the CUDA context, cuBLAS,
+  // NCCL's buffers for `communicators`), from the same function that sizes an "auto" arena
+  // (core/runtime/outside_arena.h). Not part of `total`, which the arena's capacity holds; the
+  // GPU needs capacity + outside_total.
+  std::vector<OutsideArenaTerm> outside;
+  uint64_t outside_total = 0;
+  int communicators = 0;  // of more than one rank, per rank (mixtral_group_communicators)
   int64_t sco_offloaded_layers = 0;  // |S| under checkpoint = "sco"
   uint64_t total = 0, host_total = 0;
   bool device_fits = false, host_fits = false;

@@ -32,9 +32,13 @@ enum class CopyKind { host_to_device, device_to_host, device_to_device, host_to_
 
 struct BackendOptions {
   BackendKind kind = BackendKind::cpu;
-  // Arena capacity. 0 means the default: on CUDA the card's free memory less a reserve for the
-  // CUDA context, cuBLAS and NCCL (kCudaReserveBytes); on the CPU 2 GiB.
+  // Arena capacity. 0 means the default: on CUDA the card's free memory less `outside_arena`;
+  // on the CPU 2 GiB.
   uint64_t device_memory = 0;
+  // CUDA: what the default arena leaves free for the context, cuBLAS and NCCL — the Trainer
+  // gives the plan's terms (core/runtime/outside_arena.h); 0 = kCudaReserveBytes, for callers
+  // that do not know their communicators (the benches).
+  uint64_t outside_arena = 0;
   uint64_t pinned_budget = 1ull << 30;  // pinned host pool budget
   int device_index = 0;                 // CUDA device (the rank's local GPU)
   int numa_node = -1;                   // pinned pool node; -1 = the node this thread runs on
@@ -75,7 +79,8 @@ void copy_from_host_as(const std::vector<double>& values, const Tensor& t, Backe
 
 class Backend {
  public:
-  // Bytes left outside the arena on a GPU for the CUDA context, cuBLASLt workspaces and NCCL.
+  // Bytes left outside a default arena on a GPU for the CUDA context, cuBLASLt workspaces and
+  // NCCL when the caller does not say (BackendOptions::outside_arena).
   static constexpr uint64_t kCudaReserveBytes = 2ull << 30;
   static constexpr uint64_t kCpuDefaultDeviceMemory = 2ull << 30;
 

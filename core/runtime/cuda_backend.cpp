@@ -98,11 +98,13 @@ class CudaBackend final : public Backend {
     used_before_arena_ = total_bytes - free_bytes;
     uint64_t capacity = options.device_memory;
     if (capacity == 0) {
-      MOEPEAK_CHECK(free_bytes > kCudaReserveBytes, "GPU ", device_, " has only ",
-                    format_bytes(free_bytes), " free, less than the ",
-                    format_bytes(kCudaReserveBytes),
-                    " reserve for the CUDA context, cuBLAS and NCCL");
-      capacity = free_bytes - kCudaReserveBytes;
+      const uint64_t reserve = options.outside_arena ? options.outside_arena : kCudaReserveBytes;
+      MOEPEAK_CHECK(free_bytes > reserve, "GPU ", device_, " has only ", format_bytes(free_bytes),
+                    " free, less than the ", format_bytes(reserve),
+                    " kept outside the arena for the CUDA context, cuBLAS and NCCL");
+      // NOTES: free_bytes already excludes the context (it exists by now); the reserve keeps
+      // it anyway, so that the arena plus every term of the plan fits the card.
+      capacity = free_bytes - reserve;
     }
     MOEPEAK_CHECK(capacity <= free_bytes, "runtime.device_memory = ", format_bytes(capacity),
                   " but GPU ", device_, " (", props_.name, ") has only ", format_bytes(free_bytes),

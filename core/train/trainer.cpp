@@ -22,8 +22,10 @@
 #include "core/error.h"
 #include "core/metrics/flops.h"
 #include "core/model/mixtral.h"
+#include "core/model/mixtral_memory.h"  // defines: mixtral_group_communicators
 #include "core/model/optimizer_params.h"
 #include "core/runtime/backend.h"
+#include "core/runtime/outside_arena.h"
 #include "core/train/lr_schedule.h"
 #include "core/units.h"
 #include "ops/elementwise.h"
@@ -67,6 +69,14 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
     o.device_index = binding.place.gpu >= 0 ? binding.place.gpu : ranks.local_rank;
   }
   o.device_memory = cfg.runtime.device_memory_bytes().value_or(0);
+  if (cuda) {
+    // "auto": the card's free memory less the plan's terms outside the arena.
+    const ParallelDegrees d = ParallelDegrees::resolve(cfg.parallelism, ranks.world_size);
+    o.outside_arena =
+        cuda_outside_arena(
+            {mixtral_group_communicators(d, cfg.schedules, cfg.parallelism.zero_prefetch_depth), 1})
+            .total();
+  }
   // "auto": this rank's host budget from runtime.probe_file (`moepeak probe`), else the default.
   o.pinned_budget =
       topology::pinned_memory_budget(cfg, ranks.rank, ranks.local_rank, ranks.local_size,

@@ -30,7 +30,7 @@
 //   per call. With the choice fixed per configuration, a GEMM repeats bit for bit run to run on one
 //   GPU model and cuBLAS version (cuBLAS's reproducibility guarantee); a different pointer
 //   alignment may choose a different algorithm and round differently.
-// NOTES: the workspaces are outside the arena, inside Backend::kCudaReserveBytes
+// NOTES: the workspaces are outside the arena (core/runtime/outside_arena.h)
 // (core/runtime/backend.h), like cuBLAS's own workspaces: 32 MiB per stream that runs GEMMs, and
 // the schedules run theirs on the caller's compute stream (their comm and copy streams run none).
 #pragma once
@@ -43,6 +43,7 @@
 
 #include "core/error.h"
 #include "core/runtime/dtype.h"
+#include "core/runtime/outside_arena.h"  // defines: kCublasWorkspaceBytes
 #include "core/runtime/tensor.h"
 
 // MOEPEAK_CUBLAS_CHECK(call): turns a cuBLAS(Lt) status other than CUBLAS_STATUS_SUCCESS into
@@ -59,8 +60,9 @@
 
 namespace moepeak::ops::cuda {
 
-// Bytes of each stream's cuBLASLt workspace (the most an algorithm may use).
-constexpr size_t kWorkspaceBytes = 32ull << 20;
+// Bytes of each stream's cuBLASLt workspace (the most an algorithm may use): the plan's
+// `cublas` term outside the arena counts it per GEMM stream.
+constexpr size_t kWorkspaceBytes = kCublasWorkspaceBytes;
 
 // C (rows, cols) = alpha * op(A) (rows, inner) . op(B) (inner, cols) + beta * C, enqueued on
 // `stream` (asynchronous). Every matrix is row-major with the given leading dimension (elements

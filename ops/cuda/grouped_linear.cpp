@@ -40,10 +40,9 @@
 // kStagingSlots grouped calls ahead of the GPU on that stream. The host arrays of sizes, leading
 // dimensions and alpha/beta are cuBLAS host inputs (host pointer mode), read during the call.
 // The slots (at least kMinStagingPointers pointers each, pinned and device) and the handle live
-// outside the arena, inside Backend::kCudaReserveBytes; a slot grows (cudaFree, which
-// synchronises) only for a call with more GEMMs than it holds.
-// Test: ctest -L cuda -R test_backend_ops (cases in
-// tests/ops/backend_ops/cases_grouped_linear.cpp).
+// outside the arena, in the plan's `cublas` term (core/runtime/outside_arena.h); a slot grows
+// (cudaFree, which synchronises) only for a call with more GEMMs than it holds. Test: ctest -L cuda
+// -R test_backend_ops (cases in tests/ops/backend_ops/cases_grouped_linear.cpp).
 #include "ops/grouped_linear.h"
 
 #include <cublas_v2.h>

@@ -8,7 +8,8 @@
 //                                             case R, and LLEP's spill copies in weights/grads;
 //                                             docs/plan.md), which have only the first;
 //   measured total peak <= planned total      (the sum of per-set peaks is an upper bound),
-//   arena high water    <= planned total      (so is it of the allocator's fragmentation).
+//   arena high water    <= planned total      (so is it of the allocator's fragmentation),
+//   live communicators  == the plan's count   (its NCCL term's, on CUDA).
 // Rank 0 prints "ratio <case> <set> planned measured planned/measured" lines (docs/plan.md).
 #pragma once
 
@@ -18,7 +19,9 @@
 #include <cstdio>
 #include <string>
 
+#include "core/comm/comm.h"
 #include "core/config/config.h"
+#include "core/model/mixtral_memory.h"
 #include "core/plan/plan.h"
 #include "core/train/trainer.h"
 #include "ops/schedules/llep_experts.h"
@@ -87,6 +90,12 @@ inline MemorySnapshot expect_within_plan(const std::string& name, const Config& 
   }
   const int W = trainer.world_size();
   const Plan plan = make_plan(cfg, plan_inputs(cfg, W));
+  // The communicators of more than one rank the run holds, which the plan's NCCL term counts on
+  // CUDA (MPI's here, made at the same places).
+  EXPECT_EQ(live_group_communicators(),
+            mixtral_group_communicators(plan.inputs.degrees, cfg.schedules,
+                                        cfg.parallelism.zero_prefetch_depth))
+      << name << " W=" << W << " (" << plan.inputs.degrees.str() << ")";
   for (LiveSet s : kAllLiveSets) {
     const uint64_t planned = plan.term(s).bytes, measured = device[s];
     const std::string what = name + " W=" + std::to_string(W) + " rank " +

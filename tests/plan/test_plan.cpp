@@ -233,6 +233,35 @@ TEST(PlanInputsTest, WorldSizeCapacityAndBudgetFromTheConfig) {
   EXPECT_THROW_CONTAINS(plan_inputs(c), "runtime.device_memory");
 }
 
+// CUDA: the context, cuBLAS and NCCL beside the arena, from the function that sizes an "auto"
+// arena; the CPU backend has none. The H200 run (docs/perf.md): 527 MiB at open and 567 MiB
+// beside the arena after a step, one rank with every bounded schedule on.
+TEST(PlanOutsideArena, CudaTermsBesideTheArenaNoneOnTheCpu) {
+  Config c = tiny_plan_config();
+  c.training.dtype = ComputeDtype::float32;  // "auto" would be bf16 on CUDA
+  const Plan cpu = make_plan(c, plan_inputs(c, 1));
+  EXPECT_TRUE(cpu.outside.empty());
+  c.runtime.backend = BackendChoice::cuda;
+  const Plan one = make_plan(c, plan_inputs(c, 1));
+  ASSERT_EQ(one.outside.size(), 3u);
+  EXPECT_EQ(one.communicators, 0);
+  EXPECT_EQ(one.outside_total, kCudaContextBytes + kCublasWorkspaceBytes + kCublasStateBytes);
+  EXPECT_GE(one.outside_total, 567ull << 20);  // the measured figure
+  EXPECT_LE(static_cast<double>(one.outside_total), 1.10 * (567ull << 20));
+  // The live sets and the capacity are the arena's, as before.
+  EXPECT_EQ(one.total, cpu.total);
+  // Four ranks, experts and ZeRO-3 shards over all of them, Ring-DTP and PipelinedLLEP: the
+  // world, ZeRO-3's duplicate of the data-shard group (the expert and dense replicas are one
+  // rank each: no communicator), Ring-DTP's duplicate and PipelinedLLEP's two lanes.
+  c.schedules.vocab = VocabSchedule::ring_dtp;
+  c.schedules.dispatch = DispatchSchedule::pipelined_llep;
+  c.parallelism.expert_parallel = 4;
+  c.parallelism.data_shard = 4;
+  const Plan four = make_plan(c, plan_inputs(c, 4));
+  EXPECT_EQ(four.communicators, 1 + 1 + 1 + 2);
+  EXPECT_EQ(four.outside_total, one.outside_total + 5 * kNcclCommunicatorBytes);
+}
+
 TEST(PlanSearch, MaxContextAndBatchAreTheLargestThatFit) {
   Config c = tiny_plan_config();
   c.schedules.vocab = VocabSchedule::ring_dtp;
