@@ -141,6 +141,7 @@ void register_bench_command(CLI::App& app, Context& ctx) {
   register_bench_attention(*bench, ctx);
   register_bench_checkpoint(*bench, ctx);
   register_bench_data(*bench, ctx);
+  register_bench_reach(*bench, ctx);
 }
 
 }  // namespace moepeak::cli

@@ -26,6 +26,16 @@ void add_ceiling_options(CLI::App& sub, CeilingArgs& args) {
       ->check(CLI::Range(64, 16384));
 }
 
+std::string shell_word(const std::string& s) {
+  const bool plain = !s.empty() && s.find_first_not_of(
+                                       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                       "0123456789_./=:,+-@%") == std::string::npos;
+  if (plain) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 std::string now_utc() {
   std::time_t t = std::time(nullptr);
   char buf[64];

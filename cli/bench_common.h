@@ -48,6 +48,10 @@ void add_ceiling_options(CLI::App& sub, CeilingArgs& args);
 
 std::string now_utc();  // "2026-11-29 21:38:19 UTC"
 
+// A shell word: quoted when it holds anything but [A-Za-z0-9_./=:,+@%-] (the commands tune
+// prints and bench reach runs).
+std::string shell_word(const std::string& s);
+
 // {"total": peak_total, "<live set>": that set's own peak, ...}
 nlohmann::json peak_bytes_json(const MemoryStats& stats);
 
@@ -66,5 +70,6 @@ void register_bench_gemm(CLI::App& bench, Context& ctx);        // cli/bench_gem
 void register_bench_attention(CLI::App& bench, Context& ctx);   // cli/bench_attention.cpp
 void register_bench_checkpoint(CLI::App& bench, Context& ctx);  // cli/bench_checkpoint.cpp
 void register_bench_data(CLI::App& bench, Context& ctx);        // cli/bench_data.cpp
+void register_bench_reach(CLI::App& bench, Context& ctx);       // cli/bench_reach.cpp
 
 }  // namespace moepeak::cli

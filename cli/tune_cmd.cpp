@@ -103,17 +103,6 @@ nlohmann::json timing_json(const tune::Timing& t) {
   return {{"median_s", t.median_s}, {"min_s", t.min_s}, {"max_s", t.max_s}, {"repeats", t.repeats}};
 }
 
-// A shell word: quoted when it holds anything but [A-Za-z0-9_./=:,+-].
-std::string shell_word(const std::string& s) {
-  const bool plain = !s.empty() && s.find_first_not_of(
-                                       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                                       "0123456789_./=:,+-@%") == std::string::npos;
-  if (plain) return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // The keys tuned.toml may set, per sweep.
 const std::map<std::string, std::vector<std::string>>& tuned_keys() {
   static const std::map<std::string, std::vector<std::string>> keys = {
