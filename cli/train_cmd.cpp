@@ -48,20 +48,34 @@ void install_stop_handlers() {
   }
 }
 
-// The last step's device-memory peaks, one row per live set (nccl-tests style table).
-void print_peak_table(const StepMetrics& m) {
-  std::printf("# device memory of the last step (capacity %s)\n", format_bytes(m.capacity).c_str());
-  std::printf("# %-11s %14s %14s %14s\n", "live set", "own peak", "at total peak", "% capacity");
+// The last step's device-memory peaks, one row per live set (nccl-tests style table), beside
+// the plan's term for each when the launch check made one.
+void print_peak_table(const StepMetrics& m, const std::optional<Plan>& plan) {
+  std::printf("# device memory of the last step (capacity %s)%s\n",
+              format_bytes(m.capacity).c_str(),
+              plan ? "; planned: the plan's term (moepeak plan)" : "");
+  std::printf("# %-11s %14s %14s %14s", "live set", "own peak", "at total peak", "% capacity");
+  if (plan) std::printf(" %14s %10s", "planned", "meas/plan");
+  std::printf("\n");
   auto pct = [&](uint64_t b) {
     return m.capacity ? 100.0 * static_cast<double>(b) / m.capacity : 0.0;
   };
+  auto planned = [&](uint64_t measured, uint64_t bound) {
+    if (!plan) return;
+    std::printf(" %14s %10.3f", format_bytes(bound).c_str(),
+                bound ? static_cast<double>(measured) / static_cast<double>(bound) : 0.0);
+  };
   for (LiveSet s : kAllLiveSets) {
-    std::printf("  %-11s %14s %14s %13.2f%%\n", std::string(live_set_name(s)).c_str(),
+    std::printf("  %-11s %14s %14s %13.2f%%", std::string(live_set_name(s)).c_str(),
                 format_bytes(m.peak_per_set[s]).c_str(), format_bytes(m.at_peak[s]).c_str(),
                 pct(m.peak_per_set[s]));
+    if (plan) planned(m.peak_per_set[s], plan->term(s).bytes);
+    std::printf("\n");
   }
-  std::printf("  %-11s %14s %14s %13.2f%%\n", "total", format_bytes(m.peak_total).c_str(),
+  std::printf("  %-11s %14s %14s %13.2f%%", "total", format_bytes(m.peak_total).c_str(),
               format_bytes(m.at_peak.total()).c_str(), pct(m.peak_total));
+  if (plan) planned(m.peak_total, plan->total);
+  std::printf("\n");
 }
 
 }  // namespace
@@ -128,7 +142,7 @@ void register_train_command(CLI::App& app, Context& ctx) {
       if (!r.losses.empty() && ranks.rank == 0) {
         spdlog::info("trained steps {}..{}: final loss {:.4f}; metrics in {}", r.first_step,
                      r.last_step, r.losses.back(), r.metrics_file);
-        print_peak_table(r.last);
+        print_peak_table(r.last, plan);
       }
       finalize_process_group();
       return 0;
