@@ -30,6 +30,7 @@ enum class TokenDtype { uint16, uint32, llmc };
 enum class ComputeDtype { automatic, float32, bfloat16 };
 enum class DispatchSchedule { standard, llep, pipelined_llep };
 enum class ChunkMembership { strided, contiguous };
+enum class Routing { model, worst_case };
 enum class VocabSchedule { materialized, ring_dtp };
 enum class VocabPayload { automatic, activations, weights };
 enum class CheckpointSchedule { none, standard, sco };
@@ -64,6 +65,10 @@ struct EnumNames<DispatchSchedule> {
 template <>
 struct EnumNames<ChunkMembership> {
   static constexpr std::array<std::string_view, 2> names{"strided", "contiguous"};
+};
+template <>
+struct EnumNames<Routing> {
+  static constexpr std::array<std::string_view, 2> names{"model", "worst_case"};
 };
 template <>
 struct EnumNames<VocabSchedule> {
@@ -214,6 +219,7 @@ struct SchedulesConfig {
   int64_t min_tokens_per_gemm = 32;
   int64_t llep_slots = 0;               // PipelinedLLEP receive slots S; 0 = the bound's rule
   int64_t llep_max_helped_experts = 0;  // new foreign experts per rank per plan; 0 = E/W + 1
+  Routing routing = Routing::model;     // worst_case: every token to experts 0..k-1 (benches)
   VocabSchedule vocab = VocabSchedule::materialized;
   VocabPayload ring_payload = VocabPayload::automatic;
   int64_t vocab_strip = 0;        // columns per strip, 0 = whole shard

@@ -247,6 +247,11 @@ const std::vector<Field>& field_table() {
             "ones (up to E - E/W) let the planner balance more at the cost of more copies."),
       FIELD(schedules, min_tokens_per_gemm, at_least(1),
             "LLEP spills no fewer routes than this to another rank (keeps GEMMs efficient)."),
+      FIELD(schedules, routing, no_limit(),
+            "model = the router's top-k; worst_case = every token's k experts are experts "
+            "0..k-1 (all on expert rank 0 when k <= E/Ep), the routing the plan's expert-parallel "
+            "and LLEP dispatch bounds assume: bench reach's baseline, not for training (the model "
+            "does not learn)."),
       FIELD(schedules, vocab, no_limit(),
             "Vocabulary projection: materialized N x V logits, or ring_dtp (Ring-DTP strips)."),
       FIELD(schedules, ring_payload, no_limit(),

@@ -275,6 +275,13 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor&
     ops::router_forward(router_logits, static_cast<int>(k), a.probs, a.topk_index, a.topk_weight,
                         stream_);
   }
+  if (schedules_.routing == Routing::worst_case) {
+    // The plan's worst case (schedules.routing): token n's j-th expert is expert j, so every
+    // row lands on expert rank 0; the weights stay the router's.
+    std::vector<double> index(static_cast<size_t>(N * k));
+    for (size_t i = 0; i < index.size(); ++i) index[i] = static_cast<double>(i % k);
+    copy_from_host_as(index, a.topk_index, backend_, stream_);
+  }
   OwnedTensor y = device(Shape{N, H}, LiveSet::boundaries, "layer output");
   ops::copy(a.h, y, stream_);
   if (dispatchers_.size() <= static_cast<size_t>(layer))

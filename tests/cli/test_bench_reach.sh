@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# `moepeak bench reach` at a tiny capacity on 2 ranks, two stacks (standard, all four bounded):
+# `moepeak bench reach` at a tiny capacity on 2 ranks, three stacks (standard with the model's
+# router and with the worst-case routing the plan assumes, all four bounded):
 # every probe is a real 1-step training job; the search brackets the out-of-memory point (the
 # measured limit trained, one search step more did not, and the arena named the live set that
-# overflowed there); the JSON has every field per stack; the bounded stack reaches further than
+# overflowed there; no limit is below the plan's); the JSON has every field per stack; the worst-
+# case router reaches no further than the model's; the bounded stack reaches further than
 # the standard one; both train step 1 to the same loss at the standard's limit; bad flags are
 # clear errors. Run: ctest -R test_bench_reach   (or: bash tests/cli/test_bench_reach.sh build/moepeak)
 set -u
@@ -19,7 +21,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=se
 # The tiny preset at 24 MiB per rank, batch 4: the standard stack's plan stops near 1,000 tokens.
 sets=(--set runtime.device_memory=24MiB --set training.batch_size=4 --set runtime.threads=1)
 "$bin" bench reach -c "$root/configs/tiny.toml" "${sets[@]}" -n 2 --axis context --steps 1 \
-  --stacks standard,bounded --launcher "mpirun --oversubscribe -np {W}" \
+  --stacks standard,standard_worst_case,bounded --launcher "mpirun --oversubscribe -np {W}" \
   --json "$tmp/reach.json" --svg "$tmp/reach.svg" >"$tmp/out" 2>&1
 rc=$?
 check "bench reach exits 0" test $rc -eq 0 || cat "$tmp/out"
@@ -31,7 +33,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 rows = {r["stack"]: r for r in d["rows"]}
 step = d["shape"]["step"]
-assert set(rows) == {"standard", "bounded"}, rows.keys()
+assert set(rows) == {"standard", "standard_worst_case", "bounded"}, rows.keys()
 for name, r in rows.items():
     for key in ("stack", "axis", "measured_limit", "planned_limit", "binding_live_set",
                 "tokens_per_s", "tokens_per_s_at_standard_limit", "loss_step1_at_standard_limit"):
@@ -45,13 +47,18 @@ for name, r in rows.items():
     assert r["binding_live_set"] == probes[failed]["binding_live_set"] and r["binding_live_set"], \
         f"{name}: no live set named at {failed}"
     assert r["tokens_per_s"] > 0
+    # A plan must never promise a length the run cannot train.
+    assert limit >= r["planned_limit"], f"{name}: measured {limit} < planned {r['planned_limit']}"
     # Memory grows with the context: no probe above a failure trained.
     for v, p in probes.items():
         assert p["trained"] == (v <= limit), f"{name}: {v} {p}"
     print(f"{name}: measured {limit} (planned {r['planned_limit']}), fails at {failed} in "
           f"{r['binding_live_set']}, {len(probes)} probes, loss {r['loss_step1_at_standard_limit']}")
-s, b = rows["standard"], rows["bounded"]
+s, b, w = rows["standard"], rows["bounded"], rows["standard_worst_case"]
 assert b["measured_limit"] > s["measured_limit"], (b["measured_limit"], s["measured_limit"])
+# Every row to one rank needs more dispatch memory than the model's own router.
+assert w["measured_limit"] <= s["measured_limit"], (w["measured_limit"], s["measured_limit"])
+assert w["binding_live_set"] == "dispatch", w
 rel = abs(b["loss_step1_at_standard_limit"] - s["loss_step1_at_standard_limit"]) / \
       s["loss_step1_at_standard_limit"]
 # f32: the bounded schedules sum in another order (PipelinedLLEP's F blocks, Ring-DTP's strips).
