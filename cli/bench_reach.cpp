@@ -189,13 +189,14 @@ struct StackResult {
   measure::ReachSearch search;
   std::map<int64_t, ProbeRun> runs;  // by value
   ProbeRun at_standard;              // a run at the standard stack's measured limit
+  std::string binding;               // the live set named one step past the limit
 };
 
 // A bar per stack: measured limit (filled) over the plan's (outlined).
 std::string reach_svg(const std::vector<StackResult>& rows, const std::string& axis) {
   int64_t top = 1;
   for (const StackResult& r : rows) top = std::max({top, r.search.limit, r.planned});
-  const int width = 720, left = 130, bar = 22, gap = 12, plot = width - left - 90;
+  const int width = 780, left = 170, bar = 22, gap = 12, plot = width - left - 150;
   const int height = 40 + static_cast<int>(rows.size()) * (bar + gap) + 20;
   std::ostringstream s;
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
@@ -213,7 +214,7 @@ std::string reach_svg(const std::vector<StackResult>& rows, const std::string& a
       << "<rect x=\"" << left << "\" y=\"" << y << "\" width=\"" << wp << "\" height=\"" << bar
       << "\" fill=\"none\" stroke=\"#c04040\" stroke-width=\"2\"/>\n"
       << "<text x=\"" << left + std::max(wm, wp) + 6 << "\" y=\"" << y + 15 << "\">"
-      << r.search.limit << "</text>\n";
+      << r.search.limit << (r.binding.empty() ? "" : " (" + r.binding + ")") << "</text>\n";
     y += bar + gap;
   }
   s << "</svg>\n";
@@ -282,6 +283,7 @@ int run_bench_reach(const ReachArgs& args, const Context& ctx) {
       r.runs[v] = p;
       return p.trained;
     });
+    if (r.search.first_failed) r.binding = r.runs.at(r.search.first_failed).binding;
   }
   // Every stack at the standard stack's measured limit: tokens/s there and step 1's loss. The
   // worst-case router trains another function (and reaches less): it has no such row.
@@ -302,19 +304,29 @@ int run_bench_reach(const ReachArgs& args, const Context& ctx) {
     r.at_standard = it != r.runs.end() ? it->second : prober.run(r.stack, common);
   }
 
-  std::printf("# %-15s %-7s %9s %9s %9s %-11s %12s %12s %12s\n", "stack", "axis", "measured",
+  std::printf("# %-19s %-7s %9s %9s %9s %-11s %12s %12s %12s\n", "stack", "axis", "measured",
               "planned", "meas/plan", "binding", "tok/s@limit", "tok/s@std", "loss1@std");
+  // A stack that did not train at the standard's limit (or has no such row) shows "-" there.
+  auto at_std = [](const StackResult& r, double v, const char* format) {
+    char buf[32];
+    if (!r.at_standard.trained) return std::string("-");
+    std::snprintf(buf, sizeof(buf), format, v);
+    return std::string(buf);
+  };
+  auto at_std_json = [](const StackResult& r, double v) {
+    return r.at_standard.trained ? nlohmann::json(v) : nlohmann::json();
+  };
   nlohmann::json json_rows = nlohmann::json::array();
   for (const StackResult& r : rows) {
     const ProbeRun* at_limit = r.search.limit ? &r.runs.at(r.search.limit) : nullptr;
-    const ProbeRun* past = r.search.first_failed ? &r.runs.at(r.search.first_failed) : nullptr;
-    const std::string binding = past && !past->binding.empty() ? past->binding : "-";
-    std::printf("  %-15s %-7s %9lld %9lld %9.3f %-11s %12.0f %12.0f %12.6f\n", r.stack.c_str(),
+    std::printf("  %-19s %-7s %9lld %9lld %9.3f %-11s %12.0f %12s %12s\n", r.stack.c_str(),
                 args.axis.c_str(), static_cast<long long>(r.search.limit),
                 static_cast<long long>(r.planned),
-                r.planned ? static_cast<double>(r.search.limit) / r.planned : 0.0, binding.c_str(),
-                at_limit ? at_limit->tokens_per_s : 0.0, r.at_standard.tokens_per_s,
-                r.at_standard.loss1);
+                r.planned ? static_cast<double>(r.search.limit) / r.planned : 0.0,
+                r.binding.empty() ? "-" : r.binding.c_str(),
+                at_limit ? at_limit->tokens_per_s : 0.0,
+                at_std(r, r.at_standard.tokens_per_s, "%.0f").c_str(),
+                at_std(r, r.at_standard.loss1, "%.6f").c_str());
     nlohmann::json probes = nlohmann::json::array();
     for (const measure::ReachProbe& p : r.search.probes) {
       probes.push_back({{"value", p.value},
@@ -327,11 +339,11 @@ int run_bench_reach(const ReachArgs& args, const Context& ctx) {
          {"measured_limit", r.search.limit},
          {"planned_limit", r.planned},
          {"first_failed", r.search.first_failed},
-         {"binding_live_set", binding == "-" ? nlohmann::json() : nlohmann::json(binding)},
+         {"binding_live_set", r.binding.empty() ? nlohmann::json() : nlohmann::json(r.binding)},
          {"tokens_per_s", at_limit ? at_limit->tokens_per_s : 0.0},
          {"standard_limit", common},
-         {"tokens_per_s_at_standard_limit", r.at_standard.tokens_per_s},
-         {"loss_step1_at_standard_limit", r.at_standard.loss1},
+         {"tokens_per_s_at_standard_limit", at_std_json(r, r.at_standard.tokens_per_s)},
+         {"loss_step1_at_standard_limit", at_std_json(r, r.at_standard.loss1)},
          {"probes", probes}});
   }
   if (!args.json_path.empty()) {
