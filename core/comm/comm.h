@@ -140,7 +140,8 @@ class Comm {
 
 // How many communicators of more than one rank this process holds now (MPI's on the CPU
 // backend, NCCL's on CUDA, where each keeps buffers on the GPU outside the arena; SingleComm is
-// not one). The plan counts them with plan_communicators (core/plan/plan.h) for its NCCL term.
+// not one). The plan counts them with mixtral_group_communicators (core/model/mixtral_memory.h)
+// for its NCCL term.
 int live_group_communicators();
 
 // One Comm group for a scope: group_start() now, group_end() at end() or, on an error path, in

@@ -167,4 +167,9 @@ int mixtral_group_communicators(const ParallelDegrees& d, const SchedulesConfig&
   return count;
 }
 
+OutsideArena mixtral_outside_arena(const ParallelDegrees& d, const Config& cfg) {
+  return cuda_outside_arena(
+      {mixtral_group_communicators(d, cfg.schedules, cfg.parallelism.zero_prefetch_depth), 1});
+}
+
 }  // namespace moepeak

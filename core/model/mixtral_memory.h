@@ -27,6 +27,7 @@
 #include "core/config/config.h"
 #include "core/model/parallel_layout.h"
 #include "core/runtime/dtype.h"
+#include "core/runtime/outside_arena.h"
 
 namespace moepeak {
 
@@ -39,6 +40,11 @@ namespace moepeak {
 // live on 2 and 4 ranks.
 int mixtral_group_communicators(const ParallelDegrees& d, const SchedulesConfig& s,
                                 int64_t zero_prefetch_depth);
+
+// A CUDA rank's device memory beside its arena in this run (cuda_outside_arena for the run's
+// group communicators and its one GEMM stream): the plan's terms, and what `moepeak train` keeps
+// free beside an "auto" arena.
+OutsideArena mixtral_outside_arena(const ParallelDegrees& d, const Config& cfg);
 
 // Peak bytes of the `attention` live set on the largest rank for a global batch of B x T tokens
 // in the layout `degrees` (Ulysses over the Sp ranks of a sequence group, B/(W/Sp) sequences

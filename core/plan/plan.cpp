@@ -238,9 +238,8 @@ void add_boundaries(Plan& p, const Config& cfg, const PlanSizes& z, uint64_t hos
 // CUDA: the device memory beside the arena (outside_arena.h), for this layout's communicators.
 void add_outside_arena(Plan& p, const Config& cfg) {
   if (cfg.runtime.backend != BackendChoice::cuda) return;
-  p.communicators = mixtral_group_communicators(p.inputs.degrees, cfg.schedules,
-                                                cfg.parallelism.zero_prefetch_depth);
-  const OutsideArena o = cuda_outside_arena({p.communicators, 1});
+  const OutsideArena o = mixtral_outside_arena(p.inputs.degrees, cfg);
+  p.communicators = o.inputs.group_communicators;
   p.outside = o.terms;
   p.outside_total = o.total();
 }

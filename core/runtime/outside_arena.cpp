@@ -16,6 +16,7 @@ OutsideArena cuda_outside_arena(const OutsideArenaInputs& in) {
                 "outside the arena: ", in.group_communicators, " communicators, ", in.gemm_streams,
                 " GEMM streams");
   OutsideArena o;
+  o.inputs = in;
   o.terms.push_back(
       {"cuda_context", kCudaContextBytes, "measured: 527 MiB at device open, H200, CUDA 13.0"});
   o.terms.push_back(

@@ -41,6 +41,7 @@ struct OutsideArenaTerm {
 };
 
 struct OutsideArena {
+  OutsideArenaInputs inputs;  // what the terms were computed for
   std::vector<OutsideArenaTerm> terms;
   uint64_t total() const;
 };

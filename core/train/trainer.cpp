@@ -22,10 +22,9 @@
 #include "core/error.h"
 #include "core/metrics/flops.h"
 #include "core/model/mixtral.h"
-#include "core/model/mixtral_memory.h"  // defines: mixtral_group_communicators
+#include "core/model/mixtral_memory.h"  // defines: mixtral_outside_arena
 #include "core/model/optimizer_params.h"
 #include "core/runtime/backend.h"
-#include "core/runtime/outside_arena.h"
 #include "core/train/lr_schedule.h"
 #include "core/units.h"
 #include "ops/elementwise.h"
@@ -72,10 +71,7 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
   if (cuda) {
     // "auto": the card's free memory less the plan's terms outside the arena.
     const ParallelDegrees d = ParallelDegrees::resolve(cfg.parallelism, ranks.world_size);
-    o.outside_arena =
-        cuda_outside_arena(
-            {mixtral_group_communicators(d, cfg.schedules, cfg.parallelism.zero_prefetch_depth), 1})
-            .total();
+    o.outside_arena = mixtral_outside_arena(d, cfg).total();
   }
   // "auto": this rank's host budget from runtime.probe_file (`moepeak probe`), else the default.
   o.pinned_budget =

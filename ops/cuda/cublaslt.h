@@ -30,9 +30,10 @@
 //   per call. With the choice fixed per configuration, a GEMM repeats bit for bit run to run on one
 //   GPU model and cuBLAS version (cuBLAS's reproducibility guarantee); a different pointer
 //   alignment may choose a different algorithm and round differently.
-// NOTES: the workspaces are outside the arena (core/runtime/outside_arena.h)
-// (core/runtime/backend.h), like cuBLAS's own workspaces: 32 MiB per stream that runs GEMMs, and
-// the schedules run theirs on the caller's compute stream (their comm and copy streams run none).
+// NOTES: the workspaces are outside the arena, in the plan's `cublas` term
+// (core/runtime/outside_arena.h), like cuBLAS's own workspaces: 32 MiB per stream that runs GEMMs,
+// and the schedules run theirs on the caller's compute stream (their comm and copy streams run
+// none).
 #pragma once
 
 #include <cublasLt.h>
