@@ -82,6 +82,15 @@ const std::vector<std::string> kStandard = {
     "schedules.dispatch=standard", "schedules.vocab=materialized", "schedules.checkpoint=standard",
     "optimizer.placement=resident"};
 
+// The user's --set overrides, then every schedule standard, then the stack's own: what both the
+// plan of a stack and each of its probes are made from.
+std::vector<std::string> stack_sets(const ConfigArgs& config, const std::string& stack) {
+  std::vector<std::string> sets = config.overrides;
+  sets.insert(sets.end(), kStandard.begin(), kStandard.end());
+  for (const std::string& s : stack_overrides().at(stack)) sets.push_back(s);
+  return sets;
+}
+
 // One training job's outcome.
 struct ProbeRun {
   bool trained = false;
@@ -117,9 +126,7 @@ class Prober {
     std::string cmd = launcher_.empty() ? "" : launcher_ + " ";
     cmd += shell_word(self_) + " train --force";
     for (const std::string& f : args_.config.files) cmd += " --config " + shell_word(f);
-    std::vector<std::string> sets = args_.config.overrides;
-    sets.insert(sets.end(), kStandard.begin(), kStandard.end());
-    for (const std::string& s : stack_overrides().at(stack)) sets.push_back(s);
+    std::vector<std::string> sets = stack_sets(args_.config, stack);
     const std::string key = args_.axis == "context" ? "training.seq_len" : "training.batch_size";
     sets.push_back(key + "=" + std::to_string(value));
     if (args_.axis == "context") {
@@ -159,12 +166,12 @@ class Prober {
                     " failed without running out of device memory; its command:\n  ", cmd,
                     "\nthe end of its output:", text);
     }
-    std::ifstream metrics(dir_ / name / "metrics.jsonl");
-    std::vector<nlohmann::json> rows;
-    for (std::string line; std::getline(metrics, line);) {
-      if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
-    }
     if (r.trained) {
+      std::ifstream metrics(dir_ / name / "metrics.jsonl");
+      std::vector<nlohmann::json> rows;
+      for (std::string line; std::getline(metrics, line);) {
+        if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+      }
       MOEPEAK_CHECK(!rows.empty(), "bench reach: ", name, " trained but wrote no metrics (",
                     log.string(), ")");
       r.loss1 = rows.front().at("loss").get<double>();
@@ -242,10 +249,7 @@ int run_bench_reach(const ReachArgs& args, const Context& ctx) {
   std::vector<StackResult> rows;
   int64_t granularity = 1, planned_standard = 0, top = 0;
   for (const std::string& stack : stacks) {
-    std::vector<std::string> sets = args.config.overrides;
-    sets.insert(sets.end(), kStandard.begin(), kStandard.end());
-    for (const std::string& s : stack_overrides().at(stack)) sets.push_back(s);
-    const Config c = load_config(args.config.files, sets);
+    const Config c = load_config(args.config.files, stack_sets(args.config, stack));
     const PlanInputs in = plan_inputs(c, args.world);
     granularity = context ? in.degrees.sequence : in.degrees.sequence_groups();
     StackResult r;
