@@ -160,10 +160,12 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
   if (s.chunks == 0) return s;
   const Sizes z = sizes_of(s, hidden, ffn, dtype, world);
   const uint64_t budget = 2 * z.W * z.Mc * z.H * z.b;  // 2 Ep k c_eff H b
-  auto fits = [&](uint64_t S, uint64_t T, uint64_t Fb) {
+  // Whether the rows of forward and of backward both stay within `limit`.
+  auto within = [&](uint64_t limit, uint64_t S, uint64_t T, uint64_t Fb) {
     const Footprints f = footprints(z, S, T, Fb);
-    return f.rows_forward <= budget && f.rows_backward <= budget;
+    return f.rows_forward <= limit && f.rows_backward <= limit;
   };
+  auto fits = [&](uint64_t S, uint64_t T, uint64_t Fb) { return within(budget, S, T, Fb); };
   // The largest v in [lo, hi] with ok(v), given ok(lo) (the footprints grow with T and Fb).
   auto largest = [](uint64_t lo, uint64_t hi, auto ok) {
     while (lo < hi) {
@@ -234,12 +236,7 @@ PipelinedLlepShape pipelined_llep_shape(int64_t tokens, int64_t top_k, int64_t h
     // one more U = M_c H b beside that least overshoot: the cheapest pair within it.
     const uint64_t least = footprints(z, S, t_min, f_min).rows_backward;
     const uint64_t allowed = least + z.Mc * z.H * z.b;
-    cheapest(
-        [&](uint64_t t, uint64_t f) {
-          const Footprints fp = footprints(z, S, t, f);
-          return fp.rows_forward <= allowed && fp.rows_backward <= allowed;
-        },
-        t_min, f_min);
+    cheapest([&](uint64_t t, uint64_t f) { return within(allowed, S, t, f); }, t_min, f_min);
   }
   s.slots = static_cast<int64_t>(S);
   s.tile_rows = static_cast<int64_t>(T);
