@@ -22,6 +22,13 @@ nlohmann::json step_metrics_json(const StepMetrics& m) {
   for (LiveSet s : kAllLiveSets) peak[std::string(live_set_name(s))] = m.peak_per_set[s];
   nlohmann::json at_peak = nlohmann::json::object();
   for (LiveSet s : kAllLiveSets) at_peak[std::string(live_set_name(s))] = m.at_peak[s];
+  nlohmann::json phases = nlohmann::json::object();  // {"attention": {"total": .., sets..}, ..}
+  for (StepPhase ph : kAllStepPhases) {
+    nlohmann::json p = {{"total", m.phase_peaks[ph]}};
+    const MemorySnapshot& at = m.phase_at_peak[static_cast<size_t>(ph)];
+    for (LiveSet s : kAllLiveSets) p[std::string(live_set_name(s))] = at[s];
+    phases[std::string(step_phase_name(ph))] = p;
+  }
   nlohmann::json out = {
       {"step", m.step},
       {"loss", m.loss},
@@ -33,6 +40,7 @@ nlohmann::json step_metrics_json(const StepMetrics& m) {
       {"mfu", m.mfu},
       {"peak_bytes", peak},
       {"peak_breakdown_bytes", at_peak},
+      {"phase_peak_bytes", phases},
       {"peak_gib", static_cast<double>(m.peak_total) / GiB},
       {"peak_pct", m.capacity ? 100.0 * static_cast<double>(m.peak_total) / m.capacity : 0.0},
       {"capacity_bytes", m.capacity},

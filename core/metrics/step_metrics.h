@@ -6,6 +6,7 @@
 //   tps: 14,512  tflops: 0.021  mfu: 21.3%
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -37,12 +38,14 @@ struct StepMetrics {
   double step_time_s = 0;
   double tokens_per_s = 0;  // the job's: B*T over the slowest rank's step time
   int world_size = 1;
-  double tflops = 0;                 // achieved model TFLOP/s (flops.h)
-  double mfu = 0;                    // tflops / peak, in [0, 1]
-  uint64_t peak_total = 0;           // device bytes at the step's peak
-  MemorySnapshot peak_per_set;       // each live set's own peak during the step
-  MemorySnapshot at_peak;            // live sets at the moment of the total peak
-  uint64_t capacity = 0;             // device memory capacity
+  double tflops = 0;            // achieved model TFLOP/s (flops.h)
+  double mfu = 0;               // tflops / peak, in [0, 1]
+  uint64_t peak_total = 0;      // device bytes at the step's peak
+  MemorySnapshot peak_per_set;  // each live set's own peak during the step
+  MemorySnapshot at_peak;       // live sets at the moment of the total peak
+  PhaseBytes phase_peaks;       // the total's peak in each phase of the step
+  std::array<MemorySnapshot, kNumStepPhases> phase_at_peak{};  // the sets at each phase's peak
+  uint64_t capacity = 0;                                       // device memory capacity
   uint64_t arena_high_water = 0;     // the arena's highest block end in the step (>= peak_total)
   MemorySnapshot host_peak_per_set;  // pinned host pool, each live set's peak so far in the run
   // CUDA only (0 on the CPU backend): the driver's view of this rank's device after the step.

@@ -105,6 +105,8 @@ OwnedTensor MixtralModel::device(Shape shape, LiveSet set, const char* what) con
   return OwnedTensor::device(backend_, shape, dtype_, set, what);
 }
 
+void MixtralModel::enter(StepPhase phase) const { backend_.arena().set_phase(phase); }
+
 std::vector<schedules::ExpertWeights> MixtralModel::local_experts_of(int layer, const Group& w,
                                                                      bool with_grads) const {
   const LayerParamIndex& L = params_.layout().layers[layer];
@@ -200,6 +202,7 @@ OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Gro
   Comm& sp = layout_.sequence();
   const bool exchange = sp.world_size() > 1;
   const Shape q_heads = U.heads_shape(HeadKind::query), kv_heads = U.heads_shape(HeadKind::kv);
+  enter(StepPhase::backward_attention);
 
   Tensor attn = exchange ? a.attn.view() : a.out.view().reshape(Shape{N, nh * d});
   OwnedTensor dattn = device(Shape{N, nh * d}, LiveSet::workspace, "d attention output");
@@ -259,7 +262,9 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor&
   const int64_t N = x.size(0), H = model_.hidden_size;
   const int64_t E = model_.num_local_experts, k = model_.num_experts_per_tok;
 
+  enter(attention_phase(recompute));  // the recompute is part of the layer's backward
   a.h = attention_forward(L, w, x, batch, a);
+  enter(experts_phase(recompute));
 
   // MoE block: n2 = norm(h); router; y = h + sum of weighted experts.
   a.n2 = device(Shape{N, H}, LiveSet::workspace, "post-attention norm");
@@ -282,8 +287,6 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor&
     for (size_t i = 0; i < index.size(); ++i) index[i] = static_cast<double>(i % k);
     copy_from_host_as(index, a.topk_index, backend_, stream_);
   }
-  OwnedTensor y = device(Shape{N, H}, LiveSet::boundaries, "layer output");
-  ops::copy(a.h, y, stream_);
   if (dispatchers_.size() <= static_cast<size_t>(layer))
     dispatchers_.resize(static_cast<size_t>(layer) + 1);
   if (!dispatchers_[layer]) {
@@ -293,8 +296,14 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor&
   a.dispatch = dispatchers_[layer].get();
   // The recompute's output is dropped: a dispatcher that can (PipelinedLLEP) then only plans (an
   // undefined `out`), as its backward recomputes the experts chunk by chunk anyway
-  // (ExpertDispatch::forward).
+  // (ExpertDispatch::forward), and the output is not even allocated (one boundary less beside
+  // the backward's experts: BoundariesBytes::phases).
   const bool plan_only = recompute && a.dispatch->supports_plan_only();
+  OwnedTensor y;
+  if (!plan_only) {
+    y = device(Shape{N, H}, LiveSet::boundaries, "layer output");
+    ops::copy(a.h, y, stream_);
+  }
   a.dispatch->forward(a.n2, a.topk_index, a.topk_weight, local_experts_of(layer, w, false),
                       plan_only ? Tensor() : y.view());
   if (!recompute) {
@@ -319,6 +328,7 @@ OwnedTensor MixtralModel::layer_backward(int layer, const Group& w, const Tensor
   const int64_t N = x.size(0), H = model_.hidden_size;
   const int64_t E = model_.num_local_experts, k = model_.num_experts_per_tok;
 
+  enter(StepPhase::backward_experts);
   // MoE block: dh = dy (residual) + norm backward of (experts' and router's dn2).
   OwnedTensor dn2 = device(Shape{N, H}, LiveSet::workspace, "d post-attention norm");
   ops::fill(dn2, 0.0, stream_);
@@ -385,6 +395,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   std::vector<LayerActivations> acts(static_cast<size_t>(Lc));
   Tensor x;  // (N, H) the current layer's input
   {
+    enter(StepPhase::forward_attention);  // the embedding: a layer input, as the attention's
     OwnedTensor embedded = device(Shape{N, H}, LiveSet::boundaries, "embedding output");
     Group embed = zero.acquire();
     ops::embedding_forward(batch.input_ids, embed.value(P.embed), embedded, stream_);
@@ -407,6 +418,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
     }
   }
 
+  enter(StepPhase::head);
   Group head = zero.acquire();  // with backward: values and grads (zero_pass_uses)
   OwnedTensor xf = device(Shape{N, H}, LiveSet::workspace, "final norm");
   OwnedTensor rstdf = device(Shape{N}, LiveSet::workspace, "final norm rstd");
@@ -466,6 +478,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
     if (l > 0) boundaries.release(l);
   }
   {
+    enter(StepPhase::backward_attention);
     Group embed = zero.acquire();  // gradients only
     ops::embedding_backward(batch.input_ids, dx, embed.grad(P.embed), stream_);
     zero.release(std::move(embed));

@@ -151,6 +151,7 @@ class MixtralModel {
  private:
   struct LayerActivations;
   using Group = ZeroParamStore::GatheredGroup;
+  // The layer's output (undefined for a recompute whose dispatcher only plans).
   OwnedTensor layer_forward(int layer, const Group& w, const Tensor& x, const TokenBatch& batch,
                             LayerActivations& acts, bool recompute);
   OwnedTensor layer_backward(int layer, const Group& w, const Tensor& dy, const Tensor& x,
@@ -173,6 +174,8 @@ class MixtralModel {
   void accumulate_router_prob_sums(const Tensor& probs);
   double router_aux_loss(int64_t tokens, bool with_backward);
   OwnedTensor device(Shape shape, LiveSet set, const char* what) const;
+  // Tells the arena which phase of the step runs from here (its per-phase peaks).
+  void enter(StepPhase phase) const;
 
   Backend& backend_;
   Stream& stream_;

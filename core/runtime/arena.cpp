@@ -112,4 +112,9 @@ void DeviceArena::reset_peaks() {
   high_water_ = allocated_.empty() ? 0 : allocated_.rbegin()->first + allocated_.rbegin()->second;
 }
 
+void DeviceArena::set_phase(StepPhase phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.set_phase(phase);
+}
+
 }  // namespace moepeak

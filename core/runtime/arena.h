@@ -38,6 +38,15 @@ class DeviceArena final : public BufferOwner {
     return bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
   }
 
+  // The allocator's fragmentation a plan allows for `transient` bytes (those not allocated at
+  // setup): 1/16 of them, in whole blocks. NOTES: best fit leaves holes smaller than the next
+  // requests among blocks of different lifetimes (a layer's attention gradients above the
+  // experts' tiles, ...); the plan tests measured up to 5.3% of the transient bytes (one (N, H)
+  // tensor and a few small blocks: docs/plan.md#phases).
+  static uint64_t fragmentation_allowance(uint64_t transient) {
+    return footprint((transient + 15) / 16);
+  }
+
   uint64_t capacity() const { return capacity_; }
   uint64_t used() const;
   uint64_t largest_free_block() const;
@@ -51,6 +60,9 @@ class DeviceArena final : public BufferOwner {
   // (docs/plan.md#outside-the-arena).
   uint64_t high_water() const;
   void reset_peaks();
+  // The phase of the step that runs from now on (MemoryStats::set_phase): the model and the
+  // trainer tell it, so a step's peak is known per phase (docs/plan.md#phases).
+  void set_phase(StepPhase phase);
 
   void release(void* ptr, size_t bytes, LiveSet set) noexcept override;
 

@@ -30,6 +30,19 @@ void MemoryStats::on_alloc(LiveSet set, uint64_t bytes) {
     peak_total_ = current_total_;
     at_peak_ = current_;
   }
+  note_phase_peak();
+}
+
+void MemoryStats::note_phase_peak() {
+  if (current_total_ > phase_peak_[phase_]) {
+    phase_peak_[phase_] = current_total_;
+    phase_at_peak_[static_cast<size_t>(phase_)] = current_;
+  }
+}
+
+void MemoryStats::set_phase(StepPhase phase) {
+  phase_ = phase;
+  note_phase_peak();
 }
 
 void MemoryStats::on_free(LiveSet set, uint64_t bytes) {
@@ -46,6 +59,9 @@ void MemoryStats::reset_peaks() {
   peak_ = current_;
   peak_total_ = current_total_;
   at_peak_ = current_;
+  phase_peak_ = PhaseBytes{};
+  phase_at_peak_ = {};
+  note_phase_peak();
 }
 
 }  // namespace moepeak

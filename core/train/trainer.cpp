@@ -392,6 +392,7 @@ StepMetrics Trainer::step() {
   const int64_t B = s.cfg.training.batch_size, T = s.cfg.training.seq_len;
   const int64_t accum = s.cfg.training.grad_accum_steps;
 
+  backend.arena().set_phase(StepPhase::forward_attention);  // the batch's upload, the embedding
   backend.arena().reset_peaks();
   auto t0 = std::chrono::steady_clock::now();
   // NOTES: the step's m micro-batches are read first, each rank reading only its block of each,
@@ -431,6 +432,7 @@ StepMetrics Trainer::step() {
     loss += s.model->forward_backward(batch, step_scored);
   }
   if (!std::isfinite(loss)) MOEPEAK_THROW("step ", step, ": the loss is ", loss);
+  backend.arena().set_phase(StepPhase::optimizer);  // the grad norm, the update, the metrics
   const double grad_norm = global_grad_norm(params, backend, stream);
   if (dump) {
     write_step_dump(s.options.dump_step_dir, s.cfg.model, params, s.ids, s.labels, accum * B, T,
@@ -456,6 +458,9 @@ StepMetrics Trainer::step() {
   m.peak_total = mem.peak_total();
   m.peak_per_set = mem.peak_per_set();
   m.at_peak = mem.at_peak();
+  m.phase_peaks = mem.phase_peaks();
+  for (StepPhase ph : kAllStepPhases)
+    m.phase_at_peak[static_cast<size_t>(ph)] = mem.phase_at_peak(ph);
   m.host_peak_per_set = backend.pinned().stats().peak_per_set();
   m.capacity = backend.arena().capacity();
   m.arena_high_water = backend.arena().high_water();
@@ -492,6 +497,7 @@ EvalMetrics Trainer::evaluate() {
   const auto t0 = std::chrono::steady_clock::now();
   // NOTES: the step's metrics were taken before this, and the next step resets the peaks again,
   // so the evaluation's own peaks are measured here without touching the step's.
+  backend.arena().set_phase(StepPhase::forward_attention);
   backend.arena().reset_peaks();
   s.eval_loader->restore(s.eval_start);
   const BatchBlock block =

@@ -1,5 +1,5 @@
-// DeviceArena: live-set accounting (current, peak, breakdown at the total peak), best-fit with
-// coalescing, and the out-of-memory error. Run: ctest -R test_arena
+// DeviceArena: live-set accounting (current, peak, breakdown at the total peak, per phase of a
+// step), best-fit with coalescing, and the out-of-memory error. Run: ctest -R test_arena
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -51,6 +51,34 @@ TEST_F(ArenaFixture, BreakdownAtPeakIsTheMomentOfTheTotalPeak) {
   arena.reset_peaks();
   EXPECT_EQ(arena.stats().peak_total(), 0u);
   EXPECT_EQ(arena.stats().peak_per_set()[LiveSet::logits], 0u);
+}
+
+TEST_F(ArenaFixture, EachPhaseKeepsItsOwnPeakAndTheSetsAtIt) {
+  // head: 4 units of boundaries + 10 of logits (14); backward_experts: the logits freed, 6 units
+  // of dispatch (10); what is live when a phase starts counts in it.
+  Buffer b = arena.alloc(4 * kA, LiveSet::boundaries, "boundaries");
+  arena.set_phase(StepPhase::head);
+  { Buffer logits = arena.alloc(10 * kA, LiveSet::logits, "logits"); }
+  arena.set_phase(StepPhase::backward_experts);
+  { Buffer d = arena.alloc(6 * kA, LiveSet::dispatch, "dispatch"); }
+  arena.set_phase(StepPhase::optimizer);
+  b.reset();
+  MemoryStats s = arena.stats();
+  EXPECT_EQ(s.phase_peak(StepPhase::head), 14 * kA);
+  EXPECT_EQ(s.phase_at_peak(StepPhase::head)[LiveSet::logits], 10 * kA);
+  EXPECT_EQ(s.phase_peak(StepPhase::backward_experts), 10 * kA);
+  EXPECT_EQ(s.phase_at_peak(StepPhase::backward_experts)[LiveSet::dispatch], 6 * kA);
+  EXPECT_EQ(s.phase_at_peak(StepPhase::backward_experts)[LiveSet::logits], 0u);
+  EXPECT_EQ(s.phase_peak(StepPhase::optimizer), 4 * kA);  // the boundaries when it began
+  EXPECT_EQ(s.phase_peak(StepPhase::forward_attention), 4 * kA);
+  EXPECT_EQ(s.phase_peaks().max(), s.peak_total());
+
+  // A new window: every phase but the current one starts at 0, the current at what is live.
+  Buffer w = arena.alloc(2 * kA, LiveSet::weights, "w");
+  arena.reset_peaks();
+  s = arena.stats();
+  EXPECT_EQ(s.phase_peak(StepPhase::optimizer), 2 * kA);
+  EXPECT_EQ(s.phase_peak(StepPhase::head), 0u);
 }
 
 TEST_F(ArenaFixture, OutOfMemoryNamesRequestAndLiveSets) {
