@@ -45,6 +45,19 @@ struct Reach {
   int64_t configured = 0, standard = 0;
 };
 
+// The phases of the step (docs/plan.md#phases): each set's bytes in each, and the phase's total.
+void print_phases(std::FILE* out, const Plan& p) {
+  std::fprintf(out, "# %-18s", "phase");
+  for (LiveSet s : kAllLiveSets) std::fprintf(out, " %10s", std::string(live_set_name(s)).c_str());
+  std::fprintf(out, " %10s %8s\n", "total", "%cap");
+  for (const PlanPhase& ph : p.phases) {
+    std::fprintf(out, "  %-18s", std::string(step_phase_name(ph.phase)).c_str());
+    for (LiveSet s : kAllLiveSets) std::fprintf(out, " %10s", format_bytes(ph[s]).c_str());
+    std::fprintf(out, " %10s %7.2f%%%s\n", format_bytes(ph.total).c_str(),
+                 pct(ph.total, p.inputs.capacity), ph.phase == p.peak_phase ? "  <- peak" : "");
+  }
+}
+
 }  // namespace
 
 void print_plan(const Plan& p, std::FILE* out) {
@@ -66,8 +79,8 @@ void print_plan(const Plan& p, std::FILE* out) {
   std::fprintf(out, "# capacity %s per rank, host (pinned) budget %s\n",
                format_bytes(in.capacity).c_str(), format_bytes(in.host_budget).c_str());
   std::fprintf(out,
-               "# total = the sum of each live set's own peak (they peak at different moments): "
-               "an upper bound of the step's peak\n");
+               "# total = the step's largest phase, each the sum of the sets live in it "
+               "(docs/plan.md#phases); sum of terms: every set at its own peak at once\n");
   // The schedule column is as wide as its longest entry (at least 17), so the columns stay fixed.
   int sw = 17;
   for (const PlanTerm& t : p.terms) sw = std::max(sw, static_cast<int>(t.schedule.size()));
@@ -80,9 +93,18 @@ void print_plan(const Plan& p, std::FILE* out) {
                  static_cast<unsigned long long>(t.bytes), t.bytes / kGiB,
                  pct(t.bytes, in.capacity), t.function.c_str());
   }
-  std::fprintf(out, "  %-11s %-*s %16llu %10.4f %8.2f%%  %s\n", "total", sw, "",
+  std::fprintf(out, "  %-11s %-*s %16llu %10.4f %8.2f%%\n", "sum of terms", sw - 1, "",
+               static_cast<unsigned long long>(p.sum_of_terms), p.sum_of_terms / kGiB,
+               pct(p.sum_of_terms, in.capacity));
+  print_phases(out, p);
+  std::fprintf(out, "  %-11s %-*s %16llu %10.4f %8.2f%%  %s\n", "allocator", sw, "fragmentation",
+               static_cast<unsigned long long>(p.fragmentation), p.fragmentation / kGiB,
+               pct(p.fragmentation, in.capacity),
+               "DeviceArena::fragmentation_allowance(the peak phase beyond the setup's)");
+  std::fprintf(out, "  %-11s %-*s %16llu %10.4f %8.2f%%  %s (%s)\n", "total", sw, "",
                static_cast<unsigned long long>(p.total), p.total / kGiB, pct(p.total, in.capacity),
-               p.device_fits ? "fits" : "DOES NOT FIT");
+               p.device_fits ? "fits" : "DOES NOT FIT",
+               std::string(step_phase_name(p.peak_phase)).c_str());
   if (!p.outside.empty()) {
     // CUDA: beside the arena, not in its capacity (core/runtime/outside_arena.h).
     std::fprintf(out, "# outside the arena %-*s %16s %10s %9s  %s\n", hw - 19, "term", "bytes",
@@ -123,6 +145,12 @@ nlohmann::json plan_json(const Plan& p) {
   for (const HostTerm& h : p.host) host[h.name] = h.bytes;
   nlohmann::json outside = nlohmann::json::object();
   for (const OutsideArenaTerm& t : p.outside) outside[t.name] = t.bytes;
+  nlohmann::json phases = nlohmann::json::object();  // {"attention": {"total": .., sets..}, ..}
+  for (const PlanPhase& ph : p.phases) {
+    nlohmann::json j = {{"total", ph.total}};
+    for (LiveSet s : kAllLiveSets) j[std::string(live_set_name(s))] = ph[s];
+    phases[std::string(step_phase_name(ph.phase))] = j;
+  }
   return {{"world_size", p.inputs.world()},
           {"expert_parallel", p.inputs.degrees.expert},
           {"sequence_parallel", p.inputs.degrees.sequence},
@@ -136,6 +164,10 @@ nlohmann::json plan_json(const Plan& p) {
           {"functions", functions},
           {"schedules", scheds},
           {"total_bytes", p.total},
+          {"peak_phase", std::string(step_phase_name(p.peak_phase))},
+          {"phase_bytes", phases},
+          {"sum_of_terms_bytes", p.sum_of_terms},
+          {"fragmentation_bytes", p.fragmentation},
           {"capacity_bytes", p.inputs.capacity},
           {"outside_arena", outside},
           {"outside_arena_bytes", p.outside_total},

@@ -76,6 +76,16 @@ void print_peak_table(const StepMetrics& m, const std::optional<Plan>& plan) {
               format_bytes(m.at_peak.total()).c_str(), pct(m.peak_total));
   if (plan) planned(m.peak_total, plan->total);
   std::printf("\n");
+  // Each phase's peak (the plan's total is its largest phase: docs/plan.md#phases).
+  std::printf("# %-18s %22s %14s", "phase", "peak", "% capacity");
+  if (plan) std::printf(" %14s %10s", "planned", "meas/plan");
+  std::printf("\n");
+  for (StepPhase ph : kAllStepPhases) {
+    std::printf("  %-18s %22s %13.2f%%", std::string(step_phase_name(ph)).c_str(),
+                format_bytes(m.phase_peaks[ph]).c_str(), pct(m.phase_peaks[ph]));
+    if (plan) planned(m.phase_peaks[ph], plan->phase(ph).total);
+    std::printf("\n");
+  }
 }
 
 }  // namespace

@@ -38,9 +38,9 @@ schedules::UlyssesLayout layout_of(const ModelConfig& m, int64_t B, int64_t T,
                                         m.head_dim_resolved());
 }
 
-uint64_t attention_on_rank(const ModelConfig& m, int64_t B, int64_t T,
-                           const ParallelDegrees& degrees, int rank, CheckpointSchedule checkpoint,
-                           DType dtype) {
+PhaseBytes attention_on_rank(const ModelConfig& m, int64_t B, int64_t T,
+                             const ParallelDegrees& degrees, int rank,
+                             CheckpointSchedule checkpoint, DType dtype) {
   const schedules::UlyssesLayout U = layout_of(m, B, T, degrees, rank);
   const int world = degrees.sequence;  // the exchange's ranks
   B = U.batch;
@@ -54,24 +54,37 @@ uint64_t attention_on_rank(const ModelConfig& m, int64_t B, int64_t T,
   const uint64_t out = fp(N * nh * d * b);  // "attention output"
   const uint64_t lse = fp(B * U.heads_count(schedules::HeadKind::query, rank) * T *
                           static_cast<int64_t>(dtype_size(ops::attention_lse_dtype(dtype))));
+  const auto layers = static_cast<uint64_t>(resident_layers(m, checkpoint));
+  const bool none = !schedules::recomputes_layers(checkpoint);
+  PhaseBytes p;
+  uint64_t kept_all = 0;  // every resident layer's kept activations
   if (world == 1) {
     // n1, rstd1, q, k, v (moved into the layer's activations), out, lse.
     const uint64_t kept = NH + Nb + Q + 2 * KV + out + lse;
-    return static_cast<uint64_t>(resident_layers(m, checkpoint)) * kept;
+    kept_all = layers * kept;
+    p[StepPhase::forward_attention] = layers * kept;
+    p[StepPhase::backward_attention] = layers * kept;
+  } else {
+    const uint64_t S = schedules::ulysses_exchange_bytes(U, dtype);
+    // Kept: n1, rstd1, q/k/v in the head layout, out, lse, and the token-layout output.
+    const uint64_t kept = NH + Nb + Qh + 2 * KVh + out + lse + Q;
+    // Forward: the token-layout q, k, v beside the staging and the head-layout ones, before they
+    // are freed; then out, lse and the token-layout output beside the staging. Backward: kept + S.
+    const uint64_t forward = NH + Nb + S + Qh + 2 * KVh + std::max(Q + 2 * KV, out + lse + Q);
+    p[StepPhase::forward_attention] = (layers - 1) * kept + forward;
+    p[StepPhase::backward_attention] = (layers - 1) * kept + std::max(forward, kept + S);
+    kept_all = layers * kept;  // the staging is freed when attention returns
   }
-  const uint64_t S = schedules::ulysses_exchange_bytes(U, dtype);
-  // Kept: n1, rstd1, q/k/v in the head layout, out, lse, and the token-layout output.
-  const uint64_t kept = NH + Nb + Qh + 2 * KVh + out + lse + Q;
-  // Forward: the token-layout q, k, v beside the staging and the head-layout ones, before they
-  // are freed; then out, lse and the token-layout output beside the staging. Backward: kept + S.
-  const uint64_t forward = NH + Nb + S + Qh + 2 * KVh + std::max(Q + 2 * KV, out + lse + Q);
-  return static_cast<uint64_t>(resident_layers(m, checkpoint) - 1) * kept +
-         std::max(forward, kept + S);
+  p[StepPhase::forward_experts] = kept_all;  // the layer's own kept beside its experts
+  p[StepPhase::backward_experts] = kept_all;
+  // Under checkpointing each layer's activations are dropped after its forward: none at the head.
+  p[StepPhase::head] = none ? kept_all : 0;
+  return p;
 }
 
-uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
-                           const ParallelDegrees& degrees, int rank, const SchedulesConfig& s,
-                           DType dtype) {
+PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
+                             const ParallelDegrees& degrees, int rank, const SchedulesConfig& s,
+                             DType dtype) {
   const schedules::UlyssesLayout U = layout_of(m, B, T, degrees, rank);
   const int world = degrees.world;
   const int64_t b = static_cast<int64_t>(dtype_size(dtype));
@@ -106,14 +119,18 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
   const uint64_t all_kept = none ? static_cast<uint64_t>(L) * Aw : 0;     // at the head
 
   // Forward of the last layer (and the recompute under checkpointing, which adds the incoming
-  // gradient and the final rstd): its activations plus the router logits, or a count exchange.
+  // gradient and the final rstd): in attention its residual h, then in the experts its
+  // activations plus the router logits, or a count exchange.
+  const uint64_t forward_attention = earlier + NH;
   const uint64_t forward = earlier + Aw + max_of({NE, counts, aux_reduce});
+  const uint64_t recompute_attention = none ? 0 : Nb + aux_dprobs + NH + NH;
   const uint64_t recompute = none ? 0 : Nb + aux_dprobs + NH + Aw + max_of({NE, counts});
   // Head: final norm xf and rstdf, d xf and d final hidden (the ZeRO-3 reduce-scatters run in
   // place in the gathered grads: no temporary here).
   const uint64_t head = all_kept + aux_dprobs + NH + Nb + NH + NH;
   // Backward of the last layer: rstdf, the incoming gradient dy, the layer's activations, then
-  // per moment dn2 with the router's gradients, dn2 with dh, and attention's gradients beside dh.
+  // per moment dn2 with the router's gradients, dn2 with dh (experts), and attention's gradients
+  // beside dh (attention).
   const uint64_t base = Nb + aux_dprobs + NH + (none ? all_kept : Aw);
   uint64_t attn;
   if (degrees.sequence == 1) {                             // no Ulysses exchange
@@ -122,34 +139,86 @@ uint64_t workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
     attn = max_of({Q + Qh, 2 * Qh + 2 * KVh, Qh + 2 * KVh + Q, Q + 2 * KVh + KV, Q + KVh + 2 * KV,
                    Q + 2 * KV + 2 * NH});
   }
-  const uint64_t backward = base + max_of({NH + Kb + counts, NH + Kb + NE, NH + NH, NH + attn});
+  const uint64_t backward_experts = base + max_of({NH + Kb + counts, NH + Kb + NE, NH + NH});
+  const uint64_t backward_attention = base + NH + attn;
   // After the step: the grad norm's partials (f64) and its all-reduce; the metrics' all-gather.
   const uint64_t after = std::max(fp(8 * ops::kSumSquaresParts) + (world > 1 ? fp(8) : 0),
                                   world > 1 ? fp(16) + fp(16 * world) : 0);
-  return batch_tensors + max_of({forward, recompute, head, backward, after});
+  PhaseBytes p;
+  p[StepPhase::forward_attention] = batch_tensors + forward_attention;
+  p[StepPhase::forward_experts] = batch_tensors + forward;
+  p[StepPhase::head] = batch_tensors + head;
+  p[StepPhase::backward_experts] = batch_tensors + std::max(recompute, backward_experts);
+  p[StepPhase::backward_attention] =
+      batch_tensors + std::max(recompute_attention, backward_attention);
+  p[StepPhase::optimizer] = batch_tensors + after;
+  return p;
+}
+
+// The largest of every rank of a sequence group, phase by phase (groups alike: a rank's attention
+// and MoE shapes depend on its rank in the sequence group only).
+template <class OnRank>
+PhaseBytes largest_rank(const ParallelDegrees& degrees, OnRank on_rank) {
+  PhaseBytes most;
+  for (int r = 0; r < degrees.sequence; ++r) {
+    const PhaseBytes p = on_rank(r);
+    for (StepPhase ph : kAllStepPhases) most[ph] = std::max(most[ph], p[ph]);
+  }
+  return most;
 }
 
 }  // namespace
 
+PhaseBytes attention_phase_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
+                                 const ParallelDegrees& degrees, CheckpointSchedule checkpoint,
+                                 DType dtype) {
+  return largest_rank(degrees, [&](int r) {
+    return attention_on_rank(model, batch, seq_len, degrees, r, checkpoint, dtype);
+  });
+}
+
+PhaseBytes workspace_phase_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
+                                 const ParallelDegrees& degrees, const SchedulesConfig& schedules,
+                                 DType dtype) {
+  return largest_rank(degrees, [&](int r) {
+    return workspace_on_rank(model, batch, seq_len, degrees, r, schedules, dtype);
+  });
+}
+
 uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
                          const ParallelDegrees& degrees, CheckpointSchedule checkpoint,
                          DType dtype) {
-  uint64_t most = 0;
-  for (int r = 0; r < degrees.sequence; ++r) {  // every rank of a sequence group; groups alike
-    most = std::max(most, attention_on_rank(model, batch, seq_len, degrees, r, checkpoint, dtype));
-  }
-  return most;
+  return attention_phase_bytes(model, batch, seq_len, degrees, checkpoint, dtype).max();
 }
 
 uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
                          const ParallelDegrees& degrees, const SchedulesConfig& schedules,
                          DType dtype) {
-  // A rank's attention and MoE shapes depend on its rank in the sequence group only.
-  uint64_t most = 0;
-  for (int r = 0; r < degrees.sequence; ++r) {
-    most = std::max(most, workspace_on_rank(model, batch, seq_len, degrees, r, schedules, dtype));
+  return workspace_phase_bytes(model, batch, seq_len, degrees, schedules, dtype).max();
+}
+
+bool live_in_phase(LiveSet set, StepPhase phase, const SchedulesConfig& schedules,
+                   OptimizerPlacement placement) {
+  const bool optimizer = phase == StepPhase::optimizer;
+  switch (set) {
+    case LiveSet::weights:  // the shards always; gathered groups and spill copies in the passes
+    case LiveSet::grads:
+      return true;
+    case LiveSet::optimizer:  // resident AdamW state always; the offloads' staging in its step
+      return placement == OptimizerPlacement::resident || optimizer;
+    case LiveSet::dispatch:  // kept from forward to backward by every layer under "none"
+      return phase == StepPhase::forward_experts || phase == StepPhase::backward_experts ||
+             (!schedules::recomputes_layers(schedules.checkpoint) && !optimizer);
+    case LiveSet::logits:
+      return phase == StepPhase::head;
+    case LiveSet::boundaries:  // its checkpoint schedule's (BoundariesBytes::phases)
+    case LiveSet::attention:   // the model's own: attention_phase_bytes, workspace_phase_bytes
+    case LiveSet::workspace:
+      break;
   }
-  return most;
+  MOEPEAK_THROW("live_in_phase: ", live_set_name(set),
+                " has bytes per phase of its own (attention_phase_bytes, workspace_phase_bytes, "
+                "BoundariesBytes::phases)");
 }
 
 int mixtral_group_communicators(const ParallelDegrees& d, const SchedulesConfig& s,

@@ -20,6 +20,8 @@
 //              backward (incoming gradient, dn2, the router's gradients, dh, the attention
 //              gradients in both layouts, dn1, dx); the ZeRO-3 reduce-scatters run in place in
 //              the gathered grads and add nothing here.
+// Each also per phase of the step (core/runtime/step_phase.h): the plan's total is its largest
+// phase, each phase the sum of the sets live in it (live_in_phase for the schedules' sets).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +29,9 @@
 #include "core/config/config.h"
 #include "core/model/parallel_layout.h"
 #include "core/runtime/dtype.h"
+#include "core/runtime/live_set.h"
 #include "core/runtime/outside_arena.h"
+#include "core/runtime/step_phase.h"
 
 namespace moepeak {
 
@@ -58,6 +62,25 @@ uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_le
 uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
                          const ParallelDegrees& degrees, const SchedulesConfig& schedules,
                          DType dtype);
+
+// The same per phase of the step (each the largest rank's in that phase; their max is the
+// functions' above): attention holds a layer's kept activations beside its experts, and under
+// checkpoint = "none" every layer's at the head; workspace splits its moments by phase.
+PhaseBytes attention_phase_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
+                                 const ParallelDegrees& degrees, CheckpointSchedule checkpoint,
+                                 DType dtype);
+PhaseBytes workspace_phase_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
+                                 const ParallelDegrees& degrees, const SchedulesConfig& schedules,
+                                 DType dtype);
+
+// Whether a set its schedule sizes may hold bytes in `phase` of a step (the plan counts its whole
+// term there, or nothing): weights and grads always; the optimizer always when resident, else
+// (the offloads' staging) in its own phase; dispatch in the experts phase, and under checkpoint =
+// "none" (every layer keeping its dispatch for backward) in every phase but the optimizer's;
+// logits at the head. Throws for attention and workspace (the functions above) and boundaries
+// (schedules::BoundariesBytes::phases). Test: test_plan (each phase's measured peak <= its plan).
+bool live_in_phase(LiveSet set, StepPhase phase, const SchedulesConfig& schedules,
+                   OptimizerPlacement placement);
 
 // The same for every degree W.
 inline uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len, int world,

@@ -13,6 +13,7 @@
 #include "core/model/mixtral_memory.h"
 #include "core/model/zero_params.h"
 #include "core/model/zero_traffic.h"
+#include "core/runtime/arena.h"
 #include "core/runtime/backend.h"
 #include "core/units.h"
 #include "ops/schedules/checkpoint_choice.h"
@@ -139,8 +140,8 @@ void add_host(Plan& p, const std::vector<schedules::HostBytes>& host) {
 
 // weights, grads: the persistent shards + local experts, and the gathered groups live at once
 // over a pass (with the prefetch depth's groups ahead and a reduce-scatter behind), with the LM
-// head as the vocabulary schedule stores it.
-void add_weights_and_grads(Plan& p, const Config& cfg, const PlanSizes& z) {
+// head as the vocabulary schedule stores it. Returns the persistent part (the optimizer phase's).
+ZeroBytes add_weights_and_grads(Plan& p, const Config& cfg, const PlanSizes& z) {
   const LmHeadSharding head = lm_head_sharding(cfg.schedules.vocab);
   const bool rows = head == LmHeadSharding::vocab_rows;
   const int depth = static_cast<int>(cfg.parallelism.zero_prefetch_depth);
@@ -158,6 +159,7 @@ void add_weights_and_grads(Plan& p, const Config& cfg, const PlanSizes& z) {
   const std::string_view schedule = rows ? "zero3+vocab_rows" : "zero3";
   set(p, LiveSet::weights, zp.weights + zg.weights, function, schedule);
   set(p, LiveSet::grads, zp.grads + zg.grads, function, schedule);
+  return zp;
 }
 
 // optimizer (device) and its host state, for this rank's P flat parameter elements. Returns the
@@ -226,13 +228,14 @@ void add_logits(Plan& p, const Config& cfg, const PlanSizes& z) {
 }
 
 // boundaries (device) and SCO's pinned block; `host_live` is what the optimizer holds in the
-// pool when a step starts (SCO's "auto" budget is the rest).
-void add_boundaries(Plan& p, const Config& cfg, const PlanSizes& z, uint64_t host_live) {
+// pool when a step starts (SCO's "auto" budget is the rest). Returns the device bytes per phase.
+PhaseBytes add_boundaries(Plan& p, const Config& cfg, const PlanSizes& z, uint64_t host_live) {
   schedules::BoundariesBytes b = schedules::boundaries_bytes(
       cfg.schedules, {z.L, z.N, z.H, z.dt, p.inputs.host_budget, host_live});
   p.sco_offloaded_layers = b.offloaded_layers;
   set(p, LiveSet::boundaries, std::move(b.device));
   add_host(p, b.host);
+  return b.phases;
 }
 
 // CUDA: the device memory beside the arena (outside_arena.h), for this layout's communicators.
@@ -244,8 +247,53 @@ void add_outside_arena(Plan& p, const Config& cfg) {
   p.outside_total = o.total();
 }
 
+// Each phase: the model's attention and workspace bytes in it, the checkpoint schedule's
+// boundaries in it, every other set's term where it
+// may hold bytes (live_in_phase) but the weights and grads in the optimizer's (the persistent
+// shards: the passes' gathered groups and spill copies are gone); the total is the largest
+// phase and the allocator's allowance.
+void add_phases(Plan& p, const Config& cfg, const PlanSizes& z, const ZeroBytes& persistent,
+                const PhaseBytes& boundaries) {
+  const PhaseBytes attention =
+      attention_phase_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules.checkpoint, z.dt);
+  const PhaseBytes workspace = workspace_phase_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules, z.dt);
+  for (StepPhase ph : kAllStepPhases) {
+    PlanPhase& phase = p.phases[static_cast<size_t>(ph)];
+    phase.phase = ph;
+    for (LiveSet s : kAllLiveSets) {
+      uint64_t bytes;
+      if (s == LiveSet::attention) {
+        bytes = attention[ph];
+      } else if (s == LiveSet::workspace) {
+        bytes = workspace[ph];
+      } else if (s == LiveSet::boundaries) {
+        bytes = boundaries[ph];
+      } else if (ph == StepPhase::optimizer && s == LiveSet::weights) {
+        bytes = persistent.weights;
+      } else if (ph == StepPhase::optimizer && s == LiveSet::grads) {
+        bytes = persistent.grads;
+      } else {
+        bytes = live_in_phase(s, ph, cfg.schedules, cfg.optimizer.placement) ? p.term(s).bytes : 0;
+      }
+      phase.bytes[static_cast<size_t>(s)] = bytes;
+      phase.total += bytes;
+    }
+    if (phase.total > p.phase(p.peak_phase).total) p.peak_phase = ph;
+  }
+  // What the setup allocates (the shards, a resident optimizer's state) sits contiguous at the
+  // arena's start; the allocator's holes are among the rest.
+  const PlanPhase& peak = p.phase(p.peak_phase);
+  p.setup =
+      persistent.weights + persistent.grads +
+      (cfg.optimizer.placement == OptimizerPlacement::resident ? p.term(LiveSet::optimizer).bytes
+                                                               : 0);
+  p.fragmentation =
+      DeviceArena::fragmentation_allowance(peak.total - std::min(peak.total, p.setup));
+  p.total = peak.total + p.fragmentation;
+}
+
 void add_totals(Plan& p) {
-  for (const PlanTerm& t : p.terms) p.total += t.bytes;
+  for (const PlanTerm& t : p.terms) p.sum_of_terms += t.bytes;
   for (const HostTerm& h : p.host) p.host_total += h.bytes;
   p.device_fits = p.total <= p.inputs.capacity;
   p.host_fits = p.host_total <= p.inputs.host_budget;
@@ -261,15 +309,16 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
   Plan p;
   p.inputs = in;
   p.tokens_per_rank = z.N;
-  add_weights_and_grads(p, cfg, z);
+  const ZeroBytes persistent = add_weights_and_grads(p, cfg, z);
   const uint64_t optimizer_host = add_optimizer(p, cfg, z);
   const uint64_t snapshot_host = add_checkpoint_snapshot(p, cfg, z);
   add_attention(p, cfg, z);
   add_workspace(p, cfg, z);
   add_dispatch(p, cfg, z);
   add_logits(p, cfg, z);
-  add_boundaries(p, cfg, z, optimizer_host + snapshot_host);
+  const PhaseBytes boundaries = add_boundaries(p, cfg, z, optimizer_host + snapshot_host);
   add_outside_arena(p, cfg);
+  add_phases(p, cfg, z, persistent, boundaries);
   add_totals(p);
   return p;
 }
@@ -277,7 +326,6 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
 std::vector<std::string> Plan::overflow() const {
   std::vector<std::string> out;
   if (!device_fits) {
-    const uint64_t over = total - inputs.capacity;
     for (const PlanTerm& t : terms) {  // a set that does not fit on its own
       if (t.bytes > inputs.capacity) {
         out.push_back(std::string(live_set_name(t.set)) + " " + format_bytes(t.bytes) +
@@ -285,17 +333,29 @@ std::vector<std::string> Plan::overflow() const {
                       format_bytes(t.bytes - inputs.capacity));
       }
     }
-    if (out.empty()) {  // the largest terms that together exceed the overflow
-      std::vector<PlanTerm> sorted(terms.begin(), terms.end());
-      std::sort(sorted.begin(), sorted.end(),
-                [](const PlanTerm& a, const PlanTerm& c) { return a.bytes > c.bytes; });
-      uint64_t removed = 0;
-      for (const PlanTerm& t : sorted) {
-        out.push_back(std::string(live_set_name(t.set)) + " " + format_bytes(t.bytes) + " (" +
-                      std::to_string(static_cast<int>(pct(t.bytes, inputs.capacity) + 0.5)) +
-                      "% of capacity)");
-        removed += t.bytes;
-        if (removed >= over) break;
+    if (out.empty()) {  // per phase over the capacity, its largest sets that exceed the overflow
+      std::vector<PlanPhase> over_phases;
+      for (PlanPhase ph : phases) {
+        ph.total += fragmentation;  // the allocator's allowance, as the peak phase's
+        if (ph.total > inputs.capacity) over_phases.push_back(ph);
+      }
+      std::sort(over_phases.begin(), over_phases.end(),
+                [](const PlanPhase& a, const PlanPhase& c) { return a.total > c.total; });
+      std::vector<LiveSet> named;
+      for (const PlanPhase& ph : over_phases) {
+        std::vector<LiveSet> sets(kAllLiveSets.begin(), kAllLiveSets.end());
+        std::stable_sort(sets.begin(), sets.end(),
+                         [&](LiveSet a, LiveSet c) { return ph[a] > ph[c]; });
+        uint64_t removed = 0;
+        for (LiveSet s : sets) {
+          if (removed >= ph.total - inputs.capacity) break;
+          removed += ph[s];
+          if (std::find(named.begin(), named.end(), s) != named.end()) continue;
+          named.push_back(s);
+          out.push_back(std::string(live_set_name(s)) + " " + format_bytes(ph[s]) + " (" +
+                        std::to_string(static_cast<int>(pct(ph[s], inputs.capacity) + 0.5)) +
+                        "% of capacity, " + std::string(step_phase_name(ph.phase)) + ")");
+        }
       }
     }
   }
@@ -310,15 +370,17 @@ std::vector<std::string> Plan::overflow() const {
 std::string Plan::verdict() const {
   std::ostringstream os;
   if (fits()) {
-    os << "FITS: device " << format_bytes(total) << " of " << format_bytes(inputs.capacity) << " ("
+    os << "FITS: device " << format_bytes(total) << " (" << step_phase_name(peak_phase) << ") of "
+       << format_bytes(inputs.capacity) << " ("
        << static_cast<int>(pct(total, inputs.capacity) + 0.5) << "%), host "
        << format_bytes(host_total) << " of " << format_bytes(inputs.host_budget);
     return os.str();
   }
   os << "DOES NOT FIT:";
   if (!device_fits) {
-    os << " device total " << format_bytes(total) << " > capacity " << format_bytes(inputs.capacity)
-       << " by " << format_bytes(total - inputs.capacity) << ";";
+    os << " device total " << format_bytes(total) << " (" << step_phase_name(peak_phase)
+       << ") > capacity " << format_bytes(inputs.capacity) << " by "
+       << format_bytes(total - inputs.capacity) << ";";
   }
   if (!host_fits) {
     os << " host " << format_bytes(host_total) << " > budget " << format_bytes(inputs.host_budget)

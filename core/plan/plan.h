@@ -8,11 +8,15 @@
 //   Plan p = make_plan(cfg, in);                   // p.fits, p.overflow()
 //   int64_t T = max_seq_len(cfg, in);              // the search: a loop over make_plan
 //
-// The plan's device total is the SUM of the per-set peaks. The sets peak at different moments
-// of a step (the optimizer's staging after backward, the logits at the head, ...), so the sum is
-// an upper bound of the measured total peak, not its value. Terms are for the largest rank.
+// The sets peak at different moments of a step (the optimizer's staging after backward, the logits
+// at the head, ...), so the plan's device total is its largest PHASE (core/runtime/step_phase.h:
+// a layer's attention or experts in either pass, the head, the optimizer), each phase the sum of
+// the sets live in it: a set's whole term where it may hold bytes, the model's attention and
+// workspace (core/model/mixtral_memory.h) and the boundaries (their checkpoint schedule's) their
+// own bytes in that phase. The sum of all terms, the bound of a plan without phases, is
+// kept beside it. Terms are for the largest rank. docs/plan.md#phases.
 // Test: ctest -R test_plan (tests/plan/: every measured per-set peak <= its term, and within 10%
-// except the documented router-dependent bounds).
+// except the documented router-dependent bounds; every phase's measured peak <= its total).
 #pragma once
 
 #include <array>
@@ -25,6 +29,7 @@
 #include "core/runtime/dtype.h"
 #include "core/runtime/live_set.h"
 #include "core/runtime/outside_arena.h"
+#include "core/runtime/step_phase.h"
 
 namespace moepeak {
 
@@ -53,6 +58,14 @@ struct PlanTerm {
   std::string schedule;  // the schedule of the set as the config spells it
 };
 
+// One phase of the step: the bytes each live set may hold in it (kAllLiveSets order).
+struct PlanPhase {
+  StepPhase phase = StepPhase::forward_attention;
+  std::array<uint64_t, kNumLiveSets> bytes{};
+  uint64_t total = 0;
+  uint64_t operator[](LiveSet s) const { return bytes[static_cast<size_t>(s)]; }
+};
+
 struct HostTerm {
   std::string name;  // "sco_boundaries", "optimizer_state", "optimizer_grad_copy"
   uint64_t bytes = 0;
@@ -61,8 +74,9 @@ struct HostTerm {
 
 struct Plan {
   PlanInputs inputs;
-  int64_t tokens_per_rank = 0;                 // N = B*T/W
-  std::array<PlanTerm, kNumLiveSets> terms{};  // kAllLiveSets order
+  int64_t tokens_per_rank = 0;                     // N = B*T/W
+  std::array<PlanTerm, kNumLiveSets> terms{};      // kAllLiveSets order
+  std::array<PlanPhase, kNumStepPhases> phases{};  // kAllStepPhases order
   std::vector<HostTerm> host;
   // runtime.backend = "cuda" only: the device memory beside the arena (the CUDA context, cuBLAS,
   // NCCL's buffers for `communicators`), from the same function that sizes an "auto" arena
@@ -72,15 +86,22 @@ struct Plan {
   uint64_t outside_total = 0;
   int communicators = 0;  // of more than one rank, per rank (mixtral_group_communicators)
   int64_t sco_offloaded_layers = 0;  // |S| under checkpoint = "sco"
-  uint64_t total = 0, host_total = 0;
+  // total: the largest phase's (peak_phase) and the allocator's allowance for it (fragmentation,
+  // DeviceArena::fragmentation_allowance); sum_of_terms: every term at once.
+  uint64_t total = 0, fragmentation = 0, sum_of_terms = 0, host_total = 0;
+  uint64_t setup = 0;  // of the peak phase, what the setup allocates: shards, resident optimizer
+  StepPhase peak_phase = StepPhase::forward_attention;
   bool device_fits = false, host_fits = false;
   bool fits() const { return device_fits && host_fits; }
   const PlanTerm& term(LiveSet s) const { return terms[static_cast<size_t>(s)]; }
-  // "does not fit: total 3.2 GiB > capacity 2 GiB by 1.2 GiB; largest terms logits 2.1 GiB (65.6%),
-  //  ..." or "fits: ..." — one line naming what overflows and by how much.
+  const PlanPhase& phase(StepPhase p) const { return phases[static_cast<size_t>(p)]; }
+  // "DOES NOT FIT: device total 3.2 GiB (head) > capacity 2 GiB by 1.2 GiB; overflowing: logits
+  //  2.1 GiB (105% of capacity), ..." or "FITS: ..." — one line naming what overflows and by how
+  //  much.
   std::string verdict() const;
-  // The terms that overflow: every set that alone exceeds the capacity, else the largest terms
-  // whose removal would make the total fit (largest first); host terms likewise.
+  // The terms that overflow: every set that alone exceeds the capacity, else the largest sets of
+  // each phase over the capacity whose removal would make it fit (largest first, each set once);
+  // host terms likewise.
   std::vector<std::string> overflow() const;
 };
 

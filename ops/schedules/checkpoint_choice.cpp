@@ -42,11 +42,22 @@ BoundariesBytes boundaries_bytes(const SchedulesConfig& s, const BoundariesShape
   BoundariesBytes out;
   switch (s.checkpoint) {
     case CheckpointSchedule::none:
-    case CheckpointSchedule::standard:
+    case CheckpointSchedule::standard: {
       out.device = {
           boundaries_standard_bytes(L, N, H, b.dtype),
           "boundaries_standard_bytes(" + formula_args({{"L", L}, {"N", N}, {"H", H}}) + ")", name};
+      // The L layer inputs, and a layer's output beside its experts and at the head; in the
+      // backward too when the recompute has an output (a PipelinedLLEP recompute only plans).
+      const uint64_t inputs = boundaries_standard_bytes(L - 1, N, H, b.dtype);
+      const bool recompute_output = s.checkpoint == CheckpointSchedule::standard &&
+                                    s.dispatch != DispatchSchedule::pipelined_llep;
+      out.phases[StepPhase::forward_attention] = inputs;
+      out.phases[StepPhase::forward_experts] = out.device.bytes;
+      out.phases[StepPhase::head] = out.device.bytes;
+      out.phases[StepPhase::backward_experts] = recompute_output ? out.device.bytes : inputs;
+      out.phases[StepPhase::backward_attention] = inputs;
       return out;
+    }
     case CheckpointSchedule::sco: {
       // "auto": the pool's budget less what is live in it when the step starts.
       const uint64_t budget = s.sco_host_budget_bytes().value_or(
@@ -57,6 +68,9 @@ BoundariesBytes boundaries_bytes(const SchedulesConfig& s, const BoundariesShape
           sco_boundaries_bytes(L, S, N, H, b.dtype),
           "sco_boundaries_bytes(" + formula_args({{"L", L}, {"S", S}, {"N", N}, {"H", H}}) + ")",
           name};
+      for (StepPhase ph : kAllStepPhases) {
+        if (ph != StepPhase::optimizer) out.phases[ph] = out.device.bytes;
+      }
       out.host.push_back({"sco_boundaries", sco_host_bytes(S, N, H, b.dtype),
                           "sco_host_bytes(" + formula_args({{"S", S}, {"N", N}, {"H", H}}) + ")"});
       return out;

@@ -26,6 +26,7 @@
 
 #include "core/config/config.h"
 #include "core/runtime/backend.h"
+#include "core/runtime/step_phase.h"
 #include "ops/schedules/checkpoint_standard.h"
 #include "ops/schedules/schedule_bytes.h"
 
@@ -58,6 +59,12 @@ struct BoundariesShape {
 // block, "sco_boundaries"), and |S|, the layers SCO offloads (0 for the others).
 struct BoundariesBytes {
   ScheduleBytes device;
+  // The device bytes in each phase of a step (their max is device.bytes): standard and none hold
+  // the L layer inputs while a layer's attention runs and the L + 1st (a layer's output) beside
+  // its experts (in the backward only a standard recompute that has one: not PipelinedLLEP's)
+  // and at the head; SCO its whole term in every phase but the optimizer's; nothing there (the
+  // pass has ended).
+  PhaseBytes phases;
   std::vector<HostBytes> host;
   int64_t offloaded_layers = 0;
 };

@@ -7,7 +7,8 @@
 //                                             LLEP dispatch, which the plan takes at their worst
 //                                             case R, and LLEP's spill copies in weights/grads;
 //                                             docs/plan.md), which have only the first;
-//   measured total peak <= planned total      (the sum of per-set peaks is an upper bound),
+//   measured phase peak <= the phase's total  for every phase of the step (docs/plan.md#phases),
+//   measured total peak <= planned total      (the largest phase),
 //   arena high water    <= planned total      (so is it of the allocator's fragmentation),
 //   live communicators  == the plan's count   (its NCCL term's, on CUDA).
 // Rank 0 prints "ratio <case> <set> planned measured planned/measured" lines (docs/plan.md).
@@ -79,8 +80,15 @@ inline MemorySnapshot expect_within_plan(const std::string& name, const Config& 
   Trainer trainer(cfg, TrainOptions{});
   MemorySnapshot device, host;
   uint64_t total = 0, high_water = 0;
+  PhaseBytes phases;
+  std::array<MemorySnapshot, kNumStepPhases> phase_sets{};  // the sets at each phase's peak
   for (int64_t i = 0; i < cfg.training.steps; ++i) {
     const StepMetrics m = trainer.step();
+    for (StepPhase ph : kAllStepPhases) {
+      if (m.phase_peaks[ph] <= phases[ph]) continue;
+      phases[ph] = m.phase_peaks[ph];
+      phase_sets[static_cast<size_t>(ph)] = m.phase_at_peak[static_cast<size_t>(ph)];
+    }
     for (size_t s = 0; s < kNumLiveSets; ++s) {
       device.bytes[s] = std::max(device.bytes[s], m.peak_per_set.bytes[s]);
       host.bytes[s] = std::max(host.bytes[s], m.host_peak_per_set.bytes[s]);
@@ -114,17 +122,40 @@ inline MemorySnapshot expect_within_plan(const std::string& name, const Config& 
                   loose_by_design(cfg, W, s) ? " (worst-case bound)" : "");
     }
   }
+  for (StepPhase ph : kAllStepPhases) {
+    const uint64_t planned = plan.phase(ph).total, measured = phases[ph];
+    std::string sets;  // measured/planned per set at the phase's peak, for a failure
+    for (LiveSet s : kAllLiveSets) {
+      sets += " " + std::string(live_set_name(s)) + " " +
+              std::to_string(phase_sets[static_cast<size_t>(ph)][s]) + "/" +
+              std::to_string(plan.phase(ph)[s]);
+    }
+    EXPECT_LE(measured, planned) << name << " W=" << W << " rank " << trainer.rank() << " phase "
+                                 << step_phase_name(ph) << ": measured/planned" << sets;
+    if (trainer.rank() == 0) {
+      std::printf("phase %s W=%d %-10s planned %9llu measured %9llu planned/measured %.4f%s\n",
+                  name.c_str(), W, std::string(step_phase_name(ph)).c_str(),
+                  static_cast<unsigned long long>(planned),
+                  static_cast<unsigned long long>(measured),
+                  measured ? static_cast<double>(planned) / static_cast<double>(measured) : 1.0,
+                  ph == plan.peak_phase ? " (the plan's peak)" : "");
+    }
+  }
   EXPECT_LE(total, plan.total) << name;
   // The arena's fragmentation (its highest block end past the live bytes at the peak) fits in
-  // the slack of the plan's sum of per-set peaks: a capacity of plan.total holds the run.
+  // the slack of the plan's largest phase: a capacity of plan.total holds the run.
   EXPECT_GE(high_water, total) << name;
   EXPECT_LE(high_water, plan.total) << name << ": the arena reached " << high_water;
   if (trainer.rank() == 0) {
-    std::printf("fragmentation %s W=%d peak %llu high_water %llu (+%.2f%%) plan total %llu\n",
-                name.c_str(), W, static_cast<unsigned long long>(total),
-                static_cast<unsigned long long>(high_water),
-                total ? 100.0 * static_cast<double>(high_water - total) / total : 0.0,
-                static_cast<unsigned long long>(plan.total));
+    const uint64_t transient = plan.phase(plan.peak_phase).total - plan.setup;
+    std::printf(
+        "fragmentation %s W=%d peak %llu high_water %llu (+%.2f%%, %.2f%% of the plan's "
+        "%llu transient) plan total %llu\n",
+        name.c_str(), W, static_cast<unsigned long long>(total),
+        static_cast<unsigned long long>(high_water),
+        total ? 100.0 * static_cast<double>(high_water - total) / total : 0.0,
+        transient ? 100.0 * static_cast<double>(high_water - total) / transient : 0.0,
+        static_cast<unsigned long long>(transient), static_cast<unsigned long long>(plan.total));
   }
   // Host (pinned pool): SCO's block in `boundaries`, the optimizer state in `optimizer`, the
   // serial offload's gradient copy in `grads`.

@@ -180,7 +180,8 @@ TEST(PlanVerdict, NamesTheOverflowingTermAndTheAmount) {
   EXPECT_TRUE(fits.overflow().empty());
   EXPECT_EQ(fits.verdict().rfind("FITS", 0), 0u) << fits.verdict();
 
-  // A capacity just under the total: the largest term(s) are named with the overflow amount.
+  // A capacity just under the total: the largest set of the peak phase is named with the
+  // overflow amount.
   in.capacity = fits.total - 1000;
   const Plan over = make_plan(c, in);
   EXPECT_FALSE(over.fits());
@@ -188,9 +189,10 @@ TEST(PlanVerdict, NamesTheOverflowingTermAndTheAmount) {
   EXPECT_TRUE(over.host_fits);
   const auto names = over.overflow();
   ASSERT_EQ(names.size(), 1u);
+  const PlanPhase& peak = over.phase(over.peak_phase);
   LiveSet largest = LiveSet::weights;
-  for (const PlanTerm& t : over.terms) {
-    if (t.bytes > over.term(largest).bytes) largest = t.set;
+  for (LiveSet s : kAllLiveSets) {
+    if (peak[s] > peak[largest]) largest = s;
   }
   EXPECT_CONTAINS(names[0], std::string(live_set_name(largest)));
   EXPECT_CONTAINS(over.verdict(), "DOES NOT FIT");

@@ -21,7 +21,10 @@ done
 check "plan table has a total row" grep -qE '^  total ' "$tmp/out"
 check "plan table has a host total row" grep -qE '^  host total ' "$tmp/out"
 check "plan names the byte functions" contains "$tmp/out" "dispatch_standard_bytes("
-check "plan says the total is a sum of per-set peaks" contains "$tmp/out" "upper bound"
+check "plan says the total is the largest phase" contains "$tmp/out" "the step's largest phase"
+check "plan table has a row per phase" \
+  sh -c "grep -qE '^  forward_attention +[0-9]' '$tmp/out' && grep -qE '^  optimizer +[0-9]' '$tmp/out'"
+check "plan marks the peak phase" grep -qE '<- peak$' "$tmp/out"
 check "plan verdict FITS" grep -qE '^# verdict: FITS' "$tmp/out"
 check "comment lines start with #" sh -c "! grep -vE '^(#|  )' '$tmp/out'"
 
@@ -35,7 +38,16 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 sets = {"weights", "grads", "optimizer", "attention", "dispatch", "logits", "boundaries", "workspace"}
 assert set(j["live_sets"]) == sets, j["live_sets"]
-assert j["total_bytes"] == sum(j["live_sets"].values())
+assert j["sum_of_terms_bytes"] == sum(j["live_sets"].values())
+phases = j["phase_bytes"]
+assert set(phases) == {"forward_attention", "forward_experts", "head", "backward_experts",
+                       "backward_attention", "optimizer"}, phases.keys()
+for name, ph in phases.items():
+    assert ph["total"] == sum(ph[s] for s in sets), name
+    assert all(ph[s] <= j["live_sets"][s] for s in sets), name  # a set's term is its peak
+peak = phases[j["peak_phase"]]["total"]
+assert peak == max(ph["total"] for ph in phases.values())
+assert j["total_bytes"] == peak + j["fragmentation_bytes"] <= j["sum_of_terms_bytes"]
 assert j["world_size"] == 2 and j["fits"] is True
 for k in ("capacity_bytes", "host_bytes", "host_budget_bytes", "functions", "overflow", "verdict"):
     assert k in j, k
