@@ -395,7 +395,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   std::vector<LayerActivations> acts(static_cast<size_t>(Lc));
   Tensor x;  // (N, H) the current layer's input
   {
-    enter(StepPhase::forward_attention);  // the embedding: a layer input, as the attention's
+    enter(StepPhase::embedding);
     OwnedTensor embedded = device(Shape{N, H}, LiveSet::boundaries, "embedding output");
     Group embed = zero.acquire();
     ops::embedding_forward(batch.input_ids, embed.value(P.embed), embedded, stream_);
@@ -406,6 +406,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   for (int l = 0; l < Lc; ++l) {
     // Without checkpointing, backward reuses this forward's activations but gathers the weights
     // again; with it, backward recomputes the layer from its input under one backward gather.
+    enter(StepPhase::forward_attention);  // the layer's gather is its pass's
     Group w = zero.acquire();
     OwnedTensor y = layer_forward(l, w, x, batch, acts[l], false);
     zero.release(std::move(w));
@@ -466,6 +467,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   // gathered layer out of the logits' moment (as SCO's restore of layer L-1 above).
   zero.release(std::move(head));
   for (int l = Lc - 1; l >= 0; --l) {
+    enter(StepPhase::backward_attention);  // the layer's gather and input are its pass's
     Group w = zero.acquire();
     x = boundaries.restore(l);
     if (recompute) layer_forward(l, w, x, batch, acts[l], true);  // the output is dropped
@@ -478,7 +480,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
     if (l > 0) boundaries.release(l);
   }
   {
-    enter(StepPhase::backward_attention);
+    enter(StepPhase::embedding);
     Group embed = zero.acquire();  // gradients only
     ops::embedding_backward(batch.input_ids, dx, embed.grad(P.embed), stream_);
     zero.release(std::move(embed));

@@ -145,6 +145,8 @@ PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
   const uint64_t after = std::max(fp(8 * ops::kSumSquaresParts) + (world > 1 ? fp(8) : 0),
                                   world > 1 ? fp(16) + fp(16 * world) : 0);
   PhaseBytes p;
+  // The embedding: its output is a boundary; its backward holds rstdf and layer 0's dx.
+  p[StepPhase::embedding] = batch_tensors + Nb + aux_dprobs + NH;
   p[StepPhase::forward_attention] = batch_tensors + forward_attention;
   p[StepPhase::forward_experts] = batch_tensors + forward;
   p[StepPhase::head] = batch_tensors + head;
@@ -201,16 +203,16 @@ bool live_in_phase(LiveSet set, StepPhase phase, const SchedulesConfig& schedule
                    OptimizerPlacement placement) {
   const bool optimizer = phase == StepPhase::optimizer;
   switch (set) {
-    case LiveSet::weights:  // the shards always; gathered groups and spill copies in the passes
-    case LiveSet::grads:
-      return true;
     case LiveSet::optimizer:  // resident AdamW state always; the offloads' staging in its step
       return placement == OptimizerPlacement::resident || optimizer;
     case LiveSet::dispatch:  // kept from forward to backward by every layer under "none"
       return phase == StepPhase::forward_experts || phase == StepPhase::backward_experts ||
-             (!schedules::recomputes_layers(schedules.checkpoint) && !optimizer);
+             (!schedules::recomputes_layers(schedules.checkpoint) && !optimizer &&
+              phase != StepPhase::embedding);
     case LiveSet::logits:
       return phase == StepPhase::head;
+    case LiveSet::weights:  // per phase: the ZeRO-3 uses in it (zero_phase_gathered_bytes)
+    case LiveSet::grads:
     case LiveSet::boundaries:  // its checkpoint schedule's (BoundariesBytes::phases)
     case LiveSet::attention:   // the model's own: attention_phase_bytes, workspace_phase_bytes
     case LiveSet::workspace:
@@ -218,7 +220,7 @@ bool live_in_phase(LiveSet set, StepPhase phase, const SchedulesConfig& schedule
   }
   MOEPEAK_THROW("live_in_phase: ", live_set_name(set),
                 " has bytes per phase of its own (attention_phase_bytes, workspace_phase_bytes, "
-                "BoundariesBytes::phases)");
+                "zero_phase_gathered_bytes, BoundariesBytes::phases)");
 }
 
 int mixtral_group_communicators(const ParallelDegrees& d, const SchedulesConfig& s,

@@ -74,11 +74,13 @@ PhaseBytes workspace_phase_bytes(const ModelConfig& model, int64_t batch, int64_
                                  DType dtype);
 
 // Whether a set its schedule sizes may hold bytes in `phase` of a step (the plan counts its whole
-// term there, or nothing): weights and grads always; the optimizer always when resident, else
+// term there, or nothing): the optimizer always when resident, else
 // (the offloads' staging) in its own phase; dispatch in the experts phase, and under checkpoint =
-// "none" (every layer keeping its dispatch for backward) in every phase but the optimizer's;
-// logits at the head. Throws for attention and workspace (the functions above) and boundaries
-// (schedules::BoundariesBytes::phases). Test: test_plan (each phase's measured peak <= its plan).
+// "none" (every layer keeping its dispatch for backward) in every layer's and the head's;
+// logits at the head. Throws for the sets with bytes per phase of their own: attention and
+// workspace (the functions above), weights and grads (zero_phase_gathered_bytes and the spill
+// copies), boundaries (schedules::BoundariesBytes::phases). Test: test_plan (each phase's measured
+// peak <= its plan).
 bool live_in_phase(LiveSet set, StepPhase phase, const SchedulesConfig& schedules,
                    OptimizerPlacement placement);
 

@@ -38,11 +38,12 @@ size_t window_end(const std::vector<ZeroUse>& uses, size_t k, int depth) {
   return end;
 }
 
-}  // namespace
-
-ZeroBytes zero_pass_gathered_bytes(const ModelConfig& model, DType dtype,
-                                   const ParallelDegrees& degrees, LmHeadSharding lm_head,
-                                   int prefetch_depth, bool with_backward) {
+// What each use of the pass holds gathered at its acquire: its values and those gathered ahead,
+// its gradient slots and (d >= 1) those of the use before whose reduce-scatter may still run.
+std::vector<ZeroBytes> zero_use_gathered_bytes(const ModelConfig& model, DType dtype,
+                                               const ParallelDegrees& degrees,
+                                               LmHeadSharding lm_head, int prefetch_depth,
+                                               bool with_backward) {
   const auto [first, last] = zero_local_experts(model, degrees, 0);
   const ParamLayout layout(model);
   const std::vector<std::vector<int>> groups = zero_gather_groups(layout, lm_head, first, last);
@@ -51,17 +52,61 @@ ZeroBytes zero_pass_gathered_bytes(const ModelConfig& model, DType dtype,
   for (const ZeroUse& u : uses) {
     bytes.push_back(zero_gathered_bytes(model, dtype, degrees, groups[u.group], u.parts));
   }
-  ZeroBytes most;
+  std::vector<ZeroBytes> held(uses.size());
   const bool overlapped = prefetch_depth > 0 && degrees.world > 1;
   uint64_t reducing = 0;  // the gradient slots of the last use released with gradients
   for (size_t k = 0; k < uses.size(); ++k) {
-    uint64_t values = 0;
     const size_t end = overlapped ? window_end(uses, k, prefetch_depth) : k;
-    for (size_t j = k; j <= end; ++j) values += bytes[j].weights;
-    most.weights = std::max(most.weights, values);
+    for (size_t j = k; j <= end; ++j) held[k].weights += bytes[j].weights;
     if (bytes[k].grads == 0) continue;
-    most.grads = std::max(most.grads, bytes[k].grads + (overlapped ? reducing : 0));
+    held[k].grads = bytes[k].grads + (overlapped ? reducing : 0);
     reducing = bytes[k].grads;
+  }
+  return held;
+}
+
+void keep_larger(ZeroBytes& most, const ZeroBytes& b) {
+  most.weights = std::max(most.weights, b.weights);
+  most.grads = std::max(most.grads, b.grads);
+}
+
+}  // namespace
+
+ZeroBytes zero_pass_gathered_bytes(const ModelConfig& model, DType dtype,
+                                   const ParallelDegrees& degrees, LmHeadSharding lm_head,
+                                   int prefetch_depth, bool with_backward) {
+  ZeroBytes most;
+  for (const ZeroBytes& b :
+       zero_use_gathered_bytes(model, dtype, degrees, lm_head, prefetch_depth, with_backward)) {
+    keep_larger(most, b);
+  }
+  return most;
+}
+
+std::array<ZeroBytes, kNumStepPhases> zero_phase_gathered_bytes(const ModelConfig& model,
+                                                                DType dtype,
+                                                                const ParallelDegrees& degrees,
+                                                                LmHeadSharding lm_head,
+                                                                int prefetch_depth) {
+  const std::vector<ZeroBytes> held =
+      zero_use_gathered_bytes(model, dtype, degrees, lm_head, prefetch_depth, true);
+  const std::vector<ZeroUse> uses = zero_pass_uses(model.num_hidden_layers, true);
+  const int head = static_cast<int>(model.num_hidden_layers) + 1;
+  std::array<ZeroBytes, kNumStepPhases> most{};
+  auto add = [&](StepPhase ph, const ZeroBytes& b) {
+    keep_larger(most[static_cast<size_t>(ph)], b);
+  };
+  bool backward = false;  // the uses after the head's
+  for (size_t k = 0; k < uses.size(); ++k) {
+    if (uses[k].group == 0) {
+      add(StepPhase::embedding, held[k]);
+    } else if (uses[k].group == head) {
+      add(StepPhase::head, held[k]);
+      backward = true;
+    } else {
+      add(attention_phase(backward), held[k]);
+      add(experts_phase(backward), held[k]);
+    }
   }
   return most;
 }

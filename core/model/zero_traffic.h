@@ -19,12 +19,14 @@
 // reduce-scatter in flight beside the use computing (d >= 1).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <vector>
 
 #include "core/model/zero_params.h"
+#include "core/runtime/step_phase.h"
 
 namespace moepeak {
 
@@ -53,6 +55,15 @@ std::vector<ZeroUse> zero_pass_uses(int64_t layers, bool with_backward);
 ZeroBytes zero_pass_gathered_bytes(const ModelConfig& model, DType dtype,
                                    const ParallelDegrees& degrees, LmHeadSharding lm_head,
                                    int prefetch_depth, bool with_backward = true);
+
+// The same per phase of a training step (the largest over the uses in it; their max is the
+// above): the embedding's uses in `embedding`, a layer's in its pass's attention and experts
+// phases, the head's in `head`, none in `optimizer`.
+std::array<ZeroBytes, kNumStepPhases> zero_phase_gathered_bytes(const ModelConfig& model,
+                                                                DType dtype,
+                                                                const ParallelDegrees& degrees,
+                                                                LmHeadSharding lm_head,
+                                                                int prefetch_depth);
 
 class ZeroTraffic {
  public:

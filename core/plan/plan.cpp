@@ -138,15 +138,29 @@ void add_host(Plan& p, const std::vector<schedules::HostBytes>& host) {
   for (const schedules::HostBytes& h : host) p.host.push_back({h.name, h.bytes, h.function});
 }
 
+// The bytes per phase of the sets whose phases are not just their term or nothing.
+struct SetPhases {
+  PhaseBytes weights, grads, boundaries;
+  uint64_t setup = 0;  // the persistent shards: allocated at setup, below every hole
+};
+
 // weights, grads: the persistent shards + local experts, and the gathered groups live at once
 // over a pass (with the prefetch depth's groups ahead and a reduce-scatter behind), with the LM
-// head as the vocabulary schedule stores it. Returns the persistent part (the optimizer phase's).
-ZeroBytes add_weights_and_grads(Plan& p, const Config& cfg, const PlanSizes& z) {
+// head as the vocabulary schedule stores it; per phase the groups of its uses (the optimizer's
+// none).
+void add_weights_and_grads(Plan& p, const Config& cfg, const PlanSizes& z, SetPhases& phases) {
   const LmHeadSharding head = lm_head_sharding(cfg.schedules.vocab);
   const bool rows = head == LmHeadSharding::vocab_rows;
   const int depth = static_cast<int>(cfg.parallelism.zero_prefetch_depth);
   const ZeroBytes zp = zero_persistent_bytes(cfg.model, z.dt, z.d, head);
-  const ZeroBytes zg = zero_pass_gathered_bytes(cfg.model, z.dt, z.d, head, depth);
+  // Per phase, and over the pass their largest (zero_pass_gathered_bytes, computed once).
+  const std::array<ZeroBytes, kNumStepPhases> gathered =
+      zero_phase_gathered_bytes(cfg.model, z.dt, z.d, head, depth);
+  ZeroBytes zg;
+  for (const ZeroBytes& g : gathered) {
+    zg.weights = std::max(zg.weights, g.weights);
+    zg.grads = std::max(zg.grads, g.grads);
+  }
   const std::string zargs = "(W=" + std::to_string(z.W) +
                             (z.d.is_uniform() ? std::string()
                                               : ", Ep=" + std::to_string(z.d.expert) +
@@ -159,7 +173,11 @@ ZeroBytes add_weights_and_grads(Plan& p, const Config& cfg, const PlanSizes& z) 
   const std::string_view schedule = rows ? "zero3+vocab_rows" : "zero3";
   set(p, LiveSet::weights, zp.weights + zg.weights, function, schedule);
   set(p, LiveSet::grads, zp.grads + zg.grads, function, schedule);
-  return zp;
+  for (StepPhase ph : kAllStepPhases) {
+    phases.weights[ph] = zp.weights + gathered[static_cast<size_t>(ph)].weights;
+    phases.grads[ph] = zp.grads + gathered[static_cast<size_t>(ph)].grads;
+  }
+  phases.setup = zp.weights + zp.grads;
 }
 
 // optimizer (device) and its host state, for this rank's P flat parameter elements. Returns the
@@ -204,8 +222,9 @@ void add_workspace(Plan& p, const Config& cfg, const PlanSizes& z) {
       "workspace_bytes(" + args({{"B", z.B}, {"T", z.T}}) + ", " + layout_args(z.d) + ")", "model");
 }
 
-// dispatch, and what the dispatcher adds to weights and grads (LLEP's spilled-expert copies).
-void add_dispatch(Plan& p, const Config& cfg, const PlanSizes& z) {
+// dispatch, and what the dispatcher adds to weights and grads (LLEP's spilled-expert copies:
+// PipelinedLLEP's within its forward and backward, LLEP's until the layer is released).
+void add_dispatch(Plan& p, const Config& cfg, const PlanSizes& z, SetPhases& phases) {
   const SchedulesConfig& s = cfg.schedules;
   const schedules::DispatchShape shape{
       z.N, z.k, z.H, z.F, z.E, z.d.expert, schedules::resident_layers(s.checkpoint, z.L), z.dt};
@@ -219,6 +238,15 @@ void add_dispatch(Plan& p, const Config& cfg, const PlanSizes& z) {
     gt.bytes += spill->grads;
     gt.function += " + " + spill->grads_function;
     gt.schedule += "+" + spill->schedule;
+    const bool pipelined = s.dispatch == DispatchSchedule::pipelined_llep;
+    for (StepPhase ph : kAllStepPhases) {
+      const bool experts = ph == StepPhase::forward_experts || ph == StepPhase::backward_experts;
+      const bool layers = ph != StepPhase::embedding && ph != StepPhase::optimizer;
+      if (pipelined ? experts : layers) {
+        phases.weights[ph] += spill->weights;
+        phases.grads[ph] += spill->grads;
+      }
+    }
   }
 }
 
@@ -229,13 +257,14 @@ void add_logits(Plan& p, const Config& cfg, const PlanSizes& z) {
 
 // boundaries (device) and SCO's pinned block; `host_live` is what the optimizer holds in the
 // pool when a step starts (SCO's "auto" budget is the rest). Returns the device bytes per phase.
-PhaseBytes add_boundaries(Plan& p, const Config& cfg, const PlanSizes& z, uint64_t host_live) {
+void add_boundaries(Plan& p, const Config& cfg, const PlanSizes& z, uint64_t host_live,
+                    SetPhases& phases) {
   schedules::BoundariesBytes b = schedules::boundaries_bytes(
       cfg.schedules, {z.L, z.N, z.H, z.dt, p.inputs.host_budget, host_live});
   p.sco_offloaded_layers = b.offloaded_layers;
   set(p, LiveSet::boundaries, std::move(b.device));
   add_host(p, b.host);
-  return b.phases;
+  phases.boundaries = b.phases;
 }
 
 // CUDA: the device memory beside the arena (outside_arena.h), for this layout's communicators.
@@ -247,13 +276,10 @@ void add_outside_arena(Plan& p, const Config& cfg) {
   p.outside_total = o.total();
 }
 
-// Each phase: the model's attention and workspace bytes in it, the checkpoint schedule's
-// boundaries in it, every other set's term where it
-// may hold bytes (live_in_phase) but the weights and grads in the optimizer's (the persistent
-// shards: the passes' gathered groups and spill copies are gone); the total is the largest
-// phase and the allocator's allowance.
-void add_phases(Plan& p, const Config& cfg, const PlanSizes& z, const ZeroBytes& persistent,
-                const PhaseBytes& boundaries) {
+// Each phase: the model's attention and workspace bytes in it, the weights, grads and boundaries
+// as `phases` has them, every other set's term where it may hold bytes (live_in_phase); the
+// total is the largest phase and the allocator's allowance.
+void add_phases(Plan& p, const Config& cfg, const PlanSizes& z, const SetPhases& phases) {
   const PhaseBytes attention =
       attention_phase_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules.checkpoint, z.dt);
   const PhaseBytes workspace = workspace_phase_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules, z.dt);
@@ -267,11 +293,11 @@ void add_phases(Plan& p, const Config& cfg, const PlanSizes& z, const ZeroBytes&
       } else if (s == LiveSet::workspace) {
         bytes = workspace[ph];
       } else if (s == LiveSet::boundaries) {
-        bytes = boundaries[ph];
-      } else if (ph == StepPhase::optimizer && s == LiveSet::weights) {
-        bytes = persistent.weights;
-      } else if (ph == StepPhase::optimizer && s == LiveSet::grads) {
-        bytes = persistent.grads;
+        bytes = phases.boundaries[ph];
+      } else if (s == LiveSet::weights) {
+        bytes = phases.weights[ph];
+      } else if (s == LiveSet::grads) {
+        bytes = phases.grads[ph];
       } else {
         bytes = live_in_phase(s, ph, cfg.schedules, cfg.optimizer.placement) ? p.term(s).bytes : 0;
       }
@@ -283,10 +309,9 @@ void add_phases(Plan& p, const Config& cfg, const PlanSizes& z, const ZeroBytes&
   // What the setup allocates (the shards, a resident optimizer's state) sits contiguous at the
   // arena's start; the allocator's holes are among the rest.
   const PlanPhase& peak = p.phase(p.peak_phase);
-  p.setup =
-      persistent.weights + persistent.grads +
-      (cfg.optimizer.placement == OptimizerPlacement::resident ? p.term(LiveSet::optimizer).bytes
-                                                               : 0);
+  p.setup = phases.setup + (cfg.optimizer.placement == OptimizerPlacement::resident
+                                ? p.term(LiveSet::optimizer).bytes
+                                : 0);
   p.fragmentation =
       DeviceArena::fragmentation_allowance(peak.total - std::min(peak.total, p.setup));
   p.total = peak.total + p.fragmentation;
@@ -309,16 +334,17 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
   Plan p;
   p.inputs = in;
   p.tokens_per_rank = z.N;
-  const ZeroBytes persistent = add_weights_and_grads(p, cfg, z);
+  SetPhases phases;
+  add_weights_and_grads(p, cfg, z, phases);
   const uint64_t optimizer_host = add_optimizer(p, cfg, z);
   const uint64_t snapshot_host = add_checkpoint_snapshot(p, cfg, z);
   add_attention(p, cfg, z);
   add_workspace(p, cfg, z);
-  add_dispatch(p, cfg, z);
+  add_dispatch(p, cfg, z, phases);
   add_logits(p, cfg, z);
-  const PhaseBytes boundaries = add_boundaries(p, cfg, z, optimizer_host + snapshot_host);
+  add_boundaries(p, cfg, z, optimizer_host + snapshot_host, phases);
   add_outside_arena(p, cfg);
-  add_phases(p, cfg, z, persistent, boundaries);
+  add_phases(p, cfg, z, phases);
   add_totals(p);
   return p;
 }

@@ -10,13 +10,13 @@
 //
 // The sets peak at different moments of a step (the optimizer's staging after backward, the logits
 // at the head, ...), so the plan's device total is its largest PHASE (core/runtime/step_phase.h:
-// a layer's attention or experts in either pass, the head, the optimizer), each phase the sum of
-// the sets live in it: a set's whole term where it may hold bytes, the model's attention and
-// workspace (core/model/mixtral_memory.h) and the boundaries (their checkpoint schedule's) their
-// own bytes in that phase. The sum of all terms, the bound of a plan without phases, is
-// kept beside it. Terms are for the largest rank. docs/plan.md#phases.
-// Test: ctest -R test_plan (tests/plan/: every measured per-set peak <= its term, and within 10%
-// except the documented router-dependent bounds; every phase's measured peak <= its total).
+// the embedding, a layer's attention or experts in either pass, the head, the optimizer), each
+// phase the sum of the sets live in it: a set's whole term where it may hold bytes, the model's
+// attention and workspace (core/model/mixtral_memory.h) and the boundaries (their checkpoint
+// schedule's) their own bytes in that phase. The sum of all terms, the bound of a plan without
+// phases, is kept beside it. Terms are for the largest rank. docs/plan.md#phases. Test: ctest -R
+// test_plan (tests/plan/: every measured per-set peak <= its term, and within 10% except the
+// documented router-dependent bounds; every phase's measured peak <= its total).
 #pragma once
 
 #include <array>
@@ -60,7 +60,7 @@ struct PlanTerm {
 
 // One phase of the step: the bytes each live set may hold in it (kAllLiveSets order).
 struct PlanPhase {
-  StepPhase phase = StepPhase::forward_attention;
+  StepPhase phase = StepPhase::embedding;
   std::array<uint64_t, kNumLiveSets> bytes{};
   uint64_t total = 0;
   uint64_t operator[](LiveSet s) const { return bytes[static_cast<size_t>(s)]; }
@@ -90,7 +90,7 @@ struct Plan {
   // DeviceArena::fragmentation_allowance); sum_of_terms: every term at once.
   uint64_t total = 0, fragmentation = 0, sum_of_terms = 0, host_total = 0;
   uint64_t setup = 0;  // of the peak phase, what the setup allocates: shards, resident optimizer
-  StepPhase peak_phase = StepPhase::forward_attention;
+  StepPhase peak_phase = StepPhase::embedding;
   bool device_fits = false, host_fits = false;
   bool fits() const { return device_fits && host_fits; }
   const PlanTerm& term(LiveSet s) const { return terms[static_cast<size_t>(s)]; }

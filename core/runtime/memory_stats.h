@@ -52,7 +52,7 @@ class MemoryStats {
   MemorySnapshot current_, peak_, at_peak_;
   uint64_t current_total_ = 0;
   uint64_t peak_total_ = 0;
-  StepPhase phase_ = StepPhase::forward_attention;
+  StepPhase phase_ = StepPhase::embedding;
   PhaseBytes phase_peak_;
   std::array<MemorySnapshot, kNumStepPhases> phase_at_peak_{};
 };

@@ -2,12 +2,12 @@
 // not all peak at once, so the arena keeps the peak of each phase and the plan's total is the
 // largest phase, each phase the sum of the sets live in it.
 //
-//   forward_attention   the embedding and each layer's attention block in the forward pass
+//   embedding           the batch's upload, the embedding and its backward
+//   forward_attention   each layer's attention block in the forward pass
 //   forward_experts     each layer's router and expert dispatch in the forward pass
 //   head                the final norm, the vocabulary projection and the loss (both passes)
 //   backward_experts    a layer's experts in the backward pass (with their recompute)
-//   backward_attention  a layer's attention in the backward pass (with its recompute), the
-//                       embedding's backward
+//   backward_attention  a layer's attention in the backward pass (with its recompute)
 //   optimizer           the gradient norm, the optimizer step and the step's metrics
 #pragma once
 
@@ -19,7 +19,8 @@
 namespace moepeak {
 
 enum class StepPhase : int {
-  forward_attention = 0,
+  embedding = 0,
+  forward_attention,
   forward_experts,
   head,
   backward_experts,
@@ -27,11 +28,12 @@ enum class StepPhase : int {
   optimizer
 };
 
-constexpr size_t kNumStepPhases = 6;
+constexpr size_t kNumStepPhases = 7;
 
 constexpr std::array<StepPhase, kNumStepPhases> kAllStepPhases = {
-    StepPhase::forward_attention, StepPhase::forward_experts,    StepPhase::head,
-    StepPhase::backward_experts,  StepPhase::backward_attention, StepPhase::optimizer};
+    StepPhase::embedding, StepPhase::forward_attention, StepPhase::forward_experts,
+    StepPhase::head,      StepPhase::backward_experts,  StepPhase::backward_attention,
+    StepPhase::optimizer};
 
 // The phase of a layer's attention or experts in the forward pass, or in the backward (its
 // recompute included).
@@ -44,8 +46,8 @@ constexpr StepPhase experts_phase(bool backward) {
 
 constexpr std::string_view step_phase_name(StepPhase phase) {
   constexpr std::array<std::string_view, kNumStepPhases> names = {
-      "forward_attention", "forward_experts",    "head",
-      "backward_experts",  "backward_attention", "optimizer"};
+      "embedding",        "forward_attention",  "forward_experts", "head",
+      "backward_experts", "backward_attention", "optimizer"};
   return names[static_cast<size_t>(phase)];
 }
 

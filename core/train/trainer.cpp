@@ -392,7 +392,7 @@ StepMetrics Trainer::step() {
   const int64_t B = s.cfg.training.batch_size, T = s.cfg.training.seq_len;
   const int64_t accum = s.cfg.training.grad_accum_steps;
 
-  backend.arena().set_phase(StepPhase::forward_attention);  // the batch's upload, the embedding
+  backend.arena().set_phase(StepPhase::embedding);  // the batch's upload, the embedding
   backend.arena().reset_peaks();
   auto t0 = std::chrono::steady_clock::now();
   // NOTES: the step's m micro-batches are read first, each rank reading only its block of each,
@@ -497,7 +497,7 @@ EvalMetrics Trainer::evaluate() {
   const auto t0 = std::chrono::steady_clock::now();
   // NOTES: the step's metrics were taken before this, and the next step resets the peaks again,
   // so the evaluation's own peaks are measured here without touching the step's.
-  backend.arena().set_phase(StepPhase::forward_attention);
+  backend.arena().set_phase(StepPhase::embedding);
   backend.arena().reset_peaks();
   s.eval_loader->restore(s.eval_start);
   const BatchBlock block =

@@ -51,6 +51,7 @@ BoundariesBytes boundaries_bytes(const SchedulesConfig& s, const BoundariesShape
       const uint64_t inputs = boundaries_standard_bytes(L - 1, N, H, b.dtype);
       const bool recompute_output = s.checkpoint == CheckpointSchedule::standard &&
                                     s.dispatch != DispatchSchedule::pipelined_llep;
+      out.phases[StepPhase::embedding] = boundaries_standard_bytes(0, N, H, b.dtype);
       out.phases[StepPhase::forward_attention] = inputs;
       out.phases[StepPhase::forward_experts] = out.device.bytes;
       out.phases[StepPhase::head] = out.device.bytes;

@@ -60,10 +60,10 @@ struct BoundariesShape {
 struct BoundariesBytes {
   ScheduleBytes device;
   // The device bytes in each phase of a step (their max is device.bytes): standard and none hold
-  // the L layer inputs while a layer's attention runs and the L + 1st (a layer's output) beside
-  // its experts (in the backward only a standard recompute that has one: not PipelinedLLEP's)
-  // and at the head; SCO its whole term in every phase but the optimizer's; nothing there (the
-  // pass has ended).
+  // the embedding's output around the embedding, the L layer inputs while a layer's attention runs
+  // and the L + 1st (a layer's output) beside its experts (in the backward only a standard
+  // recompute that has one: not PipelinedLLEP's) and at the head; SCO its whole term in every phase
+  // but the optimizer's; nothing there (the pass has ended).
   PhaseBytes phases;
   std::vector<HostBytes> host;
   int64_t offloaded_layers = 0;

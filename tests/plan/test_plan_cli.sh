@@ -40,7 +40,7 @@ sets = {"weights", "grads", "optimizer", "attention", "dispatch", "logits", "bou
 assert set(j["live_sets"]) == sets, j["live_sets"]
 assert j["sum_of_terms_bytes"] == sum(j["live_sets"].values())
 phases = j["phase_bytes"]
-assert set(phases) == {"forward_attention", "forward_experts", "head", "backward_experts",
+assert set(phases) == {"embedding", "forward_attention", "forward_experts", "head", "backward_experts",
                        "backward_attention", "optimizer"}, phases.keys()
 for name, ph in phases.items():
     assert ph["total"] == sum(ph[s] for s in sets), name

@@ -70,7 +70,7 @@ TEST_F(ArenaFixture, EachPhaseKeepsItsOwnPeakAndTheSetsAtIt) {
   EXPECT_EQ(s.phase_at_peak(StepPhase::backward_experts)[LiveSet::dispatch], 6 * kA);
   EXPECT_EQ(s.phase_at_peak(StepPhase::backward_experts)[LiveSet::logits], 0u);
   EXPECT_EQ(s.phase_peak(StepPhase::optimizer), 4 * kA);  // the boundaries when it began
-  EXPECT_EQ(s.phase_peak(StepPhase::forward_attention), 4 * kA);
+  EXPECT_EQ(s.phase_peak(StepPhase::embedding), 4 * kA);  // the first phase
   EXPECT_EQ(s.phase_peaks().max(), s.peak_total());
 
   // A new window: every phase but the current one starts at 0, the current at what is live.
