@@ -53,7 +53,9 @@ void install_stop_handlers() {
 void print_peak_table(const StepMetrics& m, const std::optional<Plan>& plan) {
   std::printf("# device memory of the last step (capacity %s)%s\n",
               format_bytes(m.capacity).c_str(),
-              plan ? "; planned: the plan's term (moepeak plan)" : "");
+              plan ? "; planned: the plan's term (moepeak plan), its total the largest phase and "
+                     "the allocator's allowance"
+                   : "");
   std::printf("# %-11s %14s %14s %14s", "live set", "own peak", "at total peak", "% capacity");
   if (plan) std::printf(" %14s %10s", "planned", "meas/plan");
   std::printf("\n");
