@@ -140,7 +140,7 @@ void add_host(Plan& p, const std::vector<schedules::HostBytes>& host) {
 
 // The bytes per phase of the sets whose phases are not just their term or nothing.
 struct SetPhases {
-  PhaseBytes weights, grads, boundaries;
+  PhaseBytes weights, grads, boundaries, attention, workspace;
   uint64_t setup = 0;  // the persistent shards: allocated at setup, below every hole
 };
 
@@ -208,17 +208,20 @@ std::string layout_args(const ParallelDegrees& d) {
   return args({{"W", d.world}, {"Ep", d.expert}, {"Sp", d.sequence}, {"Ds", d.data_shard}});
 }
 
-// attention: the model's own function (with Ulysses' staging when Sp > 1).
-void add_attention(Plan& p, const Config& cfg, const PlanSizes& z) {
-  set(p, LiveSet::attention,
-      attention_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules.checkpoint, z.dt),
+// attention: the model's own function (with Ulysses' staging when Sp > 1), its peak over the
+// phases.
+void add_attention(Plan& p, const Config& cfg, const PlanSizes& z, SetPhases& phases) {
+  phases.attention =
+      attention_phase_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules.checkpoint, z.dt);
+  set(p, LiveSet::attention, phases.attention.max(),
       "attention_bytes(" + args({{"B", z.B}, {"T", z.T}}) + ", " + layout_args(z.d) + ")",
       z.d.sequence > 1 ? "ulysses" : "local");
 }
 
-// workspace: the model's own function.
-void add_workspace(Plan& p, const Config& cfg, const PlanSizes& z) {
-  set(p, LiveSet::workspace, workspace_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules, z.dt),
+// workspace: the model's own function, its peak over the phases.
+void add_workspace(Plan& p, const Config& cfg, const PlanSizes& z, SetPhases& phases) {
+  phases.workspace = workspace_phase_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules, z.dt);
+  set(p, LiveSet::workspace, phases.workspace.max(),
       "workspace_bytes(" + args({{"B", z.B}, {"T", z.T}}) + ", " + layout_args(z.d) + ")", "model");
 }
 
@@ -256,7 +259,7 @@ void add_logits(Plan& p, const Config& cfg, const PlanSizes& z) {
 }
 
 // boundaries (device) and SCO's pinned block; `host_live` is what the optimizer holds in the
-// pool when a step starts (SCO's "auto" budget is the rest). Returns the device bytes per phase.
+// pool when a step starts (SCO's "auto" budget is the rest); its device bytes per phase.
 void add_boundaries(Plan& p, const Config& cfg, const PlanSizes& z, uint64_t host_live,
                     SetPhases& phases) {
   schedules::BoundariesBytes b = schedules::boundaries_bytes(
@@ -276,22 +279,19 @@ void add_outside_arena(Plan& p, const Config& cfg) {
   p.outside_total = o.total();
 }
 
-// Each phase: the model's attention and workspace bytes in it, the weights, grads and boundaries
-// as `phases` has them, every other set's term where it may hold bytes (live_in_phase); the
-// total is the largest phase and the allocator's allowance.
-void add_phases(Plan& p, const Config& cfg, const PlanSizes& z, const SetPhases& phases) {
-  const PhaseBytes attention =
-      attention_phase_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules.checkpoint, z.dt);
-  const PhaseBytes workspace = workspace_phase_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules, z.dt);
+// Each phase: the weights, grads, attention, boundaries and workspace as `phases` has them,
+// every other set's term where it may hold bytes (live_in_phase); the total is the largest phase
+// and the allocator's allowance.
+void add_phases(Plan& p, const Config& cfg, const SetPhases& phases) {
   for (StepPhase ph : kAllStepPhases) {
     PlanPhase& phase = p.phases[static_cast<size_t>(ph)];
     phase.phase = ph;
     for (LiveSet s : kAllLiveSets) {
       uint64_t bytes;
       if (s == LiveSet::attention) {
-        bytes = attention[ph];
+        bytes = phases.attention[ph];
       } else if (s == LiveSet::workspace) {
-        bytes = workspace[ph];
+        bytes = phases.workspace[ph];
       } else if (s == LiveSet::boundaries) {
         bytes = phases.boundaries[ph];
       } else if (s == LiveSet::weights) {
@@ -338,13 +338,13 @@ Plan make_plan(const Config& cfg, const PlanInputs& in) {
   add_weights_and_grads(p, cfg, z, phases);
   const uint64_t optimizer_host = add_optimizer(p, cfg, z);
   const uint64_t snapshot_host = add_checkpoint_snapshot(p, cfg, z);
-  add_attention(p, cfg, z);
-  add_workspace(p, cfg, z);
+  add_attention(p, cfg, z, phases);
+  add_workspace(p, cfg, z, phases);
   add_dispatch(p, cfg, z, phases);
   add_logits(p, cfg, z);
   add_boundaries(p, cfg, z, optimizer_host + snapshot_host, phases);
   add_outside_arena(p, cfg);
-  add_phases(p, cfg, z, phases);
+  add_phases(p, cfg, phases);
   add_totals(p);
   return p;
 }
