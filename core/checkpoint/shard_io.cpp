@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/fault_injection.h"
 
 namespace moepeak {
 
@@ -106,7 +107,12 @@ void ShardFileWriter::close_block() {
 void ShardFileWriter::flush() {
   size_t done = 0;
   while (done < buffered_) {
-    const ssize_t w = ::write(fd_, buffer_.data() + done, buffered_ - done);
+    ssize_t w = -1;
+    if (fault_here("save_write")) {
+      errno = ENOSPC;  // tests/faults: the disk full in the middle of a shard
+    } else {
+      w = ::write(fd_, buffer_.data() + done, buffered_ - done);
+    }
     if (w < 0) {
       if (errno == EINTR) continue;
       MOEPEAK_THROW("writing ", path_, ": ", std::strerror(errno));

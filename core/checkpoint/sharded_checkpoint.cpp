@@ -1,8 +1,5 @@
 #include "core/checkpoint/sharded_checkpoint.h"
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +19,7 @@
 #include "core/checkpoint/shard_manifest.h"
 #include "core/comm/comm.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 
 namespace moepeak {
 namespace fs = std::filesystem;
@@ -59,18 +57,11 @@ std::string read_text(const fs::path& path) {
   return text.str();
 }
 
-// NOTES: fault injection for the crash tests (tests/cli/test_train_ranks.sh), inert unless the
-// environment asks: MOEPEAK_TEST_KILL_IN_SAVE="RANK:STEP:POINT" makes rank RANK kill itself
-// (SIGKILL: no handler, no cleanup, as the OOM killer or a node failure would) in the save of
-// step STEP at POINT: "shard", with half of its pieces in its shard file; "manifest" (rank 0),
-// with manifest.json written into the temporary directory but not yet renamed.
-void die_here_if_asked(const ZeroParamStore& params, int64_t step, std::string_view point) {
-  const char* spec = std::getenv("MOEPEAK_TEST_KILL_IN_SAVE");
-  if (spec == nullptr) return;
-  const std::string want =
-      std::to_string(params.rank()) + ":" + std::to_string(step) + ":" + std::string(point);
-  if (want == spec) ::kill(::getpid(), SIGKILL);
-}
+// Fault injection for the crash tests (tests/cli/test_train_ranks.sh, tests/faults/), inert
+// unless MOEPEAK_FAULT asks (core/fault_injection.h): "save_shard", a rank half-way through its
+// shard file; "save_manifest" (rank 0), manifest.json written into the temporary directory but
+// not yet renamed.
+void fault_in_save(int64_t step, std::string_view point) { fault_here(point, step); }
 
 // Streams this rank's pieces into its shard file; returns the sidecar: the file's info and
 // every slice it holds.
@@ -85,7 +76,7 @@ nlohmann::json write_rank_shard(const fs::path& dir, const ZeroParamStore& param
   const auto& infos = params.layout().params();
   for (size_t k = 0; k < flats.size(); ++k) {
     const SavedFlat& f = flats[k];
-    if (k == flats.size() / 2) die_here_if_asked(params, step, "shard");
+    if (k == flats.size() / 2) fault_in_save(step, "save_shard");
     const size_t es = dtype_size(f.flat.dtype());
     for (size_t i = 0; i < infos.size(); ++i) {
       const int p = static_cast<int>(i);
@@ -233,9 +224,19 @@ void write_checkpoint_pieces(const CheckpointSave& save, const ZeroParamStore& p
 void commit_checkpoint_save(const CheckpointSave& save, const ZeroParamStore& params,
                             const schedules::Optimizer& optimizer, Stream& stream,
                             std::exception_ptr write_failure) {
-  run_and_agree(params, stream, save.what(), true, [&] {
-    if (write_failure) std::rethrow_exception(write_failure);
-  });
+  try {
+    run_and_agree(params, stream, save.what(), true, [&] {
+      if (write_failure) std::rethrow_exception(write_failure);
+    });
+  } catch (...) {
+    // Every rank has stopped writing (they agreed on the failure): the part-written directory
+    // goes, so a full disk gets its space back; `latest` still names the previous checkpoint.
+    if (params.rank() == 0) {
+      std::error_code ec;
+      fs::remove_all(save.tmp_dir(), ec);
+    }
+    throw;
+  }
   const fs::path tmp_dir = save.tmp_dir(), final_dir = save.final_dir();
   run_and_agree(params, stream, save.what(), params.rank() == 0, [&] {
     const ShardManifest m =
@@ -244,7 +245,7 @@ void commit_checkpoint_save(const CheckpointSave& save, const ZeroParamStore& pa
     // NOTES: manifest.json is the directory's last file: a directory without one is never
     // renamed into place, so every checkpoint a reader finds is complete.
     write_file_atomically((tmp_dir / kShardManifestName).string(), m.to_json());
-    die_here_if_asked(params, save.step, "manifest");
+    fault_in_save(save.step, "save_manifest");
     std::error_code ec;
     for (int r = 0; r < params.world_size(); ++r) fs::remove(tmp_dir / shard_name(r, "json"), ec);
     fs::remove_all(final_dir, ec);

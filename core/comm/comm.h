@@ -73,6 +73,11 @@ class Comm {
   const RankInfo& ranks() const { return ranks_; }
   int rank() const { return ranks_.rank; }
   int world_size() const { return ranks_.world_size; }
+  // What messages call this communicator ("world", "expert", "world/dup"): make_comm's is
+  // "world", ParallelGroups names its groups; a duplicate or split is named after its parent
+  // until renamed.
+  const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
 
   // Rank r sends send_counts[p] elements starting at send_offsets[p] to each peer p and receives
   // recv_counts[p] elements at recv_offsets[p] from each p. Spans have world_size entries.
@@ -136,6 +141,7 @@ class Comm {
                                std::span<const size_t> recv_counts,
                                std::span<const size_t> recv_offsets) const;
   RankInfo ranks_;
+  std::string name_ = "world";
 };
 
 // How many communicators of more than one rank this process holds now (MPI's on the CPU

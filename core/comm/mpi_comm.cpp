@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/comm/watchdog.h"
+#include "core/fault_injection.h"
 #include "core/runtime/cpu_stream.h"
 #include "core/runtime/stream_profile.h"
 
@@ -356,8 +358,8 @@ void MpiComm::group_end() {
 void MpiComm::enqueue(Stream& stream, const char* label, double wire_bytes,
                       std::function<void()> op_body) {
   const StreamOpLabel op_label(label);  // StreamProfile tells communication from compute
-  std::function<void()> op = [lifetime = lifetime_, label, poll = link_.poll_waits,
-                              body = std::move(op_body)] {
+  std::function<void()> op = [lifetime = lifetime_, label, poll = link_.poll_waits, name = name_,
+                              rank = rank(), size = world_size(), body = std::move(op_body)] {
     {
       std::lock_guard<std::mutex> lock(lifetime->mu);
       if (!lifetime->alive) {
@@ -375,6 +377,8 @@ void MpiComm::enqueue(Stream& stream, const char* label, double wire_bytes,
       }
     } leave{*lifetime};
     t_poll_waits = poll;
+    fault_here("collective");  // tests/faults: a rank killed or delayed inside a collective
+    const CollectiveWatch watch(label, name, rank, size);
     body();
   };
   const LinkModel link = link_;
@@ -664,7 +668,10 @@ void MpiComm::broadcast(void* buf, size_t count, DType dtype, int root, Stream& 
   });
 }
 
-void MpiComm::barrier() { MOEPEAK_MPI_CHECK(MPI_Barrier(host_comm_)); }
+void MpiComm::barrier() {
+  const CollectiveWatch watch("barrier", name_, rank(), world_size());
+  MOEPEAK_MPI_CHECK(MPI_Barrier(host_comm_));
+}
 
 RankInfo split_rank_info(MPI_Comm group, const RankInfo& parent) {
   RankInfo info = parent;
@@ -686,6 +693,7 @@ std::unique_ptr<Comm> MpiComm::split(int color, int key) {
   auto sub = std::make_unique<MpiComm>(group, split_rank_info(group, ranks_));
   sub->max_elements_ = max_elements_;
   sub->link_ = link_;
+  sub->set_name(name_ + "/split");
   MPI_Comm_free(&group);  // the new communicator keeps its own duplicates
   return sub;
 }
@@ -694,6 +702,7 @@ std::unique_ptr<Comm> MpiComm::duplicate() {
   auto copy = std::make_unique<MpiComm>(host_comm_, ranks_);
   copy->max_elements_ = max_elements_;
   copy->link_ = link_;
+  copy->set_name(name_ + "/dup");
   return copy;
 }
 

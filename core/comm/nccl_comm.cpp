@@ -325,12 +325,15 @@ std::unique_ptr<Comm> NcclComm::split(int color, int key) {
   MPI_Comm group = MPI_COMM_NULL;
   MOEPEAK_MPI_CHECK(MPI_Comm_split(host_comm_, color, key, &group));
   auto sub = std::make_unique<NcclComm>(split_rank_info(group, ranks_), group, device_);
+  sub->set_name(name_ + "/split");
   MPI_Comm_free(&group);  // the new communicator keeps its own duplicate
   return sub;
 }
 
 std::unique_ptr<Comm> NcclComm::duplicate() {
-  return std::make_unique<NcclComm>(ranks_, host_comm_, device_);
+  auto copy = std::make_unique<NcclComm>(ranks_, host_comm_, device_);
+  copy->set_name(name_ + "/dup");
+  return copy;
 }
 
 }  // namespace moepeak

@@ -118,7 +118,9 @@ std::unique_ptr<Comm> SingleComm::split(int color, int /*key*/) {
 }
 
 std::unique_ptr<Comm> SingleComm::duplicate() {
-  return std::make_unique<SingleComm>(backend_kind_, ranks_);
+  auto copy = std::make_unique<SingleComm>(backend_kind_, ranks_);
+  copy->set_name(name_ + "/dup");
+  return copy;
 }
 
 }  // namespace moepeak

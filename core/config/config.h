@@ -42,6 +42,7 @@ enum class BackendChoice { automatic, cpu, cuda };
 enum class LogLevel { trace, debug, info, warn, error };
 enum class BindPolicy { automatic, rank, none };
 enum class CpuCommWait { block, poll };
+enum class NonfiniteAction { stop, skip };
 
 template <typename E>
 struct EnumNames;
@@ -110,6 +111,10 @@ struct EnumNames<BindPolicy> {
 template <>
 struct EnumNames<CpuCommWait> {
   static constexpr std::array<std::string_view, 2> names{"block", "poll"};
+};
+template <>
+struct EnumNames<NonfiniteAction> {
+  static constexpr std::array<std::string_view, 2> names{"stop", "skip"};
 };
 template <>
 struct EnumNames<LogLevel> {
@@ -192,6 +197,9 @@ struct TrainingConfig {
   TokenDtype token_dtype = TokenDtype::uint16;
   bool shuffle = true;  // token files: each epoch's windows in a seeded shuffled order
   ComputeDtype dtype = ComputeDtype::automatic;  // auto: fp32 on the CPU, bf16 on CUDA
+  // A step whose loss or gradient norm is not finite: stop the job, or skip its update.
+  NonfiniteAction on_nonfinite = NonfiniteAction::stop;
+  int64_t max_skipped_steps = 10;  // skip: stop after this many skipped steps in a row
 
   bool operator==(const TrainingConfig&) const = default;
 };
@@ -297,6 +305,7 @@ struct RuntimeConfig {
   double cpu_link_gb_per_s = 0;    // GB/s = 1e9 B/s per rank, as `moepeak probe` reports
   double cpu_link_latency_us = 0;  // per operation
   CpuCommWait cpu_comm_wait = CpuCommWait::block;  // how a comm stream waits for MPI
+  double collective_timeout = 1800;  // seconds before the watchdog aborts a hung collective
 
   std::optional<uint64_t> device_memory_bytes() const;  // nullopt = auto
   std::optional<uint64_t> pinned_memory_bytes() const;  // nullopt = auto

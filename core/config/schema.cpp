@@ -181,6 +181,14 @@ const std::vector<Field>& field_table() {
             "Tokens per sequence T; at most model.max_position_embeddings."),
       FIELD(training, steps, at_least(1), "Optimizer steps to run."),
       FIELD(training, max_norm, at_least(0), "Gradient-norm clipping threshold; 0 = no clipping."),
+      FIELD(training, on_nonfinite, no_limit(),
+            "A step whose loss or gradient norm is NaN or infinite: stop = end the job with an "
+            "error naming the step and the first live set holding a non-finite value, writing no "
+            "checkpoint of that state; skip = drop that step's update (the weights and optimizer "
+            "state stay as they were), count it in the metrics (skipped_steps) and go on."),
+      FIELD(training, max_skipped_steps, at_least(1),
+            "With on_nonfinite = \"skip\": stop the job after this many skipped steps in a "
+            "row."),
       FIELD(training, dataset, no_limit(),
             "copy = the built-in synthetic long-range copy task; bin = llm.c/nanoGPT token file; "
             "megatron = Megatron .bin/.idx indexed dataset."),
@@ -351,6 +359,11 @@ const std::vector<Field>& field_table() {
             "which spin on a core; poll = non-blocking calls tested with short sleeps, so a "
             "waiting rank leaves its core to compute (as a GPU's communication leaves its SMs). "
             "For overlap measurements on hosts with fewer cores than ranks' threads."),
+      FIELD(runtime, collective_timeout, at_least(0),
+            "Seconds a collective or send/recv may run before the watchdog aborts the job, "
+            "naming the rank, the operation, its communicator and the step (a dead, hung or "
+            "far-behind peer) instead of hanging until the scheduler's limit; 0 = no watchdog. "
+            "The CPU backend's MPI operations; NCCL's own timeout serves the CUDA backend."),
   };
   return table;
 }

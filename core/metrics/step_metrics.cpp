@@ -34,6 +34,8 @@ nlohmann::json step_metrics_json(const StepMetrics& m) {
       {"loss", m.loss},
       {"grad_norm", m.grad_norm},
       {"lr", m.lr},
+      {"skipped", m.skipped},
+      {"skipped_steps", m.skipped_steps},
       {"step_time_s", m.step_time_s},
       {"tokens_per_s", m.tokens_per_s},
       {"tflops", m.tflops},
@@ -88,6 +90,7 @@ std::string step_metrics_line(const StepMetrics& m) {
                 static_cast<long long>(m.step), m.loss, m.grad_norm, m.lr,
                 static_cast<double>(peak) / GiB, pct, m.tokens_per_s, m.tflops, 100.0 * m.mfu);
   std::string line = buf;
+  if (m.skipped) line += "  skipped: non-finite";
   if (m.eval) {
     std::snprintf(buf, sizeof(buf), "  eval_loss: %8.4f  eval_ppl: %.2f", m.eval->loss,
                   m.eval->perplexity);

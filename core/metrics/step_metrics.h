@@ -35,6 +35,10 @@ struct StepMetrics {
   double loss = 0;
   double grad_norm = 0;
   double lr = 0;
+  // training.on_nonfinite = "skip": this step's loss or gradient norm was not finite and its
+  // update was dropped; skipped_steps counts such steps in the run so far.
+  bool skipped = false;
+  int64_t skipped_steps = 0;
   double step_time_s = 0;
   double tokens_per_s = 0;  // the job's: B*T over the slowest rank's step time
   int world_size = 1;

@@ -39,7 +39,7 @@ ParallelGroups::ParallelGroups(Comm& world, const ParallelDegrees& degrees, Back
   int next = 0;
   // NOTES: every rank makes the same splits in the same order (Comm::split is collective), and a
   // group of all ranks or of one rank makes none, so the default layout creates no communicator.
-  auto group = [&](int size, int color, int key) -> Comm* {
+  auto group = [&](const char* name, int size, int color, int key) -> Comm* {
     if (size == W) return &world;
     std::unique_ptr<Comm>& slot = owned_[next++];
     if (size == 1) {
@@ -47,6 +47,7 @@ ParallelGroups::ParallelGroups(Comm& world, const ParallelDegrees& degrees, Back
     } else {
       slot = world.split(color, key);
     }
+    slot->set_name(name);
     MOEPEAK_CHECK(slot->world_size() == size, "a group of ", size, " ranks came out with ",
                   slot->world_size());
     return slot.get();
@@ -54,11 +55,11 @@ ParallelGroups::ParallelGroups(Comm& world, const ParallelDegrees& degrees, Back
   // Splits are only collective when some rank splits: the size (not the rank) decides, so every
   // rank agrees.
   const int Ep = degrees.expert, Sp = degrees.sequence, Ds = degrees.data_shard;
-  expert_ = group(Ep, r / Ep, r);
-  expert_replicas_ = group(W / Ep, r % Ep, r);
-  sequence_ = group(Sp, r / Sp, r);
-  data_shard_ = group(Ds, r / Ds, r);
-  dense_replicas_ = group(W / Ds, r % Ds, r);
+  expert_ = group("expert", Ep, r / Ep, r);
+  expert_replicas_ = group("expert_replicas", W / Ep, r % Ep, r);
+  sequence_ = group("sequence", Sp, r / Sp, r);
+  data_shard_ = group("data_shard", Ds, r / Ds, r);
+  dense_replicas_ = group("dense_replicas", W / Ds, r % Ds, r);
 }
 
 }  // namespace moepeak

@@ -17,13 +17,16 @@
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/comm/comm.h"
 #include "core/comm/process_group.h"
+#include "core/comm/watchdog.h"
 #include "core/data/batch_shard.h"
 #include "core/data/data_loader.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "core/metrics/flops.h"
 #include "core/model/mixtral.h"
 #include "core/model/mixtral_memory.h"  // defines: mixtral_outside_arena
 #include "core/model/optimizer_params.h"
+#include "core/run_context.h"
 #include "core/runtime/backend.h"
 #include "core/train/lr_schedule.h"
 #include "core/units.h"
@@ -164,6 +167,47 @@ double global_grad_norm(const ZeroParamStore& params, Backend& backend, Stream& 
   return std::sqrt(sum[0]);
 }
 
+// tests/faults: one NaN at the start of this rank's flat buffer (a weight or a gradient).
+void poison_first_element(const Tensor& flat, Stream& stream) {
+  if (flat.numel() == 0) return;
+  ops::fill(flat.reshape(Shape{flat.numel(), 1}).rows(0, 1), std::nan(""), stream);
+}
+
+// Names the first live set, in the order a step makes them, that holds a non-finite value on
+// some rank: a weight (then the forward made the loss from it), else a gradient, else neither
+// (the forward's activations or logits overflowed). Collective over `comm`; synchronises.
+std::string first_nonfinite(const ZeroParamStore& params, Comm& comm, Backend& backend,
+                            Stream& stream) {
+  // kinds: 0 none, 1 weights, 2 grads; the first piece of that kind on this rank.
+  double mine[2] = {0, -1};
+  for (int kind = 1; kind <= 2 && mine[0] == 0; ++kind) {
+    for (const ZeroParamStore::LocalPiece& p : params.local_pieces()) {
+      const std::vector<double> v =
+          copy_to_host_as_double(kind == 1 ? p.value : p.grad, backend, stream);
+      if (std::all_of(v.begin(), v.end(), [](double x) { return std::isfinite(x); })) continue;
+      mine[0] = kind;
+      mine[1] = p.param;
+      break;
+    }
+  }
+  const std::vector<double> all = comm.world_size() > 1
+                                      ? all_gather_host(comm, backend, stream, mine)
+                                      : std::vector<double>(mine, mine + 2);
+  int rank = -1;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const double kind = all[2 * r];
+    if (kind > 0 && (rank < 0 || kind < all[2 * rank])) rank = r;
+  }
+  if (rank < 0) {
+    return "every weight and gradient is finite: the forward's activations or logits overflowed";
+  }
+  const bool weights = all[2 * rank] == 1;
+  const std::string& name =
+      params.layout().params().at(static_cast<size_t>(all[2 * rank + 1])).name;
+  return std::string("the first non-finite live set is ") + (weights ? "weights" : "grads") + " (" +
+         name + (weights ? "" : " gradient") + ", on rank " + std::to_string(rank) + ")";
+}
+
 }  // namespace
 
 struct Trainer::State {
@@ -184,6 +228,7 @@ struct Trainer::State {
   // checkpoint.enable and .async (a preemption save without checkpoint.enable is synchronous)
   std::unique_ptr<AsyncCheckpointWriter> async_checkpoint;
   int64_t completed = 0;
+  int64_t skipped_in_row = 0, skipped_total = 0;  // training.on_nonfinite = "skip"
   std::vector<int64_t> ids, labels;          // the step-1 dump's m global micro-batches (m*B*T)
   OwnedTensor d_ids, d_labels, d_positions;  // this rank's N = B*T/W tokens
   double flops = 0, ceiling_gflops = 0;
@@ -196,6 +241,8 @@ Trainer::Trainer(const Config& config, const TrainOptions& options)
   // it is idempotent).
   const Config cfg = with_init_from_model(config);
   s.ranks = init_process_group();
+  run_context::set_rank(s.ranks.rank);
+  run_context::set_step(0);
   check_supported(cfg);
   check_layout(cfg, s.ranks);
   s.cfg = cfg;
@@ -212,6 +259,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& options)
   }
   s.backend = Backend::create(backend_options(cfg, s.ranks, s.binding));
   s.comm = make_comm(*s.backend, s.ranks, link_model(cfg.runtime));
+  start_collective_watchdog(cfg.runtime.collective_timeout);
   Stream& stream = s.backend->default_stream();
   s.dtype = training_dtype(cfg);
   s.degrees = degrees_of(cfg, s.ranks);
@@ -264,7 +312,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& options)
   s.ceiling_gflops = measure_gemm_ceiling(512, 3);
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() { stop_collective_watchdog(); }
 
 int64_t Trainer::completed_steps() const { return s_->completed; }
 double Trainer::flops_per_step() const { return s_->flops; }
@@ -392,6 +440,8 @@ StepMetrics Trainer::step() {
   const int64_t B = s.cfg.training.batch_size, T = s.cfg.training.seq_len;
   const int64_t accum = s.cfg.training.grad_accum_steps;
 
+  run_context::set_step(step);
+  fault_here("step");  // tests/faults: a rank killed or slow at a step's start
   backend.arena().set_phase(StepPhase::embedding);  // the batch's upload, the embedding
   backend.arena().reset_peaks();
   auto t0 = std::chrono::steady_clock::now();
@@ -431,9 +481,34 @@ StepMetrics Trainer::step() {
     const TokenBatch batch = upload_batch(backend, s.d_ids, s.d_labels, s.d_positions, B, T, local);
     loss += s.model->forward_backward(batch, step_scored);
   }
-  if (!std::isfinite(loss)) MOEPEAK_THROW("step ", step, ": the loss is ", loss);
+  if (fault_here("grads")) poison_first_element(params.flat_grads(), stream);
   backend.arena().set_phase(StepPhase::optimizer);  // the grad norm, the update, the metrics
   const double grad_norm = global_grad_norm(params, backend, stream);
+  // NOTES: the loss and the grad norm are the job's (every rank has the same), so every rank
+  // takes the same branch here and the collectives below stay matched.
+  const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
+  if (!finite) {
+    if (s.cfg.training.on_nonfinite == NonfiniteAction::stop) {
+      MOEPEAK_THROW("step ", step, ": the loss is ", loss, " and the gradient norm ", grad_norm,
+                    "; ", first_nonfinite(params, *s.comm, backend, stream),
+                    ". Stopped (training.on_nonfinite = \"stop\") without updating or saving this "
+                    "step; training.on_nonfinite = \"skip\" drops such a step's update.");
+    }
+    ++s.skipped_total;
+    if (++s.skipped_in_row >= s.cfg.training.max_skipped_steps) {
+      MOEPEAK_THROW("step ", step, ": ", s.skipped_in_row,
+                    " steps in a row had a non-finite loss or gradient norm (training."
+                    "max_skipped_steps = ",
+                    s.cfg.training.max_skipped_steps, "); ",
+                    first_nonfinite(params, *s.comm, backend, stream), ". Stopped.");
+    }
+    spdlog::warn(
+        "step {}: the loss is {} and the gradient norm {}: its update is skipped ({} in "
+        "a row, training.on_nonfinite = \"skip\")",
+        step, loss, grad_norm, s.skipped_in_row);
+  } else {
+    s.skipped_in_row = 0;
+  }
   if (dump) {
     write_step_dump(s.options.dump_step_dir, s.cfg.model, params, s.ids, s.labels, accum * B, T,
                     loss, stream);
@@ -442,7 +517,9 @@ StepMetrics Trainer::step() {
   const double max_norm = s.cfg.training.max_norm;
   const double clip = max_norm > 0 && grad_norm > max_norm ? max_norm / (grad_norm + 1e-6) : 1.0;
   const double lr = learning_rate(s.cfg.optimizer, s.cfg.lr_scheduler, s.cfg.training.steps, step);
-  s.optimizer->step(step, lr, clip, stream);
+  if (finite) s.optimizer->step(step, lr, clip, stream);
+  // tests/faults: an update that wrote a non-finite weight (the next step's forward reads it).
+  if (fault_here("weights")) poison_first_element(params.flat_values(), stream);
   stream.synchronize();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -454,6 +531,8 @@ StepMetrics Trainer::step() {
   m.loss = loss;
   m.grad_norm = grad_norm;
   m.lr = lr;
+  m.skipped = !finite;
+  m.skipped_steps = s.skipped_total;
   m.world_size = W;
   m.peak_total = mem.peak_total();
   m.peak_per_set = mem.peak_per_set();

@@ -32,9 +32,8 @@ trap 'rm -rf "$tmp"' EXIT
 # shellcheck source=tests/shell_checks.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../shell_checks.sh"  # check, contains, report
 is_failure() { test "$1" -ne 0 && test "$1" -ne 124; }  # non-zero, and not the timeout's 124
-# A python3 with numpy (the first on PATH may lack it; Debian's python3-numpy is /usr/bin's).
-py=python3
-"$py" -c 'import numpy' 2>/dev/null || py=/usr/bin/python3
+# shellcheck source=tests/metrics_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../metrics_checks.sh"  # py, series_match
 
 # train W NAME LOG [ARGS...]: `moepeak train` of configs/tiny.toml on W ranks (W = 1: a plain
 # process, no mpirun) as job NAME under $tmp/runs; stdout/stderr in LOG.out/LOG.err; returns
@@ -72,33 +71,6 @@ for r in rows:
     if r.get("world_size") != w or len(r.get("rank_peak_bytes", [])) != w:
         sys.exit(f"  {path}: step {r['step']}: world_size {r.get('world_size')}, "
                  f"rank_peak_bytes {r.get('rank_peak_bytes')}, want {w} ranks")
-PY
-}
-
-# series_match REF RUN KEY RTOL: RUN's KEY at each of its steps equals REF's at the same step,
-# within RTOL relative (RTOL = 0: the same float exactly). RUN must have at least one step.
-series_match() {
-  "$py" - "$@" <<'PY'
-import json, sys
-ref_path, run_path, key, rtol = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-def load(p):
-    try:
-        return {r["step"]: r[key] for r in (json.loads(l) for l in open(p) if l.strip())}
-    except (OSError, ValueError, KeyError) as e:
-        sys.exit(f"  {p}: {e}")
-ref, run = load(ref_path), load(run_path)
-if not run:
-    sys.exit(f"  {run_path}: no steps")
-bad = 0
-for step, b in sorted(run.items()):
-    if step not in ref:
-        sys.exit(f"  step {step} of {run_path} is not in {ref_path}")
-    a = ref[step]
-    ok = a == b if rtol == 0 else abs(a - b) <= rtol * max(abs(a), abs(b))
-    if not ok:
-        print(f"  step {step} {key}: {b!r} vs {a!r} (relative {abs(a - b) / max(abs(a), 1e-300):.3g})")
-        bad += 1
-sys.exit(1 if bad else 0)
 PY
 }
 
@@ -294,8 +266,8 @@ check "resume on 4 ranks: losses of steps 4..6 equal the uninterrupted run's (1e
 check "resume on 1 rank: losses of steps 4..6 equal the uninterrupted run's (1e-5 relative)" \
   series_match "$(metrics ck2)" "$(metrics resume1)" loss 1e-5
 
-# 3a. kill -9 in the middle of a save (MOEPEAK_TEST_KILL_IN_SAVE, core/checkpoint/
-# sharded_checkpoint.cpp): rank 1 half-way through its shard file, or rank 0 with the new
+# 3a. kill -9 in the middle of a save (MOEPEAK_FAULT, core/fault_injection.h): rank 1 half-way
+# through its shard file, or rank 0 with the new
 # manifest written but the directory not yet renamed. Either way the job dies, `latest` still
 # names step 3, no step_00000006 exists, and --resume continues from step 3 to the uninterrupted
 # run's losses, bitwise (the stale temporary directory is cleared by its save). With
@@ -304,7 +276,8 @@ for spec in 1:6:shard 0:6:manifest 1:6:shard:async; do
   point="${spec%:async}"
   mode=(); [ "$point" != "$spec" ] && mode=(--set checkpoint.async=true)
   name="kill_${spec//:/_}"
-  MOEPEAK_TEST_KILL_IN_SAVE=$point MPIRUN_EXTRA="-x MOEPEAK_TEST_KILL_IN_SAVE" \
+  IFS=: read -r rank step where <<<"$point"
+  MOEPEAK_FAULT="kill@save_$where,rank=$rank,step=$step" MPIRUN_EXTRA="-x MOEPEAK_FAULT" \
     train 2 "$name" "$tmp/$name" --set training.steps=6 "${ckpt[@]}" "${mode[@]}"; rc=$?
   check "kill -9 at $spec: the job fails (rc $rc)" is_failure $rc
   folder="$tmp/runs/$name/checkpoints"
