@@ -58,3 +58,61 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
+
+# ---- Sanitizers: scripts/test.sh --sanitize LIST (docs/reliability.md#sanitizers) ---------------
+# sanitize_build_dir LIST: the tree of a sanitizer list (address,undefined -> build-asan/,
+# thread -> build-tsan/, any other -> build-sanitize-LIST/ with commas as dashes).
+sanitize_build_dir() {
+  case "$1" in
+    address,undefined | undefined,address) echo "$MOEPEAK_ROOT/build-asan" ;;
+    thread) echo "$MOEPEAK_ROOT/build-tsan" ;;
+    *) echo "$MOEPEAK_ROOT/build-sanitize-${1//,/-}" ;;
+  esac
+}
+
+# sanitized_build LIST: configure and build LIST's tree, CPU only, warnings as errors (the targets
+# in $MOEPEAK_TARGETS, default all).
+sanitized_build() {
+  MOEPEAK_BUILD_DIR="$(sanitize_build_dir "$1")" configure_and_build \
+    -DMOEPEAK_SANITIZE="$1" -DMOEPEAK_CUDA=OFF -DMOEPEAK_WERROR=ON
+}
+
+# sanitize_default_tests LIST: the ctest arguments of what runs under LIST when none are given.
+sanitize_default_tests() {
+  case "$1" in
+    thread)
+      # NOTES: ThreadSanitizer slows threaded code 5-15x, so the whole suite does not fit the
+      # tests' timeouts on 2 cores; it runs what has threads that can race: streams and events,
+      # the arena and pinned pool (freed from stream threads), comm (MPI operations on stream
+      # threads, 2-4 ranks), every schedule's race test (slowed streams) and the overlapped
+      # parallel steps. What cannot run and why: docs/reliability.md#sanitizers.
+      echo "-LE sanitize-ci -R ^test_(streams|stream_profile|arena|pinned_pool|comm_single|comm_mpi|comm_link|sco|adamw_offload|adamw_offload_parallel_np2|ring_dtp|ring_dtp_np2|llep_np2|zero_traffic|ulysses_np2|expert_parallel_2|zero_params_np2|tensor_ops|adamw_kernels|gemm_bf16)$"
+      ;;
+    *)
+      # Everything (the CI subset's ci_ copies aside): the tests' processes are all sanitized,
+      # those started by mpirun, srun or a shell script included.
+      echo "-LE sanitize-ci"
+      ;;
+  esac
+}
+
+# sanitized_ctest LIST [ctest args]: runs LIST's tree's tests with the sanitizers' runtime options
+# (sanitize_default_tests without ctest args).
+sanitized_ctest() {
+  local list="$1"
+  shift
+  local dir supp args
+  dir="$(sanitize_build_dir "$list")"
+  supp="$MOEPEAK_ROOT/tests/sanitize"
+  if [[ $# -gt 0 ]]; then args=("$@"); else read -r -a args <<<"$(sanitize_default_tests "$list")"; fi
+  log "running the tests under -fsanitize=$list in $dir (${args[*]})"
+  # NOTES: a report ends the process with an error (halt_on_error), so the test fails. The options
+  # are in the environment, which mpirun hands on to the ranks it starts on this node (and srun,
+  # with its default --export=ALL, to its tasks). LeakSanitizer and ThreadSanitizer read their
+  # suppressions of third-party frames from tests/sanitize/ (each entry says why it is not ours).
+  env ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:check_initialization_order=1:strict_string_checks=1:fast_unwind_on_malloc=0" \
+    LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0" \
+    UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+    TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp" \
+    ctest --test-dir "$dir" --output-on-failure -j "$(nproc)" "${args[@]}"
+}

@@ -11,8 +11,30 @@
 #                                     # every op again, threads run in reverse order)
 #   scripts/test.sh -R arena          # extra arguments go to ctest (build/ only, unless they
 #                                     # name cuda-emulated)
+# With no arguments it ends with the sanitized CI subset: the ground layers' tests (tests/sanitize/)
+# under ThreadSanitizer in build-tsan/ and under AddressSanitizer + UBSan in build-asan/.
+#
+#   scripts/test.sh --sanitize address,undefined [ctest args]   # build-asan/: every test that
+#                                     # can run under it (or the ctest args' selection)
+#   scripts/test.sh --sanitize thread [ctest args]              # build-tsan/: the threaded and
+#                                     # race tests (sanitize_default_tests in common.sh)
+# Another LIST builds into build-sanitize-LIST/. Sanitized trees are CPU-only (-DMOEPEAK_CUDA=OFF)
+# with warnings as errors; docs/reliability.md#sanitizers says what runs where and why.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
+
+if [[ "${1:-}" == "--sanitize" ]]; then
+  if [[ $# -lt 2 || -z "$2" ]]; then
+    echo "usage: scripts/test.sh --sanitize LIST [ctest args]   (LIST: address,undefined | thread)" >&2
+    exit 2
+  fi
+  list="$2"
+  shift 2
+  install_packages
+  sanitized_build "$list"
+  sanitized_ctest "$list" "$@"
+  exit 0
+fi
 
 install_packages
 log "checking the formatting (scripts/format.sh --check)"
@@ -34,3 +56,11 @@ MOEPEAK_BUILD_DIR="$emulated_dir" MOEPEAK_TARGETS=cuda_emulated_tests \
   configure_and_build -DMOEPEAK_CUDA=EMULATED -DMOEPEAK_WERROR=ON
 log "running the GPU tests on the CPU emulation of CUDA (${emulated_args[*]})"
 ctest --test-dir "$emulated_dir" --output-on-failure -j "$(nproc)" "${emulated_args[@]}"
+
+if [[ $# -eq 0 ]]; then
+  # The CI-sized sanitized subset: only its own targets are built (tests/sanitize/CMakeLists.txt).
+  for list in thread address,undefined; do
+    MOEPEAK_TARGETS=sanitize_ci sanitized_build "$list"
+    sanitized_ctest "$list" -L sanitize-ci
+  done
+fi

@@ -55,7 +55,11 @@ TEST_F(StreamFixture, CrossStreamWaitOrdersWork) {
     return got;
   };
   EXPECT_EQ(run(true), 42);
+#if !defined(__SANITIZE_THREAD__)
+  // NOTES: the half without the wait is a data race on purpose; ThreadSanitizer (rightly) stops
+  // the process on it, so a thread-sanitized build checks the ordered half only.
   EXPECT_EQ(run(false), -1) << "without the wait the consumer should have raced ahead";
+#endif
 }
 
 // cudaStreamWaitEvent waits for the record that was latest when wait() was called; recording the
