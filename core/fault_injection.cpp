@@ -47,8 +47,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
 int64_t parse_integer(const std::string& spec, const std::string& key, const std::string& text) {
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  MOEPEAK_CHECK(!text.empty() && end != nullptr && *end == '\0', "MOEPEAK_FAULT '", spec, "': ",
-                key, " must be an integer, not '", text, "'");
+  MOEPEAK_CHECK(!text.empty() && end != nullptr && *end == '\0', "MOEPEAK_FAULT '", spec,
+                "': ", key, " must be an integer, not '", text, "'");
   return v;
 }
 

@@ -11,9 +11,9 @@
 //         enospc the caller fails as a full disk would (errno ENOSPC)
 // POINT   where the code calls fault_here(): step (a step's start), collective (a communication
 //         operation starting on its stream), weights (after a step's update: the next step
-//         reads it), grads (after a step's backward), save_shard (a rank half-way through its checkpoint shard), save_manifest
-//         (rank 0: the manifest written, the directory not yet renamed), save_write (a write
-//         into a checkpoint file).
+//         reads it), grads (after a step's backward), save_shard (a rank half-way through its
+//         checkpoint shard), save_manifest (rank 0: the manifest written, the directory not yet
+//         renamed), save_write (a write into a checkpoint file).
 // rank / step: only that world rank / optimizer step (run_context); absent = any. Each fault
 // fires once per process.
 #pragma once

@@ -70,8 +70,8 @@ class Watchdog {
     if (!enabled_.load(std::memory_order_relaxed)) return 0;
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t id = ++next_id_;
-    in_flight_[id] = {std::string(op), std::string(comm), comm_rank, comm_size,
-                      run_context::step(), Clock::now()};
+    in_flight_[id] = {std::string(op), std::string(comm),   comm_rank,
+                      comm_size,       run_context::step(), Clock::now()};
     return id;
   }
 
