@@ -29,6 +29,15 @@ struct InFlight {
   Clock::time_point start;
 };
 
+// 3, 0.2, 12.5: at most one decimal, none when it is 0.
+std::string format_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f", s);
+  std::string out = buf;
+  if (out.size() > 2 && out.compare(out.size() - 2, 2, ".0") == 0) out.resize(out.size() - 2);
+  return out;
+}
+
 void default_abort(const std::string& /*message*/) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
@@ -95,8 +104,8 @@ class Watchdog {
         std::ostringstream m;
         m << "moepeak: collective watchdog: rank " << run_context::rank() << ": " << f.op
           << " on communicator '" << f.comm << "' (rank " << f.comm_rank << " of " << f.comm_size
-          << ") has not completed after " << static_cast<int64_t>(waited) << " s (runtime."
-          << "collective_timeout = " << timeout_.count() << " s), "
+          << ") has not completed after " << format_seconds(waited) << " s (runtime."
+          << "collective_timeout = " << format_seconds(timeout_.count()) << " s), "
           << (f.step > 0 ? "at step " + std::to_string(f.step) : std::string("during setup"))
           << ": a peer is dead, hung or that far behind; aborting the job";
         const std::string message = m.str();

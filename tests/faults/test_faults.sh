@@ -138,7 +138,7 @@ check "a rank 60 s late, 3 s timeout: the watchdog ends the job with exit 3 (rc 
   test $rc -eq 3
 check "a rank 60 s late, 3 s timeout: within 30 s ($secs s)" test "$secs" -le 30
 check "a rank 60 s late: the watchdog names the rank, the operation, the communicator, the step" \
-  grep -qE "collective watchdog: rank 0: [a-z_]+ on communicator 'world' \(rank 0 of 2\) has not completed after [0-9]+ s \(runtime.collective_timeout = 3 s\), at step 3" "$tmp/hung.err"
+  grep -qE "collective watchdog: rank 0: [a-z_]+ on communicator 'world' \(rank 0 of 2\) has not completed after [0-9.]+ s \(runtime.collective_timeout = 3 s\), at step 3" "$tmp/hung.err"
 
 # 6. A malformed MOEPEAK_FAULT is an error, not a silently healthy run.
 MOEPEAK_FAULT="explode@step" train 2 bad_spec
