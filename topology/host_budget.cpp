@@ -14,6 +14,10 @@ constexpr uint64_t kGranule = 2 * MiB;  // PinnedPool::kBlockGranularity
 
 uint64_t round_down(uint64_t bytes) { return bytes / kGranule * kGranule; }
 
+// The most indices (and one past the largest index) an index list may hold: far above any
+// machine's CPU count (Linux's own limit is 8192), far below what would exhaust memory.
+constexpr int kMaxIndexListEntries = 1 << 20;
+
 }  // namespace
 
 std::vector<int> parse_index_list(const std::string& text) {
@@ -37,6 +41,12 @@ std::vector<int> parse_index_list(const std::string& text) {
       if (b < a)
         MOEPEAK_THROW("bad index list \"", text, "\": range ", a, "-", b, " runs backwards");
     }
+    // NOTES: a bound, so that a damaged list ("0-2147483647") is an error, not 8 GiB of indices
+    // and a signed overflow at INT_MAX (a probe file's [[numa]] cpus, tests/fuzz).
+    if (b >= kMaxIndexListEntries ||
+        out.size() + static_cast<size_t>(b - a) >= static_cast<size_t>(kMaxIndexListEntries))
+      MOEPEAK_THROW("bad index list \"", text.substr(0, 64), "\": more than ", kMaxIndexListEntries,
+                    " indices, or an index >= ", kMaxIndexListEntries);
     for (int i = a; i <= b; ++i) out.push_back(i);
     if (pos < text.size()) {
       if (text[pos] != ',' || pos + 1 == text.size())

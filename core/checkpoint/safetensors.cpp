@@ -356,7 +356,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       }
       continue;
     }
-    auto where = [&] { return detail::concat(path, ": tensor \"", name, "\""); };
+    auto where = [&, &name = name] { return detail::concat(path, ": tensor \"", name, "\""); };
     if (!entry.is_object()) MOEPEAK_INPUT_ERROR(where(), ": entry is not an object");
     for (const char* field : {"dtype", "shape", "data_offsets"}) {
       if (!entry.contains(field)) MOEPEAK_INPUT_ERROR(where(), ": missing \"", field, "\"");
@@ -391,10 +391,16 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       MOEPEAK_INPUT_ERROR(where(), ": data_offsets [", begin, ", ", end,
                           "] are out of range: the data section has ", data_size, " bytes");
     }
+    // NOTES: count <= 2^62 and count * element may pass 2^64: compared by division first, so a
+    // shape such as [2^62] of F64 cannot wrap to the 0 bytes of an empty range (tests/fuzz).
     std::optional<int64_t> count = element_count(info.shape);
-    if (!count || static_cast<uint64_t>(*count) * element != end - begin) {
+    if (!count || static_cast<uint64_t>(*count) > (end - begin) / element ||
+        static_cast<uint64_t>(*count) * element != end - begin) {
+      const bool wraps = count && static_cast<uint64_t>(*count) > UINT64_MAX / element;
       MOEPEAK_INPUT_ERROR(where(), ": shape ", shape_text(info.shape), " of ", info.dtype,
-                          " needs ", count ? static_cast<uint64_t>(*count) * element : 0,
+                          " needs ",
+                          count && !wraps ? std::to_string(static_cast<uint64_t>(*count) * element)
+                                          : std::string("over 2^62"),
                           " bytes but data_offsets [", begin, ", ", end, "] hold ", end - begin);
     }
     info.bytes = static_cast<size_t>(end - begin);

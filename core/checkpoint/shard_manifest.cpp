@@ -54,6 +54,9 @@ std::string ShardManifest::to_json() const {
 
 namespace {
 
+// The most bytes a tensor may have: its element count and byte count then fit in int64_t.
+constexpr int64_t kMaxTensorBytes = int64_t{1} << 62;
+
 // The member `key` of `obj`, which must exist; `where` names the object for the message.
 const nlohmann::json& member(const nlohmann::json& obj, const char* key, const std::string& where) {
   if (!obj.is_object() || !obj.contains(key)) {
@@ -116,7 +119,7 @@ ShardManifest ShardManifest::parse(std::string_view text_in, const std::string& 
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text_in);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     MOEPEAK_THROW(path, ": not valid JSON (", e.what(), ")");
   }
   if (!doc.is_object()) MOEPEAK_THROW(path, ": a manifest is a JSON object");
@@ -194,8 +197,17 @@ void ShardManifest::validate(const std::string& path) const {
   for (const ShardTensor& t : tensors) {
     const std::string where = path + ": tensor '" + t.name + "'";
     if (!tensor_names.insert(t.name).second) MOEPEAK_THROW(where, " is listed twice");
-    const int64_t n = t.numel();
     const uint64_t es = dtype_size(t.dtype);
+    // NOTES: the shape is checked before numel() multiplies it out: a damaged shape must be an
+    // error, not a signed overflow, nor a byte count that wraps (found by fuzz_shard_manifest).
+    int64_t n = 1;
+    for (const int64_t d : t.shape) {
+      if (d < 0) MOEPEAK_THROW(where, ": shape entry ", d, " is negative");
+      if (d != 0 && n > kMaxTensorBytes / static_cast<int64_t>(es) / d) {
+        MOEPEAK_THROW(where, ": its shape (an entry ", d, ") makes it over 2^62 bytes");
+      }
+      n *= d;
+    }
     int64_t covered = 0;
     for (const ShardSlice& s : t.slices) {
       if (s.begin != covered) {

@@ -134,6 +134,9 @@ class MpiComm final : public Comm {
   void submit(Stream& stream, const char* label, double wire_bytes, std::function<void()> op);
   void enqueue(Stream& stream, const char* label, double wire_bytes, std::function<void()> op);
   struct OpenGroup {
+    // NOTES: user-provided, so that std::optional<OpenGroup>::emplace() compiles under clang 14
+    // (which does not see the member initializers before MpiComm is complete).
+    OpenGroup() {}
     Stream* stream = nullptr;
     const char* label = nullptr;
     double wire_bytes = 0;

@@ -61,7 +61,7 @@ AdamwParams make_adamw_params(Backend& backend, int64_t count, Stream& stream) {
       p.initial[static_cast<size_t>(off + j)] = 0.02f * normal(rng);
       g[static_cast<size_t>(off + j)] = 1e-3f * normal(rng) + 1e-5f;
     }
-    auto view = [&](const OwnedTensor& t) {
+    auto view = [&, off = off, len = len](const OwnedTensor& t) {
       return Tensor(static_cast<float*>(t.data()) + off, Shape{len}, DType::f32, Placement::device,
                     &backend);
     };

@@ -66,7 +66,7 @@ bool DocumentReader::next_document(std::string& text) {
       nlohmann::json j;
       try {
         j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
+      } catch (const nlohmann::json::exception& e) {  // a syntax error, a number out of range
         MOEPEAK_INPUT_ERROR(current_, ":", line_, ": not a JSON line (", e.what(), ")");
       }
       if (!j.is_object()) MOEPEAK_INPUT_ERROR(current_, ":", line_, ": not a JSON object");
