@@ -15,6 +15,7 @@ source "$(dirname "$0")/common.sh"
 
 seconds="${1:-60}"
 [[ "$seconds" =~ ^[0-9]+$ ]] || { echo "usage: scripts/fuzz.sh [SECONDS]" >&2; exit 2; }
+MOEPEAK_PACKAGES+=(clang-14 libclang-rt-14-dev)  # clang and its sanitizer/libFuzzer runtimes
 install_packages
 
 dir="${MOEPEAK_FUZZ_BUILD_DIR:-$MOEPEAK_ROOT/build-fuzz}"

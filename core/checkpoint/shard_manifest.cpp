@@ -199,7 +199,7 @@ void ShardManifest::validate(const std::string& path) const {
     if (!tensor_names.insert(t.name).second) MOEPEAK_THROW(where, " is listed twice");
     const uint64_t es = dtype_size(t.dtype);
     // NOTES: the shape is checked before numel() multiplies it out: a damaged shape must be an
-    // error, not a signed overflow, nor a byte count that wraps (found by fuzz_shard_manifest).
+    // error, not a signed overflow, nor a byte count that wraps (tests/fuzz, shape_overflow.json).
     int64_t n = 1;
     for (const int64_t d : t.shape) {
       if (d < 0) MOEPEAK_THROW(where, ": shape entry ", d, " is negative");

@@ -1,16 +1,21 @@
-// Fuzz target: a Hugging Face config.json read into the model's settings (model.init_from).
+// Fuzz target: a Hugging Face config.json as `moepeak train --init-from DIR` reads it
+// (with_init_from_model: read_config_json, then every [model] key set and range-checked from it
+// and the cross-key rules of check_config).
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
-#include "core/checkpoint/hf_config.h"  // defines: read_config_json
+#include "core/checkpoint/hf_import.h"  // defines: with_init_from_model
+#include "core/config/config.h"         // defines: load_config
 #include "tests/fuzz/fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace moepeak;
   if (size > fuzz::kMaxInputBytes) return 0;
-  const std::string path = fuzz::write_scratch(
-      "config.json", std::string_view(reinterpret_cast<const char*>(data), size));
-  fuzz::expect_accept_or_error([&] { (void)read_config_json(path); });
+  fuzz::write_scratch("config.json", std::string_view(reinterpret_cast<const char*>(data), size));
+  static const Config base =
+      load_config({}, {"model.init_from=\"" + fuzz::scratch_dir().string() + "\""});
+  fuzz::expect_accept_or_error([&] { (void)with_init_from_model(base); });
   return 0;
 }
