@@ -31,7 +31,11 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   list="$2"
   shift 2
   install_packages
-  sanitized_build "$list"
+  # Without ctest arguments, only what the default selection runs is built.
+  if [[ $# -eq 0 && -z "${MOEPEAK_TARGETS:-}" ]]; then
+    MOEPEAK_TARGETS="$(sanitize_default_targets "$list")"
+  fi
+  MOEPEAK_TARGETS="${MOEPEAK_TARGETS:-}" sanitized_build "$list"
   sanitized_ctest "$list" "$@"
   exit 0
 fi
