@@ -2,6 +2,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <memory>
 #include <string>
 
 #include "core/error.h"
@@ -28,19 +29,28 @@ Settings& settings() {
   static Settings s;
   return s;
 }
+std::shared_ptr<spdlog::logger>& every_rank_logger() {
+  static std::shared_ptr<spdlog::logger> logger;
+  return logger;
+}
 void apply() {
   const Settings& s = settings();
-  spdlog::drop("moepeak");
-  auto logger = spdlog::stderr_color_mt("moepeak");
+  // One sink for both loggers, so their lines never interleave mid-line.
+  auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  auto logger = std::make_shared<spdlog::logger>("moepeak", sink);
+  auto every = std::make_shared<spdlog::logger>("moepeak.every_rank", sink);
   std::string pattern = "[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] ";
   if (s.world_size > 1) {
     pattern += "[rank " + std::to_string(s.rank) + "/" + std::to_string(s.world_size) + "] ";
   }
   logger->set_pattern(pattern + "%v");
+  every->set_pattern(pattern + "%v");
   spdlog::level::level_enum level = s.level;
   if (s.rank != 0 && !s.all_ranks && level < spdlog::level::warn) level = spdlog::level::warn;
   logger->set_level(level);
+  every->set_level(s.level);
   spdlog::set_default_logger(logger);
+  every_rank_logger() = every;
 }
 }  // namespace
 
@@ -58,6 +68,11 @@ void set_ranks(int rank, int world_size) {
   settings().rank = rank;
   settings().world_size = world_size;
   apply();
+}
+
+spdlog::logger& every_rank() {
+  if (!every_rank_logger()) apply();
+  return *every_rank_logger();
 }
 
 }  // namespace moepeak::log

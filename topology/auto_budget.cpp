@@ -4,6 +4,9 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+#include <string_view>
+
 #include "core/error.h"
 #include "core/runtime/backend.h"
 #include "core/units.h"
@@ -12,13 +15,20 @@
 
 namespace moepeak::topology {
 
+namespace {
+constexpr std::string_view kHostKey = "{host}";
+
+std::string this_host() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+}  // namespace
+
 std::string resolve_probe_path(const std::string& configured) {
   std::string path = configured;
-  const std::string key = "{host}";
-  for (size_t at; (at = path.find(key)) != std::string::npos;) {
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    path.replace(at, key.size(), host);
+  for (size_t at; (at = path.find(kHostKey)) != std::string::npos;) {
+    path.replace(at, kHostKey.size(), this_host());
   }
   return path;
 }
@@ -30,6 +40,15 @@ AutoHostBudget probe_host_budgets(const Config& cfg, int rank, int local_rank, i
   AutoHostBudget out;
   if (!cfg.runtime.probe_file.empty()) {
     const std::string path = resolve_probe_path(cfg.runtime.probe_file);
+    // A job on many nodes reads one file per node: the node whose file is missing is the news.
+    if (cfg.runtime.probe_file.find(kHostKey) != std::string::npos &&
+        !std::filesystem::exists(path)) {
+      MOEPEAK_INPUT_ERROR("runtime.probe_file '", cfg.runtime.probe_file,
+                          "': no probe file for host ", this_host(), " (", path,
+                          " does not exist); probe every node of the job (sbatch -N <nodes> "
+                          "slurm/probe.sbatch) or run `moepeak probe --output ",
+                          path, "` on ", this_host());
+    }
     const ProbeResult probe = read_probe_file(path);
     if (probe.budgets.ranks_per_node < local_size) {
       MOEPEAK_THROW("runtime.probe_file ", path, " was written for ", probe.budgets.ranks_per_node,

@@ -27,7 +27,7 @@ struct AutoHostBudget {
 // backend, so the GPUs of the machine are not theirs (ranks fill the NUMA nodes and each rank's
 // "device" arena, runtime.device_memory, is taken from host memory). Throws moepeak::Error naming
 // the probe file when it is unreadable, invalid, or written for fewer ranks per node than
-// local_size.
+// local_size, and naming this host when a per-host path ("{host}") has no file for it.
 AutoHostBudget probe_host_budgets(const Config& cfg, int rank, int local_rank, int local_size,
                                   bool cpu_backend);
 

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "topology/auto_budget.h"
@@ -102,7 +103,9 @@ TrainBinding bind_for_training(const Config& cfg, int rank, int local_rank, int 
   const BindDecision d =
       decide_binding(cfg.runtime.bind, local_size, static_cast<int>(before.size()), online);
   if (d.bind) {
-    t.place = probe_host_budgets(cfg, rank, local_rank, local_size, cpu_backend).rank.place;
+    AutoHostBudget budget = probe_host_budgets(cfg, rank, local_rank, local_size, cpu_backend);
+    t.place = budget.rank.place;
+    t.place_source = std::move(budget.source);
     bind_rank(t.place);
     t.bound = true;
   }

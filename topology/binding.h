@@ -43,7 +43,8 @@ BindDecision decide_binding(BindPolicy policy, int ranks_on_host, int allowed_pu
 // the backend starts follow. Throws moepeak::Error when runtime.bind = "rank" and the kernel
 // refuses the PUs.
 struct TrainBinding {
-  RankPlacement place;  // where the probe puts this rank
+  RankPlacement place;       // where the probe puts this rank
+  std::string place_source;  // the probe file it came from, or the start-up probe ("" unbound)
   bool bound = false;
   std::string cpus;    // the PUs this process may run on now
   int numa_node = -1;  // the node of those PUs (-1 when unknown)

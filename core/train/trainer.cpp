@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "core/data/data_loader.h"
 #include "core/error.h"
 #include "core/fault_injection.h"
+#include "core/log.h"  // defines: log::every_rank
 #include "core/metrics/flops.h"
 #include "core/model/mixtral.h"
 #include "core/model/mixtral_memory.h"  // defines: mixtral_outside_arena
@@ -250,12 +252,17 @@ Trainer::Trainer(const Config& config, const TrainOptions& options)
   // Bind before the backend starts its threads and pins its pool (runtime.bind).
   s.binding = topology::bind_for_training(cfg, s.ranks.rank, s.ranks.local_rank, s.ranks.local_size,
                                           /*cpu_backend=*/!uses_cuda_backend(cfg));
+  // Every rank says where it runs: on a cluster, the line of the rank that is misplaced is the
+  // one that matters.
+  const std::string place =
+      fmt::format("on host {}, local rank {} of {} [{}]", s.ranks.host, s.ranks.local_rank,
+                  s.ranks.local_size, local_rank_source());
   if (s.binding.bound) {
-    spdlog::info("rank {} bound to PUs {} (NUMA node {}{})", s.ranks.rank, s.binding.cpus,
-                 s.binding.numa_node, s.ranks.world_size > 1 ? "; other ranks alike" : "");
+    log::every_rank().info("rank {} bound to PUs {} (NUMA node {}; place from {}) {}", s.ranks.rank,
+                           s.binding.cpus, s.binding.numa_node, s.binding.place_source, place);
   } else {
-    spdlog::info("rank {} not bound: {}; it runs on PUs {}", s.ranks.rank, s.binding.reason,
-                 s.binding.cpus);
+    log::every_rank().info("rank {} not bound: {}; it runs on PUs {} {}", s.ranks.rank,
+                           s.binding.reason, s.binding.cpus, place);
   }
   s.backend = Backend::create(backend_options(cfg, s.ranks, s.binding));
   s.comm = make_comm(*s.backend, s.ranks, link_model(cfg.runtime));

@@ -200,6 +200,14 @@ TEST(AutoBudget, HostNameInTheProbePathAndErrors) {
   cfg = config_with(
       {"runtime.probe_file=" + (dir.path() / "none.toml").string(), "runtime.pinned_memory=auto"});
   EXPECT_CONTAINS(error_of([&] { pinned_memory_budget(cfg, 0, 0, 1, true); }), "none.toml");
+  // A per-host path with no file for this host names the host, not only the path.
+  TempDir empty;
+  const std::string missing = (empty.path() / "probe-{host}.toml").string();
+  cfg = config_with({"runtime.probe_file=" + missing, "runtime.pinned_memory=auto"});
+  e = error_of([&] { pinned_memory_budget(cfg, 0, 0, 1, true); });
+  EXPECT_CONTAINS(e, std::string("no probe file for host ") + host);
+  EXPECT_CONTAINS(e, (empty.path() / (std::string("probe-") + host + ".toml")).string());
+  EXPECT_CONTAINS(e, "slurm/probe.sbatch");
 }
 
 TEST(AutoBudget, CpuBackendWithoutAFileKeepsTheBackendDefault) {
