@@ -17,6 +17,8 @@ MOEPEAK_PACKAGES=(
   clang-format-14
   # a private single-node Slurm for the srun tests (srun's mpi_pmix plugin dlopens libpmix.so)
   munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins libpmix-dev
+  # the two-node Slurm in network namespaces (ip netns, veth, bridge; nsenter, unshare)
+  iproute2 util-linux
 )
 
 log() { printf '\033[1m[moepeak]\033[0m %s\n' "$*"; }

@@ -153,6 +153,39 @@ _local_slurm_stepds() {
   return 0
 }
 
+# _local_slurm_munge_start MDIR: a fresh key and a munged with everything under MDIR (which must
+# exist, 0755): munge.key, munge.socket, munged.{pid,log,seed,out}. False, with the reason, when
+# it does not start. Shared with two_node_slurm.sh.
+_local_slurm_munge_start() {
+  local m="$1"
+  if ! mungekey --create --force --keyfile="$m/munge.key" >"$m/mungekey.out" 2>&1; then
+    _local_slurm_err "mungekey failed: $(cat "$m/mungekey.out")"
+    return 1
+  fi
+  chmod 600 "$m/munge.key"
+  if ! munged --key-file="$m/munge.key" --socket="$m/munge.socket" --pid-file="$m/munged.pid" \
+       --log-file="$m/munged.log" --seed-file="$m/munged.seed" </dev/null >"$m/munged.out" 2>&1; then
+    _local_slurm_err "munged failed to start: $(cat "$m/munged.out")"
+    return 1
+  fi
+}
+
+# _local_slurm_munge_stop MDIR: stops the munged of MDIR (by its pid file, only when the process's
+# command line names MDIR); safe when none runs.
+_local_slurm_munge_stop() {
+  local m="$1" pid text=""
+  pid=$(_local_slurm_pid "$m/munged.pid")
+  _local_slurm_alive "$pid" || return 0
+  text=$({ tr '\0' '\n' <"/proc/$pid/cmdline"; } 2>/dev/null) || true
+  [[ "$text" == *"$m/"* ]] || return 0
+  munged -s --socket="$m/munge.socket" >/dev/null 2>&1 || true
+  if ! _local_slurm_wait_gone 10 "$pid"; then
+    kill -TERM "$pid" 2>/dev/null || true
+    _local_slurm_wait_gone 5 "$pid" || kill -KILL "$pid" 2>/dev/null || true
+  fi
+  return 0
+}
+
 _local_slurm_write_conf() {  # _local_slurm_write_conf CTLD_PORT
   local dir="$LOCAL_SLURM_DIR" port="$1" node cpus boards sockets cores threads mem
   node=$(slurmd -C 2>/dev/null | head -n 1) || true
@@ -350,16 +383,7 @@ local_slurm_start() {
   export LOCAL_SLURM_DIR
   export SLURM_CONF="$dir/slurm.conf"
 
-  local m="$dir/munge"
-  if ! mungekey --create --force --keyfile="$m/munge.key" >"$m/mungekey.out" 2>&1; then
-    _local_slurm_err "mungekey failed: $(cat "$m/mungekey.out")"
-    local_slurm_stop
-    return 1
-  fi
-  chmod 600 "$m/munge.key"
-  if ! munged --key-file="$m/munge.key" --socket="$m/munge.socket" --pid-file="$m/munged.pid" \
-       --log-file="$m/munged.log" --seed-file="$m/munged.seed" </dev/null >"$m/munged.out" 2>&1; then
-    _local_slurm_err "munged failed to start: $(cat "$m/munged.out")"
+  if ! _local_slurm_munge_start "$dir/munge"; then
     local_slurm_log_tails 20
     local_slurm_stop
     return 1
@@ -383,13 +407,9 @@ local_slurm_start() {
 
 local_slurm_stop() {
   [ -n "${LOCAL_SLURM_DIR:-}" ] || return 0
-  local dir="$LOCAL_SLURM_DIR" munged_pid
+  local dir="$LOCAL_SLURM_DIR"
   _local_slurm_stop_daemons
-  munged_pid=$(_local_slurm_pid "$dir/munge/munged.pid")
-  if [ -n "$munged_pid" ] && _local_slurm_ours "$munged_pid"; then
-    munged -s --socket="$dir/munge/munge.socket" >/dev/null 2>&1 || true
-    _local_slurm_wait_gone 10 "$munged_pid" || _local_slurm_end munged "$munged_pid"
-  fi
+  _local_slurm_munge_stop "$dir/munge"
   if [ "${LOCAL_SLURM_SAVED_CONF:-__unset__}" = "__unset__" ]; then
     unset SLURM_CONF
   else
