@@ -186,6 +186,38 @@ _local_slurm_munge_stop() {
   return 0
 }
 
+# _local_slurm_common_conf DIR: the slurm.conf lines every private cluster shares (root daemons,
+# munge through DIR's socket, state, logs and TmpFS under DIR, no cgroups, accounting or mail,
+# cores as the unit, MPI only through `srun --mpi=...`, jobs purged 2 s after they end).
+_local_slurm_common_conf() {
+  cat <<EOF
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$1/munge/munge.socket
+StateSaveLocation=$1/state
+TmpFS=$1/tmp
+SlurmctldPidFile=$1/run/slurmctld.pid
+SlurmctldLogFile=$1/log/slurmctld.log
+SlurmctldDebug=info
+SlurmdDebug=info
+PlugStackConfig=$1/plugstack.conf
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+MinJobAge=2
+KillWait=5
+InactiveLimit=0
+EOF
+}
+
 _local_slurm_write_conf() {  # _local_slurm_write_conf CTLD_PORT
   local dir="$LOCAL_SLURM_DIR" port="$1" node cpus boards sockets cores threads mem
   node=$(slurmd -C 2>/dev/null | head -n 1) || true
@@ -211,34 +243,11 @@ ClusterName=moepeak$port
 SlurmctldHost=localhost
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$dir/munge/munge.socket
-StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
-TmpFS=$dir/tmp
-SlurmctldPidFile=$dir/run/slurmctld.pid
 SlurmdPidFile=$dir/run/slurmd.pid
-SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd.log
-SlurmctldDebug=info
-SlurmdDebug=info
-PlugStackConfig=$dir/plugstack.conf
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-MpiDefault=none
-ReturnToService=2
 FirstJobId=$((port * 1000))
-MinJobAge=2
-KillWait=5
-InactiveLimit=0
+$(_local_slurm_common_conf "$dir")
 NodeName=localhost NodeAddr=127.0.0.1 $topo RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 EOF

@@ -30,18 +30,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/slurm_test_setup.sh"  # $tmp, check, report; stops the cluster on exit
 contains() { grep -qF -- "$2" "$1" || { echo "no '$2' in $1:"; tail -n 30 "$1"; return 1; }; }
 deadline=$((SECONDS + 400))  # every wait below ends by then, inside CTest's timeout
-job_field() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1; }
-# wait_state JOB STATE...: until the job is in one of the states; false at the deadline.
-wait_state() {
-  local job="$1" state; shift
-  while [ $SECONDS -lt $deadline ]; do
-    state=$(job_field "$job" JobState)
-    for s in "$@"; do [ "$state" = "$s" ] && return 0; done
-    sleep 0.2
-  done
-  echo "job $job is $(job_field "$job" JobState), not $*"
-  return 1
-}
+# shellcheck source=tests/slurm/slurm_jobs.sh
+source "$here/slurm_jobs.sh"  # job_field, wait_state, requeued, completed
 
 steps=40
 config="$src/configs/tiny.toml"
@@ -67,9 +57,7 @@ check "plain 1-rank train exits 0" test $? -eq 0 || tail -n 20 "$tmp/plain.out"
 # 1. A run to the end.
 job=$("${submit[@]}" --job-name=full "$src/slurm/train.sbatch" "$config" "${common[@]}")
 check "sbatch train.sbatch gives a job id ($job)" test -n "$job"
-check "the run completes" wait_state "$job" COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL
-check "the run is COMPLETED with exit 0:0" \
-  test "$(job_field "$job" JobState) $(job_field "$job" ExitCode)" = "COMPLETED 0:0"
+check "the run is COMPLETED with exit 0:0" completed "$job"
 log="$tmp/work/full_$job.out"
 check "the job log is <job-name>_<job-id>.out" test -s "$log"
 check "the job log names the run directory" contains "$log" "run directory $tmp/work/runs/full_$job"
@@ -106,16 +94,7 @@ started() {  # two steps done and the run still going
 check "the second run gets to step 2" started
 scancel --signal=USR1 --batch "$job2"
 # Requeued: back to PENDING with Restarts=1 (Slurm holds it ~2 minutes: release it now).
-requeued() {
-  while [ $SECONDS -lt $deadline ]; do
-    [ "$(job_field "$job2" Restarts)" = 1 ] && [ "$(job_field "$job2" JobState)" = PENDING ] && return 0
-    [ "$(job_field "$job2" JobState)" = COMPLETED ] && { echo "it completed without a requeue"; return 1; }
-    sleep 0.2
-  done
-  echo "state $(job_field "$job2" JobState), restarts $(job_field "$job2" Restarts)"
-  return 1
-}
-check "USR1 makes the job requeue itself" requeued
+check "USR1 makes the job requeue itself" requeued "$job2" 1
 # Release it once the node has cleaned up after run 0 (idle, no step daemon of this cluster left):
 # the ~2 minutes Slurm would wait exist for that, and a step started while run 0's slurmstepd is
 # still exiting fails to launch.
@@ -129,9 +108,7 @@ node_clean() {
 }
 check "the node is clean after run 0" node_clean
 scontrol update jobid="$job2" StartTime=now
-check "the requeued run completes" wait_state "$job2" COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL
-check "the requeued run is COMPLETED with exit 0:0 after 1 restart" \
-  test "$(job_field "$job2" JobState) $(job_field "$job2" ExitCode) $(job_field "$job2" Restarts)" = "COMPLETED 0:0 1"
+check "the requeued run is COMPLETED with exit 0:0 after 1 restart" completed "$job2" 1
 check "the ranks stopped on the signal with a checkpoint" contains "$log2" "preempted (signal 10) after step"
 check "the script requeued the job" contains "$log2" "requeueing job $job2"
 check "the job log kept both runs (run 0 and run 1)" contains "$log2" "job $job2 run 1 on"

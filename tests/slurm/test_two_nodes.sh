@@ -46,18 +46,9 @@ if ! two_node_slurm_start "$tmp/c"; then
   echo "0 passed, 1 failed"
   exit 1
 fi
-job_field() { on_head scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1; }
-# wait_state JOB STATE...: until the job is in one of the states; false at the deadline.
-wait_state() {
-  local job="$1" state s; shift
-  while [ $SECONDS -lt $deadline ]; do
-    state=$(job_field "$job" JobState)
-    for s in "$@"; do [ "$state" = "$s" ] && return 0; done
-    sleep 0.2
-  done
-  echo "job $job is $(job_field "$job" JobState), not $*"
-  return 1
-}
+slurm_client=on_head
+# shellcheck source=tests/slurm/slurm_jobs.sh
+source "$here/slurm_jobs.sh"  # job_field, wait_state, requeued, completed, failed
 # wait_step FILE N: until the metrics FILE has N lines.
 wait_step() {
   while [ $SECONDS -lt $deadline ]; do
@@ -88,14 +79,6 @@ release() {
   done
   return 1
 }
-# completed JOB [RESTARTS]: the job ends COMPLETED with exit 0:0 (after RESTARTS requeues).
-completed() {
-  wait_state "$1" COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL || return 1
-  local got want="COMPLETED 0:0 ${2:-0}"
-  got="$(job_field "$1" JobState) $(job_field "$1" ExitCode) $(job_field "$1" Restarts)"
-  [ "$got" = "$want" ] || { echo "job $1: $got, not $want"; return 1; }
-}
-
 steps=8
 config="$src/configs/tiny.toml"
 bounded=(--set schedules.dispatch=pipelined_llep --set schedules.chunk_tokens=64
@@ -169,9 +152,6 @@ mkdir -p "$tmp/probe1"
 cp "$tmp/probe/probe-n1.toml" "$tmp/probe1/"
 job=$(MOEPEAK_PROBE_FILE="$tmp/probe1/probe-{host}.toml" "${submit[@]}" --job-name=noprobe \
   "$src/slurm/train.sbatch" "$config" "${common[@]}")
-failed() {
-  wait_state "$1" COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL && test "$(job_field "$1" JobState)" = FAILED
-}
 check "no probe file for n2: the job FAILED" failed "$job"
 check "no probe file for n2: the error names host n2 and its path" contains "$tmp/work/noprobe_$job.out" \
   "no probe file for host n2 ($tmp/probe1/probe-n2.toml does not exist)"
@@ -182,16 +162,7 @@ job=$("${submit[@]}" --job-name=pre "$src/slurm/train.sbatch" "$config" "${commo
 pre="$tmp/work/runs/pre_$job/metrics.jsonl"
 check "the preempted run gets to step 2" wait_step "$pre" 2
 on_head scancel --signal=USR1 --batch "$job"
-requeued() {
-  while [ $SECONDS -lt $deadline ]; do
-    [ "$(job_field "$job" Restarts)" = 1 ] && [ "$(job_field "$job" JobState)" = PENDING ] && return 0
-    [ "$(job_field "$job" JobState)" = COMPLETED ] && { echo "it completed without a requeue"; return 1; }
-    sleep 0.2
-  done
-  echo "state $(job_field "$job" JobState), restarts $(job_field "$job" Restarts)"
-  return 1
-}
-check "USR1: the two-node job requeues itself" requeued
+check "USR1: the two-node job requeues itself" requeued "$job" 1
 release "$job"
 check "USR1: the requeued run is COMPLETED with exit 0:0 after 1 restart" completed "$job" 1
 check "USR1: the ranks checkpointed and stopped" contains "$tmp/work/pre_$job.out" "preempted (signal 10) after step"

@@ -159,35 +159,12 @@ ClusterName=moepeak2n
 SlurmctldHost=n1(10.250.0.1)
 SlurmctldPort=6817
 SlurmdPort=6818
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$dir/munge/munge.socket
-StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n
-TmpFS=$dir/tmp
-SlurmctldPidFile=$dir/run/slurmctld.pid
 SlurmdPidFile=$dir/run/slurmd-%n.pid
-SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-PlugStackConfig=$dir/plugstack.conf
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-MpiDefault=none
-ReturnToService=2
 SlurmdTimeout=10
 FirstJobId=$((1000 * (1000 + TWO_NODE_SLURM_ID % 60000)))
-MinJobAge=2
-KillWait=5
-InactiveLimit=0
+$(_local_slurm_common_conf "$dir")
 NodeName=n1 NodeAddr=10.250.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 NodeName=n2 NodeAddr=10.250.0.2 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
