@@ -148,7 +148,8 @@ void run_block(BlockRun& r, Order order) {
     f.context.uc_link = &r.scheduler;
     makecontext(&f.context, trampoline, 0);
   }
-  std::memset(r.shared.data(), 0xff, r.shared.size());
+  // Poisoned dynamic shared memory (a block without any has a null data(): memset of it is UB).
+  if (!r.shared.empty()) std::memset(r.shared.data(), 0xff, r.shared.size());
   r.static_shared.clear();
   r.static_shared_bytes = 0;
   for (;;) {

@@ -485,8 +485,9 @@ TEST_F(RingDtpTest, BadLabelsVocabSmallerThanRanksAndBackwardWithoutForwardAreEr
       kept.release();
     }
   }
-  // A wrong shard is found at the call, before any traffic.
-  auto wrong = env.input(p.w, kHidden, 0, shard.size() + 1);
+  // A wrong shard (a row short: on one rank the shard is all of V, and a row more would read past
+  // the test's weights) is found at the call, before any traffic.
+  auto wrong = env.input(p.w, kHidden, 0, shard.size() - 1);
   EXPECT_THROW(vocab.forward(x, wrong, lt, 1.0), Error);
   if (W > 1) {
     EXPECT_THROW(RingDtpVocab(env.backend(), env.stream(), env.comm(), DType::f64, W - 1), Error);
