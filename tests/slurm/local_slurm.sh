@@ -313,19 +313,28 @@ _local_slurm_try_daemons() {
   return $rc
 }
 
+# _local_slurm_cancel_and_shutdown [CLIENT...]: cancels every job, waits up to 15 s for the queue
+# to empty, then `scontrol shutdown` (slurmctld and every registered slurmd). The clients run
+# through the command prefix CLIENT when given (two_node_slurm.sh: on_head). Shared with
+# two_node_slurm.sh.
+# shellcheck disable=SC2120  # two_node_slurm.sh passes CLIENT
+_local_slurm_cancel_and_shutdown() {
+  local deadline=$((SECONDS + 15))
+  "$@" timeout 10 scancel --user="$(id -un)" >/dev/null 2>&1 || true
+  while [ -n "$("$@" timeout 10 squeue -h -o %i 2>/dev/null)" ] && [ $SECONDS -lt $deadline ]; do
+    sleep 0.2
+  done
+  "$@" timeout 10 scontrol shutdown >/dev/null 2>&1 || true
+}
+
 # Stops slurmctld and slurmd (not munged): cancel jobs, scontrol shutdown, wait, then by PID.
 _local_slurm_stop_daemons() {
-  local dir="$LOCAL_SLURM_DIR" ctld slurmd deadline
+  local dir="$LOCAL_SLURM_DIR" ctld slurmd
   ctld=$(_local_slurm_pid "$dir/run/slurmctld.pid")
   slurmd=$(_local_slurm_pid "$dir/run/slurmd.pid")
   if [ -n "$ctld" ] && _local_slurm_ours "$ctld"; then
-    timeout 10 scancel --user="$(id -un)" >/dev/null 2>&1 || true
-    deadline=$((SECONDS + 15))
-    while [ -n "$(timeout 10 squeue -h -o %i 2>/dev/null)" ] && [ $SECONDS -lt $deadline ]; do
-      sleep 0.2
-    done
-    # Stops slurmctld and every registered slurmd.
-    timeout 10 scontrol shutdown >/dev/null 2>&1 || true
+    # shellcheck disable=SC2119  # here the clients run in this namespace: no CLIENT
+    _local_slurm_cancel_and_shutdown
     local pids=() pid
     for pid in $ctld $slurmd; do _local_slurm_ours "$pid" && pids+=("$pid"); done
     [ ${#pids[@]} -eq 0 ] || _local_slurm_wait_gone 20 "${pids[@]}" || true

@@ -52,7 +52,7 @@
 
 here_two_node_slurm=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tests/slurm/local_slurm.sh
-source "$here_two_node_slurm/local_slurm.sh"  # the pid, wait and munge helpers
+source "$here_two_node_slurm/local_slurm.sh"  # the pid, wait, munge and shutdown helpers
 
 _two_node_err() { echo "two_node_slurm: $*" >&2; }
 _two_node_ns() { echo "mpk${TWO_NODE_SLURM_ID}$1"; }  # _two_node_ns n1|n2|sw
@@ -273,16 +273,10 @@ two_node_slurm_start_node() {
 
 two_node_slurm_stop() {
   [ -n "${TWO_NODE_SLURM_DIR:-}" ] || return 0
-  local dir="$TWO_NODE_SLURM_DIR" ctld deadline node pids ns
+  local dir="$TWO_NODE_SLURM_DIR" ctld node pids ns
   ctld=$(_local_slurm_pid "$dir/run/slurmctld.pid")
   if [ -n "$ctld" ] && _local_slurm_alive "$ctld"; then
-    on_head timeout 10 scancel --user="$(id -un)" >/dev/null 2>&1 || true
-    deadline=$((SECONDS + 15))
-    while [ -n "$(on_head timeout 10 squeue -h -o %i 2>/dev/null)" ] &&
-          [ $SECONDS -lt $deadline ]; do
-      sleep 0.2
-    done
-    on_head timeout 10 scontrol shutdown >/dev/null 2>&1 || true
+    _local_slurm_cancel_and_shutdown on_head
     _local_slurm_wait_gone 20 "$ctld" || true
   fi
   # Whatever is left in the nodes (a slurmd without its controller, a hung step, a task): by PID.
