@@ -21,7 +21,8 @@ MOEPEAK_PACKAGES=(
   iproute2 util-linux
 )
 
-log() { printf '\033[1m[moepeak]\033[0m %s\n' "$*"; }
+# Each line carries the time since the script started, so a CI log shows where its time went.
+log() { printf '\033[1m[moepeak +%dm%02ds]\033[0m %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 install_packages() {
   local missing=()
