@@ -7,6 +7,7 @@
 //                                    rounds to nearest even (bf16(float), core/runtime/dtype.h)
 //   widen(src, dst, n)               n storage elements -> compute type (exact)
 //   narrow(src, dst, n)              n compute-type values -> storage (one rounding each)
+//   with_accumulator<T>(dtype, f)    f(float{}) for an f32 output beside bf16 T, else f(T{})
 //
 // NOTES: a kernel with bf16 storage reads each element once into fp32, does the CPU f32 kernel's
 // arithmetic, and rounds every output element to bf16 once, at the end, as the CUDA kernels do
@@ -61,6 +62,21 @@ inline void widen(const T* src, compute_t<T>* dst, int64_t n) {
 template <typename T>
 inline void narrow(const compute_t<T>* src, T* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) store(dst + i, src[i]);
+}
+
+// Calls f(float{}) when `acc` (an output's dtype) is an f32 accumulator beside bf16 storage T
+// (the fp32 main gradients and sums of a bf16 run), else f(T{}): the output type of a kernel whose
+// output may be wider than its inputs. The op's argument checks have admitted only those two.
+// The CUDA kernels' twin: ops/cuda/cuda_common.cuh.
+template <typename T, typename F>
+void with_accumulator(DType acc, F&& f) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (acc == DType::f32) {
+      f(float{});
+      return;
+    }
+  }
+  f(T{});
 }
 
 // Calls f(float{}), f(double{}) or f(bf16{}) for the tensor's storage dtype.

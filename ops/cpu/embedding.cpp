@@ -107,17 +107,13 @@ void embedding_backward_cpu(const Tensor& ids, const Tensor& dout, const Tensor&
     const int64_t* id = ids.data_as<int64_t>();
     const T* dy = dout.data_as<T>();  // (N, H)
     int64_t n_tokens = ids.size(0), vocab = dweight.size(0), hidden = dweight.size(1);
-    if constexpr (std::is_same_v<T, bf16>) {
-      if (dweight.dtype() == DType::f32) {         // the fp32 main gradient (checked above)
-        float* dtable = dweight.data_as<float>();  // (V, H)
-        as_cpu_stream(stream).enqueue(
-            [=] { embedding_backward_loop(op, id, dy, dtable, n_tokens, vocab, hidden); });
-        return;
-      }
-    }
-    T* dtable = dweight.data_as<T>();  // (V, H)
-    as_cpu_stream(stream).enqueue(
-        [=] { embedding_backward_loop(op, id, dy, dtable, n_tokens, vocab, hidden); });
+    // dweight in dout's dtype, or the fp32 main gradient beside bf16 (checked above).
+    with_accumulator<T>(dweight.dtype(), [&](auto dw_zero) {
+      using DW = decltype(dw_zero);
+      DW* dtable = dweight.data_as<DW>();  // (V, H)
+      as_cpu_stream(stream).enqueue(
+          [=] { embedding_backward_loop(op, id, dy, dtable, n_tokens, vocab, hidden); });
+    });
   });
 }
 

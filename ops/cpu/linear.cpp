@@ -94,17 +94,13 @@ void forward(const char* op, bool block, const Tensor& x, const Tensor& w, int64
     using T = decltype(zero);
     const T* xp = x.data_as<T>();       // (M, K)
     const T* wp = w.data_as<T>() + k0;  // (N, K) within (N, K_w)
-    if constexpr (std::is_same_v<T, bf16>) {
-      if (y.dtype() == DType::f32) {  // an fp32 accumulator of bf16 products
-        float* yp = y.data_as<float>();
-        as_cpu_stream(stream).enqueue(
-            [=] { gemm<T, float>(false, true, m, n, k, xp, k, wp, kw, accumulate, yp, n); });
-        return;
-      }
-    }
-    T* yp = y.data_as<T>();  // (M, N)
-    as_cpu_stream(stream).enqueue(
-        [=] { gemm<T, T>(false, true, m, n, k, xp, k, wp, kw, accumulate, yp, n); });
+    // y in x's dtype, or an fp32 accumulator of bf16 products (checked above).
+    with_accumulator<T>(y.dtype(), [&](auto y_zero) {
+      using TY = decltype(y_zero);
+      TY* yp = y.data_as<TY>();  // (M, N)
+      as_cpu_stream(stream).enqueue(
+          [=] { gemm<T, TY>(false, true, m, n, k, xp, k, wp, kw, accumulate, yp, n); });
+    });
   });
 }
 
@@ -133,21 +129,14 @@ void backward(const char* op, bool block, const Tensor& x, const Tensor& w, int6
   const LinearGrads want = check_linear_backward_args(op, x, w, k0, block, dy, dx, dw);
   dispatch_storage(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    if constexpr (std::is_same_v<T, bf16>) {
-      const bool f32_dx = want.dx && dx.dtype() == DType::f32;
-      const bool f32_dw = want.dw && dw.dtype() == DType::f32;
-      if (f32_dx && f32_dw) {
-        enqueue_backward<T, float, float>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
-      } else if (f32_dx) {
-        enqueue_backward<T, float, T>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
-      } else if (f32_dw) {
-        enqueue_backward<T, T, float>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
-      } else {
-        enqueue_backward<T, T, T>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
-      }
-      return;
-    }
-    enqueue_backward<T, T, T>(stream, x, w, k0, dy, dx, accumulate_dx, dw, want);
+    // dx and dw each in x's dtype, or an fp32 accumulator beside bf16 (checked above); one not
+    // asked for takes x's.
+    with_accumulator<T>(want.dx ? dx.dtype() : x.dtype(), [&](auto dx_zero) {
+      with_accumulator<T>(want.dw ? dw.dtype() : x.dtype(), [&](auto dw_zero) {
+        enqueue_backward<T, decltype(dx_zero), decltype(dw_zero)>(stream, x, w, k0, dy, dx,
+                                                                  accumulate_dx, dw, want);
+      });
+    });
   });
 }
 

@@ -127,17 +127,13 @@ void rmsnorm_backward_cpu(const Tensor& x, const Tensor& w, const Tensor& rstd, 
     const T* rp = rstd.data_as<T>();  // (N)
     const T* dyp = dy.data_as<T>();   // (N, H)
     T* dxp = dx.data_as<T>();         // (N, H)
-    if constexpr (std::is_same_v<T, bf16>) {
-      if (dw.dtype() == DType::f32) {      // the fp32 main gradient (checked above)
-        float* dwp = dw.data_as<float>();  // (H)
-        as_cpu_stream(stream).enqueue(
-            [=] { rmsnorm_backward_loop(xp, wp, rp, dyp, dxp, dwp, rows, hidden); });
-        return;
-      }
-    }
-    T* dwp = dw.data_as<T>();  // (H)
-    as_cpu_stream(stream).enqueue(
-        [=] { rmsnorm_backward_loop(xp, wp, rp, dyp, dxp, dwp, rows, hidden); });
+    // dw in x's dtype, or the fp32 main gradient beside bf16 (checked above).
+    with_accumulator<T>(dw.dtype(), [&](auto dw_zero) {
+      using DW = decltype(dw_zero);
+      DW* dwp = dw.data_as<DW>();  // (H)
+      as_cpu_stream(stream).enqueue(
+          [=] { rmsnorm_backward_loop(xp, wp, rp, dyp, dxp, dwp, rows, hidden); });
+    });
   });
 }
 

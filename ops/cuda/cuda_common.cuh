@@ -97,6 +97,21 @@ void dispatch_storage(DType dtype, const char* op, F&& f, bool allow_f64 = true)
                 ", got ", dtype_name(dtype));
 }
 
+// Calls launch(float{}) when `acc` (an output's dtype) is an fp32 accumulator beside bf16
+// storage T (the fp32 main gradients and sums of a bf16 run), else launch(T{}): the output type
+// of a kernel whose output may be wider than its inputs. The op's argument checks have admitted
+// only those two. The CPU kernels' twin: ops/cpu/cpu_storage.h.
+template <typename T, typename F>
+void with_accumulator(DType acc, F&& launch) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (acc == DType::f32) {
+      launch(float{});
+      return;
+    }
+  }
+  launch(T{});
+}
+
 // ---- launch geometry ----------------------------------------------------------------------------
 constexpr int kThreads = 256;
 constexpr int64_t kMaxGridBlocks = 65535ll * 8;

@@ -205,15 +205,13 @@ void row_dot_cuda(const Tensor& a, const Tensor& b, const Tensor& out, bool accu
   cuda::dispatch_storage(a.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     if (rows == 0) return;  // cols == 0 still writes out = 0 (or leaves it, with accumulate)
-    if (out.dtype() != a.dtype()) {  // an f32 accumulator beside bf16 (checked above)
-      row_dot_kernel<T, float><<<row_blocks(rows), row_threads(cols), 0, cuda::native(stream)>>>(
+    // out in a's dtype, or an f32 accumulator beside bf16 (checked above).
+    cuda::with_accumulator<T>(out.dtype(), [&](auto out_zero) {
+      using O = decltype(out_zero);
+      row_dot_kernel<T, O><<<row_blocks(rows), row_threads(cols), 0, cuda::native(stream)>>>(
           static_cast<const T*>(a.data()), static_cast<const T*>(b.data()),
-          static_cast<float*>(out.data()), rows, cols, accumulate);
-    } else {
-      row_dot_kernel<T, T><<<row_blocks(rows), row_threads(cols), 0, cuda::native(stream)>>>(
-          static_cast<const T*>(a.data()), static_cast<const T*>(b.data()),
-          static_cast<T*>(out.data()), rows, cols, accumulate);
-    }
+          static_cast<O*>(out.data()), rows, cols, accumulate);
+    });
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

@@ -138,15 +138,7 @@ void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, const Tensor
           static_cast<DW*>(dweight.data()), tokens, vocab, hidden, rows_per_block);
     };
     // dweight in dout's dtype, or f32 for a bf16 dout (checked above).
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      if (dweight.dtype() == DType::f32) {
-        launch(float{});
-      } else {
-        launch(T{});
-      }
-    } else {
-      launch(T{});
-    }
+    cuda::with_accumulator<T>(dweight.dtype(), launch);
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

@@ -137,15 +137,7 @@ void rmsnorm_backward_cuda(const Tensor& x, const Tensor& w, const Tensor& rstd,
           static_cast<const T*>(dy.data()), static_cast<DW*>(dw.data()), rows, hidden);
     };
     // dw in x's dtype, or f32 for a bf16 x (checked above).
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      if (dw.dtype() == DType::f32) {
-        launch_dw(float{});
-      } else {
-        launch_dw(T{});
-      }
-    } else {
-      launch_dw(T{});
-    }
+    cuda::with_accumulator<T>(dw.dtype(), launch_dw);
     MOEPEAK_CUDA_LAUNCH_CHECK();
     rmsnorm_backward_dx_kernel<T><<<row_blocks(rows), row_threads(hidden), 0, s>>>(
         static_cast<const T*>(x.data()), static_cast<const T*>(w.data()),
