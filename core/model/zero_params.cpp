@@ -205,8 +205,13 @@ ZeroBytes gathered_bytes(const ParamLayout& layout, const std::vector<int>& expe
 
 ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, const ParallelDegrees& degrees,
                               std::span<const int> params, GatherParts parts) {
+  return zero_gathered_bytes(model, ParamLayout(model), dtype, degrees, params, parts);
+}
+
+ZeroBytes zero_gathered_bytes(const ModelConfig& model, const ParamLayout& layout, DType dtype,
+                              const ParallelDegrees& degrees, std::span<const int> params,
+                              GatherParts parts) {
   check_experts_divisible(model, degrees);
-  ParamLayout layout(model);
   return gathered_bytes(layout, expert_of(layout), dtype, degrees, params, parts);
 }
 

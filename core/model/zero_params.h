@@ -114,6 +114,11 @@ int64_t zero_persistent_elements(const ModelConfig& model, const ParallelDegrees
 ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, const ParallelDegrees& degrees,
                               std::span<const int> params,
                               GatherParts parts = GatherParts::values_and_grads);
+// The same with `layout` = ParamLayout(model) built by the caller: callers that ask for many
+// gather groups of one model build it once (a layout search asks some million times).
+ZeroBytes zero_gathered_bytes(const ModelConfig& model, const ParamLayout& layout, DType dtype,
+                              const ParallelDegrees& degrees, std::span<const int> params,
+                              GatherParts parts = GatherParts::values_and_grads);
 // The same functions for the layout with every degree W.
 inline ZeroBytes zero_persistent_bytes(const ModelConfig& model, DType dtype, int world_size,
                                        LmHeadSharding lm_head = LmHeadSharding::zero3) {

@@ -50,7 +50,7 @@ std::vector<ZeroBytes> zero_use_gathered_bytes(const ModelConfig& model, DType d
   const std::vector<ZeroUse> uses = zero_pass_uses(model.num_hidden_layers, with_backward);
   std::vector<ZeroBytes> bytes;
   for (const ZeroUse& u : uses) {
-    bytes.push_back(zero_gathered_bytes(model, dtype, degrees, groups[u.group], u.parts));
+    bytes.push_back(zero_gathered_bytes(model, layout, dtype, degrees, groups[u.group], u.parts));
   }
   std::vector<ZeroBytes> held(uses.size());
   const bool overlapped = prefetch_depth > 0 && degrees.world > 1;
