@@ -339,7 +339,9 @@ const std::vector<Field>& field_table() {
             "Pinned host pool budget; auto = from the probe's host budget."),
       FIELD(runtime, probe_file, no_limit(),
             "Topology file written by `moepeak probe`; empty = probe at start-up."),
-      FIELD(runtime, log_level, no_limit(), "Log level of rank 0 (other ranks log warnings up)."),
+      FIELD(runtime, log_level, no_limit(),
+            "Log level of rank 0; other ranks log warnings up, and each rank's placement line "
+            "(--log-all-ranks: every rank at this level)."),
       FIELD(runtime, threads, at_least(0),
             "CPU compute threads per rank; 0 = this rank's share of the cores."),
       FIELD(runtime, numa_node, at_least(-1),
