@@ -4,15 +4,21 @@
 // parameter each way (master, m, v) at the pinned copy bandwidth measured in the same run.
 //
 //   moepeak bench adamw [--config F]... [--set k=v]... [--params 16777216] [--buckets 262144,...]
-//                       [--slots 2,3,4] [--threads 0] [--warmup 2] [--iters 5] [--json FILE]
+//                       [--slots 2,3,4] [--threads 0] [--dtype f32|bf16] [--warmup 2] [--iters 5]
+//                       [--json FILE]
 //
+// --dtype is the working weights': f32 (they are the master), or bf16 as a bf16 run has them —
+// fp32 gradients (the main gradients) and an fp32 master, m and v beside them; the serial
+// offload then copies fp32 gradients down and bf16 weights up (ZeRO-Offload's traffic in a
+// mixed-precision run), OffloadStreamAdamW streams the fp32 state as in f32.
 // Every row starts from the same weights and runs the same steps with the same gradients, so
-// its final weights, m and v must be bitwise resident's (max_rel_err 0; the bench checks it).
-// `time_s` is the median of the timed steps (step() to the stream being idle); `staging` the
-// measured device `optimizer` peak and `bound` its formula (adamw_resident_bytes, 0 for the
-// serial offload, adamw_offload_stream_bytes). The parameters are one flat buffer cut into
-// pieces like a model's (every fourth without weight decay, as norms are). Under mpirun every rank
-// runs its share (--params / W) at once and the slowest rank's time is reported.
+// its final weights, m, v (and master) must be bitwise resident's (max_rel_err 0; the bench
+// checks it). `time_s` is the median of the timed steps (step() to the stream being idle);
+// `staging` the measured device `optimizer` peak, `bound` and `host` the optimizer's device and
+// pinned host bytes as the planner has them (schedules::optimizer_bytes). The parameters are one
+// flat buffer cut into pieces like a model's (every fourth without weight decay, as norms are).
+// Under mpirun every rank runs its share (--params / W) at once and the slowest rank's time is
+// reported.
 //
 // runtime.backend = "cuda" runs it on the rank's GPU: resident and OffloadStreamAdamW update on
 // the GPU (the three copy/update streams of adamw_offload_stream.h over the pinned, NUMA-local
@@ -42,9 +48,7 @@
 #include "core/runtime/backend.h"
 #include "core/units.h"
 #include "ops/cpu/adamw_simd.h"
-#include "ops/schedules/adamw_offload_serial.h"
-#include "ops/schedules/adamw_offload_stream.h"
-#include "ops/schedules/adamw_resident.h"
+#include "ops/schedules/optimizer_choice.h"
 
 namespace moepeak::cli {
 
@@ -67,6 +71,7 @@ struct BenchArgs {
   std::vector<int64_t> buckets = {262144, 1048576, 4194304};
   std::vector<int64_t> slots = {2, 3, 4};
   int threads = 0;
+  std::string dtype = "f32";  // the working weights': f32 or bf16
 };
 
 struct Row {
@@ -91,14 +96,15 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
 
   // The bench sizes its device and pinned pool to what the rows need (a model of its own).
   const uint64_t bw_bytes = adamw_bandwidth_bytes(count);
+  const DType working = bench_dtype(args.dtype);
   const BackendOptions bo =
-      adamw_backend_options(cfg, ranks, count, max_bucket, max_slots, args.threads);
+      adamw_backend_options(cfg, ranks, count, max_bucket, max_slots, args.threads, working);
   auto backend = Backend::create(bo);
   auto comm = make_comm(*backend, ranks);
   Stream& stream = backend->default_stream();
   const int threads = adamw_host_threads(bo, ranks);
 
-  AdamwParams p = make_adamw_params(*backend, count, stream);
+  AdamwParams p = make_adamw_params(*backend, count, working, stream);
   const LinkBandwidth link = pinned_bandwidth(*backend, bw_bytes, stream);
   double bw[3] = {link.h2d, link.d2h, link.both_ways};
   if (W > 1) all_reduce_host(*comm, *backend, stream, bw, ReduceOp::min);
@@ -114,36 +120,38 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
   const double both_ways_floor_s = state_bytes / bw[2];
 
   std::vector<Row> rows;
-  std::vector<std::vector<float>> reference;  // resident's weights, m, v after the last step
-  auto run_row = [&](const std::string& name, OptimizerConfig o, uint64_t bound,
-                     uint64_t host_bytes) {
+  AdamwRun reference;  // resident's weights, m, v (and master) after the last step
+  const int64_t E = p.elements;
+  auto run_row = [&](OptimizerPlacement placement, OptimizerConfig o) {
     reset_adamw_params(*backend, p, stream);
-    o.placement = enum_from_name<OptimizerPlacement>(name).value();
+    o.placement = placement;
     auto opt = make_adamw(*backend, p, o, threads);
     AdamwRun run = time_adamw(*backend, p, *opt, args.common.warmup, args.common.iters, stream);
-    if (rows.empty()) {
-      reference = {run.weights, run.m, run.v};  // resident: what every row must equal
-    }
+    // NOTES: resident's own row compares it with itself (0); it is kept after that, moved.
+    const bool first = rows.empty();
+    if (first) reference = std::move(run);  // resident: what every row must equal
+    const AdamwRun& mine = first ? reference : run;
+    const schedules::OptimizerBytes bytes = schedules::optimizer_bytes(o, E, working);
     Row row;
-    row.time_s = median(run.times);
-    row.peaks = run.peaks;
+    row.time_s = median(mine.times);
+    row.peaks = mine.peaks;
     row.max_rel_err =
-        std::max({float_max_rel_err(run.weights, reference[0]),
-                  float_max_rel_err(run.m, reference[1]), float_max_rel_err(run.v, reference[2])});
-    row.schedule = name;
-    row.bound = bound;
-    row.host_bytes = host_bytes;
+        std::max({float_max_rel_err(mine.weights, reference.weights),
+                  float_max_rel_err(mine.m, reference.m), float_max_rel_err(mine.v, reference.v),
+                  mine.master.size() == reference.master.size()
+                      ? float_max_rel_err(mine.master, reference.master)
+                      : 1.0});
+    row.schedule = std::string(enum_name(placement));
+    row.bound = bytes.device.bytes;
+    row.host_bytes = bytes.host_total();
     if (o.placement == OptimizerPlacement::offload_stream) {
       row.bucket = o.bucket_params;
       row.slots = o.staging_slots;
     }
     rows.push_back(std::move(row));
   };
-  const int64_t E = p.elements;
-  const uint64_t host_state = schedules::adamw_offload_host_bytes(E, DType::f32);
-  run_row("resident", cfg.optimizer, schedules::adamw_resident_bytes(E, DType::f32), 0);
-  run_row("offload_serial", cfg.optimizer, 0,
-          host_state + schedules::adamw_offload_serial_grad_bytes(E, DType::f32));
+  run_row(OptimizerPlacement::resident, cfg.optimizer);
+  run_row(OptimizerPlacement::offload_serial, cfg.optimizer);
   std::vector<std::pair<int64_t, int64_t>> sweep = {
       {cfg.optimizer.bucket_params, cfg.optimizer.staging_slots}};
   for (int64_t b : args.buckets) {
@@ -156,10 +164,7 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
     OptimizerConfig o = cfg.optimizer;
     o.bucket_params = b;
     o.staging_slots = s;
-    const auto shape = schedules::offload_stream_shape(E, b, s);
-    run_row("offload_stream", o,
-            schedules::adamw_offload_stream_bytes(shape.bucket, shape.slots, DType::f32),
-            host_state);
+    run_row(OptimizerPlacement::offload_stream, o);
   }
   // Exactness against resident, and the slowest rank's times.
   std::vector<double> times;
@@ -191,9 +196,11 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
 
   if (root) {
     std::printf(
-        "# moepeak bench adamw: %lld parameters (%lld per rank, f32, %lld pieces), world %d\n",
+        "# moepeak bench adamw: %lld parameters (%lld per rank, %lld pieces), world %d; %s\n",
         static_cast<long long>(args.params), static_cast<long long>(count),
-        static_cast<long long>(kAdamwPieces), W);
+        static_cast<long long>(kAdamwPieces), W,
+        working == DType::bf16 ? "bf16 working weights, fp32 gradients, fp32 master, m, v"
+                               : "f32 working weights (the master), gradients, m, v");
     std::printf("# backend %s; host %s, %s\n", backend->describe().c_str(), process_host().c_str(),
                 now_utc().c_str());
     std::printf(
@@ -251,7 +258,7 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
     }
     nlohmann::json shape = {{"params", args.params},
                             {"params_per_rank", count},
-                            {"dtype", "f32"},
+                            {"dtype", args.dtype},
                             {"h2d_bytes_per_s", bw[0]},
                             {"d2h_bytes_per_s", bw[1]},
                             {"floor_s", floor_s},
@@ -288,6 +295,9 @@ void register_bench_adamw(CLI::App& bench, Context& ctx) {
   cmd->add_option("--threads", args.threads,
                   "host AdamW threads of the serial offload (0 = the rank's cores)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--dtype", args.dtype,
+                  "working weights: f32, or bf16 with fp32 gradients and an fp32 master")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->callback([&ctx] { ctx.action = [&ctx] { return run_bench_adamw(args, ctx); }; });
 }
 

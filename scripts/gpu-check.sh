@@ -253,16 +253,18 @@ EOF
 fi
 row
 
-# The optimizer step for 268M parameters (f32 master, m, v on the host): resident, the serial CPU
-# offload and OffloadStreamAdamW over a few bucket sizes. Targets: OffloadStreamAdamW within 1.25x
-# of the host-link floor (12 B/param each way at the pinned bandwidth measured in the run) and at
-# least 5x faster than the 380 ms serial-offload anchor (scripts/gpu_targets.py says why not
-# our own serial offload, whose speedup is shown too); every row bitwise resident's. The pipeline
+# The optimizer step for 268M parameters with bf16 working weights, as a bf16 run has them (fp32
+# gradients; fp32 master, m, v on the host): resident, the serial CPU offload (fp32 gradients
+# down, bf16 weights up) and OffloadStreamAdamW over a few bucket sizes. Targets:
+# OffloadStreamAdamW within 1.25x of the host-link floor (12 B/param each way at the pinned
+# bandwidth measured in the run) and at least 5x faster than the 380 ms serial-offload anchor
+# (scripts/gpu_targets.py says why not our own serial offload, whose speedup is shown too); every
+# row bitwise resident's. The pipeline
 # fills and drains over about two buckets, so B buckets cost about (B + 2) / B of the steady state:
 # with the duplex link at ~1.2x the one-way floor, 1.25x needs B >= 64 (buckets of 4M parameters or
 # fewer).
 step bench-adamw 120 "$bin" bench adamw --set runtime.backend=cuda --params 268435456 \
-  --buckets 2097152,4194304,8388608,33554432 --slots 2,3 --warmup 1 --iters 3 \
+  --dtype bf16 --buckets 2097152,4194304,8388608,33554432 --slots 2,3 --warmup 1 --iters 3 \
   --json "$out/bench-adamw.json"
 note "$(grep -E '^# target \(GPU\)' "$out/bench-adamw.log" | sed 's/^# //')" \
      "$(grep -Eo 'both at once [0-9.]+ GB/s each way' "$out/bench-adamw.log")"

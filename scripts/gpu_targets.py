@@ -100,7 +100,10 @@ def adamw(out):
         return None
     best = min(stream, key=lambda r: r["time_s"])
     speedup = serial[0]["time_s"] / best["time_s"]
-    figure = (f"{best['time_s'] * 1e3:.1f} ms = {best['floor_ratio']:.2f}x floor "
+    # The working weights the rows ran with (gpu-check: bf16, as a bf16 run has them).
+    weights = d["shape"].get("dtype")
+    figure = (f"{weights + ' weights: ' if weights else ''}"
+              f"{best['time_s'] * 1e3:.1f} ms = {best['floor_ratio']:.2f}x floor "
               f"({d['shape']['floor_s'] * 1e3:.1f} ms), {speedup:.1f}x our serial offload, "
               f"{ADAMW_ANCHOR_S / best['time_s']:.1f}x 380 ms "
               f"(beta {best.get('bucket_params')}, s {best.get('staging_slots')})")

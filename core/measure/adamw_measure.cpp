@@ -14,58 +14,83 @@
 #include "core/measure/harness.h"
 #include "core/runtime/arena.h"
 #include "core/runtime/pinned_pool.h"
+#include "ops/schedules/adamw_host_state.h"
+#include "ops/schedules/adamw_offload_serial.h"
 #include "ops/schedules/adamw_offload_stream.h"
+#include "ops/schedules/adamw_resident.h"
 #include "ops/schedules/optimizer_choice.h"
+#include "ops/schedules/schedule_dtype.h"
 
 namespace moepeak::measure {
 namespace {
 
 int64_t align_up(int64_t n) { return (n + kAdamwAlign - 1) / kAdamwAlign * kAdamwAlign; }
 
+// The optimizer's flat state `name`, or an empty view when it keeps none of that name (no
+// "master" beside f32 working weights).
 Tensor state_named(const schedules::Optimizer& o, const char* name) {
   for (const auto& s : o.state()) {
     if (s.name == name) return s.flat;
   }
-  MOEPEAK_THROW("optimizer has no state ", name);
+  return Tensor();
 }
 
-// The tensor's f32 values on the host, wherever it lives (device weights, pinned host state).
+// The tensor's values as floats on the host, wherever it lives (device weights, pinned host
+// state): f32 as is, bf16 widened (exactly).
 std::vector<float> floats_of(const Tensor& t, Backend& backend, Stream& stream) {
   const std::vector<char> bytes = copy_to_host(t, backend, stream);
   std::vector<float> out(static_cast<size_t>(t.numel()));
-  std::memcpy(out.data(), bytes.data(), bytes.size());
+  if (t.dtype() == DType::bf16) {
+    const auto* bits = reinterpret_cast<const uint16_t*>(bytes.data());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16::to_float(bits[i]);
+  } else {
+    MOEPEAK_CHECK(t.dtype() == DType::f32, "adamw bench: state of dtype ", dtype_name(t.dtype()));
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+  }
   return out;
 }
 
 }  // namespace
 
-AdamwParams make_adamw_params(Backend& backend, int64_t count, Stream& stream) {
+AdamwParams make_adamw_params(Backend& backend, int64_t count, DType working, Stream& stream) {
+  MOEPEAK_CHECK(working == DType::f32 || working == DType::bf16,
+                "adamw bench: working weights must be f32 or bf16, not ", dtype_name(working));
   AdamwParams p;
+  p.working = working;
+  const DType grad_dtype = schedules::main_grad_dtype(working);
   const int64_t piece = std::max<int64_t>(1, (count + kAdamwPieces - 1) / kAdamwPieces);
   std::vector<std::pair<int64_t, int64_t>> spans;  // offset, length
   for (int64_t done = 0; done < count; done += piece) {
     spans.push_back({p.elements, std::min(piece, count - done)});
     p.elements += align_up(spans.back().second);
   }
-  p.values = OwnedTensor::device(backend, Shape{p.elements}, DType::f32, LiveSet::weights,
-                                 "bench weights");
+  p.values =
+      OwnedTensor::device(backend, Shape{p.elements}, working, LiveSet::weights, "bench weights");
   p.grads =
-      OwnedTensor::device(backend, Shape{p.elements}, DType::f32, LiveSet::grads, "bench grads");
+      OwnedTensor::device(backend, Shape{p.elements}, grad_dtype, LiveSet::grads, "bench grads");
   std::mt19937_64 rng(1234);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  p.initial.assign(static_cast<size_t>(p.elements), 0.0f);
+  std::vector<float> w(static_cast<size_t>(p.elements), 0.0f);
   std::vector<float> g(static_cast<size_t>(p.elements), 0.0f);
   for (size_t i = 0; i < spans.size(); ++i) {
     const auto [off, len] = spans[i];
     for (int64_t j = 0; j < len; ++j) {
-      p.initial[static_cast<size_t>(off + j)] = 0.02f * normal(rng);
+      w[static_cast<size_t>(off + j)] = 0.02f * normal(rng);
       g[static_cast<size_t>(off + j)] = 1e-3f * normal(rng) + 1e-5f;
     }
     auto view = [&, off = off, len = len](const OwnedTensor& t) {
-      return Tensor(static_cast<float*>(t.data()) + off, Shape{len}, DType::f32, Placement::device,
-                    &backend);
+      return Tensor(
+          static_cast<char*>(t.data()) + off * static_cast<int64_t>(dtype_size(t.view().dtype())),
+          Shape{len}, t.view().dtype(), Placement::device, &backend);
     };
     p.pieces.push_back({view(p.values), view(p.grads), i % 4 != 3});
+  }
+  p.initial.resize(p.values.nbytes());
+  if (working == DType::bf16) {
+    auto* bits = reinterpret_cast<uint16_t*>(p.initial.data());
+    for (size_t i = 0; i < w.size(); ++i) bits[i] = bf16::from_float(w[i]);
+  } else {
+    std::memcpy(p.initial.data(), w.data(), p.initial.size());
   }
   backend.copy_async(p.grads.data(), g.data(), g.size() * 4, CopyKind::host_to_device, stream);
   stream.synchronize();
@@ -73,8 +98,8 @@ AdamwParams make_adamw_params(Backend& backend, int64_t count, Stream& stream) {
 }
 
 void reset_adamw_params(Backend& backend, AdamwParams& p, Stream& stream) {
-  backend.copy_async(p.values.data(), p.initial.data(), p.initial.size() * 4,
-                     CopyKind::host_to_device, stream);
+  backend.copy_async(p.values.data(), p.initial.data(), p.initial.size(), CopyKind::host_to_device,
+                     stream);
   stream.synchronize();
 }
 
@@ -84,16 +109,25 @@ uint64_t adamw_bandwidth_bytes(int64_t count) {
 }
 
 BackendOptions adamw_backend_options(const Config& cfg, const RankInfo& ranks, int64_t count,
-                                     int64_t max_bucket, int64_t max_slots, int threads) {
-  // Sized to what the runs need (a model of its own), not runtime.device_memory.
-  const uint64_t P = static_cast<uint64_t>(align_up(count) + kAdamwPieces * kAdamwAlign);
+                                     int64_t max_bucket, int64_t max_slots, int threads,
+                                     DType working) {
+  // Sized to what the runs need (a model of its own), not runtime.device_memory: one optimizer
+  // lives at a time, but each placement's bytes are added up so that no order of frees and
+  // allocations can leave the next one short.
+  const int64_t P = align_up(count) + kAdamwPieces * kAdamwAlign;
+  const uint64_t Pu = static_cast<uint64_t>(P);
+  const DType state = schedules::adamw_state_dtype(working);
   const uint64_t bw_bytes = adamw_bandwidth_bytes(count);
   BackendOptions bo = bench_any_backend_options(cfg, ranks);
-  bo.device_memory = 4 * DeviceArena::footprint(P * 4) +
-                     schedules::adamw_offload_stream_bytes(max_bucket, max_slots, DType::f32) +
+  bo.device_memory = DeviceArena::footprint(Pu * dtype_size(working)) +
+                     DeviceArena::footprint(Pu * dtype_size(schedules::main_grad_dtype(working))) +
+                     schedules::adamw_resident_bytes(P, working) +
+                     schedules::adamw_offload_stream_bytes(max_bucket, max_slots, state) +
                      DeviceArena::footprint(bw_bytes) + (64ull << 20);
-  bo.pinned_budget =
-      4 * PinnedPool::footprint(P * 4) + PinnedPool::footprint(bw_bytes) + (64ull << 20);
+  bo.pinned_budget = schedules::adamw_offload_host_bytes(P, state) +
+                     schedules::adamw_offload_serial_grad_bytes(P, state) +
+                     schedules::adamw_offload_serial_weight_bytes(P, working) +
+                     PinnedPool::footprint(bw_bytes) + (64ull << 20);
   bo.numa_node = static_cast<int>(cfg.runtime.numa_node);
   bo.cpu_threads = threads > 0 ? threads : static_cast<int>(cfg.runtime.threads);
   // NOTES: on CUDA the serial offload's host AdamW threads come from cpu_threads too
@@ -166,6 +200,8 @@ AdamwRun time_adamw(Backend& backend, AdamwParams& p, schedules::Optimizer& opti
   run.weights = floats_of(p.values.view(), backend, stream);
   run.m = floats_of(state_named(optimizer, "exp_avg"), backend, stream);
   run.v = floats_of(state_named(optimizer, "exp_avg_sq"), backend, stream);
+  const Tensor master = state_named(optimizer, "master");
+  if (master.data() != nullptr) run.master = floats_of(master, backend, stream);
   return run;
 }
 

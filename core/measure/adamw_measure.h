@@ -2,16 +2,18 @@
 // (cli/bench_adamw.cpp) and `moepeak tune`'s optimizer sweep (core/measure/sweeps.cpp):
 //
 //   auto backend = Backend::create(adamw_backend_options(cfg, ranks, count, max_bucket, max_slots,
-//                                                        threads));
-//   AdamwParams p = make_adamw_params(*backend, count, stream);   // weights + grads, 16 pieces
+//                                                        threads, DType::bf16));
+//   AdamwParams p = make_adamw_params(*backend, count, DType::bf16, stream);  // 16 pieces
 //   auto [h2d, d2h] = pinned_bandwidth(*backend, adamw_bandwidth_bytes(count), stream);
 //   auto opt = make_adamw(*backend, p, optimizer_config, threads);
 //   // r.times, r.peaks, weights/m/v:
 //   AdamwRun r = time_adamw(*backend, p, *opt, warmup, iters, stream);
 //
-// The parameters are one flat f32 buffer cut into pieces like a model's (every fourth without
-// weight decay, as norms are), the same values every time (seeded), so runs of different
-// placements compare bitwise. Test: ctest -R bench_adamw, test_tune.
+// The parameters are one flat buffer cut into pieces like a model's (every fourth without weight
+// decay, as norms are), the same values every time (seeded), so runs of different placements
+// compare bitwise. Working weights in f32, or in bf16 as a bf16 run has them (its gradients in
+// fp32, schedules::main_grad_dtype, and the optimizer's fp32 master beside them).
+// Test: ctest -R bench_adamw, test_tune.
 #pragma once
 
 #include <cstdint>
@@ -32,12 +34,14 @@ constexpr int64_t kAdamwAlign = 64;  // elements, as ParamLayout aligns pieces
 
 // The parameters of one rank: a flat weights buffer and its grads, cut into kAdamwPieces pieces.
 struct AdamwParams {
-  int64_t elements = 0;  // P, with alignment padding
+  int64_t elements = 0;        // P, with alignment padding
+  DType working = DType::f32;  // the weights' dtype (f32 or bf16); grads in main_grad_dtype of it
   OwnedTensor values, grads;
   std::vector<schedules::OptimizerPiece> pieces;
-  std::vector<float> initial;  // the weights every run starts from
+  std::vector<char> initial;  // the weights every run starts from, P elements of `working`
 };
-AdamwParams make_adamw_params(Backend& backend, int64_t count, Stream& stream);
+// `count` parameters with working weights in `working` (f32 or bf16; another is an Error).
+AdamwParams make_adamw_params(Backend& backend, int64_t count, DType working, Stream& stream);
 // Copies the initial weights back into p.values (before each run).
 void reset_adamw_params(Backend& backend, AdamwParams& p, Stream& stream);
 
@@ -45,11 +49,13 @@ void reset_adamw_params(Backend& backend, AdamwParams& p, Stream& stream);
 // each, at least 1 MiB, at most 256 MiB).
 uint64_t adamw_bandwidth_bytes(int64_t count);
 // The backend of runtime.backend (the rank's GPU on CUDA) with an arena that holds `count`
-// parameters, the resident optimizer, the largest staging (max_bucket x max_slots) and the
-// bandwidth buffers, and a pinned pool for the host state; numa node and threads from the config
-// (threads > 0 overrides runtime.threads).
+// parameters with working weights in `working` and their gradients, the resident optimizer, the
+// largest staging (max_bucket x max_slots) and the bandwidth buffers, and a pinned pool for the
+// offloads' host state and copies (the byte functions of ops/schedules); numa node and threads
+// from the config (threads > 0 overrides runtime.threads).
 BackendOptions adamw_backend_options(const Config& cfg, const RankInfo& ranks, int64_t count,
-                                     int64_t max_bucket, int64_t max_slots, int threads);
+                                     int64_t max_bucket, int64_t max_slots, int threads,
+                                     DType working);
 // The host AdamW threads of the serial offload: options.cpu_threads or this rank's cores.
 int adamw_host_threads(const BackendOptions& options, const RankInfo& ranks);
 
@@ -71,7 +77,8 @@ std::unique_ptr<schedules::Optimizer> make_adamw(Backend& backend, AdamwParams& 
 struct AdamwRun {
   std::vector<double> times;         // the timed steps (step() to the stream idle), seconds
   MemoryStats peaks;                 // device peaks over all steps
-  std::vector<float> weights, m, v;  // after the last step
+  std::vector<float> weights, m, v;  // after the last step (bf16 weights widened)
+  std::vector<float> master;         // the fp32 master of bf16 weights (empty for f32 weights)
 };
 // warmup + iters steps of `optimizer` (gradients as in p), peaks reset first.
 AdamwRun time_adamw(Backend& backend, AdamwParams& p, schedules::Optimizer& optimizer, int warmup,

@@ -168,11 +168,14 @@ OptimizerSweep sweep_optimizer(const Config& cfg, const RankInfo& ranks, const T
     max_bucket = std::max(max_bucket, b);
     max_slots = std::max(max_slots, sl);
   }
-  const BackendOptions bo = adamw_backend_options(cfg, ranks, s.params, max_bucket, max_slots, 0);
+  // NOTES: f32 working weights, as the dispatch sweep's f32 layer: the staging a bucket needs is
+  // the fp32 state's whatever the weights (adamw_offload_stream_bytes of the state dtype).
+  const BackendOptions bo =
+      adamw_backend_options(cfg, ranks, s.params, max_bucket, max_slots, 0, DType::f32);
   auto backend = Backend::create(bo);
   auto comm = make_comm(*backend, ranks);
   Stream& stream = backend->default_stream();
-  AdamwParams p = make_adamw_params(*backend, s.params, stream);
+  AdamwParams p = make_adamw_params(*backend, s.params, DType::f32, stream);
   const LinkBandwidth link = pinned_bandwidth(*backend, adamw_bandwidth_bytes(s.params), stream);
   std::vector<double> bw = {-link.h2d, -link.d2h};  // the slowest rank's: max of the negated
   max_over_ranks(*comm, *backend, bw);

@@ -67,7 +67,7 @@ struct PlanPhase {
 };
 
 struct HostTerm {
-  std::string name;  // "sco_boundaries", "optimizer_state", "optimizer_grad_copy"
+  std::string name;  // "sco_boundaries", "optimizer_state", "optimizer_grad_copy", ...
   uint64_t bytes = 0;
   std::string function;
 };

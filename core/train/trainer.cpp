@@ -95,19 +95,6 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
   return o;
 }
 
-void check_supported(const Config& cfg) {
-  if (training_dtype(cfg) == DType::bf16 &&
-      cfg.optimizer.placement == OptimizerPlacement::offload_serial) {
-    MOEPEAK_INPUT_ERROR(
-        "optimizer.placement = \"offload_serial\" with bf16 training: the host AdamW "
-        "updates the working weights' dtype in place (f32 only); use \"resident\" or "
-        "\"offload_stream\" (an fp32 master beside bf16 weights), or training.dtype = "
-        "\"float32\"");
-  }
-  // Every schedule of every live set is available (schedules.dispatch included: standard, llep,
-  // pipelined_llep on any W that divides the experts; see schedules::make_dispatch).
-}
-
 // "adamw offload_stream (bucket_params 1048576, staging_slots 3)" for the log.
 std::string optimizer_text(const OptimizerConfig& o) {
   std::string t = std::string(enum_name(o.name)) + " " + std::string(enum_name(o.placement));
@@ -245,7 +232,6 @@ Trainer::Trainer(const Config& config, const TrainOptions& options)
   s.ranks = init_process_group();
   run_context::set_rank(s.ranks.rank);
   run_context::set_step(0);
-  check_supported(cfg);
   check_layout(cfg, s.ranks);
   s.cfg = cfg;
   s.options = options;

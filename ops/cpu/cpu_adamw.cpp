@@ -3,9 +3,11 @@
 #include "ops/cpu/cpu_adamw.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
+#include "ops/cpu/cpu_storage.h"
 
 namespace moepeak::ops {
 
@@ -13,8 +15,10 @@ CpuAdamW::CpuAdamW(int threads, AdamWSimd simd) : pool_(threads), simd_(simd) {}
 
 template <typename T>
 void CpuAdamW::step(T* master, const T* grad, T* m, T* v, std::span<const Segment> segments,
-                    const AdamWHyper& hyper) {
+                    const AdamWHyper& hyper, bf16* working) {
   MOEPEAK_CHECK(hyper.step >= 1, "adamw: step ", hyper.step, " (steps count from 1)");
+  MOEPEAK_CHECK(working == nullptr || (std::is_same_v<T, float>),
+                "CpuAdamW: bf16 working weights need an f32 master, not f64");
   struct Tile {
     int64_t offset, length;
     bool decay;
@@ -34,12 +38,15 @@ void CpuAdamW::step(T* master, const T* grad, T* m, T* v, std::span<const Segmen
     const Tile& t = tiles[static_cast<size_t>(i)];
     adamw_span<T>(master + t.offset, grad + t.offset, m + t.offset, v + t.offset, nullptr, t.length,
                   t.decay ? with_decay : without_decay, simd);
+    if constexpr (std::is_same_v<T, float>) {
+      if (working != nullptr) narrow(master + t.offset, working + t.offset, t.length);
+    }
   });
 }
 
 template void CpuAdamW::step<float>(float*, const float*, float*, float*, std::span<const Segment>,
-                                    const AdamWHyper&);
+                                    const AdamWHyper&, bf16*);
 template void CpuAdamW::step<double>(double*, const double*, double*, double*,
-                                     std::span<const Segment>, const AdamWHyper&);
+                                     std::span<const Segment>, const AdamWHyper&, bf16*);
 
 }  // namespace moepeak::ops

@@ -5,21 +5,28 @@
 //
 //   CpuAdamW adam(threads);
 //   adam.step(master, grad, m, v, segments, hyper);   // synchronous, on the calling thread + pool
+//   adam.step(master, grad, m, v, segments, hyper, working);     // + bf16 working weights
 //
 //   master, grad, m, v: flat host arrays of the same length and type T = f32 | f64
+//   working (optional, T = f32 only): a flat host bf16 array of that length, written with each
+//             updated element of the master rounded to nearest even (as DeepSpeed's CPU Adam
+//             writes the half-precision parameters it copies back), in the same tile as the
+//             update, so the rounding costs no second pass over the master
 //   segments: the runs of the flat arrays to update, each with its weight-decay flag (a
 //             parameter piece: decay off for RMSNorm weights); elements outside every segment
 //             (alignment padding) are not touched
 //
 // Work is cut into tiles of at most kTileElements of one segment and handed to the threads one
 // tile at a time; the update is element-wise, so the split changes no bit: the result is bitwise
-// that of ops::adamw_cpu on each segment (adamw_simd.h says why the vector path agrees).
+// that of ops::adamw_cpu on each segment (adamw_simd.h says why the vector path agrees), and the
+// bf16 working weights are those adamw_fused writes (ops/adamw_fused.h).
 // Test: tests/ops/test_adamw_kernels.cpp (CpuAdamW.*).
 #pragma once
 
 #include <cstdint>
 #include <span>
 
+#include "core/runtime/dtype.h"
 #include "ops/adamw.h"
 #include "ops/cpu/adamw_simd.h"
 #include "ops/cpu/worker_pool.h"
@@ -44,7 +51,7 @@ class CpuAdamW {
 
   template <typename T>
   void step(T* master, const T* grad, T* m, T* v, std::span<const Segment> segments,
-            const AdamWHyper& hyper);
+            const AdamWHyper& hyper, bf16* working = nullptr);
 
  private:
   WorkerPool pool_;
@@ -52,8 +59,8 @@ class CpuAdamW {
 };
 
 extern template void CpuAdamW::step<float>(float*, const float*, float*, float*,
-                                           std::span<const Segment>, const AdamWHyper&);
+                                           std::span<const Segment>, const AdamWHyper&, bf16*);
 extern template void CpuAdamW::step<double>(double*, const double*, double*, double*,
-                                            std::span<const Segment>, const AdamWHyper&);
+                                            std::span<const Segment>, const AdamWHyper&, bf16*);
 
 }  // namespace moepeak::ops

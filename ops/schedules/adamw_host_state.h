@@ -38,8 +38,8 @@ class HostAdamWState {
   };
 
   // `who` names the optimizer in errors. Throws unless every piece lies in flat_values with its
-  // dtype, and the dtype is f32, f64 or (on CUDA) bf16. Synchronises the backend's default
-  // stream.
+  // dtype and a gradient of main_grad_dtype, and the dtype is f32, f64 or bf16 (an fp32 state).
+  // Synchronises the backend's default stream.
   HostAdamWState(Backend& backend, const Tensor& flat_values, std::vector<OptimizerPiece> pieces,
                  const char* who);
 

@@ -44,6 +44,10 @@ OptimizerBytes optimizer_bytes(const OptimizerConfig& config, int64_t elements, 
                           "adamw_offload_host_bytes" + pargs});
       out.host.push_back({"optimizer_grad_copy", adamw_offload_serial_grad_bytes(P, state),
                           "adamw_offload_serial_grad_bytes" + pargs});
+      if (const uint64_t w = adamw_offload_serial_weight_bytes(P, working); w > 0) {
+        out.host.push_back(
+            {"optimizer_weight_copy", w, "adamw_offload_serial_weight_bytes" + pargs});
+      }
       return out;
     case OptimizerPlacement::offload_stream: {
       const OffloadStreamShape shape =

@@ -6,6 +6,8 @@
 //   resident             ResidentAdamW       adamw_resident_bytes(P, b)  -
 //   offload_serial       SerialOffloadAdamW  0                           adamw_offload_host_bytes
 //                                                                        + ..._serial_grad_bytes
+//                                                                        + ..._serial_weight_bytes
+//                                                                          (bf16 weights)
 //   offload_stream       OffloadStreamAdamW  adamw_offload_stream_bytes  adamw_offload_host_bytes
 //                                            of offload_stream_shape
 //
@@ -37,8 +39,8 @@ std::unique_ptr<Optimizer> make_optimizer(Backend& backend, const OptimizerParam
                                           const OptimizerConfig& config, int host_threads = 0);
 
 // The device `optimizer` term (bytes, formula, placement name) and the pinned host terms
-// ("optimizer_state", "optimizer_grad_copy") for P = `elements` parameter elements of this rank
-// with working weights in `working`.
+// ("optimizer_state", "optimizer_grad_copy", "optimizer_weight_copy" as present) for P = `elements`
+// parameter elements of this rank with working weights in `working`.
 struct OptimizerBytes {
   ScheduleBytes device;
   std::vector<HostBytes> host;

@@ -111,6 +111,11 @@ JSON
 adamw_case "$tmp/fast-serial" 0.150 0.0607 0.074 1.22
 check "targets: 5x the 380 ms anchor, whatever our own serial offload's time" \
   grep -qE '2\.0x our serial offload, 5\.1x 380 ms .*\| MET \|$' "$tmp/fast-serial.row"
+# The working weights' dtype, when the bench names it, heads the figure.
+cp -r "$tmp/met" "$tmp/bf16-weights"
+sed -i 's/{"floor_s": 0.0607}/{"floor_s": 0.0607, "dtype": "bf16"}/' "$tmp/bf16-weights/bench-adamw.json"
+check "targets: the optimizer's figure names bf16 working weights" \
+  sh -c "python3 '$root/scripts/gpu_targets.py' '$tmp/bf16-weights' 300 | grep -qF '| OffloadStreamAdamW, 268M parameters | bf16 weights: 74.0 ms = 1.22x floor'"
 adamw_case "$tmp/slow-link" 0.900 0.0650 0.078 1.20
 check "targets: over 76 ms is NOT MET even within 1.25x of the floor" \
   grep -qE '\| NOT MET \|$' "$tmp/slow-link.row"

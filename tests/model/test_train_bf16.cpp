@@ -1,7 +1,8 @@
 // bf16 training on the CPU backend end to end (docs/design.md, "bf16 on the CPU"): the tiny
 // preset's first 50 steps in bf16 track the fp32 run's loss curve within a stated bound, and a
 // bf16 run's checkpoint keeps the fp32 master weights and the fp32 AdamW moments, says in its
-// config.json the dtype of the weights beside it, and resumes bit for bit.
+// config.json the dtype of the weights beside it, and resumes bit for bit; every optimizer
+// placement (resident, offload_serial, offload_stream) trains and resumes a bf16 run alike.
 // Run: ctest -R test_train_bf16
 #include <gtest/gtest.h>
 
@@ -70,13 +71,18 @@ TEST(TrainBf16, FiftyStepsOfTheTinyPresetTrackTheFp32LossCurve) {
 // A bf16 run's checkpoint: weights in BF16, the fp32 master and both moments in F32 (the step
 // continues from every bit of them), config.json's dtype and torch_dtype "bfloat16"; a run
 // resumed from step 4 gives steps 5..8 bit for bit.
+// The embedded default model in bf16, 8 steps, a checkpoint every 4.
+Config bf16_run(const fs::path& run_dir) {
+  return load_config({},
+                     {"job.run_dir=" + run_dir.string(), "training.steps=8", "training.seq_len=32",
+                      "training.batch_size=8", "model.vocab_size=32", "training.dtype=\"bfloat16\"",
+                      "checkpoint.enable=true", "checkpoint.interval=4", "metrics.progress=\"off\"",
+                      "runtime.log_level=\"warn\""});
+}
+
 TEST(TrainBf16, CheckpointKeepsTheFp32MasterAndStateAndResumesBitForBit) {
   TempDir dir;
-  Config cfg = load_config(
-      {}, {"job.run_dir=" + dir.path().string(), "training.steps=8", "training.seq_len=32",
-           "training.batch_size=8", "model.vocab_size=32", "training.dtype=\"bfloat16\"",
-           "checkpoint.enable=true", "checkpoint.interval=4", "metrics.progress=\"off\"",
-           "runtime.log_level=\"warn\""});
+  const Config cfg = bf16_run(dir.path());
   const TrainResult full = train(cfg, {});
   ASSERT_EQ(full.losses.size(), 8u);
   const fs::path ckpt = fs::path(full.run_dir) / "checkpoints" / checkpoint_dir_name(4);
@@ -103,6 +109,35 @@ TEST(TrainBf16, CheckpointKeepsTheFp32MasterAndStateAndResumesBitForBit) {
   ASSERT_EQ(resumed.losses.size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(resumed.losses[i], full.losses[4 + i]) << "step " << 5 + i;
+  }
+}
+
+// Every optimizer placement trains a bf16 run bit for bit alike — the offloads keep resident's
+// fp32 master on the host, and the serial offload's host AdamW rounds it to the bf16 weights as
+// the device's fused update does — and a bf16 checkpoint resumes under any of them.
+TEST(TrainBf16, EveryOptimizerPlacementTrainsAndResumesBitForBit) {
+  TempDir dir;
+  const Config cfg = bf16_run(dir.path());
+  const TrainResult resident = train(cfg, {});
+  ASSERT_EQ(resident.losses.size(), 8u);
+  TrainOptions from_step4;
+  from_step4.resume_from =
+      (fs::path(resident.run_dir) / "checkpoints" / checkpoint_dir_name(4)).string();
+  for (OptimizerPlacement placement :
+       {OptimizerPlacement::offload_serial, OptimizerPlacement::offload_stream}) {
+    const std::string name(enum_name(placement));
+    Config c = cfg;
+    c.optimizer.placement = placement;
+    c.job.name = name;
+    const TrainResult r = train(c, {});
+    EXPECT_EQ(r.losses, resident.losses) << name;
+    c.job.name = name + "-resumed";
+    const TrainResult resumed = train(c, from_step4);
+    ASSERT_EQ(resumed.first_step, 5) << name;
+    ASSERT_EQ(resumed.losses.size(), 4u) << name;
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(resumed.losses[i], resident.losses[4 + i]) << name << " step " << 5 + i;
+    }
   }
 }
 

@@ -8,7 +8,8 @@
 //     main gradient), the same on that gradient as it is; argument errors;
 //   - WorkerPool: every task exactly once, on 1..4 threads, errors propagated, reused;
 //   - CpuAdamW (serial offload's host AdamW): segments with gaps on 1, 2 and 4 threads, each
-//     segment bitwise adamw_cpu's, the gaps untouched.
+//     segment bitwise adamw_cpu's, the gaps untouched; with bf16 working weights, each segment's
+//     new master rounded to nearest even (f32 only: refused beside an f64 master).
 // Outputs the kernels must overwrite are compared in full, so an unwritten element fails.
 // Run: ctest -R test_adamw_kernels --output-on-failure
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -327,6 +329,36 @@ void cpu_adamw_matches_reference() {
       expect_bitwise(got.m, want.m, "m");
       expect_bitwise(got.v, want.v, "v");
       expect_bitwise(got.g, in.g, "grad (read only)");
+      // With bf16 working weights (the serial offload of a bf16 run): the same master, m and v,
+      // and each segment's new master rounded to nearest even as adamw_fused writes it; the
+      // gaps keep what they held.
+      Inputs<T> with_working = in;
+      const bf16 sentinel = bf16(12345.0f);
+      std::vector<bf16> working(static_cast<size_t>(n), sentinel);
+      if constexpr (std::is_same_v<T, float>) {
+        adam.step<T>(with_working.p.data(), with_working.g.data(), with_working.m.data(),
+                     with_working.v.data(), segments, h, working.data());
+        expect_bitwise(with_working.p, want.p, "master (with bf16 working weights)");
+        expect_bitwise(with_working.m, want.m, "m (with bf16 working weights)");
+        expect_bitwise(with_working.v, want.v, "v (with bf16 working weights)");
+        std::vector<bool> inside(static_cast<size_t>(n), false);
+        for (const auto& seg : segments) {
+          for (int64_t i = seg.offset; i < seg.offset + seg.length; ++i) inside[i] = true;
+        }
+        int64_t wrong = 0;
+        for (size_t i = 0; i < working.size(); ++i) {
+          const uint16_t expect = inside[i] ? bf16(want.p[i]).bits : sentinel.bits;
+          wrong += working[i].bits != expect ? 1 : 0;
+        }
+        EXPECT_EQ(wrong, 0) << "bf16 working weights other than the new master rounded, or a "
+                               "gap written";
+      } else {
+        EXPECT_THROW(
+            adam.step<T>(with_working.p.data(), with_working.g.data(), with_working.m.data(),
+                         with_working.v.data(), segments, h, working.data()),
+            Error)
+            << "bf16 working weights beside an f64 master";
+      }
     }
   }
 }

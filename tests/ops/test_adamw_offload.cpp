@@ -13,6 +13,10 @@
 //     copy in `grads`); resident's equals adamw_resident_bytes;
 //   - the bound is real: a device with room for the weights, grads and one shape of staging runs
 //     that shape and throws out-of-memory, naming the staging slot, for a larger bucket;
+//   - bf16 working weights (a bf16 run's: fp32 master, m, v and gradients): the serial offload's
+//     host AdamW rounds the new master to bf16 as adamw_fused does, so it and offload_stream give
+//     resident's weights, master, m and v bitwise; the serial offload's pinned bf16 weight copy
+//     is adamw_offload_serial_weight_bytes in `weights` (0 for f32 weights);
 //   - state() lists exp_avg and exp_avg_sq with their placement; load_master_from_weights copies;
 //   - offload_stream_shape: numbers and errors naming the keys; the config keys
 //     optimizer.bucket_params (formerly bucket_elements) and staging_slots are range-checked.
@@ -32,6 +36,7 @@
 #include "core/model/optimizer_params.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/cpu_stream.h"
+#include "core/runtime/pinned_pool.h"
 #include "ops/schedules/adamw_offload_serial.h"
 #include "ops/schedules/adamw_offload_stream.h"
 #include "ops/schedules/adamw_resident.h"
@@ -166,6 +171,46 @@ void offload_is_bitwise_resident() {
 
 TEST(AdamWOffload, SerialAndStreamAreBitwiseResidentF32) { offload_is_bitwise_resident<float>(); }
 TEST(AdamWOffload, SerialAndStreamAreBitwiseResidentF64) { offload_is_bitwise_resident<double>(); }
+
+TEST(AdamWOffload, Bf16WorkingWeightsAreBitwiseResident) {
+  auto backend = Backend::create(BackendOptions{});
+  constexpr int kSteps = 5;
+  Trained resident =
+      make_trained(*backend, DType::bf16, optimizer_config(OptimizerPlacement::resident));
+  ASSERT_EQ(resident.params->flat_grads().dtype(), DType::f32) << "fp32 main gradients";
+  const std::vector<char> initial = bytes_of(resident.params->flat_values());
+  run_steps<float>(*backend, resident, kSteps);
+  ASSERT_NE(bytes_of(resident.params->flat_values()), initial) << "the steps changed nothing";
+  const std::vector<char> resident_master = bytes_of(state_of(*resident.optimizer, "master"));
+  const int64_t P = resident.params->flat_values().numel();
+
+  for (const OptimizerConfig& config :
+       {optimizer_config(OptimizerPlacement::offload_serial),
+        optimizer_config(OptimizerPlacement::offload_stream, 300, 3)}) {
+    const std::string what = std::string(enum_name(config.placement)) + " bf16";
+    Trained run = make_trained(*backend, DType::bf16, config);
+    run_steps<float>(*backend, run, kSteps);
+    expect_same_state(run, resident, what);
+    EXPECT_EQ(bytes_of(state_of(*run.optimizer, "master")), resident_master) << what;
+    const MemoryStats pinned = backend->pinned().stats();
+    EXPECT_EQ(pinned.current()[LiveSet::optimizer],
+              schedules::adamw_offload_host_bytes(P, DType::f32))
+        << what;
+    if (config.placement == OptimizerPlacement::offload_serial) {
+      EXPECT_EQ(pinned.current()[LiveSet::grads],
+                schedules::adamw_offload_serial_grad_bytes(P, DType::f32));
+      EXPECT_EQ(pinned.current()[LiveSet::weights],
+                schedules::adamw_offload_serial_weight_bytes(P, DType::bf16));
+      EXPECT_EQ(schedules::adamw_offload_serial_weight_bytes(P, DType::bf16),
+                PinnedPool::footprint(static_cast<uint64_t>(P) * 2));
+      EXPECT_EQ(backend->arena().stats().current()[LiveSet::optimizer],
+                schedules::adamw_resident_bytes(P, DType::bf16))
+          << "the serial offload adds nothing to resident's device state";
+    }
+  }
+  EXPECT_EQ(schedules::adamw_offload_serial_weight_bytes(P, DType::f32), 0u)
+      << "f32 weights are copied up from the master itself";
+}
 
 TEST(AdamWOffload, SlowedStreamsStillGiveResidentsBits) {
   auto backend = Backend::create(BackendOptions{});

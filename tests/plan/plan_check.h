@@ -158,16 +158,19 @@ inline MemorySnapshot expect_within_plan(const std::string& name, const Config& 
         static_cast<unsigned long long>(transient), static_cast<unsigned long long>(plan.total));
   }
   // Host (pinned pool): SCO's block in `boundaries`, the optimizer state in `optimizer`, the
-  // serial offload's gradient copy in `grads`.
-  uint64_t sco = 0, state = 0, grad_copy = 0;
+  // serial offload's gradient copy in `grads` and, with bf16 weights, its weight copy in
+  // `weights`.
+  uint64_t sco = 0, state = 0, grad_copy = 0, weight_copy = 0;
   for (const HostTerm& h : plan.host) {
     if (h.name == "sco_boundaries") sco = h.bytes;
     if (h.name == "optimizer_state") state = h.bytes;
     if (h.name == "optimizer_grad_copy") grad_copy = h.bytes;
+    if (h.name == "optimizer_weight_copy") weight_copy = h.bytes;
   }
   EXPECT_EQ(host[LiveSet::boundaries], sco) << name << " host sco boundaries";
   EXPECT_EQ(host[LiveSet::optimizer], state) << name << " host optimizer state";
   EXPECT_EQ(host[LiveSet::grads], grad_copy) << name << " host gradient copy";
+  EXPECT_EQ(host[LiveSet::weights], weight_copy) << name << " host weight copy";
   EXPECT_TRUE(plan.fits()) << plan.verdict();
   return device;
 }

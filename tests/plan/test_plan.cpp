@@ -5,6 +5,10 @@
 // Run: ctest -R 'test_plan$' --output-on-failure
 #include <gtest/gtest.h>
 
+#include <ostream>
+#include <string>
+#include <tuple>
+
 #include "core/error.h"
 #include "core/model/checkpoint_snapshot.h"
 #include "core/model/zero_params.h"
@@ -31,81 +35,63 @@ using test_support::tiny_plan_config;
     }                                                 \
   } while (0)
 
-TEST(PlanMeasured, StandardSchedules) { expect_within_plan("standard", tiny_plan_config()); }
+// The schedule combinations measured against the plan, each applied to the tiny config.
+struct MeasuredCase {
+  const char* name;
+  void (*apply)(Config&);
+};
+void PrintTo(const MeasuredCase& c, std::ostream* os) { *os << c.name; }
+const MeasuredCase kMeasuredCases[] = {
+    {"standard", [](Config&) {}},
+    {"none", [](Config& c) { c.schedules.checkpoint = CheckpointSchedule::none; }},
+    {"sco_ring_dtp_offload_stream",
+     [](Config& c) {
+       c.schedules.checkpoint = CheckpointSchedule::sco;
+       c.schedules.vocab = VocabSchedule::ring_dtp;
+       c.schedules.vocab_strip = 16;
+       c.schedules.vocab_kept_strips = 2;  // 2 of the strips go from forward to backward
+       c.optimizer.placement = OptimizerPlacement::offload_stream;
+     }},
+    {"pipelined_llep_sco_offload_serial_aux",
+     [](Config& c) {
+       c.schedules.dispatch = DispatchSchedule::pipelined_llep;
+       c.schedules.chunk_tokens = 24;
+       c.schedules.checkpoint = CheckpointSchedule::sco;
+       c.schedules.sco_host_budget = "2MiB";  // one 2 MiB pinned block: every layer fits in it
+       // bf16: with the serial offload's pinned bf16 weight copy
+       c.optimizer.placement = OptimizerPlacement::offload_serial;
+       c.model.router_aux_loss_coef = 0.01;
+     }},
+    {"llep_none_ring_dtp",
+     [](Config& c) {
+       c.schedules.dispatch = DispatchSchedule::llep;
+       c.schedules.checkpoint = CheckpointSchedule::none;
+       c.schedules.vocab = VocabSchedule::ring_dtp;
+     }},
+};
 
-TEST(PlanMeasured, NoCheckpointing) {
+// Each case in float32 and in bfloat16 (training.dtype = "bfloat16" on the CPU: the GPU path's
+// byte layout, b = 2, fp32 main gradients and AdamW's fp32 master): every live set's peak at or
+// under its plan, within 10%.
+class PlanMeasured : public testing::TestWithParam<std::tuple<MeasuredCase, ComputeDtype>> {};
+
+TEST_P(PlanMeasured, EveryLiveSetAtOrUnderItsTerm) {
+  const auto& [measured, dtype] = GetParam();
   Config c = tiny_plan_config();
-  c.schedules.checkpoint = CheckpointSchedule::none;
-  expect_within_plan("none", c);
+  c.training.dtype = dtype;
+  measured.apply(c);
+  expect_within_plan(std::string(dtype == ComputeDtype::bfloat16 ? "bf16 " : "") + measured.name,
+                     c);
 }
 
-TEST(PlanMeasured, ScoRingDtpOffloadStream) {
-  Config c = tiny_plan_config();
-  c.schedules.checkpoint = CheckpointSchedule::sco;
-  c.schedules.vocab = VocabSchedule::ring_dtp;
-  c.schedules.vocab_strip = 16;
-  c.schedules.vocab_kept_strips = 2;  // 2 of the strips go from forward to backward
-  c.optimizer.placement = OptimizerPlacement::offload_stream;
-  expect_within_plan("sco+ring_dtp+offload_stream", c);
-}
-
-TEST(PlanMeasured, PipelinedLlepOffloadSerialPartialSco) {
-  Config c = tiny_plan_config();
-  c.schedules.dispatch = DispatchSchedule::pipelined_llep;
-  c.schedules.chunk_tokens = 24;
-  c.schedules.checkpoint = CheckpointSchedule::sco;
-  c.schedules.sco_host_budget = "2MiB";  // one 2 MiB pinned block: every layer fits in it
-  c.optimizer.placement = OptimizerPlacement::offload_serial;
-  c.model.router_aux_loss_coef = 0.01;
-  expect_within_plan("pipelined_llep+sco+offload_serial+aux", c);
-}
-
-TEST(PlanMeasured, LlepNoneCheckpointing) {
-  Config c = tiny_plan_config();
-  c.schedules.dispatch = DispatchSchedule::llep;
-  c.schedules.checkpoint = CheckpointSchedule::none;
-  c.schedules.vocab = VocabSchedule::ring_dtp;
-  expect_within_plan("llep+none+ring_dtp", c);
-}
-
-// The same tables in bf16 (training.dtype = "bfloat16" on the CPU: the GPU path's byte layout,
-// b = 2, with AdamW's fp32 master): every live set's peak at or under its plan, within 10%.
-TEST(PlanMeasuredBf16, StandardSchedules) {
-  Config c = tiny_plan_config();
-  c.training.dtype = ComputeDtype::bfloat16;
-  expect_within_plan("bf16 standard", c);
-}
-
-TEST(PlanMeasuredBf16, ScoRingDtpOffloadStream) {
-  Config c = tiny_plan_config();
-  c.training.dtype = ComputeDtype::bfloat16;
-  c.schedules.checkpoint = CheckpointSchedule::sco;
-  c.schedules.vocab = VocabSchedule::ring_dtp;
-  c.schedules.vocab_strip = 16;
-  c.schedules.vocab_kept_strips = 2;
-  c.optimizer.placement = OptimizerPlacement::offload_stream;
-  expect_within_plan("bf16 sco+ring_dtp+offload_stream", c);
-}
-
-TEST(PlanMeasuredBf16, PipelinedLlepPartialScoAux) {
-  Config c = tiny_plan_config();
-  c.training.dtype = ComputeDtype::bfloat16;
-  c.schedules.dispatch = DispatchSchedule::pipelined_llep;
-  c.schedules.chunk_tokens = 24;
-  c.schedules.checkpoint = CheckpointSchedule::sco;
-  c.schedules.sco_host_budget = "2MiB";
-  c.model.router_aux_loss_coef = 0.01;
-  expect_within_plan("bf16 pipelined_llep+sco+aux", c);
-}
-
-TEST(PlanMeasuredBf16, LlepNoneCheckpointing) {
-  Config c = tiny_plan_config();
-  c.training.dtype = ComputeDtype::bfloat16;
-  c.schedules.dispatch = DispatchSchedule::llep;
-  c.schedules.checkpoint = CheckpointSchedule::none;
-  c.schedules.vocab = VocabSchedule::ring_dtp;
-  expect_within_plan("bf16 llep+none+ring_dtp", c);
-}
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, PlanMeasured,
+    testing::Combine(testing::ValuesIn(kMeasuredCases),
+                     testing::Values(ComputeDtype::float32, ComputeDtype::bfloat16)),
+    [](const testing::TestParamInfo<std::tuple<MeasuredCase, ComputeDtype>>& info) {
+      return std::string(std::get<0>(info.param).name) + "_" +
+             std::string(enum_name(std::get<1>(info.param)));
+    });
 
 // LLEP's spill copies (ops/schedules/llep_experts.h): min(E - E/W, plans * min(capacity, H))
 // copies of 3 F H elements each (arena footprint), H the helped-expert limit (E/W + 1 unless

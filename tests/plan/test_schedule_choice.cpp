@@ -21,6 +21,7 @@
 #include "core/plan/plan.h"
 #include "core/runtime/arena.h"
 #include "core/runtime/backend.h"
+#include "core/runtime/pinned_pool.h"
 #include "ops/schedules/adamw_host_state.h"
 #include "ops/schedules/adamw_offload_serial.h"
 #include "ops/schedules/adamw_offload_stream.h"
@@ -448,6 +449,31 @@ INSTANTIATE_TEST_SUITE_P(AllPlacements, OptimizerChoice,
                            return name_of(std::get<0>(info.param)) + "_W" +
                                   std::to_string(std::get<1>(info.param));
                          });
+
+// With bf16 working weights the serial offload's host AdamW writes a pinned bf16 copy of the
+// weights for the device to read: a third host term, the same in optimizer_bytes and the plan.
+TEST(OptimizerChoiceBf16, SerialOffloadAddsTheBf16WeightCopy) {
+  Config c = choice_config();
+  c.training.dtype = ComputeDtype::bfloat16;
+  c.optimizer.placement = OptimizerPlacement::offload_serial;
+  const int64_t P = zero_persistent_elements(c.model, 1, LmHeadSharding::zero3);
+  const schedules::OptimizerBytes choice = schedules::optimizer_bytes(c.optimizer, P, DType::bf16);
+  EXPECT_EQ(choice.device.bytes, 0u);
+  ASSERT_EQ(choice.host.size(), 3u);
+  EXPECT_EQ(choice.host[0].bytes, schedules::adamw_offload_host_bytes(P, DType::f32));
+  EXPECT_EQ(choice.host[1].bytes, schedules::adamw_offload_serial_grad_bytes(P, DType::f32));
+  EXPECT_EQ(choice.host[2].name, "optimizer_weight_copy");
+  EXPECT_EQ(choice.host[2].bytes, schedules::adamw_offload_serial_weight_bytes(P, DType::bf16));
+  EXPECT_EQ(choice.host[2].bytes, PinnedPool::footprint(static_cast<uint64_t>(P) * 2));
+  const Plan plan = make_plan(c, plan_inputs(c, 1));
+  ASSERT_EQ(plan.host.size(), 3u);
+  EXPECT_EQ(plan.host[2].name, "optimizer_weight_copy");
+  EXPECT_EQ(plan.host[2].bytes, choice.host[2].bytes);
+  EXPECT_EQ(plan.host[2].function, choice.host[2].function);
+  EXPECT_CONTAINS(plan.host[2].function, "adamw_offload_serial_weight_bytes");
+  // f32 weights are copied up from the master itself: no third term.
+  EXPECT_EQ(schedules::optimizer_bytes(c.optimizer, P, DType::f32).host.size(), 2u);
+}
 
 }  // namespace
 }  // namespace moepeak
