@@ -10,7 +10,8 @@
 //                 param *= 1 - lr * weight_decay                    (if decay)
 //                 param -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 //
-// The CPU loop (ops/cpu/adamw.cpp) runs f32 or f64. The CUDA kernel (ops/cuda/adamw.cu) runs f32
+// The CPU op (ops/cpu/adamw.cpp: adamw_span of ops/cpu/adamw_simd.h, AVX2 where the CPU has it)
+// runs f32 or f64. The CUDA kernel (ops/cuda/adamw.cu) runs f32
 // or f64 (bf16 is rejected naming the dtype) and does, with f32 state, exactly the CPU f32
 // path's sequence of correctly rounded IEEE operations, without FMA contraction, so its param, m
 // and v are bitwise the CPU's (the NOTES in ops/cuda/adamw.cu). n == 0 is allowed.

@@ -20,7 +20,7 @@ namespace {
 // elements at a time into fixed scratch, an f32 one is read as it is; adamw_span<float> updates
 // the chunk, and the working weights are the chunk's new master rounded to nearest even. The
 // update is element-wise, so the chunking changes no bit: master, m and v are
-// adamw_span<float>'s (hence adamw_cpu's) on the fp32 gradient.
+// adamw_span<float>'s (hence adamw_cpu's, the resident update's) on the fp32 gradient.
 constexpr int64_t kChunk = 2048;  // 8 KiB of fp32 gradient: in L1 with the chunk's state
 
 void adamw_span_bf16_working(float* master, const bf16* grad, float* m, float* v, bf16* working,

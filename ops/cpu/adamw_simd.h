@@ -1,8 +1,9 @@
 // The AdamW element update over a span of elements, scalar or AVX2, computing exactly the
-// sequence of rounded operations of the reference loop in ops/cpu/adamw.cpp, so every optimizer
-// placement gives bitwise the same weights, m and v (docs/design.md#exactness). Used by the fused
-// update + working-weight refresh of OffloadStreamAdamW (ops/adamw_fused.h) and by the
-// multi-threaded host AdamW of the serial offload (ops/cpu/cpu_adamw.h).
+// sequence of rounded operations below (ops/adamw.h's update, one IEEE operation at a time), so
+// every optimizer placement gives bitwise the same weights, m and v (docs/design.md#exactness).
+// Used by the CPU's adamw op (resident AdamW, ops/cpu/adamw.cpp), the fused update +
+// working-weight refresh of OffloadStreamAdamW (ops/adamw_fused.h) and the multi-threaded host
+// AdamW of the serial offload (ops/cpu/cpu_adamw.h).
 //
 //   param, m, v (n)  T = f32 | f64, updated in place;  grad (n) T;  working (n) T or null
 //   per element (each line one IEEE operation per arithmetic sign, rounded to T):
@@ -20,8 +21,9 @@
 // with target("avx2") only, not "fma", and the project compiles as ISO C++ (-std=c++20, which
 // makes GCC's default -ffp-contract=off), so neither path is contracted.
 //
-// Test: tests/ops/test_adamw_kernels.cpp (each path against ops::adamw_cpu, bitwise, on random
-// inputs and hyper-parameters, every tail length).
+// Test: tests/ops/test_adamw_kernels.cpp (each path, and ops::adamw_cpu, against a plain scalar
+// loop of this sequence kept in the test, bitwise, on random inputs and hyper-parameters, every
+// tail length).
 #pragma once
 
 #include <cmath>
@@ -31,7 +33,7 @@
 
 namespace moepeak::ops {
 
-// The per-call scalars of the reference loop, rounded to T the same way.
+// The per-call scalars, computed in double and rounded to T.
 template <typename T>
 struct AdamWScalars {
   T beta1, beta2, one_minus_beta1, one_minus_beta2, grad_scale, decay_factor, step_size, bias2_sqrt,

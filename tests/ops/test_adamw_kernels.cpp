@@ -1,4 +1,6 @@
-// The AdamW kernels of the offload placements against the reference ops::adamw_cpu, bitwise:
+// The AdamW kernels against the reference — ops/adamw.h's update as a plain scalar loop, kept
+// here — bitwise:
+//   - ops::adamw_cpu (the resident update on the CPU backend), f32 and f64;
 //   - adamw_span, scalar and AVX2 paths, f32 and f64, every tail length 0..40 and a long span,
 //     random inputs (never zeros) and random hyper-parameters, decay on and off;
 //   - adamw_fused_cpu (the device stage of OffloadStreamAdamW): master, m, v as adamw_cpu, and
@@ -71,17 +73,30 @@ DType dtype_for() {
   return std::is_same_v<T, float> ? DType::f32 : DType::f64;
 }
 
-// ops::adamw_cpu on copies of `in` (the reference every placement is held to).
+// The reference every placement is held to: ops/adamw.h's update as a plain scalar loop, one
+// IEEE operation per arithmetic sign in T, the scalars computed in double and rounded to T (what
+// torch.optim.AdamW does element by element), on copies of `in`.
 template <typename T>
-Inputs<T> reference(Backend& backend, const Inputs<T>& in, const ops::AdamWHyper& h, bool decay) {
+Inputs<T> reference(Backend&, const Inputs<T>& in, const ops::AdamWHyper& h, bool decay) {
   Inputs<T> out = in;
-  const int64_t n = static_cast<int64_t>(in.p.size());
-  const DType dt = dtype_for<T>();
-  auto t = [&](std::vector<T>& x) {
-    return Tensor(x.data(), Shape{n}, dt, Placement::device, &backend);
-  };
-  ops::adamw_cpu(t(out.p), t(out.g), t(out.m), t(out.v), h, decay, backend.default_stream());
-  backend.default_stream().synchronize();
+  const T beta1 = static_cast<T>(h.beta1), beta2 = static_cast<T>(h.beta2);
+  const T one_minus_beta1 = static_cast<T>(1.0 - h.beta1);
+  const T one_minus_beta2 = static_cast<T>(1.0 - h.beta2);
+  const T grad_scale = static_cast<T>(h.grad_scale);
+  const T decay_factor = static_cast<T>(decay ? 1.0 - h.lr * h.weight_decay : 1.0);
+  const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
+  const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
+  const T step_size = static_cast<T>(h.lr / bias1);
+  const T bias2_sqrt = static_cast<T>(std::sqrt(bias2));
+  const T eps = static_cast<T>(h.eps);
+  for (size_t i = 0; i < out.p.size(); ++i) {
+    const T g = out.g[i] * grad_scale;
+    out.m[i] = beta1 * out.m[i] + one_minus_beta1 * g;
+    out.v[i] = beta2 * out.v[i] + one_minus_beta2 * g * g;
+    out.p[i] *= decay_factor;
+    const T denom = std::sqrt(out.v[i]) / bias2_sqrt + eps;
+    out.p[i] -= step_size * (out.m[i] / denom);
+  }
   return out;
 }
 
@@ -128,6 +143,33 @@ void span_matches_reference() {
 
 TEST(AdamWSpan, EveryPathIsBitwiseTheReferenceF32) { span_matches_reference<float>(); }
 TEST(AdamWSpan, EveryPathIsBitwiseTheReferenceF64) { span_matches_reference<double>(); }
+
+// ops::adamw_cpu, the resident update on the CPU backend (adamw_span on the stream's worker).
+template <typename T>
+void op_matches_reference() {
+  auto backend = Backend::create(BackendOptions{});
+  std::mt19937_64 rng(23);
+  for (int64_t n : {0, 1, 7, 8, 9, 4099}) {
+    for (bool decay : {true, false}) {
+      const Inputs<T> in = random_inputs<T>(n, rng);
+      const ops::AdamWHyper h = random_hyper(rng);
+      const Inputs<T> want = reference(*backend, in, h, decay);
+      Inputs<T> got = in;
+      auto t = [&](std::vector<T>& x) {
+        return Tensor(x.data(), Shape{n}, dtype_for<T>(), Placement::device, backend.get());
+      };
+      ops::adamw_cpu(t(got.p), t(got.g), t(got.m), t(got.v), h, decay, backend->default_stream());
+      backend->default_stream().synchronize();
+      SCOPED_TRACE(testing::Message() << "n " << n << " decay " << decay);
+      expect_bitwise(got.p, want.p, "param");
+      expect_bitwise(got.m, want.m, "m");
+      expect_bitwise(got.v, want.v, "v");
+    }
+  }
+}
+
+TEST(AdamWOp, IsBitwiseTheReferenceF32) { op_matches_reference<float>(); }
+TEST(AdamWOp, IsBitwiseTheReferenceF64) { op_matches_reference<double>(); }
 
 TEST(AdamWSpan, ReportsTheAvx2PathOnThisMachine) {
   // Informational: the CI machine (AMD EPYC) has AVX2, so the vector path is what runs there.
@@ -202,7 +244,7 @@ void expect_fused_bf16_is_the_f32_update(Backend& backend, const Inputs<float>& 
 }
 
 TEST(AdamWFused, Bf16WorkingWeightsAreTheF32UpdateOfTheWidenedGradient) {
-  // The gradient drawn in f32 and rounded to bf16; the reference is adamw_cpu in f32 on that
+  // The gradient drawn in f32 and rounded to bf16; the reference is the f32 loop on that
   // gradient widened. n crosses the kernel's 2048-element chunks and leaves every AVX2 tail.
   auto backend = Backend::create(BackendOptions{});
   std::mt19937_64 rng(17);
@@ -222,7 +264,7 @@ TEST(AdamWFused, Bf16WorkingWeightsAreTheF32UpdateOfTheWidenedGradient) {
 
 TEST(AdamWFused, Bf16WorkingWeightsWithAnF32GradientAreTheF32UpdateOfThatGradient) {
   // The fp32 main gradient: f32 values with no bf16 rounding, read as they are; the reference is
-  // adamw_cpu in f32 on that gradient. n crosses the kernel's 2048-element chunks and leaves every
+  // the f32 loop on that gradient. n crosses the kernel's 2048-element chunks and leaves every
   // AVX2 tail.
   auto backend = Backend::create(BackendOptions{});
   std::mt19937_64 rng(19);
@@ -306,7 +348,7 @@ void cpu_adamw_matches_reference() {
   const int64_t n = segments.back().offset + segments.back().length + 5;
   const Inputs<T> in = random_inputs<T>(n, rng);
   const ops::AdamWHyper h = random_hyper(rng);
-  // The reference: adamw_cpu on each segment; elements outside stay as they were.
+  // The reference on each segment; elements outside stay as they were.
   Inputs<T> want = in;
   for (const auto& s : segments) {
     Inputs<T> part;
