@@ -56,7 +56,6 @@ AdamwParams make_adamw_params(Backend& backend, int64_t count, DType working, St
   MOEPEAK_CHECK(working == DType::f32 || working == DType::bf16,
                 "adamw bench: working weights must be f32 or bf16, not ", dtype_name(working));
   AdamwParams p;
-  p.working = working;
   const DType grad_dtype = schedules::main_grad_dtype(working);
   const int64_t piece = std::max<int64_t>(1, (count + kAdamwPieces - 1) / kAdamwPieces);
   std::vector<std::pair<int64_t, int64_t>> spans;  // offset, length

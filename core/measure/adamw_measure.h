@@ -34,9 +34,8 @@ constexpr int64_t kAdamwAlign = 64;  // elements, as ParamLayout aligns pieces
 
 // The parameters of one rank: a flat weights buffer and its grads, cut into kAdamwPieces pieces.
 struct AdamwParams {
-  int64_t elements = 0;        // P, with alignment padding
-  DType working = DType::f32;  // the weights' dtype (f32 or bf16); grads in main_grad_dtype of it
-  OwnedTensor values, grads;
+  int64_t elements = 0;       // P, with alignment padding
+  OwnedTensor values, grads;  // the working dtype (f32 or bf16); grads in its main_grad_dtype
   std::vector<schedules::OptimizerPiece> pieces;
   std::vector<char> initial;  // the weights every run starts from, P elements of `working`
 };

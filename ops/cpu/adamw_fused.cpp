@@ -15,31 +15,20 @@
 namespace moepeak::ops {
 namespace {
 
-// An f32 master, m, v with bf16 working weights and a bf16 gradient (the first overload) or an
-// f32 one (the second: the fp32 main gradient). A bf16 gradient is widened (exactly) kChunk
-// elements at a time into fixed scratch, an f32 one is read as it is; adamw_span<float> updates
-// the chunk, and the working weights are the chunk's new master rounded to nearest even. The
-// update is element-wise, so the chunking changes no bit: master, m and v are
-// adamw_span<float>'s (hence adamw_cpu's, the resident update's) on the fp32 gradient.
+// An f32 master, m, v with bf16 working weights and a bf16 gradient: the gradient widened
+// (exactly) kChunk elements at a time into fixed scratch, then adamw_span_bf16_working
+// (adamw_simd.h) on the chunk, as for the fp32 main gradient. The update is element-wise, so the
+// chunking changes no bit: master, m and v are adamw_span<float>'s (hence adamw_cpu's, the
+// resident update's) on the fp32 gradient, the working weights the new master rounded once.
 constexpr int64_t kChunk = 2048;  // 8 KiB of fp32 gradient: in L1 with the chunk's state
 
-void adamw_span_bf16_working(float* master, const bf16* grad, float* m, float* v, bf16* working,
-                             int64_t n, const AdamWScalars<float>& s) {
+void adamw_span_bf16_grad(float* master, const bf16* grad, float* m, float* v, bf16* working,
+                          int64_t n, const AdamWScalars<float>& s) {
   float widened[kChunk];
   for (int64_t i = 0; i < n; i += kChunk) {
     const int64_t len = std::min(kChunk, n - i);
     widen(grad + i, widened, len);
-    adamw_span<float>(master + i, widened, m + i, v + i, nullptr, len, s);
-    narrow(master + i, working + i, len);
-  }
-}
-
-void adamw_span_bf16_working(float* master, const float* grad, float* m, float* v, bf16* working,
-                             int64_t n, const AdamWScalars<float>& s) {
-  for (int64_t i = 0; i < n; i += kChunk) {
-    const int64_t len = std::min(kChunk, n - i);
-    adamw_span<float>(master + i, grad + i, m + i, v + i, nullptr, len, s);
-    narrow(master + i, working + i, len);
+    adamw_span_bf16_working(master + i, widened, m + i, v + i, working + i, len, s);
   }
 }
 
@@ -87,7 +76,7 @@ void adamw_fused_cpu(const Tensor& master, const Tensor& grad, const Tensor& m, 
       as_cpu_stream(stream).enqueue([=] { adamw_span_bf16_working(p, g, mm, vv, w, n, s); });
     } else {
       const bf16* g = grad.data_as<bf16>();
-      as_cpu_stream(stream).enqueue([=] { adamw_span_bf16_working(p, g, mm, vv, w, n, s); });
+      as_cpu_stream(stream).enqueue([=] { adamw_span_bf16_grad(p, g, mm, vv, w, n, s); });
     }
     return;
   }

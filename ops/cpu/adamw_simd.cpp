@@ -5,7 +5,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "core/error.h"
+#include "ops/cpu/cpu_storage.h"
 
 namespace moepeak::ops {
 namespace {
@@ -129,5 +132,15 @@ template void adamw_span<float>(float*, const float*, float*, float*, float*, in
                                 const AdamWScalars<float>&, AdamWSimd);
 template void adamw_span<double>(double*, const double*, double*, double*, double*, int64_t,
                                  const AdamWScalars<double>&, AdamWSimd);
+
+void adamw_span_bf16_working(float* master, const float* grad, float* m, float* v, bf16* working,
+                             int64_t n, const AdamWScalars<float>& s, AdamWSimd simd) {
+  constexpr int64_t kChunk = 2048;  // 8 KiB of fp32 master: in L1 when it is rounded
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t len = std::min(kChunk, n - i);
+    adamw_span<float>(master + i, grad + i, m + i, v + i, nullptr, len, s, simd);
+    narrow(master + i, working + i, len);
+  }
+}
 
 }  // namespace moepeak::ops

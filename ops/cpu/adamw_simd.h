@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/runtime/dtype.h"
 #include "ops/adamw.h"
 
 namespace moepeak::ops {
@@ -72,5 +73,13 @@ extern template void adamw_span<float>(float*, const float*, float*, float*, flo
                                        const AdamWScalars<float>&, AdamWSimd);
 extern template void adamw_span<double>(double*, const double*, double*, double*, double*, int64_t,
                                         const AdamWScalars<double>&, AdamWSimd);
+
+// adamw_span<float> over n elements of an fp32 master, m, v and gradient, and each updated master
+// element rounded to nearest even into the bf16 working weights: what adamw_fused writes and the
+// serial offload's host AdamW copies up. A chunk at a time, so the rounding reads the master
+// while it is in L1.
+void adamw_span_bf16_working(float* master, const float* grad, float* m, float* v, bf16* working,
+                             int64_t n, const AdamWScalars<float>& s,
+                             AdamWSimd simd = AdamWSimd::automatic);
 
 }  // namespace moepeak::ops

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "ops/cpu/cpu_storage.h"
 
 namespace moepeak::ops {
 
@@ -36,11 +35,16 @@ void CpuAdamW::step(T* master, const T* grad, T* m, T* v, std::span<const Segmen
   const AdamWSimd simd = simd_;
   pool_.run(static_cast<int64_t>(tiles.size()), [&](int64_t i) {
     const Tile& t = tiles[static_cast<size_t>(i)];
-    adamw_span<T>(master + t.offset, grad + t.offset, m + t.offset, v + t.offset, nullptr, t.length,
-                  t.decay ? with_decay : without_decay, simd);
+    const AdamWScalars<T>& s = t.decay ? with_decay : without_decay;
     if constexpr (std::is_same_v<T, float>) {
-      if (working != nullptr) narrow(master + t.offset, working + t.offset, t.length);
+      if (working != nullptr) {
+        adamw_span_bf16_working(master + t.offset, grad + t.offset, m + t.offset, v + t.offset,
+                                working + t.offset, t.length, s, simd);
+        return;
+      }
     }
+    adamw_span<T>(master + t.offset, grad + t.offset, m + t.offset, v + t.offset, nullptr, t.length,
+                  s, simd);
   });
 }
 

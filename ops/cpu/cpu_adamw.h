@@ -11,7 +11,8 @@
 //   working (optional, T = f32 only): a flat host bf16 array of that length, written with each
 //             updated element of the master rounded to nearest even (as DeepSpeed's CPU Adam
 //             writes the half-precision parameters it copies back), in the same tile as the
-//             update, so the rounding costs no second pass over the master
+//             update (adamw_span_bf16_working), so the rounding costs no second pass over the
+//             master
 //   segments: the runs of the flat arrays to update, each with its weight-decay flag (a
 //             parameter piece: decay off for RMSNorm weights); elements outside every segment
 //             (alignment padding) are not touched
