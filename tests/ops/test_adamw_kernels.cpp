@@ -77,7 +77,7 @@ DType dtype_for() {
 // IEEE operation per arithmetic sign in T, the scalars computed in double and rounded to T (what
 // torch.optim.AdamW does element by element), on copies of `in`.
 template <typename T>
-Inputs<T> reference(Backend&, const Inputs<T>& in, const ops::AdamWHyper& h, bool decay) {
+Inputs<T> reference(const Inputs<T>& in, const ops::AdamWHyper& h, bool decay) {
   Inputs<T> out = in;
   const T beta1 = static_cast<T>(h.beta1), beta2 = static_cast<T>(h.beta2);
   const T one_minus_beta1 = static_cast<T>(1.0 - h.beta1);
@@ -115,7 +115,6 @@ std::vector<ops::AdamWSimd> paths() {
 
 template <typename T>
 void span_matches_reference() {
-  auto backend = Backend::create(BackendOptions{});
   std::mt19937_64 rng(7);
   std::vector<int64_t> sizes;
   for (int64_t n = 0; n <= 40; ++n) sizes.push_back(n);
@@ -125,7 +124,7 @@ void span_matches_reference() {
       for (bool decay : {true, false}) {
         const Inputs<T> in = random_inputs<T>(n, rng);
         const ops::AdamWHyper h = random_hyper(rng);
-        const Inputs<T> want = reference(*backend, in, h, decay);
+        const Inputs<T> want = reference(in, h, decay);
         Inputs<T> got = in;
         std::vector<T> working(static_cast<size_t>(n), static_cast<T>(NAN));
         ops::adamw_span<T>(got.p.data(), got.g.data(), got.m.data(), got.v.data(), working.data(),
@@ -153,7 +152,7 @@ void op_matches_reference() {
     for (bool decay : {true, false}) {
       const Inputs<T> in = random_inputs<T>(n, rng);
       const ops::AdamWHyper h = random_hyper(rng);
-      const Inputs<T> want = reference(*backend, in, h, decay);
+      const Inputs<T> want = reference(in, h, decay);
       Inputs<T> got = in;
       auto t = [&](std::vector<T>& x) {
         return Tensor(x.data(), Shape{n}, dtype_for<T>(), Placement::device, backend.get());
@@ -193,7 +192,7 @@ void fused_matches_reference() {
     for (bool decay : {true, false}) {
       const Inputs<T> in = random_inputs<T>(n, rng);
       const ops::AdamWHyper h = random_hyper(rng);
-      const Inputs<T> want = reference(*backend, in, h, decay);
+      const Inputs<T> want = reference(in, h, decay);
       Inputs<T> got = in;
       std::vector<T> working(static_cast<size_t>(n), static_cast<T>(NAN));
       auto t = [&](std::vector<T>& x) {
@@ -222,7 +221,7 @@ TEST(AdamWFused, MasterMomentsAndWorkingWeightsAreBitwiseTheReferenceF64) {
 void expect_fused_bf16_is_the_f32_update(Backend& backend, const Inputs<float>& in, void* grad,
                                          DType grad_dtype, const ops::AdamWHyper& h, bool decay) {
   const int64_t n = static_cast<int64_t>(in.p.size());
-  const Inputs<float> want = reference(backend, in, h, decay);
+  const Inputs<float> want = reference(in, h, decay);
   Inputs<float> got = in;
   std::vector<bf16> working(static_cast<size_t>(n), bf16(NAN));
   auto t = [&](void* data, DType dtype) {
@@ -338,7 +337,6 @@ TEST(WorkerPool, RethrowsTheFirstErrorAndStaysUsable) {
 
 template <typename T>
 void cpu_adamw_matches_reference() {
-  auto backend = Backend::create(BackendOptions{});
   std::mt19937_64 rng(13);
   // Three segments with gaps (as pieces with alignment padding) and one longer than a few tiles.
   const std::vector<ops::CpuAdamW::Segment> segments = {
@@ -356,7 +354,7 @@ void cpu_adamw_matches_reference() {
       return std::vector<T>(x.begin() + s.offset, x.begin() + s.offset + s.length);
     };
     part = {cut(in.p), cut(in.g), cut(in.m), cut(in.v)};
-    Inputs<T> done = reference(*backend, part, h, s.decay);
+    Inputs<T> done = reference(part, h, s.decay);
     std::copy(done.p.begin(), done.p.end(), want.p.begin() + s.offset);
     std::copy(done.m.begin(), done.m.end(), want.m.begin() + s.offset);
     std::copy(done.v.begin(), done.v.end(), want.v.begin() + s.offset);
