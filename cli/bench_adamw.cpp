@@ -65,7 +65,7 @@ constexpr double kSerialTarget = 5.0;
 constexpr double kSerialAnchorSeconds = 0.380;
 constexpr double kSerialAnchorParams = 268435456;
 
-struct BenchArgs {
+struct AdamwBenchArgs {
   BenchCommonArgs common;
   int64_t params = 16777216;
   std::vector<int64_t> buckets = {262144, 1048576, 4194304};
@@ -83,7 +83,7 @@ struct Row {
   double max_rel_err = 0;
 };
 
-int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
+int run_bench_adamw(const AdamwBenchArgs& args, const Context& ctx) {
   Config cfg = load_config_for_command(args.common.config, ctx);
   const RankInfo ranks = join_ranks();
   const int W = ranks.world_size;
@@ -280,7 +280,7 @@ int run_bench_adamw(const BenchArgs& args, const Context& ctx) {
 }  // namespace
 
 void register_bench_adamw(CLI::App& bench, Context& ctx) {
-  static BenchArgs args;
+  static AdamwBenchArgs args;
   auto* cmd = bench.add_subcommand(
       "adamw", "optimizer step: resident vs serial CPU offload vs OffloadStreamAdamW");
   add_bench_common_options(*cmd, args.common);

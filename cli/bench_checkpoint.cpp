@@ -64,10 +64,6 @@ struct ModeResult {
 };
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 uint64_t directory_bytes(const fs::path& dir) {
   uint64_t bytes = 0;
   for (const auto& e : fs::directory_iterator(dir))

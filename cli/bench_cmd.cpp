@@ -27,12 +27,12 @@
 namespace moepeak::cli {
 namespace {
 
-struct BenchArgs {
+struct StepBenchArgs {
   BenchCommonArgs common;
   int gemm_size = 1024;
 };
 
-int run_bench_step(const BenchArgs& args, const Context& ctx) {
+int run_bench_step(const StepBenchArgs& args, const Context& ctx) {
   Config cfg = load_config_for_command(args.common.config, ctx);
   cfg.metrics.progress = ProgressMode::off;
   // NOTES: the LR schedule must not reach its end inside the timed steps, or the run would time a
@@ -112,7 +112,7 @@ int run_bench_step(const BenchArgs& args, const Context& ctx) {
 }  // namespace
 
 void register_bench_step(CLI::App& bench, Context& ctx) {
-  static BenchArgs args;
+  static StepBenchArgs args;
   auto* step = bench.add_subcommand("step", "time whole training steps against a GEMM ceiling");
   add_bench_common_options(*step, args.common);
   step->add_option("--gemm-size", args.gemm_size, "n of the n^3 GEMM that sets the ceiling")

@@ -43,6 +43,10 @@ std::string now_utc() {
   return buf;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 nlohmann::json peak_bytes_json(const MemoryStats& stats) {
   nlohmann::json peak = {{"total", stats.peak_total()}};
   for (LiveSet s : kAllLiveSets) peak[std::string(live_set_name(s))] = stats.peak_per_set()[s];

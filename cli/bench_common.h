@@ -6,6 +6,7 @@
 //    {"total", <live set>...}, "bound_bytes", "max_rel_err", ...}], "host", "date"}
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -51,6 +52,9 @@ std::string now_utc();  // "2026-11-29 21:38:19 UTC"
 // A shell word: quoted when it holds anything but [A-Za-z0-9_./=:,+@%-] (the commands tune
 // prints and bench reach runs).
 std::string shell_word(const std::string& s);
+
+// Wall seconds on the steady clock since t0 (the I/O benches' timer).
+double seconds_since(std::chrono::steady_clock::time_point t0);
 
 // {"total": peak_total, "<live set>": that set's own peak, ...}
 nlohmann::json peak_bytes_json(const MemoryStats& stats);

@@ -48,10 +48,6 @@ struct DataBenchArgs {
   bool keep = false;
 };
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // Asks the kernel to forget the file's cached pages (a no-op where it cannot).
 void drop_cache(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);

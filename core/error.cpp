@@ -49,12 +49,15 @@ std::string process_host() {
 
 namespace detail {
 const char* relative_source_path(const char* file) {
-#ifdef MOEPEAK_SOURCE_DIR
-  const char* prefix = MOEPEAK_SOURCE_DIR "/";
-  size_t n = std::strlen(prefix);
-  if (std::strncmp(file, prefix, n) == 0) return file + n;
-#endif
-  return file;
+  for (;;) {
+    if (std::strncmp(file, "../", 3) == 0) {
+      file += 3;
+    } else if (std::strncmp(file, "./", 2) == 0) {
+      file += 2;
+    } else {
+      return file;
+    }
+  }
 }
 }  // namespace detail
 }  // namespace moepeak

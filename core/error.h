@@ -62,7 +62,10 @@ std::string concat(const Args&... args) {
   (os << ... << args);
   return os.str();
 }
-// Strips the build's absolute source prefix so messages say "core/runtime/arena.cpp".
+// The path of a source file from the repository's root, so messages say "core/runtime/arena.cpp":
+// the build maps the absolute source folder away (-fmacro-prefix-map, CMakeLists.txt), and a
+// compiler cache hands the compiler paths relative to the build folder ("../core/..."), whose
+// leading "./" and "../" are dropped here.
 const char* relative_source_path(const char* file);
 }  // namespace detail
 

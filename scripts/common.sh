@@ -7,6 +7,8 @@ MOEPEAK_BUILD_DIR="${MOEPEAK_BUILD_DIR:-$MOEPEAK_ROOT/build}"
 # Everything the build, the tests and the demo use, by Debian 12 package name.
 MOEPEAK_PACKAGES=(
   cmake ninja-build g++ pkg-config git
+  # the compiler cache every tree builds through (MOEPEAK_CCACHE=0 turns it off)
+  ccache
   libhwloc-dev libnuma-dev libopenmpi-dev openmpi-bin
   libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
   libgtest-dev libopenblas-dev nlohmann-json3-dev libxxhash-dev
@@ -47,10 +49,48 @@ install_packages() {
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# ---- The compiler cache (docs/building.md) ------------------------------------------------------
+# Every tree (build/, build-emulated/, build-asan/, build-tsan/; nvcc too when CUDA is on) compiles
+# through ccache, whose settings travel in the launcher (`env CCACHE_...=... ccache`), so a later
+# `ninja -C build` by hand keeps them. The cache is shared by every checkout on the machine:
+# CCACHE_BASEDIR hands the compiler paths relative to the build folder, and with NOHASHDIR the
+# folder is not hashed, so a fresh clone in another folder compiles nothing that an earlier build
+# already compiled (the debug information then names the folder that compiled it first). The
+# sloppiness lets precompiled headers be cached (CMakeLists.txt).
+#   MOEPEAK_CCACHE=0          compile without it (the launchers are cleared in a configured tree)
+#   MOEPEAK_CCACHE_SIZE=10G   the cache's bound; ccache evicts the oldest entries past it
+#   CCACHE_DIR                where it lives (ccache's default: ~/.cache/ccache)
+moepeak_ccache_enabled() { [[ "${MOEPEAK_CCACHE:-1}" != 0 ]] && command -v ccache >/dev/null 2>&1; }
+
+# moepeak_launcher_args: the cmake arguments that put ccache in front of every compiler, or take it
+# away.
+moepeak_launcher_args() {
+  local launcher=""
+  if moepeak_ccache_enabled; then
+    launcher="env;CCACHE_BASEDIR=$MOEPEAK_ROOT;CCACHE_NOHASHDIR=1"
+    launcher+=";CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime"
+    launcher+=";CCACHE_MAXSIZE=${MOEPEAK_CCACHE_SIZE:-10G};$(command -v ccache)"
+  fi
+  local lang
+  for lang in C CXX CUDA; do printf -- '-DCMAKE_%s_COMPILER_LAUNCHER=%s\n' "$lang" "$launcher"; done
+}
+
+# ccache_zero, then ccache_report at the end: the cache's statistics of this run, for the CI log.
+ccache_zero() { if moepeak_ccache_enabled; then ccache --zero-stats >/dev/null; fi; }
+ccache_report() {
+  if moepeak_ccache_enabled; then
+    log "compiler cache (ccache --show-stats, this run)"
+    ccache --show-stats
+  fi
+}
+
 # configure_and_build [extra cmake args...]; builds the targets in $MOEPEAK_TARGETS (default all).
 configure_and_build() {
   log "configuring $MOEPEAK_BUILD_DIR"
-  cmake -S "$MOEPEAK_ROOT" -B "$MOEPEAK_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+  local launchers
+  mapfile -t launchers < <(moepeak_launcher_args)
+  cmake -S "$MOEPEAK_ROOT" -B "$MOEPEAK_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    --no-warn-unused-cli "${launchers[@]}" "$@"
   log "building (${MOEPEAK_TARGETS:-all})"
   # shellcheck disable=SC2086
   cmake --build "$MOEPEAK_BUILD_DIR" -j "$(nproc)" ${MOEPEAK_TARGETS:+--target $MOEPEAK_TARGETS}
@@ -84,8 +124,8 @@ sanitized_build() {
 # timeouts on 2 cores; it runs what has threads that can race: streams and events, the arena and
 # pinned pool (freed from stream threads), comm (MPI operations on stream threads, 2-4 ranks) and
 # the collective watchdog, every schedule's race test (slowed streams) and the overlapped parallel
-# steps. Each is a ctest test built by the target of the same name. What cannot run and why:
-# docs/reliability.md#sanitizers.
+# steps. Each is a ctest test; sanitize_default_targets names the targets that build them. What
+# cannot run and why: docs/reliability.md#sanitizers.
 MOEPEAK_TSAN_TESTS=(test_streams test_stream_profile test_arena test_pinned_pool test_tensor_ops
   test_comm_single test_comm_mpi test_comm_link test_watchdog test_sco test_adamw_offload
   test_adamw_offload_parallel_np2 test_adamw_kernels test_gemm_bf16 test_ring_dtp
@@ -107,10 +147,11 @@ sanitize_default_tests() {
   esac
 }
 
-# sanitize_default_targets LIST: the build targets those tests need ("" = all).
+# sanitize_default_targets LIST: the build targets those tests need ("" = all). A test NAME_npN
+# (or NAME_2) runs NAME's executable on another number of ranks (tests/CMakeLists.txt).
 sanitize_default_targets() {
   case "$1" in
-    thread) echo "${MOEPEAK_TSAN_TESTS[*]}" ;;
+    thread) printf '%s\n' "${MOEPEAK_TSAN_TESTS[@]}" | sed -E 's/_(np[0-9]+|2)$//' | sort -u | xargs ;;
     *) echo "" ;;
   esac
 }

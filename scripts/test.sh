@@ -31,6 +31,8 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   list="$2"
   shift 2
   install_packages
+  ccache_zero
+  trap ccache_report EXIT
   # Without ctest arguments, only what the default selection runs is built.
   if [[ $# -eq 0 && -z "${MOEPEAK_TARGETS:-}" ]]; then
     MOEPEAK_TARGETS="$(sanitize_default_targets "$list")"
@@ -41,6 +43,8 @@ if [[ "${1:-}" == "--sanitize" ]]; then
 fi
 
 install_packages
+ccache_zero
+trap ccache_report EXIT
 log "checking the formatting (scripts/format.sh --check)"
 "$MOEPEAK_ROOT/scripts/format.sh" --check
 configure_and_build -DMOEPEAK_WERROR=ON

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include "tests/expect_contains.h"
+#include "tests/source_dir.h"
 #include "tests/temp_dir.h"
 
 #include <cstdlib>
@@ -21,7 +22,7 @@
 namespace moepeak {
 namespace {
 
-const std::string kSourceDir = MOEPEAK_SOURCE_DIR;
+const std::string kSourceDir = test_support::source_dir();
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);

@@ -27,12 +27,14 @@ foreach(cu ${MOEPEAK_OPS_CU})
   set(rewritten ${CMAKE_BINARY_DIR}/cuda_emulated/ops/cuda/${name}.cpp)
   add_custom_command(OUTPUT ${rewritten}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/cuda_emulated/ops/cuda
-    COMMAND moepeak_rewrite_cu ${cu} ${rewritten}
+    COMMAND moepeak_rewrite_cu ${cu} ${rewritten} ops/cuda/${name}
     DEPENDS ${cu} moepeak_rewrite_cu
     COMMENT "rewrite_cu ops/cuda/${name}")
   # NOTES: nvcc compiles CUDA as C++17 (CMakeLists.txt); so does the emulation. #pragma unroll
   # means nothing to g++. Kernels pun through vector types (a uint4 load read as 8 bf16), which
   # nvcc honours and g++'s strict aliasing would not.
-  set_source_files_properties(${rewritten} PROPERTIES COMPILE_OPTIONS "-std=c++17;-Wno-unknown-pragmas;-fno-strict-aliasing")
+  # C++17, so not the layers' precompiled header (C++20).
+  set_source_files_properties(${rewritten} PROPERTIES COMPILE_OPTIONS "-std=c++17;-Wno-unknown-pragmas;-fno-strict-aliasing"
+    SKIP_PRECOMPILE_HEADERS ON)
   target_sources(moepeak_ops PRIVATE ${rewritten})
 endforeach()

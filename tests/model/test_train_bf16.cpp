@@ -19,6 +19,7 @@
 #include "core/config/config.h"
 #include "core/model/mixtral_params.h"
 #include "core/train/trainer.h"
+#include "tests/source_dir.h"
 #include "tests/temp_dir.h"
 
 namespace moepeak {
@@ -27,7 +28,7 @@ namespace fs = std::filesystem;
 
 using test_support::TempDir;
 
-const std::string kSourceDir = MOEPEAK_SOURCE_DIR;
+const std::string kSourceDir = test_support::source_dir();
 
 Config tiny(const fs::path& run_dir, const std::string& dtype, int64_t steps) {
   return load_config({kSourceDir + "/configs/tiny.toml"},

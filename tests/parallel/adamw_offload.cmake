@@ -4,5 +4,4 @@
 # Run: ctest -R adamw_offload_parallel --output-on-failure
 moepeak_add_mpi_test(test_adamw_offload_parallel NP 4
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_adamw_offload_parallel.cpp)
-moepeak_add_mpi_test(test_adamw_offload_parallel_np2 NP 2
-  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_adamw_offload_parallel.cpp)
+moepeak_mpi_run(test_adamw_offload_parallel_np2 NP 2 TARGET test_adamw_offload_parallel)

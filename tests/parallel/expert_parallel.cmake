@@ -3,5 +3,4 @@
 # Run: ctest -R expert_parallel --output-on-failure
 moepeak_add_mpi_test(test_expert_parallel NP 4
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_expert_parallel.cpp)
-moepeak_add_mpi_test(test_expert_parallel_2 NP 2
-  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_expert_parallel.cpp)
+moepeak_mpi_run(test_expert_parallel_2 NP 2 TARGET test_expert_parallel)

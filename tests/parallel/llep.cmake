@@ -4,7 +4,7 @@
 # is tests/ops/test_llep_plan.cpp.
 # Run: ctest -R llep --output-on-failure
 moepeak_add_mpi_test(test_llep NP 4 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llep.cpp)
-moepeak_add_mpi_test(test_llep_np2 NP 2 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llep.cpp)
+moepeak_mpi_run(test_llep_np2 NP 2 TARGET test_llep)
 # The bf16 cases on one rank too (chunks and F blocks without peers).
 add_test(NAME test_llep_np1_bf16
   COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 1
@@ -19,7 +19,7 @@ set_tests_properties(test_llep_bench_dispatch PROPERTIES LABELS "cli;mpi" PROCES
   ENVIRONMENT "OMPI_MCA_btl=self,vader;OMPI_MCA_btl_vader_single_copy_mechanism=none;OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 # Whole training steps with schedules.dispatch = pipelined_llep / llep against one rank.
 moepeak_add_mpi_test(test_train_llep NP 4 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_train_llep.cpp)
-moepeak_add_mpi_test(test_train_llep_np2 NP 2 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_train_llep.cpp)
+moepeak_mpi_run(test_train_llep_np2 NP 2 TARGET test_train_llep)
 # `moepeak train --set schedules.dispatch=pipelined_llep` on 2 ranks against the standard job.
 add_test(NAME test_train_llep_cli
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_train_llep_cli.sh $<TARGET_FILE:moepeak>

@@ -15,11 +15,12 @@
 #include "core/model/mixtral_params.h"
 #include "core/plan/layout_search.h"
 #include "core/plan/plan.h"
+#include "tests/source_dir.h"
 
 namespace moepeak {
 namespace {
 
-const std::string kSourceDir = MOEPEAK_SOURCE_DIR;
+const std::string kSourceDir = test_support::source_dir();
 
 Config h200_bounded(const std::string& model) {
   Config c = load_config({kSourceDir + "/configs/" + model + ".toml"},

@@ -14,11 +14,12 @@
 #include "core/model/mixtral_params.h"
 #include "core/plan/plan.h"
 #include "core/plan/plan_svg.h"
+#include "tests/source_dir.h"
 
 namespace moepeak {
 namespace {
 
-const std::string kSourceDir = MOEPEAK_SOURCE_DIR;
+const std::string kSourceDir = test_support::source_dir();
 
 Config h200(const std::string& model, bool bounded) {
   std::vector<std::string> sets = {"runtime.device_memory=141GB", "runtime.pinned_memory=250GB"};

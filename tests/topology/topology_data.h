@@ -3,10 +3,12 @@
 
 #include <string>
 
+#include "tests/source_dir.h"
+
 namespace moepeak::test_support {
 
 inline std::string topology_data(const std::string& name) {
-  return std::string(MOEPEAK_SOURCE_DIR) + "/tests/topology/data/" + name;
+  return source_dir() + "/tests/topology/data/" + name;
 }
 
 }  // namespace moepeak::test_support
