@@ -62,14 +62,21 @@ install_packages() {
 #   CCACHE_DIR                where it lives (ccache's default: ~/.cache/ccache)
 moepeak_ccache_enabled() { [[ "${MOEPEAK_CCACHE:-1}" != 0 ]] && command -v ccache >/dev/null 2>&1; }
 
+# moepeak_ccache_settings: the settings as VAR=value words, for the launcher and the report.
+moepeak_ccache_settings() {
+  echo "CCACHE_BASEDIR=$MOEPEAK_ROOT" CCACHE_NOHASHDIR=1 \
+    CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime \
+    "CCACHE_MAXSIZE=${MOEPEAK_CCACHE_SIZE:-10G}"
+}
+
 # moepeak_launcher_args: the cmake arguments that put ccache in front of every compiler, or take it
 # away.
 moepeak_launcher_args() {
   local launcher=""
   if moepeak_ccache_enabled; then
-    launcher="env;CCACHE_BASEDIR=$MOEPEAK_ROOT;CCACHE_NOHASHDIR=1"
-    launcher+=";CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime"
-    launcher+=";CCACHE_MAXSIZE=${MOEPEAK_CCACHE_SIZE:-10G};$(command -v ccache)"
+    local settings
+    settings="$(moepeak_ccache_settings)"
+    launcher="env;${settings// /;};$(command -v ccache)"
   fi
   local lang
   for lang in C CXX CUDA; do printf -- '-DCMAKE_%s_COMPILER_LAUNCHER=%s\n' "$lang" "$launcher"; done
@@ -80,7 +87,8 @@ ccache_zero() { if moepeak_ccache_enabled; then ccache --zero-stats >/dev/null; 
 ccache_report() {
   if moepeak_ccache_enabled; then
     log "compiler cache (ccache --show-stats, this run)"
-    ccache --show-stats
+    # shellcheck disable=SC2046
+    env $(moepeak_ccache_settings) ccache --show-stats
   fi
 }
 
