@@ -32,7 +32,7 @@
 #include "core/config/config.h"
 #include "core/error.h"
 #include "core/measure/sco_measure.h"
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "core/runtime/backend.h"
 #include "core/units.h"
 #include "ops/schedules/checkpoint_sco.h"
@@ -53,7 +53,7 @@ int run_bench_sco(const ScoBenchArgs& args, const Context& ctx) {
   const ModelConfig& m = cfg.model;
   const int64_t B = cfg.training.batch_size, T = cfg.training.seq_len, N = B * T;
   const int64_t H = m.hidden_size, L = m.num_hidden_layers;
-  MixtralModel::check_layout(m, B, T, 1);
+  DecoderModel::check_layout(m, B, T, 1);
 
   std::unique_ptr<Backend> backend = Backend::create(sco_backend_options(cfg, RankInfo{}, B, T));
   ScoSweep sweep = measure_sco_sweep(*backend, cfg, B, T, args.common.warmup, args.common.iters);

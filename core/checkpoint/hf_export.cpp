@@ -16,7 +16,7 @@
 #include "core/checkpoint/sharded_checkpoint.h"
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/error.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/param_layout.h"
 
 namespace moepeak {
 namespace fs = std::filesystem;

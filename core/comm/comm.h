@@ -146,7 +146,7 @@ class Comm {
 
 // How many communicators of more than one rank this process holds now (MPI's on the CPU
 // backend, NCCL's on CUDA, where each keeps buffers on the GPU outside the arena; SingleComm is
-// not one). The plan counts them with mixtral_group_communicators (core/model/mixtral_memory.h)
+// not one). The plan counts them with model_group_communicators (core/model/decoder_memory.h)
 // for its NCCL term.
 int live_group_communicators();
 

@@ -67,7 +67,7 @@ ScoSweep measure_sco_sweep(Backend& backend_ref, const Config& cfg, int64_t B, i
   Backend* backend = &backend_ref;
   const ModelConfig& m = cfg.model;
   const int64_t N = B * T, H = m.hidden_size, L = m.num_hidden_layers;
-  MixtralModel::check_layout(m, B, T, 1);
+  DecoderModel::check_layout(m, B, T, 1);
   Stream& stream = backend->default_stream();
   ScoSweep sweep;
   sweep.comm = make_comm(*backend, RankInfo{});
@@ -108,7 +108,7 @@ ScoSweep measure_sco_sweep(Backend& backend_ref, const Config& cfg, int64_t B, i
     s.checkpoint = r.checkpoint;
     if (r.host_budget) s.sco_host_budget = std::to_string(*r.host_budget);
     const MemorySnapshot before = backend->arena().stats().current();
-    r.model = std::make_unique<MixtralModel>(*backend, stream, *comm, m, s, kDtype);
+    r.model = std::make_unique<DecoderModel>(*backend, stream, *comm, m, s, kDtype);
     if (&r == &rows.front()) {
       r.model->params().initialize(static_cast<uint64_t>(cfg.job.seed), m.initializer_range,
                                    stream);

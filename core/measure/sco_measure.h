@@ -21,7 +21,7 @@
 
 #include "core/comm/comm.h"
 #include "core/config/config.h"
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/memory_stats.h"
 
@@ -35,7 +35,7 @@ struct ScoRow {
   std::string label;  // "standard", "sco none", "sco half", "sco all"
   CheckpointSchedule checkpoint;
   std::optional<uint64_t> host_budget;  // SCO's schedules.sco_host_budget (bytes)
-  std::unique_ptr<MixtralModel> model;
+  std::unique_ptr<DecoderModel> model;
   MemorySnapshot resident;  // the model's own weights and grads in the arena, per set
   std::vector<double> times;
   double loss = 0;

@@ -16,7 +16,7 @@
 #include "core/measure/harness.h"
 #include "core/measure/sco_measure.h"
 #include "core/measure/vocab_measure.h"
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "core/model/zero_params.h"
 #include "core/runtime/backend.h"
 #include "core/units.h"
@@ -61,7 +61,7 @@ TuneShape tune_shape(const Config& cfg, int world) {
   const ModelConfig& m = cfg.model;
   const int64_t B = cfg.training.batch_size, T = cfg.training.seq_len;
   try {
-    MixtralModel::check_layout(m, B, T, world);
+    DecoderModel::check_layout(m, B, T, world);
   } catch (const Error& e) {
     MOEPEAK_INPUT_ERROR("tune: this config cannot be laid out on W = ", world,
                         " ranks: ", nested_message(e));

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/param_layout.h"
 #include "ops/fill.h"
 #include "ops/linear.h"
 

@@ -10,7 +10,7 @@
 // RMSNorm weights are not decayed (decay would pull them to 0, not to their initial 1).
 #pragma once
 
-#include "core/model/mixtral_params.h"
+#include "core/model/param_layout.h"
 #include "core/model/zero_params.h"
 #include "ops/schedules/optimizer.h"
 #include "ops/schedules/optimizer_choice.h"  // make_optimizer over these pieces

@@ -64,8 +64,8 @@
 
 #include "core/comm/comm.h"
 #include "core/config/config.h"
-#include "core/model/mixtral_params.h"
 #include "core/model/parallel_layout.h"
+#include "core/model/param_layout.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/tensor.h"
 #include "ops/schedules/vocab.h"

@@ -42,7 +42,7 @@ struct ZeroUse {
 inline constexpr int kDefaultZeroPrefetchDepth = 1;
 inline constexpr int kMaxZeroPrefetchDepth = 8;
 
-// MixtralModel's pass over the L + 2 groups of zero_gather_groups (0 = embed, 1..L = layers,
+// DecoderModel's pass over the L + 2 groups of zero_gather_groups (0 = embed, 1..L = layers,
 // L + 1 = final norm and head): forward — embed (values), layers 0..L-1 (values), the head
 // (values; with backward values and grads, holding prefetch: the logits' moment gets no extra
 // layer); with backward — layers L-1..0 (values and grads), embed (grads only).

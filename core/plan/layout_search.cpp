@@ -5,8 +5,8 @@
 #include <tuple>
 
 #include "core/error.h"
-#include "core/model/mixtral.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/decoder.h"
+#include "core/model/param_layout.h"
 #include "ops/schedules/checkpoint_choice.h"
 #include "ops/schedules/vocab_choice.h"
 

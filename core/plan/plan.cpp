@@ -9,8 +9,8 @@
 
 #include "core/error.h"
 #include "core/model/checkpoint_snapshot.h"
-#include "core/model/mixtral.h"
-#include "core/model/mixtral_memory.h"
+#include "core/model/decoder.h"
+#include "core/model/decoder_memory.h"
 #include "core/model/zero_params.h"
 #include "core/model/zero_traffic.h"
 #include "core/runtime/arena.h"
@@ -99,7 +99,7 @@ void check_plan_inputs(const Config& cfg, const PlanInputs& in) {
   const ParallelDegrees& d = in.degrees;
   if (d.world < 1) MOEPEAK_INPUT_ERROR("world size ", d.world, ": must be positive");
   try {
-    MixtralModel::check_layout(m, in.batch, in.seq_len, d);
+    DecoderModel::check_layout(m, in.batch, in.seq_len, d);
   } catch (const Error& e) {
     MOEPEAK_INPUT_ERROR("this config cannot be laid out on W = ", d.world, " ranks (", d.str(),
                         "): ", nested_message(e));
@@ -273,7 +273,7 @@ void add_boundaries(Plan& p, const Config& cfg, const PlanSizes& z, uint64_t hos
 // CUDA: the device memory beside the arena (outside_arena.h), for this layout's communicators.
 void add_outside_arena(Plan& p, const Config& cfg) {
   if (cfg.runtime.backend != BackendChoice::cuda) return;
-  const OutsideArena o = mixtral_outside_arena(p.inputs.degrees, cfg);
+  const OutsideArena o = model_outside_arena(p.inputs.degrees, cfg);
   p.communicators = o.inputs.group_communicators;
   p.outside = o.terms;
   p.outside_total = o.total();

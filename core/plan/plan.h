@@ -1,6 +1,6 @@
 // The closed-form per-rank memory plan (`moepeak plan`; paper eq. 6,
 // docs/design.md#memory-accounting): one term per live set, each from the very function the
-// schedule sizes its buffers with (or the model's own, core/model/mixtral_memory.h), the device
+// schedule sizes its buffers with (or the model's own, core/model/decoder_memory.h), the device
 // capacity, the pinned host terms against the host budget, and a verdict naming the terms that
 // overflow.
 //
@@ -12,7 +12,7 @@
 // at the head, ...), so the plan's device total is its largest PHASE (core/runtime/step_phase.h:
 // the embedding, a layer's attention or experts in either pass, the head, the optimizer), each
 // phase the sum of the sets live in it: a set's whole term where it may hold bytes, the model's
-// attention and workspace (core/model/mixtral_memory.h) and the boundaries (their checkpoint
+// attention and workspace (core/model/decoder_memory.h) and the boundaries (their checkpoint
 // schedule's) their own bytes in that phase. The sum of all terms, the bound of a plan without
 // phases, is kept beside it. Terms are for the largest rank. docs/plan.md#phases. Test: ctest -R
 // test_plan (tests/plan/: every measured per-set peak <= its term, and within 10% except the
@@ -84,7 +84,7 @@ struct Plan {
   // GPU needs capacity + outside_total.
   std::vector<OutsideArenaTerm> outside;
   uint64_t outside_total = 0;
-  int communicators = 0;  // of more than one rank, per rank (mixtral_group_communicators)
+  int communicators = 0;             // of more than one rank, per rank (model_group_communicators)
   int64_t sco_offloaded_layers = 0;  // |S| under checkpoint = "sco"
   // total: the largest phase's (peak_phase) and the allocator's allowance for it (fragmentation,
   // DeviceArena::fragmentation_allowance); sum_of_terms: every term at once.

@@ -25,8 +25,8 @@
 #include "core/fault_injection.h"
 #include "core/log.h"  // defines: log::every_rank
 #include "core/metrics/flops.h"
-#include "core/model/mixtral.h"
-#include "core/model/mixtral_memory.h"  // defines: mixtral_outside_arena
+#include "core/model/decoder.h"
+#include "core/model/decoder_memory.h"  // defines: model_outside_arena
 #include "core/model/optimizer_params.h"
 #include "core/run_context.h"
 #include "core/runtime/backend.h"
@@ -76,7 +76,7 @@ BackendOptions backend_options(const Config& cfg, const RankInfo& ranks,
   if (cuda) {
     // "auto": the card's free memory less the plan's terms outside the arena.
     const ParallelDegrees d = ParallelDegrees::resolve(cfg.parallelism, ranks.world_size);
-    o.outside_arena = mixtral_outside_arena(d, cfg).total();
+    o.outside_arena = model_outside_arena(d, cfg).total();
   }
   // "auto": this rank's host budget from runtime.probe_file (`moepeak probe`), else the default.
   o.pinned_budget =
@@ -129,7 +129,7 @@ void check_layout(const Config& cfg, const RankInfo& ranks) {
                         ", or set parallelism.world_size = 0 to take what the launcher starts)");
   }
   try {
-    MixtralModel::check_layout(cfg.model, cfg.training.batch_size, cfg.training.seq_len,
+    DecoderModel::check_layout(cfg.model, cfg.training.batch_size, cfg.training.seq_len,
                                degrees_of(cfg, ranks));
   } catch (const Error& e) {
     MOEPEAK_INPUT_ERROR("this config cannot train on ", ranks.world_size,
@@ -208,7 +208,7 @@ struct Trainer::State {
   std::unique_ptr<Comm> comm;
   DType dtype = DType::f32;  // training_dtype: the model's weights, grads and activations
   ParallelDegrees degrees;   // [parallelism] on the launcher's W ranks
-  std::unique_ptr<MixtralModel> model;
+  std::unique_ptr<DecoderModel> model;
   std::unique_ptr<schedules::Optimizer> optimizer;  // optimizer.placement's AdamW
   std::unique_ptr<DataLoader> loader;
   std::unique_ptr<DataLoader> eval_loader;  // eval.dataset_path's, when set
@@ -256,7 +256,7 @@ Trainer::Trainer(const Config& config, const TrainOptions& options)
   Stream& stream = s.backend->default_stream();
   s.dtype = training_dtype(cfg);
   s.degrees = degrees_of(cfg, s.ranks);
-  s.model = std::make_unique<MixtralModel>(*s.backend, stream, *s.comm, cfg.model, cfg.schedules,
+  s.model = std::make_unique<DecoderModel>(*s.backend, stream, *s.comm, cfg.model, cfg.schedules,
                                            s.dtype, s.degrees,
                                            static_cast<int>(cfg.parallelism.zero_prefetch_depth));
   ZeroParamStore& params = s.model->params();

@@ -82,7 +82,7 @@ class Trainer {
   StepMetrics step();
   // The held-out loss (eval.*): eval.batches batches of eval.dataset_path, the same windows every
   // time (file order from its start), each rank reading its block, through the training
-  // schedules forward only (MixtralModel::forward_cross_entropy: no boundaries kept, no
+  // schedules forward only (DecoderModel::forward_cross_entropy: no boundaries kept, no
   // gradients, no optimizer). Changes nothing that training reads: the training data cursor,
   // weights, gradients and optimizer state are untouched, so a run's losses are bitwise the same
   // with and without evaluation. Its memory is a training forward's of the same B x T, inside

@@ -12,7 +12,7 @@
 // Contract: the boundaries keep L (N, H) layer inputs in the compute dtype as
 // CheckpointBoundaries says (checkpoint_standard.h); every device byte is in `boundaries` (and
 // SCO's pinned block in the pool's `boundaries`), sized by the functions boundaries_bytes names,
-// the ones the planner (core/plan/plan.cpp) prints; MixtralModel (core/model/mixtral.cpp) makes
+// the ones the planner (core/plan/plan.cpp) prints; DecoderModel (core/model/decoder.cpp) makes
 // the object.
 //
 // NOTES: adding a checkpoint schedule = one new file (a CheckpointBoundaries and its bytes

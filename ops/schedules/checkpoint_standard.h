@@ -9,7 +9,7 @@
 //                                      input of layer l+1, so the count never exceeds L + 1.
 // With checkpoint = "none" the same L + 1 tensors are kept (next to every layer's activations).
 //
-// How the model (core/model/mixtral.cpp) drives a CheckpointBoundaries in one step, each tensor
+// How the model (core/model/decoder.cpp) drives a CheckpointBoundaries in one step, each tensor
 // an (N, H) layer input in the compute dtype:
 //   begin(L, (N, H), dtype, for_backward)
 //   forward, l = 0..L-1:  x = keep(l, input of layer l); run layer l on x; forward_done(l)

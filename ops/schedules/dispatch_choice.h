@@ -11,7 +11,7 @@
 // Contract: every dispatcher takes x (N, H), index (N, k) i32 global expert ids, weight (N, k),
 // this rank's experts, and writes out (N, H) += the weighted expert outputs (dispatch.h). Its
 // `dispatch` buffers are sized by the very function dispatch_bytes names, at N = the largest
-// rank's tokens; MixtralModel (core/model/mixtral.cpp) makes the object and the planner
+// rank's tokens; DecoderModel (core/model/decoder.cpp) makes the object and the planner
 // (core/plan/plan.cpp) prints the bytes, so the two cannot pick different schedules.
 //
 // NOTES: adding a dispatch schedule = one new file (the dispatcher and its bytes function) + one
@@ -77,7 +77,7 @@ std::optional<DispatchSpillBytes> dispatch_spill_bytes(const SchedulesConfig& sc
                                                        const DispatchShape& shape);
 
 // The dispatcher's small count exchange in `workspace` during its forward's planning (part of the
-// model's workspace_bytes, core/model/mixtral_memory.h): ExpertParallelDispatch "dispatch counts"
+// model's workspace_bytes, core/model/decoder_memory.h): ExpertParallelDispatch "dispatch counts"
 // (3, E) i64; LlepDispatch "llep counts" ((W+1)(E+1)) i64; PipelinedLlepDispatch its tokens
 // ((W+1)) and counts ((W+1) K E) i64; StandardDispatch none. Arena footprints.
 uint64_t dispatch_workspace_bytes(const SchedulesConfig& schedules, const DispatchShape& shape);

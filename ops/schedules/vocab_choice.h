@@ -10,7 +10,7 @@
 // Contract: the projection takes x (N, H), the LM head as lm_head_sharding stores it and labels
 // (N), returns this rank's share of the loss and writes dx (N, H) =, dlm_head += (vocab.h). Every
 // buffer it allocates is in `logits` and sized by the function vocab_bytes names, the one the
-// planner (core/plan/plan.cpp) prints; MixtralModel (core/model/mixtral.cpp) makes the object.
+// planner (core/plan/plan.cpp) prints; DecoderModel (core/model/decoder.cpp) makes the object.
 //
 // NOTES: adding a vocabulary schedule = one new file (a VocabProjection and its bytes function)
 // + one case in each switch of vocab_choice.cpp; nothing in core/ changes.

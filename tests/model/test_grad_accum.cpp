@@ -15,7 +15,7 @@
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/config/config.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/param_layout.h"
 #include "core/train/trainer.h"
 #include "tests/grad_accum_job.h"
 #include "tests/temp_dir.h"

@@ -30,7 +30,7 @@
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/config/config.h"
 #include "core/error.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/param_layout.h"
 #include "core/train/trainer.h"
 #include "tests/expect_contains.h"
 #include "tests/temp_dir.h"

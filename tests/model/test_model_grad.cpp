@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "tests/ops/gradcheck.h"
 
 namespace moepeak {
@@ -59,7 +59,7 @@ TEST_P(ModelGradAux, EveryParameterMatchesFiniteDifferences) {
   ModelHarness h;
   ModelConfig cfg = small_model();
   cfg.router_aux_loss_coef = GetParam();
-  MixtralModel model(*h.backend, h.stream, *h.comm, cfg, CheckpointSchedule::none, DType::f64);
+  DecoderModel model(*h.backend, h.stream, *h.comm, cfg, CheckpointSchedule::none, DType::f64);
   model.params().initialize(42, 0.5, h.stream);
   model.params().zero_grads(h.stream);
   const double loss = model.forward_backward(h.batch(), h.scored);
@@ -112,7 +112,7 @@ TEST(ModelGrad, CheckpointingIsBitwiseEqualToKeepingActivations) {
   std::vector<std::vector<char>> grads(2);
   int i = 0;
   for (CheckpointSchedule c : {CheckpointSchedule::none, CheckpointSchedule::standard}) {
-    MixtralModel model(*h.backend, h.stream, *h.comm, small_model(), c, DType::f64);
+    DecoderModel model(*h.backend, h.stream, *h.comm, small_model(), c, DType::f64);
     model.params().initialize(7, 0.5, h.stream);
     model.params().zero_grads(h.stream);
     loss[i] = model.forward_backward(h.batch(), h.scored);
@@ -127,7 +127,7 @@ TEST(ModelGrad, CheckpointingIsBitwiseEqualToKeepingActivations) {
 TEST(ModelGrad, BoundariesLiveSetIsOneTensorPerLayerUnderCheckpointing) {
   ModelHarness h;
   ModelConfig cfg = small_model();
-  MixtralModel model(*h.backend, h.stream, *h.comm, cfg, CheckpointSchedule::standard, DType::f32);
+  DecoderModel model(*h.backend, h.stream, *h.comm, cfg, CheckpointSchedule::standard, DType::f32);
   model.params().initialize(7, 0.5, h.stream);
   h.backend->arena().reset_peaks();
   model.forward_backward(h.batch(), h.scored);

@@ -6,7 +6,7 @@
 #include <string>
 #include <tuple>
 
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "core/model/optimizer_params.h"
 #include "ops/schedules/adamw_resident.h"
 #include "ops/schedules/checkpoint_standard.h"
@@ -53,7 +53,7 @@ TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
     positions.data_as<int64_t>()[n] = n % T;
   }
   auto comm = make_comm(*backend, RankInfo{});  // one rank
-  MixtralModel model(*backend, stream, *comm, cfg, checkpoint, dtype);
+  DecoderModel model(*backend, stream, *comm, cfg, checkpoint, dtype);
   model.params().initialize(3, 0.1, stream);
   schedules::ResidentAdamW adamw(*backend, optimizer_params(model.params()), OptimizerConfig{});
   backend->arena().reset_peaks();

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "core/runtime/cpu_stream.h"
 #include "core/units.h"
 #include "ops/schedules/checkpoint_sco.h"
@@ -123,8 +123,8 @@ struct Steps {
 };
 
 Steps run_steps(Harness& h, const SchedulesConfig& schedules, int steps,
-                const std::function<void(MixtralModel&)>& before = {}) {
-  MixtralModel model(*h.backend, h.stream, *h.comm, h.cfg, schedules, f32);
+                const std::function<void(DecoderModel&)>& before = {}) {
+  DecoderModel model(*h.backend, h.stream, *h.comm, h.cfg, schedules, f32);
   model.params().initialize(11, 0.1, h.stream);
   if (before) before(model);
   Steps out;
@@ -290,7 +290,7 @@ TEST_P(ScoRace, SlowedStreamStillGivesBitwiseEqualResults) {
   const Steps standard = run_steps(h, schedules_with(CheckpointSchedule::standard), 2);
   const bool slow_copy = GetParam() == Slowed::copy_stream;
   const Steps sco =
-      run_steps(h, schedules_with(CheckpointSchedule::sco, "16GiB"), 2, [&](MixtralModel& m) {
+      run_steps(h, schedules_with(CheckpointSchedule::sco, "16GiB"), 2, [&](DecoderModel& m) {
         auto& sco_boundaries = dynamic_cast<schedules::ScoBoundaries&>(m.boundaries());
         Stream& slowed = slow_copy ? sco_boundaries.copy_stream() : h.stream;
         as_cpu_stream(slowed).set_debug_delay(std::chrono::microseconds(slow_copy ? 20000 : 1000));
@@ -314,7 +314,7 @@ TEST(ScoModelEval, ForwardLossOffloadsNothingAndEqualsStandard) {
   const Harness::Batch batch = h.make_batch(7);
   std::vector<double> losses;
   for (CheckpointSchedule c : {CheckpointSchedule::standard, CheckpointSchedule::sco}) {
-    MixtralModel model(*h.backend, h.stream, *h.comm, h.cfg, schedules_with(c, "4MiB"), f32);
+    DecoderModel model(*h.backend, h.stream, *h.comm, h.cfg, schedules_with(c, "4MiB"), f32);
     model.params().initialize(11, 0.1, h.stream);
     h.backend->arena().reset_peaks();
     h.backend->pinned().reset_peaks();
@@ -330,7 +330,7 @@ TEST(ScoModelEval, ForwardLossOffloadsNothingAndEqualsStandard) {
 TEST(ScoModelEval, HostBudgetThePinnedPoolCannotGiveIsAClearError) {
   Harness h(kWide, 2 * MiB);
   const Harness::Batch batch = h.make_batch(7);
-  MixtralModel model(*h.backend, h.stream, *h.comm, h.cfg,
+  DecoderModel model(*h.backend, h.stream, *h.comm, h.cfg,
                      schedules_with(CheckpointSchedule::sco, "16GiB"), f32);
   model.params().initialize(11, 0.1, h.stream);
   try {

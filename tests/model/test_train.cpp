@@ -24,7 +24,7 @@
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/config/config.h"
 #include "core/model/checkpoint_snapshot.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/param_layout.h"
 #include "core/model/zero_params.h"
 #include "core/train/trainer.h"
 #include "tests/temp_dir.h"

@@ -17,7 +17,7 @@
 #include "core/checkpoint/sharded_checkpoint.h"
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/config/config.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/param_layout.h"
 #include "core/train/trainer.h"
 #include "tests/source_dir.h"
 #include "tests/temp_dir.h"

@@ -32,8 +32,8 @@
 
 #include "core/config/config.h"
 #include "core/error.h"
-#include "core/model/mixtral_params.h"
 #include "core/model/optimizer_params.h"
+#include "core/model/param_layout.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/cpu_stream.h"
 #include "core/runtime/pinned_pool.h"

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "core/comm/process_group.h"
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "core/model/zero_params.h"
 #include "core/model/zero_traffic.h"
 #include "ops/schedules/vocab_ring_dtp.h"
@@ -138,7 +138,7 @@ TEST(ModelRingDtpLayout, VocabularySmallerThanTheRanksIsRejected) {
   auto backend = Backend::create(BackendOptions{});
   auto comm = make_comm(*backend, ranks);
   try {
-    MixtralModel model(*backend, backend->default_stream(), *comm, cfg, s, kDtype);
+    DecoderModel model(*backend, backend->default_stream(), *comm, cfg, s, kDtype);
     ADD_FAILURE() << "V = " << cfg.vocab_size << " on " << ranks.world_size
                   << " ranks was accepted";
   } catch (const Error& e) {

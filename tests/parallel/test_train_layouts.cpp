@@ -26,7 +26,7 @@
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/comm/process_group.h"
 #include "core/error.h"
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "core/model/zero_params.h"
 #include "core/model/zero_traffic.h"
 #include "core/train/trainer.h"
@@ -213,17 +213,17 @@ TEST(TrainLayoutsCheck, DegreesThatDoNotFitAreRejectedWithTheirNumbers) {
   ModelConfig six = m;
   six.num_local_experts = 6;
   EXPECT_CONTAINS(message([&] {
-                    MixtralModel::check_layout(six, 4, 8, {8, 4, 8, 8});
+                    DecoderModel::check_layout(six, 4, 8, {8, 4, 8, 8});
                   }),
                   "num_local_experts (6) divisible by Ep");
   // Sp = 2 of 8 ranks: 4 sequence groups, and a batch of 6 does not split over them.
   EXPECT_CONTAINS(message([&] {
-                    MixtralModel::check_layout(m, 6, 8, {8, 8, 2, 8});
+                    DecoderModel::check_layout(m, 6, 8, {8, 8, 2, 8});
                   }),
                   "training.batch_size (6) divisible by W/Sp = 4");
   // Sp = 4: T = 10 is not a multiple of 4.
-  EXPECT_NE(message([&] { MixtralModel::check_layout(m, 4, 10, {8, 8, 4, 8}); }), "no error");
-  EXPECT_EQ(message([&] { MixtralModel::check_layout(m, 4, 8, {8, 2, 4, 4}); }), "no error");
+  EXPECT_NE(message([&] { DecoderModel::check_layout(m, 4, 10, {8, 8, 4, 8}); }), "no error");
+  EXPECT_EQ(message([&] { DecoderModel::check_layout(m, 4, 8, {8, 2, 4, 4}); }), "no error");
 }
 
 }  // namespace

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "core/comm/process_group.h"
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "ops/schedules/dispatch_llep.h"
 #include "ops/schedules/dispatch_pipelined_llep.h"
 #include "tests/parallel/training_run.h"

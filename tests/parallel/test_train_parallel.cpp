@@ -23,7 +23,7 @@
 
 #include "core/comm/process_group.h"
 #include "core/error.h"
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "core/model/zero_params.h"
 #include "core/model/zero_traffic.h"
 
@@ -158,7 +158,7 @@ TEST(TrainParallelLayout, RejectsWhatCannotBeSplitWithTheNumbers) {
   m.num_attention_heads = 3 * W + 1;  // not a multiple of W
   m.num_key_value_heads = 1;
   try {
-    MixtralModel::check_layout(m, 2, 8, W);
+    DecoderModel::check_layout(m, 2, 8, W);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_CONTAINS(e.what(), std::to_string(3 * W + 1) + " query heads");
@@ -167,12 +167,12 @@ TEST(TrainParallelLayout, RejectsWhatCannotBeSplitWithTheNumbers) {
   m = model_of(Case{"x", 16, 4, 2, 4, 4, 2, CheckpointSchedule::standard, 0.0, 2, 8});
   m.num_local_experts = W + 1;
   try {
-    MixtralModel::check_layout(m, 2, 8, W);
+    DecoderModel::check_layout(m, 2, 8, W);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_CONTAINS(e.what(), "num_local_experts (" + std::to_string(W + 1) + ")");
   }
-  EXPECT_THROW(MixtralModel::check_layout(
+  EXPECT_THROW(DecoderModel::check_layout(
                    model_of(Case{"x", 16, 4, 2, 4, 4, 2, CheckpointSchedule::standard, 0.0, 2, 8}),
                    2, 4 * W + 1, W),
                Error);  // T not a multiple of W

@@ -9,8 +9,8 @@
 
 #include "core/comm/comm.h"
 #include "core/comm/process_group.h"
-#include "core/model/mixtral_params.h"
 #include "core/model/optimizer_params.h"
+#include "core/model/param_layout.h"
 #include "core/model/zero_params.h"
 #include "ops/schedules/adamw_resident.h"
 

@@ -1,4 +1,4 @@
-// The trainer-like harness the multi-rank model tests share: a MixtralModel with its [schedules]
+// The trainer-like harness the multi-rank model tests share: a DecoderModel with its [schedules]
 // on this rank's Comm (one rank or W, in a layout of ParallelDegrees), the AdamW that an
 // OptimizerConfig's placement names over it (resident by default), this rank's share of a
 // seeded global batch, the job's grad norm, and whole gathered tensors to compare across
@@ -25,7 +25,7 @@
 #include "core/comm/process_group.h"
 #include "core/data/batch_shard.h"
 #include "core/error.h"
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "core/model/optimizer_params.h"
 #include "ops/elementwise.h"
 #include "ops/fill.h"
@@ -106,7 +106,7 @@ struct TrainingRun {
   std::unique_ptr<Backend> backend = Backend::create(BackendOptions{});
   Stream& stream = backend->default_stream();
   std::unique_ptr<Comm> comm;
-  std::unique_ptr<MixtralModel> model;
+  std::unique_ptr<DecoderModel> model;
   std::unique_ptr<schedules::Optimizer> adamw;
   DType dtype;
   OwnedTensor ids, labels, positions;  // (N) this rank's share of the loaded batch
@@ -123,7 +123,7 @@ struct TrainingRun {
               int zero_prefetch_depth = kDefaultZeroPrefetchDepth)
       : dtype(dtype_) {
     comm = make_comm(*backend, ranks);
-    model = std::make_unique<MixtralModel>(*backend, stream, *comm, cfg, schedules, dtype, degrees,
+    model = std::make_unique<DecoderModel>(*backend, stream, *comm, cfg, schedules, dtype, degrees,
                                            zero_prefetch_depth);
     model->params().initialize(init_seed, cfg.initializer_range, stream);
     OptimizerConfig opt;

@@ -22,7 +22,7 @@
 
 #include "core/comm/comm.h"
 #include "core/config/config.h"
-#include "core/model/mixtral_memory.h"
+#include "core/model/decoder_memory.h"
 #include "core/plan/plan.h"
 #include "core/train/trainer.h"
 #include "ops/schedules/llep_experts.h"
@@ -101,8 +101,8 @@ inline MemorySnapshot expect_within_plan(const std::string& name, const Config& 
   // The communicators of more than one rank the run holds, which the plan's NCCL term counts on
   // CUDA (MPI's here, made at the same places).
   EXPECT_EQ(live_group_communicators(),
-            mixtral_group_communicators(plan.inputs.degrees, cfg.schedules,
-                                        cfg.parallelism.zero_prefetch_depth))
+            model_group_communicators(plan.inputs.degrees, cfg.schedules,
+                                      cfg.parallelism.zero_prefetch_depth))
       << name << " W=" << W << " (" << plan.inputs.degrees.str() << ")";
   for (LiveSet s : kAllLiveSets) {
     const uint64_t planned = plan.term(s).bytes, measured = device[s];

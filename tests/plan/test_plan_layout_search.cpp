@@ -12,7 +12,7 @@
 #include <tuple>
 
 #include "core/config/config.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/param_layout.h"
 #include "core/plan/layout_search.h"
 #include "core/plan/plan.h"
 #include "tests/source_dir.h"

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "core/config/config.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/param_layout.h"
 #include "core/plan/plan.h"
 #include "core/plan/plan_svg.h"
 #include "tests/source_dir.h"

@@ -13,9 +13,9 @@
 #include <tuple>
 
 #include "core/comm/single_comm.h"
-#include "core/model/mixtral.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/decoder.h"
 #include "core/model/optimizer_params.h"
+#include "core/model/param_layout.h"
 #include "core/model/zero_params.h"
 #include "core/model/zero_traffic.h"
 #include "core/plan/plan.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/comm/comm.h"
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "tests/ops/backend_ops/harness.h"
 
 namespace moepeak::testing::backend_ops {
@@ -63,7 +63,7 @@ StepResult train_step(Backend& backend, DType dtype, CheckpointSchedule checkpoi
               d_positions = upload(positions, "positions");
   stream.synchronize();
 
-  MixtralModel model(backend, stream, *comm, tiny_model(head_dim), checkpoint, dtype);
+  DecoderModel model(backend, stream, *comm, tiny_model(head_dim), checkpoint, dtype);
   model.params().initialize(42, init_range, stream);
   model.params().zero_grads(stream);
   StepResult run;

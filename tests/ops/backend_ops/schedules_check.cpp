@@ -31,7 +31,7 @@
 
 #include "core/comm/comm.h"
 #include "core/error.h"
-#include "core/model/mixtral.h"
+#include "core/model/decoder.h"
 #include "core/model/optimizer_params.h"
 #include "ops/schedules/adamw_offload_serial.h"
 #include "ops/schedules/adamw_offload_stream.h"
@@ -93,7 +93,7 @@ Step model_step(Backend& backend, const SchedulesConfig& schedules, DType dtype 
               d_positions = upload(positions, "positions");
   stream.synchronize();
 
-  MixtralModel model(backend, stream, *comm, m, schedules, dtype);
+  DecoderModel model(backend, stream, *comm, m, schedules, dtype);
   model.params().initialize(7, dtype == DType::bf16 ? 0.1 : m.initializer_range, stream);
   model.params().zero_grads(stream);
   stream.synchronize();
@@ -251,7 +251,7 @@ TEST_P(BackendAdamW, OffloadedPlacementsAreBitwiseResident) {
   Backend& backend = backend_under_test();
   Stream& stream = backend.default_stream();
   std::unique_ptr<Comm> comm = make_comm(backend, RankInfo{});
-  MixtralModel model(backend, stream, *comm, tiny_model(), standard_schedules(), dtype);
+  DecoderModel model(backend, stream, *comm, tiny_model(), standard_schedules(), dtype);
   ZeroParamStore& params = model.params();
   params.initialize(11, 0.5, stream);
   // Gradients: seeded values of a realistic spread (some zero, some large).

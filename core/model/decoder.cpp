@@ -1,5 +1,5 @@
-// MixtralModel: the decoder's forward and backward on W ranks (see mixtral.h for the layout).
-#include "core/model/mixtral.h"
+// DecoderModel: the decoder's forward and backward on W ranks (see decoder.h for the layout).
+#include "core/model/decoder.h"
 
 #include <cmath>
 #include <vector>
@@ -24,7 +24,7 @@ using schedules::HeadKind;
 // What one layer keeps from its forward for its backward. q, k, v, out and lse are in the head
 // layout of the attention (B, T, h_r, d) (with W = 1 that is the token layout); attn is the
 // attention output back in this rank's token layout, kept for o_proj's backward (W > 1 only).
-struct MixtralModel::LayerActivations {
+struct DecoderModel::LayerActivations {
   OwnedTensor n1, rstd1;                       // input norm (N, H), (N)
   OwnedTensor q, k, v;                         // (B, T, hq_r, d), (B, T, hkv_r, d) x2, after RoPE
   OwnedTensor out, lse;                        // (B, T, hq_r, d), (B, hq_r, T)
@@ -32,7 +32,7 @@ struct MixtralModel::LayerActivations {
   OwnedTensor h;                               // (N, H) x + o_proj(attn)
   OwnedTensor n2, rstd2;                       // post-attention norm (N, H), (N)
   OwnedTensor probs, topk_index, topk_weight;  // (N, E), (N, k) i32, (N, k)
-  schedules::ExpertDispatch* dispatch = nullptr;  // the layer's, in MixtralModel::dispatchers_
+  schedules::ExpertDispatch* dispatch = nullptr;  // the layer's, in DecoderModel::dispatchers_
 
   void release() {
     for (OwnedTensor* t : {&n1, &rstd1, &q, &k, &v, &out, &lse, &attn, &h, &n2, &rstd2, &probs,
@@ -51,11 +51,11 @@ SchedulesConfig with_checkpoint(CheckpointSchedule checkpoint) {
 }
 }  // namespace
 
-MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
+DecoderModel::DecoderModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                            CheckpointSchedule checkpoint, DType dtype)
-    : MixtralModel(backend, stream, comm, model, with_checkpoint(checkpoint), dtype) {}
+    : DecoderModel(backend, stream, comm, model, with_checkpoint(checkpoint), dtype) {}
 
-MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
+DecoderModel::DecoderModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                            const SchedulesConfig& schedules, DType dtype,
                            std::optional<ParallelDegrees> degrees, int zero_prefetch_depth)
     : backend_(backend),
@@ -78,9 +78,9 @@ MixtralModel::MixtralModel(Backend& backend, Stream& stream, Comm& comm, const M
   vocab_ = schedules::make_vocab(schedules_, backend_, stream_, comm_, dtype_, model_.vocab_size);
 }
 
-MixtralModel::~MixtralModel() = default;
+DecoderModel::~DecoderModel() = default;
 
-void MixtralModel::check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len,
+void DecoderModel::check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len,
                                 const ParallelDegrees& d) {
   MOEPEAK_CHECK(d.world >= 1 && d.world % d.expert == 0 && d.world % d.sequence == 0 &&
                     d.world % d.data_shard == 0,
@@ -101,13 +101,13 @@ void MixtralModel::check_layout(const ModelConfig& model, int64_t batch, int64_t
                                  model.num_key_value_heads, model.head_dim_resolved());
 }
 
-OwnedTensor MixtralModel::device(Shape shape, LiveSet set, const char* what) const {
+OwnedTensor DecoderModel::device(Shape shape, LiveSet set, const char* what) const {
   return OwnedTensor::device(backend_, shape, dtype_, set, what);
 }
 
-void MixtralModel::enter(StepPhase phase) const { backend_.arena().set_phase(phase); }
+void DecoderModel::enter(StepPhase phase) const { backend_.arena().set_phase(phase); }
 
-std::vector<schedules::ExpertWeights> MixtralModel::local_experts_of(int layer, const Group& w,
+std::vector<schedules::ExpertWeights> DecoderModel::local_experts_of(int layer, const Group& w,
                                                                      bool with_grads) const {
   const LayerParamIndex& L = params_.layout().layers[layer];
   std::vector<schedules::ExpertWeights> experts;
@@ -124,7 +124,7 @@ std::vector<schedules::ExpertWeights> MixtralModel::local_experts_of(int layer, 
   return experts;
 }
 
-OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Group& w,
+OwnedTensor DecoderModel::attention_forward(const LayerParamIndex& L, const Group& w,
                                             const Tensor& x, const TokenBatch& batch,
                                             LayerActivations& a) {
   const schedules::UlyssesLayout& U = ulysses_;
@@ -192,7 +192,7 @@ OwnedTensor MixtralModel::attention_forward(const LayerParamIndex& L, const Grou
   return h;
 }
 
-OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Group& w,
+OwnedTensor DecoderModel::attention_backward(const LayerParamIndex& L, const Group& w,
                                              const Tensor& dh, const Tensor& x,
                                              const TokenBatch& batch, LayerActivations& a) {
   const schedules::UlyssesLayout& U = ulysses_;
@@ -255,7 +255,7 @@ OwnedTensor MixtralModel::attention_backward(const LayerParamIndex& L, const Gro
   return dx;
 }
 
-OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor& x,
+OwnedTensor DecoderModel::layer_forward(int layer, const Group& w, const Tensor& x,
                                         const TokenBatch& batch, LayerActivations& a,
                                         bool recompute) {
   const LayerParamIndex& L = params_.layout().layers[layer];
@@ -321,7 +321,7 @@ OwnedTensor MixtralModel::layer_forward(int layer, const Group& w, const Tensor&
   return y;
 }
 
-OwnedTensor MixtralModel::layer_backward(int layer, const Group& w, const Tensor& dy,
+OwnedTensor DecoderModel::layer_backward(int layer, const Group& w, const Tensor& dy,
                                          const Tensor& x, const TokenBatch& batch,
                                          LayerActivations& a) {
   const LayerParamIndex& L = params_.layout().layers[layer];
@@ -351,7 +351,7 @@ OwnedTensor MixtralModel::layer_backward(int layer, const Group& w, const Tensor
   return dx;
 }
 
-double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward,
+double DecoderModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward,
                          bool with_aux_loss) {
   const int W = comm_.world_size();
   const int64_t B = batch.batch, T = batch.seq_len, H = model_.hidden_size;
@@ -492,7 +492,7 @@ double MixtralModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   return loss;
 }
 
-void MixtralModel::accumulate_router_prob_sums(const Tensor& probs) {
+void DecoderModel::accumulate_router_prob_sums(const Tensor& probs) {
   const int64_t N = probs.size(0), E = probs.size(1);
   std::vector<double> host = copy_to_host_as_double(probs, backend_, stream_);
   std::vector<double> sums(static_cast<size_t>(E), 0.0);
@@ -505,7 +505,7 @@ void MixtralModel::accumulate_router_prob_sums(const Tensor& probs) {
   for (int64_t e = 0; e < E; ++e) router_prob_sums_[e] += sums[e];
 }
 
-double MixtralModel::router_aux_loss(int64_t tokens, bool with_backward) {
+double DecoderModel::router_aux_loss(int64_t tokens, bool with_backward) {
   // Mixtral's load_balancing_loss_func over all layers' router rows (R = tokens x layers, the
   // job's tokens):
   //   aux = E * sum_e (c_e / R) * (S_e / R),  c_e = routed (token, slot) pairs to e, S_e = sum of
@@ -531,15 +531,15 @@ double MixtralModel::router_aux_loss(int64_t tokens, bool with_backward) {
   return model_.router_aux_loss_coef * aux;
 }
 
-double MixtralModel::forward_backward(const TokenBatch& batch, int64_t loss_tokens) {
+double DecoderModel::forward_backward(const TokenBatch& batch, int64_t loss_tokens) {
   return run(batch, loss_tokens, true);
 }
 
-double MixtralModel::forward_loss(const TokenBatch& batch, int64_t loss_tokens) {
+double DecoderModel::forward_loss(const TokenBatch& batch, int64_t loss_tokens) {
   return run(batch, loss_tokens, false);
 }
 
-double MixtralModel::forward_cross_entropy(const TokenBatch& batch, int64_t loss_tokens) {
+double DecoderModel::forward_cross_entropy(const TokenBatch& batch, int64_t loss_tokens) {
   return run(batch, loss_tokens, false, /*with_aux_loss=*/false);
 }
 

@@ -1,4 +1,4 @@
-#include "core/model/mixtral_params.h"
+#include "core/model/param_layout.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,6 +1,6 @@
 // The bytes of the two live sets the model itself allocates — `attention` and `workspace` —
 // as closed-form functions of the model, the batch and the layout, derived line by line from
-// MixtralModel (core/model/mixtral.cpp) and the trainer's step (core/train/trainer.cpp). The
+// DecoderModel (core/model/decoder.cpp) and the trainer's step (core/train/trainer.cpp). The
 // planner (core/plan/plan.h, `moepeak plan`) sums these beside the schedules' own functions
 // (ops/schedules/*_bytes), so the plan and the run share one source of truth.
 //
@@ -42,13 +42,13 @@ namespace moepeak {
 // PipelinedLLEP's two lanes over the expert group. On CUDA each is an NCCL communicator with
 // buffers outside the arena (core/runtime/outside_arena.h). Test: test_plan_parallel counts them
 // live on 2 and 4 ranks.
-int mixtral_group_communicators(const ParallelDegrees& d, const SchedulesConfig& s,
-                                int64_t zero_prefetch_depth);
+int model_group_communicators(const ParallelDegrees& d, const SchedulesConfig& s,
+                              int64_t zero_prefetch_depth);
 
 // A CUDA rank's device memory beside its arena in this run (cuda_outside_arena for the run's
 // group communicators and its one GEMM stream): the plan's terms, and what `moepeak train` keeps
 // free beside an "auto" arena.
-OutsideArena mixtral_outside_arena(const ParallelDegrees& d, const Config& cfg);
+OutsideArena model_outside_arena(const ParallelDegrees& d, const Config& cfg);
 
 // Peak bytes of the `attention` live set on the largest rank for a global batch of B x T tokens
 // in the layout `degrees` (Ulysses over the Sp ranks of a sequence group, B/(W/Sp) sequences

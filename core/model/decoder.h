@@ -90,7 +90,7 @@ struct TokenBatch {
   int64_t scored_tokens = 0;       // this rank's labels != -100
 };
 
-class MixtralModel {
+class DecoderModel {
  public:
   // dtype: f32 (training), f64 (gradient checks) or, on the CUDA backend, bf16 (bf16 weights,
   // gradients and activations; fp32 math inside the ops; the attention lse in f32). `comm`
@@ -100,14 +100,14 @@ class MixtralModel {
   // live set the model owns and their knobs).
   // zero_prefetch_depth: the ZeRO-3 gathers issued ahead of use (ZeroTraffic; 0 = every
   // collective on `stream` where it is needed).
-  MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
+  DecoderModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                const SchedulesConfig& schedules, DType dtype,
                std::optional<ParallelDegrees> degrees = std::nullopt,
                int zero_prefetch_depth = kDefaultZeroPrefetchDepth);
   // The default schedules with this checkpointing (tests).
-  MixtralModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
+  DecoderModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
                CheckpointSchedule checkpoint, DType dtype);
-  ~MixtralModel();
+  ~DecoderModel();
 
   // Throws moepeak::Error, naming the numbers, unless a global batch of B x T tokens can be
   // trained in the layout: E % Ep == 0, B % (W/Sp) == 0 and the sequence-parallel attention's

@@ -1,13 +1,13 @@
-// attention_bytes / workspace_bytes: the model's own live sets (see mixtral_memory.h; every term
-// names the allocation in core/model/mixtral.cpp it stands for). Test: ctest -R test_plan
-#include "core/model/mixtral_memory.h"
+// attention_bytes / workspace_bytes: the model's own live sets (see decoder_memory.h; every term
+// names the allocation in core/model/decoder.cpp it stands for). Test: ctest -R test_plan
+#include "core/model/decoder_memory.h"
 
 #include <algorithm>
 #include <initializer_list>
 
 #include "core/error.h"
-#include "core/model/mixtral.h"
-#include "core/model/mixtral_params.h"
+#include "core/model/decoder.h"
+#include "core/model/param_layout.h"
 #include "core/runtime/arena.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -223,8 +223,8 @@ bool live_in_phase(LiveSet set, StepPhase phase, const SchedulesConfig& schedule
                 "zero_phase_gathered_bytes, BoundariesBytes::phases)");
 }
 
-int mixtral_group_communicators(const ParallelDegrees& d, const SchedulesConfig& s,
-                                int64_t zero_prefetch_depth) {
+int model_group_communicators(const ParallelDegrees& d, const SchedulesConfig& s,
+                              int64_t zero_prefetch_depth) {
   const int W = d.world;
   if (W <= 1) return 0;
   int count = 1;  // the world
@@ -238,9 +238,9 @@ int mixtral_group_communicators(const ParallelDegrees& d, const SchedulesConfig&
   return count;
 }
 
-OutsideArena mixtral_outside_arena(const ParallelDegrees& d, const Config& cfg) {
+OutsideArena model_outside_arena(const ParallelDegrees& d, const Config& cfg) {
   return cuda_outside_arena(
-      {mixtral_group_communicators(d, cfg.schedules, cfg.parallelism.zero_prefetch_depth), 1});
+      {model_group_communicators(d, cfg.schedules, cfg.parallelism.zero_prefetch_depth), 1});
 }
 
 }  // namespace moepeak
