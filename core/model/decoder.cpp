@@ -145,9 +145,10 @@ OwnedTensor DecoderModel::attention_forward(const LayerParamIndex& L, const Grou
   ops::linear_forward(a.n1, w.value(L.q), q, false, stream_);
   ops::linear_forward(a.n1, w.value(L.k), k, false, stream_);
   ops::linear_forward(a.n1, w.value(L.v), v, false, stream_);
-  ops::rope_forward(q.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta, stream_);
-  ops::rope_forward(k.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta,
-                    stream_);
+  ops::rope_forward(q.view().reshape(Shape{N, nh, d}), batch.positions,
+                    ops::RopeParams::standard(model_.rope_theta, d), stream_);
+  ops::rope_forward(k.view().reshape(Shape{N, nkv, d}), batch.positions,
+                    ops::RopeParams::standard(model_.rope_theta, d), stream_);
 
   // To the head layout: whole sequences of this rank's heads.
   OwnedTensor staging;
@@ -238,10 +239,10 @@ OwnedTensor DecoderModel::attention_backward(const LayerParamIndex& L, const Gro
     dk = to_tokens(dk, HeadKind::kv, nkv * d, "dk (token layout)");
     dv = to_tokens(dv, HeadKind::kv, nkv * d, "dv (token layout)");
   }
-  ops::rope_backward(dq.view().reshape(Shape{N, nh, d}), batch.positions, model_.rope_theta,
-                     stream_);
-  ops::rope_backward(dk.view().reshape(Shape{N, nkv, d}), batch.positions, model_.rope_theta,
-                     stream_);
+  ops::rope_backward(dq.view().reshape(Shape{N, nh, d}), batch.positions,
+                     ops::RopeParams::standard(model_.rope_theta, d), stream_);
+  ops::rope_backward(dk.view().reshape(Shape{N, nkv, d}), batch.positions,
+                     ops::RopeParams::standard(model_.rope_theta, d), stream_);
   OwnedTensor dn1 = device(Shape{N, H}, LiveSet::workspace, "d input norm");
   ops::linear_backward(a.n1, w.value(L.q), dq.view().reshape(Shape{N, nh * d}), dn1, false,
                        w.grad(L.q), stream_);

@@ -175,6 +175,8 @@ TEST(Rmsnorm, RejectsBadShapesAtTheCall) {
 
 constexpr int64_t kTokens = 6, kHeads = 3, kHeadDim = 8;
 constexpr double kTheta = 10000.0;
+// Plain RoPE over the whole head (the scaling types: test_rope_scaling.cpp).
+const ops::RopeParams kRope = ops::RopeParams::standard(kTheta, kHeadDim);
 // Global positions, not 0..N-1: a chunk in the middle of a long sequence, and a large one where
 // double angles matter.
 const std::vector<int64_t> kPositions = {0, 1, 7, 4096, 4097, 131071};
@@ -183,9 +185,9 @@ std::vector<double> run_rope(OpEnv& env, DType dtype, const std::vector<double>&
   auto xt = env.input({kTokens, kHeads, kHeadDim}, dtype, x);
   auto pos = env.indices({kTokens}, DType::i64, kPositions);
   if (backward) {
-    ops::rope_backward_cpu(xt, pos, kTheta, env.stream());
+    ops::rope_backward_cpu(xt, pos, kRope, env.stream());
   } else {
-    ops::rope_forward_cpu(xt, pos, kTheta, env.stream());
+    ops::rope_forward_cpu(xt, pos, kRope, env.stream());
   }
   return env.read(xt);
 }
@@ -243,10 +245,12 @@ TEST(Rope, RejectsBadShapesAtTheCall) {
   auto pos2 = env.indices({2}, DType::i64, {0, 1});
   auto pos3 = env.indices({3}, DType::i64, {0, 1, 2});
   auto pos_i32 = env.indices({2}, DType::i32, {0, 1});
-  EXPECT_THROW(ops::rope_forward_cpu(odd, pos2, kTheta, env.stream()), Error);
-  EXPECT_THROW(ops::rope_forward_cpu(x, pos3, kTheta, env.stream()), Error);
-  EXPECT_THROW(ops::rope_backward_cpu(x, pos_i32, kTheta, env.stream()), Error);
-  EXPECT_THROW(ops::rope_forward_cpu(x.view().reshape({2, 4}), pos2, kTheta, env.stream()), Error);
+  const auto rope3 = ops::RopeParams::standard(kTheta, 3),
+             rope4 = ops::RopeParams::standard(kTheta, 4);
+  EXPECT_THROW(ops::rope_forward_cpu(odd, pos2, rope3, env.stream()), Error);
+  EXPECT_THROW(ops::rope_forward_cpu(x, pos3, rope4, env.stream()), Error);
+  EXPECT_THROW(ops::rope_backward_cpu(x, pos_i32, rope4, env.stream()), Error);
+  EXPECT_THROW(ops::rope_forward_cpu(x.view().reshape({2, 4}), pos2, rope4, env.stream()), Error);
   env.stream().synchronize();
 }
 
@@ -748,9 +752,9 @@ TEST(Bf16Storage, RopeIsTheF32ResultRoundedOnce) {
     for (bool backward : {false, true}) {
       r.push_back(make_input(env, {kTokens, kHeads, kHeadDim}, dt, x));
       if (backward) {
-        ops::rope_backward_cpu(r.back(), pos, kTheta, env.stream());
+        ops::rope_backward_cpu(r.back(), pos, kRope, env.stream());
       } else {
-        ops::rope_forward_cpu(r.back(), pos, kTheta, env.stream());
+        ops::rope_forward_cpu(r.back(), pos, kRope, env.stream());
       }
     }
     env.stream().synchronize();
