@@ -1,25 +1,37 @@
-// router: Mixtral's top-k expert selection (block_sparse_moe.gate, after the gate's linear).
+// router: top-k expert selection after the gate's linear (Mixtral's block_sparse_moe.gate, with the
+// chosen weights renormalised; Qwen3-MoE's router, which renormalises when norm_topk_prob).
 //
 //   logits:       (N, E) f32 | bf16 | f64   router logits x W_g^T (both backends)
 //   probs:        (N, E) same dtype   softmax over all E experts                    (written, =)
 //   topk_index:   (N, k) i32          the k most probable experts, most probable first; equal
 //                                     probabilities go to the lower expert index   (written, =)
-//   topk_weight:  (N, k) same dtype   probs of the chosen experts renormalised to sum 1  (=)
+//   topk_weight:  (N, k) same dtype   renormalize: probs of the chosen experts renormalised to
+//                                     sum 1; else the chosen probs themselves (copied from
+//                                     probs, bit for bit)                               (=)
 //   dtopk_weight: (N, k)
-//   dlogits:      (N, E)              dL/dlogits through renormalisation and softmax    (=)
+//   dlogits:      (N, E)              dL/dlogits through the weights and softmax            (=)
 //
 // Forward precision: the softmax subtracts the row max, exponentiates in the tensors' compute
 // type (fp32 for f32 and bf16, double for f64) and sums in double; probs is rounded to the
 // storage dtype, and the selection and renormalisation read the stored probs; the renormalising
-// sum is also taken in double.
+// sum is also taken in double. Without renormalisation topk_weight_j = probs[topk_index_j]
+// exactly (no arithmetic), on both backends.
 //
-// Backward: the selection is piecewise constant, so the gradient flows only through the weights.
-// The renormalised weights are a softmax over the selected logits alone,
-//   topk_weight_j = exp(l_j) / sum_{m selected} exp(l_m),
-// so the exact gradient is dlogits[m] = w_m * (dw_m - sum_j dw_j w_j) for a selected expert m and
-// 0 for the others (the full softmax's normaliser cancels). It is computed in double from
-// topk_weight; probs supplies the shape. The task throws (naming row and slot) if topk_index holds
-// an expert outside [0, E) or the same expert twice.
+// Backward: the selection is piecewise constant, so the gradient flows only through the weights;
+// `renormalized` must be the forward's `renormalize`. Both cases are computed in double and each
+// output rounded once to the storage dtype (via fp32 for bf16).
+//   renormalized: the weights are a softmax over the selected logits alone,
+//     topk_weight_j = exp(l_j) / sum_{m selected} exp(l_m),
+//   so the exact gradient is dlogits[m] = w_m * (dw_m - sum_j dw_j w_j) for a selected expert m
+//   and 0 for the others (the full softmax's normaliser cancels). It is computed from
+//   topk_weight; probs supplies the shape.
+//   not renormalized: topk_weight_j = p_{e_j} with p the full softmax, so the gradient flows
+//   through the full softmax to EVERY expert: with g_e = dw_j of the slot j choosing e (0 for an
+//   expert no slot chooses) and s = sum_j dw_j w_j,
+//     dlogits[e] = p_e * (g_e - s)     (an unchosen expert gets -p_e * s),
+//   computed from the stored probs (p) and topk_weight (w, in s).
+// The task throws (naming row and slot) if topk_index holds an expert outside [0, E) or the same
+// expert twice.
 //
 // CUDA (ops/cuda/router.cu): one warp per token; f32 | bf16 storage (f64 too), the exponentials
 // in fp32 (f64 for f64), the sums in double. probs is rounded to the storage dtype and the
@@ -27,17 +39,18 @@
 // same repeated arg-max with equal probabilities to the lower index, so topk_index equals the
 // CPU's whenever the probs do (a row whose probs are all NaN selects experts 0..k-1 on both).
 // The backward does not throw: a slot whose expert is outside [0, E), or repeats an earlier
-// slot's expert, writes nothing (sum_j dw_j w_j still runs over all k slots); the experts no valid
-// slot names get 0.
+// slot's expert, contributes no g_e (sum_j dw_j w_j still runs over all k slots); the experts no
+// valid slot names get 0 (renormalized) or -p_e * s (not).
 //
 // CPU with bf16 storage (ops/cpu/router.cpp): the same semantics with the CPU's summation order.
 // The exponentials are fp32 (kept in a row of scratch, not in bf16 probs), probs[e] =
 // bf16(fp32(exp_e / sum)); the selection reads the bf16 probs (ties, including those the
 // rounding creates, to the lower index, as on CUDA) and topk_weight = bf16(fp32(p / chosen
-// sum)) of those bf16 probs. So probs is the CPU's f32 probs rounded once, while topk_index and
-// topk_weight are computed from the rounded probs (not the f32 ones rounded). The backwards
-// compute in double from the stored values and round each output once (via fp32); the aux
-// backward's += rounds the double term to fp32, adds in fp32 and rounds to bf16 once.
+// sum)) of those bf16 probs (or those bf16 probs themselves without renormalisation). So probs
+// is the CPU's f32 probs rounded once, while topk_index and topk_weight are computed from the
+// rounded probs (not the f32 ones rounded). The backwards compute in double from the stored
+// values and round each output once (via fp32); the aux backward's += rounds the double term to
+// fp32, adds in fp32 and rounds to bf16 once.
 // CUDA against the CPU: tests/ops/backend_ops/cases_router.cpp; the CPU's bf16 path:
 // tests/ops/test_moe_ops.cpp (Bf16Storage).
 #pragma once
@@ -47,10 +60,11 @@
 
 namespace moepeak::ops {
 
-void router_forward_cpu(const Tensor& logits, int k, const Tensor& probs, const Tensor& topk_index,
-                        const Tensor& topk_weight, Stream& stream);
+void router_forward_cpu(const Tensor& logits, int k, bool renormalize, const Tensor& probs,
+                        const Tensor& topk_index, const Tensor& topk_weight, Stream& stream);
 void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
-                         const Tensor& dtopk_weight, const Tensor& dlogits, Stream& stream);
+                         const Tensor& dtopk_weight, bool renormalized, const Tensor& dlogits,
+                         Stream& stream);
 
 // The load-balancing loss's path through the full softmax: with dL/dprobs[n, e] = dprobs[e] for
 // every row (Mixtral's auxiliary loss is linear in each expert's mean probability),
@@ -70,21 +84,23 @@ void check_router_aux_backward_args(const char* op, const Tensor& probs, const T
 
 // The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
 // backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
-void router_forward_cuda(const Tensor& logits, int k, const Tensor& probs, const Tensor& topk_index,
-                         const Tensor& topk_weight, Stream& stream);
+void router_forward_cuda(const Tensor& logits, int k, bool renormalize, const Tensor& probs,
+                         const Tensor& topk_index, const Tensor& topk_weight, Stream& stream);
 void router_backward_cuda(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
-                          const Tensor& dtopk_weight, const Tensor& dlogits, Stream& stream);
+                          const Tensor& dtopk_weight, bool renormalized, const Tensor& dlogits,
+                          Stream& stream);
 void router_aux_backward_cuda(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,
                               Stream& stream);
-inline void router_forward(const Tensor& logits, int k, const Tensor& probs,
+inline void router_forward(const Tensor& logits, int k, bool renormalize, const Tensor& probs,
                            const Tensor& topk_index, const Tensor& topk_weight, Stream& stream) {
-  MOEPEAK_OP_ON_BACKEND(router_forward, probs, logits, k, probs, topk_index, topk_weight, stream);
+  MOEPEAK_OP_ON_BACKEND(router_forward, probs, logits, k, renormalize, probs, topk_index,
+                        topk_weight, stream);
 }
 inline void router_backward(const Tensor& probs, const Tensor& topk_index,
                             const Tensor& topk_weight, const Tensor& dtopk_weight,
-                            const Tensor& dlogits, Stream& stream) {
+                            bool renormalized, const Tensor& dlogits, Stream& stream) {
   MOEPEAK_OP_ON_BACKEND(router_backward, dlogits, probs, topk_index, topk_weight, dtopk_weight,
-                        dlogits, stream);
+                        renormalized, dlogits, stream);
 }
 inline void router_aux_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,
                                 Stream& stream) {

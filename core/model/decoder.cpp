@@ -278,8 +278,8 @@ OwnedTensor DecoderModel::layer_forward(int layer, const Group& w, const Tensor&
   {
     OwnedTensor router_logits = device(Shape{N, E}, LiveSet::workspace, "router logits");
     ops::linear_forward(a.n2, w.value(L.gate), router_logits, false, stream_);
-    ops::router_forward(router_logits, static_cast<int>(k), a.probs, a.topk_index, a.topk_weight,
-                        stream_);
+    ops::router_forward(router_logits, static_cast<int>(k), true, a.probs, a.topk_index,
+                        a.topk_weight, stream_);
   }
   if (schedules_.routing == Routing::worst_case) {
     // The plan's worst case (schedules.routing): token n's j-th expert is expert j, so every
@@ -337,7 +337,8 @@ OwnedTensor DecoderModel::layer_backward(int layer, const Group& w, const Tensor
     OwnedTensor dtopk_weight = device(Shape{N, k}, LiveSet::workspace, "d top-k weights");
     a.dispatch->backward(dy, local_experts_of(layer, w, true), dn2, dtopk_weight);
     OwnedTensor drouter = device(Shape{N, E}, LiveSet::workspace, "d router logits");
-    ops::router_backward(a.probs, a.topk_index, a.topk_weight, dtopk_weight, drouter, stream_);
+    ops::router_backward(a.probs, a.topk_index, a.topk_weight, dtopk_weight, true, drouter,
+                         stream_);
     if (aux_dprobs_.view().defined())
       ops::router_aux_backward(a.probs, aux_dprobs_, drouter, stream_);
     ops::linear_backward(a.n2, w.value(L.gate), drouter, dn2, true, w.grad(L.gate), stream_);

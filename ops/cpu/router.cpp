@@ -1,6 +1,7 @@
 // CPU router: per token, a max-subtracted softmax over E experts, top-k by repeated arg-max
-// (strict '>' so the lower index wins ties), and renormalisation; the backward is the softmax
-// over the selected logits' gradient (see ops/router.h). f32 | bf16 | f64 storage
+// (strict '>' so the lower index wins ties), and renormalisation when asked; the backward is the
+// gradient of the softmax over the selected logits (renormalised) or of the full softmax (not),
+// see ops/router.h. f32 | bf16 | f64 storage
 // (ops/cpu/cpu_storage.h): the exponentials in the compute type (fp32 for bf16), kept in a row
 // of scratch until the sum is known, so every output element is rounded to bf16 once.
 #include "ops/router.h"
@@ -46,8 +47,8 @@ void check_router_aux_backward_args(const char* op, const Tensor& probs, const T
   dlogits.expect(probs.shape(), probs.dtype(), std::string(op) + ": dlogits");
 }
 
-void router_forward_cpu(const Tensor& logits, int k, const Tensor& probs, const Tensor& topk_index,
-                        const Tensor& topk_weight, Stream& stream) {
+void router_forward_cpu(const Tensor& logits, int k, bool renormalize, const Tensor& probs,
+                        const Tensor& topk_index, const Tensor& topk_weight, Stream& stream) {
   const char* op = "router_forward_cpu";
   check_router_forward_args(op, logits, k, probs, topk_index, topk_weight);
   int64_t tokens = logits.size(0), experts = logits.size(1);
@@ -92,19 +93,26 @@ void router_forward_cpu(const Tensor& logits, int k, const Tensor& probs, const 
           idx[j] = static_cast<int32_t>(best);
           chosen_sum += load(p[best]);
         }
-        for (int j = 0; j < k; ++j) store(w + j, static_cast<C>(load(p[idx[j]]) / chosen_sum));
+        if (renormalize) {
+          for (int j = 0; j < k; ++j) store(w + j, static_cast<C>(load(p[idx[j]]) / chosen_sum));
+        } else {
+          for (int j = 0; j < k; ++j) w[j] = p[idx[j]];  // the stored prob, bit for bit
+        }
       }
     });
   });
 }
 
 void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
-                         const Tensor& dtopk_weight, const Tensor& dlogits, Stream& stream) {
+                         const Tensor& dtopk_weight, bool renormalized, const Tensor& dlogits,
+                         Stream& stream) {
   const char* op = "router_backward_cpu";
   check_router_backward_args(op, probs, topk_index, topk_weight, dtopk_weight, dlogits);
   int64_t tokens = probs.size(0), experts = probs.size(1), k = topk_index.size(1);
   dispatch_storage(probs.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
+    using C = compute_t<T>;
+    const T* pp = probs.data_as<T>();                   // (N, E)
     const int32_t* ip = topk_index.data_as<int32_t>();  // (N, k)
     const T* wp = topk_weight.data_as<T>();             // (N, k)
     const T* dwp = dtopk_weight.data_as<T>();           // (N, k)
@@ -131,10 +139,22 @@ void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Te
           weighted_dw += static_cast<double>(load(dw[j])) * load(w[j]);
         }
         T* dl = dlp + n * experts;
-        for (int64_t e = 0; e < experts; ++e) store(dl + e, compute_t<T>(0));
-        for (int64_t j = 0; j < k; ++j) {
-          const double g = static_cast<double>(load(w[j])) * (load(dw[j]) - weighted_dw);
-          store(dl + idx[j], static_cast<compute_t<T>>(g));
+        if (renormalized) {
+          for (int64_t e = 0; e < experts; ++e) store(dl + e, C(0));
+          for (int64_t j = 0; j < k; ++j) {
+            const double g = static_cast<double>(load(w[j])) * (load(dw[j]) - weighted_dw);
+            store(dl + idx[j], static_cast<C>(g));
+          }
+        } else {
+          // dlogits[e] = p_e * (g_e - s), each element read before it is written (so dlogits
+          // may be probs itself, as on CUDA) and rounded once.
+          thread_local std::vector<double> g;  // (E): g_e, 0 for an unchosen expert
+          g.assign(static_cast<size_t>(experts), 0.0);
+          for (int64_t j = 0; j < k; ++j) g[idx[j]] = load(dw[j]);
+          const T* p = pp + n * experts;
+          for (int64_t e = 0; e < experts; ++e) {
+            store(dl + e, static_cast<C>(static_cast<double>(load(p[e])) * (g[e] - weighted_dw)));
+          }
         }
       }
     });

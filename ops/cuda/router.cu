@@ -1,7 +1,8 @@
 // CUDA router (see ops/router.h): one warp per token. The forward takes the row max, sums the
 // exponentials in double, writes probs rounded to the storage dtype, then selects the top k by
 // repeated arg-max over the rounded probs with ties to the lower expert index (ops/cpu/router.cpp's
-// rule), and renormalises in double. The backwards are warp-per-row too, row sums in double.
+// rule), and renormalises in double when asked. The backwards are warp-per-row too, row sums in
+// double.
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_router.cpp).
 #include <cmath>
 
@@ -33,7 +34,8 @@ __device__ __forceinline__ bool ranks_before(C a_v, int a_i, C b_v, int b_i) {
 
 template <typename T>
 __global__ void router_forward_kernel(const T* logits, T* probs, int32_t* topk_index,
-                                      T* topk_weight, int64_t tokens, int experts, int k) {
+                                      T* topk_weight, int64_t tokens, int experts, int k,
+                                      bool renormalize) {
   using C = compute_t<T>;
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
@@ -83,7 +85,7 @@ __global__ void router_forward_kernel(const T* logits, T* probs, int32_t* topk_i
       }
       // Every lane holds the same pick (k <= E, so there always is one). Slot j belongs to lane
       // j % 32, which parks the chosen prob in w[j] (exact: it is a stored value) until the sum
-      // of all k is known.
+      // of all k is known; without renormalisation that is the weight.
       if (lane == (j & 31)) {
         idx[j] = best_i;
         store_from(w, j, best_v);
@@ -92,8 +94,10 @@ __global__ void router_forward_kernel(const T* logits, T* probs, int32_t* topk_i
       prev_v = best_v;
       prev_i = best_i;
     }
-    for (int j = lane; j < k; j += 32) {
-      store_from(w, j, load_as<double>(w, j) / chosen_sum);
+    if (renormalize) {
+      for (int j = lane; j < k; j += 32) {
+        store_from(w, j, load_as<double>(w, j) / chosen_sum);
+      }
     }
   }
 }
@@ -130,6 +134,40 @@ __global__ void router_backward_kernel(const int32_t* topk_index, const T* topk_
   }
 }
 
+// Not renormalised: dlogits[e] = p_e * (g_e - s) for every expert, g_e from the first slot
+// naming e (0 if none), s over all k slots. Each lane reads p[e] before writing dl[e] of its own
+// experts only, so dlogits may be probs itself.
+template <typename T>
+__global__ void router_backward_full_kernel(const T* probs, const int32_t* topk_index,
+                                            const T* topk_weight, const T* dtopk_weight, T* dlogits,
+                                            int64_t tokens, int experts, int k) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+       n < tokens; n += warps) {
+    const int32_t* idx = topk_index + n * k;
+    const T* w = topk_weight + n * k;
+    const T* dw = dtopk_weight + n * k;
+    double weighted_dw = 0;  // s = sum_j dw_j w_j
+    for (int j = lane; j < k; j += 32) {
+      weighted_dw += load_as<double>(dw, j) * load_as<double>(w, j);
+    }
+    weighted_dw = cuda::warp_sum(weighted_dw);
+    const T* p = probs + n * experts;
+    T* dl = dlogits + n * experts;
+    for (int e = lane; e < experts; e += 32) {
+      double g = 0;
+      for (int j = 0; j < k; ++j) {
+        if (idx[j] == e) {
+          g = load_as<double>(dw, j);
+          break;
+        }
+      }
+      store_from(dl, e, load_as<double>(p, e) * (g - weighted_dw));
+    }
+  }
+}
+
 template <typename T>
 __global__ void router_aux_backward_kernel(const T* probs, const T* dprobs, T* dlogits,
                                            int64_t tokens, int experts) {
@@ -154,8 +192,8 @@ __global__ void router_aux_backward_kernel(const T* probs, const T* dprobs, T* d
 
 }  // namespace
 
-void router_forward_cuda(const Tensor& logits, int k, const Tensor& probs, const Tensor& topk_index,
-                         const Tensor& topk_weight, Stream& stream) {
+void router_forward_cuda(const Tensor& logits, int k, bool renormalize, const Tensor& probs,
+                         const Tensor& topk_index, const Tensor& topk_weight, Stream& stream) {
   const char* op = "router_forward_cuda";
   check_router_forward_args(op, logits, k, probs, topk_index, topk_weight);
   const int64_t tokens = logits.size(0), experts = logits.size(1);
@@ -166,13 +204,14 @@ void router_forward_cuda(const Tensor& logits, int k, const Tensor& probs, const
     router_forward_kernel<T><<<grid_for_rows(tokens), cuda::kThreads, 0, cuda::native(stream)>>>(
         static_cast<const T*>(logits.data()), static_cast<T*>(probs.data()),
         static_cast<int32_t*>(topk_index.data()), static_cast<T*>(topk_weight.data()), tokens,
-        static_cast<int>(experts), k);
+        static_cast<int>(experts), k, renormalize);
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }
 
 void router_backward_cuda(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
-                          const Tensor& dtopk_weight, const Tensor& dlogits, Stream& stream) {
+                          const Tensor& dtopk_weight, bool renormalized, const Tensor& dlogits,
+                          Stream& stream) {
   const char* op = "router_backward_cuda";
   check_router_backward_args(op, probs, topk_index, topk_weight, dtopk_weight, dlogits);
   const int64_t tokens = probs.size(0), experts = probs.size(1), k = topk_index.size(1);
@@ -180,10 +219,19 @@ void router_backward_cuda(const Tensor& probs, const Tensor& topk_index, const T
   if (tokens == 0) return;
   cuda::dispatch_storage(probs.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    router_backward_kernel<T><<<grid_for_rows(tokens), cuda::kThreads, 0, cuda::native(stream)>>>(
-        static_cast<const int32_t*>(topk_index.data()), static_cast<const T*>(topk_weight.data()),
-        static_cast<const T*>(dtopk_weight.data()), static_cast<T*>(dlogits.data()), tokens,
-        static_cast<int>(experts), static_cast<int>(k));
+    if (renormalized) {
+      router_backward_kernel<T><<<grid_for_rows(tokens), cuda::kThreads, 0, cuda::native(stream)>>>(
+          static_cast<const int32_t*>(topk_index.data()), static_cast<const T*>(topk_weight.data()),
+          static_cast<const T*>(dtopk_weight.data()), static_cast<T*>(dlogits.data()), tokens,
+          static_cast<int>(experts), static_cast<int>(k));
+    } else {
+      router_backward_full_kernel<T>
+          <<<grid_for_rows(tokens), cuda::kThreads, 0, cuda::native(stream)>>>(
+              static_cast<const T*>(probs.data()), static_cast<const int32_t*>(topk_index.data()),
+              static_cast<const T*>(topk_weight.data()), static_cast<const T*>(dtopk_weight.data()),
+              static_cast<T*>(dlogits.data()), tokens, static_cast<int>(experts),
+              static_cast<int>(k));
+    }
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

@@ -57,28 +57,39 @@ struct RouterForward {
   std::vector<double> probs, index, weight;
 };
 
+// env.read, and bf16 elements as their (exact) double values.
+std::vector<double> read_any(OpEnv& env, const Tensor& t) {
+  if (t.dtype() != DType::bf16) return env.read(t);
+  env.stream().synchronize();
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data_as<bf16>()[i]);
+  return out;
+}
+
+// f32 | bf16 | f64; `renormalize` false: Qwen3-MoE without norm_topk_prob.
 RouterForward run_router_forward(OpEnv& env, DType dtype, const std::vector<double>& logits,
-                                 int64_t tokens, int64_t experts, int k) {
-  auto lt = env.input({tokens, experts}, dtype, logits);
+                                 int64_t tokens, int64_t experts, int k, bool renormalize = true) {
+  auto lt = make_input(env, {tokens, experts}, dtype, logits);
   auto probs = env.output({tokens, experts}, dtype);
   auto index = env.output({tokens, k}, DType::i32);
   auto weight = env.output({tokens, k}, dtype);
-  ops::router_forward_cpu(lt, k, probs, index, weight, env.stream());
-  return {env.read(probs), env.read(index), env.read(weight)};
+  ops::router_forward_cpu(lt, k, renormalize, probs, index, weight, env.stream());
+  return {read_any(env, probs), env.read(index), read_any(env, weight)};
 }
 
 // dlogits from dtopk_weight, through a fresh forward in the same dtype.
 std::vector<double> run_router_backward(OpEnv& env, DType dtype, const std::vector<double>& logits,
-                                        const std::vector<double>& dweight) {
-  auto lt = env.input({kTokens, kExperts}, dtype, logits);
+                                        const std::vector<double>& dweight,
+                                        bool renormalize = true) {
+  auto lt = make_input(env, {kTokens, kExperts}, dtype, logits);
   auto probs = env.output({kTokens, kExperts}, dtype);
   auto index = env.output({kTokens, kTopK}, DType::i32);
   auto weight = env.output({kTokens, kTopK}, dtype);
-  ops::router_forward_cpu(lt, kTopK, probs, index, weight, env.stream());
-  auto dw = env.input({kTokens, kTopK}, dtype, dweight);
+  ops::router_forward_cpu(lt, kTopK, renormalize, probs, index, weight, env.stream());
+  auto dw = make_input(env, {kTokens, kTopK}, dtype, dweight);
   auto dlogits = env.output({kTokens, kExperts}, dtype);
-  ops::router_backward_cpu(probs, index, weight, dw, dlogits, env.stream());
-  return env.read(dlogits);
+  ops::router_backward_cpu(probs, index, weight, dw, renormalize, dlogits, env.stream());
+  return read_any(env, dlogits);
 }
 
 // Plain reference: softmax in double, experts sorted by (probability desc, index asc).
@@ -199,12 +210,12 @@ TEST(Router, RejectsBadArguments) {
   auto weight = env.output({kTokens, kTopK}, DType::f64);
   auto weight_bad = env.output({kTokens, kTopK + 1}, DType::f64);
   Stream& s = env.stream();
-  EXPECT_THROW(ops::router_forward_cpu(logits, 0, probs, index, weight, s), Error);
-  EXPECT_THROW(ops::router_forward_cpu(logits, kExperts + 1, probs, index, weight, s), Error);
-  EXPECT_THROW(ops::router_forward_cpu(logits, kTopK, probs, index_i64, weight, s), Error);
-  EXPECT_THROW(ops::router_forward_cpu(logits, kTopK, probs, index, weight_bad, s), Error);
-  EXPECT_THROW(ops::router_backward_cpu(probs, index, weight_bad, weight, probs, s), Error);
-  EXPECT_THROW(ops::router_backward_cpu(probs, index, weight, weight, weight, s), Error);
+  EXPECT_THROW(ops::router_forward_cpu(logits, 0, true, probs, index, weight, s), Error);
+  EXPECT_THROW(ops::router_forward_cpu(logits, kExperts + 1, true, probs, index, weight, s), Error);
+  EXPECT_THROW(ops::router_forward_cpu(logits, kTopK, true, probs, index_i64, weight, s), Error);
+  EXPECT_THROW(ops::router_forward_cpu(logits, kTopK, true, probs, index, weight_bad, s), Error);
+  EXPECT_THROW(ops::router_backward_cpu(probs, index, weight_bad, weight, true, probs, s), Error);
+  EXPECT_THROW(ops::router_backward_cpu(probs, index, weight, weight, true, weight, s), Error);
   s.synchronize();
 
   // Indices are data: an expert outside [0, E) or chosen twice fails on the stream.
@@ -215,13 +226,57 @@ TEST(Router, RejectsBadArguments) {
   auto bad_index = env.indices({kTokens, kTopK}, DType::i32, ids);
   auto w = env.input({kTokens, kTopK}, DType::f64, random_vector(kTokens * kTopK, 66));
   auto dlogits = env.output({kTokens, kExperts}, DType::f64);
-  ops::router_backward_cpu(probs, bad_index, w, w, dlogits, *bad_stream);
+  ops::router_backward_cpu(probs, bad_index, w, w, true, dlogits, *bad_stream);
   expect_stream_error(*bad_stream, {"router_backward_cpu", "topk_index[3, 1] = 6"});
   auto dup_stream = env.backend().create_stream("router duplicates");
   ids[3 * kTopK + 1] = 0;
   auto dup_index = env.indices({kTokens, kTopK}, DType::i32, ids);
-  ops::router_backward_cpu(probs, dup_index, w, w, dlogits, *dup_stream);
+  ops::router_backward_cpu(probs, dup_index, w, w, true, dlogits, *dup_stream);
   expect_stream_error(*dup_stream, {"expert 0 chosen twice in row 3"});
+  auto full_stream = env.backend().create_stream("router duplicates, not renormalised");
+  ops::router_backward_cpu(probs, dup_index, w, w, false, dlogits, *full_stream);
+  expect_stream_error(*full_stream, {"router_backward_cpu", "expert 0 chosen twice in row 3"});
+}
+
+// Without renormalisation (Qwen3-MoE, norm_topk_prob false): topk_weight is the chosen probs,
+// bit for bit, and dlogits[e] = p_e * (g_e - s) reaches every expert (ops/router.h).
+TEST(Router, UnnormalisedWeightsAreTheChosenProbs) {
+  OpEnv env;
+  const auto logits = rounded_to_bf16(random_vector(kTokens * kExperts, 67, 1.5));
+  const RouterForward ref = router_reference(logits, kTokens, kExperts, kTopK);
+  ASSERT_GT(smallest_topk_gap(ref.probs), 1e-2);  // bf16 probs (2^-9 relative) keep the order
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16}) {
+    RouterForward got = run_router_forward(env, dtype, logits, kTokens, kExperts, kTopK, false);
+    EXPECT_EQ(got.index, ref.index) << dtype_name(dtype);
+    // probs are the renormalising run's; the weights are copies of them.
+    EXPECT_EQ(got.probs, run_router_forward(env, dtype, logits, kTokens, kExperts, kTopK).probs);
+    for (int64_t i = 0; i < kTokens * kTopK; ++i) {
+      EXPECT_EQ(got.weight[i], got.probs[i / kTopK * kExperts + int64_t(got.index[i])]) << i;
+    }
+  }
+}
+
+TEST(Router, UnnormalisedBackwardMatchesFiniteDifferences) {
+  OpEnv env;
+  // bf16 values, so that every storage starts from the same logits and loss coefficients c.
+  auto logits = rounded_to_bf16(random_vector(kTokens * kExperts, 68, 1.5));
+  const auto c = rounded_to_bf16(random_vector(kTokens * kTopK, 69));
+  auto forward = [&] {
+    return run_router_forward(env, DType::f64, logits, kTokens, kExperts, kTopK, false);
+  };
+  const RouterForward fwd = forward();
+  ASSERT_GT(smallest_topk_gap(fwd.probs), 1e-2);  // as in BackwardMatchesFiniteDifferences
+  const auto dlogits = run_router_backward(env, DType::f64, logits, c, false);
+  EXPECT_LT(grad_err(logits, dlogits, [&] { return dot(forward().weight, c); }), kGradTol);
+  // grad_err covers every logit: an unchosen expert gets -p_e * s, not the renormalised 0.
+  // f32 (measured 7e-8 here): kFloatVsDoubleTol. bf16: probs (so the weights) and the output are
+  // each rounded once, 2^-9 = 2e-3 relative: 3.4e-3 of the output's scale here and at most 5.1e-3
+  // over 52 other seeds far from ties; kBf16VsDoubleTol = 1e-2 leaves a factor 2.
+  constexpr double kBf16VsDoubleTol = 1e-2;
+  EXPECT_LT(max_scaled_err(run_router_backward(env, DType::f32, logits, c, false), dlogits),
+            kFloatVsDoubleTol);
+  EXPECT_LT(max_scaled_err(run_router_backward(env, DType::bf16, logits, c, false), dlogits),
+            kBf16VsDoubleTol);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -605,9 +660,9 @@ TEST(Bf16Storage, RouterRoundsProbsOnceAndSelectsOnTheRoundedProbs) {
     auto dpt = make_input(env, {kE}, dt, dprobs), pt = make_input(env, {kN, kE}, dt, probs_in);
     r.push_back(env.output({kN, kE}, dt));
     auto index = env.output({kN, kK}, DType::i32), w = env.output({kN, kK}, dt);
-    ops::router_forward_cpu(lt, kK, r[0], index, w, env.stream());
+    ops::router_forward_cpu(lt, kK, true, r[0], index, w, env.stream());
     r.push_back(env.output({kN, kE}, dt));
-    ops::router_backward_cpu(r[0], ci, wt, dwt, r[1], env.stream());
+    ops::router_backward_cpu(r[0], ci, wt, dwt, true, r[1], env.stream());
     r.push_back(make_input(env, {kN, kE}, dt, dl0));
     ops::router_aux_backward_cpu(pt, dpt, r[2], env.stream());
     env.stream().synchronize();
@@ -618,7 +673,7 @@ TEST(Bf16Storage, RouterRoundsProbsOnceAndSelectsOnTheRoundedProbs) {
   auto probs = env.output({kN, kE}, DType::bf16), w = env.output({kN, kK}, DType::bf16);
   auto index = env.output({kN, kK}, DType::i32);
   auto lt = make_input(env, {kN, kE}, DType::bf16, logits);
-  ops::router_forward_cpu(lt, kK, probs, index, w, env.stream());
+  ops::router_forward_cpu(lt, kK, true, probs, index, w, env.stream());
   env.stream().synchronize();
   std::vector<double> p(kN * kE);
   for (int64_t e = 0; e < kN * kE; ++e) p[e] = static_cast<float>(probs.data_as<bf16>()[e]);
@@ -642,6 +697,47 @@ TEST(Bf16Storage, RouterRoundsProbsOnceAndSelectsOnTheRoundedProbs) {
   EXPECT_EQ(env.read(index), want_index);
   EXPECT_EQ(want_index[0], 0.0);
   EXPECT_EQ(bf16_bits(env, w), want_weight);
+}
+
+TEST(Bf16Storage, UnnormalisedRouterIsTheF32ResultRoundedOnce) {
+  OpEnv env;
+  constexpr int64_t kN = 4, kE = 5, kK = 2;
+  // Logits far from ties, so bf16 selects what f32 does; then topk_weight (the chosen probs) is
+  // the f32 one rounded once, as probs is. The backward runs from the same (bf16) inputs.
+  const auto logits = rounded_to_bf16({0.9,  -1.2, 2.1, 0.1, -0.4, 1.5, 0.2,  -2.0, 0.8, -0.6,
+                                       -1.0, 0.6,  1.7, 2.6, 0.0,  0.3, -0.9, 1.1,  2.2, -1.6});
+  const auto probs_in = rounded_to_bf16(random_vector(kN * kE, 210, 0.3));
+  const auto dweight = rounded_to_bf16(random_vector(kN * kK, 211));
+  const std::vector<int64_t> chosen = {2, 4, 0, 3, 1, 2, 4, 0};
+  std::vector<double> weight;  // the chosen probs_in, as the forward would write them
+  for (int64_t i = 0; i < kN * kK; ++i) weight.push_back(probs_in[i / kK * kE + chosen[i]]);
+  std::vector<std::vector<double>> index, dlogits;  // per storage: f32, bf16
+  expect_bf16_is_f32_rounded_once(env, [&](DType dt) {
+    std::vector<OwnedTensor> r;
+    auto lt = make_input(env, {kN, kE}, dt, logits), pt = make_input(env, {kN, kE}, dt, probs_in);
+    auto ci = env.indices({kN, kK}, DType::i32, chosen), i = env.output({kN, kK}, DType::i32);
+    auto wt = make_input(env, {kN, kK}, dt, weight), dwt = make_input(env, {kN, kK}, dt, dweight);
+    r.push_back(env.output({kN, kE}, dt));
+    r.push_back(env.output({kN, kK}, dt));
+    ops::router_forward_cpu(lt, kK, false, r[0], i, r[1], env.stream());
+    r.push_back(env.output({kN, kE}, dt));
+    ops::router_backward_cpu(pt, ci, wt, dwt, false, r[2], env.stream());
+    index.push_back(env.read(i));
+    dlogits.push_back(read_any(env, r[2]));
+    return r;
+  });
+  ASSERT_EQ(index.size(), 2u);
+  EXPECT_EQ(index[0], index[1]);
+  // And the f32 dlogits are p_e * (g_e - s) in double, rounded once.
+  for (int64_t i = 0; i < kN * kE; ++i) {
+    const int64_t n = i / kE, e = i % kE;
+    double s = 0, g = 0;
+    for (int64_t j = n * kK; j < (n + 1) * kK; ++j) {
+      s += dweight[j] * weight[j];
+      if (chosen[j] == e) g = dweight[j];
+    }
+    EXPECT_EQ(dlogits[0][i], static_cast<float>(probs_in[i] * (g - s))) << i;
+  }
 }
 
 TEST(Bf16Storage, EmbeddingCopiesRowsAndRoundsEachAdditionOrTakesAnF32Dweight) {

@@ -11,6 +11,10 @@
 // The backward's topk_index is a random k-subset per row. On CUDA a slot outside [0, E) or
 // repeating an earlier slot's expert is skipped (the CPU throws); the "skip rule" case feeds such
 // slots to the GPU and computes the documented result on the host for the reference.
+// Every forward and backward case of the shape list, and the skip rule, runs both with
+// renormalisation (Mixtral; the names without a suffix) and without (Qwen3-MoE without
+// norm_topk_prob; " renormalize=false"). Without it the backward reads probs, which are then
+// drawn in [0, 1) like a softmax's.
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -72,13 +76,15 @@ Generator topk_subsets(int64_t experts, int64_t k, bool invalid = false) {
 // The CUDA backward's rule for bad slots (ops/router.h), on host memory of the CPU backend (in
 // f64 for the reference; in the storage dtype, bf16 with fp32 rounding included, when the CPU is
 // under test: ops/cpu/cpu_storage.h).
-void router_backward_skip_rule(const Tensor& topk_index, const Tensor& topk_weight,
-                               const Tensor& dtopk_weight, const Tensor& dlogits) {
+void router_backward_skip_rule(const Tensor& probs, const Tensor& topk_index,
+                               const Tensor& topk_weight, const Tensor& dtopk_weight,
+                               bool renormalized, const Tensor& dlogits) {
   ops::dispatch_storage(dlogits.dtype(), "router_backward skip rule", [&](auto zero) {
     using T = decltype(zero);
     using C = ops::compute_t<T>;
     using ops::load;
     const int64_t tokens = dlogits.size(0), experts = dlogits.size(1), k = topk_index.size(1);
+    const T* p = probs.data_as<T>();
     const int32_t* idx = topk_index.data_as<int32_t>();
     const T* w = topk_weight.data_as<T>();
     const T* dw = dtopk_weight.data_as<T>();
@@ -87,6 +93,19 @@ void router_backward_skip_rule(const Tensor& topk_index, const Tensor& topk_weig
       double weighted_dw = 0;
       for (int64_t j = 0; j < k; ++j) {
         weighted_dw += double(load(dw[n * k + j])) * load(w[n * k + j]);
+      }
+      if (!renormalized) {
+        // p_e * (g_e - s), g_e from the first valid slot naming e, else 0.
+        std::vector<double> g(static_cast<size_t>(experts), 0.0);
+        for (int64_t j = k - 1; j >= 0; --j) {  // backwards, so the first slot naming e wins
+          int64_t e = idx[n * k + j];
+          if (e >= 0 && e < experts) g[e] = load(dw[n * k + j]);
+        }
+        for (int64_t e = 0; e < experts; ++e) {
+          const double v = double(load(p[n * experts + e])) * (g[e] - weighted_dw);
+          ops::store(dl + n * experts + e, static_cast<C>(v));
+        }
+        continue;
       }
       for (int64_t e = 0; e < experts; ++e) ops::store(dl + n * experts + e, C(0));
       for (int64_t j = k - 1; j >= 0; --j) {  // backwards, so the first slot naming e wins
@@ -113,21 +132,25 @@ MOEPEAK_BACKEND_OPS_CASES(router) {
     std::string shape =
         " N=" + std::to_string(n) + " E=" + std::to_string(e) + " k=" + std::to_string(k);
     const int ki = static_cast<int>(k);
-    cases.push_back(
-        OpCase{"router_forward" + shape,
-               {in("logits", {n, e}, Kind::floating, distinct_logits(e)), out("probs", {n, e}),
-                out("topk_index", {n, k}, Kind::i32), out("topk_weight", {n, k})},
-               [ki](const std::vector<Tensor>& t, Stream& s) {
-                 ops::router_forward(t[0], ki, t[1], t[2], t[3], s);
-               }});
-    cases.push_back(
-        OpCase{"router_backward" + shape,
-               {in("probs", {n, e}), in("topk_index", {n, k}, Kind::i32, topk_subsets(e, k)),
-                in("topk_weight", {n, k}, Kind::floating, uniform(0.05, 1.0)),
-                in("dtopk_weight", {n, k}), out("dlogits", {n, e})},
-               [](const std::vector<Tensor>& t, Stream& s) {
-                 ops::router_backward(t[0], t[1], t[2], t[3], t[4], s);
-               }});
+    for (bool renorm : {true, false}) {
+      const std::string suffix = renorm ? "" : " renormalize=false";
+      cases.push_back(
+          OpCase{"router_forward" + shape + suffix,
+                 {in("logits", {n, e}, Kind::floating, distinct_logits(e)), out("probs", {n, e}),
+                  out("topk_index", {n, k}, Kind::i32), out("topk_weight", {n, k})},
+                 [ki, renorm](const std::vector<Tensor>& t, Stream& s) {
+                   ops::router_forward(t[0], ki, renorm, t[1], t[2], t[3], s);
+                 }});
+      cases.push_back(OpCase{
+          "router_backward" + shape + suffix,
+          {renorm ? in("probs", {n, e}) : in("probs", {n, e}, Kind::floating, uniform(0.0, 1.0)),
+           in("topk_index", {n, k}, Kind::i32, topk_subsets(e, k)),
+           in("topk_weight", {n, k}, Kind::floating, uniform(0.05, 1.0)),
+           in("dtopk_weight", {n, k}), out("dlogits", {n, e})},
+          [renorm](const std::vector<Tensor>& t, Stream& s) {
+            ops::router_backward(t[0], t[1], t[2], t[3], renorm, t[4], s);
+          }});
+    }
     cases.push_back(OpCase{"router_aux_backward" + shape,
                            {in("probs", {n, e}, Kind::floating, uniform(0.0, 1.0)),
                             in("dprobs", {e}), inout("dlogits", {n, e})},
@@ -145,7 +168,7 @@ MOEPEAK_BACKEND_OPS_CASES(router) {
         {in("logits", {n, e}, Kind::floating, distinct_logits(e, /*pairs=*/true)),
          out("probs", {n, e}), out("topk_index", {n, k}, Kind::i32), out("topk_weight", {n, k})},
         [ki](const std::vector<Tensor>& t, Stream& s) {
-          ops::router_forward(t[0], ki, t[1], t[2], t[3], s);
+          ops::router_forward(t[0], ki, true, t[1], t[2], t[3], s);
         }});
   }
   // One row of equal logits: probs 1/E exactly, experts 0..k-1 in order.
@@ -154,26 +177,28 @@ MOEPEAK_BACKEND_OPS_CASES(router) {
       {in("logits", {1, 6}, Kind::floating, values({0.5, 0.5, 0.5, 0.5, 0.5, 0.5})),
        out("probs", {1, 6}), out("topk_index", {1, 4}, Kind::i32), out("topk_weight", {1, 4})},
       [](const std::vector<Tensor>& t, Stream& s) {
-        ops::router_forward(t[0], 4, t[1], t[2], t[3], s);
+        ops::router_forward(t[0], 4, true, t[1], t[2], t[3], s);
       }});
 
   // Bad slots: CUDA skips them (ops/router.h); the CPU reference applies the same rule on the
   // host, since router_backward_cpu throws on them.
   for (auto [n, e, k] : std::vector<RouterShape>{{40, 8, 4}, {6, 64, 40}}) {
-    cases.push_back(
-        OpCase{"router_backward skip rule N=" + std::to_string(n) + " E=" + std::to_string(e) +
-                   " k=" + std::to_string(k),
-               {in("probs", {n, e}),
-                in("topk_index", {n, k}, Kind::i32, topk_subsets(e, k, /*invalid=*/true)),
-                in("topk_weight", {n, k}, Kind::floating, uniform(0.05, 1.0)),
-                in("dtopk_weight", {n, k}), out("dlogits", {n, e})},
-               [](const std::vector<Tensor>& t, Stream& s) {
-                 if (ops::runs_on_cuda(t[4])) {
-                   ops::router_backward(t[0], t[1], t[2], t[3], t[4], s);
-                 } else {
-                   router_backward_skip_rule(t[1], t[2], t[3], t[4]);
-                 }
-               }});
+    for (bool renorm : {true, false}) {
+      cases.push_back(OpCase{
+          "router_backward skip rule N=" + std::to_string(n) + " E=" + std::to_string(e) +
+              " k=" + std::to_string(k) + (renorm ? "" : " renormalize=false"),
+          {renorm ? in("probs", {n, e}) : in("probs", {n, e}, Kind::floating, uniform(0.0, 1.0)),
+           in("topk_index", {n, k}, Kind::i32, topk_subsets(e, k, /*invalid=*/true)),
+           in("topk_weight", {n, k}, Kind::floating, uniform(0.05, 1.0)),
+           in("dtopk_weight", {n, k}), out("dlogits", {n, e})},
+          [renorm](const std::vector<Tensor>& t, Stream& s) {
+            if (ops::runs_on_cuda(t[4])) {
+              ops::router_backward(t[0], t[1], t[2], t[3], renorm, t[4], s);
+            } else {
+              router_backward_skip_rule(t[0], t[1], t[2], t[3], renorm, t[4]);
+            }
+          }});
+    }
   }
   return cases;
 }
