@@ -64,6 +64,8 @@ std::string_view expected_phrase(FieldType type) {
       return "a byte size string such as \"16GiB\", or \"auto\"";
     case FieldType::dataset_list:
       return "an array of tables such as [{ path = \"a.bin\", weight = 0.7 }]";
+    case FieldType::integer_list:
+      return "an array of integers such as [0, 3]";
   }
   return "a value";
 }
@@ -193,6 +195,20 @@ FieldValue read_value(const Field& field, const toml::node& node, const std::str
       return *node.value<std::string>();
     case FieldType::dataset_list:
       return read_dataset_list(field, node, where);
+    case FieldType::integer_list: {
+      const toml::array* array = node.as_array();
+      if (!array) wrong_type();
+      std::vector<int64_t> list;
+      for (size_t i = 0; i < array->size(); ++i) {
+        const toml::node& element = *array->get(i);
+        if (!element.is_integer()) {
+          MOEPEAK_INPUT_ERROR(where, ": ", field.full_key(), "[", i, "]: expected an integer, got ",
+                              describe_node(element));
+        }
+        list.push_back(*element.value<int64_t>());
+      }
+      return list;
+    }
   }
   wrong_type();
   return {};
@@ -389,7 +405,16 @@ void check_cross_field_rules(const Config& cfg) {
                         shown(cfg, "model.hidden_size"), ", ",
                         shown(cfg, "model.num_attention_heads"));
   }
-  if (t.seq_len > m.max_position_embeddings) {
+  for (size_t i = 0; i < m.mlp_only_layers.size(); ++i) {
+    if (m.mlp_only_layers[i] >= m.num_hidden_layers) {
+      MOEPEAK_INPUT_ERROR("invalid config: model.mlp_only_layers[", i, "] = ", m.mlp_only_layers[i],
+                          " (", cfg.origin("model.mlp_only_layers"), ") is not a layer of ",
+                          shown(cfg, "model.num_hidden_layers"));
+    }
+  }
+  // NOTES: dynamic NTK scaling is for sequences past max_position_embeddings (its base grows with
+  // the length); every other RoPE type moves max_position_embeddings itself to the new context.
+  if (t.seq_len > m.max_position_embeddings && m.rope_type != RopeType::dynamic) {
     MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "training.seq_len"),
                         " must be <= ", shown(cfg, "model.max_position_embeddings"));
   }

@@ -25,6 +25,8 @@ namespace moepeak {
 // ---- Enumerated settings --------------------------------------------------------------------
 // Enumerator i is spelled EnumNames<E>::names[i] in config files ("auto" is `automatic` in C++).
 
+enum class ModelType { mixtral, qwen3_moe };
+enum class RopeType { default_rope, linear, dynamic, yarn, llama3 };
 enum class DatasetKind { copy, bin, megatron };
 enum class TokenDtype { uint16, uint32, llmc };
 enum class ComputeDtype { automatic, float32, bfloat16 };
@@ -47,6 +49,15 @@ enum class NonfiniteAction { stop, skip };
 template <typename E>
 struct EnumNames;
 
+template <>
+struct EnumNames<ModelType> {
+  static constexpr std::array<std::string_view, 2> names{"mixtral", "qwen3_moe"};
+};
+template <>
+struct EnumNames<RopeType> {
+  static constexpr std::array<std::string_view, 5> names{"default", "linear", "dynamic", "yarn",
+                                                         "llama3"};
+};
 template <>
 struct EnumNames<DatasetKind> {
   static constexpr std::array<std::string_view, 3> names{"copy", "bin", "megatron"};
@@ -149,28 +160,56 @@ struct JobConfig {
   bool operator==(const JobConfig&) const = default;
 };
 
-// MixtralConfig field names (HuggingFace), so a model's config.json maps across key for key.
+// Hugging Face config.json field names, so a model's config.json maps across key for key; the
+// family (model_type) decides which apply and how they are read (core/model/families/,
+// docs/models.md). Where families name a field differently (Qwen3-MoE's num_experts), the key is
+// Mixtral's.
 struct ModelConfig {
+  ModelType model_type = ModelType::mixtral;
   int64_t vocab_size = 256;
   int64_t hidden_size = 64;
-  int64_t intermediate_size = 128;
+  int64_t intermediate_size = 128;  // each expert's width (Mixtral); dense layers' (Qwen3-MoE)
   int64_t num_hidden_layers = 2;
   int64_t num_attention_heads = 4;
   int64_t num_key_value_heads = 2;
   int64_t head_dim = 16;  // 0 = hidden_size / num_attention_heads
   int64_t num_local_experts = 4;
   int64_t num_experts_per_tok = 2;
+  // Qwen3-MoE: each expert's width (0 = intermediate_size); the dense layers: those listed and
+  // every layer i with (i + 1) % decoder_sparse_step != 0; the top-k weights renormalised or not.
+  int64_t moe_intermediate_size = 0;
+  std::vector<int64_t> mlp_only_layers;
+  int64_t decoder_sparse_step = 1;
+  bool norm_topk_prob = true;
+  bool tie_word_embeddings = false;  // the LM head is the embedding matrix
   int64_t max_position_embeddings = 512;
   double rope_theta = 10000.0;
+  // RoPE scaling (transformers' rope_scaling / rope_parameters; ops/rope_scaling.h): the type and
+  // its parameters. 0 = not set for original_max_position_embeddings, mscale, mscale_all_dim and
+  // attention_factor (each type's default then applies).
+  RopeType rope_type = RopeType::default_rope;
+  double rope_factor = 1.0;
+  int64_t rope_original_max_position_embeddings = 0;
+  double rope_beta_fast = 32.0;
+  double rope_beta_slow = 1.0;
+  bool rope_truncate = true;
+  double rope_mscale = 0.0;
+  double rope_mscale_all_dim = 0.0;
+  double rope_attention_factor = 0.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
   double rms_norm_eps = 1e-5;
   double router_aux_loss_coef = 0.0;  // 0 = no auxiliary load-balancing loss
   double initializer_range = 0.02;
-  // A Hugging Face Mixtral checkpoint directory to start from (core/checkpoint/hf_import.h);
-  // empty = random initialisation. Not part of the model's shape: checkpoints do not record it.
+  // A Hugging Face checkpoint directory to start from (core/checkpoint/hf_import.h); empty =
+  // random initialisation. Not part of the model's shape: checkpoints do not record it.
   std::string init_from;
 
   int64_t head_dim_resolved() const {
     return head_dim != 0 ? head_dim : hidden_size / num_attention_heads;
+  }
+  int64_t expert_intermediate_size() const {
+    return moe_intermediate_size != 0 ? moe_intermediate_size : intermediate_size;
   }
   bool operator==(const ModelConfig&) const = default;
 };

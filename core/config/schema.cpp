@@ -87,9 +87,12 @@ Field make_field(std::string_view section, std::string_view key, Rule rule, std:
     f.type = rule.byte_size ? FieldType::byte_size : FieldType::string;
   } else if constexpr (std::is_same_v<Value, std::vector<DatasetSource>>) {
     f.type = FieldType::dataset_list;
+  } else if constexpr (std::is_same_v<Value, std::vector<int64_t>>) {
+    f.type = FieldType::integer_list;
   } else {
     static_assert(is_config_enum<Value>,
-                  "config members are int64_t, double, bool, string, enum or a dataset list");
+                  "config members are int64_t, double, bool, string, enum, a dataset list or an "
+                  "integer list");
     f.type = FieldType::enumeration;
     f.choices = EnumNames<Value>::names;
   }
@@ -123,7 +126,9 @@ Field make_field(std::string_view section, std::string_view key, Rule rule, std:
 
 constexpr Section kSections[] = {
     {"job", "Run identity: name, seed, and where the run's outputs go."},
-    {"model", "Mixtral architecture, with Hugging Face MixtralConfig field names."},
+    {"model",
+     "The architecture: its family (model_type) and shapes, with Hugging Face config.json field "
+     "names (docs/models.md)."},
     {"training", "Batch, sequence length, steps, data and compute dtype."},
     {"parallelism", "The process count the job expects and the degrees of its layout."},
     {"schedules",
@@ -146,28 +151,69 @@ const std::vector<Field>& field_table() {
       FIELD(job, run_dir, text(check_non_empty, "non-empty"),
             "Directory under which each run gets run_dir/name (\".\" = the working directory)."),
       // [model]
+      FIELD(model, model_type, no_limit(),
+            "The model family, as Hugging Face's config.json names it: mixtral (every layer MoE, "
+            "renormalised top-k) or qwen3_moe (q/k RMSNorm per head, dense layers by "
+            "mlp_only_layers and decoder_sparse_step, norm_topk_prob). docs/models.md."),
       FIELD(model, vocab_size, at_least(2), "Vocabulary size V (embedding and LM-head rows)."),
       FIELD(model, hidden_size, at_least(1), "Model width H."),
-      FIELD(model, intermediate_size, at_least(1), "Hidden width of each expert's SwiGLU MLP."),
+      FIELD(model, intermediate_size, at_least(1),
+            "Hidden width of the SwiGLU MLP: each expert's (unless moe_intermediate_size is set) "
+            "and the dense layers'."),
       FIELD(model, num_hidden_layers, at_least(1), "Decoder layers L."),
       FIELD(model, num_attention_heads, at_least(1),
             "Query heads; a multiple of num_key_value_heads."),
       FIELD(model, num_key_value_heads, at_least(1), "Key/value heads (grouped-query attention)."),
       FIELD(model, head_dim, at_least(0),
             "Width per head, even (RoPE rotates pairs); 0 = hidden_size / num_attention_heads."),
-      FIELD(model, num_local_experts, at_least(1), "Experts per MoE layer E."),
+      FIELD(model, num_local_experts, at_least(1),
+            "Experts per MoE layer E (qwen3_moe's num_experts)."),
       FIELD(model, num_experts_per_tok, at_least(1),
             "Experts each token is routed to (top-k); at most num_local_experts."),
+      FIELD(model, moe_intermediate_size, at_least(0),
+            "qwen3_moe: hidden width of each expert's SwiGLU MLP; 0 = intermediate_size."),
+      FIELD(model, mlp_only_layers, at_least(0),
+            "qwen3_moe: layers (0-based) with a dense MLP instead of experts."),
+      FIELD(model, decoder_sparse_step, at_least(1),
+            "qwen3_moe: layer i has experts when (i + 1) % decoder_sparse_step == 0 (and it is "
+            "not in mlp_only_layers); 1 = every layer."),
+      FIELD(model, norm_topk_prob, no_limit(),
+            "Renormalise the top-k router probabilities to sum 1 (mixtral: always true)."),
+      FIELD(model, tie_word_embeddings, no_limit(),
+            "The LM head is the embedding matrix (one tensor, both gradients)."),
       FIELD(model, max_position_embeddings, at_least(1),
-            "Longest sequence the model takes; training.seq_len may not exceed it."),
+            "Longest sequence the model takes; training.seq_len may not exceed it (raise it with "
+            "RoPE scaling to extend the context, docs/models.md)."),
       FIELD(model, rope_theta, above(0), "RoPE base frequency theta."),
+      FIELD(model, rope_type, no_limit(),
+            "RoPE scaling as transformers computes it (modeling_rope_utils.py): default (none), "
+            "linear, dynamic (NTK, recomputed for sequences past max_position_embeddings), yarn, "
+            "llama3. docs/models.md#extending-the-context."),
+      FIELD(model, rope_factor, at_least(1),
+            "Scaling factor (linear, dynamic, yarn, llama3); yarn: 1 = max_position_embeddings "
+            "/ rope_original_max_position_embeddings."),
+      FIELD(model, rope_original_max_position_embeddings, at_least(0),
+            "yarn, llama3: the context the model was pretrained at; 0 = not set."),
+      FIELD(model, rope_beta_fast, above(0), "yarn: the fast boundary of the frequency ramp."),
+      FIELD(model, rope_beta_slow, above(0), "yarn: the slow boundary of the frequency ramp."),
+      FIELD(model, rope_truncate, no_limit(),
+            "yarn: round the ramp's boundaries to whole dimensions (gpt-oss: false)."),
+      FIELD(model, rope_mscale, at_least(0),
+            "yarn: mscale of the attention factor (with rope_mscale_all_dim); 0 = not set."),
+      FIELD(model, rope_mscale_all_dim, at_least(0),
+            "yarn: mscale_all_dim of the attention factor; 0 = not set."),
+      FIELD(model, rope_attention_factor, at_least(0),
+            "yarn: the factor multiplying cos and sin; 0 = derived from rope_factor."),
+      FIELD(model, rope_low_freq_factor, above(0), "llama3: low_freq_factor."),
+      FIELD(model, rope_high_freq_factor, above(0), "llama3: high_freq_factor."),
       FIELD(model, rms_norm_eps, above(0), "Epsilon inside RMSNorm."),
       FIELD(model, router_aux_loss_coef, at_least(0),
             "Weight of the auxiliary load-balancing loss; 0 = the loss is off."),
       FIELD(model, initializer_range, above(0),
             "Standard deviation of the normal weight initialisation."),
       FIELD(model, init_from, no_limit(),
-            "Hugging Face Mixtral checkpoint directory (config.json, model.safetensors or "
+            "Hugging Face checkpoint directory of a supported family (config.json, "
+            "model.safetensors or "
             "model.safetensors.index.json) to start from; keys of [model] not set come from its "
             "config.json. Empty = random initialisation. Ignored when a run resumes."),
       // [training]
@@ -454,6 +500,8 @@ std::string_view type_name(FieldType type) {
       return "byte size";
     case FieldType::dataset_list:
       return "dataset list";
+    case FieldType::integer_list:
+      return "integer list";
   }
   return "?";
 }
@@ -479,6 +527,10 @@ std::string allowed_text(const Field& field) {
     case FieldType::dataset_list:
       return "an array of { path = \"...\", weight = w >= 0 [, dataset = \"bin\" | "
              "\"megatron\"] }, the weights not all 0";
+    case FieldType::integer_list: {
+      const std::string r = range_text(field.lower, field.upper);
+      return "an array of integers" + (r.empty() ? std::string() : ", each " + r);
+    }
   }
   return "";
 }
@@ -569,6 +621,16 @@ std::string check_value(const Field& field, const FieldValue& value) {
     }
     case FieldType::dataset_list:
       return check_dataset_list(key, std::get<std::vector<DatasetSource>>(value));
+    case FieldType::integer_list: {
+      const auto& list = std::get<std::vector<int64_t>>(value);
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (!in_range(static_cast<double>(list[i]), field.lower, field.upper)) {
+          return key + "[" + std::to_string(i) + "] must be " +
+                 range_phrase(field.lower, field.upper) + ", got " + std::to_string(list[i]);
+        }
+      }
+      return "";
+    }
   }
   return "";
 }
@@ -607,6 +669,11 @@ std::string quote_toml_string(std::string_view text) {
 }
 
 std::string to_toml_literal(const FieldValue& value) {
+  if (auto list = std::get_if<std::vector<int64_t>>(&value)) {
+    std::string out = "[";
+    for (size_t i = 0; i < list->size(); ++i) out += (i ? ", " : "") + std::to_string((*list)[i]);
+    return out + "]";
+  }
   if (auto list = std::get_if<std::vector<DatasetSource>>(&value)) {
     std::string out = "[";
     for (const DatasetSource& d : *list) {

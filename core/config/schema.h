@@ -15,11 +15,21 @@
 
 namespace moepeak::config_schema {
 
-enum class FieldType { integer, floating, boolean, string, enumeration, byte_size, dataset_list };
+enum class FieldType {
+  integer,
+  floating,
+  boolean,
+  string,
+  enumeration,
+  byte_size,
+  dataset_list,
+  integer_list
+};
 
 // A value on its way into or out of Config. Enumerations and byte sizes travel as strings; a
-// dataset list (training.datasets) as itself.
-using FieldValue = std::variant<int64_t, double, bool, std::string, std::vector<DatasetSource>>;
+// dataset list (training.datasets) and an integer list (model.mlp_only_layers) as themselves.
+using FieldValue = std::variant<int64_t, double, bool, std::string, std::vector<DatasetSource>,
+                                std::vector<int64_t>>;
 
 struct Bound {
   double value = 0;
@@ -33,7 +43,8 @@ struct Field {
   FieldValue (*get)(const Config&);
   void (*set)(Config&, const FieldValue&);    // the value must have passed check_value
   std::span<const std::string_view> choices;  // enumeration: the allowed spellings
-  std::optional<Bound> lower, upper;          // integer, floating; byte_size: on the byte count
+  // integer, floating, integer_list (each element); byte_size: on the byte count
+  std::optional<Bound> lower, upper;
   // string: returns what is wrong with the text, or "" when it is fine.
   std::string (*check_text)(const std::string&) = nullptr;
   std::string_view text_rule;  // string: the rule check_text enforces, for the docs
@@ -53,8 +64,8 @@ std::span<const Field> fields();  // grouped by section, in the order of section
 const Section* find_section(std::string_view name);
 const Field* find_field(std::string_view section, std::string_view key);
 
-// "integer", "float", "boolean", "string", "enum", "byte size", "dataset list" (as errors and
-// docs say it).
+// "integer", "float", "boolean", "string", "enum", "byte size", "dataset list", "integer list" (as
+// errors and docs say it).
 std::string_view type_name(FieldType type);
 // What the field accepts, as one line: ">= 1", "[0, 1)", "copy, bin, megatron", ...
 std::string allowed_text(const Field& field);
