@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Checks a moepeak step dump (`moepeak train --dump-step DIR`) against the float64 numpy reference
-of Hugging Face's MixtralForCausalLM (mixtral_reference.py).
+of Hugging Face transformers' MoE causal LMs (hf_reference.py: mixtral, qwen3_moe, chosen by
+config.json's model_type).
 
     /usr/bin/python3 tests/reference/check_step_dump.py DIR [--h 1e-4] [--seed 0] [--show 15]
 
@@ -30,15 +31,15 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import mixtral_reference as ref  # noqa: E402
+import hf_reference as ref  # noqa: E402
 
 # Loss bound. moepeak runs the forward in float32 (unit roundoff u = 2^-24 ~ 6e-8). The loss goes
 # through dot products of length <= a few hundred, two residual layers, softmaxes and a log-sum-exp;
 # rounding errors there grow roughly like sqrt(length) * u per op and partly cancel in the mean,
 # so the float32 loss is expected within ~1e-7..1e-6 of the exact one. 1e-5 leaves a 10-100x
-# margin for that, while any departure from HF semantics (RoPE pairing, router renormalisation, GQA
-# mapping, norm eps placement...) moves the loss of a model initialised with std 0.2 by far more
-# (1e-3 and up).
+# margin for that, while any departure from HF semantics (RoPE pairing or scaling, router
+# renormalisation, GQA mapping, norm eps placement, q/k norms...) moves the loss of a model
+# initialised with std 0.2 by far more (1e-3 and up).
 LOSS_REL_TOL = 1e-5
 
 # Gradient bound: |g_ref - g| <= GRAD_ABS * max|g over the tensor| + GRAD_REL * |g_ref|.
@@ -89,14 +90,17 @@ class Check:
 
 
 def selections(result: ref.ForwardResult) -> np.ndarray:
-    """All layers' top-k choices as one array, each token's k experts sorted (order is irrelevant)."""
+    """All MoE layers' top-k choices as one array, each token's k experts sorted (order is
+    irrelevant); empty when the model has no MoE layer."""
+    if not result.selected_experts:
+        return np.zeros((0, 0), dtype=np.int64)
     return np.sort(np.concatenate(result.selected_experts, axis=0), axis=-1)
 
 
 class Reference:
     """The float64 reference loss as a function of one perturbed tensor."""
 
-    def __init__(self, params: Dict[str, np.ndarray], cfg: ref.MixtralConfig,
+    def __init__(self, params: Dict[str, np.ndarray], cfg: ref.ModelConfig,
                  input_ids: np.ndarray, labels: np.ndarray):
         self.params, self.cfg, self.input_ids, self.labels = params, cfg, input_ids, labels
         self.base_loss, result = ref.loss(params, cfg, input_ids, labels, return_forward=True)
@@ -123,6 +127,22 @@ class Reference:
             return None
         finally:
             tensor[...] = saved
+
+
+def describe(cfg: ref.ModelConfig) -> str:
+    """One line naming the model's family and shape (any family)."""
+    moe = len(cfg.moe_layers)
+    extras = [f"rope {cfg.rope.rope_type}"]
+    if cfg.tie_word_embeddings:
+        extras.append("tied embeddings")
+    if cfg.attention_bias:
+        extras.append("attention biases")
+    if cfg.output_router_logits:
+        extras.append(f"aux loss {cfg.router_aux_loss_coef:g}")
+    return (f"{cfg.model_type}, {cfg.num_hidden_layers} layers ({moe} MoE), hidden {cfg.hidden_size}, "
+            f"heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} (q/kv), head_dim {cfg.head_dim}, "
+            f"{cfg.num_experts} experts top-{cfg.num_experts_per_tok}, vocab {cfg.vocab_size}, "
+            + ", ".join(extras))
 
 
 def format_index(idx: Tuple[int, ...]) -> str:
@@ -177,12 +197,14 @@ def main(argv: List[str]) -> int:
     input_ids = np.asarray(batch["input_ids"], dtype=np.int64)
     labels = np.asarray(batch["labels"], dtype=np.int64)
 
-    print(f"# dump {d}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, heads "
-          f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} (q/kv), head_dim {cfg.head_dim}, "
-          f"{cfg.num_local_experts} experts top-{cfg.num_experts_per_tok}, vocab {cfg.vocab_size}; "
-          f"batch {input_ids.shape[0]}x{input_ids.shape[1]}, {int(np.sum(labels != ref.IGNORE_INDEX))} labelled")
+    print(f"# dump {d}: {describe(cfg)}; batch {input_ids.shape[0]}x{input_ids.shape[1]}, "
+          f"{int(np.sum(labels != ref.IGNORE_INDEX))} labelled")
 
     problems = []
+    try:
+        ref.check_params(params, cfg)  # the tensor names and shapes the config implies
+    except ValueError as e:
+        problems.append(str(e))
     if set(params) != set(grads):
         problems.append(f"model/grads tensor names differ: {sorted(set(params) ^ set(grads))}")
     for name in sorted(set(params) & set(grads)):

@@ -1,12 +1,19 @@
 #!/usr/bin/python3
 """Hugging Face checkpoints in and out of moepeak, against the float64 numpy reference of
-MixtralForCausalLM (mixtral_reference.py). Used by run_hf_roundtrip.sh.
+transformers' MoE causal LMs (hf_reference.py: mixtral, qwen3_moe). Used by run_hf_roundtrip.sh.
 
     hf_roundtrip.py make DIR --form 4|5 --dtype F32|BF16|F16 --files N [--seed S]
-        Writes a Hugging Face Mixtral directory of random weights (std 0.2): config.json in the
-        transformers 4 form (rope_theta, torch_dtype, head_dim spelled out) or the 5 form
-        (rope_parameters.rope_theta, dtype, "head_dim": null), the weights in one
-        model.safetensors (N = 1) or N files with model.safetensors.index.json.
+                    [--model-type mixtral|qwen3_moe] [--set KEY=JSON ...]
+        Writes a Hugging Face directory of random weights (std 0.2; norms 1 + that) for a small
+        model of the family (default mixtral): config.json in the transformers 4 form (rope_theta
+        at top level, torch_dtype, head_dim spelled out; qwen3_moe: rope_scaling null and
+        num_experts, as the Hub's Qwen3 configs) or the 5 form (rope_parameters with rope_type and
+        rope_theta, dtype; mixtral: "head_dim": null; qwen3_moe: num_local_experts, which is what
+        transformers 5.25's save_pretrained writes for Qwen3MoeConfig), the weights under their Hub
+        names (hf_reference.param_shapes) in one model.safetensors (N = 1) or N files with
+        model.safetensors.index.json. Each --set puts KEY = the JSON value (a bare word is a
+        string) into config.json last, e.g. --set mlp_only_layers=[1] --set tie_word_embeddings=true
+        --set 'rope_scaling={"rope_type": "yarn", "factor": 4.0}'; the tensors follow the config.
     hf_roundtrip.py check HF_DIR DUMP_DIR
         HF_DIR is what moepeak started from (a directory made above, or a `moepeak export`);
         DUMP_DIR its step-1 dump (`train --init-from HF_DIR --dump-step DUMP_DIR`). Checks that
@@ -30,40 +37,66 @@ from typing import Dict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import mixtral_reference as ref  # noqa: E402
+import hf_reference as ref  # noqa: E402
 
 LOSS_REL_TOL = 1e-5  # as check_step_dump.py: float32 forward vs float64 reference
 
-# The model of the hand-made checkpoints: every feature the loss depends on visibly (GQA 4/2,
-# 4 experts top-2, 2 layers), with head_dim derived from hidden / heads so that the transformers 5
-# form's "head_dim": null is exercised.
+# The mixtral model of the hand-made checkpoints: every feature the loss depends on visibly (GQA
+# 4/2, 4 experts top-2, 2 layers), with head_dim derived from hidden / heads so that the
+# transformers 5 form's "head_dim": null is exercised.
 SHAPE = dict(vocab_size=48, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
              num_experts_per_tok=2, max_position_embeddings=256, rms_norm_eps=1e-5)
+# The qwen3_moe model: as Qwen3-30B-A3B in kind (head_dim 16 != hidden / heads = 8, q/k norms,
+# norm_topk_prob, every layer MoE, no attention biases, untied head), GQA 4/2, 4 experts top-2;
+# the expert count's key depends on the form (num_experts / num_local_experts). Dense layers, tied
+# embeddings, biases, RoPE scaling: --set.
+QWEN3_SHAPE = dict(vocab_size=48, hidden_size=32, intermediate_size=40, moe_intermediate_size=24,
+                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   num_experts_per_tok=2, max_position_embeddings=256, rms_norm_eps=1e-6)
+QWEN3_EXPERTS = 4
 ROPE_THETA = 5000.0
 
 
-def param_shapes(c: Dict) -> Dict[str, tuple]:
-    """MixtralForCausalLM's tensor names and shapes."""
-    h, f, e = c["hidden_size"], c["intermediate_size"], c["num_local_experts"]
-    d = h // c["num_attention_heads"]
-    shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,),
-              "lm_head.weight": (c["vocab_size"], h)}
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (h,)
-        shapes[p + "post_attention_layernorm.weight"] = (h,)
-        shapes[p + "self_attn.q_proj.weight"] = (c["num_attention_heads"] * d, h)
-        shapes[p + "self_attn.k_proj.weight"] = (c["num_key_value_heads"] * d, h)
-        shapes[p + "self_attn.v_proj.weight"] = (c["num_key_value_heads"] * d, h)
-        shapes[p + "self_attn.o_proj.weight"] = (h, c["num_attention_heads"] * d)
-        shapes[p + "block_sparse_moe.gate.weight"] = (e, h)
-        for j in range(e):
-            q = p + f"block_sparse_moe.experts.{j}."
-            shapes[q + "w1.weight"] = (f, h)
-            shapes[q + "w3.weight"] = (f, h)
-            shapes[q + "w2.weight"] = (h, f)
-    return shapes
+def make_config(model_type: str, form: int, dtype: str) -> Dict:
+    """config.json of the hand-made checkpoint (before --set), in transformers' form 4 or 5."""
+    torch_dtype = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[dtype]
+    if model_type == "mixtral":
+        config = dict(SHAPE, architectures=["MixtralForCausalLM"], model_type="mixtral",
+                      hidden_act="silu", tie_word_embeddings=False, sliding_window=None,
+                      router_aux_loss_coef=0.02, output_router_logits=False, initializer_range=0.02)
+        if form == 4:
+            config.update(rope_theta=ROPE_THETA, torch_dtype=torch_dtype,
+                          head_dim=SHAPE["hidden_size"] // SHAPE["num_attention_heads"],
+                          transformers_version="4.46.0")
+        else:
+            config.update(rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+                          dtype=torch_dtype, head_dim=None, transformers_version="5.0.0")
+        return config
+    config = dict(QWEN3_SHAPE, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                  hidden_act="silu", attention_bias=False, attention_dropout=0.0,
+                  decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+                  tie_word_embeddings=False, use_sliding_window=False, sliding_window=None,
+                  router_aux_loss_coef=0.02, output_router_logits=False, initializer_range=0.02)
+    if form == 4:
+        config.update(num_experts=QWEN3_EXPERTS, rope_theta=ROPE_THETA, rope_scaling=None,
+                      torch_dtype=torch_dtype, transformers_version="4.57.6")
+    else:
+        config.update(num_local_experts=QWEN3_EXPERTS,
+                      rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+                      dtype=torch_dtype, transformers_version="5.25.0")
+    return config
+
+
+def parse_set(item: str):
+    """KEY=JSON (a value that is not JSON is taken as a string)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--set {item!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -88,24 +121,17 @@ def write_safetensors(path: str, tensors: Dict[str, tuple]) -> None:
 
 
 def make(args) -> int:
+    config = make_config(args.model_type, args.form, args.dtype)
+    for key, value in args.set:
+        config[key] = value
+    shapes = ref.param_shapes(ref.config_from_dict(config, where="the config to write"))
     os.makedirs(args.dir, exist_ok=True)
-    config = dict(SHAPE, architectures=["MixtralForCausalLM"], model_type="mixtral",
-                  hidden_act="silu", tie_word_embeddings=False, sliding_window=None,
-                  router_aux_loss_coef=0.02, output_router_logits=False, initializer_range=0.02)
-    torch_dtype = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[args.dtype]
-    if args.form == 4:
-        config.update(rope_theta=ROPE_THETA, torch_dtype=torch_dtype,
-                      head_dim=SHAPE["hidden_size"] // SHAPE["num_attention_heads"],
-                      transformers_version="4.46.0")
-    else:
-        config.update(rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
-                      dtype=torch_dtype, head_dim=None, transformers_version="5.0.0")
     with open(os.path.join(args.dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
 
     rng = np.random.default_rng(args.seed)
     files = [dict() for _ in range(args.files)]
-    for k, (name, shape) in enumerate(param_shapes(config).items()):
+    for k, (name, shape) in enumerate(shapes.items()):
         x = rng.normal(0.0, 0.2, size=shape).astype(np.float32)
         if name.endswith("norm.weight"):
             x = (1.0 + x).astype(np.float32)
@@ -182,6 +208,9 @@ def main() -> int:
     m.add_argument("--dtype", choices=["F32", "BF16", "F16"], required=True)
     m.add_argument("--files", type=int, default=1)
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--model-type", choices=["mixtral", "qwen3_moe"], default="mixtral")
+    m.add_argument("--set", type=parse_set, action="append", default=[], metavar="KEY=JSON",
+                   help="a config.json field, written last")
     c = sub.add_parser("check")
     c.add_argument("hf_dir")
     c.add_argument("dump_dir")
