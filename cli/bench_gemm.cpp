@@ -60,7 +60,7 @@ struct GemmShape {
 std::vector<GemmShape> step_gemms(const ModelConfig& model, int64_t tokens) {
   const int64_t H = model.hidden_size, d = model.head_dim, nh = model.num_attention_heads;
   const int64_t nkv = model.num_key_value_heads, E = model.num_local_experts;
-  const int64_t k = model.num_experts_per_tok, F = model.intermediate_size;
+  const int64_t k = model.num_experts_per_tok, F = model.expert_intermediate_size();
   const int64_t rows = std::max<int64_t>(1, tokens * k / E);  // mean rows per expert
   const int64_t strip = std::max<int64_t>(1, model.vocab_size / 8);
   return {{"q_proj", tokens, nh * d, H},      {"kv_proj", tokens, nkv * d, H},

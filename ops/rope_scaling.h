@@ -76,6 +76,7 @@ struct RopeScaling {
   std::optional<double> attention_factor;  // yarn
   std::optional<double> low_freq_factor;   // llama3
   std::optional<double> high_freq_factor;  // llama3
+  bool operator==(const RopeScaling&) const = default;
 };
 
 // The op's parameters for one call site: theta (rope_theta), rotary_dim (the rotated width of a

@@ -148,8 +148,8 @@ HfExportSummary export_hf_checkpoint(const std::string& checkpoint, const std::s
     write_file_atomically((tmp / "model.safetensors.index.json").string(), index.dump(2) + "\n");
     write_file_atomically(
         (tmp / "config.json").string(),
-        mixtral_config_json(model,
-                            torch_dtype_name(options.dtype == "BF16" ? DType::bf16 : DType::f32))
+        model_config_json(model,
+                          torch_dtype_name(options.dtype == "BF16" ? DType::bf16 : DType::f32))
                 .dump(2) +
             "\n");
     write_file_atomically((tmp / "generation_config.json").string(),

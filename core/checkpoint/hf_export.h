@@ -1,6 +1,7 @@
 // Exporting a training checkpoint as a Hugging Face model (`moepeak export`).
 //
-//   OUT/config.json                        MixtralConfig (mixtral_config_json), torch_dtype and
+//   OUT/config.json                        the family's config.json (model_config_json),
+//   torch_dtype and
 //                                          dtype = the exported dtype
 //   OUT/generation_config.json             {"_from_model_config": true}
 //   OUT/model.safetensors.index.json       {"metadata": {"total_size": bytes of the weights},

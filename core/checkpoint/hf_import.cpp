@@ -18,8 +18,14 @@ constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 
 // Keys of [model] that are training choices, not properties of the weights (hf_import.h).
+// Keys a run may set apart from the checkpoint's config.json: the loss and the initialisation,
+// and the context — extending a pretrained model's context is setting RoPE scaling
+// (model.rope_*) and the new max_position_embeddings over the weights it was trained with
+// (docs/models.md#extending-the-context).
 bool is_training_choice(const std::string& key) {
-  return key == "model.router_aux_loss_coef" || key == "model.initializer_range";
+  return key == "model.router_aux_loss_coef" || key == "model.initializer_range" ||
+         key == "model.max_position_embeddings" || key == "model.rope_type" ||
+         (key.rfind("model.rope_", 0) == 0 && key != "model.rope_theta");
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -166,23 +172,29 @@ void HfCheckpoint::read_elements(const std::string& tensor, int64_t begin, int64
 
 void load_hf_weights(const HfCheckpoint& hf, ZeroParamStore& params, Stream& stream) {
   const auto& infos = params.layout().params();
+  const std::string_view family = enum_name(params.layout().spec().family);
+  // Missing first: a config.json that describes other layers than the files hold (a dense layer
+  // where the files have experts) names the tensor the family needs.
+  for (const ParamInfo& p : infos) {
+    if (!hf.contains(p.name)) {
+      MOEPEAK_INPUT_ERROR("model.init_from: ", hf.dir(), " has no tensor \"", p.name,
+                          "\", a weight of this ", family,
+                          " model (as its config.json and the [model] keys describe it)");
+    }
+  }
   std::set<std::string> expected;
   for (const ParamInfo& p : infos) expected.insert(p.name);
   for (const std::string& name : hf.tensor_names()) {
     if (!expected.count(name)) {
       MOEPEAK_INPUT_ERROR(hf.file(name).path(), ": tensor \"", name,
-                          "\" is not a weight of this model (Mixtral with the [model] shape); "
-                          "is the checkpoint of another architecture?");
+                          "\" is not a weight of this model (", family,
+                          " with the [model] shape); is the checkpoint of another architecture?");
     }
   }
   const std::string_view dtype = safetensors_dtype_name(params.dtype());
   std::vector<char> host;
   for (size_t i = 0; i < infos.size(); ++i) {
     const ParamInfo& p = infos[i];
-    if (!hf.contains(p.name)) {
-      MOEPEAK_INPUT_ERROR("model.init_from: ", hf.dir(), " has no tensor \"", p.name,
-                          "\" (a weight of this model)");
-    }
     const SafetensorsFile& file = hf.file(p.name);
     const SafetensorsTensorInfo& info = file.info(p.name);
     if (info.shape != p.shape.dims()) {

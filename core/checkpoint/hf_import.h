@@ -30,9 +30,11 @@ namespace moepeak {
 // `cfg` with [model] completed from model.init_from's config.json (unchanged when init_from is
 // empty). A [model] key the user did not set takes config.json's value (its origin then names
 // the file); a key the user set must agree with it, or the error names both values and where
-// each came from. Two keys are training choices rather than properties of the weights and keep
+// each came from. Some keys are training choices rather than properties of the weights and keep
 // the user's value when set: router_aux_loss_coef (transformers counts it only with
-// output_router_logits) and initializer_range (unused when starting from weights). The merged
+// output_router_logits), initializer_range (unused when starting from weights), and the context:
+// max_position_embeddings and the RoPE scaling (model.rope_type and its model.rope_* parameters,
+// not rope_theta), which extending a pretrained model's context changes. The merged
 // config is checked like a loaded one (check_config). Idempotent.
 Config with_init_from_model(const Config& cfg);
 

@@ -70,7 +70,7 @@ TuneShape tune_shape(const Config& cfg, int world) {
   s.world = world;
   s.tokens = B * T / world;
   s.hidden = m.hidden_size;
-  s.ffn = m.intermediate_size;
+  s.ffn = m.expert_intermediate_size();
   s.experts = m.num_local_experts;
   s.top_k = m.num_experts_per_tok;
   s.vocab = m.vocab_size;

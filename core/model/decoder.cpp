@@ -16,6 +16,7 @@
 #include "ops/schedules/checkpoint_choice.h"
 #include "ops/schedules/dispatch_choice.h"
 #include "ops/schedules/vocab_choice.h"
+#include "ops/swiglu.h"
 
 namespace moepeak {
 
@@ -26,17 +27,21 @@ using schedules::HeadKind;
 // attention output back in this rank's token layout, kept for o_proj's backward (W > 1 only).
 struct DecoderModel::LayerActivations {
   OwnedTensor n1, rstd1;                       // input norm (N, H), (N)
+  OwnedTensor q_pre, k_pre, rstd_q, rstd_k;    // qk_norm: q, k before it (N, nh*d), (N, nkv*d);
+                                               // rstd (N*nh), (N*nkv)
   OwnedTensor q, k, v;                         // (B, T, hq_r, d), (B, T, hkv_r, d) x2, after RoPE
   OwnedTensor out, lse;                        // (B, T, hq_r, d), (B, hq_r, T)
   OwnedTensor attn;                            // (N, nh*d) when W > 1
   OwnedTensor h;                               // (N, H) x + o_proj(attn)
   OwnedTensor n2, rstd2;                       // post-attention norm (N, H), (N)
-  OwnedTensor probs, topk_index, topk_weight;  // (N, E), (N, k) i32, (N, k)
+  OwnedTensor probs, topk_index, topk_weight;  // MoE: (N, E), (N, k) i32, (N, k)
+  OwnedTensor mlp_gate, mlp_up;                // dense: gate and up projections (N, I) x2
   schedules::ExpertDispatch* dispatch = nullptr;  // the layer's, in DecoderModel::dispatchers_
 
   void release() {
-    for (OwnedTensor* t : {&n1, &rstd1, &q, &k, &v, &out, &lse, &attn, &h, &n2, &rstd2, &probs,
-                           &topk_index, &topk_weight}) {
+    for (OwnedTensor* t : {&n1,    &rstd1, &q_pre,      &k_pre,       &rstd_q,   &rstd_k, &q,
+                           &k,     &v,     &out,        &lse,         &attn,     &h,      &n2,
+                           &rstd2, &probs, &topk_index, &topk_weight, &mlp_gate, &mlp_up}) {
       t->reset();
     }
     if (dispatch) dispatch->release();
@@ -67,6 +72,7 @@ DecoderModel::DecoderModel(Backend& backend, Stream& stream, Comm& comm, const M
       dtype_(dtype),
       layout_(comm, degrees.value_or(ParallelDegrees::uniform(comm.world_size())), backend.kind()),
       params_(backend, model, dtype, layout_, lm_head_sharding(schedules.vocab)),
+      spec_(params_.layout().spec()),
       // One rank gathers nothing: no comm stream for it.
       zero_traffic_(params_, backend, stream, comm.world_size() > 1 ? zero_prefetch_depth : 0) {
   const auto [first, last] = zero_local_experts(model, layout_.degrees(), layout_.expert().rank());
@@ -138,17 +144,29 @@ OwnedTensor DecoderModel::attention_forward(const LayerParamIndex& L, const Grou
   // n1 = norm(x); q, k, v of this rank's tokens; RoPE at their global positions.
   a.n1 = device(Shape{N, H}, LiveSet::attention, "input norm");
   a.rstd1 = device(Shape{N}, LiveSet::attention, "input norm rstd");
-  ops::rmsnorm_forward(x, w.value(L.input_norm), model_.rms_norm_eps, a.n1, a.rstd1, stream_);
+  ops::rmsnorm_forward(x, w.value(L.input_norm), spec_.norm_eps, a.n1, a.rstd1, stream_);
   OwnedTensor q = device(Shape{N, nh * d}, LiveSet::attention, "q");
   OwnedTensor k = device(Shape{N, nkv * d}, LiveSet::attention, "k");
   OwnedTensor v = device(Shape{N, nkv * d}, LiveSet::attention, "v");
   ops::linear_forward(a.n1, w.value(L.q), q, false, stream_);
   ops::linear_forward(a.n1, w.value(L.k), k, false, stream_);
   ops::linear_forward(a.n1, w.value(L.v), v, false, stream_);
-  ops::rope_forward(q.view().reshape(Shape{N, nh, d}), batch.positions,
-                    ops::RopeParams::standard(model_.rope_theta, d), stream_);
-  ops::rope_forward(k.view().reshape(Shape{N, nkv, d}), batch.positions,
-                    ops::RopeParams::standard(model_.rope_theta, d), stream_);
+  if (L.q_norm >= 0) {
+    // An RMSNorm over head_dim on every query and key head (rows of d), before RoPE; the
+    // projections themselves are kept for its backward.
+    a.q_pre = std::move(q);
+    a.k_pre = std::move(k);
+    a.rstd_q = device(Shape{N * nh}, LiveSet::attention, "q norm rstd");
+    a.rstd_k = device(Shape{N * nkv}, LiveSet::attention, "k norm rstd");
+    q = device(Shape{N, nh * d}, LiveSet::attention, "q");
+    k = device(Shape{N, nkv * d}, LiveSet::attention, "k");
+    ops::rmsnorm_forward(a.q_pre.view().reshape(Shape{N * nh, d}), w.value(L.q_norm),
+                         spec_.norm_eps, q.view().reshape(Shape{N * nh, d}), a.rstd_q, stream_);
+    ops::rmsnorm_forward(a.k_pre.view().reshape(Shape{N * nkv, d}), w.value(L.k_norm),
+                         spec_.norm_eps, k.view().reshape(Shape{N * nkv, d}), a.rstd_k, stream_);
+  }
+  ops::rope_forward(q.view().reshape(Shape{N, nh, d}), batch.positions, rope_, stream_);
+  ops::rope_forward(k.view().reshape(Shape{N, nkv, d}), batch.positions, rope_, stream_);
 
   // To the head layout: whole sequences of this rank's heads.
   OwnedTensor staging;
@@ -239,10 +257,18 @@ OwnedTensor DecoderModel::attention_backward(const LayerParamIndex& L, const Gro
     dk = to_tokens(dk, HeadKind::kv, nkv * d, "dk (token layout)");
     dv = to_tokens(dv, HeadKind::kv, nkv * d, "dv (token layout)");
   }
-  ops::rope_backward(dq.view().reshape(Shape{N, nh, d}), batch.positions,
-                     ops::RopeParams::standard(model_.rope_theta, d), stream_);
-  ops::rope_backward(dk.view().reshape(Shape{N, nkv, d}), batch.positions,
-                     ops::RopeParams::standard(model_.rope_theta, d), stream_);
+  ops::rope_backward(dq.view().reshape(Shape{N, nh, d}), batch.positions, rope_, stream_);
+  ops::rope_backward(dk.view().reshape(Shape{N, nkv, d}), batch.positions, rope_, stream_);
+  if (L.q_norm >= 0) {
+    // NOTES: in place (dx = dy): the norm's backward reads each row whole before it writes it
+    // (ops/rmsnorm.h), so dq and dk become the projections' gradients without a second buffer.
+    const Tensor dq_rows = dq.view().reshape(Shape{N * nh, d});
+    const Tensor dk_rows = dk.view().reshape(Shape{N * nkv, d});
+    ops::rmsnorm_backward(a.q_pre.view().reshape(Shape{N * nh, d}), w.value(L.q_norm), a.rstd_q,
+                          dq_rows, dq_rows, w.grad(L.q_norm), stream_);
+    ops::rmsnorm_backward(a.k_pre.view().reshape(Shape{N * nkv, d}), w.value(L.k_norm), a.rstd_k,
+                          dk_rows, dk_rows, w.grad(L.k_norm), stream_);
+  }
   OwnedTensor dn1 = device(Shape{N, H}, LiveSet::workspace, "d input norm");
   ops::linear_backward(a.n1, w.value(L.q), dq.view().reshape(Shape{N, nh * d}), dn1, false,
                        w.grad(L.q), stream_);
@@ -261,25 +287,33 @@ OwnedTensor DecoderModel::layer_forward(int layer, const Group& w, const Tensor&
                                         bool recompute) {
   const LayerParamIndex& L = params_.layout().layers[layer];
   const int64_t N = x.size(0), H = model_.hidden_size;
-  const int64_t E = model_.num_local_experts, k = model_.num_experts_per_tok;
 
   enter(attention_phase(recompute));  // the recompute is part of the layer's backward
   a.h = attention_forward(L, w, x, batch, a);
   enter(experts_phase(recompute));
 
-  // MoE block: n2 = norm(h); router; y = h + sum of weighted experts.
+  // MLP block: n2 = norm(h); y = h + mlp(n2).
   a.n2 = device(Shape{N, H}, LiveSet::workspace, "post-attention norm");
   a.rstd2 = device(Shape{N}, LiveSet::workspace, "post-attention norm rstd");
-  ops::rmsnorm_forward(a.h, w.value(L.post_norm), model_.rms_norm_eps, a.n2, a.rstd2, stream_);
+  ops::rmsnorm_forward(a.h, w.value(L.post_norm), spec_.norm_eps, a.n2, a.rstd2, stream_);
+  return L.moe() ? moe_forward(layer, w, a, recompute) : dense_mlp_forward(L, w, a, recompute);
+}
+
+OwnedTensor DecoderModel::moe_forward(int layer, const Group& w, LayerActivations& a,
+                                      bool recompute) {
+  const LayerParamIndex& L = params_.layout().layers[layer];
+  const MlpSpec& mlp = spec_.layers[layer].mlp;
+  const int64_t N = a.n2.view().size(0), H = model_.hidden_size;
+  const int64_t E = mlp.experts, k = mlp.router.top_k;
   a.probs = device(Shape{N, E}, LiveSet::workspace, "router probabilities");
   a.topk_index =
       OwnedTensor::device(backend_, Shape{N, k}, DType::i32, LiveSet::workspace, "top-k experts");
   a.topk_weight = device(Shape{N, k}, LiveSet::workspace, "top-k weights");
   {
     OwnedTensor router_logits = device(Shape{N, E}, LiveSet::workspace, "router logits");
-    ops::linear_forward(a.n2, w.value(L.gate), router_logits, false, stream_);
-    ops::router_forward(router_logits, static_cast<int>(k), true, a.probs, a.topk_index,
-                        a.topk_weight, stream_);
+    ops::linear_forward(a.n2, w.value(L.router), router_logits, false, stream_);
+    ops::router_forward(router_logits, static_cast<int>(k), mlp.router.renormalize, a.probs,
+                        a.topk_index, a.topk_weight, stream_);
   }
   if (schedules_.routing == Routing::worst_case) {
     // The plan's worst case (schedules.routing): token n's j-th expert is expert j, so every
@@ -292,7 +326,7 @@ OwnedTensor DecoderModel::layer_forward(int layer, const Group& w, const Tensor&
     dispatchers_.resize(static_cast<size_t>(layer) + 1);
   if (!dispatchers_[layer]) {
     dispatchers_[layer] = schedules::make_dispatch(schedules_, backend_, stream_, layout_.expert(),
-                                                   dtype_, model_.num_local_experts, llep_lane_);
+                                                   dtype_, E, llep_lane_);
   }
   a.dispatch = dispatchers_[layer].get();
   // The recompute's output is dropped: a dispatcher that can (PipelinedLLEP) then only plans (an
@@ -317,9 +351,60 @@ OwnedTensor DecoderModel::layer_forward(int layer, const Group& w, const Tensor&
         expert_load_[layer][e] = static_cast<int64_t>(counts[e]);
       }
     }
-    if (model_.router_aux_loss_coef != 0.0) accumulate_router_prob_sums(a.probs);
+    if (spec_.aux_loss_coef != 0.0) accumulate_router_prob_sums(a.probs);
   }
   return y;
+}
+
+OwnedTensor DecoderModel::dense_mlp_forward(const LayerParamIndex& L, const Group& w,
+                                            LayerActivations& a, bool recompute) {
+  const int64_t N = a.n2.view().size(0), H = model_.hidden_size;
+  const int64_t I = w.value(L.dense_gate).size(0);
+  a.mlp_gate = device(Shape{N, I}, LiveSet::workspace, "dense MLP gate");
+  a.mlp_up = device(Shape{N, I}, LiveSet::workspace, "dense MLP up");
+  ops::linear_forward(a.n2, w.value(L.dense_gate), a.mlp_gate, false, stream_);
+  ops::linear_forward(a.n2, w.value(L.dense_up), a.mlp_up, false, stream_);
+  if (recompute) return OwnedTensor();  // the backward needs gate and up, not the output
+  OwnedTensor act = device(Shape{N, I}, LiveSet::workspace, "dense MLP activation");
+  ops::swiglu_forward(a.mlp_gate, a.mlp_up, act, stream_);
+  OwnedTensor y = device(Shape{N, H}, LiveSet::boundaries, "layer output");
+  ops::copy(a.h, y, stream_);
+  ops::linear_forward(act, w.value(L.dense_down), y, /*accumulate=*/true, stream_);
+  return y;
+}
+
+void DecoderModel::moe_backward(int layer, const Group& w, const Tensor& dy, LayerActivations& a,
+                                const Tensor& dn2) {
+  const LayerParamIndex& L = params_.layout().layers[layer];
+  const MlpSpec& mlp = spec_.layers[layer].mlp;
+  const int64_t N = dy.size(0), E = mlp.experts, k = mlp.router.top_k;
+  OwnedTensor dtopk_weight = device(Shape{N, k}, LiveSet::workspace, "d top-k weights");
+  a.dispatch->backward(dy, local_experts_of(layer, w, true), dn2, dtopk_weight);
+  OwnedTensor drouter = device(Shape{N, E}, LiveSet::workspace, "d router logits");
+  ops::router_backward(a.probs, a.topk_index, a.topk_weight, dtopk_weight, mlp.router.renormalize,
+                       drouter, stream_);
+  if (aux_dprobs_.view().defined())
+    ops::router_aux_backward(a.probs, aux_dprobs_, drouter, stream_);
+  ops::linear_backward(a.n2, w.value(L.router), drouter, dn2, true, w.grad(L.router), stream_);
+}
+
+void DecoderModel::dense_mlp_backward(const LayerParamIndex& L, const Group& w, const Tensor& dy,
+                                      LayerActivations& a, const Tensor& dn2) {
+  const int64_t N = dy.size(0), I = a.mlp_gate.view().size(1);
+  // The activation again from the kept gate and up (cheaper than keeping it), then down's
+  // backward, SwiGLU's, and gate's and up's into dn2.
+  OwnedTensor act = device(Shape{N, I}, LiveSet::workspace, "dense MLP activation");
+  ops::swiglu_forward(a.mlp_gate, a.mlp_up, act, stream_);
+  OwnedTensor dact = device(Shape{N, I}, LiveSet::workspace, "d dense MLP activation");
+  ops::linear_backward(act, w.value(L.dense_down), dy, dact, false, w.grad(L.dense_down), stream_);
+  act.reset();
+  OwnedTensor dgate = device(Shape{N, I}, LiveSet::workspace, "d dense MLP gate");
+  OwnedTensor dup = device(Shape{N, I}, LiveSet::workspace, "d dense MLP up");
+  ops::swiglu_backward(a.mlp_gate, a.mlp_up, dact, dgate, dup, stream_);
+  dact.reset();
+  ops::linear_backward(a.n2, w.value(L.dense_gate), dgate, dn2, true, w.grad(L.dense_gate),
+                       stream_);
+  ops::linear_backward(a.n2, w.value(L.dense_up), dup, dn2, true, w.grad(L.dense_up), stream_);
 }
 
 OwnedTensor DecoderModel::layer_backward(int layer, const Group& w, const Tensor& dy,
@@ -327,21 +412,15 @@ OwnedTensor DecoderModel::layer_backward(int layer, const Group& w, const Tensor
                                          LayerActivations& a) {
   const LayerParamIndex& L = params_.layout().layers[layer];
   const int64_t N = x.size(0), H = model_.hidden_size;
-  const int64_t E = model_.num_local_experts, k = model_.num_experts_per_tok;
 
   enter(StepPhase::backward_experts);
-  // MoE block: dh = dy (residual) + norm backward of (experts' and router's dn2).
+  // MLP block: dh = dy (residual) + norm backward of the MLP's (experts' and router's) dn2.
   OwnedTensor dn2 = device(Shape{N, H}, LiveSet::workspace, "d post-attention norm");
   ops::fill(dn2, 0.0, stream_);
-  {
-    OwnedTensor dtopk_weight = device(Shape{N, k}, LiveSet::workspace, "d top-k weights");
-    a.dispatch->backward(dy, local_experts_of(layer, w, true), dn2, dtopk_weight);
-    OwnedTensor drouter = device(Shape{N, E}, LiveSet::workspace, "d router logits");
-    ops::router_backward(a.probs, a.topk_index, a.topk_weight, dtopk_weight, true, drouter,
-                         stream_);
-    if (aux_dprobs_.view().defined())
-      ops::router_aux_backward(a.probs, aux_dprobs_, drouter, stream_);
-    ops::linear_backward(a.n2, w.value(L.gate), drouter, dn2, true, w.grad(L.gate), stream_);
+  if (L.moe()) {
+    moe_backward(layer, w, dy, a, dn2);
+  } else {
+    dense_mlp_backward(L, w, dy, a, dn2);
   }
   OwnedTensor dh = device(Shape{N, H}, LiveSet::workspace, "d attention residual");
   ops::rmsnorm_backward(a.h, w.value(L.post_norm), a.rstd2, dn2, dh, w.grad(L.post_norm), stream_);
@@ -364,6 +443,9 @@ double DecoderModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
                                             layout_.sequence().rank(), model_.num_attention_heads,
                                             model_.num_key_value_heads, model_.head_dim_resolved());
   const int64_t N = ulysses_.local_tokens();
+  // NOTES: positions are global and every sequence of a batch is T long, so T is the length
+  // dynamic NTK scaling reads (transformers: the largest position + 1) on every rank alike.
+  rope_ = spec_.rope.params(T);
   MOEPEAK_CHECK(
       batch.input_ids.numel() == N && batch.labels.numel() == N && batch.positions.numel() == N,
       "rank ", comm_.rank(), " of ", W, ": a batch of ", B, " x ", T, " tokens needs ", N,
@@ -371,7 +453,7 @@ double DecoderModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
       ", positions ", batch.positions.str());
   MOEPEAK_CHECK(loss_tokens > 0, "a batch with no scored tokens (every label is -100)");
   expert_load_.assign(static_cast<size_t>(Lc), {});
-  router_prob_sums_.assign(static_cast<size_t>(model_.num_local_experts), 0.0);
+  router_prob_sums_.assign(static_cast<size_t>(spec_.experts()), 0.0);
   const ParamLayout& P = params_.layout();
 
   // The checkpoint boundaries — each layer's input, from its forward to its backward — live in
@@ -425,8 +507,7 @@ double DecoderModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   Group head = zero.acquire();  // with backward: values and grads (zero_pass_uses)
   OwnedTensor xf = device(Shape{N, H}, LiveSet::workspace, "final norm");
   OwnedTensor rstdf = device(Shape{N}, LiveSet::workspace, "final norm rstd");
-  ops::rmsnorm_forward(final_hidden, head.value(P.final_norm), model_.rms_norm_eps, xf, rstdf,
-                       stream_);
+  ops::rmsnorm_forward(final_hidden, head.value(P.final_norm), spec_.norm_eps, xf, rstdf, stream_);
   // The vocabulary projection and cross-entropy (vocab_): materialised (N, V) logits over the
   // gathered LM head, or Ring-DTP over this rank's vocabulary rows (never gathered; its gradient
   // accumulates on this rank for every rank's batch, so it needs no reduce-scatter).
@@ -444,8 +525,7 @@ double DecoderModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
     all_reduce_host(comm_, backend_, stream_, total);
     loss = total[0];
   }
-  if (with_aux_loss && model_.router_aux_loss_coef != 0.0)
-    loss += router_aux_loss(B * T, with_backward);
+  if (with_aux_loss && spec_.aux_loss_coef != 0.0) loss += router_aux_loss(B * T, with_backward);
   if (!with_backward) {
     zero.release(std::move(head));
     zero.end();
@@ -508,15 +588,15 @@ void DecoderModel::accumulate_router_prob_sums(const Tensor& probs) {
 }
 
 double DecoderModel::router_aux_loss(int64_t tokens, bool with_backward) {
-  // Mixtral's load_balancing_loss_func over all layers' router rows (R = tokens x layers, the
-  // job's tokens):
+  // transformers' load_balancing_loss_func over the MoE layers' router rows (R = tokens x MoE
+  // layers, the job's tokens):
   //   aux = E * sum_e (c_e / R) * (S_e / R),  c_e = routed (token, slot) pairs to e, S_e = sum of
   //   probs[., e]; d aux / d probs[row, e] = E * c_e / R^2 for every row of every layer.
-  const int64_t E = model_.num_local_experts;
-  const double R = static_cast<double>(tokens * model_.num_hidden_layers);
+  const int64_t E = spec_.experts();
+  const double R = static_cast<double>(tokens * spec_.moe_layers());
   std::vector<double> counts(static_cast<size_t>(E), 0.0);
-  for (const auto& layer : expert_load_) {
-    for (int64_t e = 0; e < E; ++e) counts[e] += static_cast<double>(layer[e]);
+  for (const auto& layer : expert_load_) {  // empty for a dense layer
+    for (size_t e = 0; e < layer.size(); ++e) counts[e] += static_cast<double>(layer[e]);
   }
   double aux = 0;
   for (int64_t e = 0; e < E; ++e) aux += (counts[e] / R) * (router_prob_sums_[e] / R);
@@ -526,11 +606,11 @@ double DecoderModel::router_aux_loss(int64_t tokens, bool with_backward) {
     std::vector<double> host(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) {
       host[static_cast<size_t>(e)] =
-          model_.router_aux_loss_coef * static_cast<double>(E) * counts[e] / (R * R);
+          spec_.aux_loss_coef * static_cast<double>(E) * counts[e] / (R * R);
     }
     copy_from_host_as(host, aux_dprobs_, backend_, stream_);  // rounded to the model's dtype
   }
-  return model_.router_aux_loss_coef * aux;
+  return spec_.aux_loss_coef * aux;
 }
 
 double DecoderModel::forward_backward(const TokenBatch& batch, int64_t loss_tokens) {

@@ -1,5 +1,7 @@
-// The Mixtral decoder (docs/design.md#the-model) on W ranks in the layout of
-// docs/design.md#parallel-layout (W = 1 is one rank): forward and backward of a batch with the
+// The decoder (docs/design.md#the-model) of any model family — built from the family's
+// description, DecoderSpec (core/model/decoder_spec.h, core/model/families/), and naming no
+// family itself — on W ranks in the layout of docs/design.md#parallel-layout (W = 1 is one
+// rank): forward and backward of a batch with the
 // standard schedule of each live set — materialised logits, all-at-once expert dispatch, and
 // per-layer gradient checkpointing ("none": every activation kept; "standard": only each layer's
 // input kept, the layer recomputed in backward; "sco": the same, with inputs offloaded to pinned
@@ -8,7 +10,9 @@
 //   this rank's tokens  N = B*T/W: positions [(r%Sp)*T/Sp, +T/Sp) of each of the B/(W/Sp)
 //                       sequences of its sequence group (docs/parallelism.md; Sp = W: all B)
 //   input_ids, labels, positions (N) i64, sequence-major, positions global
-//   embedding -> L x [x += attn(norm(x)); x += moe(norm(x))] -> norm -> lm_head -> cross-entropy
+//   embedding -> L x [x += attn(norm(x)); x += mlp(norm(x))] -> norm -> lm_head -> cross-entropy
+//   attn: q, k, v projections [-> per-head q/k RMSNorm] -> RoPE -> attention -> o projection
+//   mlp:  MoE (router -> top-k -> experts, per the dispatch schedule) or a dense SwiGLU MLP
 //
 // Parallel layout (W > 1, degrees Ep, Sp, Ds: core/model/parallel_layout.h; with W = 1 every
 // exchange below is skipped and every gather is a view):
@@ -23,8 +27,8 @@
 //   - attention: q, k, v from this rank's tokens, RoPE at global positions, then Ulysses
 //     all-to-alls inside the sequence group to whole sequences of nh/Sp query heads (and their
 //     kv heads, replicated when nkv < Sp), attention, and back (ops/schedules/ulysses.h);
-//   - MoE: router on this rank's tokens, then the dispatcher schedules.dispatch names (one per
-//     layer, made on the layer's first forward and kept; schedules::make_dispatch,
+//   - MoE layers: router on this rank's tokens, then the dispatcher schedules.dispatch names (one
+//     per MoE layer, made on the layer's first forward and kept; schedules::make_dispatch,
 //     ops/schedules/dispatch_choice.h): "standard" — StandardDispatch on one
 //     rank, ExpertParallelDispatch (one all_to_all_v each way) over the Ep ranks of the expert
 //     group; "llep" — LlepDispatch
@@ -60,6 +64,7 @@
 
 #include "core/comm/comm.h"
 #include "core/config/config.h"
+#include "core/model/decoder_spec.h"
 #include "core/model/parallel_layout.h"
 #include "core/model/zero_params.h"
 #include "core/model/zero_traffic.h"
@@ -122,12 +127,14 @@ class DecoderModel {
   ZeroParamStore& params() { return params_; }
   const ZeroParamStore& params() const { return params_; }
   const ModelConfig& config() const { return model_; }
+  const DecoderSpec& spec() const { return spec_; }
   Comm& comm() const { return comm_; }
   const ParallelGroups& groups() const { return layout_; }
 
-  // The job's mean cross-entropy over the scored tokens (plus router_aux_loss_coef times
-  // Mixtral's load-balancing loss when the coefficient is not 0, as HF's MixtralForCausalLM
-  // reports it) — the same value on every rank — and its gradients accumulated (+=) into this
+  // The job's mean cross-entropy over the scored tokens (plus router_aux_loss_coef times the
+  // load-balancing loss over the MoE layers when the coefficient is not 0, as transformers'
+  // <Family>ForCausalLM reports it) — the same value on every rank — and its gradients
+  // accumulated (+=) into this
   // rank's params().flat_grads() (dense shards: the sum over ranks; local experts).
   // loss_tokens: the number of scored tokens of the whole global batch. Collective.
   double forward_backward(const TokenBatch& batch, int64_t loss_tokens);
@@ -145,15 +152,25 @@ class DecoderModel {
   // The ZeRO-3 traffic of each pass (tests slow its comm stream).
   ZeroTraffic& zero_traffic() { return zero_traffic_; }
 
-  // Tokens routed to each expert of each layer in the last forward, over the job: [layer][expert].
+  // Tokens routed to each expert of each layer in the last forward, over the job: [layer][expert]
+  // (empty for a dense layer).
   const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }
 
  private:
   struct LayerActivations;
   using Group = ZeroParamStore::GatheredGroup;
-  // The layer's output (undefined for a recompute whose dispatcher only plans).
+  // The layer's output (undefined for a recompute whose MLP only keeps what backward needs).
   OwnedTensor layer_forward(int layer, const Group& w, const Tensor& x, const TokenBatch& batch,
                             LayerActivations& acts, bool recompute);
+  // y = h + mlp(n2) from the activations' h and n2, keeping what the backward needs.
+  OwnedTensor moe_forward(int layer, const Group& w, LayerActivations& a, bool recompute);
+  OwnedTensor dense_mlp_forward(const LayerParamIndex& L, const Group& w, LayerActivations& a,
+                                bool recompute);
+  // dn2 += d mlp(n2) / d n2 from dy, param grads += into the group.
+  void moe_backward(int layer, const Group& w, const Tensor& dy, LayerActivations& a,
+                    const Tensor& dn2);
+  void dense_mlp_backward(const LayerParamIndex& L, const Group& w, const Tensor& dy,
+                          LayerActivations& a, const Tensor& dn2);
   OwnedTensor layer_backward(int layer, const Group& w, const Tensor& dy, const Tensor& x,
                              const TokenBatch& batch, LayerActivations& acts);
   // h = x + o_proj(attention(norm(x))), keeping what attention_backward needs.
@@ -167,8 +184,8 @@ class DecoderModel {
   // This rank's experts of `layer` from its gathered group (with their gradients for backward).
   std::vector<schedules::ExpertWeights> local_experts_of(int layer, const Group& w,
                                                          bool with_grads) const;
-  // Mixtral's auxiliary load-balancing loss (router_aux_loss_coef > 0), HF's formula over all
-  // layers and the job's tokens: adds each layer's column sums of the router probabilities,
+  // The auxiliary load-balancing loss (router_aux_loss_coef > 0), transformers' formula over the
+  // MoE layers and the job's tokens: adds each layer's column sums of the router probabilities,
   // then forms the loss and (for backward) its constant per-expert gradient with respect to the
   // probabilities.
   void accumulate_router_prob_sums(const Tensor& probs);
@@ -186,10 +203,12 @@ class DecoderModel {
   DType dtype_;
   ParallelGroups layout_;  // the layout's groups (before params_, which keeps a reference)
   ZeroParamStore params_;
+  DecoderSpec spec_;          // params_.layout().spec()
   ZeroTraffic zero_traffic_;  // the ZeRO-3 collectives of each pass (after params_, which it reads)
   // zero_gather_groups: embed, layers (with this rank's experts)..., final norm + head
   std::vector<std::vector<int>> groups_;
   schedules::UlyssesLayout ulysses_;  // of the current batch
+  ops::RopeParams rope_{};            // the rotary frequencies of the current batch
   std::vector<std::vector<int64_t>> expert_load_;
   std::vector<double> router_prob_sums_;  // per expert, over all layers of the current forward
   OwnedTensor aux_dprobs_;                // (E) d(coef * aux)/d probs, during backward

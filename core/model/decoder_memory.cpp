@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/model/decoder.h"
+#include "core/model/decoder_spec.h"
 #include "core/model/param_layout.h"
 #include "core/runtime/arena.h"
 #include "ops/attention.h"
@@ -56,21 +57,28 @@ PhaseBytes attention_on_rank(const ModelConfig& m, int64_t B, int64_t T,
                           static_cast<int64_t>(dtype_size(ops::attention_lse_dtype(dtype))));
   const auto layers = static_cast<uint64_t>(resident_layers(m, checkpoint));
   const bool none = !schedules::recomputes_layers(checkpoint);
+  // With a per-head q/k norm: the projections before it ("q_pre", "k_pre", token layout) and its
+  // rstd ("q norm rstd", "k norm rstd"), kept for its backward.
+  const uint64_t qk_norm =
+      describe_decoder(m).any_qk_norm() ? Q + KV + fp(N * nh * b) + fp(N * nkv * b) : 0;
   PhaseBytes p;
   uint64_t kept_all = 0;  // every resident layer's kept activations
   if (world == 1) {
-    // n1, rstd1, q, k, v (moved into the layer's activations), out, lse.
-    const uint64_t kept = NH + Nb + Q + 2 * KV + out + lse;
+    // n1, rstd1, [q_pre, k_pre and their rstd], q, k, v (moved into the layer's activations),
+    // out, lse.
+    const uint64_t kept = NH + Nb + qk_norm + Q + 2 * KV + out + lse;
     kept_all = layers * kept;
     p[StepPhase::forward_attention] = layers * kept;
     p[StepPhase::backward_attention] = layers * kept;
   } else {
     const uint64_t S = schedules::ulysses_exchange_bytes(U, dtype);
-    // Kept: n1, rstd1, q/k/v in the head layout, out, lse, and the token-layout output.
-    const uint64_t kept = NH + Nb + Qh + 2 * KVh + out + lse + Q;
+    // Kept: n1, rstd1, [q_pre, k_pre and their rstd], q/k/v in the head layout, out, lse, and
+    // the token-layout output.
+    const uint64_t kept = NH + Nb + qk_norm + Qh + 2 * KVh + out + lse + Q;
     // Forward: the token-layout q, k, v beside the staging and the head-layout ones, before they
     // are freed; then out, lse and the token-layout output beside the staging. Backward: kept + S.
-    const uint64_t forward = NH + Nb + S + Qh + 2 * KVh + std::max(Q + 2 * KV, out + lse + Q);
+    const uint64_t forward =
+        NH + Nb + qk_norm + S + Qh + 2 * KVh + std::max(Q + 2 * KV, out + lse + Q);
     p[StepPhase::forward_attention] = (layers - 1) * kept + forward;
     p[StepPhase::backward_attention] = (layers - 1) * kept + std::max(forward, kept + S);
     kept_all = layers * kept;  // the staging is freed when attention returns
@@ -90,7 +98,7 @@ PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
   const int64_t b = static_cast<int64_t>(dtype_size(dtype));
   const int64_t N = U.local_tokens(), H = m.hidden_size, d = m.head_dim_resolved();
   const int64_t nh = m.num_attention_heads, nkv = m.num_key_value_heads;
-  const int64_t E = m.num_local_experts, k = m.num_experts_per_tok, L = m.num_hidden_layers;
+  const int64_t E = m.num_local_experts, k = m.num_experts_per_tok;
   const uint64_t NH = fp(N * H * b), Nb = fp(N * b), NE = fp(N * E * b);
   const uint64_t Ki = fp(N * k * 4), Kb = fp(N * k * b);
   const uint64_t Q = fp(N * nh * d * b), KV = fp(N * nkv * d * b);
@@ -102,9 +110,10 @@ PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
   // The trainer's batch: input ids, labels, positions (i64), for the whole run.
   const uint64_t batch_tensors = 3 * fp(8 * N);
   // The dispatcher's small count exchange (workspace, during its forward's planning).
+  const DecoderSpec spec = describe_decoder(m);
   const uint64_t counts = schedules::dispatch_workspace_bytes(
-      s,
-      {N, k, H, m.intermediate_size, E, degrees.expert, resident_layers(m, s.checkpoint), dtype});
+      s, {N, k, H, m.expert_intermediate_size(), E, degrees.expert,
+          schedules::resident_layers(s.checkpoint, spec.moe_layers()), dtype});
   // The load-balancing loss: its per-expert gradient (E) from the head to the end of backward,
   // and the all-reduce of the probability sums in each layer's forward (W > 1); the expert
   // counts' all-reduce over the expert replicas (W/Ep > 1) in each layer's forward.
@@ -113,25 +122,20 @@ PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
       std::max(aux && world > 1 ? fp(E * 8) : 0, degrees.expert_replicas() > 1 ? fp(E * 8) : 0);
 
   // What each layer keeps from forward (LayerActivations in workspace): the attention residual
-  // h, n2, rstd2, probs (N, E), top-k index (i32) and weights.
-  const uint64_t Aw = 2 * NH + Nb + NE + Ki + Kb;
-  const uint64_t earlier = none ? static_cast<uint64_t>(L - 1) * Aw : 0;  // before the last layer
-  const uint64_t all_kept = none ? static_cast<uint64_t>(L) * Aw : 0;     // at the head
+  // h, n2, rstd2, then a MoE layer's probs (N, E), top-k index (i32) and weights, or a dense
+  // layer's gate and up projections (N, I) x2.
+  auto kept_of = [&](const MlpSpec& mlp) {
+    return 2 * NH + Nb + (mlp.moe() ? NE + Ki + Kb : 2 * fp(N * mlp.intermediate * b));
+  };
+  uint64_t all_kept = 0;  // every layer's, under "none"
+  for (const LayerSpec& l : spec.layers) all_kept += none ? kept_of(l.mlp) : 0;
 
-  // Forward of the last layer (and the recompute under checkpointing, which adds the incoming
-  // gradient and the final rstd): in attention its residual h, then in the experts its
-  // activations plus the router logits, or a count exchange.
-  const uint64_t forward_attention = earlier + NH;
-  const uint64_t forward = earlier + Aw + max_of({NE, counts, aux_reduce});
-  const uint64_t recompute_attention = none ? 0 : Nb + aux_dprobs + NH + NH;
-  const uint64_t recompute = none ? 0 : Nb + aux_dprobs + NH + Aw + max_of({NE, counts});
-  // Head: final norm xf and rstdf, d xf and d final hidden (the ZeRO-3 reduce-scatters run in
-  // place in the gathered grads: no temporary here).
-  const uint64_t head = all_kept + aux_dprobs + NH + Nb + NH + NH;
-  // Backward of the last layer: rstdf, the incoming gradient dy, the layer's activations, then
-  // per moment dn2 with the router's gradients, dn2 with dh (experts), and attention's gradients
-  // beside dh (attention).
-  const uint64_t base = Nb + aux_dprobs + NH + (none ? all_kept : Aw);
+  // Per layer l, forward (and under checkpointing its recompute, beside the incoming gradient
+  // and the final rstd): in attention its residual h, then in the MLP its activations plus the
+  // router logits or a count exchange (MoE), or the SwiGLU activation (dense); the backward of
+  // layer l: rstdf, the incoming gradient dy and the layers' activations, then per moment dn2
+  // with the router's gradients, dn2 with dh (MoE), dn2 with the activation and its gradients
+  // (dense), and attention's gradients beside dh (attention).
   uint64_t attn;
   if (degrees.sequence == 1) {                             // no Ulysses exchange
     attn = std::max(2 * Q + 2 * KV, Q + 2 * KV + 2 * NH);  // dattn=dout, dq, dk, dv; dn1, dx
@@ -139,8 +143,30 @@ PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
     attn = max_of({Q + Qh, 2 * Qh + 2 * KVh, Qh + 2 * KVh + Q, Q + 2 * KVh + KV, Q + KVh + 2 * KV,
                    Q + 2 * KV + 2 * NH});
   }
-  const uint64_t backward_experts = base + max_of({NH + Kb + counts, NH + Kb + NE, NH + NH});
-  const uint64_t backward_attention = base + NH + attn;
+  uint64_t forward_attention = 0, forward = 0, recompute_attention = 0, recompute = 0;
+  uint64_t backward_experts = 0, backward_attention = 0;
+  uint64_t earlier = 0;  // the layers before l's, under "none"
+  for (const LayerSpec& l : spec.layers) {
+    const uint64_t kept = kept_of(l.mlp);
+    const uint64_t NI = fp(N * l.mlp.intermediate * b);
+    forward_attention = std::max(forward_attention, earlier + NH);
+    forward =
+        std::max(forward, earlier + kept + (l.mlp.moe() ? max_of({NE, counts, aux_reduce}) : NI));
+    if (!none) {
+      recompute_attention = Nb + aux_dprobs + NH + NH;
+      recompute = std::max(recompute,
+                           Nb + aux_dprobs + NH + kept + (l.mlp.moe() ? std::max(NE, counts) : 0));
+    }
+    const uint64_t base = Nb + aux_dprobs + NH + (none ? earlier + kept : kept);
+    const uint64_t mlp_backward =
+        l.mlp.moe() ? max_of({NH + Kb + counts, NH + Kb + NE, NH + NH}) : NH + std::max(3 * NI, NH);
+    backward_experts = std::max(backward_experts, base + mlp_backward);
+    backward_attention = std::max(backward_attention, base + NH + attn);
+    earlier += none ? kept : 0;
+  }
+  // Head: final norm xf and rstdf, d xf and d final hidden (the ZeRO-3 reduce-scatters run in
+  // place in the gathered grads: no temporary here).
+  const uint64_t head = all_kept + aux_dprobs + NH + Nb + NH + NH;
   // After the step: the grad norm's partials (f64) and its all-reduce; the metrics' all-gather.
   const uint64_t after = std::max(fp(8 * ops::kSumSquaresParts) + (world > 1 ? fp(8) : 0),
                                   world > 1 ? fp(16) + fp(16 * world) : 0);

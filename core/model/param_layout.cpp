@@ -2,42 +2,74 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "core/model/families/family.h"
 #include "core/model/param_init.h"
 #include "ops/fill.h"
 #include "ops/schedules/schedule_dtype.h"  // defines: main_grad_dtype
 
 namespace moepeak {
-ParamLayout::ParamLayout(const ModelConfig& m) {
-  const int64_t H = m.hidden_size, V = m.vocab_size, F = m.intermediate_size;
-  const int64_t d = m.head_dim_resolved(), nh = m.num_attention_heads, nkv = m.num_key_value_heads;
-  const int64_t E = m.num_local_experts;
-  embed = add("model.embed_tokens.weight", Shape{V, H}, false);
-  for (int64_t i = 0; i < m.num_hidden_layers; ++i) {
-    std::string p = "model.layers." + std::to_string(i) + ".";
-    LayerParamIndex L{};
-    L.input_norm = add(p + "input_layernorm.weight", Shape{H}, true);
-    L.q = add(p + "self_attn.q_proj.weight", Shape{nh * d, H}, false);
-    L.k = add(p + "self_attn.k_proj.weight", Shape{nkv * d, H}, false);
-    L.v = add(p + "self_attn.v_proj.weight", Shape{nkv * d, H}, false);
-    L.o = add(p + "self_attn.o_proj.weight", Shape{H, nh * d}, false);
-    L.post_norm = add(p + "post_attention_layernorm.weight", Shape{H}, true);
-    L.gate = add(p + "block_sparse_moe.gate.weight", Shape{E, H}, false);
-    for (int64_t j = 0; j < E; ++j) {
-      std::string e = p + "block_sparse_moe.experts." + std::to_string(j) + ".";
-      L.w1.push_back(add(e + "w1.weight", Shape{F, H}, false));
-      L.w2.push_back(add(e + "w2.weight", Shape{H, F}, false));
-      L.w3.push_back(add(e + "w3.weight", Shape{F, H}, false));
+ParamLayout::ParamLayout(const ModelConfig& m) : spec_(describe_decoder(m)) {
+  const Family& family = family_of(m.model_type);
+  const int64_t H = spec_.hidden, V = spec_.vocab;
+  auto name = [&](Piece piece, int64_t layer = -1, int64_t expert = -1) {
+    return family.tensor_name({piece, static_cast<int>(layer), static_cast<int>(expert)});
+  };
+  embed = add(name(Piece::embed), Shape{V, H}, false);
+  for (int64_t i = 0; i < static_cast<int64_t>(spec_.layers.size()); ++i) {
+    const AttentionSpec& a = spec_.layers[i].attention;
+    const MlpSpec& mlp = spec_.layers[i].mlp;
+    const int64_t d = a.head_dim, nh = a.heads, nkv = a.kv_heads, I = mlp.intermediate;
+    LayerParamIndex L;
+    L.input_norm = add(name(Piece::input_norm, i), Shape{H}, true);
+    L.q = add(name(Piece::q, i), Shape{nh * d, H}, false);
+    L.k = add(name(Piece::k, i), Shape{nkv * d, H}, false);
+    L.v = add(name(Piece::v, i), Shape{nkv * d, H}, false);
+    L.o = add(name(Piece::o, i), Shape{H, nh * d}, false);
+    if (a.qk_norm) {
+      L.q_norm = add(name(Piece::q_norm, i), Shape{d}, true);
+      L.k_norm = add(name(Piece::k_norm, i), Shape{d}, true);
+    }
+    L.post_norm = add(name(Piece::post_norm, i), Shape{H}, true);
+    int64_t attn = (2 * nh * d + 2 * nkv * d) * H;
+    if (mlp.moe()) {
+      L.router = add(name(Piece::router, i), Shape{mlp.experts, H}, false);
+      for (int64_t j = 0; j < mlp.experts; ++j) {
+        L.w1.push_back(add(name(Piece::expert_gate, i, j), Shape{I, H}, false));
+        L.w2.push_back(add(name(Piece::expert_down, i, j), Shape{H, I}, false));
+        L.w3.push_back(add(name(Piece::expert_up, i, j), Shape{I, H}, false));
+      }
+      active_ += attn + mlp.experts * H + mlp.router.top_k * 3 * I * H;
+    } else {
+      L.dense_gate = add(name(Piece::dense_gate, i), Shape{I, H}, false);
+      L.dense_up = add(name(Piece::dense_up, i), Shape{I, H}, false);
+      L.dense_down = add(name(Piece::dense_down, i), Shape{H, I}, false);
+      active_ += attn + 3 * I * H;
     }
     layers.push_back(std::move(L));
   }
-  final_norm = add("model.norm.weight", Shape{H}, true);
-  lm_head = add("lm_head.weight", Shape{V, H}, false);
-  int64_t attn = (2 * nh * d + 2 * nkv * d) * H;
-  int64_t moe = E * H + m.num_experts_per_tok * 3 * F * H;
-  active_ = m.num_hidden_layers * (attn + moe) + V * H;
+  final_norm = add(name(Piece::final_norm), Shape{H}, true);
+  lm_head = spec_.tied_embeddings ? embed : add(name(Piece::lm_head), Shape{V, H}, false);
+  active_ += V * H;
+  expert_index_.assign(params_.size(), -1);
+  for (const LayerParamIndex& L : layers) {
+    for (size_t j = 0; j < L.w1.size(); ++j) {
+      expert_index_[L.w1[j]] = expert_index_[L.w2[j]] = expert_index_[L.w3[j]] =
+          static_cast<int>(j);
+    }
+  }
+}
+
+const ParamLayout& cached_param_layout(const ModelConfig& model) {
+  thread_local std::unique_ptr<std::pair<ModelConfig, ParamLayout>> last;
+  if (!last || !(last->first == model)) {
+    last = std::make_unique<std::pair<ModelConfig, ParamLayout>>(model, ParamLayout(model));
+  }
+  return last->second;
 }
 
 int ParamLayout::add(std::string name, Shape shape, bool is_norm) {

@@ -1,20 +1,23 @@
-// The parameters of a Mixtral decoder: names and shapes as Hugging Face's MixtralForCausalLM,
-// stored in one flat weights buffer and one flat grads buffer (device arena, live sets `weights`
-// and `grads`) with each tensor a view at an aligned offset. Flat storage lets the optimizer walk
-// parameters in buckets and the gradient norm run in one pass.
+// The parameters of a decoder: one tensor per piece of its description (DecoderSpec), named as
+// the family's Hugging Face checkpoints name it (Family::tensor_name), stored in one flat weights
+// buffer and one flat grads buffer (device arena, live sets `weights` and `grads`) with each tensor
+// a view at an aligned offset. Flat storage lets the optimizer walk parameters in buckets and the
+// gradient norm run in one pass. In order (the order initialisation keys its streams by):
 //
-//   model.embed_tokens.weight                              (V, H)
-//   model.layers.{i}.input_layernorm.weight                (H)
-//   model.layers.{i}.self_attn.q_proj.weight               (nh*d, H)
-//   model.layers.{i}.self_attn.{k,v}_proj.weight           (nkv*d, H)
-//   model.layers.{i}.self_attn.o_proj.weight               (H, nh*d)
-//   model.layers.{i}.post_attention_layernorm.weight       (H)
-//   model.layers.{i}.block_sparse_moe.gate.weight          (E, H)
-//   model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight (F, H)   gate projection
-//   model.layers.{i}.block_sparse_moe.experts.{j}.w3.weight (F, H)   up projection
-//   model.layers.{i}.block_sparse_moe.experts.{j}.w2.weight (H, F)   down projection
-//   model.norm.weight                                      (H)
-//   lm_head.weight                                         (V, H)
+//   embed                                   (V, H)
+//   per layer l:
+//     input_norm                            (H)
+//     q, k, v, o                            (nh d, H), (nkv d, H) x2, (H, nh d)
+//     q_norm, k_norm        with qk_norm    (d) each
+//     post_norm                             (H)
+//     router, then per expert e: gate (w1), down (w2), up (w3)    MoE: (E, H); (I, H), (H, I), (I,
+//     H) dense gate, up, down                  dense: (I, H), (I, H), (H, I)
+//   final_norm                              (H)
+//   lm_head                                 (V, H); none when tied (lm_head == embed)
+//
+// Mixtral's names: model.embed_tokens.weight, model.layers.{l}.self_attn.q_proj.weight, ...,
+// model.layers.{l}.block_sparse_moe.experts.{e}.w1.weight, model.norm.weight, lm_head.weight
+// (core/model/families/mixtral.cpp; the other families beside it).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/model/decoder_spec.h"
 #include "core/runtime/backend.h"
 #include "core/runtime/tensor.h"
 
@@ -35,30 +39,48 @@ struct ParamInfo {
 };
 
 struct LayerParamIndex {
-  int input_norm, q, k, v, o, post_norm, gate;
-  std::vector<int> w1, w2, w3;  // per expert
+  int input_norm = -1, q = -1, k = -1, v = -1, o = -1, post_norm = -1;
+  int q_norm = -1, k_norm = -1;  // with AttentionSpec::qk_norm
+  int router = -1;               // MoE layers
+  std::vector<int> w1, w2, w3;   // MoE layers, per expert: gate, down, up (ExpertWeights' names)
+  int dense_gate = -1, dense_up = -1, dense_down = -1;  // dense layers
+  bool moe() const { return router >= 0; }
 };
 
 // Parameter layout of a model config; no memory. Offsets are aligned to kAlignElements.
 class ParamLayout {
  public:
   static constexpr int64_t kAlignElements = 64;
+  // The layout of describe_decoder(model), named by model.model_type's family.
   explicit ParamLayout(const ModelConfig& model);
+
+  const DecoderSpec& spec() const { return spec_; }
+  // The LM head is the embedding (tie_word_embeddings): lm_head == embed.
+  bool tied() const { return lm_head == embed; }
 
   const std::vector<ParamInfo>& params() const { return params_; }
   int64_t total_elements() const { return total_; }   // including alignment padding
   int64_t parameter_count() const { return count_; }  // Θ: real parameters
   // Parameters a token's forward pass multiplies with (top-k experts only; no embedding).
   int64_t active_matmul_parameters() const { return active_; }
-  int embed, final_norm, lm_head;
+  int embed = -1, final_norm = -1, lm_head = -1;
   std::vector<LayerParamIndex> layers;
   int find(const std::string& name) const;  // -1 if absent
+  // Per param, the expert it belongs to (j of w1[j], w2[j], w3[j]), or -1.
+  const std::vector<int>& expert_index() const { return expert_index_; }
 
  private:
   int add(std::string name, Shape shape, bool is_norm);
+  DecoderSpec spec_;
   std::vector<ParamInfo> params_;
+  std::vector<int> expert_index_;
   int64_t total_ = 0, count_ = 0, active_ = 0;
 };
+
+// The layout of `model`, kept for the last config this thread asked about: the planner builds many
+// plans of one model (the layout search, the max-context bisection), and a layout of 10^4 named
+// tensors (Qwen3-30B-A3B: 18,000 experts' matrices) costs milliseconds each time.
+const ParamLayout& cached_param_layout(const ModelConfig& model);
 
 class ParamStore {
  public:

@@ -34,16 +34,18 @@ void check_experts_divisible(const ModelConfig& model, const ParallelDegrees& d)
   }
 }
 
-// Expert index of every param (-1 for dense ones).
-std::vector<int> expert_of(const ParamLayout& layout) {
-  std::vector<int> e(layout.params().size(), -1);
-  for (const LayerParamIndex& L : layout.layers) {
-    for (size_t j = 0; j < L.w1.size(); ++j) {
-      e[L.w1[j]] = e[L.w2[j]] = e[L.w3[j]] = static_cast<int>(j);
-    }
+// A head stored by vocabulary rows (Ring-DTP) cannot also be the ZeRO-3 sharded embedding.
+void check_head_storage(const ParamLayout& layout, LmHeadSharding lm_head) {
+  if (lm_head == LmHeadSharding::vocab_rows && layout.tied()) {
+    MOEPEAK_INPUT_ERROR(
+        "schedules.vocab = \"ring_dtp\" keeps the LM head by vocabulary rows, "
+        "but model.tie_word_embeddings makes it the embedding, which ZeRO-3 "
+        "shards: use schedules.vocab = \"materialized\" with tied embeddings");
   }
-  return e;
 }
+
+// Expert index of every param (-1 for dense ones), kept by the layout.
+const std::vector<int>& expert_of(const ParamLayout& layout) { return layout.expert_index(); }
 
 // What rank `rank` stores of param i: elements [first, first + numel) of the flattened tensor
 // (stored = false: nothing), whose shards span `shards` ranks and which `replicas` groups hold
@@ -63,7 +65,7 @@ struct Extent {
 
 // The expert-group rank that holds expert j: j / (E/Ep).
 int expert_group_rank(const ParamLayout& layout, const ParallelDegrees& d, int expert) {
-  return expert / (static_cast<int>(layout.layers.front().w1.size()) / d.expert);
+  return expert / (static_cast<int>(layout.spec().experts()) / d.expert);
 }
 
 Extent extent_of(const ParamLayout& layout, const std::vector<int>& expert, size_t i,
@@ -138,9 +140,16 @@ std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout, LmHe
   std::vector<std::vector<int>> groups;
   groups.push_back({layout.embed});
   for (const LayerParamIndex& L : layout.layers) {
-    std::vector<int> g{L.input_norm, L.q, L.k, L.v, L.o, L.post_norm, L.gate};
-    for (int j = expert_begin; j < expert_end; ++j) {
-      g.insert(g.end(), {L.w1[j], L.w2[j], L.w3[j]});
+    std::vector<int> g{L.input_norm, L.q, L.k, L.v, L.o};
+    if (L.q_norm >= 0) g.insert(g.end(), {L.q_norm, L.k_norm});
+    g.push_back(L.post_norm);
+    if (L.moe()) {
+      g.push_back(L.router);
+      for (int j = expert_begin; j < expert_end; ++j) {
+        g.insert(g.end(), {L.w1[j], L.w2[j], L.w3[j]});
+      }
+    } else {
+      g.insert(g.end(), {L.dense_gate, L.dense_up, L.dense_down});
     }
     groups.push_back(std::move(g));
   }
@@ -161,8 +170,9 @@ std::pair<int, int> zero_local_experts(const ModelConfig& model, const ParallelD
 int64_t zero_persistent_elements(const ModelConfig& model, const ParallelDegrees& degrees,
                                  LmHeadSharding lm_head) {
   check_experts_divisible(model, degrees);
-  ParamLayout layout(model);
-  const std::vector<int> expert = expert_of(layout);
+  const ParamLayout& layout = cached_param_layout(model);
+  check_head_storage(layout, lm_head);
+  const std::vector<int>& expert = expert_of(layout);
   // NOTES: every piece has the same size on every rank but the vocabulary rows (floor or ceil of
   // V/W rows), so rank 0's pieces without the rows plus the largest rank's rows is the largest.
   int64_t base = local_elements(layout, expert, degrees, 0, LmHeadSharding::zero3);
@@ -205,7 +215,7 @@ ZeroBytes gathered_bytes(const ParamLayout& layout, const std::vector<int>& expe
 
 ZeroBytes zero_gathered_bytes(const ModelConfig& model, DType dtype, const ParallelDegrees& degrees,
                               std::span<const int> params, GatherParts parts) {
-  return zero_gathered_bytes(model, ParamLayout(model), dtype, degrees, params, parts);
+  return zero_gathered_bytes(model, cached_param_layout(model), dtype, degrees, params, parts);
 }
 
 ZeroBytes zero_gathered_bytes(const ModelConfig& model, const ParamLayout& layout, DType dtype,
@@ -242,9 +252,10 @@ ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType
       world_(groups_->world().world_size()) {
   const ParallelDegrees& d = groups_->degrees();
   check_experts_divisible(model, d);
+  check_head_storage(layout_, lm_head_);
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
                 "parameters must be f32, f64 or bf16, not ", dtype_name(dtype));
-  std::vector<int> expert = expert_of(layout_);
+  const std::vector<int>& expert = expert_of(layout_);
   info_.resize(expert.size());
   std::vector<Extent> extents(expert.size());
   for (size_t i = 0; i < expert.size(); ++i) {

@@ -45,7 +45,7 @@ std::vector<ZeroBytes> zero_use_gathered_bytes(const ModelConfig& model, DType d
                                                LmHeadSharding lm_head, int prefetch_depth,
                                                bool with_backward) {
   const auto [first, last] = zero_local_experts(model, degrees, 0);
-  const ParamLayout layout(model);
+  const ParamLayout& layout = cached_param_layout(model);
   const std::vector<std::vector<int>> groups = zero_gather_groups(layout, lm_head, first, last);
   const std::vector<ZeroUse> uses = zero_pass_uses(model.num_hidden_layers, with_backward);
   std::vector<ZeroBytes> bytes;

@@ -34,10 +34,11 @@ const PlanTerm& largest_term(const Plan& p) {
 StepTraffic step_traffic(const Config& cfg, const ParallelDegrees& d, int64_t batch,
                          int64_t seq_len, int64_t grad_accum, DType dtype) {
   const ModelConfig& m = cfg.model;
-  const ParamLayout layout(m);
+  const ParamLayout& layout = cached_param_layout(m);
   const double b = static_cast<double>(dtype_size(dtype));
   const bool rows = lm_head_sharding(cfg.schedules.vocab) == LmHeadSharding::vocab_rows;
-  const double H = static_cast<double>(m.hidden_size), F = static_cast<double>(m.intermediate_size);
+  const double H = static_cast<double>(m.hidden_size),
+               F = static_cast<double>(m.expert_intermediate_size());
   const double L = static_cast<double>(m.num_hidden_layers),
                E = static_cast<double>(m.num_local_experts);
   const double V = static_cast<double>(m.vocab_size);

@@ -85,6 +85,7 @@ struct PlanSizes {
   DType dt = DType::f32;
   int64_t B = 0, T = 0, N = 0;
   int64_t H = 0, F = 0, V = 0, L = 0, k = 0, E = 0;
+  int64_t L_moe = 0;  // layers with experts (the family's description)
 };
 
 // Throws (naming the key) for a config the model cannot lay out on W ranks or whose shapes are
@@ -117,11 +118,12 @@ PlanSizes sizes_of(const Config& cfg, const PlanInputs& in) {
   z.T = in.seq_len;
   z.N = in.batch * in.seq_len / z.W;
   z.H = m.hidden_size;
-  z.F = m.intermediate_size;
+  z.F = m.expert_intermediate_size();
   z.V = m.vocab_size;
   z.L = m.num_hidden_layers;
   z.k = m.num_experts_per_tok;
   z.E = m.num_local_experts;
+  z.L_moe = describe_decoder(m).moe_layers();
   return z;
 }
 
@@ -230,7 +232,7 @@ void add_workspace(Plan& p, const Config& cfg, const PlanSizes& z, SetPhases& ph
 void add_dispatch(Plan& p, const Config& cfg, const PlanSizes& z, SetPhases& phases) {
   const SchedulesConfig& s = cfg.schedules;
   const schedules::DispatchShape shape{
-      z.N, z.k, z.H, z.F, z.E, z.d.expert, schedules::resident_layers(s.checkpoint, z.L), z.dt};
+      z.N, z.k, z.H, z.F, z.E, z.d.expert, schedules::resident_layers(s.checkpoint, z.L_moe), z.dt};
   set(p, LiveSet::dispatch, schedules::dispatch_bytes(s, shape));
   if (const auto spill = schedules::dispatch_spill_bytes(s, shape)) {
     PlanTerm& wt = p.terms[static_cast<size_t>(LiveSet::weights)];

@@ -353,10 +353,14 @@ std::string Trainer::describe() const {
                      ? " sharded over " + std::to_string(d.expert_replicas()) + " replicas"
                      : "") +
                 ")";
+  const DecoderSpec& spec = layout.spec();
+  const std::string moe_layers =
+      spec.any_dense() ? " (" + std::to_string(spec.moe_layers()) + " with experts)" : "";
   return "backend " + s.backend->describe() + "; " + ranks + "; model " +
+         std::string(enum_name(s.cfg.model.model_type)) + " " +
          std::to_string(layout.parameter_count()) + " parameters (" +
          std::to_string(layout.active_matmul_parameters()) + " active per token), " +
-         std::to_string(s.cfg.model.num_hidden_layers) + " layers x " +
+         std::to_string(s.cfg.model.num_hidden_layers) + " layers" + moe_layers + " x " +
          std::to_string(s.cfg.model.num_local_experts) + " experts (top-" +
          std::to_string(s.cfg.model.num_experts_per_tok) + "); optimizer " +
          optimizer_text(s.cfg.optimizer) + "; data " + s.loader->describe();

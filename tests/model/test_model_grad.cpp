@@ -1,6 +1,7 @@
-// The whole Mixtral model in float64: loss and every parameter's gradient against central finite
-// differences, gradient checkpointing ("standard") bitwise equal to keeping every activation
-// ("none"), and bitwise determinism. Run: ctest -R test_model_grad
+// The whole decoder in float64, Mixtral's and each family's parts (Qwen3-MoE's q/k norms, dense
+// layers, top-k weights not renormalised, a tied head): loss and every parameter's gradient
+// against central finite differences, gradient checkpointing ("standard") bitwise equal to
+// keeping every activation ("none"), and bitwise determinism. Run: ctest -R test_model_grad
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -53,12 +54,11 @@ struct ModelHarness {
   TokenBatch batch() const { return TokenBatch{ids, labels, positions, B, T, scored}; }
 };
 
-class ModelGradAux : public ::testing::TestWithParam<double> {};  // router_aux_loss_coef
-
-TEST_P(ModelGradAux, EveryParameterMatchesFiniteDifferences) {
+// The worst relative error between the analytic gradient and central finite differences over
+// three elements (first, middle, last) of every parameter of `cfg`, "name[j] analytic .. numeric
+// .." of the worst in `where`.
+double worst_gradient_error(const ModelConfig& cfg, std::string& where) {
   ModelHarness h;
-  ModelConfig cfg = small_model();
-  cfg.router_aux_loss_coef = GetParam();
   DecoderModel model(*h.backend, h.stream, *h.comm, cfg, CheckpointSchedule::none, DType::f64);
   model.params().initialize(42, 0.5, h.stream);
   model.params().zero_grads(h.stream);
@@ -76,7 +76,6 @@ TEST_P(ModelGradAux, EveryParameterMatchesFiniteDifferences) {
     max_grad = std::max(max_grad, std::abs(flat_grads.data_as<double>()[i]));
   }
   double worst = 0;
-  std::string worst_name;
   for (size_t index = 0; index < layout.params().size(); ++index) {
     const ParamInfo& p = layout.params()[index];
     double* values = store.local_value(static_cast<int>(index)).data_as<double>();
@@ -94,11 +93,21 @@ TEST_P(ModelGradAux, EveryParameterMatchesFiniteDifferences) {
       const double err = testing::rel_err(grads[j], numeric, 1e-3 * max_grad);
       if (err > worst) {
         worst = err;
-        worst_name = p.name + "[" + std::to_string(j) + "] analytic " + std::to_string(grads[j]) +
-                     " numeric " + std::to_string(numeric);
+        where = p.name + "[" + std::to_string(j) + "] analytic " + std::to_string(grads[j]) +
+                " numeric " + std::to_string(numeric);
       }
     }
   }
+  return worst;
+}
+
+class ModelGradAux : public ::testing::TestWithParam<double> {};  // router_aux_loss_coef
+
+TEST_P(ModelGradAux, EveryParameterMatchesFiniteDifferences) {
+  ModelConfig cfg = small_model();
+  cfg.router_aux_loss_coef = GetParam();
+  std::string worst_name;
+  const double worst = worst_gradient_error(cfg, worst_name);
   EXPECT_LT(worst, 1e-6) << "worst at " << worst_name;
 }
 
@@ -106,22 +115,98 @@ TEST_P(ModelGradAux, EveryParameterMatchesFiniteDifferences) {
 // is not lost next to the cross-entropy's).
 INSTANTIATE_TEST_SUITE_P(AuxLoss, ModelGradAux, ::testing::Values(0.0, 0.5));
 
-TEST(ModelGrad, CheckpointingIsBitwiseEqualToKeepingActivations) {
+// Qwen3-MoE's parts one at a time and together: the per-head q/k RMSNorm (always on for the
+// family), a dense layer (mlp_only_layers, then decoder_sparse_step), the top-k weights not
+// renormalised (transformers' default for qwen3_moe), a tied head, the aux loss over the MoE
+// layers only, and an expert width apart from the dense one.
+struct FamilyCase {
+  const char* name;
+  void (*edit)(ModelConfig&);
+};
+
+ModelConfig qwen3_model() {
+  ModelConfig m = small_model();
+  m.model_type = ModelType::qwen3_moe;
+  m.moe_intermediate_size = 6;
+  m.rms_norm_eps = 1e-2;  // so that the q/k norms' eps visibly matters
+  return m;
+}
+
+const FamilyCase kFamilyCases[] = {
+    {"Qwen3QkNorm", [](ModelConfig&) {}},
+    {"Qwen3DenseFirstLayer", [](ModelConfig& m) { m.mlp_only_layers = {0}; }},
+    {"Qwen3SparseStep2", [](ModelConfig& m) { m.decoder_sparse_step = 2; }},
+    {"Qwen3TopkNotRenormalised", [](ModelConfig& m) { m.norm_topk_prob = false; }},
+    {"Qwen3TiedHead", [](ModelConfig& m) { m.tie_word_embeddings = true; }},
+    {"Qwen3AuxLossDenseFirst",
+     [](ModelConfig& m) {
+       m.router_aux_loss_coef = 0.5;
+       m.mlp_only_layers = {0};
+       m.norm_topk_prob = false;
+     }},
+    {"MixtralTiedHead",
+     [](ModelConfig& m) {
+       m.model_type = ModelType::mixtral;
+       m.moe_intermediate_size = 0;
+       m.tie_word_embeddings = true;
+     }},
+};
+
+class ModelGradFamily : public ::testing::TestWithParam<FamilyCase> {};
+
+TEST_P(ModelGradFamily, EveryParameterMatchesFiniteDifferences) {
+  ModelConfig cfg = qwen3_model();
+  GetParam().edit(cfg);
+  std::string worst_name;
+  const double worst = worst_gradient_error(cfg, worst_name);
+  EXPECT_LT(worst, 1e-6) << "worst at " << worst_name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ModelGradFamily, ::testing::ValuesIn(kFamilyCases),
+                         [](const ::testing::TestParamInfo<FamilyCase>& info) {
+                           return std::string(info.param.name);
+                         });
+
+// The loss and the flat gradients' bytes of one step of `cfg` (f64) without checkpointing
+// ([0]) and with it ([1]).
+struct CheckpointRuns {
+  std::vector<double> loss = std::vector<double>(2);
+  std::vector<std::vector<char>> grads = std::vector<std::vector<char>>(2);
+};
+
+CheckpointRuns without_and_with_checkpointing(const ModelConfig& cfg) {
   ModelHarness h;
-  std::vector<double> loss(2);
-  std::vector<std::vector<char>> grads(2);
+  CheckpointRuns r;
   int i = 0;
   for (CheckpointSchedule c : {CheckpointSchedule::none, CheckpointSchedule::standard}) {
-    DecoderModel model(*h.backend, h.stream, *h.comm, small_model(), c, DType::f64);
+    DecoderModel model(*h.backend, h.stream, *h.comm, cfg, c, DType::f64);
     model.params().initialize(7, 0.5, h.stream);
     model.params().zero_grads(h.stream);
-    loss[i] = model.forward_backward(h.batch(), h.scored);
+    r.loss[i] = model.forward_backward(h.batch(), h.scored);
     Tensor g = model.params().flat_grads();
-    grads[i].assign(static_cast<char*>(g.data()), static_cast<char*>(g.data()) + g.nbytes());
+    r.grads[i].assign(static_cast<char*>(g.data()), static_cast<char*>(g.data()) + g.nbytes());
     ++i;
   }
+  return r;
+}
+
+TEST(ModelGrad, CheckpointingIsBitwiseEqualToKeepingActivations) {
+  const CheckpointRuns r = without_and_with_checkpointing(small_model());
+  const auto& loss = r.loss;
+  const auto& grads = r.grads;
   EXPECT_EQ(loss[0], loss[1]);
   EXPECT_EQ(grads[0], grads[1]);
+}
+
+// The same for Qwen3-MoE with a dense layer and unnormalised top-k weights: the recompute of a
+// dense layer keeps only its gate and up projections, a MoE layer's only its routing.
+TEST(ModelGrad, Qwen3CheckpointingIsBitwiseEqualToKeepingActivations) {
+  ModelConfig cfg = qwen3_model();
+  cfg.mlp_only_layers = {1};
+  cfg.norm_topk_prob = false;
+  const CheckpointRuns r = without_and_with_checkpointing(cfg);
+  EXPECT_EQ(r.loss[0], r.loss[1]);
+  EXPECT_EQ(r.grads[0], r.grads[1]);
 }
 
 TEST(ModelGrad, BoundariesLiveSetIsOneTensorPerLayerUnderCheckpointing) {

@@ -32,14 +32,20 @@ ModelConfig model_config() {
   return m;
 }
 
-// (checkpointing, storage dtype): f32, and bf16 with the GPU path's byte layout (b = 2; on the
-// CPU too, ops/cpu/cpu_storage.h), its AdamW keeping an fp32 master.
-using LiveSetsCase = std::tuple<CheckpointSchedule, DType>;
-class StandardLiveSets : public ::testing::TestWithParam<LiveSetsCase> {};
+// The same as a Qwen3-MoE: q/k norms, a dense layer, experts narrower than the dense width,
+// head_dim apart from H / nh, a tied head.
+ModelConfig qwen3_config() {
+  ModelConfig m = model_config();
+  m.model_type = ModelType::qwen3_moe;
+  m.moe_intermediate_size = 24;
+  m.mlp_only_layers = {1};
+  m.head_dim = 12;
+  m.tie_word_embeddings = true;
+  return m;
+}
 
-TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
-  const ModelConfig cfg = model_config();
-  const auto [checkpoint, dtype] = GetParam();
+// One step of `cfg` under `checkpoint` in `dtype`: each standard schedule's set at its formula.
+void expect_standard_live_sets(const ModelConfig& cfg, CheckpointSchedule checkpoint, DType dtype) {
   auto backend = Backend::create(BackendOptions{});
   Stream& stream = backend->default_stream();
   const int64_t B = 3, T = 20, N = B * T;
@@ -62,11 +68,13 @@ TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
   const uint64_t b = dtype_size(dtype);
   const int64_t params = model.params().layout().total_elements();
 
+  // The MoE layers' dispatch (every layer's for Mixtral) at the experts' width.
   const int64_t layers_resident =
-      checkpoint == CheckpointSchedule::none ? cfg.num_hidden_layers : 1;
-  EXPECT_EQ(s.peak_per_set()[LiveSet::dispatch],
-            schedules::dispatch_standard_bytes(N, cfg.num_experts_per_tok, cfg.hidden_size,
-                                               cfg.intermediate_size, dtype, layers_resident));
+      checkpoint == CheckpointSchedule::none ? model.spec().moe_layers() : 1;
+  EXPECT_EQ(
+      s.peak_per_set()[LiveSet::dispatch],
+      schedules::dispatch_standard_bytes(N, cfg.num_experts_per_tok, cfg.hidden_size,
+                                         cfg.expert_intermediate_size(), dtype, layers_resident));
   EXPECT_EQ(s.peak_per_set()[LiveSet::logits],
             schedules::vocab_materialized_bytes(N, cfg.vocab_size, dtype));
   EXPECT_EQ(s.peak_per_set()[LiveSet::boundaries],
@@ -81,16 +89,38 @@ TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
   EXPECT_EQ(s.at_peak().total(), s.peak_total());
 }
 
+// (checkpointing, storage dtype): f32, and bf16 with the GPU path's byte layout (b = 2; on the
+// CPU too, ops/cpu/cpu_storage.h), its AdamW keeping an fp32 master.
+using LiveSetsCase = std::tuple<CheckpointSchedule, DType>;
+class StandardLiveSets : public ::testing::TestWithParam<LiveSetsCase> {};
+class Qwen3StandardLiveSets : public ::testing::TestWithParam<LiveSetsCase> {};
+
+TEST_P(StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
+  const auto [checkpoint, dtype] = GetParam();
+  expect_standard_live_sets(model_config(), checkpoint, dtype);
+}
+
+TEST_P(Qwen3StandardLiveSets, MeasuredPeaksEqualThePlannedBytes) {
+  const auto [checkpoint, dtype] = GetParam();
+  expect_standard_live_sets(qwen3_config(), checkpoint, dtype);
+}
+
+std::string case_name(const ::testing::TestParamInfo<LiveSetsCase>& info) {
+  return std::string(std::get<0>(info.param) == CheckpointSchedule::none ? "none" : "standard") +
+         "_" + std::string(dtype_name(std::get<1>(info.param)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpointing, Qwen3StandardLiveSets,
+                         ::testing::Combine(::testing::Values(CheckpointSchedule::none,
+                                                              CheckpointSchedule::standard),
+                                            ::testing::Values(DType::f32, DType::bf16)),
+                         case_name);
+
 INSTANTIATE_TEST_SUITE_P(Checkpointing, StandardLiveSets,
                          ::testing::Combine(::testing::Values(CheckpointSchedule::none,
                                                               CheckpointSchedule::standard),
                                             ::testing::Values(DType::f32, DType::bf16)),
-                         [](const ::testing::TestParamInfo<LiveSetsCase>& info) {
-                           return std::string(std::get<0>(info.param) == CheckpointSchedule::none
-                                                  ? "none"
-                                                  : "standard") +
-                                  "_" + std::string(dtype_name(std::get<1>(info.param)));
-                         });
+                         case_name);
 
 }  // namespace
 }  // namespace moepeak

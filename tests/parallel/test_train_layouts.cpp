@@ -2,7 +2,8 @@
 // data_shard; docs/parallelism.md) on W real rank processes against one rank on the same global
 // batches and seed, in float32 — every rank also trains the one-rank model locally as the
 // reference. For each layout of W, with the standard schedules and with all four bounded ones
-// (PipelinedLLEP in several chunks with rebalancing, Ring-DTP in strips, SCO, OffloadStreamAdamW):
+// (PipelinedLLEP in several chunks with rebalancing, Ring-DTP in strips, SCO, OffloadStreamAdamW),
+// for Mixtral and, on 4 ranks, for Qwen3-MoE's parts (and a tied head):
 //   - the loss and the grad norm of each of 10 AdamW steps within 1e-5 relative;
 //   - every parameter's gradient after step 1 (gathered from the shards) within 1e-5 relative to
 //     the tensor's largest element;
@@ -42,16 +43,23 @@ using test_support::global_batch;
 using test_support::rel;
 using test_support::TrainingRun;
 
+// The model: Mixtral's, or Qwen3-MoE's parts (q/k norms, a dense layer, narrower experts,
+// unnormalised top-k weights), or those with a tied head (standard schedules: Ring-DTP keeps a
+// head of its own).
+enum class LayoutModel { mixtral, qwen3, qwen3_tied };
+
 struct LayoutCase {
   int world, ep, sp, ds;
   bool bounded;
+  LayoutModel model = LayoutModel::mixtral;
   ParallelDegrees degrees() const { return {world, ep, sp, ds}; }
 };
 
 std::string name_of(const LayoutCase& c) {
+  const char* model[] = {"", "_qwen3", "_qwen3_tied"};
   return "W" + std::to_string(c.world) + "_ep" + std::to_string(c.ep) + "_sp" +
          std::to_string(c.sp) + "_ds" + std::to_string(c.ds) +
-         (c.bounded ? "_bounded" : "_standard");
+         (c.bounded ? "_bounded" : "_standard") + model[static_cast<int>(c.model)];
 }
 
 void PrintTo(const LayoutCase& c, std::ostream* os) { *os << name_of(c); }
@@ -75,6 +83,18 @@ ModelConfig layout_model() {
   return m;
 }
 
+ModelConfig model_of(LayoutModel which) {
+  ModelConfig m = layout_model();
+  if (which == LayoutModel::mixtral) return m;
+  m.model_type = ModelType::qwen3_moe;
+  m.moe_intermediate_size = 12;
+  m.mlp_only_layers = {0};
+  m.norm_topk_prob = false;
+  m.head_dim = 6;
+  m.tie_word_embeddings = which == LayoutModel::qwen3_tied;
+  return m;
+}
+
 SchedulesConfig schedules_of(bool bounded) {
   return bounded ? test_support::bounded_schedules() : SchedulesConfig{};
 }
@@ -85,7 +105,7 @@ TEST_P(TrainLayouts, MatchesOneRankOverTenSteps) {
   const LayoutCase c = GetParam();
   const RankInfo ranks = init_process_group();
   if (ranks.world_size != c.world) GTEST_SKIP() << "a layout of " << c.world << " ranks";
-  const ModelConfig cfg = layout_model();
+  const ModelConfig cfg = model_of(c.model);
   const int64_t B = 4, T = 8;
   const SchedulesConfig schedules = schedules_of(c.bounded);
   const OptimizerPlacement placement =
@@ -121,13 +141,13 @@ TEST_P(TrainLayouts, MatchesOneRankOverTenSteps) {
       // Each expert is ZeRO-3 sharded over its W/Ep replicas: a rank stores 1/(W/Ep) of each of
       // its E/Ep experts, so its expert elements fall with W, not just with Ep.
       const int64_t replicas = c.world / c.ep, experts_here = cfg.num_local_experts / c.ep;
-      const int64_t FH = cfg.intermediate_size * cfg.hidden_size;
+      const int64_t FH = cfg.expert_intermediate_size() * cfg.hidden_size;
       int64_t expert_elements = 0;
       for (const auto& piece : dist.model->params().local_pieces()) {
         if (piece.is_expert) expert_elements += piece.value.numel();
       }
-      EXPECT_EQ(expert_elements,
-                cfg.num_hidden_layers * experts_here * 3 * ((FH + replicas - 1) / replicas));
+      EXPECT_EQ(expert_elements, dist.model->spec().moe_layers() * experts_here * 3 *
+                                     ((FH + replicas - 1) / replicas));
       for (size_t p = 0; p < layout.params().size(); ++p) {
         const int i = static_cast<int>(p);
         const std::vector<double> got = dist.gathered(i, dist.model->params().flat_grads());
@@ -154,7 +174,12 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{4, 1, 4, 4, false}, LayoutCase{4, 1, 4, 4, true},
                       LayoutCase{4, 2, 4, 2, false}, LayoutCase{4, 2, 4, 2, true},
                       LayoutCase{8, 2, 4, 4, false}, LayoutCase{8, 2, 4, 4, true},
-                      LayoutCase{8, 4, 2, 8, false}, LayoutCase{8, 4, 2, 8, true}),
+                      LayoutCase{8, 4, 2, 8, false}, LayoutCase{8, 4, 2, 8, true},
+                      LayoutCase{4, 2, 2, 4, false, LayoutModel::qwen3},
+                      LayoutCase{4, 2, 2, 4, true, LayoutModel::qwen3},
+                      LayoutCase{4, 4, 1, 2, true, LayoutModel::qwen3},
+                      LayoutCase{4, 1, 4, 4, true, LayoutModel::qwen3},
+                      LayoutCase{4, 2, 4, 2, false, LayoutModel::qwen3_tied}),
     [](const ::testing::TestParamInfo<LayoutCase>& info) { return name_of(info.param); });
 
 // The Trainer in a layout set by the [parallelism] keys: 4 steps of the tiny model (4 experts,

@@ -131,7 +131,7 @@ const DType kDtypes[] = {DType::f32, DType::f64};
 // A layer's dense params and this rank's experts of that layer.
 std::vector<int> layer_group(const ZeroParamStore& store, int layer) {
   const LayerParamIndex& L = store.layout().layers[layer];
-  std::vector<int> g = {L.input_norm, L.q, L.k, L.v, L.o, L.post_norm, L.gate};
+  std::vector<int> g = {L.input_norm, L.q, L.k, L.v, L.o, L.post_norm, L.router};
   for (size_t j = 0; j < L.w1.size(); ++j) {
     for (int p : {L.w1[j], L.w2[j], L.w3[j]}) {
       if (store.is_local(p)) g.push_back(p);

@@ -35,6 +35,15 @@ using test_support::tiny_plan_config;
     }                                                 \
   } while (0)
 
+// The tiny config as a Qwen3-MoE: experts narrower than the dense width, head_dim apart from
+// H / nh, top-k weights not renormalised.
+void qwen3_parts(Config& c) {
+  c.model.model_type = ModelType::qwen3_moe;
+  c.model.moe_intermediate_size = 24;
+  c.model.head_dim = 12;
+  c.model.norm_topk_prob = false;
+}
+
 // The schedule combinations measured against the plan, each applied to the tiny config.
 struct MeasuredCase {
   const char* name;
@@ -67,6 +76,31 @@ const MeasuredCase kMeasuredCases[] = {
        c.schedules.dispatch = DispatchSchedule::llep;
        c.schedules.checkpoint = CheckpointSchedule::none;
        c.schedules.vocab = VocabSchedule::ring_dtp;
+     }},
+    // Qwen3-MoE's parts: the q/k norms' kept activations, a dense layer's MLP, narrower experts,
+    // head_dim != H / nh, a tied head; under each checkpoint schedule.
+    {"qwen3_dense_tied",
+     [](Config& c) {
+       qwen3_parts(c);
+       c.model.mlp_only_layers = {0};
+       c.model.tie_word_embeddings = true;
+     }},
+    {"qwen3_none_sparse_step_aux",
+     [](Config& c) {
+       qwen3_parts(c);
+       c.model.decoder_sparse_step = 2;
+       c.model.router_aux_loss_coef = 0.01;
+       c.schedules.checkpoint = CheckpointSchedule::none;
+     }},
+    {"qwen3_pipelined_llep_sco_ring_dtp",
+     [](Config& c) {
+       qwen3_parts(c);
+       c.model.mlp_only_layers = {2};
+       c.schedules.dispatch = DispatchSchedule::pipelined_llep;
+       c.schedules.chunk_tokens = 24;
+       c.schedules.checkpoint = CheckpointSchedule::sco;
+       c.schedules.vocab = VocabSchedule::ring_dtp;
+       c.optimizer.placement = OptimizerPlacement::offload_stream;
      }},
 };
 

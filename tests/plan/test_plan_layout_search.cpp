@@ -112,6 +112,13 @@ TEST(LayoutSearch, Mixtral8x22bOn8And16And64ByMaxBatch) {
   for (int W : {8, 16, 64}) expect_consistent("mixtral-8x22b", W, LayoutGoal::max_batch);
 }
 
+// Qwen3-30B-A3B on one and on eight nodes (4 kv heads: Sp = 8 replicates each on two ranks);
+// 235B-A22B on eight nodes (on one, no layout holds it: test_plan_reach).
+TEST(LayoutSearch, Qwen3PresetsOn8And64ByMaxContext) {
+  for (int W : {8, 64}) expect_consistent("qwen3-30b-a3b", W, LayoutGoal::max_context);
+  expect_consistent("qwen3-235b-a22b", 64, LayoutGoal::max_context);
+}
+
 TEST(LayoutSearch, GptOss20bOn8ByMaxContext) {
   expect_consistent("gpt-oss-20b", 8, LayoutGoal::max_context);
 }

@@ -102,6 +102,48 @@ TEST(PlanReach, MixtralPresetsAreTheHuggingFaceShapesAndFitAtFullContext) {
   EXPECT_EQ(in.degrees, (ParallelDegrees{64, 8, 8, 8}));
 }
 
+// The Qwen3-MoE presets are Hugging Face's shapes: the parameters the model cards publish
+// (Qwen3-30B-A3B: 30.5B total, 3.3B activated; Qwen3-235B-A22B: 235B, 22B — counting the
+// embedding among the activated), here as the layout counts them, each tensor's elements written
+// out. On H200s (docs/plan.md, "The Qwen3-MoE presets", planned 2026-12-07) the bounded stack at
+// the presets' own layouts trains 30B-A3B at its full 40,960 context on 8 (reach 1,007,600) and
+// both at 1M on 64 (9,306,512 and 2,395,488 with the 235B's own (64, 8, 64): 2,578,064); the
+// standard one does not reach the full context on 8 (30B: the expert-parallel dispatch's worst
+// case) nor 235B's on 64 (22,152). No layout holds 235B on 8: its bf16 weights and fp32 main
+// grads alone are 6 B x 235B / 8 = 176 GB per rank.
+TEST(PlanReach, Qwen3PresetsAreTheHuggingFaceShapes) {
+  const Config a3b = h200("qwen3-30b-a3b", true), a22b = h200("qwen3-235b-a22b", true);
+  auto expected = [](int64_t V, int64_t H, int64_t L, int64_t nh, int64_t nkv, int64_t d, int64_t E,
+                     int64_t I) {
+    const int64_t layer = 2 * H + 2 * d                       // input and post norms, q and k norms
+                          + 2 * nh * d * H + 2 * nkv * d * H  // q, o; k, v
+                          + E * H + 3 * E * I * H;            // router, experts
+    return 2 * V * H + H + L * layer;                         // embedding, head, final norm
+  };
+  const ParamLayout small(a3b.model), large(a22b.model);
+  EXPECT_EQ(small.parameter_count(), expected(151936, 2048, 48, 32, 4, 128, 128, 768));
+  EXPECT_EQ(large.parameter_count(), expected(151936, 4096, 94, 64, 4, 128, 128, 1536));
+  EXPECT_NEAR(small.parameter_count() / 1e9, 30.5, 0.05);
+  EXPECT_NEAR(large.parameter_count() / 1e9, 235, 0.5);
+  // Activated: the matmuls a token meets (top-8 experts) and the embedding row it reads: 3.35B
+  // and 22.19B, which the cards round to 3.3B and 22B.
+  EXPECT_NEAR((small.active_matmul_parameters() + 151936 * 2048) / 1e9, 3.3, 0.06);
+  EXPECT_NEAR((large.active_matmul_parameters() + 151936 * 4096) / 1e9, 22, 0.5);
+  EXPECT_EQ(a3b.training.seq_len, a3b.model.max_position_embeddings);
+
+  EXPECT_TRUE(fits_at("qwen3-30b-a3b", 8, true, a3b.training.seq_len));
+  EXPECT_FALSE(fits_at("qwen3-30b-a3b", 8, false, a3b.training.seq_len));
+  EXPECT_TRUE(fits_at("qwen3-30b-a3b", 64, true, 1024 * 1024));
+  EXPECT_TRUE(fits_at("qwen3-235b-a22b", 64, true, 1024 * 1024));
+  EXPECT_FALSE(fits_at("qwen3-235b-a22b", 64, false, a22b.training.seq_len));
+  const Config on8 = load_config({kSourceDir + "/configs/qwen3-235b-a22b.toml"},
+                                 {"runtime.device_memory=141GB", "runtime.pinned_memory=250GB",
+                                  "parallelism.expert_parallel=8", "parallelism.data_shard=8"});
+  PlanInputs in = plan_inputs(on8, 8);
+  in.seq_len = 1024;
+  EXPECT_FALSE(make_plan(on8, in).fits());
+}
+
 // configs/reach.toml, the preset `moepeak bench reach` measures (docs/perf.md): on its 4 ranks
 // at its 32 MiB the plan gives the standard stack a few hundred tokens and the four bounded
 // schedules at the preset's knobs more than 16x that (planned 2026-12-04: 408 / 16,984), and

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# test_hf_roundtrip: Hugging Face Mixtral checkpoints in and out of moepeak, on real processes,
-# against the float64 numpy reference (hf_roundtrip.py, mixtral_reference.py).
+# test_hf_roundtrip: Hugging Face checkpoints (Mixtral, Qwen3-MoE) in and out of moepeak, on real
+# processes, against the float64 numpy reference (hf_roundtrip.py, hf_reference.py).
 #   - import: checkpoints written by hf_roundtrip.py in the transformers 4 and 5 config forms, as
 #     one file or several with an index, in F32, BF16 and F16: `train --init-from` loads each
 #     weight exactly (the step-1 dump holds it) and its first loss is the reference's (1e-5), on
@@ -11,7 +11,11 @@
 #     (every step trains on the same one-batch data file), on 1 and 4 ranks within 1e-6, and the
 #     reference computes that loss from the export's files (1e-5);
 #   - a [model] key that disagrees with config.json, and an export onto an existing directory,
-#     are errors that name them.
+#     are errors that name them;
+#   - Qwen3-MoE: Hub checkpoints (transformers 4 form with YaRN and a dense layer, BF16 in two
+#     files; 5 form with a tied head) start a run with the reference's loss on 1 and 2 ranks; a
+#     checkpoint whose tensors are not its config's is an error naming file and tensor; an export
+#     of a YaRN, tied, partly dense model saved on 2 ranks restarts with its loss.
 # Every run is under `timeout 120`. Run: ctest -R test_hf_roundtrip
 #   (or: OMPI_MCA_btl=self,vader OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 #    bash tests/reference/run_hf_roundtrip.sh build/moepeak "$(which mpirun)")
@@ -109,5 +113,85 @@ check "--init-from the bfloat16 export" run 1 from_export16 --set training.steps
   --init-from "$tmp/e16" --dump-step "$tmp/dump_export16"
 check "the reference reproduces its loss from the bfloat16 files" \
   "$py" "$here/hf_roundtrip.py" check "$tmp/e16" "$tmp/dump_export16"
+
+# ---- Qwen3-MoE in its Hub layout ------------------------------------------------------------
+# Import: the transformers 4 form with YaRN and a dense first layer (BF16, two files), the 5 form
+# with a tied head and unnormalised top-k weights (F32); on 1 rank, and the first on 2.
+qwen3_cases=("4 BF16 2 mlp_only_layers=[0] rope_scaling={\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":64}"
+             "5 F32 1 tie_word_embeddings=true norm_topk_prob=false")
+for spec in "${qwen3_cases[@]}"; do
+  read -r form dtype files set1 set2 <<<"$spec"
+  name="qwen3_t${form}_${dtype}_${files}"
+  check "make $name" "$py" "$here/hf_roundtrip.py" make "$tmp/$name" --form "$form" \
+    --dtype "$dtype" --files "$files" --seed 7 --model-type qwen3_moe --set "$set1" --set "$set2"
+  check "import $name on 1 rank" run 1 "import_$name" --set training.steps=1 \
+    --init-from "$tmp/$name" --dump-step "$tmp/dump_$name"
+  check "import $name: exact weights, reference loss" \
+    "$py" "$here/hf_roundtrip.py" check "$tmp/$name" "$tmp/dump_$name"
+done
+check "import qwen3_t4_BF16_2 on 2 ranks" run 2 import_qwen3_w2 --set training.steps=1 \
+  --init-from "$tmp/qwen3_t4_BF16_2" --dump-step "$tmp/dump_qwen3_w2"
+check "import on 2 ranks: exact weights, reference loss" \
+  "$py" "$here/hf_roundtrip.py" check "$tmp/qwen3_t4_BF16_2" "$tmp/dump_qwen3_w2"
+# A checkpoint whose tensors are not its config's family's: config.json says layer 0 is dense, the
+# files hold its experts. An error naming the file and a tensor, and no run directory left.
+check "make a checkpoint whose config.json and tensors disagree" "$py" "$here/hf_roundtrip.py" \
+  make "$tmp/qwen3_mismatch" --form 5 --dtype F32 --files 1 --model-type qwen3_moe
+"$py" -c 'import json,sys; p=sys.argv[1]; j=json.load(open(p)); j["mlp_only_layers"]=[0]; json.dump(j, open(p,"w"))' \
+  "$tmp/qwen3_mismatch/config.json"
+check "a tensor missing for its family is an error naming the file and the tensor" \
+  bash -c '! "$0" train --init-from "$1" --set training.steps=1 --set job.run_dir="$2/mismatch_runs" \
+    >"$2/mismatch.log" 2>&1 && grep -q "model.layers.0.mlp.gate_proj.weight" "$2/mismatch.log" \
+    && grep -q "qwen3_mismatch" "$2/mismatch.log" && ! test -e "$2/mismatch_runs/moepeak/checkpoints"' \
+  "$bin" "$tmp/qwen3_mismatch" "$tmp"
+
+# Export: a Qwen3-MoE with YaRN, a tied head and a dense layer saved on 2 ranks, exported and
+# started from on 1 rank with the saving run's next loss; the reference reads the export's own
+# config.json and files.
+qwen3_model=(--set model.model_type=qwen3_moe --set model.vocab_size=48
+             --set model.moe_intermediate_size=24 --set model.head_dim=8
+             --set "model.mlp_only_layers=[1]" --set model.tie_word_embeddings=true
+             --set model.rope_type=yarn --set model.rope_factor=4
+             --set model.rope_original_max_position_embeddings=8 --set model.initializer_range=0.2)
+check "save a Qwen3-MoE on 2 ranks" run 2 qwen3_source --set training.steps=3 \
+  --set checkpoint.enable=true --set checkpoint.interval=2 "${qwen3_model[@]}"
+check "export it in float32" timeout 60 "$bin" export \
+  "$tmp/runs/qwen3_source/checkpoints/step_00000002" "$tmp/q32" --dtype float32
+check "its config.json is Qwen3-MoE's, with the YaRN scaling in both forms" \
+  bash -c 'grep -q "\"model_type\": \"qwen3_moe\"" "$0/config.json" \
+    && grep -q "\"Qwen3MoeForCausalLM\"" "$0/config.json" \
+    && grep -q "\"rope_scaling\"" "$0/config.json" && grep -q "\"rope_parameters\"" "$0/config.json" \
+    && ! grep -q "lm_head.weight" "$0/model.safetensors.index.json"' "$tmp/q32"
+check "--init-from the Qwen3-MoE export on 1 rank" run 1 qwen3_from_export \
+  --set training.steps=1 --init-from "$tmp/q32" --dump-step "$tmp/dump_qwen3_export"
+check "its first loss is the saving run's step 3 (1e-6)" \
+  same_loss "$(loss_of qwen3_from_export 1)" "$(loss_of qwen3_source 3)" 1e-6
+check "the reference reproduces that loss from the export's files" \
+  "$py" "$here/hf_roundtrip.py" check "$tmp/q32" "$tmp/dump_qwen3_export"
+
+# Extending the context (docs/models.md#extending-the-context, scaled down): a Qwen3-MoE
+# pretrained at 16 positions trained at 32 with YaRN factor 4 over its config.json's default RoPE;
+# its step 1 is the reference's (transformers') in loss and every gradient; its export carries the
+# scaling, and the reference reproduces a step from the export's own files.
+check "make a Qwen3-MoE pretrained at 16 positions" "$py" "$here/hf_roundtrip.py" make \
+  "$tmp/qwen3_short" --form 5 --dtype BF16 --files 1 --seed 11 --model-type qwen3_moe \
+  --set max_position_embeddings=16
+extend=(--init-from "$tmp/qwen3_short" --set training.batch_size=2 --set training.seq_len=32
+        --set model.rope_type=yarn --set model.rope_factor=4
+        --set model.rope_original_max_position_embeddings=16 --set model.max_position_embeddings=64)
+check "train it at 32 positions with YaRN x4" run 1 qwen3_extend --set training.steps=2 \
+  --set checkpoint.enable=true "${extend[@]}" --dump-step "$tmp/dump_extend"
+check "its step 1 is the reference's loss and gradients" \
+  "$py" "$here/check_step_dump.py" "$tmp/dump_extend"
+check "export the extended model" timeout 60 "$bin" export \
+  "$tmp/runs/qwen3_extend/checkpoints/step_00000002" "$tmp/qext" --dtype float32
+check "the export's config.json has the new context and its YaRN scaling" \
+  bash -c 'grep -q "\"max_position_embeddings\": 64" "$0/config.json" \
+    && grep -q "\"rope_type\": \"yarn\"" "$0/config.json"' "$tmp/qext"
+check "--init-from the export at 32 positions" run 1 qwen3_extended --set training.steps=1 \
+  --set training.batch_size=2 --set training.seq_len=32 --init-from "$tmp/qext" \
+  --dump-step "$tmp/dump_extended"
+check "the reference reproduces its loss from the export's files" \
+  "$py" "$here/hf_roundtrip.py" check "$tmp/qext" "$tmp/dump_extended"
 
 report test_hf_roundtrip

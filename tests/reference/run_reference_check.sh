@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_hf_reference: moepeak's step-1 loss and gradients against an independent float64 numpy
-# reference of Hugging Face's MixtralForCausalLM (mixtral_reference.py, check_step_dump.py).
+# reference of transformers' <Family>ForCausalLM (hf_reference.py, check_step_dump.py): Mixtral
+# and Qwen3-MoE, with each RoPE scaling.
 #   bash run_reference_check.sh path/to/moepeak
 # Each case trains one step of a small model with --dump-step and checks the dump. Needs Debian's
 # /usr/bin/python3 with python3-numpy (a PATH python3 may lack numpy).
@@ -50,6 +51,29 @@ run_case mha_shapes --set model.num_key_value_heads=4 --set model.head_dim=8 \
   --set model.rms_norm_eps=0.01 --set model.rope_theta=100 --set training.seq_len=24
 # Mixtral's auxiliary load-balancing loss (config.json then says output_router_logits = true).
 run_case aux_loss --set model.router_aux_loss_coef=0.2
+
+# Qwen3-MoE (config.json model_type qwen3_moe): q/k norms per head, experts narrower than the
+# dense width, head_dim apart from hidden / heads, a large eps so the norms' placement matters.
+qwen3=(--set model.model_type=qwen3_moe --set model.moe_intermediate_size=48 --set model.head_dim=8
+       --set model.rms_norm_eps=0.01)
+run_case qwen3 "${qwen3[@]}"
+# Dense layers by list and by step, top-k weights not renormalised, the aux loss over the MoE
+# layers only, no checkpointing.
+run_case qwen3_dense_aux "${qwen3[@]}" --set model.num_hidden_layers=4   --set "model.mlp_only_layers=[0]" --set model.decoder_sparse_step=2   --set model.norm_topk_prob=false --set model.router_aux_loss_coef=0.2   --set schedules.checkpoint=none
+# A tied head (no lm_head.weight in the dump), for Qwen3-MoE and for Mixtral.
+run_case qwen3_tied "${qwen3[@]}" --set model.tie_word_embeddings=true
+run_case mixtral_tied --set model.tie_word_embeddings=true
+
+# RoPE scaling, each type as transformers' modeling_rope_utils.py computes it (small theta and
+# original contexts so that every frequency band of the 16-dim heads is moved).
+run_case rope_linear --set model.rope_type=linear --set model.rope_factor=4 --set model.rope_theta=100
+# dynamic NTK: sequences of 24 past max_position_embeddings 16 take the recomputed base.
+run_case rope_dynamic --set model.rope_type=dynamic --set model.rope_factor=2   --set model.rope_theta=100 --set model.max_position_embeddings=16 --set training.seq_len=24
+run_case rope_yarn "${qwen3[@]}" --set model.rope_type=yarn --set model.rope_factor=8   --set model.rope_original_max_position_embeddings=8 --set model.rope_theta=1000
+# gpt-oss's form: no truncation of the ramp; and DeepSeek's: mscale over mscale_all_dim.
+run_case rope_yarn_notrunc --set model.rope_type=yarn --set model.rope_factor=32   --set model.rope_original_max_position_embeddings=4 --set model.rope_truncate=false   --set model.rope_beta_fast=8 --set model.rope_theta=1500
+run_case rope_yarn_mscale --set model.rope_type=yarn --set model.rope_factor=40   --set model.rope_original_max_position_embeddings=4 --set model.rope_mscale=1.0   --set model.rope_mscale_all_dim=0.707
+run_case rope_llama3 "${qwen3[@]}" --set model.rope_type=llama3 --set model.rope_factor=8   --set model.rope_original_max_position_embeddings=16 --set model.rope_low_freq_factor=1   --set model.rope_high_freq_factor=4 --set model.rope_theta=500
 
 if ((failures)); then
   echo "test_hf_reference: $failures case(s) failed" >&2

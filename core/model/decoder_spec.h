@@ -1,0 +1,102 @@
+// DecoderSpec: what a decoder is made of, layer by layer — the description a model family
+// (core/model/families/) makes of a ModelConfig and that the decoder (core/model/decoder.h), the
+// parameter layout (param_layout.h), the ZeRO-3 store and the memory functions the planner sums
+// (decoder_memory.h) read. None of those names a family: they ask the description.
+//
+//   embedding -> L x [x += attention(norm(x)); x += mlp(norm(x))] -> norm -> head -> cross-entropy
+//
+//   attention  grouped-query (nh query heads, nkv key/value heads of head_dim), RoPE on q and k,
+//              optionally an RMSNorm over head_dim on every q and k head before RoPE (qk_norm)
+//   mlp        dense SwiGLU of width `intermediate`, or MoE: a router (softmax over all experts,
+//              top-k, renormalised or not) and `experts` SwiGLU experts of width `intermediate`
+//   head       its own (V, H) matrix, or the embedding's (tied)
+//
+// docs/models.md lists the families and what each sets here.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "core/config/config.h"
+#include "ops/rope_scaling.h"
+
+namespace moepeak {
+
+enum class AttentionKind { grouped_query };
+
+struct AttentionSpec {
+  AttentionKind kind = AttentionKind::grouped_query;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  bool qk_norm = false;  // RMSNorm (weights [head_dim], the model's eps) on each q and k head
+  bool operator==(const AttentionSpec&) const = default;
+};
+
+enum class MlpKind { dense, moe };
+
+// How router logits become the top-k experts and their weights.
+enum class RouterScore {
+  softmax_then_topk,  // softmax over all experts in fp32, top-k of the probabilities
+};
+
+struct RouterSpec {
+  RouterScore score = RouterScore::softmax_then_topk;
+  int64_t top_k = 0;
+  bool renormalize = true;  // the k weights divided by their sum
+  bool operator==(const RouterSpec&) const = default;
+};
+
+enum class ExpertActivation { swiglu };  // down(silu(gate x) * up x)
+
+struct MlpSpec {
+  MlpKind kind = MlpKind::moe;
+  int64_t intermediate = 0;  // the dense MLP's width, or each expert's
+  int64_t experts = 0;       // MoE only
+  RouterSpec router;         // MoE only
+  ExpertActivation activation = ExpertActivation::swiglu;
+  bool moe() const { return kind == MlpKind::moe; }
+  bool operator==(const MlpSpec&) const = default;
+};
+
+struct LayerSpec {
+  AttentionSpec attention;
+  MlpSpec mlp;
+  bool operator==(const LayerSpec&) const = default;
+};
+
+// The positional encoding: rotary, with transformers' scaling (the ModelConfig rope_* fields).
+struct RopeSpec {
+  ops::RopeScaling scaling;  // the type and its parameters (ops/rope_scaling.h)
+  double theta = 10000.0;
+  int64_t rotary_dim = 0;    // the dims each head rotates (head_dim)
+  bool interleaved = false;  // pairs (2i, 2i+1) instead of (i, i + rotary_dim/2)
+  int64_t max_position_embeddings = 0;
+  // The op's parameters for sequences of seq_len tokens (dynamic NTK reads it; the others not).
+  ops::RopeParams params(int64_t seq_len) const;
+  bool operator==(const RopeSpec&) const = default;
+};
+
+struct DecoderSpec {
+  ModelType family = ModelType::mixtral;
+  int64_t vocab = 0, hidden = 0;
+  double norm_eps = 1e-5;
+  std::vector<LayerSpec> layers;
+  RopeSpec rope;
+  bool tied_embeddings = false;
+  double aux_loss_coef = 0.0;  // the load-balancing loss over the MoE layers' routers; 0 = off
+
+  // Layers with experts, and their expert count (every MoE layer has the same; 0 when none).
+  int64_t moe_layers() const;
+  int64_t experts() const;
+  int64_t top_k() const;  // of the MoE layers (0 when none)
+  bool any_dense() const;
+  bool any_qk_norm() const;
+  bool operator==(const DecoderSpec&) const = default;
+};
+
+// The description of `model` by its family (core/model/families/family.h). Throws moepeak::Error
+// naming the [model] key when the config sets a field the family does not have or cannot take
+// (e.g. mlp_only_layers for mixtral), so a config is never run with another family's semantics.
+DecoderSpec describe_decoder(const ModelConfig& model);
+
+}  // namespace moepeak

@@ -1,0 +1,267 @@
+// The model families (core/model/families/): each family's description of the decoder, its Hub
+// tensor names, its config.json read and written in both transformers forms (RoPE scaling
+// included), and the settings a family refuses — by name, never silently run with another
+// family's semantics. Run: ctest -R test_families
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/checkpoint/hf_config.h"
+#include "core/config/config.h"
+#include "core/error.h"
+#include "core/model/decoder_spec.h"
+#include "core/model/families/family.h"
+#include "core/model/param_layout.h"
+#include "tests/expect_contains.h"
+
+namespace moepeak {
+namespace {
+
+using test_support::error_of;
+
+ModelConfig qwen3(int64_t layers = 3) {
+  ModelConfig m;
+  m.model_type = ModelType::qwen3_moe;
+  m.vocab_size = 50;
+  m.hidden_size = 16;
+  m.intermediate_size = 24;
+  m.moe_intermediate_size = 8;
+  m.num_hidden_layers = layers;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 6;  // not hidden / heads
+  m.num_local_experts = 4;
+  m.num_experts_per_tok = 2;
+  return m;
+}
+
+TEST(Families, Qwen3DescribesDenseLayersByListAndStep) {
+  ModelConfig m = qwen3(6);
+  m.mlp_only_layers = {2};
+  m.decoder_sparse_step = 2;
+  m.norm_topk_prob = false;
+  const DecoderSpec s = describe_decoder(m);
+  ASSERT_EQ(s.layers.size(), 6u);
+  // (i + 1) % 2 != 0 -> dense: 0, 2, 4; 2 listed too; MoE: 1, 3, 5.
+  for (int i = 0; i < 6; ++i) {
+    SCOPED_TRACE(i);
+    const LayerSpec& l = s.layers[i];
+    EXPECT_TRUE(l.attention.qk_norm);
+    EXPECT_EQ(l.attention.head_dim, 6);
+    EXPECT_EQ(l.mlp.moe(), i % 2 == 1);
+    EXPECT_EQ(l.mlp.intermediate, l.mlp.moe() ? 8 : 24);
+    if (l.mlp.moe()) {
+      EXPECT_EQ(l.mlp.experts, 4);
+      EXPECT_EQ(l.mlp.router.top_k, 2);
+      EXPECT_FALSE(l.mlp.router.renormalize);
+    }
+  }
+  EXPECT_EQ(s.moe_layers(), 3);
+  EXPECT_EQ(s.experts(), 4);
+}
+
+TEST(Families, MixtralDescribesEveryLayerMoeWithoutQkNorm) {
+  ModelConfig m;
+  const DecoderSpec s = describe_decoder(m);
+  for (const LayerSpec& l : s.layers) {
+    EXPECT_FALSE(l.attention.qk_norm);
+    EXPECT_TRUE(l.mlp.moe());
+    EXPECT_TRUE(l.mlp.router.renormalize);
+    EXPECT_EQ(l.mlp.intermediate, m.intermediate_size);
+  }
+}
+
+TEST(Families, Qwen3ParamsCarryTheHubNames) {
+  ModelConfig m = qwen3(2);
+  m.mlp_only_layers = {0};
+  const ParamLayout P(m);
+  const std::string l0 = "model.layers.0.", l1 = "model.layers.1.";
+  for (const char* name : {"self_attn.q_norm.weight", "self_attn.k_norm.weight",
+                           "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"}) {
+    EXPECT_GE(P.find(l0 + name), 0) << name;
+  }
+  for (const char* name : {"mlp.gate.weight", "mlp.experts.3.gate_proj.weight",
+                           "mlp.experts.3.up_proj.weight", "mlp.experts.0.down_proj.weight"}) {
+    EXPECT_GE(P.find(l1 + name), 0) << name;
+    EXPECT_EQ(P.find(l0 + name), -1) << name;  // layer 0 is dense
+  }
+  EXPECT_EQ(P.params()[P.find(l0 + "self_attn.q_norm.weight")].shape, (Shape{6}));
+  EXPECT_EQ(P.params()[P.find(l0 + "mlp.gate_proj.weight")].shape, (Shape{24, 16}));
+  EXPECT_EQ(P.params()[P.find(l1 + "mlp.experts.3.down_proj.weight")].shape, (Shape{16, 8}));
+  EXPECT_EQ(P.params()[P.find(l1 + "self_attn.q_proj.weight")].shape, (Shape{24, 16}));
+  EXPECT_GE(P.find("lm_head.weight"), 0);
+  EXPECT_FALSE(P.tied());
+  // Embedding, head, final norm; per layer 4 projections, 4 norms (2 layer, q, k); layer 0 three
+  // dense matrices, layer 1 a router and 4 x 3 expert matrices.
+  EXPECT_EQ(P.params().size(), 3u + 2 * 8 + 3 + 1 + 12);
+}
+
+TEST(Families, ATiedHeadIsTheEmbedding) {
+  for (ModelType type : {ModelType::mixtral, ModelType::qwen3_moe}) {
+    ModelConfig m = qwen3(2);
+    m.model_type = type;
+    if (type == ModelType::mixtral) m.moe_intermediate_size = 0;
+    m.tie_word_embeddings = true;
+    const ParamLayout P(m);
+    EXPECT_TRUE(P.tied());
+    EXPECT_EQ(P.lm_head, P.embed);
+    EXPECT_EQ(P.find("lm_head.weight"), -1);
+  }
+}
+
+TEST(Families, MixtralRefusesQwen3Settings) {
+  struct Case {
+    const char* key;
+    void (*set)(ModelConfig&);
+  };
+  const Case cases[] = {
+      {"model.mlp_only_layers", [](ModelConfig& m) { m.mlp_only_layers = {0}; }},
+      {"model.decoder_sparse_step", [](ModelConfig& m) { m.decoder_sparse_step = 2; }},
+      {"model.norm_topk_prob", [](ModelConfig& m) { m.norm_topk_prob = false; }},
+      {"model.moe_intermediate_size", [](ModelConfig& m) { m.moe_intermediate_size = 7; }},
+  };
+  for (const Case& c : cases) {
+    ModelConfig m;
+    c.set(m);
+    EXPECT_CONTAINS(error_of([&] { describe_decoder(m); }), c.key);
+    EXPECT_CONTAINS(error_of([&] { ParamLayout layout(m); }), "the mixtral family");
+  }
+}
+
+TEST(Families, TomlSetsTheFamilyAndItsLists) {
+  const Config cfg = load_config(
+      {}, {"model.model_type=qwen3_moe", "model.mlp_only_layers=[0, 1]", "model.rope_type=yarn",
+           "model.rope_factor=8", "model.rope_original_max_position_embeddings=64"});
+  EXPECT_EQ(cfg.model.model_type, ModelType::qwen3_moe);
+  EXPECT_EQ(cfg.model.mlp_only_layers, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(cfg.model.rope_type, RopeType::yarn);
+  // Written back as TOML that reads to the same settings.
+  EXPECT_CONTAINS(config_to_toml(cfg, false), "mlp_only_layers = [0, 1]");
+  EXPECT_CONTAINS(error_of([&] { load_config({}, {"model.model_type=gpt_neox"}); }),
+                  "model.model_type");
+  EXPECT_CONTAINS(error_of([&] { load_config({}, {"model.rope_type=longrope"}); }),
+                  "model.rope_type");
+  EXPECT_CONTAINS(error_of([&] { load_config({}, {"model.mlp_only_layers=[0, \"a\"]"}); }),
+                  "model.mlp_only_layers[1]: expected an integer");
+  EXPECT_CONTAINS(error_of([&] { load_config({}, {"model.mlp_only_layers=[5]"}); }),
+                  "model.mlp_only_layers[0] = 5");
+}
+
+// ---- config.json -----------------------------------------------------------------------------
+
+ModelConfig yarn_qwen3() {
+  ModelConfig m = qwen3();
+  m.mlp_only_layers = {1};
+  m.norm_topk_prob = false;
+  m.tie_word_embeddings = true;
+  m.router_aux_loss_coef = 0.01;
+  m.max_position_embeddings = 32768;
+  m.rope_theta = 1e6;
+  m.rope_type = RopeType::yarn;
+  m.rope_factor = 8;
+  m.rope_original_max_position_embeddings = 4096;
+  m.rope_truncate = false;
+  m.rope_mscale = 1.0;
+  m.rope_mscale_all_dim = 1.0;
+  return m;
+}
+
+TEST(Families, Qwen3ConfigJsonIsTransformersAndRoundTrips) {
+  const ModelConfig m = yarn_qwen3();
+  const nlohmann::json j = model_config_json(m, "bfloat16");
+  EXPECT_EQ(j["model_type"], "qwen3_moe");
+  EXPECT_EQ(j["architectures"][0], "Qwen3MoeForCausalLM");
+  EXPECT_EQ(j["num_experts"], 4);
+  EXPECT_EQ(j["moe_intermediate_size"], 8);
+  EXPECT_EQ(j["intermediate_size"], 24);
+  EXPECT_EQ(j["mlp_only_layers"], nlohmann::json::array({1}));
+  EXPECT_EQ(j["norm_topk_prob"], false);
+  EXPECT_EQ(j["tie_word_embeddings"], true);
+  EXPECT_EQ(j["head_dim"], 6);
+  EXPECT_EQ(j["output_router_logits"], true);
+  EXPECT_EQ(j["rope_scaling"]["rope_type"], "yarn");
+  EXPECT_EQ(j["rope_scaling"]["factor"], 8.0);
+  EXPECT_EQ(j["rope_scaling"]["truncate"], false);
+  EXPECT_EQ(j["rope_parameters"]["rope_type"], "yarn");
+  EXPECT_EQ(j["rope_parameters"]["rope_theta"], 1e6);
+  EXPECT_EQ(j["rope_parameters"]["original_max_position_embeddings"], 4096);
+  EXPECT_EQ(model_config_from_json(j, "c.json"), m);
+
+  // transformers 5 alone (rope_parameters), transformers 4 alone (rope_theta + rope_scaling).
+  nlohmann::json five = j;
+  five.erase("rope_scaling");
+  five.erase("rope_theta");
+  EXPECT_EQ(model_config_from_json(five, "c.json"), m);
+  nlohmann::json four = j;
+  four.erase("rope_parameters");
+  EXPECT_EQ(model_config_from_json(four, "c.json"), m);
+  // transformers 4's older spelling of the type.
+  four["rope_scaling"].erase("rope_type");
+  four["rope_scaling"]["type"] = "yarn";
+  EXPECT_EQ(model_config_from_json(four, "c.json"), m);
+}
+
+TEST(Families, EveryRopeTypeRoundTrips) {
+  for (RopeType type : {RopeType::default_rope, RopeType::linear, RopeType::dynamic, RopeType::yarn,
+                        RopeType::llama3}) {
+    for (ModelType family : {ModelType::mixtral, ModelType::qwen3_moe}) {
+      ModelConfig m = family == ModelType::mixtral ? ModelConfig{} : qwen3();
+      m.rope_type = type;
+      if (type != RopeType::default_rope) m.rope_factor = 4;
+      if (type == RopeType::llama3 || type == RopeType::yarn) {
+        m.rope_original_max_position_embeddings = 128;
+      }
+      if (type == RopeType::llama3) {
+        m.rope_low_freq_factor = 2;
+        m.rope_high_freq_factor = 8;
+      }
+      SCOPED_TRACE(std::string(enum_name(family)) + " " + std::string(enum_name(type)));
+      EXPECT_EQ(model_config_from_json(model_config_json(m), "c.json"), m);
+    }
+  }
+}
+
+TEST(Families, ConfigJsonErrorsNameTheField) {
+  const nlohmann::json good = model_config_json(yarn_qwen3());
+  auto error_with = [&](const char* field, const nlohmann::json& value) {
+    nlohmann::json j = good;
+    j[field] = value;
+    return error_of([&] { model_config_from_json(j, "hub/config.json"); });
+  };
+  EXPECT_CONTAINS(error_with("model_type", "gpt_neox"),
+                  "hub/config.json: field \"model_type\" is \"gpt_neox\"; moepeak trains the "
+                  "families \"mixtral\", \"qwen3_moe\"");
+  EXPECT_CONTAINS(error_with("use_sliding_window", true),
+                  "hub/config.json: field \"use_sliding_window\" is true");
+  EXPECT_CONTAINS(error_with("attention_bias", true),
+                  "hub/config.json: field \"attention_bias\" is true");
+  EXPECT_CONTAINS(error_with("mlp_only_layers", nlohmann::json::array({7})),
+                  "field \"mlp_only_layers\" holds 7");
+  EXPECT_CONTAINS(error_with("rope_scaling", {{"rope_type", "longrope"}, {"factor", 2.0}}),
+                  "field \"rope_scaling.rope_type\" is \"longrope\"");
+  {  // transformers reads a non-empty rope_scaling over rope_parameters.
+    nlohmann::json j = good;
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+    const ModelConfig m = model_config_from_json(j, "c.json");
+    EXPECT_EQ(m.rope_type, RopeType::linear);
+    EXPECT_EQ(m.rope_factor, 2.0);
+  }
+  // rope_parameters alone (transformers 5's form) is read as strictly.
+  auto params_error = [&](const nlohmann::json& params) {
+    nlohmann::json j = good;
+    j.erase("rope_scaling");
+    j["rope_parameters"] = params;
+    return error_of([&] { model_config_from_json(j, "hub/config.json"); });
+  };
+  EXPECT_CONTAINS(params_error({{"rope_type", "linear"}, {"rope_theta", 1e6}, {"x", 1}}),
+                  "field \"rope_parameters.x\" is not a RoPE parameter");
+  EXPECT_CONTAINS(params_error({{"rope_type", "linear"}, {"rope_theta", 1e6}}),
+                  "field \"rope_parameters.factor\" is missing");
+  nlohmann::json missing = good;
+  missing.erase("num_experts");
+  EXPECT_CONTAINS(error_of([&] { model_config_from_json(missing, "hub/config.json"); }),
+                  "hub/config.json: field \"num_experts\" is missing");
+}
+
+}  // namespace
+}  // namespace moepeak
