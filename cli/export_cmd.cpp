@@ -1,5 +1,6 @@
 // `moepeak export CHECKPOINT OUT [--dtype bfloat16|float32] [--max-shard-size 5GB]
-//                [--buffer 64MiB]`: a training checkpoint as a Hugging Face Mixtral model that
+//                [--buffer 64MiB]`: a training checkpoint as a Hugging Face model of its family
+//                that
 // transformers' from_pretrained and `moepeak train --init-from` load
 // (core/checkpoint/hf_export.h). CHECKPOINT is a step directory or a checkpoint folder (its
 // `latest` is exported).

@@ -106,7 +106,8 @@ void register_train_command(CLI::App& app, Context& ctx) {
       ->excludes(resume);
   static std::string init_from;
   cmd->add_option("--init-from", init_from,
-                  "start from this Hugging Face Mixtral checkpoint directory (model.init_from); "
+                  "start from this Hugging Face checkpoint directory (model.init_from; Mixtral, "
+                  "Qwen3-MoE); "
                   "a resumed run continues from its own checkpoint instead")
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--dump-step", options.dump_step_dir,

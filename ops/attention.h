@@ -1,6 +1,7 @@
-// attention: causal grouped-query self-attention (HF Mixtral / LLaMA), flash-style forward and
-// backward. Query head h reads kv head h / (nh / nkv); query t attends keys s <= t of its own
-// sequence; scores are scaled by `scale` (1/sqrt(d) in the model, passed explicitly).
+// attention: causal grouped-query self-attention (transformers' Mixtral, Qwen3-MoE, LLaMA),
+// flash-style forward and backward. Query head h reads kv head h / (nh / nkv); query t attends keys
+// s <= t of its own sequence; scores are scaled by `scale` (1/sqrt(d) in the model, passed
+// explicitly).
 //
 //   q:    (B, T, nh, d)   f32 | bf16 | f64 (one dtype for every tensor of a call but lse; on
 //                         CUDA d <= 256)

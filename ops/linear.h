@@ -1,4 +1,4 @@
-// linear: y = x W^T without bias (every projection of the Mixtral decoder: q/k/v/o, the router
+// linear: y = x W^T without bias (every projection of the decoder: q/k/v/o, the router
 // gate, the experts' w1/w2/w3 and the LM head).
 //
 //   x:  (M, K) f32 | bf16 | f64 (on both backends)

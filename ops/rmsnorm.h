@@ -1,4 +1,5 @@
-// rmsnorm: Mixtral's RMSNorm (input_layernorm, post_attention_layernorm, model.norm).
+// rmsnorm: the decoder's RMSNorm (input_layernorm, post_attention_layernorm, model.norm, and
+// Qwen3-MoE's per-head q_norm and k_norm over rows of head_dim).
 //
 //   y = x * rstd * w,   rstd[n] = 1 / sqrt(mean_h(x[n, h]^2) + eps)
 //

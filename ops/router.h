@@ -67,7 +67,7 @@ void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Te
                          Stream& stream);
 
 // The load-balancing loss's path through the full softmax: with dL/dprobs[n, e] = dprobs[e] for
-// every row (Mixtral's auxiliary loss is linear in each expert's mean probability),
+// every row (the auxiliary loss is linear in each expert's mean probability),
 //   dlogits[n, e] += probs[n, e] * (dprobs[e] - sum_j probs[n, j] * dprobs[j])        (+=)
 //   probs (N, E), dprobs (E), dlogits (N, E); the row sum in double.
 void router_aux_backward_cpu(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,

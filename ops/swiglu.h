@@ -1,4 +1,4 @@
-// swiglu: the gated activation inside each Mixtral expert, h = silu(w1 x) * (w3 x).
+// swiglu: the gated activation inside each expert and dense MLP, h = silu(w1 x) * (w3 x).
 //
 //   a:  (M, F) f32 | bf16 | f64 (both backends)   the gate, w1 x
 //   b:  (M, F) same dtype  the up projection, w3 x
