@@ -194,13 +194,11 @@ void read_rope(const nlohmann::json& json, const std::string& source, ModelConfi
   const nlohmann::json* scaling = optional(json, "rope_scaling");
   if (scaling && scaling->is_object() && scaling->empty()) scaling = nullptr;
   const nlohmann::json* params = optional(json, "rope_parameters");
-  const ModelConfig kept = m;
   if (scaling) {
     read_rope_dict(*scaling, source, "rope_scaling", m);
   } else if (params) {
     read_rope_dict(*params, source, "rope_parameters", m);
   }
-  m.rope_theta = kept.rope_theta;
 
   // NOTES: a rope_theta that is present but null is a type error, not an absent field.
   auto it = json.find("rope_theta");

@@ -82,10 +82,10 @@ ModelConfig from_hf_config(const nlohmann::json& json, const std::string& source
   hf_fields::read_shared(json, source, m);
   // NOTES: the Hub's files say num_experts; transformers 5 maps it to num_local_experts and its
   // save_pretrained writes that name instead.
+  const bool hub_name =
+      hf_fields::optional(json, "num_experts") || !hf_fields::optional(json, "num_local_experts");
   m.num_local_experts =
-      hf_fields::optional(json, "num_experts") || !hf_fields::optional(json, "num_local_experts")
-          ? hf_fields::required_integer(json, source, "num_experts")
-          : hf_fields::required_integer(json, source, "num_local_experts");
+      hf_fields::required_integer(json, source, hub_name ? "num_experts" : "num_local_experts");
   m.num_experts_per_tok = hf_fields::required_integer(json, source, "num_experts_per_tok");
   m.moe_intermediate_size = hf_fields::required_integer(json, source, "moe_intermediate_size");
   // transformers' defaults where a field is absent.
