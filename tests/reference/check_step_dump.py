@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Checks a moepeak step dump (`moepeak train --dump-step DIR`) against the float64 numpy reference
-of Hugging Face transformers' MoE causal LMs (hf_reference.py: mixtral, qwen3_moe, chosen by
-config.json's model_type).
+of Hugging Face transformers' MoE causal LMs (hf_reference.py: mixtral, qwen3_moe, gpt_oss,
+chosen by config.json's model_type).
 
     /usr/bin/python3 tests/reference/check_step_dump.py DIR [--h 1e-4] [--seed 0] [--show 15]
 
@@ -56,9 +56,10 @@ GRAD_REL = 1e-3
 # Finite-difference step. Central differences have truncation error h^2/6 * |L'''|: with weights
 # of scale ~0.2-1 and |L'''| = O(1..100), h = 1e-4 gives <= ~2e-7. Float64 rounding of the loss
 # (~1e-15 relative, |L| ~ 5) contributes ~eps*|L|/h ~ 1e-11. Both are far below the bounds above.
-# The loss is not smooth where the router's top-k selection changes; when a +-h perturbation
-# changes any selection the difference is retried with h/10 and h/100, and skipped (reported) if
-# it still crosses a switch.
+# The loss is not smooth where the router's top-k selection changes, nor (gpt_oss) where a SwiGLU
+# clamp starts or stops holding an activation; when a +-h perturbation changes any selection or
+# clamp the difference is retried with h/10 and h/100, and skipped (reported) if it still crosses
+# a switch.
 DEFAULT_H = 1e-4
 
 
@@ -97,6 +98,17 @@ def selections(result: ref.ForwardResult) -> np.ndarray:
     return np.sort(np.concatenate(result.selected_experts, axis=0), axis=-1)
 
 
+def switches(result: ref.ForwardResult) -> Tuple[np.ndarray, np.ndarray]:
+    """What the loss is smooth only while it stays put: the selections, and which activations
+    the clamps hold (gpt_oss; empty for the other families)."""
+    clamped = np.concatenate(result.clamped) if result.clamped else np.zeros(0, dtype=bool)
+    return selections(result), clamped
+
+
+def same_switches(a: Tuple[np.ndarray, np.ndarray], b: Tuple[np.ndarray, np.ndarray]) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
 class Reference:
     """The float64 reference loss as a function of one perturbed tensor."""
 
@@ -104,15 +116,15 @@ class Reference:
                  input_ids: np.ndarray, labels: np.ndarray):
         self.params, self.cfg, self.input_ids, self.labels = params, cfg, input_ids, labels
         self.base_loss, result = ref.loss(params, cfg, input_ids, labels, return_forward=True)
-        self.base_selection = selections(result)
+        self.base_switches = switches(result)
 
     def _eval(self) -> Tuple[float, bool]:
         value, result = ref.loss(self.params, self.cfg, self.input_ids, self.labels, return_forward=True)
-        return value, bool(np.array_equal(selections(result), self.base_selection))
+        return value, same_switches(switches(result), self.base_switches)
 
     def directional(self, name: str, direction: np.ndarray, h: float) -> Optional[float]:
         """(L(p + h d) - L(p - h d)) / 2h for tensor `name` moved along `direction`, or None when
-        every step tried crosses a change of the router's top-k selection."""
+        every step tried crosses a change of the router's top-k selection or of a clamp."""
         tensor = self.params[name]
         saved = tensor.copy()
         try:
@@ -137,6 +149,13 @@ def describe(cfg: ref.ModelConfig) -> str:
         extras.append("tied embeddings")
     if cfg.attention_bias:
         extras.append("attention biases")
+    if cfg.attention_sinks:
+        extras.append("attention sinks")
+    sliding = [i for i in range(cfg.num_hidden_layers) if cfg.attention_window(i) is not None]
+    if sliding:
+        extras.append(f"window {cfg.sliding_window} on layers {sliding}")
+    if cfg.swiglu_limit is not None:
+        extras.append(f"swiglu limit {cfg.swiglu_limit:g} alpha {cfg.swiglu_alpha:g}")
     if cfg.output_router_logits:
         extras.append(f"aux loss {cfg.router_aux_loss_coef:g}")
     return (f"{cfg.model_type}, {cfg.num_hidden_layers} layers ({moe} MoE), hidden {cfg.hidden_size}, "
@@ -256,7 +275,7 @@ def main(argv: List[str]) -> int:
               f"(moepeak {worst.moepeak:.6e}, reference {worst.reference:.6e}), {worst.ratio:.4f} of its bound")
     skipped = sum(c.skipped for c in checks)
     if skipped:
-        print(f"# {skipped} skipped: the router's top-k choice changes within +-h/100")
+        print(f"# {skipped} skipped: the router's top-k choice or a clamp changes within +-h/100")
     passed = sum(c.passed for c in checks)
     failed = len(checks) - passed - skipped
     print(f"{passed} passed, {failed} failed")

@@ -1,19 +1,24 @@
 #!/usr/bin/python3
 """Hugging Face checkpoints in and out of moepeak, against the float64 numpy reference of
-transformers' MoE causal LMs (hf_reference.py: mixtral, qwen3_moe). Used by run_hf_roundtrip.sh.
+transformers' MoE causal LMs (hf_reference.py: mixtral, qwen3_moe, gpt_oss). Used by
+run_hf_roundtrip.sh.
 
     hf_roundtrip.py make DIR --form 4|5 --dtype F32|BF16|F16 --files N [--seed S]
-                    [--model-type mixtral|qwen3_moe] [--set KEY=JSON ...]
+                    [--model-type mixtral|qwen3_moe|gpt_oss] [--set KEY=JSON ...]
         Writes a Hugging Face directory of random weights (std 0.2; norms 1 + that) for a small
         model of the family (default mixtral): config.json in the transformers 4 form (rope_theta
         at top level, torch_dtype, head_dim spelled out; qwen3_moe: rope_scaling null and
-        num_experts, as the Hub's Qwen3 configs) or the 5 form (rope_parameters with rope_type and
-        rope_theta, dtype; mixtral: "head_dim": null; qwen3_moe: num_local_experts, which is what
-        transformers 5.25's save_pretrained writes for Qwen3MoeConfig), the weights under their Hub
-        names (hf_reference.param_shapes) in one model.safetensors (N = 1) or N files with
-        model.safetensors.index.json. Each --set puts KEY = the JSON value (a bare word is a
-        string) into config.json last, e.g. --set mlp_only_layers=[1] --set tie_word_embeddings=true
-        --set 'rope_scaling={"rope_type": "yarn", "factor": 4.0}'; the tensors follow the config.
+        num_experts, as the Hub's Qwen3 configs; gpt_oss: rope_scaling yarn as the Hub's gpt-oss
+        configs) or the 5 form (rope_parameters with rope_type and rope_theta, dtype; mixtral:
+        "head_dim": null; qwen3_moe: num_local_experts, which is what transformers 5.25's
+        save_pretrained writes for Qwen3MoeConfig), the weights under their Hub names
+        (hf_reference.param_shapes; gpt_oss: the fused experts.gate_up_proj (E, H, 2I), gate and up
+        interleaved, experts.down_proj (E, I, H) and their biases) in one model.safetensors (N = 1)
+        or N files with model.safetensors.index.json. Each --set puts KEY = the JSON value (a bare
+        word is a string) into config.json last, e.g. --set mlp_only_layers=[1] --set
+        tie_word_embeddings=true --set 'rope_scaling={"rope_type": "yarn", "factor": 4.0}'; the
+        tensors follow the config. gpt_oss: unless --set gives layer_types, they alternate
+        sliding, full, ... over the (possibly --set) num_hidden_layers, as GptOssConfig's default.
     hf_roundtrip.py check HF_DIR DUMP_DIR
         HF_DIR is what moepeak started from (a directory made above, or a `moepeak export`);
         DUMP_DIR its step-1 dump (`train --init-from HF_DIR --dump-step DUMP_DIR`). Checks that
@@ -55,6 +60,19 @@ QWEN3_SHAPE = dict(vocab_size=48, hidden_size=32, intermediate_size=40, moe_inte
                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                    num_experts_per_tok=2, max_position_embeddings=256, rms_norm_eps=1e-6)
 QWEN3_EXPERTS = 4
+# The gpt_oss model: as gpt-oss-20b in kind (head_dim 16 != hidden / heads = 8, attention biases
+# and sinks, sliding (window 4 < the tests' 16 tokens) and full layers, biased router, fused
+# experts with biases, YaRN with truncate false, untied head), GQA 4/2, 4 experts top-2. The YaRN
+# is gpt-oss's scaled down (factor 32 over 64 original positions instead of 4096, max positions
+# 64 * 32) so that its ramp moves the 16-dim heads' frequencies; swiglu_limit 1.0 instead of 7.0
+# so that the clamps bind for a good share of the std-0.2 weights' activations (transformers 5.25
+# reads it; 4.57 hard-codes 7.0).
+GPT_OSS_SHAPE = dict(vocab_size=48, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                     num_experts_per_tok=2, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                     sliding_window=4, swiglu_limit=1.0)
+GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 64}
 ROPE_THETA = 5000.0
 
 
@@ -73,6 +91,19 @@ def make_config(model_type: str, form: int, dtype: str) -> Dict:
             config.update(rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
                           dtype=torch_dtype, head_dim=None, transformers_version="5.0.0")
         return config
+    if model_type == "gpt_oss":
+        config = dict(GPT_OSS_SHAPE, architectures=["GptOssForCausalLM"], model_type="gpt_oss",
+                      hidden_act="silu", attention_bias=True, attention_dropout=0.0,
+                      layer_types=gpt_oss_layer_types(GPT_OSS_SHAPE["num_hidden_layers"]),
+                      tie_word_embeddings=False, router_aux_loss_coef=0.9, output_router_logits=False,
+                      initializer_range=0.02)
+        if form == 4:
+            config.update(rope_theta=ROPE_THETA, rope_scaling=dict(GPT_OSS_YARN), torch_dtype=torch_dtype,
+                          transformers_version="4.55.0")
+        else:
+            config.update(rope_parameters=dict(GPT_OSS_YARN, rope_theta=ROPE_THETA), dtype=torch_dtype,
+                          transformers_version="5.25.0")
+        return config
     config = dict(QWEN3_SHAPE, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
                   hidden_act="silu", attention_bias=False, attention_dropout=0.0,
                   decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
@@ -86,6 +117,11 @@ def make_config(model_type: str, form: int, dtype: str) -> Dict:
                       rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
                       dtype=torch_dtype, transformers_version="5.25.0")
     return config
+
+
+def gpt_oss_layer_types(layers: int):
+    """GptOssConfig's default layer_types: sliding on even layers, full on odd."""
+    return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
 
 
 def parse_set(item: str):
@@ -124,6 +160,8 @@ def make(args) -> int:
     config = make_config(args.model_type, args.form, args.dtype)
     for key, value in args.set:
         config[key] = value
+    if args.model_type == "gpt_oss" and "layer_types" not in dict(args.set):
+        config["layer_types"] = gpt_oss_layer_types(int(config["num_hidden_layers"]))
     shapes = ref.param_shapes(ref.config_from_dict(config, where="the config to write"))
     os.makedirs(args.dir, exist_ok=True)
     with open(os.path.join(args.dir, "config.json"), "w", encoding="utf-8") as f:
@@ -208,7 +246,7 @@ def main() -> int:
     m.add_argument("--dtype", choices=["F32", "BF16", "F16"], required=True)
     m.add_argument("--files", type=int, default=1)
     m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--model-type", choices=["mixtral", "qwen3_moe"], default="mixtral")
+    m.add_argument("--model-type", choices=["mixtral", "qwen3_moe", "gpt_oss"], default="mixtral")
     m.add_argument("--set", type=parse_set, action="append", default=[], metavar="KEY=JSON",
                    help="a config.json field, written last")
     c = sub.add_parser("check")
