@@ -66,6 +66,8 @@ std::string_view expected_phrase(FieldType type) {
       return "an array of tables such as [{ path = \"a.bin\", weight = 0.7 }]";
     case FieldType::integer_list:
       return "an array of integers such as [0, 3]";
+    case FieldType::enum_list:
+      return "an array of strings such as [\"a\", \"b\"]";
   }
   return "a value";
 }
@@ -206,6 +208,20 @@ FieldValue read_value(const Field& field, const toml::node& node, const std::str
                               describe_node(element));
         }
         list.push_back(*element.value<int64_t>());
+      }
+      return list;
+    }
+    case FieldType::enum_list: {
+      const toml::array* array = node.as_array();
+      if (!array) wrong_type();
+      std::vector<std::string> list;
+      for (size_t i = 0; i < array->size(); ++i) {
+        const toml::node& element = *array->get(i);
+        if (!element.is_string()) {
+          MOEPEAK_INPUT_ERROR(where, ": ", field.full_key(), "[", i, "]: expected a string, got ",
+                              describe_node(element));
+        }
+        list.push_back(*element.value<std::string>());
       }
       return list;
     }
@@ -404,6 +420,11 @@ void check_cross_field_rules(const Config& cfg) {
                         ", which must be even (RoPE rotates pairs); ",
                         shown(cfg, "model.hidden_size"), ", ",
                         shown(cfg, "model.num_attention_heads"));
+  }
+  if (!m.layer_types.empty() && static_cast<int64_t>(m.layer_types.size()) != m.num_hidden_layers) {
+    MOEPEAK_INPUT_ERROR("invalid config: model.layer_types (", cfg.origin("model.layer_types"),
+                        ") lists ", m.layer_types.size(), " layers, but ",
+                        shown(cfg, "model.num_hidden_layers"), "; list every layer or none");
   }
   for (size_t i = 0; i < m.mlp_only_layers.size(); ++i) {
     if (m.mlp_only_layers[i] >= m.num_hidden_layers) {

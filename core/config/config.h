@@ -25,7 +25,10 @@ namespace moepeak {
 // ---- Enumerated settings --------------------------------------------------------------------
 // Enumerator i is spelled EnumNames<E>::names[i] in config files ("auto" is `automatic` in C++).
 
-enum class ModelType { mixtral, qwen3_moe };
+enum class ModelType { mixtral, qwen3_moe, gpt_oss };
+// What a layer's attention sees (transformers' layer_types): every earlier key, or the last
+// model.sliding_window keys.
+enum class AttentionLayerType { full_attention, sliding_attention };
 enum class RopeType { default_rope, linear, dynamic, yarn, llama3 };
 enum class DatasetKind { copy, bin, megatron };
 enum class TokenDtype { uint16, uint32, llmc };
@@ -51,7 +54,11 @@ struct EnumNames;
 
 template <>
 struct EnumNames<ModelType> {
-  static constexpr std::array<std::string_view, 2> names{"mixtral", "qwen3_moe"};
+  static constexpr std::array<std::string_view, 3> names{"mixtral", "qwen3_moe", "gpt_oss"};
+};
+template <>
+struct EnumNames<AttentionLayerType> {
+  static constexpr std::array<std::string_view, 2> names{"full_attention", "sliding_attention"};
 };
 template <>
 struct EnumNames<RopeType> {
@@ -182,6 +189,14 @@ struct ModelConfig {
   int64_t decoder_sparse_step = 1;
   bool norm_topk_prob = true;
   bool tie_word_embeddings = false;  // the LM head is the embedding matrix
+  bool attention_bias = false;       // q/k/v/o projections with biases (gpt_oss, qwen3_moe)
+  // gpt_oss: each layer's attention (empty = the family's default: even layers sliding, odd full),
+  // the window of the sliding ones (0 = the family's default, 128), and the experts' clamped
+  // SwiGLU.
+  std::vector<AttentionLayerType> layer_types;
+  int64_t sliding_window = 0;
+  double swiglu_limit = 7.0;
+  double swiglu_alpha = 1.702;
   int64_t max_position_embeddings = 512;
   double rope_theta = 10000.0;
   // RoPE scaling (transformers' rope_scaling / rope_parameters; ops/rope_scaling.h): the type and

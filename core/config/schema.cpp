@@ -65,6 +65,15 @@ std::string check_run_name(const std::string& s) {
 
 template <typename T>
 constexpr bool is_config_enum = std::is_enum_v<T>;
+template <typename T>
+struct EnumListOf {
+  static constexpr bool value = false;
+};
+template <typename E>
+struct EnumListOf<std::vector<E>> {
+  static constexpr bool value = std::is_enum_v<E>;
+  using Enum = E;
+};
 
 template <auto SectionMember, auto KeyMember>
 Field make_field(std::string_view section, std::string_view key, Rule rule, std::string_view doc) {
@@ -89,6 +98,9 @@ Field make_field(std::string_view section, std::string_view key, Rule rule, std:
     f.type = FieldType::dataset_list;
   } else if constexpr (std::is_same_v<Value, std::vector<int64_t>>) {
     f.type = FieldType::integer_list;
+  } else if constexpr (EnumListOf<Value>::value) {
+    f.type = FieldType::enum_list;
+    f.choices = EnumNames<typename EnumListOf<Value>::Enum>::names;
   } else {
     static_assert(is_config_enum<Value>,
                   "config members are int64_t, double, bool, string, enum, a dataset list or an "
@@ -100,6 +112,10 @@ Field make_field(std::string_view section, std::string_view key, Rule rule, std:
     const Value& v = (c.*SectionMember).*KeyMember;
     if constexpr (is_config_enum<Value>) {
       return std::string(enum_name(v));
+    } else if constexpr (EnumListOf<Value>::value) {
+      std::vector<std::string> names;
+      for (auto e : v) names.emplace_back(enum_name(e));
+      return names;
     } else {
       return v;
     }
@@ -110,6 +126,13 @@ Field make_field(std::string_view section, std::string_view key, Rule rule, std:
       auto parsed = enum_from_name<Value>(std::get<std::string>(v));
       MOEPEAK_CHECK(parsed.has_value(), "unchecked enum value ", std::get<std::string>(v));
       m = *parsed;
+    } else if constexpr (EnumListOf<Value>::value) {
+      m.clear();
+      for (const std::string& name : std::get<std::vector<std::string>>(v)) {
+        auto parsed = enum_from_name<typename EnumListOf<Value>::Enum>(name);
+        MOEPEAK_CHECK(parsed.has_value(), "unchecked enum value ", name);
+        m.push_back(*parsed);
+      }
     } else {
       m = std::get<Value>(v);
     }
@@ -153,8 +176,9 @@ const std::vector<Field>& field_table() {
       // [model]
       FIELD(model, model_type, no_limit(),
             "The model family, as Hugging Face's config.json names it: mixtral (every layer MoE, "
-            "renormalised top-k) or qwen3_moe (q/k RMSNorm per head, dense layers by "
-            "mlp_only_layers and decoder_sparse_step, norm_topk_prob). docs/models.md."),
+            "renormalised top-k), qwen3_moe (q/k RMSNorm per head, dense layers by "
+            "mlp_only_layers and decoder_sparse_step, norm_topk_prob) or gpt_oss (attention "
+            "sinks, sliding-window layers, biases, a clamped SwiGLU). docs/models.md."),
       FIELD(model, vocab_size, at_least(2), "Vocabulary size V (embedding and LM-head rows)."),
       FIELD(model, hidden_size, at_least(1), "Model width H."),
       FIELD(model, intermediate_size, at_least(1),
@@ -181,6 +205,18 @@ const std::vector<Field>& field_table() {
             "Renormalise the top-k router probabilities to sum 1 (mixtral: always true)."),
       FIELD(model, tie_word_embeddings, no_limit(),
             "The LM head is the embedding matrix (one tensor, both gradients)."),
+      FIELD(model, attention_bias, no_limit(),
+            "q/k/v/o projections with biases (gpt_oss: true in the released models; qwen3_moe)."),
+      FIELD(model, layer_types, no_limit(),
+            "gpt_oss: each layer's attention, full_attention or sliding_attention (the last "
+            "sliding_window keys); empty = even layers sliding, odd layers full."),
+      FIELD(model, sliding_window, at_least(0),
+            "gpt_oss: the keys a sliding_attention layer sees (the query and the window - 1 "
+            "before it); 0 = the family's default, 128."),
+      FIELD(model, swiglu_limit, above(0),
+            "gpt_oss: the experts' clamp, gate <= limit and -limit <= up <= limit."),
+      FIELD(model, swiglu_alpha, above(0),
+            "gpt_oss: the experts' activation (up + 1) * gate * sigmoid(alpha * gate)."),
       FIELD(model, max_position_embeddings, at_least(1),
             "Longest sequence the model takes; training.seq_len may not exceed it (raise it with "
             "RoPE scaling to extend the context, docs/models.md)."),
@@ -502,6 +538,8 @@ std::string_view type_name(FieldType type) {
       return "dataset list";
     case FieldType::integer_list:
       return "integer list";
+    case FieldType::enum_list:
+      return "enum list";
   }
   return "?";
 }
@@ -531,6 +569,8 @@ std::string allowed_text(const Field& field) {
       const std::string r = range_text(field.lower, field.upper);
       return "an array of integers" + (r.empty() ? std::string() : ", each " + r);
     }
+    case FieldType::enum_list:
+      return "an array, each of " + choices_text(field.choices);
   }
   return "";
 }
@@ -631,6 +671,19 @@ std::string check_value(const Field& field, const FieldValue& value) {
       }
       return "";
     }
+    case FieldType::enum_list: {
+      const auto& list = std::get<std::vector<std::string>>(value);
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (std::find(field.choices.begin(), field.choices.end(), list[i]) != field.choices.end())
+          continue;
+        std::string msg = key + "[" + std::to_string(i) + "] must be one of " +
+                          choices_text(field.choices) + "; got " + quote_toml_string(list[i]);
+        if (auto near = closest_match(list[i], {field.choices.begin(), field.choices.end()}))
+          msg += " (did you mean '" + *near + "'?)";
+        return msg;
+      }
+      return "";
+    }
   }
   return "";
 }
@@ -672,6 +725,12 @@ std::string to_toml_literal(const FieldValue& value) {
   if (auto list = std::get_if<std::vector<int64_t>>(&value)) {
     std::string out = "[";
     for (size_t i = 0; i < list->size(); ++i) out += (i ? ", " : "") + std::to_string((*list)[i]);
+    return out + "]";
+  }
+  if (auto list = std::get_if<std::vector<std::string>>(&value)) {
+    std::string out = "[";
+    for (size_t i = 0; i < list->size(); ++i)
+      out += (i ? ", " : "") + quote_toml_string((*list)[i]);
     return out + "]";
   }
   if (auto list = std::get_if<std::vector<DatasetSource>>(&value)) {

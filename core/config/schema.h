@@ -23,13 +23,15 @@ enum class FieldType {
   enumeration,
   byte_size,
   dataset_list,
-  integer_list
+  integer_list,
+  enum_list
 };
 
 // A value on its way into or out of Config. Enumerations and byte sizes travel as strings; a
-// dataset list (training.datasets) and an integer list (model.mlp_only_layers) as themselves.
+// dataset list (training.datasets) and an integer list (model.mlp_only_layers) as themselves, a
+// list of enumerators (model.layer_types) as their spellings.
 using FieldValue = std::variant<int64_t, double, bool, std::string, std::vector<DatasetSource>,
-                                std::vector<int64_t>>;
+                                std::vector<int64_t>, std::vector<std::string>>;
 
 struct Bound {
   double value = 0;
@@ -42,7 +44,7 @@ struct Field {
   FieldType type;
   FieldValue (*get)(const Config&);
   void (*set)(Config&, const FieldValue&);    // the value must have passed check_value
-  std::span<const std::string_view> choices;  // enumeration: the allowed spellings
+  std::span<const std::string_view> choices;  // enumeration, enum_list: the allowed spellings
   // integer, floating, integer_list (each element); byte_size: on the byte count
   std::optional<Bound> lower, upper;
   // string: returns what is wrong with the text, or "" when it is fine.

@@ -75,6 +75,16 @@ DecoderModel::DecoderModel(Backend& backend, Stream& stream, Comm& comm, const M
       spec_(params_.layout().spec()),
       // One rank gathers nothing: no comm stream for it.
       zero_traffic_(params_, backend, stream, comm.world_size() > 1 ? zero_prefetch_depth : 0) {
+  for (const LayerSpec& l : spec_.layers) {
+    // NOTES: the description runs ahead of the decoder while gpt-oss's pieces land one by one.
+    MOEPEAK_CHECK_INPUT(!l.attention.bias && !l.attention.sinks && l.attention.window == 0 &&
+                            !l.mlp.bias && !l.mlp.router.bias &&
+                            l.mlp.router.score == RouterScore::softmax_then_topk &&
+                            l.mlp.activation == ExpertActivation::swiglu,
+                        "model.model_type = \"", enum_name(model.model_type),
+                        "\": the decoder does not run attention biases, sinks, sliding windows, "
+                        "expert or router biases or the clamped SwiGLU yet");
+  }
   const auto [first, last] = zero_local_experts(model, layout_.degrees(), layout_.expert().rank());
   groups_ = zero_gather_groups(params_.layout(), params_.lm_head_sharding(), first, last);
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,

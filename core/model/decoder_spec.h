@@ -6,9 +6,12 @@
 //   embedding -> L x [x += attention(norm(x)); x += mlp(norm(x))] -> norm -> head -> cross-entropy
 //
 //   attention  grouped-query (nh query heads, nkv key/value heads of head_dim), RoPE on q and k,
-//              optionally an RMSNorm over head_dim on every q and k head before RoPE (qk_norm)
-//   mlp        dense SwiGLU of width `intermediate`, or MoE: a router (softmax over all experts,
-//              top-k, renormalised or not) and `experts` SwiGLU experts of width `intermediate`
+//              optionally an RMSNorm over head_dim on every q and k head before RoPE (qk_norm),
+//              biases on q/k/v/o, a learned sink logit per head, a sliding window
+//   mlp        dense SwiGLU of width `intermediate`, or MoE: a router (softmax over all experts
+//              then top-k, renormalised or not; or top-k of the logits then a softmax over the k;
+//              with or without a bias) and `experts` experts of width `intermediate` (SwiGLU or
+//              gpt-oss's clamped SwiGLU, with or without biases)
 //   head       its own (V, H) matrix, or the embedding's (tied)
 //
 // docs/models.md lists the families and what each sets here.
@@ -29,6 +32,9 @@ struct AttentionSpec {
   AttentionKind kind = AttentionKind::grouped_query;
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   bool qk_norm = false;  // RMSNorm (weights [head_dim], the model's eps) on each q and k head
+  bool bias = false;     // q/k/v/o projections with biases
+  bool sinks = false;    // a learned logit per query head in every row's softmax (ops/attention.h)
+  int64_t window = 0;    // 0: every earlier key; W > 0: the query and the W - 1 keys before it
   bool operator==(const AttentionSpec&) const = default;
 };
 
@@ -37,16 +43,22 @@ enum class MlpKind { dense, moe };
 // How router logits become the top-k experts and their weights.
 enum class RouterScore {
   softmax_then_topk,  // softmax over all experts in fp32, top-k of the probabilities
+  topk_then_softmax,  // top-k of the logits, softmax over the k (gpt-oss)
 };
 
 struct RouterSpec {
   RouterScore score = RouterScore::softmax_then_topk;
   int64_t top_k = 0;
   bool renormalize = true;  // the k weights divided by their sum
+  bool bias = false;        // logits = x W^T + b
   bool operator==(const RouterSpec&) const = default;
 };
 
-enum class ExpertActivation { swiglu };  // down(silu(gate x) * up x)
+enum class ExpertActivation {
+  swiglu,          // down(silu(gate x) * up x)
+  clamped_swiglu,  // gpt-oss: g = min(gate x, limit), u = clamp(up x, +-limit),
+                   // down((u + 1) * g * sigmoid(alpha * g))
+};
 
 struct MlpSpec {
   MlpKind kind = MlpKind::moe;
@@ -54,6 +66,8 @@ struct MlpSpec {
   int64_t experts = 0;       // MoE only
   RouterSpec router;         // MoE only
   ExpertActivation activation = ExpertActivation::swiglu;
+  double swiglu_limit = 0.0, swiglu_alpha = 1.0;  // clamped_swiglu only
+  bool bias = false;                              // gate, up and down with biases (each expert's)
   bool moe() const { return kind == MlpKind::moe; }
   bool operator==(const MlpSpec&) const = default;
 };
@@ -91,6 +105,8 @@ struct DecoderSpec {
   int64_t top_k() const;  // of the MoE layers (0 when none)
   bool any_dense() const;
   bool any_qk_norm() const;
+  bool any_attention_bias() const;
+  bool any_sinks() const;
   bool operator==(const DecoderSpec&) const = default;
 };
 

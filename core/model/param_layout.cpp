@@ -19,46 +19,67 @@ ParamLayout::ParamLayout(const ModelConfig& m) : spec_(describe_decoder(m)) {
   auto name = [&](Piece piece, int64_t layer = -1, int64_t expert = -1) {
     return family.tensor_name({piece, static_cast<int>(layer), static_cast<int>(expert)});
   };
-  embed = add(name(Piece::embed), Shape{V, H}, false);
+  using K = Kind;
+  embed = add(name(Piece::embed), Shape{V, H}, K::matrix);
   for (int64_t i = 0; i < static_cast<int64_t>(spec_.layers.size()); ++i) {
     const AttentionSpec& a = spec_.layers[i].attention;
     const MlpSpec& mlp = spec_.layers[i].mlp;
     const int64_t d = a.head_dim, nh = a.heads, nkv = a.kv_heads, I = mlp.intermediate;
     LayerParamIndex L;
-    L.input_norm = add(name(Piece::input_norm, i), Shape{H}, true);
-    L.q = add(name(Piece::q, i), Shape{nh * d, H}, false);
-    L.k = add(name(Piece::k, i), Shape{nkv * d, H}, false);
-    L.v = add(name(Piece::v, i), Shape{nkv * d, H}, false);
-    L.o = add(name(Piece::o, i), Shape{H, nh * d}, false);
-    if (a.qk_norm) {
-      L.q_norm = add(name(Piece::q_norm, i), Shape{d}, true);
-      L.k_norm = add(name(Piece::k_norm, i), Shape{d}, true);
-    }
-    L.post_norm = add(name(Piece::post_norm, i), Shape{H}, true);
+    L.input_norm = add(name(Piece::input_norm, i), Shape{H}, K::norm);
+    L.q = add(name(Piece::q, i), Shape{nh * d, H}, K::matrix);
+    L.k = add(name(Piece::k, i), Shape{nkv * d, H}, K::matrix);
+    L.v = add(name(Piece::v, i), Shape{nkv * d, H}, K::matrix);
+    L.o = add(name(Piece::o, i), Shape{H, nh * d}, K::matrix);
     int64_t attn = (2 * nh * d + 2 * nkv * d) * H;
+    if (a.bias) {
+      L.q_bias = add(name(Piece::q_bias, i), Shape{nh * d}, K::vector);
+      L.k_bias = add(name(Piece::k_bias, i), Shape{nkv * d}, K::vector);
+      L.v_bias = add(name(Piece::v_bias, i), Shape{nkv * d}, K::vector);
+      L.o_bias = add(name(Piece::o_bias, i), Shape{H}, K::vector);
+      attn += nh * d + 2 * nkv * d + H;
+    }
+    if (a.sinks) L.sinks = add(name(Piece::sinks, i), Shape{nh}, K::vector);
+    if (a.qk_norm) {
+      L.q_norm = add(name(Piece::q_norm, i), Shape{d}, K::norm);
+      L.k_norm = add(name(Piece::k_norm, i), Shape{d}, K::norm);
+    }
+    L.post_norm = add(name(Piece::post_norm, i), Shape{H}, K::norm);
     if (mlp.moe()) {
-      L.router = add(name(Piece::router, i), Shape{mlp.experts, H}, false);
+      L.router = add(name(Piece::router, i), Shape{mlp.experts, H}, K::matrix);
+      if (mlp.router.bias)
+        L.router_bias = add(name(Piece::router_bias, i), Shape{mlp.experts}, K::vector);
       for (int64_t j = 0; j < mlp.experts; ++j) {
-        L.w1.push_back(add(name(Piece::expert_gate, i, j), Shape{I, H}, false));
-        L.w2.push_back(add(name(Piece::expert_down, i, j), Shape{H, I}, false));
-        L.w3.push_back(add(name(Piece::expert_up, i, j), Shape{I, H}, false));
+        L.w1.push_back(add(name(Piece::expert_gate, i, j), Shape{I, H}, K::matrix));
+        L.w2.push_back(add(name(Piece::expert_down, i, j), Shape{H, I}, K::matrix));
+        L.w3.push_back(add(name(Piece::expert_up, i, j), Shape{I, H}, K::matrix));
+        if (mlp.bias) {
+          L.b1.push_back(add(name(Piece::expert_gate_bias, i, j), Shape{I}, K::vector));
+          L.b2.push_back(add(name(Piece::expert_down_bias, i, j), Shape{H}, K::vector));
+          L.b3.push_back(add(name(Piece::expert_up_bias, i, j), Shape{I}, K::vector));
+        }
       }
-      active_ += attn + mlp.experts * H + mlp.router.top_k * 3 * I * H;
+      const int64_t expert_biases = mlp.bias ? 2 * I + H : 0;
+      active_ += attn + mlp.experts * H + mlp.router.top_k * (3 * I * H + expert_biases);
     } else {
-      L.dense_gate = add(name(Piece::dense_gate, i), Shape{I, H}, false);
-      L.dense_up = add(name(Piece::dense_up, i), Shape{I, H}, false);
-      L.dense_down = add(name(Piece::dense_down, i), Shape{H, I}, false);
+      L.dense_gate = add(name(Piece::dense_gate, i), Shape{I, H}, K::matrix);
+      L.dense_up = add(name(Piece::dense_up, i), Shape{I, H}, K::matrix);
+      L.dense_down = add(name(Piece::dense_down, i), Shape{H, I}, K::matrix);
       active_ += attn + 3 * I * H;
     }
     layers.push_back(std::move(L));
   }
-  final_norm = add(name(Piece::final_norm), Shape{H}, true);
-  lm_head = spec_.tied_embeddings ? embed : add(name(Piece::lm_head), Shape{V, H}, false);
+  final_norm = add(name(Piece::final_norm), Shape{H}, K::norm);
+  lm_head = spec_.tied_embeddings ? embed : add(name(Piece::lm_head), Shape{V, H}, K::matrix);
   active_ += V * H;
   expert_index_.assign(params_.size(), -1);
   for (const LayerParamIndex& L : layers) {
     for (size_t j = 0; j < L.w1.size(); ++j) {
       expert_index_[L.w1[j]] = expert_index_[L.w2[j]] = expert_index_[L.w3[j]] =
+          static_cast<int>(j);
+    }
+    for (size_t j = 0; j < L.b1.size(); ++j) {
+      expert_index_[L.b1[j]] = expert_index_[L.b2[j]] = expert_index_[L.b3[j]] =
           static_cast<int>(j);
     }
   }
@@ -72,12 +93,13 @@ const ParamLayout& cached_param_layout(const ModelConfig& model) {
   return last->second;
 }
 
-int ParamLayout::add(std::string name, Shape shape, bool is_norm) {
+int ParamLayout::add(std::string name, Shape shape, Kind kind) {
   ParamInfo p;
   p.name = std::move(name);
   p.shape = shape;
   p.offset = total_;
-  p.is_norm = is_norm;
+  p.is_norm = kind == Kind::norm;
+  p.decays = kind == Kind::matrix;
   count_ += shape.numel();
   total_ += (shape.numel() + kAlignElements - 1) / kAlignElements * kAlignElements;
   params_.push_back(std::move(p));

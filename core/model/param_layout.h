@@ -8,10 +8,14 @@
 //   per layer l:
 //     input_norm                            (H)
 //     q, k, v, o                            (nh d, H), (nkv d, H) x2, (H, nh d)
+//     q, k, v, o biases     with bias       (nh d), (nkv d) x2, (H)
+//     sinks                 with sinks      (nh)
 //     q_norm, k_norm        with qk_norm    (d) each
 //     post_norm                             (H)
-//     router, then per expert e: gate (w1), down (w2), up (w3)    MoE: (E, H); (I, H), (H, I), (I,
-//     H) dense gate, up, down                  dense: (I, H), (I, H), (H, I)
+//     MoE: router (E, H), its bias (E) with router.bias, then per expert e: gate (w1) (I, H),
+//          down (w2) (H, I), up (w3) (I, H), and with the MLP's bias their biases b1 (I), b2 (H),
+//          b3 (I)
+//     dense: gate, up, down                 (I, H), (I, H), (H, I)
 //   final_norm                              (H)
 //   lm_head                                 (V, H); none when tied (lm_head == embed)
 //
@@ -35,14 +39,19 @@ struct ParamInfo {
   std::string name;
   Shape shape;
   int64_t offset = 0;    // elements from the start of the flat buffers
-  bool is_norm = false;  // RMSNorm weights: initialised to 1, no weight decay
+  bool is_norm = false;  // RMSNorm weights: initialised to 1
+  bool decays = false;   // AdamW's weight decay applies: matrices only (not norms, biases, sinks)
 };
 
 struct LayerParamIndex {
   int input_norm = -1, q = -1, k = -1, v = -1, o = -1, post_norm = -1;
-  int q_norm = -1, k_norm = -1;  // with AttentionSpec::qk_norm
-  int router = -1;               // MoE layers
-  std::vector<int> w1, w2, w3;   // MoE layers, per expert: gate, down, up (ExpertWeights' names)
+  int q_norm = -1, k_norm = -1;                            // with AttentionSpec::qk_norm
+  int q_bias = -1, k_bias = -1, v_bias = -1, o_bias = -1;  // with AttentionSpec::bias
+  int sinks = -1;                                          // with AttentionSpec::sinks
+  int router = -1;                                         // MoE layers
+  int router_bias = -1;                                    // with RouterSpec::bias
+  std::vector<int> w1, w2, w3;  // MoE layers, per expert: gate, down, up (ExpertWeights' names)
+  std::vector<int> b1, b2, b3;  // their biases, with MlpSpec::bias (else empty)
   int dense_gate = -1, dense_up = -1, dense_down = -1;  // dense layers
   bool moe() const { return router >= 0; }
 };
@@ -66,11 +75,12 @@ class ParamLayout {
   int embed = -1, final_norm = -1, lm_head = -1;
   std::vector<LayerParamIndex> layers;
   int find(const std::string& name) const;  // -1 if absent
-  // Per param, the expert it belongs to (j of w1[j], w2[j], w3[j]), or -1.
+  // Per param, the expert it belongs to (j of w1[j], w2[j], w3[j], b1[j], b2[j], b3[j]), or -1.
   const std::vector<int>& expert_index() const { return expert_index_; }
 
  private:
-  int add(std::string name, Shape shape, bool is_norm);
+  enum class Kind { matrix, norm, vector };  // vector: a bias or the sinks (no decay, random)
+  int add(std::string name, Shape shape, Kind kind);
   DecoderSpec spec_;
   std::vector<ParamInfo> params_;
   std::vector<int> expert_index_;

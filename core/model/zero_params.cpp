@@ -299,7 +299,8 @@ ZeroParamStore::ZeroParamStore(Backend& backend, const ModelConfig& model, DType
     if (info_[i].offset < 0) continue;
     int p = static_cast<int>(i);
     pieces_.push_back(LocalPiece{p, piece(values_.view(), p), piece(grads_.view(), p),
-                                 layout_.params()[i].is_norm, info_[i].expert >= 0});
+                                 layout_.params()[i].is_norm, layout_.params()[i].decays,
+                                 info_[i].expert >= 0});
   }
 }
 

@@ -150,6 +150,7 @@ class ZeroParamStore {
     int param;
     Tensor value, grad;  // a 1-D shard; an expert stored whole: the full tensor; rows: (V_r, H)
     bool is_norm;
+    bool decays;  // ParamInfo::decays
     bool is_expert;
   };
 

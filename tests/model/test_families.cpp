@@ -119,6 +119,12 @@ TEST(Families, MixtralRefusesQwen3Settings) {
       {"model.decoder_sparse_step", [](ModelConfig& m) { m.decoder_sparse_step = 2; }},
       {"model.norm_topk_prob", [](ModelConfig& m) { m.norm_topk_prob = false; }},
       {"model.moe_intermediate_size", [](ModelConfig& m) { m.moe_intermediate_size = 7; }},
+      {"model.attention_bias", [](ModelConfig& m) { m.attention_bias = true; }},
+      {"model.sliding_window", [](ModelConfig& m) { m.sliding_window = 4; }},
+      {"model.layer_types",
+       [](ModelConfig& m) { m.layer_types.assign(2, AttentionLayerType::full_attention); }},
+      {"model.swiglu_limit", [](ModelConfig& m) { m.swiglu_limit = 3; }},
+      {"model.swiglu_alpha", [](ModelConfig& m) { m.swiglu_alpha = 1; }},
   };
   for (const Case& c : cases) {
     ModelConfig m;
@@ -126,6 +132,146 @@ TEST(Families, MixtralRefusesQwen3Settings) {
     EXPECT_CONTAINS(error_of([&] { describe_decoder(m); }), c.key);
     EXPECT_CONTAINS(error_of([&] { ParamLayout layout(m); }), "the mixtral family");
   }
+}
+
+TEST(Families, Qwen3RefusesGptOssSettingsButTakesAttentionBias) {
+  ModelConfig m = qwen3(2);
+  m.attention_bias = true;
+  const DecoderSpec spec = describe_decoder(m);
+  EXPECT_TRUE(spec.layers[0].attention.bias);
+  EXPECT_FALSE(spec.layers[0].attention.sinks);
+  const ParamLayout P(m);
+  EXPECT_GE(P.find("model.layers.1.self_attn.o_proj.bias"), 0);
+  m.sliding_window = 8;
+  EXPECT_CONTAINS(error_of([&] { describe_decoder(m); }), "model.sliding_window");
+}
+
+// ---- gpt-oss ---------------------------------------------------------------------------------
+
+ModelConfig gpt_oss(int64_t layers = 3) {
+  ModelConfig m;
+  m.model_type = ModelType::gpt_oss;
+  m.vocab_size = 50;
+  m.hidden_size = 16;
+  m.intermediate_size = 12;
+  m.num_hidden_layers = layers;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 6;
+  m.num_local_experts = 4;
+  m.num_experts_per_tok = 2;
+  m.attention_bias = true;
+  m.sliding_window = 5;
+  m.swiglu_limit = 0.75;
+  return m;
+}
+
+TEST(Families, GptOssDescribesSinksWindowsBiasesAndItsRouter) {
+  const DecoderSpec spec = describe_decoder(gpt_oss(3));
+  ASSERT_EQ(spec.layers.size(), 3u);
+  // transformers' default layer_types: even layers sliding, odd full.
+  EXPECT_EQ(spec.layers[0].attention.window, 5);
+  EXPECT_EQ(spec.layers[1].attention.window, 0);
+  EXPECT_EQ(spec.layers[2].attention.window, 5);
+  for (const LayerSpec& l : spec.layers) {
+    EXPECT_TRUE(l.attention.bias);
+    EXPECT_TRUE(l.attention.sinks);
+    EXPECT_FALSE(l.attention.qk_norm);
+    ASSERT_TRUE(l.mlp.moe());
+    EXPECT_EQ(l.mlp.router.score, RouterScore::topk_then_softmax);
+    EXPECT_TRUE(l.mlp.router.bias);
+    EXPECT_EQ(l.mlp.router.top_k, 2);
+    EXPECT_EQ(l.mlp.activation, ExpertActivation::clamped_swiglu);
+    EXPECT_EQ(l.mlp.swiglu_limit, 0.75);
+    EXPECT_EQ(l.mlp.swiglu_alpha, 1.702);
+    EXPECT_TRUE(l.mlp.bias);
+  }
+  // Explicit layer types win; sliding_window 0 is transformers' default window, 128.
+  ModelConfig m = gpt_oss(2);
+  m.layer_types = {AttentionLayerType::full_attention, AttentionLayerType::sliding_attention};
+  EXPECT_EQ(describe_decoder(m).layers[0].attention.window, 0);
+  EXPECT_EQ(describe_decoder(m).layers[1].attention.window, 5);
+  m.sliding_window = 0;
+  EXPECT_EQ(describe_decoder(m).layers[1].attention.window, 128);
+  m.norm_topk_prob = false;
+  EXPECT_CONTAINS(error_of([&] { describe_decoder(m); }), "model.norm_topk_prob");
+}
+
+TEST(Families, GptOssParamsAndCounts) {
+  const ModelConfig m = gpt_oss(2);
+  const ParamLayout P(m);
+  const int64_t H = 16, I = 12, E = 4, V = 50, nh = 4, nkv = 2, d = 6;
+  for (const char* name :
+       {"model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.k_proj.bias",
+        "model.layers.0.self_attn.v_proj.bias", "model.layers.0.self_attn.o_proj.bias",
+        "model.layers.1.self_attn.sinks", "model.layers.1.mlp.router.weight",
+        "model.layers.1.mlp.router.bias", "model.layers.1.mlp.experts.3.gate_proj.bias",
+        "model.layers.1.mlp.experts.3.up_proj.bias",
+        "model.layers.1.mlp.experts.3.down_proj.bias"}) {
+    EXPECT_GE(P.find(name), 0) << name;
+  }
+  const ParamInfo& sinks = P.params()[P.find("model.layers.0.self_attn.sinks")];
+  EXPECT_EQ(sinks.shape, (Shape{nh}));
+  EXPECT_FALSE(sinks.decays);
+  EXPECT_FALSE(sinks.is_norm);
+  EXPECT_TRUE(P.params()[P.find("model.layers.0.self_attn.q_proj.weight")].decays);
+  EXPECT_FALSE(P.params()[P.find("model.layers.0.self_attn.q_proj.bias")].decays);
+  const LayerParamIndex& L = P.layers[1];
+  ASSERT_EQ(L.b1.size(), size_t(E));
+  EXPECT_EQ(P.expert_index()[L.b2[3]], 3);
+  EXPECT_EQ(P.params()[L.b2[3]].shape, (Shape{H}));
+  // Per layer: attention (weights and biases, sinks), norms, router (and bias), experts.
+  const int64_t attention = (2 * nh * d + 2 * nkv * d) * H + nh * d + 2 * nkv * d + H + nh;
+  const int64_t experts = E * (3 * I * H + 2 * I + H);
+  const int64_t layer = attention + 2 * H + E * H + E + experts;
+  EXPECT_EQ(P.parameter_count(), 2 * V * H + H + 2 * layer);
+}
+
+TEST(Families, GptOssConfigJsonIsTransformersAndRoundTrips) {
+  ModelConfig m = gpt_oss(4);
+  m.router_aux_loss_coef = 0.9;
+  m.max_position_embeddings = 131072;
+  m.rope_theta = 150000;
+  m.rope_type = RopeType::yarn;
+  m.rope_factor = 32;
+  m.rope_original_max_position_embeddings = 4096;
+  m.rope_truncate = false;
+  const nlohmann::json j = model_config_json(m, "bfloat16");
+  EXPECT_EQ(j["model_type"], "gpt_oss");
+  EXPECT_EQ(j["architectures"][0], "GptOssForCausalLM");
+  EXPECT_EQ(j["layer_types"], nlohmann::json::array({"sliding_attention", "full_attention",
+                                                     "sliding_attention", "full_attention"}));
+  EXPECT_EQ(j["sliding_window"], 5);
+  EXPECT_EQ(j["attention_bias"], true);
+  EXPECT_EQ(j["swiglu_limit"], 0.75);
+  EXPECT_EQ(j["num_local_experts"], 4);
+  EXPECT_EQ(j["rope_scaling"]["truncate"], false);
+  // The family's default layer types are written out, and read back as given.
+  ModelConfig back = m;
+  back.layer_types = {AttentionLayerType::sliding_attention, AttentionLayerType::full_attention,
+                      AttentionLayerType::sliding_attention, AttentionLayerType::full_attention};
+  EXPECT_EQ(model_config_from_json(j, "c.json"), back);
+  // OpenAI's own spelling of top-k; transformers' defaults for what is absent.
+  nlohmann::json openai = j;
+  openai.erase("num_experts_per_tok");
+  openai.erase("attention_bias");
+  openai.erase("swiglu_alpha");
+  openai.erase("sliding_window");
+  const ModelConfig read = model_config_from_json(openai, "c.json");
+  EXPECT_EQ(read.num_experts_per_tok, 2);
+  EXPECT_TRUE(read.attention_bias);
+  EXPECT_EQ(read.swiglu_alpha, 1.702);
+  EXPECT_EQ(read.sliding_window, 128);
+  openai["sliding_window"] = nullptr;
+  EXPECT_CONTAINS(error_of([&] { model_config_from_json(openai, "hub/config.json"); }),
+                  "hub/config.json: field \"sliding_window\" is null");
+  nlohmann::json bad = j;
+  bad["layer_types"][2] = "chunked_attention";
+  EXPECT_CONTAINS(error_of([&] { model_config_from_json(bad, "hub/config.json"); }),
+                  "hub/config.json: field \"layer_types\"[2] is \"chunked_attention\"");
+  bad["layer_types"] = nlohmann::json::array({"full_attention"});
+  EXPECT_CONTAINS(error_of([&] { model_config_from_json(bad, "hub/config.json"); }),
+                  "must list num_hidden_layers 4 layer types");
 }
 
 TEST(Families, TomlSetsTheFamilyAndItsLists) {
@@ -145,6 +291,25 @@ TEST(Families, TomlSetsTheFamilyAndItsLists) {
                   "model.mlp_only_layers[1]: expected an integer");
   EXPECT_CONTAINS(error_of([&] { load_config({}, {"model.mlp_only_layers=[5]"}); }),
                   "model.mlp_only_layers[0] = 5");
+  // A list of enumerators.
+  const Config oss =
+      load_config({}, {"model.model_type=gpt_oss", "model.num_hidden_layers=2",
+                       "model.layer_types=[\"full_attention\", \"sliding_attention\"]"});
+  EXPECT_EQ(oss.model.layer_types,
+            (std::vector<AttentionLayerType>{AttentionLayerType::full_attention,
+                                             AttentionLayerType::sliding_attention}));
+  EXPECT_CONTAINS(config_to_toml(oss, false),
+                  "layer_types = [\"full_attention\", \"sliding_attention\"]");
+  EXPECT_CONTAINS(error_of([&] {
+                    load_config({}, {"model.num_hidden_layers=2",
+                                     "model.layer_types=[\"full_attention\", \"slide\"]"});
+                  }),
+                  "model.layer_types[1] must be one of");
+  EXPECT_CONTAINS(
+      error_of([&] {
+        load_config({}, {"model.num_hidden_layers=3", "model.layer_types=[\"full_attention\"]"});
+      }),
+      "lists 1 layers");
 }
 
 // ---- config.json -----------------------------------------------------------------------------
@@ -230,11 +395,10 @@ TEST(Families, ConfigJsonErrorsNameTheField) {
   };
   EXPECT_CONTAINS(error_with("model_type", "gpt_neox"),
                   "hub/config.json: field \"model_type\" is \"gpt_neox\"; moepeak trains the "
-                  "families \"mixtral\", \"qwen3_moe\"");
+                  "families \"mixtral\", \"qwen3_moe\", \"gpt_oss\"");
   EXPECT_CONTAINS(error_with("use_sliding_window", true),
                   "hub/config.json: field \"use_sliding_window\" is true");
-  EXPECT_CONTAINS(error_with("attention_bias", true),
-                  "hub/config.json: field \"attention_bias\" is true");
+  EXPECT_CONTAINS(error_with("attention_bias", 1), "hub/config.json: field \"attention_bias\"");
   EXPECT_CONTAINS(error_with("mlp_only_layers", nlohmann::json::array({7})),
                   "field \"mlp_only_layers\" holds 7");
   EXPECT_CONTAINS(error_with("rope_scaling", {{"rope_type", "longrope"}, {"factor", 2.0}}),

@@ -10,7 +10,8 @@
 namespace moepeak {
 
 std::span<const Family* const> all_families() {
-  static const std::array<const Family*, 2> families = {&mixtral_family(), &qwen3_moe_family()};
+  static const std::array<const Family*, 3> families = {&mixtral_family(), &qwen3_moe_family(),
+                                                        &gpt_oss_family()};
   return families;
 }
 
@@ -56,6 +57,16 @@ std::string llama_tensor_name(const PieceRef& r) {
       return layer + "self_attn.v_proj.weight";
     case Piece::o:
       return layer + "self_attn.o_proj.weight";
+    case Piece::q_bias:
+      return layer + "self_attn.q_proj.bias";
+    case Piece::k_bias:
+      return layer + "self_attn.k_proj.bias";
+    case Piece::v_bias:
+      return layer + "self_attn.v_proj.bias";
+    case Piece::o_bias:
+      return layer + "self_attn.o_proj.bias";
+    case Piece::sinks:
+      return layer + "self_attn.sinks";
     case Piece::q_norm:
       return layer + "self_attn.q_norm.weight";
     case Piece::k_norm:
@@ -67,9 +78,13 @@ std::string llama_tensor_name(const PieceRef& r) {
     case Piece::dense_down:
       return layer + "mlp.down_proj.weight";
     case Piece::router:
+    case Piece::router_bias:
     case Piece::expert_gate:
     case Piece::expert_up:
     case Piece::expert_down:
+    case Piece::expert_gate_bias:
+    case Piece::expert_up_bias:
+    case Piece::expert_down_bias:
       break;
   }
   MOEPEAK_THROW("llama_tensor_name: a router's or an expert's name is its family's");
@@ -154,6 +169,18 @@ void unsupported_setting(const ModelConfig& m, std::string_view key, std::string
                       " (docs/models.md)");
 }
 
+void require_full_attention_and_swiglu(const ModelConfig& m) {
+  const ModelConfig defaults;
+  if (!m.layer_types.empty())
+    unsupported_setting(m, "layer_types", "attends to every earlier key in every layer");
+  if (m.sliding_window != 0)
+    unsupported_setting(m, "sliding_window", "has no sliding-window attention in moepeak");
+  if (m.swiglu_limit != defaults.swiglu_limit)
+    unsupported_setting(m, "swiglu_limit", "has plain SwiGLU experts");
+  if (m.swiglu_alpha != defaults.swiglu_alpha)
+    unsupported_setting(m, "swiglu_alpha", "has plain SwiGLU experts");
+}
+
 int64_t DecoderSpec::moe_layers() const {
   return std::count_if(layers.begin(), layers.end(),
                        [](const LayerSpec& l) { return l.mlp.moe(); });
@@ -174,6 +201,16 @@ int64_t DecoderSpec::top_k() const {
 }
 
 bool DecoderSpec::any_dense() const { return moe_layers() < static_cast<int64_t>(layers.size()); }
+
+bool DecoderSpec::any_attention_bias() const {
+  return std::any_of(layers.begin(), layers.end(),
+                     [](const LayerSpec& l) { return l.attention.bias; });
+}
+
+bool DecoderSpec::any_sinks() const {
+  return std::any_of(layers.begin(), layers.end(),
+                     [](const LayerSpec& l) { return l.attention.sinks; });
+}
 
 bool DecoderSpec::any_qk_norm() const {
   return std::any_of(layers.begin(), layers.end(),

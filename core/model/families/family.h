@@ -23,24 +23,33 @@ namespace moepeak {
 // The parameters of a decoder, as pieces. Layer pieces carry their layer, expert pieces their
 // expert too.
 enum class Piece {
-  embed,        // (V, H)
-  input_norm,   // (H)
-  q,            // (nh d, H)
-  k,            // (nkv d, H)
-  v,            // (nkv d, H)
-  o,            // (H, nh d)
-  q_norm,       // (d)
-  k_norm,       // (d)
-  post_norm,    // (H)
-  router,       // (E, H)
-  expert_gate,  // (I, H)   w1 of ExpertWeights
-  expert_up,    // (I, H)   w3
-  expert_down,  // (H, I)   w2
-  dense_gate,   // (I, H)
-  dense_up,     // (I, H)
-  dense_down,   // (H, I)
-  final_norm,   // (H)
-  lm_head,      // (V, H)
+  embed,             // (V, H)
+  input_norm,        // (H)
+  q,                 // (nh d, H)
+  k,                 // (nkv d, H)
+  v,                 // (nkv d, H)
+  o,                 // (H, nh d)
+  q_bias,            // (nh d)
+  k_bias,            // (nkv d)
+  v_bias,            // (nkv d)
+  o_bias,            // (H)
+  sinks,             // (nh)
+  q_norm,            // (d)
+  k_norm,            // (d)
+  post_norm,         // (H)
+  router,            // (E, H)
+  router_bias,       // (E)
+  expert_gate,       // (I, H)   w1 of ExpertWeights
+  expert_up,         // (I, H)   w3
+  expert_down,       // (H, I)   w2
+  expert_gate_bias,  // (I)   b1
+  expert_up_bias,    // (I)   b3
+  expert_down_bias,  // (H)   b2
+  dense_gate,        // (I, H)
+  dense_up,          // (I, H)
+  dense_down,        // (H, I)
+  final_norm,        // (H)
+  lm_head,           // (V, H)
 };
 
 struct PieceRef {
@@ -73,9 +82,10 @@ const Family& family_named(std::string_view model_type, const std::string& sourc
 std::span<const Family* const> all_families();
 
 // What families share (family.cpp): the Llama-style Hub names of the embedding, the norms, the
-// attention projections and norms, a dense MLP and the head ("model.layers.{l}.self_attn.q_proj.
-// weight", "model.layers.{l}.mlp.gate_proj.weight", "lm_head.weight"); throws for an expert or a
-// router, whose names are each family's.
+// attention projections, their biases, norms and sinks, a dense MLP and the head
+// ("model.layers.{l}.self_attn.q_proj.weight", "...q_proj.bias", "...self_attn.sinks",
+// "model.layers.{l}.mlp.gate_proj.weight", "lm_head.weight"); throws for an expert or a router,
+// whose names are each family's.
 std::string llama_tensor_name(const PieceRef& ref);
 // The description's parts every family fills alike: vocab, hidden, eps, RoPE, the tied head, the
 // aux-loss coefficient, and one grouped-query attention per layer (layers without their MLP).
@@ -85,8 +95,14 @@ DecoderSpec shared_decoder_spec(const ModelConfig& model);
 [[noreturn]] void unsupported_setting(const ModelConfig& model, std::string_view key,
                                       std::string_view why);
 
+// Throws unsupported_setting for the [model] keys of gpt-oss's attention and experts
+// (layer_types, sliding_window, swiglu_limit, swiglu_alpha) set to other than their defaults, for
+// a family whose layers all attend fully and whose experts are plain SwiGLU.
+void require_full_attention_and_swiglu(const ModelConfig& model);
+
 // Each family's, defined in its file.
 const Family& mixtral_family();
 const Family& qwen3_moe_family();
+const Family& gpt_oss_family();
 
 }  // namespace moepeak

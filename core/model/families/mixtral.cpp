@@ -22,6 +22,8 @@ DecoderSpec describe(const ModelConfig& m) {
     unsupported_setting(m, "decoder_sparse_step", "has experts in every layer");
   if (!m.norm_topk_prob)
     unsupported_setting(m, "norm_topk_prob", "always renormalises the top-k weights");
+  if (m.attention_bias) unsupported_setting(m, "attention_bias", "has no attention biases");
+  require_full_attention_and_swiglu(m);
   DecoderSpec s = shared_decoder_spec(m);
   for (LayerSpec& l : s.layers) {
     l.mlp.kind = MlpKind::moe;

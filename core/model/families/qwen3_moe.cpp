@@ -3,7 +3,7 @@
 // before RoPE; layer i dense (a SwiGLU MLP of width intermediate_size) when it is in
 // mlp_only_layers or (i + 1) % decoder_sparse_step != 0, else MoE — a softmax router over all
 // experts, top-k, the k weights renormalised only with norm_topk_prob, experts of width
-// moe_intermediate_size. Tensor names:
+// moe_intermediate_size; q/k/v/o biases with attention_bias. Tensor names:
 //   model.layers.{l}.self_attn.{q,k}_norm.weight                  (d)
 //   model.layers.{l}.mlp.gate.weight                              (E, H)   MoE layers
 //   model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.weight   (I, H), (I, H), (H, I)
@@ -24,10 +24,12 @@ bool is_dense_layer(const ModelConfig& m, int64_t layer) {
 }
 
 DecoderSpec describe(const ModelConfig& m) {
+  require_full_attention_and_swiglu(m);
   DecoderSpec s = shared_decoder_spec(m);
   for (size_t i = 0; i < s.layers.size(); ++i) {
     LayerSpec& l = s.layers[i];
     l.attention.qk_norm = true;
+    l.attention.bias = m.attention_bias;
     if (is_dense_layer(m, static_cast<int64_t>(i))) {
       l.mlp.kind = MlpKind::dense;
       l.mlp.intermediate = m.intermediate_size;
@@ -70,7 +72,7 @@ nlohmann::json to_hf_config(const ModelConfig& m, std::string_view dtype) {
   j["norm_topk_prob"] = m.norm_topk_prob;
   j["router_aux_loss_coef"] = m.router_aux_loss_coef;
   j["output_router_logits"] = m.router_aux_loss_coef > 0;
-  j["attention_bias"] = false;
+  j["attention_bias"] = m.attention_bias;
   j["use_sliding_window"] = false;
   j["sliding_window"] = nullptr;
   return j;
@@ -112,8 +114,7 @@ ModelConfig from_hf_config(const nlohmann::json& json, const std::string& source
     MOEPEAK_INPUT_ERROR(source, ": field \"decoder_sparse_step\" is ", m.decoder_sparse_step,
                         "; it must be at least 1");
   }
-  hf_fields::expect_boolean(json, source, "attention_bias", false,
-                            "q/k/v/o biases are not implemented for qwen3_moe");
+  m.attention_bias = hf_fields::boolean_or(json, source, "attention_bias", false);
   hf_fields::expect_boolean(json, source, "use_sliding_window", false,
                             "qwen3_moe's sliding-window attention is not implemented (every "
                             "released Qwen3-MoE has it off)");
