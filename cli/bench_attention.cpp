@@ -3,16 +3,25 @@
 // measured in the same run (one n^3 GEMM through the same backend, best of five). It says which
 // kernels ran (the CPU's OpenBLAS blocks, CUDA's tensor-core kernels for bf16 with d = 32, 64,
 // 128, or CUDA's SIMT kernels), so a long-context run's attention cost can be read before launch.
+// With --window W and/or --sinks it times that variant (ops::AttentionVariant: a sliding window
+// of W keys, gpt-oss's per-head sink logits) beside full causal attention at the same shape.
 //
 //   moepeak bench attention [--config F]... [--set k=v]... [--batch B] [--seq T]
-//                           [--dtype f32|bf16] [--ceiling-size n] [--warmup 2] [--iters 5]
-//                           [--json FILE]
+//                           [--dtype f32|bf16] [--window W] [--sinks] [--ceiling-size n]
+//                           [--warmup 2] [--iters 5] [--json FILE]
 //
 // Shapes: nh, nkv and d are the config's model; B and T default to training.batch_size and
-// training.seq_len. dtype defaults to bf16 on CUDA, f32 on the CPU. FLOPs count the causal half
-// once, as FlashAttention's papers do: forward 4 B nh d T(T+1)/2 (Q K^T and P V), backward 2.5x
-// that (the recomputed Q K^T is not counted). Inputs are seeded normals (q, k scaled by d^-1/4
-// so the softmax is neither flat nor one-hot). One process.
+// training.seq_len. dtype defaults to bf16 on CUDA, f32 on the CPU. FLOPs count each query's
+// visible keys once, as FlashAttention's papers count the causal half: forward
+// 4 B nh d sum_t min(t + 1, W) (Q K^T and P V; sum_t (t + 1) = T(T+1)/2 without a window, W = 0),
+// backward 2.5x that (the recomputed Q K^T is not counted); masked entries of the key blocks a
+// kernel visits and the sinks (O(B nh T)) are not counted. Inputs are seeded normals (q, k
+// scaled by d^-1/4 so the softmax is neither flat nor one-hot; sinks N(0, 1)). One process.
+//
+// Without --window and --sinks the table has the rows forward and backward; with either, four
+// rows (variant causal, then the variant: forward, backward) and a `#` line with the variant's
+// forward + backward time and FLOPs as a share of causal's. The JSON rows carry "variant"
+// ("causal", or e.g. "window 128 + sinks") beside "schedule" (the pass).
 //
 // Test: ctest -R cli (the CPU, the tiny model: the table and the JSON); results in docs/perf.md.
 #include <algorithm>
@@ -38,10 +47,31 @@ namespace {
 
 struct AttentionArgs {
   BenchCommonArgs common;
-  int64_t batch = 0;  // 0 = training.batch_size
-  int64_t seq = 0;    // 0 = training.seq_len
+  int64_t batch = 0;   // 0 = training.batch_size
+  int64_t seq = 0;     // 0 = training.seq_len
+  int64_t window = 0;  // 0 = no window (full causal)
+  bool sinks = false;
   CeilingArgs ceiling;
 };
+
+// (query, key) pairs a variant computes, summed over the batch and query heads: each query t
+// sees min(t + 1, W) keys (t + 1 with W = 0).
+double visible_pairs(int64_t batch, int64_t heads, int64_t seq, int64_t window) {
+  const double T = static_cast<double>(seq);
+  double per_head = T * (T + 1) / 2;
+  if (window > 0 && window < seq) {
+    const double W = static_cast<double>(window);
+    per_head = W * (W + 1) / 2 + (T - W) * W;  // t < W: t + 1 keys; t >= W: W keys
+  }
+  return static_cast<double>(batch) * static_cast<double>(heads) * per_head;
+}
+
+std::string variant_name(int64_t window, bool sinks) {
+  if (window == 0 && !sinks) return "causal";
+  std::string name = window > 0 ? "window " + std::to_string(window) : "";
+  if (sinks) name += window > 0 ? " + sinks" : "sinks";
+  return name;
+}
 
 int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
   Config cfg = load_config_for_command(args.common.config, ctx);
@@ -75,10 +105,18 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const char* kernels = ops::attention_kernels(q, k, v, out);
 
+  // The variant's sinks (q's dtype) and their gradient (lse's dtype), accumulated every run.
+  const bool compare = args.window > 0 || args.sinks;
+  OwnedTensor sinks, dsinks;
+  ops::AttentionVariant variant{args.window, Tensor()};
+  if (args.sinks) {
+    sinks = OwnedTensor::device(*backend, Shape{nh}, dtype, LiveSet::attention, "bench sinks");
+    fill_seeded(sinks, *backend, [&] { return normal(rng); });
+    dsinks = filled(*backend, Shape{nh}, ops::attention_lse_dtype(dtype), 0.0, "bench dsinks");
+    variant.sinks = sinks;
+  }
+
   const double ceiling = ceil.gflops;
-  const double pairs = static_cast<double>(B) * static_cast<double>(nh) * static_cast<double>(T) *
-                       static_cast<double>(T + 1) / 2.0;
-  const double forward_flops = 4.0 * static_cast<double>(d) * pairs;
   std::printf("# moepeak bench attention: %s\n", backend->describe().c_str());
   std::printf("# host %s, %s; model %s: B %lld, T %lld, nh %lld, nkv %lld, d %lld, dtype %s\n",
               process_host().c_str(), now_utc().c_str(), cfg.job.name.c_str(),
@@ -88,27 +126,54 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
       "# kernels: %s; ceiling: %d^3 GEMM through ops::linear_forward, best of 5: %.1f "
       "GFLOP/s\n",
       kernels, ceil.n, ceiling);
-  std::printf("# %-9s %11s %12s %11s %9s\n", "pass", "time_ms", "GFLOP", "GFLOP/s", "%ceiling");
+  if (compare) {
+    std::printf("# %-19s %-9s %11s %12s %11s %9s\n", "variant", "pass", "time_ms", "GFLOP",
+                "GFLOP/s", "%ceiling");
+  } else {
+    std::printf("# %-9s %11s %12s %11s %9s\n", "pass", "time_ms", "GFLOP", "GFLOP/s", "%ceiling");
+  }
 
   EventTimer timer(*backend);
   struct Pass {
+    std::string variant;
     const char* name;
     double flops;
     std::function<void(Stream&)> run;
   };
-  const Pass passes[] = {
-      {"forward", forward_flops,
+  const double causal_flops = 4.0 * static_cast<double>(d) * visible_pairs(B, nh, T, 0);
+  std::vector<Pass> passes = {
+      {"causal", "forward", causal_flops,
        [&](Stream& s) { ops::attention_forward(q, k, v, scale, out, lse, s); }},
-      {"backward", 2.5 * forward_flops,
+      {"causal", "backward", 2.5 * causal_flops,
        [&](Stream& s) { ops::attention_backward(q, k, v, out, lse, dout, scale, dq, dk, dv, s); }},
   };
+  if (compare) {
+    const std::string name = variant_name(args.window, args.sinks);
+    const double flops = 4.0 * static_cast<double>(d) * visible_pairs(B, nh, T, args.window);
+    passes.push_back({name, "forward", flops, [&](Stream& s) {
+                        ops::attention_forward(q, k, v, scale, variant, out, lse, s);
+                      }});
+    passes.push_back({name, "backward", 2.5 * flops, [&](Stream& s) {
+                        ops::attention_backward(q, k, v, out, lse, dout, scale, variant, dq, dk, dv,
+                                                dsinks, s);
+                      }});
+  }
   nlohmann::json rows = nlohmann::json::array();
+  std::vector<double> times;
   for (const Pass& p : passes) {
+    // The backward reads out and lse: those of its own variant's forward, run just before.
     const double t = timer.median_ms(args.common.warmup, args.common.iters, p.run);
+    times.push_back(t);
     const double gflops = p.flops / (t * 1e-3) / 1e9;
-    std::printf("  %-9s %11.4f %12.3f %11.1f %8.1f%%\n", p.name, t, p.flops / 1e9, gflops,
-                100.0 * gflops / ceiling);
+    if (compare) {
+      std::printf("  %-19s %-9s %11.4f %12.3f %11.1f %8.1f%%\n", p.variant.c_str(), p.name, t,
+                  p.flops / 1e9, gflops, 100.0 * gflops / ceiling);
+    } else {
+      std::printf("  %-9s %11.4f %12.3f %11.1f %8.1f%%\n", p.name, t, p.flops / 1e9, gflops,
+                  100.0 * gflops / ceiling);
+    }
     rows.push_back({{"schedule", p.name},
+                    {"variant", p.variant},
                     {"time_s", t * 1e-3},
                     {"peak_bytes", peak_bytes_json(backend->arena().stats())},
                     {"bound_bytes", nullptr},
@@ -116,6 +181,11 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
                     {"gflop", p.flops / 1e9},
                     {"gflops", gflops},
                     {"percent_of_ceiling", 100.0 * gflops / ceiling}});
+  }
+  if (compare) {
+    std::printf("# %s: forward + backward %.1f%% of causal's time, %.1f%% of its FLOPs\n",
+                passes[2].variant.c_str(), 100.0 * (times[2] + times[3]) / (times[0] + times[1]),
+                100.0 * passes[2].flops / passes[0].flops);
   }
   if (!args.common.json_path.empty()) {
     nlohmann::json shape = {{"model", cfg.job.name},
@@ -126,6 +196,8 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
                             {"head_dim", d},
                             {"dtype", ceil.dtype_text},
                             {"kernels", kernels},
+                            {"window", args.window},
+                            {"sinks", args.sinks},
                             {"backend", backend->describe()},
                             {"ceiling_size", ceil.n},
                             {"ceiling_gflops", ceiling}};
@@ -141,12 +213,18 @@ void register_bench_attention(CLI::App& bench, Context& ctx) {
   auto* sub = bench.add_subcommand(
       "attention",
       "a layer's causal GQA flash attention, forward and backward, against a GEMM "
-      "ceiling");
+      "ceiling (with --window/--sinks: that variant beside full causal)");
   add_bench_common_options(*sub, args.common);
   sub->add_option("--batch", args.batch, "sequences (default training.batch_size)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--seq", args.seq, "tokens per sequence (default training.seq_len)")
       ->check(CLI::PositiveNumber);
+  sub->add_option("--window", args.window,
+                  "also time a sliding window of W keys (query t sees t - W < s <= t) beside "
+                  "full causal")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_flag("--sinks", args.sinks,
+                "also time attention sinks (a logit per query head) beside full causal");
   add_ceiling_options(*sub, args.ceiling);
   sub->callback([&ctx] { ctx.action = [&ctx] { return run_bench_attention(args, ctx); }; });
 }

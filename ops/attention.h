@@ -1,19 +1,36 @@
-// attention: causal grouped-query self-attention (transformers' Mixtral, Qwen3-MoE, LLaMA),
-// flash-style forward and backward. Query head h reads kv head h / (nh / nkv); query t attends keys
-// s <= t of its own sequence; scores are scaled by `scale` (1/sqrt(d) in the model, passed
-// explicitly).
+// attention: causal grouped-query self-attention (transformers' Mixtral, Qwen3-MoE, LLaMA,
+// gpt-oss), flash-style forward and backward. Query head h reads kv head h / (nh / nkv); query t
+// attends keys s <= t of its own sequence; scores are scaled by `scale` (1/sqrt(d) in the model,
+// passed explicitly). An AttentionVariant adds, per call:
+//   window W > 0   query t sees only keys t - W < s <= t: itself and the W - 1 keys before it
+//                  (transformers' sliding_window_overlay, kv_idx > q_idx - W); key blocks wholly
+//                  outside every row's window are skipped, so a call costs O(T * W), not O(T^2)
+//   sinks  (nh)    a learned logit per query head (gpt-oss's self_attn.sinks): each row's softmax
+//                  runs over its scores and sinks[h], and the sink's column is dropped (it has no
+//                  value), i.e. out = sum_s p_s v_s with p_s = exp(scale q.k_s - lse) and
+//                  lse = log(exp(sinks[h]) + sum_s exp(scale q.k_s))
 //
-//   q:    (B, T, nh, d)   f32 | bf16 | f64 (one dtype for every tensor of a call but lse; on
-//                         CUDA d <= 256)
-//   k, v: (B, T, nkv, d)  nh % nkv == 0
-//   out:  (B, T, nh, d)   out = softmax(scale * q k^T, causal) v, written (=)
-//   lse:  (B, nh, T)      in attention_lse_dtype(q): q's dtype, f32 for bf16 q;
-//                         log-sum-exp of each query row's scaled scores, written (=); saved for
-//                         the backward, which recomputes the probabilities from it
-//   dout: (B, T, nh, d)
-//   dq:   (B, T, nh, d)   written (=)
-//   dk:   (B, T, nkv, d)  written (=); a kv head sums the contributions of all its query heads
-//   dv:   (B, T, nkv, d)  written (=)
+//   q:      (B, T, nh, d)   f32 | bf16 | f64 (one dtype for every tensor of a call but lse and
+//                           dsinks; on CUDA d <= 256)
+//   k, v:   (B, T, nkv, d)  nh % nkv == 0
+//   sinks:  (nh)            q's dtype; undefined Tensor(): no sinks
+//   out:    (B, T, nh, d)   out = softmax(scale * q k^T, causal, window, sink) v, written (=)
+//   lse:    (B, nh, T)      in attention_lse_dtype(q): q's dtype, f32 for bf16 q;
+//                           log-sum-exp of each query row's scaled scores (and its sink), written
+//                           (=); saved for the backward, which recomputes the probabilities from it
+//   dout:   (B, T, nh, d)
+//   dq:     (B, T, nh, d)   written (=)
+//   dk:     (B, T, nkv, d)  written (=); a kv head sums the contributions of all its query heads
+//   dv:     (B, T, nkv, d)  written (=)
+//   dsinks: (nh)            accumulated (+=): dsinks[h] += -sum_{b,t} exp(sinks[h] - lse[b,h,t]) *
+//                           D[b,t,h], D = dout . out over d (the sink's probability times the
+//                           usual softmax-gradient row term); q's dtype, or f32 when q is bf16
+//                           (the fp32 main gradient); undefined Tensor() skips it (and must be
+//                           undefined without sinks). The sum runs in double in (b, t) order and
+//                           is added once, so it is bitwise reproducible.
+// With sinks the forward's lse already includes exp(sinks[h]) and out is normalised by it, so the
+// backward's dq, dk, dv are the plain flash backward on (out, lse): the sink only adds dsinks.
+// Under Ulysses a rank passes the slice of sinks (and dsinks) of the query heads it holds.
 //
 // No T x T matrix exists anywhere: the forward runs an online softmax over key blocks (running
 // max, running sum, rescaled accumulator) and the backward recomputes each block's probabilities
@@ -30,13 +47,31 @@
 // oversubscribe the cores. Every reduction has a fixed order, so results are bitwise
 // reproducible run to run (with a fixed OpenBLAS thread count).
 //
-// CPU, bf16 storage (ops/cpu/attention.cpp): the CPU f32 algorithm with bf16 loads and stores.
+// CPU (ops/cpu/attention_forward.cpp, attention_backward.cpp; shared parts in
+// attention_common.h), window and sinks: keys are cut into key blocks at multiples of
+// block_keys from 0, and a query block visits those from the one holding its first row's first
+// key, max(0, t0 - W + 1), to the one holding its last position (cut there); keys of a visited
+// block outside a row's window are exact zeros of P. A call thus computes at most
+// B nh T (P + W + block_keys) scores (P positions per query block), O(T W), and a key outside a
+// row's window never touches the row's bits; W >= T and W = 0 run the same loop. The sink is
+// folded into each row after its last key block, as one more column without a value:
+// m' = max(m, s), l' = l exp(m - m') + exp(s - m'), acc scaled by exp(m - m'); a sink so far
+// below the row's max that exp(s - m) = 0 leaves every bit as without sinks. dsinks is a pass of
+// its own after dq, dk, dv: head by head, D = dout . out recomputed in double. Without a window
+// or sinks the loops, products and their order are those of plain causal attention, so its
+// results are bitwise what they were. (Key blocks stay on the multiples of block_keys for a
+// window rather than starting at each query block's window: the bf16 backward's key-block pass
+// must cut the keys as the one-pass loop does, as OpenBLAS's value for an element depends on the
+// other rows and columns of its call.)
+//
+// CPU, bf16 storage: the CPU f32 algorithm with bf16 loads and stores (sinks widened to fp32).
 // Query rows are widened to fp32 as a block is gathered and each key/value block into scratch
 // once per visit; every product, the softmax and its gradient are the f32 path's fp32 arithmetic
 // (P and dS stay fp32); each element of out, dq, dk and dv is rounded to bf16 once (nearest
 // even), and lse is f32. So a bf16 result is bitwise the CPU f32 result on the widened inputs
-// (the backward's: q, k, v, dout and out widened, lse as is), rounded once
-// (tests/ops/test_attention.cpp). As a bf16 dk/dv cannot sum across query blocks in its own
+// (the backward's: q, k, v, dout and out widened, lse as is), rounded once, and its lse and
+// dsinks (f32) are the f32 run's bitwise (tests/ops/test_attention.cpp,
+// test_attention_variants.cpp). As a bf16 dk/dv cannot sum across query blocks in its own
 // tensor, and an fp32 sum over the sequence would grow with T, the bf16 backward runs two passes
 // as CUDA does: dq by query blocks, then dk/dv by key blocks with one key block's fp32 sums in
 // scratch (P and dS computed twice: 7 block GEMMs instead of 5). Against CUDA: the tensor-core
@@ -62,6 +97,18 @@
 // rows of all G heads); both recompute p = exp(scale q.k - lse) and D = dout . out per row instead
 // of keeping scratch. Each output row belongs to one block, so dk and dv are written (=) without
 // atomics, and every sum has a fixed order: results are bitwise reproducible.
+// CUDA, window and sinks (both paths): a window W >= T runs as plain causal attention, and W = 0
+// without sinks is bitwise the plain kernels. The forward and dq kernels start their key loop at
+// the block's first position - W + 1, and the dk/dv kernels end their loop over query rows at the
+// rows of the last position that sees the block's last key, so tiles wholly outside every row's
+// window are never loaded (O(T W)); tiles the window cuts are masked per element (p = 0 exactly).
+// The sink is folded into each row once, after the online softmax: m' = max(m, sinks[h]),
+// l' = l exp(m - m') + exp(sinks[h] - m'), out = acc exp(m - m') / l', lse = m' + log l' (in the
+// compute type; on the tensor cores in fp32, not rounded to bf16: it is in no product). The
+// backward's dq, dk and dv kernels are the plain ones on (out, lse); dsinks is one more small
+// kernel (ops/cuda/attention.cu, both paths), a block per query head: D = dout . out and
+// exp(sinks[h] - lse) D in double, warps over (b, t) rows in a fixed order, a fixed-order block
+// reduction, and thread 0 adds the total once (no atomics): bitwise reproducible.
 #pragma once
 
 #include "core/runtime/stream.h"
@@ -82,42 +129,81 @@ struct AttentionBlocks {
 };
 inline constexpr AttentionBlocks kAttentionBlocks{};
 
+// What a call adds to the causal mask (see the table above). The default is plain causal
+// attention.
+struct AttentionVariant {
+  int64_t window = 0;  // 0: every key s <= t; W > 0: keys t - W < s <= t
+  Tensor sinks;        // (nh) in q's dtype, or undefined: no sinks
+};
+
 void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                           const Tensor& out, const Tensor& lse, Stream& stream);
+                           const AttentionVariant& variant, const Tensor& out, const Tensor& lse,
+                           Stream& stream);
 void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                            const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
-                            const Tensor& dk, const Tensor& dv, Stream& stream);
+                            const Tensor& lse, const Tensor& dout, double scale,
+                            const AttentionVariant& variant, const Tensor& dq, const Tensor& dk,
+                            const Tensor& dv, const Tensor& dsinks, Stream& stream);
 
 // Throw moepeak::Error naming the op and the shapes unless the arguments fit the table above.
+// (A negative window, sinks of another length or dtype, dsinks without sinks or of the wrong
+// dtype are errors too.)
 void check_attention_forward_args(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                                  const Tensor& out, const Tensor& lse);
+                                  const AttentionVariant& variant, const Tensor& out,
+                                  const Tensor& lse);
 void check_attention_backward_args(const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                   double scale, const Tensor& dq, const Tensor& dk,
-                                   const Tensor& dv);
+                                   double scale, const AttentionVariant& variant, const Tensor& dq,
+                                   const Tensor& dk, const Tensor& dv, const Tensor& dsinks);
 
 namespace detail {
 // The same ops with other block sizes: tests use small blocks so that short sequences cross many
 // blocks. Production code calls the entry points above (kAttentionBlocks).
 void attention_forward_cpu_blocked(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                                   const Tensor& out, const Tensor& lse, AttentionBlocks blocks,
-                                   Stream& stream);
+                                   const AttentionVariant& variant, const Tensor& out,
+                                   const Tensor& lse, AttentionBlocks blocks, Stream& stream);
 void attention_backward_cpu_blocked(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                    double scale, const Tensor& dq, const Tensor& dk,
-                                    const Tensor& dv, AttentionBlocks blocks, Stream& stream);
+                                    double scale, const AttentionVariant& variant, const Tensor& dq,
+                                    const Tensor& dk, const Tensor& dv, const Tensor& dsinks,
+                                    AttentionBlocks blocks, Stream& stream);
+// Score entries (query rows x keys of each block product Q K^T) the CPU kernels have computed
+// since the process started, forward and backward, counted as they are enqueued work runs: tests
+// check that a windowed call visits only the key blocks its windows reach (O(T * W)).
+int64_t attention_cpu_scores_computed();
 }  // namespace detail
 
 // The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
 // backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
 void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                            const Tensor& out, const Tensor& lse, Stream& stream);
+                            const AttentionVariant& variant, const Tensor& out, const Tensor& lse,
+                            Stream& stream);
 void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                             const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
-                             const Tensor& dk, const Tensor& dv, Stream& stream);
+                             const Tensor& lse, const Tensor& dout, double scale,
+                             const AttentionVariant& variant, const Tensor& dq, const Tensor& dk,
+                             const Tensor& dv, const Tensor& dsinks, Stream& stream);
+inline void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                              const AttentionVariant& variant, const Tensor& out, const Tensor& lse,
+                              Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(attention_forward, out, q, k, v, scale, variant, out, lse, stream);
+}
+inline void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               const Tensor& lse, const Tensor& dout, double scale,
+                               const AttentionVariant& variant, const Tensor& dq, const Tensor& dk,
+                               const Tensor& dv, const Tensor& dsinks, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(attention_backward, dq, q, k, v, out, lse, dout, scale, variant, dq, dk, dv,
+                        dsinks, stream);
+}
+// Plain causal attention (no window, no sinks).
 inline void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                               const Tensor& out, const Tensor& lse, Stream& stream) {
-  MOEPEAK_OP_ON_BACKEND(attention_forward, out, q, k, v, scale, out, lse, stream);
+  attention_forward(q, k, v, scale, AttentionVariant{}, out, lse, stream);
+}
+inline void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               const Tensor& lse, const Tensor& dout, double scale,
+                               const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                               Stream& stream) {
+  attention_backward(q, k, v, out, lse, dout, scale, AttentionVariant{}, dq, dk, dv, Tensor(),
+                     stream);
 }
 // The kernels a call with these tensors runs, in words (benches print it): "cpu: OpenBLAS
 // blocks", "cuda: tensor cores (bf16 WMMA)" or "cuda: SIMT".
@@ -125,11 +211,5 @@ const char* attention_kernels_cuda(const Tensor& q, const Tensor& k, const Tenso
                                    const Tensor& out);
 const char* attention_kernels(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out);  // ops/cpu/attention.cpp
-inline void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                               const Tensor& lse, const Tensor& dout, double scale,
-                               const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                               Stream& stream) {
-  MOEPEAK_OP_ON_BACKEND(attention_backward, dq, q, k, v, out, lse, dout, scale, dq, dk, dv, stream);
-}
 
 }  // namespace moepeak::ops

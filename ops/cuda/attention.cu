@@ -1,24 +1,35 @@
-// CUDA attention: causal grouped-query flash attention, forward and backward, SIMT (no tensor
-// cores), f32, bf16 or f64 storage with math in the storage's compute type (fp32 for f32 and
-// bf16, f64 for f64). bf16 calls with head dim 32, 64 or 128 go to the tensor-core kernels of
-// ops/cuda/attention_tc.cu instead (attention_tc_takes); these kernels run the rest.
+// CUDA attention: causal grouped-query flash attention with an optional sliding window and
+// attention sinks, forward and backward, SIMT (no tensor cores), f32, bf16 or f64 storage with
+// math in the storage's compute type (fp32 for f32 and bf16, f64 for f64). bf16 calls with head
+// dim 32, 64 or 128 go to the tensor-core kernels of ops/cuda/attention_tc.cu instead
+// (attention_tc_takes); these kernels run the rest, and the dsinks kernel serves both paths.
 // The same semantics as ops/cpu/attention.cpp; the design is summarised in ops/attention.h.
 //
 //   q, out, dout, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
+//   sinks: (nh) q's dtype              dsinks: (nh) f32 for bf16 q, else q's dtype
 //
 // Rows are flattened per kv head g as row = t * G + hh; streamed tiles hold 32 entries, one per
-// lane; accumulators are spread over the lanes (column lane + 32 i, i < kChunks).
+// lane; accumulators are spread over the lanes (column lane + 32 i, i < kChunks). Window W > 0:
+// row t sees keys t - W < s <= t (a W >= T is plain causal; the host passes 0 for it).
 //
-//   forward:  block = kBlockRows query rows of (b, g); streams K/V tiles of keys 0..last position
-//             of the block; per row online softmax (running max m, sum l, rescaled accumulator);
-//             out = acc / l, lse = m + log l.
+//   forward:  block = kBlockRows query rows of (b, g); streams K/V tiles of the keys any row of
+//             the block sees (first position - W + 1 .. last position, or 0 .. last without a
+//             window); per row online softmax (running max m, sum l, rescaled accumulator);
+//             out = acc / l, lse = m + log l. With sinks the sink's logit s_h is folded in once
+//             at the end: m' = max(m, s_h), l' = l exp(m - m') + exp(s_h - m'),
+//             out = acc exp(m - m') / l', lse = m' + log l'.
 //   dq:       same blocks and stream; D = dout . out per row (computed here: ops allocate
 //             nothing), p = exp(scale q.k - lse), ds = p (dout.v - D), dq = scale sum ds k.
 //   dk, dv:   block = kBlockRows keys of (b, g); streams tiles of kTile query rows (all heads of
-//             the group) from the block's first position to T; dv = sum p dout,
-//             dk = scale sum ds q. Each key row is owned by one block: written (=), no atomics.
-// Every sum runs in a fixed order, so results are bitwise reproducible run to run. Keys after t
-// get exactly p = 0 (masked, never exponentiated).
+//             the group) from the block's first position to T (or, with a window, to the last
+//             position that sees its last key); dv = sum p dout, dk = scale sum ds q. Each key
+//             row is owned by one block: written (=), no atomics.
+//   dsinks:   block = one query head h; dsinks[h] += -sum_{b,t} exp(s_h - lse) D in double, a
+//             fixed-order block reduction added once by thread 0 (no atomics).
+// Tiles outside every row's window are skipped by the loop bounds, so a windowed call costs
+// O(T W); partly covered tiles are masked per element. Every sum runs in a fixed order, so results
+// are bitwise reproducible run to run. Masked keys (after t, or at or before t - W) get exactly
+// p = 0 (never exponentiated). window = 0 without sinks runs exactly the plain causal arithmetic.
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_attention.cpp).
 #include <climits>
 #include <cmath>
@@ -56,13 +67,29 @@ struct AttentionArgs {
   T* dq;
   T* dk;
   T* dv;
-  int64_t seq;   // T
-  int heads;     // nh
-  int kv_heads;  // nkv
-  int group;     // G = nh / nkv
-  int head_dim;  // d
+  const T* sinks;  // (nh), or nullptr: no sinks
+  int64_t window;  // 0: causal; else 0 < W < T
+  int64_t seq;     // T
+  int heads;       // nh
+  int kv_heads;    // nkv
+  int group;       // G = nh / nkv
+  int head_dim;    // d
   double scale;
 };
+
+// The first key any row of a block starting at flattened row row0 sees: 0 without a window.
+template <typename T>
+__device__ __forceinline__ int64_t first_visible_key(const AttentionArgs<T>& a, int64_t row0) {
+  const int64_t first_pos = row0 / a.group;
+  return a.window > 0 && first_pos >= a.window ? first_pos - a.window + 1 : 0;
+}
+
+// The first key position `pos` sees (pos - W + 1, or 0 without a window; keys are >= 0, so the
+// lower bound then masks nothing and the causal predicate is unchanged).
+template <typename T>
+__device__ __forceinline__ int64_t window_start(const AttentionArgs<T>& a, int64_t pos) {
+  return a.window > 0 ? pos - a.window + 1 : 0;
+}
 
 extern __shared__ __align__(16) unsigned char attention_smem[];
 
@@ -163,11 +190,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   load_query_rows(a.q, a, b, g, row0, kBlockRows, d, q_s);
 
   int64_t pos[kRowsPerWarp];  // position of each row of the warp, -1 past the last row
+  int64_t lo[kRowsPerWarp];   // the first key each row sees
   C m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kChunks];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t row = row0 + warp * kRowsPerWarp + r;
     pos[r] = row < rows_total ? row / a.group : -1;
+    lo[r] = window_start(a, pos[r]);
     m[r] = C(-INFINITY);
     l[r] = C(0);
 #pragma unroll
@@ -176,7 +205,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t last_row = (row0 + kBlockRows < rows_total ? row0 + kBlockRows : rows_total) - 1;
   const int64_t last_pos = last_row / a.group;
 
-  for (int64_t s0 = 0; s0 <= last_pos; s0 += kTile) {
+  for (int64_t s0 = first_visible_key(a, row0); s0 <= last_pos; s0 += kTile) {
     const int keys = static_cast<int>(last_pos + 1 - s0 < kTile ? last_pos + 1 - s0 : kTile);
     __syncthreads();  // the previous tile is consumed (and, the first time, Q is loaded)
     load_key_rows(a.k, a, b, g, s0, keys, ks, k_s);
@@ -201,7 +230,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     // Online softmax update, row by row (uniform across the warp).
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      const bool visible = lane < keys && key <= pos[r];
+      const bool visible = lane < keys && key <= pos[r] && key >= lo[r];
       const C s = visible ? score[r] * scale : C(-INFINITY);
       const C tile_max = warp_max(s);
       const C m_new = tile_max > m[r] ? tile_max : m[r];
@@ -225,15 +254,29 @@ __global__ void __launch_bounds__(kBlockThreads)
     if (pos[r] < 0) continue;
     const int64_t row = row0 + warp * kRowsPerWarp + r;
     const int hh = static_cast<int>(row - pos[r] * a.group);
-    const int64_t base = row_offset(b, pos[r], int64_t(g) * a.group + hh, a.seq, a.heads, d);
-    const C inv_l = C(1) / l[r];  // l >= 1: the row's maximum contributes exp(0)
+    const int64_t head = int64_t(g) * a.group + hh;
+    const int64_t base = row_offset(b, pos[r], head, a.seq, a.heads, d);
+    C inv_l = C(1) / l[r];  // l >= 1: the row's maximum contributes exp(0)
+    C row_lse = m[r] + log(l[r]);
+    if (a.sinks != nullptr) {
+      // Fold the sink's column in: m' = max(m, s), l' = l exp(m - m') + exp(s - m').
+      // NOTES: every row that exists sees its own key, so m is finite; a -inf sink adds exactly
+      // 0 (and m' = -inf, possible only then, keeps everything as without the sink). A NaN sink
+      // gives NaN.
+      const C sink = load_as<C>(a.sinks, head);
+      const C m_new = sink > m[r] ? sink : m[r];
+      const C keep = m_new == C(-INFINITY) ? C(1) : exp(m[r] - m_new);
+      const C sink_p = m_new == C(-INFINITY) ? C(0) : exp(sink - m_new);
+      const C l_new = l[r] * keep + sink_p;
+      inv_l = keep / l_new;
+      row_lse = m_new + log(l_new);
+    }
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       const int c = lane + 32 * i;
       if (c < d) store_from(a.out, base + c, acc[r][i] * inv_l);
     }
-    if (lane == 0)
-      store_from(a.lse, lse_index(b, g, row, a.group, a.heads, a.seq), m[r] + log(l[r]));
+    if (lane == 0) store_from(a.lse, lse_index(b, g, row, a.group, a.heads, a.seq), row_lse);
   }
 }
 
@@ -261,12 +304,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   load_query_rows(a.dout, a, b, g, row0, kBlockRows, d, do_s);
   __syncthreads();
 
-  int64_t pos[kRowsPerWarp];
+  int64_t pos[kRowsPerWarp], lo[kRowsPerWarp];  // as in the forward
   C row_lse[kRowsPerWarp], row_delta[kRowsPerWarp], acc[kRowsPerWarp][kChunks];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t row = row0 + warp * kRowsPerWarp + r;
     pos[r] = row < rows_total ? row / a.group : -1;
+    lo[r] = window_start(a, pos[r]);
     // D = dout . out of the row, lse of the row (0 past the last row, never used).
     C partial = C(0);
     row_lse[r] = C(0);
@@ -284,7 +328,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t last_row = (row0 + kBlockRows < rows_total ? row0 + kBlockRows : rows_total) - 1;
   const int64_t last_pos = last_row / a.group;
 
-  for (int64_t s0 = 0; s0 <= last_pos; s0 += kTile) {
+  for (int64_t s0 = first_visible_key(a, row0); s0 <= last_pos; s0 += kTile) {
     const int keys = static_cast<int>(last_pos + 1 - s0 < kTile ? last_pos + 1 - s0 : kTile);
     __syncthreads();
     load_key_rows(a.k, a, b, g, s0, keys, ks, k_s);
@@ -312,7 +356,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     }
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      const bool visible = lane < keys && key <= pos[r];
+      const bool visible = lane < keys && key <= pos[r] && key >= lo[r];
       const C p = visible ? exp(score[r] * scale - row_lse[r]) : C(0);
       ds_s[(warp * kRowsPerWarp + r) * kTile + lane] = p * (dp[r] - row_delta[r]);
     }
@@ -364,18 +408,25 @@ __global__ void __launch_bounds__(kBlockThreads)
   load_key_rows(a.k, a, b, g, key0, kBlockRows, d, k_s);
   load_key_rows(a.v, a, b, g, key0, kBlockRows, d, v_s);
 
-  int64_t key[kRowsPerWarp];  // the warp's keys (keys past T are never visible)
+  int64_t key[kRowsPerWarp];      // the warp's keys (keys past T are never visible)
+  int64_t key_end[kRowsPerWarp];  // positions t < key + W see the key (no bound without a window)
   C dk[kRowsPerWarp][kChunks], dv[kRowsPerWarp][kChunks];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     key[r] = key0 + warp * kRowsPerWarp + r;
+    key_end[r] = a.window > 0 ? key[r] + a.window : INT64_MAX;
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) dk[r][i] = dv[r][i] = C(0);
   }
 
-  // Query rows from the block's first position (rows of earlier positions see none of its keys).
-  for (int64_t row0 = key0 * a.group; row0 < rows_total; row0 += kTile) {
-    const int rows = static_cast<int>(rows_total - row0 < kTile ? rows_total - row0 : kTile);
+  // Query rows from the block's first position (rows of earlier positions see none of its keys)
+  // to the last row that sees one: T G, or with a window the rows of positions < last key + W.
+  const int64_t last_key = (key0 + kBlockRows < a.seq ? key0 + kBlockRows : a.seq) - 1;
+  const int64_t rows_end = a.window > 0 && (last_key + a.window) * a.group < rows_total
+                               ? (last_key + a.window) * a.group
+                               : rows_total;
+  for (int64_t row0 = key0 * a.group; row0 < rows_end; row0 += kTile) {
+    const int rows = static_cast<int>(rows_end - row0 < kTile ? rows_end - row0 : kTile);
     __syncthreads();  // the previous tile is consumed (and, the first time, K and V are loaded)
     load_query_rows(a.q, a, b, g, row0, kTile, qs, q_s);
     load_query_rows(a.dout, a, b, g, row0, kTile, qs, do_s);
@@ -422,7 +473,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     }
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      const bool visible = lane < rows && key[r] <= t;  // t = -1 past the last row
+      // t = -1 past the last row
+      const bool visible = lane < rows && key[r] <= t && t < key_end[r];
       const C p = visible ? exp(score[r] * scale - lse_s[lane]) : C(0);
       p_s[(warp * kRowsPerWarp + r) * kTile + lane] = p;
       ds_s[(warp * kRowsPerWarp + r) * kTile + lane] = p * (dp[r] - delta_s[lane]);
@@ -469,6 +521,54 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
+// dsinks. Grid (nh): block h owns dsinks[h]. The B T rows (b, t) are taken kSinkRows at a time,
+// warp w the steps w, w + kSinkWarps, ... in order; a row's D = dout . out is spread over the
+// lanes (columns lane + 32 i; the step's rows interleaved, so a lane has 2 kSinkRows loads in
+// flight) and summed by a shuffle tree, and every lane sums exp(s_h - lse) D of its warp's rows in
+// row order. Then the warps' sums are added in warp order (block_sum, lane 0's) and thread 0 adds
+// the negated total once. All in double, in a fixed order: bitwise reproducible, no atomics.
+// A = dsinks' dtype (f32 for bf16 storage).
+constexpr int kSinkThreads = 1024;
+constexpr int kSinkWarps = kSinkThreads / 32;
+constexpr int kSinkRows = 4;
+template <typename T, typename A>
+__global__ void __launch_bounds__(kSinkThreads)
+    attention_dsinks_kernel(const T* out, const T* dout, const compute_t<T>* lse, const T* sinks,
+                            A* dsinks, int64_t batch, int64_t seq, int heads, int d) {
+  __shared__ double scratch[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int h = blockIdx.x;
+  const int64_t rows = batch * seq;
+  const double sink = load_as<double>(sinks, h);
+  double sum = 0;
+  for (int64_t bt0 = int64_t(warp) * kSinkRows; bt0 < rows;
+       bt0 += int64_t(kSinkWarps) * kSinkRows) {
+    int64_t base[kSinkRows];  // (b, t, h) of a (B, T, nh, d) tensor, row bt = b T + t
+    double partial[kSinkRows];
+#pragma unroll
+    for (int j = 0; j < kSinkRows; ++j) {
+      base[j] = ((bt0 + j) * heads + h) * d;
+      partial[j] = 0;
+    }
+    for (int c = lane; c < d; c += 32) {
+#pragma unroll
+      for (int j = 0; j < kSinkRows; ++j)
+        if (bt0 + j < rows)
+          partial[j] += load_as<double>(dout, base[j] + c) * load_as<double>(out, base[j] + c);
+    }
+#pragma unroll
+    for (int j = 0; j < kSinkRows; ++j) {
+      const double delta = warp_sum(partial[j]);  // uniform: every lane takes part
+      if (bt0 + j < rows) {
+        const int64_t b = (bt0 + j) / seq, t = bt0 + j - b * seq;
+        sum += exp(sink - static_cast<double>(lse[(b * heads + h) * seq + t])) * delta;
+      }
+    }
+  }
+  const double total = cuda::block_sum(lane == 0 ? sum : 0.0, scratch);
+  if (threadIdx.x == 0) dsinks[h] = static_cast<A>(static_cast<double>(dsinks[h]) - total);
+}
+
 // ---- Host ---------------------------------------------------------------------------------------
 
 // Shared-memory bytes of each kernel for head dim d and compute type C.
@@ -502,16 +602,23 @@ int check_cuda_limits(const char* op, const Tensor& q, const Tensor& k) {
   return d <= 32 ? 1 : d <= 64 ? 2 : d <= 128 ? 4 : 8;
 }
 
+// The window the kernels get: a W >= T cuts nothing, so it runs as plain causal attention (0).
+int64_t kernel_window(const Tensor& q, const AttentionVariant& variant) {
+  return variant.window > 0 && variant.window < q.size(1) ? variant.window : 0;
+}
+
 template <typename T>
 AttentionArgs<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                           const Tensor& lse, const Tensor* dout, double scale, const Tensor* dq,
-                           const Tensor* dk, const Tensor* dv) {
+                           const Tensor& lse, const AttentionVariant& variant, const Tensor* dout,
+                           double scale, const Tensor* dq, const Tensor* dk, const Tensor* dv) {
   AttentionArgs<T> a{};
   a.q = static_cast<const T*>(q.data());
   a.k = static_cast<const T*>(k.data());
   a.v = static_cast<const T*>(v.data());
   a.out = static_cast<T*>(out.data());
   a.lse = static_cast<compute_t<T>*>(lse.data());
+  a.sinks = variant.sinks.defined() ? static_cast<const T*>(variant.sinks.data()) : nullptr;
+  a.window = kernel_window(q, variant);
   if (dout != nullptr) {
     a.dout = static_cast<const T*>(dout->data());
     a.dq = static_cast<T*>(dq->data());
@@ -555,20 +662,22 @@ dim3 row_grid(const Tensor& q, const Tensor& k) {
 }  // namespace
 
 void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                            const Tensor& out, const Tensor& lse, Stream& stream) {
+                            const AttentionVariant& variant, const Tensor& out, const Tensor& lse,
+                            Stream& stream) {
   const char* op = "attention_forward_cuda";
-  check_attention_forward_args(q, k, v, scale, out, lse);
+  check_attention_forward_args(q, k, v, scale, variant, out, lse);
   if (q.numel() == 0) return;                      // B = 0 or T = 0 (nh, d >= 1 by the checks)
   const int chunks = check_cuda_limits(op, q, k);  // both paths: head dim, grid limits
   if (attention_tc_takes(q, k, v, out)) {
-    attention_forward_tc(q, k, v, scale, out, lse, stream);
+    attention_forward_tc(q, k, v, scale, kernel_window(q, variant), variant.sinks, out, lse,
+                         stream);
     return;
   }
   const dim3 grid = row_grid(q, k);
   cuda::dispatch_storage(q.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const AttentionArgs<T> a =
-        make_args<T>(q, k, v, out, lse, nullptr, scale, nullptr, nullptr, nullptr);
+        make_args<T>(q, k, v, out, lse, variant, nullptr, scale, nullptr, nullptr, nullptr);
     dispatch_chunks(chunks, [&](auto chunk_count) {
       constexpr int kChunks = decltype(chunk_count)::value;
       auto kernel = attention_forward_kernel<T, kChunks>;
@@ -585,15 +694,43 @@ const char* attention_kernels_cuda(const Tensor& q, const Tensor& k, const Tenso
   return attention_tc_takes(q, k, v, out) ? "cuda: tensor cores (bf16 WMMA)" : "cuda: SIMT";
 }
 
+namespace {
+
+// dsinks += -sum_{b,t} exp(sinks - lse) D (attention_dsinks_kernel), one block per query head.
+void launch_dsinks(const Tensor& q, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                   const Tensor& sinks, const Tensor& dsinks, Stream& stream, const char* op) {
+  const unsigned grid = static_cast<unsigned>(q.size(2));  // nh * d < 2^29 (the op's checks)
+  cuda::dispatch_storage(q.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    cuda::with_accumulator<T>(dsinks.dtype(), [&](auto acc_zero) {
+      using A = decltype(acc_zero);
+      auto kernel = attention_dsinks_kernel<T, A>;
+      kernel<<<grid, kSinkThreads, 0, cuda::native(stream)>>>(
+          static_cast<const T*>(out.data()), static_cast<const T*>(dout.data()),
+          static_cast<const compute_t<T>*>(lse.data()), static_cast<const T*>(sinks.data()),
+          static_cast<A*>(dsinks.data()), q.size(0), q.size(1), static_cast<int>(q.size(2)),
+          static_cast<int>(q.size(3)));
+      MOEPEAK_CUDA_LAUNCH_CHECK();
+    });
+  });
+}
+
+}  // namespace
+
 void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                             const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
-                             const Tensor& dk, const Tensor& dv, Stream& stream) {
+                             const Tensor& lse, const Tensor& dout, double scale,
+                             const AttentionVariant& variant, const Tensor& dq, const Tensor& dk,
+                             const Tensor& dv, const Tensor& dsinks, Stream& stream) {
   const char* op = "attention_backward_cuda";
-  check_attention_backward_args(q, k, v, out, lse, dout, scale, dq, dk, dv);
-  if (q.numel() == 0) return;
+  check_attention_backward_args(q, k, v, out, lse, dout, scale, variant, dq, dk, dv, dsinks);
+  if (q.numel() == 0) return;                      // dsinks += an empty sum
   const int chunks = check_cuda_limits(op, q, k);  // both paths: head dim, grid limits
+  // The sink changes only lse and out (already in them), so dq, dk, dv are the plain backward's;
+  // dsinks reads out, dout and lse and is independent of them.
+  if (dsinks.defined()) launch_dsinks(q, out, lse, dout, variant.sinks, dsinks, stream, op);
   if (attention_tc_takes(q, k, v, out, &dout, &dq, &dk, &dv)) {
-    attention_backward_tc(q, k, v, out, lse, dout, scale, dq, dk, dv, stream);
+    attention_backward_tc(q, k, v, out, lse, dout, scale, kernel_window(q, variant), dq, dk, dv,
+                          stream);
     return;
   }
   const dim3 grid_rows = row_grid(q, k);
@@ -601,7 +738,8 @@ void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, 
                        static_cast<unsigned>(k.size(2)), static_cast<unsigned>(q.size(0)));
   cuda::dispatch_storage(q.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    const AttentionArgs<T> a = make_args<T>(q, k, v, out, lse, &dout, scale, &dq, &dk, &dv);
+    const AttentionArgs<T> a =
+        make_args<T>(q, k, v, out, lse, variant, &dout, scale, &dq, &dk, &dv);
     dispatch_chunks(chunks, [&](auto chunk_count) {
       constexpr int kChunks = decltype(chunk_count)::value;
       using C = compute_t<T>;

@@ -1,24 +1,34 @@
 // CUDA attention on tensor cores (see ops/cuda/attention_tc.h): causal grouped-query flash
-// attention, forward and backward, bf16 storage, head dim D in {32, 64, 128}; every product of
-// two tiles is a bf16 WMMA 16x16x16 with fp32 accumulation, everything else is fp32.
+// attention with an optional sliding window and attention sinks, forward and backward, bf16
+// storage, head dim D in {32, 64, 128}; every product of two tiles is a bf16 WMMA 16x16x16 with
+// fp32 accumulation, everything else is fp32.
 //
 //   q, out, dout, dq: (B, T, nh, D) bf16    k, v, dk, dv: (B, T, nkv, D) bf16
-//   lse: (B, nh, T) f32
+//   lse: (B, nh, T) f32                          sinks: (nh) bf16, read into fp32
 //
 // As in the SIMT kernels (ops/cuda/attention.cu), the query rows of kv head g are flattened as
 // row = t * G + hh (G = nh / nkv), so a block reads each K/V tile once for all the group's heads.
 // A block is 4 warps; a warp owns 16 of the block's 64 rows (or keys) and streams tiles of 64
 // entries of the other operand through shared memory:
 //
-//   forward  (rows, streaming keys 0..last position):  S = Q K^T (16 x 64 per warp, fp32 in
-//            shared memory); per row online softmax (running max m and sum l), P = exp(scale S -
-//            m) rounded to bf16, l sums the rounded P; the fp32 accumulator O (shared memory) is
+//   forward  (rows, streaming keys 0..last position, or with a window W the keys from the
+//            block's first position - W + 1):  S = Q K^T (16 x 64 per warp, fp32 in shared
+//            memory); per row online softmax (running max m and sum l), P = exp(scale S - m)
+//            rounded to bf16, l sums the rounded P; the fp32 accumulator O (shared memory) is
 //            rescaled by exp(m_old - m) and O += P V on tensor cores; out = O / l, lse = m + log l.
+//            A sink s_h is folded in at the end in fp32 (not rounded: it is in no product):
+//            m' = max(m, s_h), l' = l exp(m - m') + exp(s_h - m'), out = O exp(m - m') / l',
+//            lse = m' + log l'.
 //   dq       (rows, streaming keys):  S = Q K^T, dP = dO V^T; P = exp(scale S - lse);
 //            dS = scale P (dP - Drow) rounded to bf16; dQ += dS K.  Drow = dout . out per row.
 //   dk, dv   (keys, streaming query rows of every head of the group from the block's first
-//            position to T):  S^T = K Q^T, dP^T = V dO^T; P^T and dS^T as above; dV += P^T dO,
+//            position to T, or with a window to the last position that sees the block's last
+//            key):  S^T = K Q^T, dP^T = V dO^T; P^T and dS^T as above; dV += P^T dO,
 //            dK += dS^T Q. Each key row belongs to one block: written (=), no atomics.
+// Window W > 0 (0 < W < T; the caller passes 0 for plain causal and for W >= T): row t sees keys
+// t - W < s <= t. Tiles outside every row's window are skipped by the loop bounds (O(T W) work);
+// tiles the window cuts are masked per element. With W = 0 and no sinks the arithmetic is
+// exactly the plain causal kernels'.
 //
 // Shared memory holds the bf16 tiles with a row stride of D + 8 elements (WMMA wants 16-byte
 // multiples; the 8-element skew spreads rows over the banks), the fp32 score tiles with 68
@@ -26,7 +36,8 @@
 // wants 32). A lane's element-wise work covers row (lane & 15), columns (lane >> 4) * 32 + i in a
 // rotated order ((i + row + 16 half) & 31) so the 32 lanes hit 32 different banks of a score tile.
 // Every sum has a fixed order: results are bitwise reproducible run to run. Masked keys (after a
-// row's position) get exactly p = 0 and are never exponentiated; tiles are zero-filled past T.
+// row's position, or before its window) get exactly p = 0 and are never exponentiated; tiles are
+// zero-filled past T.
 // Test: ctest -L cuda -R test_backend_ops (the bf16 attention cases with d = 32, 64, 128).
 #include "ops/cuda/attention_tc.h"
 
@@ -87,10 +98,12 @@ struct TcArgs {
   bf16* dq;
   bf16* dk;
   bf16* dv;
-  int64_t seq;   // T
-  int heads;     // nh
-  int kv_heads;  // nkv
-  int group;     // G
+  const bf16* sinks;  // (nh), or nullptr: no sinks (forward only)
+  int64_t window;     // 0: causal; else 0 < W < T
+  int64_t seq;        // T
+  int heads;          // nh
+  int kv_heads;       // nkv
+  int group;          // G
   float scale;
 };
 
@@ -108,6 +121,15 @@ template <int D>
 __device__ __forceinline__ int64_t key_offset(const TcArgs& a, int64_t b, int g, int64_t key) {
   if (key >= a.seq) return -1;
   return ((b * a.seq + key) * a.kv_heads + g) * D;
+}
+// The first key any row of a block starting at flattened row row0 sees (0 without a window), and
+// the first key position `pos` sees (0 without a window: keys are >= 0, so it masks nothing).
+__device__ __forceinline__ int64_t first_visible_key(const TcArgs& a, int64_t row0) {
+  const int64_t first_pos = row0 / a.group;
+  return a.window > 0 && first_pos >= a.window ? first_pos - a.window + 1 : 0;
+}
+__device__ __forceinline__ int64_t window_start(const TcArgs& a, int64_t pos) {
+  return a.window > 0 ? pos - a.window + 1 : 0;
 }
 // Index in lse (B, nh, T) of flattened row `row` of (b, g) (row < T G).
 __device__ __forceinline__ int64_t lse_index(const TcArgs& a, int64_t b, int g, int64_t row) {
@@ -225,6 +247,7 @@ __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const Tc
   const int rr = lane & 15, half = lane >> 4;
   const int64_t row = row0 + warp * 16 + rr;
   const int64_t pos = row < rows_total ? row / a.group : -1;  // -1: no key is visible
+  const int64_t lo = window_start(a, pos);                    // the row's first key
   float* o_row = o_w + rr * S::kLdO;
   for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) o_row[c] = 0.0f;
   float m = -INFINITY, l = 0.0f;
@@ -234,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const Tc
   load_a_rows<D>(qf, q_s + warp * 16 * S::kLdH);
 
   const int64_t last_pos = ((row0 + kRows < rows_total ? row0 + kRows : rows_total) - 1) / a.group;
-  for (int64_t s0 = 0; s0 <= last_pos; s0 += kTile) {
+  for (int64_t s0 = first_visible_key(a, row0); s0 <= last_pos; s0 += kTile) {
     __syncthreads();  // the previous tile is consumed
     load_tile<D>(
         a.k, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, k_s);
@@ -249,7 +272,7 @@ __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const Tc
     float tile_max = -INFINITY;
     for (int i = 0; i < 32; ++i) {
       const int c = lane_column(i, rr, half);
-      if (s0 + c <= pos) tile_max = fmaxf(tile_max, a.scale * s_row[c]);
+      if (s0 + c <= pos && s0 + c >= lo) tile_max = fmaxf(tile_max, a.scale * s_row[c]);
     }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 16));
     const float m_new = fmaxf(m, tile_max);
@@ -260,7 +283,8 @@ __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const Tc
     bf16* p_row = p_w + rr * kLdP;
     for (int i = 0; i < 32; ++i) {
       const int c = lane_column(i, rr, half);
-      const bf16 p = __float2bfloat16_rn(s0 + c <= pos ? expf(a.scale * s_row[c] - m_new) : 0.0f);
+      const bool visible = s0 + c <= pos && s0 + c >= lo;
+      const bf16 p = __float2bfloat16_rn(visible ? expf(a.scale * s_row[c] - m_new) : 0.0f);
       p_row[c] = p;
       sum += __bfloat162float(p);  // l sums the weights P V uses
     }
@@ -276,11 +300,24 @@ __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const Tc
 
   if (pos >= 0) {
     const int64_t off = query_offset<D>(a, b, g, row);
-    const float inv = 1.0f / l;
+    float inv = 1.0f / l;
+    float row_lse = m + logf(l);
+    if (a.sinks != nullptr) {
+      // Fold the sink's column in (see the file comment). NOTES: every row that exists sees its
+      // own key, so m is finite; a -inf sink adds exactly 0 (m' = -inf, possible only then,
+      // keeps everything as without the sink); a NaN sink gives NaN.
+      const float sink = __bfloat162float(a.sinks[int64_t(g) * a.group + (row - pos * a.group)]);
+      const float m_new = fmaxf(m, sink);
+      const float keep = m_new == -INFINITY ? 1.0f : expf(m - m_new);
+      const float sink_p = m_new == -INFINITY ? 0.0f : expf(sink - m_new);
+      const float l_new = l * keep + sink_p;
+      inv = keep / l_new;
+      row_lse = m_new + logf(l_new);
+    }
     for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
       a.out[off + c] = __float2bfloat16_rn(o_row[c] * inv);
     }
-    if (half == 0) a.lse[lse_index(a, b, g, row)] = m + logf(l);
+    if (half == 0) a.lse[lse_index(a, b, g, row)] = row_lse;
   }
 }
 
@@ -314,6 +351,7 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dq_kernel(const TcArgs 
   const int rr = lane & 15, half = lane >> 4;
   const int64_t row = row0 + warp * 16 + rr;
   const int64_t pos = row < rows_total ? row / a.group : -1;
+  const int64_t lo = window_start(a, pos);
   const int64_t off = query_offset<D>(a, b, g, row);
   const float lse = pos >= 0 ? a.lse[lse_index(a, b, g, row)] : 0.0f;
   float* dq_row = dq_w + rr * S::kLdO;
@@ -327,7 +365,7 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dq_kernel(const TcArgs 
   load_a_rows<D>(dof, do_s + warp * 16 * S::kLdH);
 
   const int64_t last_pos = ((row0 + kRows < rows_total ? row0 + kRows : rows_total) - 1) / a.group;
-  for (int64_t s0 = 0; s0 <= last_pos; s0 += kTile) {
+  for (int64_t s0 = first_visible_key(a, row0); s0 <= last_pos; s0 += kTile) {
     __syncthreads();
     load_tile<D>(
         a.k, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, k_s);
@@ -345,7 +383,7 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dq_kernel(const TcArgs 
     for (int i = 0; i < 32; ++i) {
       const int c = lane_column(i, rr, half);
       float ds = 0.0f;
-      if (s0 + c <= pos) {
+      if (s0 + c <= pos && s0 + c >= lo) {
         const float p = expf(a.scale * s_row[c] - lse);
         ds = a.scale * p * (dp_row[c] - d_row);
       }
@@ -409,8 +447,13 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dkv_kernel(const TcArgs
   load_a_rows<D>(kf, k_s + warp * 16 * S::kLdH);
   load_a_rows<D>(vf, v_s + warp * 16 * S::kLdH);
 
-  // The first row that can see key0 is the first of position key0.
-  for (int64_t r0 = key0 * a.group; r0 < rows_total; r0 += kTile) {
+  // The first row that can see key0 is the first of position key0; the last that sees the
+  // block's last key is the last of T - 1, or with a window of position last key + W - 1.
+  const int64_t last_key = (key0 + kRows < a.seq ? key0 + kRows : a.seq) - 1;
+  const int64_t rows_end = a.window > 0 && (last_key + a.window) * a.group < rows_total
+                               ? (last_key + a.window) * a.group
+                               : rows_total;
+  for (int64_t r0 = key0 * a.group; r0 < rows_end; r0 += kTile) {
     __syncthreads();  // the previous row tile is consumed
     auto rows_of = [&](int r) { return query_offset<D>(a, b, g, r0 + r); };
     load_tile<D>(a.q, rows_of, q_s);
@@ -440,11 +483,13 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dkv_kernel(const TcArgs
     // key <= row / group, without a 64-bit divide per element: the first query row that sees
     // this key is key * group (rows are (position, head-in-group) pairs).
     const int64_t first_row_seeing_key = key * a.group;
+    // ... and rows of positions key + W and later do not see it (no bound without a window).
+    const int64_t end_row_seeing_key = a.window > 0 ? (key + a.window) * a.group : rows_total;
     for (int i = 0; i < 32; ++i) {
       const int c = lane_column(i, kk, half);
       const int64_t row = r0 + c;
       float p = 0.0f, ds = 0.0f;
-      if (row < rows_total && row >= first_row_seeing_key) {
+      if (row < rows_total && row >= first_row_seeing_key && row < end_row_seeing_key) {
         p = expf(a.scale * st_row[c] - lse_t[c]);
         ds = a.scale * p * (dpt_row[c] - drow_t[c]);
       }
@@ -474,8 +519,9 @@ bool aligned16(const Tensor* t) {
 }
 
 TcArgs make_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                 const Tensor& lse, double scale) {
+                 const Tensor& lse, double scale, int64_t window) {
   TcArgs a{};
+  a.window = window;
   a.q = static_cast<const bf16*>(q.data());
   a.k = static_cast<const bf16*>(k.data());
   a.v = static_cast<const bf16*>(v.data());
@@ -523,10 +569,12 @@ bool attention_tc_takes(const Tensor& q, const Tensor& k, const Tensor& v, const
 }
 
 void attention_forward_tc(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                          const Tensor& out, const Tensor& lse, Stream& stream) {
+                          int64_t window, const Tensor& sinks, const Tensor& out, const Tensor& lse,
+                          Stream& stream) {
   const char* op = "attention_forward_cuda (tensor cores)";
   if (q.numel() == 0) return;
-  const TcArgs a = make_args(q, k, v, out, lse, scale);
+  TcArgs a = make_args(q, k, v, out, lse, scale, window);
+  a.sinks = sinks.defined() ? static_cast<const bf16*>(sinks.data()) : nullptr;
   dispatch_head_dim(q.size(3), [&](auto head_dim) {
     constexpr int D = decltype(head_dim)::value;
     auto kernel = attention_tc_forward_kernel<D>;
@@ -537,11 +585,11 @@ void attention_forward_tc(const Tensor& q, const Tensor& k, const Tensor& v, dou
 }
 
 void attention_backward_tc(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                           const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
-                           const Tensor& dk, const Tensor& dv, Stream& stream) {
+                           const Tensor& lse, const Tensor& dout, double scale, int64_t window,
+                           const Tensor& dq, const Tensor& dk, const Tensor& dv, Stream& stream) {
   const char* op = "attention_backward_cuda (tensor cores)";
   if (q.numel() == 0) return;
-  TcArgs a = make_args(q, k, v, out, lse, scale);
+  TcArgs a = make_args(q, k, v, out, lse, scale, window);
   a.dout = static_cast<const bf16*>(dout.data());
   a.dq = static_cast<bf16*>(dq.data());
   a.dk = static_cast<bf16*>(dk.data());

@@ -1,8 +1,9 @@
 // The tensor-core path of CUDA attention (ops/cuda/attention_tc.cu): causal grouped-query flash
-// attention forward and backward for bf16 storage with head dims 32, 64 and 128, its two GEMMs per
-// tile on bf16 tensor cores (WMMA 16x16x16, fp32 accumulation). ops/cuda/attention.cu calls it
-// for the calls it takes (attention_tc_takes) and runs its SIMT kernels for the rest (f32, other
-// head dims, unaligned views). Same arguments and semantics as ops/attention.h.
+// attention forward and backward, with an optional sliding window and attention sinks, for bf16
+// storage with head dims 32, 64 and 128, its two GEMMs per tile on bf16 tensor cores (WMMA
+// 16x16x16, fp32 accumulation). ops/cuda/attention.cu calls it for the calls it takes
+// (attention_tc_takes) and runs its SIMT kernels for the rest (f32, other head dims, unaligned
+// views), and dsinks for both. Same arguments and semantics as ops/attention.h.
 // Test: ctest -L cuda -R test_backend_ops (the bf16 attention cases with d = 32, 64, 128).
 #pragma once
 
@@ -18,11 +19,14 @@ bool attention_tc_takes(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const Tensor* dk = nullptr, const Tensor* dv = nullptr);
 
 // The arguments, the head dim and the launch grid are checked by the caller
-// (attention_forward_cuda / attention_backward_cuda).
+// (attention_forward_cuda / attention_backward_cuda). `window` is the variant's window as the
+// kernels take it: 0 (plain causal, also for a window >= T) or 0 < W < T. `sinks` is (nh) bf16
+// or undefined. The backward writes dq, dk, dv only (the caller runs dsinks).
 void attention_forward_tc(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                          const Tensor& out, const Tensor& lse, Stream& stream);
+                          int64_t window, const Tensor& sinks, const Tensor& out, const Tensor& lse,
+                          Stream& stream);
 void attention_backward_tc(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                           const Tensor& lse, const Tensor& dout, double scale, const Tensor& dq,
-                           const Tensor& dk, const Tensor& dv, Stream& stream);
+                           const Tensor& lse, const Tensor& dout, double scale, int64_t window,
+                           const Tensor& dq, const Tensor& dk, const Tensor& dv, Stream& stream);
 
 }  // namespace moepeak::ops

@@ -133,6 +133,18 @@ check "bench attention JSON: 2 rows, the causal FLOPs of B 2, T 40 and the embed
 "$bin" bench attention --set runtime.backend=cpu --dtype bf16 --batch 2 --seq 40 --warmup 0 \
   --iters 1 --ceiling-size 128 >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bench attention --dtype bf16 runs on the CPU (rc $rc)" test $rc -eq 0
+# bench attention --window W --sinks: the variant timed beside full causal attention; its FLOPs
+# count each query's keys in its window, 4 B nh d (W(W+1)/2 + (T-W) W), backward 2.5x.
+"$bin" bench attention --set runtime.backend=cpu --batch 2 --seq 40 --window 8 --sinks --warmup 0 \
+  --iters 1 --ceiling-size 128 --json "$tmp/attention_variant.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench attention --window 8 --sinks exits 0 (rc $rc)" test $rc -eq 0
+check "bench attention --window --sinks times causal and the variant, and compares them" \
+  sh -c "grep -q '^  causal  *forward ' '$tmp/out' && grep -q '^  window 8 + sinks  *backward ' '$tmp/out' && grep -q '^# window 8 + sinks: forward + backward .* of causal' '$tmp/out'"
+check "bench attention --window JSON: 4 rows, causal's FLOPs and the window's" \
+  python3 -c "import json,sys; d=json.load(open('$tmp/attention_variant.json')); s=d['shape']; r=d['rows']; u=4*s['head_dim']*2*s['heads']/1e9; c=u*40*41/2; w=u*(8*9/2+32*8); sys.exit(not (s['window']==8 and s['sinks'] is True and len(r)==4 and [x['variant'] for x in r]==['causal','causal','window 8 + sinks','window 8 + sinks'] and abs(r[0]['gflop']-c)<1e-12 and abs(r[1]['gflop']-2.5*c)<1e-12 and abs(r[2]['gflop']-w)<1e-12 and abs(r[3]['gflop']-2.5*w)<1e-12))"
+"$bin" bench attention --set runtime.backend=cpu --dtype bf16 --batch 2 --seq 40 --sinks --warmup 0 \
+  --iters 1 --ceiling-size 128 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench attention --dtype bf16 --sinks runs on the CPU (rc $rc)" test $rc -eq 0
 "$bin" bench vocab --set runtime.backend=cpu --dtype bf16 --tokens 8 --hidden 8 --vocab 16 \
   >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bench vocab --dtype bf16 runs on the CPU (rc $rc)" test $rc -eq 0

@@ -1,7 +1,8 @@
 // Causal grouped-query attention on the CPU (ops/attention.h): forward against a materialised-
 // softmax float64 reference, gradients against central finite differences, float vs double,
 // bf16 storage as the float result rounded once (bitwise), causality, bitwise determinism and
-// argument checks.
+// argument checks. The sliding window and sinks: test_attention_variants.cpp; the helpers both
+// share: tests/ops/attention_testing.h.
 //
 //   q, out, dout, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
 //
@@ -27,116 +28,25 @@
 #include "core/runtime/tensor.h"
 #include "ops/attention.h"
 #include "ops/fill.h"
+#include "tests/ops/attention_testing.h"
 #include "tests/ops/gradcheck.h"
 
 namespace moepeak {
 namespace {
 
+using testing::AttentionTensors;  // tests/ops/attention_testing.h
+using testing::AttentionTest;
+using testing::bitwise_equal;
+using testing::Dims;
+using testing::Inputs;
+using testing::kNaN;
+using testing::kOddBlocks;
+using testing::kSmallBlocks;
 using testing::max_grad_rel_err;
-using testing::random_vector;
-using testing::rel_err;
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-struct Dims {
-  int64_t batch, seq, heads, kv_heads, head_dim;
-  Shape q_shape() const { return Shape{batch, seq, heads, head_dim}; }
-  Shape kv_shape() const { return Shape{batch, seq, kv_heads, head_dim}; }
-  Shape lse_shape() const { return Shape{batch, heads, seq}; }
-  double scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
-};
-
-// Every tensor of one forward + backward, in one dtype.
-struct AttentionTensors {
-  OwnedTensor q, k, v, out, lse, dout, dq, dk, dv;
-};
-
-// Host-side inputs in double: q, k, v and the output gradient (the probe of L = sum(out * probe)).
-struct Inputs {
-  std::vector<double> q, k, v, dout;
-};
-
-Inputs random_inputs(const Dims& dims, uint64_t seed) {
-  return Inputs{random_vector(dims.q_shape().numel(), seed),
-                random_vector(dims.kv_shape().numel(), seed + 1),
-                random_vector(dims.kv_shape().numel(), seed + 2),
-                random_vector(dims.q_shape().numel(), seed + 3)};
-}
-
-class AttentionTest : public ::testing::Test {
- protected:
-  Stream& stream() { return backend_->default_stream(); }
-
-  // lse in ops::attention_lse_dtype(dtype) (f32 for bf16), every other tensor in dtype.
-  AttentionTensors allocate(const Dims& dims, DType dtype) {
-    auto make = [&](Shape shape, const char* name, DType t) {
-      return OwnedTensor::device(*backend_, shape, t, LiveSet::workspace, name);
-    };
-    const DType lse = ops::attention_lse_dtype(dtype);
-    return AttentionTensors{make(dims.q_shape(), "q", dtype),   make(dims.kv_shape(), "k", dtype),
-                            make(dims.kv_shape(), "v", dtype),  make(dims.q_shape(), "out", dtype),
-                            make(dims.lse_shape(), "lse", lse), make(dims.q_shape(), "dout", dtype),
-                            make(dims.q_shape(), "dq", dtype),  make(dims.kv_shape(), "dk", dtype),
-                            make(dims.kv_shape(), "dv", dtype)};
-  }
-
-  // CPU "device" memory is host memory: written directly (rounded to the dtype), read after
-  // synchronising.
-  static void upload(const OwnedTensor& t, const std::vector<double>& values) {
-    ASSERT_EQ(static_cast<int64_t>(values.size()), t.numel());
-    if (t.view().dtype() == DType::f64) {
-      std::memcpy(t.data(), values.data(), values.size() * sizeof(double));
-    } else if (t.view().dtype() == DType::bf16) {
-      bf16* p = t.data_as<bf16>();
-      for (size_t i = 0; i < values.size(); ++i) p[i] = bf16(static_cast<float>(values[i]));
-    } else {
-      float* p = t.data_as<float>();
-      for (size_t i = 0; i < values.size(); ++i) p[i] = static_cast<float>(values[i]);
-    }
-  }
-  std::vector<double> download(const OwnedTensor& t) {
-    stream().synchronize();
-    std::vector<double> values(static_cast<size_t>(t.numel()));
-    if (t.view().dtype() == DType::f64) {
-      std::memcpy(values.data(), t.data(), values.size() * sizeof(double));
-    } else if (t.view().dtype() == DType::bf16) {
-      const bf16* p = t.data_as<bf16>();
-      for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(p[i]);
-    } else {
-      const float* p = t.data_as<float>();
-      for (size_t i = 0; i < values.size(); ++i) values[i] = p[i];
-    }
-    return values;
-  }
-
-  void upload_inputs(const AttentionTensors& t, const Inputs& in) {
-    upload(t.q, in.q);
-    upload(t.k, in.k);
-    upload(t.v, in.v);
-    upload(t.dout, in.dout);
-  }
-
-  // Poisons out and lse with NaN, runs the forward and waits for it.
-  void forward(const AttentionTensors& t, const Dims& dims, ops::AttentionBlocks blocks) {
-    ops::fill(t.out, kNaN, stream());
-    ops::fill(t.lse, kNaN, stream());
-    ops::detail::attention_forward_cpu_blocked(t.q, t.k, t.v, dims.scale(), t.out, t.lse, blocks,
-                                               stream());
-    stream().synchronize();
-  }
-
-  // Poisons dq, dk, dv with NaN, runs the backward (dout = t.dout) and waits for it.
-  void backward(const AttentionTensors& t, const Dims& dims, ops::AttentionBlocks blocks) {
-    ops::fill(t.dq, kNaN, stream());
-    ops::fill(t.dk, kNaN, stream());
-    ops::fill(t.dv, kNaN, stream());
-    ops::detail::attention_backward_cpu_blocked(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(),
-                                                t.dq, t.dk, t.dv, blocks, stream());
-    stream().synchronize();
-  }
-
-  std::unique_ptr<Backend> backend_ = Backend::create(BackendOptions{});
-};
+using testing::max_rel_err;
+using testing::norm_rel_err;
+using testing::random_inputs;
+using testing::rounded_to_bf16;
 
 // Materialised softmax in double, one query row at a time.
 struct Reference {
@@ -173,51 +83,6 @@ Reference reference_forward(const Dims& dims, const Inputs& in) {
       }
   return ref;
 }
-
-// Largest relative error; values under `floor` in magnitude are compared absolutely at floor.
-double max_rel_err(const std::vector<double>& got, const std::vector<double>& want, double floor) {
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i])) return std::numeric_limits<double>::infinity();
-    worst = std::max(worst, rel_err(got[i], want[i], floor));
-  }
-  return worst;
-}
-
-// max |got - want| / max |want|: the error relative to the tensor's scale.
-double norm_rel_err(const std::vector<double>& got, const std::vector<double>& want) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i])) return std::numeric_limits<double>::infinity();
-    diff = std::max(diff, std::abs(got[i] - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return diff / scale;
-}
-
-// The values rounded to bf16: inputs f32 and bf16 both hold exactly.
-std::vector<double> rounded_to_bf16(std::vector<double> v) {
-  for (auto& x : v) x = static_cast<float>(bf16(static_cast<float>(x)));
-  return v;
-}
-
-// Every element bitwise equal; else how many differ, and the first.
-::testing::AssertionResult bitwise_equal(const std::vector<double>& got,
-                                         const std::vector<double>& want) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << got.size() << " elements, want " << want.size();
-  size_t differ = 0, first = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(double)) != 0 && differ++ == 0) first = i;
-  }
-  if (differ == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << differ << " of " << got.size() << " elements differ, first [" << first
-         << "] = " << got[first] << ", want " << want[first];
-}
-
-constexpr ops::AttentionBlocks kSmallBlocks{8, 16};
-constexpr ops::AttentionBlocks kOddBlocks{6, 5};  // rows not a multiple of the group of 4
 
 TEST_F(AttentionTest, ForwardMatchesMaterialisedSoftmax) {
   // float64 online softmax vs materialised softmax: the same sums in another order, so they agree
@@ -268,9 +133,9 @@ TEST_F(AttentionTest, DefaultEntryPointsUseDefaultBlocks) {
   ops::fill(t.out, kNaN, stream());
   ops::fill(t.dq, kNaN, stream());
   ops::fill(t.dk, kNaN, stream());
-  ops::attention_forward_cpu(t.q, t.k, t.v, dims.scale(), t.out, t.lse, stream());
-  ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(), t.dq, t.dk, t.dv,
-                              stream());
+  ops::attention_forward_cpu(t.q, t.k, t.v, dims.scale(), {}, t.out, t.lse, stream());
+  ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(), {}, t.dq, t.dk,
+                              t.dv, Tensor(), stream());
   EXPECT_EQ(download(t.out), out);
   EXPECT_EQ(download(t.dq), dq);
   EXPECT_EQ(download(t.dk), dk);
@@ -499,7 +364,7 @@ TEST_F(AttentionTest, BadArgumentsThrowAtTheCall) {
   auto forward_throws = [&](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                             const Tensor& lse, double sc, const char* fragment) {
     try {
-      ops::attention_forward_cpu(q, k, v, sc, out, lse, stream());
+      ops::attention_forward_cpu(q, k, v, sc, {}, out, lse, stream());
       ADD_FAILURE() << "no error for " << fragment;
     } catch (const Error& e) {
       EXPECT_NE(e.message().find("attention_forward"), std::string::npos) << e.message();
@@ -535,8 +400,8 @@ TEST_F(AttentionTest, BadArgumentsThrowAtTheCall) {
   forward_throws(q_int, t.k, t.v, t.out, t.lse, scale, "supports f32, bf16 and f64");
   // Backward: dk of the query shape.
   try {
-    ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, scale, t.dq, t.dq, t.dv,
-                                stream());
+    ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, scale, {}, t.dq, t.dq, t.dv,
+                                Tensor(), stream());
     ADD_FAILURE() << "no error for dk of the wrong shape";
   } catch (const Error& e) {
     EXPECT_NE(e.message().find("attention_backward: dk must be (B, T, nkv, d)"), std::string::npos)
@@ -561,12 +426,12 @@ TEST_F(AttentionTest, DISABLED_SpeedFloat32) {
   double fwd = 1e9, bwd = 1e9;
   for (int r = 0; r < reps; ++r) {
     auto start = clock::now();
-    ops::attention_forward_cpu(t.q, t.k, t.v, dims.scale(), t.out, t.lse, stream());
+    ops::attention_forward_cpu(t.q, t.k, t.v, dims.scale(), {}, t.out, t.lse, stream());
     stream().synchronize();
     fwd = std::min(fwd, seconds(start));
     start = clock::now();
-    ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(), t.dq, t.dk, t.dv,
-                                stream());
+    ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, t.dout, dims.scale(), {}, t.dq, t.dk,
+                                t.dv, Tensor(), stream());
     stream().synchronize();
     bwd = std::min(bwd, seconds(start));
   }

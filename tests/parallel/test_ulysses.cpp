@@ -406,8 +406,10 @@ class UlyssesAttentionTest : public UlyssesTest {
     auto fdout = tensor(qs, f64, dout);
     auto fout = poisoned(qs, f64), flse = poisoned(Shape{B, nh, T}, f64);
     auto fdq = poisoned(qs, f64), fdk = poisoned(kvs, f64), fdv = poisoned(kvs, f64);
-    ops::detail::attention_forward_cpu_blocked(fq, fk, fv, scale, fout, flse, blocks, stream());
-    ops::detail::attention_backward_cpu_blocked(fq, fk, fv, fout, flse, fdout, scale, fdq, fdk, fdv,
+    ops::detail::attention_forward_cpu_blocked(fq, fk, fv, scale, ops::AttentionVariant{}, fout,
+                                               flse, blocks, stream());
+    ops::detail::attention_backward_cpu_blocked(fq, fk, fv, fout, flse, fdout, scale,
+                                                ops::AttentionVariant{}, fdq, fdk, fdv, Tensor(),
                                                 blocks, stream());
     auto slice = [&](const OwnedTensor& t, int64_t H) {
       return seq_slice(read(t), B, T, H, d, me * Lt, Lt);
@@ -433,11 +435,13 @@ class UlyssesAttentionTest : public UlyssesTest {
     schedules::seq_to_heads(sq, hq, Q, staging, l, comm, stream());
     schedules::seq_to_heads(sk, hk, KV, staging, l, comm, stream());
     schedules::seq_to_heads(sv, hv, KV, staging, l, comm, stream());
-    ops::detail::attention_forward_cpu_blocked(hq, hk, hv, scale, hout, hlse, blocks, stream());
+    ops::detail::attention_forward_cpu_blocked(hq, hk, hv, scale, ops::AttentionVariant{}, hout,
+                                               hlse, blocks, stream());
     schedules::heads_to_seq(hout, out, Q, false, staging, l, comm, stream());
     // Backward.
     schedules::seq_to_heads(sdout, hdout, Q, staging, l, comm, stream());
-    ops::detail::attention_backward_cpu_blocked(hq, hk, hv, hout, hlse, hdout, scale, hdq, hdk, hdv,
+    ops::detail::attention_backward_cpu_blocked(hq, hk, hv, hout, hlse, hdout, scale,
+                                                ops::AttentionVariant{}, hdq, hdk, hdv, Tensor(),
                                                 blocks, stream());
     schedules::heads_to_seq(hdq, dq, Q, false, staging, l, comm, stream());
     schedules::heads_to_seq(hdk, dk, KV, true, staging, l, comm, stream());

@@ -1,4 +1,5 @@
-// test_backend_ops cases: causal grouped-query attention forward and backward (ops/attention.h).
+// test_backend_ops cases: causal grouped-query attention forward and backward (ops/attention.h),
+// plain and with a variant (a sliding window, attention sinks, both).
 //
 // The backward's out and lse must be those of q, k and v for its formula to mean anything, so a
 // backward case runs the forward first on tensors of role `out` (compared too), then the
@@ -11,6 +12,22 @@
 // (ops/attention.h): out is within one bf16 rounding (2^-8 of the scale; measured <= 3.3e-3),
 // dq, dk, dv slightly more (<= 4.4e-3), as the backward reads the rounded out in D = dout . out;
 // CUDA's 1e-2 holds for both.
+//
+// Variant cases (names end in " W=<window>" and/or " sinks[=dominant|=negative]"): windows of 1
+// (each query sees only itself; with sinks, as without them p = 1 and dq = dk = 0 exactly, which
+// a comparison relative to the reference's size cannot measure), a few keys, sizes that are not
+// multiples of the 16/32/64 tiles and cut them, W = T and W > T (plain causal); sinks ~ N(0, 1),
+// dominant (6..9: most of each row's probability goes to the sink, out shrinks) and very negative
+// (-1000..-900: exp underflows to 0, as without sinks); G = 1, 2, 3, 4, 8, B > 1; bf16 with d = 32,
+// 64, 128 runs the tensor-core kernels with windows that start mid-tile. The backward's dsinks is
+// an inout tensor (Kind::state: f32 under test for f32 and bf16 storage, as the header asks) that
+// starts at N(0, 1) values, so the accumulation (+=) is checked: a kernel that overwrote it would
+// be off by the start values. NOTES: dsinks[h] sums B T terms exp(s_h - lse) D of random sign,
+// which cancel (|sum| is 5-20x below sum |term| here), while the terms' errors (bf16: D reads the
+// rounded out) do not; started near 0 its error relative to its own size grew to 2.5e-2 with
+// bf16 (dominant sinks). Start values of the sum's size measure it against the terms instead.
+// Measured on the emulated CUDA: f32 <= 9.2e-7 (the peaky case 5.7e-6), dsinks <= 2.7e-7; bf16
+// out, dq, dk, dv <= 4.6e-3 (W = 1: 8.4e-3, see there), lse <= 4.4e-4, dsinks <= 1.8e-3.
 #include <cmath>
 #include <string>
 
@@ -28,12 +45,92 @@ struct AttentionShape {
   Tolerance tolerance;
 };
 
+// What a variant case adds to its shape.
+enum class Sinks { none, normal, dominant, negative };
+struct AttentionVariantCase {
+  AttentionShape shape;
+  int64_t window;  // 0: causal
+  Sinks sinks;
+};
+
 std::string describe(const AttentionShape& s) {
   std::string name = " B=" + std::to_string(s.batch) + " T=" + std::to_string(s.seq) +
                      " nh=" + std::to_string(s.heads) + " nkv=" + std::to_string(s.kv_heads) +
                      " d=" + std::to_string(s.head_dim);
   if (s.scale != 0) name += " peaky";
   return name;
+}
+
+std::string describe(const AttentionVariantCase& c) {
+  std::string name = describe(c.shape);
+  if (c.window > 0) name += " W=" + std::to_string(c.window);
+  if (c.sinks == Sinks::normal) name += " sinks";
+  if (c.sinks == Sinks::dominant) name += " sinks=dominant";
+  if (c.sinks == Sinks::negative) name += " sinks=negative";
+  return name;
+}
+
+Generator sink_values(Sinks sinks) {
+  switch (sinks) {
+    case Sinks::dominant:
+      return uniform(6.0, 9.0);
+    case Sinks::negative:
+      return uniform(-1000.0, -900.0);
+    default:
+      return normal();
+  }
+}
+
+// The forward and backward cases of a variant. Tensors: q, k, v, [sinks], out, lse (forward);
+// q, k, v, dout, [sinks], out, lse, dq, dk, dv, [dsinks] (backward).
+void add_variant_cases(const AttentionVariantCase& c, uint64_t& seed, std::vector<OpCase>& cases) {
+  const AttentionShape& s = c.shape;
+  const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
+  const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
+  const Shape lse_shape{s.batch, s.heads, s.seq};
+  const Shape sinks_shape{s.heads};
+  const double scale = s.scale != 0 ? s.scale : 1.0 / std::sqrt(double(s.head_dim));
+  const bool sinks = c.sinks != Sinks::none;
+  const int64_t window = c.window;
+  const std::string name = describe(c);
+
+  std::vector<TensorSpec> fwd{in("q", q_shape, Kind::floating, normal(s.input)),
+                              in("k", kv_shape, Kind::floating, normal(s.input)),
+                              in("v", kv_shape)};
+  if (sinks) fwd.push_back(in("sinks", sinks_shape, Kind::floating, sink_values(c.sinks)));
+  fwd.push_back(out("out", q_shape));
+  fwd.push_back(out("lse", lse_shape, Kind::state));
+  OpCase forward{"attention_forward" + name, fwd,
+                 [scale, window, sinks](const std::vector<Tensor>& t, Stream& st) {
+                   const size_t o = sinks ? 4 : 3;  // index of out
+                   const ops::AttentionVariant variant{window, sinks ? t[3] : Tensor()};
+                   ops::attention_forward(t[0], t[1], t[2], scale, variant, t[o], t[o + 1], st);
+                 }};
+  forward.tolerance = s.tolerance;
+  forward.seed = seed++;
+  cases.push_back(std::move(forward));
+
+  std::vector<TensorSpec> bwd{in("q", q_shape, Kind::floating, normal(s.input)),
+                              in("k", kv_shape, Kind::floating, normal(s.input)), in("v", kv_shape),
+                              in("dout", q_shape)};
+  if (sinks) bwd.push_back(in("sinks", sinks_shape, Kind::floating, sink_values(c.sinks)));
+  for (const TensorSpec& spec : {out("out", q_shape), out("lse", lse_shape, Kind::state),
+                                 out("dq", q_shape), out("dk", kv_shape), out("dv", kv_shape)})
+    bwd.push_back(spec);
+  // dsinks starts at values of the size of the sum it adds (see the file comment).
+  if (sinks) bwd.push_back(inout("dsinks", sinks_shape, Kind::state, normal()));
+  OpCase backward{"attention_backward" + name, bwd,
+                  [scale, window, sinks](const std::vector<Tensor>& t, Stream& st) {
+                    const size_t o = sinks ? 5 : 4;  // index of out
+                    const ops::AttentionVariant variant{window, sinks ? t[4] : Tensor()};
+                    const Tensor dsinks = sinks ? t[o + 5] : Tensor();
+                    ops::attention_forward(t[0], t[1], t[2], scale, variant, t[o], t[o + 1], st);
+                    ops::attention_backward(t[0], t[1], t[2], t[o], t[o + 1], t[3], scale, variant,
+                                            t[o + 2], t[o + 3], t[o + 4], dsinks, st);
+                  }};
+  backward.tolerance = s.tolerance;
+  backward.seed = seed++;
+  cases.push_back(std::move(backward));
 }
 
 }  // namespace
@@ -94,6 +191,38 @@ MOEPEAK_BACKEND_OPS_CASES(attention) {
     backward.seed = seed++;
     cases.push_back(std::move(backward));
   }
+
+  // Windows and sinks. f32 and bf16 d = 8, 16, 24, 40 run the SIMT kernels (16-row blocks,
+  // 32-entry tiles), bf16 d = 32, 64, 128 the tensor-core ones (64-row blocks, 64-entry tiles).
+  // With W = 1 a row's one key has p = 1 / (1 + exp(sink - score)) and dS = p (dP - D) =
+  // p (1 - p) dP: D = dout . out reads the bf16-rounded out, and dP - D cancels by 1 - p, so rows
+  // with p near 1 amplify out's rounding in dq and dk (measured 8.4e-3 on the tensor cores, 4.5e-3
+  // SIMT); bf16 gets 2e-2 there. f32 keeps 2e-5 (measured <= 9.1e-7).
+  const Tolerance one_key{2e-5, 2e-2};
+  const AttentionVariantCase variants[] = {
+      {{2, 37, 4, 2, 16, 0, 1, one_key}, 1, Sinks::normal},      // only itself (and the sink)
+      {{2, 37, 4, 2, 16, 0, 1, standard}, 5, Sinks::normal},     // G = 2, B = 2
+      {{1, 45, 8, 1, 40, 0, 1, standard}, 17, Sinks::normal},    // G = 8, W past a 16-row block
+      {{2, 19, 3, 1, 24, 0, 1, standard}, 0, Sinks::normal},     // sinks alone, G = 3
+      {{1, 33, 4, 2, 8, 0, 1, standard}, 0, Sinks::dominant},    // the sink takes most of p
+      {{2, 20, 2, 1, 16, 0, 1, standard}, 7, Sinks::negative},   // exp(sink - m) = 0
+      {{1, 129, 8, 8, 32, 0, 1, standard}, 40, Sinks::normal},   // G = 1, W across key tiles
+      {{1, 300, 2, 2, 16, 0, 1, standard}, 20, Sinks::none},     // T >> W: most tiles skipped
+      {{1, 45, 8, 1, 40, 0, 1, standard}, 45, Sinks::none},      // W = T: plain causal
+      {{2, 23, 4, 1, 24, 0, 1, standard}, 1000, Sinks::normal},  // W > T, G = 4
+      {{1, 50, 4, 2, 32, 2.0, 2, peaky}, 10, Sinks::normal},     // peaky softmax
+      // bf16: the tensor-core kernels
+      {{1, 70, 4, 1, 64, 0, 1, standard}, 33, Sinks::normal},     // G = 4: 280 rows, 5 blocks
+      {{2, 150, 4, 2, 64, 0, 1, standard}, 70, Sinks::normal},    // W > a 64-entry tile, B = 2
+      {{1, 70, 4, 2, 64, 0, 1, one_key}, 1, Sinks::normal},       // only itself (and the sink)
+      {{1, 130, 4, 4, 128, 0, 1, standard}, 9, Sinks::dominant},  // G = 1, d = 128
+      {{1, 100, 8, 1, 32, 0, 1, standard}, 3, Sinks::negative},   // G = 8, d = 32
+      {{1, 130, 2, 1, 128, 0, 1, standard}, 0, Sinks::normal},    // sinks alone, G = 2
+      // G = 1, W = 66: dk/dv's last row tile of key block 0 starts at row 128, the one row of it
+      // that sees key 63 (the loop bound over row tiles must include it)
+      {{1, 200, 2, 2, 64, 0, 1, standard}, 66, Sinks::none},
+  };
+  for (const AttentionVariantCase& c : variants) add_variant_cases(c, seed, cases);
   return cases;
 }
 
