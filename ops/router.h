@@ -1,13 +1,24 @@
 // router: top-k expert selection after the gate's linear (Mixtral's block_sparse_moe.gate, with the
-// chosen weights renormalised; Qwen3-MoE's router, which renormalises when norm_topk_prob).
+// chosen weights renormalised; Qwen3-MoE's router, which renormalises when norm_topk_prob;
+// gpt-oss's GptOssTopKRouter, top-k of the logits then a softmax over those k).
+//
+// RouterScore (the `score` argument) says how logits become the choice and its weights:
+//   softmax_then_topk  (Mixtral, Qwen3-MoE) the softmax over all E, then the k most probable;
+//                      weights the chosen probs, renormalised to sum 1 or not (`renormalize`)
+//   topk_then_softmax  (gpt-oss) the k largest logits, then a softmax over those k logits
+//                      (`renormalize` must be true: the weights sum to 1 by construction; the
+//                      call throws otherwise). The router's bias (x W^T + b) is ops/bias.h's.
 //
 //   logits:       (N, E) f32 | bf16 | f64   router logits x W_g^T (both backends)
 //   probs:        (N, E) same dtype   softmax over all E experts                    (written, =)
 //   topk_index:   (N, k) i32          the k most probable experts, most probable first; equal
 //                                     probabilities go to the lower expert index   (written, =)
+//                                     topk_then_softmax: the k largest logits, largest first,
+//                                     equal logits to the lower index
 //   topk_weight:  (N, k) same dtype   renormalize: probs of the chosen experts renormalised to
 //                                     sum 1; else the chosen probs themselves (copied from
 //                                     probs, bit for bit)                               (=)
+//                                     topk_then_softmax: the softmax over the chosen logits
 //   dtopk_weight: (N, k)
 //   dlogits:      (N, E)              dL/dlogits through the weights and softmax            (=)
 //
@@ -16,6 +27,15 @@
 // storage dtype, and the selection and renormalisation read the stored probs; the renormalising
 // sum is also taken in double. Without renormalisation topk_weight_j = probs[topk_index_j]
 // exactly (no arithmetic), on both backends.
+// topk_then_softmax: probs is the same full softmax (bit for bit the softmax_then_topk run's: the
+// load-balancing loss reads it). The selection reads the logits as stored (so the logits' own
+// ties, not the probs' rounding, decide), and NaN ranks after every number (a row of NaN picks
+// experts 0..k-1). The weights are a max-subtracted softmax over the k chosen logits: exp(l_j -
+// l_max) in the compute type (fp32 for f32 and bf16, double for f64), the sum in double, each
+// weight rounded once to the storage dtype (via fp32 for bf16). Mathematically these are the
+// softmax_then_topk renormalised weights (p_j / sum of the chosen p), but computed from the
+// logits rather than the rounded probs. The selection and the weights read the logits before
+// probs is written, so probs may be the logits tensor itself in both modes.
 //
 // Backward: the selection is piecewise constant, so the gradient flows only through the weights;
 // `renormalized` must be the forward's `renormalize`. Both cases are computed in double and each
@@ -24,7 +44,9 @@
 //     topk_weight_j = exp(l_j) / sum_{m selected} exp(l_m),
 //   so the exact gradient is dlogits[m] = w_m * (dw_m - sum_j dw_j w_j) for a selected expert m
 //   and 0 for the others (the full softmax's normaliser cancels). It is computed from
-//   topk_weight; probs supplies the shape.
+//   topk_weight; probs supplies the shape. This is also topk_then_softmax's backward (its
+//   weights are that softmax by definition): pass renormalized = true (checked against float64
+//   finite differences in tests/ops/test_gpt_oss_router_norm.cpp).
 //   not renormalized: topk_weight_j = p_{e_j} with p the full softmax, so the gradient flows
 //   through the full softmax to EVERY expert: with g_e = dw_j of the slot j choosing e (0 for an
 //   expert no slot chooses) and s = sum_j dw_j w_j,
@@ -38,6 +60,8 @@
 // selection and renormalisation read the rounded probs, as the CPU reads its stored probs: the
 // same repeated arg-max with equal probabilities to the lower index, so topk_index equals the
 // CPU's whenever the probs do (a row whose probs are all NaN selects experts 0..k-1 on both).
+// topk_then_softmax: the same arg-max over the stored logits (NaN last, as on the CPU), so
+// topk_index equals the CPU's always; the weights' sum is added in slot order as on the CPU.
 // The backward does not throw: a slot whose expert is outside [0, E), or repeats an earlier
 // slot's expert, contributes no g_e (sum_j dw_j w_j still runs over all k slots); the experts no
 // valid slot names get 0 (renormalized) or -p_e * s (not).
@@ -52,7 +76,7 @@
 // values and round each output once (via fp32); the aux backward's += rounds the double term to
 // fp32, adds in fp32 and rounds to bf16 once.
 // CUDA against the CPU: tests/ops/backend_ops/cases_router.cpp; the CPU's bf16 path:
-// tests/ops/test_moe_ops.cpp (Bf16Storage).
+// tests/ops/test_moe_ops.cpp (Bf16Storage); topk_then_softmax: test_gpt_oss_router_norm.cpp.
 #pragma once
 
 #include "core/runtime/stream.h"
@@ -60,8 +84,16 @@
 
 namespace moepeak::ops {
 
-void router_forward_cpu(const Tensor& logits, int k, bool renormalize, const Tensor& probs,
-                        const Tensor& topk_index, const Tensor& topk_weight, Stream& stream);
+// How router logits become the top-k experts and their weights (see above). The model's
+// description names it too (core/model/decoder_spec.h's RouterSpec).
+enum class RouterScore {
+  softmax_then_topk,  // softmax over all experts, top-k of the probabilities (Mixtral, Qwen3-MoE)
+  topk_then_softmax,  // top-k of the logits, softmax over those k (gpt-oss)
+};
+
+void router_forward_cpu(const Tensor& logits, int k, RouterScore score, bool renormalize,
+                        const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
+                        Stream& stream);
 void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
                          const Tensor& dtopk_weight, bool renormalized, const Tensor& dlogits,
                          Stream& stream);
@@ -73,9 +105,11 @@ void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Te
 void router_aux_backward_cpu(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,
                              Stream& stream);
 
-// The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`).
-void check_router_forward_args(const char* op, const Tensor& logits, int k, const Tensor& probs,
-                               const Tensor& topk_index, const Tensor& topk_weight);
+// The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`);
+// the forward's also that topk_then_softmax comes with renormalize.
+void check_router_forward_args(const char* op, const Tensor& logits, int k, RouterScore score,
+                               bool renormalize, const Tensor& probs, const Tensor& topk_index,
+                               const Tensor& topk_weight);
 void check_router_backward_args(const char* op, const Tensor& probs, const Tensor& topk_index,
                                 const Tensor& topk_weight, const Tensor& dtopk_weight,
                                 const Tensor& dlogits);
@@ -84,16 +118,18 @@ void check_router_aux_backward_args(const char* op, const Tensor& probs, const T
 
 // The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
 // backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
-void router_forward_cuda(const Tensor& logits, int k, bool renormalize, const Tensor& probs,
-                         const Tensor& topk_index, const Tensor& topk_weight, Stream& stream);
+void router_forward_cuda(const Tensor& logits, int k, RouterScore score, bool renormalize,
+                         const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
+                         Stream& stream);
 void router_backward_cuda(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
                           const Tensor& dtopk_weight, bool renormalized, const Tensor& dlogits,
                           Stream& stream);
 void router_aux_backward_cuda(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,
                               Stream& stream);
-inline void router_forward(const Tensor& logits, int k, bool renormalize, const Tensor& probs,
-                           const Tensor& topk_index, const Tensor& topk_weight, Stream& stream) {
-  MOEPEAK_OP_ON_BACKEND(router_forward, probs, logits, k, renormalize, probs, topk_index,
+inline void router_forward(const Tensor& logits, int k, RouterScore score, bool renormalize,
+                           const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
+                           Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(router_forward, probs, logits, k, score, renormalize, probs, topk_index,
                         topk_weight, stream);
 }
 inline void router_backward(const Tensor& probs, const Tensor& topk_index,

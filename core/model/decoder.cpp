@@ -322,8 +322,8 @@ OwnedTensor DecoderModel::moe_forward(int layer, const Group& w, LayerActivation
   {
     OwnedTensor router_logits = device(Shape{N, E}, LiveSet::workspace, "router logits");
     ops::linear_forward(a.n2, w.value(L.router), router_logits, false, stream_);
-    ops::router_forward(router_logits, static_cast<int>(k), mlp.router.renormalize, a.probs,
-                        a.topk_index, a.topk_weight, stream_);
+    ops::router_forward(router_logits, static_cast<int>(k), mlp.router.score,
+                        mlp.router.renormalize, a.probs, a.topk_index, a.topk_weight, stream_);
   }
   if (schedules_.routing == Routing::worst_case) {
     // The plan's worst case (schedules.routing): token n's j-th expert is expert j, so every

@@ -23,6 +23,7 @@
 
 #include "core/config/config.h"
 #include "ops/rope_scaling.h"
+#include "ops/router.h"
 
 namespace moepeak {
 
@@ -40,11 +41,10 @@ struct AttentionSpec {
 
 enum class MlpKind { dense, moe };
 
-// How router logits become the top-k experts and their weights.
-enum class RouterScore {
-  softmax_then_topk,  // softmax over all experts in fp32, top-k of the probabilities
-  topk_then_softmax,  // top-k of the logits, softmax over the k (gpt-oss)
-};
+// How router logits become the top-k experts and their weights: the op's enum (ops/router.h),
+// softmax_then_topk (softmax over all experts in fp32, top-k of the probabilities) or
+// topk_then_softmax (top-k of the logits, softmax over the k: gpt-oss).
+using ops::RouterScore;
 
 struct RouterSpec {
   RouterScore score = RouterScore::softmax_then_topk;

@@ -1,4 +1,5 @@
-// CPU RMSNorm, forward and backward: one pass per row, statistics in double (see ops/rmsnorm.h).
+// CPU RMSNorm, forward and backward: one pass per row, statistics in double (see ops/rmsnorm.h);
+// the forward multiplies by the weight in either NormWeightOrder.
 // f32 | bf16 | f64 storage (ops/cpu/cpu_storage.h): elements are loaded into the compute type
 // (fp32 for bf16) and every output element is stored (rounded) once; with bf16 storage dw may
 // also be f32 (the fp32 main gradient, accumulated without a bf16 rounding).
@@ -44,9 +45,10 @@ void check_rmsnorm_backward_args(const char* op, const Tensor& x, const Tensor& 
 }
 
 void rmsnorm_forward_cpu(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
-                         const Tensor& rstd, Stream& stream) {
+                         const Tensor& rstd, Stream& stream, NormWeightOrder order) {
   const char* op = "rmsnorm_forward_cpu";
   check_rmsnorm_forward_args(op, x, w, eps, y, rstd);
+  const bool after_cast = order == NormWeightOrder::weight_after_cast;
   int64_t rows = x.size(0), hidden = x.size(1);
   dispatch_storage(x.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
@@ -68,7 +70,14 @@ void rmsnorm_forward_cpu(const Tensor& x, const Tensor& w, double eps, const Ten
         C r = static_cast<C>(1.0 / std::sqrt(mean_sq + eps));
         store(rp + n, r);
         T* yr = yp + n * hidden;
-        for (int64_t h = 0; h < hidden; ++h) store(yr + h, (load(xr[h]) * r) * load(wp[h]));
+        if (after_cast) {
+          // x_hat rounded to the storage dtype (a no-op for f32 and f64), then times w.
+          for (int64_t h = 0; h < hidden; ++h) {
+            store(yr + h, round_to_storage<T>(load(xr[h]) * r) * load(wp[h]));
+          }
+        } else {
+          for (int64_t h = 0; h < hidden; ++h) store(yr + h, (load(xr[h]) * r) * load(wp[h]));
+        }
       }
     });
   });

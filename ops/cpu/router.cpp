@@ -1,5 +1,6 @@
 // CPU router: per token, a max-subtracted softmax over E experts, top-k by repeated arg-max
-// (strict '>' so the lower index wins ties), and renormalisation when asked; the backward is the
+// (strict '>' so the lower index wins ties), and renormalisation when asked; or (gpt-oss's
+// topk_then_softmax) the top k of the logits and a softmax over those k. The backward is the
 // gradient of the softmax over the selected logits (renormalised) or of the full softmax (not),
 // see ops/router.h. f32 | bf16 | f64 storage
 // (ops/cpu/cpu_storage.h): the exponentials in the compute type (fp32 for bf16), kept in a row
@@ -16,8 +17,14 @@
 
 namespace moepeak::ops {
 
-void check_router_forward_args(const char* op, const Tensor& logits, int k, const Tensor& probs,
-                               const Tensor& topk_index, const Tensor& topk_weight) {
+void check_router_forward_args(const char* op, const Tensor& logits, int k, RouterScore score,
+                               bool renormalize, const Tensor& probs, const Tensor& topk_index,
+                               const Tensor& topk_weight) {
+  MOEPEAK_CHECK(score == RouterScore::softmax_then_topk || score == RouterScore::topk_then_softmax,
+                op, ": unknown RouterScore ", static_cast<int>(score));
+  MOEPEAK_CHECK(score != RouterScore::topk_then_softmax || renormalize, op,
+                ": topk_then_softmax needs renormalize = true (its weights are a softmax over the "
+                "chosen logits)");
   MOEPEAK_CHECK(logits.ndim() == 2, op, ": logits must be (N, E), got ", logits.str());
   int64_t tokens = logits.size(0), experts = logits.size(1);
   MOEPEAK_CHECK(k >= 1 && k <= experts, op, ": k must be in [1, E = ", experts, "], got ", k);
@@ -47,11 +54,54 @@ void check_router_aux_backward_args(const char* op, const Tensor& probs, const T
   dlogits.expect(probs.shape(), probs.dtype(), std::string(op) + ": dlogits");
 }
 
-void router_forward_cpu(const Tensor& logits, int k, bool renormalize, const Tensor& probs,
-                        const Tensor& topk_index, const Tensor& topk_weight, Stream& stream) {
+namespace {
+
+// topk_then_softmax's row (ops/router.h), with the row's softmax over all E already in `ex` (the
+// exponentials in C) and `sum` (their sum in double): the top k of the logits l by repeated
+// arg-max (NaN after every number, equal logits to the lower index), the softmax over those k,
+// then probs. Every read of l comes before the first write of p, so p may be l.
+template <typename T>
+void topk_then_softmax_row(const T* l, const compute_t<T>* ex, double sum, int64_t experts, int k,
+                           char* chosen, T* p, int32_t* idx, T* w) {
+  using C = compute_t<T>;
+  std::fill(chosen, chosen + experts, 0);
+  for (int j = 0; j < k; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < experts; ++e) {
+      if (chosen[e]) continue;
+      const C v = load(l[e]);
+      if (best < 0) {
+        best = e;
+        continue;
+      }
+      const C b = load(l[best]);
+      if (std::isnan(b) ? !std::isnan(v) : v > b) best = e;
+    }
+    chosen[best] = 1;
+    idx[j] = static_cast<int32_t>(best);
+  }
+  // exp(l_j - l_max) with l_max the first pick's logit, summed in slot order in double; the
+  // weights wait in fp32 (compute type) until the sum is known, so each is rounded once.
+  const C top = load(l[idx[0]]);
+  double chosen_sum = 0;
+  for (int j = 0; j < k; ++j) chosen_sum += std::exp(load(l[idx[j]]) - top);
+  for (int j = 0; j < k; ++j) {
+    const C e = std::exp(load(l[idx[j]]) - top);
+    store(w + j, static_cast<C>(e / chosen_sum));
+  }
+  // Rounded to the compute type, then (bf16) to the storage type, as CUDA's store does.
+  for (int64_t e = 0; e < experts; ++e) store(p + e, static_cast<C>(ex[e] / sum));
+}
+
+}  // namespace
+
+void router_forward_cpu(const Tensor& logits, int k, RouterScore score, bool renormalize,
+                        const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
+                        Stream& stream) {
   const char* op = "router_forward_cpu";
-  check_router_forward_args(op, logits, k, probs, topk_index, topk_weight);
+  check_router_forward_args(op, logits, k, score, renormalize, probs, topk_index, topk_weight);
   int64_t tokens = logits.size(0), experts = logits.size(1);
+  const bool topk_first = score == RouterScore::topk_then_softmax;
   dispatch_storage(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* lp = logits.data_as<T>();            // (N, E)
@@ -76,13 +126,17 @@ void router_forward_cpu(const Tensor& logits, int k, bool renormalize, const Ten
           ex[e] = std::exp(load(l[e]) - row_max);
           sum += ex[e];
         }
+        int32_t* idx = ip + n * k;
+        T* w = wp + n * k;
+        if (topk_first) {
+          topk_then_softmax_row(l, ex.data(), sum, experts, k, chosen.data(), p, idx, w);
+          continue;
+        }
         // Rounded to the compute type, then (bf16) to the storage type, as CUDA's store does.
         for (int64_t e = 0; e < experts; ++e) store(p + e, static_cast<C>(ex[e] / sum));
 
         // The selection and renormalisation read the stored (rounded) probs.
         std::fill(chosen.begin(), chosen.end(), 0);
-        int32_t* idx = ip + n * k;
-        T* w = wp + n * k;
         double chosen_sum = 0;
         for (int j = 0; j < k; ++j) {
           int64_t best = -1;

@@ -1,7 +1,8 @@
-// CUDA RMSNorm, forward and backward (see ops/rmsnorm.h): a block per row for y, rstd and dx with
-// double block reductions (the CPU's double statistics), and a column-sum kernel for dw that owns
-// each column in one block and adds to dw[h] once, so dw needs no atomics and is reproducible; an
-// f32 dw of bf16 x (the fp32 main gradient) is added to in fp32 with no bf16 rounding.
+// CUDA RMSNorm, forward and backward (see ops/rmsnorm.h): a block per row for y (in either
+// NormWeightOrder), rstd and dx with double block reductions (the CPU's double statistics), and a
+// column-sum kernel for dw that owns each column in one block and adds to dw[h] once, so dw needs
+// no atomics and is reproducible; an f32 dw of bf16 x (the fp32 main gradient) is added to in
+// fp32 with no bf16 rounding.
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_rmsnorm.cpp).
 #include <algorithm>
 #include <type_traits>
@@ -18,11 +19,22 @@ using cuda::row_blocks;
 using cuda::row_threads;
 using cuda::store_from;
 
+// The value v takes when stored in T and read back: a bf16 rounding; identity otherwise.
+template <typename T, typename C>
+__device__ __forceinline__ C round_to_storage(C v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+  } else {
+    return v;
+  }
+}
+
 // One block per row (grid-stride over rows): sum of squares in double, rstd = 1 / sqrt(mean +
-// eps) in double, rounded to the compute type (fp32 for f32 and bf16), y = (x * rstd) * w.
+// eps) in double, rounded to the compute type (fp32 for f32 and bf16), y = (x * rstd) * w, or
+// with after_cast (NormWeightOrder::weight_after_cast) y = round_to_storage(x * rstd) * w.
 template <typename T>
 __global__ void rmsnorm_forward_kernel(const T* x, const T* w, double eps, T* y, T* rstd,
-                                       int64_t rows, int64_t hidden) {
+                                       int64_t rows, int64_t hidden, bool after_cast) {
   using C = compute_t<T>;
   __shared__ double scratch[32];
   for (int64_t n = blockIdx.x; n < rows; n += gridDim.x) {
@@ -37,8 +49,14 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* w, double eps, T* y,
     C r = static_cast<C>(1.0 / sqrt(mean_sq + eps));
     if (threadIdx.x == 0) store_from(rstd, n, r);
     T* yr = y + n * hidden;
-    for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-      store_from(yr, h, (load_as<C>(xr, h) * r) * load_as<C>(w, h));
+    if (after_cast) {
+      for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+        store_from(yr, h, round_to_storage<T>(load_as<C>(xr, h) * r) * load_as<C>(w, h));
+      }
+    } else {
+      for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+        store_from(yr, h, (load_as<C>(xr, h) * r) * load_as<C>(w, h));
+      }
     }
   }
 }
@@ -105,7 +123,7 @@ __global__ void __launch_bounds__(kDwCols* kDwLanes)
 }  // namespace
 
 void rmsnorm_forward_cuda(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
-                          const Tensor& rstd, Stream& stream) {
+                          const Tensor& rstd, Stream& stream, NormWeightOrder order) {
   const char* op = "rmsnorm_forward_cuda";
   check_rmsnorm_forward_args(op, x, w, eps, y, rstd);
   const int64_t rows = x.size(0), hidden = x.size(1);
@@ -114,7 +132,8 @@ void rmsnorm_forward_cuda(const Tensor& x, const Tensor& w, double eps, const Te
     if (rows == 0) return;  // hidden == 0 still writes rstd = 1 / sqrt(eps), as the CPU does
     rmsnorm_forward_kernel<T><<<row_blocks(rows), row_threads(hidden), 0, cuda::native(stream)>>>(
         static_cast<const T*>(x.data()), static_cast<const T*>(w.data()), eps,
-        static_cast<T*>(y.data()), static_cast<T*>(rstd.data()), rows, hidden);
+        static_cast<T*>(y.data()), static_cast<T*>(rstd.data()), rows, hidden,
+        order == NormWeightOrder::weight_after_cast);
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

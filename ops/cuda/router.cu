@@ -1,8 +1,9 @@
 // CUDA router (see ops/router.h): one warp per token. The forward takes the row max, sums the
 // exponentials in double, writes probs rounded to the storage dtype, then selects the top k by
 // repeated arg-max over the rounded probs with ties to the lower expert index (ops/cpu/router.cpp's
-// rule), and renormalises in double when asked. The backwards are warp-per-row too, row sums in
-// double.
+// rule), and renormalises in double when asked. topk_then_softmax (gpt-oss) has its own
+// forward kernel: the same arg-max over the logits, a softmax over the k chosen, then probs. The
+// backwards are warp-per-row too, row sums in double.
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_router.cpp).
 #include <cmath>
 
@@ -30,6 +31,30 @@ __device__ __forceinline__ bool ranks_before(C a_v, int a_i, C b_v, int b_i) {
   if (a_nan != b_nan) return b_nan;
   if (!a_nan && a_v != b_v) return a_v > b_v;
   return a_i < b_i;
+}
+
+// The next pick of a warp's repeated arg-max over v[0, E): the first expert in selection order
+// after (prev_v, prev_i) (prev_i < 0: the first overall), into best_v and best_i on every lane.
+// Each lane scans experts lane, lane + 32, ..., then the warp reduces.
+template <typename T, typename C>
+__device__ __forceinline__ void warp_next_pick(const T* v, int experts, int lane, C prev_v,
+                                               int prev_i, C& best_v, int& best_i) {
+  for (int e = lane; e < experts; e += 32) {
+    C x = load_as<C>(v, e);
+    if (prev_i >= 0 && !ranks_before(prev_v, prev_i, x, e)) continue;  // already chosen
+    if (best_i < 0 || ranks_before(x, e, best_v, best_i)) {
+      best_v = x;
+      best_i = e;
+    }
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    C other_v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+    int other_i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+    if (other_i >= 0 && (best_i < 0 || ranks_before(other_v, other_i, best_v, best_i))) {
+      best_v = other_v;
+      best_i = other_i;
+    }
+  }
 }
 
 template <typename T>
@@ -67,22 +92,7 @@ __global__ void router_forward_kernel(const T* logits, T* probs, int32_t* topk_i
     for (int j = 0; j < k; ++j) {
       C best_v = 0;
       int best_i = -1;
-      for (int e = lane; e < experts; e += 32) {
-        C v = load_as<C>(p, e);  // the stored (rounded) prob
-        if (prev_i >= 0 && !ranks_before(prev_v, prev_i, v, e)) continue;  // already chosen
-        if (best_i < 0 || ranks_before(v, e, best_v, best_i)) {
-          best_v = v;
-          best_i = e;
-        }
-      }
-      for (int offset = 16; offset > 0; offset >>= 1) {
-        C other_v = __shfl_xor_sync(0xffffffffu, best_v, offset);
-        int other_i = __shfl_xor_sync(0xffffffffu, best_i, offset);
-        if (other_i >= 0 && (best_i < 0 || ranks_before(other_v, other_i, best_v, best_i))) {
-          best_v = other_v;
-          best_i = other_i;
-        }
-      }
+      warp_next_pick(p, experts, lane, prev_v, prev_i, best_v, best_i);  // the stored probs
       // Every lane holds the same pick (k <= E, so there always is one). Slot j belongs to lane
       // j % 32, which parks the chosen prob in w[j] (exact: it is a stored value) until the sum
       // of all k is known; without renormalisation that is the weight.
@@ -98,6 +108,59 @@ __global__ void router_forward_kernel(const T* logits, T* probs, int32_t* topk_i
       for (int j = lane; j < k; j += 32) {
         store_from(w, j, load_as<double>(w, j) / chosen_sum);
       }
+    }
+  }
+}
+
+// topk_then_softmax (gpt-oss): the row's softmax sum as above, the top k of the LOGITS by the
+// same arg-max, the weights exp(l_j - l_top) / (their sum in double, added in slot order on every
+// lane), and then probs. Every lane has read all the logits it needs (the picks and its slots'
+// chosen logits) before the __syncwarp, and writes only its own experts' probs after it, so
+// probs may be logits itself.
+template <typename T>
+__global__ void router_topk_then_softmax_kernel(const T* logits, T* probs, int32_t* topk_index,
+                                                T* topk_weight, int64_t tokens, int experts,
+                                                int k) {
+  using C = compute_t<T>;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+       n < tokens; n += warps) {
+    const T* l = logits + n * experts;
+    T* p = probs + n * experts;
+    C row_max = -INFINITY;
+    for (int e = lane; e < experts; e += 32) row_max = fmax(row_max, load_as<C>(l, e));
+    row_max = cuda::warp_max(row_max);
+    double sum = 0;
+    for (int e = lane; e < experts; e += 32) {
+      sum += static_cast<double>(exp(load_as<C>(l, e) - row_max));
+    }
+    sum = cuda::warp_sum(sum);
+
+    int32_t* idx = topk_index + n * k;
+    T* w = topk_weight + n * k;
+    C prev_v = 0, top = 0;
+    int prev_i = -1;
+    double chosen_sum = 0;
+    for (int j = 0; j < k; ++j) {
+      C best_v = 0;
+      int best_i = -1;
+      warp_next_pick(l, experts, lane, prev_v, prev_i, best_v, best_i);  // the stored logits
+      if (lane == (j & 31)) idx[j] = best_i;  // slot j belongs to lane j % 32
+      if (j == 0) top = best_v;
+      chosen_sum += static_cast<double>(exp(best_v - top));
+      prev_v = best_v;
+      prev_i = best_i;
+    }
+    // Each lane's slots j = lane + 32 i, whose idx[j] it wrote itself.
+    for (int j = lane; j < k; j += 32) {
+      const C e = exp(load_as<C>(l, idx[j]) - top);
+      store_from(w, j, static_cast<double>(e) / chosen_sum);
+    }
+    __syncwarp();
+    for (int e = lane; e < experts; e += 32) {
+      C ex = exp(load_as<C>(l, e) - row_max);
+      store_from(p, e, static_cast<double>(ex) / sum);
     }
   }
 }
@@ -192,19 +255,28 @@ __global__ void router_aux_backward_kernel(const T* probs, const T* dprobs, T* d
 
 }  // namespace
 
-void router_forward_cuda(const Tensor& logits, int k, bool renormalize, const Tensor& probs,
-                         const Tensor& topk_index, const Tensor& topk_weight, Stream& stream) {
+void router_forward_cuda(const Tensor& logits, int k, RouterScore score, bool renormalize,
+                         const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
+                         Stream& stream) {
   const char* op = "router_forward_cuda";
-  check_router_forward_args(op, logits, k, probs, topk_index, topk_weight);
+  check_router_forward_args(op, logits, k, score, renormalize, probs, topk_index, topk_weight);
   const int64_t tokens = logits.size(0), experts = logits.size(1);
   MOEPEAK_CHECK(experts <= INT32_MAX, op, ": E = ", experts, " does not fit an i32 expert index");
   if (tokens == 0) return;
   cuda::dispatch_storage(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    router_forward_kernel<T><<<grid_for_rows(tokens), cuda::kThreads, 0, cuda::native(stream)>>>(
-        static_cast<const T*>(logits.data()), static_cast<T*>(probs.data()),
-        static_cast<int32_t*>(topk_index.data()), static_cast<T*>(topk_weight.data()), tokens,
-        static_cast<int>(experts), k, renormalize);
+    if (score == RouterScore::topk_then_softmax) {
+      router_topk_then_softmax_kernel<T>
+          <<<grid_for_rows(tokens), cuda::kThreads, 0, cuda::native(stream)>>>(
+              static_cast<const T*>(logits.data()), static_cast<T*>(probs.data()),
+              static_cast<int32_t*>(topk_index.data()), static_cast<T*>(topk_weight.data()), tokens,
+              static_cast<int>(experts), k);
+    } else {
+      router_forward_kernel<T><<<grid_for_rows(tokens), cuda::kThreads, 0, cuda::native(stream)>>>(
+          static_cast<const T*>(logits.data()), static_cast<T*>(probs.data()),
+          static_cast<int32_t*>(topk_index.data()), static_cast<T*>(topk_weight.data()), tokens,
+          static_cast<int>(experts), k, renormalize);
+    }
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

@@ -52,6 +52,7 @@ using testing::rounded_to_bf16;
 
 constexpr int64_t kTokens = 5, kExperts = 6;
 constexpr int kTopK = 2;
+constexpr auto kSoftmaxFirst = ops::RouterScore::softmax_then_topk;  // gpt-oss's: test_gpt_oss_ops
 
 struct RouterForward {
   std::vector<double> probs, index, weight;
@@ -73,7 +74,7 @@ RouterForward run_router_forward(OpEnv& env, DType dtype, const std::vector<doub
   auto probs = env.output({tokens, experts}, dtype);
   auto index = env.output({tokens, k}, DType::i32);
   auto weight = env.output({tokens, k}, dtype);
-  ops::router_forward_cpu(lt, k, renormalize, probs, index, weight, env.stream());
+  ops::router_forward_cpu(lt, k, kSoftmaxFirst, renormalize, probs, index, weight, env.stream());
   return {read_any(env, probs), env.read(index), read_any(env, weight)};
 }
 
@@ -85,7 +86,8 @@ std::vector<double> run_router_backward(OpEnv& env, DType dtype, const std::vect
   auto probs = env.output({kTokens, kExperts}, dtype);
   auto index = env.output({kTokens, kTopK}, DType::i32);
   auto weight = env.output({kTokens, kTopK}, dtype);
-  ops::router_forward_cpu(lt, kTopK, renormalize, probs, index, weight, env.stream());
+  ops::router_forward_cpu(lt, kTopK, kSoftmaxFirst, renormalize, probs, index, weight,
+                          env.stream());
   auto dw = make_input(env, {kTokens, kTopK}, dtype, dweight);
   auto dlogits = env.output({kTokens, kExperts}, dtype);
   ops::router_backward_cpu(probs, index, weight, dw, renormalize, dlogits, env.stream());
@@ -210,10 +212,13 @@ TEST(Router, RejectsBadArguments) {
   auto weight = env.output({kTokens, kTopK}, DType::f64);
   auto weight_bad = env.output({kTokens, kTopK + 1}, DType::f64);
   Stream& s = env.stream();
-  EXPECT_THROW(ops::router_forward_cpu(logits, 0, true, probs, index, weight, s), Error);
-  EXPECT_THROW(ops::router_forward_cpu(logits, kExperts + 1, true, probs, index, weight, s), Error);
-  EXPECT_THROW(ops::router_forward_cpu(logits, kTopK, true, probs, index_i64, weight, s), Error);
-  EXPECT_THROW(ops::router_forward_cpu(logits, kTopK, true, probs, index, weight_bad, s), Error);
+  auto forward = [&](int k, const Tensor& idx, const Tensor& w) {
+    ops::router_forward_cpu(logits, k, kSoftmaxFirst, true, probs, idx, w, s);
+  };
+  EXPECT_THROW(forward(0, index, weight), Error);
+  EXPECT_THROW(forward(kExperts + 1, index, weight), Error);
+  EXPECT_THROW(forward(kTopK, index_i64, weight), Error);
+  EXPECT_THROW(forward(kTopK, index, weight_bad), Error);
   EXPECT_THROW(ops::router_backward_cpu(probs, index, weight_bad, weight, true, probs, s), Error);
   EXPECT_THROW(ops::router_backward_cpu(probs, index, weight, weight, true, weight, s), Error);
   s.synchronize();
@@ -660,7 +665,7 @@ TEST(Bf16Storage, RouterRoundsProbsOnceAndSelectsOnTheRoundedProbs) {
     auto dpt = make_input(env, {kE}, dt, dprobs), pt = make_input(env, {kN, kE}, dt, probs_in);
     r.push_back(env.output({kN, kE}, dt));
     auto index = env.output({kN, kK}, DType::i32), w = env.output({kN, kK}, dt);
-    ops::router_forward_cpu(lt, kK, true, r[0], index, w, env.stream());
+    ops::router_forward_cpu(lt, kK, kSoftmaxFirst, true, r[0], index, w, env.stream());
     r.push_back(env.output({kN, kE}, dt));
     ops::router_backward_cpu(r[0], ci, wt, dwt, true, r[1], env.stream());
     r.push_back(make_input(env, {kN, kE}, dt, dl0));
@@ -673,7 +678,7 @@ TEST(Bf16Storage, RouterRoundsProbsOnceAndSelectsOnTheRoundedProbs) {
   auto probs = env.output({kN, kE}, DType::bf16), w = env.output({kN, kK}, DType::bf16);
   auto index = env.output({kN, kK}, DType::i32);
   auto lt = make_input(env, {kN, kE}, DType::bf16, logits);
-  ops::router_forward_cpu(lt, kK, true, probs, index, w, env.stream());
+  ops::router_forward_cpu(lt, kK, kSoftmaxFirst, true, probs, index, w, env.stream());
   env.stream().synchronize();
   std::vector<double> p(kN * kE);
   for (int64_t e = 0; e < kN * kE; ++e) p[e] = static_cast<float>(probs.data_as<bf16>()[e]);
@@ -719,7 +724,7 @@ TEST(Bf16Storage, UnnormalisedRouterIsTheF32ResultRoundedOnce) {
     auto wt = make_input(env, {kN, kK}, dt, weight), dwt = make_input(env, {kN, kK}, dt, dweight);
     r.push_back(env.output({kN, kE}, dt));
     r.push_back(env.output({kN, kK}, dt));
-    ops::router_forward_cpu(lt, kK, false, r[0], i, r[1], env.stream());
+    ops::router_forward_cpu(lt, kK, kSoftmaxFirst, false, r[0], i, r[1], env.stream());
     r.push_back(env.output({kN, kE}, dt));
     ops::router_backward_cpu(pt, ci, wt, dwt, false, r[2], env.stream());
     index.push_back(env.read(i));

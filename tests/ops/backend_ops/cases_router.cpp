@@ -14,7 +14,10 @@
 // Every forward and backward case of the shape list, and the skip rule, runs both with
 // renormalisation (Mixtral; the names without a suffix) and without (Qwen3-MoE without
 // norm_topk_prob; " renormalize=false"). Without it the backward reads probs, which are then
-// drawn in [0, 1) like a softmax's.
+// drawn in [0, 1) like a softmax's. gpt-oss's topk_then_softmax ("router_topk_then_softmax")
+// runs the forward over the same shapes and tie rows (the same distinct logits: its selection
+// reads them directly), in place (probs over the logits), and once followed by the renormalized
+// backward on its outputs (its backward, ops/router.h).
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -139,7 +142,8 @@ MOEPEAK_BACKEND_OPS_CASES(router) {
                  {in("logits", {n, e}, Kind::floating, distinct_logits(e)), out("probs", {n, e}),
                   out("topk_index", {n, k}, Kind::i32), out("topk_weight", {n, k})},
                  [ki, renorm](const std::vector<Tensor>& t, Stream& s) {
-                   ops::router_forward(t[0], ki, renorm, t[1], t[2], t[3], s);
+                   ops::router_forward(t[0], ki, ops::RouterScore::softmax_then_topk, renorm, t[1],
+                                       t[2], t[3], s);
                  }});
       cases.push_back(OpCase{
           "router_backward" + shape + suffix,
@@ -168,7 +172,8 @@ MOEPEAK_BACKEND_OPS_CASES(router) {
         {in("logits", {n, e}, Kind::floating, distinct_logits(e, /*pairs=*/true)),
          out("probs", {n, e}), out("topk_index", {n, k}, Kind::i32), out("topk_weight", {n, k})},
         [ki](const std::vector<Tensor>& t, Stream& s) {
-          ops::router_forward(t[0], ki, true, t[1], t[2], t[3], s);
+          ops::router_forward(t[0], ki, ops::RouterScore::softmax_then_topk, true, t[1], t[2], t[3],
+                              s);
         }});
   }
   // One row of equal logits: probs 1/E exactly, experts 0..k-1 in order.
@@ -177,8 +182,53 @@ MOEPEAK_BACKEND_OPS_CASES(router) {
       {in("logits", {1, 6}, Kind::floating, values({0.5, 0.5, 0.5, 0.5, 0.5, 0.5})),
        out("probs", {1, 6}), out("topk_index", {1, 4}, Kind::i32), out("topk_weight", {1, 4})},
       [](const std::vector<Tensor>& t, Stream& s) {
-        ops::router_forward(t[0], 4, true, t[1], t[2], t[3], s);
+        ops::router_forward(t[0], 4, ops::RouterScore::softmax_then_topk, true, t[1], t[2], t[3],
+                            s);
       }});
+
+  // gpt-oss: top-k of the logits, then a softmax over those k.
+  for (auto [n, e, k] : shapes) {
+    const int ki = static_cast<int>(k);
+    cases.push_back(
+        OpCase{"router_topk_then_softmax N=" + std::to_string(n) + " E=" + std::to_string(e) +
+                   " k=" + std::to_string(k),
+               {in("logits", {n, e}, Kind::floating, distinct_logits(e)), out("probs", {n, e}),
+                out("topk_index", {n, k}, Kind::i32), out("topk_weight", {n, k})},
+               [ki](const std::vector<Tensor>& t, Stream& s) {
+                 ops::router_forward(t[0], ki, ops::RouterScore::topk_then_softmax, true, t[1],
+                                     t[2], t[3], s);
+               }});
+  }
+  for (auto [n, e, k] : std::vector<RouterShape>{{16, 8, 8}, {7, 64, 9}}) {
+    const int ki = static_cast<int>(k);
+    const std::string shape =
+        " N=" + std::to_string(n) + " E=" + std::to_string(e) + " k=" + std::to_string(k);
+    cases.push_back(OpCase{
+        "router_topk_then_softmax ties" + shape,
+        {in("logits", {n, e}, Kind::floating, distinct_logits(e, /*pairs=*/true)),
+         out("probs", {n, e}), out("topk_index", {n, k}, Kind::i32), out("topk_weight", {n, k})},
+        [ki](const std::vector<Tensor>& t, Stream& s) {
+          ops::router_forward(t[0], ki, ops::RouterScore::topk_then_softmax, true, t[1], t[2], t[3],
+                              s);
+        }});
+    cases.push_back(OpCase{"router_topk_then_softmax in place" + shape,
+                           {inout("logits_probs", {n, e}, Kind::floating, distinct_logits(e)),
+                            out("topk_index", {n, k}, Kind::i32), out("topk_weight", {n, k})},
+                           [ki](const std::vector<Tensor>& t, Stream& s) {
+                             ops::router_forward(t[0], ki, ops::RouterScore::topk_then_softmax,
+                                                 true, t[0], t[1], t[2], s);
+                           }});
+  }
+  cases.push_back(
+      OpCase{"router_topk_then_softmax_then_backward N=37 E=32 k=4",
+             {in("logits", {37, 32}, Kind::floating, distinct_logits(32)), out("probs", {37, 32}),
+              out("topk_index", {37, 4}, Kind::i32), out("topk_weight", {37, 4}),
+              in("dtopk_weight", {37, 4}), out("dlogits", {37, 32})},
+             [](const std::vector<Tensor>& t, Stream& s) {
+               ops::router_forward(t[0], 4, ops::RouterScore::topk_then_softmax, true, t[1], t[2],
+                                   t[3], s);
+               ops::router_backward(t[1], t[2], t[3], t[4], /*renormalized=*/true, t[5], s);
+             }});
 
   // Bad slots: CUDA skips them (ops/router.h); the CPU reference applies the same rule on the
   // host, since router_backward_cpu throws on them.
