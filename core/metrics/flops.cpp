@@ -16,11 +16,24 @@ namespace moepeak {
 
 double step_flops(const ModelConfig& model, int64_t batch, int64_t seq_len) {
   const double N = static_cast<double>(batch * seq_len);
-  const double active = static_cast<double>(ParamLayout(model).active_matmul_parameters());
-  const double attention =
-      6.0 * static_cast<double>(batch) * static_cast<double>(model.num_hidden_layers) *
-      static_cast<double>(model.num_attention_heads) * static_cast<double>(seq_len) *
-      static_cast<double>(seq_len) * static_cast<double>(model.head_dim_resolved());
+  const ParamLayout& layout = cached_param_layout(model);
+  const double active = static_cast<double>(layout.active_matmul_parameters());
+  const double T = static_cast<double>(seq_len);
+  const double causal_pairs = T * (T + 1) / 2;
+  double layers = 0;  // sum over layers of the share of causal pairs each scores
+  for (const LayerSpec& l : layout.spec().layers) {
+    const int64_t W = l.attention.window;
+    if (W == 0 || W >= seq_len) {
+      layers += 1.0;
+    } else {
+      // sum_t min(t + 1, W) = W (W + 1) / 2 + (T - W) W
+      const double w = static_cast<double>(W);
+      layers += (w * (w + 1) / 2 + (T - w) * w) / causal_pairs;
+    }
+  }
+  const double attention = 6.0 * static_cast<double>(batch) * layers *
+                           static_cast<double>(model.num_attention_heads) * T * T *
+                           static_cast<double>(model.head_dim_resolved());
   return 6.0 * N * active + attention;
 }
 

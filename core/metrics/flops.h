@@ -4,8 +4,11 @@
 // as MFU is conventionally defined):
 //   matmuls:   6 * N * P_active        P_active = per layer (q, k, v, o, router, top-k experts' w1,
 //                                       w2, w3) + the LM head; the embedding is a lookup
-//   attention: 6 * B * L * nh * T^2 * d    (QK^T and PV, causal half: forward 2*T^2*d per head
-//                                       per sequence, backward twice that)
+//   attention: 6 * B * nh * d * sum over layers of T^2 * f_l   (QK^T and PV, causal half:
+//                                       forward 2*T^2*d per head per sequence, backward twice
+//                                       that), f_l = 1 for a full layer and, for a sliding window
+//                                       W, the share of causal (query, key) pairs it scores:
+//                                       sum_t min(t + 1, W) / (T (T + 1) / 2)
 // docs/perf.md repeats this formula.
 #pragma once
 

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "ops/attention.h"
+#include "ops/bias.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/fill.h"
@@ -77,13 +78,9 @@ DecoderModel::DecoderModel(Backend& backend, Stream& stream, Comm& comm, const M
       zero_traffic_(params_, backend, stream, comm.world_size() > 1 ? zero_prefetch_depth : 0) {
   for (const LayerSpec& l : spec_.layers) {
     // NOTES: the description runs ahead of the decoder while gpt-oss's pieces land one by one.
-    MOEPEAK_CHECK_INPUT(!l.attention.bias && !l.attention.sinks && l.attention.window == 0 &&
-                            !l.mlp.bias && !l.mlp.router.bias &&
-                            l.mlp.router.score == RouterScore::softmax_then_topk &&
-                            l.mlp.activation == ExpertActivation::swiglu,
+    MOEPEAK_CHECK_INPUT(!l.mlp.bias && l.mlp.activation == ExpertActivation::swiglu,
                         "model.model_type = \"", enum_name(model.model_type),
-                        "\": the decoder does not run attention biases, sinks, sliding windows, "
-                        "expert or router biases or the clamped SwiGLU yet");
+                        "\": the decoder does not run expert biases or the clamped SwiGLU yet");
   }
   const auto [first, last] = zero_local_experts(model, layout_.degrees(), layout_.expert().rank());
   groups_ = zero_gather_groups(params_.layout(), params_.lm_head_sharding(), first, last);
@@ -140,9 +137,26 @@ std::vector<schedules::ExpertWeights> DecoderModel::local_experts_of(int layer, 
   return experts;
 }
 
-OwnedTensor DecoderModel::attention_forward(const LayerParamIndex& L, const Group& w,
-                                            const Tensor& x, const TokenBatch& batch,
-                                            LayerActivations& a) {
+void DecoderModel::project(const Tensor& x, const Group& w, int weight, int bias,
+                           const Tensor& y) const {
+  if (bias >= 0) ops::bias_broadcast(w.value(bias), y, stream_);
+  ops::linear_forward(x, w.value(weight), y, /*accumulate=*/bias >= 0, stream_);
+}
+
+ops::AttentionVariant DecoderModel::attention_variant(int layer, const Group& w) const {
+  const LayerParamIndex& L = params_.layout().layers[layer];
+  ops::AttentionVariant variant;
+  variant.window = spec_.layers[layer].attention.window;
+  if (L.sinks >= 0) {
+    const auto [first, last] = ulysses_.q_heads_of(static_cast<int>(ulysses_.rank));
+    variant.sinks = w.value(L.sinks).rows(first, last);
+  }
+  return variant;
+}
+
+OwnedTensor DecoderModel::attention_forward(int layer, const Group& w, const Tensor& x,
+                                            const TokenBatch& batch, LayerActivations& a) {
+  const LayerParamIndex& L = params_.layout().layers[layer];
   const schedules::UlyssesLayout& U = ulysses_;
   // B: the sequences of this rank's sequence group (all B when Sp = W).
   const int64_t N = x.size(0), H = model_.hidden_size, B = U.batch, T = batch.seq_len;
@@ -154,13 +168,14 @@ OwnedTensor DecoderModel::attention_forward(const LayerParamIndex& L, const Grou
   // n1 = norm(x); q, k, v of this rank's tokens; RoPE at their global positions.
   a.n1 = device(Shape{N, H}, LiveSet::attention, "input norm");
   a.rstd1 = device(Shape{N}, LiveSet::attention, "input norm rstd");
-  ops::rmsnorm_forward(x, w.value(L.input_norm), spec_.norm_eps, a.n1, a.rstd1, stream_);
+  ops::rmsnorm_forward(x, w.value(L.input_norm), spec_.norm_eps, a.n1, a.rstd1, stream_,
+                       spec_.norm_order);
   OwnedTensor q = device(Shape{N, nh * d}, LiveSet::attention, "q");
   OwnedTensor k = device(Shape{N, nkv * d}, LiveSet::attention, "k");
   OwnedTensor v = device(Shape{N, nkv * d}, LiveSet::attention, "v");
-  ops::linear_forward(a.n1, w.value(L.q), q, false, stream_);
-  ops::linear_forward(a.n1, w.value(L.k), k, false, stream_);
-  ops::linear_forward(a.n1, w.value(L.v), v, false, stream_);
+  project(a.n1, w, L.q, L.q_bias, q);
+  project(a.n1, w, L.k, L.k_bias, k);
+  project(a.n1, w, L.v, L.v_bias, v);
   if (L.q_norm >= 0) {
     // An RMSNorm over head_dim on every query and key head (rows of d), before RoPE; the
     // projections themselves are kept for its backward.
@@ -171,9 +186,11 @@ OwnedTensor DecoderModel::attention_forward(const LayerParamIndex& L, const Grou
     q = device(Shape{N, nh * d}, LiveSet::attention, "q");
     k = device(Shape{N, nkv * d}, LiveSet::attention, "k");
     ops::rmsnorm_forward(a.q_pre.view().reshape(Shape{N * nh, d}), w.value(L.q_norm),
-                         spec_.norm_eps, q.view().reshape(Shape{N * nh, d}), a.rstd_q, stream_);
+                         spec_.norm_eps, q.view().reshape(Shape{N * nh, d}), a.rstd_q, stream_,
+                         spec_.norm_order);
     ops::rmsnorm_forward(a.k_pre.view().reshape(Shape{N * nkv, d}), w.value(L.k_norm),
-                         spec_.norm_eps, k.view().reshape(Shape{N * nkv, d}), a.rstd_k, stream_);
+                         spec_.norm_eps, k.view().reshape(Shape{N * nkv, d}), a.rstd_k, stream_,
+                         spec_.norm_order);
   }
   ops::rope_forward(q.view().reshape(Shape{N, nh, d}), batch.positions, rope_, stream_);
   ops::rope_forward(k.view().reshape(Shape{N, nkv, d}), batch.positions, rope_, stream_);
@@ -205,8 +222,8 @@ OwnedTensor DecoderModel::attention_forward(const LayerParamIndex& L, const Grou
                               LiveSet::attention, "attention lse");
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   ops::attention_forward(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
-                         a.v.view().reshape(kv_heads), scale, a.out.view().reshape(q_heads), a.lse,
-                         stream_);
+                         a.v.view().reshape(kv_heads), scale, attention_variant(layer, w),
+                         a.out.view().reshape(q_heads), a.lse, stream_);
   Tensor attn = a.out.view().reshape(Shape{N, nh * d});
   if (exchange) {
     a.attn = device(Shape{N, nh * d}, LiveSet::attention, "attention output (token layout)");
@@ -216,14 +233,15 @@ OwnedTensor DecoderModel::attention_forward(const LayerParamIndex& L, const Grou
     attn = a.attn.view();
   }
   OwnedTensor h = device(Shape{N, H}, LiveSet::workspace, "attention residual");
-  ops::linear_forward(attn, w.value(L.o), h, false, stream_);
+  project(attn, w, L.o, L.o_bias, h);
   ops::add(h, x, h, stream_);
   return h;
 }
 
-OwnedTensor DecoderModel::attention_backward(const LayerParamIndex& L, const Group& w,
-                                             const Tensor& dh, const Tensor& x,
-                                             const TokenBatch& batch, LayerActivations& a) {
+OwnedTensor DecoderModel::attention_backward(int layer, const Group& w, const Tensor& dh,
+                                             const Tensor& x, const TokenBatch& batch,
+                                             LayerActivations& a) {
+  const LayerParamIndex& L = params_.layout().layers[layer];
   const schedules::UlyssesLayout& U = ulysses_;
   const int64_t N = x.size(0), H = model_.hidden_size;
   const int64_t nh = model_.num_attention_heads, nkv = model_.num_key_value_heads;
@@ -236,6 +254,7 @@ OwnedTensor DecoderModel::attention_backward(const LayerParamIndex& L, const Gro
   Tensor attn = exchange ? a.attn.view() : a.out.view().reshape(Shape{N, nh * d});
   OwnedTensor dattn = device(Shape{N, nh * d}, LiveSet::workspace, "d attention output");
   ops::linear_backward(attn, w.value(L.o), dh, dattn, false, w.grad(L.o), stream_);
+  if (L.o_bias >= 0) ops::bias_backward(dh, w.grad(L.o_bias), stream_);
   OwnedTensor staging, dout;
   if (exchange) {
     staging = schedules::make_ulysses_staging(backend_, U, dtype_);
@@ -250,9 +269,18 @@ OwnedTensor DecoderModel::attention_backward(const LayerParamIndex& L, const Gro
   OwnedTensor dk = device(kv_heads, LiveSet::workspace, "dk");
   OwnedTensor dv = device(kv_heads, LiveSet::workspace, "dv");
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  // NOTES: a rank adds the sinks' gradient of its own query heads only; the ZeRO-3 reduce-scatter
+  // of the layer's gradients sums the sequence group's ranks, whose heads partition nh.
+  const ops::AttentionVariant variant = attention_variant(layer, w);
+  Tensor dsinks;
+  if (L.sinks >= 0) {
+    const auto [first, last] = U.q_heads_of(static_cast<int>(U.rank));
+    dsinks = w.grad(L.sinks).rows(first, last);
+  }
   ops::attention_backward(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
                           a.v.view().reshape(kv_heads), a.out.view().reshape(q_heads), a.lse,
-                          dout.view().reshape(q_heads), scale, dq, dk, dv, stream_);
+                          dout.view().reshape(q_heads), scale, variant, dq, dk, dv, dsinks,
+                          stream_);
   dout.reset();
   if (exchange) {
     // Back to this rank's tokens; a kv head replicated on several ranks sums their gradients.
@@ -279,6 +307,11 @@ OwnedTensor DecoderModel::attention_backward(const LayerParamIndex& L, const Gro
     ops::rmsnorm_backward(a.k_pre.view().reshape(Shape{N * nkv, d}), w.value(L.k_norm), a.rstd_k,
                           dk_rows, dk_rows, w.grad(L.k_norm), stream_);
   }
+  if (L.q_bias >= 0) {
+    ops::bias_backward(dq.view().reshape(Shape{N, nh * d}), w.grad(L.q_bias), stream_);
+    ops::bias_backward(dk.view().reshape(Shape{N, nkv * d}), w.grad(L.k_bias), stream_);
+    ops::bias_backward(dv.view().reshape(Shape{N, nkv * d}), w.grad(L.v_bias), stream_);
+  }
   OwnedTensor dn1 = device(Shape{N, H}, LiveSet::workspace, "d input norm");
   ops::linear_backward(a.n1, w.value(L.q), dq.view().reshape(Shape{N, nh * d}), dn1, false,
                        w.grad(L.q), stream_);
@@ -299,13 +332,14 @@ OwnedTensor DecoderModel::layer_forward(int layer, const Group& w, const Tensor&
   const int64_t N = x.size(0), H = model_.hidden_size;
 
   enter(attention_phase(recompute));  // the recompute is part of the layer's backward
-  a.h = attention_forward(L, w, x, batch, a);
+  a.h = attention_forward(layer, w, x, batch, a);
   enter(experts_phase(recompute));
 
   // MLP block: n2 = norm(h); y = h + mlp(n2).
   a.n2 = device(Shape{N, H}, LiveSet::workspace, "post-attention norm");
   a.rstd2 = device(Shape{N}, LiveSet::workspace, "post-attention norm rstd");
-  ops::rmsnorm_forward(a.h, w.value(L.post_norm), spec_.norm_eps, a.n2, a.rstd2, stream_);
+  ops::rmsnorm_forward(a.h, w.value(L.post_norm), spec_.norm_eps, a.n2, a.rstd2, stream_,
+                       spec_.norm_order);
   return L.moe() ? moe_forward(layer, w, a, recompute) : dense_mlp_forward(L, w, a, recompute);
 }
 
@@ -321,7 +355,7 @@ OwnedTensor DecoderModel::moe_forward(int layer, const Group& w, LayerActivation
   a.topk_weight = device(Shape{N, k}, LiveSet::workspace, "top-k weights");
   {
     OwnedTensor router_logits = device(Shape{N, E}, LiveSet::workspace, "router logits");
-    ops::linear_forward(a.n2, w.value(L.router), router_logits, false, stream_);
+    project(a.n2, w, L.router, L.router_bias, router_logits);
     ops::router_forward(router_logits, static_cast<int>(k), mlp.router.score,
                         mlp.router.renormalize, a.probs, a.topk_index, a.topk_weight, stream_);
   }
@@ -395,6 +429,7 @@ void DecoderModel::moe_backward(int layer, const Group& w, const Tensor& dy, Lay
                        drouter, stream_);
   if (aux_dprobs_.view().defined())
     ops::router_aux_backward(a.probs, aux_dprobs_, drouter, stream_);
+  if (L.router_bias >= 0) ops::bias_backward(drouter, w.grad(L.router_bias), stream_);
   ops::linear_backward(a.n2, w.value(L.router), drouter, dn2, true, w.grad(L.router), stream_);
 }
 
@@ -437,7 +472,7 @@ OwnedTensor DecoderModel::layer_backward(int layer, const Group& w, const Tensor
   dn2.reset();
   ops::add(dh, dy, dh, stream_);
 
-  OwnedTensor dx = attention_backward(L, w, dh, x, batch, a);
+  OwnedTensor dx = attention_backward(layer, w, dh, x, batch, a);
   a.release();
   return dx;
 }
@@ -517,7 +552,8 @@ double DecoderModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   Group head = zero.acquire();  // with backward: values and grads (zero_pass_uses)
   OwnedTensor xf = device(Shape{N, H}, LiveSet::workspace, "final norm");
   OwnedTensor rstdf = device(Shape{N}, LiveSet::workspace, "final norm rstd");
-  ops::rmsnorm_forward(final_hidden, head.value(P.final_norm), spec_.norm_eps, xf, rstdf, stream_);
+  ops::rmsnorm_forward(final_hidden, head.value(P.final_norm), spec_.norm_eps, xf, rstdf, stream_,
+                       spec_.norm_order);
   // The vocabulary projection and cross-entropy (vocab_): materialised (N, V) logits over the
   // gathered LM head, or Ring-DTP over this rank's vocabulary rows (never gathered; its gradient
   // accumulates on this rank for every rank's batch, so it needs no reduce-scatter).

@@ -69,6 +69,7 @@
 #include "core/model/zero_params.h"
 #include "core/model/zero_traffic.h"
 #include "core/runtime/backend.h"
+#include "ops/attention.h"
 #include "ops/schedules/checkpoint_standard.h"
 #include "ops/schedules/dispatch.h"
 #include "ops/schedules/ulysses.h"
@@ -174,11 +175,16 @@ class DecoderModel {
   OwnedTensor layer_backward(int layer, const Group& w, const Tensor& dy, const Tensor& x,
                              const TokenBatch& batch, LayerActivations& acts);
   // h = x + o_proj(attention(norm(x))), keeping what attention_backward needs.
-  OwnedTensor attention_forward(const LayerParamIndex& L, const Group& w, const Tensor& x,
-                                const TokenBatch& batch, LayerActivations& a);
+  OwnedTensor attention_forward(int layer, const Group& w, const Tensor& x, const TokenBatch& batch,
+                                LayerActivations& a);
   // dx = d layer input from dh (the residual's gradient), param grads += into the group.
-  OwnedTensor attention_backward(const LayerParamIndex& L, const Group& w, const Tensor& dh,
-                                 const Tensor& x, const TokenBatch& batch, LayerActivations& a);
+  OwnedTensor attention_backward(int layer, const Group& w, const Tensor& dh, const Tensor& x,
+                                 const TokenBatch& batch, LayerActivations& a);
+  // The layer's window and this rank's slice of its sinks (the query heads it attends over).
+  ops::AttentionVariant attention_variant(int layer, const Group& w) const;
+  // y = x W^T (+ b when bias >= 0), written; the bias is broadcast into y first and the GEMM
+  // accumulates onto it, so a bf16 y is rounded once (ops/bias.h).
+  void project(const Tensor& x, const Group& w, int weight, int bias, const Tensor& y) const;
   double run(const TokenBatch& batch, int64_t loss_tokens, bool with_backward,
              bool with_aux_loss = true);
   // This rank's experts of `layer` from its gathered group (with their gradients for backward).

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "ops/rmsnorm.h"
 #include "ops/rope_scaling.h"
 #include "ops/router.h"
 
@@ -94,6 +95,9 @@ struct DecoderSpec {
   ModelType family = ModelType::mixtral;
   int64_t vocab = 0, hidden = 0;
   double norm_eps = 1e-5;
+  // Where every RMSNorm multiplies its weight: after rounding the normalised row to the working
+  // dtype (Llama's order: Mixtral, Qwen3-MoE) or before, in fp32 (gpt-oss). Equal in f32 and f64.
+  ops::NormWeightOrder norm_order = ops::NormWeightOrder::weight_after_cast;
   std::vector<LayerSpec> layers;
   RopeSpec rope;
   bool tied_embeddings = false;

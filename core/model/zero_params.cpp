@@ -141,12 +141,16 @@ std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout, LmHe
   groups.push_back({layout.embed});
   for (const LayerParamIndex& L : layout.layers) {
     std::vector<int> g{L.input_norm, L.q, L.k, L.v, L.o};
+    if (L.q_bias >= 0) g.insert(g.end(), {L.q_bias, L.k_bias, L.v_bias, L.o_bias});
+    if (L.sinks >= 0) g.push_back(L.sinks);
     if (L.q_norm >= 0) g.insert(g.end(), {L.q_norm, L.k_norm});
     g.push_back(L.post_norm);
     if (L.moe()) {
       g.push_back(L.router);
+      if (L.router_bias >= 0) g.push_back(L.router_bias);
       for (int j = expert_begin; j < expert_end; ++j) {
         g.insert(g.end(), {L.w1[j], L.w2[j], L.w3[j]});
+        if (!L.b1.empty()) g.insert(g.end(), {L.b1[j], L.b2[j], L.b3[j]});
       }
     } else {
       g.insert(g.end(), {L.dense_gate, L.dense_up, L.dense_down});

@@ -9,10 +9,12 @@
 #include "core/checkpoint/hf_config.h"
 #include "core/config/config.h"
 #include "core/error.h"
+#include "core/metrics/flops.h"
 #include "core/model/decoder_spec.h"
 #include "core/model/families/family.h"
 #include "core/model/param_layout.h"
 #include "tests/expect_contains.h"
+#include "tests/source_dir.h"
 
 namespace moepeak {
 namespace {
@@ -272,6 +274,49 @@ TEST(Families, GptOssConfigJsonIsTransformersAndRoundTrips) {
   bad["layer_types"] = nlohmann::json::array({"full_attention"});
   EXPECT_CONTAINS(error_of([&] { model_config_from_json(bad, "hub/config.json"); }),
                   "must list num_hidden_layers 4 layer types");
+}
+
+// The presets are the released models: their parameter counts are OpenAI's published totals
+// (model card: 20.91B and 116.83B parameters, 3.61B and 5.13B active with the unembedding).
+TEST(Families, GptOssPresetsHaveThePublishedParameterCounts) {
+  struct Preset {
+    const char* name;
+    int64_t total;
+    double active_billions;
+  };
+  for (const Preset& p : {Preset{"gpt-oss-20b", 20'914'757'184, 3.61},
+                          Preset{"gpt-oss-120b", 116'829'156'672, 5.13}}) {
+    SCOPED_TRACE(p.name);
+    const Config cfg =
+        load_config({test_support::source_dir() + "/configs/" + p.name + ".toml"}, {});
+    const ParamLayout P(cfg.model);
+    EXPECT_EQ(P.parameter_count(), p.total);
+    EXPECT_NEAR(static_cast<double>(P.active_matmul_parameters()) / 1e9, p.active_billions, 0.005);
+    const DecoderSpec& spec = P.spec();
+    EXPECT_EQ(spec.layers[0].attention.window, 128);
+    EXPECT_EQ(spec.layers[1].attention.window, 0);
+    EXPECT_TRUE(spec.any_sinks());
+    EXPECT_TRUE(spec.any_attention_bias());
+    EXPECT_EQ(spec.rope.scaling.type, ops::RopeType::yarn);
+    EXPECT_FALSE(spec.rope.scaling.truncate);
+  }
+}
+
+// A sliding layer's attention FLOPs count the (query, key) pairs it scores, not T^2.
+TEST(Families, StepFlopsCountAWindowsPairs) {
+  ModelConfig m = gpt_oss(2);  // layer 0 sliding (W 5), layer 1 full
+  const int64_t B = 3, T = 40, nh = 4, d = 6;
+  const double matmuls =
+      6.0 * B * T * static_cast<double>(ParamLayout(m).active_matmul_parameters());
+  const double full = 6.0 * B * nh * d * T * T;
+  const double pairs = 5 * 6 / 2 + (T - 5) * 5, causal = T * (T + 1) / 2.0;
+  EXPECT_DOUBLE_EQ(step_flops(m, B, T), matmuls + full * (1 + pairs / causal));
+  m.layer_types.assign(2, AttentionLayerType::full_attention);
+  EXPECT_DOUBLE_EQ(step_flops(m, B, T), matmuls + 2 * full);
+  // A window at least T long is full attention.
+  m.layer_types.assign(2, AttentionLayerType::sliding_attention);
+  m.sliding_window = T;
+  EXPECT_DOUBLE_EQ(step_flops(m, B, T), matmuls + 2 * full);
 }
 
 TEST(Families, TomlSetsTheFamilyAndItsLists) {

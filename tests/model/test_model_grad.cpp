@@ -138,6 +138,7 @@ const FamilyCase kFamilyCases[] = {
     {"Qwen3SparseStep2", [](ModelConfig& m) { m.decoder_sparse_step = 2; }},
     {"Qwen3TopkNotRenormalised", [](ModelConfig& m) { m.norm_topk_prob = false; }},
     {"Qwen3TiedHead", [](ModelConfig& m) { m.tie_word_embeddings = true; }},
+    {"Qwen3AttentionBias", [](ModelConfig& m) { m.attention_bias = true; }},
     {"Qwen3AuxLossDenseFirst",
      [](ModelConfig& m) {
        m.router_aux_loss_coef = 0.5;

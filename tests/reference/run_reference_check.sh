@@ -63,6 +63,8 @@ run_case qwen3_dense_aux "${qwen3[@]}" --set model.num_hidden_layers=4   --set "
 # A tied head (no lm_head.weight in the dump), for Qwen3-MoE and for Mixtral.
 run_case qwen3_tied "${qwen3[@]}" --set model.tie_word_embeddings=true
 run_case mixtral_tied --set model.tie_word_embeddings=true
+# q/k/v/o biases (Qwen3-MoE's attention_bias).
+run_case qwen3_bias "${qwen3[@]}" --set model.attention_bias=true
 
 # RoPE scaling, each type as transformers' modeling_rope_utils.py computes it (small theta and
 # original contexts so that every frequency band of the 16-dim heads is moved).

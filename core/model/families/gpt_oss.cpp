@@ -2,8 +2,8 @@
 // attention with biases on q/k/v/o and a learned sink logit per head, even layers attending to a
 // sliding window of the last sliding_window keys and odd layers to every key (layer_types); every
 // layer MoE — a router with a bias whose top-k logits are softmaxed over the k, and experts with
-// biases and a clamped SwiGLU, (clamp(up, ±limit) + 1) · g · σ(alpha · g) with g = min(gate, limit).
-// RMSNorm multiplies its weight in fp32 before the cast, which is ops/rmsnorm.h's order.
+// biases and a clamped SwiGLU, (clamp(up, ±limit) + 1) · g · σ(alpha · g) with g = min(gate,
+// limit). RMSNorm multiplies its weight in fp32 before the cast, which is ops/rmsnorm.h's order.
 // Tensor names (the attention's and the norms' are Llama's, family.cpp):
 //   model.layers.{l}.self_attn.{q,k,v,o}_proj.bias                (nh d), (nkv d) x2, (H)
 //   model.layers.{l}.self_attn.sinks                              (nh)
@@ -50,6 +50,7 @@ DecoderSpec describe(const ModelConfig& m) {
   if (!m.norm_topk_prob)
     unsupported_setting(m, "norm_topk_prob", "always softmaxes over the chosen experts' logits");
   DecoderSpec s = shared_decoder_spec(m);
+  s.norm_order = ops::NormWeightOrder::weight_in_compute_type;
   const std::vector<AttentionLayerType> types = layer_types_of(m);
   for (size_t i = 0; i < s.layers.size(); ++i) {
     LayerSpec& l = s.layers[i];
@@ -118,10 +119,9 @@ ModelConfig from_hf_config(const nlohmann::json& json, const std::string& source
   hf_fields::read_shared(json, source, m);
   m.num_local_experts = hf_fields::required_integer(json, source, "num_local_experts");
   // NOTES: OpenAI's config.json carries both names; transformers reads num_experts_per_tok.
-  m.num_experts_per_tok =
-      hf_fields::optional(json, "num_experts_per_tok")
-          ? hf_fields::required_integer(json, source, "num_experts_per_tok")
-          : hf_fields::required_integer(json, source, "experts_per_token");
+  m.num_experts_per_tok = hf_fields::optional(json, "num_experts_per_tok")
+                              ? hf_fields::required_integer(json, source, "num_experts_per_tok")
+                              : hf_fields::required_integer(json, source, "experts_per_token");
   m.router_aux_loss_coef = hf_fields::read_aux_loss_coef(json, source);
   // transformers' defaults where a field is absent (GptOssConfig).
   m.attention_bias = hf_fields::boolean_or(json, source, "attention_bias", true);
@@ -132,8 +132,7 @@ ModelConfig from_hf_config(const nlohmann::json& json, const std::string& source
     MOEPEAK_INPUT_ERROR(source, ": field \"sliding_window\" is null; gpt_oss needs a window ",
                         "(transformers' default is ", kDefaultSlidingWindow, ")");
   }
-  m.sliding_window =
-      hf_fields::integer_or(json, source, "sliding_window", kDefaultSlidingWindow);
+  m.sliding_window = hf_fields::integer_or(json, source, "sliding_window", kDefaultSlidingWindow);
   if (m.sliding_window < 1) {
     MOEPEAK_INPUT_ERROR(source, ": field \"sliding_window\" is ", m.sliding_window,
                         "; it must be at least 1");
@@ -147,8 +146,8 @@ ModelConfig from_hf_config(const nlohmann::json& json, const std::string& source
     }
     for (size_t i = 0; i < types->size(); ++i) {
       const nlohmann::json& t = (*types)[i];
-      const auto type = t.is_string() ? enum_from_name<AttentionLayerType>(t.get<std::string>())
-                                      : std::nullopt;
+      const auto type =
+          t.is_string() ? enum_from_name<AttentionLayerType>(t.get<std::string>()) : std::nullopt;
       if (!type) {
         MOEPEAK_INPUT_ERROR(source, ": field \"layer_types\"[", i, "] is ", t.dump(),
                             "; expected \"full_attention\" or \"sliding_attention\"");
