@@ -1,9 +1,9 @@
 // `moepeak export CHECKPOINT OUT [--dtype bfloat16|float32] [--max-shard-size 5GB]
-//                [--buffer 64MiB]`: a training checkpoint as a Hugging Face model of its family
-//                that
-// transformers' from_pretrained and `moepeak train --init-from` load
+//                [--buffer 64MiB] [--quantize mxfp4]`: a training checkpoint as a Hugging Face
+// model of its family that transformers' from_pretrained and `moepeak train --init-from` load
 // (core/checkpoint/hf_export.h). CHECKPOINT is a step directory or a checkpoint folder (its
-// `latest` is exported).
+// `latest` is exported). --quantize mxfp4 (gpt_oss) writes the experts' gate_up_proj and
+// down_proj as MXFP4 _blocks and _scales with a quantization_config, as OpenAI released gpt-oss.
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -19,7 +19,8 @@ namespace moepeak::cli {
 void register_export_command(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand(
       "export", "write a checkpoint as a Hugging Face model (safetensors shards + index)");
-  static std::string checkpoint, out, dtype = "bfloat16", max_shard = "5GB", buffer = "64MiB";
+  static std::string checkpoint, out, dtype = "bfloat16", max_shard = "5GB", buffer = "64MiB",
+                                      quantize;
   cmd->add_option("CHECKPOINT", checkpoint, "checkpoint step directory, or a folder with `latest`")
       ->required();
   cmd->add_option("OUT", out, "the Hugging Face model directory to create")->required();
@@ -31,6 +32,11 @@ void register_export_command(CLI::App& app, Context& ctx) {
       ->capture_default_str();
   cmd->add_option("--buffer", buffer, "host staging buffer the tensors stream through")
       ->capture_default_str();
+  cmd->add_option("--quantize", quantize,
+                  "mxfp4: write the experts' gate_up_proj and down_proj as MXFP4 (_blocks and "
+                  "_scales, OCP rounding) with config.json's quantization_config, as OpenAI's "
+                  "released gpt-oss checkpoints (gpt_oss only; the rest stays --dtype)")
+      ->check(CLI::IsMember({"mxfp4"}));
   cmd->callback([&ctx] {
     ctx.action = [] {
       HfExportOptions options;
@@ -42,9 +48,12 @@ void register_export_command(CLI::App& app, Context& ctx) {
       };
       options.max_shard_bytes = bytes_of(max_shard, "--max-shard-size");
       options.buffer_bytes = bytes_of(buffer, "--buffer");
+      options.quantize = quantize;
       const HfExportSummary s = export_hf_checkpoint(checkpoint, out, options);
-      spdlog::info("exported {} ({} tensors, {} of {}) to {} in {} file{}", s.checkpoint, s.tensors,
-                   format_bytes(s.total_bytes), dtype, out, s.files, s.files == 1 ? "" : "s");
+      spdlog::info("exported {} ({} tensors, {} of {}{}) to {} in {} file{}", s.checkpoint,
+                   s.tensors, format_bytes(s.total_bytes), dtype,
+                   quantize.empty() ? "" : ", experts " + quantize, out, s.files,
+                   s.files == 1 ? "" : "s");
       return 0;
     };
   });

@@ -1,13 +1,17 @@
-// Hugging Face Mixtral checkpoints as a starting point: config merge and sliced weight reads
-// (contract in hf_import.h).
+// Hugging Face checkpoints as a starting point: config merge, the checkpoint's files and sliced
+// weight reads through the family's Hub layout (contract in hf_import.h; the MXFP4 side of
+// HfCheckpoint is in hf_import_mxfp4.cpp).
 #include "core/checkpoint/hf_import.h"
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
-#include <set>
+#include <functional>
 #include <sstream>
 
 #include "core/checkpoint/hf_config.h"
 #include "core/error.h"
+#include "core/model/hub_layout.h"
 
 namespace moepeak {
 namespace fs = std::filesystem;
@@ -128,17 +132,37 @@ HfCheckpoint::HfCheckpoint(std::string dir) : dir_(std::move(dir)) {
     MOEPEAK_INPUT_ERROR("model.init_from: ", dir_, " holds neither ", kSingleFile, " nor ",
                         kIndexFile);
   }
+  read_quantization();
 }
 
 std::vector<std::string> HfCheckpoint::tensor_names() const {
   std::vector<std::string> names;
   for (const auto& [name, file] : file_of_) names.push_back(name);
+  for (const auto& [name, pair] : mxfp4_) names.push_back(name);
+  std::sort(names.begin(), names.end());
   return names;
+}
+
+std::vector<int64_t> HfCheckpoint::shape(const std::string& tensor) const {
+  if (auto it = mxfp4_.find(tensor); it != mxfp4_.end()) {
+    std::vector<int64_t> s = it->second.decoded;
+    std::swap(s[s.size() - 1], s[s.size() - 2]);
+    return s;
+  }
+  return file(tensor).info(tensor).shape;
+}
+
+const std::string& HfCheckpoint::path(const std::string& tensor) const {
+  if (auto it = mxfp4_.find(tensor); it != mxfp4_.end()) return it->second.blocks->path();
+  return file(tensor).path();
 }
 
 const SafetensorsFile& HfCheckpoint::file(const std::string& tensor) const {
   auto it = file_of_.find(tensor);
-  if (it == file_of_.end()) MOEPEAK_INPUT_ERROR(source_, ": no tensor \"", tensor, "\"");
+  if (it == file_of_.end()) {
+    MOEPEAK_INPUT_ERROR(source_, ": no tensor \"", tensor, "\"",
+                        mxfp4_.count(tensor) ? " (it is MXFP4: _blocks and _scales)" : "");
+  }
   return *it->second;
 }
 
@@ -170,41 +194,128 @@ void HfCheckpoint::read_elements(const std::string& tensor, int64_t begin, int64
   }
 }
 
+namespace {
+
+// Reads elements [begin, end) of the Hub tensor's storage (the tensor itself, or its MXFP4
+// decode) in the training dtype; begin and end are multiples of the source's granularity.
+struct HubSource {
+  std::function<void(int64_t begin, int64_t end, void* dst)> read;
+  int64_t granularity = 1;  // 1, or the decode's row length for MXFP4
+  int64_t size = 0;         // elements of the storage
+};
+
+// Elements [begin, end) of a param placed by `placement` (in the source's space) into dst, in
+// the training dtype of `element` bytes. NOTES: the walk visits the param's elements in
+// increasing source order (hub_layout.h), so the source is read front to back through one
+// window of about kWindowElements, refilled where the walk first needs an element past it and
+// never past the param's last element (rounded up to the source's granularity): the reads stay
+// within the span of the Hub tensor the param lies in (an expert's slab), and only the windows
+// holding elements of [begin, end) are read.
+void read_placed(const HubSource& source, const HubPlacement& placement,
+                 const std::vector<int64_t>& dims, int64_t begin, int64_t end, size_t element,
+                 char* dst) {
+  constexpr int64_t kWindowElements = int64_t{1} << 20;
+  const int64_t g = source.granularity;
+  const int64_t window = std::max(g, kWindowElements / g * g);
+  int64_t last = placement.offset;
+  for (size_t k = 0; k < dims.size(); ++k) last += (dims[k] - 1) * placement.strides[k];
+  const int64_t limit = std::min(source.size, (last / g + 1) * g);
+  std::vector<char> buffer(static_cast<size_t>(std::min(window, limit)) * element);
+  int64_t w0 = 0, w1 = 0;  // the window's elements of the source
+  for_each_in_hub_order(placement, dims, [&](int64_t param, int64_t hub) {
+    if (param < begin || param >= end) return;
+    if (hub >= w1) {
+      w0 = hub - hub % g;
+      w1 = std::min(limit, w0 + window);
+      source.read(w0, w1, buffer.data());
+    }
+    std::memcpy(dst + static_cast<size_t>(param - begin) * element,
+                buffer.data() + static_cast<size_t>(hub - w0) * element, element);
+  });
+}
+
+}  // namespace
+
 void load_hf_weights(const HfCheckpoint& hf, ZeroParamStore& params, Stream& stream) {
-  const auto& infos = params.layout().params();
-  const std::string_view family = enum_name(params.layout().spec().family);
+  const ParamLayout& layout = params.layout();
+  const auto& infos = layout.params();
+  const HubLayout hub(layout);
+  const std::string_view family = enum_name(layout.spec().family);
+  if (hf.quantized() && !hub.has_mxfp4()) {
+    MOEPEAK_INPUT_ERROR(hf.config_path(), ": quantization_config (quant_method \"mxfp4\") on a ",
+                        family, " checkpoint; moepeak dequantises MXFP4 only where a family's ",
+                        "released checkpoints hold it (gpt_oss's experts)");
+  }
   // Missing first: a config.json that describes other layers than the files hold (a dense layer
   // where the files have experts) names the tensor the family needs.
-  for (const ParamInfo& p : infos) {
-    if (!hf.contains(p.name)) {
-      MOEPEAK_INPUT_ERROR("model.init_from: ", hf.dir(), " has no tensor \"", p.name,
+  for (const HubTensor& t : hub.tensors()) {
+    if (!hf.contains(t.name) && hf.contains(t.name + "_blocks")) {
+      MOEPEAK_INPUT_ERROR(hf.path(t.name + "_blocks"), ": tensor \"", t.name,
+                          "\" is there as MXFP4 (_blocks and _scales), which needs ",
+                          hf.config_path(), "'s quantization_config with quant_method \"mxfp4\"");
+    }
+    if (!hf.contains(t.name)) {
+      MOEPEAK_INPUT_ERROR("model.init_from: ", hf.dir(), " has no tensor \"", t.name,
                           "\", a weight of this ", family,
-                          " model (as its config.json and the [model] keys describe it)");
+                          " model (as its config.json and the [model] keys describe it)",
+                          t.mxfp4 ? " nor its MXFP4 pair _blocks and _scales" : "");
     }
   }
-  std::set<std::string> expected;
-  for (const ParamInfo& p : infos) expected.insert(p.name);
   for (const std::string& name : hf.tensor_names()) {
-    if (!expected.count(name)) {
-      MOEPEAK_INPUT_ERROR(hf.file(name).path(), ": tensor \"", name,
-                          "\" is not a weight of this model (", family,
-                          " with the [model] shape); is the checkpoint of another architecture?");
+    if (hub.find(name) < 0) {
+      const bool packed = name.ends_with("_blocks") || name.ends_with("_scales");
+      MOEPEAK_INPUT_ERROR(
+          hf.path(name), ": tensor \"", name, "\" is not a weight of this model (", family,
+          " with the [model] shape); is the checkpoint of another architecture?",
+          packed && !hf.quantized() ? " (MXFP4 _blocks and _scales need config.json's "
+                                      "quantization_config with quant_method \"mxfp4\")"
+                                    : "");
     }
   }
-  const std::string_view dtype = safetensors_dtype_name(params.dtype());
+  // Each Hub tensor's shape, once (an MXFP4 one as decoded).
+  for (const HubTensor& t : hub.tensors()) {
+    const bool mxfp4 = hf.is_mxfp4(t.name);
+    if (mxfp4 && !t.mxfp4) {
+      MOEPEAK_INPUT_ERROR(hf.path(t.name), ": tensor \"", t.name,
+                          "\" is MXFP4 (_blocks and _scales), but moepeak dequantises only the "
+                          "tensors the released checkpoints hold so (gpt_oss's experts' "
+                          "gate_up_proj and down_proj), not a ",
+                          family, " model's \"", t.name, "\"");
+    }
+    const std::vector<int64_t> shape = hf.shape(t.name);
+    if (shape != t.shape) {
+      MOEPEAK_INPUT_ERROR(hf.path(t.name), ": tensor \"", t.name, "\" has shape ",
+                          shape_text(shape),
+                          mxfp4 ? " (its MXFP4 decode with the last two dims swapped)" : "",
+                          " but this model's is ", shape_text(t.shape));
+    }
+  }
+  const std::string dtype(safetensors_dtype_name(params.dtype()));
+  const size_t element = dtype_size(params.dtype());
   std::vector<char> host;
   for (size_t i = 0; i < infos.size(); ++i) {
-    const ParamInfo& p = infos[i];
-    const SafetensorsFile& file = hf.file(p.name);
-    const SafetensorsTensorInfo& info = file.info(p.name);
-    if (info.shape != p.shape.dims()) {
-      MOEPEAK_INPUT_ERROR(file.path(), ": tensor \"", p.name, "\" has shape ",
-                          shape_text(info.shape), " but this model's is ", p.shape.str());
-    }
     const auto range = params.stored_range(static_cast<int>(i));
-    if (!range) continue;
-    host.resize(static_cast<size_t>(range->second - range->first) * dtype_size(params.dtype()));
-    hf.read_elements(p.name, range->first, range->second, dtype, host.data());
+    if (!range) continue;  // another rank's expert
+    const HubTensor& t = hub.tensors()[static_cast<size_t>(hub.tensor_of(static_cast<int>(i)))];
+    const std::vector<int64_t>& dims = infos[i].shape.dims();
+    host.resize(static_cast<size_t>(range->second - range->first) * element);
+    if (range->first == range->second) {
+      // All padding here: nothing to read.
+    } else if (hf.is_mxfp4(t.name)) {
+      const HubSource decoded{
+          [&](int64_t b, int64_t e, void* dst) { hf.read_decoded(t.name, b, e, dtype, dst); },
+          hf.decoded_row(t.name), t.numel()};
+      read_placed(decoded, mxfp4_decoded_placement(hub.placement(static_cast<int>(i)), dims), dims,
+                  range->first, range->second, element, host.data());
+    } else if (hub.is_whole(t)) {
+      hf.read_elements(t.name, range->first, range->second, dtype, host.data());
+    } else {
+      const HubSource plain{
+          [&](int64_t b, int64_t e, void* dst) { hf.read_elements(t.name, b, e, dtype, dst); }, 1,
+          t.numel()};
+      read_placed(plain, hub.placement(static_cast<int>(i)), dims, range->first, range->second,
+                  element, host.data());
+    }
     params.load_stored_range(static_cast<int>(i), host.data(), params.flat_values(), stream);
   }
 }

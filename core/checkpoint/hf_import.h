@@ -1,6 +1,7 @@
-// Starting a run from a Hugging Face Mixtral checkpoint (model.init_from, `train --init-from DIR`).
+// Starting a run from a Hugging Face checkpoint of a supported family (model.init_from,
+// `train --init-from DIR`).
 //
-//   DIR/config.json                        MixtralConfig, as transformers 4 or 5 writes it
+//   DIR/config.json                        the family's config, as transformers 4 or 5 writes it
 //   DIR/model.safetensors                  every weight in one file, or
 //   DIR/model.safetensors.index.json       {"metadata": {...}, "weight_map": {tensor: file}}
 //   DIR/model-00001-of-00004.safetensors   ... and the files the index names
@@ -9,11 +10,26 @@
 //   HfCheckpoint hf(cfg.model.init_from);
 //   load_hf_weights(hf, params, stream);                               // this rank's slices
 //
-// Tensors may be F32, BF16 or F16 (any mix); each is converted to the training dtype as it is
-// read (convert_float_elements, core/checkpoint/safetensors.h: widening is exact, narrowing to
-// bf16 rounds to nearest even). Each rank reads only the byte ranges of the elements it stores
-// (ZeroParamStore::stored_range), so no rank ever holds a whole model. The optimizer starts
-// fresh (m = v = 0, the fp32 master taken from the loaded weights), the data from its start.
+// The files hold the Hub's tensors (HubLayout, core/model/hub_layout.h): one per param for
+// mixtral and qwen3_moe; gpt-oss's experts fused per layer, each expert's gate, up and down a
+// strided part of mlp.experts.gate_up_proj / down_proj. Tensors may be F32, BF16 or F16 (any mix);
+// each is converted to the training dtype as it is read (convert_float_elements,
+// core/checkpoint/safetensors.h: widening is exact, narrowing to bf16 rounds to nearest even).
+//
+// MXFP4 (gpt-oss's released checkpoints): with config.json's quantization_config quant_method
+// "mxfp4", a tensor X held as X_blocks (U8 [..., rows, cols/32, 16]) and X_scales (U8 [..., rows,
+// cols/32]) is read by decoding them (core/checkpoint/mxfp4.h, exact in f32 and bf16): the
+// decoded [..., rows, cols] with its last two dims swapped is X, as transformers'
+// convert_moe_packed_tensors gives it. Only the Hub tensors the family marks MXFP4 may be so
+// (gpt-oss's gate_up_proj and down_proj); quantization_config.modules_to_not_convert is honoured
+// (a listed module held as MXFP4 is an error), with transformers' matching of its patterns.
+//
+// Each rank reads only what it stores (ZeroParamStore::stored_range): a param that is a Hub
+// tensor of its own, the byte range of its elements; a strided part of a fused tensor, the
+// contiguous span of the Hub tensor that covers it (an expert's slab [e], gate and up together)
+// through a bounded window, or for MXFP4 the blocks and scales of that span, decoded. So no rank
+// ever holds a whole model, and a rank decodes only its own experts. The optimizer starts fresh
+// (m = v = 0, the fp32 master taken from the loaded weights), the data from its start.
 #pragma once
 
 #include <map>
@@ -39,36 +55,73 @@ namespace moepeak {
 Config with_init_from_model(const Config& cfg);
 
 // The weights of a Hugging Face checkpoint directory: which file holds each tensor, its dtype
-// and shape (every header parsed at open), and reads of element ranges. Not collective.
+// and shape (every header parsed at open), config.json's quantization, and reads of element
+// ranges. A tensor held as MXFP4 (X_blocks + X_scales) appears as X. Not collective.
 class HfCheckpoint {
  public:
   // Throws moepeak::Error naming the path when DIR is not a directory, holds neither
   // model.safetensors nor model.safetensors.index.json, the index is malformed or names a file
-  // that is missing, or a file is not valid safetensors.
+  // that is missing, or a file is not valid safetensors; and naming DIR/config.json and the
+  // field when its quantization_config is not an object, has a quant_method other than "mxfp4"
+  // or a malformed modules_to_not_convert. With quant_method "mxfp4", naming the file and the
+  // tensor when X_blocks has no X_scales or the reverse, either is not U8, their shapes do not
+  // pair (mxfp4_decoded_shape), X is there too, or X's module is in modules_to_not_convert.
   explicit HfCheckpoint(std::string dir);
 
   const std::string& dir() const { return dir_; }
-  bool contains(const std::string& tensor) const { return file_of_.count(tensor) != 0; }
-  // Every tensor name the checkpoint holds, sorted.
+  // config.json has quantization_config with quant_method "mxfp4".
+  bool quantized() const { return quantized_; }
+  const std::string& config_path() const { return config_path_; }
+  // A tensor of the checkpoint: plain, or MXFP4.
+  bool contains(const std::string& tensor) const {
+    return file_of_.count(tensor) != 0 || mxfp4_.count(tensor) != 0;
+  }
+  bool is_mxfp4(const std::string& tensor) const { return mxfp4_.count(tensor) != 0; }
+  // Every tensor name the checkpoint holds, sorted; an MXFP4 pair as its X.
   std::vector<std::string> tensor_names() const;
-  // The file holding `tensor` (error naming the checkpoint and the tensor if absent).
+  // The shape of X: its file's, or for MXFP4 the decoded shape with its last two dims swapped.
+  std::vector<int64_t> shape(const std::string& tensor) const;
+  // The file holding a tensor (for an MXFP4 X, its X_blocks' file), for messages.
+  const std::string& path(const std::string& tensor) const;
+  // The file holding a plain tensor (error naming the checkpoint and the tensor if absent or
+  // MXFP4).
   const SafetensorsFile& file(const std::string& tensor) const;
-  // Elements [begin, end) of `tensor`'s row-major data, converted to `dtype` (F32 or BF16),
-  // into dst ((end - begin) * element size bytes).
+  // Elements [begin, end) of a plain `tensor`'s row-major data, converted to `dtype` (F32 or
+  // BF16), into dst ((end - begin) * element size bytes).
   void read_elements(const std::string& tensor, int64_t begin, int64_t end, std::string_view dtype,
                      void* dst) const;
+  // MXFP4 X: the length of a row of its decode ([..., rows, cols]: cols).
+  int64_t decoded_row(const std::string& tensor) const;
+  // MXFP4 X: elements [begin, end) of its row-major decode [..., rows, cols] (begin and end
+  // multiples of cols), decoded exactly and stored as `dtype` (F32 or BF16). Throws naming the
+  // file, the tensor and the row for a scale of 255 (NaN) or an element that overflows f32.
+  void read_decoded(const std::string& tensor, int64_t begin, int64_t end, std::string_view dtype,
+                    void* dst) const;
 
  private:
+  struct Mxfp4Pair {
+    const SafetensorsFile* blocks;
+    const SafetensorsFile* scales;
+    std::vector<int64_t> decoded;  // [..., rows, cols]
+  };
+  void read_quantization();
+  void pair_mxfp4_tensors(const std::vector<std::string>& not_converted);
   std::string dir_;
   std::string source_;  // "DIR/model.safetensors" or "DIR/model.safetensors.index.json"
+  std::string config_path_;
+  bool quantized_ = false;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, const SafetensorsFile*> file_of_;
+  std::map<std::string, const SafetensorsFile*> file_of_;  // plain tensors
+  std::map<std::string, Mxfp4Pair> mxfp4_;
 };
 
-// Sets this rank's stored range of every weight (params.flat_values()) from `hf`. Throws
-// moepeak::Error naming the file and tensor when a weight is missing, has another shape, or is
-// not a float dtype; a tensor of the checkpoint that is no weight of this model is an error too
-// (a checkpoint of another architecture must not load silently). Not collective; synchronises.
+// Sets this rank's stored range of every weight (params.flat_values()) from `hf`, through the
+// family's Hub layout. Throws moepeak::Error naming the file and the Hub tensor when one is
+// missing, has another shape (checked once per Hub tensor; both shapes named), or is not a float
+// dtype; a tensor of the checkpoint that is no Hub tensor of this model is an error too (a
+// checkpoint of another architecture must not load silently), as are MXFP4 where the family has
+// none (naming config.json and the family) and an MXFP4 tensor the family does not mark so. Not
+// collective; synchronises.
 void load_hf_weights(const HfCheckpoint& hf, ZeroParamStore& params, Stream& stream);
 
 }  // namespace moepeak

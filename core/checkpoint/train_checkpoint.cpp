@@ -19,6 +19,7 @@
 #include "core/checkpoint/sharded_checkpoint.h"
 #include "core/comm/comm.h"
 #include "core/error.h"
+#include "core/model/hub_layout.h"
 
 namespace moepeak {
 namespace fs = std::filesystem;
@@ -71,13 +72,31 @@ std::vector<std::vector<char>> gather_all(const ZeroParamStore& params, const Te
   return full;
 }
 
-void add_params(SafetensorsWriter& writer, const ZeroParamStore& params,
-                const std::vector<std::vector<char>>& full, const std::string& prefix,
-                DType dtype) {
-  const auto& infos = params.layout().params();
-  for (size_t i = 0; i < infos.size(); ++i) {
-    writer.add(prefix + infos[i].name, dtype, infos[i].shape.dims(), full[i].data(),
-               full[i].size());
+// Adds the Hub's tensors (HubLayout) made of the full params `full` (layout order, `dtype`): a
+// param that is a Hub tensor of its own as it is, a fused one (gpt-oss's experts) assembled into
+// a buffer of `fused`, which must outlive the writer's write().
+void add_hub_tensors(SafetensorsWriter& writer, const ZeroParamStore& params,
+                     const std::vector<std::vector<char>>& full, DType dtype,
+                     std::vector<std::vector<char>>& fused) {
+  const ParamLayout& layout = params.layout();
+  const HubLayout hub(layout);
+  const size_t element = dtype_size(dtype);
+  for (const HubTensor& t : hub.tensors()) {
+    if (hub.is_whole(t)) {
+      const std::vector<char>& bytes = full[static_cast<size_t>(t.params[0])];
+      writer.add(t.name, dtype, t.shape, bytes.data(), bytes.size());
+      continue;
+    }
+    std::vector<char>& bytes = fused.emplace_back(static_cast<size_t>(t.numel()) * element);
+    for (int p : t.params) {
+      const char* from = full[static_cast<size_t>(p)].data();
+      for_each_in_hub_order(hub.placement(p), layout.params()[static_cast<size_t>(p)].shape.dims(),
+                            [&](int64_t param, int64_t at) {
+                              std::memcpy(bytes.data() + static_cast<size_t>(at) * element,
+                                          from + static_cast<size_t>(param) * element, element);
+                            });
+    }
+    writer.add(t.name, dtype, t.shape, bytes.data(), bytes.size());
   }
 }
 
@@ -100,7 +119,8 @@ void write_params_safetensors(const std::string& path, const ZeroParamStore& par
   auto full = gather_all(params, gradients ? params.flat_grads() : params.flat_values(), stream);
   write_on_rank0(params, stream, path, [&] {
     SafetensorsWriter writer;
-    add_params(writer, params, full, "", gradients ? params.grad_dtype() : params.dtype());
+    std::vector<std::vector<char>> fused;
+    add_hub_tensors(writer, params, full, gradients ? params.grad_dtype() : params.dtype(), fused);
     writer.set_metadata("format", "pt");
     writer.write(path);
   });
@@ -197,7 +217,8 @@ void write_step_dump(const std::string& dir, const ModelConfig& model, const Zer
          {std::tuple{"model.safetensors", &weights, params.dtype()},
           std::tuple{"grads.safetensors", &grads, params.grad_dtype()}}) {
       SafetensorsWriter writer;
-      add_params(writer, params, *tensors, "", dtype);
+      std::vector<std::vector<char>> fused;
+      add_hub_tensors(writer, params, *tensors, dtype, fused);
       writer.set_metadata("format", "pt");
       writer.write((root / file).string());
     }

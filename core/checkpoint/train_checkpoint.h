@@ -14,11 +14,13 @@
 // placement saves the same tensors, so a checkpoint of one resumes under any other; a master the
 // checkpoint does not carry is re-derived from the loaded weights.
 //
-// A step dump (`moepeak train --dump-step DIR`) writes what any Mixtral implementation needs to
-// check one training step: model.safetensors (weights before the step), config.json,
+// A step dump (`moepeak train --dump-step DIR`) writes what any implementation of the family
+// needs to check one training step: model.safetensors (weights before the step), config.json,
 // batch.safetensors (input_ids, labels: int64 (B, T), the global batch), loss.json,
-// grads.safetensors (the full gradients, summed over ranks). Collective; every tensor is
-// gathered and rank 0 writes (a dump is for models small enough to check by hand).
+// grads.safetensors (the full gradients, summed over ranks), the weights and gradients as the
+// Hub's tensors (HubLayout, core/model/hub_layout.h: gpt-oss's experts fused per layer, as
+// transformers' GptOssExperts holds them). Collective; every tensor is gathered and rank 0
+// writes (a dump is for models small enough to check by hand).
 #pragma once
 
 #include <cstdint>
@@ -52,8 +54,8 @@ std::optional<std::string> latest_checkpoint(const std::string& folder);
 int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroParamStore& params,
                         schedules::Optimizer& optimizer, DataLoader& loader, Stream& stream);
 
-// Writes the full params (or their gradients) with Hugging Face names to a safetensors file.
-// Collective (the tensors are gathered on every rank); rank 0 writes.
+// Writes the full params (or their gradients) as the Hub's tensors (HubLayout) to a safetensors
+// file. Collective (the tensors are gathered on every rank); rank 0 writes.
 void write_params_safetensors(const std::string& path, const ZeroParamStore& params, bool gradients,
                               Stream& stream);
 

@@ -13,64 +13,64 @@
 #include "ops/schedules/schedule_dtype.h"  // defines: main_grad_dtype
 
 namespace moepeak {
-ParamLayout::ParamLayout(const ModelConfig& m) : spec_(describe_decoder(m)) {
-  const Family& family = family_of(m.model_type);
+ParamLayout::ParamLayout(const ModelConfig& m)
+    : spec_(describe_decoder(m)), family_(&family_of(m.model_type)) {
   const int64_t H = spec_.hidden, V = spec_.vocab;
-  auto name = [&](Piece piece, int64_t layer = -1, int64_t expert = -1) {
-    return family.tensor_name({piece, static_cast<int>(layer), static_cast<int>(expert)});
+  auto piece = [](Piece p, int64_t layer = -1, int64_t expert = -1) {
+    return PieceRef{p, static_cast<int>(layer), static_cast<int>(expert)};
   };
   using K = Kind;
-  embed = add(name(Piece::embed), Shape{V, H}, K::matrix);
+  embed = add(piece(Piece::embed), Shape{V, H}, K::matrix);
   for (int64_t i = 0; i < static_cast<int64_t>(spec_.layers.size()); ++i) {
     const AttentionSpec& a = spec_.layers[i].attention;
     const MlpSpec& mlp = spec_.layers[i].mlp;
     const int64_t d = a.head_dim, nh = a.heads, nkv = a.kv_heads, I = mlp.intermediate;
     LayerParamIndex L;
-    L.input_norm = add(name(Piece::input_norm, i), Shape{H}, K::norm);
-    L.q = add(name(Piece::q, i), Shape{nh * d, H}, K::matrix);
-    L.k = add(name(Piece::k, i), Shape{nkv * d, H}, K::matrix);
-    L.v = add(name(Piece::v, i), Shape{nkv * d, H}, K::matrix);
-    L.o = add(name(Piece::o, i), Shape{H, nh * d}, K::matrix);
+    L.input_norm = add(piece(Piece::input_norm, i), Shape{H}, K::norm);
+    L.q = add(piece(Piece::q, i), Shape{nh * d, H}, K::matrix);
+    L.k = add(piece(Piece::k, i), Shape{nkv * d, H}, K::matrix);
+    L.v = add(piece(Piece::v, i), Shape{nkv * d, H}, K::matrix);
+    L.o = add(piece(Piece::o, i), Shape{H, nh * d}, K::matrix);
     int64_t attn = (2 * nh * d + 2 * nkv * d) * H;
     if (a.bias) {
-      L.q_bias = add(name(Piece::q_bias, i), Shape{nh * d}, K::vector);
-      L.k_bias = add(name(Piece::k_bias, i), Shape{nkv * d}, K::vector);
-      L.v_bias = add(name(Piece::v_bias, i), Shape{nkv * d}, K::vector);
-      L.o_bias = add(name(Piece::o_bias, i), Shape{H}, K::vector);
+      L.q_bias = add(piece(Piece::q_bias, i), Shape{nh * d}, K::vector);
+      L.k_bias = add(piece(Piece::k_bias, i), Shape{nkv * d}, K::vector);
+      L.v_bias = add(piece(Piece::v_bias, i), Shape{nkv * d}, K::vector);
+      L.o_bias = add(piece(Piece::o_bias, i), Shape{H}, K::vector);
       attn += nh * d + 2 * nkv * d + H;
     }
-    if (a.sinks) L.sinks = add(name(Piece::sinks, i), Shape{nh}, K::vector);
+    if (a.sinks) L.sinks = add(piece(Piece::sinks, i), Shape{nh}, K::vector);
     if (a.qk_norm) {
-      L.q_norm = add(name(Piece::q_norm, i), Shape{d}, K::norm);
-      L.k_norm = add(name(Piece::k_norm, i), Shape{d}, K::norm);
+      L.q_norm = add(piece(Piece::q_norm, i), Shape{d}, K::norm);
+      L.k_norm = add(piece(Piece::k_norm, i), Shape{d}, K::norm);
     }
-    L.post_norm = add(name(Piece::post_norm, i), Shape{H}, K::norm);
+    L.post_norm = add(piece(Piece::post_norm, i), Shape{H}, K::norm);
     if (mlp.moe()) {
-      L.router = add(name(Piece::router, i), Shape{mlp.experts, H}, K::matrix);
+      L.router = add(piece(Piece::router, i), Shape{mlp.experts, H}, K::matrix);
       if (mlp.router.bias)
-        L.router_bias = add(name(Piece::router_bias, i), Shape{mlp.experts}, K::vector);
+        L.router_bias = add(piece(Piece::router_bias, i), Shape{mlp.experts}, K::vector);
       for (int64_t j = 0; j < mlp.experts; ++j) {
-        L.w1.push_back(add(name(Piece::expert_gate, i, j), Shape{I, H}, K::matrix));
-        L.w2.push_back(add(name(Piece::expert_down, i, j), Shape{H, I}, K::matrix));
-        L.w3.push_back(add(name(Piece::expert_up, i, j), Shape{I, H}, K::matrix));
+        L.w1.push_back(add(piece(Piece::expert_gate, i, j), Shape{I, H}, K::matrix));
+        L.w2.push_back(add(piece(Piece::expert_down, i, j), Shape{H, I}, K::matrix));
+        L.w3.push_back(add(piece(Piece::expert_up, i, j), Shape{I, H}, K::matrix));
         if (mlp.bias) {
-          L.b1.push_back(add(name(Piece::expert_gate_bias, i, j), Shape{I}, K::vector));
-          L.b2.push_back(add(name(Piece::expert_down_bias, i, j), Shape{H}, K::vector));
-          L.b3.push_back(add(name(Piece::expert_up_bias, i, j), Shape{I}, K::vector));
+          L.b1.push_back(add(piece(Piece::expert_gate_bias, i, j), Shape{I}, K::vector));
+          L.b2.push_back(add(piece(Piece::expert_down_bias, i, j), Shape{H}, K::vector));
+          L.b3.push_back(add(piece(Piece::expert_up_bias, i, j), Shape{I}, K::vector));
         }
       }
       const int64_t expert_biases = mlp.bias ? 2 * I + H : 0;
       active_ += attn + mlp.experts * H + mlp.router.top_k * (3 * I * H + expert_biases);
     } else {
-      L.dense_gate = add(name(Piece::dense_gate, i), Shape{I, H}, K::matrix);
-      L.dense_up = add(name(Piece::dense_up, i), Shape{I, H}, K::matrix);
-      L.dense_down = add(name(Piece::dense_down, i), Shape{H, I}, K::matrix);
+      L.dense_gate = add(piece(Piece::dense_gate, i), Shape{I, H}, K::matrix);
+      L.dense_up = add(piece(Piece::dense_up, i), Shape{I, H}, K::matrix);
+      L.dense_down = add(piece(Piece::dense_down, i), Shape{H, I}, K::matrix);
       active_ += attn + 3 * I * H;
     }
     layers.push_back(std::move(L));
   }
-  final_norm = add(name(Piece::final_norm), Shape{H}, K::norm);
-  lm_head = spec_.tied_embeddings ? embed : add(name(Piece::lm_head), Shape{V, H}, K::matrix);
+  final_norm = add(piece(Piece::final_norm), Shape{H}, K::norm);
+  lm_head = spec_.tied_embeddings ? embed : add(piece(Piece::lm_head), Shape{V, H}, K::matrix);
   active_ += V * H;
   expert_index_.assign(params_.size(), -1);
   for (const LayerParamIndex& L : layers) {
@@ -93,9 +93,10 @@ const ParamLayout& cached_param_layout(const ModelConfig& model) {
   return last->second;
 }
 
-int ParamLayout::add(std::string name, Shape shape, Kind kind) {
+int ParamLayout::add(PieceRef piece, Shape shape, Kind kind) {
   ParamInfo p;
-  p.name = std::move(name);
+  p.name = family_->tensor_name(piece);
+  p.piece = piece;
   p.shape = shape;
   p.offset = total_;
   p.is_norm = kind == Kind::norm;

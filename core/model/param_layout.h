@@ -1,8 +1,10 @@
 // The parameters of a decoder: one tensor per piece of its description (DecoderSpec), named as
-// the family's Hugging Face checkpoints name it (Family::tensor_name), stored in one flat weights
-// buffer and one flat grads buffer (device arena, live sets `weights` and `grads`) with each tensor
-// a view at an aligned offset. Flat storage lets the optimizer walk parameters in buckets and the
-// gradient norm run in one pass. In order (the order initialisation keys its streams by):
+// the family's Hugging Face checkpoints name it (Family::tensor_name; where the Hub fuses pieces,
+// as gpt-oss's experts, a name per piece, and core/model/hub_layout.h places it in the fused
+// tensor), stored in one flat weights buffer and one flat grads buffer (device arena, live sets
+// `weights` and `grads`) with each tensor a view at an aligned offset. Flat storage lets the
+// optimizer walk parameters in buckets and the gradient norm run in one pass. In order (the order
+// initialisation keys its streams by):
 //
 //   embed                                   (V, H)
 //   per layer l:
@@ -30,13 +32,15 @@
 
 #include "core/config/config.h"
 #include "core/model/decoder_spec.h"
+#include "core/model/families/family.h"  // defines: PieceRef, Family
 #include "core/runtime/backend.h"
 #include "core/runtime/tensor.h"
 
 namespace moepeak {
 
 struct ParamInfo {
-  std::string name;
+  std::string name;  // Family::tensor_name(piece)
+  PieceRef piece;    // what it is (its Hub placement: Family::hub_placement, hub_layout.h)
   Shape shape;
   int64_t offset = 0;    // elements from the start of the flat buffers
   bool is_norm = false;  // RMSNorm weights: initialised to 1
@@ -80,8 +84,9 @@ class ParamLayout {
 
  private:
   enum class Kind { matrix, norm, vector };  // vector: a bias or the sinks (no decay, random)
-  int add(std::string name, Shape shape, Kind kind);
+  int add(PieceRef piece, Shape shape, Kind kind);
   DecoderSpec spec_;
+  const Family* family_;
   std::vector<ParamInfo> params_;
   std::vector<int> expert_index_;
   int64_t total_ = 0, count_ = 0, active_ = 0;

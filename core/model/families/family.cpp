@@ -1,5 +1,6 @@
 // The family registry and what the families share: the Llama-style tensor names of the embedding,
-// norms and attention, and the DecoderSpec queries (see family.h, decoder_spec.h).
+// norms and attention, the Hub placement of a param that is a tensor of its own, and the
+// DecoderSpec queries (see family.h, decoder_spec.h).
 #include "core/model/families/family.h"
 
 #include <algorithm>
@@ -88,6 +89,15 @@ std::string llama_tensor_name(const PieceRef& r) {
       break;
   }
   MOEPEAK_THROW("llama_tensor_name: a router's or an expert's name is its family's");
+}
+
+HubPlacement whole_hub_tensor(std::string tensor, const std::vector<int64_t>& dims) {
+  HubPlacement p;
+  p.tensor = std::move(tensor);
+  p.shape = dims;
+  p.strides.assign(dims.size(), 1);
+  for (size_t k = dims.size(); k-- > 1;) p.strides[k - 1] = p.strides[k] * dims[k];
+  return p;
 }
 
 namespace {

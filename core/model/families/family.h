@@ -1,19 +1,23 @@
 // A model family: its description of the decoder (DecoderSpec) and its Hugging Face side — the
-// config.json reader and writer and the Hub's tensor names of moepeak's pieces. One small file
-// per family (mixtral.cpp, qwen3_moe.cpp) defines one Family; nothing else in the model names a
-// family. docs/models.md says what each supports.
+// config.json reader and writer, moepeak's names of its pieces and where each piece lives in the
+// Hub's checkpoints (the Hub layout). One small file per family (mixtral.cpp, qwen3_moe.cpp,
+// gpt_oss.cpp) defines one Family; nothing else in the model names a family. docs/models.md says
+// what each supports.
 //
 //   const Family& f = family_of(ModelType::qwen3_moe);
 //   DecoderSpec spec = f.describe(model);                     // throws on an unsupported field
 //   f.tensor_name({Piece::expert_up, 3, 17});  // "model.layers.3.mlp.experts.17.up_proj.weight"
+//   HubPlacement h = f.hub_placement(spec, {Piece::expert_up, 3, 17}, {I, H});  // the same tensor
 //   nlohmann::json j = f.to_hf_config(model, "bfloat16");     // transformers loads it
 //   ModelConfig m = f.from_hf_config(j, "ckpt/config.json");
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/config/config.h"
 #include "core/model/decoder_spec.h"
@@ -58,6 +62,40 @@ struct PieceRef {
   int expert = -1;
 };
 
+// The Hub layout: where a parameter (a piece, as moepeak keeps it) lives in the family's Hugging
+// Face checkpoints. Inside Hub tensor `tensor` of shape `shape`, the param's element
+// (i_0, ..., i_{n-1}) (row-major over the param's own shape) is the Hub tensor's row-major element
+//     offset + i_0 * strides[0] + ... + i_{n-1} * strides[n-1].
+// Most params are a Hub tensor of their own (whole_hub_tensor: offset 0, the param's shape,
+// row-major strides); the import, the export and the step dump then copy it as it is. gpt-oss
+// fuses a layer's experts (transformers' GptOssExperts), so expert e of E, width I, hidden H is
+//     gate w1 (I, H)  in mlp.experts.gate_up_proj (E, H, 2I)  offset e*H*2I      strides {2, 2I}
+//     up   w3 (I, H)  in the same                             offset e*H*2I + 1  strides {2, 2I}
+//     down w2 (H, I)  in mlp.experts.down_proj (E, I, H)      offset e*I*H       strides {1, H}
+//     b1 (I), b3 (I)  in mlp.experts.gate_up_proj_bias (E, 2I)  e*2I, e*2I + 1   strides {2}
+//     b2 (H)          in mlp.experts.down_proj_bias (E, H)      e*H              strides {1}
+// (gate_up_proj[e, h, 2i] = w1[i, h], gate_up_proj[e, h, 2i + 1] = w3[i, h], down_proj[e, i, h] =
+// w2[h, i]: the x @ W orientation, gate and up in alternate columns).
+// NOTES: what the readers and writers rely on (HubLayout, core/model/hub_layout.h, checks it):
+//   - the params placed in one Hub tensor fill it exactly (their elements add up to its size and
+//     each placement stays inside it);
+//   - a placement is nested: its strides, sorted decreasing, are each at least the next one
+//     times that one's extent, so walking the param's dims in that order visits increasing Hub
+//     elements (an import reads the Hub tensor front to back, an export writes it so);
+//   - the largest-stride dim moves along the Hub tensor's rows: one value of it lies within one
+//     row of the Hub tensor's last dim (an export assembles whole rows).
+// `mxfp4`: the family's released checkpoints may hold this Hub tensor X as MXFP4, X_blocks and
+// X_scales (core/checkpoint/mxfp4.h) whose decoded [..., rows, cols] is X with its last two dims
+// swapped — gpt-oss's gate_up_proj and down_proj.
+struct HubPlacement {
+  std::string tensor;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  std::vector<int64_t> strides;  // one per dim of the param
+  bool mxfp4 = false;
+  bool operator==(const HubPlacement&) const = default;
+};
+
 struct Family {
   ModelType type;
   std::string_view model_type;    // config.json's "model_type"
@@ -65,7 +103,9 @@ struct Family {
   // The decoder this config describes; throws moepeak::Error naming the [model] key of a field
   // the family does not support.
   DecoderSpec (*describe)(const ModelConfig& model);
-  // The Hub's name of a piece ("model.layers.0.self_attn.q_proj.weight").
+  // moepeak's name of a piece ("model.layers.0.self_attn.q_proj.weight"): the Hub's name where the
+  // piece is a Hub tensor of its own; gpt-oss's experts are named per expert
+  // ("model.layers.0.mlp.experts.3.gate_proj.weight") inside moepeak's checkpoints.
   std::string (*tensor_name)(const PieceRef& ref);
   // config.json as transformers writes it for this family (both transformers 4's and 5's RoPE
   // fields); `dtype` is the torch spelling of the weights' dtype.
@@ -73,6 +113,14 @@ struct Family {
   // config.json read back; throws moepeak::Error naming `source` and the field when a field is
   // missing, of the wrong type, or describes what the family does not implement.
   ModelConfig (*from_hf_config)(const nlohmann::json& json, const std::string& source);
+  // Where the piece `ref` of shape `dims` (the ParamLayout's) lives in the Hub's checkpoints of
+  // the decoder `spec` (see HubPlacement).
+  HubPlacement (*hub_placement)(const DecoderSpec& spec, const PieceRef& ref,
+                                const std::vector<int64_t>& dims);
+  // The modules a released MXFP4 checkpoint of the family leaves unquantised, as its config.json's
+  // quantization_config.modules_to_not_convert lists them (`moepeak export --quantize mxfp4`
+  // writes them); empty for a family without MXFP4 tensors.
+  std::span<const std::string_view> mxfp4_modules_to_not_convert;
 };
 
 const Family& family_of(ModelType type);
@@ -87,6 +135,9 @@ std::span<const Family* const> all_families();
 // "model.layers.{l}.mlp.gate_proj.weight", "lm_head.weight"); throws for an expert or a router,
 // whose names are each family's.
 std::string llama_tensor_name(const PieceRef& ref);
+// The placement of a param that is a Hub tensor of its own, named `tensor`: offset 0, shape
+// `dims`, row-major strides.
+HubPlacement whole_hub_tensor(std::string tensor, const std::vector<int64_t>& dims);
 // The description's parts every family fills alike: vocab, hidden, eps, RoPE, the tied head, the
 // aux-loss coefficient, and one grouped-query attention per layer (layers without their MLP).
 DecoderSpec shared_decoder_spec(const ModelConfig& model);

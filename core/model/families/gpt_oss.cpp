@@ -12,7 +12,9 @@
 // alternate columns, gate_up_proj_bias (E, 2I), down_proj (E, I, H), down_proj_bias (E, H) — while
 // moepeak keeps each expert's gate, up and down (and biases) as its own tensors, named
 //   model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.{weight,bias}
-// inside moepeak's checkpoints; the Hugging Face import and export convert between the two.
+// inside moepeak's checkpoints; hub_placement says where each lies in the fused tensors (family.h,
+// HubPlacement), and the Hugging Face import, export and step dump convert between the two. The
+// released checkpoints hold gate_up_proj and down_proj as MXFP4 (their _blocks and _scales).
 #include <algorithm>
 
 #include "core/error.h"
@@ -95,6 +97,51 @@ std::string tensor_name(const PieceRef& r) {
   }
 }
 
+// The fused experts (family.h, HubPlacement); every other piece is a Hub tensor of its own.
+HubPlacement hub_placement(const DecoderSpec& spec, const PieceRef& r,
+                           const std::vector<int64_t>& dims) {
+  const std::string experts = "model.layers." + std::to_string(r.layer) + ".mlp.experts.";
+  const auto expert_count = [&] {
+    return spec.layers.at(static_cast<size_t>(r.layer)).mlp.experts;
+  };
+  const bool up = r.piece == Piece::expert_up || r.piece == Piece::expert_up_bias;
+  switch (r.piece) {
+    case Piece::expert_gate:
+    case Piece::expert_up: {  // (I, H): gate_up_proj[e, h, 2i (+1 for up)]
+      const int64_t I = dims.at(0), H = dims.at(1);
+      return {experts + "gate_up_proj",
+              {expert_count(), H, 2 * I},
+              r.expert * H * 2 * I + up,
+              {2, 2 * I},
+              true};
+    }
+    case Piece::expert_down: {  // (H, I): down_proj[e, i, h]
+      const int64_t H = dims.at(0), I = dims.at(1);
+      return {experts + "down_proj", {expert_count(), I, H}, r.expert * I * H, {1, H}, true};
+    }
+    case Piece::expert_gate_bias:
+    case Piece::expert_up_bias: {  // (I): gate_up_proj_bias[e, 2i (+1 for up)]
+      const int64_t I = dims.at(0);
+      return {experts + "gate_up_proj_bias",
+              {expert_count(), 2 * I},
+              r.expert * 2 * I + up,
+              {2},
+              false};
+    }
+    case Piece::expert_down_bias: {  // (H): down_proj_bias[e, h]
+      const int64_t H = dims.at(0);
+      return {experts + "down_proj_bias", {expert_count(), H}, r.expert * H, {1}, false};
+    }
+    default:
+      return whole_hub_tensor(tensor_name(r), dims);
+  }
+}
+
+// OpenAI's config.json of gpt-oss-20b and -120b: the attention, the router, the embedding and
+// the head stay bf16; only the experts' gate_up_proj and down_proj are MXFP4.
+constexpr std::string_view kMxfp4ModulesToNotConvert[] = {
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"};
+
 nlohmann::json to_hf_config(const ModelConfig& m, std::string_view dtype) {
   nlohmann::json j;
   hf_fields::write_shared(m, "GptOssForCausalLM", "gpt_oss", dtype, j);
@@ -161,8 +208,9 @@ ModelConfig from_hf_config(const nlohmann::json& json, const std::string& source
 }  // namespace
 
 const Family& gpt_oss_family() {
-  static const Family family{ModelType::gpt_oss, "gpt_oss",    "GptOssForCausalLM", describe,
-                             tensor_name,        to_hf_config, from_hf_config};
+  static const Family family{ModelType::gpt_oss, "gpt_oss",     "GptOssForCausalLM",
+                             describe,           tensor_name,   to_hf_config,
+                             from_hf_config,     hub_placement, kMxfp4ModulesToNotConvert};
   return family;
 }
 

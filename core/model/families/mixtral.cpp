@@ -51,6 +51,12 @@ std::string tensor_name(const PieceRef& r) {
   }
 }
 
+// Every piece is a Hub tensor of its own, under its name.
+HubPlacement hub_placement(const DecoderSpec&, const PieceRef& ref,
+                           const std::vector<int64_t>& dims) {
+  return whole_hub_tensor(tensor_name(ref), dims);
+}
+
 nlohmann::json to_hf_config(const ModelConfig& m, std::string_view dtype) {
   nlohmann::json j;
   hf_fields::write_shared(m, "MixtralForCausalLM", "mixtral", dtype, j);
@@ -82,8 +88,9 @@ ModelConfig from_hf_config(const nlohmann::json& json, const std::string& source
 }  // namespace
 
 const Family& mixtral_family() {
-  static const Family family{ModelType::mixtral, "mixtral",    "MixtralForCausalLM", describe,
-                             tensor_name,        to_hf_config, from_hf_config};
+  static const Family family{ModelType::mixtral, "mixtral",     "MixtralForCausalLM",
+                             describe,           tensor_name,   to_hf_config,
+                             from_hf_config,     hub_placement, {}};
   return family;
 }
 

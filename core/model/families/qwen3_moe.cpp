@@ -61,6 +61,12 @@ std::string tensor_name(const PieceRef& r) {
   }
 }
 
+// Every piece is a Hub tensor of its own, under its name.
+HubPlacement hub_placement(const DecoderSpec&, const PieceRef& ref,
+                           const std::vector<int64_t>& dims) {
+  return whole_hub_tensor(tensor_name(ref), dims);
+}
+
 nlohmann::json to_hf_config(const ModelConfig& m, std::string_view dtype) {
   nlohmann::json j;
   hf_fields::write_shared(m, "Qwen3MoeForCausalLM", "qwen3_moe", dtype, j);
@@ -124,8 +130,9 @@ ModelConfig from_hf_config(const nlohmann::json& json, const std::string& source
 }  // namespace
 
 const Family& qwen3_moe_family() {
-  static const Family family{ModelType::qwen3_moe, "qwen3_moe",  "Qwen3MoeForCausalLM", describe,
-                             tensor_name,          to_hf_config, from_hf_config};
+  static const Family family{
+      ModelType::qwen3_moe, "qwen3_moe",    "Qwen3MoeForCausalLM", describe, tensor_name,
+      to_hf_config,         from_hf_config, hub_placement,         {}};
   return family;
 }
 
