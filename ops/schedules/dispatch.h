@@ -20,11 +20,28 @@
 
 namespace moepeak::schedules {
 
-// One expert's weights: w1, w3 (F, H), w2 (H, F), and their gradients (accumulated).
+// One expert's weights: w1, w3 (F, H), w2 (H, F), and their gradients (accumulated); with
+// biases (gpt-oss), b1, b3 (F) and b2 (H) and their gradients db1, db3, db2 (accumulated):
+//   y_e(x) = act(x w1^T + b1, x w3^T + b3) w2^T + b2
+// act is the dispatcher's (ops::SwigluParams, given at its construction; the default is the plain
+// SwiGLU). The biases are all three defined or none (undefined Tensor(): no biases, and every
+// schedule computes exactly what it computed before biases existed); their gradients as the
+// weights' (an expert's gradients all defined in backward; the forward may omit them). A bias
+// has the weights' dtype, its gradient the weights' gradients' (main_grad_dtype).
 struct ExpertWeights {
   Tensor w1, w2, w3;
   Tensor dw1, dw2, dw3;
+  // NOTES: default member initializers, so `{w1, w2, w3, dw1, dw2, dw3}` still initializes
+  // every member without -Wmissing-field-initializers.
+  Tensor b1{}, b2{}, b3{};
+  Tensor db1{}, db2{}, db3{};
+
+  bool has_biases() const { return b1.defined(); }
 };
+
+// Throws unless every expert has all three biases or none, all alike, with (F), (H) and (F)
+// shapes matching its weights (and gradients likewise where given). `who` names the dispatcher.
+void check_expert_biases(const std::vector<ExpertWeights>& experts, const char* who);
 
 class ExpertDispatch {
  public:

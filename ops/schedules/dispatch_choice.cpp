@@ -45,19 +45,22 @@ DispatchKind dispatch_kind(DispatchSchedule schedule, int world) {
 std::unique_ptr<ExpertDispatch> make_dispatch(const SchedulesConfig& s, Backend& backend,
                                               Stream& stream, Comm& comm, DType dtype,
                                               int64_t experts,
-                                              std::shared_ptr<PipelinedLlepLane>& lane) {
+                                              std::shared_ptr<PipelinedLlepLane>& lane,
+                                              const ops::SwigluParams& activation) {
   switch (dispatch_kind(s.dispatch, comm.world_size())) {
     case DispatchKind::standard:
-      return std::make_unique<StandardDispatch>(backend, stream, dtype);
+      return std::make_unique<StandardDispatch>(backend, stream, dtype, activation);
     case DispatchKind::expert_parallel:
-      return std::make_unique<ExpertParallelDispatch>(backend, stream, comm, dtype, experts);
+      return std::make_unique<ExpertParallelDispatch>(backend, stream, comm, dtype, experts,
+                                                      activation);
     case DispatchKind::llep:
-      return std::make_unique<LlepDispatch>(backend, stream, comm, dtype, experts, llep_params(s));
+      return std::make_unique<LlepDispatch>(backend, stream, comm, dtype, experts, llep_params(s),
+                                            activation);
     case DispatchKind::pipelined_llep:
       // Collective: every rank makes the lane at the same (first) layer.
       if (!lane) lane = PipelinedLlepLane::make(backend, comm);
       return std::make_unique<PipelinedLlepDispatch>(backend, stream, comm, dtype, experts,
-                                                     pipelined_llep_params(s), lane);
+                                                     pipelined_llep_params(s), lane, activation);
   }
   MOEPEAK_THROW("schedules.dispatch: unknown schedule ", static_cast<int>(s.dispatch));
 }
@@ -127,8 +130,8 @@ std::optional<DispatchSpillBytes> dispatch_spill_bytes(const SchedulesConfig& s,
       break;
     }
   }
-  const LlepSpillCopyBytes spill =
-      llep_spill_copy_bytes(d.experts, W, d.hidden, d.ffn, d.dtype, capacity, plans, lp);
+  const LlepSpillCopyBytes spill = llep_spill_copy_bytes(d.experts, W, d.hidden, d.ffn, d.dtype,
+                                                         capacity, plans, lp, d.expert_biases);
   const std::string f = "llep_spill_copy_bytes(" +
                         formula_args({{"E", d.experts},
                                       {"W", W},
@@ -136,6 +139,7 @@ std::optional<DispatchSpillBytes> dispatch_spill_bytes(const SchedulesConfig& s,
                                       {"F", d.ffn},
                                       {"cap", capacity},
                                       {"plans", plans}}) +
+                        (d.expert_biases ? ", biases" : "") +
                         ", copies=" + std::to_string(spill.copies) + ")";
   DispatchSpillBytes out;
   out.weights = static_cast<uint64_t>(layers) * spill.weights;

@@ -29,6 +29,7 @@
 #include "core/runtime/backend.h"
 #include "ops/schedules/dispatch.h"
 #include "ops/schedules/schedule_bytes.h"
+#include "ops/swiglu.h"
 
 namespace moepeak::schedules {
 
@@ -49,15 +50,21 @@ struct DispatchShape {
   // (resident_layers of checkpoint_choice.h: L under checkpoint = "none", else 1).
   int64_t layers_resident = 1;
   DType dtype = DType::f32;
+  // The experts have biases b1, b3 (F), b2 (H) (gpt-oss): LLEP's spill copies carry them and
+  // their gradients (2 F + H more elements per copy); the `dispatch` bytes do not change.
+  bool expert_biases = false;
 };
 
 // The dispatcher of dispatch_kind(schedules.dispatch, comm.world_size()) over `experts` experts
-// (E % W == 0). PipelinedLLEP's overlapping traffic runs on `lane`, one for all of a model's
-// layers: made here (collectively) on first need, then shared.
+// (E % W == 0) whose SwiGLU is `activation` (the plain one by default; gpt-oss's clamped form:
+// ops::SwigluParams::gpt_oss). PipelinedLLEP's overlapping traffic runs on `lane`, one for all of
+// a model's layers: made here (collectively) on first need, then shared. Whether the experts have
+// biases is the ExpertWeights' business (dispatch.h), not the dispatcher's.
 std::unique_ptr<ExpertDispatch> make_dispatch(const SchedulesConfig& schedules, Backend& backend,
                                               Stream& stream, Comm& comm, DType dtype,
                                               int64_t experts,
-                                              std::shared_ptr<PipelinedLlepLane>& lane);
+                                              std::shared_ptr<PipelinedLlepLane>& lane,
+                                              const ops::SwigluParams& activation = {});
 
 // The `dispatch` term: bytes, the formula ("dispatch_standard_bytes(N=.., ..., layers=1)"), and the
 // schedule name ("standard"). Standard on W > 1 is at its worst case R = W*N*k; the all-at-once

@@ -46,8 +46,15 @@ uint64_t dispatch_expert_parallel_bytes(int64_t tokens_local, int64_t top_k, int
 }
 
 ExpertParallelDispatch::ExpertParallelDispatch(Backend& backend, Stream& stream, Comm& comm,
-                                               DType dtype, int64_t num_experts)
-    : backend_(backend), stream_(stream), comm_(comm), dtype_(dtype), num_experts_(num_experts) {
+                                               DType dtype, int64_t num_experts,
+                                               const ops::SwigluParams& activation)
+    : backend_(backend),
+      stream_(stream),
+      comm_(comm),
+      dtype_(dtype),
+      activation_(activation),
+      num_experts_(num_experts) {
+  ops::check_swiglu_params("expert parallel dispatch", activation);
   const int64_t W = comm.world_size();
   MOEPEAK_CHECK(num_experts > 0 && W > 0 && num_experts % W == 0,
                 "expert parallel dispatch: the number of experts E = ", num_experts,
@@ -108,6 +115,7 @@ void ExpertParallelDispatch::forward(const Tensor& x, const Tensor& index, const
                 "expert parallel dispatch: ", local_experts.size(), " local experts given, rank ",
                 comm_.rank(), " owns ", El, " (E = ", E, ", W = ", W, ")");
   const int64_t F = local_experts.at(0).w1.size(0);
+  check_expert_biases(local_experts, "expert parallel dispatch");
   MOEPEAK_CHECK(x.dtype() == dtype_ && weight.dtype() == dtype_ && out.dtype() == dtype_ &&
                     index.dtype() == DType::i32,
                 "expert parallel dispatch: x ", x.str(), ", index ", index.str(), ", weight ",
@@ -235,7 +243,8 @@ void ExpertParallelDispatch::forward(const Tensor& x, const Tensor& index, const
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "expert outputs");
   {
     OwnedTensor g = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "swiglu");
-    all_experts_forward(local_experts, expert_offsets_, x_rows_, a_, b_, g, y_rows, stream_);
+    all_experts_forward(local_experts, expert_offsets_, activation_, x_rows_, a_, b_, g, y_rows,
+                        stream_);
   }
   // Back to arrival order, back to the sources, combined there in send (expert-major) order.
   OwnedTensor y_arrival =
@@ -263,6 +272,7 @@ void ExpertParallelDispatch::backward(const Tensor& dout,
   MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == El,
                 "expert parallel dispatch: ", local_experts.size(),
                 " local experts given to backward, ", El, " expected");
+  check_expert_biases(local_experts, "expert parallel dispatch backward");
   dout.expect(Shape{N, H}, dtype_, "expert parallel dispatch dout");
   dx.expect(Shape{N, H}, dtype_, "expert parallel dispatch dx");
   dweight.expect(Shape{N, k}, dtype_, "expert parallel dispatch dweight");
@@ -294,8 +304,8 @@ void ExpertParallelDispatch::backward(const Tensor& dout,
         OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d w1 rows");
     OwnedTensor db =
         OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d w3 rows");
-    all_experts_backward(local_experts, expert_offsets_, x_rows_, a_, b_, dy_rows, g, dg, da, db,
-                         dx_rows, stream_);
+    all_experts_backward(local_experts, expert_offsets_, activation_, x_rows_, a_, b_, dy_rows, g,
+                         dg, da, db, dx_rows, stream_);
   }
   dy_rows.reset();
   x_rows_.reset();

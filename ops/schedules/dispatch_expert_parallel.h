@@ -1,6 +1,8 @@
 // The standard expert-parallel dispatch (docs/design.md#parallel-layout): rank r of W owns experts
 // [r*E/W, (r+1)*E/W); every routed token travels to its expert's rank with one all_to_all_v, runs
-// the same SwiGLU expert GEMMs as StandardDispatch there, and comes back with another
+// the same SwiGLU expert GEMMs as StandardDispatch there (all_experts_forward: biases and the
+// activation included, so the owner's bias gradients sum its rows as the standard's do), and
+// comes back with another
 // all_to_all_v to be combined on the rank that owns the token. Expert weights and their gradients
 // are not ZeRO-sharded: each expert lives, and accumulates its gradient, on its owner only.
 //
@@ -73,8 +75,9 @@ void combine_backward_on_source(Backend& backend, Stream& stream, DType dtype, c
 class ExpertParallelDispatch final : public ExpertDispatch {
  public:
   // num_experts is E, the global count; E % W must be 0 (an Error naming E and W otherwise).
+  // `activation`: the experts' SwiGLU (default: the plain one).
   ExpertParallelDispatch(Backend& backend, Stream& stream, Comm& comm, DType dtype,
-                         int64_t num_experts);
+                         int64_t num_experts, const ops::SwigluParams& activation = {});
 
   // Forward: out += MoE(x). Keeps what backward needs until backward() or release().
   void forward(const Tensor& x, const Tensor& index, const Tensor& weight,
@@ -104,6 +107,7 @@ class ExpertParallelDispatch final : public ExpertDispatch {
   Stream& stream_;
   Comm& comm_;
   DType dtype_;
+  ops::SwigluParams activation_;
   int64_t num_experts_, local_experts_, first_expert_;
   int64_t tokens_ = 0, top_k_ = 0, received_rows_ = 0;
   bool have_forward_ = false;

@@ -23,13 +23,16 @@ uint64_t llep_dispatch_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int6
 }
 
 LlepDispatch::LlepDispatch(Backend& backend, Stream& stream, Comm& comm, DType dtype,
-                           int64_t num_experts, const LlepParams& params)
+                           int64_t num_experts, const LlepParams& params,
+                           const ops::SwigluParams& activation)
     : backend_(backend),
       stream_(stream),
       comm_(comm),
       dtype_(dtype),
       params_(params),
+      activation_(activation),
       num_experts_(num_experts) {
+  ops::check_swiglu_params("llep dispatch", activation);
   const int64_t W = comm.world_size();
   MOEPEAK_CHECK(num_experts > 0 && num_experts % W == 0,
                 "llep dispatch: the number of experts E = ", num_experts,
@@ -75,6 +78,7 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
                 "llep dispatch: ", local_experts.size(), " local experts given, rank ", me,
                 " owns ", El, " (E = ", E, ", W = ", W, ")");
   const int64_t F = local_experts.at(0).w1.size(0);
+  check_expert_biases(local_experts, "llep dispatch");
   MOEPEAK_CHECK(x.dtype() == dtype_ && weight.dtype() == dtype_ && out.dtype() == dtype_ &&
                     index.dtype() == DType::i32,
                 "llep dispatch: x ", x.str(), ", index ", index.str(), ", weight ", weight.str(),
@@ -128,8 +132,8 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
   received_rows_ = R;
 
   // Spilled experts' weights to their helpers (gradient copies zeroed for backward).
-  copies_.allocate(backend_, dtype_, transfers_, me, H, F, /*with_grads=*/true, stream_,
-                   llep_max_copies(E, W, capacity, 1, params_));
+  copies_.allocate(backend_, dtype_, transfers_, me, H, F, local_experts[0].has_biases(),
+                   /*with_grads=*/true, stream_, llep_max_copies(E, W, capacity, 1, params_));
   copies_.send_weights(comm_, stream_, transfers_, me, first_expert_, local_experts);
 
   // Grouped order on this rank: expert (ascending), source, arrival.
@@ -190,8 +194,8 @@ void LlepDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& w
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "expert outputs");
   {
     OwnedTensor g = OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "swiglu");
-    all_experts_forward(computed_weights(local_experts), expert_offsets_, x_rows_, a_, b_, g,
-                        y_rows, stream_);
+    all_experts_forward(computed_weights(local_experts), expert_offsets_, activation_, x_rows_, a_,
+                        b_, g, y_rows, stream_);
   }
   OwnedTensor y_arrival =
       OwnedTensor::device(backend_, Shape{R, H}, dtype_, LiveSet::dispatch, "outputs to return");
@@ -219,6 +223,7 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
   MOEPEAK_CHECK(static_cast<int64_t>(local_experts.size()) == El,
                 "llep dispatch: ", local_experts.size(), " local experts given to backward, ", El,
                 " expected");
+  check_expert_biases(local_experts, "llep dispatch backward");
   dout.expect(Shape{N, H}, dtype_, "llep dispatch dout");
   dx.expect(Shape{N, H}, dtype_, "llep dispatch dx");
   dweight.expect(Shape{N, k}, dtype_, "llep dispatch dweight");
@@ -249,8 +254,8 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
     OwnedTensor db =
         OwnedTensor::device(backend_, Shape{R, F}, dtype_, LiveSet::dispatch, "d w3 rows");
     // Native experts accumulate into their own gradients, spilled ones into the copies'.
-    all_experts_backward(computed_weights(local_experts), expert_offsets_, x_rows_, a_, b_, dy_rows,
-                         g, dg, da, db, dx_rows, stream_);
+    all_experts_backward(computed_weights(local_experts), expert_offsets_, activation_, x_rows_, a_,
+                         b_, dy_rows, g, dg, da, db, dx_rows, stream_);
   }
   dy_rows.reset();
   x_rows_.reset();
@@ -276,8 +281,9 @@ void LlepDispatch::backward(const Tensor& dout, const std::vector<ExpertWeights>
   if (!transfers_.empty()) {
     OwnedTensor scratch;
     if (llep_owns_a_transfer(transfers_, me)) {
-      scratch = OwnedTensor::device(backend_, Shape{3 * F * H}, main_grad_dtype(dtype_),
-                                    LiveSet::grads, "llep returned gradient");
+      scratch = OwnedTensor::device(
+          backend_, Shape{llep_expert_elements(H, F, local_experts.at(0).has_biases())},
+          main_grad_dtype(dtype_), LiveSet::grads, "llep returned gradient");
     }
     copies_.return_grads(comm_, stream_, transfers_, me, first_expert_, local_experts, scratch);
     stream_.synchronize();

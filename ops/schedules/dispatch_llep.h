@@ -16,6 +16,9 @@
 // exactly ExpertParallelDispatch's order — run the same SwiGLU GEMMs, come back with another
 // all_to_all_v and are combined range by range in expert order (LlepRoute::combine_ranges).
 // Backward mirrors it; helpers return spilled experts' weight gradients to their owners (+=).
+// Experts with biases (gpt-oss) run all_experts_forward's biased MLP with the dispatcher's
+// activation wherever their rows are computed: a helper's copy carries the biases, and its bias
+// gradients go back with the weights' (llep_experts.h).
 //
 // Exactness against ExpertParallelDispatch: when no expert is split (the gate kept every expert
 // home, or whole experts moved) each expert runs the very GEMMs of the standard dispatcher on the
@@ -26,7 +29,8 @@
 //
 // Memory: the same buffers as ExpertParallelDispatch for the R rows this rank computes, so the
 // measured `dispatch` peak is dispatch_expert_parallel_bytes(N, k, H, F, b, R) and never more
-// than llep_dispatch_bytes (R at its capacity). Helper weight copies are `weights`/`grads`.
+// than llep_dispatch_bytes (R at its capacity), biases or not. Helper weight copies are
+// `weights`/`grads` (llep_spill_copy_bytes, with the biases' 2 F + H elements when they exist).
 //
 // Collective: every rank calls forward() and backward() in the same order. The constructor is
 // not collective.
@@ -44,6 +48,7 @@
 #include "ops/schedules/llep_experts.h"
 #include "ops/schedules/llep_plan.h"
 #include "ops/schedules/llep_route.h"
+#include "ops/swiglu.h"
 
 namespace moepeak::schedules {
 
@@ -56,8 +61,9 @@ uint64_t llep_dispatch_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int6
 class LlepDispatch final : public ExpertDispatch {
  public:
   // num_experts is E, the global count; E % W must be 0 (an Error naming E and W otherwise).
+  // `activation`: the experts' SwiGLU (default: the plain one).
   LlepDispatch(Backend& backend, Stream& stream, Comm& comm, DType dtype, int64_t num_experts,
-               const LlepParams& params = {});
+               const LlepParams& params = {}, const ops::SwigluParams& activation = {});
 
   void forward(const Tensor& x, const Tensor& index, const Tensor& weight,
                const std::vector<ExpertWeights>& local_experts, const Tensor& out) override;
@@ -86,6 +92,7 @@ class LlepDispatch final : public ExpertDispatch {
   Comm& comm_;
   DType dtype_;
   LlepParams params_;
+  ops::SwigluParams activation_;
   int64_t num_experts_, local_experts_, first_expert_;
   int64_t tokens_ = 0, top_k_ = 0, received_rows_ = 0;
   bool have_forward_ = false;

@@ -20,7 +20,9 @@
 // at most F_b of the F columns, a = x w1[fb]^T, b = x w3[fb]^T, g = silu(a) * b (T, F_b) and
 // y += g w2[:, fb]^T into a (T, H) tile, written back into the slot at the arrival rows the tile
 // came from -> the slot, now holding the rows to return in arrival order, back to the sources
-// (all_to_all_v) -> combine in expert order.
+// (all_to_all_v) -> combine in expert order. Experts with biases (gpt-oss) add b1[fb], b3[fb]
+// to a and b per block and b2 to the y tile once per row, and g is the dispatcher's activation
+// (gpt-oss's clamped SwiGLU, or the plain one): llep_tile_mlp.h, with backward's bias terms.
 //
 // Slots and overlap: three streams, each with its own communicator — the dispatch lane (chunk
 // i+1's rows out), `stream` (chunk i's experts) and the return lane (chunk i-1's results back
@@ -39,10 +41,12 @@
 // w = the rows' routing weights: a, b, g recomputed; dweight += g . (dout w2[:, fb]) per row
 // (dout . y summed over the blocks, so y is never formed); dg = w * (dout w2[:, fb]);
 // dw2[:, fb] += dout^T (w * g); da, db from the SwiGLU backward; dw1[fb] += da^T x,
-// dw3[fb] += db^T x; dx += da w1[fb] + db w3[fb] into a (T, H) tile — then writes dx over the
-// slot's dout rows and dweight over its weights, and returns both; helpers accumulate spilled
-// experts' weight gradients over the chunks and return them to their owners after the last one
-// (+=). That is 8 GEMMs per tile and block where a forward and a backward of y take 9.
+// dw3[fb] += db^T x; dx += da w1[fb] + db w3[fb] into a (T, H) tile (with biases: db1[fb],
+// db3[fb] += da's, db's column sums per block; dweight += dout . b2 and db2 += dout^T w once per
+// tile) — then writes dx over the slot's dout rows and dweight over its weights, and returns
+// both; helpers accumulate spilled experts' weight gradients over the chunks and return them to
+// their owners after the last one (+=). That is 8 GEMMs per tile and block where a forward and a
+// backward of y take 9.
 //
 // Weight spilling, once per pass: the weights of every expert some chunk's plan spills to a
 // helper are sent owner -> helper before chunk 0 (llep_experts.h), not again per chunk, on the
@@ -82,8 +86,11 @@
 // At the defaults (alpha = 1, lambda = 1.3): S = 1 at W = 2 and 3; S = 2 at W >= 4 once the
 // 0.8 U that W = 4 leaves holds T_min-row tiles, 0.8 M_c H >= T_min (3 H + 4 F_min) (M_c >= 160
 // at H = 256 with T_min = 32, F >= 64). pipelined_llep_dispatch_bytes is the exact sum of what
-// the dispatcher allocates; the measured peak equals it whatever the router does.
-// Spilled experts' weight copies are `weights`/`grads` (llep_experts.h).
+// the dispatcher allocates; the measured peak equals it whatever the router does. The experts'
+// biases and activation add no buffer (the bias terms are broadcasts into the a, b and y blocks
+// and one-column GEMMs), so the byte functions do not depend on them.
+// Spilled experts' weight copies are `weights`/`grads` (llep_experts.h; with biases each copy
+// holds 2 F + H more elements: llep_expert_elements).
 //
 // Exactness against ExpertParallelDispatch: the same function in another order of summation,
 // so the results agree within a float tolerance, not bitwise: y and dx are sums over F blocks
@@ -94,8 +101,12 @@
 // rows) in the same expert order. With bf16 storage every such sum runs in fp32 (the tile
 // accumulators above, the fp32 expert gradients of schedules::main_grad_dtype), so a bf16 result
 // differs from the standard schedule's by the rounding of the result, not by one per F block or
-// chunk.
-// tests/parallel/test_llep.cpp states the tolerances and what was measured.
+// chunk. With biases likewise: y starts from b2 and adds the blocks one by one (the standard adds
+// b2 to one GEMM's sum), dweight adds dout . b2 after the blocks, db2 sums weight * dout over a
+// tile's rows in a one-column GEMM (the standard: column sums of the rounded dy), db1 and db3 sum
+// per block, chunk and tile.
+// tests/parallel/test_llep.cpp and test_llep_gpt_oss.cpp state the tolerances and what was
+// measured.
 //
 // Lifetimes: x, index and weight passed to forward() must stay alive and unchanged until
 // backward() or release() (backward recomputes from them; the model keeps them in its layer
@@ -118,6 +129,7 @@
 #include "ops/schedules/llep_experts.h"
 #include "ops/schedules/llep_plan.h"
 #include "ops/schedules/llep_route.h"
+#include "ops/swiglu.h"
 
 namespace moepeak::schedules {
 
@@ -217,10 +229,12 @@ class PipelinedLlepDispatch final : public ExpertDispatch {
  public:
   // num_experts is E, the global count; E % W must be 0 (an Error naming E and W otherwise).
   // The overlapping traffic runs on `lane`, made from `comm`, or when null on a lane of its own
-  // (collective: PipelinedLlepLane::make).
+  // (collective: PipelinedLlepLane::make). `activation`: the experts' SwiGLU (default: the plain
+  // one).
   PipelinedLlepDispatch(Backend& backend, Stream& stream, Comm& comm, DType dtype,
                         int64_t num_experts, const PipelinedLlepParams& params = {},
-                        std::shared_ptr<PipelinedLlepLane> lane = nullptr);
+                        std::shared_ptr<PipelinedLlepLane> lane = nullptr,
+                        const ops::SwigluParams& activation = {});
   ~PipelinedLlepDispatch() override;
   PipelinedLlepDispatch(const PipelinedLlepDispatch&) = delete;
   PipelinedLlepDispatch& operator=(const PipelinedLlepDispatch&) = delete;
@@ -292,6 +306,7 @@ class PipelinedLlepDispatch final : public ExpertDispatch {
   Comm& comm_;
   DType dtype_;
   PipelinedLlepParams params_;
+  ops::SwigluParams activation_;
   int64_t num_experts_, local_experts_, first_expert_;
   // The comm stream (dispatch of the next chunk) and its communicator; maybe shared with other
   // layers' dispatchers.

@@ -1,9 +1,12 @@
 #include "ops/schedules/dispatch_standard.h"
 
 #include <algorithm>
+#include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "ops/fill.h"
+#include "ops/grouped_bias.h"
 #include "ops/grouped_linear.h"
 #include "ops/permute.h"
 #include "ops/swiglu.h"
@@ -25,6 +28,32 @@ uint64_t dispatch_standard_bytes(int64_t tokens, int64_t top_k, int64_t hidden, 
   return std::max(forward, backward) + static_cast<uint64_t>(layers_resident - 1) * saved;
 }
 
+void check_expert_biases(const std::vector<ExpertWeights>& experts, const char* who) {
+  if (experts.empty()) return;
+  const bool biased = experts[0].has_biases();
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const ExpertWeights& w = experts[e];
+    const bool b1 = w.b1.defined(), b2 = w.b2.defined(), b3 = w.b3.defined();
+    auto has = [](bool v) { return v ? "yes" : "no"; };
+    MOEPEAK_CHECK(b1 == biased && b2 == biased && b3 == biased, who, ": expert ", e,
+                  " has biases b1 ", has(b1), ", b2 ", has(b2), ", b3 ", has(b3),
+                  " where expert 0 has ", biased ? "all three" : "none",
+                  " (all three on every expert, or none)");
+    if (!biased) continue;
+    const int64_t F = w.w1.size(0), H = w.w1.size(1);
+    const std::string at = std::string(who) + ": expert " + std::to_string(e) + " ";
+    w.b1.expect(Shape{F}, w.w1.dtype(), at + "b1 (F, w1's dtype)");
+    w.b3.expect(Shape{F}, w.w1.dtype(), at + "b3 (F, w1's dtype)");
+    w.b2.expect(Shape{H}, w.w1.dtype(), at + "b2 (H, w1's dtype)");
+    // The gradients' dtypes are the ops' to check (ops/bias.h: the weights' or fp32 beside bf16).
+    for (const auto& [db, n, name] : {std::tuple{&w.db1, F, "db1"}, std::tuple{&w.db3, F, "db3"},
+                                      std::tuple{&w.db2, H, "db2"}}) {
+      MOEPEAK_CHECK(!db->defined() || db->shape() == Shape{n}, at, name, " must be (", n, "), got ",
+                    db->str());
+    }
+  }
+}
+
 namespace {
 
 // One weight (or gradient) of every expert, in expert order, as grouped_linear takes them.
@@ -36,39 +65,65 @@ std::vector<Tensor> each_expert(const std::vector<ExpertWeights>& experts,
   return out;
 }
 
+// Whether the experts carry biases (all alike: check_expert_biases).
+bool biased(const std::vector<ExpertWeights>& experts) {
+  return !experts.empty() && experts[0].has_biases();
+}
+
 }  // namespace
 
 void all_experts_forward(const std::vector<ExpertWeights>& experts,
-                         const std::vector<int64_t>& offsets, const Tensor& x, const Tensor& a,
-                         const Tensor& b, const Tensor& g, const Tensor& y, Stream& stream) {
+                         const std::vector<int64_t>& offsets, const ops::SwigluParams& activation,
+                         const Tensor& x, const Tensor& a, const Tensor& b, const Tensor& g,
+                         const Tensor& y, Stream& stream) {
   const std::vector<Tensor> w1 = each_expert(experts, &ExpertWeights::w1);
   const std::vector<Tensor> w3 = each_expert(experts, &ExpertWeights::w3);
   const std::vector<Tensor> w2 = each_expert(experts, &ExpertWeights::w2);
-  ops::grouped_linear_forward(x, w1, offsets, a, false, stream);
-  ops::grouped_linear_forward(x, w3, offsets, b, false, stream);
-  ops::swiglu_forward(a, b, g, stream);
-  ops::grouped_linear_forward(g, w2, offsets, y, false, stream);
+  // With biases each projection starts from its bias and the GEMM accumulates onto it.
+  const bool bias = biased(experts);
+  if (bias) {
+    ops::grouped_bias_broadcast(each_expert(experts, &ExpertWeights::b1), offsets, a, stream);
+    ops::grouped_bias_broadcast(each_expert(experts, &ExpertWeights::b3), offsets, b, stream);
+  }
+  ops::grouped_linear_forward(x, w1, offsets, a, bias, stream);
+  ops::grouped_linear_forward(x, w3, offsets, b, bias, stream);
+  ops::swiglu_forward(a, b, activation, g, stream);  // the plain op for the default (bitwise)
+  if (bias) {
+    ops::grouped_bias_broadcast(each_expert(experts, &ExpertWeights::b2), offsets, y, stream);
+  }
+  ops::grouped_linear_forward(g, w2, offsets, y, bias, stream);
 }
 
 void all_experts_backward(const std::vector<ExpertWeights>& experts,
-                          const std::vector<int64_t>& offsets, const Tensor& x, const Tensor& a,
-                          const Tensor& b, const Tensor& dy, const Tensor& g, const Tensor& dg,
-                          const Tensor& da, const Tensor& db, const Tensor& dx, Stream& stream) {
+                          const std::vector<int64_t>& offsets, const ops::SwigluParams& activation,
+                          const Tensor& x, const Tensor& a, const Tensor& b, const Tensor& dy,
+                          const Tensor& g, const Tensor& dg, const Tensor& da, const Tensor& db,
+                          const Tensor& dx, Stream& stream) {
   const std::vector<Tensor> w1 = each_expert(experts, &ExpertWeights::w1);
   const std::vector<Tensor> w3 = each_expert(experts, &ExpertWeights::w3);
   const std::vector<Tensor> w2 = each_expert(experts, &ExpertWeights::w2);
   const std::vector<Tensor> dw1 = each_expert(experts, &ExpertWeights::dw1);
   const std::vector<Tensor> dw3 = each_expert(experts, &ExpertWeights::dw3);
   const std::vector<Tensor> dw2 = each_expert(experts, &ExpertWeights::dw2);
-  ops::swiglu_forward(a, b, g, stream);
+  const bool bias = biased(experts);
+  ops::swiglu_forward(a, b, activation, g, stream);
+  if (bias)
+    ops::grouped_bias_backward(dy, offsets, each_expert(experts, &ExpertWeights::db2), stream);
   ops::grouped_linear_backward(g, w2, offsets, dy, dg, false, dw2, stream);
-  ops::swiglu_backward(a, b, dg, da, db, stream);
+  ops::swiglu_backward(a, b, dg, activation, da, db, stream);
+  if (bias) {
+    ops::grouped_bias_backward(da, offsets, each_expert(experts, &ExpertWeights::db1), stream);
+    ops::grouped_bias_backward(db, offsets, each_expert(experts, &ExpertWeights::db3), stream);
+  }
   ops::grouped_linear_backward(x, w1, offsets, da, dx, false, dw1, stream);
   ops::grouped_linear_backward(x, w3, offsets, db, dx, true, dw3, stream);
 }
 
-StandardDispatch::StandardDispatch(Backend& backend, Stream& stream, DType dtype)
-    : backend_(backend), stream_(stream), dtype_(dtype) {}
+StandardDispatch::StandardDispatch(Backend& backend, Stream& stream, DType dtype,
+                                   const ops::SwigluParams& activation)
+    : backend_(backend), stream_(stream), dtype_(dtype), activation_(activation) {
+  ops::check_swiglu_params("standard dispatch", activation);
+}
 
 void StandardDispatch::forward(const Tensor& x, const Tensor& index, const Tensor& weight,
                                const std::vector<ExpertWeights>& experts, const Tensor& out) {
@@ -77,6 +132,7 @@ void StandardDispatch::forward(const Tensor& x, const Tensor& index, const Tenso
   const int64_t F = experts.at(0).w1.size(0);
   MOEPEAK_CHECK(index.size(0) == N && weight.size(0) == N && weight.size(1) == k,
                 "dispatch: index ", index.str(), " and weight ", weight.str(), " for x ", x.str());
+  check_expert_biases(experts, "dispatch");
   tokens_ = N;
   top_k_ = k;
 
@@ -121,7 +177,7 @@ void StandardDispatch::forward(const Tensor& x, const Tensor& index, const Tenso
   ops::gather_rows(x, row_token_, x_rows_, stream_);
   {
     OwnedTensor g = OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "swiglu");
-    all_experts_forward(experts, offsets_, x_rows_, a_, b_, g, y_rows_, stream_);
+    all_experts_forward(experts, offsets_, activation_, x_rows_, a_, b_, g, y_rows_, stream_);
   }
   ops::combine_rows(y_rows_, row_token_, row_weight_, out, stream_);
   // `token`, `slot` are read by the copies above: finish them before the vectors die.
@@ -132,6 +188,7 @@ void StandardDispatch::backward(const Tensor& dout, const std::vector<ExpertWeig
                                 const Tensor& dx, const Tensor& dweight) {
   MOEPEAK_CHECK(x_rows_.view().defined(), "dispatch backward without a forward to go with it");
   const int64_t M = tokens_ * top_k_, H = dout.size(1), F = a_.shape()[1];
+  check_expert_biases(experts, "dispatch backward");
   OwnedTensor dy =
       OwnedTensor::device(backend_, Shape{M, H}, dtype_, LiveSet::dispatch, "d expert outputs");
   OwnedTensor drow_weight =
@@ -148,7 +205,8 @@ void StandardDispatch::backward(const Tensor& dout, const std::vector<ExpertWeig
         OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d w1 rows");
     OwnedTensor db =
         OwnedTensor::device(backend_, Shape{M, F}, dtype_, LiveSet::dispatch, "d w3 rows");
-    all_experts_backward(experts, offsets_, x_rows_, a_, b_, dy, g, dg, da, db, dx_rows, stream_);
+    all_experts_backward(experts, offsets_, activation_, x_rows_, a_, b_, dy, g, dg, da, db,
+                         dx_rows, stream_);
   }
   ops::scatter_add_rows(dx_rows, row_token_, dx, stream_);
   ops::fill(dweight, 0.0, stream_);

@@ -5,14 +5,16 @@
 // ends up, summed, on its owner only.
 //
 //   transfers  llep_transfers(plan): (expert, owner, helper) sorted by (expert, helper)
-//   copies     per expert this rank helps with: w1, w3 (F, H), w2 (H, F) in LiveSet::weights,
-//              and in backward dw1, dw3, dw2 in LiveSet::grads, zeroed
+//   copies     per expert this rank helps with: w1, w3 (F, H), w2 (H, F) [and with biases b1, b3
+//              (F), b2 (H)] in one LiveSet::weights buffer, and in backward dw1, dw3, dw2 [db1,
+//              db3, db2] in one LiveSet::grads buffer, zeroed (llep_expert_elements each)
 //
 // Messages are point-to-point (send/recv) on the given communicator and stream, issued by every
 // rank in the transfers' order, each rank taking part in the pairs that name it: as that order
 // is the same everywhere, the earliest pending pair always has both ends waiting on it, so the
 // blocking sends and receives cannot deadlock. Three messages per pair: w1, w3, w2 (or dw1, dw3,
-// dw2 on the way back).
+// dw2 on the way back); six with biases: then b1, b3, b2 (db1, db3, db2) follow. Every rank
+// holds the same model, so owner and helper agree on whether the experts have biases.
 //
 // NOTES: the weights and gradient copies are not dispatch buffers: they are tagged `weights`
 // and `grads` (a gathered working copy, like a ZeRO-3 gather) and bounded by the number of
@@ -60,10 +62,16 @@ bool llep_may_spill(int64_t world, const LlepParams& params);
 int64_t llep_max_copies(int64_t num_experts, int64_t world, int64_t capacity, int64_t plans,
                         const LlepParams& params);
 
-// The device bytes of one rank's spill copies at their peak, arena footprints (fp) included:
-//   weights  copies * fp(3 F H b)   (the w1, w3, w2 copies; `weights`)
-//   grads    copies * fp(3 F H b_g) (their gradient buffers, backward; `grads`)
-//   scratch  fp(3 F H b_g) if copies > 0, else 0   (the owner's buffer for returned gradients,
+// The elements of one expert's packed copy (or of its gradients, or of an owner's scratch for
+// them): w1, w3 (F, H) and w2 (H, F), and with biases b1, b3 (F) and b2 (H):
+//   3 F H (+ 2 F + H with biases).
+int64_t llep_expert_elements(int64_t hidden, int64_t ffn, bool biases);
+
+// The device bytes of one rank's spill copies at their peak, arena footprints (fp) included,
+// with P = llep_expert_elements(H, F, biases) (3 F H, or 3 F H + 2 F + H with biases):
+//   weights  copies * fp(P b)   (the w1, w3, w2 [b1, b3, b2] copies; `weights`)
+//   grads    copies * fp(P b_g) (their gradient buffers, backward; `grads`)
+//   scratch  fp(P b_g) if copies > 0, else 0   (the owner's buffer for returned gradients,
 //            one per backward call, in `grads`)
 // (b_g: main_grad_dtype's bytes, 4 for bf16 — a spilled expert's gradient is summed over chunks
 // on its helper and sent back in fp32, like the owner's own).
@@ -74,23 +82,25 @@ struct LlepSpillCopyBytes {
 };
 LlepSpillCopyBytes llep_spill_copy_bytes(int64_t num_experts, int64_t world, int64_t hidden,
                                          int64_t ffn, DType dtype, int64_t capacity, int64_t plans,
-                                         const LlepParams& params);
+                                         const LlepParams& params, bool biases = false);
 
 class LlepExpertCopies {
  public:
-  // Allocates the copies of the experts `rank` helps with in `transfers` (hidden H, width F).
-  // With grads, their gradient buffers too (main_grad_dtype(dtype)), zeroed on `grad_stream`.
+  // Allocates the copies of the experts `rank` helps with in `transfers` (hidden H, width F),
+  // with bias copies when `biases` (the experts have them: ExpertWeights::has_biases). With
+  // grads, their gradient buffers too (main_grad_dtype(dtype)), zeroed on `grad_stream`.
   // Throws if they are more than `max_copies` (llep_max_copies of the plans behind `transfers`).
   void allocate(Backend& backend, DType dtype, const std::vector<LlepTransfer>& transfers,
-                int64_t rank, int64_t hidden, int64_t ffn, bool with_grads, Stream& grad_stream,
-                int64_t max_copies);
-  // Owners send the weights of `local_experts` (experts [first_local, first_local + E/W)) to the
-  // helpers; helpers receive them into their copies.
+                int64_t rank, int64_t hidden, int64_t ffn, bool biases, bool with_grads,
+                Stream& grad_stream, int64_t max_copies);
+  // Owners send the weights (and biases) of `local_experts` (experts [first_local,
+  // first_local + E/W)) to the helpers; helpers receive them into their copies.
   void send_weights(Comm& comm, Stream& stream, const std::vector<LlepTransfer>& transfers,
                     int64_t rank, int64_t first_local,
                     const std::vector<ExpertWeights>& local_experts) const;
   // Helpers send their gradient copies to the owners; each owner receives a pair's gradients into
-  // `scratch` (3 * F * H elements) and adds them to its expert's dw1, dw3, dw2, pair by pair.
+  // `scratch` (llep_expert_elements(H, F, biases) elements) and adds them to its expert's dw1,
+  // dw3, dw2 (and db1, db3, db2), pair by pair.
   void return_grads(Comm& comm, Stream& stream, const std::vector<LlepTransfer>& transfers,
                     int64_t rank, int64_t first_local,
                     const std::vector<ExpertWeights>& local_experts, const Tensor& scratch) const;
@@ -102,6 +112,7 @@ class LlepExpertCopies {
 
  private:
   std::vector<int64_t> experts_;  // ascending
+  bool biases_ = false;
   std::vector<ExpertWeights> views_;
   std::vector<OwnedTensor> storage_;
 };

@@ -3,7 +3,8 @@
 # dispatch` on 2 ranks. Included from tests/parallel/CMakeLists.txt. The planner's own unit test
 # is tests/ops/test_llep_plan.cpp.
 # Run: ctest -R llep --output-on-failure
-moepeak_add_mpi_test(test_llep NP 4 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llep.cpp)
+moepeak_add_mpi_test(test_llep NP 4 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_llep.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/test_llep_gpt_oss.cpp)
 moepeak_mpi_run(test_llep_np2 NP 2 TARGET test_llep)
 # The bf16 cases on one rank too (chunks and F blocks without peers).
 add_test(NAME test_llep_np1_bf16

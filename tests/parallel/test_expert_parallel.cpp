@@ -1,12 +1,19 @@
-// ExpertParallelDispatch on W real rank processes against StandardDispatch on one rank.
+// ExpertParallelDispatch on W real rank processes against StandardDispatch on one rank, and
+// StandardDispatch against the float64 host reference (tests/moe_reference.h).
 //
 // Every rank builds the same full problem from a seed (N tokens (N, H), all E experts' weights
-// w1, w3 (F, H), w2 (H, F), routing index/weight (N, k)), runs StandardDispatch over all of it
-// locally as the reference, then runs the expert-parallel dispatcher on its token slice
-// [r*N/W, (r+1)*N/W) and its experts [r*E/W, (r+1)*E/W). Checked, in f64 and f32:
+// w1, w3 (F, H), w2 (H, F), routing index/weight (N, k); in the gpt-oss cases also random biases
+// b1, b3 (F), b2 (H) and the clamped SwiGLU with limit 0.5 and alpha 1.702, so the clamp binds on
+// a good fraction of the elements, checked), runs StandardDispatch over all of it locally as the
+// reference, then runs the expert-parallel dispatcher on its token slice [r*N/W, (r+1)*N/W) and
+// its experts [r*E/W, (r+1)*E/W). Checked, in f64 and f32:
+//   - StandardDispatch against the float64 reference: out, dx, dweight and every weight (and
+//     bias) gradient within 1e-12 (f64) / 1e-5 (f32) relative (GEMMs and the reference's loops
+//     sum in other orders; f32 rounds its inputs and every product: measured in the file's
+//     results, printed);
 //   - out, dx and dweight slices: bitwise equal to the reference, else within 1e-12 (f64) /
 //     1e-5 (f32); the test prints which;
-//   - local expert weight gradients: within 1e-12 (f64) / 1e-5 (f32) relative;
+//   - local expert weight (and bias) gradients: within 1e-12 (f64) / 1e-5 (f32) relative;
 //   - dweight (=) poisoned with NaN beforehand, the whole free arena too (so an internal buffer
 //     read before it is written shows up); out, dx and dW (+=) start from seeded values;
 //   - the rows each rank receives and the global expert counts;
@@ -39,6 +46,8 @@
 #include "ops/fill.h"
 #include "ops/schedules/dispatch_expert_parallel.h"
 #include "ops/schedules/dispatch_standard.h"
+#include "ops/swiglu.h"
+#include "tests/moe_reference.h"
 #include "tests/parallel/rank_test_env.h"
 
 namespace moepeak {
@@ -70,9 +79,19 @@ struct Problem {
   std::vector<double> x, weight, dout, out0, dx0;  // (N, H), (N, k), (N, H), (N, H), (N, H)
   std::vector<int64_t> index;                      // (N, k)
   std::vector<std::vector<double>> w1, w2, w3, dw1, dw2, dw3;  // per expert; dw*: starting values
+  // gpt-oss: per expert b1, b3 (F), b2 (H) and their gradients' starting values, and the clamped
+  // SwiGLU (the plain one and no biases otherwise).
+  bool biases = false;
+  std::vector<std::vector<double>> b1, b2, b3, db1, db2, db3;
+  ops::SwigluParams activation;
 };
 
-Problem make_problem(uint64_t seed, Routing routing, int64_t experts_on_rank0) {
+// gpt-oss's experts with a small clamp (0.5: a and b are of order 0.3 to 1 here, so it binds on a
+// good fraction of the elements) and its alpha.
+const ops::SwigluParams kClamped = ops::SwigluParams::gpt_oss(0.5, 1.702);
+
+Problem make_problem(uint64_t seed, Routing routing, int64_t experts_on_rank0,
+                     bool gpt_oss = false) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> uni(-1.0, 1.0), pos(0.1, 1.0), coin(0.0, 1.0);
   auto vec = [&](int64_t n, double scale) {
@@ -110,6 +129,18 @@ Problem make_problem(uint64_t seed, Routing routing, int64_t experts_on_rank0) {
     for (int64_t j = 0; j < kTopK; ++j) {
       p.index.push_back(order[j]);
       p.weight.push_back(w[j] / sum);
+    }
+  }
+  if (gpt_oss) {  // drawn last, so the other cases' inputs are those of before
+    p.biases = true;
+    p.activation = kClamped;
+    for (int64_t e = 0; e < kExperts; ++e) {
+      p.b1.push_back(vec(kFfn, 0.5));
+      p.b3.push_back(vec(kFfn, 0.5));
+      p.b2.push_back(vec(kHidden, 0.5));
+      p.db1.push_back(vec(kFfn, 0.1));
+      p.db3.push_back(vec(kFfn, 0.1));
+      p.db2.push_back(vec(kHidden, 0.1));
     }
   }
   return p;
@@ -154,6 +185,18 @@ Experts make_experts(Env& env, const Problem& p, int64_t first, int64_t count) {
     add(p.dw1[e], kFfn, kHidden, w.dw1);
     add(p.dw3[e], kFfn, kHidden, w.dw3);
     add(p.dw2[e], kHidden, kFfn, w.dw2);
+    if (p.biases) {  // (F) and (H) vectors
+      auto bias = [&](const std::vector<double>& v, Tensor& slot) {
+        ex.storage.push_back(env.input(v, 1, static_cast<int64_t>(v.size())));
+        slot = ex.storage.back().view().reshape(Shape{static_cast<int64_t>(v.size())});
+      };
+      bias(p.b1[e], w.b1);
+      bias(p.b3[e], w.b3);
+      bias(p.b2[e], w.b2);
+      bias(p.db1[e], w.db1);
+      bias(p.db3[e], w.db3);
+      bias(p.db2[e], w.db2);
+    }
     ex.weights.push_back(w);
   }
   return ex;
@@ -165,10 +208,14 @@ struct Outputs {
   std::vector<int64_t> counts;
 };
 
+// dw1, dw3, dw2 and, with biases, db1, db3, db2, concatenated (tests/moe_reference.h layout).
 std::vector<double> expert_grads(Env& env, const ExpertWeights& w) {
-  std::vector<double> all = env.read(w.dw1), d3 = env.read(w.dw3), d2 = env.read(w.dw2);
-  all.insert(all.end(), d3.begin(), d3.end());
-  all.insert(all.end(), d2.begin(), d2.end());
+  std::vector<double> all = env.read(w.dw1);
+  for (const Tensor* t : {&w.dw3, &w.dw2, &w.db1, &w.db3, &w.db2}) {
+    if (!t->defined()) continue;
+    std::vector<double> part = env.read(*t);
+    all.insert(all.end(), part.begin(), part.end());
+  }
   return all;
 }
 
@@ -179,7 +226,7 @@ Outputs run_reference(Env& env, const Problem& p) {
   auto out = env.input(p.out0, kTokens, kHidden), dout = env.input(p.dout, kTokens, kHidden);
   auto dx = env.input(p.dx0, kTokens, kHidden);
   auto dweight = env.nan_output(Shape{kTokens, kTopK});
-  StandardDispatch dispatch(env.backend(), env.stream(), env.dtype());
+  StandardDispatch dispatch(env.backend(), env.stream(), env.dtype(), p.activation);
   dispatch.forward(x, index, weight, ex.weights, out);
   dispatch.backward(dout, ex.weights, dx, dweight);
   Outputs o{env.read(out), env.read(dx), env.read(dweight), {}, dispatch.expert_counts()};
@@ -202,7 +249,8 @@ EpRun run_expert_parallel(Env& env, const Problem& p) {
   auto out = env.input(p.out0, kHidden, n0, n1), dout = env.input(p.dout, kHidden, n0, n1);
   auto dx = env.input(p.dx0, kHidden, n0, n1);
   auto dweight = env.nan_output(Shape{n1 - n0, kTopK});
-  ExpertParallelDispatch dispatch(env.backend(), env.stream(), env.comm(), env.dtype(), kExperts);
+  ExpertParallelDispatch dispatch(env.backend(), env.stream(), env.comm(), env.dtype(), kExperts,
+                                  p.activation);
   EXPECT_EQ(dispatch.num_local_experts(), El);
   EXPECT_EQ(dispatch.first_local_expert(), r * El);
   env.poison_free_arena();
@@ -255,17 +303,49 @@ class ExpertParallelTest : public ::testing::Test {
   // with float's 6e-8 unit roundoff and tens of rows, 1e-5 leaves room without hiding a bug.
   static double tolerance(DType dtype) { return dtype == DType::f64 ? 1e-12 : 1e-5; }
 
+  // StandardDispatch's outputs `ref` against the float64 reference of problem `p`: returns the
+  // largest relative difference over out, dx, dweight and every expert's gradients.
+  static double check_against_float64(const Outputs& ref, const Problem& p, DType dtype,
+                                      const std::string& what) {
+    const test_support::MoeReference exact =
+        test_support::moe_reference(p, kTokens, kHidden, kFfn, kTopK, p.biases, p.activation);
+    const double tol = tolerance(dtype);
+    double worst = 0;
+    auto check = [&](const std::vector<double>& got, const std::vector<double>& want,
+                     const std::string& part) {
+      EXPECT_EQ(got.size(), want.size()) << what << ": " << part;
+      if (got.size() != want.size()) return;
+      const Diff d = compare(got, want);
+      EXPECT_LE(d.rel, tol) << what << ": standard " << part << " against the float64 reference";
+      worst = std::max(worst, d.rel);
+    };
+    check(ref.out, exact.out, "out");
+    check(ref.dx, exact.dx, "dx");
+    check(ref.dweight, exact.dweight, "dweight");
+    for (int64_t e = 0; e < kExperts; ++e) {
+      check(ref.dw[e], exact.grads[e], "gradients of expert " + std::to_string(e));
+    }
+    if (p.biases) {
+      // The clamp is exercised: a and b beyond +-0.5 on a good fraction of the elements.
+      EXPECT_GE(exact.a_clamped, 0.1) << what;
+      EXPECT_GE(exact.b_clamped, 0.1) << what;
+    }
+    return worst;
+  }
+
   // Runs one case and checks everything; returns (received rows, dispatch peak) of this rank.
-  std::pair<int64_t, uint64_t> check_case(DType dtype, Routing routing, uint64_t seed) {
+  std::pair<int64_t, uint64_t> check_case(DType dtype, Routing routing, uint64_t seed,
+                                          bool gpt_oss = false) {
     Env env(dtype);
     const int64_t W = env.comm().world_size(), r = env.comm().rank();
     const int64_t n0 = r * kTokens / W, n1 = (r + 1) * kTokens / W, El = kExperts / W;
-    const Problem p = make_problem(seed, routing, El);
+    const Problem p = make_problem(seed, routing, El, gpt_oss);
     const Outputs ref = run_reference(env, p);
     const EpRun ep = run_expert_parallel(env, p);
     const double tol = tolerance(dtype);
-    const std::string what =
-        std::string(dtype_name(dtype)) + ", " + routing_name(routing) + " routing";
+    const std::string what = std::string(dtype_name(dtype)) + ", " + routing_name(routing) +
+                             " routing" + (gpt_oss ? ", biases and clamped SwiGLU" : "");
+    const double vs64 = check_against_float64(ref, p, dtype, what);
 
     Diff out = compare(ep.outputs.out, ref.out, static_cast<size_t>(n0 * kHidden));
     Diff dx = compare(ep.outputs.dx, ref.dx, static_cast<size_t>(n0 * kHidden));
@@ -299,7 +379,8 @@ class ExpertParallelTest : public ::testing::Test {
     if (r == 0) {
       std::ostringstream os;
       os << "[W=" << W << " " << what << "] rank 0: out " << out.str() << ", dx " << dx.str()
-         << ", dweight " << dweight.str() << ", dW " << dw.str() << "; out/dx/dweight bitwise on ";
+         << ", dweight " << dweight.str() << ", dW " << dw.str()
+         << "; standard vs float64 reference rel " << vs64 << "; out/dx/dweight bitwise on ";
       int64_t n_bitwise = 0;
       for (int64_t b : bit) n_bitwise += b;
       os << n_bitwise << "/" << W << " ranks; received rows";
@@ -317,6 +398,17 @@ class ExpertParallelTest : public ::testing::Test {
 
 TEST_F(ExpertParallelTest, MatchesOneRankF64Random) { check_case(DType::f64, Routing::random, 11); }
 TEST_F(ExpertParallelTest, MatchesOneRankF32Random) { check_case(DType::f32, Routing::random, 12); }
+
+// gpt-oss's experts: biases b1, b3, b2 (their gradients summed on the owner over the same rows in
+// the same order as on one rank) and the clamped SwiGLU with a clamp that binds.
+TEST_F(ExpertParallelTest, BiasedClampedMatchesOneRankF64) {
+  check_case(DType::f64, Routing::random, 13, true);
+  check_case(DType::f64, Routing::skewed, 14, true);
+}
+TEST_F(ExpertParallelTest, BiasedClampedMatchesOneRankF32) {
+  check_case(DType::f32, Routing::random, 15, true);
+  check_case(DType::f32, Routing::all_to_rank0, 16, true);
+}
 
 TEST_F(ExpertParallelTest, SkewedRoutingGrowsTheReceivingRanksBuffers) {
   for (DType dtype : {DType::f64, DType::f32}) {

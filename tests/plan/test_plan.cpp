@@ -128,9 +128,9 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // LLEP's spill copies (ops/schedules/llep_experts.h): min(E - E/W, plans * min(capacity, H))
-// copies of 3 F H elements each (arena footprint), H the helped-expert limit (E/W + 1 unless
-// raised), the same again in backward, one scratch; none on one rank or when lambda > W (no
-// plan can spill); the plan adds them to weights and grads.
+// copies of 3 F H elements each (3 F H + 2 F + H with expert biases; arena footprint), H the
+// helped-expert limit (E/W + 1 unless raised), the same again in backward, one scratch; none on
+// one rank or when lambda > W (no plan can spill); the plan adds them to weights and grads.
 TEST(PlanLlepSpill, CopyBoundArithmetic) {
   using schedules::llep_max_copies;
   using schedules::llep_spill_copy_bytes;
@@ -156,6 +156,15 @@ TEST(PlanLlepSpill, CopyBoundArithmetic) {
   EXPECT_EQ(b.grads, 6 * one);
   EXPECT_EQ(b.scratch, one);
   EXPECT_EQ(llep_spill_copy_bytes(8, 4, 32, 48, DType::f32, 1000, 1, lp).weights, 3 * one);
+  // Experts with biases (gpt-oss): each copy (and gradient copy, and the scratch) also holds b1,
+  // b3 (F) and b2 (H): 3 F H + 2 F + H elements.
+  const auto biased = llep_spill_copy_bytes(8, 4, 32, 48, DType::f32, 1000, 1, open, true);
+  const uint64_t one_biased = DeviceArena::footprint((3 * 48 * 32 + 2 * 48 + 32) * 4);
+  EXPECT_GT(one_biased, one);
+  EXPECT_EQ(biased.copies, 6);
+  EXPECT_EQ(biased.weights, 6 * one_biased);
+  EXPECT_EQ(biased.grads, 6 * one_biased);
+  EXPECT_EQ(biased.scratch, one_biased);
   const auto none = llep_spill_copy_bytes(8, 4, 32, 48, DType::f32, 1000, 1, {1.0, 100.0, 1});
   EXPECT_EQ(none.weights + none.grads + none.scratch, 0u);
 

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "core/comm/single_comm.h"
+#include "core/error.h"
 #include "core/model/decoder.h"
 #include "core/model/optimizer_params.h"
 #include "core/model/param_layout.h"
@@ -38,6 +39,7 @@
 #include "ops/schedules/vocab_choice.h"
 #include "ops/schedules/vocab_materialized.h"
 #include "ops/schedules/vocab_ring_dtp.h"
+#include "ops/swiglu.h"
 #include "tests/expect_contains.h"
 #include "tests/plan/plan_check.h"
 
@@ -165,6 +167,27 @@ TEST_P(DispatchChoice, BytesObjectAndPlanAgree) {
     EXPECT_EQ(spill->schedule, name_of(schedule));
   }
 
+  // Experts with biases (gpt-oss): the same `dispatch` bytes (biases add no dispatch buffer);
+  // LLEP's copies, gradient copies and scratch each carry b1, b3 (F) and b2 (H) too.
+  schedules::DispatchShape biased = shape;
+  biased.expert_biases = true;
+  EXPECT_EQ(schedules::dispatch_bytes(s, biased).bytes, choice.bytes);
+  const auto biased_spill = schedules::dispatch_spill_bytes(s, biased);
+  ASSERT_EQ(biased_spill.has_value(), spills);
+  if (spills) {
+    const auto b = schedules::llep_spill_copy_bytes(E, W, H, F, kDtype, capacity, plans, lp, true);
+    const uint64_t one =
+        DeviceArena::footprint(static_cast<uint64_t>(3 * F * H + 2 * F + H) * dtype_size(kDtype));
+    EXPECT_EQ(schedules::llep_expert_elements(H, F, true), 3 * F * H + 2 * F + H);
+    EXPECT_EQ(b.weights, static_cast<uint64_t>(b.copies) * one);
+    EXPECT_EQ(biased_spill->weights, static_cast<uint64_t>(spill_layers) * b.weights);
+    EXPECT_EQ(biased_spill->grads, static_cast<uint64_t>(spill_layers) * b.grads + b.scratch);
+    EXPECT_CONTAINS(biased_spill->weights_function, ", biases");
+    if (b.copies > 0) {
+      EXPECT_GT(biased_spill->weights, spill->weights);
+    }
+  }
+
   // The planner prints the choice's term, and adds the spill to weights and grads.
   const Plan plan = make_plan(c, plan_inputs(c, W));
   expect_term(plan, LiveSet::dispatch, choice);
@@ -195,6 +218,12 @@ TEST_P(DispatchChoice, BytesObjectAndPlanAgree) {
   }
   EXPECT_EQ(lane != nullptr, kind == schedules::DispatchKind::pipelined_llep);
   EXPECT_EQ(d->supports_plan_only(), kind == schedules::DispatchKind::pipelined_llep);
+  // With gpt-oss's activation; a clamp limit of 0 is refused.
+  EXPECT_TRUE(schedules::make_dispatch(s, *r.backend, r.stream, r.comm, kDtype, E, lane,
+                                       ops::SwigluParams::gpt_oss()));
+  EXPECT_THROW(schedules::make_dispatch(s, *r.backend, r.stream, r.comm, kDtype, E, lane,
+                                        ops::SwigluParams::gpt_oss(0.0)),
+               Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(
