@@ -55,6 +55,13 @@ SchedulesConfig with_checkpoint(CheckpointSchedule checkpoint) {
   s.checkpoint = checkpoint;
   return s;
 }
+
+// The experts' SwiGLU as the op takes it (ops/swiglu.h): plain, or gpt-oss's clamped form.
+ops::SwigluParams expert_activation(const MlpSpec& mlp) {
+  if (mlp.activation == ExpertActivation::swiglu) return {};
+  return ops::SwigluParams::gpt_oss(mlp.swiglu_limit, mlp.swiglu_alpha);
+}
+
 }  // namespace
 
 DecoderModel::DecoderModel(Backend& backend, Stream& stream, Comm& comm, const ModelConfig& model,
@@ -76,12 +83,6 @@ DecoderModel::DecoderModel(Backend& backend, Stream& stream, Comm& comm, const M
       spec_(params_.layout().spec()),
       // One rank gathers nothing: no comm stream for it.
       zero_traffic_(params_, backend, stream, comm.world_size() > 1 ? zero_prefetch_depth : 0) {
-  for (const LayerSpec& l : spec_.layers) {
-    // NOTES: the description runs ahead of the decoder while gpt-oss's pieces land one by one.
-    MOEPEAK_CHECK_INPUT(!l.mlp.bias && l.mlp.activation == ExpertActivation::swiglu,
-                        "model.model_type = \"", enum_name(model.model_type),
-                        "\": the decoder does not run expert biases or the clamped SwiGLU yet");
-  }
   const auto [first, last] = zero_local_experts(model, layout_.degrees(), layout_.expert().rank());
   groups_ = zero_gather_groups(params_.layout(), params_.lm_head_sharding(), first, last);
   MOEPEAK_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16,
@@ -131,6 +132,16 @@ std::vector<schedules::ExpertWeights> DecoderModel::local_experts_of(int layer, 
       e.dw1 = w.grad(L.w1[j]);
       e.dw2 = w.grad(L.w2[j]);
       e.dw3 = w.grad(L.w3[j]);
+    }
+    if (!L.b1.empty()) {
+      e.b1 = w.value(L.b1[j]);
+      e.b2 = w.value(L.b2[j]);
+      e.b3 = w.value(L.b3[j]);
+      if (with_grads) {
+        e.db1 = w.grad(L.b1[j]);
+        e.db2 = w.grad(L.b2[j]);
+        e.db3 = w.grad(L.b3[j]);
+      }
     }
     experts.push_back(e);
   }
@@ -370,7 +381,7 @@ OwnedTensor DecoderModel::moe_forward(int layer, const Group& w, LayerActivation
     dispatchers_.resize(static_cast<size_t>(layer) + 1);
   if (!dispatchers_[layer]) {
     dispatchers_[layer] = schedules::make_dispatch(schedules_, backend_, stream_, layout_.expert(),
-                                                   dtype_, E, llep_lane_);
+                                                   dtype_, E, llep_lane_, expert_activation(mlp));
   }
   a.dispatch = dispatchers_[layer].get();
   // The recompute's output is dropped: a dispatcher that can (PipelinedLLEP) then only plans (an

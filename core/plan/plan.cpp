@@ -231,8 +231,11 @@ void add_workspace(Plan& p, const Config& cfg, const PlanSizes& z, SetPhases& ph
 // PipelinedLLEP's within its forward and backward, LLEP's until the layer is released).
 void add_dispatch(Plan& p, const Config& cfg, const PlanSizes& z, SetPhases& phases) {
   const SchedulesConfig& s = cfg.schedules;
-  const schedules::DispatchShape shape{
+  schedules::DispatchShape shape{
       z.N, z.k, z.H, z.F, z.E, z.d.expert, schedules::resident_layers(s.checkpoint, z.L_moe), z.dt};
+  const DecoderSpec& spec = cached_param_layout(cfg.model).spec();
+  shape.expert_biases = std::any_of(spec.layers.begin(), spec.layers.end(),
+                                    [](const LayerSpec& l) { return l.mlp.moe() && l.mlp.bias; });
   set(p, LiveSet::dispatch, schedules::dispatch_bytes(s, shape));
   if (const auto spill = schedules::dispatch_spill_bytes(s, shape)) {
     PlanTerm& wt = p.terms[static_cast<size_t>(LiveSet::weights)];

@@ -145,6 +145,25 @@ const FamilyCase kFamilyCases[] = {
        m.mlp_only_layers = {0};
        m.norm_topk_prob = false;
      }},
+    // gpt-oss: q/k/v/o biases, sinks, layer 0 sliding (window 3 of T) and layer 1 full, the
+    // router's bias and top-k-then-softmax, expert biases and a clamp that binds (limit 0.3).
+    {"GptOss",
+     [](ModelConfig& m) {
+       m.model_type = ModelType::gpt_oss;
+       m.moe_intermediate_size = 0;
+       m.attention_bias = true;
+       m.sliding_window = 3;
+       m.swiglu_limit = 0.3;
+     }},
+    {"GptOssWindowOneAuxLoss",
+     [](ModelConfig& m) {
+       m.model_type = ModelType::gpt_oss;
+       m.moe_intermediate_size = 0;
+       m.attention_bias = true;
+       m.sliding_window = 1;
+       m.swiglu_limit = 0.3;
+       m.router_aux_loss_coef = 0.5;
+     }},
     {"MixtralTiedHead",
      [](ModelConfig& m) {
        m.model_type = ModelType::mixtral;

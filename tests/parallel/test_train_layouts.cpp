@@ -3,7 +3,9 @@
 // batches and seed, in float32 — every rank also trains the one-rank model locally as the
 // reference. For each layout of W, with the standard schedules and with all four bounded ones
 // (PipelinedLLEP in several chunks with rebalancing, Ring-DTP in strips, SCO, OffloadStreamAdamW),
-// for Mixtral and, on 4 ranks, for Qwen3-MoE's parts (and a tied head):
+// for Mixtral and, on 4 ranks, for Qwen3-MoE's parts (and a tied head) and gpt-oss's (sinks, a
+// sliding window shorter than the sequence, biases, its router and clamped experts; Sp = 4 puts
+// one query head on each rank and replicates the kv heads):
 //   - the loss and the grad norm of each of 10 AdamW steps within 1e-5 relative;
 //   - every parameter's gradient after step 1 (gathered from the shards) within 1e-5 relative to
 //     the tensor's largest element;
@@ -46,7 +48,7 @@ using test_support::TrainingRun;
 // The model: Mixtral's, or Qwen3-MoE's parts (q/k norms, a dense layer, narrower experts,
 // unnormalised top-k weights), or those with a tied head (standard schedules: Ring-DTP keeps a
 // head of its own).
-enum class LayoutModel { mixtral, qwen3, qwen3_tied };
+enum class LayoutModel { mixtral, qwen3, qwen3_tied, gpt_oss };
 
 struct LayoutCase {
   int world, ep, sp, ds;
@@ -56,7 +58,7 @@ struct LayoutCase {
 };
 
 std::string name_of(const LayoutCase& c) {
-  const char* model[] = {"", "_qwen3", "_qwen3_tied"};
+  const char* model[] = {"", "_qwen3", "_qwen3_tied", "_gpt_oss"};
   return "W" + std::to_string(c.world) + "_ep" + std::to_string(c.ep) + "_sp" +
          std::to_string(c.sp) + "_ds" + std::to_string(c.ds) +
          (c.bounded ? "_bounded" : "_standard") + model[static_cast<int>(c.model)];
@@ -86,6 +88,14 @@ ModelConfig layout_model() {
 ModelConfig model_of(LayoutModel which) {
   ModelConfig m = layout_model();
   if (which == LayoutModel::mixtral) return m;
+  if (which == LayoutModel::gpt_oss) {
+    m.model_type = ModelType::gpt_oss;
+    m.head_dim = 6;
+    m.attention_bias = true;
+    m.sliding_window = 3;  // below the batches' T = 8: the even layers' window binds
+    m.swiglu_limit = 0.3;  // so that the clamp binds on a good share of the experts' inputs
+    return m;
+  }
   m.model_type = ModelType::qwen3_moe;
   m.moe_intermediate_size = 12;
   m.mlp_only_layers = {0};
@@ -141,13 +151,16 @@ TEST_P(TrainLayouts, MatchesOneRankOverTenSteps) {
       // Each expert is ZeRO-3 sharded over its W/Ep replicas: a rank stores 1/(W/Ep) of each of
       // its E/Ep experts, so its expert elements fall with W, not just with Ep.
       const int64_t replicas = c.world / c.ep, experts_here = cfg.num_local_experts / c.ep;
-      const int64_t FH = cfg.expert_intermediate_size() * cfg.hidden_size;
+      const int64_t F = cfg.expert_intermediate_size(), H = cfg.hidden_size;
+      auto shard = [&](int64_t n) { return (n + replicas - 1) / replicas; };
+      // gate, down and up, and with biases (gpt-oss) their (F), (H) and (F) biases.
+      const int64_t per_expert =
+          3 * shard(F * H) + (c.model == LayoutModel::gpt_oss ? 2 * shard(F) + shard(H) : 0);
       int64_t expert_elements = 0;
       for (const auto& piece : dist.model->params().local_pieces()) {
         if (piece.is_expert) expert_elements += piece.value.numel();
       }
-      EXPECT_EQ(expert_elements, dist.model->spec().moe_layers() * experts_here * 3 *
-                                     ((FH + replicas - 1) / replicas));
+      EXPECT_EQ(expert_elements, dist.model->spec().moe_layers() * experts_here * per_expert);
       for (size_t p = 0; p < layout.params().size(); ++p) {
         const int i = static_cast<int>(p);
         const std::vector<double> got = dist.gathered(i, dist.model->params().flat_grads());
@@ -179,7 +192,12 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{4, 2, 2, 4, true, LayoutModel::qwen3},
                       LayoutCase{4, 4, 1, 2, true, LayoutModel::qwen3},
                       LayoutCase{4, 1, 4, 4, true, LayoutModel::qwen3},
-                      LayoutCase{4, 2, 4, 2, false, LayoutModel::qwen3_tied}),
+                      LayoutCase{4, 2, 4, 2, false, LayoutModel::qwen3_tied},
+                      LayoutCase{4, 1, 4, 4, false, LayoutModel::gpt_oss},
+                      LayoutCase{4, 1, 4, 4, true, LayoutModel::gpt_oss},
+                      LayoutCase{4, 2, 2, 4, false, LayoutModel::gpt_oss},
+                      LayoutCase{4, 2, 2, 4, true, LayoutModel::gpt_oss},
+                      LayoutCase{4, 4, 1, 2, true, LayoutModel::gpt_oss}),
     [](const ::testing::TestParamInfo<LayoutCase>& info) { return name_of(info.param); });
 
 // The Trainer in a layout set by the [parallelism] keys: 4 steps of the tiny model (4 experts,

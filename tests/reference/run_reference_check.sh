@@ -66,6 +66,18 @@ run_case mixtral_tied --set model.tie_word_embeddings=true
 # q/k/v/o biases (Qwen3-MoE's attention_bias).
 run_case qwen3_bias "${qwen3[@]}" --set model.attention_bias=true
 
+# gpt-oss (config.json model_type gpt_oss): q/k/v/o biases, sinks, even layers sliding with a
+# window of 5 of the 16 positions, the router's bias and top-k-then-softmax, expert biases and a
+# clamp that binds (limit 0.5), yarn without truncation; its experts fused in the dump as on the
+# Hub. Then with the aux loss, a window of 1 and no checkpointing.
+gpt_oss=(--set model.model_type=gpt_oss --set model.attention_bias=true --set model.head_dim=8
+         --set model.sliding_window=5 --set model.swiglu_limit=0.5 --set model.num_hidden_layers=3)
+run_case gpt_oss "${gpt_oss[@]}" --set model.rope_type=yarn --set model.rope_factor=8 \
+  --set model.rope_original_max_position_embeddings=8 --set model.rope_truncate=false \
+  --set model.rope_theta=1000
+run_case gpt_oss_w1_aux "${gpt_oss[@]}" --set model.sliding_window=1 \
+  --set model.router_aux_loss_coef=0.2 --set schedules.checkpoint=none
+
 # RoPE scaling, each type as transformers' modeling_rope_utils.py computes it (small theta and
 # original contexts so that every frequency band of the 16-dim heads is moved).
 run_case rope_linear --set model.rope_type=linear --set model.rope_factor=4 --set model.rope_theta=100
