@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_hf_roundtrip: Hugging Face checkpoints (Mixtral, Qwen3-MoE) in and out of moepeak, on real
+# test_hf_roundtrip: Hugging Face checkpoints (Mixtral, Qwen3-MoE, gpt-oss) in and out of moepeak, on real
 # processes, against the float64 numpy reference (hf_roundtrip.py, hf_reference.py).
 #   - import: checkpoints written by hf_roundtrip.py in the transformers 4 and 5 config forms, as
 #     one file or several with an index, in F32, BF16 and F16: `train --init-from` loads each
@@ -193,5 +193,44 @@ check "--init-from the export at 32 positions" run 1 qwen3_extended --set traini
   --dump-step "$tmp/dump_extended"
 check "the reference reproduces its loss from the export's files" \
   "$py" "$here/hf_roundtrip.py" check "$tmp/qext" "$tmp/dump_extended"
+
+# gpt-oss: a Hub checkpoint (hf_roundtrip.py make: fused experts, sinks, sliding layers, biases,
+# a clamp that binds; experts 32 wide, whole MXFP4 blocks) starts a run with exact weights and the reference's loss and gradients on 1
+# rank and on 2 (Ep 2: each rank its experts' part of the fused tensors); its export as OpenAI
+# released gpt-oss (--quantize mxfp4) starts a run from the MXFP4 experts, whose step the
+# reference reproduces from the dump; a bf16 export's own files give the reference that run's loss.
+check "make a gpt-oss checkpoint" "$py" "$here/hf_roundtrip.py" make "$tmp/oss" --form 5 \
+  --dtype BF16 --files 2 --seed 5 --model-type gpt_oss --set intermediate_size=32
+check "import gpt-oss on 1 rank" run 1 import_oss --set training.steps=1 \
+  --init-from "$tmp/oss" --dump-step "$tmp/dump_oss"
+check "import gpt-oss: exact weights, reference loss" \
+  "$py" "$here/hf_roundtrip.py" check "$tmp/oss" "$tmp/dump_oss"
+check "its step is the reference's in every gradient (fused Hub names)" \
+  "$py" "$here/check_step_dump.py" "$tmp/dump_oss"
+check "import gpt-oss on 2 ranks (Ep 2)" run 2 import_oss_w2 --set training.steps=1 \
+  --set parallelism.expert_parallel=2 --init-from "$tmp/oss" --dump-step "$tmp/dump_oss_w2"
+check "on 2 ranks: exact weights, reference loss" \
+  "$py" "$here/hf_roundtrip.py" check "$tmp/oss" "$tmp/dump_oss_w2"
+check "train and save gpt-oss" run 1 oss_source --set training.steps=3 \
+  --set checkpoint.enable=true --set checkpoint.interval=2 --init-from "$tmp/oss"
+oss_ckpt="$tmp/runs/oss_source/checkpoints/step_00000002"
+check "export gpt-oss as released (--quantize mxfp4)" timeout 60 "$bin" export "$oss_ckpt" \
+  "$tmp/oss_mxfp4" --quantize mxfp4
+check "the export holds MXFP4 experts and OpenAI's quantization_config" \
+  bash -c 'grep -q "\"quant_method\": \"mxfp4\"" "$0/config.json" \
+    && grep -q "gate_up_proj_blocks" "$0/model.safetensors.index.json" \
+    && grep -q "down_proj_scales" "$0/model.safetensors.index.json" \
+    && ! grep -q "mlp.experts.gate_up_proj\"" "$0/model.safetensors.index.json"' "$tmp/oss_mxfp4"
+check "--init-from the MXFP4 export" run 1 oss_from_mxfp4 --set training.steps=1 \
+  --init-from "$tmp/oss_mxfp4" --dump-step "$tmp/dump_oss_mxfp4"
+check "a step from the dequantised experts is the reference's" \
+  "$py" "$here/check_step_dump.py" "$tmp/dump_oss_mxfp4"
+check "export gpt-oss in float32" timeout 60 "$bin" export "$oss_ckpt" "$tmp/oss32" --dtype float32
+check "--init-from the float32 export" run 1 oss_from_export --set training.steps=1 \
+  --init-from "$tmp/oss32" --dump-step "$tmp/dump_oss_export"
+check "its first loss is the saving run's step 3 (1e-6)" \
+  same_loss "$(loss_of oss_from_export 1)" "$(loss_of oss_source 3)" 1e-6
+check "the reference reproduces that loss from the export's files" \
+  "$py" "$here/hf_roundtrip.py" check "$tmp/oss32" "$tmp/dump_oss_export"
 
 report test_hf_roundtrip
