@@ -57,16 +57,17 @@ void fp8_block_dequantize(std::string_view name, std::span<const uint8_t> codes,
   MOEPEAK_CHECK_INPUT(static_cast<int64_t>(codes.size()) == rows * cols, "tensor \"", name,
                       "\": ", codes.size(), " FP8 codes for shape (", rows, ", ", cols, ")");
   MOEPEAK_CHECK_INPUT(static_cast<int64_t>(scale_inv.size()) == scale_rows * scale_cols,
-                      "tensor \"", name, "_scale_inv\": ", scale_inv.size(),
-                      " scales, but (", rows, ", ", cols, ") in blocks of [", block.rows, ", ",
-                      block.cols, "] needs (", scale_rows, ", ", scale_cols, ")");
-  MOEPEAK_CHECK(static_cast<int64_t>(out.size()) == rows * cols, "fp8_block_dequantize: ",
-                out.size(), " outputs for ", rows * cols, " elements of ", name);
+                      "tensor \"", name, "_scale_inv\": ", scale_inv.size(), " scales, but (", rows,
+                      ", ", cols, ") in blocks of [", block.rows, ", ", block.cols, "] needs (",
+                      scale_rows, ", ", scale_cols, ")");
+  MOEPEAK_CHECK(static_cast<int64_t>(out.size()) == rows * cols,
+                "fp8_block_dequantize: ", out.size(), " outputs for ", rows * cols, " elements of ",
+                name);
   for (int64_t bi = 0; bi < scale_rows; ++bi) {
     for (int64_t bj = 0; bj < scale_cols; ++bj) {
       const float s = scale_inv[static_cast<size_t>(bi * scale_cols + bj)];
-      MOEPEAK_CHECK_INPUT(std::isfinite(s) && s > 0, "tensor \"", name, "_scale_inv\": block (",
-                          bi, ", ", bj, ") has scale ", s, "; scales must be finite and positive");
+      MOEPEAK_CHECK_INPUT(std::isfinite(s) && s > 0, "tensor \"", name, "_scale_inv\": block (", bi,
+                          ", ", bj, ") has scale ", s, "; scales must be finite and positive");
     }
   }
   const std::array<float, 256>& values = e4m3fn_values();

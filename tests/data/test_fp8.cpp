@@ -79,7 +79,8 @@ TEST(Fp8, BlockProductIsTheFp32RoundingOfTheExactProduct) {
         const size_t at = static_cast<size_t>(i * cols + j);
         const double exact =
             e4m3fn_reference(codes[at]) *
-            static_cast<double>(scales[static_cast<size_t>((i / block.rows) * sc + j / block.cols)]);
+            static_cast<double>(
+                scales[static_cast<size_t>((i / block.rows) * sc + j / block.cols)]);
         ASSERT_EQ(out[at], static_cast<float>(exact))
             << "(" << i << ", " << j << ") blocks " << block.rows << "x" << block.cols;
       }
@@ -94,29 +95,32 @@ TEST(Fp8, BadInputNamesTheTensor) {
   const std::vector<uint8_t> codes(6, 0x38);
   std::vector<float> out(6);
   const std::vector<float> one{1.0f};
-  EXPECT_CONTAINS(error_of([&] {
-                    fp8_block_dequantize("q_b_proj.weight", codes, 2, 3, std::vector<float>{1, 2, 3},
-                                         Fp8Block{2, 2}, out);
-                  }),
-                  "q_b_proj.weight_scale_inv\": 3 scales, but (2, 3) in blocks of [2, 2] needs (1, 2)");
-  EXPECT_CONTAINS(error_of([&] {
-                    fp8_block_dequantize("w", std::vector<uint8_t>(5), 2, 3, one, Fp8Block{2, 3},
-                                         out);
-                  }),
-                  "tensor \"w\": 5 FP8 codes for shape (2, 3)");
   EXPECT_CONTAINS(
-      error_of([&] { fp8_block_dequantize("w", codes, 2, 3, one, Fp8Block{0, 3}, out); }),
-      "weight_block_size [0, 3] must be positive");
+      error_of([&] {
+        fp8_block_dequantize("q_b_proj.weight", codes, 2, 3, std::vector<float>{1, 2, 3},
+                             Fp8Block{2, 2}, out);
+      }),
+      "q_b_proj.weight_scale_inv\": 3 scales, but (2, 3) in blocks of [2, 2] needs (1, 2)");
+  EXPECT_CONTAINS(
+      error_of([&] {
+        fp8_block_dequantize("w", std::vector<uint8_t>(5), 2, 3, one, Fp8Block{2, 3}, out);
+      }),
+      "tensor \"w\": 5 FP8 codes for shape (2, 3)");
   EXPECT_CONTAINS(error_of([&] {
-                    fp8_block_dequantize("w", codes, 2, 3, std::vector<float>{-1.0f},
-                                         Fp8Block{2, 3}, out);
+                    fp8_block_dequantize("w", codes, 2, 3, one, Fp8Block{0, 3}, out);
                   }),
-                  "w_scale_inv\": block (0, 0) has scale -1");
+                  "weight_block_size [0, 3] must be positive");
+  EXPECT_CONTAINS(
+      error_of([&] {
+        fp8_block_dequantize("w", codes, 2, 3, std::vector<float>{-1.0f}, Fp8Block{2, 3}, out);
+      }),
+      "w_scale_inv\": block (0, 0) has scale -1");
   std::vector<uint8_t> nan = codes;
   nan[4] = 0xFF;
-  EXPECT_CONTAINS(
-      error_of([&] { fp8_block_dequantize("w", nan, 2, 3, one, Fp8Block{2, 3}, out); }),
-      "tensor \"w\": element (1, 1) is 0xFF, float8_e4m3fn's NaN");
+  EXPECT_CONTAINS(error_of([&] {
+                    fp8_block_dequantize("w", nan, 2, 3, one, Fp8Block{2, 3}, out);
+                  }),
+                  "tensor \"w\": element (1, 1) is 0xFF, float8_e4m3fn's NaN");
 }
 
 }  // namespace
