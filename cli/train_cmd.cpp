@@ -116,6 +116,11 @@ void register_train_command(CLI::App& app, Context& ctx) {
   cmd->add_flag("--force", force, "start even when the memory plan (moepeak plan) does not fit");
   cmd->callback([&ctx] {
     ctx.action = [&ctx] {
+      // Before the launch (MPI's start, the config, the plan take seconds on a busy node): a
+      // preemption signal then still stops the run at its first step boundary with a checkpoint,
+      // rather than killing a rank before it has a handler. Installed again after MPI starts, in
+      // case the MPI library replaced them.
+      install_stop_handlers();
       if (!init_from.empty()) args.overrides.push_back("model.init_from=" + init_from);
       Config cfg = load_config_for_command(args, ctx);
       const RankInfo ranks = join_ranks();

@@ -67,17 +67,35 @@ procs_on() {
   done
   return 0
 }
-# release JOB: a requeued job starts now (Slurm would hold it about two minutes) once no step
-# daemon of an earlier run is left on either node.
+# release JOB: a requeued job starts now (Slurm would hold it about two minutes) once both nodes
+# have cleaned up after the earlier run: no step daemon left, and slurmctld sees both idle.
+# NOTES: no step daemon is not enough. The ranks and the batch script of a requeued run exit by
+# themselves, so a node can be rid of its step daemons before slurmctld's terminate request for
+# the old run reaches it; a request that arrives after the new run started there (same job id)
+# kills the new ranks with SIGTERM. A node is idle only once it has answered that request.
 release() {
+  local n1_state n2_state
   while [ $SECONDS -lt $deadline ]; do
-    if [ -z "$(procs_on n1 slurmstepd)$(procs_on n2 slurmstepd)" ]; then
+    n1_state=$(on_head sinfo -h -n n1 -o %T 2>/dev/null)
+    n2_state=$(on_head sinfo -h -n n2 -o %T 2>/dev/null)
+    if [ -z "$(procs_on n1 slurmstepd)$(procs_on n2 slurmstepd)" ] && [ "$n1_state" = idle ] &&
+      [ "$n2_state" = idle ]; then
       on_head scontrol update jobid="$1" StartTime=now
       return 0
     fi
     sleep 0.2
   done
+  echo "release $1: n1 $n1_state, n2 $n2_state, step daemons:" \
+    "$(procs_on n1 slurmstepd) $(procs_on n2 slurmstepd)"
   return 1
+}
+# show_job_log JOB_LOG JOB: after a failed check, the job's log and what slurmctld and the slurmds
+# logged about the job.
+show_job_log() {
+  echo "----- last 30 lines of $1 -----"
+  tail -n 30 "$1"
+  echo "----- the Slurm logs on job $2 -----"
+  grep -h -- "$2" "$tmp/c/log/"*.log | tail -n 40
 }
 steps=8
 config="$src/configs/tiny.toml"
@@ -163,8 +181,9 @@ pre="$tmp/work/runs/pre_$job/metrics.jsonl"
 check "the preempted run gets to step 2" wait_step "$pre" 2
 on_head scancel --signal=USR1 --batch "$job"
 check "USR1: the two-node job requeues itself" requeued "$job" 1
-release "$job"
-check "USR1: the requeued run is COMPLETED with exit 0:0 after 1 restart" completed "$job" 1
+check "USR1: both nodes clean after the first run" release "$job"
+check "USR1: the requeued run is COMPLETED with exit 0:0 after 1 restart" completed "$job" 1 ||
+  show_job_log "$tmp/work/pre_$job.out" "$job"
 check "USR1: the ranks checkpointed and stopped" contains "$tmp/work/pre_$job.out" "preempted (signal 10) after step"
 check "USR1: the second run resumed" contains "$tmp/work/pre_$job.out" "resumed from $tmp/work/runs/pre_$job/"
 check "USR1: every step's loss equals the uninterrupted two-node run's, bitwise" \
@@ -202,7 +221,7 @@ check "n2 comes back (a fresh slurmd) and is idle" two_node_slurm_start_node n2
 # allocation: the requeued job, or a new one given the run's name (train.sbatch's
 # MOEPEAK_RUN_NAME).
 if [ "$state" = PENDING ]; then
-  release "$job"
+  check "n2 dies: both nodes clean after the first run" release "$job"
   again=$job
 else
   again=$(MOEPEAK_RUN_NAME="dies_$job" "${submit[@]}" --job-name=again "$src/slurm/train.sbatch" \
