@@ -1,12 +1,12 @@
 """An independent float64 numpy reference of Hugging Face transformers' MoE causal LMs: forward and
-training loss of MixtralForCausalLM (model_type "mixtral"), Qwen3MoeForCausalLM ("qwen3_moe") and
-GptOssForCausalLM ("gpt_oss").
+training loss of MixtralForCausalLM (model_type "mixtral"), Qwen3MoeForCausalLM ("qwen3_moe"),
+GptOssForCausalLM ("gpt_oss") and DeepseekV3ForCausalLM ("deepseek_v3", and Kimi-K2's "kimi_k2").
 
 Written from transformers' modeling_mixtral.py, modular/modeling/configuration_qwen3_moe.py,
-modeling/configuration_gpt_oss.py, masking_utils.py and modeling_rope_utils.py (read at
-transformers 5.25.0; mixtral and qwen3_moe compared with 4.51.0, 4.57.6 and 5.0 to 5.10), sharing
-no code with moepeak, so that tests/reference/check_step_dump.py and hf_roundtrip.py can hold
-moepeak's loss and gradients to it:
+modeling/configuration_gpt_oss.py, modeling/configuration_deepseek_v3.py, masking_utils.py and
+modeling_rope_utils.py (read at transformers 5.25.0; mixtral and qwen3_moe compared with 4.51.0,
+4.57.6 and 5.0 to 5.10), sharing no code with moepeak, so that tests/reference/check_step_dump.py
+and hf_roundtrip.py can hold moepeak's loss and gradients to it:
 
     params = load_params("dump/model.safetensors")      # name -> float64 array, HF tensor names
     cfg = read_config("dump/config.json")               # family from config.json's model_type
@@ -30,6 +30,38 @@ transformers' float32 steps (RMSNorm, RoPE angles, aux sums) patched to float64 
 within 9.4e-14, losses 1.2e-15 and gradients 3.3e-7 (the finite differences' own error), while
 each misreading tried (sinks, window +-1, clamp, alpha, gate/up interleaving, the up + 1, any
 bias, a softmax over all experts, yarn's truncate) moves logits by 0.1 or more.
+
+deepseek_v3 (and kimi_k2), 12 float64 models (7 written by hand, 5 by hf_roundtrip.py make, 8 of
+them in the release's config form and one with --mtp 1): q_lora_rank 16 and null, rope_interleave
+true and false, yarn with mscale = mscale_all_dim = 1 (DeepSeek's), with mscale 0.707 /
+mscale_all_dim 0.5, with mscale_all_dim alone, and default RoPE; norm_topk_prob on and off; groups
+4 keep 2, 4 keep 1 and 1 keep 1; top-2 and top-3 of 8; first_k_dense_replace 0, 1 and 2; 1 and 2
+shared experts; attention biases once, a tied head once, kimi_k2 twice (loaded into transformers as
+deepseek_v3); correction biases of std 0.2 to 0.5 that change 40% to 96% of the tokens' choices;
+weights of std 0.2 to 0.3; no missing or unexpected keys (--mtp: only the MTP layer's), and
+save_pretrained writes the same names and values back (its config.json gives the same loss here):
+logits within 1.1e-6 relative, router logits 5.1e-7, losses 2.6e-8, gradients within 2.0e-6 of
+their norm (every tensor, along a random direction and the gradient; the correction bias's finite
+differences are 0, as transformers' buffer has no gradient), softmax and cos/sin scales exactly;
+with the float32 steps (RMSNorm, RoPE angles, the router, the attention softmax) patched to
+float64: logits 5.0e-15, router logits 2.5e-15, losses 6.0e-16, gradients 1.4e-8 (the finite
+differences' own error). Each misreading tried moves logits by 0.1 or more (interleaving ignored
+0.5 to 1.8, the mscale^2 of the softmax scale 0.13 to 1.1, routing weights from the biased scores
+0.18 to 0.79, no group limit 0.5 to 1.0, a group's max for its top-2 sum 0.5 to 1.1, no
+routed_scaling_factor 0.4 to 0.8, the correction bias ignored 0.6 to 1.5, YaRN's cos/sin factor
+dropped where mscale != mscale_all_dim 0.1 to 0.3), except the latent norms' eps: rms_norm_eps 1e-5
+for their 1e-6 moves logits 1.2e-5 to 2.5e-5 (still 1e9 times the patched agreement;
+hf_roundtrip.py's model uses rms_norm_eps 0.01, where the same misreading moves the loss by
+4.5e-4). A step dump made by the patched transformers (float32 weights and gradients) passes
+check_step_dump.py (451 checks), and one with that misreading fails it (loss 9.7e-4, 388 checks).
+sequence_balance_loss equals a torch computation from transformers' own router logits and choices
+(within 1.4e-16), and its finite differences the autograd gradient (1.6e-9 of its norm). FP8: the
+dequantised weights equal, bit for bit, torch's float8_e4m3fn decoding times the block scale and
+transformers' _dequantize_fp8_weight (blocks 4, 9 with partial edges, and 128), and the encoder
+equals torch's rounding to float8_e4m3fn; transformers' load-time Fp8Dequantize (dequantize=True)
+agrees for whole blocks (logits 8.8e-7) but infers the block from the scale grid, so partial edge
+blocks are misread (block 9 on these shapes: every weight wrong, logits 0.9 off) or refused.
+
 Only numpy and the standard library are used (CI: Debian 12's python3 with numpy 1.24).
 
 Labels follow moepeak's step dump: labels[b, t] is already the target of position t (the next
@@ -45,10 +77,22 @@ ties to the lower index, expert outputs summed with their routing weights. What 
 its config defaults and its Hub tensor names: hf_reference_mixtral.py (softmax over all experts,
 then top-k, silu-gated experts), hf_reference_qwen3_moe.py (q/k norms, dense layers, optional
 renormalisation), hf_reference_gpt_oss.py (attention biases and sinks, sliding and full layers,
-biased router with a softmax over the top-k logits, fused clamped-SwiGLU experts with biases).
+biased router with a softmax over the top-k logits, fused clamped-SwiGLU experts with biases),
+hf_reference_deepseek_v3.py (its own attention, MLA: low-rank q and kv with a rotary key shared
+by the heads, interleaved RoPE, a YaRN-scaled softmax; dense first layers; sigmoid routing with
+a correction bias and group limits, scaled weights, shared experts; MTP modules ignored).
 Shared layers and the resolved config: hf_reference_common.py. A family module provides
 MODEL_TYPE, config_from_dict(j, where), mlp_shapes(cfg, i) and mlp(x, params, i, cfg) ->
-(output, router logits or None, selected experts or None, clamped activations or None).
+(output, router logits or None, selected experts or None, clamped activations or None); and
+optionally MODEL_TYPES (every model_type it reads), attention_shapes(cfg, i) and attention(x,
+params, i, cfg, cos, sin) in place of the shared GQA attention (hf_reference_common.attention),
+mtp_shapes(cfg) (tensors a checkpoint may hold that the forward ignores) and describe(cfg).
+
+FP8 checkpoints (DeepSeek-V3's and Kimi-K2's release: F8_E4M3 weights with F32 <name>_scale_inv
+block scales, config.json's quantization_config {"quant_method": "fp8", "fmt": "e4m3",
+"weight_block_size": [128, 128], ...}): load_params dequantises them to the fp32 products
+(hf_reference_fp8.py), so the model is the dequantised one, as transformers' dequantize=True and
+moepeak's core/checkpoint/fp8.h have it; the rest of the reference never sees FP8.
 
 Load-balancing (aux) loss. Added as router_aux_loss_coef * aux when output_router_logits, as in
 load_balancing_loss_func: E * sum_e f_e * P_e over all MoE layers' tokens, f_e the fraction of
@@ -68,6 +112,9 @@ and no MoE layer at all transformers 5.25 fails (IndexError on the empty tuple) 
 reference (ValueError). (4.51 fails whenever output_router_logits meets a dense layer: it collects
 None for it.)
 
+deepseek_v3 has no aux loss in transformers (loss is the CE alone); its sequence-wise balance loss
+(DeepSeek-V3's paper) is the separate sequence_balance_loss (hf_reference_deepseek_v3.py).
+
 Tied embeddings (any family): with tie_word_embeddings the head is model.embed_tokens.weight and
 the checkpoint (and a moepeak dump) has no lm_head.weight; one holding lm_head.weight anyway is
 refused here as ambiguous.
@@ -78,10 +125,12 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+import hf_reference_deepseek_v3
+import hf_reference_fp8
 import hf_reference_gpt_oss
 import hf_reference_mixtral
 import hf_reference_qwen3_moe
@@ -89,11 +138,14 @@ import hf_reference_qwen3_moe
 # them as hf_reference.<name>.
 from hf_reference_common import (IGNORE_INDEX, ForwardResult, ModelConfig, attention,  # noqa: F401
                                  linear, rms_norm, silu, softmax, top_k)
+from hf_reference_deepseek_v3 import sequence_balance_loss  # noqa: F401
 from hf_reference_rope import (ROPE_TYPES, RopeParameters, apply_rope, rope_cos_sin,  # noqa: F401
                                rope_inv_freq, rotate_half)
 
-# config.json's model_type -> the family's module.
-FAMILIES = {m.MODEL_TYPE: m for m in (hf_reference_mixtral, hf_reference_qwen3_moe, hf_reference_gpt_oss)}
+# config.json's model_type -> the family's module (a module may serve several model types).
+FAMILIES = {t: m for m in (hf_reference_mixtral, hf_reference_qwen3_moe, hf_reference_gpt_oss,
+                           hf_reference_deepseek_v3)
+            for t in getattr(m, "MODEL_TYPES", (m.MODEL_TYPE,))}
 
 # ---------------------------------------------------------------------------------------------
 # safetensors
@@ -108,12 +160,12 @@ def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def read_safetensors(path: str) -> Dict[str, np.ndarray]:
+def read_safetensors_raw(path: str) -> Dict[str, Tuple[str, Tuple[int, ...], bytes]]:
     """Reads a .safetensors file: u64 little-endian header length, JSON header, raw data.
 
     Each header entry is {"dtype", "shape", "data_offsets": [begin, end]} with offsets relative
-    to the first byte after the header. "__metadata__" is skipped. Returns read-only arrays;
-    BF16 tensors come back as the float32 values they hold.
+    to the first byte after the header. "__metadata__" is skipped. Returns name -> (safetensors
+    dtype, shape, the tensor's bytes), any dtype.
     """
     with open(path, "rb") as f:
         blob = f.read()
@@ -122,44 +174,106 @@ def read_safetensors(path: str) -> Dict[str, np.ndarray]:
     (header_len,) = struct.unpack("<Q", blob[:8])
     header = json.loads(blob[8:8 + header_len].decode("utf-8"))
     data = memoryview(blob)[8 + header_len:]
-    tensors: Dict[str, np.ndarray] = {}
+    tensors: Dict[str, Tuple[str, Tuple[int, ...], bytes]] = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
-        if dtype is None:
-            raise ValueError(f"{path}: tensor {name}: dtype {entry['dtype']} is not supported here")
         begin, end = entry["data_offsets"]
-        shape = tuple(int(s) for s in entry["shape"])
-        array = np.frombuffer(data[begin:end], dtype=dtype)
+        tensors[name] = (entry["dtype"], tuple(int(s) for s in entry["shape"]), bytes(data[begin:end]))
+    return tensors
+
+
+def read_safetensors(path: str, fp8_codes: bool = False) -> Dict[str, np.ndarray]:
+    """Reads a .safetensors file (read_safetensors_raw) into read-only arrays; BF16 tensors come
+    back as the float32 values they hold. F8_E4M3 tensors (float8_e4m3fn) come back as their uint8
+    codes when fp8_codes, and are refused otherwise: their values need their <name>_scale_inv
+    (load_params pairs them)."""
+    tensors: Dict[str, np.ndarray] = {}
+    for name, (dtype_name, shape, raw) in read_safetensors_raw(path).items():
+        dtype = "u1" if dtype_name == "F8_E4M3" and fp8_codes else _SAFETENSORS_DTYPES.get(dtype_name)
+        if dtype is None:
+            why = " (FP8 weights: read them with load_params)" if dtype_name == "F8_E4M3" else ""
+            raise ValueError(f"{path}: tensor {name}: dtype {dtype_name} is not supported here{why}")
+        array = np.frombuffer(raw, dtype=dtype)
         if array.size != int(np.prod(shape, dtype=np.int64)):
             raise ValueError(f"{path}: tensor {name}: {array.size} elements for shape {shape}")
-        if entry["dtype"] == "BF16":
+        if dtype_name == "BF16":
             array = bf16_bits_to_float32(array)
         tensors[name] = array.reshape(shape)
     return tensors
 
 
-def load_params(path: str) -> Dict[str, np.ndarray]:
-    """The weights of a safetensors file, or of a Hugging Face model directory (model.safetensors,
-    or the files model.safetensors.index.json maps), as writable float64 arrays keyed by HF
-    tensor name."""
-    if not os.path.isdir(path):
-        return {name: np.array(t, dtype=np.float64) for name, t in read_safetensors(path).items()}
+def checkpoint_files(path: str) -> Dict[str, Dict[str, str]]:
+    """The safetensors files of a Hugging Face model directory -> the tensor names each must hold
+    (model.safetensors.index.json's weight_map; {} for a lone model.safetensors, whose names are
+    not checked)."""
     index = os.path.join(path, "model.safetensors.index.json")
     if not os.path.exists(index):
-        return load_params(os.path.join(path, "model.safetensors"))
+        return {os.path.join(path, "model.safetensors"): {}}
     with open(index, "r", encoding="utf-8") as f:
         weight_map = json.load(f)["weight_map"]
-    params: Dict[str, np.ndarray] = {}
-    for file in sorted(set(weight_map.values())):
-        for name, t in read_safetensors(os.path.join(path, file)).items():
-            if weight_map.get(name) != file:
-                raise ValueError(f"{path}: {file} holds {name}, which the index does not put there")
-            params[name] = np.array(t, dtype=np.float64)
-    missing = set(weight_map) - set(params)
+    files: Dict[str, Dict[str, str]] = {}
+    for name, file in weight_map.items():
+        files.setdefault(os.path.join(path, file), {})[name] = file
+    return files
+
+
+def fp8_block_of(path: str) -> Optional[Tuple[int, int]]:
+    """quantization_config.weight_block_size of the model directory's config.json when its
+    quant_method is "fp8" (DeepSeek-V3's and Kimi-K2's FP8 release), else None."""
+    config = os.path.join(path, "config.json")
+    if not os.path.isdir(path) or not os.path.exists(config):
+        return None
+    with open(config, "r", encoding="utf-8") as f:
+        q = json.load(f).get("quantization_config") or {}
+    if q.get("quant_method") != "fp8":
+        return None
+    if q.get("fmt", "e4m3") != "e4m3":
+        raise ValueError(f"{config}: quantization_config.fmt {q['fmt']!r}: only e4m3 is decoded here")
+    block = q.get("weight_block_size")
+    if not isinstance(block, list) or len(block) != 2:
+        raise ValueError(f"{config}: quantization_config.weight_block_size {block!r}: expected [rows, cols]")
+    return int(block[0]), int(block[1])
+
+
+def load_params(path: str, fp8_block: Optional[Tuple[int, int]] = None) -> Dict[str, np.ndarray]:
+    """The weights of a safetensors file, or of a Hugging Face model directory (model.safetensors,
+    or the files model.safetensors.index.json maps), as writable float64 arrays keyed by HF
+    tensor name.
+
+    FP8 weights (F8_E4M3 <name> with F32 <name>_scale_inv, hf_reference_fp8.py) come back
+    dequantised: the fp32 products code value * block scale, then widened to float64 exactly;
+    <name>_scale_inv is consumed. The block is fp8_block, else (a directory) its config.json's
+    quantization_config.weight_block_size. An F8_E4M3 tensor without its scale, a scale without
+    its F8_E4M3 tensor, or FP8 without a block, is a ValueError.
+    """
+    files = checkpoint_files(path) if os.path.isdir(path) else {path: {}}
+    if fp8_block is None:
+        fp8_block = fp8_block_of(path)
+    raw: Dict[str, np.ndarray] = {}
+    for file in sorted(files):
+        for name, t in read_safetensors(file, fp8_codes=True).items():
+            if files[file] and name not in files[file]:
+                raise ValueError(f"{path}: {os.path.basename(file)} holds {name}, which the index does "
+                                 f"not put there")
+            raw[name] = t
+    missing = {n for names in files.values() for n in names} - set(raw)
     if missing:
         raise ValueError(f"{path}: the index names tensors no file holds: {sorted(missing)[:3]}")
+    params: Dict[str, np.ndarray] = {}
+    for name, t in raw.items():
+        if name.endswith("_scale_inv"):
+            if name[:-len("_scale_inv")] not in raw or raw[name[:-len("_scale_inv")]].dtype != np.uint8:
+                raise ValueError(f"{path}: {name} scales no F8_E4M3 tensor {name[:-len('_scale_inv')]}")
+            continue
+        if t.dtype == np.uint8:  # F8_E4M3 codes
+            if name + "_scale_inv" not in raw:
+                raise ValueError(f"{path}: F8_E4M3 tensor {name} has no {name}_scale_inv")
+            if fp8_block is None:
+                raise ValueError(f"{path}: F8_E4M3 tensor {name}: no weight_block_size (config.json's "
+                                 f"quantization_config, or fp8_block)")
+            t = hf_reference_fp8.block_dequantize(t, raw[name + "_scale_inv"], fp8_block, name)
+        params[name] = np.array(t, dtype=np.float64)
     return params
 
 
@@ -191,10 +305,10 @@ def read_config(path: str) -> ModelConfig:
 
 
 def param_shapes(cfg: ModelConfig) -> Dict[str, Tuple[int, ...]]:
-    """Every Hub tensor name of the model and its shape, in a fixed order (the order
-    hf_roundtrip.py draws random weights in)."""
-    h, v, d = cfg.hidden_size, cfg.vocab_size, cfg.head_dim
-    nq, nkv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    """Every Hub tensor name the model's forward reads and its shape, in a fixed order (the
+    order hf_roundtrip.py draws random weights in). Not deepseek_v3's MTP modules (mtp_shapes)."""
+    h, v = cfg.hidden_size, cfg.vocab_size
+    family = FAMILIES[cfg.model_type]
     shapes: Dict[str, Tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (v, h)
@@ -202,28 +316,52 @@ def param_shapes(cfg: ModelConfig) -> Dict[str, Tuple[int, ...]]:
         p = f"model.layers.{i}."
         shapes[p + "input_layernorm.weight"] = (h,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
-        a = p + "self_attn."
-        shapes[a + "q_proj.weight"] = (nq, h)
-        shapes[a + "k_proj.weight"] = (nkv, h)
-        shapes[a + "v_proj.weight"] = (nkv, h)
-        shapes[a + "o_proj.weight"] = (h, nq)
-        if cfg.attention_bias:
-            shapes[a + "q_proj.bias"] = (nq,)
-            shapes[a + "k_proj.bias"] = (nkv,)
-            shapes[a + "v_proj.bias"] = (nkv,)
-            shapes[a + "o_proj.bias"] = (h,)
-        if cfg.qk_norm:
-            shapes[a + "q_norm.weight"] = (d,)
-            shapes[a + "k_norm.weight"] = (d,)
-        if cfg.attention_sinks:
-            shapes[a + "sinks"] = (cfg.num_attention_heads,)
-        shapes.update(FAMILIES[cfg.model_type].mlp_shapes(cfg, i))
+        if hasattr(family, "attention_shapes"):  # the family's own attention (deepseek_v3: MLA)
+            shapes.update(family.attention_shapes(cfg, i))
+        else:
+            shapes.update(gqa_attention_shapes(cfg, i))
+        shapes.update(family.mlp_shapes(cfg, i))
     return shapes
 
 
+def gqa_attention_shapes(cfg: ModelConfig, i: int) -> Dict[str, Tuple[int, ...]]:
+    """Layer i's tensors of the shared GQA attention (hf_reference_common.attention)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    nq, nkv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    shapes: Dict[str, Tuple[int, ...]] = {}
+    a = f"model.layers.{i}.self_attn."
+    shapes[a + "q_proj.weight"] = (nq, h)
+    shapes[a + "k_proj.weight"] = (nkv, h)
+    shapes[a + "v_proj.weight"] = (nkv, h)
+    shapes[a + "o_proj.weight"] = (h, nq)
+    if cfg.attention_bias:
+        shapes[a + "q_proj.bias"] = (nq,)
+        shapes[a + "k_proj.bias"] = (nkv,)
+        shapes[a + "v_proj.bias"] = (nkv,)
+        shapes[a + "o_proj.bias"] = (h,)
+    if cfg.qk_norm:
+        shapes[a + "q_norm.weight"] = (d,)
+        shapes[a + "k_norm.weight"] = (d,)
+    if cfg.attention_sinks:
+        shapes[a + "sinks"] = (cfg.num_attention_heads,)
+    return shapes
+
+
+def mtp_shapes(cfg: ModelConfig) -> Dict[str, Tuple[int, ...]]:
+    """The multi-token-prediction tensors a checkpoint of the family may hold besides
+    param_shapes' (deepseek_v3: model.layers.{num_hidden_layers + j}.*), which the forward
+    ignores; {} for the other families."""
+    family = FAMILIES[cfg.model_type]
+    return family.mtp_shapes(cfg) if hasattr(family, "mtp_shapes") else {}
+
+
 def check_params(params: Dict[str, np.ndarray], cfg: ModelConfig) -> None:
-    """Raises ValueError unless params holds exactly param_shapes(cfg)'s names and shapes."""
+    """Raises ValueError unless params holds exactly param_shapes(cfg)'s names and shapes, plus
+    either all of mtp_shapes(cfg)'s or none."""
     expect = param_shapes(cfg)
+    mtp = mtp_shapes(cfg)
+    if any(n in params for n in mtp):
+        expect.update(mtp)
     problems = []
     missing = [n for n in expect if n not in params]
     extra = sorted(n for n in params if n not in expect)
@@ -249,6 +387,7 @@ def forward(params: Dict[str, np.ndarray], cfg: ModelConfig, input_ids: np.ndarr
     """The CausalLM forward without a cache: (B, T) token ids -> logits (B, T, V)."""
     check_params(params, cfg)
     family = FAMILIES[cfg.model_type]
+    attend = getattr(family, "attention", attention)  # the family's own, else the shared GQA
     input_ids = np.asarray(input_ids, dtype=np.int64)
     B, T = input_ids.shape
     h = params["model.embed_tokens.weight"][input_ids]  # (B, T, H)
@@ -259,7 +398,7 @@ def forward(params: Dict[str, np.ndarray], cfg: ModelConfig, input_ids: np.ndarr
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         a = rms_norm(h, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-        h = h + attention(a, params, i, cfg, cos, sin)
+        h = h + attend(a, params, i, cfg, cos, sin)
         m = rms_norm(h, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
         mlp_out, logits_i, selected_i, clamped_i = family.mlp(m, params, i, cfg)
         h = h + mlp_out

@@ -22,7 +22,7 @@ SLIDING_ATTENTION = "sliding_attention"
 @dataclass
 class ModelConfig:
     """One model's config.json as transformers reads it, every family in one shape."""
-    model_type: str                     # "mixtral", "qwen3_moe" or "gpt_oss"
+    model_type: str                     # "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "kimi_k2"
     vocab_size: int
     hidden_size: int
     intermediate_size: int              # mixtral, gpt_oss: each expert's width; qwen3_moe: dense MLP width
@@ -50,6 +50,9 @@ class ModelConfig:
     swiglu_limit: Optional[float] = None  # gpt_oss's experts: g <= limit, |u| <= limit
     mlp_only_layers: Tuple[int, ...] = ()  # qwen3_moe: layers forced dense
     decoder_sparse_step: int = 1        # qwen3_moe: every step-th layer is MoE
+    # What only one family reads (deepseek_v3 / kimi_k2: hf_reference_deepseek_v3.DeepseekFields,
+    # MLA and group-limited routing); None for the others.
+    family_fields: Any = None
 
     @property
     def num_local_experts(self) -> int:

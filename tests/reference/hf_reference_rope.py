@@ -6,8 +6,9 @@ ROPE_INIT_FUNCTIONS); shared by every family.
 Config forms: transformers 4 writes rope_theta at top level and rope_scaling {"rope_type" or
 "type", ...} (or null); transformers 5 writes rope_parameters {"rope_type", "rope_theta", ...}.
 transformers 5 reads both: a non-empty rope_scaling replaces rope_parameters; then rope_theta (top
-level, else the family's default_theta: mixtral 1e6, qwen3_moe 1e4, gpt_oss 1.5e5) and a top-level
-partial_rotary_factor only fill keys the dict lacks; rope_type defaults to "type", then "default".
+level, else the family's default_theta: mixtral 1e6, qwen3_moe and deepseek_v3 1e4, gpt_oss 1.5e5)
+and a top-level partial_rotary_factor only fill keys the dict lacks; rope_type defaults to "type",
+then "default".
 gpt_oss only: a config.json without rope_scaling and with no (or a null) rope_parameters gets
 GptOssConfig's own dict, {"rope_type": "yarn", "factor": 32, "beta_fast": 32, "beta_slow": 1,
 "truncate": false, "original_max_position_embeddings": 4096}, which the steps above then fill
@@ -31,7 +32,7 @@ else the dict's, else max_position_embeddings. inv_freq = 1 / base^(2j/dim), j <
            [0, dim - 1]; ramp over j < dim // 2 (high += 0.001 when equal); inv_freq mixes
            1/(factor*pos_freq) and 1/pos_freq by it; cos and sin are multiplied by
            attention_factor (the softmax scale stays head_dim^-0.5: yarn_apply_mscale is for MLA
-           models only);
+           models only, hf_reference_deepseek_v3.py applies it);
   llama3   wavelen = 2 pi / inv_freq: > orig/low_freq_factor -> inv_freq / factor, < orig /
            high_freq_factor -> unchanged, between -> smoothed with (orig / wavelen - low) / (high -
            low).
@@ -48,8 +49,10 @@ rope_parameters altogether.
 The rotation. Mixtral and Qwen3-MoE: q * cat(cos, cos) + rotate_half(q) * cat(sin, sin) with
 rotate_half (x1, x2) -> (-x2, x1) over the two halves of head_dim. gpt-oss (_apply_rotary_emb):
 (x1 cos - x2 sin, x2 cos + x1 sin) with cos, sin of width head_dim / 2 — the same numbers, so
-apply_rope below serves every family. transformers computes the angles in float32 (position_ids
-.float() * inv_freq), here in float64.
+apply_rope below serves every family. deepseek_v3 rotates only the qk_rope_head_dim dims of q and
+of its shared key (its config's head_dim), and with rope_interleave gathers their even then odd
+dims first (hf_reference_deepseek_v3.py). transformers computes the angles in float32
+(position_ids.float() * inv_freq), here in float64.
 """
 
 from __future__ import annotations
@@ -79,14 +82,11 @@ class RopeParameters:
     high_freq_factor: Optional[float] = None  # llama3
 
 
-def resolve_rope(j: Dict[str, Any], model_type: str, head_dim: int, head_dim_attr: Optional[int],
-                 max_pos: int, where: str, default_theta: float,
-                 family_rope: Optional[Dict[str, Any]] = None) -> RopeParameters:
-    """transformers 5's convert_rope_params_to_dict + standardize_rope_params + the rope init
-    function's reads, for a config.json dict j (either form). head_dim_attr is what
-    getattr(config, "head_dim", hidden // heads) gives (None for mixtral without a head_dim);
-    family_rope is the dict the family's config puts in place of a missing or null
-    rope_parameters (gpt_oss's yarn), None for an empty one."""
+def rope_dict(j: Dict[str, Any], where: str,
+              family_rope: Optional[Dict[str, Any]] = None) -> Tuple[str, Dict[str, Any]]:
+    """(the config.json field it comes from, a copy of the rope dict transformers 5 starts from):
+    a non-empty rope_scaling, else rope_parameters (family_rope in place of a missing or null one
+    when given; {} otherwise), before rope_theta and the defaults fill it."""
     field = "rope_scaling" if j.get("rope_scaling") else "rope_parameters"
     if j.get("rope_scaling"):
         rp = j["rope_scaling"]
@@ -98,7 +98,18 @@ def resolve_rope(j: Dict[str, Any], model_type: str, head_dim: int, head_dim_att
         raise ValueError(f"{where}: {field} must be an object, got {rp!r}")
     if any(isinstance(v, dict) for v in rp.values()):
         raise ValueError(f"{where}: {field} nested by layer type is not implemented by this reference")
-    rp = dict(rp)
+    return field, dict(rp)
+
+
+def resolve_rope(j: Dict[str, Any], model_type: str, head_dim: int, head_dim_attr: Optional[int],
+                 max_pos: int, where: str, default_theta: float,
+                 family_rope: Optional[Dict[str, Any]] = None) -> RopeParameters:
+    """transformers 5's convert_rope_params_to_dict + standardize_rope_params + the rope init
+    function's reads, for a config.json dict j (either form). head_dim_attr is what
+    getattr(config, "head_dim", hidden // heads) gives (None for mixtral without a head_dim);
+    family_rope is the dict the family's config puts in place of a missing or null
+    rope_parameters (gpt_oss's yarn), None for an empty one."""
+    field, rp = rope_dict(j, where, family_rope)
     rp.setdefault("rope_theta", j.get("rope_theta", default_theta))
     if j.get("partial_rotary_factor") is not None:
         rp.setdefault("partial_rotary_factor", j["partial_rotary_factor"])
@@ -162,9 +173,9 @@ def resolve_rope(j: Dict[str, Any], model_type: str, head_dim: int, head_dim_att
     mscale, mscale_all_dim = rp.get("mscale"), rp.get("mscale_all_dim")
     if attention_factor is None:
         if mscale and mscale_all_dim:
-            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+            attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
         else:
-            attention_factor = _yarn_mscale(factor)
+            attention_factor = yarn_get_mscale(factor)
     return RopeParameters("yarn", theta, dim, factor=factor, original_max_position_embeddings=orig,
                           attention_factor=float(attention_factor),
                           beta_fast=float(rp.get("beta_fast") or 32),
@@ -172,7 +183,7 @@ def resolve_rope(j: Dict[str, Any], model_type: str, head_dim: int, head_dim_att
                           truncate=bool(rp.get("truncate", True)))
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
     """yarn_get_mscale: 0.1 * mscale * ln(scale) + 1, and 1 for scale <= 1."""
     if scale <= 1:
         return 1.0
