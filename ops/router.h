@@ -89,6 +89,7 @@ namespace moepeak::ops {
 enum class RouterScore {
   softmax_then_topk,  // softmax over all experts, top-k of the probabilities (Mixtral, Qwen3-MoE)
   topk_then_softmax,  // top-k of the logits, softmax over those k (gpt-oss)
+  sigmoid_group_limited,  // sigmoid scores, group-limited top-k with a correction bias (DeepSeek)
 };
 
 void router_forward_cpu(const Tensor& logits, int k, RouterScore score, bool renormalize,

@@ -25,7 +25,7 @@ namespace moepeak {
 // ---- Enumerated settings --------------------------------------------------------------------
 // Enumerator i is spelled EnumNames<E>::names[i] in config files ("auto" is `automatic` in C++).
 
-enum class ModelType { mixtral, qwen3_moe, gpt_oss };
+enum class ModelType { mixtral, qwen3_moe, gpt_oss, deepseek_v3 };
 // What a layer's attention sees (transformers' layer_types): every earlier key, or the last
 // model.sliding_window keys.
 enum class AttentionLayerType { full_attention, sliding_attention };
@@ -54,7 +54,8 @@ struct EnumNames;
 
 template <>
 struct EnumNames<ModelType> {
-  static constexpr std::array<std::string_view, 3> names{"mixtral", "qwen3_moe", "gpt_oss"};
+  static constexpr std::array<std::string_view, 4> names{"mixtral", "qwen3_moe", "gpt_oss",
+                                                         "deepseek_v3"};
 };
 template <>
 struct EnumNames<AttentionLayerType> {
@@ -197,6 +198,29 @@ struct ModelConfig {
   int64_t sliding_window = 0;
   double swiglu_limit = 7.0;
   double swiglu_alpha = 1.702;
+  // deepseek_v3 (DeepSeek-V3, Kimi-K2): multi-head latent attention — queries through a rank
+  // q_lora_rank bottleneck (0 = a plain q_proj), keys and values through kv_lora_rank, query/key
+  // heads of qk_nope_head_dim + qk_rope_head_dim (the rotary part one key shared by every head),
+  // value heads of v_head_dim; sigmoid routing over n_group groups keeping topk_group, weights
+  // times routed_scaling_factor; n_shared_experts always-on experts of moe_intermediate_size; the
+  // first first_k_dense_replace layers dense; router_bias_update_rate: the auxiliary-loss-free
+  // balancing's step gamma on the router's e_score_correction_bias (0 = frozen);
+  // num_nextn_predict_layers: the checkpoint's multi-token-prediction layers (carried through an
+  // import and export, not trained).
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  int64_t n_shared_experts = 0;
+  int64_t first_k_dense_replace = 0;
+  double router_bias_update_rate = 0.0;
+  int64_t num_nextn_predict_layers = 0;
+  // RoPE over interleaved pairs (x0, x1), (x2, x3), ... instead of (i, i + d/2) (deepseek_v3).
+  bool rope_interleave = false;
   int64_t max_position_embeddings = 512;
   double rope_theta = 10000.0;
   // RoPE scaling (transformers' rope_scaling / rope_parameters; ops/rope_scaling.h): the type and

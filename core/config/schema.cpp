@@ -177,8 +177,10 @@ const std::vector<Field>& field_table() {
       FIELD(model, model_type, no_limit(),
             "The model family, as Hugging Face's config.json names it: mixtral (every layer MoE, "
             "renormalised top-k), qwen3_moe (q/k RMSNorm per head, dense layers by "
-            "mlp_only_layers and decoder_sparse_step, norm_topk_prob) or gpt_oss (attention "
-            "sinks, sliding-window layers, biases, a clamped SwiGLU). docs/models.md."),
+            "mlp_only_layers and decoder_sparse_step, norm_topk_prob), gpt_oss (attention "
+            "sinks, sliding-window layers, biases, a clamped SwiGLU) or deepseek_v3 (DeepSeek-V3 "
+            "and Kimi-K2: latent attention, sigmoid group routing, shared experts). "
+            "docs/models.md."),
       FIELD(model, vocab_size, at_least(2), "Vocabulary size V (embedding and LM-head rows)."),
       FIELD(model, hidden_size, at_least(1), "Model width H."),
       FIELD(model, intermediate_size, at_least(1),
@@ -217,6 +219,43 @@ const std::vector<Field>& field_table() {
             "gpt_oss: the experts' clamp, gate <= limit and -limit <= up <= limit."),
       FIELD(model, swiglu_alpha, above(0),
             "gpt_oss: the experts' activation (up + 1) * gate * sigmoid(alpha * gate)."),
+      FIELD(model, q_lora_rank, at_least(0),
+            "deepseek_v3: the queries' low-rank bottleneck (q_a_proj, q_a_layernorm, q_b_proj); "
+            "0 = a plain q_proj (config.json's null)."),
+      FIELD(model, kv_lora_rank, at_least(0),
+            "deepseek_v3: the keys' and values' latent width (kv_a_proj_with_mqa, "
+            "kv_a_layernorm, kv_b_proj)."),
+      FIELD(model, qk_nope_head_dim, at_least(0),
+            "deepseek_v3: the part of each query/key head without RoPE."),
+      FIELD(model, qk_rope_head_dim, at_least(0),
+            "deepseek_v3: the rotary part of each query/key head, even; the key's is one vector "
+            "shared by every head."),
+      FIELD(model, v_head_dim, at_least(0), "deepseek_v3: the width of each value head."),
+      FIELD(model, n_group, at_least(1),
+            "deepseek_v3: the router's expert groups (num_local_experts / n_group experts "
+            "each); 1 = no grouping."),
+      FIELD(model, topk_group, at_least(1),
+            "deepseek_v3: the groups a token's experts may come from (the groups with the "
+            "largest sum of their two best scores)."),
+      FIELD(model, routed_scaling_factor, above(0),
+            "deepseek_v3: the factor on the routed experts' weights."),
+      FIELD(model, n_shared_experts, at_least(0),
+            "deepseek_v3: experts every token goes through beside its routed ones (one SwiGLU "
+            "of width moe_intermediate_size * n_shared_experts); 0 = none."),
+      FIELD(model, first_k_dense_replace, at_least(0),
+            "deepseek_v3: the first layers, dense (a SwiGLU of width intermediate_size)."),
+      FIELD(model, router_bias_update_rate, at_least(0),
+            "deepseek_v3: auxiliary-loss-free balancing: after each optimizer step every "
+            "expert's e_score_correction_bias moves by this gamma times sign(mean load - its "
+            "load), the loads over the job's tokens; 0 = the bias stays as loaded (DeepSeek-V3 "
+            "trained with 1e-3)."),
+      FIELD(model, num_nextn_predict_layers, at_least(0),
+            "deepseek_v3: multi-token-prediction layers the checkpoint carries "
+            "(model.layers.{num_hidden_layers}...); passed through import and export as they "
+            "are, not trained."),
+      FIELD(model, rope_interleave, no_limit(),
+            "RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... instead of (i, i + d/2) "
+            "(deepseek_v3's default)."),
       FIELD(model, max_position_embeddings, at_least(1),
             "Longest sequence the model takes; training.seq_len may not exceed it (raise it with "
             "RoPE scaling to extend the context, docs/models.md)."),
@@ -244,7 +283,8 @@ const std::vector<Field>& field_table() {
       FIELD(model, rope_high_freq_factor, above(0), "llama3: high_freq_factor."),
       FIELD(model, rms_norm_eps, above(0), "Epsilon inside RMSNorm."),
       FIELD(model, router_aux_loss_coef, at_least(0),
-            "Weight of the auxiliary load-balancing loss; 0 = the loss is off."),
+            "Weight of the auxiliary load-balancing loss; 0 = the loss is off. deepseek_v3: "
+            "DeepSeek-V3's sequence-wise balance loss (its alpha; 1e-4 in the paper)."),
       FIELD(model, initializer_range, above(0),
             "Standard deviation of the normal weight initialisation."),
       FIELD(model, init_from, no_limit(),

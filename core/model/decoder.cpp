@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/model/decoder_activations.h"
 #include "ops/attention.h"
 #include "ops/bias.h"
 #include "ops/elementwise.h"
@@ -22,32 +23,6 @@
 namespace moepeak {
 
 using schedules::HeadKind;
-
-// What one layer keeps from its forward for its backward. q, k, v, out and lse are in the head
-// layout of the attention (B, T, h_r, d) (with W = 1 that is the token layout); attn is the
-// attention output back in this rank's token layout, kept for o_proj's backward (W > 1 only).
-struct DecoderModel::LayerActivations {
-  OwnedTensor n1, rstd1;                       // input norm (N, H), (N)
-  OwnedTensor q_pre, k_pre, rstd_q, rstd_k;    // qk_norm: q, k before it (N, nh*d), (N, nkv*d);
-                                               // rstd (N*nh), (N*nkv)
-  OwnedTensor q, k, v;                         // (B, T, hq_r, d), (B, T, hkv_r, d) x2, after RoPE
-  OwnedTensor out, lse;                        // (B, T, hq_r, d), (B, hq_r, T)
-  OwnedTensor attn;                            // (N, nh*d) when W > 1
-  OwnedTensor h;                               // (N, H) x + o_proj(attn)
-  OwnedTensor n2, rstd2;                       // post-attention norm (N, H), (N)
-  OwnedTensor probs, topk_index, topk_weight;  // MoE: (N, E), (N, k) i32, (N, k)
-  OwnedTensor mlp_gate, mlp_up;                // dense: gate and up projections (N, I) x2
-  schedules::ExpertDispatch* dispatch = nullptr;  // the layer's, in DecoderModel::dispatchers_
-
-  void release() {
-    for (OwnedTensor* t : {&n1,    &rstd1, &q_pre,      &k_pre,       &rstd_q,   &rstd_k, &q,
-                           &k,     &v,     &out,        &lse,         &attn,     &h,      &n2,
-                           &rstd2, &probs, &topk_index, &topk_weight, &mlp_gate, &mlp_up}) {
-      t->reset();
-    }
-    if (dispatch) dispatch->release();
-  }
-};
 
 namespace {
 SchedulesConfig with_checkpoint(CheckpointSchedule checkpoint) {
@@ -111,8 +86,9 @@ void DecoderModel::check_layout(const ModelConfig& model, int64_t batch, int64_t
                         " sequence groups, which need training.batch_size (", batch,
                         ") divisible by W/Sp = ", groups);
   }
-  schedules::UlyssesLayout::make(batch / groups, seq_len, d.sequence, 0, model.num_attention_heads,
-                                 model.num_key_value_heads, model.head_dim_resolved());
+  const AttentionSpec& a = cached_param_layout(model).spec().layers.front().attention;
+  schedules::UlyssesLayout::make(batch / groups, seq_len, d.sequence, 0, a.heads, a.kv_heads,
+                                 a.head_dim);
 }
 
 OwnedTensor DecoderModel::device(Shape shape, LiveSet set, const char* what) const {
@@ -167,6 +143,8 @@ ops::AttentionVariant DecoderModel::attention_variant(int layer, const Group& w)
 
 OwnedTensor DecoderModel::attention_forward(int layer, const Group& w, const Tensor& x,
                                             const TokenBatch& batch, LayerActivations& a) {
+  if (spec_.layers[layer].attention.latent())
+    return latent_attention_forward(layer, w, x, batch, a);
   const LayerParamIndex& L = params_.layout().layers[layer];
   const schedules::UlyssesLayout& U = ulysses_;
   // B: the sequences of this rank's sequence group (all B when Sp = W).
@@ -231,7 +209,7 @@ OwnedTensor DecoderModel::attention_forward(int layer, const Group& w, const Ten
   a.out = device(Shape{N * nh * d}, LiveSet::attention, "attention output");
   a.lse = OwnedTensor::device(backend_, Shape{B, q_heads[2], T}, ops::attention_lse_dtype(dtype_),
                               LiveSet::attention, "attention lse");
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const double scale = spec_.layers[layer].attention.scale;
   ops::attention_forward(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
                          a.v.view().reshape(kv_heads), scale, attention_variant(layer, w),
                          a.out.view().reshape(q_heads), a.lse, stream_);
@@ -252,6 +230,8 @@ OwnedTensor DecoderModel::attention_forward(int layer, const Group& w, const Ten
 OwnedTensor DecoderModel::attention_backward(int layer, const Group& w, const Tensor& dh,
                                              const Tensor& x, const TokenBatch& batch,
                                              LayerActivations& a) {
+  if (spec_.layers[layer].attention.latent())
+    return latent_attention_backward(layer, w, dh, x, batch, a);
   const LayerParamIndex& L = params_.layout().layers[layer];
   const schedules::UlyssesLayout& U = ulysses_;
   const int64_t N = x.size(0), H = model_.hidden_size;
@@ -279,7 +259,7 @@ OwnedTensor DecoderModel::attention_backward(int layer, const Group& w, const Te
   OwnedTensor dq = device(q_heads, LiveSet::workspace, "dq");
   OwnedTensor dk = device(kv_heads, LiveSet::workspace, "dk");
   OwnedTensor dv = device(kv_heads, LiveSet::workspace, "dv");
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const double scale = spec_.layers[layer].attention.scale;
   // NOTES: a rank adds the sinks' gradient of its own query heads only; the ZeRO-3 reduce-scatter
   // of the layer's gradients sums the sequence group's ranks, whose heads partition nh.
   const ops::AttentionVariant variant = attention_variant(layer, w);
@@ -396,6 +376,7 @@ OwnedTensor DecoderModel::moe_forward(int layer, const Group& w, LayerActivation
   }
   a.dispatch->forward(a.n2, a.topk_index, a.topk_weight, local_experts_of(layer, w, false),
                       plan_only ? Tensor() : y.view());
+  if (L.shared_gate >= 0) shared_experts_forward(L, w, a, plan_only ? Tensor() : y.view());
   if (!recompute) {
     expert_load_[layer] = a.dispatch->expert_counts();  // over the expert group
     Comm& replicas = layout_.expert_replicas();
@@ -411,23 +392,6 @@ OwnedTensor DecoderModel::moe_forward(int layer, const Group& w, LayerActivation
   return y;
 }
 
-OwnedTensor DecoderModel::dense_mlp_forward(const LayerParamIndex& L, const Group& w,
-                                            LayerActivations& a, bool recompute) {
-  const int64_t N = a.n2.view().size(0), H = model_.hidden_size;
-  const int64_t I = w.value(L.dense_gate).size(0);
-  a.mlp_gate = device(Shape{N, I}, LiveSet::workspace, "dense MLP gate");
-  a.mlp_up = device(Shape{N, I}, LiveSet::workspace, "dense MLP up");
-  ops::linear_forward(a.n2, w.value(L.dense_gate), a.mlp_gate, false, stream_);
-  ops::linear_forward(a.n2, w.value(L.dense_up), a.mlp_up, false, stream_);
-  if (recompute) return OwnedTensor();  // the backward needs gate and up, not the output
-  OwnedTensor act = device(Shape{N, I}, LiveSet::workspace, "dense MLP activation");
-  ops::swiglu_forward(a.mlp_gate, a.mlp_up, act, stream_);
-  OwnedTensor y = device(Shape{N, H}, LiveSet::boundaries, "layer output");
-  ops::copy(a.h, y, stream_);
-  ops::linear_forward(act, w.value(L.dense_down), y, /*accumulate=*/true, stream_);
-  return y;
-}
-
 void DecoderModel::moe_backward(int layer, const Group& w, const Tensor& dy, LayerActivations& a,
                                 const Tensor& dn2) {
   const LayerParamIndex& L = params_.layout().layers[layer];
@@ -435,6 +399,7 @@ void DecoderModel::moe_backward(int layer, const Group& w, const Tensor& dy, Lay
   const int64_t N = dy.size(0), E = mlp.experts, k = mlp.router.top_k;
   OwnedTensor dtopk_weight = device(Shape{N, k}, LiveSet::workspace, "d top-k weights");
   a.dispatch->backward(dy, local_experts_of(layer, w, true), dn2, dtopk_weight);
+  if (L.shared_gate >= 0) shared_experts_backward(L, w, dy, a, dn2);
   OwnedTensor drouter = device(Shape{N, E}, LiveSet::workspace, "d router logits");
   ops::router_backward(a.probs, a.topk_index, a.topk_weight, dtopk_weight, mlp.router.renormalize,
                        drouter, stream_);
@@ -444,23 +409,103 @@ void DecoderModel::moe_backward(int layer, const Group& w, const Tensor& dy, Lay
   ops::linear_backward(a.n2, w.value(L.router), drouter, dn2, true, w.grad(L.router), stream_);
 }
 
-void DecoderModel::dense_mlp_backward(const LayerParamIndex& L, const Group& w, const Tensor& dy,
-                                      LayerActivations& a, const Tensor& dn2) {
-  const int64_t N = dy.size(0), I = a.mlp_gate.view().size(1);
+// One SwiGLU MLP's weights and their gradients: a dense layer's, or the shared experts'.
+struct SwigluMlp {
+  Tensor gate, up, down;     // (I, H), (I, H), (H, I)
+  Tensor dgate, dup, ddown;  // their gradients (+=)
+  const char* name;          // the activations' name (a literal): "dense MLP", "shared experts"
+};
+
+namespace {
+
+SwigluMlp dense_mlp_of(const LayerParamIndex& L, const ZeroParamStore::GatheredGroup& w,
+                       bool with_grads) {
+  SwigluMlp m{
+      w.value(L.dense_gate), w.value(L.dense_up), w.value(L.dense_down), {}, {}, {}, "dense MLP"};
+  if (with_grads) {
+    m.dgate = w.grad(L.dense_gate);
+    m.dup = w.grad(L.dense_up);
+    m.ddown = w.grad(L.dense_down);
+  }
+  return m;
+}
+
+SwigluMlp shared_experts_of(const LayerParamIndex& L, const ZeroParamStore::GatheredGroup& w,
+                            bool with_grads) {
+  SwigluMlp m{w.value(L.shared_gate), w.value(L.shared_up), w.value(L.shared_down), {}, {}, {},
+              "shared experts"};
+  if (with_grads) {
+    m.dgate = w.grad(L.shared_gate);
+    m.dup = w.grad(L.shared_up);
+    m.ddown = w.grad(L.shared_down);
+  }
+  return m;
+}
+
+}  // namespace
+
+// gate = n2 G^T and up = n2 U^T into the activations' (kept for the backward); unless y is
+// undefined, y += down(silu(gate) * up).
+void DecoderModel::swiglu_mlp_forward(const SwigluMlp& m, const Tensor& n2, OwnedTensor& gate,
+                                      OwnedTensor& up, const Tensor& y) const {
+  const int64_t N = n2.size(0), I = m.gate.size(0);
+  gate = device(Shape{N, I}, LiveSet::workspace, m.name);
+  up = device(Shape{N, I}, LiveSet::workspace, m.name);
+  ops::linear_forward(n2, m.gate, gate, false, stream_);
+  ops::linear_forward(n2, m.up, up, false, stream_);
+  if (!y.defined()) return;
+  OwnedTensor act = device(Shape{N, I}, LiveSet::workspace, m.name);
+  ops::swiglu_forward(gate, up, act, stream_);
+  ops::linear_forward(act, m.down, y, /*accumulate=*/true, stream_);
+}
+
+// dn2 += d/dn2 of y's term from dy; the weights' gradients +=.
+void DecoderModel::swiglu_mlp_backward(const SwigluMlp& m, const Tensor& n2, const Tensor& gate,
+                                       const Tensor& up, const Tensor& dy,
+                                       const Tensor& dn2) const {
+  const int64_t N = dy.size(0), I = gate.size(1);
   // The activation again from the kept gate and up (cheaper than keeping it), then down's
   // backward, SwiGLU's, and gate's and up's into dn2.
-  OwnedTensor act = device(Shape{N, I}, LiveSet::workspace, "dense MLP activation");
-  ops::swiglu_forward(a.mlp_gate, a.mlp_up, act, stream_);
-  OwnedTensor dact = device(Shape{N, I}, LiveSet::workspace, "d dense MLP activation");
-  ops::linear_backward(act, w.value(L.dense_down), dy, dact, false, w.grad(L.dense_down), stream_);
+  OwnedTensor act = device(Shape{N, I}, LiveSet::workspace, m.name);
+  ops::swiglu_forward(gate, up, act, stream_);
+  OwnedTensor dact = device(Shape{N, I}, LiveSet::workspace, m.name);
+  ops::linear_backward(act, m.down, dy, dact, false, m.ddown, stream_);
   act.reset();
-  OwnedTensor dgate = device(Shape{N, I}, LiveSet::workspace, "d dense MLP gate");
-  OwnedTensor dup = device(Shape{N, I}, LiveSet::workspace, "d dense MLP up");
-  ops::swiglu_backward(a.mlp_gate, a.mlp_up, dact, dgate, dup, stream_);
+  OwnedTensor dgate = device(Shape{N, I}, LiveSet::workspace, m.name);
+  OwnedTensor dup = device(Shape{N, I}, LiveSet::workspace, m.name);
+  ops::swiglu_backward(gate, up, dact, dgate, dup, stream_);
   dact.reset();
-  ops::linear_backward(a.n2, w.value(L.dense_gate), dgate, dn2, true, w.grad(L.dense_gate),
-                       stream_);
-  ops::linear_backward(a.n2, w.value(L.dense_up), dup, dn2, true, w.grad(L.dense_up), stream_);
+  ops::linear_backward(n2, m.gate, dgate, dn2, true, m.dgate, stream_);
+  ops::linear_backward(n2, m.up, dup, dn2, true, m.dup, stream_);
+}
+
+OwnedTensor DecoderModel::dense_mlp_forward(const LayerParamIndex& L, const Group& w,
+                                            LayerActivations& a, bool recompute) {
+  const int64_t N = a.n2.view().size(0), H = model_.hidden_size;
+  if (recompute) {  // the backward needs gate and up, not the output
+    swiglu_mlp_forward(dense_mlp_of(L, w, false), a.n2, a.mlp_gate, a.mlp_up, Tensor());
+    return OwnedTensor();
+  }
+  OwnedTensor y = device(Shape{N, H}, LiveSet::boundaries, "layer output");
+  ops::copy(a.h, y, stream_);
+  swiglu_mlp_forward(dense_mlp_of(L, w, false), a.n2, a.mlp_gate, a.mlp_up, y);
+  return y;
+}
+
+void DecoderModel::dense_mlp_backward(const LayerParamIndex& L, const Group& w, const Tensor& dy,
+                                      LayerActivations& a, const Tensor& dn2) {
+  swiglu_mlp_backward(dense_mlp_of(L, w, true), a.n2, a.mlp_gate, a.mlp_up, dy, dn2);
+}
+
+void DecoderModel::shared_experts_forward(const LayerParamIndex& L, const Group& w,
+                                          LayerActivations& a, const Tensor& y) {
+  swiglu_mlp_forward(shared_experts_of(L, w, false), a.n2, a.shared_gate, a.shared_up, y);
+}
+
+void DecoderModel::shared_experts_backward(const LayerParamIndex& L, const Group& w,
+                                           const Tensor& dy, LayerActivations& a,
+                                           const Tensor& dn2) {
+  swiglu_mlp_backward(shared_experts_of(L, w, true), a.n2, a.shared_gate, a.shared_up, dy, dn2);
 }
 
 OwnedTensor DecoderModel::layer_backward(int layer, const Group& w, const Tensor& dy,
@@ -495,9 +540,10 @@ double DecoderModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   const int Lc = static_cast<int>(model_.num_hidden_layers);
   const ParallelDegrees& degrees = layout_.degrees();
   check_layout(model_, B, T, degrees);
+  const AttentionSpec& attention = spec_.layers.front().attention;  // every layer's dims
   ulysses_ = schedules::UlyssesLayout::make(B / degrees.sequence_groups(), T, degrees.sequence,
-                                            layout_.sequence().rank(), model_.num_attention_heads,
-                                            model_.num_key_value_heads, model_.head_dim_resolved());
+                                            layout_.sequence().rank(), attention.heads,
+                                            attention.kv_heads, attention.head_dim);
   const int64_t N = ulysses_.local_tokens();
   // NOTES: positions are global and every sequence of a batch is T long, so T is the length
   // dynamic NTK scaling reads (transformers: the largest position + 1) on every rank alike.

@@ -80,6 +80,7 @@ namespace moepeak {
 namespace schedules {
 struct PipelinedLlepLane;
 }  // namespace schedules
+struct SwigluMlp;  // decoder.cpp
 
 // How the LM head is stored for a vocabulary schedule: by vocabulary rows for ring_dtp, else
 // ZeRO-3 like every dense tensor (the planner sizes `weights` and `grads` with the same choice;
@@ -180,6 +181,28 @@ class DecoderModel {
   // dx = d layer input from dh (the residual's gradient), param grads += into the group.
   OwnedTensor attention_backward(int layer, const Group& w, const Tensor& dh, const Tensor& x,
                                  const TokenBatch& batch, LayerActivations& a);
+  // The same for the latent attention (AttentionKind::latent; decoder_latent_attention.cpp).
+  OwnedTensor latent_attention_forward(int layer, const Group& w, const Tensor& x,
+                                       const TokenBatch& batch, LayerActivations& a);
+  OwnedTensor latent_attention_backward(int layer, const Group& w, const Tensor& dh,
+                                        const Tensor& x, const TokenBatch& batch,
+                                        LayerActivations& a);
+  // The Ulysses layout of the value heads (and the attention output): ulysses_ with the value
+  // head width; and a staging buffer for either exchange.
+  schedules::UlyssesLayout values_layout() const;
+  OwnedTensor ulysses_staging() const;
+  // The shared experts' SwiGLU on n2, added into y (an undefined y: gate and up only, for the
+  // backward), and its backward into dn2.
+  void shared_experts_forward(const LayerParamIndex& L, const Group& w, LayerActivations& a,
+                              const Tensor& y);
+  void shared_experts_backward(const LayerParamIndex& L, const Group& w, const Tensor& dy,
+                               LayerActivations& a, const Tensor& dn2);
+  // A SwiGLU MLP (a dense layer's or the shared experts'): forward keeping gate and up, adding
+  // into y when defined; backward adding into dn2 and the weights' gradients.
+  void swiglu_mlp_forward(const SwigluMlp& m, const Tensor& n2, OwnedTensor& gate, OwnedTensor& up,
+                          const Tensor& y) const;
+  void swiglu_mlp_backward(const SwigluMlp& m, const Tensor& n2, const Tensor& gate,
+                           const Tensor& up, const Tensor& dy, const Tensor& dn2) const;
   // The layer's window and this rank's slice of its sinks (the query heads it attends over).
   ops::AttentionVariant attention_variant(int layer, const Group& w) const;
   // y = x W^T (+ b when bias >= 0), written; the bias is broadcast into y first and the GEMM
@@ -213,7 +236,7 @@ class DecoderModel {
   ZeroTraffic zero_traffic_;  // the ZeRO-3 collectives of each pass (after params_, which it reads)
   // zero_gather_groups: embed, layers (with this rank's experts)..., final norm + head
   std::vector<std::vector<int>> groups_;
-  schedules::UlyssesLayout ulysses_;  // of the current batch
+  schedules::UlyssesLayout ulysses_;  // of the current batch: query/key heads (d)
   ops::RopeParams rope_{};            // the rotary frequencies of the current batch
   std::vector<std::vector<int64_t>> expert_load_;
   std::vector<double> router_prob_sums_;  // per expert, over all layers of the current forward

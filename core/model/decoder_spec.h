@@ -7,11 +7,16 @@
 //
 //   attention  grouped-query (nh query heads, nkv key/value heads of head_dim), RoPE on q and k,
 //              optionally an RMSNorm over head_dim on every q and k head before RoPE (qk_norm),
-//              biases on q/k/v/o, a learned sink logit per head, a sliding window
+//              biases on q/k/v/o, a learned sink logit per head, a sliding window; or latent
+//              (DeepSeek's multi-head latent attention): q through a low-rank bottleneck, k and v
+//              from one shared latent, q/k heads of head_dim whose last rope_dim dims carry RoPE
+//              (the key's one vector shared by every head), value heads of v_head_dim
 //   mlp        dense SwiGLU of width `intermediate`, or MoE: a router (softmax over all experts
 //              then top-k, renormalised or not; or top-k of the logits then a softmax over the k;
+//              or sigmoid scores with a correction bias for the choice, group-limited top-k;
 //              with or without a bias) and `experts` experts of width `intermediate` (SwiGLU or
-//              gpt-oss's clamped SwiGLU, with or without biases)
+//              gpt-oss's clamped SwiGLU, with or without biases), plus optionally shared experts
+//              every token goes through (one SwiGLU of width shared_intermediate)
 //   head       its own (V, H) matrix, or the embedding's (tied)
 //
 // docs/models.md lists the families and what each sets here.
@@ -28,23 +33,45 @@
 
 namespace moepeak {
 
-enum class AttentionKind { grouped_query };
+enum class AttentionKind {
+  grouped_query,  // q, k, v projections of the layer input
+  // Multi-head latent attention (DeepSeek-V2/V3; transformers' DeepseekV3Attention):
+  //   q    = q_b(norm_qa(q_a(x)))  (or q(x) when q_lora_rank = 0)          (N, nh, head_dim)
+  //   c    = kv_a(x) = [c_kv (kv_lora_rank) | k_rope (rope_dim)]
+  //   kv   = kv_b(norm_kva(c_kv))                                          (N, nh, nope + v)
+  //   k_h  = [kv_h[:nope] | rope(k_rope)]  (one rotary key shared by every head)
+  //   v_h  = kv_h[nope:]                                                   (N, nh, v_head_dim)
+  // with nope = head_dim - rope_dim; RoPE on q's and k's last rope_dim dims only; the two latent
+  // norms use latent_norm_eps (transformers' default 1e-6, not the model's eps).
+  latent,
+};
 
 struct AttentionSpec {
   AttentionKind kind = AttentionKind::grouped_query;
-  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  // Query heads, key/value heads (latent: = heads), the query/key head width (latent: nope +
+  // rope) and the value head width (0 = head_dim).
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, v_head_dim = 0;
   bool qk_norm = false;  // RMSNorm (weights [head_dim], the model's eps) on each q and k head
   bool bias = false;     // q/k/v/o projections with biases
   bool sinks = false;    // a learned logit per query head in every row's softmax (ops/attention.h)
   int64_t window = 0;    // 0: every earlier key; W > 0: the query and the W - 1 keys before it
+  double scale = 0.0;    // the softmax scale on q.k (the family's; grouped-query: head_dim^-0.5)
+  // latent only: the query bottleneck (0 = a plain q projection), the key/value latent, the
+  // rotary tail of each q/k head, the latent norms' eps.
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, rope_dim = 0;
+  double latent_norm_eps = 1e-6;
+  bool latent() const { return kind == AttentionKind::latent; }
+  int64_t value_dim() const { return v_head_dim != 0 ? v_head_dim : head_dim; }
   bool operator==(const AttentionSpec&) const = default;
 };
 
 enum class MlpKind { dense, moe };
 
 // How router logits become the top-k experts and their weights: the op's enum (ops/router.h),
-// softmax_then_topk (softmax over all experts in fp32, top-k of the probabilities) or
-// topk_then_softmax (top-k of the logits, softmax over the k: gpt-oss).
+// softmax_then_topk (softmax over all experts in fp32, top-k of the probabilities),
+// topk_then_softmax (top-k of the logits, softmax over the k: gpt-oss) or sigmoid_group_limited
+// (sigmoid scores, a correction bias for the choice, the best topk_groups of `groups` groups:
+// DeepSeek-V3).
 using ops::RouterScore;
 
 struct RouterSpec {
@@ -52,6 +79,12 @@ struct RouterSpec {
   int64_t top_k = 0;
   bool renormalize = true;  // the k weights divided by their sum
   bool bias = false;        // logits = x W^T + b
+  // sigmoid_group_limited: the expert groups and how many a token's experts come from, the factor
+  // on the weights, and whether the choice adds a correction bias (e_score_correction_bias: a
+  // parameter moved by the balancing rule, not by gradients).
+  int64_t groups = 1, topk_groups = 1;
+  double scaling = 1.0;
+  bool correction_bias = false;
   bool operator==(const RouterSpec&) const = default;
 };
 
@@ -69,6 +102,10 @@ struct MlpSpec {
   ExpertActivation activation = ExpertActivation::swiglu;
   double swiglu_limit = 0.0, swiglu_alpha = 1.0;  // clamped_swiglu only
   bool bias = false;                              // gate, up and down with biases (each expert's)
+  // MoE only: the width of the shared experts' one SwiGLU, applied to every token beside the
+  // routed experts and added unweighted (DeepSeek-V3: n_shared_experts * moe_intermediate_size);
+  // 0 = none.
+  int64_t shared_intermediate = 0;
   bool moe() const { return kind == MlpKind::moe; }
   bool operator==(const MlpSpec&) const = default;
 };
@@ -111,6 +148,8 @@ struct DecoderSpec {
   bool any_qk_norm() const;
   bool any_attention_bias() const;
   bool any_sinks() const;
+  bool any_latent() const;
+  bool any_shared_experts() const;
   bool operator==(const DecoderSpec&) const = default;
 };
 

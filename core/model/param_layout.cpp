@@ -27,11 +27,31 @@ ParamLayout::ParamLayout(const ModelConfig& m)
     const int64_t d = a.head_dim, nh = a.heads, nkv = a.kv_heads, I = mlp.intermediate;
     LayerParamIndex L;
     L.input_norm = add(piece(Piece::input_norm, i), Shape{H}, K::norm);
-    L.q = add(piece(Piece::q, i), Shape{nh * d, H}, K::matrix);
-    L.k = add(piece(Piece::k, i), Shape{nkv * d, H}, K::matrix);
-    L.v = add(piece(Piece::v, i), Shape{nkv * d, H}, K::matrix);
-    L.o = add(piece(Piece::o, i), Shape{H, nh * d}, K::matrix);
-    int64_t attn = (2 * nh * d + 2 * nkv * d) * H;
+    int64_t attn = 0;
+    if (a.latent()) {
+      const int64_t dv = a.value_dim(), rq = a.q_lora_rank, rkv = a.kv_lora_rank;
+      const int64_t nope = d - a.rope_dim;
+      if (rq > 0) {
+        L.q_a = add(piece(Piece::q_a, i), Shape{rq, H}, K::matrix);
+        L.q_a_norm = add(piece(Piece::q_a_norm, i), Shape{rq}, K::norm);
+        L.q_b = add(piece(Piece::q_b, i), Shape{nh * d, rq}, K::matrix);
+        attn += rq * H + nh * d * rq;
+      } else {
+        L.q = add(piece(Piece::q, i), Shape{nh * d, H}, K::matrix);
+        attn += nh * d * H;
+      }
+      L.kv_a = add(piece(Piece::kv_a, i), Shape{rkv + a.rope_dim, H}, K::matrix);
+      L.kv_a_norm = add(piece(Piece::kv_a_norm, i), Shape{rkv}, K::norm);
+      L.kv_b = add(piece(Piece::kv_b, i), Shape{nh * (nope + dv), rkv}, K::matrix);
+      L.o = add(piece(Piece::o, i), Shape{H, nh * dv}, K::matrix);
+      attn += (rkv + a.rope_dim) * H + nh * (nope + dv) * rkv + H * nh * dv;
+    } else {
+      L.q = add(piece(Piece::q, i), Shape{nh * d, H}, K::matrix);
+      L.k = add(piece(Piece::k, i), Shape{nkv * d, H}, K::matrix);
+      L.v = add(piece(Piece::v, i), Shape{nkv * d, H}, K::matrix);
+      L.o = add(piece(Piece::o, i), Shape{H, nh * d}, K::matrix);
+      attn += (2 * nh * d + 2 * nkv * d) * H;
+    }
     if (a.bias) {
       L.q_bias = add(piece(Piece::q_bias, i), Shape{nh * d}, K::vector);
       L.k_bias = add(piece(Piece::k_bias, i), Shape{nkv * d}, K::vector);
@@ -49,6 +69,10 @@ ParamLayout::ParamLayout(const ModelConfig& m)
       L.router = add(piece(Piece::router, i), Shape{mlp.experts, H}, K::matrix);
       if (mlp.router.bias)
         L.router_bias = add(piece(Piece::router_bias, i), Shape{mlp.experts}, K::vector);
+      if (mlp.router.correction_bias) {
+        L.router_correction_bias =
+            add(piece(Piece::router_correction_bias, i), Shape{mlp.experts}, K::zeros);
+      }
       for (int64_t j = 0; j < mlp.experts; ++j) {
         L.w1.push_back(add(piece(Piece::expert_gate, i, j), Shape{I, H}, K::matrix));
         L.w2.push_back(add(piece(Piece::expert_down, i, j), Shape{H, I}, K::matrix));
@@ -59,8 +83,15 @@ ParamLayout::ParamLayout(const ModelConfig& m)
           L.b3.push_back(add(piece(Piece::expert_up_bias, i, j), Shape{I}, K::vector));
         }
       }
+      const int64_t Is = mlp.shared_intermediate;
+      if (Is > 0) {
+        L.shared_gate = add(piece(Piece::shared_gate, i), Shape{Is, H}, K::matrix);
+        L.shared_up = add(piece(Piece::shared_up, i), Shape{Is, H}, K::matrix);
+        L.shared_down = add(piece(Piece::shared_down, i), Shape{H, Is}, K::matrix);
+      }
       const int64_t expert_biases = mlp.bias ? 2 * I + H : 0;
-      active_ += attn + mlp.experts * H + mlp.router.top_k * (3 * I * H + expert_biases);
+      active_ +=
+          attn + mlp.experts * H + mlp.router.top_k * (3 * I * H + expert_biases) + 3 * Is * H;
     } else {
       L.dense_gate = add(piece(Piece::dense_gate, i), Shape{I, H}, K::matrix);
       L.dense_up = add(piece(Piece::dense_up, i), Shape{I, H}, K::matrix);
@@ -100,6 +131,7 @@ int ParamLayout::add(PieceRef piece, Shape shape, Kind kind) {
   p.shape = shape;
   p.offset = total_;
   p.is_norm = kind == Kind::norm;
+  p.zero_init = kind == Kind::zeros;
   p.decays = kind == Kind::matrix;
   count_ += shape.numel();
   total_ += (shape.numel() + kAlignElements - 1) / kAlignElements * kAlignElements;
@@ -144,7 +176,7 @@ void ParamStore::initialize(uint64_t seed, double initializer_range, Stream& str
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params[i];
     for (int64_t j = 0; j < p.shape.numel(); ++j) {
-      double v = param_init::element(seed, i, p.is_norm, initializer_range, j);
+      double v = p.zero_init ? 0.0 : param_init::element(seed, i, p.is_norm, initializer_range, j);
       param_init::store(dtype_, v, host.data() + (p.offset + j) * dtype_size(dtype_));
     }
   }

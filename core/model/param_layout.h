@@ -9,14 +9,21 @@
 //   embed                                   (V, H)
 //   per layer l:
 //     input_norm                            (H)
-//     q, k, v, o                            (nh d, H), (nkv d, H) x2, (H, nh d)
-//     q, k, v, o biases     with bias       (nh d), (nkv d) x2, (H)
-//     sinks                 with sinks      (nh)
-//     q_norm, k_norm        with qk_norm    (d) each
+//     grouped-query attention:
+//       q, k, v, o                          (nh d, H), (nkv d, H) x2, (H, nh d)
+//       q, k, v, o biases   with bias       (nh d), (nkv d) x2, (H)
+//       sinks               with sinks      (nh)
+//       q_norm, k_norm      with qk_norm    (d) each
+//     latent attention (d = nope + rope, dv the value heads' width):
+//       q_a, q_a_norm, q_b                  (r_q, H), (r_q), (nh d, r_q); or q (nh d, H), r_q = 0
+//       kv_a, kv_a_norm, kv_b               (r_kv + rope, H), (r_kv), (nh (nope + dv), r_kv)
+//       o                                   (H, nh dv)
 //     post_norm                             (H)
-//     MoE: router (E, H), its bias (E) with router.bias, then per expert e: gate (w1) (I, H),
+//     MoE: router (E, H), its bias (E) with router.bias, its correction bias (E, zeros, never
+//          given a gradient) with router.correction_bias, then per expert e: gate (w1) (I, H),
 //          down (w2) (H, I), up (w3) (I, H), and with the MLP's bias their biases b1 (I), b2 (H),
-//          b3 (I)
+//          b3 (I); then with shared_intermediate Is > 0 the shared experts' gate, up, down
+//          (Is, H), (Is, H), (H, Is)
 //     dense: gate, up, down                 (I, H), (I, H), (H, I)
 //   final_norm                              (H)
 //   lm_head                                 (V, H); none when tied (lm_head == embed)
@@ -42,9 +49,10 @@ struct ParamInfo {
   std::string name;  // Family::tensor_name(piece)
   PieceRef piece;    // what it is (its Hub placement: Family::hub_placement, hub_layout.h)
   Shape shape;
-  int64_t offset = 0;    // elements from the start of the flat buffers
-  bool is_norm = false;  // RMSNorm weights: initialised to 1
-  bool decays = false;   // AdamW's weight decay applies: matrices only (not norms, biases, sinks)
+  int64_t offset = 0;      // elements from the start of the flat buffers
+  bool is_norm = false;    // RMSNorm weights: initialised to 1
+  bool zero_init = false;  // initialised to 0 (the router's correction bias)
+  bool decays = false;     // AdamW's weight decay applies: matrices only (not norms, biases, sinks)
 };
 
 struct LayerParamIndex {
@@ -54,6 +62,10 @@ struct LayerParamIndex {
   int sinks = -1;                                          // with AttentionSpec::sinks
   int router = -1;                                         // MoE layers
   int router_bias = -1;                                    // with RouterSpec::bias
+  int router_correction_bias = -1;                         // with RouterSpec::correction_bias
+  // Latent attention (q = -1 with q_lora_rank > 0; k = v = -1 always).
+  int q_a = -1, q_a_norm = -1, q_b = -1, kv_a = -1, kv_a_norm = -1, kv_b = -1;
+  int shared_gate = -1, shared_up = -1, shared_down = -1;  // with MlpSpec::shared_intermediate
   std::vector<int> w1, w2, w3;  // MoE layers, per expert: gate, down, up (ExpertWeights' names)
   std::vector<int> b1, b2, b3;  // their biases, with MlpSpec::bias (else empty)
   int dense_gate = -1, dense_up = -1, dense_down = -1;  // dense layers
@@ -83,7 +95,8 @@ class ParamLayout {
   const std::vector<int>& expert_index() const { return expert_index_; }
 
  private:
-  enum class Kind { matrix, norm, vector };  // vector: a bias or the sinks (no decay, random)
+  // vector: a bias or the sinks (no decay, random); zeros: the correction bias (no decay, 0).
+  enum class Kind { matrix, norm, vector, zeros };
   int add(PieceRef piece, Shape shape, Kind kind);
   DecoderSpec spec_;
   const Family* family_;

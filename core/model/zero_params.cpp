@@ -140,14 +140,18 @@ std::vector<std::vector<int>> zero_gather_groups(const ParamLayout& layout, LmHe
   std::vector<std::vector<int>> groups;
   groups.push_back({layout.embed});
   for (const LayerParamIndex& L : layout.layers) {
-    std::vector<int> g{L.input_norm, L.q, L.k, L.v, L.o};
-    if (L.q_bias >= 0) g.insert(g.end(), {L.q_bias, L.k_bias, L.v_bias, L.o_bias});
-    if (L.sinks >= 0) g.push_back(L.sinks);
-    if (L.q_norm >= 0) g.insert(g.end(), {L.q_norm, L.k_norm});
-    g.push_back(L.post_norm);
+    std::vector<int> g;
+    // The layer's params but its experts, those it has (-1: absent in this layer's kind).
+    for (int p :
+         {L.input_norm, L.q, L.k, L.v, L.o, L.q_a, L.q_a_norm, L.q_b, L.kv_a, L.kv_a_norm, L.kv_b,
+          L.q_bias, L.k_bias, L.v_bias, L.o_bias, L.sinks, L.q_norm, L.k_norm, L.post_norm}) {
+      if (p >= 0) g.push_back(p);
+    }
     if (L.moe()) {
-      g.push_back(L.router);
-      if (L.router_bias >= 0) g.push_back(L.router_bias);
+      for (int p : {L.router, L.router_bias, L.router_correction_bias, L.shared_gate, L.shared_up,
+                    L.shared_down}) {
+        if (p >= 0) g.push_back(p);
+      }
       for (int j = expert_begin; j < expert_end; ++j) {
         g.insert(g.end(), {L.w1[j], L.w2[j], L.w3[j]});
         if (!L.b1.empty()) g.insert(g.end(), {L.b1[j], L.b2[j], L.b3[j]});
@@ -354,8 +358,10 @@ void ZeroParamStore::initialize(uint64_t seed, double initializer_range, Stream&
     int64_t begin = info.first;
     int64_t end = std::min(n, begin + info.local_numel);
     for (int64_t j = begin; j < end; ++j) {
-      double v = param_init::element(seed, static_cast<uint64_t>(piece.param), piece.is_norm,
-                                     initializer_range, j);
+      const double v = layout_.params()[piece.param].zero_init
+                           ? 0.0
+                           : param_init::element(seed, static_cast<uint64_t>(piece.param),
+                                                 piece.is_norm, initializer_range, j);
       param_init::store(dtype_, v, host.data() + (info.offset + j - begin) * b);
     }
   }

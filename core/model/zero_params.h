@@ -92,8 +92,10 @@ struct ZeroBytes {
 };
 
 // The params of each gather group, in order of use in the forward pass: {embed},
-// {layer l: input_norm, q, k, v, o, [q_norm, k_norm], post_norm, then a MoE layer's router and
-// w1, w2, w3 of experts [expert_begin, expert_end), or a dense layer's gate, up, down} for each
+// {layer l: input_norm, the attention's (q, k, v, o, or the latent attention's, then biases,
+// sinks, q/k norms: those the layer has), post_norm, then a MoE layer's router (its bias and
+// correction bias, the shared experts) and w1, w2, w3 (with biases) of experts
+// [expert_begin, expert_end), or a dense layer's gate, up, down} for each
 // l, {final_norm, lm_head} ({final_norm} alone when the LM head is stored by vocabulary rows; the
 // embedding again when tied). A rank names its own experts (those of its expert-group
 // rank e: [e*E/Ep, (e+1)*E/Ep)); they cost nothing unless W/Ep > 1.

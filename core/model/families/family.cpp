@@ -5,14 +5,15 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include "core/error.h"
 
 namespace moepeak {
 
 std::span<const Family* const> all_families() {
-  static const std::array<const Family*, 3> families = {&mixtral_family(), &qwen3_moe_family(),
-                                                        &gpt_oss_family()};
+  static const std::array<const Family*, 4> families = {&mixtral_family(), &qwen3_moe_family(),
+                                                        &gpt_oss_family(), &deepseek_v3_family()};
   return families;
 }
 
@@ -27,6 +28,9 @@ const Family& family_named(std::string_view model_type, const std::string& sourc
   std::string known;
   for (const Family* f : all_families()) {
     if (f->model_type == model_type) return *f;
+    for (std::string_view alias : f->model_type_aliases) {
+      if (alias == model_type) return *f;
+    }
     known += (known.empty() ? "\"" : ", \"") + std::string(f->model_type) + "\"";
   }
   MOEPEAK_INPUT_ERROR(source, ": field \"model_type\" is \"", model_type,
@@ -78,6 +82,16 @@ std::string llama_tensor_name(const PieceRef& r) {
       return layer + "mlp.up_proj.weight";
     case Piece::dense_down:
       return layer + "mlp.down_proj.weight";
+    case Piece::q_a:
+    case Piece::q_a_norm:
+    case Piece::q_b:
+    case Piece::kv_a:
+    case Piece::kv_a_norm:
+    case Piece::kv_b:
+    case Piece::router_correction_bias:
+    case Piece::shared_gate:
+    case Piece::shared_up:
+    case Piece::shared_down:
     case Piece::router:
     case Piece::router_bias:
     case Piece::expert_gate:
@@ -88,7 +102,9 @@ std::string llama_tensor_name(const PieceRef& r) {
     case Piece::expert_down_bias:
       break;
   }
-  MOEPEAK_THROW("llama_tensor_name: a router's or an expert's name is its family's");
+  MOEPEAK_THROW(
+      "llama_tensor_name: a router's, an expert's or a latent attention's name is its "
+      "family's");
 }
 
 HubPlacement whole_hub_tensor(std::string tensor, const std::vector<int64_t>& dims) {
@@ -170,6 +186,7 @@ DecoderSpec shared_decoder_spec(const ModelConfig& m) {
   layer.attention.heads = m.num_attention_heads;
   layer.attention.kv_heads = m.num_key_value_heads;
   layer.attention.head_dim = m.head_dim_resolved();
+  layer.attention.scale = 1.0 / std::sqrt(static_cast<double>(m.head_dim_resolved()));
   s.layers.assign(static_cast<size_t>(m.num_hidden_layers), layer);
   return s;
 }
@@ -189,6 +206,38 @@ void require_full_attention_and_swiglu(const ModelConfig& m) {
     unsupported_setting(m, "swiglu_limit", "has plain SwiGLU experts");
   if (m.swiglu_alpha != defaults.swiglu_alpha)
     unsupported_setting(m, "swiglu_alpha", "has plain SwiGLU experts");
+}
+
+void require_experts_in_every_layer(const ModelConfig& m) {
+  if (m.moe_intermediate_size != 0 && m.moe_intermediate_size != m.intermediate_size)
+    unsupported_setting(m, "moe_intermediate_size", "sizes its experts by intermediate_size");
+  if (!m.mlp_only_layers.empty())
+    unsupported_setting(m, "mlp_only_layers", "has experts in every layer");
+  if (m.decoder_sparse_step != 1)
+    unsupported_setting(m, "decoder_sparse_step", "has experts in every layer");
+}
+
+void require_no_deepseek_fields(const ModelConfig& m) {
+  const ModelConfig d;
+  const std::string_view why = "has none (it is deepseek_v3's)";
+  if (m.q_lora_rank != d.q_lora_rank) unsupported_setting(m, "q_lora_rank", why);
+  if (m.kv_lora_rank != d.kv_lora_rank) unsupported_setting(m, "kv_lora_rank", why);
+  if (m.qk_nope_head_dim != d.qk_nope_head_dim) unsupported_setting(m, "qk_nope_head_dim", why);
+  if (m.qk_rope_head_dim != d.qk_rope_head_dim) unsupported_setting(m, "qk_rope_head_dim", why);
+  if (m.v_head_dim != d.v_head_dim) unsupported_setting(m, "v_head_dim", why);
+  if (m.n_group != d.n_group) unsupported_setting(m, "n_group", why);
+  if (m.topk_group != d.topk_group) unsupported_setting(m, "topk_group", why);
+  if (m.routed_scaling_factor != d.routed_scaling_factor)
+    unsupported_setting(m, "routed_scaling_factor", why);
+  if (m.n_shared_experts != d.n_shared_experts) unsupported_setting(m, "n_shared_experts", why);
+  if (m.first_k_dense_replace != d.first_k_dense_replace)
+    unsupported_setting(m, "first_k_dense_replace", why);
+  if (m.router_bias_update_rate != d.router_bias_update_rate)
+    unsupported_setting(m, "router_bias_update_rate", why);
+  if (m.num_nextn_predict_layers != d.num_nextn_predict_layers)
+    unsupported_setting(m, "num_nextn_predict_layers", why);
+  if (m.rope_interleave != d.rope_interleave)
+    unsupported_setting(m, "rope_interleave", "rotates the (i, i + d/2) pairs of its heads");
 }
 
 int64_t DecoderSpec::moe_layers() const {
@@ -220,6 +269,16 @@ bool DecoderSpec::any_attention_bias() const {
 bool DecoderSpec::any_sinks() const {
   return std::any_of(layers.begin(), layers.end(),
                      [](const LayerSpec& l) { return l.attention.sinks; });
+}
+
+bool DecoderSpec::any_latent() const {
+  return std::any_of(layers.begin(), layers.end(),
+                     [](const LayerSpec& l) { return l.attention.latent(); });
+}
+
+bool DecoderSpec::any_shared_experts() const {
+  return std::any_of(layers.begin(), layers.end(),
+                     [](const LayerSpec& l) { return l.mlp.shared_intermediate > 0; });
 }
 
 bool DecoderSpec::any_qk_norm() const {

@@ -52,8 +52,19 @@ enum class Piece {
   dense_gate,        // (I, H)
   dense_up,          // (I, H)
   dense_down,        // (H, I)
-  final_norm,        // (H)
-  lm_head,           // (V, H)
+  // Latent attention (AttentionKind::latent; d = nope + rope, r_q, r_kv the latent ranks):
+  q_a,                     // (r_q, H)
+  q_a_norm,                // (r_q)
+  q_b,                     // (nh d, r_q)   (q (nh d, H) when r_q = 0)
+  kv_a,                    // (r_kv + rope, H)
+  kv_a_norm,               // (r_kv)
+  kv_b,                    // (nh (nope + dv), r_kv)
+  router_correction_bias,  // (E)   e_score_correction_bias: the choice's bias, not trained
+  shared_gate,             // (Is, H)   the shared experts' SwiGLU, Is = shared_intermediate
+  shared_up,               // (Is, H)
+  shared_down,             // (H, Is)
+  final_norm,              // (H)
+  lm_head,                 // (V, H)
 };
 
 struct PieceRef {
@@ -121,6 +132,9 @@ struct Family {
   // quantization_config.modules_to_not_convert lists them (`moepeak export --quantize mxfp4`
   // writes them); empty for a family without MXFP4 tensors.
   std::span<const std::string_view> mxfp4_modules_to_not_convert;
+  // Other model_type values whose config.json this family reads with its own semantics (Kimi-K2's
+  // "kimi_k2" for deepseek_v3); its export writes `model_type`.
+  std::span<const std::string_view> model_type_aliases = {};
 };
 
 const Family& family_of(ModelType type);
@@ -150,10 +164,19 @@ DecoderSpec shared_decoder_spec(const ModelConfig& model);
 // (layer_types, sliding_window, swiglu_limit, swiglu_alpha) set to other than their defaults, for
 // a family whose layers all attend fully and whose experts are plain SwiGLU.
 void require_full_attention_and_swiglu(const ModelConfig& model);
+// Throws unsupported_setting for qwen3_moe's dense-layer keys (moe_intermediate_size other than
+// intermediate_size, mlp_only_layers, decoder_sparse_step), for a family with experts of
+// intermediate_size in every layer.
+void require_experts_in_every_layer(const ModelConfig& model);
+// Throws unsupported_setting for deepseek_v3's keys (the latent attention's, the group routing's,
+// shared experts, dense first layers, the balancing rate, MTP layers, interleaved RoPE) set to
+// other than their defaults, for every other family.
+void require_no_deepseek_fields(const ModelConfig& model);
 
 // Each family's, defined in its file.
 const Family& mixtral_family();
 const Family& qwen3_moe_family();
 const Family& gpt_oss_family();
+const Family& deepseek_v3_family();
 
 }  // namespace moepeak

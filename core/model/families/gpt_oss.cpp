@@ -43,12 +43,8 @@ std::vector<AttentionLayerType> layer_types_of(const ModelConfig& m) {
 }
 
 DecoderSpec describe(const ModelConfig& m) {
-  if (m.moe_intermediate_size != 0 && m.moe_intermediate_size != m.intermediate_size)
-    unsupported_setting(m, "moe_intermediate_size", "sizes its experts by intermediate_size");
-  if (!m.mlp_only_layers.empty())
-    unsupported_setting(m, "mlp_only_layers", "has experts in every layer");
-  if (m.decoder_sparse_step != 1)
-    unsupported_setting(m, "decoder_sparse_step", "has experts in every layer");
+  require_experts_in_every_layer(m);
+  require_no_deepseek_fields(m);
   if (!m.norm_topk_prob)
     unsupported_setting(m, "norm_topk_prob", "always softmaxes over the chosen experts' logits");
   DecoderSpec s = shared_decoder_spec(m);

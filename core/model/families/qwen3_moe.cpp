@@ -25,6 +25,7 @@ bool is_dense_layer(const ModelConfig& m, int64_t layer) {
 
 DecoderSpec describe(const ModelConfig& m) {
   require_full_attention_and_swiglu(m);
+  require_no_deepseek_fields(m);
   DecoderSpec s = shared_decoder_spec(m);
   for (size_t i = 0; i < s.layers.size(); ++i) {
     LayerSpec& l = s.layers[i];
