@@ -7,16 +7,19 @@
 // of W keys, gpt-oss's per-head sink logits) beside full causal attention at the same shape.
 //
 //   moepeak bench attention [--config F]... [--set k=v]... [--batch B] [--seq T]
-//                           [--dtype f32|bf16] [--window W] [--sinks] [--ceiling-size n]
-//                           [--warmup 2] [--iters 5] [--json FILE]
+//                           [--dtype f32|bf16] [--window W] [--sinks] [--v-head-dim DV]
+//                           [--ceiling-size n] [--warmup 2] [--iters 5] [--json FILE]
 //
-// Shapes: nh, nkv and d are the config's model; B and T default to training.batch_size and
-// training.seq_len. dtype defaults to bf16 on CUDA, f32 on the CPU. FLOPs count each query's
-// visible keys once, as FlashAttention's papers count the causal half: forward
-// 4 B nh d sum_t min(t + 1, W) (Q K^T and P V; sum_t (t + 1) = T(T+1)/2 without a window, W = 0),
-// backward 2.5x that (the recomputed Q K^T is not counted); masked entries of the key blocks a
-// kernel visits and the sinks (O(B nh T)) are not counted. Inputs are seeded normals (q, k
-// scaled by d^-1/4 so the softmax is neither flat nor one-hot; sinks N(0, 1)). One process.
+// Shapes: nh, nkv and d (the query/key head dim dqk) are the config's model; --v-head-dim gives
+// v and out a head dim dv of their own (DeepSeek-V3's multi-head latent attention: dqk 192,
+// dv 128), default d. B and T default to training.batch_size and training.seq_len. dtype defaults
+// to bf16 on CUDA, f32 on the CPU. FLOPs count each query's visible keys once, as
+// FlashAttention's papers count the causal half: forward 2 (dqk + dv) B nh sum_t min(t + 1, W)
+// (Q K^T and P V; sum_t (t + 1) = T(T+1)/2 without a window, W = 0), backward
+// 2 (3 dqk + 2 dv) per visible pair (Q K^T recomputed, dQ and dK over dqk; dP and dV over dv),
+// 2.5x the forward when dv = dqk; masked entries of the key blocks a kernel visits and the sinks
+// (O(B nh T)) are not counted. Inputs are seeded normals (q, k scaled by dqk^-1/4 so the softmax
+// is neither flat nor one-hot; sinks N(0, 1)). One process.
 //
 // Without --window and --sinks the table has the rows forward and backward; with either, four
 // rows (variant causal, then the variant: forward, backward) and a `#` line with the variant's
@@ -51,6 +54,7 @@ struct AttentionArgs {
   int64_t seq = 0;     // 0 = training.seq_len
   int64_t window = 0;  // 0 = no window (full causal)
   bool sinks = false;
+  int64_t v_head_dim = 0;  // dv; 0 = the model's head_dim
   CeilingArgs ceiling;
 };
 
@@ -83,18 +87,20 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
   const int64_t T = args.seq > 0 ? args.seq : cfg.training.seq_len;
   const ModelConfig& m = cfg.model;
   const int64_t nh = m.num_attention_heads, nkv = m.num_key_value_heads, d = m.head_dim;
+  const int64_t d_v = args.v_head_dim > 0 ? args.v_head_dim : d;
 
-  const Shape q_shape{B, T, nh, d}, kv_shape{B, T, nkv, d};
+  const Shape q_shape{B, T, nh, d}, k_shape{B, T, nkv, d};
+  const Shape v_shape{B, T, nkv, d_v}, out_shape{B, T, nh, d_v};
   auto q = OwnedTensor::device(*backend, q_shape, dtype, LiveSet::attention, "bench q");
-  auto k = OwnedTensor::device(*backend, kv_shape, dtype, LiveSet::attention, "bench k");
-  auto v = OwnedTensor::device(*backend, kv_shape, dtype, LiveSet::attention, "bench v");
-  auto dout = OwnedTensor::device(*backend, q_shape, dtype, LiveSet::attention, "bench dout");
-  auto out = filled(*backend, q_shape, dtype, 0.0, "bench out");
+  auto k = OwnedTensor::device(*backend, k_shape, dtype, LiveSet::attention, "bench k");
+  auto v = OwnedTensor::device(*backend, v_shape, dtype, LiveSet::attention, "bench v");
+  auto dout = OwnedTensor::device(*backend, out_shape, dtype, LiveSet::attention, "bench dout");
+  auto out = filled(*backend, out_shape, dtype, 0.0, "bench out");
   auto lse = OwnedTensor::device(*backend, Shape{B, nh, T}, ops::attention_lse_dtype(dtype),
                                  LiveSet::attention, "bench lse");
   auto dq = filled(*backend, q_shape, dtype, 0.0, "bench dq");
-  auto dk = filled(*backend, kv_shape, dtype, 0.0, "bench dk");
-  auto dv = filled(*backend, kv_shape, dtype, 0.0, "bench dv");
+  auto dk = filled(*backend, k_shape, dtype, 0.0, "bench dk");
+  auto dv = filled(*backend, v_shape, dtype, 0.0, "bench dv");
   std::mt19937_64 rng(20261130);
   std::normal_distribution<double> normal(0.0, 1.0);
   const double qk_scale = std::pow(static_cast<double>(d), -0.25);
@@ -118,10 +124,12 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
 
   const double ceiling = ceil.gflops;
   std::printf("# moepeak bench attention: %s\n", backend->describe().c_str());
-  std::printf("# host %s, %s; model %s: B %lld, T %lld, nh %lld, nkv %lld, d %lld, dtype %s\n",
+  const std::string dims = d_v == d ? "d " + std::to_string(d)
+                                    : "dqk " + std::to_string(d) + ", dv " + std::to_string(d_v);
+  std::printf("# host %s, %s; model %s: B %lld, T %lld, nh %lld, nkv %lld, %s, dtype %s\n",
               process_host().c_str(), now_utc().c_str(), cfg.job.name.c_str(),
               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(nh),
-              static_cast<long long>(nkv), static_cast<long long>(d), ceil.dtype_text.c_str());
+              static_cast<long long>(nkv), dims.c_str(), ceil.dtype_text.c_str());
   std::printf(
       "# kernels: %s; ceiling: %d^3 GEMM through ops::linear_forward, best of 5: %.1f "
       "GFLOP/s\n",
@@ -140,20 +148,24 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
     double flops;
     std::function<void(Stream&)> run;
   };
-  const double causal_flops = 4.0 * static_cast<double>(d) * visible_pairs(B, nh, T, 0);
+  // FLOPs per visible (query, key) pair: forward Q K^T and P V, backward Q K^T (recomputed), dQ,
+  // dK and dP, dV (see the file comment).
+  const double forward_per_pair = 2.0 * static_cast<double>(d + d_v);
+  const double backward_per_pair = 2.0 * static_cast<double>(3 * d + 2 * d_v);
+  const double causal_pairs = visible_pairs(B, nh, T, 0);
   std::vector<Pass> passes = {
-      {"causal", "forward", causal_flops,
+      {"causal", "forward", forward_per_pair * causal_pairs,
        [&](Stream& s) { ops::attention_forward(q, k, v, scale, out, lse, s); }},
-      {"causal", "backward", 2.5 * causal_flops,
+      {"causal", "backward", backward_per_pair * causal_pairs,
        [&](Stream& s) { ops::attention_backward(q, k, v, out, lse, dout, scale, dq, dk, dv, s); }},
   };
   if (compare) {
     const std::string name = variant_name(args.window, args.sinks);
-    const double flops = 4.0 * static_cast<double>(d) * visible_pairs(B, nh, T, args.window);
-    passes.push_back({name, "forward", flops, [&](Stream& s) {
+    const double pairs = visible_pairs(B, nh, T, args.window);
+    passes.push_back({name, "forward", forward_per_pair * pairs, [&](Stream& s) {
                         ops::attention_forward(q, k, v, scale, variant, out, lse, s);
                       }});
-    passes.push_back({name, "backward", 2.5 * flops, [&](Stream& s) {
+    passes.push_back({name, "backward", backward_per_pair * pairs, [&](Stream& s) {
                         ops::attention_backward(q, k, v, out, lse, dout, scale, variant, dq, dk, dv,
                                                 dsinks, s);
                       }});
@@ -194,6 +206,7 @@ int run_bench_attention(const AttentionArgs& args, const Context& ctx) {
                             {"heads", nh},
                             {"kv_heads", nkv},
                             {"head_dim", d},
+                            {"v_head_dim", d_v},
                             {"dtype", ceil.dtype_text},
                             {"kernels", kernels},
                             {"window", args.window},
@@ -225,6 +238,10 @@ void register_bench_attention(CLI::App& bench, Context& ctx) {
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--sinks", args.sinks,
                 "also time attention sinks (a logit per query head) beside full causal");
+  sub->add_option("--v-head-dim", args.v_head_dim,
+                  "value head dim dv of v and out (default the model's head_dim, which q and k "
+                  "keep; DeepSeek-V3's MLA: head_dim 192, dv 128)")
+      ->check(CLI::PositiveNumber);
   add_ceiling_options(*sub, args.ceiling);
   sub->callback([&ctx] { ctx.action = [&ctx] { return run_bench_attention(args, ctx); }; });
 }

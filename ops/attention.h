@@ -1,7 +1,9 @@
 // attention: causal grouped-query self-attention (transformers' Mixtral, Qwen3-MoE, LLaMA,
 // gpt-oss), flash-style forward and backward. Query head h reads kv head h / (nh / nkv); query t
-// attends keys s <= t of its own sequence; scores are scaled by `scale` (1/sqrt(d) in the model,
-// passed explicitly). An AttentionVariant adds, per call:
+// attends keys s <= t of its own sequence; scores are scaled by `scale` (1/sqrt(dqk) in the model,
+// passed explicitly). Queries and keys have head dim dqk, values (and so the output) dv, which may
+// differ (DeepSeek-V3's multi-head latent attention: dqk = 128 + 64 = 192, dv = 128); both are
+// read from the shapes. An AttentionVariant adds, per call:
 //   window W > 0   query t sees only keys t - W < s <= t: itself and the W - 1 keys before it
 //                  (transformers' sliding_window_overlay, kv_idx > q_idx - W); key blocks wholly
 //                  outside every row's window are skipped, so a call costs O(T * W), not O(T^2)
@@ -10,24 +12,27 @@
 //                  value), i.e. out = sum_s p_s v_s with p_s = exp(scale q.k_s - lse) and
 //                  lse = log(exp(sinks[h]) + sum_s exp(scale q.k_s))
 //
-//   q:      (B, T, nh, d)   f32 | bf16 | f64 (one dtype for every tensor of a call but lse and
-//                           dsinks; on CUDA d <= 256)
-//   k, v:   (B, T, nkv, d)  nh % nkv == 0
-//   sinks:  (nh)            q's dtype; undefined Tensor(): no sinks
-//   out:    (B, T, nh, d)   out = softmax(scale * q k^T, causal, window, sink) v, written (=)
-//   lse:    (B, nh, T)      in attention_lse_dtype(q): q's dtype, f32 for bf16 q;
-//                           log-sum-exp of each query row's scaled scores (and its sink), written
-//                           (=); saved for the backward, which recomputes the probabilities from it
-//   dout:   (B, T, nh, d)
-//   dq:     (B, T, nh, d)   written (=)
-//   dk:     (B, T, nkv, d)  written (=); a kv head sums the contributions of all its query heads
-//   dv:     (B, T, nkv, d)  written (=)
-//   dsinks: (nh)            accumulated (+=): dsinks[h] += -sum_{b,t} exp(sinks[h] - lse[b,h,t]) *
-//                           D[b,t,h], D = dout . out over d (the sink's probability times the
-//                           usual softmax-gradient row term); q's dtype, or f32 when q is bf16
-//                           (the fp32 main gradient); undefined Tensor() skips it (and must be
-//                           undefined without sinks). The sum runs in double in (b, t) order and
-//                           is added once, so it is bitwise reproducible.
+//   q:      (B, T, nh, dqk)   f32 | bf16 | f64 (one dtype for every tensor of a call but lse and
+//                             dsinks; on CUDA dqk <= 256 and dv <= 256)
+//   k:      (B, T, nkv, dqk)  nh % nkv == 0
+//   v:      (B, T, nkv, dv)   dv >= 1, independent of dqk
+//   sinks:  (nh)              q's dtype; undefined Tensor(): no sinks
+//   out:    (B, T, nh, dv)    out = softmax(scale * q k^T, causal, window, sink) v, written (=)
+//   lse:    (B, nh, T)        in attention_lse_dtype(q): q's dtype, f32 for bf16 q;
+//                             log-sum-exp of each query row's scaled scores (and its sink),
+//                             written (=); saved for the backward, which recomputes the
+//                             probabilities from it
+//   dout:   (B, T, nh, dv)
+//   dq:     (B, T, nh, dqk)   written (=)
+//   dk:     (B, T, nkv, dqk)  written (=); a kv head sums the contributions of all its query heads
+//   dv:     (B, T, nkv, dv)   written (=)
+//   dsinks: (nh)              accumulated (+=): dsinks[h] += -sum_{b,t} exp(sinks[h] -
+//                             lse[b,h,t]) * D[b,t,h], D = dout . out over dv (the sink's
+//                             probability times the usual softmax-gradient row term); q's dtype,
+//                             or f32 when q is bf16 (the fp32 main gradient); undefined Tensor()
+//                             skips it (and must be undefined without sinks). The sum runs in
+//                             double in (b, t) order and is added once, so it is bitwise
+//                             reproducible.
 // With sinks the forward's lse already includes exp(sinks[h]) and out is normalised by it, so the
 // backward's dq, dk, dv are the plain flash backward on (out, lse): the sink only adds dsinks.
 // Under Ulysses a rank passes the slice of sinks (and dsinks) of the query heads it holds.
@@ -35,12 +40,13 @@
 // No T x T matrix exists anywhere: the forward runs an online softmax over key blocks (running
 // max, running sum, rescaled accumulator) and the backward recomputes each block's probabilities
 // from q, k and the saved lse. Scratch is a thread-local block of queries and of scores, of size
-// O(block_rows * (block_keys + d)), plus O(block_keys * d) of widened keys and values with bf16
-// storage — the "shared memory" of a GPU kernel.
+// O(block_rows * (block_keys + dqk + dv)), plus O(block_keys * (dqk + dv)) of widened keys and
+// values with bf16 storage — the "shared memory" of a GPU kernel.
 //
 // A query block stacks the nh/nkv query heads of one kv head over a run of positions, so each
 // key/value block is read once for the whole group and the GEMMs have block_rows rows whatever
-// the grouping. Block products are OpenBLAS GEMMs that stride over the (T, heads, d) layout.
+// the grouping. Block products are OpenBLAS GEMMs that stride over the (T, heads, dqk or dv)
+// layouts: Q K^T, dS K and dS^T Q run over dqk, P V, dout V^T and P^T dout over dv.
 //
 // Threading: the loops run single-threaded on the stream's worker and let OpenBLAS thread each
 // GEMM (its own pool, sized by OPENBLAS_NUM_THREADS); adding threads of our own on top would
@@ -78,21 +84,24 @@
 // path below rounds P and dS to bf16 before its products (l sums the rounded P), the CPU does not
 // (as CUDA's SIMT path does not), and the sums run in other orders, so the two agree to bf16
 // rounding (test_backend_ops), not bitwise.
-// CUDA, bf16 with d = 32, 64 or 128 (ops/cuda/attention_tc.cu): tensor-core kernels, 64-row
-// blocks of 4 warps streaming 64-entry tiles; Q K^T, P V, dO V^T, dS K, P^T dO and dS^T Q are bf16
-// WMMA products with fp32 accumulation, the softmax and its gradient fp32 (P and dS rounded to
-// bf16 as the products' inputs; l sums the rounded P). Same layout, recomputation and ownership
-// as below, no atomics, bitwise reproducible.
+// CUDA, bf16 with dqk and dv each 32, 64, 128, 192 or 256 and shared memory within sm_90's
+// 227 KiB per block, which holds dqk + dv <= 320 (DeepSeek's 192 / 128 included, 256 / 256 not;
+// ops/cuda/attention_tc.cu): tensor-core kernels, 64-row blocks of 4 warps streaming 64-entry
+// tiles; Q K^T, P V, dO V^T, dS K, P^T dO and dS^T Q are bf16 WMMA products with fp32
+// accumulation, the softmax and its gradient fp32 (P and dS rounded to bf16 as the products'
+// inputs; l sums the rounded P). Same layout, recomputation and ownership as below, no atomics,
+// bitwise reproducible.
 // CUDA, everything else (ops/cuda/attention.cu): SIMT kernels (no tensor cores), fp32 math on f32
-// and bf16 storage, f64 on f64; any head dim up to 256 (multiple of 32 or not); no device memory
-// of their own. The query
-// rows of kv head g are flattened as row = t * G + hh, so a block mixes the group's heads and reads
-// each K/V tile once for all of them. A block is 4 warps; it owns 16 query rows (forward, dq) or
-// 16 keys (dk, dv), 4 per warp, and streams the other operand through shared memory in tiles of
-// 32, one entry per lane: a lane takes the d-long dot products of its entry with the warp's rows
-// (shared-memory broadcasts; lane-indexed tiles have an odd row stride, d | 1, against bank
-// conflicts), scores are reduced across the warp with shuffles, and the d-wide accumulators are
-// spread over the lanes (column lane + 32 i). The forward keeps the online softmax per row. The
+// and bf16 storage, f64 on f64; any dqk and dv up to 256 (multiples of 32 or not); no device
+// memory of their own. The query rows of kv head g are flattened as row = t * G + hh, so a block
+// mixes the group's heads and reads each K/V tile once for all of them. A block is 4 warps; it
+// owns 16 query rows (forward, dq) or 16 keys (dk, dv), 4 per warp, and streams the other
+// operand through shared memory in tiles of 32, one entry per lane: a lane takes the dot
+// products of its entry with the warp's rows (q.k over dqk, dout.v over dv; shared-memory
+// broadcasts; lane-indexed tiles have an odd row stride, d | 1, against bank conflicts), scores
+// are reduced across the warp with shuffles, and the accumulators (dv wide for out and dv, dqk
+// wide for dq and dk) are spread over the lanes (column lane + 32 i). The forward keeps the online
+// softmax per row. The
 // backward is two kernels, dq (rows streaming key tiles) and dk/dv (keys streaming tiles of query
 // rows of all G heads); both recompute p = exp(scale q.k - lse) and D = dout . out per row instead
 // of keeping scratch. Each output row belongs to one block, so dk and dv are written (=) without

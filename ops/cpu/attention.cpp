@@ -2,6 +2,7 @@
 // description, and the count of score entries the CPU kernels compute. The kernels:
 // ops/cpu/attention_forward.cpp and attention_backward.cpp, with the parts they share in
 // ops/cpu/attention_common.h and the AVX2 row kernels in ops/cpu/attention_rows.cpp.
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cmath>
@@ -24,31 +25,38 @@ void check_same(const Tensor& t, const Shape& shape, DType dtype, const char* op
                   ", got ", t.str());
 }
 
+// NOTES: q and k have the query/key head dim dqk, v the value head dim dv (the width of out);
+// dv may differ from dqk (DeepSeek-V3's MLA: 192 and 128). Both are read from the shapes.
 void check_common(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                   const AttentionVariant& variant, const Tensor& out, const Tensor& lse) {
-  if (q.ndim() != 4) MOEPEAK_THROW(op, ": q must be (B, T, nh, d), got ", q.str());
+  if (q.ndim() != 4) MOEPEAK_THROW(op, ": q must be (B, T, nh, dqk), got ", q.str());
   if (q.dtype() != DType::f32 && q.dtype() != DType::f64 && q.dtype() != DType::bf16)
     MOEPEAK_THROW(op, " supports f32, bf16 and f64, got q ", q.str());
-  const int64_t batch = q.size(0), seq = q.size(1), heads = q.size(2), head_dim = q.size(3);
+  const int64_t batch = q.size(0), seq = q.size(1), heads = q.size(2), qk_dim = q.size(3);
   const int64_t kv_heads = k.ndim() == 4 ? k.size(2) : 0;
-  if (k.ndim() != 4 || k.size(0) != batch || k.size(1) != seq || k.size(3) != head_dim ||
+  if (k.ndim() != 4 || k.size(0) != batch || k.size(1) != seq || k.size(3) != qk_dim ||
       kv_heads < 1)
-    MOEPEAK_THROW(op, ": k must be (B, T, nkv, d) with B, T, d of q ", q.str(), ", got ", k.str());
-  if (heads < 1 || head_dim < 1 || heads % kv_heads != 0)
+    MOEPEAK_THROW(op, ": k must be (B, T, nkv, dqk) with B, T, dqk of q ", q.str(), ", got ",
+                  k.str());
+  if (v.ndim() != 4 || v.size(0) != batch || v.size(1) != seq || v.size(2) != kv_heads ||
+      v.size(3) < 1)
+    MOEPEAK_THROW(op, ": v must be (B, T, nkv, dv) with B, T, nkv of k ", k.str(),
+                  " and dv >= 1, got ", v.str());
+  const int64_t v_dim = v.size(3);
+  if (heads < 1 || qk_dim < 1 || heads % kv_heads != 0)
     MOEPEAK_THROW(op, ": query heads nh = ", heads, " must be a positive multiple of kv heads",
-                  " nkv = ", kv_heads, " and d = ", head_dim, " positive (q ", q.str(), ", k ",
+                  " nkv = ", kv_heads, " and dqk = ", qk_dim, " positive (q ", q.str(), ", k ",
                   k.str(), ")");
-  if (heads * head_dim > INT_MAX / 4 || seq > INT_MAX)
-    MOEPEAK_THROW(op, ": q ", q.str(), " exceeds the 32-bit GEMM dimensions");
+  if (heads * std::max(qk_dim, v_dim) > INT_MAX / 4 || seq > INT_MAX)
+    MOEPEAK_THROW(op, ": q ", q.str(), " with v ", v.str(), " exceeds the 32-bit GEMM dimensions");
   if (!std::isfinite(scale) || scale <= 0)
     MOEPEAK_THROW(op, ": scale must be finite and positive, got ", scale);
   if (variant.window < 0)
     MOEPEAK_THROW(op, ": window must be >= 0 (0: plain causal), got ", variant.window);
-  const Shape kv_shape = k.shape();
-  check_same(q, q.shape(), q.dtype(), op, "q", "(B, T, nh, d)");
-  check_same(k, kv_shape, q.dtype(), op, "k", "(B, T, nkv, d)");
-  check_same(v, kv_shape, q.dtype(), op, "v", "(B, T, nkv, d)");
-  check_same(out, q.shape(), q.dtype(), op, "out", "(B, T, nh, d)");
+  check_same(q, q.shape(), q.dtype(), op, "q", "(B, T, nh, dqk)");
+  check_same(k, k.shape(), q.dtype(), op, "k", "(B, T, nkv, dqk)");
+  check_same(v, v.shape(), q.dtype(), op, "v", "(B, T, nkv, dv)");
+  check_same(out, Shape{batch, seq, heads, v_dim}, q.dtype(), op, "out", "(B, T, nh, dv)");
   check_same(lse, Shape{batch, heads, seq}, attention_lse_dtype(q.dtype()), op, "lse",
              "(B, nh, T)");
   if (variant.sinks.defined())
@@ -73,10 +81,10 @@ void check_attention_backward_args(const Tensor& q, const Tensor& k, const Tenso
                                    const Tensor& dk, const Tensor& dv, const Tensor& dsinks) {
   const char* op = "attention_backward";
   check_common(op, q, k, v, scale, variant, out, lse);
-  check_same(dout, q.shape(), q.dtype(), op, "dout", "(B, T, nh, d)");
-  check_same(dq, q.shape(), q.dtype(), op, "dq", "(B, T, nh, d)");
-  check_same(dk, k.shape(), q.dtype(), op, "dk", "(B, T, nkv, d)");
-  check_same(dv, k.shape(), q.dtype(), op, "dv", "(B, T, nkv, d)");
+  check_same(dout, out.shape(), q.dtype(), op, "dout", "(B, T, nh, dv)");
+  check_same(dq, q.shape(), q.dtype(), op, "dq", "(B, T, nh, dqk)");
+  check_same(dk, k.shape(), q.dtype(), op, "dk", "(B, T, nkv, dqk)");
+  check_same(dv, v.shape(), q.dtype(), op, "dv", "(B, T, nkv, dv)");
   if (dsinks.defined()) {
     if (!variant.sinks.defined())
       MOEPEAK_THROW(op, ": dsinks ", dsinks.str(),

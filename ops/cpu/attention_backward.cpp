@@ -2,13 +2,13 @@
 // window and attention sinks (ops/attention.h for the semantics, ops/cpu/attention_common.h for
 // the blocks).
 //
-//   q, dout, out, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
-//   sinks, dsinks: (nh)
+//   q, dq: (B, T, nh, dqk)    k, dk: (B, T, nkv, dqk)    v, dv: (B, T, nkv, dv)
+//   out, dout: (B, T, nh, dv)  lse: (B, nh, T)            sinks, dsinks: (nh)
 //
-// Per query block: D = rowsum(dout * out); for each key block the forward visited,
+// Per query block: D = rowsum(dout * out) (over dv); for each key block the forward visited,
 //   P = exp(S - lse) (0 outside each row's window), dP = dout V^T, dV += P^T dout,
 //   dS = P * (dP - D), dQ += scale * dS K, dK += scale * dS^T Q  (dK, dV straight into dk, dv with
-//   beta = 1).
+//   beta = 1; the products with V and dout run over dv, those with Q and K over dqk).
 // The forward's lse already holds the sink and out is normalised by it, so this is the plain
 // backward on (out, lse); the sink adds only dsinks, in a pass of its own (sinks_gradient).
 // Query blocks run in a fixed order (b, g, t0), so dk/dv sum the blocks — and, inside a block's
@@ -35,29 +35,29 @@ void load_backward_rows(const Geometry& geo, const BlockPlan& plan, const QueryB
                         const S* q, const S* out, const compute_t<S>* lse, const S* dout,
                         Scratch<compute_t<S>>& s) {
   using T = compute_t<S>;
-  const int64_t rows = blk.rows(plan), d = geo.head_dim;
-  gather_rows(geo, plan, blk, q, s.q_rows.data());
-  gather_rows(geo, plan, blk, dout, s.dout_rows.data());
+  const int64_t rows = blk.rows(plan), dv = geo.v_dim;
+  gather_rows(geo, plan, blk, geo.qk_dim, q, s.q_rows.data());
+  gather_rows(geo, plan, blk, dv, dout, s.dout_rows.data());
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t p = r / plan.group, hh = r % plan.group;
     const S* out_row =
-        out + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group + hh, geo.heads);
-    const T* dout_row = s.dout_rows.data() + r * d;
+        out + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group + hh, geo.heads, dv);
+    const T* dout_row = s.dout_rows.data() + r * dv;
     T delta = 0;
-    for (int64_t i = 0; i < d; ++i) delta += dout_row[i] * load(out_row[i]);
+    for (int64_t i = 0; i < dv; ++i) delta += dout_row[i] * load(out_row[i]);
     s.row_delta[r] = delta;
     s.row_sum[r] = lse[lse_index(geo, plan, blk, r)];
   }
 }
 
 // P = exp(scale * Q K^T - lse) of keys [s0, s0 + keys) into s.scores, 0 outside each row's
-// window.
+// window (dqk: the width of Q and K).
 template <typename T>
 void backward_probs(const BlockPlan& plan, const QueryBlock& blk, int64_t rows, int64_t s0,
-                    int64_t keys, int64_t d, const KvOperand<T>& kb, T scale, Scratch<T>& s) {
+                    int64_t keys, int64_t dqk, const KvOperand<T>& kb, T scale, Scratch<T>& s) {
   const bool needs_mask = block_needs_mask(plan, blk, s0, keys);
   T* probs = s.scores.data();
-  gemm(CblasNoTrans, CblasTrans, rows, keys, d, scale, s.q_rows.data(), d, kb.data, kb.ld, T(0),
+  gemm(CblasNoTrans, CblasTrans, rows, keys, dqk, scale, s.q_rows.data(), dqk, kb.data, kb.ld, T(0),
        probs, keys);
   count_scores(rows * keys);
   for (int64_t r = 0; r < rows; ++r) {
@@ -67,11 +67,12 @@ void backward_probs(const BlockPlan& plan, const QueryBlock& blk, int64_t rows, 
   }
 }
 
-// dP = dout V^T, then dS = P * (dP - D): s.scores turns from P into dS.
+// dP = dout V^T, then dS = P * (dP - D): s.scores turns from P into dS (dv: the width of dout
+// and V).
 template <typename T>
-void backward_dscores(int64_t rows, int64_t keys, int64_t d, const KvOperand<T>& vb,
+void backward_dscores(int64_t rows, int64_t keys, int64_t dv, const KvOperand<T>& vb,
                       Scratch<T>& s) {
-  gemm(CblasNoTrans, CblasTrans, rows, keys, d, T(1), s.dout_rows.data(), d, vb.data, vb.ld, T(0),
+  gemm(CblasNoTrans, CblasTrans, rows, keys, dv, T(1), s.dout_rows.data(), dv, vb.data, vb.ld, T(0),
        s.dprobs.data(), keys);
   for (int64_t r = 0; r < rows; ++r)
     dscores(s.scores.data() + r * keys, s.dprobs.data() + r * keys, keys, s.row_delta[r]);
@@ -82,33 +83,34 @@ template <typename T>
 void backward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, const T* k, const T* v,
                      const T* out, const T* lse, const T* dout, T scale, T* dq, T* dk, T* dv) {
   Scratch<T>& s = thread_scratch<T>();
-  s.reserve(plan, geo.head_dim, /*backward=*/true, /*widened=*/false);
-  const int64_t d = geo.head_dim;
-  const int64_t kv_stride = geo.kv_heads * d;
-  const int64_t kv_numel = geo.batch * geo.seq * geo.kv_heads * d;
-  std::fill_n(dk, kv_numel, T(0));
-  std::fill_n(dv, kv_numel, T(0));
+  s.reserve(plan, geo, /*backward=*/true, /*widened=*/false);
+  const int64_t dqk = geo.qk_dim, d_v = geo.v_dim;
+  const int64_t k_stride = geo.kv_heads * dqk, v_stride = geo.kv_heads * d_v;
+  const int64_t kv_rows = geo.batch * geo.seq * geo.kv_heads;
+  std::fill_n(dk, kv_rows * dqk, T(0));
+  std::fill_n(dv, kv_rows * d_v, T(0));
 
   for_each_query_block(geo, plan, [&](const QueryBlock& blk) {
     const int64_t rows = blk.rows(plan);
     T* dq_rows = s.accumulator.data();
     load_backward_rows(geo, plan, blk, q, out, lse, dout, s);
-    std::fill_n(dq_rows, rows * d, T(0));
+    std::fill_n(dq_rows, rows * dqk, T(0));
 
     for_each_key_block(plan, blk, [&](int64_t s0, int64_t keys) {
-      const int64_t kv_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads);
-      const KvOperand<T> kb{k + kv_offset, kv_stride}, vb{v + kv_offset, kv_stride};
-      backward_probs(plan, blk, rows, s0, keys, d, kb, scale, s);
+      const int64_t k_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, dqk);
+      const int64_t v_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, d_v);
+      const KvOperand<T> kb{k + k_offset, k_stride}, vb{v + v_offset, v_stride};
+      backward_probs(plan, blk, rows, s0, keys, dqk, kb, scale, s);
       // dV += P^T dout;  dS = P * (dout V^T - D);  dQ += scale * dS K;  dK += scale * dS^T Q.
-      gemm(CblasTrans, CblasNoTrans, keys, d, rows, T(1), s.scores.data(), keys, s.dout_rows.data(),
-           d, T(1), dv + kv_offset, kv_stride);
-      backward_dscores(rows, keys, d, vb, s);
-      gemm(CblasNoTrans, CblasNoTrans, rows, d, keys, scale, s.scores.data(), keys, kb.data, kb.ld,
-           T(1), dq_rows, d);
-      gemm(CblasTrans, CblasNoTrans, keys, d, rows, scale, s.scores.data(), keys, s.q_rows.data(),
-           d, T(1), dk + kv_offset, kv_stride);
+      gemm(CblasTrans, CblasNoTrans, keys, d_v, rows, T(1), s.scores.data(), keys,
+           s.dout_rows.data(), d_v, T(1), dv + v_offset, v_stride);
+      backward_dscores(rows, keys, d_v, vb, s);
+      gemm(CblasNoTrans, CblasNoTrans, rows, dqk, keys, scale, s.scores.data(), keys, kb.data,
+           kb.ld, T(1), dq_rows, dqk);
+      gemm(CblasTrans, CblasNoTrans, keys, dqk, rows, scale, s.scores.data(), keys, s.q_rows.data(),
+           dqk, T(1), dk + k_offset, k_stride);
     });
-    scatter_rows(geo, plan, blk, dq_rows, dq);
+    scatter_rows(geo, plan, blk, dqk, dq_rows, dq);
   });
 }
 
@@ -125,26 +127,27 @@ void backward_kernel_widened(const Geometry& geo, const BlockPlan& plan, const S
                              compute_t<S> scale, S* dq, S* dk, S* dv) {
   using T = compute_t<S>;
   Scratch<T>& s = thread_scratch<T>();
-  s.reserve(plan, geo.head_dim, /*backward=*/true, /*widened=*/true);
-  const int64_t d = geo.head_dim;
-  const int64_t kv_stride = geo.kv_heads * d;
+  s.reserve(plan, geo, /*backward=*/true, /*widened=*/true);
+  const int64_t dqk = geo.qk_dim, d_v = geo.v_dim;
+  const int64_t k_stride = geo.kv_heads * dqk, v_stride = geo.kv_heads * d_v;
 
   // Pass 1: dQ += scale * dS K over the key blocks of each query block.
   for_each_query_block(geo, plan, [&](const QueryBlock& blk) {
     const int64_t rows = blk.rows(plan);
     T* dq_rows = s.accumulator.data();
     load_backward_rows(geo, plan, blk, q, out, lse, dout, s);
-    std::fill_n(dq_rows, rows * d, T(0));
+    std::fill_n(dq_rows, rows * dqk, T(0));
     for_each_key_block(plan, blk, [&](int64_t s0, int64_t keys) {
-      const int64_t kv_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads);
-      const KvOperand<T> kb = kv_operand(geo, k, kv_offset, keys, s.k_block.data());
-      const KvOperand<T> vb = kv_operand(geo, v, kv_offset, keys, s.v_block.data());
-      backward_probs(plan, blk, rows, s0, keys, d, kb, scale, s);
-      backward_dscores(rows, keys, d, vb, s);
-      gemm(CblasNoTrans, CblasNoTrans, rows, d, keys, scale, s.scores.data(), keys, kb.data, kb.ld,
-           T(1), dq_rows, d);
+      const int64_t k_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, dqk);
+      const int64_t v_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, d_v);
+      const KvOperand<T> kb = kv_operand(geo, dqk, k, k_offset, keys, s.k_block.data());
+      const KvOperand<T> vb = kv_operand(geo, d_v, v, v_offset, keys, s.v_block.data());
+      backward_probs(plan, blk, rows, s0, keys, dqk, kb, scale, s);
+      backward_dscores(rows, keys, d_v, vb, s);
+      gemm(CblasNoTrans, CblasNoTrans, rows, dqk, keys, scale, s.scores.data(), keys, kb.data,
+           kb.ld, T(1), dq_rows, dqk);
     });
-    scatter_rows(geo, plan, blk, dq_rows, dq);
+    scatter_rows(geo, plan, blk, dqk, dq_rows, dq);
   });
 
   // Pass 2: dV += P^T dout and dK += scale * dS^T Q of each key block over the query blocks that
@@ -156,11 +159,12 @@ void backward_kernel_widened(const Geometry& geo, const BlockPlan& plan, const S
     for (int64_t g = 0; g < geo.kv_heads; ++g)
       for (int64_t s0 = 0; s0 < geo.seq; s0 += plan.keys) {
         const int64_t block_keys = std::min(plan.keys, geo.seq - s0);
-        const int64_t kv_offset = geo.offset(b, s0, g, geo.kv_heads);
-        const KvOperand<T> kb = kv_operand(geo, k, kv_offset, block_keys, s.k_block.data());
-        const KvOperand<T> vb = kv_operand(geo, v, kv_offset, block_keys, s.v_block.data());
-        std::fill_n(dk_block, block_keys * d, T(0));
-        std::fill_n(dv_block, block_keys * d, T(0));
+        const int64_t k_offset = geo.offset(b, s0, g, geo.kv_heads, dqk);
+        const int64_t v_offset = geo.offset(b, s0, g, geo.kv_heads, d_v);
+        const KvOperand<T> kb = kv_operand(geo, dqk, k, k_offset, block_keys, s.k_block.data());
+        const KvOperand<T> vb = kv_operand(geo, d_v, v, v_offset, block_keys, s.v_block.data());
+        std::fill_n(dk_block, block_keys * dqk, T(0));
+        std::fill_n(dv_block, block_keys * d_v, T(0));
         for (int64_t t0 = s0 / plan.positions * plan.positions; t0 < geo.seq;
              t0 += plan.positions) {
           const QueryBlock blk{b, g, t0, std::min(plan.positions, geo.seq - t0)};
@@ -168,32 +172,32 @@ void backward_kernel_widened(const Geometry& geo, const BlockPlan& plan, const S
           const int64_t rows = blk.rows(plan);
           const int64_t keys = std::min(block_keys, blk.last_position() + 1 - s0);
           load_backward_rows(geo, plan, blk, q, out, lse, dout, s);
-          backward_probs(plan, blk, rows, s0, keys, d, kb, scale, s);
-          gemm(CblasTrans, CblasNoTrans, keys, d, rows, T(1), s.scores.data(), keys,
-               s.dout_rows.data(), d, T(1), dv_block, d);
-          backward_dscores(rows, keys, d, vb, s);
-          gemm(CblasTrans, CblasNoTrans, keys, d, rows, scale, s.scores.data(), keys,
-               s.q_rows.data(), d, T(1), dk_block, d);
+          backward_probs(plan, blk, rows, s0, keys, dqk, kb, scale, s);
+          gemm(CblasTrans, CblasNoTrans, keys, d_v, rows, T(1), s.scores.data(), keys,
+               s.dout_rows.data(), d_v, T(1), dv_block, d_v);
+          backward_dscores(rows, keys, d_v, vb, s);
+          gemm(CblasTrans, CblasNoTrans, keys, dqk, rows, scale, s.scores.data(), keys,
+               s.q_rows.data(), dqk, T(1), dk_block, dqk);
         }
         for (int64_t j = 0; j < block_keys; ++j) {
-          narrow(dk_block + j * d, dk + kv_offset + j * kv_stride, d);
-          narrow(dv_block + j * d, dv + kv_offset + j * kv_stride, d);
+          narrow(dk_block + j * dqk, dk + k_offset + j * k_stride, dqk);
+          narrow(dv_block + j * d_v, dv + v_offset + j * v_stride, d_v);
         }
       }
 }
 
-// dsinks[h] += -sum_{b,t} exp(sinks[h] - lse[b,h,t]) * D[b,t,h], D = dout . out over d: in
+// dsinks[h] += -sum_{b,t} exp(sinks[h] - lse[b,h,t]) * D[b,t,h], D = dout . out over dv: in
 // double, each head's sum in (b, t) order, added to dsinks once (one rounding to its dtype).
 template <typename S>
 void sinks_gradient(const Geometry& geo, const S* sinks, const S* out, const S* dout,
                     const compute_t<S>* lse, compute_t<S>* dsinks) {
-  const int64_t d = geo.head_dim;
+  const int64_t d = geo.v_dim;
   for (int64_t h = 0; h < geo.heads; ++h) {
     const double sink = load(sinks[h]);
     double sum = 0;
     for (int64_t b = 0; b < geo.batch; ++b)
       for (int64_t t = 0; t < geo.seq; ++t) {
-        const int64_t row = geo.offset(b, t, h, geo.heads);
+        const int64_t row = geo.offset(b, t, h, geo.heads, d);
         double delta = 0;
         for (int64_t i = 0; i < d; ++i)
           delta +=
@@ -219,7 +223,7 @@ void attention_backward_cpu_blocked(const Tensor& q, const Tensor& k, const Tens
   check_blocks(op, blocks);
   CpuStream& cpu = as_cpu_stream(stream);
   if (q.numel() == 0) return;
-  const Geometry geo = geometry_of(q, k);
+  const Geometry geo = geometry_of(q, k, v);
   const BlockPlan plan = plan_blocks(geo, blocks, variant.window);
   dispatch_storage(q.dtype(), op, [&](auto zero) {
     using S = decltype(zero);

@@ -4,7 +4,8 @@
 // the fp32/f64 scratch, and which keys a query block visits and each of its rows sees (the causal
 // mask and the sliding window). Semantics: ops/attention.h.
 //
-//   q, dout, out, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
+//   q, dq: (B, T, nh, dqk)    k, dk: (B, T, nkv, dqk)    lse: (B, nh, T)
+//   out, dout: (B, T, nh, dv)  v, dv: (B, T, nkv, dv)
 //
 // A query block is batch b, kv head g and positions [t0, t0 + P): it stacks the G = nh / nkv query
 // heads of g, row r = (t - t0) * G + hh for query head g * G + hh. Keys are cut into key blocks
@@ -32,17 +33,19 @@ namespace moepeak::ops::attention_cpu {
 // ---- Problem geometry and block plan ------------------------------------------------------------
 
 struct Geometry {
-  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0;
+  int64_t qk_dim = 0;  // dqk: the width of q, k, dq, dk
+  int64_t v_dim = 0;   // dv: the width of v, out, dout, dv
   int64_t group() const { return heads / kv_heads; }
-  // Offset of element 0 of row (b, t, head) in a (B, T, heads_in_tensor, d) tensor.
-  int64_t offset(int64_t b, int64_t t, int64_t head, int64_t heads_in_tensor) const {
-    return ((b * seq + t) * heads_in_tensor + head) * head_dim;
+  // Offset of element 0 of row (b, t, head) in a (B, T, heads_in_tensor, dim) tensor.
+  int64_t offset(int64_t b, int64_t t, int64_t head, int64_t heads_in_tensor, int64_t dim) const {
+    return ((b * seq + t) * heads_in_tensor + head) * dim;
   }
 };
 
-// The geometry of checked arguments: q (B, T, nh, d), k (B, T, nkv, d).
-inline Geometry geometry_of(const Tensor& q, const Tensor& k) {
-  return Geometry{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+// The geometry of checked arguments: q (B, T, nh, dqk), k (B, T, nkv, dqk), v (B, T, nkv, dv).
+inline Geometry geometry_of(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return Geometry{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
 }
 
 struct BlockPlan {
@@ -167,41 +170,40 @@ void dscores(T* p_to_ds, const T* dp, int64_t n, T d_row) {
 
 template <typename T>
 struct Scratch {
-  std::vector<T> q_rows;       // rows x d: the block's queries
-  std::vector<T> dout_rows;    // rows x d: the block's output gradients (backward)
-  std::vector<T> accumulator;  // rows x d: P V (forward) or dQ (backward)
+  std::vector<T> q_rows;       // rows x dqk: the block's queries
+  std::vector<T> dout_rows;    // rows x dv: the block's output gradients (backward)
+  std::vector<T> accumulator;  // rows x dv: P V (forward), or rows x dqk: dQ (backward)
   std::vector<T> scores;       // rows x keys: S, then P, then dS
   std::vector<T> dprobs;       // rows x keys: dP (backward)
   std::vector<T> row_max;      // rows: running max m (forward)
   std::vector<T> row_sum;      // rows: running sum l (forward) / lse (backward)
   std::vector<T> row_delta;    // rows: D = rowsum(dout * out) (backward)
-  std::vector<T> k_block;      // keys x d: a widened key block (bf16 storage)
-  std::vector<T> v_block;      // keys x d: a widened value block (bf16 storage)
-  std::vector<T> dk_block;     // keys x d: dK of one key block (bf16 backward)
-  std::vector<T> dv_block;     // keys x d: dV of one key block (bf16 backward)
+  std::vector<T> k_block;      // keys x dqk: a widened key block (bf16 storage)
+  std::vector<T> v_block;      // keys x dv: a widened value block (bf16 storage)
+  std::vector<T> dk_block;     // keys x dqk: dK of one key block (bf16 backward)
+  std::vector<T> dv_block;     // keys x dv: dV of one key block (bf16 backward)
 
-  void reserve(const BlockPlan& plan, int64_t head_dim, bool backward, bool widened) {
-    size_t rows = static_cast<size_t>(plan.rows);
-    size_t row_block = rows * static_cast<size_t>(head_dim);
-    size_t score_block = rows * static_cast<size_t>(plan.keys);
-    q_rows.resize(row_block);
-    accumulator.resize(row_block);
+  void reserve(const BlockPlan& plan, const Geometry& geo, bool backward, bool widened) {
+    const size_t rows = static_cast<size_t>(plan.rows), keys = static_cast<size_t>(plan.keys);
+    const size_t qk_dim = static_cast<size_t>(geo.qk_dim), v_dim = static_cast<size_t>(geo.v_dim);
+    const size_t score_block = rows * keys;
+    q_rows.resize(rows * qk_dim);
+    accumulator.resize(rows * (backward ? qk_dim : v_dim));
     scores.resize(score_block);
     row_sum.resize(rows);
     if (backward) {
-      dout_rows.resize(row_block);
+      dout_rows.resize(rows * v_dim);
       dprobs.resize(score_block);
       row_delta.resize(rows);
     } else {
       row_max.resize(rows);
     }
     if (widened) {
-      size_t key_block = static_cast<size_t>(plan.keys) * static_cast<size_t>(head_dim);
-      k_block.resize(key_block);
-      v_block.resize(key_block);
+      k_block.resize(keys * qk_dim);
+      v_block.resize(keys * v_dim);
       if (backward) {
-        dk_block.resize(key_block);
-        dv_block.resize(key_block);
+        dk_block.resize(keys * qk_dim);
+        dv_block.resize(keys * v_dim);
       }
     }
   }
@@ -236,13 +238,13 @@ inline void widen_run(const bf16* src, float* dst, int64_t n) {
   widen(src, dst, n);
 }
 
-// Copies rows of a (B, T, nh, d) tensor into / out of a block's stacked rows.
+// Copies rows of a (B, T, nh, dim) tensor into / out of a block's stacked rows (dim apart).
 template <typename S>
-void gather_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& blk, const S* src,
-                 compute_t<S>* rows) {
-  const int64_t run = plan.group * geo.head_dim;
+void gather_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& blk, int64_t dim,
+                 const S* src, compute_t<S>* rows) {
+  const int64_t run = plan.group * dim;
   for (int64_t p = 0; p < blk.positions; ++p) {
-    const S* from = src + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group, geo.heads);
+    const S* from = src + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group, geo.heads, dim);
     if constexpr (kWidened<S>) {
       widen_run(from, rows + p * run, run);
     } else {
@@ -252,11 +254,11 @@ void gather_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& b
 }
 
 template <typename S>
-void scatter_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& blk,
+void scatter_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& blk, int64_t dim,
                   const compute_t<S>* rows, S* dst) {
-  const int64_t run = plan.group * geo.head_dim;
+  const int64_t run = plan.group * dim;
   for (int64_t p = 0; p < blk.positions; ++p) {
-    S* to = dst + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group, geo.heads);
+    S* to = dst + geo.offset(blk.b, blk.t0 + p, blk.kv_head * plan.group, geo.heads, dim);
     if constexpr (kWidened<S>) {
       narrow(rows + p * run, to, run);
     } else {
@@ -265,19 +267,20 @@ void scatter_rows(const Geometry& geo, const BlockPlan& plan, const QueryBlock& 
   }
 }
 
-// A key or value block as a GEMM operand: `keys` rows of d, `ld` apart.
+// A key or value block as a GEMM operand: `keys` rows of dim (dqk or dv), `ld` apart.
 template <typename T>
 struct KvOperand {
   const T* data;
   int64_t ld;
 };
 
-// Rows [s0, s0 + keys) of one kv head (element `offset` is row s0): in place for f32 and f64
-// (rows nkv * d apart), widened into `scratch` for bf16 (rows d apart), once per block visit.
+// Rows [s0, s0 + keys) of one kv head of a (B, T, nkv, d) tensor, d = dqk (k) or dv (v) (element
+// `offset` is row s0): in place for f32 and f64 (rows nkv * d apart), widened into `scratch` for
+// bf16 (rows d apart), once per block visit.
 template <typename S>
-KvOperand<compute_t<S>> kv_operand(const Geometry& geo, const S* src, int64_t offset, int64_t keys,
-                                   compute_t<S>* scratch) {
-  const int64_t d = geo.head_dim, kv_stride = geo.kv_heads * d;
+KvOperand<compute_t<S>> kv_operand(const Geometry& geo, int64_t d, const S* src, int64_t offset,
+                                   int64_t keys, compute_t<S>* scratch) {
+  const int64_t kv_stride = geo.kv_heads * d;
   if constexpr (kWidened<S>) {
     for (int64_t j = 0; j < keys; ++j) widen_run(src + offset + j * kv_stride, scratch + j * d, d);
     return {scratch, d};

@@ -2,23 +2,24 @@
 // window and attention sinks (ops/attention.h for the semantics, ops/cpu/attention_common.h for
 // the blocks).
 //
-//   q, out: (B, T, nh, d)    k, v: (B, T, nkv, d)    lse: (B, nh, T)    sinks: (nh)
+//   q: (B, T, nh, dqk)    k: (B, T, nkv, dqk)    v: (B, T, nkv, dv)    out: (B, T, nh, dv)
+//   lse: (B, nh, T)       sinks: (nh)
 //
 // Per query block, for each key block it visits (for_each_key_block: from the first row's window
 // start, or 0, to the block's last position):
-//   S = scale * Q K^T (GEMM), mask the keys outside each row's window (only in blocks where some
-//   row masks some key: the diagonal, the window's lower edge),
+//   S = scale * Q K^T (GEMM over dqk), mask the keys outside each row's window (only in blocks
+//   where some row masks some key: the diagonal, the window's lower edge),
 //   m' = max(m, rowmax S), P = exp(S - m'), l = l * exp(m - m') + rowsum P,
-//   acc = acc * exp(m - m') + P V (GEMM, beta = 1);
+//   acc = acc * exp(m - m') + P V (GEMM, beta = 1; acc is rows x dv);
 // then, with sinks, the sink s of the row's head joins the softmax as one more column without a
 // value: m' = max(m, s), l = l * exp(m - m') + exp(s - m'), acc = acc * exp(m - m');
 // and out = acc / l, lse = m + log l. Without a window or sinks this is the causal loop unchanged:
 // the same key blocks, products and order.
 //
 // bf16 storage (fp32 arithmetic, ops/cpu/cpu_storage.h): query rows are widened as they are
-// gathered and every key/value block into scratch once per visit (rows d apart), the arithmetic
-// is the f32 kernel's (sinks widened to fp32), and out is rounded once as it is stored (lse is
-// f32).
+// gathered and every key/value block into scratch once per visit (rows dqk or dv apart), the
+// arithmetic is the f32 kernel's (sinks widened to fp32), and out is rounded once as it is stored
+// (lse is f32).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -37,23 +38,24 @@ void forward_kernel(const Geometry& geo, const BlockPlan& plan, const S* q, cons
                     const S* sinks, compute_t<S> scale, S* out, compute_t<S>* lse) {
   using T = compute_t<S>;
   Scratch<T>& s = thread_scratch<T>();
-  s.reserve(plan, geo.head_dim, /*backward=*/false, kWidened<S>);
-  const int64_t d = geo.head_dim;
+  s.reserve(plan, geo, /*backward=*/false, kWidened<S>);
+  const int64_t dqk = geo.qk_dim, dv = geo.v_dim;
 
   for_each_query_block(geo, plan, [&](const QueryBlock& blk) {
     const int64_t rows = blk.rows(plan);
-    gather_rows(geo, plan, blk, q, s.q_rows.data());
+    gather_rows(geo, plan, blk, dqk, q, s.q_rows.data());
     std::fill_n(s.row_max.begin(), rows, -std::numeric_limits<T>::infinity());
     std::fill_n(s.row_sum.begin(), rows, T(0));
-    std::fill_n(s.accumulator.begin(), rows * d, T(0));
+    std::fill_n(s.accumulator.begin(), rows * dv, T(0));
 
     for_each_key_block(plan, blk, [&](int64_t s0, int64_t keys) {
-      const int64_t kv_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads);
       const bool needs_mask = block_needs_mask(plan, blk, s0, keys);
-      const KvOperand<T> kb = kv_operand(geo, k, kv_offset, keys, s.k_block.data());
+      const KvOperand<T> kb =
+          kv_operand(geo, dqk, k, geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, dqk), keys,
+                     s.k_block.data());
       T* scores = s.scores.data();
-      gemm(CblasNoTrans, CblasTrans, rows, keys, d, scale, s.q_rows.data(), d, kb.data, kb.ld, T(0),
-           scores, keys);
+      gemm(CblasNoTrans, CblasTrans, rows, keys, dqk, scale, s.q_rows.data(), dqk, kb.data, kb.ld,
+           T(0), scores, keys);
       count_scores(rows * keys);
 
       for (int64_t r = 0; r < rows; ++r) {
@@ -69,17 +71,18 @@ void forward_kernel(const Geometry& geo, const BlockPlan& plan, const S* q, cons
         s.row_sum[r] = s.row_sum[r] * rescale + block_sum;
         s.row_max[r] = m_new;
         if (rescale != T(1)) {
-          T* acc = s.accumulator.data() + r * d;
-          for (int64_t i = 0; i < d; ++i) acc[i] *= rescale;
+          T* acc = s.accumulator.data() + r * dv;
+          for (int64_t i = 0; i < dv; ++i) acc[i] *= rescale;
         }
       }
-      const KvOperand<T> vb = kv_operand(geo, v, kv_offset, keys, s.v_block.data());
-      gemm(CblasNoTrans, CblasNoTrans, rows, d, keys, T(1), scores, keys, vb.data, vb.ld, T(1),
-           s.accumulator.data(), d);
+      const KvOperand<T> vb = kv_operand(
+          geo, dv, v, geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, dv), keys, s.v_block.data());
+      gemm(CblasNoTrans, CblasNoTrans, rows, dv, keys, T(1), scores, keys, vb.data, vb.ld, T(1),
+           s.accumulator.data(), dv);
     });
 
     for (int64_t r = 0; r < rows; ++r) {
-      T* acc = s.accumulator.data() + r * d;
+      T* acc = s.accumulator.data() + r * dv;
       if (sinks != nullptr) {
         // NOTES: the sink is one more column of the softmax, folded in last like a key block of
         // one key whose value is 0. A sink far below the row's max gives exp(s - m) = 0 and
@@ -92,14 +95,14 @@ void forward_kernel(const Geometry& geo, const BlockPlan& plan, const S* q, cons
         s.row_sum[r] = s.row_sum[r] * rescale + std::exp(sink - m_new);
         s.row_max[r] = m_new;
         if (rescale != T(1)) {
-          for (int64_t i = 0; i < d; ++i) acc[i] *= rescale;
+          for (int64_t i = 0; i < dv; ++i) acc[i] *= rescale;
         }
       }
       const T l = s.row_sum[r];  // >= 1: the row's maximum contributes exp(0)
-      for (int64_t i = 0; i < d; ++i) acc[i] /= l;
+      for (int64_t i = 0; i < dv; ++i) acc[i] /= l;
       lse[lse_index(geo, plan, blk, r)] = s.row_max[r] + std::log(l);
     }
-    scatter_rows(geo, plan, blk, s.accumulator.data(), out);
+    scatter_rows(geo, plan, blk, dv, s.accumulator.data(), out);
   });
 }
 
@@ -115,7 +118,7 @@ void attention_forward_cpu_blocked(const Tensor& q, const Tensor& k, const Tenso
   check_blocks(op, blocks);
   CpuStream& cpu = as_cpu_stream(stream);
   if (q.numel() == 0) return;
-  const Geometry geo = geometry_of(q, k);
+  const Geometry geo = geometry_of(q, k, v);
   const BlockPlan plan = plan_blocks(geo, blocks, variant.window);
   dispatch_storage(q.dtype(), op, [&](auto zero) {
     using S = decltype(zero);

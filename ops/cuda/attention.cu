@@ -1,16 +1,17 @@
 // CUDA attention: causal grouped-query flash attention with an optional sliding window and
 // attention sinks, forward and backward, SIMT (no tensor cores), f32, bf16 or f64 storage with
-// math in the storage's compute type (fp32 for f32 and bf16, f64 for f64). bf16 calls with head
-// dim 32, 64 or 128 go to the tensor-core kernels of ops/cuda/attention_tc.cu instead
-// (attention_tc_takes); these kernels run the rest, and the dsinks kernel serves both paths.
-// The same semantics as ops/cpu/attention.cpp; the design is summarised in ops/attention.h.
+// math in the storage's compute type (fp32 for f32 and bf16, f64 for f64). The bf16 calls
+// attention_tc_takes accepts run on the tensor-core kernels of ops/cuda/attention_tc.cu; these
+// run the rest, and dsinks for both. Semantics as ops/cpu/attention.cpp; design: ops/attention.h.
 //
-//   q, out, dout, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
-//   sinks: (nh) q's dtype              dsinks: (nh) f32 for bf16 q, else q's dtype
+//   q, dq: (B, T, nh, dqk)     k, dk: (B, T, nkv, dqk)     v, dv: (B, T, nkv, dv)
+//   out, dout: (B, T, nh, dv)  lse: (B, nh, T)
+//   sinks: (nh) q's dtype      dsinks: (nh) f32 for bf16 q, else q's dtype
 //
-// Rows are flattened per kv head g as row = t * G + hh; streamed tiles hold 32 entries, one per
-// lane; accumulators are spread over the lanes (column lane + 32 i, i < kChunks). Window W > 0:
-// row t sees keys t - W < s <= t (a W >= T is plain causal; the host passes 0 for it).
+// dqk, dv <= 256 each. Rows are flattened per kv head g as row = t * G + hh; streamed tiles hold
+// 32 entries, one per lane; accumulators are spread over the lanes (column lane + 32 i,
+// i < kChunks: dv's chunks in the forward, dqk's in dq, the larger's in dk/dv). Window W > 0: row
+// t sees keys t - W < s <= t (a W >= T is plain causal; the host passes 0 for it).
 //
 //   forward:  block = kBlockRows query rows of (b, g); streams K/V tiles of the keys any row of
 //             the block sees (first position - W + 1 .. last position, or 0 .. last without a
@@ -31,6 +32,7 @@
 // are bitwise reproducible run to run. Masked keys (after t, or at or before t - W) get exactly
 // p = 0 (never exponentiated). window = 0 without sinks runs exactly the plain causal arithmetic.
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_attention.cpp).
+#include <algorithm>
 #include <climits>
 #include <cmath>
 
@@ -73,7 +75,8 @@ struct AttentionArgs {
   int heads;       // nh
   int kv_heads;    // nkv
   int group;       // G = nh / nkv
-  int head_dim;    // d
+  int qk_dim;      // dqk: the width of q, k, dq, dk
+  int v_dim;       // dv: the width of v, out, dout, dv
   double scale;
 };
 
@@ -103,11 +106,11 @@ __device__ __forceinline__ int64_t row_offset(int64_t b, int64_t t, int64_t head
 }
 
 // Copies rows [row0, row0 + rows) of the flattened query rows of (b, g) (row = t * G + hh) from a
-// (B, T, nh, d) tensor into shared memory with row stride `stride`; rows past T * G read 0.
+// (B, T, nh, d) tensor (d = dqk for q, dv for dout) into shared memory with row stride `stride`;
+// rows past T * G read 0.
 template <typename T, typename C>
 __device__ void load_query_rows(const T* src, const AttentionArgs<T>& a, int64_t b, int g,
-                                int64_t row0, int rows, int stride, C* dst) {
-  const int d = a.head_dim;
+                                int64_t row0, int rows, int d, int stride, C* dst) {
   const int64_t rows_total = a.seq * a.group;
   for (int i = threadIdx.x; i < rows * d; i += kBlockThreads) {
     const int r = i / d, c = i - r * d;
@@ -122,12 +125,11 @@ __device__ void load_query_rows(const T* src, const AttentionArgs<T>& a, int64_t
   }
 }
 
-// Copies keys [s0, s0 + n) of kv head g from a (B, T, nkv, d) tensor, row stride `stride`; keys
-// past T read 0.
+// Copies keys [s0, s0 + n) of kv head g from a (B, T, nkv, d) tensor (d = dqk for k, dv for v),
+// row stride `stride`; keys past T read 0.
 template <typename T, typename C>
 __device__ void load_key_rows(const T* src, const AttentionArgs<T>& a, int64_t b, int g, int64_t s0,
-                              int n, int stride, C* dst) {
-  const int d = a.head_dim;
+                              int n, int d, int stride, C* dst) {
   for (int i = threadIdx.x; i < n * d; i += kBlockThreads) {
     const int s = i / d, c = i - s * d;
     const int64_t key = s0 + s;
@@ -137,8 +139,9 @@ __device__ void load_key_rows(const T* src, const AttentionArgs<T>& a, int64_t b
 }
 
 // acc[r][i] += sum over the tile's `keys` entries s of w_rows[r * kTile + s] * tile[s * stride + c]
-// with c = lane + 32 i < d: the P V of the forward and the dS K of the dq kernel, for a warp's
-// kRowsPerWarp rows (their weights in shared memory, one row of kTile per query row).
+// with c = lane + 32 i < d: the P V of the forward (d = dv) and the dS K of the dq kernel
+// (d = dqk), for a warp's kRowsPerWarp rows (their weights in shared memory, one row of kTile per
+// query row).
 template <typename C, int kChunks>
 __device__ __forceinline__ void accumulate_tile(C (&acc)[kRowsPerWarp][kChunks], const C* w_rows,
                                                 const C* tile, int stride, int keys, int d,
@@ -168,13 +171,13 @@ __device__ __forceinline__ int64_t lse_index(int64_t b, int g, int64_t row, int 
 }
 
 // Forward. Grid (ceil(T G / kBlockRows), nkv, B); the blocks of the last rows (the most keys)
-// are scheduled first. Shared: Q rows (kBlockRows x d), K tile (kTile x (d | 1)), V tile
-// (kTile x d), probabilities (kBlockRows x kTile).
+// are scheduled first. Shared: Q rows (kBlockRows x dqk), K tile (kTile x (dqk | 1)), V tile
+// (kTile x dv), probabilities (kBlockRows x kTile). kChunks covers dv (the accumulator).
 template <typename T, int kChunks>
 __global__ void __launch_bounds__(kBlockThreads)
     attention_forward_kernel(const AttentionArgs<T> a) {
   using C = compute_t<T>;
-  const int d = a.head_dim, ks = lane_stride(d);
+  const int dqk = a.qk_dim, dv = a.v_dim, ks = lane_stride(dqk);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = blockIdx.y;
   const int64_t b = blockIdx.z;
@@ -183,11 +186,11 @@ __global__ void __launch_bounds__(kBlockThreads)
   const C scale = static_cast<C>(a.scale);
 
   C* q_s = reinterpret_cast<C*>(attention_smem);
-  C* k_s = q_s + kBlockRows * d;
+  C* k_s = q_s + kBlockRows * dqk;
   C* v_s = k_s + kTile * ks;
-  C* p_s = v_s + kTile * d;
+  C* p_s = v_s + kTile * dv;
 
-  load_query_rows(a.q, a, b, g, row0, kBlockRows, d, q_s);
+  load_query_rows(a.q, a, b, g, row0, kBlockRows, dqk, dqk, q_s);
 
   int64_t pos[kRowsPerWarp];  // position of each row of the warp, -1 past the last row
   int64_t lo[kRowsPerWarp];   // the first key each row sees
@@ -208,8 +211,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t s0 = first_visible_key(a, row0); s0 <= last_pos; s0 += kTile) {
     const int keys = static_cast<int>(last_pos + 1 - s0 < kTile ? last_pos + 1 - s0 : kTile);
     __syncthreads();  // the previous tile is consumed (and, the first time, Q is loaded)
-    load_key_rows(a.k, a, b, g, s0, keys, ks, k_s);
-    load_key_rows(a.v, a, b, g, s0, keys, d, v_s);
+    load_key_rows(a.k, a, b, g, s0, keys, dqk, ks, k_s);
+    load_key_rows(a.v, a, b, g, s0, keys, dv, dv, v_s);
     __syncthreads();
 
     // Scores of this lane's key against the warp's rows.
@@ -219,11 +222,11 @@ __global__ void __launch_bounds__(kBlockThreads)
     for (int r = 0; r < kRowsPerWarp; ++r) score[r] = C(0);
     if (lane < keys) {
       const C* k_row = k_s + lane * ks;
-      const C* q_rows = q_s + warp * kRowsPerWarp * d;
-      for (int c = 0; c < d; ++c) {
+      const C* q_rows = q_s + warp * kRowsPerWarp * dqk;
+      for (int c = 0; c < dqk; ++c) {
         const C kc = k_row[c];
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) score[r] += q_rows[r * d + c] * kc;
+        for (int r = 0; r < kRowsPerWarp; ++r) score[r] += q_rows[r * dqk + c] * kc;
       }
     }
 
@@ -246,7 +249,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     __syncwarp();
 
     // acc += P V over the tile's keys.
-    accumulate_tile<C, kChunks>(acc, p_s + warp * kRowsPerWarp * kTile, v_s, d, keys, d, lane);
+    accumulate_tile<C, kChunks>(acc, p_s + warp * kRowsPerWarp * kTile, v_s, dv, keys, dv, lane);
   }
 
 #pragma unroll
@@ -255,7 +258,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     const int64_t row = row0 + warp * kRowsPerWarp + r;
     const int hh = static_cast<int>(row - pos[r] * a.group);
     const int64_t head = int64_t(g) * a.group + hh;
-    const int64_t base = row_offset(b, pos[r], head, a.seq, a.heads, d);
+    const int64_t base = row_offset(b, pos[r], head, a.seq, a.heads, dv);
     C inv_l = C(1) / l[r];  // l >= 1: the row's maximum contributes exp(0)
     C row_lse = m[r] + log(l[r]);
     if (a.sinks != nullptr) {
@@ -274,19 +277,20 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       const int c = lane + 32 * i;
-      if (c < d) store_from(a.out, base + c, acc[r][i] * inv_l);
+      if (c < dv) store_from(a.out, base + c, acc[r][i] * inv_l);
     }
     if (lane == 0) store_from(a.lse, lse_index(b, g, row, a.group, a.heads, a.seq), row_lse);
   }
 }
 
-// dq. Grid and row blocks as the forward. Shared: Q and dout rows (kBlockRows x d each), K and V
-// tiles (kTile x (d | 1) each), dS (kBlockRows x kTile).
+// dq. Grid and row blocks as the forward. Shared: Q and dout rows (kBlockRows x dqk and x dv),
+// K and V tiles (kTile x (dqk | 1) and x (dv | 1)), dS (kBlockRows x kTile). kChunks covers dqk
+// (the accumulator).
 template <typename T, int kChunks>
 __global__ void __launch_bounds__(kBlockThreads)
     attention_backward_dq_kernel(const AttentionArgs<T> a) {
   using C = compute_t<T>;
-  const int d = a.head_dim, ks = lane_stride(d);
+  const int dqk = a.qk_dim, dv = a.v_dim, ks = lane_stride(dqk), vs = lane_stride(dv);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = blockIdx.y;
   const int64_t b = blockIdx.z;
@@ -295,13 +299,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   const C scale = static_cast<C>(a.scale);
 
   C* q_s = reinterpret_cast<C*>(attention_smem);
-  C* do_s = q_s + kBlockRows * d;
-  C* k_s = do_s + kBlockRows * d;
+  C* do_s = q_s + kBlockRows * dqk;
+  C* k_s = do_s + kBlockRows * dv;
   C* v_s = k_s + kTile * ks;
-  C* ds_s = v_s + kTile * ks;
+  C* ds_s = v_s + kTile * vs;
 
-  load_query_rows(a.q, a, b, g, row0, kBlockRows, d, q_s);
-  load_query_rows(a.dout, a, b, g, row0, kBlockRows, d, do_s);
+  load_query_rows(a.q, a, b, g, row0, kBlockRows, dqk, dqk, q_s);
+  load_query_rows(a.dout, a, b, g, row0, kBlockRows, dv, dv, do_s);
   __syncthreads();
 
   int64_t pos[kRowsPerWarp], lo[kRowsPerWarp];  // as in the forward
@@ -316,9 +320,9 @@ __global__ void __launch_bounds__(kBlockThreads)
     row_lse[r] = C(0);
     if (pos[r] >= 0) {
       const int hh = static_cast<int>(row - pos[r] * a.group);
-      const int64_t base = row_offset(b, pos[r], int64_t(g) * a.group + hh, a.seq, a.heads, d);
-      const C* do_row = do_s + (warp * kRowsPerWarp + r) * d;
-      for (int c = lane; c < d; c += 32) partial += do_row[c] * load_as<C>(a.out, base + c);
+      const int64_t base = row_offset(b, pos[r], int64_t(g) * a.group + hh, a.seq, a.heads, dv);
+      const C* do_row = do_s + (warp * kRowsPerWarp + r) * dv;
+      for (int c = lane; c < dv; c += 32) partial += do_row[c] * load_as<C>(a.out, base + c);
       row_lse[r] = load_as<C>(a.lse, lse_index(b, g, row, a.group, a.heads, a.seq));
     }
     row_delta[r] = warp_sum(partial);
@@ -331,8 +335,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t s0 = first_visible_key(a, row0); s0 <= last_pos; s0 += kTile) {
     const int keys = static_cast<int>(last_pos + 1 - s0 < kTile ? last_pos + 1 - s0 : kTile);
     __syncthreads();
-    load_key_rows(a.k, a, b, g, s0, keys, ks, k_s);
-    load_key_rows(a.v, a, b, g, s0, keys, ks, v_s);
+    load_key_rows(a.k, a, b, g, s0, keys, dqk, ks, k_s);
+    load_key_rows(a.v, a, b, g, s0, keys, dv, vs, v_s);
     __syncthreads();
 
     // This lane's key: scores q.k and dp = dout.v against the warp's rows.
@@ -342,16 +346,29 @@ __global__ void __launch_bounds__(kBlockThreads)
     for (int r = 0; r < kRowsPerWarp; ++r) score[r] = dp[r] = C(0);
     if (lane < keys) {
       const C* k_row = k_s + lane * ks;
-      const C* v_row = v_s + lane * ks;
-      const C* q_rows = q_s + warp * kRowsPerWarp * d;
-      const C* do_rows = do_s + warp * kRowsPerWarp * d;
-      for (int c = 0; c < d; ++c) {
+      const C* v_row = v_s + lane * vs;
+      const C* q_rows = q_s + warp * kRowsPerWarp * dqk;
+      const C* do_rows = do_s + warp * kRowsPerWarp * dv;
+      // NOTES: the columns both products have run in one loop, the rest of the wider one after
+      // it: each sum still runs in column order, so dv = dqk is the one-loop code it was.
+      const int both = dqk < dv ? dqk : dv;
+      for (int c = 0; c < both; ++c) {
         const C kc = k_row[c], vc = v_row[c];
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
-          score[r] += q_rows[r * d + c] * kc;
-          dp[r] += do_rows[r * d + c] * vc;
+          score[r] += q_rows[r * dqk + c] * kc;
+          dp[r] += do_rows[r * dv + c] * vc;
         }
+      }
+      for (int c = both; c < dqk; ++c) {
+        const C kc = k_row[c];
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) score[r] += q_rows[r * dqk + c] * kc;
+      }
+      for (int c = both; c < dv; ++c) {
+        const C vc = v_row[c];
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) dp[r] += do_rows[r * dv + c] * vc;
       }
     }
 #pragma unroll
@@ -363,7 +380,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     __syncwarp();
 
     // acc += dS K over the tile's keys.
-    accumulate_tile<C, kChunks>(acc, ds_s + warp * kRowsPerWarp * kTile, k_s, ks, keys, d, lane);
+    accumulate_tile<C, kChunks>(acc, ds_s + warp * kRowsPerWarp * kTile, k_s, ks, keys, dqk, lane);
   }
 
 #pragma unroll
@@ -371,24 +388,25 @@ __global__ void __launch_bounds__(kBlockThreads)
     if (pos[r] < 0) continue;
     const int64_t row = row0 + warp * kRowsPerWarp + r;
     const int hh = static_cast<int>(row - pos[r] * a.group);
-    const int64_t base = row_offset(b, pos[r], int64_t(g) * a.group + hh, a.seq, a.heads, d);
+    const int64_t base = row_offset(b, pos[r], int64_t(g) * a.group + hh, a.seq, a.heads, dqk);
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       const int c = lane + 32 * i;
-      if (c < d) store_from(a.dq, base + c, acc[r][i] * scale);
+      if (c < dqk) store_from(a.dq, base + c, acc[r][i] * scale);
     }
   }
 }
 
 // dk, dv. Grid (ceil(T / kBlockRows), nkv, B): a block owns kBlockRows keys of (b, g), a warp
-// kRowsPerWarp of them. Shared: K and V rows of the block (kBlockRows x d each), Q and dout
-// tiles (kTile x (d | 1) each), the tile's lse and D (kTile each), P and dS (kBlockRows x kTile
-// each).
+// kRowsPerWarp of them. Shared: K and V rows of the block (kBlockRows x dqk and x dv), Q and dout
+// tiles (kTile x (dqk | 1) and x (dv | 1)), the tile's lse and D (kTile each), P and dS
+// (kBlockRows x kTile each). kChunks covers the larger of dqk and dv (dk's and dv's accumulators
+// use the chunks of their own width).
 template <typename T, int kChunks>
 __global__ void __launch_bounds__(kBlockThreads)
     attention_backward_dkv_kernel(const AttentionArgs<T> a) {
   using C = compute_t<T>;
-  const int d = a.head_dim, qs = lane_stride(d);
+  const int dqk = a.qk_dim, dv = a.v_dim, qs = lane_stride(dqk), dos = lane_stride(dv);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = blockIdx.y;
   const int64_t b = blockIdx.z;
@@ -397,26 +415,26 @@ __global__ void __launch_bounds__(kBlockThreads)
   const C scale = static_cast<C>(a.scale);
 
   C* k_s = reinterpret_cast<C*>(attention_smem);
-  C* v_s = k_s + kBlockRows * d;
-  C* q_s = v_s + kBlockRows * d;
+  C* v_s = k_s + kBlockRows * dqk;
+  C* q_s = v_s + kBlockRows * dv;
   C* do_s = q_s + kTile * qs;
-  C* lse_s = do_s + kTile * qs;
+  C* lse_s = do_s + kTile * dos;
   C* delta_s = lse_s + kTile;
   C* p_s = delta_s + kTile;
   C* ds_s = p_s + kBlockRows * kTile;
 
-  load_key_rows(a.k, a, b, g, key0, kBlockRows, d, k_s);
-  load_key_rows(a.v, a, b, g, key0, kBlockRows, d, v_s);
+  load_key_rows(a.k, a, b, g, key0, kBlockRows, dqk, dqk, k_s);
+  load_key_rows(a.v, a, b, g, key0, kBlockRows, dv, dv, v_s);
 
   int64_t key[kRowsPerWarp];      // the warp's keys (keys past T are never visible)
   int64_t key_end[kRowsPerWarp];  // positions t < key + W see the key (no bound without a window)
-  C dk[kRowsPerWarp][kChunks], dv[kRowsPerWarp][kChunks];
+  C dk_acc[kRowsPerWarp][kChunks], dv_acc[kRowsPerWarp][kChunks];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     key[r] = key0 + warp * kRowsPerWarp + r;
     key_end[r] = a.window > 0 ? key[r] + a.window : INT64_MAX;
 #pragma unroll
-    for (int i = 0; i < kChunks; ++i) dk[r][i] = dv[r][i] = C(0);
+    for (int i = 0; i < kChunks; ++i) dk_acc[r][i] = dv_acc[r][i] = C(0);
   }
 
   // Query rows from the block's first position (rows of earlier positions see none of its keys)
@@ -428,8 +446,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t row0 = key0 * a.group; row0 < rows_end; row0 += kTile) {
     const int rows = static_cast<int>(rows_end - row0 < kTile ? rows_end - row0 : kTile);
     __syncthreads();  // the previous tile is consumed (and, the first time, K and V are loaded)
-    load_query_rows(a.q, a, b, g, row0, kTile, qs, q_s);
-    load_query_rows(a.dout, a, b, g, row0, kTile, qs, do_s);
+    load_query_rows(a.q, a, b, g, row0, kTile, dqk, qs, q_s);
+    load_query_rows(a.dout, a, b, g, row0, kTile, dv, dos, do_s);
     __syncthreads();
     // lse and D = dout . out of the tile's rows, a warp per row.
     for (int j = warp; j < kTile; j += kWarps) {
@@ -438,9 +456,9 @@ __global__ void __launch_bounds__(kBlockThreads)
       if (row < rows_total) {
         const int64_t t = row / a.group;
         const int hh = static_cast<int>(row - t * a.group);
-        const int64_t base = row_offset(b, t, int64_t(g) * a.group + hh, a.seq, a.heads, d);
-        for (int c = lane; c < d; c += 32)
-          partial += do_s[j * qs + c] * load_as<C>(a.out, base + c);
+        const int64_t base = row_offset(b, t, int64_t(g) * a.group + hh, a.seq, a.heads, dv);
+        for (int c = lane; c < dv; c += 32)
+          partial += do_s[j * dos + c] * load_as<C>(a.out, base + c);
         row_lse = load_as<C>(a.lse, lse_index(b, g, row, a.group, a.heads, a.seq));
       }
       const C delta = warp_sum(partial);
@@ -459,16 +477,27 @@ __global__ void __launch_bounds__(kBlockThreads)
     for (int r = 0; r < kRowsPerWarp; ++r) score[r] = dp[r] = C(0);
     if (lane < rows) {
       const C* q_row = q_s + lane * qs;
-      const C* do_row = do_s + lane * qs;
-      const C* k_rows = k_s + warp * kRowsPerWarp * d;
-      const C* v_rows = v_s + warp * kRowsPerWarp * d;
-      for (int c = 0; c < d; ++c) {
+      const C* do_row = do_s + lane * dos;
+      const C* k_rows = k_s + warp * kRowsPerWarp * dqk;
+      const C* v_rows = v_s + warp * kRowsPerWarp * dv;
+      const int both = dqk < dv ? dqk : dv;  // as in the dq kernel
+      for (int c = 0; c < both; ++c) {
         const C qc = q_row[c], dc = do_row[c];
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
-          score[r] += qc * k_rows[r * d + c];
-          dp[r] += dc * v_rows[r * d + c];
+          score[r] += qc * k_rows[r * dqk + c];
+          dp[r] += dc * v_rows[r * dv + c];
         }
+      }
+      for (int c = both; c < dqk; ++c) {
+        const C qc = q_row[c];
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) score[r] += qc * k_rows[r * dqk + c];
+      }
+      for (int c = both; c < dv; ++c) {
+        const C dc = do_row[c];
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) dp[r] += dc * v_rows[r * dv + c];
       }
     }
 #pragma unroll
@@ -494,13 +523,15 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
       for (int i = 0; i < kChunks; ++i) {
         const int c = lane + 32 * i;
-        if (c < d) {
-          const C doc = do_s[j * qs + c], qc = q_s[j * qs + c];
+        if (c < dv) {
+          const C doc = do_s[j * dos + c];
 #pragma unroll
-          for (int r = 0; r < kRowsPerWarp; ++r) {
-            dv[r][i] += p[r] * doc;
-            dk[r][i] += ds[r] * qc;
-          }
+          for (int r = 0; r < kRowsPerWarp; ++r) dv_acc[r][i] += p[r] * doc;
+        }
+        if (c < dqk) {
+          const C qc = q_s[j * qs + c];
+#pragma unroll
+          for (int r = 0; r < kRowsPerWarp; ++r) dk_acc[r][i] += ds[r] * qc;
         }
       }
     }
@@ -509,14 +540,13 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     if (key[r] >= a.seq) continue;
-    const int64_t base = row_offset(b, key[r], g, a.seq, a.kv_heads, d);
+    const int64_t k_base = row_offset(b, key[r], g, a.seq, a.kv_heads, dqk);
+    const int64_t v_base = row_offset(b, key[r], g, a.seq, a.kv_heads, dv);
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       const int c = lane + 32 * i;
-      if (c < d) {
-        store_from(a.dk, base + c, dk[r][i] * scale);
-        store_from(a.dv, base + c, dv[r][i]);
-      }
+      if (c < dqk) store_from(a.dk, k_base + c, dk_acc[r][i] * scale);
+      if (c < dv) store_from(a.dv, v_base + c, dv_acc[r][i]);
     }
   }
 }
@@ -527,7 +557,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 // flight) and summed by a shuffle tree, and every lane sums exp(s_h - lse) D of its warp's rows in
 // row order. Then the warps' sums are added in warp order (block_sum, lane 0's) and thread 0 adds
 // the negated total once. All in double, in a fixed order: bitwise reproducible, no atomics.
-// A = dsinks' dtype (f32 for bf16 storage).
+// A = dsinks' dtype (f32 for bf16 storage); d = dv, the width of out and dout.
 constexpr int kSinkThreads = 1024;
 constexpr int kSinkWarps = kSinkThreads / 32;
 constexpr int kSinkRows = 4;
@@ -571,36 +601,40 @@ __global__ void __launch_bounds__(kSinkThreads)
 
 // ---- Host ---------------------------------------------------------------------------------------
 
-// Shared-memory bytes of each kernel for head dim d and compute type C.
+// Shared-memory bytes of each kernel for head dims dqk, dv and compute type C (the regions the
+// kernels carve out of attention_smem, in their order).
 template <typename C>
-size_t forward_smem(int d) {
-  return sizeof(C) * (size_t(kBlockRows) * d + size_t(kTile) * lane_stride(d) + size_t(kTile) * d +
-                      size_t(kBlockRows) * kTile);
+size_t forward_smem(int dqk, int dv) {
+  return sizeof(C) * (size_t(kBlockRows) * dqk + size_t(kTile) * lane_stride(dqk) +
+                      size_t(kTile) * dv + size_t(kBlockRows) * kTile);
 }
 template <typename C>
-size_t dq_smem(int d) {
-  return sizeof(C) * (2 * size_t(kBlockRows) * d + 2 * size_t(kTile) * lane_stride(d) +
-                      size_t(kBlockRows) * kTile);
+size_t dq_smem(int dqk, int dv) {
+  return sizeof(C) *
+         (size_t(kBlockRows) * (dqk + dv) + size_t(kTile) * (lane_stride(dqk) + lane_stride(dv)) +
+          size_t(kBlockRows) * kTile);
 }
 template <typename C>
-size_t dkv_smem(int d) {
-  return sizeof(C) * (2 * size_t(kBlockRows) * d + 2 * size_t(kTile) * lane_stride(d) +
-                      2 * size_t(kTile) + 2 * size_t(kBlockRows) * kTile);
+size_t dkv_smem(int dqk, int dv) {
+  return sizeof(C) *
+         (size_t(kBlockRows) * (dqk + dv) + size_t(kTile) * (lane_stride(dqk) + lane_stride(dv)) +
+          2 * size_t(kTile) + 2 * size_t(kBlockRows) * kTile);
 }
 
-// Checks what the kernels add to the op's argument checks (head dim, grid limits); returns the
-// accumulator chunks per lane for d.
-int check_cuda_limits(const char* op, const Tensor& q, const Tensor& k) {
+// Checks what the kernels add to the op's argument checks (head dims, grid limits).
+void check_cuda_limits(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   const int64_t batch = q.size(0), seq = q.size(1), heads = q.size(2), kv_heads = k.size(2);
-  const int64_t d = q.size(3);
-  if (d > kMaxHeadDim)
-    MOEPEAK_THROW(op, " on CUDA supports head dims up to ", kMaxHeadDim, ", got q ", q.str());
+  if (q.size(3) > kMaxHeadDim || v.size(3) > kMaxHeadDim)
+    MOEPEAK_THROW(op, " on CUDA supports head dims dqk and dv up to ", kMaxHeadDim, ", got q ",
+                  q.str(), ", v ", v.str());
   if (batch > 65535 || kv_heads > 65535)
     MOEPEAK_THROW(op, " on CUDA supports B and nkv up to 65535, got q ", q.str(), ", k ", k.str());
   if ((seq * (heads / kv_heads) + kBlockRows - 1) / kBlockRows > INT_MAX)
     MOEPEAK_THROW(op, " on CUDA: q ", q.str(), " has too many query rows per kv head");
-  return d <= 32 ? 1 : d <= 64 ? 2 : d <= 128 ? 4 : 8;
 }
+
+// The accumulator chunks per lane (columns lane + 32 i, i < chunks) of a d-wide row, d <= 256.
+int chunks_for(int64_t d) { return d <= 32 ? 1 : d <= 64 ? 2 : d <= 128 ? 4 : 8; }
 
 // The window the kernels get: a W >= T cuts nothing, so it runs as plain causal attention (0).
 int64_t kernel_window(const Tensor& q, const AttentionVariant& variant) {
@@ -629,7 +663,8 @@ AttentionArgs<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v, co
   a.heads = static_cast<int>(q.size(2));
   a.kv_heads = static_cast<int>(k.size(2));
   a.group = a.heads / a.kv_heads;
-  a.head_dim = static_cast<int>(q.size(3));
+  a.qk_dim = static_cast<int>(q.size(3));
+  a.v_dim = static_cast<int>(v.size(3));
   a.scale = scale;
   return a;
 }
@@ -666,8 +701,8 @@ void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, d
                             Stream& stream) {
   const char* op = "attention_forward_cuda";
   check_attention_forward_args(q, k, v, scale, variant, out, lse);
-  if (q.numel() == 0) return;                      // B = 0 or T = 0 (nh, d >= 1 by the checks)
-  const int chunks = check_cuda_limits(op, q, k);  // both paths: head dim, grid limits
+  if (q.numel() == 0) return;      // B = 0 or T = 0 (nh, dqk, dv >= 1 by the checks)
+  check_cuda_limits(op, q, k, v);  // both paths: head dims, grid limits
   if (attention_tc_takes(q, k, v, out)) {
     attention_forward_tc(q, k, v, scale, kernel_window(q, variant), variant.sinks, out, lse,
                          stream);
@@ -678,11 +713,11 @@ void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, d
     using T = decltype(zero);
     const AttentionArgs<T> a =
         make_args<T>(q, k, v, out, lse, variant, nullptr, scale, nullptr, nullptr, nullptr);
-    dispatch_chunks(chunks, [&](auto chunk_count) {
+    dispatch_chunks(chunks_for(a.v_dim), [&](auto chunk_count) {
       constexpr int kChunks = decltype(chunk_count)::value;
       auto kernel = attention_forward_kernel<T, kChunks>;
-      const size_t smem = forward_smem<compute_t<T>>(a.head_dim);
-      cuda::allow_dynamic_smem(kernel, smem, op, "q " + q.str());
+      const size_t smem = forward_smem<compute_t<T>>(a.qk_dim, a.v_dim);
+      cuda::allow_dynamic_smem(kernel, smem, op, "q " + q.str() + ", v " + v.str());
       kernel<<<grid, kBlockThreads, smem, cuda::native(stream)>>>(a);
       MOEPEAK_CUDA_LAUNCH_CHECK();
     });
@@ -699,7 +734,7 @@ namespace {
 // dsinks += -sum_{b,t} exp(sinks - lse) D (attention_dsinks_kernel), one block per query head.
 void launch_dsinks(const Tensor& q, const Tensor& out, const Tensor& lse, const Tensor& dout,
                    const Tensor& sinks, const Tensor& dsinks, Stream& stream, const char* op) {
-  const unsigned grid = static_cast<unsigned>(q.size(2));  // nh * d < 2^29 (the op's checks)
+  const unsigned grid = static_cast<unsigned>(q.size(2));  // nh * dv < 2^29 (the op's checks)
   cuda::dispatch_storage(q.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     cuda::with_accumulator<T>(dsinks.dtype(), [&](auto acc_zero) {
@@ -709,7 +744,7 @@ void launch_dsinks(const Tensor& q, const Tensor& out, const Tensor& lse, const 
           static_cast<const T*>(out.data()), static_cast<const T*>(dout.data()),
           static_cast<const compute_t<T>*>(lse.data()), static_cast<const T*>(sinks.data()),
           static_cast<A*>(dsinks.data()), q.size(0), q.size(1), static_cast<int>(q.size(2)),
-          static_cast<int>(q.size(3)));
+          static_cast<int>(out.size(3)));
       MOEPEAK_CUDA_LAUNCH_CHECK();
     });
   });
@@ -723,8 +758,8 @@ void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, 
                              const Tensor& dv, const Tensor& dsinks, Stream& stream) {
   const char* op = "attention_backward_cuda";
   check_attention_backward_args(q, k, v, out, lse, dout, scale, variant, dq, dk, dv, dsinks);
-  if (q.numel() == 0) return;                      // dsinks += an empty sum
-  const int chunks = check_cuda_limits(op, q, k);  // both paths: head dim, grid limits
+  if (q.numel() == 0) return;      // dsinks += an empty sum
+  check_cuda_limits(op, q, k, v);  // both paths: head dims, grid limits
   // The sink changes only lse and out (already in them), so dq, dk, dv are the plain backward's;
   // dsinks reads out, dout and lse and is independent of them.
   if (dsinks.defined()) launch_dsinks(q, out, lse, dout, variant.sinks, dsinks, stream, op);
@@ -740,16 +775,20 @@ void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, 
     using T = decltype(zero);
     const AttentionArgs<T> a =
         make_args<T>(q, k, v, out, lse, variant, &dout, scale, &dq, &dk, &dv);
-    dispatch_chunks(chunks, [&](auto chunk_count) {
+    using C = compute_t<T>;
+    dispatch_chunks(chunks_for(a.qk_dim), [&](auto chunk_count) {
       constexpr int kChunks = decltype(chunk_count)::value;
-      using C = compute_t<T>;
       auto dq_kernel = attention_backward_dq_kernel<T, kChunks>;
-      auto dkv_kernel = attention_backward_dkv_kernel<T, kChunks>;
-      const size_t dq_bytes = dq_smem<C>(a.head_dim), dkv_bytes = dkv_smem<C>(a.head_dim);
-      cuda::allow_dynamic_smem(dq_kernel, dq_bytes, op, "q " + q.str());
-      cuda::allow_dynamic_smem(dkv_kernel, dkv_bytes, op, "q " + q.str());
+      const size_t dq_bytes = dq_smem<C>(a.qk_dim, a.v_dim);
+      cuda::allow_dynamic_smem(dq_kernel, dq_bytes, op, "q " + q.str() + ", v " + v.str());
       dq_kernel<<<grid_rows, kBlockThreads, dq_bytes, cuda::native(stream)>>>(a);
       MOEPEAK_CUDA_LAUNCH_CHECK();
+    });
+    dispatch_chunks(chunks_for(std::max(a.qk_dim, a.v_dim)), [&](auto chunk_count) {
+      constexpr int kChunks = decltype(chunk_count)::value;
+      auto dkv_kernel = attention_backward_dkv_kernel<T, kChunks>;
+      const size_t dkv_bytes = dkv_smem<C>(a.qk_dim, a.v_dim);
+      cuda::allow_dynamic_smem(dkv_kernel, dkv_bytes, op, "q " + q.str() + ", v " + v.str());
       dkv_kernel<<<grid_keys, kBlockThreads, dkv_bytes, cuda::native(stream)>>>(a);
       MOEPEAK_CUDA_LAUNCH_CHECK();
     });

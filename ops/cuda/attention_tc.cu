@@ -1,10 +1,14 @@
 // CUDA attention on tensor cores (see ops/cuda/attention_tc.h): causal grouped-query flash
 // attention with an optional sliding window and attention sinks, forward and backward, bf16
-// storage, head dim D in {32, 64, 128}; every product of two tiles is a bf16 WMMA 16x16x16 with
-// fp32 accumulation, everything else is fp32.
+// storage, query/key head dim DQK and value head dim DV each in {32, 64, 128, 192, 256} (pairs
+// whose shared memory fits, attention_tc_takes); every product of two tiles is a bf16 WMMA
+// 16x16x16 with fp32 accumulation, everything else is fp32.
 //
-//   q, out, dout, dq: (B, T, nh, D) bf16    k, v, dk, dv: (B, T, nkv, D) bf16
-//   lse: (B, nh, T) f32                          sinks: (nh) bf16, read into fp32
+//   q, dq: (B, T, nh, DQK) bf16     k, dk: (B, T, nkv, DQK) bf16    v, dv: (B, T, nkv, DV) bf16
+//   out, dout: (B, T, nh, DV) bf16  lse: (B, nh, T) f32             sinks: (nh) bf16, into fp32
+//
+// Q K^T, dS K and dS^T Q run over DQK (their tiles and accumulators DQK wide), P V, dO V^T and
+// P^T dO over DV; each kernel is a template on both.
 //
 // As in the SIMT kernels (ops/cuda/attention.cu), the query rows of kv head g are flattened as
 // row = t * G + hh (G = nh / nkv), so a block reads each K/V tile once for all the group's heads.
@@ -30,15 +34,18 @@
 // tiles the window cuts are masked per element. With W = 0 and no sinks the arithmetic is
 // exactly the plain causal kernels'.
 //
-// Shared memory holds the bf16 tiles with a row stride of D + 8 elements (WMMA wants 16-byte
-// multiples; the 8-element skew spreads rows over the banks), the fp32 score tiles with 68
-// floats, the bf16 probability tiles with 72; every region starts on a 128-byte boundary (WMMA
-// wants 32). A lane's element-wise work covers row (lane & 15), columns (lane >> 4) * 32 + i in a
-// rotated order ((i + row + 16 half) & 31) so the 32 lanes hit 32 different banks of a score tile.
+// Shared memory holds the bf16 tiles with a row stride of D + 8 elements (D = DQK or DV, the
+// tile's width; WMMA wants 16-byte multiples; the 8-element skew spreads rows over the banks), the
+// fp32 accumulators with D + 4, the fp32 score tiles with 68 floats, the bf16 probability tiles
+// with 72; every region starts on a 128-byte boundary (WMMA wants 32). A pair of head dims runs
+// here only if its kernels' shared memory fits sm_90's 227 KiB per block (Smem::kFits); the dk/dv
+// kernel needs the most, 512 (DQK + DV) + 59904 bytes. A lane's element-wise work covers row
+// (lane & 15), columns (lane >> 4) * 32 + i in a rotated order ((i + row + 16 half) & 31) so the
+// 32 lanes hit 32 different banks of a score tile.
 // Every sum has a fixed order: results are bitwise reproducible run to run. Masked keys (after a
 // row's position, or before its window) get exactly p = 0 and are never exponentiated; tiles are
 // zero-filled past T.
-// Test: ctest -L cuda -R test_backend_ops (the bf16 attention cases with d = 32, 64, 128).
+// Test: ctest -L cuda -R test_backend_ops (the bf16 attention cases with head dims 32 to 256).
 #include "ops/cuda/attention_tc.h"
 
 #include <mma.h>
@@ -46,6 +53,8 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 
@@ -67,25 +76,45 @@ using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_majo
 using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
 using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// Byte offsets of each kernel's shared-memory regions (the same on host and device).
+// The shared-memory tiles of a D-wide operand: D = DQK for Q, K and the dQ, dK accumulators,
+// D = DV for V, dO and the O, dV accumulators.
 template <int D>
-struct Smem {
+struct Tiles {
   static constexpr int kLdH = D + 8;  // bf16 tiles (Q, K, V, dO): 64 x D
   static constexpr int kLdO = D + 4;  // fp32 accumulators (O, dQ, dK, dV): 64 x D
   static constexpr size_t kTileBytes = size_t(kRows) * kLdH * sizeof(bf16);
   static constexpr size_t kAccBytes = size_t(kRows) * kLdO * sizeof(float);
-  static constexpr size_t kScoreBytes = size_t(kWarps) * 16 * kLdS * sizeof(float);
-  static constexpr size_t kProbBytes = size_t(kWarps) * 16 * kLdP * sizeof(bf16);
-  static constexpr size_t kRowVecBytes = size_t(kTile) * sizeof(float);
-  // forward: Q, K, V | S | P | O
-  static constexpr size_t kForward = 3 * kTileBytes + kScoreBytes + kProbBytes + kAccBytes;
-  // dq: Q, dO, K, V | S, dP | dS | dQ
-  static constexpr size_t kDq = 4 * kTileBytes + 2 * kScoreBytes + kProbBytes + kAccBytes;
-  // dk/dv: K, V, Q, dO | S^T, dP^T | P^T, dS^T | dK, dV | lse, Drow of the row tile
-  static constexpr size_t kDkv =
-      4 * kTileBytes + 2 * kScoreBytes + 2 * kProbBytes + 2 * kAccBytes + 2 * kRowVecBytes;
-  static_assert(kTileBytes % 128 == 0 && kAccBytes % 128 == 0 && kScoreBytes % 128 == 0 &&
-                kProbBytes % 128 == 0 && kRowVecBytes % 128 == 0);
+  static_assert(D % 16 == 0 && kTileBytes % 128 == 0 && kAccBytes % 128 == 0);
+};
+constexpr size_t kScoreBytes = size_t(kWarps) * 16 * kLdS * sizeof(float);
+constexpr size_t kProbBytes = size_t(kWarps) * 16 * kLdP * sizeof(bf16);
+constexpr size_t kRowVecBytes = size_t(kTile) * sizeof(float);
+static_assert(kScoreBytes % 128 == 0 && kProbBytes % 128 == 0 && kRowVecBytes % 128 == 0);
+
+// The most dynamic shared memory a block can opt into on sm_90 (H100, H200), the architecture the
+// build targets (MOEPEAK_CUDA_ARCHITECTURES): pairs of head dims whose kernels need more run on
+// the SIMT kernels instead.
+constexpr size_t kSmemLimit = 227 * 1024;
+
+// Each kernel's shared-memory bytes for head dims DQK and DV (the same on host and device; the
+// kernels carve their regions out in this order).
+template <int DQK, int DV>
+struct Smem {
+  using Qk = Tiles<DQK>;
+  using V = Tiles<DV>;
+  // forward: Q, K (DQK), V (DV) | S | P | O (DV)
+  static constexpr size_t kForward =
+      2 * Qk::kTileBytes + V::kTileBytes + kScoreBytes + kProbBytes + V::kAccBytes;
+  // dq: Q (DQK), dO (DV), K (DQK), V (DV) | S, dP | dS | dQ (DQK)
+  static constexpr size_t kDq =
+      2 * Qk::kTileBytes + 2 * V::kTileBytes + 2 * kScoreBytes + kProbBytes + Qk::kAccBytes;
+  // dk/dv: K (DQK), V (DV), Q (DQK), dO (DV) | S^T, dP^T | P^T, dS^T | dK (DQK), dV (DV) | lse,
+  // Drow of the row tile
+  static constexpr size_t kDkv = 2 * Qk::kTileBytes + 2 * V::kTileBytes + 2 * kScoreBytes +
+                                 2 * kProbBytes + Qk::kAccBytes + V::kAccBytes + 2 * kRowVecBytes;
+  // NOTES: dk/dv needs the most: 512 (DQK + DV) + 59904 bytes, so a pair fits when
+  // DQK + DV <= 337: (128, 128) and (192, 128) do, (192, 192) and (256, 256) do not.
+  static constexpr bool kFits = kForward <= kSmemLimit && kDq <= kSmemLimit && kDkv <= kSmemLimit;
 };
 
 struct TcArgs {
@@ -147,7 +176,7 @@ __device__ void load_tile(const bf16* src, OffsetOf offset_of, bf16* tile) {
     const int64_t off = offset_of(r);
     uint4 value = make_uint4(0, 0, 0, 0);
     if (off >= 0) value = *reinterpret_cast<const uint4*>(src + off + c);
-    *reinterpret_cast<uint4*>(tile + r * Smem<D>::kLdH + c) = value;
+    *reinterpret_cast<uint4*>(tile + r * Tiles<D>::kLdH + c) = value;
   }
 }
 
@@ -155,7 +184,7 @@ __device__ void load_tile(const bf16* src, OffsetOf offset_of, bf16* tile) {
 template <int D>
 __device__ __forceinline__ void load_a_rows(FragA (&frag)[D / 16], const bf16* rows) {
 #pragma unroll
-  for (int k = 0; k < D / 16; ++k) wmma::load_matrix_sync(frag[k], rows + k * 16, Smem<D>::kLdH);
+  for (int k = 0; k < D / 16; ++k) wmma::load_matrix_sync(frag[k], rows + k * 16, Tiles<D>::kLdH);
 }
 
 // out (16 x 64 fp32, stride kLdS) = A (16 x D, fragments) x tile^T, tile = 64 rows x D: the
@@ -170,7 +199,7 @@ __device__ __forceinline__ void times_tile_transposed(const FragA (&a)[D / 16], 
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
       FragBCol b;  // tile^T (k, n) = tile[n][k]: column-major with the tile's row stride
-      wmma::load_matrix_sync(b, tile + n * 16 * Smem<D>::kLdH + k * 16, Smem<D>::kLdH);
+      wmma::load_matrix_sync(b, tile + n * 16 * Tiles<D>::kLdH + k * 16, Tiles<D>::kLdH);
       wmma::mma_sync(acc, a[k], b, acc);
     }
     wmma::store_matrix_sync(out + n * 16, acc, kLdS, wmma::mem_row_major);
@@ -188,14 +217,14 @@ __device__ __forceinline__ void accumulate_times_tile(const bf16* w, const bf16*
 #pragma unroll
   for (int j = 0; j < D / 16; ++j) {
     FragAcc acc;
-    wmma::load_matrix_sync(acc, acc_rows + j * 16, Smem<D>::kLdO, wmma::mem_row_major);
+    wmma::load_matrix_sync(acc, acc_rows + j * 16, Tiles<D>::kLdO, wmma::mem_row_major);
 #pragma unroll
     for (int k = 0; k < kTile / 16; ++k) {
       FragBRow b;
-      wmma::load_matrix_sync(b, tile + k * 16 * Smem<D>::kLdH + j * 16, Smem<D>::kLdH);
+      wmma::load_matrix_sync(b, tile + k * 16 * Tiles<D>::kLdH + j * 16, Tiles<D>::kLdH);
       wmma::mma_sync(acc, wf[k], b, acc);
     }
-    wmma::store_matrix_sync(acc_rows + j * 16, acc, Smem<D>::kLdO, wmma::mem_row_major);
+    wmma::store_matrix_sync(acc_rows + j * 16, acc, Tiles<D>::kLdO, wmma::mem_row_major);
   }
 }
 
@@ -204,9 +233,9 @@ __device__ __forceinline__ int lane_column(int i, int row, int half) {
   return half * 32 + ((i + row + 16 * half) & 31);
 }
 
-// dout . out of one query row over the columns of `half` (D/2 of them, a multiple of 8), in fp32
-// in column order: dout from the row's shared tile, out from global memory at element offset
-// `off`, 16 bytes per load (0 for a row past T G, off < 0).
+// dout . out of one query row over the columns of `half` (D/2 of them, a multiple of 8; D = DV),
+// in fp32 in column order: dout from the row's shared tile, out from global memory at element
+// offset `off`, 16 bytes per load (0 for a row past T G, off < 0).
 template <int D>
 __device__ __forceinline__ float half_row_dot(const bf16* dout_row, const bf16* out, int64_t off,
                                               int half) {
@@ -223,49 +252,52 @@ __device__ __forceinline__ float half_row_dot(const bf16* dout_row, const bf16* 
 
 // ---- forward ------------------------------------------------------------------------------------
 // Grid (ceil(T G / 64), nkv, B); the blocks of the last rows (the most keys) first.
-template <int D>
+template <int DQK, int DV>
 __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const TcArgs a) {
-  using S = Smem<D>;
+  using Qk = Tiles<DQK>;
+  using V = Tiles<DV>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int64_t rows_total = a.seq * a.group;
   const int64_t row0 = int64_t(gridDim.x - 1 - blockIdx.x) * kRows;
 
+  // Q, K, V | S | P | O (Smem::kForward)
   unsigned char* smem = attention_tc_smem;
   bf16* q_s = reinterpret_cast<bf16*>(smem);
-  bf16* k_s = reinterpret_cast<bf16*>(smem + S::kTileBytes);
-  bf16* v_s = reinterpret_cast<bf16*>(smem + 2 * S::kTileBytes);
-  float* s_w = reinterpret_cast<float*>(smem + 3 * S::kTileBytes) + warp * 16 * kLdS;
-  bf16* p_w = reinterpret_cast<bf16*>(smem + 3 * S::kTileBytes + S::kScoreBytes) + warp * 16 * kLdP;
-  float* o_s = reinterpret_cast<float*>(smem + 3 * S::kTileBytes + S::kScoreBytes + S::kProbBytes);
-  float* o_w = o_s + warp * 16 * S::kLdO;
+  bf16* k_s = reinterpret_cast<bf16*>(smem + Qk::kTileBytes);
+  bf16* v_s = reinterpret_cast<bf16*>(smem + 2 * Qk::kTileBytes);
+  unsigned char* scores = smem + 2 * Qk::kTileBytes + V::kTileBytes;
+  float* s_w = reinterpret_cast<float*>(scores) + warp * 16 * kLdS;
+  bf16* p_w = reinterpret_cast<bf16*>(scores + kScoreBytes) + warp * 16 * kLdP;
+  float* o_s = reinterpret_cast<float*>(scores + kScoreBytes + kProbBytes);
+  float* o_w = o_s + warp * 16 * V::kLdO;
 
-  load_tile<D>(
-      a.q, [&](int r) { return query_offset<D>(a, b, g, row0 + r); }, q_s);
+  load_tile<DQK>(
+      a.q, [&](int r) { return query_offset<DQK>(a, b, g, row0 + r); }, q_s);
 
   const int rr = lane & 15, half = lane >> 4;
   const int64_t row = row0 + warp * 16 + rr;
   const int64_t pos = row < rows_total ? row / a.group : -1;  // -1: no key is visible
   const int64_t lo = window_start(a, pos);                    // the row's first key
-  float* o_row = o_w + rr * S::kLdO;
-  for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) o_row[c] = 0.0f;
+  float* o_row = o_w + rr * V::kLdO;
+  for (int c = half * (DV / 2); c < (half + 1) * (DV / 2); ++c) o_row[c] = 0.0f;
   float m = -INFINITY, l = 0.0f;
 
   __syncthreads();  // Q is in shared memory
-  FragA qf[D / 16];
-  load_a_rows<D>(qf, q_s + warp * 16 * S::kLdH);
+  FragA qf[DQK / 16];
+  load_a_rows<DQK>(qf, q_s + warp * 16 * Qk::kLdH);
 
   const int64_t last_pos = ((row0 + kRows < rows_total ? row0 + kRows : rows_total) - 1) / a.group;
   for (int64_t s0 = first_visible_key(a, row0); s0 <= last_pos; s0 += kTile) {
     __syncthreads();  // the previous tile is consumed
-    load_tile<D>(
-        a.k, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, k_s);
-    load_tile<D>(
-        a.v, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, v_s);
+    load_tile<DQK>(
+        a.k, [&](int r) { return key_offset<DQK>(a, b, g, s0 + r); }, k_s);
+    load_tile<DV>(
+        a.v, [&](int r) { return key_offset<DV>(a, b, g, s0 + r); }, v_s);
     __syncthreads();
 
-    times_tile_transposed<D>(qf, k_s, s_w);
+    times_tile_transposed<DQK>(qf, k_s, s_w);
     __syncwarp();
 
     const float* s_row = s_w + rr * kLdS;
@@ -291,15 +323,15 @@ __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const Tc
     sum += __shfl_xor_sync(0xffffffffu, sum, 16);
     l = l * alpha + sum;
     m = m_new;
-    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) o_row[c] *= alpha;
+    for (int c = half * (DV / 2); c < (half + 1) * (DV / 2); ++c) o_row[c] *= alpha;
     __syncwarp();  // P and the rescaled O are in shared memory
 
-    accumulate_times_tile<D>(p_w, v_s, o_w);
+    accumulate_times_tile<DV>(p_w, v_s, o_w);
     __syncwarp();  // O is stored before the next tile's rescale (and the epilogue) reads it
   }
 
   if (pos >= 0) {
-    const int64_t off = query_offset<D>(a, b, g, row);
+    const int64_t off = query_offset<DV>(a, b, g, row);
     float inv = 1.0f / l;
     float row_lse = m + logf(l);
     if (a.sinks != nullptr) {
@@ -314,7 +346,7 @@ __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const Tc
       inv = keep / l_new;
       row_lse = m_new + logf(l_new);
     }
-    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
+    for (int c = half * (DV / 2); c < (half + 1) * (DV / 2); ++c) {
       a.out[off + c] = __float2bfloat16_rn(o_row[c] * inv);
     }
     if (half == 0) a.lse[lse_index(a, b, g, row)] = row_lse;
@@ -323,58 +355,62 @@ __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const Tc
 
 // ---- backward: dq -------------------------------------------------------------------------------
 // Grid as the forward's.
-template <int D>
+template <int DQK, int DV>
 __global__ void __launch_bounds__(kThreads) attention_tc_dq_kernel(const TcArgs a) {
-  using S = Smem<D>;
+  using Qk = Tiles<DQK>;
+  using V = Tiles<DV>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int64_t rows_total = a.seq * a.group;
   const int64_t row0 = int64_t(gridDim.x - 1 - blockIdx.x) * kRows;
 
+  // Q, dO, K, V | S, dP | dS | dQ (Smem::kDq)
   unsigned char* smem = attention_tc_smem;
   bf16* q_s = reinterpret_cast<bf16*>(smem);
-  bf16* do_s = reinterpret_cast<bf16*>(smem + S::kTileBytes);
-  bf16* k_s = reinterpret_cast<bf16*>(smem + 2 * S::kTileBytes);
-  bf16* v_s = reinterpret_cast<bf16*>(smem + 3 * S::kTileBytes);
-  unsigned char* scores = smem + 4 * S::kTileBytes;
+  bf16* do_s = reinterpret_cast<bf16*>(smem + Qk::kTileBytes);
+  bf16* k_s = reinterpret_cast<bf16*>(smem + Qk::kTileBytes + V::kTileBytes);
+  bf16* v_s = reinterpret_cast<bf16*>(smem + 2 * Qk::kTileBytes + V::kTileBytes);
+  unsigned char* scores = smem + 2 * Qk::kTileBytes + 2 * V::kTileBytes;
   float* s_w = reinterpret_cast<float*>(scores) + warp * 16 * kLdS;
-  float* dp_w = reinterpret_cast<float*>(scores + S::kScoreBytes) + warp * 16 * kLdS;
-  bf16* ds_w = reinterpret_cast<bf16*>(scores + 2 * S::kScoreBytes) + warp * 16 * kLdP;
+  float* dp_w = reinterpret_cast<float*>(scores + kScoreBytes) + warp * 16 * kLdS;
+  bf16* ds_w = reinterpret_cast<bf16*>(scores + 2 * kScoreBytes) + warp * 16 * kLdP;
   float* dq_w =
-      reinterpret_cast<float*>(scores + 2 * S::kScoreBytes + S::kProbBytes) + warp * 16 * S::kLdO;
+      reinterpret_cast<float*>(scores + 2 * kScoreBytes + kProbBytes) + warp * 16 * Qk::kLdO;
 
-  auto rows_of = [&](int r) { return query_offset<D>(a, b, g, row0 + r); };
-  load_tile<D>(a.q, rows_of, q_s);
-  load_tile<D>(a.dout, rows_of, do_s);
+  load_tile<DQK>(
+      a.q, [&](int r) { return query_offset<DQK>(a, b, g, row0 + r); }, q_s);
+  load_tile<DV>(
+      a.dout, [&](int r) { return query_offset<DV>(a, b, g, row0 + r); }, do_s);
 
   const int rr = lane & 15, half = lane >> 4;
   const int64_t row = row0 + warp * 16 + rr;
   const int64_t pos = row < rows_total ? row / a.group : -1;
   const int64_t lo = window_start(a, pos);
-  const int64_t off = query_offset<D>(a, b, g, row);
+  const int64_t dq_off = query_offset<DQK>(a, b, g, row);  // the row in q and dq
+  const int64_t out_off = query_offset<DV>(a, b, g, row);  // the row in out and dout
   const float lse = pos >= 0 ? a.lse[lse_index(a, b, g, row)] : 0.0f;
-  float* dq_row = dq_w + rr * S::kLdO;
-  for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) dq_row[c] = 0.0f;
+  float* dq_row = dq_w + rr * Qk::kLdO;
+  for (int c = half * (DQK / 2); c < (half + 1) * (DQK / 2); ++c) dq_row[c] = 0.0f;
 
   __syncthreads();  // Q and dO are in shared memory
-  float d_row = half_row_dot<D>(do_s + (warp * 16 + rr) * S::kLdH, a.out, off, half);
+  float d_row = half_row_dot<DV>(do_s + (warp * 16 + rr) * V::kLdH, a.out, out_off, half);
   d_row += __shfl_xor_sync(0xffffffffu, d_row, 16);
-  FragA qf[D / 16], dof[D / 16];
-  load_a_rows<D>(qf, q_s + warp * 16 * S::kLdH);
-  load_a_rows<D>(dof, do_s + warp * 16 * S::kLdH);
+  FragA qf[DQK / 16], dof[DV / 16];
+  load_a_rows<DQK>(qf, q_s + warp * 16 * Qk::kLdH);
+  load_a_rows<DV>(dof, do_s + warp * 16 * V::kLdH);
 
   const int64_t last_pos = ((row0 + kRows < rows_total ? row0 + kRows : rows_total) - 1) / a.group;
   for (int64_t s0 = first_visible_key(a, row0); s0 <= last_pos; s0 += kTile) {
     __syncthreads();
-    load_tile<D>(
-        a.k, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, k_s);
-    load_tile<D>(
-        a.v, [&](int r) { return key_offset<D>(a, b, g, s0 + r); }, v_s);
+    load_tile<DQK>(
+        a.k, [&](int r) { return key_offset<DQK>(a, b, g, s0 + r); }, k_s);
+    load_tile<DV>(
+        a.v, [&](int r) { return key_offset<DV>(a, b, g, s0 + r); }, v_s);
     __syncthreads();
 
-    times_tile_transposed<D>(qf, k_s, s_w);    // S = Q K^T
-    times_tile_transposed<D>(dof, v_s, dp_w);  // dP = dO V^T
+    times_tile_transposed<DQK>(qf, k_s, s_w);   // S = Q K^T
+    times_tile_transposed<DV>(dof, v_s, dp_w);  // dP = dO V^T
     __syncwarp();
 
     const float* s_row = s_w + rr * kLdS;
@@ -391,13 +427,13 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dq_kernel(const TcArgs 
     }
     __syncwarp();
 
-    accumulate_times_tile<D>(ds_w, k_s, dq_w);  // dQ += dS K (scale folded into dS)
+    accumulate_times_tile<DQK>(ds_w, k_s, dq_w);  // dQ += dS K (scale folded into dS)
     __syncwarp();
   }
 
   if (pos >= 0) {
-    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
-      a.dq[off + c] = __float2bfloat16_rn(dq_row[c]);
+    for (int c = half * (DQK / 2); c < (half + 1) * (DQK / 2); ++c) {
+      a.dq[dq_off + c] = __float2bfloat16_rn(dq_row[c]);
     }
   }
 }
@@ -405,47 +441,50 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dq_kernel(const TcArgs 
 // ---- backward: dk, dv ---------------------------------------------------------------------------
 // Grid (ceil(T / 64), nkv, B); block x owns keys [64 x, 64 x + 64), so block 0 (the most rows)
 // comes first.
-template <int D>
+template <int DQK, int DV>
 __global__ void __launch_bounds__(kThreads) attention_tc_dkv_kernel(const TcArgs a) {
-  using S = Smem<D>;
+  using Qk = Tiles<DQK>;
+  using V = Tiles<DV>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int64_t rows_total = a.seq * a.group;
   const int64_t key0 = int64_t(blockIdx.x) * kRows;
 
+  // K, V, Q, dO | S^T, dP^T | P^T, dS^T | dK, dV | lse, Drow (Smem::kDkv)
   unsigned char* smem = attention_tc_smem;
   bf16* k_s = reinterpret_cast<bf16*>(smem);
-  bf16* v_s = reinterpret_cast<bf16*>(smem + S::kTileBytes);
-  bf16* q_s = reinterpret_cast<bf16*>(smem + 2 * S::kTileBytes);
-  bf16* do_s = reinterpret_cast<bf16*>(smem + 3 * S::kTileBytes);
-  unsigned char* scores = smem + 4 * S::kTileBytes;
+  bf16* v_s = reinterpret_cast<bf16*>(smem + Qk::kTileBytes);
+  bf16* q_s = reinterpret_cast<bf16*>(smem + Qk::kTileBytes + V::kTileBytes);
+  bf16* do_s = reinterpret_cast<bf16*>(smem + 2 * Qk::kTileBytes + V::kTileBytes);
+  unsigned char* scores = smem + 2 * Qk::kTileBytes + 2 * V::kTileBytes;
   float* st_w = reinterpret_cast<float*>(scores) + warp * 16 * kLdS;
-  float* dpt_w = reinterpret_cast<float*>(scores + S::kScoreBytes) + warp * 16 * kLdS;
-  unsigned char* probs = scores + 2 * S::kScoreBytes;
+  float* dpt_w = reinterpret_cast<float*>(scores + kScoreBytes) + warp * 16 * kLdS;
+  unsigned char* probs = scores + 2 * kScoreBytes;
   bf16* pt_w = reinterpret_cast<bf16*>(probs) + warp * 16 * kLdP;
-  bf16* dst_w = reinterpret_cast<bf16*>(probs + S::kProbBytes) + warp * 16 * kLdP;
-  unsigned char* accs = probs + 2 * S::kProbBytes;
-  float* dk_w = reinterpret_cast<float*>(accs) + warp * 16 * S::kLdO;
-  float* dv_w = reinterpret_cast<float*>(accs + S::kAccBytes) + warp * 16 * S::kLdO;
-  float* lse_t = reinterpret_cast<float*>(accs + 2 * S::kAccBytes);
+  bf16* dst_w = reinterpret_cast<bf16*>(probs + kProbBytes) + warp * 16 * kLdP;
+  unsigned char* accs = probs + 2 * kProbBytes;
+  float* dk_w = reinterpret_cast<float*>(accs) + warp * 16 * Qk::kLdO;
+  float* dv_w = reinterpret_cast<float*>(accs + Qk::kAccBytes) + warp * 16 * V::kLdO;
+  float* lse_t = reinterpret_cast<float*>(accs + Qk::kAccBytes + V::kAccBytes);
   float* drow_t = lse_t + kTile;
 
-  load_tile<D>(
-      a.k, [&](int r) { return key_offset<D>(a, b, g, key0 + r); }, k_s);
-  load_tile<D>(
-      a.v, [&](int r) { return key_offset<D>(a, b, g, key0 + r); }, v_s);
+  load_tile<DQK>(
+      a.k, [&](int r) { return key_offset<DQK>(a, b, g, key0 + r); }, k_s);
+  load_tile<DV>(
+      a.v, [&](int r) { return key_offset<DV>(a, b, g, key0 + r); }, v_s);
 
   const int kk = lane & 15, half = lane >> 4;
   const int64_t key = key0 + warp * 16 + kk;
-  float* dk_row = dk_w + kk * S::kLdO;
-  float* dv_row = dv_w + kk * S::kLdO;
-  for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) dk_row[c] = dv_row[c] = 0.0f;
+  float* dk_row = dk_w + kk * Qk::kLdO;
+  float* dv_row = dv_w + kk * V::kLdO;
+  for (int c = half * (DQK / 2); c < (half + 1) * (DQK / 2); ++c) dk_row[c] = 0.0f;
+  for (int c = half * (DV / 2); c < (half + 1) * (DV / 2); ++c) dv_row[c] = 0.0f;
 
   __syncthreads();  // K and V are in shared memory
-  FragA kf[D / 16], vf[D / 16];
-  load_a_rows<D>(kf, k_s + warp * 16 * S::kLdH);
-  load_a_rows<D>(vf, v_s + warp * 16 * S::kLdH);
+  FragA kf[DQK / 16], vf[DV / 16];
+  load_a_rows<DQK>(kf, k_s + warp * 16 * Qk::kLdH);
+  load_a_rows<DV>(vf, v_s + warp * 16 * V::kLdH);
 
   // The first row that can see key0 is the first of position key0; the last that sees the
   // block's last key is the last of T - 1, or with a window of position last key + W - 1.
@@ -455,15 +494,16 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dkv_kernel(const TcArgs
                                : rows_total;
   for (int64_t r0 = key0 * a.group; r0 < rows_end; r0 += kTile) {
     __syncthreads();  // the previous row tile is consumed
-    auto rows_of = [&](int r) { return query_offset<D>(a, b, g, r0 + r); };
-    load_tile<D>(a.q, rows_of, q_s);
-    load_tile<D>(a.dout, rows_of, do_s);
+    auto out_rows_of = [&](int r) { return query_offset<DV>(a, b, g, r0 + r); };
+    load_tile<DQK>(
+        a.q, [&](int r) { return query_offset<DQK>(a, b, g, r0 + r); }, q_s);
+    load_tile<DV>(a.dout, out_rows_of, do_s);
     __syncthreads();  // the tiles are in shared memory
     {
       // lse and D = dout . out of the tile's rows: two threads per row (lanes t and t ^ 1).
       const int r = threadIdx.x >> 1, part = threadIdx.x & 1;
-      const int64_t off = rows_of(r);
-      float dot = half_row_dot<D>(do_s + r * S::kLdH, a.out, off, part);
+      const int64_t off = out_rows_of(r);
+      float dot = half_row_dot<DV>(do_s + r * V::kLdH, a.out, off, part);
       dot += __shfl_xor_sync(0xffffffffu, dot, 1);
       if (part == 0) {
         drow_t[r] = dot;
@@ -472,8 +512,8 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dkv_kernel(const TcArgs
     }
     __syncthreads();  // lse and D of the tile's rows are in shared memory
 
-    times_tile_transposed<D>(kf, q_s, st_w);    // S^T = K Q^T
-    times_tile_transposed<D>(vf, do_s, dpt_w);  // dP^T = V dO^T
+    times_tile_transposed<DQK>(kf, q_s, st_w);   // S^T = K Q^T
+    times_tile_transposed<DV>(vf, do_s, dpt_w);  // dP^T = V dO^T
     __syncwarp();
 
     const float* st_row = st_w + kk * kLdS;
@@ -498,16 +538,18 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dkv_kernel(const TcArgs
     }
     __syncwarp();
 
-    accumulate_times_tile<D>(pt_w, do_s, dv_w);  // dV += P^T dO
-    accumulate_times_tile<D>(dst_w, q_s, dk_w);  // dK += dS^T Q
+    accumulate_times_tile<DV>(pt_w, do_s, dv_w);   // dV += P^T dO
+    accumulate_times_tile<DQK>(dst_w, q_s, dk_w);  // dK += dS^T Q
     __syncwarp();
   }
 
   if (key < a.seq) {
-    const int64_t off = key_offset<D>(a, b, g, key);
-    for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
-      a.dk[off + c] = __float2bfloat16_rn(dk_row[c]);
-      a.dv[off + c] = __float2bfloat16_rn(dv_row[c]);
+    const int64_t k_off = key_offset<DQK>(a, b, g, key), v_off = key_offset<DV>(a, b, g, key);
+    for (int c = half * (DQK / 2); c < (half + 1) * (DQK / 2); ++c) {
+      a.dk[k_off + c] = __float2bfloat16_rn(dk_row[c]);
+    }
+    for (int c = half * (DV / 2); c < (half + 1) * (DV / 2); ++c) {
+      a.dv[v_off + c] = __float2bfloat16_rn(dv_row[c]);
     }
   }
 }
@@ -535,21 +577,58 @@ TcArgs make_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   return a;
 }
 
-// Calls f(std::integral_constant<int, D>{}) for the call's head dim (one attention_tc_takes
-// accepted).
+// Calls f(std::integral_constant<int, D>{}) when d is one of the kernels' head dims (32, 64, 128,
+// 192, 256) and returns true; false for any other d.
 template <typename F>
-void dispatch_head_dim(int64_t d, F&& f) {
+bool with_head_dim(int64_t d, F&& f) {
   switch (d) {
     case 32:
       f(std::integral_constant<int, 32>{});
-      return;
+      return true;
     case 64:
       f(std::integral_constant<int, 64>{});
-      return;
-    default:
+      return true;
+    case 128:
       f(std::integral_constant<int, 128>{});
-      return;
+      return true;
+    case 192:
+      f(std::integral_constant<int, 192>{});
+      return true;
+    case 256:
+      f(std::integral_constant<int, 256>{});
+      return true;
+    default:
+      return false;
   }
+}
+
+// Whether the kernels exist for head dims (dqk, dv): each one of with_head_dim's, and the pair's
+// shared memory within kSmemLimit (Smem::kFits).
+bool head_dims_fit(int64_t dqk, int64_t dv) {
+  bool fits = false;
+  with_head_dim(dqk, [&](auto qk) {
+    with_head_dim(dv, [&](auto v) {
+      fits = Smem<std::decay_t<decltype(qk)>::value, std::decay_t<decltype(v)>::value>::kFits;
+    });
+  });
+  return fits;
+}
+
+// Calls f(DQK, DV) (as std::integral_constants) for the call's head dims, a pair head_dims_fit
+// accepted; only such pairs have kernels.
+template <typename F>
+void dispatch_head_dims(int64_t dqk, int64_t dv, const char* op, F&& f) {
+  bool ran = false;
+  with_head_dim(dqk, [&](auto qk) {
+    with_head_dim(dv, [&](auto v) {
+      if constexpr (Smem<std::decay_t<decltype(qk)>::value,
+                         std::decay_t<decltype(v)>::value>::kFits) {
+        f(qk, v);
+        ran = true;
+      }
+    });
+  });
+  if (!ran) MOEPEAK_THROW(op, ": no tensor-core kernels for dqk = ", dqk, ", dv = ", dv);
 }
 
 dim3 row_grid(const Tensor& q, const Tensor& k) {
@@ -562,8 +641,7 @@ dim3 row_grid(const Tensor& q, const Tensor& k) {
 
 bool attention_tc_takes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor* dout, const Tensor* dq, const Tensor* dk, const Tensor* dv) {
-  const int64_t d = q.size(3);
-  return q.dtype() == DType::bf16 && (d == 32 || d == 64 || d == 128) && aligned16(&q) &&
+  return q.dtype() == DType::bf16 && head_dims_fit(q.size(3), v.size(3)) && aligned16(&q) &&
          aligned16(&k) && aligned16(&v) && aligned16(&out) && aligned16(dout) && aligned16(dq) &&
          aligned16(dk) && aligned16(dv);
 }
@@ -575,11 +653,12 @@ void attention_forward_tc(const Tensor& q, const Tensor& k, const Tensor& v, dou
   if (q.numel() == 0) return;
   TcArgs a = make_args(q, k, v, out, lse, scale, window);
   a.sinks = sinks.defined() ? static_cast<const bf16*>(sinks.data()) : nullptr;
-  dispatch_head_dim(q.size(3), [&](auto head_dim) {
-    constexpr int D = decltype(head_dim)::value;
-    auto kernel = attention_tc_forward_kernel<D>;
-    cuda::allow_dynamic_smem(kernel, Smem<D>::kForward, op, "q " + q.str());
-    kernel<<<row_grid(q, k), kThreads, Smem<D>::kForward, cuda::native(stream)>>>(a);
+  dispatch_head_dims(q.size(3), v.size(3), op, [&](auto qk_dim, auto v_dim) {
+    constexpr int DQK = decltype(qk_dim)::value, DV = decltype(v_dim)::value;
+    using S = Smem<DQK, DV>;
+    auto kernel = attention_tc_forward_kernel<DQK, DV>;
+    cuda::allow_dynamic_smem(kernel, S::kForward, op, "q " + q.str() + ", v " + v.str());
+    kernel<<<row_grid(q, k), kThreads, S::kForward, cuda::native(stream)>>>(a);
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }
@@ -596,15 +675,17 @@ void attention_backward_tc(const Tensor& q, const Tensor& k, const Tensor& v, co
   a.dv = static_cast<bf16*>(dv.data());
   const dim3 key_grid(static_cast<unsigned>((q.size(1) + kRows - 1) / kRows),
                       static_cast<unsigned>(k.size(2)), static_cast<unsigned>(q.size(0)));
-  dispatch_head_dim(q.size(3), [&](auto head_dim) {
-    constexpr int D = decltype(head_dim)::value;
-    auto dq_kernel = attention_tc_dq_kernel<D>;
-    auto dkv_kernel = attention_tc_dkv_kernel<D>;
-    cuda::allow_dynamic_smem(dq_kernel, Smem<D>::kDq, op, "q " + q.str());
-    cuda::allow_dynamic_smem(dkv_kernel, Smem<D>::kDkv, op, "q " + q.str());
-    dq_kernel<<<row_grid(q, k), kThreads, Smem<D>::kDq, cuda::native(stream)>>>(a);
+  dispatch_head_dims(q.size(3), v.size(3), op, [&](auto qk_dim, auto v_dim) {
+    constexpr int DQK = decltype(qk_dim)::value, DV = decltype(v_dim)::value;
+    using S = Smem<DQK, DV>;
+    auto dq_kernel = attention_tc_dq_kernel<DQK, DV>;
+    auto dkv_kernel = attention_tc_dkv_kernel<DQK, DV>;
+    const std::string what = "q " + q.str() + ", v " + v.str();
+    cuda::allow_dynamic_smem(dq_kernel, S::kDq, op, what);
+    cuda::allow_dynamic_smem(dkv_kernel, S::kDkv, op, what);
+    dq_kernel<<<row_grid(q, k), kThreads, S::kDq, cuda::native(stream)>>>(a);
     MOEPEAK_CUDA_LAUNCH_CHECK();
-    dkv_kernel<<<key_grid, kThreads, Smem<D>::kDkv, cuda::native(stream)>>>(a);
+    dkv_kernel<<<key_grid, kThreads, S::kDkv, cuda::native(stream)>>>(a);
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

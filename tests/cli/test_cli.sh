@@ -145,6 +145,15 @@ check "bench attention --window JSON: 4 rows, causal's FLOPs and the window's" \
 "$bin" bench attention --set runtime.backend=cpu --dtype bf16 --batch 2 --seq 40 --sinks --warmup 0 \
   --iters 1 --ceiling-size 128 >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bench attention --dtype bf16 --sinks runs on the CPU (rc $rc)" test $rc -eq 0
+# bench attention --v-head-dim DV: v and out get a head dim of their own (MLA); Q K^T, dQ, dK run
+# over the model's head_dim, P V, dP, dV over DV: forward 2 (d + DV), backward 2 (3 d + 2 DV) per
+# visible pair.
+"$bin" bench attention --set runtime.backend=cpu --batch 2 --seq 40 --v-head-dim 24 --warmup 0 \
+  --iters 1 --ceiling-size 128 --json "$tmp/attention_dv.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench attention --v-head-dim 24 exits 0 (rc $rc)" test $rc -eq 0
+check "bench attention --v-head-dim names both head dims" grep -q 'dqk [0-9]*, dv 24, dtype' "$tmp/out"
+check "bench attention --v-head-dim JSON: dv 24 and the FLOPs of both head dims" \
+  python3 -c "import json,sys; d=json.load(open('$tmp/attention_dv.json')); s=d['shape']; r=d['rows']; p=2*s['heads']*40*41/2; h=s['head_dim']; sys.exit(not (s['v_head_dim']==24 and len(r)==2 and abs(r[0]['gflop']-2*(h+24)*p/1e9)<1e-12 and abs(r[1]['gflop']-2*(3*h+48)*p/1e9)<1e-12))"
 "$bin" bench vocab --set runtime.backend=cpu --dtype bf16 --tokens 8 --hidden 8 --vocab 16 \
   >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bench vocab --dtype bf16 runs on the CPU (rc $rc)" test $rc -eq 0

@@ -184,6 +184,13 @@ Array& static_shared(const void* site) {
   static_assert(std::is_trivially_destructible_v<std::remove_all_extents_t<Array>>);
   return *static_cast<Array*>(static_shared_bytes(site, sizeof(Array), alignof(Array)));
 }
+// The same for the emulation's own block-shared scratch (emulation_scratch_bytes): not counted
+// against the kernel's shared memory, which the hardware does not spend on it.
+template <typename Array>
+Array& emulation_scratch(const void* site) {
+  static_assert(std::is_trivially_destructible_v<std::remove_all_extents_t<Array>>);
+  return *static_cast<Array*>(emulation_scratch_bytes(site, sizeof(Array), alignof(Array)));
+}
 
 // ---- kernel coverage ------------------------------------------------------------------------
 // Records that the kernel `name` ran (rewrite_cu puts a call first in every __global__ body);

@@ -230,21 +230,34 @@ Dim3 block_dim() { return run().block; }
 Dim3 grid_dim() { return run().grid; }
 void* dynamic_shared() { return run().shared.data(); }
 
-void* static_shared_bytes(const void* site, size_t bytes, size_t alignment) {
+namespace {
+// The block's storage for `site` (static_shared_bytes, emulation_scratch_bytes); `counted`: it is
+// the kernel's shared memory, held to the block's limit with the dynamic shared memory.
+void* block_storage(const void* site, size_t bytes, size_t alignment, bool counted) {
   BlockRun& r = run();
   auto it = r.static_shared.find(site);
   if (it == r.static_shared.end()) {
-    r.static_shared_bytes += bytes;
-    MOEPEAK_CHECK(r.static_shared_bytes + r.shared.size() <= kMaxStaticPlusDynamicShared,
-                  block_name(r), ": ", r.static_shared_bytes, " bytes of static and ",
-                  r.shared.size(), " of dynamic shared memory, over the ",
-                  kMaxStaticPlusDynamicShared, " a block can have");
+    if (counted) {
+      r.static_shared_bytes += bytes;
+      MOEPEAK_CHECK(r.static_shared_bytes + r.shared.size() <= kMaxStaticPlusDynamicShared,
+                    block_name(r), ": ", r.static_shared_bytes, " bytes of static and ",
+                    r.shared.size(), " of dynamic shared memory, over the ",
+                    kMaxStaticPlusDynamicShared, " a block can have");
+    }
     auto storage = std::make_unique<unsigned char[]>(bytes + alignment);
     std::memset(storage.get(), 0xff, bytes + alignment);
     it = r.static_shared.emplace(site, std::move(storage)).first;
   }
   const auto base = reinterpret_cast<uintptr_t>(it->second.get());
   return reinterpret_cast<void*>((base + alignment - 1) / alignment * alignment);
+}
+}  // namespace
+
+void* static_shared_bytes(const void* site, size_t bytes, size_t alignment) {
+  return block_storage(site, bytes, alignment, /*counted=*/true);
+}
+void* emulation_scratch_bytes(const void* site, size_t bytes, size_t alignment) {
+  return block_storage(site, bytes, alignment, /*counted=*/false);
 }
 
 void sync_threads() { wait(State::block_barrier); }

@@ -51,6 +51,10 @@ void* dynamic_shared();  // extern __shared__ memory of this block, 0xff at the 
 // A static __shared__ array of this block (device_prelude.h's static_shared): the same storage
 // for every thread of the block that passes `site`, fresh and 0xff at the block's first call.
 void* static_shared_bytes(const void* site, size_t bytes, size_t alignment);
+// The same for storage the emulation itself needs where the hardware uses none (the WMMA
+// emulation's operand exchange, include/mma.h): not counted against the block's shared memory,
+// so a kernel keeps the hardware's whole budget.
+void* emulation_scratch_bytes(const void* site, size_t bytes, size_t alignment);
 
 void sync_threads();                             // __syncthreads()
 void sync_warp(unsigned mask);                   // __syncwarp(mask)

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <mma.h>  // the WMMA emulation, tests/cuda_emulation/include
+
 #include "tests/cuda_emulation/device_prelude.h"
 
 namespace {
@@ -415,6 +417,41 @@ TEST_F(Launch, MaxDynamicSharedMemorySizeAttributeRaisesTheLimitOfThatKernel) {
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   EXPECT_EQ(out[0], 9.0f);
+}
+
+// One 16x16x16 WMMA product of all-ones tiles by a warp whose block opted into all 227 KiB of
+// dynamic shared memory and writes its last byte: the emulation's operand exchange
+// (include/mma.h) takes none of the kernel's shared memory, as on the hardware.
+__global__ void wmma_with_all_shared_memory(float* out, int bytes) {
+  namespace wmma = nvcuda::wmma;
+  auto* smem = static_cast<unsigned char*>(moepeak::cuda_emulation::dynamic_shared());
+  auto* ones = reinterpret_cast<__nv_bfloat16*>(smem);  // 16 x 16
+  for (int i = static_cast<int>(threadIdx.x); i < 256; i += 32) ones[i] = __float2bfloat16(1.0f);
+  if (threadIdx.x == 0) smem[bytes - 1] = 3;
+  __syncwarp();
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+  wmma::load_matrix_sync(a, ones, 16);
+  wmma::load_matrix_sync(b, ones, 16);
+  wmma::fill_fragment(c, 0.0f);
+  wmma::mma_sync(c, a, b, c);
+  wmma::store_matrix_sync(out, c, 16, wmma::mem_row_major);
+  if (threadIdx.x == 0) out[256] = smem[bytes - 1];
+}
+
+TEST_F(SharedMemory, WmmaLeavesTheKernelAllItsSharedMemory) {
+  const int bytes = 227 * 1024;
+  float* out = device(257);
+  ASSERT_EQ(cudaFuncSetAttribute(wmma_with_all_shared_memory,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+            cudaSuccess);
+  launcher("wmma_with_all_shared_memory", wmma_with_all_shared_memory, 1, 32, bytes, nullptr)(
+      out, bytes);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int i = 0; i < 256; ++i) ASSERT_EQ(out[i], 16.0f) << i;
+  EXPECT_EQ(out[256], 3.0f);
 }
 
 // Thread t counts whether its slot was fresh, writes it, and after the barrier reads its

@@ -1,9 +1,11 @@
 // Helpers shared by the CPU attention tests (test_attention, test_attention_variants): problem
-// sizes, random inputs in double, every tensor of one forward + backward in one dtype, a fixture
-// that uploads, downloads and runs the blocked ops with poisoned outputs, and error measures that
-// do not let a NaN slip through.
+// sizes, random inputs in double, the float64 reference (a materialised softmax with the window's
+// mask and the sink's column, forward and backward), every tensor of one forward + backward in one
+// dtype, a fixture that uploads, downloads and runs the blocked ops with poisoned outputs, and
+// error measures that do not let a NaN slip through.
 //
-//   q, out, dout, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
+//   q, dq: (B, T, nh, dqk)    k, dk: (B, T, nkv, dqk)    v, dv: (B, T, nkv, dv)
+//   out, dout: (B, T, nh, dv) lse: (B, nh, T)            sinks, dsinks: (nh)
 #pragma once
 
 #include <gtest/gtest.h>
@@ -25,12 +27,18 @@ namespace moepeak::testing {
 
 inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// head_dim is dqk (q and k); v_head_dim is dv (v and out), 0 for dv = dqk.
 struct Dims {
   int64_t batch, seq, heads, kv_heads, head_dim;
-  Shape q_shape() const { return Shape{batch, seq, heads, head_dim}; }
-  Shape kv_shape() const { return Shape{batch, seq, kv_heads, head_dim}; }
+  int64_t v_head_dim = 0;
+  int64_t dqk() const { return head_dim; }
+  int64_t dv() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  Shape q_shape() const { return Shape{batch, seq, heads, dqk()}; }
+  Shape k_shape() const { return Shape{batch, seq, kv_heads, dqk()}; }
+  Shape v_shape() const { return Shape{batch, seq, kv_heads, dv()}; }
+  Shape out_shape() const { return Shape{batch, seq, heads, dv()}; }
   Shape lse_shape() const { return Shape{batch, heads, seq}; }
-  double scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(dqk())); }
 };
 
 // Every tensor of one forward + backward, in one dtype.
@@ -45,9 +53,68 @@ struct Inputs {
 
 inline Inputs random_inputs(const Dims& dims, uint64_t seed) {
   return Inputs{random_vector(dims.q_shape().numel(), seed),
-                random_vector(dims.kv_shape().numel(), seed + 1),
-                random_vector(dims.kv_shape().numel(), seed + 2),
-                random_vector(dims.q_shape().numel(), seed + 3)};
+                random_vector(dims.k_shape().numel(), seed + 1),
+                random_vector(dims.v_shape().numel(), seed + 2),
+                random_vector(dims.out_shape().numel(), seed + 3)};
+}
+
+// The materialised softmax in double, row by row: row t of head h has the scores of keys
+// max(0, t - W + 1) <= s <= t (every s <= t when W = 0) and, with sinks, one more column sinks[h]
+// without a value. Backward by the softmax's gradient on that row: dx_s = p_s (dp_s - D) with
+// dp_s = dout . v_s, D = dout . out (the sink's dp is 0), and dsinks[h] = sum of p_sink (0 - D).
+// The scores run over dqk, the values, out and dout over dv.
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv, dsinks;
+};
+
+inline Reference reference(const Dims& dims, const Inputs& in, int64_t window = 0,
+                           const std::vector<double>& sinks = {}) {
+  const int64_t B = dims.batch, T = dims.seq, nh = dims.heads, nkv = dims.kv_heads,
+                dqk = dims.dqk(), dv = dims.dv(), group = nh / nkv;
+  const double scale = dims.scale();
+  Reference ref{std::vector<double>(in.dout.size()), std::vector<double>(B * nh * T),
+                std::vector<double>(in.q.size()),    std::vector<double>(in.k.size()),
+                std::vector<double>(in.v.size()),    std::vector<double>(nh)};
+  std::vector<double> x(T), p(T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+        const int64_t q_row = ((b * T + t) * nh + h) * dqk, o_row = ((b * T + t) * nh + h) * dv;
+        auto k_row = [&](int64_t s) { return ((b * T + s) * nkv + h / group) * dqk; };
+        auto v_row = [&](int64_t s) { return ((b * T + s) * nkv + h / group) * dv; };
+        double row_max = sinks.empty() ? -std::numeric_limits<double>::infinity() : sinks[h];
+        for (int64_t s = first; s <= t; ++s) {
+          double dot = 0;
+          for (int64_t i = 0; i < dqk; ++i) dot += in.q[q_row + i] * in.k[k_row(s) + i];
+          x[s] = dot * scale;
+          row_max = std::max(row_max, x[s]);
+        }
+        double sum = sinks.empty() ? 0.0 : std::exp(sinks[h] - row_max);
+        for (int64_t s = first; s <= t; ++s) sum += std::exp(x[s] - row_max);
+        const double lse = row_max + std::log(sum);
+        ref.lse[(b * nh + h) * T + t] = lse;
+        for (int64_t s = first; s <= t; ++s) p[s] = std::exp(x[s] - lse);
+        double delta = 0;
+        for (int64_t i = 0; i < dv; ++i) {
+          double acc = 0;
+          for (int64_t s = first; s <= t; ++s) acc += p[s] * in.v[v_row(s) + i];
+          ref.out[o_row + i] = acc;
+          delta += in.dout[o_row + i] * acc;
+        }
+        for (int64_t s = first; s <= t; ++s) {
+          double dp = 0;
+          for (int64_t i = 0; i < dv; ++i) dp += in.dout[o_row + i] * in.v[v_row(s) + i];
+          const double ds = p[s] * (dp - delta);
+          for (int64_t i = 0; i < dqk; ++i) {
+            ref.dq[q_row + i] += scale * ds * in.k[k_row(s) + i];
+            ref.dk[k_row(s) + i] += scale * ds * in.q[q_row + i];
+          }
+          for (int64_t i = 0; i < dv; ++i) ref.dv[v_row(s) + i] += p[s] * in.dout[o_row + i];
+        }
+        if (!sinks.empty()) ref.dsinks[h] -= std::exp(sinks[h] - lse) * delta;
+      }
+  return ref;
 }
 
 class AttentionTest : public ::testing::Test {
@@ -61,11 +128,12 @@ class AttentionTest : public ::testing::Test {
   // lse in ops::attention_lse_dtype(dtype) (f32 for bf16), every other tensor in dtype.
   AttentionTensors allocate(const Dims& dims, DType dtype) {
     const DType lse = ops::attention_lse_dtype(dtype);
-    return AttentionTensors{make(dims.q_shape(), "q", dtype),   make(dims.kv_shape(), "k", dtype),
-                            make(dims.kv_shape(), "v", dtype),  make(dims.q_shape(), "out", dtype),
-                            make(dims.lse_shape(), "lse", lse), make(dims.q_shape(), "dout", dtype),
-                            make(dims.q_shape(), "dq", dtype),  make(dims.kv_shape(), "dk", dtype),
-                            make(dims.kv_shape(), "dv", dtype)};
+    return AttentionTensors{
+        make(dims.q_shape(), "q", dtype),   make(dims.k_shape(), "k", dtype),
+        make(dims.v_shape(), "v", dtype),   make(dims.out_shape(), "out", dtype),
+        make(dims.lse_shape(), "lse", lse), make(dims.out_shape(), "dout", dtype),
+        make(dims.q_shape(), "dq", dtype),  make(dims.k_shape(), "dk", dtype),
+        make(dims.v_shape(), "dv", dtype)};
   }
 
   // CPU "device" memory is host memory: written directly (rounded to the dtype), read after

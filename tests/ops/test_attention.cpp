@@ -1,10 +1,12 @@
 // Causal grouped-query attention on the CPU (ops/attention.h): forward against a materialised-
 // softmax float64 reference, gradients against central finite differences, float vs double,
 // bf16 storage as the float result rounded once (bitwise), causality, bitwise determinism and
-// argument checks. The sliding window and sinks: test_attention_variants.cpp; the helpers both
-// share: tests/ops/attention_testing.h.
+// argument checks, each also with a value head dim dv other than the query/key one dqk. The
+// sliding window and sinks: test_attention_variants.cpp; the helpers both share (the float64
+// reference among them): tests/ops/attention_testing.h.
 //
-//   q, out, dout, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
+//   q, dq: (B, T, nh, dqk)    k, dk: (B, T, nkv, dqk)    v, dv: (B, T, nkv, dv)
+//   out, dout: (B, T, nh, dv) lse: (B, nh, T)
 //
 // Shapes cross several blocks: the default blocks (256 query rows x 256 keys) with T = 300 or 600,
 // and small blocks (detail::attention_*_cpu_blocked) so that T = 7 or 65 also spans many.
@@ -46,60 +48,30 @@ using testing::max_grad_rel_err;
 using testing::max_rel_err;
 using testing::norm_rel_err;
 using testing::random_inputs;
+using testing::reference;  // the materialised softmax in double, forward and backward
+using testing::Reference;
 using testing::rounded_to_bf16;
-
-// Materialised softmax in double, one query row at a time.
-struct Reference {
-  std::vector<double> out, lse;
-};
-
-Reference reference_forward(const Dims& dims, const Inputs& in) {
-  const int64_t B = dims.batch, T = dims.seq, nh = dims.heads, nkv = dims.kv_heads,
-                d = dims.head_dim, group = nh / nkv;
-  Reference ref{std::vector<double>(in.q.size()), std::vector<double>(B * nh * T)};
-  std::vector<double> probs(T);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < nh; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        const double* qrow = &in.q[((b * T + t) * nh + h) * d];
-        double row_max = -std::numeric_limits<double>::infinity();
-        for (int64_t s = 0; s <= t; ++s) {
-          const double* krow = &in.k[((b * T + s) * nkv + h / group) * d];
-          double dot = 0;
-          for (int64_t i = 0; i < d; ++i) dot += qrow[i] * krow[i];
-          probs[s] = dot * dims.scale();
-          row_max = std::max(row_max, probs[s]);
-        }
-        double sum = 0;
-        for (int64_t s = 0; s <= t; ++s) sum += (probs[s] = std::exp(probs[s] - row_max));
-        double* orow = &ref.out[((b * T + t) * nh + h) * d];
-        for (int64_t i = 0; i < d; ++i) {
-          double acc = 0;
-          for (int64_t s = 0; s <= t; ++s)
-            acc += probs[s] * in.v[((b * T + s) * nkv + h / group) * d + i];
-          orow[i] = acc / sum;
-        }
-        ref.lse[(b * nh + h) * T + t] = row_max + std::log(sum);
-      }
-  return ref;
-}
 
 TEST_F(AttentionTest, ForwardMatchesMaterialisedSoftmax) {
   // float64 online softmax vs materialised softmax: the same sums in another order, so they agree
-  // to a few ulp times log T; 1e-12 relative (values under 1e-3 compared at 1e-3).
+  // to a few ulp times log T; 1e-12 relative (values under 1e-3 compared at 1e-3). Head dims
+  // (dqk, dv): equal, dv < dqk and dv > dqk.
+  struct HeadDims {
+    int64_t qk, v;
+  };
   uint64_t seed = 100;
   for (int64_t seq : {1, 7, 65, 130})
     for (int64_t kv_heads : {4, 2, 1})
-      for (int64_t head_dim : {8, 16}) {
-        const Dims dims{2, seq, 4, kv_heads, head_dim};
+      for (HeadDims hd : {HeadDims{8, 8}, HeadDims{16, 16}, HeadDims{12, 8}, HeadDims{8, 20}}) {
+        const Dims dims{2, seq, 4, kv_heads, hd.qk, hd.v};
         const Inputs in = random_inputs(dims, seed++);
-        const Reference ref = reference_forward(dims, in);
+        const Reference ref = reference(dims, in);
         AttentionTensors t = allocate(dims, DType::f64);
         upload_inputs(t, in);
         for (ops::AttentionBlocks blocks : {ops::kAttentionBlocks, kSmallBlocks, kOddBlocks}) {
           SCOPED_TRACE(::testing::Message()
-                       << "T=" << seq << " nkv=" << kv_heads << " d=" << head_dim << " blocks "
-                       << blocks.query_rows << "x" << blocks.keys);
+                       << "T=" << seq << " nkv=" << kv_heads << " dqk=" << hd.qk << " dv=" << hd.v
+                       << " blocks " << blocks.query_rows << "x" << blocks.keys);
           forward(t, dims, blocks);
           EXPECT_LT(max_rel_err(download(t.out), ref.out, 1e-3), 1e-12);
           EXPECT_LT(max_rel_err(download(t.lse), ref.lse, 1e-3), 1e-12);
@@ -113,7 +85,7 @@ TEST_F(AttentionTest, ForwardMatchesAcrossDefaultBlocks) {
   for (int64_t kv_heads : {1, 4}) {
     const Dims dims{1, 600, 4, kv_heads, 8};
     const Inputs in = random_inputs(dims, 60 + kv_heads);
-    const Reference ref = reference_forward(dims, in);
+    const Reference ref = reference(dims, in);
     AttentionTensors t = allocate(dims, DType::f64);
     upload_inputs(t, in);
     forward(t, dims, ops::kAttentionBlocks);
@@ -173,12 +145,13 @@ class AttentionGradTest : public AttentionTest {
       return static_cast<double>(sum);
     };
     auto check_input = [&](std::vector<double>& input, const std::vector<double>& grad,
-                           int64_t heads, const char* name) {
+                           const char* name) {
       if (positions.empty()) {
         EXPECT_LT(max_grad_rel_err(input, grad, loss, kStep), 1e-6) << name;
         return;
       }
-      const int64_t row = heads * dims.head_dim;  // elements of one position
+      // elements of one position: heads x (dqk or dv)
+      const int64_t row = static_cast<int64_t>(input.size()) / (dims.batch * dims.seq);
       std::vector<size_t> chosen;
       for (int64_t b = 0; b < dims.batch; ++b)
         for (int64_t pos : positions)
@@ -195,9 +168,9 @@ class AttentionGradTest : public AttentionTest {
       EXPECT_LT(max_grad_rel_err(x, x_grad, subset_loss, kStep), 1e-6) << name;
       for (size_t j = 0; j < chosen.size(); ++j) input[chosen[j]] = x[j];
     };
-    check_input(in.q, dq, dims.heads, "dq");
-    check_input(in.k, dk, dims.kv_heads, "dk");
-    check_input(in.v, dv, dims.kv_heads, "dv");
+    check_input(in.q, dq, "dq");
+    check_input(in.k, dk, "dk");
+    check_input(in.v, dv, "dv");
   }
 };
 
@@ -211,6 +184,12 @@ TEST_F(AttentionGradTest, MultiQueryAcrossSmallBlocks) {
   check(Dims{1, 11, 4, 1, 4}, ops::AttentionBlocks{6, 4}, 12);
 }
 
+TEST_F(AttentionGradTest, ValueHeadDimOtherThanQueryKey) {
+  // dv < dqk (DeepSeek-V3's MLA shape, small) and dv > dqk, GQA across small blocks.
+  check(Dims{2, 13, 4, 2, 8, 6}, ops::AttentionBlocks{8, 5}, 14);
+  check(Dims{1, 11, 4, 1, 4, 10}, ops::AttentionBlocks{6, 4}, 15);
+}
+
 TEST_F(AttentionGradTest, GroupedQueryDefaultBlocks) {
   // Default blocks: 64 positions per 256-row query block of 4 heads, so T = 300 spans five query
   // blocks and two key blocks of 256; positions on both sides of each boundary are checked.
@@ -220,24 +199,27 @@ TEST_F(AttentionGradTest, GroupedQueryDefaultBlocks) {
 TEST_F(AttentionTest, FloatMatchesDouble) {
   // float32 vs float64 on the same inputs, error relative to each tensor's largest element. The
   // f32 path rounds every product and sum (eps 6e-8) and uses a ~2 ulp polynomial exp; errors grow
-  // with the reduction lengths (d = 16, up to T = 300 keys, 256 rows in dK/dV's sums), so about
-  // 1e-6 is expected; we allow 1e-5 (docs/design.md#exactness: float32 far under 1e-5).
-  const Dims dims{2, 300, 4, 2, 16};
-  const Inputs in = random_inputs(dims, 21);
-  AttentionTensors t64 = allocate(dims, DType::f64);
-  AttentionTensors t32 = allocate(dims, DType::f32);
-  upload_inputs(t64, in);
-  upload_inputs(t32, in);
-  for (ops::AttentionBlocks blocks : {ops::kAttentionBlocks, kSmallBlocks}) {
-    forward(t64, dims, blocks);
-    backward(t64, dims, blocks);
-    forward(t32, dims, blocks);
-    backward(t32, dims, blocks);
-    EXPECT_LT(norm_rel_err(download(t32.out), download(t64.out)), 1e-5);
-    EXPECT_LT(norm_rel_err(download(t32.lse), download(t64.lse)), 1e-5);
-    EXPECT_LT(norm_rel_err(download(t32.dq), download(t64.dq)), 1e-5);
-    EXPECT_LT(norm_rel_err(download(t32.dk), download(t64.dk)), 1e-5);
-    EXPECT_LT(norm_rel_err(download(t32.dv), download(t64.dv)), 1e-5);
+  // with the reduction lengths (d = 16 or 24, up to T = 300 keys, 256 rows in dK/dV's sums), so
+  // about 1e-6 is expected; we allow 1e-5 (docs/design.md#exactness: float32 far under 1e-5).
+  for (const Dims& dims : {Dims{2, 300, 4, 2, 16}, Dims{2, 300, 4, 2, 24, 16}}) {
+    const Inputs in = random_inputs(dims, 21);
+    AttentionTensors t64 = allocate(dims, DType::f64);
+    AttentionTensors t32 = allocate(dims, DType::f32);
+    upload_inputs(t64, in);
+    upload_inputs(t32, in);
+    for (ops::AttentionBlocks blocks : {ops::kAttentionBlocks, kSmallBlocks}) {
+      SCOPED_TRACE(::testing::Message() << "dqk=" << dims.dqk() << " dv=" << dims.dv() << " blocks "
+                                        << blocks.query_rows << "x" << blocks.keys);
+      forward(t64, dims, blocks);
+      backward(t64, dims, blocks);
+      forward(t32, dims, blocks);
+      backward(t32, dims, blocks);
+      EXPECT_LT(norm_rel_err(download(t32.out), download(t64.out)), 1e-5);
+      EXPECT_LT(norm_rel_err(download(t32.lse), download(t64.lse)), 1e-5);
+      EXPECT_LT(norm_rel_err(download(t32.dq), download(t64.dq)), 1e-5);
+      EXPECT_LT(norm_rel_err(download(t32.dk), download(t64.dk)), 1e-5);
+      EXPECT_LT(norm_rel_err(download(t32.dv), download(t64.dv)), 1e-5);
+    }
   }
 }
 
@@ -261,14 +243,18 @@ TEST_F(AttentionTest, Bf16IsTheFloatResultRoundedOnce) {
       {{2, 65, 4, 1, 8}, kSmallBlocks},
       {{1, 37, 4, 4, 24}, kOddBlocks},
       {{2, 13, 4, 2, 8}, ops::AttentionBlocks{8, 5}},
+      // dv != dqk: DeepSeek-V3's 192 / 128 at the default blocks, small dims both ways
+      {{1, 300, 8, 2, 192, 128}, ops::kAttentionBlocks},
+      {{2, 65, 4, 1, 12, 8}, kSmallBlocks},
+      {{1, 37, 4, 4, 16, 24}, kOddBlocks},
   };
   uint64_t seed = 70;
   for (const Case& c : cases) {
     const Dims& dims = c.dims;
     SCOPED_TRACE(::testing::Message()
                  << "B=" << dims.batch << " T=" << dims.seq << " nh=" << dims.heads
-                 << " nkv=" << dims.kv_heads << " d=" << dims.head_dim << " blocks "
-                 << c.blocks.query_rows << "x" << c.blocks.keys);
+                 << " nkv=" << dims.kv_heads << " dqk=" << dims.dqk() << " dv=" << dims.dv()
+                 << " blocks " << c.blocks.query_rows << "x" << c.blocks.keys);
     Inputs in = random_inputs(dims, seed++);
     for (std::vector<double>* x : {&in.q, &in.k, &in.v, &in.dout}) *x = rounded_to_bf16(*x);
     AttentionTensors t16 = allocate(dims, DType::bf16);
@@ -291,70 +277,70 @@ TEST_F(AttentionTest, Bf16IsTheFloatResultRoundedOnce) {
 
 TEST_F(AttentionTest, FutureKeysDoNotChangeEarlierOutputs) {
   // Perturbing k and v at position s leaves out, lse and dq at t < s bitwise unchanged: masked
-  // probabilities are exactly 0, never exp(-large).
-  const Dims dims{2, 70, 4, 2, 8};
+  // probabilities are exactly 0, never exp(-large). dv = dqk and dv != dqk.
   const int64_t s = 37;
-  for (DType dtype : {DType::f64, DType::f32, DType::bf16})
-    for (ops::AttentionBlocks blocks : {ops::kAttentionBlocks, kSmallBlocks}) {
-      Inputs in = random_inputs(dims, 31);
-      AttentionTensors t = allocate(dims, dtype);
-      upload_inputs(t, in);
-      forward(t, dims, blocks);
-      backward(t, dims, blocks);
-      const auto out = download(t.out), lse = download(t.lse), dq = download(t.dq);
+  for (const Dims& dims : {Dims{2, 70, 4, 2, 8}, Dims{2, 70, 4, 2, 8, 12}})
+    for (DType dtype : {DType::f64, DType::f32, DType::bf16})
+      for (ops::AttentionBlocks blocks : {ops::kAttentionBlocks, kSmallBlocks}) {
+        Inputs in = random_inputs(dims, 31);
+        AttentionTensors t = allocate(dims, dtype);
+        upload_inputs(t, in);
+        forward(t, dims, blocks);
+        backward(t, dims, blocks);
+        const auto out = download(t.out), lse = download(t.lse), dq = download(t.dq);
 
-      const int64_t row = dims.kv_heads * dims.head_dim;
-      for (int64_t b = 0; b < dims.batch; ++b)
-        for (int64_t i = 0; i < row; ++i) {
-          in.k[(b * dims.seq + s) * row + i] += 3.0;
-          in.v[(b * dims.seq + s) * row + i] -= 5.0;
+        const int64_t k_row = dims.kv_heads * dims.dqk(), v_row = dims.kv_heads * dims.dv();
+        for (int64_t b = 0; b < dims.batch; ++b) {
+          for (int64_t i = 0; i < k_row; ++i) in.k[(b * dims.seq + s) * k_row + i] += 3.0;
+          for (int64_t i = 0; i < v_row; ++i) in.v[(b * dims.seq + s) * v_row + i] -= 5.0;
         }
-      upload_inputs(t, in);
-      forward(t, dims, blocks);
-      backward(t, dims, blocks);
-      const auto out2 = download(t.out), lse2 = download(t.lse), dq2 = download(t.dq);
+        upload_inputs(t, in);
+        forward(t, dims, blocks);
+        backward(t, dims, blocks);
+        const auto out2 = download(t.out), lse2 = download(t.lse), dq2 = download(t.dq);
 
-      const int64_t q_row = dims.heads * dims.head_dim;
-      for (int64_t b = 0; b < dims.batch; ++b)
-        for (int64_t pos = 0; pos < dims.seq; ++pos) {
-          const size_t first = static_cast<size_t>((b * dims.seq + pos) * q_row);
-          const bool same_out =
-              std::equal(out.begin() + first, out.begin() + first + q_row, out2.begin() + first);
-          const bool same_dq =
-              std::equal(dq.begin() + first, dq.begin() + first + q_row, dq2.begin() + first);
-          EXPECT_EQ(same_out, pos < s) << "out b=" << b << " t=" << pos;
-          EXPECT_EQ(same_dq, pos < s) << "dq b=" << b << " t=" << pos;
-          for (int64_t h = 0; h < dims.heads; ++h) {
-            const size_t i = static_cast<size_t>((b * dims.heads + h) * dims.seq + pos);
-            EXPECT_EQ(lse[i] == lse2[i], pos < s) << "lse b=" << b << " h=" << h << " t=" << pos;
+        const int64_t q_row = dims.heads * dims.dqk(), o_row = dims.heads * dims.dv();
+        for (int64_t b = 0; b < dims.batch; ++b)
+          for (int64_t pos = 0; pos < dims.seq; ++pos) {
+            const auto first_q = static_cast<size_t>((b * dims.seq + pos) * q_row);
+            const auto first_o = static_cast<size_t>((b * dims.seq + pos) * o_row);
+            const bool same_out = std::equal(out.begin() + first_o, out.begin() + first_o + o_row,
+                                             out2.begin() + first_o);
+            const bool same_dq = std::equal(dq.begin() + first_q, dq.begin() + first_q + q_row,
+                                            dq2.begin() + first_q);
+            EXPECT_EQ(same_out, pos < s) << "out b=" << b << " t=" << pos;
+            EXPECT_EQ(same_dq, pos < s) << "dq b=" << b << " t=" << pos;
+            for (int64_t h = 0; h < dims.heads; ++h) {
+              const size_t i = static_cast<size_t>((b * dims.heads + h) * dims.seq + pos);
+              EXPECT_EQ(lse[i] == lse2[i], pos < s) << "lse b=" << b << " h=" << h << " t=" << pos;
+            }
           }
-        }
-    }
+      }
 }
 
 TEST_F(AttentionTest, RunsAreBitwiseIdentical) {
-  const Dims dims{2, 300, 8, 2, 32};
-  const Inputs in = random_inputs(dims, 41);
-  for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
-    AttentionTensors t = allocate(dims, dtype);
-    upload_inputs(t, in);
-    std::vector<std::vector<char>> first;
-    for (int run = 0; run < 2; ++run) {
-      forward(t, dims, ops::kAttentionBlocks);
-      backward(t, dims, ops::kAttentionBlocks);
-      stream().synchronize();
-      for (int i = 0; const OwnedTensor* r : {&t.out, &t.lse, &t.dq, &t.dk, &t.dv}) {
-        const char* bytes = static_cast<const char*>(r->data());
-        std::vector<char> copy(bytes, bytes + r->nbytes());
-        if (run == 0) {
-          first.push_back(std::move(copy));
-        } else {
-          EXPECT_TRUE(copy == first[i]) << "result " << i << " differs between runs";
+  for (const Dims& dims : {Dims{2, 300, 8, 2, 32}, Dims{2, 300, 8, 2, 48, 32}})
+    for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+      const Inputs in = random_inputs(dims, 41);
+      AttentionTensors t = allocate(dims, dtype);
+      upload_inputs(t, in);
+      std::vector<std::vector<char>> first;
+      for (int run = 0; run < 2; ++run) {
+        forward(t, dims, ops::kAttentionBlocks);
+        backward(t, dims, ops::kAttentionBlocks);
+        stream().synchronize();
+        for (int i = 0; const OwnedTensor* r : {&t.out, &t.lse, &t.dq, &t.dk, &t.dv}) {
+          const char* bytes = static_cast<const char*>(r->data());
+          std::vector<char> copy(bytes, bytes + r->nbytes());
+          if (run == 0) {
+            first.push_back(std::move(copy));
+          } else {
+            EXPECT_TRUE(copy == first[i]) << "result " << i << " differs between runs";
+          }
+          ++i;
         }
-        ++i;
       }
     }
-  }
 }
 
 TEST_F(AttentionTest, BadArgumentsThrowAtTheCall) {
@@ -379,16 +365,16 @@ TEST_F(AttentionTest, BadArgumentsThrowAtTheCall) {
   OwnedTensor k_short =
       OwnedTensor::device(*backend_, Shape{2, 4, 2, 8}, DType::f64, LiveSet::workspace, "k_short");
   forward_throws(t.q, k_short, t.v, t.out, t.lse, scale, "f64(2, 4, 2, 8)");
-  forward_throws(t.q, t.k, t.q, t.out, t.lse, scale, "v must be (B, T, nkv, d)");
-  forward_throws(t.q, t.k, t.v, t.dk, t.lse, scale, "out must be (B, T, nh, d)");
+  forward_throws(t.q, t.k, t.q, t.out, t.lse, scale, "v must be (B, T, nkv, dv)");
+  forward_throws(t.q, t.k, t.v, t.dk, t.lse, scale, "out must be (B, T, nh, dv)");
   Tensor lse_wrong = t.lse.view().reshape(Shape{2, 5, 4});
   forward_throws(t.q, t.k, t.v, t.out, lse_wrong, scale, "lse must be (B, nh, T)");
   forward_throws(t.q.view().reshape(Shape{10, 4, 8}), t.k, t.v, t.out, t.lse, scale,
-                 "q must be (B, T, nh, d)");
+                 "q must be (B, T, nh, dqk)");
   forward_throws(t.q, t.k, t.v, t.out, t.lse, std::nan(""), "scale");
   // Mixed dtypes (bf16 q with f64 k; bf16 with an lse in bf16, not f32); an unsupported dtype.
   OwnedTensor v32 =
-      OwnedTensor::device(*backend_, dims.kv_shape(), DType::f32, LiveSet::workspace, "v32");
+      OwnedTensor::device(*backend_, dims.v_shape(), DType::f32, LiveSet::workspace, "v32");
   forward_throws(t.q, t.k, v32, t.out, t.lse, scale, "f32(2, 5, 2, 8)");
   AttentionTensors t16 = allocate(dims, DType::bf16);
   forward_throws(t16.q, t.k, t.v, t.out, t.lse, scale, "bf16");
@@ -404,10 +390,58 @@ TEST_F(AttentionTest, BadArgumentsThrowAtTheCall) {
                                 Tensor(), stream());
     ADD_FAILURE() << "no error for dk of the wrong shape";
   } catch (const Error& e) {
-    EXPECT_NE(e.message().find("attention_backward: dk must be (B, T, nkv, d)"), std::string::npos)
+    EXPECT_NE(e.message().find("attention_backward: dk must be (B, T, nkv, dqk)"),
+              std::string::npos)
         << e.message();
   }
   stream().synchronize();  // nothing was enqueued, nothing failed on the stream
+}
+
+TEST_F(AttentionTest, ValueHeadDimArgumentsAreChecked) {
+  // dqk = 8, dv = 6: k must have q's dqk, v k's B, T and nkv (any dv), out, dout and dv the dv
+  // width, dq and dk the dqk one; each mix-up names the tensor and the shape it must have.
+  const Dims dims{2, 5, 4, 2, 8, 6};
+  AttentionTensors t = allocate(dims, DType::f64);
+  const double scale = dims.scale();
+  auto expect_error = [](const auto& call, const char* fragment) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find(fragment), std::string::npos) << e.message();
+    }
+  };
+  auto forward_with = [&](const Tensor& k, const Tensor& v, const Tensor& out) {
+    return
+        [&, k, v, out] { ops::attention_forward_cpu(t.q, k, v, scale, {}, out, t.lse, stream()); };
+  };
+  auto backward_with = [&](const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                           const Tensor& dv) {
+    return [&, dout, dq, dk, dv] {
+      ops::attention_backward_cpu(t.q, t.k, t.v, t.out, t.lse, dout, scale, {}, dq, dk, dv,
+                                  Tensor(), stream());
+    };
+  };
+  expect_error(forward_with(t.v, t.v, t.out),
+               "attention_forward: k must be (B, T, nkv, dqk) with B, T, dqk of q f64(2, 5, 4, 8)");
+  expect_error(forward_with(t.k, t.out, t.out),
+               "attention_forward: v must be (B, T, nkv, dv) with B, T, nkv of k f64(2, 5, 2, 8)");
+  expect_error(
+      forward_with(t.k, t.v, t.dq),
+      "attention_forward: out must be (B, T, nh, dv) = f64(2, 5, 4, 6), got f64(2, 5, 4, 8)");
+  expect_error(backward_with(t.dq, t.dq, t.dk, t.dv),
+               "attention_backward: dout must be (B, T, nh, dv) = f64(2, 5, 4, 6)");
+  expect_error(backward_with(t.dout, t.dout, t.dk, t.dv),
+               "attention_backward: dq must be (B, T, nh, dqk) = f64(2, 5, 4, 8)");
+  expect_error(backward_with(t.dout, t.dq, t.dv, t.dv),
+               "attention_backward: dk must be (B, T, nkv, dqk) = f64(2, 5, 2, 8)");
+  expect_error(backward_with(t.dout, t.dq, t.dk, t.dk),
+               "attention_backward: dv must be (B, T, nkv, dv) = f64(2, 5, 2, 6)");
+  stream().synchronize();  // nothing was enqueued, nothing failed on the stream
+  // And the right ones pass.
+  forward_with(t.k, t.v, t.out)();
+  backward_with(t.dout, t.dq, t.dk, t.dv)();
+  stream().synchronize();
 }
 
 // Forward + backward time in float32 at B=1, T=2048, nh=8, nkv=2, d=64, beside one large sgemm.

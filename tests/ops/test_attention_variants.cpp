@@ -1,13 +1,15 @@
 // CPU attention with a sliding window and attention sinks (ops/attention.h, AttentionVariant):
 // forward (out, lse) and backward (dq, dk, dv, dsinks) against a materialised float64 reference
-// (scores with the window's mask and the sink's column, softmax, the sink's column dropped), the
-// gradients also against central differences, f32 against the reference, bf16 storage as the f32
-// result rounded once (bitwise), a window >= T and negligible sinks as plain causal attention
-// (bitwise), dominant sinks, keys outside a window never touching a row, the key blocks a
-// windowed call visits (O(T * W)), and the argument checks.
+// (scores with the window's mask and the sink's column, softmax, the sink's column dropped;
+// tests/ops/attention_testing.h), the gradients also against central differences, f32 against the
+// reference, bf16 storage as the f32 result rounded once (bitwise), a window >= T and negligible
+// sinks as plain causal attention (bitwise), dominant sinks, keys outside a window never touching
+// a row, the key blocks a windowed call visits (O(T * W)), and the argument checks. Cases with a
+// value head dim dv other than the query/key one dqk (smaller and larger) run with windows and
+// sinks too.
 //
-//   q, out, dout, dq: (B, T, nh, d)    k, v, dk, dv: (B, T, nkv, d)    lse: (B, nh, T)
-//   sinks, dsinks: (nh)
+//   q, dq: (B, T, nh, dqk)    k, dk: (B, T, nkv, dqk)    v, dv: (B, T, nkv, dv)
+//   out, dout: (B, T, nh, dv) lse: (B, nh, T)            sinks, dsinks: (nh)
 //
 // Small blocks (detail::attention_*_cpu_blocked, 8 x 8, 16 x 16, 6 x 5) make short sequences
 // cross many query and key blocks, so windows start inside key blocks, end on their edges and
@@ -43,6 +45,8 @@ using testing::max_rel_err;
 using testing::norm_rel_err;
 using testing::random_inputs;
 using testing::random_vector;
+using testing::Reference;  // the float64 reference (tests/ops/attention_testing.h)
+using testing::reference;
 using testing::rounded_to_bf16;
 
 // Sink logits off 0 and 1: normal with mean 0.3.
@@ -50,63 +54,6 @@ std::vector<double> random_sinks(int64_t heads, uint64_t seed) {
   std::vector<double> sinks = random_vector(static_cast<size_t>(heads), seed);
   for (double& s : sinks) s += 0.3;
   return sinks;
-}
-
-// The materialised softmax in double, row by row: row t of head h has the scores of keys
-// max(0, t - W + 1) <= s <= t (every s <= t when W = 0) and, with sinks, one more column sinks[h]
-// without a value. Backward by the softmax's gradient on that row: dx_s = p_s (dp_s - D) with
-// dp_s = dout . v_s, D = dout . out (the sink's dp is 0), and dsinks[h] = sum of p_sink (0 - D).
-struct Reference {
-  std::vector<double> out, lse, dq, dk, dv, dsinks;
-};
-
-Reference reference(const Dims& dims, const Inputs& in, int64_t window,
-                    const std::vector<double>& sinks) {
-  const int64_t B = dims.batch, T = dims.seq, nh = dims.heads, nkv = dims.kv_heads,
-                d = dims.head_dim, group = nh / nkv;
-  const double scale = dims.scale();
-  Reference ref{std::vector<double>(in.q.size()), std::vector<double>(B * nh * T),
-                std::vector<double>(in.q.size()), std::vector<double>(in.k.size()),
-                std::vector<double>(in.v.size()), std::vector<double>(nh)};
-  std::vector<double> x(T), p(T);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < nh; ++h)
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
-        const int64_t q_row = ((b * T + t) * nh + h) * d;
-        auto kv_row = [&](int64_t s) { return ((b * T + s) * nkv + h / group) * d; };
-        double row_max = sinks.empty() ? -std::numeric_limits<double>::infinity() : sinks[h];
-        for (int64_t s = first; s <= t; ++s) {
-          double dot = 0;
-          for (int64_t i = 0; i < d; ++i) dot += in.q[q_row + i] * in.k[kv_row(s) + i];
-          x[s] = dot * scale;
-          row_max = std::max(row_max, x[s]);
-        }
-        double sum = sinks.empty() ? 0.0 : std::exp(sinks[h] - row_max);
-        for (int64_t s = first; s <= t; ++s) sum += std::exp(x[s] - row_max);
-        const double lse = row_max + std::log(sum);
-        ref.lse[(b * nh + h) * T + t] = lse;
-        for (int64_t s = first; s <= t; ++s) p[s] = std::exp(x[s] - lse);
-        double delta = 0;
-        for (int64_t i = 0; i < d; ++i) {
-          double acc = 0;
-          for (int64_t s = first; s <= t; ++s) acc += p[s] * in.v[kv_row(s) + i];
-          ref.out[q_row + i] = acc;
-          delta += in.dout[q_row + i] * acc;
-        }
-        for (int64_t s = first; s <= t; ++s) {
-          double dp = 0;
-          for (int64_t i = 0; i < d; ++i) dp += in.dout[q_row + i] * in.v[kv_row(s) + i];
-          const double ds = p[s] * (dp - delta);
-          for (int64_t i = 0; i < d; ++i) {
-            ref.dq[q_row + i] += scale * ds * in.k[kv_row(s) + i];
-            ref.dk[kv_row(s) + i] += scale * ds * in.q[q_row + i];
-            ref.dv[kv_row(s) + i] += p[s] * in.dout[q_row + i];
-          }
-        }
-        if (!sinks.empty()) ref.dsinks[h] -= std::exp(sinks[h] - lse) * delta;
-      }
-  return ref;
 }
 
 struct Case {
@@ -117,16 +64,19 @@ struct Case {
 };
 
 std::string describe(const Case& c) {
+  const std::string dims = c.dims.dv() == c.dims.dqk() ? " d=" + std::to_string(c.dims.dqk())
+                                                       : " dqk=" + std::to_string(c.dims.dqk()) +
+                                                             " dv=" + std::to_string(c.dims.dv());
   return "B=" + std::to_string(c.dims.batch) + " T=" + std::to_string(c.dims.seq) +
-         " nh=" + std::to_string(c.dims.heads) + " nkv=" + std::to_string(c.dims.kv_heads) +
-         " d=" + std::to_string(c.dims.head_dim) + " blocks " +
-         std::to_string(c.blocks.query_rows) + "x" + std::to_string(c.blocks.keys) +
+         " nh=" + std::to_string(c.dims.heads) + " nkv=" + std::to_string(c.dims.kv_heads) + dims +
+         " blocks " + std::to_string(c.blocks.query_rows) + "x" + std::to_string(c.blocks.keys) +
          " W=" + std::to_string(c.window) + (c.sinks ? " sinks" : "");
 }
 
 // Windows 1, 2, not a multiple of the blocks, spanning several key blocks, T - 1; sinks alone and
 // with windows; GQA groups 1, 2, 4 (and 2 with 3 kv heads); B = 1 and 2; small, odd and default
-// blocks.
+// blocks; dv < dqk (DeepSeek-V3's MLA is 192 / 128) and dv > dqk, with and without windows and
+// sinks.
 const Case kCases[] = {
     {{1, 20, 4, 4, 8}, {8, 8}, 1, false},
     {{2, 24, 4, 2, 8}, {8, 8}, 1, true},
@@ -139,6 +89,11 @@ const Case kCases[] = {
     {{1, 70, 6, 3, 16}, kSmallBlocks, 20, true},
     {{1, 300, 4, 1, 16}, ops::kAttentionBlocks, 100, true},
     {{2, 600, 8, 2, 8}, ops::kAttentionBlocks, 300, true},
+    {{2, 33, 4, 2, 12, 8}, {8, 8}, 2, true},                     // dv < dqk
+    {{1, 37, 4, 4, 24, 16}, kOddBlocks, 7, true},                // dv < dqk, odd blocks
+    {{2, 45, 4, 2, 8, 20}, kSmallBlocks, 0, true},               // dv > dqk, sinks alone
+    {{1, 70, 6, 3, 16, 24}, kSmallBlocks, 20, false},            // dv > dqk, window alone
+    {{1, 300, 4, 1, 24, 16}, ops::kAttentionBlocks, 100, true},  // dv < dqk, default blocks
 };
 
 class AttentionVariantTest : public AttentionTest {
@@ -257,43 +212,45 @@ TEST_F(AttentionVariantTest, FloatMatchesTheReference) {
 TEST_F(AttentionVariantTest, GradientsMatchCentralDifferences) {
   // The reference's gradient formulas checked independently: dq, dk, dv and dsinks of the f64
   // kernel against central differences of L = sum(out * dout) through the f64 forward, window 3
-  // and sinks, small blocks crossing the window's edge; bound 1e-6 as in test_attention's
-  // AttentionGradTest.
-  const Dims dims{2, 11, 4, 2, 4};
-  const ops::AttentionBlocks blocks{8, 4};
-  const int64_t window = 3;
-  Inputs in = random_inputs(dims, 700);
-  std::vector<double> sinks = random_sinks(dims.heads, 707);
-  AttentionTensors t = allocate(dims, DType::f64);
-  OwnedTensor sinks_t = head_vector(sinks, DType::f64, "sinks");
-  OwnedTensor dsinks_t = head_vector(std::vector<double>(dims.heads, 0.0), DType::f64, "dsinks");
-  const ops::AttentionVariant variant{window, sinks_t};
-  upload_inputs(t, in);
-  forward(t, dims, blocks, variant);
-  backward(t, dims, blocks, variant, dsinks_t);
-  const auto dq = download(t.dq), dk = download(t.dk), dv = download(t.dv);
-  const auto dsinks = download(dsinks_t);
-
-  auto loss = [&] {
-    upload(t.q, in.q);
-    upload(t.k, in.k);
-    upload(t.v, in.v);
-    upload(sinks_t, sinks);
+  // and sinks, small blocks crossing the window's edge, dv = dqk and dv != dqk; bound 1e-6 as in
+  // test_attention's AttentionGradTest.
+  for (const Dims& dims : {Dims{2, 11, 4, 2, 4}, Dims{2, 11, 4, 2, 6, 3}}) {
+    SCOPED_TRACE(::testing::Message() << "dqk=" << dims.dqk() << " dv=" << dims.dv());
+    const ops::AttentionBlocks blocks{8, 4};
+    const int64_t window = 3;
+    Inputs in = random_inputs(dims, 700);
+    std::vector<double> sinks = random_sinks(dims.heads, 707);
+    AttentionTensors t = allocate(dims, DType::f64);
+    OwnedTensor sinks_t = head_vector(sinks, DType::f64, "sinks");
+    OwnedTensor dsinks_t = head_vector(std::vector<double>(dims.heads, 0.0), DType::f64, "dsinks");
+    const ops::AttentionVariant variant{window, sinks_t};
+    upload_inputs(t, in);
     forward(t, dims, blocks, variant);
-    const auto out = download(t.out);
-    long double sum = 0;
-    for (size_t i = 0; i < out.size(); ++i) sum += static_cast<long double>(out[i]) * in.dout[i];
-    return static_cast<double>(sum);
-  };
-  // Step 3e-5: at 1e-5 the rounding of L (~1e-16 of it, over 2h) reaches 8e-7 of the smallest dq
-  // here; at 3e-5 the worst is 2.7e-7 (dk 4e-8, dsinks 7e-11) and the truncation error,
-  // ~h^2 f'''/6, stays below it (1e-4: 1.6e-7, 3e-4: 3.7e-7). L is linear in v, so its central
-  // difference has no truncation error: 1e-3 there.
-  const double step = 3e-5;
-  EXPECT_LT(max_grad_rel_err(in.q, dq, loss, step), 1e-6) << "dq";
-  EXPECT_LT(max_grad_rel_err(in.k, dk, loss, step), 1e-6) << "dk";
-  EXPECT_LT(max_grad_rel_err(in.v, dv, loss, 1e-3), 1e-6) << "dv";
-  EXPECT_LT(max_grad_rel_err(sinks, dsinks, loss, step), 1e-6) << "dsinks";
+    backward(t, dims, blocks, variant, dsinks_t);
+    const auto dq = download(t.dq), dk = download(t.dk), dv = download(t.dv);
+    const auto dsinks = download(dsinks_t);
+
+    auto loss = [&] {
+      upload(t.q, in.q);
+      upload(t.k, in.k);
+      upload(t.v, in.v);
+      upload(sinks_t, sinks);
+      forward(t, dims, blocks, variant);
+      const auto out = download(t.out);
+      long double sum = 0;
+      for (size_t i = 0; i < out.size(); ++i) sum += static_cast<long double>(out[i]) * in.dout[i];
+      return static_cast<double>(sum);
+    };
+    // Step 3e-5: at 1e-5 the rounding of L (~1e-16 of it, over 2h) reaches 8e-7 of the smallest
+    // dq here; at 3e-5 the worst is 2.7e-7 (dk 4e-8, dsinks 7e-11) and the truncation error,
+    // ~h^2 f'''/6, stays below it (1e-4: 1.6e-7, 3e-4: 3.7e-7). L is linear in v, so its central
+    // difference has no truncation error: 1e-3 there.
+    const double step = 3e-5;
+    EXPECT_LT(max_grad_rel_err(in.q, dq, loss, step), 1e-6) << "dq";
+    EXPECT_LT(max_grad_rel_err(in.k, dk, loss, step), 1e-6) << "dk";
+    EXPECT_LT(max_grad_rel_err(in.v, dv, loss, 1e-3), 1e-6) << "dv";
+    EXPECT_LT(max_grad_rel_err(sinks, dsinks, loss, step), 1e-6) << "dsinks";
+  }
 }
 
 TEST_F(AttentionVariantTest, WindowOfAtLeastTIsCausalBitwise) {
@@ -445,24 +402,24 @@ TEST_F(AttentionVariantTest, KeysOutsideTheWindowDoNotTouchARow) {
       const std::vector<double> sinks = random_sinks(dims.heads, 1207);
       const std::vector<double> start(dims.heads, 0.0);
       const Run before = run(dims, dtype, in, blocks, window, sinks, start);
-      const int64_t row = dims.kv_heads * dims.head_dim;
-      for (int64_t b = 0; b < dims.batch; ++b)
-        for (int64_t i = 0; i < row; ++i) {
-          in.k[(b * dims.seq + s) * row + i] += 3.0;
-          in.v[(b * dims.seq + s) * row + i] -= 5.0;
-        }
+      const int64_t k_row = dims.kv_heads * dims.dqk(), v_row = dims.kv_heads * dims.dv();
+      for (int64_t b = 0; b < dims.batch; ++b) {
+        for (int64_t i = 0; i < k_row; ++i) in.k[(b * dims.seq + s) * k_row + i] += 3.0;
+        for (int64_t i = 0; i < v_row; ++i) in.v[(b * dims.seq + s) * v_row + i] -= 5.0;
+      }
       const Run after = run(dims, dtype, in, blocks, window, sinks, start);
-      const int64_t q_row = dims.heads * dims.head_dim;
+      const int64_t q_row = dims.heads * dims.dqk(), o_row = dims.heads * dims.dv();
       for (int64_t b = 0; b < dims.batch; ++b)
         for (int64_t pos = 0; pos < dims.seq; ++pos) {
           const bool sees = s <= pos && pos < s + window;
-          const auto first = static_cast<size_t>((b * dims.seq + pos) * q_row);
+          const auto first_q = static_cast<size_t>((b * dims.seq + pos) * q_row);
+          const auto first_o = static_cast<size_t>((b * dims.seq + pos) * o_row);
           const bool same_out =
-              std::equal(before.out.begin() + first, before.out.begin() + first + q_row,
-                         after.out.begin() + first);
+              std::equal(before.out.begin() + first_o, before.out.begin() + first_o + o_row,
+                         after.out.begin() + first_o);
           const bool same_dq =
-              std::equal(before.dq.begin() + first, before.dq.begin() + first + q_row,
-                         after.dq.begin() + first);
+              std::equal(before.dq.begin() + first_q, before.dq.begin() + first_q + q_row,
+                         after.dq.begin() + first_q);
           EXPECT_EQ(same_out, !sees) << "out b=" << b << " t=" << pos;
           EXPECT_EQ(same_dq, !sees) << "dq b=" << b << " t=" << pos;
           for (int64_t h = 0; h < dims.heads; ++h) {

@@ -104,14 +104,16 @@ inline void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, 
 }
 
 namespace detail {
-// The fragments every lane of the warp passed to the mma in progress (block-shared scratch).
+// The fragments every lane of the warp passed to the mma in progress (block-shared scratch of
+// the emulation's own: the hardware exchanges them in registers, so it does not count against
+// the kernel's shared memory).
 struct MmaOperands {
   const void* a;
   const void* b;
 };
 inline MmaOperands* warp_operands() {
   static const char site = 0;
-  return &::moepeak::cuda_emulation::static_shared<MmaOperands[1024]>(&site)[0];
+  return &::moepeak::cuda_emulation::emulation_scratch<MmaOperands[1024]>(&site)[0];
 }
 }  // namespace detail
 

@@ -5,9 +5,14 @@
 // backward case runs the forward first on tensors of role `out` (compared too), then the
 // backward. Shapes: head dims that are and are not multiples of 32 (8, 24, 16, 40, 64, 128,
 // 256), GQA group sizes 1, 2, 3, 4 and 8, sequences that cross the SIMT kernels' 16-row and
-// 32-entry tiles and the tensor-core kernels' 64-row and 64-entry ones (bf16 with d = 32, 64,
-// 128), B > 1, empty sizes, and a peaky softmax (scale 2, inputs x 2). Every case runs with f32
-// and bf16 storage; lse is Kind::state, as it is f32 for both (ops::attention_lse_dtype).
+// 32-entry tiles and the tensor-core kernels' 64-row and 64-entry ones (bf16 with head dims 32,
+// 64, 128, 192, 256 whose shared memory fits), B > 1, empty sizes, and a peaky softmax (scale 2,
+// inputs x 2). Every case runs with f32 and bf16 storage; lse is Kind::state, as it is f32 for
+// both (ops::attention_lse_dtype). Cases named " dqk=<a> dv=<b>" give v (and so out, dout, dv) a
+// head dim other than q's and k's: DeepSeek-V3's 192 / 128 (tensor cores in bf16), small dims
+// either way round on the SIMT kernels (24 / 16, 12 / 8, 16 / 24), tensor-core pairs 64 / 32,
+// 32 / 128 and 256 / 64, and 128 / 256, whose shared memory is past the tensor cores' budget
+// (bf16 falls back to SIMT); plain and with windows and sinks.
 // With MOEPEAK_BACKEND_OPS=cpu, bf16 is the CPU's fp32 algorithm with bf16 loads and stores
 // (ops/attention.h): out is within one bf16 rounding (2^-8 of the scale; measured <= 3.3e-3),
 // dq, dk, dv slightly more (<= 4.4e-3), as the backward reads the rounded out in D = dout . out;
@@ -27,7 +32,9 @@
 // rounded out) do not; started near 0 its error relative to its own size grew to 2.5e-2 with
 // bf16 (dominant sinks). Start values of the sum's size measure it against the terms instead.
 // Measured on the emulated CUDA: f32 <= 9.2e-7 (the peaky case 5.7e-6), dsinks <= 2.7e-7; bf16
-// out, dq, dk, dv <= 4.6e-3 (W = 1: 8.4e-3, see there), lse <= 4.4e-4, dsinks <= 1.8e-3.
+// out, dq, dk, dv <= 4.6e-3 (W = 1: 8.4e-3, see there), lse <= 4.4e-4, dsinks <= 1.8e-3. The
+// dv != dqk cases: f32 <= 1.0e-6; bf16 out, dq, dk, dv <= 7.1e-3 (dq of 12 / 8 with W > T and
+// sinks, the CPU's bf16 alike), lse <= 3.6e-4, dsinks <= 4.8e-3.
 #include <cmath>
 #include <string>
 
@@ -38,11 +45,14 @@ namespace moepeak::testing::backend_ops {
 
 namespace {
 
+// head_dim is dqk (q, k, dq, dk), v_head_dim dv (v, out, dout, dv; 0: dv = dqk).
 struct AttentionShape {
   int64_t batch, seq, heads, kv_heads, head_dim;
-  double scale;  // 0: 1 / sqrt(d)
+  double scale;  // 0: 1 / sqrt(dqk)
   double input;  // standard deviation of q and k
   Tolerance tolerance;
+  int64_t v_head_dim = 0;
+  int64_t dv() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 };
 
 // What a variant case adds to its shape.
@@ -55,8 +65,12 @@ struct AttentionVariantCase {
 
 std::string describe(const AttentionShape& s) {
   std::string name = " B=" + std::to_string(s.batch) + " T=" + std::to_string(s.seq) +
-                     " nh=" + std::to_string(s.heads) + " nkv=" + std::to_string(s.kv_heads) +
-                     " d=" + std::to_string(s.head_dim);
+                     " nh=" + std::to_string(s.heads) + " nkv=" + std::to_string(s.kv_heads);
+  if (s.dv() == s.head_dim) {
+    name += " d=" + std::to_string(s.head_dim);
+  } else {
+    name += " dqk=" + std::to_string(s.head_dim) + " dv=" + std::to_string(s.dv());
+  }
   if (s.scale != 0) name += " peaky";
   return name;
 }
@@ -81,12 +95,51 @@ Generator sink_values(Sinks sinks) {
   }
 }
 
+// The forward and backward cases of a plain (causal) shape. Tensors: q, k, v, out, lse (forward);
+// q, k, v, dout, out, lse, dq, dk, dv (backward).
+void add_plain_cases(const AttentionShape& s, uint64_t& seed, std::vector<OpCase>& cases) {
+  const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
+  const Shape k_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
+  const Shape v_shape{s.batch, s.seq, s.kv_heads, s.dv()};
+  const Shape out_shape{s.batch, s.seq, s.heads, s.dv()};
+  const Shape lse_shape{s.batch, s.heads, s.seq};
+  const double scale = s.scale != 0 ? s.scale : 1.0 / std::sqrt(double(s.head_dim));
+  const std::string shape = describe(s);
+
+  OpCase forward{"attention_forward" + shape,
+                 {in("q", q_shape, Kind::floating, normal(s.input)),
+                  in("k", k_shape, Kind::floating, normal(s.input)), in("v", v_shape),
+                  out("out", out_shape), out("lse", lse_shape, Kind::state)},
+                 [scale](const std::vector<Tensor>& t, Stream& st) {
+                   ops::attention_forward(t[0], t[1], t[2], scale, t[3], t[4], st);
+                 }};
+  forward.tolerance = s.tolerance;
+  forward.seed = seed++;
+  cases.push_back(std::move(forward));
+
+  OpCase backward{"attention_backward" + shape,
+                  {in("q", q_shape, Kind::floating, normal(s.input)),
+                   in("k", k_shape, Kind::floating, normal(s.input)), in("v", v_shape),
+                   in("dout", out_shape), out("out", out_shape), out("lse", lse_shape, Kind::state),
+                   out("dq", q_shape), out("dk", k_shape), out("dv", v_shape)},
+                  [scale](const std::vector<Tensor>& t, Stream& st) {
+                    ops::attention_forward(t[0], t[1], t[2], scale, t[4], t[5], st);
+                    ops::attention_backward(t[0], t[1], t[2], t[4], t[5], t[3], scale, t[6], t[7],
+                                            t[8], st);
+                  }};
+  backward.tolerance = s.tolerance;
+  backward.seed = seed++;
+  cases.push_back(std::move(backward));
+}
+
 // The forward and backward cases of a variant. Tensors: q, k, v, [sinks], out, lse (forward);
 // q, k, v, dout, [sinks], out, lse, dq, dk, dv, [dsinks] (backward).
 void add_variant_cases(const AttentionVariantCase& c, uint64_t& seed, std::vector<OpCase>& cases) {
   const AttentionShape& s = c.shape;
   const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
-  const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
+  const Shape k_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
+  const Shape v_shape{s.batch, s.seq, s.kv_heads, s.dv()};
+  const Shape out_shape{s.batch, s.seq, s.heads, s.dv()};
   const Shape lse_shape{s.batch, s.heads, s.seq};
   const Shape sinks_shape{s.heads};
   const double scale = s.scale != 0 ? s.scale : 1.0 / std::sqrt(double(s.head_dim));
@@ -95,10 +148,9 @@ void add_variant_cases(const AttentionVariantCase& c, uint64_t& seed, std::vecto
   const std::string name = describe(c);
 
   std::vector<TensorSpec> fwd{in("q", q_shape, Kind::floating, normal(s.input)),
-                              in("k", kv_shape, Kind::floating, normal(s.input)),
-                              in("v", kv_shape)};
+                              in("k", k_shape, Kind::floating, normal(s.input)), in("v", v_shape)};
   if (sinks) fwd.push_back(in("sinks", sinks_shape, Kind::floating, sink_values(c.sinks)));
-  fwd.push_back(out("out", q_shape));
+  fwd.push_back(out("out", out_shape));
   fwd.push_back(out("lse", lse_shape, Kind::state));
   OpCase forward{"attention_forward" + name, fwd,
                  [scale, window, sinks](const std::vector<Tensor>& t, Stream& st) {
@@ -111,11 +163,11 @@ void add_variant_cases(const AttentionVariantCase& c, uint64_t& seed, std::vecto
   cases.push_back(std::move(forward));
 
   std::vector<TensorSpec> bwd{in("q", q_shape, Kind::floating, normal(s.input)),
-                              in("k", kv_shape, Kind::floating, normal(s.input)), in("v", kv_shape),
-                              in("dout", q_shape)};
+                              in("k", k_shape, Kind::floating, normal(s.input)), in("v", v_shape),
+                              in("dout", out_shape)};
   if (sinks) bwd.push_back(in("sinks", sinks_shape, Kind::floating, sink_values(c.sinks)));
-  for (const TensorSpec& spec : {out("out", q_shape), out("lse", lse_shape, Kind::state),
-                                 out("dq", q_shape), out("dk", kv_shape), out("dv", kv_shape)})
+  for (const TensorSpec& spec : {out("out", out_shape), out("lse", lse_shape, Kind::state),
+                                 out("dq", q_shape), out("dk", k_shape), out("dv", v_shape)})
     bwd.push_back(spec);
   // dsinks starts at values of the size of the sum it adds (see the file comment).
   if (sinks) bwd.push_back(inout("dsinks", sinks_shape, Kind::state, normal()));
@@ -159,38 +211,7 @@ MOEPEAK_BACKEND_OPS_CASES(attention) {
   };
   std::vector<OpCase> cases;
   uint64_t seed = 100;
-  for (const AttentionShape& s : shapes) {
-    const Shape q_shape{s.batch, s.seq, s.heads, s.head_dim};
-    const Shape kv_shape{s.batch, s.seq, s.kv_heads, s.head_dim};
-    const Shape lse_shape{s.batch, s.heads, s.seq};
-    const double scale = s.scale != 0 ? s.scale : 1.0 / std::sqrt(double(s.head_dim));
-    const std::string shape = describe(s);
-
-    OpCase forward{"attention_forward" + shape,
-                   {in("q", q_shape, Kind::floating, normal(s.input)),
-                    in("k", kv_shape, Kind::floating, normal(s.input)), in("v", kv_shape),
-                    out("out", q_shape), out("lse", lse_shape, Kind::state)},
-                   [scale](const std::vector<Tensor>& t, Stream& st) {
-                     ops::attention_forward(t[0], t[1], t[2], scale, t[3], t[4], st);
-                   }};
-    forward.tolerance = s.tolerance;
-    forward.seed = seed++;
-    cases.push_back(std::move(forward));
-
-    OpCase backward{"attention_backward" + shape,
-                    {in("q", q_shape, Kind::floating, normal(s.input)),
-                     in("k", kv_shape, Kind::floating, normal(s.input)), in("v", kv_shape),
-                     in("dout", q_shape), out("out", q_shape), out("lse", lse_shape, Kind::state),
-                     out("dq", q_shape), out("dk", kv_shape), out("dv", kv_shape)},
-                    [scale](const std::vector<Tensor>& t, Stream& st) {
-                      ops::attention_forward(t[0], t[1], t[2], scale, t[4], t[5], st);
-                      ops::attention_backward(t[0], t[1], t[2], t[4], t[5], t[3], scale, t[6], t[7],
-                                              t[8], st);
-                    }};
-    backward.tolerance = s.tolerance;
-    backward.seed = seed++;
-    cases.push_back(std::move(backward));
-  }
+  for (const AttentionShape& s : shapes) add_plain_cases(s, seed, cases);
 
   // Windows and sinks. f32 and bf16 d = 8, 16, 24, 40 run the SIMT kernels (16-row blocks,
   // 32-entry tiles), bf16 d = 32, 64, 128 the tensor-core ones (64-row blocks, 64-entry tiles).
@@ -223,6 +244,32 @@ MOEPEAK_BACKEND_OPS_CASES(attention) {
       {{1, 200, 2, 2, 64, 0, 1, standard}, 66, Sinks::none},
   };
   for (const AttentionVariantCase& c : variants) add_variant_cases(c, seed, cases);
+
+  // A value head dim dv other than dqk (after the cases above, so that their seeds stay as they
+  // were). SIMT: f32, and bf16 with dims the tensor cores do not take.
+  const AttentionShape value_dim_shapes[] = {
+      {2, 19, 3, 1, 24, 0, 1, standard, 16},  // dqk 24, dv 16, G = 3
+      {2, 37, 4, 2, 12, 0, 1, standard, 8},   // dqk 12, dv 8
+      {1, 45, 8, 1, 16, 0, 1, standard, 24},  // dv > dqk, G = 8
+      // bf16 on the tensor cores: DeepSeek-V3's 192 / 128, dv < and > dqk, the largest dqk
+      {1, 70, 4, 2, 192, 0, 1, standard, 128},  // G = 2, 140 rows: 3 row blocks, 2 key tiles
+      {1, 130, 2, 1, 64, 0, 1, standard, 32},   // T one past 2 tiles
+      {1, 75, 4, 4, 32, 0, 1, standard, 128},   // G = 1
+      {1, 20, 2, 1, 256, 0, 1, standard, 64},
+      // 128 / 256: past the tensor cores' shared-memory budget, SIMT in bf16 too
+      {1, 20, 2, 1, 128, 0, 1, standard, 256},
+  };
+  for (const AttentionShape& s : value_dim_shapes) add_plain_cases(s, seed, cases);
+  // With windows and sinks: SIMT (24 / 16, 8 / 24, 12 / 8), then the tensor cores in bf16
+  // (192 / 128, 32 / 64).
+  const AttentionVariantCase value_dim_variants[] = {
+      {{2, 37, 4, 2, 24, 0, 1, standard, 16}, 5, Sinks::normal},
+      {{1, 45, 8, 1, 8, 0, 1, standard, 24}, 17, Sinks::dominant},
+      {{2, 23, 4, 1, 12, 0, 1, standard, 8}, 1000, Sinks::normal},  // W > T
+      {{1, 70, 4, 2, 192, 0, 1, standard, 128}, 33, Sinks::normal},
+      {{1, 130, 4, 1, 32, 0, 1, standard, 64}, 9, Sinks::negative},
+  };
+  for (const AttentionVariantCase& c : value_dim_variants) add_variant_cases(c, seed, cases);
   return cases;
 }
 
