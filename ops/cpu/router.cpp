@@ -1,8 +1,10 @@
 // CPU router: per token, a max-subtracted softmax over E experts, top-k by repeated arg-max
 // (strict '>' so the lower index wins ties), and renormalisation when asked; or (gpt-oss's
-// topk_then_softmax) the top k of the logits and a softmax over those k. The backward is the
-// gradient of the softmax over the selected logits (renormalised) or of the full softmax (not),
-// see ops/router.h. f32 | bf16 | f64 storage
+// topk_then_softmax) the top k of the logits and a softmax over those k; or (DeepSeek-V3's
+// sigmoid_group_limited) sigmoid scores, the best groups by their two best biased scores, the
+// top k of those groups' experts. The backward is the gradient of the softmax over the selected
+// logits (renormalised) or of the full softmax (not), or of the sigmoid weights, see
+// ops/router.h. f32 | bf16 | f64 storage
 // (ops/cpu/cpu_storage.h): the exponentials in the compute type (fp32 for bf16), kept in a row
 // of scratch until the sum is known, so every output element is rounded to bf16 once.
 #include "ops/router.h"
@@ -17,25 +19,70 @@
 
 namespace moepeak::ops {
 
-void check_router_forward_args(const char* op, const Tensor& logits, int k, RouterScore score,
-                               bool renormalize, const Tensor& probs, const Tensor& topk_index,
-                               const Tensor& topk_weight) {
-  MOEPEAK_CHECK(score == RouterScore::softmax_then_topk || score == RouterScore::topk_then_softmax,
+namespace {
+
+// The score and its GroupLimitedRouting, for the forward and the backward alike: the scaling of
+// sigmoid_group_limited, and the defaults for the other scores.
+void check_router_score(const char* op, RouterScore score, bool renormalize,
+                        const GroupLimitedRouting& routing) {
+  MOEPEAK_CHECK(score == RouterScore::softmax_then_topk ||
+                    score == RouterScore::topk_then_softmax ||
+                    score == RouterScore::sigmoid_group_limited,
                 op, ": unknown RouterScore ", static_cast<int>(score));
   MOEPEAK_CHECK(score != RouterScore::topk_then_softmax || renormalize, op,
                 ": topk_then_softmax needs renormalize = true (its weights are a softmax over the "
                 "chosen logits)");
+  if (score == RouterScore::sigmoid_group_limited) {
+    MOEPEAK_CHECK(std::isfinite(routing.scaling) && routing.scaling > 0, op,
+                  ": sigmoid_group_limited's scaling must be finite and > 0, got ",
+                  routing.scaling);
+  } else {
+    MOEPEAK_CHECK(routing.groups == 1 && routing.topk_groups == 1 &&
+                      !routing.correction_bias.defined() && routing.scaling == 1.0,
+                  op,
+                  ": groups, topk_groups, correction_bias and scaling belong to "
+                  "sigmoid_group_limited (the other scores take GroupLimitedRouting's defaults)");
+  }
+}
+
+}  // namespace
+
+void check_router_forward_args(const char* op, const Tensor& logits, int k, RouterScore score,
+                               bool renormalize, const Tensor& probs, const Tensor& topk_index,
+                               const Tensor& topk_weight, const GroupLimitedRouting& routing) {
+  check_router_score(op, score, renormalize, routing);
   MOEPEAK_CHECK(logits.ndim() == 2, op, ": logits must be (N, E), got ", logits.str());
   int64_t tokens = logits.size(0), experts = logits.size(1);
   MOEPEAK_CHECK(k >= 1 && k <= experts, op, ": k must be in [1, E = ", experts, "], got ", k);
   probs.expect(logits.shape(), logits.dtype(), std::string(op) + ": probs");
   topk_index.expect(Shape{tokens, k}, DType::i32, std::string(op) + ": topk_index");
   topk_weight.expect(Shape{tokens, k}, logits.dtype(), std::string(op) + ": topk_weight");
+  if (score != RouterScore::sigmoid_group_limited) return;
+  const int64_t groups = routing.groups, topk_groups = routing.topk_groups;
+  MOEPEAK_CHECK(groups >= 1 && experts % groups == 0 && experts / groups >= 2, op,
+                ": groups must divide E = ", experts,
+                " into groups of at least 2 experts (a group's score adds its best two), got ",
+                groups);
+  MOEPEAK_CHECK(topk_groups >= 1 && topk_groups <= groups, op, ": topk_groups must be in [1, ",
+                "groups = ", groups, "], got ", topk_groups);
+  MOEPEAK_CHECK(k <= topk_groups * (experts / groups), op, ": k = ", k, " exceeds the ",
+                topk_groups * (experts / groups), " experts of the ", topk_groups, " kept groups");
+  MOEPEAK_CHECK(routing.correction_bias.defined(), op,
+                ": sigmoid_group_limited needs a correction_bias (E)");
+  routing.correction_bias.expect(Shape{experts},
+                                 logits.dtype() == DType::f64 ? DType::f64 : DType::f32,
+                                 std::string(op) + ": correction_bias (f32; f64 for f64 logits)");
 }
 
 void check_router_backward_args(const char* op, const Tensor& probs, const Tensor& topk_index,
                                 const Tensor& topk_weight, const Tensor& dtopk_weight,
-                                const Tensor& dlogits) {
+                                const Tensor& dlogits, bool renormalized, RouterScore score,
+                                const GroupLimitedRouting& routing) {
+  // The backward reads only the scaling of routing: the rest may be the forward's or defaults.
+  GroupLimitedRouting scaling_only;
+  scaling_only.scaling = routing.scaling;
+  check_router_score(op, score, renormalized,
+                     score == RouterScore::sigmoid_group_limited ? scaling_only : routing);
   MOEPEAK_CHECK(probs.ndim() == 2, op, ": probs must be (N, E), got ", probs.str());
   MOEPEAK_CHECK(topk_index.ndim() == 2 && topk_index.size(0) == probs.size(0) &&
                     topk_index.size(1) >= 1 && topk_index.size(1) <= probs.size(1) &&
@@ -93,15 +140,124 @@ void topk_then_softmax_row(const T* l, const compute_t<T>* ex, double sum, int64
   for (int64_t e = 0; e < experts; ++e) store(p + e, static_cast<C>(ex[e] / sum));
 }
 
+// sigmoid_group_limited's order (ops/router.h): (a_v, a_i) before (b_v, b_i) when a_v is larger,
+// or equal with the lower index; NaN after every number. A strict total order on distinct
+// indices, the CUDA kernels' ranks_before.
+template <typename C>
+bool ranks_before(C a_v, int64_t a_i, C b_v, int64_t b_i) {
+  const bool a_nan = std::isnan(a_v), b_nan = std::isnan(b_v);
+  if (a_nan != b_nan) return b_nan;
+  if (!a_nan && a_v != b_v) return a_v > b_v;
+  return a_i < b_i;
+}
+
+// The first of v[0, n) in that order among the candidates (candidate[i] != 0), or -1.
+template <typename C>
+int64_t first_in_order(const C* v, int64_t n, const char* candidate) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (candidate[i] && (best < 0 || ranks_before(v[i], i, v[best], best))) best = i;
+  }
+  return best;
+}
+
+// Scratch of one row of sigmoid_group_limited, (E) and (groups).
+template <typename C>
+struct GroupLimitedScratch {
+  std::vector<C> choice, group_score;
+  std::vector<char> candidate, group_candidate;
+};
+
+// One row of sigmoid_group_limited (ops/router.h): the scores into p (each l[e] read before p[e]
+// is written, so p may be l), then the choice read back from p plus the bias, the group scores,
+// the kept groups, the top k and their weights.
+template <typename T>
+void sigmoid_group_limited_row(const T* l, const compute_t<T>* bias, int64_t experts,
+                               int64_t groups, int64_t topk_groups, int k, bool renormalize,
+                               double scaling, GroupLimitedScratch<compute_t<T>>& s, T* p,
+                               int32_t* idx, T* w) {
+  using C = compute_t<T>;
+  const int64_t group_size = experts / groups;
+  for (int64_t e = 0; e < experts; ++e) {
+    store(p + e, static_cast<C>(C(1) / (C(1) + std::exp(-load(l[e])))));
+  }
+  for (int64_t e = 0; e < experts; ++e) s.choice[e] = load(p[e]) + bias[e];
+  // Each group's two best choices in the order (ties and NaN as for the experts), added once.
+  for (int64_t g = 0; g < groups; ++g) {
+    const C* c = s.choice.data() + g * group_size;
+    int64_t first = 0, second = -1;
+    for (int64_t i = 1; i < group_size; ++i) {
+      if (ranks_before(c[i], i, c[first], first)) {
+        second = first;
+        first = i;
+      } else if (second < 0 || ranks_before(c[i], i, c[second], second)) {
+        second = i;
+      }
+    }
+    s.group_score[g] = c[first] + c[second];
+  }
+  // The kept groups: repeated arg-max over the group scores; their experts become candidates.
+  std::fill(s.group_candidate.begin(), s.group_candidate.end(), 1);
+  std::fill(s.candidate.begin(), s.candidate.end(), 0);
+  for (int64_t j = 0; j < topk_groups; ++j) {
+    const int64_t g = first_in_order(s.group_score.data(), groups, s.group_candidate.data());
+    s.group_candidate[g] = 0;
+    std::fill_n(s.candidate.begin() + g * group_size, group_size, 1);
+  }
+  // The top k of the candidates; the weights from the stored (unbiased) scores, in double.
+  double chosen_sum = 0;
+  for (int j = 0; j < k; ++j) {
+    const int64_t e = first_in_order(s.choice.data(), experts, s.candidate.data());
+    s.candidate[e] = 0;
+    idx[j] = static_cast<int32_t>(e);
+    chosen_sum += load(p[e]);
+  }
+  const double denominator = chosen_sum + 1e-20;
+  for (int j = 0; j < k; ++j) {
+    const double score = load(p[idx[j]]);
+    store(w + j, static_cast<C>(renormalize ? scaling * (score / denominator) : scaling * score));
+  }
+}
+
 }  // namespace
 
 void router_forward_cpu(const Tensor& logits, int k, RouterScore score, bool renormalize,
                         const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
-                        Stream& stream) {
+                        Stream& stream, const GroupLimitedRouting& routing) {
   const char* op = "router_forward_cpu";
-  check_router_forward_args(op, logits, k, score, renormalize, probs, topk_index, topk_weight);
+  check_router_forward_args(op, logits, k, score, renormalize, probs, topk_index, topk_weight,
+                            routing);
   int64_t tokens = logits.size(0), experts = logits.size(1);
   const bool topk_first = score == RouterScore::topk_then_softmax;
+  if (score == RouterScore::sigmoid_group_limited) {
+    MOEPEAK_CHECK(!runs_on_cuda(routing.correction_bias), op,
+                  ": correction_bias must be on the CPU backend, got ",
+                  routing.correction_bias.str());
+    const int64_t groups = routing.groups, topk_groups = routing.topk_groups;
+    const double scaling = routing.scaling;
+    dispatch_storage(logits.dtype(), op, [&](auto zero) {
+      using T = decltype(zero);
+      using C = compute_t<T>;
+      const T* lp = logits.data_as<T>();                     // (N, E)
+      const C* bias = routing.correction_bias.data_as<C>();  // (E)
+      T* pp = probs.data_as<T>();                            // (N, E)
+      int32_t* ip = topk_index.data_as<int32_t>();           // (N, k)
+      T* wp = topk_weight.data_as<T>();                      // (N, k)
+      as_cpu_stream(stream).enqueue([=] {
+        thread_local GroupLimitedScratch<C> scratch;
+        scratch.choice.resize(static_cast<size_t>(experts));
+        scratch.candidate.resize(static_cast<size_t>(experts));
+        scratch.group_score.resize(static_cast<size_t>(groups));
+        scratch.group_candidate.resize(static_cast<size_t>(groups));
+        for (int64_t n = 0; n < tokens; ++n) {
+          sigmoid_group_limited_row(lp + n * experts, bias, experts, groups, topk_groups, k,
+                                    renormalize, scaling, scratch, pp + n * experts, ip + n * k,
+                                    wp + n * k);
+        }
+      });
+    });
+    return;
+  }
   dispatch_storage(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     const T* lp = logits.data_as<T>();            // (N, E)
@@ -159,10 +315,13 @@ void router_forward_cpu(const Tensor& logits, int k, RouterScore score, bool ren
 
 void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
                          const Tensor& dtopk_weight, bool renormalized, const Tensor& dlogits,
-                         Stream& stream) {
+                         Stream& stream, RouterScore score, const GroupLimitedRouting& routing) {
   const char* op = "router_backward_cpu";
-  check_router_backward_args(op, probs, topk_index, topk_weight, dtopk_weight, dlogits);
+  check_router_backward_args(op, probs, topk_index, topk_weight, dtopk_weight, dlogits,
+                             renormalized, score, routing);
   int64_t tokens = probs.size(0), experts = probs.size(1), k = topk_index.size(1);
+  const bool sigmoid = score == RouterScore::sigmoid_group_limited;
+  const double scaling = routing.scaling;
   dispatch_storage(probs.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
     using C = compute_t<T>;
@@ -188,11 +347,35 @@ void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Te
         }
         const T* w = wp + n * k;
         const T* dw = dwp + n * k;
+        T* dl = dlp + n * experts;
+        if (sigmoid) {
+          // ds_j from S and T (ops/router.h), times s_j (1 - s_j); every read of p (the slots'
+          // scores) comes before the first write of dl, so dlogits may be probs itself.
+          const T* p = pp + n * experts;
+          double chosen_sum = 0, weighted_sum = 0;  // S = sum_j s_j, T = sum_j dw_j s_j
+          for (int64_t j = 0; j < k; ++j) {
+            const double s = load(p[idx[j]]);
+            chosen_sum += s;
+            weighted_sum += static_cast<double>(load(dw[j])) * s;
+          }
+          const double denominator = chosen_sum + 1e-20;
+          thread_local std::vector<double> dlogit;  // (k): each slot's dlogits element
+          dlogit.resize(static_cast<size_t>(k));
+          for (int64_t j = 0; j < k; ++j) {
+            const double s = load(p[idx[j]]), dwj = load(dw[j]);
+            const double ds = renormalized
+                                  ? scaling * (dwj - weighted_sum / denominator) / denominator
+                                  : scaling * dwj;
+            dlogit[j] = ds * s * (1 - s);
+          }
+          for (int64_t e = 0; e < experts; ++e) store(dl + e, C(0));
+          for (int64_t j = 0; j < k; ++j) store(dl + idx[j], static_cast<C>(dlogit[j]));
+          continue;
+        }
         double weighted_dw = 0;  // sum_j dw_j w_j
         for (int64_t j = 0; j < k; ++j) {
           weighted_dw += static_cast<double>(load(dw[j])) * load(w[j]);
         }
-        T* dl = dlp + n * experts;
         if (renormalized) {
           for (int64_t e = 0; e < experts; ++e) store(dl + e, C(0));
           for (int64_t j = 0; j < k; ++j) {

@@ -2,10 +2,13 @@
 // exponentials in double, writes probs rounded to the storage dtype, then selects the top k by
 // repeated arg-max over the rounded probs with ties to the lower expert index (ops/cpu/router.cpp's
 // rule), and renormalises in double when asked. topk_then_softmax (gpt-oss) has its own
-// forward kernel: the same arg-max over the logits, a softmax over the k chosen, then probs. The
-// backwards are warp-per-row too, row sums in double.
+// forward kernel: the same arg-max over the logits, a softmax over the k chosen, then probs.
+// sigmoid_group_limited (DeepSeek-V3) has its own too: the sigmoid scores, the group scores
+// into shared memory, the same arg-max over the groups and then over the kept groups' experts.
+// All three select with warp_top_k. The backwards are warp-per-row too, row sums in double.
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_router.cpp).
 #include <cmath>
+#include <string>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/router.h"
@@ -33,14 +36,17 @@ __device__ __forceinline__ bool ranks_before(C a_v, int a_i, C b_v, int b_i) {
   return a_i < b_i;
 }
 
-// The next pick of a warp's repeated arg-max over v[0, E): the first expert in selection order
-// after (prev_v, prev_i) (prev_i < 0: the first overall), into best_v and best_i on every lane.
-// Each lane scans experts lane, lane + 32, ..., then the warp reduces.
-template <typename T, typename C>
-__device__ __forceinline__ void warp_next_pick(const T* v, int experts, int lane, C prev_v,
+// The next pick of a warp's repeated arg-max over the candidates e in [0, count): the first in
+// selection order after (prev_v, prev_i) (prev_i < 0: the first overall), into best_v and best_i
+// on every lane (best_i < 0 when no candidate is left). value(e, x) sets x to e's value and
+// returns whether e is a candidate at all. Each lane scans e = lane, lane + 32, ..., then the
+// warp reduces.
+template <typename C, typename Value>
+__device__ __forceinline__ void warp_next_pick(int count, int lane, const Value& value, C prev_v,
                                                int prev_i, C& best_v, int& best_i) {
-  for (int e = lane; e < experts; e += 32) {
-    C x = load_as<C>(v, e);
+  for (int e = lane; e < count; e += 32) {
+    C x = 0;
+    if (!value(e, x)) continue;
     if (prev_i >= 0 && !ranks_before(prev_v, prev_i, x, e)) continue;  // already chosen
     if (best_i < 0 || ranks_before(x, e, best_v, best_i)) {
       best_v = x;
@@ -54,6 +60,24 @@ __device__ __forceinline__ void warp_next_pick(const T* v, int experts, int lane
       best_v = other_v;
       best_i = other_i;
     }
+  }
+}
+
+// A warp's top k of the candidates in [0, count) (warp_next_pick's value): the j-th pick is the
+// first in selection order after the (j-1)-th; on_pick(j, v, i) runs on every lane with pick j's
+// value and index, in order j = 0, ..., k - 1. The caller makes sure k candidates exist.
+template <typename C, typename Value, typename OnPick>
+__device__ __forceinline__ void warp_top_k(int count, int k, int lane, const Value& value,
+                                           const OnPick& on_pick) {
+  C prev_v = 0;
+  int prev_i = -1;
+  for (int j = 0; j < k; ++j) {
+    C best_v = 0;
+    int best_i = -1;
+    warp_next_pick(count, lane, value, prev_v, prev_i, best_v, best_i);
+    on_pick(j, best_v, best_i);
+    prev_v = best_v;
+    prev_i = best_i;
   }
 }
 
@@ -83,27 +107,26 @@ __global__ void router_forward_kernel(const T* logits, T* probs, int32_t* topk_i
       store_from(p, e, static_cast<double>(ex) / sum);
     }
 
-    // Top k: the j-th pick is the first in selection order after the (j-1)-th.
+    // Top k of the stored probs.
     int32_t* idx = topk_index + n * k;
     T* w = topk_weight + n * k;
-    C prev_v = 0;
-    int prev_i = -1;
     double chosen_sum = 0;
-    for (int j = 0; j < k; ++j) {
-      C best_v = 0;
-      int best_i = -1;
-      warp_next_pick(p, experts, lane, prev_v, prev_i, best_v, best_i);  // the stored probs
-      // Every lane holds the same pick (k <= E, so there always is one). Slot j belongs to lane
-      // j % 32, which parks the chosen prob in w[j] (exact: it is a stored value) until the sum
-      // of all k is known; without renormalisation that is the weight.
-      if (lane == (j & 31)) {
-        idx[j] = best_i;
-        store_from(w, j, best_v);
-      }
-      chosen_sum += static_cast<double>(best_v);
-      prev_v = best_v;
-      prev_i = best_i;
-    }
+    warp_top_k<C>(
+        experts, k, lane,
+        [&](int e, C& x) {
+          x = load_as<C>(p, e);
+          return true;
+        },
+        [&](int j, C best_v, int best_i) {
+          // Every lane holds the same pick (k <= E, so there always is one). Slot j belongs to
+          // lane j % 32, which parks the chosen prob in w[j] (exact: it is a stored value) until
+          // the sum of all k is known; without renormalisation that is the weight.
+          if (lane == (j & 31)) {
+            idx[j] = best_i;
+            store_from(w, j, best_v);
+          }
+          chosen_sum += static_cast<double>(best_v);
+        });
     if (renormalize) {
       for (int j = lane; j < k; j += 32) {
         store_from(w, j, load_as<double>(w, j) / chosen_sum);
@@ -139,19 +162,19 @@ __global__ void router_topk_then_softmax_kernel(const T* logits, T* probs, int32
 
     int32_t* idx = topk_index + n * k;
     T* w = topk_weight + n * k;
-    C prev_v = 0, top = 0;
-    int prev_i = -1;
+    C top = 0;
     double chosen_sum = 0;
-    for (int j = 0; j < k; ++j) {
-      C best_v = 0;
-      int best_i = -1;
-      warp_next_pick(l, experts, lane, prev_v, prev_i, best_v, best_i);  // the stored logits
-      if (lane == (j & 31)) idx[j] = best_i;  // slot j belongs to lane j % 32
-      if (j == 0) top = best_v;
-      chosen_sum += static_cast<double>(exp(best_v - top));
-      prev_v = best_v;
-      prev_i = best_i;
-    }
+    warp_top_k<C>(
+        experts, k, lane,
+        [&](int e, C& x) {
+          x = load_as<C>(l, e);  // the stored logits
+          return true;
+        },
+        [&](int j, C best_v, int best_i) {
+          if (lane == (j & 31)) idx[j] = best_i;  // slot j belongs to lane j % 32
+          if (j == 0) top = best_v;
+          chosen_sum += static_cast<double>(exp(best_v - top));
+        });
     // Each lane's slots j = lane + 32 i, whose idx[j] it wrote itself.
     for (int j = lane; j < k; j += 32) {
       const C e = exp(load_as<C>(l, idx[j]) - top);
@@ -161,6 +184,95 @@ __global__ void router_topk_then_softmax_kernel(const T* logits, T* probs, int32
     for (int e = lane; e < experts; e += 32) {
       C ex = exp(load_as<C>(l, e) - row_max);
       store_from(p, e, static_cast<double>(ex) / sum);
+    }
+  }
+}
+
+// sigmoid_group_limited's group scores: kWarpsPerBlock slices of `groups` compute-type values.
+extern __shared__ __align__(16) unsigned char router_group_smem[];
+
+// sigmoid_group_limited (DeepSeek-V3, ops/router.h), with the CPU's arithmetic in each step:
+//   1. each lane stores its experts' scores s = 1 / (1 + exp(-l)) (reading l[e] before writing
+//      p[e], so probs may be logits itself);
+//   2. after a __syncwarp, lane g % 32 adds group g's two best choices (p[e] + bias[e], the
+//      stored scores read back) into the warp's slice of shared memory;
+//   3. after another __syncwarp, warp_top_k over the group scores; its last pick is the
+//      threshold: group g is kept when it is that pick or ranks before it;
+//   4. warp_top_k over the kept groups' experts by their choice, the scores' sum in double in
+//      slot order on every lane; then each lane writes the weights of its slots j = lane + 32 i.
+// The next token's scores are written only after the next step 1's __syncwarp, which every lane
+// reaches after its reads of this token's scores.
+template <typename T>
+__global__ void router_sigmoid_group_limited_kernel(const T* logits, const compute_t<T>* bias,
+                                                    T* probs, int32_t* topk_index, T* topk_weight,
+                                                    int64_t tokens, int experts, int k, int groups,
+                                                    int topk_groups, bool renormalize,
+                                                    double scaling) {
+  using C = compute_t<T>;
+  const int lane = threadIdx.x & 31;
+  C* group_score = reinterpret_cast<C*>(router_group_smem) + (threadIdx.x >> 5) * groups;
+  const int group_size = experts / groups;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+       n < tokens; n += warps) {
+    const T* l = logits + n * experts;
+    T* p = probs + n * experts;
+    for (int e = lane; e < experts; e += 32) {
+      const C x = load_as<C>(l, e);
+      store_from(p, e, C(1) / (C(1) + exp(-x)));
+    }
+    __syncwarp();
+    auto choice = [&](int e) { return load_as<C>(p, e) + bias[e]; };
+    for (int g = lane; g < groups; g += 32) {
+      const int base = g * group_size;
+      C first_v = choice(base), second_v = 0;
+      int first = 0, second = -1;
+      for (int i = 1; i < group_size; ++i) {
+        const C v = choice(base + i);
+        if (ranks_before(v, i, first_v, first)) {
+          second_v = first_v;
+          second = first;
+          first_v = v;
+          first = i;
+        } else if (second < 0 || ranks_before(v, i, second_v, second)) {
+          second_v = v;
+          second = i;
+        }
+      }
+      group_score[g] = first_v + second_v;
+    }
+    __syncwarp();
+    C last_v = 0;  // the last kept group's score and index
+    int last_g = -1;
+    warp_top_k<C>(
+        groups, topk_groups, lane,
+        [&](int g, C& x) {
+          x = group_score[g];
+          return true;
+        },
+        [&](int, C v, int g) {
+          last_v = v;
+          last_g = g;
+        });
+    int32_t* idx = topk_index + n * k;
+    T* w = topk_weight + n * k;
+    double chosen_sum = 0;
+    warp_top_k<C>(
+        experts, k, lane,
+        [&](int e, C& x) {
+          const int g = e / group_size;
+          if (g != last_g && !ranks_before(group_score[g], g, last_v, last_g)) return false;
+          x = choice(e);
+          return true;
+        },
+        [&](int j, C, int e) {
+          if (lane == (j & 31)) idx[j] = e;  // slot j belongs to lane j % 32
+          chosen_sum += load_as<double>(p, e);
+        });
+    const double denominator = chosen_sum + 1e-20;
+    for (int j = lane; j < k; j += 32) {
+      const double s = load_as<double>(p, idx[j]);
+      store_from(w, j, renormalize ? scaling * (s / denominator) : scaling * s);
     }
   }
 }
@@ -231,6 +343,59 @@ __global__ void router_backward_full_kernel(const T* probs, const int32_t* topk_
   }
 }
 
+// Whether slot j of a row names an expert in [0, E) that no earlier slot names (CUDA's rule for
+// bad slots, ops/router.h).
+__device__ __forceinline__ bool valid_slot(const int32_t* idx, int j, int experts) {
+  if (idx[j] < 0 || idx[j] >= experts) return false;
+  for (int i = 0; i < j; ++i) {
+    if (idx[i] == idx[j]) return false;
+  }
+  return true;
+}
+
+// sigmoid_group_limited's backward (ops/router.h): S and T over the valid slots in slot order on
+// every lane (the CPU's sums, bit for bit), then, after a __syncwarp (every read of another
+// lane's probs done, so dlogits may be probs itself), each lane writes its own experts: ds_j *
+// s (1 - s) from the first slot naming e, 0 for the experts no slot names.
+template <typename T>
+__global__ void router_backward_sigmoid_kernel(const T* probs, const int32_t* topk_index,
+                                               const T* dtopk_weight, T* dlogits, int64_t tokens,
+                                               int experts, int k, bool renormalized,
+                                               double scaling) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+       n < tokens; n += warps) {
+    const int32_t* idx = topk_index + n * k;
+    const T* dw = dtopk_weight + n * k;
+    const T* p = probs + n * experts;
+    T* dl = dlogits + n * experts;
+    double chosen_sum = 0, weighted_sum = 0;  // S = sum_j s_j, T = sum_j dw_j s_j
+    for (int j = 0; j < k; ++j) {
+      if (!valid_slot(idx, j, experts)) continue;
+      const double s = load_as<double>(p, idx[j]);
+      chosen_sum += s;
+      weighted_sum += load_as<double>(dw, j) * s;
+    }
+    const double denominator = chosen_sum + 1e-20;
+    __syncwarp();
+    for (int e = lane; e < experts; e += 32) {
+      double g = 0;
+      for (int j = 0; j < k; ++j) {
+        if (idx[j] == e) {  // the first slot naming e: a valid one
+          const double s = load_as<double>(p, e), dwj = load_as<double>(dw, j);
+          const double ds = renormalized
+                                ? scaling * (dwj - weighted_sum / denominator) / denominator
+                                : scaling * dwj;
+          g = ds * s * (1 - s);
+          break;
+        }
+      }
+      store_from(dl, e, g);
+    }
+  }
+}
+
 template <typename T>
 __global__ void router_aux_backward_kernel(const T* probs, const T* dprobs, T* dlogits,
                                            int64_t tokens, int experts) {
@@ -257,15 +422,32 @@ __global__ void router_aux_backward_kernel(const T* probs, const T* dprobs, T* d
 
 void router_forward_cuda(const Tensor& logits, int k, RouterScore score, bool renormalize,
                          const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
-                         Stream& stream) {
+                         Stream& stream, const GroupLimitedRouting& routing) {
   const char* op = "router_forward_cuda";
-  check_router_forward_args(op, logits, k, score, renormalize, probs, topk_index, topk_weight);
+  check_router_forward_args(op, logits, k, score, renormalize, probs, topk_index, topk_weight,
+                            routing);
   const int64_t tokens = logits.size(0), experts = logits.size(1);
   MOEPEAK_CHECK(experts <= INT32_MAX, op, ": E = ", experts, " does not fit an i32 expert index");
+  const bool sigmoid = score == RouterScore::sigmoid_group_limited;
+  MOEPEAK_CHECK(!sigmoid || runs_on_cuda(routing.correction_bias), op,
+                ": correction_bias must be CUDA device memory, got ",
+                routing.correction_bias.str());
   if (tokens == 0) return;
   cuda::dispatch_storage(logits.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    if (score == RouterScore::topk_then_softmax) {
+    if (sigmoid) {
+      using C = compute_t<T>;
+      const size_t smem = sizeof(C) * kWarpsPerBlock * static_cast<size_t>(routing.groups);
+      auto kernel = router_sigmoid_group_limited_kernel<T>;
+      cuda::allow_dynamic_smem(kernel, smem, op, "groups = " + std::to_string(routing.groups));
+      router_sigmoid_group_limited_kernel<T>
+          <<<grid_for_rows(tokens), cuda::kThreads, smem, cuda::native(stream)>>>(
+              static_cast<const T*>(logits.data()),
+              static_cast<const C*>(routing.correction_bias.data()), static_cast<T*>(probs.data()),
+              static_cast<int32_t*>(topk_index.data()), static_cast<T*>(topk_weight.data()), tokens,
+              static_cast<int>(experts), k, static_cast<int>(routing.groups),
+              static_cast<int>(routing.topk_groups), renormalize, routing.scaling);
+    } else if (score == RouterScore::topk_then_softmax) {
       router_topk_then_softmax_kernel<T>
           <<<grid_for_rows(tokens), cuda::kThreads, 0, cuda::native(stream)>>>(
               static_cast<const T*>(logits.data()), static_cast<T*>(probs.data()),
@@ -283,15 +465,22 @@ void router_forward_cuda(const Tensor& logits, int k, RouterScore score, bool re
 
 void router_backward_cuda(const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
                           const Tensor& dtopk_weight, bool renormalized, const Tensor& dlogits,
-                          Stream& stream) {
+                          Stream& stream, RouterScore score, const GroupLimitedRouting& routing) {
   const char* op = "router_backward_cuda";
-  check_router_backward_args(op, probs, topk_index, topk_weight, dtopk_weight, dlogits);
+  check_router_backward_args(op, probs, topk_index, topk_weight, dtopk_weight, dlogits,
+                             renormalized, score, routing);
   const int64_t tokens = probs.size(0), experts = probs.size(1), k = topk_index.size(1);
   MOEPEAK_CHECK(experts <= INT32_MAX, op, ": E = ", experts, " does not fit an i32 expert index");
   if (tokens == 0) return;
   cuda::dispatch_storage(probs.dtype(), op, [&](auto zero) {
     using T = decltype(zero);
-    if (renormalized) {
+    if (score == RouterScore::sigmoid_group_limited) {
+      router_backward_sigmoid_kernel<T>
+          <<<grid_for_rows(tokens), cuda::kThreads, 0, cuda::native(stream)>>>(
+              static_cast<const T*>(probs.data()), static_cast<const int32_t*>(topk_index.data()),
+              static_cast<const T*>(dtopk_weight.data()), static_cast<T*>(dlogits.data()), tokens,
+              static_cast<int>(experts), static_cast<int>(k), renormalized, routing.scaling);
+    } else if (renormalized) {
       router_backward_kernel<T><<<grid_for_rows(tokens), cuda::kThreads, 0, cuda::native(stream)>>>(
           static_cast<const int32_t*>(topk_index.data()), static_cast<const T*>(topk_weight.data()),
           static_cast<const T*>(dtopk_weight.data()), static_cast<T*>(dlogits.data()), tokens,
