@@ -8,6 +8,7 @@
 #include "core/model/decoder_activations.h"
 #include "ops/attention.h"
 #include "ops/bias.h"
+#include "ops/convert.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/fill.h"
@@ -122,6 +123,27 @@ std::vector<schedules::ExpertWeights> DecoderModel::local_experts_of(int layer, 
     experts.push_back(e);
   }
   return experts;
+}
+
+ops::GroupLimitedRouting DecoderModel::group_limited_routing(int layer, const Group& w,
+                                                             OwnedTensor& bias_f32) const {
+  const RouterSpec& r = spec_.layers[layer].mlp.router;
+  if (r.score != RouterScore::sigmoid_group_limited) return {};
+  ops::GroupLimitedRouting routing{r.groups, r.topk_groups, Tensor(), r.scaling};
+  const int bias = params_.layout().layers[layer].router_correction_bias;
+  if (bias >= 0) {
+    routing.correction_bias = w.value(bias);
+    if (dtype_ == DType::bf16) {
+      // NOTES: the op adds an fp32 bias (transformers keeps e_score_correction_bias in fp32); a
+      // bf16 model's bias is its working weight, widened here (its fp32 master is the
+      // optimizer's, which the balancing moves: core/train/router_balance.h).
+      bias_f32 = OwnedTensor::device(backend_, w.value(bias).shape(), DType::f32,
+                                     LiveSet::workspace, "router correction bias (fp32)");
+      ops::convert(w.value(bias), bias_f32, stream_);
+      routing.correction_bias = bias_f32.view();
+    }
+  }
+  return routing;
 }
 
 void DecoderModel::project(const Tensor& x, const Group& w, int weight, int bias,
@@ -347,8 +369,11 @@ OwnedTensor DecoderModel::moe_forward(int layer, const Group& w, LayerActivation
   {
     OwnedTensor router_logits = device(Shape{N, E}, LiveSet::workspace, "router logits");
     project(a.n2, w, L.router, L.router_bias, router_logits);
+    OwnedTensor bias_f32;
+    const ops::GroupLimitedRouting routing = group_limited_routing(layer, w, bias_f32);
     ops::router_forward(router_logits, static_cast<int>(k), mlp.router.score,
-                        mlp.router.renormalize, a.probs, a.topk_index, a.topk_weight, stream_);
+                        mlp.router.renormalize, a.probs, a.topk_index, a.topk_weight, stream_,
+                        routing);
   }
   if (schedules_.routing == Routing::worst_case) {
     // The plan's worst case (schedules.routing): token n's j-th expert is expert j, so every
@@ -402,7 +427,8 @@ void DecoderModel::moe_backward(int layer, const Group& w, const Tensor& dy, Lay
   if (L.shared_gate >= 0) shared_experts_backward(L, w, dy, a, dn2);
   OwnedTensor drouter = device(Shape{N, E}, LiveSet::workspace, "d router logits");
   ops::router_backward(a.probs, a.topk_index, a.topk_weight, dtopk_weight, mlp.router.renormalize,
-                       drouter, stream_);
+                       drouter, stream_, mlp.router.score,
+                       ops::GroupLimitedRouting{1, 1, Tensor(), mlp.router.scaling});
   if (aux_dprobs_.view().defined())
     ops::router_aux_backward(a.probs, aux_dprobs_, drouter, stream_);
   if (L.router_bias >= 0) ops::bias_backward(drouter, w.grad(L.router_bias), stream_);

@@ -70,6 +70,7 @@
 #include "core/model/zero_traffic.h"
 #include "core/runtime/backend.h"
 #include "ops/attention.h"
+#include "ops/router.h"
 #include "ops/schedules/checkpoint_standard.h"
 #include "ops/schedules/dispatch.h"
 #include "ops/schedules/ulysses.h"
@@ -203,6 +204,10 @@ class DecoderModel {
                           const Tensor& y) const;
   void swiglu_mlp_backward(const SwigluMlp& m, const Tensor& n2, const Tensor& gate,
                            const Tensor& up, const Tensor& dy, const Tensor& dn2) const;
+  // The router op's group-limited parameters of the layer (defaults for another score), its
+  // correction bias widened into `bias_f32` for a bf16 model.
+  ops::GroupLimitedRouting group_limited_routing(int layer, const Group& w,
+                                                 OwnedTensor& bias_f32) const;
   // The layer's window and this rank's slice of its sinks (the query heads it attends over).
   ops::AttentionVariant attention_variant(int layer, const Group& w) const;
   // y = x W^T (+ b when bias >= 0), written; the bias is broadcast into y first and the GEMM

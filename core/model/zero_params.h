@@ -223,6 +223,9 @@ class ZeroParamStore {
   bool is_local(int param) const { return info_.at(param).offset >= 0; }
   // Elements of this rank's piece: s_i (sharded), numel (held whole), V_r * H (rows).
   int64_t shard_elements(int param) const { return info_.at(param).local_numel; }
+  // The element of the flattened param this rank's piece starts at (0 for a param held whole);
+  // a sharded piece covers [shard_first, min(numel, shard_first + shard_elements)).
+  int64_t shard_first(int param) const { return info_.at(param).first; }
   // The piece of `param` this rank stores (Error if none): a 1-D shard, the full tensor (an
   // expert held whole) or (V_r, H) rows (row-sharded).
   Tensor local_value(int param) const;

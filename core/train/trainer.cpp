@@ -31,6 +31,7 @@
 #include "core/run_context.h"
 #include "core/runtime/backend.h"
 #include "core/train/lr_schedule.h"
+#include "core/train/router_balance.h"
 #include "core/units.h"
 #include "ops/elementwise.h"
 #include "ops/fill.h"
@@ -210,6 +211,8 @@ struct Trainer::State {
   ParallelDegrees degrees;   // [parallelism] on the launcher's W ranks
   std::unique_ptr<DecoderModel> model;
   std::unique_ptr<schedules::Optimizer> optimizer;  // optimizer.placement's AdamW
+  // model.router_bias_update_rate's balancing of the routers' correction biases (deepseek_v3).
+  std::unique_ptr<RouterBiasBalance> router_balance;
   std::unique_ptr<DataLoader> loader;
   std::unique_ptr<DataLoader> eval_loader;  // eval.dataset_path's, when set
   std::vector<uint8_t> eval_start;          // its state at the start of the file
@@ -264,6 +267,8 @@ Trainer::Trainer(const Config& config, const TrainOptions& options)
   // The serial offload's host AdamW gets the rank's share of the cores, as OpenBLAS does.
   s.optimizer = schedules::make_optimizer(*s.backend, optimizer_params(params), cfg.optimizer,
                                           backend_options(cfg, s.ranks, s.binding).cpu_threads);
+  s.router_balance =
+      std::make_unique<RouterBiasBalance>(params.layout(), cfg.model.router_bias_update_rate);
   s.loader = make_data_loader(cfg.training, cfg.model, cfg.job.seed);
   if (cfg.eval.enabled()) {
     s.eval_loader = make_eval_loader(cfg.eval, cfg.training, cfg.model);
@@ -477,6 +482,7 @@ StepMetrics Trainer::step() {
     N = static_cast<int64_t>(local.input_ids.size());
     const TokenBatch batch = upload_batch(backend, s.d_ids, s.d_labels, s.d_positions, B, T, local);
     loss += s.model->forward_backward(batch, step_scored);
+    s.router_balance->add(s.model->expert_load());
   }
   if (fault_here("grads")) poison_first_element(params.flat_grads(), stream);
   backend.arena().set_phase(StepPhase::optimizer);  // the grad norm, the update, the metrics
@@ -515,6 +521,7 @@ StepMetrics Trainer::step() {
   const double clip = max_norm > 0 && grad_norm > max_norm ? max_norm / (grad_norm + 1e-6) : 1.0;
   const double lr = learning_rate(s.cfg.optimizer, s.cfg.lr_scheduler, s.cfg.training.steps, step);
   if (finite) s.optimizer->step(step, lr, clip, stream);
+  s.router_balance->apply(params, *s.optimizer, stream, /*moved=*/finite);
   // tests/faults: an update that wrote a non-finite weight (the next step's forward reads it).
   if (fault_here("weights")) poison_first_element(params.flat_values(), stream);
   stream.synchronize();

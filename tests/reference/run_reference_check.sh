@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_hf_reference: moepeak's step-1 loss and gradients against an independent float64 numpy
-# reference of transformers' <Family>ForCausalLM (hf_reference.py, check_step_dump.py): Mixtral
-# and Qwen3-MoE, with each RoPE scaling.
+# reference of transformers' <Family>ForCausalLM (hf_reference.py, check_step_dump.py): Mixtral,
+# Qwen3-MoE, gpt-oss and DeepSeek-V3, with each RoPE scaling.
 #   bash run_reference_check.sh path/to/moepeak
 # Each case trains one step of a small model with --dump-step and checks the dump. Needs Debian's
 # /usr/bin/python3 with python3-numpy (a PATH python3 may lack numpy).
@@ -77,6 +77,27 @@ run_case gpt_oss "${gpt_oss[@]}" --set model.rope_type=yarn --set model.rope_fac
   --set model.rope_theta=1000
 run_case gpt_oss_w1_aux "${gpt_oss[@]}" --set model.sliding_window=1 \
   --set model.router_aux_loss_coef=0.2 --set schedules.checkpoint=none
+
+# DeepSeek-V3 (config.json model_type deepseek_v3): multi-head latent attention (the q bottleneck,
+# the kv latent, q/k heads of 8 + 4 rotary dims, value heads of 6, interleaved RoPE, yarn with
+# mscale_all_dim scaling the softmax), the first layer dense, sigmoid routing top-2 from the best 2
+# of 4 groups of 2 with weights times 2.5, 2 shared experts; a large eps so that the latent norms'
+# own eps (1e-6) is told apart from it. Then a plain q_proj, rotate_half pairs, no group limit,
+# unnormalised weights and no checkpointing. (Non-zero correction biases: run_hf_roundtrip.sh.)
+deepseek=(--set model.model_type=deepseek_v3 --set model.num_hidden_layers=3
+          --set model.num_key_value_heads=4 --set model.head_dim=12 --set model.q_lora_rank=16
+          --set model.kv_lora_rank=12 --set model.qk_nope_head_dim=8 --set model.qk_rope_head_dim=4
+          --set model.v_head_dim=6 --set model.num_local_experts=8 --set model.n_group=4
+          --set model.topk_group=2 --set model.routed_scaling_factor=2.5
+          --set model.n_shared_experts=2 --set model.first_k_dense_replace=1
+          --set model.moe_intermediate_size=12 --set model.intermediate_size=40
+          --set model.rope_interleave=true --set model.rms_norm_eps=0.01)
+run_case deepseek_v3 "${deepseek[@]}" --set model.rope_type=yarn --set model.rope_factor=4 \
+  --set model.rope_original_max_position_embeddings=8 --set model.rope_mscale=1.0 \
+  --set model.rope_mscale_all_dim=1.0
+run_case deepseek_v3_plain "${deepseek[@]}" --set model.q_lora_rank=0 \
+  --set model.rope_interleave=false --set model.n_group=1 --set model.topk_group=1 \
+  --set model.norm_topk_prob=false --set schedules.checkpoint=none
 
 # RoPE scaling, each type as transformers' modeling_rope_utils.py computes it (small theta and
 # original contexts so that every frequency band of the 16-dim heads is moved).
