@@ -46,10 +46,9 @@ void RouterBiasBalance::apply(ZeroParamStore& params, const schedules::Optimizer
                               Stream& stream, bool moved) {
   if (!active()) return;
   if (moved) {
-    Tensor master;  // the fp32 master of bf16 working weights, when the optimizer keeps one
-    for (const schedules::OptimizerState& state : optimizer.state()) {
-      if (state.name == "master") master = state.flat;
-    }
+    // The master the optimizer refreshes the working weights from (the offloads keep one even
+    // for f32 weights), when it keeps one.
+    const Tensor master = optimizer.master();
     const Tensor flat = params.flat_values();
     Backend& backend = params.backend();
     for (size_t l = 0; l < biases_.size(); ++l) {

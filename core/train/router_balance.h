@@ -6,8 +6,9 @@
 // with load_e the tokens routed to expert e over the step's micro-batches and the whole job
 // (DecoderModel::expert_load: the expert group's counts summed over the expert replicas), so every
 // rank computes the same update and applies it to the part of the bias it stores (its ZeRO-3
-// shard) and, when the optimizer keeps an fp32 master (bf16 weights), to the master too: the
-// master moves in fp32 and the working weight is its rounding, as after an AdamW step. The bias
+// shard) and, when the optimizer keeps a master (an fp32 one for bf16 weights; the offloads'
+// host copy for any), to the master too: the master moves and the working weight is its
+// rounding, as after an AdamW step. The bias
 // gets no gradient (AdamW leaves it unchanged: zero moments, no weight decay), so this rule is
 // the only thing that moves it. A skipped step (a non-finite loss) moves nothing.
 //

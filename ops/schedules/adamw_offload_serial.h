@@ -57,7 +57,7 @@ class SerialOffloadAdamW final : public Optimizer {
   void load_master_from_weights(Stream& stream) override { host_.load_master_from_weights(stream); }
 
   int host_threads() const { return adam_.threads(); }
-  Tensor master() const { return host_.master(); }  // pinned host, flat like the weights
+  Tensor master() const override { return host_.master(); }  // pinned host, flat
   Tensor m() const { return host_.m(); }
   Tensor v() const { return host_.v(); }
 

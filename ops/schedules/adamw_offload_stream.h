@@ -75,8 +75,8 @@ class OffloadStreamAdamW final : public Optimizer {
   void load_master_from_weights(Stream& stream) override { host_.load_master_from_weights(stream); }
 
   const OffloadStreamShape& shape() const { return shape_; }
-  uint64_t staging_bytes() const;                   // adamw_offload_stream_bytes of this shape
-  Tensor master() const { return host_.master(); }  // pinned host, flat like the weights
+  uint64_t staging_bytes() const;  // adamw_offload_stream_bytes of this shape
+  Tensor master() const override { return host_.master(); }  // pinned host, flat
   Tensor m() const { return host_.m(); }
   Tensor v() const { return host_.v(); }
 

@@ -45,7 +45,7 @@ class ResidentAdamW final : public Optimizer {
   Tensor m() const { return m_.view(); }  // flat, same layout as the weights buffer
   Tensor v() const { return v_.view(); }
   // The fp32 master of bf16 working weights (undefined when the weights are the master).
-  Tensor master() const { return master_.view(); }
+  Tensor master() const override { return master_.view(); }
 
  private:
   struct Slot {

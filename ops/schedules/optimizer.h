@@ -89,6 +89,13 @@ class Optimizer {
   // master equals them bit for bit after every step, and the checkpoint's weights restore it.
   virtual std::vector<OptimizerState> state() const = 0;
 
+  // The fp32 (or the working dtype's) master weights each step updates and the working weights
+  // are refreshed from, flat like the weights buffer (device or pinned host memory); undefined
+  // when the working weights are the master themselves (resident AdamW on f32 / f64 weights).
+  // A change made to a weight between steps must be made to the master too, or the next step
+  // overwrites it (core/train/router_balance.h).
+  virtual Tensor master() const = 0;
+
   // Sets the master from the working weights (after a checkpoint load replaced the weights and
   // carried no "master"). No-op when the working weights are the master (resident).
   // Synchronises `stream`.

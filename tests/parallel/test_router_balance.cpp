@@ -3,7 +3,8 @@
 // optimizer steps of given job-wide loads (one of them over two micro-batches, one skipped)
 // against a hand computation, the gathered biases identical on every rank; f32 weights (the
 // resident AdamW's working weights are the master) and bf16 weights with an fp32 master
-// (offload_stream), whose master moves and whose working weights are its rounding. AdamW's own
+// (offload_stream), whose master moves and whose working weights are its rounding; f32 under
+// offload_stream too (its host master refreshes the weights every step). AdamW's own
 // step leaves the biases alone (no gradient, no weight decay). Runs on 1 and 4 ranks.
 // Run: ctest -R router_balance --output-on-failure
 #include <gtest/gtest.h>
@@ -120,6 +121,11 @@ void run_case(const Case& c) {
 
 TEST(RouterBiasBalance, ThreeStepsByHandF32Resident) {
   run_case({DType::f32, OptimizerPlacement::resident});
+}
+
+// The offloads keep a host master even for f32 weights and refresh the weights from it.
+TEST(RouterBiasBalance, ThreeStepsByHandF32OffloadStream) {
+  run_case({DType::f32, OptimizerPlacement::offload_stream});
 }
 
 TEST(RouterBiasBalance, ThreeStepsByHandBf16WithAnFp32Master) {

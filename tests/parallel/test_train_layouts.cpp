@@ -5,7 +5,10 @@
 // (PipelinedLLEP in several chunks with rebalancing, Ring-DTP in strips, SCO, OffloadStreamAdamW),
 // for Mixtral and, on 4 ranks, for Qwen3-MoE's parts (and a tied head) and gpt-oss's (sinks, a
 // sliding window shorter than the sequence, biases, its router and clamped experts; Sp = 4 puts
-// one query head on each rank and replicates the kv heads):
+// one query head on each rank and replicates the kv heads), and DeepSeek-V3's (latent attention
+// with value heads narrower than the q/k heads, a dense first layer, group-limited sigmoid
+// routing, a shared expert, and correction biases that the balancing moves every step — after
+// the 10 steps the biases on every rank equal one rank's bit for bit):
 //   - the loss and the grad norm of each of 10 AdamW steps within 1e-5 relative;
 //   - every parameter's gradient after step 1 (gathered from the shards) within 1e-5 relative to
 //     the tensor's largest element;
@@ -48,7 +51,7 @@ using test_support::TrainingRun;
 // The model: Mixtral's, or Qwen3-MoE's parts (q/k norms, a dense layer, narrower experts,
 // unnormalised top-k weights), or those with a tied head (standard schedules: Ring-DTP keeps a
 // head of its own).
-enum class LayoutModel { mixtral, qwen3, qwen3_tied, gpt_oss };
+enum class LayoutModel { mixtral, qwen3, qwen3_tied, gpt_oss, deepseek_v3 };
 
 struct LayoutCase {
   int world, ep, sp, ds;
@@ -58,7 +61,7 @@ struct LayoutCase {
 };
 
 std::string name_of(const LayoutCase& c) {
-  const char* model[] = {"", "_qwen3", "_qwen3_tied", "_gpt_oss"};
+  const char* model[] = {"", "_qwen3", "_qwen3_tied", "_gpt_oss", "_deepseek_v3"};
   return "W" + std::to_string(c.world) + "_ep" + std::to_string(c.ep) + "_sp" +
          std::to_string(c.sp) + "_ds" + std::to_string(c.ds) +
          (c.bounded ? "_bounded" : "_standard") + model[static_cast<int>(c.model)];
@@ -88,6 +91,31 @@ ModelConfig layout_model() {
 ModelConfig model_of(LayoutModel which) {
   ModelConfig m = layout_model();
   if (which == LayoutModel::mixtral) return m;
+  if (which == LayoutModel::deepseek_v3) {
+    // Latent attention over 8 heads (Sp = 4: 2 query and 2 key/value heads a rank), q/k heads
+    // of 4 + 2 rotary dims and value heads of 3, a dense first layer, 2 of 4 groups, a shared
+    // expert, and the correction biases moving every step (gamma 0.05, so that the choices
+    // change within the 10 steps).
+    m.model_type = ModelType::deepseek_v3;
+    m.num_key_value_heads = 8;
+    m.head_dim = 6;
+    m.q_lora_rank = 6;
+    m.kv_lora_rank = 5;
+    m.qk_nope_head_dim = 4;
+    m.qk_rope_head_dim = 2;
+    m.v_head_dim = 3;
+    m.num_hidden_layers = 3;
+    m.first_k_dense_replace = 1;
+    m.moe_intermediate_size = 12;
+    m.n_group = 4;
+    m.topk_group = 2;
+    m.routed_scaling_factor = 2.5;
+    m.n_shared_experts = 1;
+    m.rope_interleave = true;
+    m.router_aux_loss_coef = 0;
+    m.router_bias_update_rate = 0.05;
+    return m;
+  }
   if (which == LayoutModel::gpt_oss) {
     m.model_type = ModelType::gpt_oss;
     m.head_dim = 6;
@@ -174,6 +202,17 @@ TEST_P(TrainLayouts, MatchesOneRankOverTenSteps) {
     ref.update(step, ref_norm, lr);
     dist.update(step, norm, lr);
   }
+  // The correction biases moved by the balancing: the same on every rank as on one rank, bit for
+  // bit (the update is a sign of job-wide counts), and moved at all.
+  for (const LayerParamIndex& L : layout.layers) {
+    if (L.router_correction_bias < 0) continue;
+    const std::vector<double> got =
+        dist.gathered(L.router_correction_bias, dist.model->params().flat_values());
+    const std::vector<double> want =
+        ref.gathered(L.router_correction_bias, ref.model->params().flat_values());
+    EXPECT_EQ(got, want) << layout.params()[L.router_correction_bias].name;
+    EXPECT_NE(want, std::vector<double>(want.size(), 0.0));
+  }
   if (ranks.rank == 0) {
     std::printf("  %s: 10 steps, worst relative loss %.2e, grad norm %.2e; step-1 gradients %.2e\n",
                 name_of(c).c_str(), worst_loss, worst_norm, worst_grad);
@@ -197,7 +236,12 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{4, 1, 4, 4, true, LayoutModel::gpt_oss},
                       LayoutCase{4, 2, 2, 4, false, LayoutModel::gpt_oss},
                       LayoutCase{4, 2, 2, 4, true, LayoutModel::gpt_oss},
-                      LayoutCase{4, 4, 1, 2, true, LayoutModel::gpt_oss}),
+                      LayoutCase{4, 4, 1, 2, true, LayoutModel::gpt_oss},
+                      LayoutCase{4, 1, 4, 4, false, LayoutModel::deepseek_v3},
+                      LayoutCase{4, 1, 4, 4, true, LayoutModel::deepseek_v3},
+                      LayoutCase{4, 2, 2, 4, true, LayoutModel::deepseek_v3},
+                      LayoutCase{4, 4, 1, 2, false, LayoutModel::deepseek_v3},
+                      LayoutCase{4, 2, 4, 2, true, LayoutModel::deepseek_v3}),
     [](const ::testing::TestParamInfo<LayoutCase>& info) { return name_of(info.param); });
 
 // The Trainer in a layout set by the [parallelism] keys: 4 steps of the tiny model (4 experts,

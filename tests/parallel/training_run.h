@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "core/model/decoder.h"
 #include "core/model/optimizer_params.h"
+#include "core/train/router_balance.h"
 #include "ops/elementwise.h"
 #include "ops/fill.h"
 #include "ops/schedules/optimizer_choice.h"
@@ -108,6 +109,9 @@ struct TrainingRun {
   std::unique_ptr<Comm> comm;
   std::unique_ptr<DecoderModel> model;
   std::unique_ptr<schedules::Optimizer> adamw;
+  // The routers' correction-bias balancing, as the Trainer runs it (model.router_bias_update_rate;
+  // inactive for a model without correction biases).
+  std::unique_ptr<RouterBiasBalance> balance;
   DType dtype;
   OwnedTensor ids, labels, positions;  // (N) this rank's share of the loaded batch
   TokenBatch batch;
@@ -131,6 +135,8 @@ struct TrainingRun {
     opt.placement = placement;
     opt.bucket_params = 512;  // several buckets of the tiny models under offload_stream
     adamw = schedules::make_optimizer(*backend, optimizer_params(model->params()), opt, 1);
+    balance =
+        std::make_unique<RouterBiasBalance>(model->params().layout(), cfg.router_bias_update_rate);
   }
 
   // Uploads this rank's share of the global (B*T) batch.
@@ -161,7 +167,9 @@ struct TrainingRun {
   // Forward and backward of the loaded batch from zeroed gradients; returns the job's loss.
   double forward_backward() {
     model->params().zero_grads(stream);
-    return model->forward_backward(batch, loss_tokens);
+    const double loss = model->forward_backward(batch, loss_tokens);
+    balance->add(model->expert_load());
+    return loss;
   }
   double forward_backward(const std::vector<int64_t>& gids, const std::vector<int64_t>& glabels,
                           int64_t B, int64_t T) {
@@ -186,6 +194,7 @@ struct TrainingRun {
   void update(int step, double norm, double lr) {
     const double clip = norm > 1.0 ? 1.0 / (norm + 1e-6) : 1.0;
     adamw->step(step, lr, clip, stream);
+    balance->apply(model->params(), *adamw, stream);
     stream.synchronize();
   }
 

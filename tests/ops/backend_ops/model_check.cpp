@@ -1,4 +1,6 @@
-// test_backend_ops, whole model: a tiny Mixtral (2 layers, GQA, 3 experts top-2) trained for one
+// test_backend_ops, whole model: a tiny Mixtral (2 layers, GQA, 3 experts top-2), and a tiny
+// DeepSeek-V3 (latent attention, a dense layer, group-limited sigmoid routing, a shared expert),
+// trained for one
 // forward and backward on the backend under test in f32 and in bf16 (weights and activations in
 // bf16, gradients in fp32: the main grads), against the CPU in f64 — the loss and every parameter's
 // gradient. Every op of a training step runs here in the order the model calls
@@ -19,7 +21,7 @@
 namespace moepeak::testing::backend_ops {
 namespace {
 
-ModelConfig tiny_model(int64_t head_dim) {
+ModelConfig tiny_model(int64_t head_dim, bool deepseek) {
   ModelConfig m;
   m.vocab_size = 53;
   m.hidden_size = 32;
@@ -33,6 +35,27 @@ ModelConfig tiny_model(int64_t head_dim) {
   m.max_position_embeddings = 64;
   m.initializer_range = 0.5;  // routing far from ties, so both runs choose the same experts
   m.router_aux_loss_coef = 0.02;
+  if (deepseek) {
+    // DeepSeek-V3's parts: latent attention (q/k heads of head_dim with a rotary tail, value heads
+    // of their own width: 8 -> 4 + 4 and 6 (SIMT); 64 -> 48 + 16 and 32 (the tensor cores' pair
+    // 64/32 in bf16)), the first layer dense, sigmoid routing over 2 groups, a shared expert.
+    m.model_type = ModelType::deepseek_v3;
+    m.num_key_value_heads = 4;
+    m.q_lora_rank = 16;
+    m.kv_lora_rank = 12;
+    m.qk_rope_head_dim = head_dim == 8 ? 4 : 16;
+    m.qk_nope_head_dim = head_dim - m.qk_rope_head_dim;
+    m.v_head_dim = head_dim == 8 ? 6 : 32;
+    m.num_local_experts = 4;
+    m.n_group = 2;
+    m.topk_group = 1;
+    m.routed_scaling_factor = 2.5;
+    m.n_shared_experts = 1;
+    m.first_k_dense_replace = 1;
+    m.moe_intermediate_size = 16;
+    m.rope_interleave = true;
+    m.router_aux_loss_coef = 0;
+  }
   return m;
 }
 
@@ -42,7 +65,7 @@ struct StepResult {
 };
 
 StepResult train_step(Backend& backend, DType dtype, CheckpointSchedule checkpoint,
-                      double init_range, int64_t head_dim) {
+                      double init_range, int64_t head_dim, bool deepseek) {
   constexpr int64_t B = 2, T = 24, N = B * T;
   Stream& stream = backend.default_stream();
   std::unique_ptr<Comm> comm = make_comm(backend, RankInfo{});
@@ -63,7 +86,7 @@ StepResult train_step(Backend& backend, DType dtype, CheckpointSchedule checkpoi
               d_positions = upload(positions, "positions");
   stream.synchronize();
 
-  DecoderModel model(backend, stream, *comm, tiny_model(head_dim), checkpoint, dtype);
+  DecoderModel model(backend, stream, *comm, tiny_model(head_dim, deepseek), checkpoint, dtype);
   model.params().initialize(42, init_range, stream);
   model.params().zero_grads(stream);
   StepResult run;
@@ -76,20 +99,23 @@ struct ModelCase {
   CheckpointSchedule checkpoint;
   DType dtype;
   int64_t head_dim = 8;
+  bool deepseek = false;  // DeepSeek-V3's parts instead of Mixtral's
 };
 
 class BackendModel : public ::testing::TestWithParam<ModelCase> {};
 
 TEST_P(BackendModel, LossAndEveryGradientMatchTheCpuInFloat64) {
   if (std::string why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
-  const auto [checkpoint, dtype, head_dim] = GetParam();
+  const auto [checkpoint, dtype, head_dim, deepseek] = GetParam();
   // NOTES: weights of range 0.5 keep the f32 run's routing far from ties, but make the model
   // high-gain (loss 7.7, logits far apart): bf16's rounding of every activation is then
   // amplified to ~30% gradient errors. At range 0.1 (loss 4.2) the bf16 run is within ~1e-2 of
   // the gradients' scale (1.2e-2 measured under the emulator), as bf16 should be.
   const double init_range = dtype == DType::bf16 ? 0.1 : 0.5;
-  StepResult want = train_step(reference_backend(), DType::f64, checkpoint, init_range, head_dim);
-  StepResult got = train_step(backend_under_test(), dtype, checkpoint, init_range, head_dim);
+  StepResult want =
+      train_step(reference_backend(), DType::f64, checkpoint, init_range, head_dim, deepseek);
+  StepResult got =
+      train_step(backend_under_test(), dtype, checkpoint, init_range, head_dim, deepseek);
   EXPECT_GT(want.loss, 1.0);
   // NOTES: f32 through two layers and the LM head: the loss agrees to ~1e-6 relative; gradients
   // are compared per element relative to the largest gradient (single elements may cancel).
@@ -123,9 +149,14 @@ INSTANTIATE_TEST_SUITE_P(
                       ModelCase{CheckpointSchedule::standard, DType::f32},
                       ModelCase{CheckpointSchedule::none, DType::bf16},
                       ModelCase{CheckpointSchedule::standard, DType::bf16},
-                      ModelCase{CheckpointSchedule::standard, DType::bf16, 32}),
+                      ModelCase{CheckpointSchedule::standard, DType::bf16, 32},
+                      ModelCase{CheckpointSchedule::none, DType::f32, 8, true},
+                      ModelCase{CheckpointSchedule::standard, DType::f32, 8, true},
+                      ModelCase{CheckpointSchedule::standard, DType::bf16, 8, true},
+                      ModelCase{CheckpointSchedule::standard, DType::bf16, 64, true}),
     [](const auto& info) {
-      return std::string(info.param.checkpoint == CheckpointSchedule::none ? "none" : "standard") +
+      return std::string(info.param.deepseek ? "deepseek_v3_" : "") +
+             std::string(info.param.checkpoint == CheckpointSchedule::none ? "none" : "standard") +
              "_" + std::string(dtype_name(info.param.dtype)) +
              (info.param.head_dim != 8 ? "_d" + std::to_string(info.param.head_dim) : "");
     });
