@@ -198,6 +198,9 @@ TEST(FamilyDeepseekV3, RefusesWhatItCannotTake) {
   m = deepseek();
   m.attention_bias = true;
   EXPECT_CONTAINS(refused(m), "model.attention_bias");
+  m = deepseek();
+  m.router_aux_loss_coef = 1e-4;
+  EXPECT_CONTAINS(refused(m), "model.router_aux_loss_coef");
   // And the other families refuse deepseek_v3's keys.
   ModelConfig mixtral;
   mixtral.kv_lora_rank = 8;

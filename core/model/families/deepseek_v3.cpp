@@ -87,6 +87,11 @@ DecoderSpec describe(const ModelConfig& m) {
     unsupported_setting(m, "attention_bias",
                         "is implemented without attention biases (every released DeepSeek-V3 and "
                         "Kimi-K2 has none)");
+  if (m.router_aux_loss_coef != 0)
+    unsupported_setting(m, "router_aux_loss_coef",
+                        "balances its experts with the correction bias (model."
+                        "router_bias_update_rate); DeepSeek-V3's sequence-wise auxiliary loss is "
+                        "not implemented yet, and transformers has none");
   check_shape(m);
   DecoderSpec s = shared_decoder_spec(m);
   s.rope.rotary_dim = m.qk_rope_head_dim;
