@@ -4,6 +4,8 @@
 // (core/checkpoint/hf_export.h). CHECKPOINT is a step directory or a checkpoint folder (its
 // `latest` is exported). --quantize mxfp4 (gpt_oss) writes the experts' gate_up_proj and
 // down_proj as MXFP4 _blocks and _scales with a quantization_config, as OpenAI released gpt-oss.
+// The MTP layers a DeepSeek-V3 run carried untrained (core/checkpoint/mtp_layers.h) are written
+// as they were released, whatever --dtype.
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -50,10 +52,13 @@ void register_export_command(CLI::App& app, Context& ctx) {
       options.buffer_bytes = bytes_of(buffer, "--buffer");
       options.quantize = quantize;
       const HfExportSummary s = export_hf_checkpoint(checkpoint, out, options);
-      spdlog::info("exported {} ({} tensors, {} of {}{}) to {} in {} file{}", s.checkpoint,
+      spdlog::info("exported {} ({} tensors, {} of {}{}{}) to {} in {} file{}", s.checkpoint,
                    s.tensors, format_bytes(s.total_bytes), dtype,
-                   quantize.empty() ? "" : ", experts " + quantize, out, s.files,
-                   s.files == 1 ? "" : "s");
+                   quantize.empty() ? "" : ", experts " + quantize,
+                   s.carried_tensors == 0 ? std::string()
+                                          : ", " + std::to_string(s.carried_tensors) +
+                                                " tensors of untrained MTP layers as released",
+                   out, s.files, s.files == 1 ? "" : "s");
       return 0;
     };
   });

@@ -35,13 +35,13 @@ void AsyncCheckpointWriter::start(const std::string& folder, const std::string& 
                                   int64_t step, const ModelConfig& model,
                                   const ZeroParamStore& params,
                                   const schedules::Optimizer& optimizer, const DataLoader& loader,
-                                  Stream& stream, int64_t keep_latest,
-                                  uint64_t write_buffer_bytes) {
+                                  Stream& stream, int64_t keep_latest, uint64_t write_buffer_bytes,
+                                  const std::optional<CarriedFile>& carried) {
   finish(params, optimizer, stream);  // the next save waits for the previous one
   reserve(params, optimizer);
   const std::vector<Tensor> flats = checkpoint_flats(params, optimizer);
   save_ = begin_checkpoint_save(folder, dir_name, step, model, params, optimizer, loader, stream,
-                                keep_latest, write_buffer_bytes);
+                                keep_latest, write_buffer_bytes, carried);
   // reserve() checked the flats' dtypes against the planner's when it made the snapshot.
   MOEPEAK_CHECK(snapshot_.size() == flats.size(), "the checkpoint snapshot has ", snapshot_.size(),
                 " flats, the save ", flats.size());

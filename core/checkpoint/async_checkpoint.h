@@ -48,11 +48,13 @@ class AsyncCheckpointWriter {
   // Allocates the snapshot now (the trainer does it at setup, before SCO's "auto" budget takes
   // the rest of the pinned pool); start() does it otherwise. Not collective.
   void reserve(const ZeroParamStore& params, const schedules::Optimizer& optimizer);
-  // Collective; see above.
+  // Collective; see above. `carried`: the run's carried file (sharded_checkpoint.h), linked into
+  // the directory when the save commits.
   void start(const std::string& folder, const std::string& dir_name, int64_t step,
              const ModelConfig& model, const ZeroParamStore& params,
              const schedules::Optimizer& optimizer, const DataLoader& loader, Stream& stream,
-             int64_t keep_latest, uint64_t write_buffer_bytes);
+             int64_t keep_latest, uint64_t write_buffer_bytes,
+             const std::optional<CarriedFile>& carried = std::nullopt);
   // Collective; commits the save in flight when every rank's write is done. True when no save is
   // in flight (any more). Every rank must call it at the same points (after each step).
   bool poll(const ZeroParamStore& params, const schedules::Optimizer& optimizer, Stream& stream);

@@ -15,6 +15,7 @@
 
 #include "core/atomic_file.h"
 #include "core/checkpoint/hf_config.h"
+#include "core/checkpoint/mtp_layers.h"
 #include "core/checkpoint/mxfp4.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/sharded_checkpoint.h"
@@ -184,9 +185,9 @@ class RowAssembler {
   std::vector<char> read_, converted_;
 };
 
-// What one tensor of the export is: a Hub tensor in the export's dtype, or one half of an MXFP4
-// pair.
-enum class ExportPart { values, mxfp4_blocks, mxfp4_scales };
+// What one tensor of the export is: a Hub tensor in the export's dtype, one half of an MXFP4
+// pair, or a tensor of a carried file (the MTP layers) as stored.
+enum class ExportPart { values, mxfp4_blocks, mxfp4_scales, carried };
 
 struct Item {
   std::string name;
@@ -195,6 +196,7 @@ struct Item {
   uint64_t bytes = 0;
   const HubTensor* tensor = nullptr;
   ExportPart part = ExportPart::values;
+  const SafetensorsFile* carried = nullptr;  // ExportPart::carried: the file holding it
 };
 
 }  // namespace
@@ -267,6 +269,27 @@ HfExportSummary export_hf_checkpoint(const std::string& checkpoint, const std::s
                      ExportPart::mxfp4_scales});
   }
 
+  // The carried files' tensors (the MTP layers, core/checkpoint/mtp_layers.h) after the model's,
+  // as stored: each file proven against the manifest's checksums first.
+  std::vector<SafetensorsFile> carried_files;
+  carried_files.reserve(source.manifest().carried.size());
+  for (const ShardFileInfo& f : source.manifest().carried) {
+    verify_carried_file(summary.checkpoint, f);
+    carried_files.push_back(
+        SafetensorsFile::open((fs::path(summary.checkpoint) / f.name).string()));
+  }
+  for (const SafetensorsFile& f : carried_files) {
+    for (const std::string& name : f.names()) {
+      if (hub.find(name) >= 0) {
+        MOEPEAK_INPUT_ERROR(f.path(), ": carried tensor \"", name,
+                            "\" is also a weight of the model; which one is meant?");
+      }
+      const SafetensorsTensorInfo& info = f.info(name);
+      items.push_back({name, info.dtype, info.shape, info.bytes, nullptr, ExportPart::carried, &f});
+      summary.carried_tensors += 1;
+    }
+  }
+
   // Greedy packing in model order, as save_pretrained's max_shard_size.
   std::vector<std::vector<const Item*>> files;
   uint64_t filled = 0;
@@ -290,6 +313,18 @@ HfExportSummary export_hf_checkpoint(const std::string& checkpoint, const std::s
   create_directories(tmp.string());
   // Writes one item's bytes (inside writer.write(), tensor by tensor).
   auto produce = [&](const Item& item, FileSink& sink) {
+    if (item.part == ExportPart::carried) {
+      // NOTES: bytes as stored, whatever their dtype (FP8 and its scales included): transformers
+      // has no module for the MTP layers and leaves them out on load, and a server that runs
+      // them reads them as released.
+      std::vector<char> stage(static_cast<size_t>(std::min<uint64_t>(item.bytes, buffer_bytes)));
+      for (uint64_t at = 0; at < item.bytes; at += stage.size()) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(stage.size(), item.bytes - at));
+        item.carried->read_bytes(item.name, static_cast<size_t>(at), stage.data(), n);
+        sink.write(stage.data(), n);
+      }
+      return;
+    }
     const HubTensor& t = *item.tensor;
     if (item.part == ExportPart::values && hub.is_whole(t)) {
       // NOTES: one param as it is: chunks of elements as read (first part of the stage) and

@@ -16,6 +16,14 @@
 // transformers' <Family>ForCausalLM.from_pretrained(OUT) loads it; so does `train --init-from
 // OUT` (core/checkpoint/hf_import.h). Only the weights are exported (no optimizer state).
 //
+// The checkpoint's carried files (manifest.json's "carried_files": DeepSeek-V3's MTP layers, which
+// the run carried from the Hub checkpoint it started from without training them,
+// core/checkpoint/mtp_layers.h) are verified against their checksums, then each of their tensors
+// is written after the model's under its own name, in its stored dtype, byte for byte (FP8 and
+// its _scale_inv too, though config.json has no quantization_config: the export is `dtype`, and
+// transformers has no module for the MTP layers and leaves them out on load, so their dtype does
+// not concern it). config.json keeps num_nextn_predict_layers (the family's to_hf_config).
+//
 // quantize = "mxfp4" (gpt_oss only; `moepeak export --quantize mxfp4`) writes OpenAI's released
 // layout instead for the experts' gate_up_proj and down_proj (not their biases): X_blocks (U8
 // [E, rows, cols/32, 16]) and X_scales (U8 [E, rows, cols/32]), mxfp4_quantize (OCP rounding,
@@ -48,10 +56,11 @@ struct HfExportOptions {
 };
 
 struct HfExportSummary {
-  std::string checkpoint;    // the step directory exported
-  int files = 0;             // model-*-of-* files written
-  int64_t tensors = 0;       // safetensors tensors written (an MXFP4 pair counts two)
-  uint64_t total_bytes = 0;  // metadata.total_size
+  std::string checkpoint;       // the step directory exported
+  int files = 0;                // model-*-of-* files written
+  int64_t tensors = 0;          // safetensors tensors written (an MXFP4 pair counts two)
+  int64_t carried_tensors = 0;  // of which from the carried files (MTP layers)
+  uint64_t total_bytes = 0;     // metadata.total_size
 };
 
 // Exports `checkpoint` (a step directory with manifest.json, or a checkpoint folder whose `latest`
@@ -59,8 +68,9 @@ struct HfExportSummary {
 // process reads every shard file. Throws moepeak::Error naming the file and tensor when the
 // checkpoint is incomplete, corrupt or not of the model its config.json describes, naming the
 // family when quantize is "mxfp4" and the family has no MXFP4 tensors, naming the tensor when
-// its rows are not whole blocks of 32 or a weight is not finite, and naming `out` when it cannot
-// be written; nothing is left at `out` then.
+// its rows are not whole blocks of 32 or a weight is not finite, naming the carried file when it
+// is missing, corrupt or holds a tensor of the model's names, and naming `out` when it cannot be
+// written; nothing is left at `out` then.
 HfExportSummary export_hf_checkpoint(const std::string& checkpoint, const std::string& out,
                                      const HfExportOptions& options);
 

@@ -1,6 +1,6 @@
 // Hugging Face checkpoints as a starting point: config merge, the checkpoint's files and sliced
 // weight reads through the family's Hub layout (contract in hf_import.h; the MXFP4 side of
-// HfCheckpoint is in hf_import_mxfp4.cpp).
+// HfCheckpoint is in hf_import_mxfp4.cpp, the FP8 side in hf_import_fp8.cpp).
 #include "core/checkpoint/hf_import.h"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/checkpoint/hf_config.h"
+#include "core/checkpoint/mtp_layers.h"
 #include "core/error.h"
 #include "core/model/hub_layout.h"
 
@@ -22,14 +23,17 @@ constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 
 // Keys of [model] that are training choices, not properties of the weights (hf_import.h).
-// Keys a run may set apart from the checkpoint's config.json: the loss and the initialisation,
-// and the context — extending a pretrained model's context is setting RoPE scaling
-// (model.rope_*) and the new max_position_embeddings over the weights it was trained with
-// (docs/models.md#extending-the-context).
+// Keys a run may set apart from the checkpoint's config.json: the loss, the balancing rate and
+// the initialisation, and the context — extending a pretrained model's context is setting RoPE
+// scaling (model.rope_*) and the new max_position_embeddings over the weights it was trained with
+// (docs/models.md#extending-the-context). rope_theta and rope_interleave (the pairs' layout in
+// the weights) are properties of the weights.
 bool is_training_choice(const std::string& key) {
-  return key == "model.router_aux_loss_coef" || key == "model.initializer_range" ||
-         key == "model.max_position_embeddings" || key == "model.rope_type" ||
-         (key.rfind("model.rope_", 0) == 0 && key != "model.rope_theta");
+  return key == "model.router_aux_loss_coef" || key == "model.router_bias_update_rate" ||
+         key == "model.initializer_range" || key == "model.max_position_embeddings" ||
+         key == "model.rope_type" ||
+         (key.rfind("model.rope_", 0) == 0 && key != "model.rope_theta" &&
+          key != "model.rope_interleave");
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -132,7 +136,20 @@ HfCheckpoint::HfCheckpoint(std::string dir) : dir_(std::move(dir)) {
     MOEPEAK_INPUT_ERROR("model.init_from: ", dir_, " holds neither ", kSingleFile, " nor ",
                         kIndexFile);
   }
+  stored_ = file_of_;  // before the quantised pairs are seen as their X
   read_quantization();
+}
+
+std::vector<std::string> HfCheckpoint::stored_names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, file] : stored_) names.push_back(name);
+  return names;  // a std::map's order: sorted
+}
+
+const SafetensorsFile& HfCheckpoint::stored_file(const std::string& stored) const {
+  auto it = stored_.find(stored);
+  if (it == stored_.end()) MOEPEAK_INPUT_ERROR(source_, ": no tensor \"", stored, "\"");
+  return *it->second;
 }
 
 std::vector<std::string> HfCheckpoint::tensor_names() const {
@@ -168,6 +185,10 @@ const SafetensorsFile& HfCheckpoint::file(const std::string& tensor) const {
 
 void HfCheckpoint::read_elements(const std::string& tensor, int64_t begin, int64_t end,
                                  std::string_view dtype, void* dst) const {
+  if (is_fp8(tensor)) {
+    read_fp8(tensor, begin, end, dtype, dst);
+    return;
+  }
   const SafetensorsFile& f = file(tensor);
   const SafetensorsTensorInfo& info = f.info(tensor);
   if (info.dtype != "F32" && info.dtype != "BF16" && info.dtype != "F16") {
@@ -236,8 +257,10 @@ void read_placed(const HubSource& source, const HubPlacement& placement,
 
 }  // namespace
 
-void load_hf_weights(const HfCheckpoint& hf, ZeroParamStore& params, Stream& stream) {
+void load_hf_weights(const HfCheckpoint& hf, ZeroParamStore& params, Stream& stream,
+                     int64_t mtp_layers) {
   const ParamLayout& layout = params.layout();
+  const int64_t layers = static_cast<int64_t>(layout.spec().layers.size());
   const auto& infos = layout.params();
   const HubLayout hub(layout);
   const std::string_view family = enum_name(layout.spec().family);
@@ -260,16 +283,34 @@ void load_hf_weights(const HfCheckpoint& hf, ZeroParamStore& params, Stream& str
                           " model (as its config.json and the [model] keys describe it)",
                           t.mxfp4 ? " nor its MXFP4 pair _blocks and _scales" : "");
     }
+    // FP8 codes without quant_method "fp8" have no block size to be dequantised with: named
+    // here with config.json, rather than by the read as a dtype it cannot convert.
+    if (!hf.is_fp8(t.name) && !hf.is_mxfp4(t.name) &&
+        hf.file(t.name).info(t.name).dtype == kFp8SafetensorsDtype) {
+      MOEPEAK_INPUT_ERROR(hf.path(t.name), ": tensor \"", t.name, "\" is ", kFp8SafetensorsDtype,
+                          ", but ", hf.config_path(),
+                          hf.quant_method().empty() ? std::string(" has no quantization_config")
+                                                    : " has quantization_config.quant_method \"" +
+                                                          hf.quant_method() + "\"",
+                          "; FP8 weights need quant_method \"fp8\" with their weight_block_size "
+                          "to be dequantised");
+    }
   }
   for (const std::string& name : hf.tensor_names()) {
-    if (hub.find(name) < 0) {
+    if (hub.find(name) < 0 && mtp_layer_of(name, layers, mtp_layers) < 0) {
       const bool packed = name.ends_with("_blocks") || name.ends_with("_scales");
-      MOEPEAK_INPUT_ERROR(
-          hf.path(name), ": tensor \"", name, "\" is not a weight of this model (", family,
-          " with the [model] shape); is the checkpoint of another architecture?",
-          packed && !hf.quantized() ? " (MXFP4 _blocks and _scales need config.json's "
-                                      "quantization_config with quant_method \"mxfp4\")"
-                                    : "");
+      const bool scales = name.ends_with(kFp8ScaleSuffix);
+      MOEPEAK_INPUT_ERROR(hf.path(name), ": tensor \"", name, "\" is not a weight of this model (",
+                          family, " with the [model] shape", mtp_layers > 0 ? " and its " : "",
+                          mtp_layers > 0 ? std::to_string(mtp_layers) + " MTP layer(s)" : "",
+                          "); is the checkpoint of another architecture?",
+                          packed && !hf.quantized()
+                              ? " (MXFP4 _blocks and _scales need config.json's "
+                                "quantization_config with quant_method \"mxfp4\")"
+                              : "",
+                          scales && !hf.fp8() ? " (FP8 block scales _scale_inv need config.json's "
+                                                "quantization_config with quant_method \"fp8\")"
+                                              : "");
     }
   }
   // Each Hub tensor's shape, once (an MXFP4 one as decoded).

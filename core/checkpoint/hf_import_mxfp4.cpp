@@ -1,5 +1,6 @@
-// HfCheckpoint's MXFP4 side (hf_import.h): config.json's quantization_config, the X_blocks /
-// X_scales pairs seen as their X, and their decode by rows (core/checkpoint/mxfp4.h).
+// HfCheckpoint's MXFP4 side (hf_import.h): config.json's quantization_config (handing "fp8" to
+// hf_import_fp8.cpp), the X_blocks / X_scales pairs seen as their X, and their decode by rows
+// (core/checkpoint/mxfp4.h).
 #include <algorithm>
 #include <filesystem>
 #include <regex>
@@ -103,11 +104,17 @@ void HfCheckpoint::read_quantization() {
     MOEPEAK_INPUT_ERROR(config_path_, ": quantization_config must be an object with a string ",
                         "\"quant_method\", got ", q.dump());
   }
-  if (method->get<std::string>() != "mxfp4") {
-    MOEPEAK_INPUT_ERROR(config_path_, ": quantization_config.quant_method is \"",
-                        method->get<std::string>(),
-                        "\"; moepeak reads only \"mxfp4\" (gpt-oss's released experts, "
-                        "dequantised on import) besides unquantised checkpoints");
+  quant_method_ = method->get<std::string>();
+  if (quant_method_ == "fp8") {
+    read_fp8_config(q);
+    pair_fp8_tensors();
+    return;
+  }
+  if (quant_method_ != "mxfp4") {
+    MOEPEAK_INPUT_ERROR(config_path_, ": quantization_config.quant_method is \"", quant_method_,
+                        "\"; moepeak reads only \"mxfp4\" (gpt-oss's released experts) and "
+                        "\"fp8\" (DeepSeek-V3's and Kimi-K2's block-scaled release), both "
+                        "dequantised on import, besides unquantised checkpoints");
   }
   std::vector<std::string> not_converted;
   if (q.contains("modules_to_not_convert") && !q["modules_to_not_convert"].is_null()) {

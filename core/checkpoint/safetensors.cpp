@@ -31,7 +31,8 @@ struct DTypeSpelling {
   size_t element_size;
 };
 constexpr DTypeSpelling kKnownDTypes[] = {
-    {"F32", 4}, {"F64", 8}, {"BF16", 2}, {"F16", 2}, {"I32", 4}, {"I64", 8}, {"U8", 1},
+    {"F32", 4}, {"F64", 8}, {"BF16", 2}, {"F16", 2},
+    {"I32", 4}, {"I64", 8}, {"U8", 1},   {"F8_E4M3", 1},
 };
 
 // product(shape), or nullopt on a negative dimension or overflow past 2^62.
@@ -215,7 +216,7 @@ size_t SafetensorsWriter::checked_bytes(const std::string& name, std::string_vie
   const size_t element = safetensors_element_size(dtype);
   if (element == 0) {
     MOEPEAK_THROW("safetensors: tensor \"", name, "\": unknown dtype \"", dtype,
-                  "\" (this build writes F32 F64 BF16 F16 I32 I64 U8)");
+                  "\" (this build writes F32 F64 BF16 F16 I32 I64 U8 F8_E4M3)");
   }
   std::optional<int64_t> count = element_count(shape);
   if (!count) MOEPEAK_THROW("safetensors: tensor \"", name, "\": bad shape ", shape_text(shape));
@@ -367,7 +368,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     const size_t element = safetensors_element_size(info.dtype);
     if (element == 0) {
       MOEPEAK_INPUT_ERROR(where(), ": unknown dtype \"", info.dtype,
-                          "\" (this build reads F32 F64 BF16 F16 I32 I64 U8)");
+                          "\" (this build reads F32 F64 BF16 F16 I32 I64 U8 F8_E4M3)");
     }
     const auto& shape = entry.at("shape");
     if (!shape.is_array()) MOEPEAK_INPUT_ERROR(where(), ": \"shape\" is not an array");

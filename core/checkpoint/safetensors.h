@@ -2,10 +2,12 @@
 //
 // Format (https://huggingface.co/docs/safetensors): an 8-byte little-endian unsigned header size
 // N, N bytes of UTF-8 JSON, then the data. The JSON is an object mapping each tensor name to
-// {"dtype": "F32"|"F64"|"BF16"|"F16"|"I32"|"I64"|"U8", "shape": [d0, ...], "data_offsets": [begin,
-// end]} with offsets relative to the start of the data, plus an optional "__metadata__" object of
-// string to string. The writer pads the JSON with spaces to a multiple of 8 bytes so that the
-// data starts 8-byte aligned, and lays tensors out back to back in insertion order.
+// {"dtype": "F32"|"F64"|"BF16"|"F16"|"I32"|"I64"|"U8"|"F8_E4M3", "shape": [d0, ...],
+// "data_offsets": [begin, end]} with offsets relative to the start of the data, plus an optional
+// "__metadata__" object of string to string. F8_E4M3 (float8_e4m3fn codes, one byte each: FP8
+// checkpoints, core/checkpoint/fp8.h) and U8 are read and written as bytes; nothing converts them.
+// The writer pads the JSON with spaces to a multiple of 8 bytes so that the data starts 8-byte
+// aligned, and lays tensors out back to back in insertion order.
 //
 //   SafetensorsWriter w;
 //   w.add("model.norm.weight", DType::f32, {64}, norm.data(), norm.size() * 4);
@@ -33,11 +35,12 @@ namespace moepeak {
 
 // The safetensors spelling of a DType: f32 "F32", f64 "F64", bf16 "BF16", i32 "I32", i64 "I64".
 std::string_view safetensors_dtype_name(DType dtype);
-// The DType of a safetensors dtype string; nullopt for "U8" and for names this build does not
-// handle.
+// The DType of a safetensors dtype string; nullopt for "U8", "F8_E4M3" and for names this build
+// does not handle.
 std::optional<DType> dtype_from_safetensors(std::string_view name);
-// Bytes per element of a safetensors dtype this build handles (F32 F64 BF16 F16 I32 I64 U8); 0
-// for any other name. (F16 has no DType: it is read by the Hugging Face import, which converts.)
+// Bytes per element of a safetensors dtype this build handles (F32 F64 BF16 F16 I32 I64 U8
+// F8_E4M3); 0 for any other name. (F16 has no DType: it is read by the Hugging Face import, which
+// converts.)
 size_t safetensors_element_size(std::string_view name);
 
 // Converts `count` floating-point elements from safetensors dtype `from` to `to` (each of F32,
@@ -64,7 +67,8 @@ class SafetensorsWriter {
   // bytes != product(shape) * element size.
   void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
            const void* data, size_t bytes);
-  // The same with the safetensors dtype spelled out; this is how "U8" tensors are added.
+  // The same with the safetensors dtype spelled out; this is how "U8" and "F8_E4M3" tensors are
+  // added.
   void add(const std::string& name, std::string_view dtype, const std::vector<int64_t>& shape,
            const void* data, size_t bytes);
   // A tensor whose bytes `produce` writes into the file when write() reaches it (tensor by

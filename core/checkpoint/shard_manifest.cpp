@@ -43,12 +43,19 @@ std::string ShardManifest::to_json() const {
                             {"shape", t.shape},
                             {"slices", std::move(slices)}});
   }
-  const nlohmann::json doc = {{"format", std::string(kShardManifestFormat)},
-                              {"version", kShardManifestVersion},
-                              {"block_bytes", block_bytes},
-                              {"metadata", metadata},
-                              {"files", std::move(files_json)},
-                              {"tensors", std::move(tensors_json)}};
+  nlohmann::json doc = {{"format", std::string(kShardManifestFormat)},
+                        {"version", kShardManifestVersion},
+                        {"block_bytes", block_bytes},
+                        {"metadata", metadata},
+                        {"files", std::move(files_json)},
+                        {"tensors", std::move(tensors_json)}};
+  // NOTES: written only when there are some, so that a checkpoint without carried files has the
+  // manifest it always had (and an older build reads it).
+  if (!carried.empty()) {
+    nlohmann::json carried_json = nlohmann::json::array();
+    for (const ShardFileInfo& f : carried) carried_json.push_back(shard_file_to_json(f));
+    doc["carried_files"] = std::move(carried_json);
+  }
   return doc.dump(1) + "\n";
 }
 
@@ -167,6 +174,12 @@ ShardManifest ShardManifest::parse(std::string_view text_in, const std::string& 
     }
     m.tensors.push_back(std::move(tensor));
   }
+  if (doc.contains("carried_files")) {
+    for (const nlohmann::json& f : array(doc, "carried_files", path)) {
+      m.carried.push_back(shard_file_from_json(
+          f, path + ": carried_files[" + std::to_string(m.carried.size()) + "]"));
+    }
+  }
   m.validate(path);
   return m;
 }
@@ -174,7 +187,11 @@ ShardManifest ShardManifest::parse(std::string_view text_in, const std::string& 
 void ShardManifest::validate(const std::string& path) const {
   if (block_bytes == 0) MOEPEAK_THROW(path, ": block_bytes must be > 0");
   std::set<std::string> file_names;
-  for (const ShardFileInfo& f : files) {
+  std::vector<const ShardFileInfo*> every_file;
+  for (const ShardFileInfo& f : files) every_file.push_back(&f);
+  for (const ShardFileInfo& f : carried) every_file.push_back(&f);
+  for (const ShardFileInfo* file : every_file) {
+    const ShardFileInfo& f = *file;
     if (f.name.empty() || f.name.find('/') != std::string::npos || f.name == "." ||
         f.name == "..") {
       MOEPEAK_THROW(path, ": file name \"", f.name, "\" is not a plain name in the directory");

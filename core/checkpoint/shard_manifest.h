@@ -22,8 +22,15 @@
 //    "files": [{"name": "shard-00000.bin", "bytes": 4096,
 //               "blocks": [[4000, "0f3c..."], [96, "81aa..."]]}, ...],      [bytes, XXH3-64]
 //    "tensors": [{"name": "model.norm.weight", "dtype": "F32", "shape": [64],
-//                 "slices": [{"file": 0, "offset": 0, "begin": 0, "end": 32}, ...]}, ...]}
+//                 "slices": [{"file": 0, "offset": 0, "begin": 0, "end": 32}, ...]}, ...],
+//    "carried_files": [{"name": "mtp_layers.safetensors", "bytes": ..., "blocks": [...]}]}
 // dtype is the safetensors spelling (F32, BF16, F64, I32, I64).
+//
+// "carried_files" (absent when there are none) lists files of the directory that hold no slices:
+// tensors the run does not train and carries unchanged from checkpoint to checkpoint (DeepSeek-V3's
+// MTP layers, core/checkpoint/mtp_layers.h), each a safetensors file of its own, with its size and
+// the checksums of its blocks (at most block_bytes each) as "files" has them, so that a reader
+// (the export) can prove them.
 #pragma once
 
 #include <cstddef>
@@ -68,6 +75,7 @@ struct ShardFileInfo {
   std::string name;  // a plain file name inside the checkpoint directory
   uint64_t bytes = 0;
   std::vector<ShardBlock> blocks;  // consecutive from byte 0; their lengths add up to `bytes`
+  bool operator==(const ShardFileInfo&) const = default;
 };
 
 // A file's entry of "files" and back (also each rank's sidecar during a save); errors name
@@ -89,6 +97,7 @@ struct ShardManifest {
   nlohmann::json metadata = nlohmann::json::object();
   std::vector<ShardFileInfo> files;
   std::vector<ShardTensor> tensors;
+  std::vector<ShardFileInfo> carried;  // "carried_files"
 
   // The tensor called `name`; throws moepeak::Error naming it and `where` when there is none.
   const ShardTensor& tensor(std::string_view name, std::string_view where) const;
@@ -97,10 +106,10 @@ struct ShardManifest {
   std::string to_json() const;
   // Parses and validates (validate()); errors name `path` and the field, file or tensor at fault.
   static ShardManifest parse(std::string_view text, const std::string& path);
-  // Every rule above: known format and version, block_bytes > 0, unique plain file names, blocks
-  // of 1..block_bytes bytes covering each file, unique tensor names, slices ordered and tiling each
-  // tensor exactly, element-aligned offsets, every slice inside its file. Throws moepeak::Error
-  // naming `path`.
+  // Every rule above: known format and version, block_bytes > 0, unique plain file names (over
+  // files and carried_files), blocks of 1..block_bytes bytes covering each file, unique tensor
+  // names, slices ordered and tiling each tensor exactly, element-aligned offsets, every slice
+  // inside its file. Throws moepeak::Error naming `path`.
   void validate(const std::string& path) const;
 };
 

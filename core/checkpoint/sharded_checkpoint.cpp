@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr uint64_t kBlockBytes = 8ull << 20;
+constexpr uint64_t kBlockBytes = kCheckpointBlockBytes;
 
 std::string shard_name(int rank, const char* ext) {
   char buf[32];
@@ -163,6 +163,27 @@ void remove_old_steps(const std::string& folder, int64_t keep_latest) {
 
 }  // namespace
 
+void link_or_copy_file(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  if (fs::exists(to) && fs::equivalent(from, to, ec)) return;
+  // NOTES: through a temporary name, so that `to` is the whole file or the one it replaces; rename
+  // over a hard link of the same file would do nothing (POSIX), which the check above rules out.
+  const fs::path tmp = to.parent_path() / (".tmp_" + to.filename().string());
+  fs::remove(tmp, ec);
+  fs::create_hard_link(from, tmp, ec);
+  if (ec) {
+    ec.clear();
+    fs::copy_file(from, tmp, fs::copy_options::overwrite_existing, ec);
+  }
+  if (!ec) fs::rename(tmp, to, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    MOEPEAK_INPUT_ERROR("cannot link or copy ", from.string(), " to ", to.string(), ": ",
+                        ec.message());
+  }
+}
+
 void run_and_agree(const ZeroParamStore& params, Stream& stream, const std::string& what, bool here,
                    const std::function<void()>& work) {
   std::exception_ptr failure;
@@ -188,8 +209,10 @@ CheckpointSave begin_checkpoint_save(const std::string& folder, const std::strin
                                      const ZeroParamStore& params,
                                      const schedules::Optimizer& optimizer,
                                      const DataLoader& loader, Stream& stream, int64_t keep_latest,
-                                     uint64_t write_buffer_bytes) {
+                                     uint64_t write_buffer_bytes,
+                                     const std::optional<CarriedFile>& carried) {
   CheckpointSave save;
+  save.carried = carried;
   save.folder = folder;
   save.dir_name = dir_name;
   save.step = step;
@@ -239,8 +262,13 @@ void commit_checkpoint_save(const CheckpointSave& save, const ZeroParamStore& pa
   }
   const fs::path tmp_dir = save.tmp_dir(), final_dir = save.final_dir();
   run_and_agree(params, stream, save.what(), params.rank() == 0, [&] {
-    const ShardManifest m =
+    ShardManifest m =
         merge_sidecars(tmp_dir, params, saved_flats(params, optimizer), save.metadata);
+    if (save.carried) {
+      link_or_copy_file(save.carried->path, tmp_dir / save.carried->info.name);
+      m.carried.push_back(save.carried->info);
+      m.validate((tmp_dir / kShardManifestName).string());
+    }
     write_config_json((tmp_dir / "config.json").string(), save.model, params.dtype());
     // NOTES: manifest.json is the directory's last file: a directory without one is never
     // renamed into place, so every checkpoint a reader finds is complete.
@@ -262,10 +290,11 @@ void commit_checkpoint_save(const CheckpointSave& save, const ZeroParamStore& pa
 void save_sharded_checkpoint(const std::string& folder, const std::string& dir_name, int64_t step,
                              const ModelConfig& model, const ZeroParamStore& params,
                              const schedules::Optimizer& optimizer, const DataLoader& loader,
-                             Stream& stream, int64_t keep_latest, uint64_t write_buffer_bytes) {
+                             Stream& stream, int64_t keep_latest, uint64_t write_buffer_bytes,
+                             const std::optional<CarriedFile>& carried) {
   const CheckpointSave save =
       begin_checkpoint_save(folder, dir_name, step, model, params, optimizer, loader, stream,
-                            keep_latest, write_buffer_bytes);
+                            keep_latest, write_buffer_bytes, carried);
   const std::vector<SavedFlat> flats = saved_flats(params, optimizer);
   std::exception_ptr failure;
   try {

@@ -6,7 +6,9 @@
 //       manifest.json         which bytes of which file hold which elements of which tensor,
 //                             with XXH3 block checksums (core/checkpoint/shard_manifest.h), and
 //                             the metadata: step, data-loader cursor, layout, optimizer placement
-//       config.json           MixtralConfig of the model (transformers' spelling)
+//       config.json           the family's config.json of the model (transformers' spelling)
+//       mtp_layers.safetensors  only when the run carries tensors it does not train (DeepSeek-V3's
+//                             MTP layers, core/checkpoint/mtp_layers.h): a CarriedFile, below
 //   <folder>/latest           "step_00000100", replaced atomically after the directory
 //
 // Tensors: the weights under their Hugging Face names in the model dtype, each optimizer state
@@ -35,6 +37,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,11 +49,33 @@
 
 namespace moepeak {
 
-// See above. Collective. Removes the oldest step directories beyond keep_latest.
+// The checksum blocks of a checkpoint's files (the manifest's block_bytes).
+inline constexpr uint64_t kCheckpointBlockBytes = 8ull << 20;
+
+// A file a run carries into every checkpoint it saves, unchanged: tensors it does not train
+// (DeepSeek-V3's MTP layers, core/checkpoint/mtp_layers.h). A save puts the file at `path` into
+// the step directory as info.name — a hard link, or a copy where the filesystem cannot link — and
+// lists `info` (its size and block checksums, computed once when the run made the file) in the
+// manifest's "carried_files". NOTES: the file is never read by a save, so carrying costs a link
+// per checkpoint whatever its size; every link is to the same bytes, which are never written in
+// place (files are replaced by rename), so they stay what `info` says; the export verifies them.
+struct CarriedFile {
+  std::string path;
+  ShardFileInfo info;
+};
+
+// Puts the file `from` at `to` as the same bytes: a hard link, or a copy where the filesystem
+// cannot link; an existing `to` is replaced atomically (through a temporary name beside it), and
+// nothing is done when `to` already is `from`. Throws moepeak::Error naming both on failure.
+void link_or_copy_file(const std::filesystem::path& from, const std::filesystem::path& to);
+
+// See above. Collective. Removes the oldest step directories beyond keep_latest. `carried` goes
+// into the directory as a CarriedFile (rank 0's is used: rank 0 commits the save).
 void save_sharded_checkpoint(const std::string& folder, const std::string& dir_name, int64_t step,
                              const ModelConfig& model, const ZeroParamStore& params,
                              const schedules::Optimizer& optimizer, const DataLoader& loader,
-                             Stream& stream, int64_t keep_latest, uint64_t write_buffer_bytes);
+                             Stream& stream, int64_t keep_latest, uint64_t write_buffer_bytes,
+                             const std::optional<CarriedFile>& carried = std::nullopt);
 
 // ---- the phases of a save (save_sharded_checkpoint runs them in a row; an asynchronous save,
 // core/checkpoint/async_checkpoint.h, runs the middle one on a background thread) ----
@@ -63,6 +88,7 @@ struct CheckpointSave {
   uint64_t write_buffer_bytes = 0;
   ModelConfig model;
   nlohmann::json metadata;
+  std::optional<CarriedFile> carried;
   std::filesystem::path final_dir() const;
   std::filesystem::path tmp_dir() const;  // ".tmp_<dir_name>"
   std::string what() const;               // "checkpoint <final_dir>", for errors
@@ -74,7 +100,8 @@ CheckpointSave begin_checkpoint_save(const std::string& folder, const std::strin
                                      const ZeroParamStore& params,
                                      const schedules::Optimizer& optimizer,
                                      const DataLoader& loader, Stream& stream, int64_t keep_latest,
-                                     uint64_t write_buffer_bytes);
+                                     uint64_t write_buffer_bytes,
+                                     const std::optional<CarriedFile>& carried = std::nullopt);
 
 // Copies elements [offset, offset + count) of the stored range of `param` in saved flat number
 // `flat` (checkpoint_flats order) to host `dst`.
@@ -92,8 +119,9 @@ void write_checkpoint_pieces(const CheckpointSave& save, const ZeroParamStore& p
                              const schedules::Optimizer& optimizer, const PieceCopy& copy);
 
 // Collective: every rank's write outcome (`write_failure`: this rank's, or null) becomes every
-// rank's; then rank 0 merges the sidecars into manifest.json, writes config.json, renames the
-// directory into place, updates `latest` and removes old steps.
+// rank's; then rank 0 merges the sidecars into manifest.json, puts the carried file into the
+// directory (link_or_copy_file), writes config.json, renames the directory into place, updates
+// `latest` and removes old steps.
 void commit_checkpoint_save(const CheckpointSave& save, const ZeroParamStore& params,
                             const schedules::Optimizer& optimizer, Stream& stream,
                             std::exception_ptr write_failure);

@@ -129,9 +129,9 @@ void write_params_safetensors(const std::string& path, const ZeroParamStore& par
 void save_checkpoint(const std::string& folder, int64_t step, const ModelConfig& model,
                      const ZeroParamStore& params, const schedules::Optimizer& optimizer,
                      const DataLoader& loader, Stream& stream, int64_t keep_latest,
-                     uint64_t write_buffer_bytes) {
+                     uint64_t write_buffer_bytes, const std::optional<CarriedFile>& carried) {
   save_sharded_checkpoint(folder, checkpoint_dir_name(step), step, model, params, optimizer, loader,
-                          stream, keep_latest, write_buffer_bytes);
+                          stream, keep_latest, write_buffer_bytes, carried);
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& folder) {

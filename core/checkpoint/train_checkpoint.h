@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 
+#include "core/checkpoint/sharded_checkpoint.h"
 #include "core/data/data_loader.h"
 #include "core/model/zero_params.h"
 #include "ops/schedules/optimizer.h"
@@ -38,11 +39,13 @@ std::string checkpoint_dir_name(int64_t step);  // "step_00000100"
 // Writes the checkpoint of `step` into `folder` (created if needed), updates `latest`, and
 // removes the oldest step directories beyond keep_latest. Collective: if any rank fails to
 // write, every rank throws. Each rank's host memory for it: `write_buffer_bytes`
-// (checkpoint.write_buffer).
+// (checkpoint.write_buffer). `carried`: the run's carried file (the MTP layers it does not
+// train, core/checkpoint/mtp_layers.h), linked into the checkpoint (sharded_checkpoint.h).
 void save_checkpoint(const std::string& folder, int64_t step, const ModelConfig& model,
                      const ZeroParamStore& params, const schedules::Optimizer& optimizer,
                      const DataLoader& loader, Stream& stream, int64_t keep_latest,
-                     uint64_t write_buffer_bytes = 64ull << 20);
+                     uint64_t write_buffer_bytes = 64ull << 20,
+                     const std::optional<CarriedFile>& carried = std::nullopt);
 
 // The directory `latest` points to, or nullopt when the folder holds no checkpoint.
 std::optional<std::string> latest_checkpoint(const std::string& folder);

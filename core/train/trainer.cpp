@@ -15,6 +15,7 @@
 #include "core/atomic_file.h"
 #include "core/checkpoint/async_checkpoint.h"
 #include "core/checkpoint/hf_import.h"
+#include "core/checkpoint/mtp_layers.h"
 #include "core/checkpoint/train_checkpoint.h"
 #include "core/comm/comm.h"
 #include "core/comm/process_group.h"
@@ -217,6 +218,8 @@ struct Trainer::State {
   std::unique_ptr<DataLoader> eval_loader;  // eval.dataset_path's, when set
   std::vector<uint8_t> eval_start;          // its state at the start of the file
   std::string checkpoint_folder;
+  // The MTP layers the run carries into each checkpoint (core/checkpoint/mtp_layers.h), on rank 0.
+  std::optional<CarriedFile> carried;
   // checkpoint.enable and .async (a preemption save without checkpoint.enable is synchronous)
   std::unique_ptr<AsyncCheckpointWriter> async_checkpoint;
   int64_t completed = 0;
@@ -289,13 +292,22 @@ Trainer::Trainer(const Config& config, const TrainOptions& options)
   if (resume_dir) {
     s.completed = load_checkpoint(*resume_dir, cfg.model, params, *s.optimizer, *s.loader, stream);
     spdlog::info("resumed from {} after step {}", *resume_dir, s.completed);
+    s.carried = carry_mtp_layers_of_checkpoint(*resume_dir, s.checkpoint_folder, params, stream);
   } else {
     if (options.resume)
       spdlog::info("no checkpoint in {}: starting from step 1", s.checkpoint_folder);
     if (!cfg.model.init_from.empty()) {
-      load_hf_weights(HfCheckpoint(cfg.model.init_from), params, stream);
+      const HfCheckpoint hf(cfg.model.init_from);
+      load_hf_weights(hf, params, stream, cfg.model.num_nextn_predict_layers);
       s.optimizer->load_master_from_weights(stream);
       spdlog::info("weights from the Hugging Face checkpoint {}", cfg.model.init_from);
+      // The MTP layers, not trained, carried to the checkpoints and the export as they are.
+      s.carried = carry_mtp_layers(hf, cfg.model, s.checkpoint_folder, params, stream);
+      if (s.carried) {
+        spdlog::info("{} multi-token-prediction layer(s) carried untrained: {} ({})",
+                     cfg.model.num_nextn_predict_layers, s.carried->path,
+                     format_bytes(s.carried->info.bytes));
+      }
     }
   }
 
@@ -617,7 +629,8 @@ void Trainer::save_checkpoint() const {
     const int64_t before = s.async_checkpoint->last_committed_step();
     s.async_checkpoint->start(s.checkpoint_folder, checkpoint_dir_name(s.completed), s.completed,
                               s.cfg.model, s.model->params(), *s.optimizer, *s.loader, stream,
-                              s.cfg.checkpoint.keep_latest, s.cfg.checkpoint.write_buffer_bytes());
+                              s.cfg.checkpoint.keep_latest, s.cfg.checkpoint.write_buffer_bytes(),
+                              s.carried);
     log_committed(before);
     spdlog::info("checkpoint: {}/{} snapshotted, writing in the background", s.checkpoint_folder,
                  checkpoint_dir_name(s.completed));
@@ -625,7 +638,7 @@ void Trainer::save_checkpoint() const {
   }
   moepeak::save_checkpoint(s.checkpoint_folder, s.completed, s.cfg.model, s.model->params(),
                            *s.optimizer, *s.loader, stream, s.cfg.checkpoint.keep_latest,
-                           s.cfg.checkpoint.write_buffer_bytes());
+                           s.cfg.checkpoint.write_buffer_bytes(), s.carried);
   spdlog::info("checkpoint: {}/{}", s.checkpoint_folder, checkpoint_dir_name(s.completed));
 }
 

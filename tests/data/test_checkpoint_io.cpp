@@ -145,7 +145,7 @@ TEST_F(CheckpointIoTest, SafetensorsWriterRejectsBadTensors) {
   EXPECT_CONTAINS(error_of([&] { w.add("y", DType::f32, {5}, x, 16); }),
                   "tensor \"y\": shape [5] of F32 is 20 bytes, but 16 bytes were given");
   EXPECT_CONTAINS(error_of([&] { w.add("z", DType::f32, {-1}, x, 16); }), "bad shape [-1]");
-  EXPECT_CONTAINS(error_of([&] { w.add("q", "F8_E4M3", {4}, x, 4); }), "unknown dtype \"F8_E4M3\"");
+  EXPECT_CONTAINS(error_of([&] { w.add("q", "F8_E5M2", {4}, x, 4); }), "unknown dtype \"F8_E5M2\"");
   EXPECT_CONTAINS(error_of([&] { w.add("__metadata__", DType::f32, {4}, x, 16); }), "reserved");
 }
 
@@ -229,9 +229,9 @@ TEST_F(CheckpointIoTest, CorruptedFilesNameTheFile) {
   EXPECT_CONTAINS(e6, p6 + ": tensors \"a\" [0, 8) and \"b\" [4, 12) overlap");
 
   auto [p7, e7] = open_error(
-      "dtype", safetensors_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})",
+      "dtype", safetensors_bytes(R"({"w":{"dtype":"F8_E5M2","shape":[4],"data_offsets":[0,4]}})",
                                  std::string(4, '\0')));
-  EXPECT_CONTAINS(e7, p7 + ": tensor \"w\": unknown dtype \"F8_E4M3\"");
+  EXPECT_CONTAINS(e7, p7 + ": tensor \"w\": unknown dtype \"F8_E5M2\"");
 
   auto [p8, e8] = open_error("json", safetensors_bytes("{\"w\": [1, 2", ""));
   EXPECT_CONTAINS(e8, p8 + ": the header is not valid JSON");

@@ -233,4 +233,26 @@ check "its first loss is the saving run's step 3 (1e-6)" \
 check "the reference reproduces that loss from the export's files" \
   "$py" "$here/hf_roundtrip.py" check "$tmp/oss32" "$tmp/dump_oss_export"
 
+# DeepSeek-V3 as released: its config.json, FP8 projections in blocks of 9 (every edge block
+# partial), non-zero correction biases and one multi-token-prediction layer. The import reads the
+# dequantised weights and its step is the reference's; trained, saved and exported in bf16, the
+# export carries the MTP tensors byte for byte and no quantization_config.
+check "make a DeepSeek-V3 FP8 checkpoint with an MTP layer" "$py" "$here/hf_roundtrip.py" make \
+  "$tmp/dsv3" --form 4 --dtype BF16 --files 2 --seed 7 --model-type deepseek_v3 --fp8 9 --mtp 1
+check "import DeepSeek-V3 (FP8) on 1 rank" run 1 import_dsv3 --set training.steps=1 \
+  --init-from "$tmp/dsv3" --dump-step "$tmp/dump_dsv3"
+check "import DeepSeek-V3: dequantised weights, reference loss" \
+  "$py" "$here/hf_roundtrip.py" check "$tmp/dsv3" "$tmp/dump_dsv3"
+check "its step is the reference's in every gradient" \
+  "$py" "$here/check_step_dump.py" "$tmp/dump_dsv3"
+check "train and save DeepSeek-V3 (biases balanced)" run 1 dsv3_source --set training.steps=3 \
+  --set checkpoint.enable=true --set checkpoint.interval=2 \
+  --set model.router_bias_update_rate=0.001 --init-from "$tmp/dsv3"
+check "export DeepSeek-V3 in bf16" timeout 60 "$bin" export \
+  "$tmp/runs/dsv3_source/checkpoints/step_00000002" "$tmp/dsv3_out" --dtype bfloat16
+check "the export's MTP tensors are the release's, byte for byte" \
+  "$py" "$here/hf_roundtrip.py" mtp "$tmp/dsv3" "$tmp/dsv3_out"
+check "the bf16 export has no quantization_config" \
+  bash -c '! grep -q quantization_config "$0/config.json"' "$tmp/dsv3_out"
+
 report test_hf_roundtrip
