@@ -15,6 +15,7 @@
 #include "core/model/families/family.h"
 #include "core/model/param_layout.h"
 #include "tests/expect_contains.h"
+#include "tests/model/hf_deepseek_fixture.h"
 #include "tests/source_dir.h"
 
 namespace moepeak {
@@ -22,30 +23,10 @@ namespace {
 
 using test_support::error_of;
 
-ModelConfig deepseek(int64_t layers = 3) {
-  ModelConfig m;
-  m.model_type = ModelType::deepseek_v3;
-  m.vocab_size = 64;
-  m.hidden_size = 32;
-  m.intermediate_size = 40;
-  m.moe_intermediate_size = 12;
-  m.num_hidden_layers = layers;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 4;
-  m.q_lora_rank = 16;
-  m.kv_lora_rank = 12;
-  m.qk_nope_head_dim = 8;
-  m.qk_rope_head_dim = 4;
-  m.v_head_dim = 6;
-  m.head_dim = 12;
-  m.num_local_experts = 8;
-  m.num_experts_per_tok = 2;
-  m.n_group = 4;
-  m.topk_group = 2;
-  m.routed_scaling_factor = 2.5;
-  m.n_shared_experts = 2;
-  m.first_k_dense_replace = 1;
-  m.rope_interleave = true;
+// The FP8 tests' small model (tests/model/hf_deepseek_fixture.h) with 3 layers and no MTP layer.
+ModelConfig deepseek() {
+  ModelConfig m = test_support::small_deepseek(/*mtp_layers=*/0);
+  m.num_hidden_layers = 3;
   return m;
 }
 
