@@ -31,9 +31,14 @@ double step_flops(const ModelConfig& model, int64_t batch, int64_t seq_len) {
       layers += (w * (w + 1) / 2 + (T - w) * w) / causal_pairs;
     }
   }
-  const double attention = 6.0 * static_cast<double>(batch) * layers *
-                           static_cast<double>(model.num_attention_heads) * T * T *
-                           static_cast<double>(model.head_dim_resolved());
+  // Every layer's attention has the front layer's heads and widths (the decoder's one layout);
+  // the spec's, not ModelConfig::head_dim: latent attention's q/k heads are nope + rope wide and
+  // its value heads v_head_dim. Per causal (query, key) pair 2 (d + dv) forward and twice that
+  // backward; 3 (d + dv) = 6 d for d = dv, bitwise (a factor of 2 is exact).
+  const AttentionSpec& a = layout.spec().layers.front().attention;
+  const double attention = 3.0 * static_cast<double>(batch) * layers *
+                           static_cast<double>(a.heads) * T * T *
+                           static_cast<double>(a.head_dim + a.value_dim());
   return 6.0 * N * active + attention;
 }
 

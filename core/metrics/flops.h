@@ -2,12 +2,20 @@
 //
 // Model FLOPs per step (forward + backward, 2 FLOPs per multiply-add, recomputation not counted,
 // as MFU is conventionally defined):
-//   matmuls:   6 * N * P_active        P_active = per layer (q, k, v, o, router, top-k experts' w1,
-//                                       w2, w3) + the LM head; the embedding is a lookup
-//   attention: 6 * B * nh * d * sum over layers of T^2 * f_l   (QK^T and PV, causal half:
-//                                       forward 2*T^2*d per head per sequence, backward twice
-//                                       that), f_l = 1 for a full layer and, for a sliding window
-//                                       W, the share of causal (query, key) pairs it scores:
+//   matmuls:   6 * N * P_active        P_active = per layer (q, k, v, o or the latent
+//                                       attention's q_a, q_b or q, kv_a, kv_b, o; the router and
+//                                       the top-k experts' w1, w2, w3 and the shared experts', or
+//                                       the dense MLP) + the LM head; the embedding is a lookup
+//                                       (ParamLayout::active_matmul_parameters)
+//   attention: 3 * B * nh * (d + dv) * sum over layers of T^2 * f_l   (QK^T and PV, causal half:
+//                                       forward 2 (d + dv) per (query, key) pair, T^2/2 pairs per
+//                                       head per sequence, backward twice that: dQ, dK, dP, dV;
+//                                       `bench attention` also counts the backward's recomputed
+//                                       QK^T, 2 d more per pair), d the q/k heads' width and dv the
+//                                       value heads' (DecoderSpec: = d but for latent attention,
+//                                       DeepSeek-V3's d = 192, dv = 128), so 6 * B * nh * d * ...
+//                                       when d = dv; f_l = 1 for a full layer and, for a sliding
+//                                       window W, the share of causal (query, key) pairs it scores:
 //                                       sum_t min(t + 1, W) / (T (T + 1) / 2)
 // docs/perf.md repeats this formula.
 #pragma once

@@ -49,7 +49,9 @@ struct StepMetrics {
   MemorySnapshot at_peak;       // live sets at the moment of the total peak
   PhaseBytes phase_peaks;       // the total's peak in each phase of the step
   std::array<MemorySnapshot, kNumStepPhases> phase_at_peak{};  // the sets at each phase's peak
-  uint64_t capacity = 0;                                       // device memory capacity
+  // Each live set's own peak in each phase of the step (MemoryStats::phase_peak_per_set).
+  std::array<MemorySnapshot, kNumStepPhases> phase_peak_per_set{};
+  uint64_t capacity = 0;             // device memory capacity
   uint64_t arena_high_water = 0;     // the arena's highest block end in the step (>= peak_total)
   MemorySnapshot host_peak_per_set;  // pinned host pool, each live set's peak so far in the run
   // CUDA only (0 on the CPU backend): the driver's view of this rank's device after the step.

@@ -1,5 +1,6 @@
 // attention_bytes / workspace_bytes: the model's own live sets (see decoder_memory.h; every term
-// names the allocation in core/model/decoder.cpp it stands for). Test: ctest -R test_plan
+// names the allocation in core/model/decoder.cpp or decoder_latent_attention.cpp it stands for).
+// Test: ctest -R 'test_model_memory|test_plan'
 #include "core/model/decoder_memory.h"
 
 #include <algorithm>
@@ -31,56 +32,126 @@ int64_t resident_layers(const ModelConfig& model, CheckpointSchedule checkpoint)
 }
 
 // The Ulysses layout of world rank `rank`: rank r % Sp of a group of Sp ranks holding
-// B/(W/Sp) sequences.
-schedules::UlyssesLayout layout_of(const ModelConfig& m, int64_t B, int64_t T,
+// B/(W/Sp) sequences, with the heads and head width of the spec's attention (as DecoderModel::run
+// makes it; for latent attention the q/k heads' width, nope + rope, not ModelConfig::head_dim).
+schedules::UlyssesLayout layout_of(const AttentionSpec& a, int64_t B, int64_t T,
                                    const ParallelDegrees& d, int rank) {
   return schedules::UlyssesLayout::make(B / d.sequence_groups(), T, d.sequence, rank % d.sequence,
-                                        m.num_attention_heads, m.num_key_value_heads,
-                                        m.head_dim_resolved());
+                                        a.heads, a.kv_heads, a.head_dim);
+}
+
+// One layer's attention tensors on a rank, in arena footprints of b-byte elements, from its
+// AttentionSpec (d the q/k head width, dv the value heads', = d for grouped-query attention):
+//   q, k, v, out          the token layout (N, nh d), (N, nkv d), (N, nkv dv), (N, nh dv)
+//   q_heads ... out_heads the head layout (B, T, h_r, d or dv) (= the token layout when Sp = 1)
+//   lse                   (B, h_q,r, T) in the op's lse dtype
+//   staging               Ulysses' staging (Sp > 1): DecoderModel::ulysses_staging, the larger
+//                         of the q/k layout's and the value layout's (ulysses_exchange_bytes)
+//   kept_extra            the rest of what the layer keeps in `attention`: with qk_norm the
+//                         projections before it and their rstds; latent: the q latent, its norm
+//                         and rstd (q_lora_rank > 0), the kv latent, its norm and rstd
+//   forward_workspace     the block's `workspace` peak in forward, the attention residual h
+//                         included (grouped-query: h alone; latent: the q in Hub order, the
+//                         kv_a output, the rotary key, the kv_b output, then h)
+//   backward_tail         the backward's `workspace` peak from the moment dq, dk, dv are in the
+//                         token layout (q + k + v) on (grouped-query: + dn1 + dx; latent: the
+//                         rotary key's gradient and its per-head part, d kv_b, d latent, d kv_a,
+//                         dn1, dq in Hub order, d q latent, dx)
+struct AttentionBytes {
+  uint64_t q = 0, k = 0, v = 0, out = 0, q_heads = 0, k_heads = 0, v_heads = 0, out_heads = 0;
+  uint64_t lse = 0, staging = 0, kept_extra = 0, forward_workspace = 0, backward_tail = 0;
+};
+
+AttentionBytes attention_bytes_of(const AttentionSpec& a, int64_t B, int64_t T,
+                                  const ParallelDegrees& degrees, int rank, int64_t H,
+                                  DType dtype) {
+  using schedules::HeadKind;
+  const schedules::UlyssesLayout U = layout_of(a, B, T, degrees, rank);
+  schedules::UlyssesLayout Uv = U;  // the value heads' (DecoderModel::values_layout)
+  Uv.head_dim = a.value_dim();
+  const int64_t b = static_cast<int64_t>(dtype_size(dtype));
+  const int64_t N = U.local_tokens(), nh = a.heads, nkv = a.kv_heads, d = a.head_dim;
+  const int64_t dv = a.value_dim();
+  const uint64_t NH = fp(N * H * b), Nb = fp(N * b);
+  AttentionBytes x;
+  x.q = fp(N * nh * d * b);
+  x.k = fp(N * nkv * d * b);
+  x.v = fp(N * nkv * dv * b);
+  x.out = fp(N * nh * dv * b);  // "attention output" (and its token layout under Ulysses)
+  x.q_heads = fp(numel(U.heads_shape(HeadKind::query)) * b);
+  x.k_heads = fp(numel(U.heads_shape(HeadKind::kv)) * b);
+  x.v_heads = fp(numel(Uv.heads_shape(HeadKind::kv)) * b);
+  x.out_heads = fp(numel(Uv.heads_shape(HeadKind::query)) * b);
+  x.lse = fp(U.batch * U.heads_count(HeadKind::query, static_cast<int>(U.rank)) * T *
+             static_cast<int64_t>(dtype_size(ops::attention_lse_dtype(dtype))));
+  if (degrees.sequence > 1) {
+    x.staging = std::max(schedules::ulysses_exchange_bytes(U, dtype),
+                         schedules::ulysses_exchange_bytes(Uv, dtype));
+  }
+  if (!a.latent()) {
+    // With a per-head q/k norm: "q_pre", "k_pre" (token layout), "q norm rstd", "k norm rstd".
+    x.kept_extra = a.qk_norm ? x.q + x.k + fp(N * nh * b) + fp(N * nkv * b) : 0;
+    x.forward_workspace = NH;                     // "attention residual"
+    x.backward_tail = x.q + x.k + x.v + NH + NH;  // dq, dk, dv; dn1, dx
+    return x;
+  }
+  // Latent (core/model/decoder_latent_attention.cpp).
+  const int64_t dr = a.rope_dim, dn = d - dr, rq = a.q_lora_rank, rkv = a.kv_lora_rank;
+  const uint64_t Lq = rq > 0 ? fp(N * rq * b) : 0, Lkv = fp(N * rkv * b);
+  const uint64_t C = fp(N * (rkv + dr) * b);        // "kv_a projection", "d kv_a projection"
+  const uint64_t R = fp(N * dr * b);                // "rotary key", "d rotary key (one head)"
+  const uint64_t KVb = fp(N * nh * (dn + dv) * b);  // "kv_b projection", "d kv_b projection"
+  // "q latent", "q latent norm", "q latent norm rstd"; "kv latent", "kv latent norm", its rstd.
+  x.kept_extra = (rq > 0 ? 2 * Lq + Nb : 0) + 2 * Lkv + Nb;
+  // "q (Hub order)" beside the kv_a output and the rotary key, then beside the rotary key and the
+  // kv_b output (the kv_a output freed); all freed before h.
+  x.forward_workspace = std::max(x.q + R + std::max(C, KVb), NH);
+  // From dq, dk, dv in the token layout: + "d rotary key" and "d rotary key (one head)"; + d kv_b
+  // (the one head's part freed); dq, d rotary key, d kv_b and "d kv latent norm" (dk, dv freed);
+  // dq, d rotary key, d latent and "d kv_a projection" (d kv_b freed); dq, d kv_a and dn1 (the
+  // latent and the rotary key's gradients freed); dq, dn1 and "dq (Hub order)" (d kv_a freed);
+  // dq in Hub order, dn1 and "d q latent norm" (dq freed); dn1 and dx.
+  x.backward_tail = max_of({x.q + x.k + x.v + 2 * R, x.q + x.k + x.v + R + KVb, x.q + R + KVb + Lkv,
+                            x.q + R + Lkv + C, x.q + C + NH, 2 * x.q + NH, x.q + NH + Lq, 2 * NH});
+  return x;
 }
 
 PhaseBytes attention_on_rank(const ModelConfig& m, int64_t B, int64_t T,
                              const ParallelDegrees& degrees, int rank,
                              CheckpointSchedule checkpoint, DType dtype) {
-  const schedules::UlyssesLayout U = layout_of(m, B, T, degrees, rank);
+  // Every layer's attention has the front layer's dims (DecoderModel::run's one Ulysses layout).
+  const DecoderSpec spec = describe_decoder(m);
+  const AttentionSpec& front = spec.layers.front().attention;
+  const AttentionBytes a = attention_bytes_of(front, B, T, degrees, rank, m.hidden_size, dtype);
   const int world = degrees.sequence;  // the exchange's ranks
-  B = U.batch;
   const int64_t b = static_cast<int64_t>(dtype_size(dtype));
-  const int64_t N = U.local_tokens(), H = m.hidden_size, d = m.head_dim_resolved();
-  const int64_t nh = m.num_attention_heads, nkv = m.num_key_value_heads;
+  const int64_t N = layout_of(front, B, T, degrees, rank).local_tokens(), H = m.hidden_size;
   const uint64_t NH = fp(N * H * b), Nb = fp(N * b);
-  const uint64_t Q = fp(N * nh * d * b), KV = fp(N * nkv * d * b);
-  const uint64_t Qh = fp(numel(U.heads_shape(schedules::HeadKind::query)) * b);
-  const uint64_t KVh = fp(numel(U.heads_shape(schedules::HeadKind::kv)) * b);
-  const uint64_t out = fp(N * nh * d * b);  // "attention output"
-  const uint64_t lse = fp(B * U.heads_count(schedules::HeadKind::query, rank) * T *
-                          static_cast<int64_t>(dtype_size(ops::attention_lse_dtype(dtype))));
   const auto layers = static_cast<uint64_t>(resident_layers(m, checkpoint));
   const bool none = !schedules::recomputes_layers(checkpoint);
-  // With a per-head q/k norm: the projections before it ("q_pre", "k_pre", token layout) and its
-  // rstd ("q norm rstd", "k norm rstd"), kept for its backward.
-  const uint64_t qk_norm =
-      describe_decoder(m).any_qk_norm() ? Q + KV + fp(N * nh * b) + fp(N * nkv * b) : 0;
   PhaseBytes p;
   uint64_t kept_all = 0;  // every resident layer's kept activations
   if (world == 1) {
-    // n1, rstd1, [q_pre, k_pre and their rstd], q, k, v (moved into the layer's activations),
-    // out, lse.
-    const uint64_t kept = NH + Nb + qk_norm + Q + 2 * KV + out + lse;
+    // n1, rstd1, [q_pre, k_pre and their rstd | the latents], q, k, v (moved into the layer's
+    // activations), out, lse.
+    const uint64_t kept = NH + Nb + a.kept_extra + a.q + a.k + a.v + a.out + a.lse;
     kept_all = layers * kept;
     p[StepPhase::forward_attention] = layers * kept;
     p[StepPhase::backward_attention] = layers * kept;
   } else {
-    const uint64_t S = schedules::ulysses_exchange_bytes(U, dtype);
-    // Kept: n1, rstd1, [q_pre, k_pre and their rstd], q/k/v in the head layout, out, lse, and
-    // the token-layout output.
-    const uint64_t kept = NH + Nb + qk_norm + Qh + 2 * KVh + out + lse + Q;
+    const uint64_t S = a.staging;
+    // Kept: n1, rstd1, [q_pre, k_pre and their rstd | the latents], q/k/v in the head layout,
+    // out, lse, and the token-layout output.
+    const uint64_t kept =
+        NH + Nb + a.kept_extra + a.q_heads + a.k_heads + a.v_heads + a.out + a.lse + a.out;
     // Forward: the token-layout q, k, v beside the staging and the head-layout ones, before they
-    // are freed; then out, lse and the token-layout output beside the staging. Backward: kept + S.
-    const uint64_t forward =
-        NH + Nb + qk_norm + S + Qh + 2 * KVh + std::max(Q + 2 * KV, out + lse + Q);
+    // are freed; then out, lse and the token-layout output beside the staging. Backward: kept + S,
+    // and under checkpointing the layer's recompute (its forward) before it.
+    const uint64_t forward = NH + Nb + a.kept_extra + S + a.q_heads + a.k_heads + a.v_heads +
+                             std::max(a.q + a.k + a.v, a.out + a.lse + a.out);
     p[StepPhase::forward_attention] = (layers - 1) * kept + forward;
-    p[StepPhase::backward_attention] = (layers - 1) * kept + std::max(forward, kept + S);
+    p[StepPhase::backward_attention] =
+        (layers - 1) * kept + (none ? kept + S : std::max(forward, kept + S));
     kept_all = layers * kept;  // the staging is freed when attention returns
   }
   p[StepPhase::forward_experts] = kept_all;  // the layer's own kept beside its experts
@@ -93,27 +164,26 @@ PhaseBytes attention_on_rank(const ModelConfig& m, int64_t B, int64_t T,
 PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
                              const ParallelDegrees& degrees, int rank, const SchedulesConfig& s,
                              DType dtype) {
-  const schedules::UlyssesLayout U = layout_of(m, B, T, degrees, rank);
+  const DecoderSpec spec = describe_decoder(m);
   const int world = degrees.world;
   const int64_t b = static_cast<int64_t>(dtype_size(dtype));
-  const int64_t N = U.local_tokens(), H = m.hidden_size, d = m.head_dim_resolved();
-  const int64_t nh = m.num_attention_heads, nkv = m.num_key_value_heads;
+  const int64_t N = layout_of(spec.layers.front().attention, B, T, degrees, rank).local_tokens();
+  const int64_t H = m.hidden_size;
   const int64_t E = m.num_local_experts, k = m.num_experts_per_tok;
   const uint64_t NH = fp(N * H * b), Nb = fp(N * b), NE = fp(N * E * b);
   const uint64_t Ki = fp(N * k * 4), Kb = fp(N * k * b);
-  const uint64_t Q = fp(N * nh * d * b), KV = fp(N * nkv * d * b);
-  const uint64_t Qh = fp(numel(U.heads_shape(schedules::HeadKind::query)) * b);
-  const uint64_t KVh = fp(numel(U.heads_shape(schedules::HeadKind::kv)) * b);
   const bool none = !schedules::recomputes_layers(s.checkpoint);  // every layer's activations kept
   const bool aux = m.router_aux_loss_coef != 0.0;
 
   // The trainer's batch: input ids, labels, positions (i64), for the whole run.
   const uint64_t batch_tensors = 3 * fp(8 * N);
   // The dispatcher's small count exchange (workspace, during its forward's planning).
-  const DecoderSpec spec = describe_decoder(m);
   const uint64_t counts = schedules::dispatch_workspace_bytes(
       s, {N, k, H, m.expert_intermediate_size(), E, degrees.expert,
           schedules::resident_layers(s.checkpoint, spec.moe_layers()), dtype});
+  // The recompute of a MoE layer under PipelinedLLEP only plans (no output: DecoderModel's
+  // plan_only), so its shared experts make no activation then.
+  const bool plan_only_recompute = s.dispatch == DispatchSchedule::pipelined_llep;
   // The load-balancing loss: its per-expert gradient (E) from the head to the end of backward,
   // and the all-reduce of the probability sums in each layer's forward (W > 1); the expert
   // counts' all-reduce over the expert replicas (W/Ep > 1) in each layer's forward.
@@ -122,44 +192,66 @@ PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
       std::max(aux && world > 1 ? fp(E * 8) : 0, degrees.expert_replicas() > 1 ? fp(E * 8) : 0);
 
   // What each layer keeps from forward (LayerActivations in workspace): the attention residual
-  // h, n2, rstd2, then a MoE layer's probs (N, E), top-k index (i32) and weights, or a dense
-  // layer's gate and up projections (N, I) x2.
+  // h, n2, rstd2, then a MoE layer's probs (N, E), top-k index (i32) and weights and its shared
+  // experts' gate and up (N, Is) x2, or a dense layer's gate and up projections (N, I) x2.
+  auto shared_of = [&](const MlpSpec& mlp) {
+    return mlp.moe() && mlp.shared_intermediate > 0 ? fp(N * mlp.shared_intermediate * b) : 0;
+  };
   auto kept_of = [&](const MlpSpec& mlp) {
-    return 2 * NH + Nb + (mlp.moe() ? NE + Ki + Kb : 2 * fp(N * mlp.intermediate * b));
+    return 2 * NH + Nb +
+           (mlp.moe() ? NE + Ki + Kb + 2 * shared_of(mlp) : 2 * fp(N * mlp.intermediate * b));
   };
   uint64_t all_kept = 0;  // every layer's, under "none"
   for (const LayerSpec& l : spec.layers) all_kept += none ? kept_of(l.mlp) : 0;
 
   // Per layer l, forward (and under checkpointing its recompute, beside the incoming gradient
-  // and the final rstd): in attention its residual h, then in the MLP its activations plus the
-  // router logits or a count exchange (MoE), or the SwiGLU activation (dense); the backward of
-  // layer l: rstdf, the incoming gradient dy and the layers' activations, then per moment dn2
-  // with the router's gradients, dn2 with dh (MoE), dn2 with the activation and its gradients
-  // (dense), and attention's gradients beside dh (attention).
-  uint64_t attn;
-  if (degrees.sequence == 1) {                             // no Ulysses exchange
-    attn = std::max(2 * Q + 2 * KV, Q + 2 * KV + 2 * NH);  // dattn=dout, dq, dk, dv; dn1, dx
-  } else {
-    attn = max_of({Q + Qh, 2 * Qh + 2 * KVh, Qh + 2 * KVh + Q, Q + 2 * KVh + KV, Q + KVh + 2 * KV,
-                   Q + 2 * KV + 2 * NH});
-  }
+  // and the final rstd): in attention its temporaries and its residual h, then in the MLP its
+  // activations plus the router logits (and, bf16 with a correction bias, its fp32 copy) or a
+  // count exchange before the shared experts, their SwiGLU activation, the counts' all-reduces
+  // after them (MoE), or the SwiGLU activation (dense); the backward of layer l: rstdf, the
+  // incoming gradient dy and the layers' activations, then per moment dn2 with the router's
+  // gradients, the shared experts' SwiGLU gradients, dn2 with dh (MoE), dn2 with the activation
+  // and its gradients (dense), and attention's gradients beside dh (attention).
   uint64_t forward_attention = 0, forward = 0, recompute_attention = 0, recompute = 0;
   uint64_t backward_experts = 0, backward_attention = 0;
   uint64_t earlier = 0;  // the layers before l's, under "none"
+  // Every layer's attention has the front layer's dims (DecoderModel::run's one Ulysses layout):
+  // its backward's gradients, dattn=dout (and its head layout), dq, dk, dv (in both layouts, one
+  // at a time), then the kind's own tail.
+  const AttentionBytes a =
+      attention_bytes_of(spec.layers.front().attention, B, T, degrees, rank, H, dtype);
+  uint64_t attn;
+  if (degrees.sequence == 1) {  // no Ulysses exchange
+    attn = std::max(a.out + a.q + a.k + a.v, a.backward_tail);
+  } else {
+    attn = max_of({a.out + a.out_heads, a.out_heads + a.q_heads + a.k_heads + a.v_heads,
+                   a.q_heads + a.k_heads + a.v_heads + a.q, a.q + a.k_heads + a.v_heads + a.k,
+                   a.q + a.k + a.v_heads + a.v, a.backward_tail});
+  }
   for (const LayerSpec& l : spec.layers) {
-    const uint64_t kept = kept_of(l.mlp);
+    const uint64_t kept = kept_of(l.mlp), Is = shared_of(l.mlp);
+    const uint64_t kept_before_shared = kept - 2 * Is;
     const uint64_t NI = fp(N * l.mlp.intermediate * b);
-    forward_attention = std::max(forward_attention, earlier + NH);
-    forward =
-        std::max(forward, earlier + kept + (l.mlp.moe() ? max_of({NE, counts, aux_reduce}) : NI));
+    // "router correction bias (fp32)": a bf16 model's correction bias widened for the router.
+    const uint64_t bias_f32 =
+        l.mlp.moe() && l.mlp.router.correction_bias && dtype == DType::bf16 ? fp(E * 4) : 0;
+    forward_attention = std::max(forward_attention, earlier + a.forward_workspace);
+    const uint64_t moe_forward =
+        max_of({kept_before_shared + NE + bias_f32, kept_before_shared + counts, kept + Is,
+                kept + aux_reduce});
+    forward = std::max(forward, earlier + (l.mlp.moe() ? moe_forward : kept + NI));
     if (!none) {
-      recompute_attention = Nb + aux_dprobs + NH + NH;
-      recompute = std::max(recompute,
-                           Nb + aux_dprobs + NH + kept + (l.mlp.moe() ? std::max(NE, counts) : 0));
+      recompute_attention =
+          std::max(recompute_attention, Nb + aux_dprobs + NH + a.forward_workspace);
+      const uint64_t moe_recompute =
+          max_of({kept_before_shared + NE + bias_f32, kept_before_shared + counts,
+                  kept + (plan_only_recompute ? 0 : Is)});
+      recompute = std::max(recompute, Nb + aux_dprobs + NH + (l.mlp.moe() ? moe_recompute : kept));
     }
     const uint64_t base = Nb + aux_dprobs + NH + (none ? earlier + kept : kept);
     const uint64_t mlp_backward =
-        l.mlp.moe() ? max_of({NH + Kb + counts, NH + Kb + NE, NH + NH}) : NH + std::max(3 * NI, NH);
+        l.mlp.moe() ? max_of({NH + Kb + counts, NH + Kb + NE, NH + Kb + 3 * Is, NH + NH})
+                    : NH + std::max(3 * NI, NH);
     backward_experts = std::max(backward_experts, base + mlp_backward);
     backward_attention = std::max(backward_attention, base + NH + attn);
     earlier += none ? kept : 0;

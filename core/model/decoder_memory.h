@@ -1,25 +1,41 @@
 // The bytes of the two live sets the model itself allocates — `attention` and `workspace` —
 // as closed-form functions of the model, the batch and the layout, derived line by line from
-// DecoderModel (core/model/decoder.cpp) and the trainer's step (core/train/trainer.cpp). The
-// planner (core/plan/plan.h, `moepeak plan`) sums these beside the schedules' own functions
-// (ops/schedules/*_bytes), so the plan and the run share one source of truth.
+// DecoderModel (core/model/decoder.cpp, decoder_latent_attention.cpp) and the trainer's step
+// (core/train/trainer.cpp). The planner (core/plan/plan.h, `moepeak plan`) sums these beside the
+// schedules' own functions (ops/schedules/*_bytes), so the plan and the run share one source of
+// truth.
 //
-// Test: ctest -R 'test_plan' (tests/plan/: measured peak <= these bytes, within 10%).
+// Test: ctest -R test_model_memory (one rank: the measured peak of each set in each phase EQUAL
+// to these bytes, Mixtral, Qwen3-MoE and DeepSeek-V3 shapes); ctest -R 'test_plan' (tests/plan/:
+// the same equality per phase on 1 to 8 ranks with Ulysses, beside every other set's bounds).
 //
-// With fp = DeviceArena::footprint, b = dtype bytes, N = B*T/W this rank's tokens, Qh/KVh the
-// head-layout q and k/v of UlyssesLayout over the Sp ranks of a sequence group (= the token
-// layout when Sp = 1), S the Ulysses staging (ulysses_exchange_bytes, Sp > 1 only), l_res = L under
-// checkpoint = "none", else 1:
-//   attention: per resident layer Aa = fp(NHb) + fp(Nb) + fp(Qh b) + 2 fp(KVh b) + fp(N nh d b)
-//              + fp(B h_q T b) [+ fp(N nh d b) the token-layout output, W > 1];
-//              peak = (l_res - 1) Aa + the forward peak of one layer (W > 1: the token-layout
-//              q, k, v and the staging beside the head-layout ones).
+// With fp = DeviceArena::footprint, b = dtype bytes, N = B*T/W this rank's tokens, the heads and
+// widths of the DecoderSpec's attention (nh, nkv, d the q/k heads' width, dv the value heads',
+// = d for grouped-query attention; never ModelConfig::head_dim, which latent attention does not
+// use), Qh/Kh/Vh/Oh the head layouts of q, k, v, out under UlyssesLayout over the Sp ranks of a
+// sequence group (= the token layouts when Sp = 1), S the Ulysses staging (Sp > 1 only: the larger
+// of ulysses_exchange_bytes of the q/k layout and the value layout, DecoderModel::ulysses_staging),
+// l_res = L under checkpoint = "none", else 1:
+//   attention: per resident layer Aa = fp(NHb) + fp(Nb) + X + fp(Q) + fp(K) + fp(V) + fp(O)
+//              + fp(B h_q T b) [+ fp(O) the token-layout output, Sp > 1] with Q = N nh d b,
+//              K = N nkv d b, V = N nkv dv b, O = N nh dv b (the head layouts under Sp > 1) and
+//              X the kind's own kept: the q/k norm's inputs and rstds (qk_norm), or latent
+//              attention's q latent, its norm and rstd (q_lora_rank > 0) and kv latent, its norm
+//              and rstd; peak = (l_res - 1) Aa + the forward peak of one layer (Sp > 1: the
+//              token-layout q, k, v and the staging beside the head-layout ones); in backward
+//              Aa + S (and, checkpointing, the recompute's forward).
 //   workspace: the batch (3 fp(8N) ids, labels, positions) + the largest moment of the step:
-//              a layer's forward (kept MoE inputs: residual, norm, rstd, probs, top-k, plus the
-//              router logits), the head (final norm, its rstd, their gradients), a layer's
-//              backward (incoming gradient, dn2, the router's gradients, dh, the attention
-//              gradients in both layouts, dn1, dx); the ZeRO-3 reduce-scatters run in place in
-//              the gathered grads and add nothing here.
+//              a layer's forward (its attention's temporaries — latent: q in the Hub's order,
+//              the kv_a output, the rotary key, the kv_b output — then its residual h; the kept
+//              MLP inputs: residual, norm, rstd, and probs, top-k, the shared experts' gate and up
+//              (N, Is) x2 with their SwiGLU activation, plus the router logits (and a bf16
+//              model's fp32 correction bias) before them, or a dense layer's gate and up (N, I) x2
+//              and activation), the head (final norm, its rstd, their gradients), a layer's
+//              backward (incoming gradient, dn2, the router's gradients, the shared experts'
+//              SwiGLU gradients, dh, the attention gradients in both layouts and the kind's own:
+//              latent, the rotary key's gradient, d kv_b, d latent, d kv_a, dq in the Hub's order,
+//              d q latent; dn1, dx); dense and MoE layers mixed as the spec has them; the ZeRO-3
+//              reduce-scatters run in place in the gathered grads and add nothing here.
 // Each also per phase of the step (core/runtime/step_phase.h): the plan's total is its largest
 // phase, each phase the sum of the sets live in it (live_in_phase for the schedules' sets).
 #pragma once

@@ -58,7 +58,8 @@ ZeroBytes zero_pass_gathered_bytes(const ModelConfig& model, DType dtype,
 
 // The same per phase of a training step (the largest over the uses in it; their max is the
 // above): the embedding's uses in `embedding`, a layer's in its pass's attention and experts
-// phases, the head's in `head`, none in `optimizer`.
+// phases, the head's in `head`, none in `optimizer`; a phase a use is acquired in also holds,
+// from its start, the gradients the use before left reduce-scattering (its grads above).
 std::array<ZeroBytes, kNumStepPhases> zero_phase_gathered_bytes(const ModelConfig& model,
                                                                 DType dtype,
                                                                 const ParallelDegrees& degrees,

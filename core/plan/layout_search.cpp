@@ -42,22 +42,28 @@ StepTraffic step_traffic(const Config& cfg, const ParallelDegrees& d, int64_t ba
   const double L = static_cast<double>(m.num_hidden_layers),
                E = static_cast<double>(m.num_local_experts);
   const double V = static_cast<double>(m.vocab_size);
-  const double expert_params = L * E * 3 * F * H;
+  // Experts and their dispatch only in the MoE layers (a dense layer's MLP, like the shared
+  // experts, is a dense parameter); the attention's heads and widths from the spec (latent
+  // attention: q/k heads of nope + rope, value heads of v_head_dim, nkv = nh).
+  const DecoderSpec& spec = layout.spec();
+  const double L_moe = static_cast<double>(spec.moe_layers());
+  const AttentionSpec& a = spec.layers.front().attention;
+  const double expert_params = L_moe * E * 3 * F * H;
   double dense = static_cast<double>(layout.parameter_count()) - expert_params;
   if (rows) dense -= V * H;  // the LM head by vocabulary rows is never gathered
   const double N = static_cast<double>(batch * seq_len) / d.world;
   const double mb = static_cast<double>(grad_accum);
   const double passes = schedules::recomputes_layers(cfg.schedules.checkpoint) ? 3 : 2;
-  const double dh = static_cast<double>(m.head_dim_resolved());
   StepTraffic t;
   t.zero_dense = mb * 3 * ring(d.data_shard) * dense * b;
   t.dense_replicas = mb * 2 * ring(d.dense_replicas()) * dense / d.data_shard * b;
   t.zero_experts = mb * 3 * ring(d.expert_replicas()) * expert_params / d.expert * b;
-  t.ulysses = mb * passes * L * 2 * N *
-              static_cast<double>(m.num_attention_heads + m.num_key_value_heads) * dh * b *
-              ring(d.sequence);
-  t.dispatch =
-      mb * passes * L * 2 * N * static_cast<double>(m.num_experts_per_tok) * H * b * ring(d.expert);
+  // q (nh d), k (nkv d), v (nkv dv), out (nh dv) and their gradients: (nh + nkv)(d + dv) per
+  // token and pass, = 2 (nh + nkv) d (bitwise) when dv = d.
+  t.ulysses = mb * passes * L * N * static_cast<double>(a.heads + a.kv_heads) *
+              static_cast<double>(a.head_dim + a.value_dim()) * b * ring(d.sequence);
+  t.dispatch = mb * passes * L_moe * 2 * N * static_cast<double>(m.num_experts_per_tok) * H * b *
+               ring(d.expert);
   if (rows && d.world > 1) {
     t.vocab = mb * 3 * (d.world - 1) * std::min(N, V / d.world) * H * b;
   }

@@ -9,12 +9,16 @@
 // collective over G ranks moves (G-1)/G of its buffer per rank, m micro-batches, N = B*T/W):
 //   zero_dense     m * 3 (Ds-1)/Ds P_dense b        gather in forward and backward, reduce-scatter
 //   dense_replicas m * 2 (R-1)/R P_dense/Ds b       all-reduce of the shards, R = W/Ds
-//   zero_experts   m * 3 (Re-1)/Re P_exp b          the rank's E/Ep experts, Re = W/Ep
-//   ulysses        m * p L * 2 N (nh+nkv) d b (Sp-1)/Sp    q, k, v, out (and their gradients)
-//   dispatch       m * p L * 2 N k H b (Ep-1)/Ep    tokens out to their experts and back
+//   zero_experts   m * 3 (Re-1)/Re P_exp b          the rank's E/Ep experts, Re = W/Ep,
+//                                                  P_exp = L_moe E 3 F H
+//   ulysses        m * p L * N (nh+nkv) (d+dv) b (Sp-1)/Sp    q, k, v, out (and their gradients)
+//   dispatch       m * p L_moe * 2 N k H b (Ep-1)/Ep    tokens out to their experts and back
 //   vocab          m * 3 (W-1) min(N, V/W) H b      Ring-DTP's ring (materialized: in zero_dense)
-// with p = 2 passes (forward, backward), 3 when checkpointing recomputes each layer. These are
-// the volumes of the schedules' collectives, not timings; the search ranks layouts by them.
+// with p = 2 passes (forward, backward), 3 when checkpointing recomputes each layer, L_moe the
+// layers with experts (DecoderSpec::moe_layers), d and dv the q/k and value heads' widths
+// (DecoderSpec: dv = d but for latent attention, where nkv = nh), P_dense every other
+// parameter (the shared experts and dense MLPs included). These are the volumes of the
+// schedules' collectives, not timings; the search ranks layouts by them.
 // Test: ctest -R test_plan_layout_search
 #pragma once
 

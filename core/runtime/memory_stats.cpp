@@ -1,5 +1,7 @@
 #include "core/runtime/memory_stats.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/units.h"
 
@@ -26,6 +28,8 @@ void MemoryStats::on_alloc(LiveSet set, uint64_t bytes) {
   current_.bytes[i] += bytes;
   current_total_ += bytes;
   if (current_.bytes[i] > peak_.bytes[i]) peak_.bytes[i] = current_.bytes[i];
+  uint64_t& phase_set = phase_set_peak_[static_cast<size_t>(phase_)].bytes[i];
+  if (current_.bytes[i] > phase_set) phase_set = current_.bytes[i];
   if (current_total_ > peak_total_) {
     peak_total_ = current_total_;
     at_peak_ = current_;
@@ -43,6 +47,13 @@ void MemoryStats::note_phase_peak() {
 void MemoryStats::set_phase(StepPhase phase) {
   phase_ = phase;
   note_phase_peak();
+  note_phase_set_peaks();
+}
+
+void MemoryStats::note_phase_set_peaks() {
+  MemorySnapshot& peaks = phase_set_peak_[static_cast<size_t>(phase_)];
+  for (size_t i = 0; i < kNumLiveSets; ++i)
+    peaks.bytes[i] = std::max(peaks.bytes[i], current_.bytes[i]);
 }
 
 void MemoryStats::on_free(LiveSet set, uint64_t bytes) {
@@ -61,7 +72,9 @@ void MemoryStats::reset_peaks() {
   at_peak_ = current_;
   phase_peak_ = PhaseBytes{};
   phase_at_peak_ = {};
+  phase_set_peak_ = {};
   note_phase_peak();
+  note_phase_set_peaks();
 }
 
 }  // namespace moepeak

@@ -1,5 +1,5 @@
 // Current and peak bytes per live set, the total peak, and the breakdown of live sets at the
-// moment the total peaked (docs/design.md#memory-accounting); the same peak for each phase of a
+// moment the total peaked (docs/design.md#memory-accounting); the same peaks for each phase of a
 // step (core/runtime/step_phase.h), which the code running tells with set_phase. Shared by the
 // device arena and the pinned host pool.
 #pragma once
@@ -45,9 +45,16 @@ class MemoryStats {
   const MemorySnapshot& phase_at_peak(StepPhase phase) const {
     return phase_at_peak_[static_cast<size_t>(phase)];
   }
+  // Highest value each live set reached on its own while `phase` ran (what was live when the
+  // phase began included): the per-phase functions of the planner (attention_phase_bytes, ...)
+  // are held to these.
+  const MemorySnapshot& phase_peak_per_set(StepPhase phase) const {
+    return phase_set_peak_[static_cast<size_t>(phase)];
+  }
 
  private:
   void note_phase_peak();
+  void note_phase_set_peaks();  // the current values count in the current phase's set peaks
 
   MemorySnapshot current_, peak_, at_peak_;
   uint64_t current_total_ = 0;
@@ -55,6 +62,7 @@ class MemoryStats {
   StepPhase phase_ = StepPhase::embedding;
   PhaseBytes phase_peak_;
   std::array<MemorySnapshot, kNumStepPhases> phase_at_peak_{};
+  std::array<MemorySnapshot, kNumStepPhases> phase_set_peak_{};
 };
 
 }  // namespace moepeak

@@ -554,8 +554,10 @@ StepMetrics Trainer::step() {
   m.peak_per_set = mem.peak_per_set();
   m.at_peak = mem.at_peak();
   m.phase_peaks = mem.phase_peaks();
-  for (StepPhase ph : kAllStepPhases)
+  for (StepPhase ph : kAllStepPhases) {
     m.phase_at_peak[static_cast<size_t>(ph)] = mem.phase_at_peak(ph);
+    m.phase_peak_per_set[static_cast<size_t>(ph)] = mem.phase_peak_per_set(ph);
+  }
   m.host_peak_per_set = backend.pinned().stats().peak_per_set();
   m.capacity = backend.arena().capacity();
   m.arena_high_water = backend.arena().high_water();

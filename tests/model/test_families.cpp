@@ -319,6 +319,27 @@ TEST(Families, StepFlopsCountAWindowsPairs) {
   EXPECT_DOUBLE_EQ(step_flops(m, B, T), matmuls + 2 * full);
 }
 
+// DeepSeek-V3's latent attention: the projections (q_a, q_b, kv_a, kv_b, o), the dense first
+// layers and the shared experts through the layout's active matrices, and the scores and values
+// at the spec's head widths, d = 128 + 64 for q.k and dv = 128 for p.v (not head_dim twice), by
+// hand from configs/deepseek-v3.toml.
+TEST(Families, StepFlopsOfLatentAttentionAndSharedExperts) {
+  const Config cfg = load_config({test_support::source_dir() + "/configs/deepseek-v3.toml"}, {});
+  const double H = 7168, nh = 128, d = 192, dv = 128, rq = 1536, rkv = 512, rope = 64;
+  const double attention =
+      rq * H + nh * d * rq + (rkv + rope) * H + nh * (128 + dv) * rkv + H * nh * dv;  // 187,105,280
+  const double dense = 3 * 18432 * H;                                                 // 396,361,728
+  const double moe = 256 * H + 8 * 3 * 2048 * H + 3 * 2048 * H;  // router, top-8, shared
+  const double active = 61 * attention + 3 * dense + 58 * moe + 129280 * H;
+  EXPECT_EQ(active, 36'624'596'992.0);
+  EXPECT_EQ(static_cast<double>(ParamLayout(cfg.model).active_matmul_parameters()), active);
+  const int64_t B = 2, T = 4096;
+  // Per causal pair 2 (d + dv) forward, twice that backward: 3 (d + dv) per head and T^2.
+  const double scores = 3.0 * B * 61 * nh * T * T * (d + dv);
+  EXPECT_DOUBLE_EQ(step_flops(cfg.model, B, T), 6.0 * B * T * active + scores);
+  EXPECT_DOUBLE_EQ(scores, 2 * 125'756'642'426'880.0);
+}
+
 TEST(Families, TomlSetsTheFamilyAndItsLists) {
   const Config cfg = load_config(
       {}, {"model.model_type=qwen3_moe", "model.mlp_only_layers=[0, 1]", "model.rope_type=yarn",

@@ -8,6 +8,12 @@
 //                                             case R, and LLEP's spill copies in weights/grads;
 //                                             docs/plan.md), which have only the first;
 //   measured phase peak <= the phase's total  for every phase of the step (docs/plan.md#phases),
+//   measured set peak <= its phase's bytes    for every set in every phase, on every rank (the
+//                                             plan's per-phase bytes of each set are bounds of
+//                                             their own; one documented exception:
+//                                             phase_bound_holds),
+//   ... and == for the model's own sets       attention and workspace (decoder_memory.h's
+//                                             functions are exact),
 //   measured total peak <= planned total      (the largest phase),
 //   arena high water    <= planned total      (so is it of the allocator's fragmentation),
 //   live communicators  == the plan's count   (its NCCL term's, on CUDA).
@@ -54,6 +60,28 @@ inline Config tiny_plan_config() {
   return c;
 }
 
+// The tiny config as a DeepSeek-V3: latent attention (q/k heads of 8 + 4, value heads of 6, a
+// query bottleneck of 16 and a key/value latent of 20), a dense first layer, sigmoid
+// group-limited routing with its correction bias, shared experts of twice the experts' width.
+inline void deepseek_v3_parts(Config& c) {
+  c.model.model_type = ModelType::deepseek_v3;
+  c.model.moe_intermediate_size = 12;
+  c.model.num_key_value_heads = 4;
+  c.model.q_lora_rank = 16;
+  c.model.kv_lora_rank = 20;
+  c.model.qk_nope_head_dim = 8;
+  c.model.qk_rope_head_dim = 4;
+  c.model.v_head_dim = 6;
+  c.model.head_dim = 12;
+  c.model.num_local_experts = 8;
+  c.model.n_group = 4;
+  c.model.topk_group = 2;
+  c.model.routed_scaling_factor = 2.5;
+  c.model.n_shared_experts = 2;
+  c.model.first_k_dense_replace = 1;
+  c.model.rope_interleave = true;
+}
+
 // Whether `set` is one of the worst-case (router-dependent) bounds that need not be tight.
 // Expert-parallel (W > 1) standard and LLEP dispatch: R taken at its worst case (W*N*k, R_cap);
 // under checkpoint = "none" the all-at-once dispatchers (EP, LLEP) are L times the one-layer bound
@@ -75,13 +103,25 @@ inline bool loose_by_design(const Config& c, int world, LiveSet set) {
                        c.schedules.checkpoint == CheckpointSchedule::none);
 }
 
+// Whether the plan's bytes of `set` in `phase` hold for `c` (and, for the model's own attention
+// and workspace, are exact). NOTES: PipelinedLLEP's count exchange allocates
+// (W + 1) (1 + max_chunks E) i64 in one buffer, while dispatch_workspace_bytes counts
+// (W + 1) chunks E (ops/schedules/dispatch_choice.cpp); where that is the largest moment of a
+// layer's forward (no shared experts), the measured workspace of forward_experts is above the
+// plan by the difference (within the phase's total, which has slack elsewhere).
+inline bool phase_bound_holds(const Config& c, LiveSet set, StepPhase phase) {
+  return !(set == LiveSet::workspace && phase == StepPhase::forward_experts &&
+           c.schedules.dispatch == DispatchSchedule::pipelined_llep);
+}
+
 // Returns this rank's measured per-set device peaks.
 inline MemorySnapshot expect_within_plan(const std::string& name, const Config& cfg) {
   Trainer trainer(cfg, TrainOptions{});
   MemorySnapshot device, host;
   uint64_t total = 0, high_water = 0;
   PhaseBytes phases;
-  std::array<MemorySnapshot, kNumStepPhases> phase_sets{};  // the sets at each phase's peak
+  std::array<MemorySnapshot, kNumStepPhases> phase_sets{};       // the sets at each phase's peak
+  std::array<MemorySnapshot, kNumStepPhases> phase_set_peaks{};  // each set's own, per phase
   for (int64_t i = 0; i < cfg.training.steps; ++i) {
     const StepMetrics m = trainer.step();
     for (StepPhase ph : kAllStepPhases) {
@@ -90,6 +130,10 @@ inline MemorySnapshot expect_within_plan(const std::string& name, const Config& 
       phase_sets[static_cast<size_t>(ph)] = m.phase_at_peak[static_cast<size_t>(ph)];
     }
     for (size_t s = 0; s < kNumLiveSets; ++s) {
+      for (size_t ph = 0; ph < kNumStepPhases; ++ph) {
+        uint64_t& peak = phase_set_peaks[ph].bytes[s];
+        peak = std::max(peak, m.phase_peak_per_set[ph].bytes[s]);
+      }
       device.bytes[s] = std::max(device.bytes[s], m.peak_per_set.bytes[s]);
       host.bytes[s] = std::max(host.bytes[s], m.host_peak_per_set.bytes[s]);
     }
@@ -139,6 +183,20 @@ inline MemorySnapshot expect_within_plan(const std::string& name, const Config& 
                   static_cast<unsigned long long>(measured),
                   measured ? static_cast<double>(planned) / static_cast<double>(measured) : 1.0,
                   ph == plan.peak_phase ? " (the plan's peak)" : "");
+    }
+  }
+  for (StepPhase ph : kAllStepPhases) {
+    for (LiveSet set : kAllLiveSets) {
+      if (!phase_bound_holds(cfg, set, ph)) continue;
+      const uint64_t measured = phase_set_peaks[static_cast<size_t>(ph)][set];
+      const uint64_t planned = plan.phase(ph)[set];
+      const std::string what =
+          name + " W=" + std::to_string(W) + " rank " + std::to_string(trainer.rank()) + " " +
+          std::string(live_set_name(set)) + " in phase " + std::string(step_phase_name(ph));
+      EXPECT_LE(measured, planned) << what;
+      if (set == LiveSet::attention || set == LiveSet::workspace) {
+        EXPECT_EQ(measured, planned) << what;
+      }
     }
   }
   EXPECT_LE(total, plan.total) << name;

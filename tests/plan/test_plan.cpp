@@ -21,6 +21,7 @@
 namespace moepeak {
 namespace {
 
+using test_support::deepseek_v3_parts;
 using test_support::expect_within_plan;
 using test_support::tiny_plan_config;
 
@@ -96,6 +97,27 @@ const MeasuredCase kMeasuredCases[] = {
      [](Config& c) {
        qwen3_parts(c);
        c.model.mlp_only_layers = {2};
+       c.schedules.dispatch = DispatchSchedule::pipelined_llep;
+       c.schedules.chunk_tokens = 24;
+       c.schedules.checkpoint = CheckpointSchedule::sco;
+       c.schedules.vocab = VocabSchedule::ring_dtp;
+       c.optimizer.placement = OptimizerPlacement::offload_stream;
+     }},
+    // DeepSeek-V3's parts: the latent attention's kept latents and temporaries, a dense first
+    // layer, shared experts beside the routed ones; under each checkpoint schedule, the query
+    // bottleneck and the plain q projection.
+    {"deepseek_v3_standard", deepseek_v3_parts},
+    {"deepseek_v3_none_plain_q_aux",
+     [](Config& c) {
+       deepseek_v3_parts(c);
+       c.model.q_lora_rank = 0;
+       c.model.router_aux_loss_coef = 0.01;
+       c.schedules.checkpoint = CheckpointSchedule::none;
+     }},
+    {"deepseek_v3_pipelined_llep_sco_ring_dtp",
+     [](Config& c) {
+       deepseek_v3_parts(c);
+       c.model.first_k_dense_replace = 2;
        c.schedules.dispatch = DispatchSchedule::pipelined_llep;
        c.schedules.chunk_tokens = 24;
        c.schedules.checkpoint = CheckpointSchedule::sco;

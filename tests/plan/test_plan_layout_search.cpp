@@ -1,15 +1,17 @@
 // The layout search (core/plan/layout_search.h, `moepeak plan --search-layout`) on the Mixtral
-// presets at 8, 16 and 64 H200s and on gpt-oss-20b at 8: every (Ep, Sp, data_shard) of W is
-// listed once; the invalid ones say why; each valid row's plan is make_plan's for its degrees,
-// micro-batch and accumulation (B * m = the global batch); the best is eligible and no row beats
-// it on the goal; the traffic terms vanish exactly where a degree makes a collective trivial and
-// equal the documented formula on one row.
+// presets at 8, 16 and 64 H200s, on gpt-oss-20b at 8, DeepSeek-V3 at 64 and Kimi-K2 at 128:
+// every (Ep, Sp, data_shard) of W is listed once; the invalid ones say why; each valid row's plan
+// is make_plan's for its degrees, micro-batch and accumulation (B * m = the global batch); the
+// best is eligible and no row beats it on the goal; the traffic terms vanish exactly where a
+// degree makes a collective trivial and equal the documented formula on one row each (Mixtral,
+// DeepSeek-V3).
 // Run: ctest -R test_plan_layout_search --output-on-failure
 #include <gtest/gtest.h>
 
 #include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/config/config.h"
 #include "core/model/param_layout.h"
@@ -22,11 +24,13 @@ namespace {
 
 const std::string kSourceDir = test_support::source_dir();
 
-Config h200_bounded(const std::string& model) {
-  Config c = load_config({kSourceDir + "/configs/" + model + ".toml"},
-                         {"runtime.device_memory=141GB", "runtime.pinned_memory=250GB",
-                          "schedules.dispatch=pipelined_llep", "schedules.vocab=ring_dtp",
-                          "schedules.checkpoint=sco", "optimizer.placement=offload_stream"});
+Config h200_bounded(const std::string& model, const std::vector<std::string>& sets = {}) {
+  std::vector<std::string> all = {
+      "runtime.device_memory=141GB",       "runtime.pinned_memory=250GB",
+      "schedules.dispatch=pipelined_llep", "schedules.vocab=ring_dtp",
+      "schedules.checkpoint=sco",          "optimizer.placement=offload_stream"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  Config c = load_config({kSourceDir + "/configs/" + model + ".toml"}, all);
   // The search ignores the configured degrees.
   c.parallelism.expert_parallel = c.parallelism.sequence_parallel = c.parallelism.data_shard = 0;
   return c;
@@ -38,9 +42,10 @@ int divisor_count(int n) {
   return c;
 }
 
-void expect_consistent(const std::string& model, int W, LayoutGoal goal) {
+void expect_consistent(const std::string& model, int W, LayoutGoal goal,
+                       const std::vector<std::string>& sets = {}) {
   SCOPED_TRACE(model + " on " + std::to_string(W));
-  const Config cfg = h200_bounded(model);
+  const Config cfg = h200_bounded(model, sets);
   const PlanInputs in = plan_inputs(cfg, W);
   const LayoutSearch s = search_layouts(cfg, in, goal);
   int ep_count = 0;
@@ -119,6 +124,13 @@ TEST(LayoutSearch, Qwen3PresetsOn8And64ByMaxContext) {
   expect_consistent("qwen3-235b-a22b", 64, LayoutGoal::max_context);
 }
 
+// DeepSeek-V3 on eight nodes (128 heads; one sequence: Sp = 64 only); Kimi-K2 on sixteen (64
+// heads: Sp = 128 is flagged, two sequences so that Sp = 64 splits them).
+TEST(LayoutSearch, DeepseekV3On64AndKimiK2On128ByMaxContext) {
+  expect_consistent("deepseek-v3", 64, LayoutGoal::max_context);
+  expect_consistent("kimi-k2", 128, LayoutGoal::max_context, {"training.batch_size=2"});
+}
+
 TEST(LayoutSearch, GptOss20bOn8ByMaxContext) {
   expect_consistent("gpt-oss-20b", 8, LayoutGoal::max_context);
 }
@@ -155,6 +167,27 @@ TEST(LayoutSearch, TrafficIsTheDocumentedFormula) {
   EXPECT_DOUBLE_EQ(t.zero_experts, accum * 3 * ring(8) * P_exp / 8 * b);
   EXPECT_DOUBLE_EQ(t.ulysses, accum * 3 * L * 2 * N * (32 + 8) * 128 * b * ring(8));
   EXPECT_DOUBLE_EQ(t.dispatch, accum * 3 * L * 2 * N * 2 * H * b * ring(8));
+  EXPECT_DOUBLE_EQ(t.vocab, accum * 3 * 63 * std::min(N, V / 64) * H * b);
+}
+
+// The same formula for DeepSeek-V3: the Ulysses exchange at its own head widths (q, k of
+// 128 + 64, v and out of 128, nkv = nh = 128), experts and their dispatch in the 58 MoE layers
+// only, the 3 dense layers' MLPs and the shared experts among the dense parameters.
+TEST(LayoutSearch, TrafficOfLatentAttentionAndDenseLayers) {
+  const Config cfg = h200_bounded("deepseek-v3");
+  const ParallelDegrees d{64, 8, 8, 8};
+  const int64_t B = 8, T = 32768, accum = 2;
+  const StepTraffic t = step_traffic(cfg, d, B, T, accum, DType::bf16);
+  const double b = 2, H = 7168, F = 2048, E = 256, V = 129280, N = B * T / 64.0;
+  const double P_exp = 58 * E * 3 * F * H;
+  const double P_dense =
+      static_cast<double>(ParamLayout(cfg.model).parameter_count()) - P_exp - V * H;
+  auto ring = [](double g) { return (g - 1) / g; };
+  EXPECT_DOUBLE_EQ(t.zero_dense, accum * 3 * ring(8) * P_dense * b);
+  EXPECT_DOUBLE_EQ(t.dense_replicas, accum * 2 * ring(8) * P_dense / 8 * b);
+  EXPECT_DOUBLE_EQ(t.zero_experts, accum * 3 * ring(8) * P_exp / 8 * b);
+  EXPECT_DOUBLE_EQ(t.ulysses, accum * 3 * 61 * N * (128 + 128) * (192 + 128) * b * ring(8));
+  EXPECT_DOUBLE_EQ(t.dispatch, accum * 3 * 58 * 2 * N * 8 * H * b * ring(8));
   EXPECT_DOUBLE_EQ(t.vocab, accum * 3 * 63 * std::min(N, V / 64) * H * b);
 }
 

@@ -2,7 +2,7 @@
 // against real training steps on W ranks (4 and 8 under mpirun; plan_check.h): every rank's
 // measured peak of every live set at or under the plan's term for those degrees, within 10%
 // except the documented worst-case bounds, with the standard schedules and with all four bounded
-// ones — the layouts of tests/parallel/test_train_layouts.
+// ones — the layouts of tests/parallel/test_train_layouts — and with DeepSeek-V3's parts.
 // Run: ctest -R test_plan_layouts --output-on-failure
 #include <gtest/gtest.h>
 
@@ -15,6 +15,7 @@
 namespace moepeak {
 namespace {
 
+using test_support::deepseek_v3_parts;
 using test_support::expect_within_plan;
 using test_support::tiny_plan_config;
 
@@ -62,6 +63,32 @@ TEST(PlanMeasuredLayouts, AllBoundedSchedules) {
     c.schedules.checkpoint = CheckpointSchedule::sco;
     c.optimizer.placement = OptimizerPlacement::offload_stream;
     expect_within_plan(name_of(d, "bounded"), c);
+  }
+}
+
+// DeepSeek-V3's latent attention under Ulysses (q/k heads of 12 and value heads of 6 in their
+// own exchanges, the staging the larger of the two), its dense first layer and shared experts:
+// the standard schedules, every layer's activations kept (checkpoint = "none") with a plain q
+// projection, and the four bounded schedules.
+TEST(PlanMeasuredLayouts, DeepseekV3) {
+  const int W = init_process_group().world_size;
+  if (layouts_of(W).empty()) GTEST_SKIP() << "layouts of 4 and 8 ranks";
+  for (const Degrees& d : layouts_of(W)) {
+    Config c = in_layout(tiny_plan_config(), d);
+    deepseek_v3_parts(c);
+    expect_within_plan(name_of(d, "deepseek_v3"), c);
+    c.schedules.checkpoint = CheckpointSchedule::none;
+    c.model.q_lora_rank = 0;
+    expect_within_plan(name_of(d, "deepseek_v3_none_plain_q"), c);
+    c = in_layout(tiny_plan_config(), d);
+    deepseek_v3_parts(c);
+    c.schedules.dispatch = DispatchSchedule::pipelined_llep;
+    c.schedules.chunk_tokens = 8;
+    c.schedules.llep_lambda = 100.0;  // no spill: weights and grads exact
+    c.schedules.vocab = VocabSchedule::ring_dtp;
+    c.schedules.checkpoint = CheckpointSchedule::sco;
+    c.optimizer.placement = OptimizerPlacement::offload_stream;
+    expect_within_plan(name_of(d, "deepseek_v3_bounded"), c);
   }
 }
 

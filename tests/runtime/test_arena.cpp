@@ -81,6 +81,35 @@ TEST_F(ArenaFixture, EachPhaseKeepsItsOwnPeakAndTheSetsAtIt) {
   EXPECT_EQ(s.phase_peak(StepPhase::head), 0u);
 }
 
+TEST_F(ArenaFixture, EachPhaseKeepsEverySetsOwnPeak) {
+  // forward_attention: attention 3, freed, then workspace 5 (the phase's total peaks at 5 with no
+  // attention live, but attention's own peak in it is 3), then 2 of attention kept;
+  // backward_attention: the 2 alive when it begins count, then 4 on top.
+  arena.set_phase(StepPhase::forward_attention);
+  { Buffer a = arena.alloc(3 * kA, LiveSet::attention, "a"); }
+  { Buffer w = arena.alloc(5 * kA, LiveSet::workspace, "w"); }
+  Buffer kept = arena.alloc(2 * kA, LiveSet::attention, "kept");
+  arena.set_phase(StepPhase::backward_attention);
+  { Buffer a = arena.alloc(4 * kA, LiveSet::attention, "a"); }
+  kept.reset();
+  arena.set_phase(StepPhase::optimizer);
+  const MemoryStats s = arena.stats();
+  EXPECT_EQ(s.phase_peak(StepPhase::forward_attention), 5 * kA);
+  EXPECT_EQ(s.phase_at_peak(StepPhase::forward_attention)[LiveSet::attention], 0u);
+  EXPECT_EQ(s.phase_peak_per_set(StepPhase::forward_attention)[LiveSet::attention], 3 * kA);
+  EXPECT_EQ(s.phase_peak_per_set(StepPhase::forward_attention)[LiveSet::workspace], 5 * kA);
+  EXPECT_EQ(s.phase_peak_per_set(StepPhase::backward_attention)[LiveSet::attention], 6 * kA);
+  EXPECT_EQ(s.phase_peak_per_set(StepPhase::backward_attention)[LiveSet::workspace], 0u);
+  EXPECT_EQ(s.phase_peak_per_set(StepPhase::optimizer).total(), 0u);
+  EXPECT_EQ(s.phase_peak_per_set(StepPhase::head).total(), 0u);  // never entered
+
+  // A new window: only the current phase starts at what is live.
+  Buffer w = arena.alloc(1 * kA, LiveSet::weights, "w");
+  arena.reset_peaks();
+  EXPECT_EQ(arena.stats().phase_peak_per_set(StepPhase::optimizer)[LiveSet::weights], kA);
+  EXPECT_EQ(arena.stats().phase_peak_per_set(StepPhase::backward_attention).total(), 0u);
+}
+
 TEST_F(ArenaFixture, OutOfMemoryNamesRequestAndLiveSets) {
   Buffer w = arena.alloc(40 * kA, LiveSet::weights, "layer weights");
   try {
