@@ -249,9 +249,9 @@ PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
       recompute = std::max(recompute, Nb + aux_dprobs + NH + (l.mlp.moe() ? moe_recompute : kept));
     }
     const uint64_t base = Nb + aux_dprobs + NH + (none ? earlier + kept : kept);
+    // (No count exchange here: every dispatcher exchanges its counts in its forward only.)
     const uint64_t mlp_backward =
-        l.mlp.moe() ? max_of({NH + Kb + counts, NH + Kb + NE, NH + Kb + 3 * Is, NH + NH})
-                    : NH + std::max(3 * NI, NH);
+        l.mlp.moe() ? max_of({NH + Kb + NE, NH + Kb + 3 * Is, NH + NH}) : NH + std::max(3 * NI, NH);
     backward_experts = std::max(backward_experts, base + mlp_backward);
     backward_attention = std::max(backward_attention, base + NH + attn);
     earlier += none ? kept : 0;

@@ -160,9 +160,11 @@ uint64_t dispatch_workspace_bytes(const SchedulesConfig& s, const DispatchShape&
     case DispatchKind::llep:
       return fp((W + 1) * (E + 1) * 8);
     case DispatchKind::pipelined_llep: {
-      const PipelinedLlepShape shape =
-          pipelined_llep_shape(d.tokens, d.top_k, W, pipelined_llep_params(s));
-      return std::max(fp((W + 1) * 8), fp((W + 1) * shape.chunks * E * 8));
+      // NOTES: the first exchange sends [N, counts padded to K_max chunks] so every rank's
+      // message has one length whatever its own chunking; the second (ranks of unequal N only)
+      // the counts of K <= K_max chunks, never more.
+      const PipelinedLlepParams p = pipelined_llep_params(s);
+      return fp((W + 1) * (1 + p.max_chunks * E) * 8);
     }
   }
   MOEPEAK_THROW("schedules.dispatch: unknown schedule ", static_cast<int>(s.dispatch));

@@ -85,8 +85,9 @@ std::optional<DispatchSpillBytes> dispatch_spill_bytes(const SchedulesConfig& sc
 
 // The dispatcher's small count exchange in `workspace` during its forward's planning (part of the
 // model's workspace_bytes, core/model/decoder_memory.h): ExpertParallelDispatch "dispatch counts"
-// (3, E) i64; LlepDispatch "llep counts" ((W+1)(E+1)) i64; PipelinedLlepDispatch its tokens
-// ((W+1)) and counts ((W+1) K E) i64; StandardDispatch none. Arena footprints.
+// (3, E) i64; LlepDispatch "llep counts" ((W+1)(E+1)) i64; PipelinedLlepDispatch "pipelined llep
+// tokens and counts" ((W+1)(1 + K_max E)) i64 (the second exchange, of K <= K_max chunks' counts,
+// is never larger); StandardDispatch none. Arena footprints.
 uint64_t dispatch_workspace_bytes(const SchedulesConfig& schedules, const DispatchShape& shape);
 
 }  // namespace moepeak::schedules

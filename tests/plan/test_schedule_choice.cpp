@@ -138,9 +138,9 @@ TEST_P(DispatchChoice, BytesObjectAndPlanAgree) {
       bytes = schedules::pipelined_llep_dispatch_bytes(N, k, H, F, kDtype, W, pp);
       function = "pipelined_llep_dispatch_bytes(";
       const auto ps = schedules::pipelined_llep_shape(N, k, W, pp);
+      // The count exchange: every rank's [N, counts padded to K_max chunks].
       workspace =
-          std::max(DeviceArena::footprint(static_cast<uint64_t>((W + 1) * 8)),
-                   DeviceArena::footprint(static_cast<uint64_t>((W + 1) * ps.chunks * E * 8)));
+          DeviceArena::footprint(static_cast<uint64_t>((W + 1) * (1 + pp.max_chunks * E) * 8));
       spills = W > 1;
       capacity = std::max<int64_t>(1, ps.receive_rows);
       plans = ps.chunks;
