@@ -173,9 +173,19 @@ void router_backward_cpu(const Tensor& probs, const Tensor& topk_index, const Te
 //   probs (N, E), dprobs (E), dlogits (N, E); the row sum in double.
 // NOTES: softmax probs only. sigmoid_group_limited's probs are sigmoid scores, whose derivative
 // is s (1 - s), and DeepSeek-V3's sequence-wise balance loss reads s / sum(s): its path to the
-// logits is not this one (and not provided here).
+// logits is router_sequence_aux_backward below.
 void router_aux_backward_cpu(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,
                              Stream& stream);
+
+// DeepSeek-V3's sequence-wise balance loss's path to the logits. probs are sigmoid scores s
+// (sigmoid_group_limited's probs: unbiased, every expert); the loss is linear in each token's
+// normalised scores s'_e = s_e / S, S = sum_j s_j, with weights dprobs[g, e] shared by the R = N/G
+// rows of segment g (rows [g R, (g + 1) R): one sequence's tokens on this rank):
+//   dlogits[n, e] += s_e (1 - s_e) (dprobs[g, e] - sum_j dprobs[g, j] s_j / S) / S      (+=)
+//   probs (N, E), dprobs (G, E) with G > 0 dividing N (any G when N = 0), dlogits (N, E); the
+//   sums and the product in double, rounded to the compute type once and added in it.
+void router_sequence_aux_backward_cpu(const Tensor& probs, const Tensor& dprobs,
+                                      const Tensor& dlogits, Stream& stream);
 
 // The shape and dtype checks both backends run at the call (throw moepeak::Error naming `op`);
 // also that topk_then_softmax comes with renormalize, and GroupLimitedRouting's (above). The
@@ -189,6 +199,8 @@ void check_router_backward_args(const char* op, const Tensor& probs, const Tenso
                                 const GroupLimitedRouting& routing);
 void check_router_aux_backward_args(const char* op, const Tensor& probs, const Tensor& dprobs,
                                     const Tensor& dlogits);
+void check_router_sequence_aux_backward_args(const char* op, const Tensor& probs,
+                                             const Tensor& dprobs, const Tensor& dlogits);
 
 // The same ops on the GPU (ops/cuda/), and the entry points callers use: each runs on the
 // backend of its output's memory (MOEPEAK_OP_ON_BACKEND, ops/op_common.h).
@@ -201,6 +213,8 @@ void router_backward_cuda(const Tensor& probs, const Tensor& topk_index, const T
                           const GroupLimitedRouting& routing = {});
 void router_aux_backward_cuda(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,
                               Stream& stream);
+void router_sequence_aux_backward_cuda(const Tensor& probs, const Tensor& dprobs,
+                                       const Tensor& dlogits, Stream& stream);
 inline void router_forward(const Tensor& logits, int k, RouterScore score, bool renormalize,
                            const Tensor& probs, const Tensor& topk_index, const Tensor& topk_weight,
                            Stream& stream, const GroupLimitedRouting& routing = {}) {
@@ -218,6 +232,10 @@ inline void router_backward(const Tensor& probs, const Tensor& topk_index,
 inline void router_aux_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dlogits,
                                 Stream& stream) {
   MOEPEAK_OP_ON_BACKEND(router_aux_backward, dlogits, probs, dprobs, dlogits, stream);
+}
+inline void router_sequence_aux_backward(const Tensor& probs, const Tensor& dprobs,
+                                         const Tensor& dlogits, Stream& stream) {
+  MOEPEAK_OP_ON_BACKEND(router_sequence_aux_backward, dlogits, probs, dprobs, dlogits, stream);
 }
 
 }  // namespace moepeak::ops

@@ -101,6 +101,17 @@ void check_router_aux_backward_args(const char* op, const Tensor& probs, const T
   dlogits.expect(probs.shape(), probs.dtype(), std::string(op) + ": dlogits");
 }
 
+void check_router_sequence_aux_backward_args(const char* op, const Tensor& probs,
+                                             const Tensor& dprobs, const Tensor& dlogits) {
+  MOEPEAK_CHECK(probs.ndim() == 2, op, ": probs must be (N, E), got ", probs.str());
+  MOEPEAK_CHECK(
+      dprobs.ndim() == 2 && dprobs.size(1) == probs.size(1) && dprobs.dtype() == probs.dtype(), op,
+      ": dprobs must be (G, E) of probs' dtype for probs ", probs.str(), ", got ", dprobs.str());
+  MOEPEAK_CHECK(probs.size(0) == 0 || (dprobs.size(0) > 0 && probs.size(0) % dprobs.size(0) == 0),
+                op, ": ", dprobs.size(0), " segments do not divide ", probs.size(0), " rows");
+  dlogits.expect(probs.shape(), probs.dtype(), std::string(op) + ": dlogits");
+}
+
 namespace {
 
 // topk_then_softmax's row (ops/router.h), with the row's softmax over all E already in `ex` (the
@@ -423,6 +434,40 @@ void router_aux_backward_cpu(const Tensor& probs, const Tensor& dprobs, const Te
           // Rounded to the compute type, added in it, and stored (rounded to bf16) once.
           const auto add =
               static_cast<compute_t<T>>(static_cast<double>(load(pn[e])) * (load(dp[e]) - mean));
+          T* d = dl + n * experts + e;
+          store(d, load(*d) + add);
+        }
+      }
+    });
+  });
+}
+
+void router_sequence_aux_backward_cpu(const Tensor& probs, const Tensor& dprobs,
+                                      const Tensor& dlogits, Stream& stream) {
+  const char* op = "router_sequence_aux_backward_cpu";
+  check_router_sequence_aux_backward_args(op, probs, dprobs, dlogits);
+  const int64_t tokens = probs.size(0), experts = probs.size(1);
+  if (tokens == 0) return;
+  const int64_t rows_per_segment = tokens / dprobs.size(0);
+  dispatch_storage(probs.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    const T* p = probs.data_as<T>();    // (N, E)
+    const T* dp = dprobs.data_as<T>();  // (G, E)
+    T* dl = dlogits.data_as<T>();       // (N, E)
+    as_cpu_stream(stream).enqueue([=] {
+      for (int64_t n = 0; n < tokens; ++n) {
+        const T* sn = p + n * experts;
+        const T* gn = dp + (n / rows_per_segment) * experts;
+        double sum = 0, weighted = 0;  // S = sum_j s_j, sum_j g_j s_j
+        for (int64_t e = 0; e < experts; ++e) {
+          const double s = load(sn[e]);
+          sum += s;
+          weighted += static_cast<double>(load(gn[e])) * s;
+        }
+        const double mean = weighted / sum;  // sum_j g_j s'_j
+        for (int64_t e = 0; e < experts; ++e) {
+          const double s = load(sn[e]);
+          const auto add = static_cast<compute_t<T>>(s * (1.0 - s) * (load(gn[e]) - mean) / sum);
           T* d = dl + n * experts + e;
           store(d, load(*d) + add);
         }

@@ -418,6 +418,35 @@ __global__ void router_aux_backward_kernel(const T* probs, const T* dprobs, T* d
   }
 }
 
+template <typename T>
+__global__ void router_sequence_aux_backward_kernel(const T* scores, const T* dprobs, T* dlogits,
+                                                    int64_t tokens, int experts,
+                                                    int64_t rows_per_segment) {
+  using C = compute_t<T>;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+       n < tokens; n += warps) {
+    const T* sn = scores + n * experts;
+    const T* gn = dprobs + (n / rows_per_segment) * experts;
+    double sum = 0, weighted = 0;  // S = sum_j s_j, sum_j g_j s_j
+    for (int e = lane; e < experts; e += 32) {
+      const double s = load_as<double>(sn, e);
+      sum += s;
+      weighted += load_as<double>(gn, e) * s;
+    }
+    sum = cuda::warp_sum(sum);
+    weighted = cuda::warp_sum(weighted);
+    const double mean = weighted / sum;  // sum_j g_j s'_j
+    T* dl = dlogits + n * experts;
+    for (int e = lane; e < experts; e += 32) {
+      const double s = load_as<double>(sn, e);
+      C add = static_cast<C>(s * (1.0 - s) * (load_as<double>(gn, e) - mean) / sum);
+      store_from(dl, e, load_as<C>(dl, e) + add);
+    }
+  }
+}
+
 }  // namespace
 
 void router_forward_cuda(const Tensor& logits, int k, RouterScore score, bool renormalize,
@@ -510,6 +539,24 @@ void router_aux_backward_cuda(const Tensor& probs, const Tensor& dprobs, const T
         <<<grid_for_rows(tokens), cuda::kThreads, 0, cuda::native(stream)>>>(
             static_cast<const T*>(probs.data()), static_cast<const T*>(dprobs.data()),
             static_cast<T*>(dlogits.data()), tokens, static_cast<int>(experts));
+    MOEPEAK_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void router_sequence_aux_backward_cuda(const Tensor& probs, const Tensor& dprobs,
+                                       const Tensor& dlogits, Stream& stream) {
+  const char* op = "router_sequence_aux_backward_cuda";
+  check_router_sequence_aux_backward_args(op, probs, dprobs, dlogits);
+  const int64_t tokens = probs.size(0), experts = probs.size(1);
+  MOEPEAK_CHECK(experts <= INT32_MAX, op, ": E = ", experts, " is too large");
+  if (tokens == 0 || experts == 0) return;
+  const int64_t rows_per_segment = tokens / dprobs.size(0);
+  cuda::dispatch_storage(probs.dtype(), op, [&](auto zero) {
+    using T = decltype(zero);
+    router_sequence_aux_backward_kernel<T>
+        <<<grid_for_rows(tokens), cuda::kThreads, 0, cuda::native(stream)>>>(
+            static_cast<const T*>(probs.data()), static_cast<const T*>(dprobs.data()),
+            static_cast<T*>(dlogits.data()), tokens, static_cast<int>(experts), rows_per_segment);
     MOEPEAK_CUDA_LAUNCH_CHECK();
   });
 }

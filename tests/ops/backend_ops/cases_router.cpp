@@ -476,6 +476,16 @@ MOEPEAK_BACKEND_OPS_CASES(router) {
                            [](const std::vector<Tensor>& t, Stream& s) {
                              ops::router_aux_backward(t[0], t[1], t[2], s);
                            }});
+    // One segment (a sequence on this rank), and every row its own.
+    for (int64_t g : std::vector<int64_t>{1, std::max<int64_t>(n, 1)}) {
+      cases.push_back(OpCase{"router_sequence_aux_backward" + shape + " G=" + std::to_string(g),
+                             {in("scores", {n, e}, Kind::floating, uniform(0.02, 0.98)),
+                              in("dprobs", {g, e}), inout("dlogits", {n, e})},
+                             [](const std::vector<Tensor>& t, Stream& s) {
+                               ops::router_sequence_aux_backward(t[0], t[1], t[2], s);
+                             }});
+      if (n <= 1) break;
+    }
   }
 
   // Exact ties (every logit twice in its row): the lower expert index goes first.
