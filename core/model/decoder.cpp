@@ -412,7 +412,13 @@ OwnedTensor DecoderModel::moe_forward(int layer, const Group& w, LayerActivation
         expert_load_[layer][e] = static_cast<int64_t>(counts[e]);
       }
     }
-    if (spec_.aux_loss_coef != 0.0) accumulate_router_prob_sums(a.probs);
+    if (spec_.aux_loss_coef != 0.0) {
+      if (spec_.aux_loss_per_sequence) {
+        accumulate_sequence_balance(layer, a);
+      } else {
+        accumulate_router_prob_sums(a.probs);
+      }
+    }
   }
   return y;
 }
@@ -431,6 +437,8 @@ void DecoderModel::moe_backward(int layer, const Group& w, const Tensor& dy, Lay
                        ops::GroupLimitedRouting{1, 1, Tensor(), mlp.router.scaling});
   if (aux_dprobs_.view().defined())
     ops::router_aux_backward(a.probs, aux_dprobs_, drouter, stream_);
+  if (spec_.aux_loss_per_sequence && spec_.aux_loss_coef != 0.0)
+    sequence_balance_backward(layer, a, drouter);
   if (L.router_bias >= 0) ops::bias_backward(drouter, w.grad(L.router_bias), stream_);
   ops::linear_backward(a.n2, w.value(L.router), drouter, dn2, true, w.grad(L.router), stream_);
 }
@@ -582,6 +590,8 @@ double DecoderModel::run(const TokenBatch& batch, int64_t loss_tokens, bool with
   MOEPEAK_CHECK(loss_tokens > 0, "a batch with no scored tokens (every label is -100)");
   expert_load_.assign(static_cast<size_t>(Lc), {});
   router_prob_sums_.assign(static_cast<size_t>(spec_.experts()), 0.0);
+  sequence_aux_grad_.assign(static_cast<size_t>(Lc), {});
+  sequence_aux_loss_ = 0;
   const ParamLayout& P = params_.layout();
 
   // The checkpoint boundaries — each layer's input, from its forward to its backward — live in
@@ -717,6 +727,11 @@ void DecoderModel::accumulate_router_prob_sums(const Tensor& probs) {
 }
 
 double DecoderModel::router_aux_loss(int64_t tokens, bool with_backward) {
+  if (spec_.aux_loss_per_sequence) {  // each layer's, formed in its forward (sequence groups')
+    double total[1] = {sequence_aux_loss_};
+    if (comm_.world_size() > 1) all_reduce_host(comm_, backend_, stream_, total);
+    return total[0];
+  }
   // transformers' load_balancing_loss_func over the MoE layers' router rows (R = tokens x MoE
   // layers, the job's tokens):
   //   aux = E * sum_e (c_e / R) * (S_e / R),  c_e = routed (token, slot) pairs to e, S_e = sum of

@@ -224,6 +224,11 @@ class DecoderModel {
   // probabilities.
   void accumulate_router_prob_sums(const Tensor& probs);
   double router_aux_loss(int64_t tokens, bool with_backward);
+  // DeepSeek-V3's sequence-wise balance loss (DecoderSpec::aux_loss_per_sequence;
+  // decoder_sequence_aux.cpp): in a MoE layer's forward, its loss over this rank's sequences and
+  // their gradient weights; in its backward, their path into the router logits' gradient.
+  void accumulate_sequence_balance(int layer, const LayerActivations& a);
+  void sequence_balance_backward(int layer, const LayerActivations& a, const Tensor& drouter);
   OwnedTensor device(Shape shape, LiveSet set, const char* what) const;
   // Tells the arena which phase of the step runs from here (its per-phase peaks).
   void enter(StepPhase phase) const;
@@ -246,6 +251,11 @@ class DecoderModel {
   std::vector<std::vector<int64_t>> expert_load_;
   std::vector<double> router_prob_sums_;  // per expert, over all layers of the current forward
   OwnedTensor aux_dprobs_;                // (E) d(coef * aux)/d probs, during backward
+  // The sequence-wise loss: per MoE layer, d(coef * loss)/d s' for each sequence of this rank's
+  // sequence group, (B_g, E) row-major on the host, from its forward; and this rank's share of
+  // the loss (its sequence group's rank 0 holds the group's).
+  std::vector<std::vector<double>> sequence_aux_grad_;
+  double sequence_aux_loss_ = 0;
   std::unique_ptr<schedules::CheckpointBoundaries> boundaries_;  // per schedules.checkpoint
   std::unique_ptr<schedules::VocabProjection> vocab_;            // per schedules.vocab
   // Per layer, made on its first forward (PipelinedLLEP's constructor is collective: every rank

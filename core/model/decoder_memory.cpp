@@ -173,7 +173,10 @@ PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
   const uint64_t NH = fp(N * H * b), Nb = fp(N * b), NE = fp(N * E * b);
   const uint64_t Ki = fp(N * k * 4), Kb = fp(N * k * b);
   const bool none = !schedules::recomputes_layers(s.checkpoint);  // every layer's activations kept
-  const bool aux = m.router_aux_loss_coef != 0.0;
+  // The load-balancing loss over the job's tokens, or DeepSeek-V3's sequence-wise one.
+  const bool aux = m.router_aux_loss_coef != 0.0 && !spec.aux_loss_per_sequence;
+  const bool sequence_aux = m.router_aux_loss_coef != 0.0 && spec.aux_loss_per_sequence;
+  const int64_t Bg = layout_of(spec.layers.front().attention, B, T, degrees, rank).batch;
 
   // The trainer's batch: input ids, labels, positions (i64), for the whole run.
   const uint64_t batch_tensors = 3 * fp(8 * N);
@@ -187,9 +190,14 @@ PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
   // The load-balancing loss: its per-expert gradient (E) from the head to the end of backward,
   // and the all-reduce of the probability sums in each layer's forward (W > 1); the expert
   // counts' all-reduce over the expert replicas (W/Ep > 1) in each layer's forward.
+  // The sequence-wise loss: its per-sequence counts and sums all-reduced over the sequence group
+  // (2 B_g E doubles, Sp > 1) in each layer's forward, and its per-sequence gradient (B_g, E)
+  // beside the router's in each layer's backward (DecoderModel::sequence_balance_backward).
   const uint64_t aux_dprobs = aux ? fp(E * b) : 0;
   const uint64_t aux_reduce =
-      std::max(aux && world > 1 ? fp(E * 8) : 0, degrees.expert_replicas() > 1 ? fp(E * 8) : 0);
+      max_of({aux && world > 1 ? fp(E * 8) : 0, degrees.expert_replicas() > 1 ? fp(E * 8) : 0,
+              sequence_aux && degrees.sequence > 1 ? fp(2 * Bg * E * 8) : 0});
+  const uint64_t sequence_dprobs = sequence_aux ? fp(Bg * E * b) : 0;
 
   // What each layer keeps from forward (LayerActivations in workspace): the attention residual
   // h, n2, rstd2, then a MoE layer's probs (N, E), top-k index (i32) and weights and its shared
@@ -251,7 +259,8 @@ PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
     const uint64_t base = Nb + aux_dprobs + NH + (none ? earlier + kept : kept);
     // (No count exchange here: every dispatcher exchanges its counts in its forward only.)
     const uint64_t mlp_backward =
-        l.mlp.moe() ? max_of({NH + Kb + NE, NH + Kb + 3 * Is, NH + NH}) : NH + std::max(3 * NI, NH);
+        l.mlp.moe() ? max_of({NH + Kb + NE + sequence_dprobs, NH + Kb + 3 * Is, NH + NH})
+                    : NH + std::max(3 * NI, NH);
     backward_experts = std::max(backward_experts, base + mlp_backward);
     backward_attention = std::max(backward_attention, base + NH + attn);
     earlier += none ? kept : 0;

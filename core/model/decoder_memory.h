@@ -34,7 +34,10 @@
 //              backward (incoming gradient, dn2, the router's gradients, the shared experts'
 //              SwiGLU gradients, dh, the attention gradients in both layouts and the kind's own:
 //              latent, the rotary key's gradient, d kv_b, d latent, d kv_a, dq in the Hub's order,
-//              d q latent; dn1, dx); dense and MoE layers mixed as the spec has them; the ZeRO-3
+//              d q latent; dn1, dx); with DeepSeek-V3's sequence-wise balance loss its gradient
+//              (B_g, E) beside the router's and, Sp > 1, its sums' all-reduce (2 B_g E f64) at the
+//              end of a MoE layer's forward, B_g the sequences of a sequence group; dense and MoE
+//              layers mixed as the spec has them; the ZeRO-3
 //              reduce-scatters run in place in the gathered grads and add nothing here.
 // Each also per phase of the step (core/runtime/step_phase.h): the plan's total is its largest
 // phase, each phase the sum of the sets live in it (live_in_phase for the schedules' sets).

@@ -139,6 +139,10 @@ struct DecoderSpec {
   RopeSpec rope;
   bool tied_embeddings = false;
   double aux_loss_coef = 0.0;  // the load-balancing loss over the MoE layers' routers; 0 = off
+  // Which one: false, Switch's over the job's tokens (transformers' load_balancing_loss_func);
+  // true, DeepSeek-V3's sequence-wise loss, per sequence over sigmoid_group_limited's scores
+  // (core/model/decoder_sequence_aux.cpp).
+  bool aux_loss_per_sequence = false;
 
   // Layers with experts, and their expert count (every MoE layer has the same; 0 when none).
   int64_t moe_layers() const;

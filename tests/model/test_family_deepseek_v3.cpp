@@ -58,6 +58,12 @@ TEST(FamilyDeepseekV3, DescribesLatentAttentionGroupRoutingAndSharedExperts) {
   EXPECT_EQ(mlp.router.scaling, 2.5);
   EXPECT_TRUE(mlp.router.correction_bias);
   EXPECT_FALSE(mlp.router.bias);
+  // router_aux_loss_coef is the sequence-wise balance loss's alpha (0 = off).
+  EXPECT_TRUE(s.aux_loss_per_sequence);
+  EXPECT_EQ(s.aux_loss_coef, 0.0);
+  ModelConfig with_loss = deepseek();
+  with_loss.router_aux_loss_coef = 1e-4;
+  EXPECT_EQ(describe_decoder(with_loss).aux_loss_coef, 1e-4);
 }
 
 // transformers' yarn_apply_mscale: qk_head_dim^-0.5 * (0.1 * mscale_all_dim * ln(factor) + 1)^2.
@@ -122,7 +128,15 @@ TEST(FamilyDeepseekV3, ConfigJsonBothWaysAndKimiK2) {
   EXPECT_EQ(j["head_dim"], 4);  // transformers' head_dim: the rotary part
   EXPECT_EQ(j["n_routed_experts"], 8);
   EXPECT_EQ(j["topk_method"], "noaux_tc");
+  EXPECT_FALSE(j.contains("seq_aux"));
   EXPECT_EQ(model_config_from_json(j, "c.json"), m);
+  // The sequence-wise loss under DeepSeek's own names; not read back (a training choice).
+  ModelConfig with_loss = m;
+  with_loss.router_aux_loss_coef = 1e-4;
+  const nlohmann::json jl = family_of(ModelType::deepseek_v3).to_hf_config(with_loss, "bfloat16");
+  EXPECT_EQ(jl["aux_loss_alpha"], 1e-4);
+  EXPECT_EQ(jl["seq_aux"], true);
+  EXPECT_EQ(model_config_from_json(jl, "c.json").router_aux_loss_coef, 0.0);
   // Kimi-K2's config.json says kimi_k2; the export says deepseek_v3.
   nlohmann::json kimi = j;
   kimi["model_type"] = "kimi_k2";
@@ -179,9 +193,6 @@ TEST(FamilyDeepseekV3, RefusesWhatItCannotTake) {
   m = deepseek();
   m.attention_bias = true;
   EXPECT_CONTAINS(refused(m), "model.attention_bias");
-  m = deepseek();
-  m.router_aux_loss_coef = 1e-4;
-  EXPECT_CONTAINS(refused(m), "model.router_aux_loss_coef");
   // And the other families refuse deepseek_v3's keys.
   ModelConfig mixtral;
   mixtral.kv_lora_rank = 8;

@@ -1,5 +1,6 @@
 // The whole decoder in float64, Mixtral's and each family's parts (Qwen3-MoE's q/k norms, dense
-// layers, top-k weights not renormalised, a tied head): loss and every parameter's gradient
+// layers, top-k weights not renormalised, a tied head; gpt-oss; DeepSeek-V3 with and without its
+// sequence-wise balance loss): loss and every parameter's gradient
 // against central finite differences, gradient checkpointing ("standard") bitwise equal to
 // keeping every activation ("none"), and bitwise determinism. Run: ctest -R test_model_grad
 #include <gtest/gtest.h>
@@ -132,6 +133,24 @@ ModelConfig qwen3_model() {
   return m;
 }
 
+void to_deepseek(ModelConfig& m, int64_t q_lora_rank, int64_t dense_layers, double aux_coef) {
+  m.model_type = ModelType::deepseek_v3;
+  m.num_key_value_heads = m.num_attention_heads;
+  m.q_lora_rank = q_lora_rank;
+  m.kv_lora_rank = 5;
+  m.qk_nope_head_dim = 2;
+  m.qk_rope_head_dim = 2;
+  m.v_head_dim = 3;
+  m.head_dim = 4;
+  m.num_local_experts = 4;
+  m.n_group = 2;
+  m.topk_group = 1;
+  m.routed_scaling_factor = 1.7;
+  m.n_shared_experts = 1;
+  m.first_k_dense_replace = dense_layers;
+  m.router_aux_loss_coef = aux_coef;
+}
+
 const FamilyCase kFamilyCases[] = {
     {"Qwen3QkNorm", [](ModelConfig&) {}},
     {"Qwen3DenseFirstLayer", [](ModelConfig& m) { m.mlp_only_layers = {0}; }},
@@ -164,6 +183,12 @@ const FamilyCase kFamilyCases[] = {
        m.swiglu_limit = 0.3;
        m.router_aux_loss_coef = 0.5;
      }},
+    // DeepSeek-V3: latent attention (a plain q_proj, then the q bottleneck), interleaved RoPE,
+    // sigmoid group-limited routing (2 groups of 2, one kept) with scaled weights, shared
+    // experts, a dense first layer; then every layer MoE with the sequence-wise balance loss
+    // (alpha 0.5, large enough to be seen beside the cross-entropy).
+    {"DeepseekV3", [](ModelConfig& m) { to_deepseek(m, 0, 1, 0.0); }},
+    {"DeepseekV3SequenceAuxLoss", [](ModelConfig& m) { to_deepseek(m, 6, 0, 0.5); }},
     {"MixtralTiedHead",
      [](ModelConfig& m) {
        m.model_type = ModelType::mixtral;

@@ -55,6 +55,8 @@ ModelConfig qwen3_config() {
 struct DeepseekVariant {
   const char* name;
   int64_t hidden, q_lora_rank, kv_lora_rank, shared_experts, dense_layers;
+  int64_t experts = 8;
+  double sequence_aux = 0;  // router_aux_loss_coef: the sequence-wise balance loss
 };
 const DeepseekVariant kDeepseekVariants[] = {
     // dk's and dv's token layout beside the rotary key's gradient and d kv_b; the shared
@@ -71,6 +73,9 @@ const DeepseekVariant kDeepseekVariants[] = {
     {"wide_kv_latent_wide_hidden", 80, 0, 56, 2, 1},
     // Routed experts only: the router logits beside the fp32 correction bias (bf16).
     {"routed_only", 32, 16, 20, 0, 0},
+    // Many experts and the sequence-wise balance loss: its per-sequence gradient beside the
+    // router logits' gradient (backward).
+    {"sequence_aux", 32, 16, 20, 0, 0, 64, 0.1},
 };
 
 ModelConfig deepseek_v3_config(const DeepseekVariant& v) {
@@ -86,7 +91,8 @@ ModelConfig deepseek_v3_config(const DeepseekVariant& v) {
   m.qk_rope_head_dim = 4;
   m.v_head_dim = 6;
   m.head_dim = 12;
-  m.num_local_experts = 8;
+  m.num_local_experts = v.experts;
+  m.router_aux_loss_coef = v.sequence_aux;
   m.n_group = 4;
   m.topk_group = 2;
   m.routed_scaling_factor = 2.5;

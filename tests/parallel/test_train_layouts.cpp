@@ -7,8 +7,9 @@
 // sliding window shorter than the sequence, biases, its router and clamped experts; Sp = 4 puts
 // one query head on each rank and replicates the kv heads), and DeepSeek-V3's (latent attention
 // with value heads narrower than the q/k heads, a dense first layer, group-limited sigmoid
-// routing, a shared expert, and correction biases that the balancing moves every step — after
-// the 10 steps the biases on every rank equal one rank's bit for bit):
+// routing, a shared expert, the sequence-wise balance loss, and correction biases that the
+// balancing moves every step — after the 10 steps the biases on every rank equal one rank's bit
+// for bit):
 //   - the loss and the grad norm of each of 10 AdamW steps within 1e-5 relative;
 //   - every parameter's gradient after step 1 (gathered from the shards) within 1e-5 relative to
 //     the tensor's largest element;
@@ -94,8 +95,9 @@ ModelConfig model_of(LayoutModel which) {
   if (which == LayoutModel::deepseek_v3) {
     // Latent attention over 8 heads (Sp = 4: 2 query and 2 key/value heads a rank), q/k heads
     // of 4 + 2 rotary dims and value heads of 3, a dense first layer, 2 of 4 groups, a shared
-    // expert, and the correction biases moving every step (gamma 0.05, so that the choices
-    // change within the 10 steps).
+    // expert, the correction biases moving every step (gamma 0.05, so that the choices change
+    // within the 10 steps) and the sequence-wise balance loss (alpha 0.02; under Ulysses each
+    // sequence's counts and scores are summed over its sequence group).
     m.model_type = ModelType::deepseek_v3;
     m.num_key_value_heads = 8;
     m.head_dim = 6;
@@ -112,7 +114,7 @@ ModelConfig model_of(LayoutModel which) {
     m.routed_scaling_factor = 2.5;
     m.n_shared_experts = 1;
     m.rope_interleave = true;
-    m.router_aux_loss_coef = 0;
+    m.router_aux_loss_coef = 0.02;
     m.router_bias_update_rate = 0.05;
     return m;
   }

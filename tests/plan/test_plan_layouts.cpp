@@ -69,7 +69,7 @@ TEST(PlanMeasuredLayouts, AllBoundedSchedules) {
 // DeepSeek-V3's latent attention under Ulysses (q/k heads of 12 and value heads of 6 in their
 // own exchanges, the staging the larger of the two), its dense first layer and shared experts:
 // the standard schedules, every layer's activations kept (checkpoint = "none") with a plain q
-// projection, and the four bounded schedules.
+// projection, and the four bounded schedules with the sequence-wise balance loss.
 TEST(PlanMeasuredLayouts, DeepseekV3) {
   const int W = init_process_group().world_size;
   if (layouts_of(W).empty()) GTEST_SKIP() << "layouts of 4 and 8 ranks";
@@ -88,6 +88,7 @@ TEST(PlanMeasuredLayouts, DeepseekV3) {
     c.schedules.vocab = VocabSchedule::ring_dtp;
     c.schedules.checkpoint = CheckpointSchedule::sco;
     c.optimizer.placement = OptimizerPlacement::offload_stream;
+    c.model.router_aux_loss_coef = 0.1;  // the sequence-wise loss's exchange and gradient
     expect_within_plan(name_of(d, "deepseek_v3_bounded"), c);
   }
 }

@@ -113,13 +113,16 @@ class Reference:
     """The float64 reference loss as a function of one perturbed tensor."""
 
     def __init__(self, params: Dict[str, np.ndarray], cfg: ref.ModelConfig,
-                 input_ids: np.ndarray, labels: np.ndarray):
+                 input_ids: np.ndarray, labels: np.ndarray, sequence_aux_alpha: float = 0.0):
         self.params, self.cfg, self.input_ids, self.labels = params, cfg, input_ids, labels
-        self.base_loss, result = ref.loss(params, cfg, input_ids, labels, return_forward=True)
+        self.alpha = sequence_aux_alpha
+        self.base_loss, result = ref.loss(params, cfg, input_ids, labels, return_forward=True,
+                                          sequence_aux_alpha=self.alpha)
         self.base_switches = switches(result)
 
     def _eval(self) -> Tuple[float, bool]:
-        value, result = ref.loss(self.params, self.cfg, self.input_ids, self.labels, return_forward=True)
+        value, result = ref.loss(self.params, self.cfg, self.input_ids, self.labels, return_forward=True,
+                                 sequence_aux_alpha=self.alpha)
         return value, same_switches(switches(result), self.base_switches)
 
     def directional(self, name: str, direction: np.ndarray, h: float) -> Optional[float]:
@@ -207,6 +210,11 @@ def main(argv: List[str]) -> int:
     d = args.dump
     try:
         cfg = ref.read_config(os.path.join(d, "config.json"))
+        # moepeak writes DeepSeek's own "seq_aux" and "aux_loss_alpha" when its sequence-wise
+        # balance loss is on (transformers, and so read_config, ignore them).
+        with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
+            raw = json.load(f)
+        alpha = float(raw.get("aux_loss_alpha") or 0.0) if raw.get("seq_aux") is True else 0.0
         params = ref.load_params(os.path.join(d, "model.safetensors"))
         grads = {k: np.array(v, dtype=np.float64) for k, v in
                  ref.read_safetensors(os.path.join(d, "grads.safetensors")).items()}
@@ -219,7 +227,7 @@ def main(argv: List[str]) -> int:
     input_ids = np.asarray(batch["input_ids"], dtype=np.int64)
     labels = np.asarray(batch["labels"], dtype=np.int64)
 
-    print(f"# dump {d}: {describe(cfg)}; batch {input_ids.shape[0]}x{input_ids.shape[1]}, "
+    print(f"# dump {d}: {describe(cfg)}{f', sequence-wise balance loss {alpha:g}' if alpha else ''}; batch {input_ids.shape[0]}x{input_ids.shape[1]}, "
           f"{int(np.sum(labels != ref.IGNORE_INDEX))} labelled")
 
     problems = []
@@ -247,7 +255,7 @@ def main(argv: List[str]) -> int:
         print("0 passed, 1 failed")
         return 1
 
-    reference = Reference(params, cfg, input_ids, labels)
+    reference = Reference(params, cfg, input_ids, labels, alpha)
     checks: List[Check] = []
     rel = abs(reference.base_loss - dumped_loss) / abs(reference.base_loss)
     print(f"# loss: moepeak {dumped_loss:.10f}, reference {reference.base_loss:.10f}, "

@@ -113,7 +113,8 @@ reference (ValueError). (4.51 fails whenever output_router_logits meets a dense 
 None for it.)
 
 deepseek_v3 has no aux loss in transformers (loss is the CE alone); its sequence-wise balance loss
-(DeepSeek-V3's paper) is the separate sequence_balance_loss (hf_reference_deepseek_v3.py).
+(DeepSeek-V3's paper) is sequence_balance_loss (hf_reference_deepseek_v3.py), added by loss() only
+when given its alpha (check_step_dump.py does, from a moepeak dump's "seq_aux" / "aux_loss_alpha").
 
 Tied embeddings (any family): with tie_word_embeddings the head is model.embed_tokens.weight and
 the checkpoint (and a moepeak dump) has no lm_head.weight; one holding lm_head.weight anyway is
@@ -442,10 +443,12 @@ def load_balancing_loss(router_logits: List[np.ndarray], num_experts: int, top_k
 
 
 def loss(params: Dict[str, np.ndarray], cfg: ModelConfig, input_ids: np.ndarray,
-         labels: np.ndarray, return_forward: bool = False):
+         labels: np.ndarray, return_forward: bool = False, sequence_aux_alpha: float = 0.0):
     """The CausalLM's training loss: mean CE over labelled positions, plus
-    router_aux_loss_coef * load-balancing loss when output_router_logits is set (as transformers).
-    With return_forward=True returns (loss, ForwardResult)."""
+    router_aux_loss_coef * load-balancing loss when output_router_logits is set (as transformers);
+    plus, when sequence_aux_alpha > 0 (deepseek_v3 only; not transformers'), DeepSeek-V3's
+    sequence-wise balance loss of that alpha. With return_forward=True returns
+    (loss, ForwardResult)."""
     result = forward(params, cfg, input_ids)
     value = cross_entropy(result.logits, labels)
     if cfg.output_router_logits and not result.router_logits:
@@ -454,4 +457,9 @@ def loss(params: Dict[str, np.ndarray], cfg: ModelConfig, input_ids: np.ndarray,
     if cfg.output_router_logits and cfg.router_aux_loss_coef != 0.0:
         value += cfg.router_aux_loss_coef * load_balancing_loss(
             result.router_logits, cfg.num_experts, cfg.num_experts_per_tok)
+    if sequence_aux_alpha:
+        if cfg.model_type not in ("deepseek_v3", "kimi_k2"):
+            raise ValueError(f"the sequence-wise balance loss is deepseek_v3's, not {cfg.model_type}'s")
+        value += sequence_balance_loss(result, input_ids.shape[0], cfg.num_experts,
+                                       cfg.num_experts_per_tok, sequence_aux_alpha)
     return (value, result) if return_forward else value

@@ -66,7 +66,10 @@ MoE block (DeepseekV3MoE), x (N, H) normalised, tensors mlp.*:
 Loss: the CE alone. DeepseekV3ForCausalLM computes no aux loss (output_router_logits only
 records the router logits, index 0 of DeepseekV3TopkRouter's output: the raw x W^T), so
 router_aux_loss_coef is not read. sequence_balance_loss below is DeepSeek-V3's sequence-wise
-balance loss (arXiv 2412.19437, eq. 17-20), separate from the loss, for moepeak's option.
+balance loss (arXiv 2412.19437, eq. 17-20), for moepeak's option: hf_reference.loss adds it only
+when asked (sequence_aux_alpha). The release's config.json carries DeepSeek's own "seq_aux" and
+"aux_loss_alpha", which transformers ignores and so does read_config; check_step_dump.py reads
+them from a moepeak dump's config.json (moepeak writes them only when its loss is on).
 
 Multi-token prediction (num_nextn_predict_layers N, alias num_mtp_layers; DeepseekV3Config's
 default is 1): the release stores N MTP modules at model.layers.{L}.* for L = num_hidden_layers ..

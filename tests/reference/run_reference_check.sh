@@ -84,6 +84,7 @@ run_case gpt_oss_w1_aux "${gpt_oss[@]}" --set model.sliding_window=1 \
 # of 4 groups of 2 with weights times 2.5, 2 shared experts; a large eps so that the latent norms'
 # own eps (1e-6) is told apart from it. Then a plain q_proj, rotate_half pairs, no group limit,
 # unnormalised weights and no checkpointing. (Non-zero correction biases: run_hf_roundtrip.sh.)
+# Then the sequence-wise balance loss.
 deepseek=(--set model.model_type=deepseek_v3 --set model.num_hidden_layers=3
           --set model.num_key_value_heads=4 --set model.head_dim=12 --set model.q_lora_rank=16
           --set model.kv_lora_rank=12 --set model.qk_nope_head_dim=8 --set model.qk_rope_head_dim=4
@@ -98,6 +99,9 @@ run_case deepseek_v3 "${deepseek[@]}" --set model.rope_type=yarn --set model.rop
 run_case deepseek_v3_plain "${deepseek[@]}" --set model.q_lora_rank=0 \
   --set model.rope_interleave=false --set model.n_group=1 --set model.topk_group=1 \
   --set model.norm_topk_prob=false --set schedules.checkpoint=none
+# DeepSeek-V3's sequence-wise balance loss (alpha 0.3; config.json then carries DeepSeek's own
+# "seq_aux" and "aux_loss_alpha"), its forward recomputed under checkpointing.
+run_case deepseek_v3_seq_aux "${deepseek[@]}" --set model.router_aux_loss_coef=0.3
 
 # RoPE scaling, each type as transformers' modeling_rope_utils.py computes it (small theta and
 # original contexts so that every frequency band of the 16-dim heads is moved).

@@ -87,13 +87,11 @@ DecoderSpec describe(const ModelConfig& m) {
     unsupported_setting(m, "attention_bias",
                         "is implemented without attention biases (every released DeepSeek-V3 and "
                         "Kimi-K2 has none)");
-  if (m.router_aux_loss_coef != 0)
-    unsupported_setting(m, "router_aux_loss_coef",
-                        "balances its experts with the correction bias (model."
-                        "router_bias_update_rate); DeepSeek-V3's sequence-wise auxiliary loss is "
-                        "not implemented yet, and transformers has none");
   check_shape(m);
   DecoderSpec s = shared_decoder_spec(m);
+  // router_aux_loss_coef = alpha of DeepSeek-V3's complementary sequence-wise balance loss (off
+  // by default: the correction bias balances the experts; transformers has no such loss).
+  s.aux_loss_per_sequence = true;
   s.rope.rotary_dim = m.qk_rope_head_dim;
   s.rope.interleaved = m.rope_interleave;
   const double scale = softmax_scale(m);
@@ -199,6 +197,13 @@ nlohmann::json to_hf_config(const ModelConfig& m, std::string_view dtype) {
   j["rope_interleave"] = m.rope_interleave;
   j["attention_bias"] = false;
   j["num_nextn_predict_layers"] = m.num_nextn_predict_layers;
+  // DeepSeek's own names for the sequence-wise balance loss (its release's config.json and
+  // modeling code; transformers reads neither); an import does not read them back, as the
+  // loss's weight is a training choice.
+  if (m.router_aux_loss_coef > 0) {
+    j["aux_loss_alpha"] = m.router_aux_loss_coef;
+    j["seq_aux"] = true;
+  }
   return j;
 }
 

@@ -38,7 +38,8 @@ ModelConfig tiny_model(int64_t head_dim, bool deepseek) {
   if (deepseek) {
     // DeepSeek-V3's parts: latent attention (q/k heads of head_dim with a rotary tail, value heads
     // of their own width: 8 -> 4 + 4 and 6 (SIMT); 64 -> 48 + 16 and 32 (the tensor cores' pair
-    // 64/32 in bf16)), the first layer dense, sigmoid routing over 2 groups, a shared expert.
+    // 64/32 in bf16)), the first layer dense, sigmoid routing over 2 groups, a shared expert and
+    // the sequence-wise balance loss.
     m.model_type = ModelType::deepseek_v3;
     m.num_key_value_heads = 4;
     m.q_lora_rank = 16;
@@ -54,7 +55,7 @@ ModelConfig tiny_model(int64_t head_dim, bool deepseek) {
     m.first_k_dense_replace = 1;
     m.moe_intermediate_size = 16;
     m.rope_interleave = true;
-    m.router_aux_loss_coef = 0;
+    m.router_aux_loss_coef = 0.02;  // the sequence-wise balance loss
   }
   return m;
 }
