@@ -1,7 +1,7 @@
 // The plan's reach on the paper's shapes (configs/gpt-oss-20b.toml, gpt-oss-120b.toml,
-// deepseek-v3-like.toml on H200s: 141 GB device, 250 GB pinned host per rank) — plan only, no
-// training — and the --svg picture's structure (core/plan/plan_svg.h). The bounds are the numbers
-// measured in docs/plan.md ("Reach on the paper's shapes") with a little slack: a term that
+// deepseek-v3.toml, kimi-k2.toml on H200s: 141 GB device, 250 GB pinned host per rank) — plan only,
+// no training — and the --svg picture's structure (core/plan/plan_svg.h). The bounds are the
+// numbers measured in docs/plan.md ("Reach on the paper's shapes") with a little slack: a term that
 // grows (or a bounded schedule that stops bounding) moves them and fails here.
 // Run: ctest -R test_plan_reach --output-on-failure
 #include <gtest/gtest.h>
@@ -21,7 +21,8 @@ namespace {
 
 const std::string kSourceDir = test_support::source_dir();
 
-Config h200(const std::string& model, bool bounded) {
+// `extra`: more --set overrides (a layout, a batch), after the H200 and schedule ones.
+Config h200(const std::string& model, bool bounded, const std::vector<std::string>& extra = {}) {
   std::vector<std::string> sets = {"runtime.device_memory=141GB", "runtime.pinned_memory=250GB"};
   if (bounded) {
     for (const char* s : {"schedules.dispatch=pipelined_llep", "schedules.vocab=ring_dtp",
@@ -29,6 +30,7 @@ Config h200(const std::string& model, bool bounded) {
       sets.emplace_back(s);
     }
   }
+  sets.insert(sets.end(), extra.begin(), extra.end());
   return load_config({kSourceDir + "/configs/" + model + ".toml"}, sets);
 }
 
@@ -57,12 +59,10 @@ TEST(PlanReach, GptOss20bOn8H200) {
 }
 
 // The paper's settings: 120B on 16 and the 667B class on 64 H200s train at 1M context.
-// Measured: gpt-oss-120b/16 standard 28,992, bounded 12,889,152; deepseek-v3-like/64 standard 0
-// (resident AdamW alone, fp32 master, m and v, is 125 GiB of 131), bounded 5,358,720 under the
-// sum of terms, before the phases (with the
-// LLEP spill copies).
-bool fits_at(const std::string& model, int world, bool bounded, int64_t T) {
-  const Config c = h200(model, bounded);
+// Measured: gpt-oss-120b/16 standard 28,992, bounded 12,889,152 (the 667B class: below).
+bool fits_at(const std::string& model, int world, bool bounded, int64_t T,
+             const std::vector<std::string>& sets = {}) {
+  const Config c = h200(model, bounded, sets);
   PlanInputs in = plan_inputs(bounded ? c : with_standard_schedules(c), world);
   in.seq_len = T;
   return make_plan(bounded ? c : with_standard_schedules(c), in).fits();
@@ -76,8 +76,35 @@ TEST(PlanReach, PaperSettingsReachOneMillion) {
   EXPECT_TRUE(fits_at("gpt-oss-120b", 64, true, 1024 * K));
   EXPECT_TRUE(fits_at("gpt-oss-120b", 16, false, 16 * K));   // all-standard stops between
   EXPECT_FALSE(fits_at("gpt-oss-120b", 16, false, 32 * K));  // 16K and 32K
-  EXPECT_TRUE(fits_at("deepseek-v3-like", 64, true, 1024 * K));
-  EXPECT_FALSE(fits_at("deepseek-v3-like", 64, false, 1 * K));
+}
+
+// The released DeepSeek-V3 and Kimi-K2 (docs/plan.md, "DeepSeek-V3 and Kimi-K2"; latent
+// attention, dense first layers and shared experts in the terms). Measured 2026-12-07 at the
+// search's best layouts: DeepSeek-V3/64 (64, 64, 64) bounded 4,814,912, standard 0 (resident
+// AdamW, 16 B per parameter, is 156 GiB of 131); DeepSeek-V3/128 bounded 15,642,624, standard
+// 62,464; Kimi-K2/64 (64, 64, 32) 2,359,296; Kimi-K2/128 with two sequences (128, 64, 128)
+// 8,806,912 (its 64 heads cap Sp at 64). Point checks a little inside and past each bounded
+// reach, so that a term that grows or shrinks by 10% fails here.
+TEST(PlanReach, DeepseekV3AndKimiK2OnH200s) {
+  const int64_t K = 1024;
+  const std::vector<std::string> ds64 = {"parallelism.expert_parallel=64",
+                                         "parallelism.sequence_parallel=64",
+                                         "parallelism.data_shard=64"};
+  EXPECT_TRUE(fits_at("deepseek-v3", 64, true, 1024 * K, ds64));  // the paper's 667B at 1M
+  EXPECT_TRUE(fits_at("deepseek-v3", 64, true, 4480 * K, ds64));
+  EXPECT_FALSE(fits_at("deepseek-v3", 64, true, 5120 * K, ds64));
+  EXPECT_FALSE(fits_at("deepseek-v3", 64, false, 1 * K, ds64));
+  const std::vector<std::string> ds128 = {"parallelism.expert_parallel=128",
+                                          "parallelism.sequence_parallel=128",
+                                          "parallelism.data_shard=128"};
+  EXPECT_TRUE(fits_at("deepseek-v3", 128, false, 56 * K, ds128));
+  EXPECT_FALSE(fits_at("deepseek-v3", 128, false, 64 * K, ds128));
+  const std::vector<std::string> kimi128 = {
+      "training.batch_size=2", "parallelism.expert_parallel=128",
+      "parallelism.sequence_parallel=64", "parallelism.data_shard=128"};
+  EXPECT_TRUE(fits_at("kimi-k2", 128, true, 8192 * K, kimi128));
+  EXPECT_FALSE(fits_at("kimi-k2", 128, true, 9216 * K, kimi128));
+  EXPECT_FALSE(fits_at("kimi-k2", 128, false, 1 * K, kimi128));
 }
 
 // The Mixtral presets are Hugging Face's shapes (parameters as the model cards count them),
