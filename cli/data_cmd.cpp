@@ -1,6 +1,7 @@
-// `moepeak data prepare --tokenizer tokenizer.model --input FILE... --output PREFIX
-//                       [--split 99,1] [--workers N] [--format auto|text|jsonl] [--json-key text]
-//                       [--chunk-size 16MiB] [--bos] [--no-eos] [--json FILE]`:
+// `moepeak data prepare --tokenizer MODEL_DIR|tokenizer.json|tokenizer.model --input FILE...
+//                       --output PREFIX [--split 99,1] [--workers N] [--format auto|text|jsonl]
+//                       [--json-key text] [--chunk-size 16MiB] [--eos TOKEN] [--bos] [--no-eos]
+//                       [--json FILE]`:
 // text or JSONL to a Megatron .bin/.idx dataset that `moepeak train` reads
 // (training.dataset = "megatron"; core/prepare/prepare.h). A progress line on stderr when it is a
 // terminal (a log line every 10 s otherwise), then a `#`-commented table of what was written.
@@ -27,6 +28,7 @@ namespace {
 
 struct PrepareArgs {
   std::string tokenizer, output, split, format = "auto", json_key = "text", chunk = "16MiB", json;
+  std::string eos;
   std::vector<std::string> inputs;
   int workers = 0;
   bool bos = false, no_eos = false;
@@ -76,10 +78,11 @@ struct ProgressPrinter {
 };
 
 void print_result(const PrepareResult& r, const PrepareArgs& args) {
-  std::printf("# moepeak data prepare: %s -> %s\n", args.tokenizer.c_str(), args.output.c_str());
-  std::printf("# %s; vocabulary %lld, %s tokens; %d worker threads\n", now_utc().c_str(),
+  std::printf("# moepeak data prepare: %s (%s) -> %s\n", r.tokenizer.c_str(),
+              r.tokenizer_kind.c_str(), args.output.c_str());
+  std::printf("# %s; vocabulary %lld, %s tokens, EOS %d; %d worker threads\n", now_utc().c_str(),
               static_cast<long long>(r.vocab_size),
-              std::string(token_storage_name(r.storage)).c_str(), r.workers);
+              std::string(token_storage_name(r.storage)).c_str(), r.eos_id, r.workers);
   std::printf("# %-6s %12s %14s %12s  %s\n", "part", "documents", "tokens", "bin_bytes", "prefix");
   for (const PreparedPart& p : r.parts) {
     std::printf("  %-6s %12llu %14llu %12llu  %s\n", p.name.c_str(),
@@ -106,6 +109,9 @@ void write_json(const PrepareResult& r, const std::string& path) {
                      {"bin_bytes", p.bin_bytes}});
   }
   const nlohmann::json j = {{"parts", parts},
+                            {"tokenizer", r.tokenizer},
+                            {"tokenizer_kind", r.tokenizer_kind},
+                            {"eos_id", r.eos_id},
                             {"vocab_size", r.vocab_size},
                             {"token_type", token_storage_name(r.storage)},
                             {"workers", r.workers},
@@ -121,10 +127,17 @@ void register_data_command(CLI::App& app, Context& ctx) {
   auto* data = app.add_subcommand("data", "prepare training data");
   data->require_subcommand(1);
   auto* cmd = data->add_subcommand(
-      "prepare", "tokenize text or JSONL with a SentencePiece model into a Megatron .bin/.idx");
+      "prepare",
+      "tokenize text or JSONL (a tokenizer.json or SentencePiece model) into a Megatron "
+      ".bin/.idx");
   static PrepareArgs args;
-  cmd->add_option("--tokenizer", args.tokenizer, "SentencePiece model (tokenizer.model)")
+  cmd->add_option("--tokenizer", args.tokenizer,
+                  "a model directory as downloaded (its tokenizer.json, else tokenizer.model), a "
+                  "tokenizer.json, or a SentencePiece tokenizer.model")
       ->required();
+  cmd->add_option("--eos", args.eos,
+                  "the token that ends every document (default: tokenizer_config.json's "
+                  "eos_token, else config.json's eos_token_id, else the model's)");
   cmd->add_option("--input", args.inputs, "text or JSONL files, in order")->required();
   cmd->add_option("--output", args.output,
                   "output prefix: PREFIX.bin/.idx, or PREFIX-train/-eval[/-test] with --split")
@@ -150,6 +163,7 @@ void register_data_command(CLI::App& app, Context& ctx) {
     ctx.action = [] {
       PrepareOptions options;
       options.tokenizer = args.tokenizer;
+      options.eos_token = args.eos;
       options.inputs = args.inputs;
       options.output = args.output;
       options.split = parse_split(args.split);

@@ -14,6 +14,8 @@ MOEPEAK_PACKAGES=(
   libgtest-dev libopenblas-dev nlohmann-json3-dev libxxhash-dev
   # `moepeak data prepare` (the library) and its tests (spm_train, spm_encode)
   libsentencepiece-dev sentencepiece
+  # tokenizer.json: regular expressions with Unicode properties, NFC/NFKC normalization
+  libpcre2-dev libutf8proc-dev
   python3-numpy
   # scripts/format.sh --check (the tree's formatting is clang-format 14's)
   clang-format-14

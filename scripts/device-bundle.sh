@@ -77,7 +77,7 @@ copy_libs() {
 # trying on one: spdlog, fmt, toml++, hwloc, numa, OpenBLAS with its Fortran runtime, udev;
 # xxhash for the checkpoint checksums). The
 # rest ldd resolves — CUDA, cuBLAS, NCCL, the C and C++ runtimes — come from the GPU machine.
-copy_libs '^(libspdlog|libfmt|libtomlplusplus|libhwloc|libnuma|libopenblas|libgfortran|libquadmath|libudev|libxxhash|libsentencepiece)[.-]' \
+copy_libs '^(libspdlog|libfmt|libtomlplusplus|libhwloc|libnuma|libopenblas|libgfortran|libquadmath|libudev|libxxhash|libsentencepiece|libpcre2-8|libutf8proc)[.-]' \
   "$out/lib"
 # Open MPI and its libevent: the GPU machine is expected to have them (a process initialises MPI
 # only when launched under mpirun, but the binary links it), yet a binary that cannot load costs

@@ -1,10 +1,12 @@
 // DocumentReader: see document_reader.h.
 #include "core/prepare/document_reader.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/prepare/unicode_text.h"
 
 namespace moepeak {
 
@@ -83,6 +85,13 @@ bool DocumentReader::next_document(std::string& text) {
   while (std::getline(in_, line)) {
     ++line_;
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    const size_t bad = unicode::first_invalid_utf8(line);
+    if (bad != std::string::npos) {
+      char byte[8];
+      std::snprintf(byte, sizeof(byte), "0x%02X", static_cast<unsigned char>(line[bad]));
+      MOEPEAK_INPUT_ERROR(current_, ":", line_, ": not valid UTF-8 (byte ", byte, " at column ",
+                          bad + 1, ")");
+    }
     if (blank(line)) {
       if (any) return true;
       continue;

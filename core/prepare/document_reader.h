@@ -25,7 +25,9 @@ class DocumentReader {
   // Appends the next documents to `out` until their text reaches `max_bytes` (at least one
   // document) or the input ends; returns false when nothing was left. Throws moepeak::Error
   // naming the file and line of a JSONL line that is not a JSON object, has no `key` field, or
-  // whose field is not a string.
+  // whose field is not a string, and of a line that is not valid UTF-8 (JSON's parser checks a
+  // JSONL line's strings; a text line is checked here), so a tokenizer only ever sees valid
+  // UTF-8.
   bool read(std::vector<std::string>& out, size_t max_bytes);
 
   uint64_t total_bytes() const { return total_bytes_; }  // of every input file

@@ -30,9 +30,13 @@ void tokenize(const Tokenizer& tokenizer, const std::vector<std::string>& texts,
     try {
       for (size_t i = n * t / threads; i < n * (t + 1) / threads; ++i) {
         std::vector<int32_t>& out = ids[i];
-        if (options.prepend_bos) out.push_back(tokenizer.bos_id());
         tokenizer.encode(texts[i], out);
-        if (options.append_eos) out.push_back(tokenizer.eos_id());
+        // NOTES: a tokenizer.json's post-processor may already put BOS in front (DeepSeek-V3's,
+        // Llama's) and a text may end with the EOS token itself: neither is doubled.
+        if (options.prepend_bos && (out.empty() || out.front() != tokenizer.bos_id()))
+          out.insert(out.begin(), tokenizer.bos_id());
+        if (options.append_eos && (out.empty() || out.back() != tokenizer.eos_id()))
+          out.push_back(tokenizer.eos_id());
       }
     } catch (...) {
       errors[t] = std::current_exception();
@@ -62,18 +66,23 @@ PrepareResult prepare_dataset(const PrepareOptions& options) {
     }
   }
   if (options.chunk_bytes == 0) MOEPEAK_INPUT_ERROR("--chunk-size must be > 0");
-  const Tokenizer tokenizer(options.tokenizer);
+  const std::unique_ptr<Tokenizer> opened = open_tokenizer(options.tokenizer, options.eos_token);
+  const Tokenizer& tokenizer = *opened;
   if (options.append_eos && tokenizer.eos_id() < 0) {
-    MOEPEAK_INPUT_ERROR(options.tokenizer,
-                        ": the model has no EOS piece to end documents with (--no-eos to write "
-                        "documents without one)");
+    MOEPEAK_INPUT_ERROR(tokenizer.path(),
+                        ": no EOS to end documents with (neither the tokenizer nor a "
+                        "tokenizer_config.json, config.json or generation_config.json beside it "
+                        "names one; --eos TOKEN names it, --no-eos writes documents without one)");
   }
   if (options.prepend_bos && tokenizer.bos_id() < 0)
-    MOEPEAK_INPUT_ERROR(options.tokenizer, ": the model has no BOS piece (--bos)");
+    MOEPEAK_INPUT_ERROR(tokenizer.path(), ": no BOS to begin documents with (--bos)");
   DocumentReader reader(options.inputs, options.format, options.json_key);
 
   PrepareResult result;
   result.vocab_size = tokenizer.vocab_size();
+  result.tokenizer = tokenizer.path();
+  result.tokenizer_kind = tokenizer.kind();
+  result.eos_id = tokenizer.eos_id();
   result.storage = megatron_token_storage(result.vocab_size);
   result.workers = options.workers > 0
                        ? options.workers

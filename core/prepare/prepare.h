@@ -1,8 +1,9 @@
 // prepare_dataset: text to tokens (`moepeak data prepare`). Reads documents from text or JSONL
-// files (core/prepare/document_reader.h), tokenizes them with a SentencePiece model
-// (core/prepare/tokenizer.h) on `workers` threads, appends EOS to each (and optionally prepends
-// BOS), and writes a Megatron .bin/.idx indexed dataset (core/data/megatron_writer.h), one
-// indexed document per input document, in input order whatever the thread count.
+// files (core/prepare/document_reader.h), tokenizes them with a tokenizer.json or SentencePiece
+// model (core/prepare/tokenizer.h) on `workers` threads, appends EOS to each unless its ids
+// already end with it (and optionally prepends BOS unless they begin with it), and writes a
+// Megatron .bin/.idx indexed dataset (core/data/megatron_writer.h), one indexed document per input
+// document, in input order whatever the thread count.
 //
 // Split: with split = {a, b} (or {a, b, c}) document i goes to part p where i mod (a + b [+ c])
 // first falls below a, a + b, ...: the parts interleave through the corpus in the ratio a : b,
@@ -30,7 +31,9 @@ struct PrepareProgress {
 };
 
 struct PrepareOptions {
-  std::string tokenizer;            // a SentencePiece .model file
+  // A tokenizer.json, a SentencePiece .model, or a model directory (core/prepare/tokenizer.h).
+  std::string tokenizer;
+  std::string eos_token;            // the EOS token, when not the tokenizer's files' (--eos)
   std::vector<std::string> inputs;  // text or JSONL files
   InputFormat format = InputFormat::automatic;
   std::string json_key = "text";
@@ -54,6 +57,8 @@ struct PrepareResult {
   std::vector<PreparedPart> parts;
   TokenStorage storage = TokenStorage::u16;
   int64_t vocab_size = 0;
+  std::string tokenizer, tokenizer_kind;  // the file read and its kind
+  int32_t eos_id = -1;
   int workers = 0;
   uint64_t input_bytes = 0, skipped_empty = 0;
   double seconds = 0;
