@@ -19,7 +19,7 @@ MOEPEAK_PACKAGES+=(clang-14 libclang-rt-14-dev)  # clang and its sanitizer/libFu
 install_packages
 
 dir="${MOEPEAK_FUZZ_BUILD_DIR:-$MOEPEAK_ROOT/build-fuzz}"
-targets="${MOEPEAK_FUZZ_TARGETS:-fuzz_config fuzz_safetensors fuzz_hf_config fuzz_hf_index fuzz_token_bin fuzz_megatron_idx fuzz_probe_file fuzz_shard_manifest}"
+targets="${MOEPEAK_FUZZ_TARGETS:-fuzz_config fuzz_safetensors fuzz_hf_config fuzz_hf_index fuzz_token_bin fuzz_megatron_idx fuzz_probe_file fuzz_shard_manifest fuzz_hf_tokenizer}"
 CC=clang-14 CXX=clang++-14 MOEPEAK_BUILD_DIR="$dir" MOEPEAK_TARGETS=fuzz_targets \
   configure_and_build -DMOEPEAK_FUZZ=ON -DMOEPEAK_CUDA=OFF
 
