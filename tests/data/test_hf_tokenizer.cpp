@@ -10,9 +10,11 @@
 // DeepSeek-V3 (three Splits, ByteLevel, a BOS template), GPT-2 (ByteLevel with its own regex and
 // add_prefix_space; merges in the old "a b" form) and Llama/Mistral's Metaspace (NFKC, Digits,
 // Metaspace, byte_fallback, unk, a BOS template, added tokens with lstrip / rstrip / single_word /
-// normalized). Four variants (tokenizers itself encoding the same texts) swap in the parts those
+// normalized). Seven variants (tokenizers itself encoding the same texts) swap in the parts those
 // do not use: Split with a literal pattern, every behavior and invert; NFD, NFKD, Replace
-// (literal and regex) and Prepend normalizers; Digits runs; Metaspace always / never / unsplit.
+// (literal and regex) and Prepend normalizers; Digits runs; Metaspace always / never / unsplit;
+// no byte fallback, so unknown characters become <unk> (fused or not) or, without unk_token,
+// are dropped.
 // The cases: ASCII, Latin with precomposed and decomposed diacritics, Greek,
 // Cyrillic, Arabic, CJK, kana (half-width too), Korean, emoji (ZWJ, flags, skin tones),
 // combining marks, ligatures and full-width forms, runs of spaces, tabs and newlines, digits,
@@ -119,7 +121,9 @@ TEST_P(HfTokenizerFixture, TwoThreadsAgree) {
 INSTANTIATE_TEST_SUITE_P(Kinds, HfTokenizerFixture,
                          ::testing::Values("qwen3", "gpt_oss", "deepseek_v3", "gpt2", "metaspace",
                                            "split_behaviors", "normalizer_edits",
-                                           "metaspace_always", "metaspace_never_unsplit"));
+                                           "metaspace_always", "metaspace_never_unsplit",
+                                           "metaspace_unk_fused", "metaspace_unk_unfused",
+                                           "metaspace_no_unk"));
 
 // A scratch directory per test.
 struct TempDir {
