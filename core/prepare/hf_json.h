@@ -19,12 +19,20 @@ struct JsonField {
   const nlohmann::json& value;
   std::string file;  // the tokenizer.json path
   std::string path;  // e.g. "pre_tokenizer.pretokenizers[1]"
+  // NOTES: the parts recurse as the JSON nests (a Sequence of Sequences ...), so the nesting is
+  // bounded here: a file cannot exhaust the stack.
+  int depth = 0;
+  static constexpr int kMaxDepth = 64;
 
   JsonField at(const std::string& key) const {
     if (!value.is_object() || !value.contains(key)) fail("is missing", key);
-    return {value.at(key), file, path.empty() ? key : path + "." + key};
+    if (depth >= kMaxDepth) fail("nests more than 64 levels deep");
+    return {value.at(key), file, path.empty() ? key : path + "." + key, depth + 1};
   }
-  JsonField at(size_t i) const { return {value.at(i), file, path + "[" + std::to_string(i) + "]"}; }
+  JsonField at(size_t i) const {
+    if (depth >= kMaxDepth) fail("nests more than 64 levels deep");
+    return {value.at(i), file, path + "[" + std::to_string(i) + "]", depth + 1};
+  }
   bool has(const std::string& key) const {
     return value.is_object() && value.contains(key) && !value.at(key).is_null();
   }

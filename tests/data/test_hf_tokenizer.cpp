@@ -201,6 +201,16 @@ TEST(HfTokenizerErrors, NameTheFieldTheyCannotTake) {
                                                           {"behavior", "Sideways"}};
                                   })),
                   "field \"pre_tokenizer.behavior\" is \"Sideways\"");
+  // Sequences nested 100 deep: refused with the field, not a stack overflow.
+  EXPECT_CONTAINS(
+      error_of(edited(dir,
+                      [](J& j) {
+                        J inner = {{"type", "NFC"}};
+                        for (int i = 0; i < 100; ++i)
+                          inner = {{"type", "Sequence"}, {"normalizers", J::array({inner})}};
+                        j["normalizer"] = inner;
+                      })),
+      "nests more than 64 levels deep");
   dir.write("broken.json", "{\"model\": ");
   EXPECT_CONTAINS(error_of((dir.path / "broken.json").string()), "not a JSON tokenizer file");
   EXPECT_CONTAINS(error_of((dir.path / "absent.json").string()), "cannot open the tokenizer file");
