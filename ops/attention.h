@@ -11,13 +11,30 @@
 //                  runs over its scores and sinks[h], and the sink's column is dropped (it has no
 //                  value), i.e. out = sum_s p_s v_s with p_s = exp(scale q.k_s - lse) and
 //                  lse = log(exp(sinks[h]) + sum_s exp(scale q.k_s))
+//   doc_start (B, T) packed documents (Megatron's reset_attention_mask, transformers' varlen
+//                  flash attention, torchtitan's document masks): doc_start[b][t] is the first
+//                  position of the document query t of sequence b belongs to, and the query sees
+//                  only keys of it: max(doc_start[b][t], t - W + 1 with a window, else 0) <= s
+//                  <= t (sinks join every row's softmax as above); key blocks wholly before
+//                  every row's document are skipped, so a window of documents of lengths L_i
+//                  costs O(sum_i L_i^2) (plus a block per query block), not O(T^2)
 //
 //   q:      (B, T, nh, dqk)   f32 | bf16 | f64 (one dtype for every tensor of a call but lse and
 //                             dsinks; on CUDA dqk <= 256 and dv <= 256)
 //   k:      (B, T, nkv, dqk)  nh % nkv == 0
 //   v:      (B, T, nkv, dv)   dv >= 1, independent of dqk
 //   sinks:  (nh)              q's dtype; undefined Tensor(): no sinks
-//   out:    (B, T, nh, dv)    out = softmax(scale * q k^T, causal, window, sink) v, written (=)
+//   doc_start: (B, T) i32     on out's backend (CUDA device memory for a CUDA call, CPU memory
+//                             else); undefined Tensor(): one document per sequence. The caller's
+//                             contract: 0 <= doc_start[b][t] <= t, non-decreasing in t within a
+//                             sequence (so doc_start[b][0] = 0, and a document is a run of equal
+//                             values); the checks below test dtype, shape and backend only. The
+//                             CPU kernels test the values as they run (a violation throws
+//                             moepeak::Error at the stream's synchronize); CUDA does not test
+//                             them: there a violation gives meaningless values (a row that sees
+//                             no key: NaN) but no read outside the tensors
+//   out:    (B, T, nh, dv)    out = softmax(scale * q k^T, causal, window, documents, sink) v,
+//                             written (=)
 //   lse:    (B, nh, T)        in attention_lse_dtype(q): q's dtype, f32 for bf16 q;
 //                             log-sum-exp of each query row's scaled scores (and its sink),
 //                             written (=); saved for the backward, which recomputes the
@@ -69,6 +86,17 @@
 // window rather than starting at each query block's window: the bf16 backward's key-block pass
 // must cut the keys as the one-pass loop does, as OpenBLAS's value for an element depends on the
 // other rows and columns of its call.)
+// CPU, documents: a row's first key is max(doc_start, its window's first key), and a query
+// block's first key block the one holding its first row's first key (doc_start is
+// non-decreasing, so no later row sees an earlier key). The keys from there to the block's last
+// position are each seen by some row of the block (every row sees its own position, and a row's
+// keys run up to it), so no visited (query block, key block) pair is wholly masked: a call
+// computes at most B nh sum over query blocks of rows x (P + the longest document or window
+// reaching into the block + block_keys) scores, about sum_i L_i^2 + T (P + block_keys) per
+// head for documents of lengths L_i. Keys before a row's document are exact zeros of P, like
+// those outside its window, and never touch the row's bits. doc_start all zeros is bitwise
+// doc_start undefined (the same blocks, spans and order). The kernels test doc_start's
+// contract (0 <= doc_start[b][t] <= t, non-decreasing) before they run.
 //
 // CPU, bf16 storage: the CPU f32 algorithm with bf16 loads and stores (sinks widened to fp32).
 // Query rows are widened to fp32 as a block is gathered and each key/value block into scratch
@@ -115,9 +143,18 @@
 // l' = l exp(m - m') + exp(sinks[h] - m'), out = acc exp(m - m') / l', lse = m' + log l' (in the
 // compute type; on the tensor cores in fp32, not rounded to bf16: it is in no product). The
 // backward's dq, dk and dv kernels are the plain ones on (out, lse); dsinks is one more small
-// kernel (ops/cuda/attention.cu, both paths), a block per query head: D = dout . out and
+// kernel (ops/cuda/attention_sinks.cu, both paths), a block per query head: D = dout . out and
 // exp(sinks[h] - lse) D in double, warps over (b, t) rows in a fixed order, a fixed-order block
 // reduction, and thread 0 adds the total once (no atomics): bitwise reproducible.
+// CUDA, documents (both paths; helpers in ops/cuda/attention_documents.cuh): a row's first key is
+// max(doc_start, its window's first key). The forward and dq kernels start their key loop at the
+// block's first row's first key (doc_start is non-decreasing), and the dk/dv kernels end their
+// loop over query rows, and each key its rows, at the first position whose document starts after
+// the key (a binary search over doc_start, O(log T) loads per key), so tiles before every row's
+// document, or after every row that sees the block's keys, are never loaded: a window of
+// documents of lengths L_i costs O(sum_i L_i^2) plus a tile per block. Keys a row's document
+// cuts from a loaded tile are masked per element (p = 0 exactly). Without doc_start the kernels
+// run exactly the arithmetic they did.
 #pragma once
 
 #include "core/runtime/stream.h"
@@ -143,6 +180,9 @@ inline constexpr AttentionBlocks kAttentionBlocks{};
 struct AttentionVariant {
   int64_t window = 0;  // 0: every key s <= t; W > 0: keys t - W < s <= t
   Tensor sinks;        // (nh) in q's dtype, or undefined: no sinks
+  // (B, T) i32 on out's backend, or undefined: one document per sequence. Query t of sequence b
+  // sees only keys s >= doc_start[b][t] (0 <= doc_start[b][t] <= t, non-decreasing in t).
+  Tensor doc_start{};
 };
 
 void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
@@ -155,7 +195,8 @@ void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, c
 
 // Throw moepeak::Error naming the op and the shapes unless the arguments fit the table above.
 // (A negative window, sinks of another length or dtype, dsinks without sinks or of the wrong
-// dtype are errors too.)
+// dtype, a doc_start of another shape, dtype or backend are errors too; doc_start's values are
+// not read here.)
 void check_attention_forward_args(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                                   const AttentionVariant& variant, const Tensor& out,
                                   const Tensor& lse);
@@ -177,7 +218,8 @@ void attention_backward_cpu_blocked(const Tensor& q, const Tensor& k, const Tens
                                     AttentionBlocks blocks, Stream& stream);
 // Score entries (query rows x keys of each block product Q K^T) the CPU kernels have computed
 // since the process started, forward and backward, counted as they are enqueued work runs: tests
-// check that a windowed call visits only the key blocks its windows reach (O(T * W)).
+// check that a windowed call visits only the key blocks its windows reach (O(T * W)), and a call
+// with documents only those its documents reach.
 int64_t attention_cpu_scores_computed();
 }  // namespace detail
 
@@ -202,7 +244,7 @@ inline void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v
   MOEPEAK_OP_ON_BACKEND(attention_backward, dq, q, k, v, out, lse, dout, scale, variant, dq, dk, dv,
                         dsinks, stream);
 }
-// Plain causal attention (no window, no sinks).
+// Plain causal attention (no window, no sinks, one document per sequence).
 inline void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
                               const Tensor& out, const Tensor& lse, Stream& stream) {
   attention_forward(q, k, v, scale, AttentionVariant{}, out, lse, stream);

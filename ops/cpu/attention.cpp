@@ -1,11 +1,13 @@
 // CPU attention: the argument checks of every backend's attention (ops/attention.h), the kernels'
-// description, and the count of score entries the CPU kernels compute. The kernels:
+// description, the count of score entries the CPU kernels compute, and the CPU kernels' test of
+// doc_start's values. The kernels:
 // ops/cpu/attention_forward.cpp and attention_backward.cpp, with the parts they share in
 // ops/cpu/attention_common.h and the AVX2 row kernels in ops/cpu/attention_rows.cpp.
 #include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cmath>
+#include <string>
 
 #include "core/error.h"
 #include "ops/attention.h"
@@ -61,12 +63,32 @@ void check_common(const char* op, const Tensor& q, const Tensor& k, const Tensor
              "(B, nh, T)");
   if (variant.sinks.defined())
     check_same(variant.sinks, Shape{heads}, q.dtype(), op, "sinks", "(nh)");
+  if (variant.doc_start.defined()) {
+    check_same(variant.doc_start, Shape{batch, seq}, DType::i32, op, "doc_start", "(B, T)");
+    if (runs_on_cuda(variant.doc_start) != runs_on_cuda(out))
+      MOEPEAK_THROW(op, ": doc_start ", variant.doc_start.str(), " must be on out's backend (",
+                    runs_on_cuda(out) ? "CUDA device memory" : "CPU memory", "), like out ",
+                    out.str());
+  }
 }
 
 }  // namespace
 
 namespace attention_cpu {
 void count_scores(int64_t n) { g_scores_computed.fetch_add(n, std::memory_order_relaxed); }
+
+void check_document_starts(const char* op, const Geometry& geo, const int32_t* doc_start) {
+  for (int64_t b = 0; b < geo.batch; ++b)
+    for (int64_t t = 0; t < geo.seq; ++t) {
+      const int64_t first = doc_start[b * geo.seq + t];
+      const int64_t before = t > 0 ? doc_start[b * geo.seq + t - 1] : 0;
+      if (first < before || first > t)
+        MOEPEAK_THROW(
+            op, ": doc_start[", b, "][", t, "] = ", first,
+            " breaks its contract: 0 <= doc_start[b][t] <= t, non-decreasing in t",
+            t > 0 ? " (doc_start[b][t - 1] = " + std::to_string(before) + ")" : std::string());
+    }
+}
 }  // namespace attention_cpu
 
 void check_attention_forward_args(const Tensor& q, const Tensor& k, const Tensor& v, double scale,

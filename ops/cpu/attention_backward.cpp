@@ -1,12 +1,13 @@
 // CPU attention backward: flash-style causal grouped-query attention with an optional sliding
-// window and attention sinks (ops/attention.h for the semantics, ops/cpu/attention_common.h for
-// the blocks).
+// window, attention sinks and packed documents (ops/attention.h for the semantics,
+// ops/cpu/attention_common.h for the blocks).
 //
 //   q, dq: (B, T, nh, dqk)    k, dk: (B, T, nkv, dqk)    v, dv: (B, T, nkv, dv)
 //   out, dout: (B, T, nh, dv)  lse: (B, nh, T)            sinks, dsinks: (nh)
+//   doc_start: (B, T) i32
 //
 // Per query block: D = rowsum(dout * out) (over dv); for each key block the forward visited,
-//   P = exp(S - lse) (0 outside each row's window), dP = dout V^T, dV += P^T dout,
+//   P = exp(S - lse) (0 outside each row's window and document), dP = dout V^T, dV += P^T dout,
 //   dS = P * (dP - D), dQ += scale * dS K, dK += scale * dS^T Q  (dK, dV straight into dk, dv with
 //   beta = 1; the products with V and dout run over dv, those with Q and K over dqk).
 // The forward's lse already holds the sink and out is normalised by it, so this is the plain
@@ -15,7 +16,8 @@
 // GEMM, the query heads of the group — in a fixed order: results are bitwise reproducible.
 //
 // bf16 storage (fp32 arithmetic, ops/cpu/cpu_storage.h): two passes (backward_kernel_widened),
-// dq by query blocks, dk/dv by key blocks, each key block's fp32 sums in scratch.
+// dq by query blocks, dk/dv by key blocks, each key block's fp32 sums in scratch. Both visit only
+// the (query block, key block) pairs of the forward: with documents, none wholly masked.
 #include <algorithm>
 #include <cmath>
 
@@ -51,7 +53,7 @@ void load_backward_rows(const Geometry& geo, const BlockPlan& plan, const QueryB
 }
 
 // P = exp(scale * Q K^T - lse) of keys [s0, s0 + keys) into s.scores, 0 outside each row's
-// window (dqk: the width of Q and K).
+// window and document (dqk: the width of Q and K).
 template <typename T>
 void backward_probs(const BlockPlan& plan, const QueryBlock& blk, int64_t rows, int64_t s0,
                     int64_t keys, int64_t dqk, const KvOperand<T>& kb, T scale, Scratch<T>& s) {
@@ -152,7 +154,9 @@ void backward_kernel_widened(const Geometry& geo, const BlockPlan& plan, const S
 
   // Pass 2: dV += P^T dout and dK += scale * dS^T Q of each key block over the query blocks that
   // visit it (last position >= s0, first key block <= s0), in the one-pass loop's order and with
-  // its key counts (its key block stops at the query block's last position).
+  // its key counts (its key block stops at the query block's last position). first_key_block
+  // grows with t0 (a window's start and doc_start both do), so the first query block past s0
+  // ends the loop: with documents, the query blocks of later documents are never visited.
   T* dk_block = s.dk_block.data();
   T* dv_block = s.dv_block.data();
   for (int64_t b = 0; b < geo.batch; ++b)
@@ -224,7 +228,9 @@ void attention_backward_cpu_blocked(const Tensor& q, const Tensor& k, const Tens
   CpuStream& cpu = as_cpu_stream(stream);
   if (q.numel() == 0) return;
   const Geometry geo = geometry_of(q, k, v);
-  const BlockPlan plan = plan_blocks(geo, blocks, variant.window);
+  const int32_t* doc_start =
+      variant.doc_start.defined() ? variant.doc_start.data_as<int32_t>() : nullptr;
+  const BlockPlan plan = plan_blocks(geo, blocks, variant.window, doc_start);
   dispatch_storage(q.dtype(), op, [&](auto zero) {
     using S = decltype(zero);
     using T = compute_t<S>;  // also the dtype of lse and dsinks
@@ -241,6 +247,7 @@ void attention_backward_cpu_blocked(const Tensor& q, const Tensor& k, const Tens
     T* dsinksp = dsinks.defined() ? dsinks.data_as<T>() : nullptr;
     const T scale_t = static_cast<T>(scale);
     cpu.enqueue([=] {
+      if (plan.doc_start != nullptr) check_document_starts(op, geo, plan.doc_start);
       if constexpr (kWidened<S>) {
         backward_kernel_widened<S>(geo, plan, qp, kp, vp, outp, lsep, doutp, scale_t, dqp, dkp,
                                    dvp);

@@ -2,17 +2,18 @@
 // attention_rows.cpp): the problem's geometry and block plan, the GEMM wrappers, the row kernels
 // (max, exp with its sum, dS), the per-thread scratch, the copies between the tensors' storage and
 // the fp32/f64 scratch, and which keys a query block visits and each of its rows sees (the causal
-// mask and the sliding window). Semantics: ops/attention.h.
+// mask, the sliding window and the documents). Semantics: ops/attention.h.
 //
 //   q, dq: (B, T, nh, dqk)    k, dk: (B, T, nkv, dqk)    lse: (B, nh, T)
-//   out, dout: (B, T, nh, dv)  v, dv: (B, T, nkv, dv)
+//   out, dout: (B, T, nh, dv)  v, dv: (B, T, nkv, dv)    doc_start: (B, T) i32
 //
 // A query block is batch b, kv head g and positions [t0, t0 + P): it stacks the G = nh / nkv query
 // heads of g, row r = (t - t0) * G + hh for query head g * G + hh. Keys are cut into key blocks
 // of plan.keys from 0; a query block visits those from the one holding its first row's first key,
-// max(0, t0 - W + 1) with a window W (0 without), to the one holding its last position (cut
-// there), and each row sees the keys of its own window (visible_span). Without a window this is
-// the causal loop as it always was.
+// max(0, t0 - W + 1) with a window W (0 without), raised to doc_start[b][t0] with documents, to
+// the one holding its last position (cut there), and each row sees the keys of its own window
+// and document (visible_span). Without a window or documents this is the causal loop as it always
+// was.
 #pragma once
 
 #include <cblas.h>
@@ -54,17 +55,24 @@ struct BlockPlan {
   int64_t rows = 1;       // rows of a full query block, P * G
   int64_t keys = 1;       // keys per key block
   int64_t window = 0;     // W <= T: row t sees keys t - W < s <= t; 0: every s <= t
+  // doc_start (B, T) of the call, seq = T apart, or nullptr (one document per sequence): row t of
+  // sequence b sees keys s >= doc_start[b * seq + t].
+  const int32_t* doc_start = nullptr;
+  int64_t seq = 0;
 };
 
 // NOTES: a window W >= T sees every key s <= t, as W = T does; the plan keeps min(W, T), so the
 // window arithmetic (t - W + 1) cannot overflow for any W the caller passes.
-inline BlockPlan plan_blocks(const Geometry& geo, AttentionBlocks blocks, int64_t window) {
+inline BlockPlan plan_blocks(const Geometry& geo, AttentionBlocks blocks, int64_t window,
+                             const int32_t* doc_start) {
   BlockPlan plan;
   plan.group = geo.group();
   plan.positions = std::max<int64_t>(1, blocks.query_rows / plan.group);
   plan.rows = plan.positions * plan.group;
   plan.keys = blocks.keys;
   plan.window = std::min(window, geo.seq);
+  plan.doc_start = doc_start;
+  plan.seq = geo.seq;
   return plan;
 }
 
@@ -76,6 +84,12 @@ inline void check_blocks(const char* op, AttentionBlocks blocks) {
 
 // Adds n to the count of score entries computed (detail::attention_cpu_scores_computed).
 void count_scores(int64_t n);
+
+// Throws moepeak::Error naming `op` unless doc_start (B, T) keeps its contract (ops/attention.h):
+// 0 <= doc_start[b][t] <= t and non-decreasing in t. The kernels run it before anything else, so
+// a broken value cannot make them read before a tensor (a negative start) or normalise a row that
+// sees no key (a start after t).
+void check_document_starts(const char* op, const Geometry& geo, const int32_t* doc_start);
 
 // ---- GEMM (row-major CBLAS) ---------------------------------------------------------------------
 
@@ -299,20 +313,33 @@ inline int64_t lse_index(const Geometry& geo, const BlockPlan& plan, const Query
 
 // ---- Which keys a block visits and a row sees ---------------------------------------------------
 
-// The first key block the query block visits: the one holding its first row's first key,
-// max(0, t0 - W + 1) (0 without a window). Key blocks are [s0, s0 + plan.keys) with s0 a multiple
-// of plan.keys, whatever the window: the bf16 backward's second pass (by key blocks) repeats the
-// one-pass loop's products only if both cut the keys alike, as OpenBLAS's value for an element
-// depends on the other rows and columns of its call (its kernels' tails).
+// The first key position t of sequence b sees: max(0, t - W + 1) with a window (0 without),
+// raised to the first position of its document with documents.
+inline int64_t first_visible_key(const BlockPlan& plan, int64_t b, int64_t t) {
+  int64_t first = plan.window > 0 ? std::max<int64_t>(0, t - plan.window + 1) : 0;
+  if (plan.doc_start != nullptr) first = std::max<int64_t>(first, plan.doc_start[b * plan.seq + t]);
+  return first;
+}
+
+// The first key block the query block visits: the one holding its first row's first key (no
+// later row sees an earlier key: t - W + 1 and doc_start both grow with t). Key blocks are
+// [s0, s0 + plan.keys) with s0 a multiple of plan.keys, whatever the window or documents: the
+// bf16 backward's second pass (by key blocks) repeats the one-pass loop's products only if both
+// cut the keys alike, as OpenBLAS's value for an element depends on the other rows and columns
+// of its call (its kernels' tails).
 inline int64_t first_key_block(const BlockPlan& plan, const QueryBlock& blk) {
-  if (plan.window <= 0) return 0;
-  return std::max<int64_t>(0, blk.t0 - plan.window + 1) / plan.keys * plan.keys;
+  return first_visible_key(plan, blk.b, blk.t0) / plan.keys * plan.keys;
 }
 
 // Calls f(s0, keys) for the key blocks [s0, s0 + keys) the query block visits, in order: from
 // first_key_block to the one holding its last position, cut there. Key blocks wholly before
-// every row's window are never visited, so a windowed call costs O(T * (W + P + keys)), not
-// O(T^2).
+// every row's window and document are never visited, so a windowed call costs
+// O(T * (W + P + keys)), not O(T^2), and one with documents of lengths L_i about
+// sum_i L_i^2 + T * (P + keys). NOTES: every visited key block holds a key some row of the block
+// sees: row t sees [first_visible_key(t), t], first_visible_key(t) <= t grows with t, so the
+// spans of rows t and t + 1 meet and the block's rows together see all of
+// [first_visible_key(t0), last position]. No visited (query block, key block) pair is wholly
+// masked.
 template <typename F>
 void for_each_key_block(const BlockPlan& plan, const QueryBlock& blk, F&& f) {
   for (int64_t s0 = first_key_block(plan, blk); s0 <= blk.last_position(); s0 += plan.keys)
@@ -320,10 +347,11 @@ void for_each_key_block(const BlockPlan& plan, const QueryBlock& blk, F&& f) {
 }
 
 // Whether some row of the block masks some key of [s0, s0 + keys): the diagonal (keys after the
-// first row's position) or the window's lower edge (keys before the last row's window).
+// first row's position) or the lower edge of the last row's window or document (the highest of
+// the block's rows; without a window or documents it is 0, which masks nothing).
 inline bool block_needs_mask(const BlockPlan& plan, const QueryBlock& blk, int64_t s0,
                              int64_t keys) {
-  return s0 + keys - 1 > blk.t0 || (plan.window > 0 && blk.last_position() - plan.window + 1 > s0);
+  return s0 + keys - 1 > blk.t0 || first_visible_key(plan, blk.b, blk.last_position()) > s0;
 }
 
 // The keys of [s0, s0 + keys) that row r sees: [begin, end) with 0 <= begin <= end <= keys.
@@ -335,8 +363,7 @@ inline KeySpan visible_span(const BlockPlan& plan, const QueryBlock& blk, int64_
   const int64_t position = blk.t0 + r / plan.group;
   KeySpan span;
   span.end = std::clamp<int64_t>(position - s0 + 1, 0, keys);
-  if (plan.window > 0)
-    span.begin = std::clamp<int64_t>(position - plan.window + 1 - s0, 0, span.end);
+  span.begin = std::clamp<int64_t>(first_visible_key(plan, blk.b, position) - s0, 0, span.end);
   return span;
 }
 

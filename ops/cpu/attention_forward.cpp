@@ -1,20 +1,22 @@
 // CPU attention forward: flash-style causal grouped-query attention with an optional sliding
-// window and attention sinks (ops/attention.h for the semantics, ops/cpu/attention_common.h for
-// the blocks).
+// window, attention sinks and packed documents (ops/attention.h for the semantics,
+// ops/cpu/attention_common.h for the blocks).
 //
 //   q: (B, T, nh, dqk)    k: (B, T, nkv, dqk)    v: (B, T, nkv, dv)    out: (B, T, nh, dv)
-//   lse: (B, nh, T)       sinks: (nh)
+//   lse: (B, nh, T)       sinks: (nh)            doc_start: (B, T) i32
 //
-// Per query block, for each key block it visits (for_each_key_block: from the first row's window
-// start, or 0, to the block's last position):
-//   S = scale * Q K^T (GEMM over dqk), mask the keys outside each row's window (only in blocks
-//   where some row masks some key: the diagonal, the window's lower edge),
+// Per query block, for each key block it visits (for_each_key_block: from the first row's first
+// key, the start of its window and document or 0, to the block's last position):
+//   S = scale * Q K^T (GEMM over dqk), mask the keys outside each row's window and document (only
+//   in blocks where some row masks some key: the diagonal, the window's or document's lower
+//   edge),
 //   m' = max(m, rowmax S), P = exp(S - m'), l = l * exp(m - m') + rowsum P,
 //   acc = acc * exp(m - m') + P V (GEMM, beta = 1; acc is rows x dv);
 // then, with sinks, the sink s of the row's head joins the softmax as one more column without a
 // value: m' = max(m, s), l = l * exp(m - m') + exp(s - m'), acc = acc * exp(m - m');
-// and out = acc / l, lse = m + log l. Without a window or sinks this is the causal loop unchanged:
-// the same key blocks, products and order.
+// and out = acc / l, lse = m + log l. Without a window, sinks or documents this is the causal loop
+// unchanged: the same key blocks, products and order. doc_start's values are tested first
+// (check_document_starts).
 //
 // bf16 storage (fp32 arithmetic, ops/cpu/cpu_storage.h): query rows are widened as they are
 // gathered and every key/value block into scratch once per visit (rows dqk or dv apart), the
@@ -119,7 +121,9 @@ void attention_forward_cpu_blocked(const Tensor& q, const Tensor& k, const Tenso
   CpuStream& cpu = as_cpu_stream(stream);
   if (q.numel() == 0) return;
   const Geometry geo = geometry_of(q, k, v);
-  const BlockPlan plan = plan_blocks(geo, blocks, variant.window);
+  const int32_t* doc_start =
+      variant.doc_start.defined() ? variant.doc_start.data_as<int32_t>() : nullptr;
+  const BlockPlan plan = plan_blocks(geo, blocks, variant.window, doc_start);
   dispatch_storage(q.dtype(), op, [&](auto zero) {
     using S = decltype(zero);
     using T = compute_t<S>;  // also lse's dtype (attention_lse_dtype)
@@ -130,7 +134,10 @@ void attention_forward_cpu_blocked(const Tensor& q, const Tensor& k, const Tenso
     S* outp = out.data_as<S>();
     T* lsep = lse.data_as<T>();
     const T scale_t = static_cast<T>(scale);
-    cpu.enqueue([=] { forward_kernel<S>(geo, plan, qp, kp, vp, sinksp, scale_t, outp, lsep); });
+    cpu.enqueue([=] {
+      if (plan.doc_start != nullptr) check_document_starts(op, geo, plan.doc_start);
+      forward_kernel<S>(geo, plan, qp, kp, vp, sinksp, scale_t, outp, lsep);
+    });
   });
 }
 

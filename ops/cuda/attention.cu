@@ -1,42 +1,46 @@
-// CUDA attention: causal grouped-query flash attention with an optional sliding window and
-// attention sinks, forward and backward, SIMT (no tensor cores), f32, bf16 or f64 storage with
-// math in the storage's compute type (fp32 for f32 and bf16, f64 for f64). The bf16 calls
-// attention_tc_takes accepts run on the tensor-core kernels of ops/cuda/attention_tc.cu; these
-// run the rest, and dsinks for both. Semantics as ops/cpu/attention.cpp; design: ops/attention.h.
+// CUDA attention: causal grouped-query flash attention with an optional sliding window, attention
+// sinks and packed documents, forward and backward, SIMT (no tensor cores), f32, bf16 or f64
+// storage with math in the storage's compute type (fp32 for f32 and bf16, f64 for f64). The bf16
+// calls attention_tc_takes accepts run on the tensor-core kernels of ops/cuda/attention_tc.cu;
+// these run the rest. dsinks, for both: ops/cuda/attention_sinks.cu. Semantics as
+// ops/cpu/attention.cpp; design: ops/attention.h.
 //
 //   q, dq: (B, T, nh, dqk)     k, dk: (B, T, nkv, dqk)     v, dv: (B, T, nkv, dv)
-//   out, dout: (B, T, nh, dv)  lse: (B, nh, T)
+//   out, dout: (B, T, nh, dv)  lse: (B, nh, T)             doc_start: (B, T) i32
 //   sinks: (nh) q's dtype      dsinks: (nh) f32 for bf16 q, else q's dtype
 //
 // dqk, dv <= 256 each. Rows are flattened per kv head g as row = t * G + hh; streamed tiles hold
 // 32 entries, one per lane; accumulators are spread over the lanes (column lane + 32 i,
 // i < kChunks: dv's chunks in the forward, dqk's in dq, the larger's in dk/dv). Window W > 0: row
-// t sees keys t - W < s <= t (a W >= T is plain causal; the host passes 0 for it).
+// t sees keys t - W < s <= t (a W >= T is plain causal; the host passes 0 for it). Documents
+// (doc_start): row t sees keys s >= doc_start[b][t] too (ops/cuda/attention_documents.cuh).
 //
 //   forward:  block = kBlockRows query rows of (b, g); streams K/V tiles of the keys any row of
-//             the block sees (first position - W + 1 .. last position, or 0 .. last without a
-//             window); per row online softmax (running max m, sum l, rescaled accumulator);
+//             the block sees (its first row's first key: max(first position - W + 1,
+//             doc_start of the first position, 0) .. last position); per row online softmax
+//             (running max m, sum l, rescaled accumulator);
 //             out = acc / l, lse = m + log l. With sinks the sink's logit s_h is folded in once
 //             at the end: m' = max(m, s_h), l' = l exp(m - m') + exp(s_h - m'),
 //             out = acc exp(m - m') / l', lse = m' + log l'.
 //   dq:       same blocks and stream; D = dout . out per row (computed here: ops allocate
 //             nothing), p = exp(scale q.k - lse), ds = p (dout.v - D), dq = scale sum ds k.
 //   dk, dv:   block = kBlockRows keys of (b, g); streams tiles of kTile query rows (all heads of
-//             the group) from the block's first position to T (or, with a window, to the last
-//             position that sees its last key); dv = sum p dout, dk = scale sum ds q. Each key
-//             row is owned by one block: written (=), no atomics.
-//   dsinks:   block = one query head h; dsinks[h] += -sum_{b,t} exp(s_h - lse) D in double, a
-//             fixed-order block reduction added once by thread 0 (no atomics).
-// Tiles outside every row's window are skipped by the loop bounds, so a windowed call costs
-// O(T W); partly covered tiles are masked per element. Every sum runs in a fixed order, so results
-// are bitwise reproducible run to run. Masked keys (after t, or at or before t - W) get exactly
-// p = 0 (never exponentiated). window = 0 without sinks runs exactly the plain causal arithmetic.
+//             the group) from the block's first position to T (or, with a window or documents,
+//             to the last position that sees its last key); dv = sum p dout, dk = scale sum ds q.
+//             Each key row is owned by one block: written (=), no atomics.
+// Tiles outside every row's window and document are skipped by the loop bounds, so a windowed
+// call costs O(T W) and one with documents O(sum L_i^2); partly covered tiles are masked per
+// element. Every sum runs in a fixed order, so results are bitwise reproducible run to run. Masked
+// keys (after t, at or before t - W, or before t's document) get exactly p = 0 (never
+// exponentiated). window = 0 without sinks or documents runs exactly the plain causal arithmetic.
 // Test: ctest -L cuda -R test_backend_ops (cases in tests/ops/backend_ops/cases_attention.cpp).
 #include <algorithm>
 #include <climits>
 #include <cmath>
 
 #include "ops/attention.h"
+#include "ops/cuda/attention_documents.cuh"
+#include "ops/cuda/attention_sinks.h"
 #include "ops/cuda/attention_tc.h"
 #include "ops/cuda/cuda_common.cuh"
 
@@ -69,29 +73,45 @@ struct AttentionArgs {
   T* dq;
   T* dk;
   T* dv;
-  const T* sinks;  // (nh), or nullptr: no sinks
-  int64_t window;  // 0: causal; else 0 < W < T
-  int64_t seq;     // T
-  int heads;       // nh
-  int kv_heads;    // nkv
-  int group;       // G = nh / nkv
-  int qk_dim;      // dqk: the width of q, k, dq, dk
-  int v_dim;       // dv: the width of v, out, dout, dv
+  const T* sinks;            // (nh), or nullptr: no sinks
+  int64_t window;            // 0: causal; else 0 < W < T
+  const int32_t* doc_start;  // (B, T), or nullptr: one document per sequence
+  int64_t seq;               // T
+  int heads;                 // nh
+  int kv_heads;              // nkv
+  int group;                 // G = nh / nkv
+  int qk_dim;                // dqk: the width of q, k, dq, dk
+  int v_dim;                 // dv: the width of v, out, dout, dv
   double scale;
 };
 
-// The first key any row of a block starting at flattened row row0 sees: 0 without a window.
+// The first key any row of a block of sequence b starting at flattened row row0 (< T G) sees: its
+// first row's (0 without a window or documents; no later row sees an earlier key).
 template <typename T>
-__device__ __forceinline__ int64_t first_visible_key(const AttentionArgs<T>& a, int64_t row0) {
+__device__ __forceinline__ int64_t first_visible_key(const AttentionArgs<T>& a, int64_t b,
+                                                     int64_t row0) {
   const int64_t first_pos = row0 / a.group;
-  return a.window > 0 && first_pos >= a.window ? first_pos - a.window + 1 : 0;
+  int64_t first = a.window > 0 && first_pos >= a.window ? first_pos - a.window + 1 : 0;
+  if (a.doc_start != nullptr) {
+    const int64_t doc = cuda::document_start(a.doc_start, b, a.seq, first_pos);
+    first = doc > first ? doc : first;
+  }
+  return first;
 }
 
-// The first key position `pos` sees (pos - W + 1, or 0 without a window; keys are >= 0, so the
-// lower bound then masks nothing and the causal predicate is unchanged).
+// The first key position `pos` of sequence b sees (pos - W + 1, or 0 without a window; keys are
+// >= 0, so the lower bound then masks nothing and the causal predicate is unchanged), raised to
+// its document's first position with documents. pos = -1 (a row past the end) sees nothing
+// whatever this returns.
 template <typename T>
-__device__ __forceinline__ int64_t window_start(const AttentionArgs<T>& a, int64_t pos) {
-  return a.window > 0 ? pos - a.window + 1 : 0;
+__device__ __forceinline__ int64_t row_first_key(const AttentionArgs<T>& a, int64_t b,
+                                                 int64_t pos) {
+  int64_t first = a.window > 0 ? pos - a.window + 1 : 0;
+  if (a.doc_start != nullptr && pos >= 0) {
+    const int64_t doc = cuda::document_start(a.doc_start, b, a.seq, pos);
+    first = doc > first ? doc : first;
+  }
+  return first;
 }
 
 extern __shared__ __align__(16) unsigned char attention_smem[];
@@ -199,7 +219,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t row = row0 + warp * kRowsPerWarp + r;
     pos[r] = row < rows_total ? row / a.group : -1;
-    lo[r] = window_start(a, pos[r]);
+    lo[r] = row_first_key(a, b, pos[r]);
     m[r] = C(-INFINITY);
     l[r] = C(0);
 #pragma unroll
@@ -208,7 +228,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t last_row = (row0 + kBlockRows < rows_total ? row0 + kBlockRows : rows_total) - 1;
   const int64_t last_pos = last_row / a.group;
 
-  for (int64_t s0 = first_visible_key(a, row0); s0 <= last_pos; s0 += kTile) {
+  for (int64_t s0 = first_visible_key(a, b, row0); s0 <= last_pos; s0 += kTile) {
     const int keys = static_cast<int>(last_pos + 1 - s0 < kTile ? last_pos + 1 - s0 : kTile);
     __syncthreads();  // the previous tile is consumed (and, the first time, Q is loaded)
     load_key_rows(a.k, a, b, g, s0, keys, dqk, ks, k_s);
@@ -314,7 +334,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t row = row0 + warp * kRowsPerWarp + r;
     pos[r] = row < rows_total ? row / a.group : -1;
-    lo[r] = window_start(a, pos[r]);
+    lo[r] = row_first_key(a, b, pos[r]);
     // D = dout . out of the row, lse of the row (0 past the last row, never used).
     C partial = C(0);
     row_lse[r] = C(0);
@@ -332,7 +352,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t last_row = (row0 + kBlockRows < rows_total ? row0 + kBlockRows : rows_total) - 1;
   const int64_t last_pos = last_row / a.group;
 
-  for (int64_t s0 = first_visible_key(a, row0); s0 <= last_pos; s0 += kTile) {
+  for (int64_t s0 = first_visible_key(a, b, row0); s0 <= last_pos; s0 += kTile) {
     const int keys = static_cast<int>(last_pos + 1 - s0 < kTile ? last_pos + 1 - s0 : kTile);
     __syncthreads();
     load_key_rows(a.k, a, b, g, s0, keys, dqk, ks, k_s);
@@ -427,22 +447,33 @@ __global__ void __launch_bounds__(kBlockThreads)
   load_key_rows(a.v, a, b, g, key0, kBlockRows, dv, dv, v_s);
 
   int64_t key[kRowsPerWarp];      // the warp's keys (keys past T are never visible)
-  int64_t key_end[kRowsPerWarp];  // positions t < key + W see the key (no bound without a window)
+  int64_t key_end[kRowsPerWarp];  // positions t < key_end see the key: t < key + W with a window,
+                                  // t < document_end with documents (no bound without either)
   C dk_acc[kRowsPerWarp][kChunks], dv_acc[kRowsPerWarp][kChunks];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     key[r] = key0 + warp * kRowsPerWarp + r;
     key_end[r] = a.window > 0 ? key[r] + a.window : INT64_MAX;
+    if (a.doc_start != nullptr && key[r] < a.seq) {
+      const int64_t doc_end = cuda::document_end(a.doc_start, b, a.seq, key[r]);
+      key_end[r] = doc_end < key_end[r] ? doc_end : key_end[r];
+    }
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) dk_acc[r][i] = dv_acc[r][i] = C(0);
   }
 
   // Query rows from the block's first position (rows of earlier positions see none of its keys)
-  // to the last row that sees one: T G, or with a window the rows of positions < last key + W.
+  // to the last row that sees one: T G, or with a window the rows of positions < last key + W,
+  // and with documents those of positions < the end of the last key's document (the keys'
+  // document ends grow with the key, so the last key's is the block's).
   const int64_t last_key = (key0 + kBlockRows < a.seq ? key0 + kBlockRows : a.seq) - 1;
-  const int64_t rows_end = a.window > 0 && (last_key + a.window) * a.group < rows_total
-                               ? (last_key + a.window) * a.group
-                               : rows_total;
+  int64_t rows_end = a.window > 0 && (last_key + a.window) * a.group < rows_total
+                         ? (last_key + a.window) * a.group
+                         : rows_total;
+  if (a.doc_start != nullptr) {
+    const int64_t doc_rows_end = cuda::document_end(a.doc_start, b, a.seq, last_key) * a.group;
+    rows_end = doc_rows_end < rows_end ? doc_rows_end : rows_end;
+  }
   for (int64_t row0 = key0 * a.group; row0 < rows_end; row0 += kTile) {
     const int rows = static_cast<int>(rows_end - row0 < kTile ? rows_end - row0 : kTile);
     __syncthreads();  // the previous tile is consumed (and, the first time, K and V are loaded)
@@ -551,54 +582,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
-// dsinks. Grid (nh): block h owns dsinks[h]. The B T rows (b, t) are taken kSinkRows at a time,
-// warp w the steps w, w + kSinkWarps, ... in order; a row's D = dout . out is spread over the
-// lanes (columns lane + 32 i; the step's rows interleaved, so a lane has 2 kSinkRows loads in
-// flight) and summed by a shuffle tree, and every lane sums exp(s_h - lse) D of its warp's rows in
-// row order. Then the warps' sums are added in warp order (block_sum, lane 0's) and thread 0 adds
-// the negated total once. All in double, in a fixed order: bitwise reproducible, no atomics.
-// A = dsinks' dtype (f32 for bf16 storage); d = dv, the width of out and dout.
-constexpr int kSinkThreads = 1024;
-constexpr int kSinkWarps = kSinkThreads / 32;
-constexpr int kSinkRows = 4;
-template <typename T, typename A>
-__global__ void __launch_bounds__(kSinkThreads)
-    attention_dsinks_kernel(const T* out, const T* dout, const compute_t<T>* lse, const T* sinks,
-                            A* dsinks, int64_t batch, int64_t seq, int heads, int d) {
-  __shared__ double scratch[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int h = blockIdx.x;
-  const int64_t rows = batch * seq;
-  const double sink = load_as<double>(sinks, h);
-  double sum = 0;
-  for (int64_t bt0 = int64_t(warp) * kSinkRows; bt0 < rows;
-       bt0 += int64_t(kSinkWarps) * kSinkRows) {
-    int64_t base[kSinkRows];  // (b, t, h) of a (B, T, nh, d) tensor, row bt = b T + t
-    double partial[kSinkRows];
-#pragma unroll
-    for (int j = 0; j < kSinkRows; ++j) {
-      base[j] = ((bt0 + j) * heads + h) * d;
-      partial[j] = 0;
-    }
-    for (int c = lane; c < d; c += 32) {
-#pragma unroll
-      for (int j = 0; j < kSinkRows; ++j)
-        if (bt0 + j < rows)
-          partial[j] += load_as<double>(dout, base[j] + c) * load_as<double>(out, base[j] + c);
-    }
-#pragma unroll
-    for (int j = 0; j < kSinkRows; ++j) {
-      const double delta = warp_sum(partial[j]);  // uniform: every lane takes part
-      if (bt0 + j < rows) {
-        const int64_t b = (bt0 + j) / seq, t = bt0 + j - b * seq;
-        sum += exp(sink - static_cast<double>(lse[(b * heads + h) * seq + t])) * delta;
-      }
-    }
-  }
-  const double total = cuda::block_sum(lane == 0 ? sum : 0.0, scratch);
-  if (threadIdx.x == 0) dsinks[h] = static_cast<A>(static_cast<double>(dsinks[h]) - total);
-}
-
 // ---- Host ---------------------------------------------------------------------------------------
 
 // Shared-memory bytes of each kernel for head dims dqk, dv and compute type C (the regions the
@@ -646,6 +629,8 @@ AttentionArgs<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v, co
                            const Tensor& lse, const AttentionVariant& variant, const Tensor* dout,
                            double scale, const Tensor* dq, const Tensor* dk, const Tensor* dv) {
   AttentionArgs<T> a{};
+  a.doc_start =
+      variant.doc_start.defined() ? static_cast<const int32_t*>(variant.doc_start.data()) : nullptr;
   a.q = static_cast<const T*>(q.data());
   a.k = static_cast<const T*>(k.data());
   a.v = static_cast<const T*>(v.data());
@@ -704,8 +689,8 @@ void attention_forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, d
   if (q.numel() == 0) return;      // B = 0 or T = 0 (nh, dqk, dv >= 1 by the checks)
   check_cuda_limits(op, q, k, v);  // both paths: head dims, grid limits
   if (attention_tc_takes(q, k, v, out)) {
-    attention_forward_tc(q, k, v, scale, kernel_window(q, variant), variant.sinks, out, lse,
-                         stream);
+    attention_forward_tc(q, k, v, scale, kernel_window(q, variant), variant.sinks,
+                         variant.doc_start, out, lse, stream);
     return;
   }
   const dim3 grid = row_grid(q, k);
@@ -729,29 +714,6 @@ const char* attention_kernels_cuda(const Tensor& q, const Tensor& k, const Tenso
   return attention_tc_takes(q, k, v, out) ? "cuda: tensor cores (bf16 WMMA)" : "cuda: SIMT";
 }
 
-namespace {
-
-// dsinks += -sum_{b,t} exp(sinks - lse) D (attention_dsinks_kernel), one block per query head.
-void launch_dsinks(const Tensor& q, const Tensor& out, const Tensor& lse, const Tensor& dout,
-                   const Tensor& sinks, const Tensor& dsinks, Stream& stream, const char* op) {
-  const unsigned grid = static_cast<unsigned>(q.size(2));  // nh * dv < 2^29 (the op's checks)
-  cuda::dispatch_storage(q.dtype(), op, [&](auto zero) {
-    using T = decltype(zero);
-    cuda::with_accumulator<T>(dsinks.dtype(), [&](auto acc_zero) {
-      using A = decltype(acc_zero);
-      auto kernel = attention_dsinks_kernel<T, A>;
-      kernel<<<grid, kSinkThreads, 0, cuda::native(stream)>>>(
-          static_cast<const T*>(out.data()), static_cast<const T*>(dout.data()),
-          static_cast<const compute_t<T>*>(lse.data()), static_cast<const T*>(sinks.data()),
-          static_cast<A*>(dsinks.data()), q.size(0), q.size(1), static_cast<int>(q.size(2)),
-          static_cast<int>(out.size(3)));
-      MOEPEAK_CUDA_LAUNCH_CHECK();
-    });
-  });
-}
-
-}  // namespace
-
 void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                              const Tensor& lse, const Tensor& dout, double scale,
                              const AttentionVariant& variant, const Tensor& dq, const Tensor& dk,
@@ -762,10 +724,10 @@ void attention_backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, 
   check_cuda_limits(op, q, k, v);  // both paths: head dims, grid limits
   // The sink changes only lse and out (already in them), so dq, dk, dv are the plain backward's;
   // dsinks reads out, dout and lse and is independent of them.
-  if (dsinks.defined()) launch_dsinks(q, out, lse, dout, variant.sinks, dsinks, stream, op);
+  if (dsinks.defined()) attention_dsinks_cuda(q, out, lse, dout, variant.sinks, dsinks, stream, op);
   if (attention_tc_takes(q, k, v, out, &dout, &dq, &dk, &dv)) {
-    attention_backward_tc(q, k, v, out, lse, dout, scale, kernel_window(q, variant), dq, dk, dv,
-                          stream);
+    attention_backward_tc(q, k, v, out, lse, dout, scale, kernel_window(q, variant),
+                          variant.doc_start, dq, dk, dv, stream);
     return;
   }
   const dim3 grid_rows = row_grid(q, k);

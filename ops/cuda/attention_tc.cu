@@ -1,11 +1,13 @@
 // CUDA attention on tensor cores (see ops/cuda/attention_tc.h): causal grouped-query flash
-// attention with an optional sliding window and attention sinks, forward and backward, bf16
+// attention with an optional sliding window, attention sinks and packed documents, forward and
+// backward, bf16
 // storage, query/key head dim DQK and value head dim DV each in {32, 64, 128, 192, 256} (pairs
 // whose shared memory fits, attention_tc_takes); every product of two tiles is a bf16 WMMA
 // 16x16x16 with fp32 accumulation, everything else is fp32.
 //
 //   q, dq: (B, T, nh, DQK) bf16     k, dk: (B, T, nkv, DQK) bf16    v, dv: (B, T, nkv, DV) bf16
 //   out, dout: (B, T, nh, DV) bf16  lse: (B, nh, T) f32             sinks: (nh) bf16, into fp32
+//   doc_start: (B, T) i32
 //
 // Q K^T, dS K and dS^T Q run over DQK (their tiles and accumulators DQK wide), P V, dO V^T and
 // P^T dO over DV; each kernel is a template on both.
@@ -15,8 +17,9 @@
 // A block is 4 warps; a warp owns 16 of the block's 64 rows (or keys) and streams tiles of 64
 // entries of the other operand through shared memory:
 //
-//   forward  (rows, streaming keys 0..last position, or with a window W the keys from the
-//            block's first position - W + 1):  S = Q K^T (16 x 64 per warp, fp32 in shared
+//   forward  (rows, streaming keys 0..last position, or from the block's first row's first key:
+//            with a window W its position - W + 1, with documents raised to its doc_start):
+//            S = Q K^T (16 x 64 per warp, fp32 in shared
 //            memory); per row online softmax (running max m and sum l), P = exp(scale S - m)
 //            rounded to bf16, l sums the rounded P; the fp32 accumulator O (shared memory) is
 //            rescaled by exp(m_old - m) and O += P V on tensor cores; out = O / l, lse = m + log l.
@@ -26,13 +29,15 @@
 //   dq       (rows, streaming keys):  S = Q K^T, dP = dO V^T; P = exp(scale S - lse);
 //            dS = scale P (dP - Drow) rounded to bf16; dQ += dS K.  Drow = dout . out per row.
 //   dk, dv   (keys, streaming query rows of every head of the group from the block's first
-//            position to T, or with a window to the last position that sees the block's last
-//            key):  S^T = K Q^T, dP^T = V dO^T; P^T and dS^T as above; dV += P^T dO,
+//            position to T, or with a window or documents to the last position that sees the
+//            block's last key):  S^T = K Q^T, dP^T = V dO^T; P^T and dS^T as above; dV += P^T dO,
 //            dK += dS^T Q. Each key row belongs to one block: written (=), no atomics.
 // Window W > 0 (0 < W < T; the caller passes 0 for plain causal and for W >= T): row t sees keys
-// t - W < s <= t. Tiles outside every row's window are skipped by the loop bounds (O(T W) work);
-// tiles the window cuts are masked per element. With W = 0 and no sinks the arithmetic is
-// exactly the plain causal kernels'.
+// t - W < s <= t. Documents (doc_start, ops/cuda/attention_documents.cuh): row t sees keys
+// s >= doc_start[b][t] too. Tiles outside every row's window and document are skipped by the loop
+// bounds (O(T W) work, O(sum L_i^2) for documents of lengths L_i); tiles the window or a document
+// cuts are masked per element. With W = 0, no sinks and no documents the arithmetic is exactly
+// the plain causal kernels'.
 //
 // Shared memory holds the bf16 tiles with a row stride of D + 8 elements (D = DQK or DV, the
 // tile's width; WMMA wants 16-byte multiples; the 8-element skew spreads rows over the banks), the
@@ -43,8 +48,8 @@
 // (lane & 15), columns (lane >> 4) * 32 + i in a rotated order ((i + row + 16 half) & 31) so the
 // 32 lanes hit 32 different banks of a score tile.
 // Every sum has a fixed order: results are bitwise reproducible run to run. Masked keys (after a
-// row's position, or before its window) get exactly p = 0 and are never exponentiated; tiles are
-// zero-filled past T.
+// row's position, or before its window or document) get exactly p = 0 and are never
+// exponentiated; tiles are zero-filled past T.
 // Test: ctest -L cuda -R test_backend_ops (the bf16 attention cases with head dims 32 to 256).
 #include "ops/cuda/attention_tc.h"
 
@@ -56,6 +61,7 @@
 #include <string>
 #include <type_traits>
 
+#include "ops/cuda/attention_documents.cuh"
 #include "ops/cuda/cuda_common.cuh"
 
 namespace moepeak::ops {
@@ -127,12 +133,13 @@ struct TcArgs {
   bf16* dq;
   bf16* dk;
   bf16* dv;
-  const bf16* sinks;  // (nh), or nullptr: no sinks (forward only)
-  int64_t window;     // 0: causal; else 0 < W < T
-  int64_t seq;        // T
-  int heads;          // nh
-  int kv_heads;       // nkv
-  int group;          // G
+  const bf16* sinks;         // (nh), or nullptr: no sinks (forward only)
+  int64_t window;            // 0: causal; else 0 < W < T
+  const int32_t* doc_start;  // (B, T), or nullptr: one document per sequence
+  int64_t seq;               // T
+  int heads;                 // nh
+  int kv_heads;              // nkv
+  int group;                 // G
   float scale;
 };
 
@@ -151,14 +158,27 @@ __device__ __forceinline__ int64_t key_offset(const TcArgs& a, int64_t b, int g,
   if (key >= a.seq) return -1;
   return ((b * a.seq + key) * a.kv_heads + g) * D;
 }
-// The first key any row of a block starting at flattened row row0 sees (0 without a window), and
-// the first key position `pos` sees (0 without a window: keys are >= 0, so it masks nothing).
-__device__ __forceinline__ int64_t first_visible_key(const TcArgs& a, int64_t row0) {
+// The first key any row of a block of sequence b starting at flattened row row0 (< T G) sees,
+// its first row's (0 without a window or documents; no later row sees an earlier key), and the
+// first key position `pos` sees (0 without a window: keys are >= 0, so it masks nothing), raised
+// to its document's first position with documents (pos = -1, a row past the end, sees nothing
+// whatever it returns).
+__device__ __forceinline__ int64_t first_visible_key(const TcArgs& a, int64_t b, int64_t row0) {
   const int64_t first_pos = row0 / a.group;
-  return a.window > 0 && first_pos >= a.window ? first_pos - a.window + 1 : 0;
+  int64_t first = a.window > 0 && first_pos >= a.window ? first_pos - a.window + 1 : 0;
+  if (a.doc_start != nullptr) {
+    const int64_t doc = cuda::document_start(a.doc_start, b, a.seq, first_pos);
+    first = doc > first ? doc : first;
+  }
+  return first;
 }
-__device__ __forceinline__ int64_t window_start(const TcArgs& a, int64_t pos) {
-  return a.window > 0 ? pos - a.window + 1 : 0;
+__device__ __forceinline__ int64_t row_first_key(const TcArgs& a, int64_t b, int64_t pos) {
+  int64_t first = a.window > 0 ? pos - a.window + 1 : 0;
+  if (a.doc_start != nullptr && pos >= 0) {
+    const int64_t doc = cuda::document_start(a.doc_start, b, a.seq, pos);
+    first = doc > first ? doc : first;
+  }
+  return first;
 }
 // Index in lse (B, nh, T) of flattened row `row` of (b, g) (row < T G).
 __device__ __forceinline__ int64_t lse_index(const TcArgs& a, int64_t b, int g, int64_t row) {
@@ -279,7 +299,7 @@ __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const Tc
   const int rr = lane & 15, half = lane >> 4;
   const int64_t row = row0 + warp * 16 + rr;
   const int64_t pos = row < rows_total ? row / a.group : -1;  // -1: no key is visible
-  const int64_t lo = window_start(a, pos);                    // the row's first key
+  const int64_t lo = row_first_key(a, b, pos);                // the row's first key
   float* o_row = o_w + rr * V::kLdO;
   for (int c = half * (DV / 2); c < (half + 1) * (DV / 2); ++c) o_row[c] = 0.0f;
   float m = -INFINITY, l = 0.0f;
@@ -289,7 +309,7 @@ __global__ void __launch_bounds__(kThreads) attention_tc_forward_kernel(const Tc
   load_a_rows<DQK>(qf, q_s + warp * 16 * Qk::kLdH);
 
   const int64_t last_pos = ((row0 + kRows < rows_total ? row0 + kRows : rows_total) - 1) / a.group;
-  for (int64_t s0 = first_visible_key(a, row0); s0 <= last_pos; s0 += kTile) {
+  for (int64_t s0 = first_visible_key(a, b, row0); s0 <= last_pos; s0 += kTile) {
     __syncthreads();  // the previous tile is consumed
     load_tile<DQK>(
         a.k, [&](int r) { return key_offset<DQK>(a, b, g, s0 + r); }, k_s);
@@ -386,7 +406,7 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dq_kernel(const TcArgs 
   const int rr = lane & 15, half = lane >> 4;
   const int64_t row = row0 + warp * 16 + rr;
   const int64_t pos = row < rows_total ? row / a.group : -1;
-  const int64_t lo = window_start(a, pos);
+  const int64_t lo = row_first_key(a, b, pos);
   const int64_t dq_off = query_offset<DQK>(a, b, g, row);  // the row in q and dq
   const int64_t out_off = query_offset<DV>(a, b, g, row);  // the row in out and dout
   const float lse = pos >= 0 ? a.lse[lse_index(a, b, g, row)] : 0.0f;
@@ -401,7 +421,7 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dq_kernel(const TcArgs 
   load_a_rows<DV>(dof, do_s + warp * 16 * V::kLdH);
 
   const int64_t last_pos = ((row0 + kRows < rows_total ? row0 + kRows : rows_total) - 1) / a.group;
-  for (int64_t s0 = first_visible_key(a, row0); s0 <= last_pos; s0 += kTile) {
+  for (int64_t s0 = first_visible_key(a, b, row0); s0 <= last_pos; s0 += kTile) {
     __syncthreads();
     load_tile<DQK>(
         a.k, [&](int r) { return key_offset<DQK>(a, b, g, s0 + r); }, k_s);
@@ -487,11 +507,27 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dkv_kernel(const TcArgs
   load_a_rows<DV>(vf, v_s + warp * 16 * V::kLdH);
 
   // The first row that can see key0 is the first of position key0; the last that sees the
-  // block's last key is the last of T - 1, or with a window of position last key + W - 1.
+  // block's last key is the last of T - 1, or with a window of position last key + W - 1, or with
+  // documents of the last position of the last key's document (the keys' document ends grow
+  // with the key, so the last key's is the block's).
   const int64_t last_key = (key0 + kRows < a.seq ? key0 + kRows : a.seq) - 1;
-  const int64_t rows_end = a.window > 0 && (last_key + a.window) * a.group < rows_total
-                               ? (last_key + a.window) * a.group
-                               : rows_total;
+  int64_t rows_end = a.window > 0 && (last_key + a.window) * a.group < rows_total
+                         ? (last_key + a.window) * a.group
+                         : rows_total;
+  // key <= row / group, without a 64-bit divide per element: the first query row that sees
+  // this key is key * group (rows are (position, head-in-group) pairs) ...
+  const int64_t first_row_seeing_key = key * a.group;
+  // ... and rows of positions key + W and later (with a window), or of positions past the key's
+  // document (with documents), do not see it (no bound without either).
+  int64_t end_row_seeing_key = a.window > 0 ? (key + a.window) * a.group : rows_total;
+  if (a.doc_start != nullptr) {
+    const int64_t doc_rows_end = cuda::document_end(a.doc_start, b, a.seq, last_key) * a.group;
+    rows_end = doc_rows_end < rows_end ? doc_rows_end : rows_end;
+    if (key < a.seq) {
+      const int64_t key_rows_end = cuda::document_end(a.doc_start, b, a.seq, key) * a.group;
+      end_row_seeing_key = key_rows_end < end_row_seeing_key ? key_rows_end : end_row_seeing_key;
+    }
+  }
   for (int64_t r0 = key0 * a.group; r0 < rows_end; r0 += kTile) {
     __syncthreads();  // the previous row tile is consumed
     auto out_rows_of = [&](int r) { return query_offset<DV>(a, b, g, r0 + r); };
@@ -520,11 +556,6 @@ __global__ void __launch_bounds__(kThreads) attention_tc_dkv_kernel(const TcArgs
     const float* dpt_row = dpt_w + kk * kLdS;
     bf16* pt_row = pt_w + kk * kLdP;
     bf16* dst_row = dst_w + kk * kLdP;
-    // key <= row / group, without a 64-bit divide per element: the first query row that sees
-    // this key is key * group (rows are (position, head-in-group) pairs).
-    const int64_t first_row_seeing_key = key * a.group;
-    // ... and rows of positions key + W and later do not see it (no bound without a window).
-    const int64_t end_row_seeing_key = a.window > 0 ? (key + a.window) * a.group : rows_total;
     for (int i = 0; i < 32; ++i) {
       const int c = lane_column(i, kk, half);
       const int64_t row = r0 + c;
@@ -561,9 +592,10 @@ bool aligned16(const Tensor* t) {
 }
 
 TcArgs make_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                 const Tensor& lse, double scale, int64_t window) {
+                 const Tensor& lse, double scale, int64_t window, const Tensor& doc_start) {
   TcArgs a{};
   a.window = window;
+  a.doc_start = doc_start.defined() ? static_cast<const int32_t*>(doc_start.data()) : nullptr;
   a.q = static_cast<const bf16*>(q.data());
   a.k = static_cast<const bf16*>(k.data());
   a.v = static_cast<const bf16*>(v.data());
@@ -647,11 +679,11 @@ bool attention_tc_takes(const Tensor& q, const Tensor& k, const Tensor& v, const
 }
 
 void attention_forward_tc(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                          int64_t window, const Tensor& sinks, const Tensor& out, const Tensor& lse,
-                          Stream& stream) {
+                          int64_t window, const Tensor& sinks, const Tensor& doc_start,
+                          const Tensor& out, const Tensor& lse, Stream& stream) {
   const char* op = "attention_forward_cuda (tensor cores)";
   if (q.numel() == 0) return;
-  TcArgs a = make_args(q, k, v, out, lse, scale, window);
+  TcArgs a = make_args(q, k, v, out, lse, scale, window, doc_start);
   a.sinks = sinks.defined() ? static_cast<const bf16*>(sinks.data()) : nullptr;
   dispatch_head_dims(q.size(3), v.size(3), op, [&](auto qk_dim, auto v_dim) {
     constexpr int DQK = decltype(qk_dim)::value, DV = decltype(v_dim)::value;
@@ -665,10 +697,11 @@ void attention_forward_tc(const Tensor& q, const Tensor& k, const Tensor& v, dou
 
 void attention_backward_tc(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                            const Tensor& lse, const Tensor& dout, double scale, int64_t window,
-                           const Tensor& dq, const Tensor& dk, const Tensor& dv, Stream& stream) {
+                           const Tensor& doc_start, const Tensor& dq, const Tensor& dk,
+                           const Tensor& dv, Stream& stream) {
   const char* op = "attention_backward_cuda (tensor cores)";
   if (q.numel() == 0) return;
-  TcArgs a = make_args(q, k, v, out, lse, scale, window);
+  TcArgs a = make_args(q, k, v, out, lse, scale, window, doc_start);
   a.dout = static_cast<const bf16*>(dout.data());
   a.dq = static_cast<bf16*>(dq.data());
   a.dk = static_cast<bf16*>(dk.data());

@@ -145,6 +145,24 @@ check "bench attention --window JSON: 4 rows, causal's FLOPs and the window's" \
 "$bin" bench attention --set runtime.backend=cpu --dtype bf16 --batch 2 --seq 40 --sinks --warmup 0 \
   --iters 1 --ceiling-size 128 >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "bench attention --dtype bf16 --sinks runs on the CPU (rc $rc)" test $rc -eq 0
+# bench attention --documents L: packed documents of mean length L (a query sees its document's
+# keys) beside full causal; a document of at least T (L >= 2T: lengths from [L - L/2, L + L/2])
+# is the whole sequence, so its FLOPs are causal's; short ones count fewer.
+"$bin" bench attention --set runtime.backend=cpu --batch 2 --seq 40 --documents 8 --warmup 0 \
+  --iters 1 --ceiling-size 128 --json "$tmp/attention_docs.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench attention --documents 8 exits 0 (rc $rc)" test $rc -eq 0
+check "bench attention --documents times causal and the documents, and compares them" \
+  sh -c "grep -q '^# documents: [0-9]* in 2 sequences, lengths uniform in \[4, 12\]' '$tmp/out' && grep -q '^  documents 8  *backward ' '$tmp/out' && grep -q '^# documents 8: forward + backward .* of causal' '$tmp/out'"
+check "bench attention --documents JSON: 4 rows, the documents' FLOPs below causal's" \
+  python3 -c "import json,sys; d=json.load(open('$tmp/attention_docs.json')); s=d['shape']; r=d['rows']; sys.exit(not (s['documents']==8 and len(r)==4 and r[2]['variant']=='documents 8' and 0<r[2]['gflop']<r[0]['gflop']/2 and abs(r[3]['gflop']-2.5*r[2]['gflop'])<1e-12))"
+"$bin" bench attention --set runtime.backend=cpu --batch 2 --seq 40 --documents 80 --warmup 0 \
+  --iters 1 --ceiling-size 128 --json "$tmp/attention_doc.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench attention --documents 80 at T 40: one document per sequence, causal's FLOPs (rc $rc)" \
+  python3 -c "import json,sys; r=json.load(open('$tmp/attention_doc.json'))['rows']; sys.exit(not (len(r)==4 and abs(r[2]['gflop']-r[0]['gflop'])<1e-12 and abs(r[3]['gflop']-r[1]['gflop'])<1e-12))"
+"$bin" bench attention --set runtime.backend=cpu --dtype bf16 --batch 2 --seq 40 --documents 8 \
+  --window 6 --sinks --warmup 0 --iters 1 --ceiling-size 128 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "bench attention --dtype bf16 --documents --window --sinks runs on the CPU (rc $rc)" \
+  sh -c "test $rc -eq 0 && grep -q '^  documents 8 + window 6 + sinks  *forward ' '$tmp/out'"
 # bench attention --v-head-dim DV: v and out get a head dim of their own (MLA); Q K^T, dQ, dK run
 # over the model's head_dim, P V, dP, dV over DV: forward 2 (d + DV), backward 2 (3 d + 2 DV) per
 # visible pair.
