@@ -1,8 +1,10 @@
-// Helpers shared by the CPU attention tests (test_attention, test_attention_variants): problem
-// sizes, random inputs in double, the float64 reference (a materialised softmax with the window's
-// mask and the sink's column, forward and backward), every tensor of one forward + backward in one
-// dtype, a fixture that uploads, downloads and runs the blocked ops with poisoned outputs, and
-// error measures that do not let a NaN slip through.
+// Helpers shared by the CPU attention tests (test_attention, test_attention_variants,
+// test_attention_documents): problem sizes, random inputs and sinks in double, the float64
+// reference (a materialised softmax with the window's mask and the sink's column, forward and
+// backward), every tensor of one forward + backward in one dtype, a fixture that uploads,
+// downloads and runs the blocked ops with poisoned outputs (and one whole forward + backward with
+// a window, sinks and documents), the kernels' score counter, and error measures that do not let
+// a NaN slip through.
 //
 //   q, dq: (B, T, nh, dqk)    k, dk: (B, T, nkv, dqk)    v, dv: (B, T, nkv, dv)
 //   out, dout: (B, T, nh, dv) lse: (B, nh, T)            sinks, dsinks: (nh)
@@ -56,6 +58,13 @@ inline Inputs random_inputs(const Dims& dims, uint64_t seed) {
                 random_vector(dims.k_shape().numel(), seed + 1),
                 random_vector(dims.v_shape().numel(), seed + 2),
                 random_vector(dims.out_shape().numel(), seed + 3)};
+}
+
+// Sink logits off 0 and 1: normal with mean 0.3.
+inline std::vector<double> random_sinks(int64_t heads, uint64_t seed) {
+  std::vector<double> sinks = random_vector(static_cast<size_t>(heads), seed);
+  for (double& s : sinks) s += 0.3;
+  return sinks;
 }
 
 // The materialised softmax in double, row by row: row t of head h has the scores of keys
@@ -195,8 +204,62 @@ class AttentionTest : public ::testing::Test {
     stream().synchronize();
   }
 
+  // A (nh) tensor: sinks in `dtype`, or dsinks in ops::attention_lse_dtype(dtype).
+  OwnedTensor head_vector(const std::vector<double>& values, DType dtype, const char* name) {
+    OwnedTensor t = make(Shape{static_cast<int64_t>(values.size())}, name, dtype);
+    upload(t, values);
+    return t;
+  }
+
+  // doc_start as a (B, T) i32 tensor (CPU memory: written directly).
+  OwnedTensor doc_tensor(const Dims& dims, const std::vector<int32_t>& starts) {
+    OwnedTensor t = make(Shape{dims.batch, dims.seq}, "doc_start", DType::i32);
+    EXPECT_EQ(static_cast<int64_t>(starts.size()), t.numel());
+    std::copy(starts.begin(), starts.end(), t.data_as<int32_t>());
+    return t;
+  }
+
+  // Everything one forward + backward returns, read back as doubles.
+  struct Run {
+    std::vector<double> out, lse, dq, dk, dv, dsinks;
+  };
+
+  // Forward and backward in `dtype` on `in` (rounded to it), with the window, the sinks (none
+  // when empty; dsinks then starts at `dsinks_start` and is accumulated into) and doc_start
+  // (undefined when empty). out, lse, dq, dk, dv are poisoned with NaN first (forward, backward).
+  Run run(const Dims& dims, DType dtype, const Inputs& in, ops::AttentionBlocks blocks,
+          int64_t window, const std::vector<double>& sinks, const std::vector<double>& dsinks_start,
+          const std::vector<int32_t>& starts = {}) {
+    AttentionTensors t = allocate(dims, dtype);
+    upload_inputs(t, in);
+    ops::AttentionVariant variant{window, Tensor()};
+    OwnedTensor sinks_t, dsinks_t, starts_t;
+    if (!sinks.empty()) {
+      sinks_t = head_vector(sinks, dtype, "sinks");
+      dsinks_t = head_vector(dsinks_start, ops::attention_lse_dtype(dtype), "dsinks");
+      variant.sinks = sinks_t;
+    }
+    if (!starts.empty()) {
+      starts_t = doc_tensor(dims, starts);
+      variant.doc_start = starts_t;
+    }
+    forward(t, dims, blocks, variant);
+    backward(t, dims, blocks, variant, dsinks_t);
+    Run r{download(t.out), download(t.lse), download(t.dq), download(t.dk), download(t.dv), {}};
+    if (!sinks.empty()) r.dsinks = download(dsinks_t);
+    return r;
+  }
+
   std::unique_ptr<Backend> backend_ = Backend::create(BackendOptions{});
 };
+
+// Score entries a call computes, from the CPU kernels' counter.
+template <typename F>
+int64_t scores_computed_by(F&& call) {
+  const int64_t before = ops::detail::attention_cpu_scores_computed();
+  call();
+  return ops::detail::attention_cpu_scores_computed() - before;
+}
 
 // Largest relative error; values under `floor` in magnitude are compared absolutely at floor.
 inline double max_rel_err(const std::vector<double>& got, const std::vector<double>& want,
@@ -218,6 +281,20 @@ inline double norm_rel_err(const std::vector<double>& got, const std::vector<dou
     scale = std::max(scale, std::abs(want[i]));
   }
   return diff / scale;
+}
+
+// A gradient's error: norm_rel_err, or max |got| where the exact result is all zeros (a row whose
+// softmax is a single exact 1 — a window of 1 or a one-token document without sinks — has
+// dq = dk = 0, and only rounding is left).
+inline double gradient_err(const std::vector<double>& got, const std::vector<double>& want) {
+  if (!std::all_of(want.begin(), want.end(), [](double x) { return x == 0; }))
+    return norm_rel_err(got, want);
+  double largest = 0;
+  for (double x : got) {
+    if (std::isnan(x)) return std::numeric_limits<double>::infinity();
+    largest = std::max(largest, std::abs(x));
+  }
+  return largest;
 }
 
 // The values rounded to bf16: inputs f32 and bf16 both hold exactly.

@@ -42,6 +42,7 @@ using testing::AttentionTensors;
 using testing::AttentionTest;
 using testing::bitwise_equal;
 using testing::Dims;
+using testing::gradient_err;
 using testing::Inputs;
 using testing::kNaN;
 using testing::kOddBlocks;
@@ -50,8 +51,10 @@ using testing::max_grad_rel_err;
 using testing::max_rel_err;
 using testing::norm_rel_err;
 using testing::random_inputs;
+using testing::random_sinks;
 using testing::random_vector;
 using testing::rounded_to_bf16;
+using testing::scores_computed_by;
 
 // Each sequence's document lengths, in order; each list sums to T.
 using Documents = std::vector<std::vector<int64_t>>;
@@ -68,13 +71,6 @@ std::vector<int32_t> starts_of(const Documents& docs, int64_t seq) {
     EXPECT_EQ(first, seq) << "the document lengths must sum to T";
   }
   return starts;
-}
-
-// Sink logits off 0 and 1: normal with mean 0.3.
-std::vector<double> random_sinks(int64_t heads, uint64_t seed) {
-  std::vector<double> sinks = random_vector(static_cast<size_t>(heads), seed);
-  for (double& s : sinks) s += 0.3;
-  return sinks;
 }
 
 // ---- The float64 brute force --------------------------------------------------------------------
@@ -204,51 +200,6 @@ const Case kCases[] = {
 
 class AttentionDocumentsTest : public AttentionTest {
  protected:
-  // A (nh) tensor: sinks in `dtype`, or dsinks in ops::attention_lse_dtype(dtype).
-  OwnedTensor head_vector(const std::vector<double>& values, DType dtype, const char* name) {
-    OwnedTensor t = make(Shape{static_cast<int64_t>(values.size())}, name, dtype);
-    upload(t, values);
-    return t;
-  }
-
-  // doc_start as a (B, T) i32 tensor (CPU memory: written directly).
-  OwnedTensor doc_tensor(const Dims& dims, const std::vector<int32_t>& starts) {
-    OwnedTensor t = make(Shape{dims.batch, dims.seq}, "doc_start", DType::i32);
-    EXPECT_EQ(static_cast<int64_t>(starts.size()), t.numel());
-    std::copy(starts.begin(), starts.end(), t.data_as<int32_t>());
-    return t;
-  }
-
-  struct Run {
-    std::vector<double> out, lse, dq, dk, dv, dsinks;
-  };
-
-  // Forward and backward in `dtype` on `in` (rounded to it), with the window, the sinks (none
-  // when empty; dsinks then starts at `dsinks_start`) and doc_start (undefined when empty). out,
-  // lse, dq, dk, dv are poisoned with NaN first (AttentionTest::forward, backward).
-  Run run(const Dims& dims, DType dtype, const Inputs& in, ops::AttentionBlocks blocks,
-          int64_t window, const std::vector<double>& sinks, const std::vector<double>& dsinks_start,
-          const std::vector<int32_t>& starts) {
-    AttentionTensors t = allocate(dims, dtype);
-    upload_inputs(t, in);
-    ops::AttentionVariant variant{window, Tensor()};
-    OwnedTensor sinks_t, dsinks_t, starts_t;
-    if (!sinks.empty()) {
-      sinks_t = head_vector(sinks, dtype, "sinks");
-      dsinks_t = head_vector(dsinks_start, ops::attention_lse_dtype(dtype), "dsinks");
-      variant.sinks = sinks_t;
-    }
-    if (!starts.empty()) {
-      starts_t = doc_tensor(dims, starts);
-      variant.doc_start = starts_t;
-    }
-    forward(t, dims, blocks, variant);
-    backward(t, dims, blocks, variant, dsinks_t);
-    Run r{download(t.out), download(t.lse), download(t.dq), download(t.dk), download(t.dv), {}};
-    if (!sinks.empty()) r.dsinks = download(dsinks_t);
-    return r;
-  }
-
   // The case's inputs, sinks and dsinks' start from `seed`.
   struct Drawn {
     Inputs in;
@@ -278,19 +229,6 @@ double dsinks_err(const std::vector<double>& got, const std::vector<double>& sta
   return worst;
 }
 
-// norm_rel_err, or max |got| where the exact result is all zeros (one-token documents without
-// sinks: each row's softmax is a single exact 1, so dq = dk = 0 and only rounding is left).
-double grad_err(const std::vector<double>& got, const std::vector<double>& want) {
-  if (!std::all_of(want.begin(), want.end(), [](double x) { return x == 0; }))
-    return norm_rel_err(got, want);
-  double largest = 0;
-  for (double x : got) {
-    if (std::isnan(x)) return std::numeric_limits<double>::infinity();
-    largest = std::max(largest, std::abs(x));
-  }
-  return largest;
-}
-
 TEST_F(AttentionDocumentsTest, DoubleMatchesTheBruteForce) {
   // float64 flash vs the brute force: the same sums in other orders (and the brute force's exp of
   // -inf columns, exact zeros), so they agree to a few ulp times log T: 1e-12 (out and lse
@@ -305,9 +243,9 @@ TEST_F(AttentionDocumentsTest, DoubleMatchesTheBruteForce) {
     const Run got = run(c.dims, DType::f64, d.in, c.blocks, c.window, d.sinks, d.start, d.starts);
     EXPECT_LT(max_rel_err(got.out, want.out, 1e-3), 1e-12) << "out";
     EXPECT_LT(max_rel_err(got.lse, want.lse, 1e-3), 1e-12) << "lse";
-    EXPECT_LT(grad_err(got.dq, want.dq), 1e-12) << "dq";
-    EXPECT_LT(grad_err(got.dk, want.dk), 1e-12) << "dk";
-    EXPECT_LT(grad_err(got.dv, want.dv), 1e-12) << "dv";
+    EXPECT_LT(gradient_err(got.dq, want.dq), 1e-12) << "dq";
+    EXPECT_LT(gradient_err(got.dk, want.dk), 1e-12) << "dk";
+    EXPECT_LT(gradient_err(got.dv, want.dv), 1e-12) << "dv";
     if (c.sinks) {
       EXPECT_LT(dsinks_err(got.dsinks, d.start, want), 1e-12) << "dsinks";
     }
@@ -328,9 +266,9 @@ TEST_F(AttentionDocumentsTest, FloatMatchesTheBruteForce) {
     const Run got = run(c.dims, DType::f32, d.in, c.blocks, c.window, d.sinks, d.start, d.starts);
     EXPECT_LT(norm_rel_err(got.out, want.out), 1e-5) << "out";
     EXPECT_LT(norm_rel_err(got.lse, want.lse), 1e-5) << "lse";
-    EXPECT_LT(grad_err(got.dq, want.dq), 1e-5) << "dq";
-    EXPECT_LT(grad_err(got.dk, want.dk), 1e-5) << "dk";
-    EXPECT_LT(grad_err(got.dv, want.dv), 1e-5) << "dv";
+    EXPECT_LT(gradient_err(got.dq, want.dq), 1e-5) << "dq";
+    EXPECT_LT(gradient_err(got.dk, want.dk), 1e-5) << "dk";
+    EXPECT_LT(gradient_err(got.dv, want.dv), 1e-5) << "dv";
     if (c.sinks) {
       EXPECT_LT(dsinks_err(got.dsinks, d.start, want), 1e-5) << "dsinks";
     }
@@ -565,14 +503,6 @@ TEST_F(AttentionDocumentsTest, MaskedBlocksAreNeverRead) {
         EXPECT_TRUE(std::isnan(got.out.front())) << "out of the first run";
         EXPECT_TRUE(std::isnan(got.dk.back())) << "dk of the last run";
       }
-}
-
-// Score entries a call computes, from the kernels' counter.
-template <typename F>
-int64_t scores_computed_by(F&& call) {
-  const int64_t before = ops::detail::attention_cpu_scores_computed();
-  call();
-  return ops::detail::attention_cpu_scores_computed() - before;
 }
 
 TEST_F(AttentionDocumentsTest, CallsVisitOnlyTheirDocumentsKeys) {

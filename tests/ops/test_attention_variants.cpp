@@ -37,6 +37,7 @@ using testing::AttentionTensors;
 using testing::AttentionTest;
 using testing::bitwise_equal;
 using testing::Dims;
+using testing::gradient_err;
 using testing::Inputs;
 using testing::kOddBlocks;
 using testing::kSmallBlocks;
@@ -44,17 +45,12 @@ using testing::max_grad_rel_err;
 using testing::max_rel_err;
 using testing::norm_rel_err;
 using testing::random_inputs;
+using testing::random_sinks;
 using testing::random_vector;
 using testing::Reference;  // the float64 reference (tests/ops/attention_testing.h)
 using testing::reference;
 using testing::rounded_to_bf16;
-
-// Sink logits off 0 and 1: normal with mean 0.3.
-std::vector<double> random_sinks(int64_t heads, uint64_t seed) {
-  std::vector<double> sinks = random_vector(static_cast<size_t>(heads), seed);
-  for (double& s : sinks) s += 0.3;
-  return sinks;
-}
+using testing::scores_computed_by;
 
 struct Case {
   Dims dims;
@@ -96,58 +92,11 @@ const Case kCases[] = {
     {{1, 300, 4, 1, 24, 16}, ops::kAttentionBlocks, 100, true},  // dv < dqk, default blocks
 };
 
-class AttentionVariantTest : public AttentionTest {
- protected:
-  // A (nh) tensor: sinks in `dtype`, or dsinks in ops::attention_lse_dtype(dtype).
-  OwnedTensor head_vector(const std::vector<double>& values, DType dtype, const char* name) {
-    OwnedTensor t = make(Shape{static_cast<int64_t>(values.size())}, name, dtype);
-    upload(t, values);
-    return t;
-  }
-
-  // Everything one forward + backward returns, read back as doubles.
-  struct Run {
-    std::vector<double> out, lse, dq, dk, dv, dsinks;
-  };
-
-  // Forward and backward in `dtype` on `in` (rounded to it) with the window and, when `sinks` is
-  // not empty, the sinks; dsinks starts at `dsinks_start` (accumulated into).
-  Run run(const Dims& dims, DType dtype, const Inputs& in, ops::AttentionBlocks blocks,
-          int64_t window, const std::vector<double>& sinks,
-          const std::vector<double>& dsinks_start) {
-    AttentionTensors t = allocate(dims, dtype);
-    upload_inputs(t, in);
-    ops::AttentionVariant variant{window, Tensor()};
-    OwnedTensor sinks_t, dsinks_t;
-    if (!sinks.empty()) {
-      sinks_t = head_vector(sinks, dtype, "sinks");
-      dsinks_t = head_vector(dsinks_start, ops::attention_lse_dtype(dtype), "dsinks");
-      variant.sinks = sinks_t;
-    }
-    forward(t, dims, blocks, variant);
-    backward(t, dims, blocks, variant, dsinks_t);
-    Run r{download(t.out), download(t.lse), download(t.dq), download(t.dk), download(t.dv), {}};
-    if (!sinks.empty()) r.dsinks = download(dsinks_t);
-    return r;
-  }
-};
+class AttentionVariantTest : public AttentionTest {};
 
 std::vector<double> plus(std::vector<double> a, const std::vector<double>& b) {
   for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
   return a;
-}
-
-// norm_rel_err, or max |got| where the exact result is all zeros (W = 1 without sinks: each row's
-// softmax is a single exact 1, so dq = dk = 0 and only rounding is left).
-double grad_err(const std::vector<double>& got, const std::vector<double>& want) {
-  if (!std::all_of(want.begin(), want.end(), [](double x) { return x == 0; }))
-    return norm_rel_err(got, want);
-  double largest = 0;
-  for (double x : got) {
-    if (std::isnan(x)) return std::numeric_limits<double>::infinity();
-    largest = std::max(largest, std::abs(x));
-  }
-  return largest;
 }
 
 // The values as a dsinks of q's dtype holds them: f64, or f32 for f32 and bf16 q.
@@ -173,9 +122,9 @@ TEST_F(AttentionVariantTest, DoubleMatchesTheReference) {
     const Run got = run(c.dims, DType::f64, in, c.blocks, c.window, sinks, start);
     EXPECT_LT(max_rel_err(got.out, ref.out, 1e-3), 1e-12) << "out";
     EXPECT_LT(max_rel_err(got.lse, ref.lse, 1e-3), 1e-12) << "lse";
-    EXPECT_LT(grad_err(got.dq, ref.dq), 1e-12) << "dq";
-    EXPECT_LT(grad_err(got.dk, ref.dk), 1e-12) << "dk";
-    EXPECT_LT(grad_err(got.dv, ref.dv), 1e-12) << "dv";
+    EXPECT_LT(gradient_err(got.dq, ref.dq), 1e-12) << "dq";
+    EXPECT_LT(gradient_err(got.dk, ref.dk), 1e-12) << "dk";
+    EXPECT_LT(gradient_err(got.dv, ref.dv), 1e-12) << "dv";
     if (c.sinks) {
       EXPECT_LT(max_rel_err(got.dsinks, plus(start, ref.dsinks), 1e-3), 1e-12) << "dsinks";
     }
@@ -199,9 +148,9 @@ TEST_F(AttentionVariantTest, FloatMatchesTheReference) {
     const Run got = run(c.dims, DType::f32, in, c.blocks, c.window, sinks, start);
     EXPECT_LT(norm_rel_err(got.out, ref.out), 1e-5) << "out";
     EXPECT_LT(norm_rel_err(got.lse, ref.lse), 1e-5) << "lse";
-    EXPECT_LT(grad_err(got.dq, ref.dq), 1e-5) << "dq";
-    EXPECT_LT(grad_err(got.dk, ref.dk), 1e-5) << "dk";
-    EXPECT_LT(grad_err(got.dv, ref.dv), 1e-5) << "dv";
+    EXPECT_LT(gradient_err(got.dq, ref.dq), 1e-5) << "dq";
+    EXPECT_LT(gradient_err(got.dk, ref.dk), 1e-5) << "dk";
+    EXPECT_LT(gradient_err(got.dv, ref.dv), 1e-5) << "dv";
     // The f32 dsinks stores start + sum rounded once, so compare to that at float's resolution.
     if (c.sinks) {
       EXPECT_LT(max_rel_err(got.dsinks, plus(start, ref.dsinks), 1e-2), 1e-5) << "dsinks";
@@ -429,14 +378,6 @@ TEST_F(AttentionVariantTest, KeysOutsideTheWindowDoNotTouchARow) {
           }
         }
     }
-}
-
-// Score entries a call computes, from the kernels' counter.
-template <typename F>
-int64_t scores_computed_by(F&& call) {
-  const int64_t before = ops::detail::attention_cpu_scores_computed();
-  call();
-  return ops::detail::attention_cpu_scores_computed() - before;
 }
 
 TEST_F(AttentionVariantTest, WindowedCallsVisitOnlyTheWindowsKeys) {
