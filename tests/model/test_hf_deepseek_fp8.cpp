@@ -42,6 +42,7 @@
 #include "ops/schedules/optimizer_choice.h"
 #include "tests/expect_contains.h"
 #include "tests/model/hf_deepseek_fixture.h"
+#include "tests/model/hf_import_testing.h"
 #include "tests/temp_dir.h"
 
 namespace moepeak {
@@ -52,31 +53,12 @@ using test_support::DeepseekHub;
 using test_support::error_of;
 using test_support::TempDir;
 
-// One rank's ZeroParamStore of `model` in `dtype`, its values poisoned with NaN so that a param
-// the import does not write shows.
-struct Store {
-  std::unique_ptr<Backend> backend = Backend::create(BackendOptions{});
-  Stream& stream = backend->default_stream();
-  std::unique_ptr<Comm> comm = make_comm(*backend, RankInfo{});
+// One rank's store poisoned with NaN (tests/model/hf_import_testing.h) of `model`.
+using test_support::as_stored;
+
+struct Store : test_support::PoisonedStore {
   ModelConfig model;
-  ZeroParamStore params;
-  Store(const ModelConfig& m, DType dtype) : model(m), params(*backend, m, dtype, *comm) {
-    const auto& infos = params.layout().params();
-    for (size_t i = 0; i < infos.size(); ++i) {
-      const std::vector<float> nan(static_cast<size_t>(infos[i].shape.numel()), NAN);
-      std::vector<char> bytes(nan.size() * dtype_size(dtype));
-      convert_float_elements(nan.data(), "F32", bytes.data(), safetensors_dtype_name(dtype),
-                             nan.size());
-      params.load_full(static_cast<int>(i), bytes.data(), stream);
-    }
-  }
-  std::vector<float> value(int i) {
-    const std::vector<char> bytes = params.gather_full(i, stream);
-    std::vector<float> out(bytes.size() / dtype_size(params.dtype()));
-    convert_float_elements(bytes.data(), safetensors_dtype_name(params.dtype()), out.data(), "F32",
-                           out.size());
-    return out;
-  }
+  Store(const ModelConfig& m, DType dtype) : PoisonedStore(m, dtype), model(m) {}
   // As the trainer starts from a Hub checkpoint: the weights, then the MTP layers written into
   // the checkpoint folder `folder`.
   std::optional<CarriedFile> import(const fs::path& dir, const fs::path& folder) {
@@ -87,16 +69,6 @@ struct Store {
     return write_mtp_layers(hf, model, (folder / kMtpLayersFile).string());
   }
 };
-
-// `values` rounded to `dtype` and back.
-std::vector<float> as_stored(const std::vector<float>& values, DType dtype) {
-  if (dtype == DType::f32) return values;
-  std::vector<uint16_t> bf16(values.size());
-  std::vector<float> out(values.size());
-  convert_float_elements(values.data(), "F32", bf16.data(), "BF16", values.size());
-  convert_float_elements(bf16.data(), "BF16", out.data(), "F32", values.size());
-  return out;
-}
 
 void expect_params_are(Store& store, const DeepseekHub& hub) {
   const auto& infos = store.params.layout().params();

@@ -34,6 +34,7 @@
 #include "core/runtime/backend.h"
 #include "tests/expect_contains.h"
 #include "tests/model/hf_gpt_oss_fixture.h"
+#include "tests/model/hf_import_testing.h"
 #include "tests/temp_dir.h"
 
 namespace moepeak {
@@ -44,43 +45,13 @@ using test_support::error_of;
 using test_support::HubValues;
 using test_support::TempDir;
 
-// One rank's ZeroParamStore of `model` in `dtype`, its values poisoned with NaN so that a param
-// the import does not write shows.
-struct Store {
-  std::unique_ptr<Backend> backend = Backend::create(BackendOptions{});
-  Stream& stream = backend->default_stream();
-  std::unique_ptr<Comm> comm = make_comm(*backend, RankInfo{});
-  ZeroParamStore params;
-  Store(const ModelConfig& model, DType dtype) : params(*backend, model, dtype, *comm) {
-    const auto& infos = params.layout().params();
-    for (size_t i = 0; i < infos.size(); ++i) {
-      const std::vector<float> nan(static_cast<size_t>(infos[i].shape.numel()), NAN);
-      std::vector<char> bytes(nan.size() * dtype_size(dtype));
-      convert_float_elements(nan.data(), "F32", bytes.data(), safetensors_dtype_name(dtype),
-                             nan.size());
-      params.load_full(static_cast<int>(i), bytes.data(), stream);
-    }
-  }
-  // Param i's full values as floats.
-  std::vector<float> value(int i) {
-    const std::vector<char> bytes = params.gather_full(i, stream);
-    std::vector<float> out(bytes.size() / dtype_size(params.dtype()));
-    convert_float_elements(bytes.data(), safetensors_dtype_name(params.dtype()), out.data(), "F32",
-                           out.size());
-    return out;
-  }
+// One rank's store poisoned with NaN (tests/model/hf_import_testing.h), loaded from a Hub dir.
+using test_support::as_stored;
+
+struct Store : test_support::PoisonedStore {
+  using PoisonedStore::PoisonedStore;
   void load(const fs::path& dir) { load_hf_weights(HfCheckpoint(dir.string()), params, stream); }
 };
-
-// `values` rounded to `dtype` and back (the store's view of a float32 value).
-std::vector<float> as_stored(const std::vector<float>& values, DType dtype) {
-  if (dtype == DType::f32) return values;
-  std::vector<uint16_t> bf16(values.size());
-  std::vector<float> out(values.size());
-  convert_float_elements(values.data(), "F32", bf16.data(), "BF16", values.size());
-  convert_float_elements(bf16.data(), "BF16", out.data(), "F32", values.size());
-  return out;
-}
 
 // Every param of the store holds its expected values from `hub` bit for bit.
 void expect_params_are(Store& store, const HubValues& hub, const ModelConfig& model) {

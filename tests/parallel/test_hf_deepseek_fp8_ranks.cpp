@@ -33,6 +33,7 @@
 #include "core/runtime/backend.h"
 #include "ops/schedules/optimizer_choice.h"
 #include "tests/model/hf_deepseek_fixture.h"
+#include "tests/model/hf_import_testing.h"
 #include "tests/temp_dir.h"
 
 namespace moepeak {
@@ -111,11 +112,7 @@ TEST_P(HfDeepseekFp8Ranks, EachRankDequantisesItsOwnPiecesAndRankZeroCarriesTheM
     const auto [begin, end] = *range;
     std::vector<float> expect = hub.expected.at(infos[i].name);
     expect = std::vector<float>(expect.begin() + begin, expect.begin() + end);
-    if (c.dtype == DType::bf16) {
-      std::vector<uint16_t> rounded(expect.size());
-      convert_float_elements(expect.data(), "F32", rounded.data(), "BF16", expect.size());
-      convert_float_elements(rounded.data(), "BF16", expect.data(), "F32", expect.size());
-    }
+    expect = test_support::as_stored(expect, c.dtype);
     std::vector<char> bytes(static_cast<size_t>(end - begin) * dtype_size(c.dtype));
     params.copy_piece_to_host(static_cast<int>(i), params.flat_values(), 0, end - begin,
                               bytes.data(), stream);

@@ -24,6 +24,7 @@
 #include "core/model/zero_params.h"
 #include "core/runtime/backend.h"
 #include "tests/model/hf_gpt_oss_fixture.h"
+#include "tests/model/hf_import_testing.h"
 #include "tests/temp_dir.h"
 
 namespace moepeak {
@@ -84,11 +85,7 @@ TEST_P(HfGptOssRanks, EachRankLoadsExactlyItsOwnPieces) {
     const auto [begin, end] = *range;
     std::vector<float> expect = test_support::expected_param(infos[i], hub, m);
     expect = std::vector<float>(expect.begin() + begin, expect.begin() + end);
-    if (c.dtype == DType::bf16) {
-      std::vector<uint16_t> rounded(expect.size());
-      convert_float_elements(expect.data(), "F32", rounded.data(), "BF16", expect.size());
-      convert_float_elements(rounded.data(), "BF16", expect.data(), "F32", expect.size());
-    }
+    expect = test_support::as_stored(expect, c.dtype);
     std::vector<char> bytes(static_cast<size_t>(end - begin) * dtype_size(c.dtype));
     params.copy_piece_to_host(static_cast<int>(i), params.flat_values(), 0, end - begin,
                               bytes.data(), stream);
