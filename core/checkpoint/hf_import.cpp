@@ -29,9 +29,9 @@ constexpr const char* kIndexFile = "model.safetensors.index.json";
 // (docs/models.md#extending-the-context). rope_theta and rope_interleave (the pairs' layout in
 // the weights) are properties of the weights.
 bool is_training_choice(const std::string& key) {
-  return key == "model.router_aux_loss_coef" || key == "model.router_bias_update_rate" ||
-         key == "model.initializer_range" || key == "model.max_position_embeddings" ||
-         key == "model.rope_type" ||
+  return key == "model.router_aux_loss_coef" || key == "model.eos_token_id" ||
+         key == "model.router_bias_update_rate" || key == "model.initializer_range" ||
+         key == "model.max_position_embeddings" || key == "model.rope_type" ||
          (key.rfind("model.rope_", 0) == 0 && key != "model.rope_theta" &&
           key != "model.rope_interleave");
 }

@@ -463,6 +463,47 @@ void check_cross_field_rules(const Config& cfg) {
                           "\"megatron\", or dataset = ... in the entry");
     }
   }
+  if (m.eos_token_id >= m.vocab_size) {
+    MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "model.eos_token_id"), " is not a token of ",
+                        shown(cfg, "model.vocab_size"));
+  }
+  const bool documents = t.document_mask || t.reset_position_ids;
+  const char* const documents_key =
+      t.document_mask ? "training.document_mask" : "training.reset_position_ids";
+  // NOTES: before model.init_from's config.json is merged (with_init_from_model checks the merged
+  // config again) the EOS may still come from it.
+  const bool eos_from_checkpoint = !m.init_from.empty() && !cfg.origins.count("model.eos_token_id");
+  if (documents && t.document_boundaries == DocumentBoundaries::eos && m.eos_token_id < 0 &&
+      !eos_from_checkpoint) {
+    MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, documents_key),
+                        " cuts windows at model.eos_token_id, but none is set (",
+                        cfg.origin("model.eos_token_id"),
+                        "); set model.eos_token_id (model.init_from reads config.json's), or "
+                        "training.document_boundaries = \"index\" for a Megatron dataset");
+  }
+  // NOTES: dynamic NTK scales RoPE by the sequence's length (transformers: its largest position
+  // + 1); a window of documents with positions restarting has no one length, and each document
+  // alone would be scaled by its own.
+  if (t.reset_position_ids && m.rope_type == RopeType::dynamic) {
+    MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "training.reset_position_ids"), " with ",
+                        shown(cfg, "model.rope_type"),
+                        ": dynamic scaling follows the sequence's length, which a window of "
+                        "documents restarting their positions does not have; use yarn, linear or "
+                        "llama3 scaling, or keep the window's positions");
+  }
+  if (documents && t.document_boundaries == DocumentBoundaries::index) {
+    bool all_megatron = t.datasets.empty() ? t.dataset == DatasetKind::megatron : true;
+    for (const DatasetSource& source : t.datasets)
+      all_megatron &= source.dataset.value_or(t.dataset) == DatasetKind::megatron;
+    if (!all_megatron) {
+      MOEPEAK_INPUT_ERROR("invalid config: ", shown(cfg, "training.document_boundaries"),
+                          " takes the documents from a Megatron dataset's index, but ",
+                          shown(cfg, "training.dataset"),
+                          t.datasets.empty() ? "" : " (or an entry of training.datasets)",
+                          " is not one; use document_boundaries = \"eos\" with "
+                          "model.eos_token_id");
+    }
+  }
 }
 
 std::optional<uint64_t> byte_size_setting(const std::string& text, const char* key) {

@@ -48,6 +48,7 @@ enum class LogLevel { trace, debug, info, warn, error };
 enum class BindPolicy { automatic, rank, none };
 enum class CpuCommWait { block, poll };
 enum class NonfiniteAction { stop, skip };
+enum class DocumentBoundaries { eos, index };
 
 template <typename E>
 struct EnumNames;
@@ -134,6 +135,10 @@ struct EnumNames<CpuCommWait> {
 template <>
 struct EnumNames<NonfiniteAction> {
   static constexpr std::array<std::string_view, 2> names{"stop", "skip"};
+};
+template <>
+struct EnumNames<DocumentBoundaries> {
+  static constexpr std::array<std::string_view, 2> names{"eos", "index"};
 };
 template <>
 struct EnumNames<LogLevel> {
@@ -240,6 +245,9 @@ struct ModelConfig {
   double rms_norm_eps = 1e-5;
   double router_aux_loss_coef = 0.0;  // 0 = no auxiliary load-balancing loss
   double initializer_range = 0.02;
+  // The token that ends a document (config.json's eos_token_id, the first of a list): where
+  // training.document_mask and reset_position_ids cut a packed window; -1 = none.
+  int64_t eos_token_id = -1;
   // A Hugging Face checkpoint directory to start from (core/checkpoint/hf_import.h); empty =
   // random initialisation. Not part of the model's shape: checkpoints do not record it.
   std::string init_from;
@@ -278,6 +286,12 @@ struct TrainingConfig {
   // A step whose loss or gradient norm is not finite: stop the job, or skip its update.
   NonfiniteAction on_nonfinite = NonfiniteAction::stop;
   int64_t max_skipped_steps = 10;  // skip: stop after this many skipped steps in a row
+  // Packed documents (core/data/documents.h): attention stops at each document's end and the
+  // label of a document's last token is not scored; RoPE positions restart at each document;
+  // the boundaries from model.eos_token_id or from a Megatron dataset's document index.
+  bool document_mask = false;
+  bool reset_position_ids = false;
+  DocumentBoundaries document_boundaries = DocumentBoundaries::eos;
 
   bool operator==(const TrainingConfig&) const = default;
 };

@@ -287,6 +287,10 @@ const std::vector<Field>& field_table() {
             "DeepSeek-V3's sequence-wise balance loss (its alpha; 1e-4 in the paper)."),
       FIELD(model, initializer_range, above(0),
             "Standard deviation of the normal weight initialisation."),
+      FIELD(model, eos_token_id, at_least(-1),
+            "The token that ends a document (config.json's eos_token_id; the first of a list): "
+            "where training.document_mask and training.reset_position_ids cut a packed window. "
+            "-1 = none."),
       FIELD(model, init_from, no_limit(),
             "Hugging Face checkpoint directory of a supported family (config.json, "
             "model.safetensors or "
@@ -311,6 +315,17 @@ const std::vector<Field>& field_table() {
       FIELD(training, max_skipped_steps, at_least(1),
             "With on_nonfinite = \"skip\": stop the job after this many skipped steps in a "
             "row."),
+      FIELD(training, document_mask, no_limit(),
+            "Packed documents: a token attends only to the earlier tokens of its own document (a "
+            "window's first, partial document starts at the window's start), and the label of a "
+            "document's last token (the next document's first) is not scored. Documents end with "
+            "model.eos_token_id, or as training.document_boundaries says."),
+      FIELD(training, reset_position_ids, no_limit(),
+            "Packed documents: RoPE positions restart at 0 at each document's first token."),
+      FIELD(training, document_boundaries, no_limit(),
+            "Where documents end for document_mask and reset_position_ids: eos = after each "
+            "model.eos_token_id (the EOS belongs to the document it ends); index = a Megatron "
+            "dataset's own document index (training.dataset = \"megatron\")."),
       FIELD(training, dataset, no_limit(),
             "copy = the built-in synthetic long-range copy task; bin = llm.c/nanoGPT token file; "
             "megatron = Megatron .bin/.idx indexed dataset."),

@@ -246,6 +246,37 @@ TEST_F(ConfigTest, CrossFieldRulesNameBothKeysAndOrigins) {
   EXPECT_EQ(cfg.training.dataset_path, "data/tokens.bin");
 }
 
+TEST_F(ConfigTest, PackedDocumentsNeedTheirBoundaries) {
+  std::string msg = load_error({}, {"training.document_mask=true"});
+  EXPECT_CONTAINS(msg, "training.document_mask = true (--set training.document_mask=true)");
+  EXPECT_CONTAINS(msg, "cuts windows at model.eos_token_id, but none is set (default)");
+  msg = load_error({}, {"training.reset_position_ids=true"});
+  EXPECT_CONTAINS(msg, "training.reset_position_ids = true");
+
+  EXPECT_CONTAINS(load_error({}, {"model.eos_token_id=256"}),
+                  "model.eos_token_id = 256 (--set model.eos_token_id=256) is not a token of "
+                  "model.vocab_size = 256");
+
+  msg = load_error({}, {"training.document_mask=true", "training.document_boundaries=index",
+                        "training.dataset=bin", "training.dataset_path=t.bin"});
+  EXPECT_CONTAINS(msg, "training.document_boundaries = \"index\"");
+  EXPECT_CONTAINS(msg, "training.dataset = \"bin\"");
+  EXPECT_CONTAINS(msg, "is not one; use document_boundaries = \"eos\"");
+
+  msg = load_error({}, {"training.reset_position_ids=true", "model.eos_token_id=2",
+                        "model.rope_type=dynamic", "model.rope_factor=2"});
+  EXPECT_CONTAINS(msg, "model.rope_type = \"dynamic\"");
+  EXPECT_CONTAINS(msg, "a window of documents restarting their positions");
+
+  const Config eos = load_config({}, {"training.document_mask=true", "model.eos_token_id=2"});
+  EXPECT_TRUE(eos.training.document_mask);
+  EXPECT_EQ(eos.model.eos_token_id, 2);
+  const Config index =
+      load_config({}, {"training.document_mask=true", "training.document_boundaries=index",
+                       "training.dataset=megatron", "training.dataset_path=web"});
+  EXPECT_EQ(index.training.document_boundaries, DocumentBoundaries::index);
+}
+
 TEST_F(ConfigTest, MissingFileIsNamed) {
   std::string path = (dir_ / "absent.toml").string();
   EXPECT_CONTAINS(load_error({path}), "config file '" + path + "' not found");

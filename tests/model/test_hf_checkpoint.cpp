@@ -236,6 +236,34 @@ TEST(InitFrom, AKeyThatDisagreesNamesBothValuesAndTrainingChoicesStayTheUsers) {
       "is not a directory");
 }
 
+// Packed documents end at config.json's eos_token_id (an id, or a list whose first is taken);
+// the user's model.eos_token_id wins (the pretraining text's EOS may not be the chat model's).
+TEST(InitFrom, TheEosTokenIdComesFromConfigJsonAndIsTheUsersToChange) {
+  TempDir dir;
+  nlohmann::json config = mixtral_config_json(wide_model());
+  config["eos_token_id"] = {7, 9};
+  const fs::path hf = config_only(dir, config);
+  const std::string from = "model.init_from=" + hf.string();
+  const Config cfg = with_init_from_model(load_config({}, {from, "training.document_mask=true"}));
+  EXPECT_EQ(cfg.model.eos_token_id, 7);
+  EXPECT_EQ(model_config_json(cfg.model)["eos_token_id"], 7) << "written back";
+  const Config mine = with_init_from_model(
+      load_config({}, {from, "training.document_mask=true", "model.eos_token_id=3"}));
+  EXPECT_EQ(mine.model.eos_token_id, 3);
+
+  config["eos_token_id"] = nullptr;
+  EXPECT_EQ(model_config_from_json(config, "c.json").eos_token_id, -1);
+  const fs::path none = config_only(dir, config);
+  EXPECT_CONTAINS(error_of([&] {
+                    with_init_from_model(load_config(
+                        {}, {"model.init_from=" + none.string(), "training.document_mask=true"}));
+                  }),
+                  "cuts windows at model.eos_token_id, but none is set");
+  config["eos_token_id"] = "</s>";
+  EXPECT_CONTAINS(error_of([&] { model_config_from_json(config, "c.json"); }),
+                  "c.json: eos_token_id is \"</s>\", expected a token id or a list of them");
+}
+
 // ---- export and import of trained checkpoints ----------------------------------------------
 
 constexpr int64_t kBatch = 4, kSeq = 16, kVocab = 32;

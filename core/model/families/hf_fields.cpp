@@ -274,6 +274,23 @@ void write_rope(const ModelConfig& m, nlohmann::json& json) {
 
 // ---- The shared fields --------------------------------------------------------------------
 
+namespace {
+
+// "eos_token_id": an id, a list of ids (the first ends a document; transformers stops generating
+// at any), or null / absent (-1).
+int64_t read_eos_token_id(const nlohmann::json& json, const std::string& source) {
+  const auto it = json.find("eos_token_id");
+  if (it == json.end() || it->is_null()) return -1;
+  const nlohmann::json& first = it->is_array() && !it->empty() ? it->at(0) : *it;
+  if (!first.is_number_integer() || first.get<int64_t>() < 0) {
+    MOEPEAK_INPUT_ERROR(source, ": eos_token_id is ", it->dump(),
+                        ", expected a token id or a list of them");
+  }
+  return first.get<int64_t>();
+}
+
+}  // namespace
+
 void read_shared(const nlohmann::json& json, const std::string& source, ModelConfig& m) {
   expect_string(json, source, "hidden_act", "silu", "only \"silu\" is implemented");
   m.vocab_size = required_integer(json, source, "vocab_size");
@@ -288,6 +305,7 @@ void read_shared(const nlohmann::json& json, const std::string& source, ModelCon
   m.head_dim = integer_or(json, source, "head_dim", 0);
   m.initializer_range = number_or(json, source, "initializer_range", 0.02);
   m.tie_word_embeddings = boolean_or(json, source, "tie_word_embeddings", false);
+  m.eos_token_id = read_eos_token_id(json, source);
 }
 
 void write_shared(const ModelConfig& m, std::string_view architecture, std::string_view model_type,
@@ -305,6 +323,7 @@ void write_shared(const ModelConfig& m, std::string_view architecture, std::stri
   write_rope(m, j);
   j["rms_norm_eps"] = m.rms_norm_eps;
   j["tie_word_embeddings"] = m.tie_word_embeddings;
+  if (m.eos_token_id >= 0) j["eos_token_id"] = m.eos_token_id;
   j["hidden_act"] = "silu";
   j["initializer_range"] = m.initializer_range;
   j["attention_dropout"] = 0.0;
