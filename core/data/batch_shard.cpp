@@ -1,6 +1,8 @@
 // rank_batch_block and read_local_batch: see batch_shard.h.
 #include "core/data/batch_shard.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace moepeak {
@@ -28,7 +30,8 @@ BatchBlock rank_batch_block(int64_t batch, int64_t seq_len, int world, int rank,
   return block;
 }
 
-LocalBatch read_local_batch(DataLoader& loader, const BatchBlock& block) {
+LocalBatch read_local_batch(DataLoader& loader, const BatchBlock& block,
+                            const DocumentOptions& documents) {
   LocalBatch local;
   local.batch = block.rows;
   local.local_seq_len = block.cols;
@@ -36,10 +39,43 @@ LocalBatch read_local_batch(DataLoader& loader, const BatchBlock& block) {
   local.input_ids.resize(n);
   local.labels.resize(n);
   local.positions.resize(n);
-  loader.read_block(block, local.input_ids.data(), local.labels.data());
+  if (!documents.enabled()) {
+    loader.read_block(block, local.input_ids.data(), local.labels.data());
+    for (int64_t r = 0; r < block.rows; ++r) {
+      for (int64_t c = 0; c < block.cols; ++c)
+        local.positions[static_cast<size_t>(r * block.cols + c)] = block.col_begin + c;
+    }
+    return local;
+  }
+  const int64_t T = loader.seq_len(), cols = block.cols;
+  const bool eos = documents.boundaries == DocumentBoundaries::eos;
+  std::vector<int64_t> row_ids, row_labels;  // boundaries = eos: the whole rows (rows, T)
+  if (eos) {
+    const BatchBlock rows{block.row_begin, block.rows, 0, T};
+    row_ids.resize(static_cast<size_t>(rows.tokens()));
+    row_labels.resize(static_cast<size_t>(rows.tokens()));
+    loader.read_block(rows, row_ids.data(), row_labels.data());
+  } else {
+    loader.read_block(block, local.input_ids.data(), local.labels.data());
+  }
+  if (documents.mask) local.doc_start.resize(static_cast<size_t>(block.rows * T));
+  std::vector<int32_t> scratch(documents.mask ? 0 : static_cast<size_t>(T));
+  std::vector<int64_t> starts;
   for (int64_t r = 0; r < block.rows; ++r) {
-    for (int64_t c = 0; c < block.cols; ++c)
-      local.positions[static_cast<size_t>(r * block.cols + c)] = block.col_begin + c;
+    const size_t out = static_cast<size_t>(r * cols);
+    starts.clear();
+    if (eos) {
+      const int64_t* ids = row_ids.data() + r * T;
+      eos_document_starts({ids, static_cast<size_t>(T)}, documents.eos_token_id, starts);
+      std::copy_n(ids + block.col_begin, cols, local.input_ids.data() + out);
+      std::copy_n(row_labels.data() + r * T + block.col_begin, cols, local.labels.data() + out);
+    } else {
+      loader.read_document_starts(block.row_begin + r, starts);
+    }
+    int32_t* doc_start = documents.mask ? local.doc_start.data() + r * T : scratch.data();
+    document_start_of_positions(starts, T, doc_start);
+    apply_documents(documents, starts, doc_start, block.col_begin, cols,
+                    local.positions.data() + out, local.labels.data() + out);
   }
   return local;
 }

@@ -31,6 +31,13 @@ uint64_t read_le(std::span<const uint8_t> in, size_t at, int bytes) {
 
 }  // namespace
 
+void DataLoader::read_document_starts(int64_t /*row*/, std::vector<int64_t>& /*starts*/) {
+  MOEPEAK_INPUT_ERROR(
+      "training.document_boundaries = \"index\" needs a Megatron dataset (its .idx "
+      "lists the documents); ",
+      describe(), " has no document index — use \"eos\"");
+}
+
 std::string_view loader_kind_name(LoaderKind kind) {
   switch (kind) {
     case LoaderKind::copy:

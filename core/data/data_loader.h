@@ -71,6 +71,13 @@ class DataLoader {
   // moepeak::Error on a block outside (B, T) and on bad data it reads (a token file: an id
   // outside the vocabulary, naming file and offset); the outputs are then partly written.
   virtual void read_block(const BatchBlock& block, int64_t* input_ids, int64_t* labels) = 0;
+  // training.document_boundaries = "index": where documents start in row `row` of the next batch,
+  // from the dataset's own document index. Appends to `starts`, ascending, every o in [1, T] at
+  // which a document starts in the row's window (o = T: the token after the window, the window's
+  // last label, begins one); the window's own start (o = 0) is never listed. Does not move the
+  // cursor. Throws moepeak::Error naming the dataset unless it has a document index (a Megatron
+  // dataset; a blend asks the row's dataset).
+  virtual void read_document_starts(int64_t row, std::vector<int64_t>& starts);
   // Moves the cursor to the next batch.
   virtual void advance() = 0;
 
