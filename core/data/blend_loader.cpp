@@ -66,6 +66,17 @@ void BlendLoader::read_block(const BatchBlock& block, int64_t* input_ids, int64_
   }
 }
 
+void BlendLoader::read_document_starts(int64_t row, std::vector<int64_t>& starts) {
+  MOEPEAK_CHECK(row >= 0 && row < batch_size(), "row ", row, " of a batch of ", batch_size());
+  const Row chosen = plan_next_batch()[static_cast<size_t>(row)];
+  const TokenWindowLoader& dataset = datasets_[static_cast<size_t>(chosen.dataset)];
+  if (!dataset.dataset().has_document_index()) {
+    throw_no_document_index(detail::concat("training.datasets[", chosen.dataset, "] (",
+                                           dataset.describe_source(), ")"));
+  }
+  dataset.document_starts(chosen.ahead, starts);
+}
+
 void BlendLoader::advance() {
   std::vector<uint64_t> taken(datasets_.size(), 0);
   for (const Row& row : plan_next_batch()) ++taken[static_cast<size_t>(row.dataset)];

@@ -41,6 +41,9 @@ class BlendLoader final : public DataLoader {
   const std::vector<uint64_t>& samples_drawn() const { return drawn_; }
 
   void read_block(const BatchBlock& block, int64_t* input_ids, int64_t* labels) override;
+  // The row's dataset answers, for its own sample; one without a document index throws, naming
+  // it (training.datasets[d] and its path).
+  void read_document_starts(int64_t row, std::vector<int64_t>& starts) override;
   void advance() override;
   std::vector<uint8_t> state() const override;
   void restore(std::span<const uint8_t> state) override;

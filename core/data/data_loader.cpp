@@ -31,13 +31,6 @@ uint64_t read_le(std::span<const uint8_t> in, size_t at, int bytes) {
 
 }  // namespace
 
-void DataLoader::read_document_starts(int64_t /*row*/, std::vector<int64_t>& /*starts*/) {
-  MOEPEAK_INPUT_ERROR(
-      "training.document_boundaries = \"index\" needs a Megatron dataset (its .idx "
-      "lists the documents); ",
-      describe(), " has no document index — use \"eos\"");
-}
-
 std::string_view loader_kind_name(LoaderKind kind) {
   switch (kind) {
     case LoaderKind::copy:
@@ -108,6 +101,17 @@ void check_block(const BatchBlock& block, int64_t batch, int64_t seq_len) {
                 "block rows [", block.row_begin, ", ", block.row_begin + block.rows,
                 ") x columns [", block.col_begin, ", ", block.col_begin + block.cols,
                 ") is not inside a ", batch, " x ", seq_len, " batch");
+}
+
+void throw_no_document_index(const std::string& source) {
+  MOEPEAK_INPUT_ERROR(
+      "training.document_boundaries = \"index\" needs a Megatron dataset (its .idx lists the "
+      "documents); ",
+      source, " has no document index — use \"eos\"");
+}
+
+void DataLoader::read_document_starts(int64_t /*row*/, std::vector<int64_t>& /*starts*/) {
+  throw_no_document_index(describe());
 }
 
 void DataLoader::next_batch(int64_t* input_ids, int64_t* labels) {

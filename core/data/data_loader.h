@@ -99,6 +99,10 @@ class DataLoader {
   virtual std::vector<SourceShare> shares() const { return {}; }
 };
 
+// read_document_starts' error for a source with no document index; `source` names it (its
+// describe(), or a blend's member).
+[[noreturn]] void throw_no_document_index(const std::string& source);
+
 // Opens the dataset that `training` names (training.dataset, dataset_path, token_dtype,
 // shuffle) for batches of training.batch_size x training.seq_len, checking every token id
 // against model.vocab_size as its window is read (nothing O(dataset) at open). `seed` draws the

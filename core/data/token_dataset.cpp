@@ -1,5 +1,6 @@
 // Token files on disk: the read-only mapping, the llm.c / nanoGPT .bin and Megatron .bin/.idx
-// readers, the checked reads, and the windowing loader. Formats: core/data/token_dataset.h.
+// readers, the checked reads, and a Megatron dataset's document index. Formats:
+// core/data/token_dataset.h.
 #include "core/data/token_dataset.h"
 
 #include <fcntl.h>
@@ -143,15 +144,131 @@ T load_le(const uint8_t* p) {
 
 }  // namespace
 
+// ---- DocumentIndex ------------------------------------------------------------------------------
+
+DocumentIndex::DocumentIndex(MappedFile idx, uint64_t sequences, uint64_t entries,
+                             uint64_t lengths_at, uint64_t entries_at)
+    : idx_(std::move(idx)),
+      sequences_(sequences),
+      entries_(entries),
+      lengths_at_(lengths_at),
+      entries_at_(entries_at) {
+  MOEPEAK_CHECK(entries_ >= 1 && lengths_at_ + 4 * sequences_ <= idx_->size() &&
+                    entries_at_ + 8 * entries_ <= idx_->size(),
+                idx_->path(), ": a document index of ", entries_, " entries over ", sequences_,
+                " sequences does not fit its ", idx_->size(), " bytes");
+  first_ = entry_sequence(0);
+  next_recorded_sequence_ = first_;
+  sequence_positions_.reserve(static_cast<size_t>((sequences_ - first_) / kStride + 1));
+  document_positions_.reserve(static_cast<size_t>((entries_ - 1) / kStride + 1));
+}
+
+uint64_t DocumentIndex::length(uint64_t s) const {
+  return static_cast<uint64_t>(load_le<int32_t>(idx_->data() + lengths_at_ + 4 * s));
+}
+
+uint64_t DocumentIndex::entry_sequence(uint64_t e) const {
+  return static_cast<uint64_t>(load_le<int64_t>(idx_->data() + entries_at_ + 8 * e));
+}
+
+void DocumentIndex::add_sequence(uint64_t s, uint64_t stream_position) {
+  MOEPEAK_CHECK(!complete_ && s >= first_ && s <= sequences_, "sequence ", s,
+                " added to the document index of ", idx_->path());
+  if ((s - first_) % kStride == 0) {
+    MOEPEAK_CHECK(sequence_positions_.size() == (s - first_) / kStride, "sequence ", s,
+                  " added out of order to the document index of ", idx_->path());
+    sequence_positions_.push_back(stream_position);
+  }
+  // NOTES: the entries are non-decreasing and lie in [first, S], so every recorded entry's
+  // sequence comes by as s runs from first to S.
+  while (next_recorded_ < entries_ && next_recorded_sequence_ == s) {
+    document_positions_.push_back(stream_position);
+    next_recorded_ += kStride;
+    if (next_recorded_ < entries_) next_recorded_sequence_ = entry_sequence(next_recorded_);
+  }
+  if (s == sequences_) {
+    MOEPEAK_CHECK(next_recorded_ >= entries_ &&
+                      sequence_positions_.size() == (sequences_ - first_) / kStride + 1,
+                  "the document index of ", idx_->path(), " missed sequences");
+    complete_ = true;
+    stream_tokens_ = stream_position;
+  }
+}
+
+uint64_t DocumentIndex::sequence_position(uint64_t s) const {
+  const uint64_t k = (s - first_) / kStride;
+  uint64_t position = sequence_positions_[static_cast<size_t>(k)];
+  for (uint64_t j = first_ + k * kStride; j < s; ++j) position += length(j);
+  return position;
+}
+
+uint64_t DocumentIndex::position_after(uint64_t from, uint64_t from_position, uint64_t to) const {
+  if (to - from > kStride) return sequence_position(to);
+  for (uint64_t j = from; j < to; ++j) from_position += length(j);
+  return from_position;
+}
+
+uint64_t DocumentIndex::first_entry_at_or_after(uint64_t at) const {
+  const auto k = static_cast<uint64_t>(
+      std::lower_bound(document_positions_.begin(), document_positions_.end(), at) -
+      document_positions_.begin());
+  if (k == 0) return 0;  // entry 0 starts at 0, so `at` is 0
+  // Entry (k - 1) * kStride starts before `at`; entry k * kStride, or the last entry (at N > at),
+  // at or after it.
+  uint64_t lo = (k - 1) * kStride + 1;
+  uint64_t hi = k < document_positions_.size() ? k * kStride : entries_ - 1;
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (sequence_position(entry_sequence(mid)) >= at) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+void DocumentIndex::append_starts(uint64_t lo, uint64_t hi, uint64_t lo_offset,
+                                  std::vector<int64_t>& out) const {
+  uint64_t e = first_entry_at_or_after(lo);
+  uint64_t s = entry_sequence(e);
+  uint64_t position = sequence_position(s);
+  bool any = false;
+  uint64_t last = 0;
+  while (position <= hi) {
+    if (!any || position != last) out.push_back(static_cast<int64_t>(lo_offset + (position - lo)));
+    any = true;
+    last = position;
+    // The last entry starts at N > hi, so the walk ends before it (unless the .idx changed).
+    MOEPEAK_CHECK(e + 1 < entries_, idx_->path(), ": the document index ends before position ", hi);
+    const uint64_t next = entry_sequence(++e);
+    position = position_after(s, position, next);
+    s = next;
+  }
+}
+
+void DocumentIndex::starts(uint64_t begin, uint64_t count, std::vector<int64_t>& offsets) const {
+  MOEPEAK_CHECK(complete_, "a document index queried before all its sequences were added");
+  const uint64_t N = stream_tokens_;
+  MOEPEAK_CHECK(count <= N, "document starts in ", count, " positions of a stream of ", N);
+  if (count == 0) return;
+  const uint64_t b = begin % N;
+  // Offset o is stream position b + o, or b + o - N once the range runs past the end.
+  if (b + 1 < N) append_starts(b + 1, std::min(b + count, N - 1), 1, offsets);
+  if (b + count >= N) append_starts(0, b + count - N, N - b, offsets);
+}
+
 // ---- TokenDataset -------------------------------------------------------------------------------
 
 TokenDataset::TokenDataset(MappedFile file, TokenStorage storage, LoaderKind kind,
-                           std::string format, uint64_t data_begin, const std::vector<Run>& runs)
+                           std::string format, uint64_t data_begin, const std::vector<Run>& runs,
+                           DocumentIndex documents)
     : file_(std::move(file)),
       storage_(storage),
       kind_(kind),
       format_(std::move(format)),
-      data_begin_(data_begin) {
+      data_begin_(data_begin),
+      documents_(std::move(documents)) {
   const uint64_t element = token_storage_size(storage_);
   for (const Run& run : runs) {
     if (run.byte_offset > file_.size() || run.tokens > (file_.size() - run.byte_offset) / element) {
@@ -170,6 +287,16 @@ TokenDataset::TokenDataset(MappedFile file, TokenStorage storage, LoaderKind kin
     runs_.push_back(Run{token_count_, run.byte_offset, run.tokens});
     token_count_ += run.tokens;
   }
+  MOEPEAK_CHECK(!documents_.present() || documents_.stream_tokens() == token_count_, path(),
+                ": a document index over ", documents_.stream_tokens(), " tokens for a stream of ",
+                token_count_);
+}
+
+void TokenDataset::document_starts(uint64_t begin, uint64_t count,
+                                   std::vector<int64_t>& offsets) const {
+  MOEPEAK_CHECK(has_document_index(), "document starts of ", path(),
+                ", which has no document index");
+  documents_.starts(begin, count, offsets);
 }
 
 void TokenDataset::bad_token(int64_t id, uint64_t byte, int64_t vocab_size) const {
@@ -405,6 +532,10 @@ TokenDataset open_megatron_dataset(const std::string& path) {
   }
   const uint64_t first_sequence = static_cast<uint64_t>(load_le<int64_t>(p + documents_at));
 
+  // The index keeps the .idx mapped (p stays valid: the mapping moves, not its address) and
+  // builds its sparse tables as the loop below reaches each sequence.
+  DocumentIndex document_index(std::move(idx), sequences, documents, lengths_at, documents_at);
+  uint64_t stream_position = 0;
   std::vector<TokenDataset::Run> runs;
   runs.reserve(static_cast<size_t>(sequences - first_sequence));
   for (uint64_t s = first_sequence; s < sequences; ++s) {
@@ -424,11 +555,15 @@ TokenDataset open_megatron_dataset(const std::string& path) {
                           ") runs past the end of ", bin_path, " (", bin.size(), " bytes)");
     }
     runs.push_back({0, begin, static_cast<uint64_t>(length)});
+    document_index.add_sequence(s, stream_position);
+    stream_position += static_cast<uint64_t>(length);
   }
+  document_index.add_sequence(sequences, stream_position);
   std::string format =
       detail::concat("Megatron indexed dataset (", token_storage_name(storage), ", ", documents - 1,
                      " documents, ", sequences, " sequences)");
-  return TokenDataset(std::move(bin), storage, LoaderKind::megatron, std::move(format), 0, runs);
+  return TokenDataset(std::move(bin), storage, LoaderKind::megatron, std::move(format), 0, runs,
+                      std::move(document_index));
 }
 
 TokenDataset open_token_dataset(DatasetKind kind, const std::string& path, TokenDtype token_dtype) {

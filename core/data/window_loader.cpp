@@ -63,6 +63,16 @@ void TokenWindowLoader::read_block(const BatchBlock& block, int64_t* input_ids, 
   }
 }
 
+void TokenWindowLoader::document_starts(uint64_t ahead, std::vector<int64_t>& starts) const {
+  dataset_.document_starts(window_start(ahead), static_cast<uint64_t>(seq_len_), starts);
+}
+
+void TokenWindowLoader::read_document_starts(int64_t row, std::vector<int64_t>& starts) {
+  MOEPEAK_CHECK(row >= 0 && row < batch_size_, "row ", row, " of a batch of ", batch_size_);
+  if (!dataset_.has_document_index()) throw_no_document_index(describe());
+  document_starts(static_cast<uint64_t>(row), starts);
+}
+
 void TokenWindowLoader::skip(uint64_t samples) {
   if (order_.shuffle) {
     cursor_ += samples;

@@ -63,7 +63,14 @@ class TokenWindowLoader final : public DataLoader {
   // Moves the cursor `samples` samples on (advance() is skip(B)).
   void skip(uint64_t samples);
 
+  // The document starts (DataLoader::read_document_starts) in the window of the sample `ahead`
+  // samples after the cursor: appends each o in [1, T], ascending. The dataset must have a
+  // document index (dataset().has_document_index(); moepeak::Error otherwise). No cursor move.
+  void document_starts(uint64_t ahead, std::vector<int64_t>& starts) const;
+
   void read_block(const BatchBlock& block, int64_t* input_ids, int64_t* labels) override;
+  // Row `row` is the sample `row` after the cursor, as in read_block.
+  void read_document_starts(int64_t row, std::vector<int64_t>& starts) override;
   void advance() override { skip(static_cast<uint64_t>(batch_size_)); }
   std::vector<uint8_t> state() const override;
   void restore(std::span<const uint8_t> state) override;

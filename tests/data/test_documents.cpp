@@ -13,6 +13,7 @@
 
 #include "core/data/batch_shard.h"
 #include "core/data/documents.h"
+#include "core/data/megatron_writer.h"
 #include "core/data/token_dataset.h"
 #include "core/data/window_loader.h"
 #include "core/error.h"
@@ -155,6 +156,47 @@ TEST(Documents, EveryRanksBlockOfATokenFileEqualsTheWholeRows) {
           }
           loader.advance();
         }
+      }
+    }
+  }
+}
+
+// A Megatron dataset whose every document ends with the EOS: its index and its EOS tokens cut the
+// windows alike, so both boundaries give every rank the same block.
+TEST(Documents, AMegatronIndexCutsWhereItsDocumentsEosDo) {
+  test_support::TempDir dir("moepeak_test_documents");
+  const std::string prefix = (dir.path() / "web").string();
+  {
+    MegatronWriter out(prefix, TokenStorage::u16);
+    uint32_t x = 99;
+    for (int d = 0; d < 60; ++d) {
+      x = x * 1664525u + 1013904223u;
+      std::vector<int32_t> doc(1 + (x >> 16) % 11);  // 1 to 11 tokens, the last the EOS
+      for (size_t i = 0; i + 1 < doc.size(); ++i) doc[i] = static_cast<int32_t>((x >> (i % 8)) % 8);
+      doc.back() = E;
+      out.add_document(doc);
+    }
+    out.commit();
+  }
+  const int64_t B = 4, T = 16;
+  for (bool shuffle : {false, true}) {
+    for (const auto& [world, sp] : {std::pair{1, 1}, std::pair{4, 4}, std::pair{4, 2}}) {
+      SCOPED_TRACE(testing::Message() << "shuffle " << shuffle << " W " << world << " Sp " << sp);
+      const WindowOrder order{shuffle, 7};
+      TokenWindowLoader loader(open_megatron_dataset(prefix), B, T, 40, order);
+      DocumentOptions eos = options(true, true), index = eos;
+      index.boundaries = DocumentBoundaries::index;
+      for (int step = 0; step < 8; ++step) {  // past the end of the stream in file order
+        for (int r = 0; r < world; ++r) {
+          const BatchBlock block = rank_batch_block(B, T, world, r, sp);
+          const LocalBatch by_eos = read_local_batch(loader, block, eos);
+          const LocalBatch by_index = read_local_batch(loader, block, index);
+          EXPECT_EQ(by_index.doc_start, by_eos.doc_start) << "step " << step << " rank " << r;
+          EXPECT_EQ(by_index.positions, by_eos.positions);
+          EXPECT_EQ(by_index.labels, by_eos.labels);
+          EXPECT_EQ(by_index.input_ids, by_eos.input_ids);
+        }
+        loader.advance();
       }
     }
   }

@@ -1,6 +1,6 @@
 // Fuzz target: a Megatron indexed dataset's .idx (magic, version, dtype code, counts, sizes,
 // pointers, document index) beside a fixed 4 KiB .bin; the first tokens of an accepted dataset
-// are read.
+// are read, and its document starts in two ranges (one wrapping past the end).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +20,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const TokenDataset d = open_megatron_dataset(bin);
     std::vector<int64_t> ids(std::min<uint64_t>(d.token_count(), 4096));
     d.read_cyclic(0, ids.size(), ids.data(), 1 << 30);
+    std::vector<int64_t> starts;
+    d.document_starts(0, ids.size(), starts);
+    d.document_starts(d.token_count() / 2 + 1, ids.size(), starts);
   });
   return 0;
 }
