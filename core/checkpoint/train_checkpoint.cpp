@@ -206,7 +206,8 @@ int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroPa
 
 void write_step_dump(const std::string& dir, const ModelConfig& model, const ZeroParamStore& params,
                      const std::vector<int64_t>& input_ids, const std::vector<int64_t>& labels,
-                     int64_t batch, int64_t seq_len, double loss, Stream& stream) {
+                     int64_t batch, int64_t seq_len, double loss, Stream& stream,
+                     std::span<const int64_t> positions, std::span<const int32_t> document_starts) {
   const fs::path root(dir);
   const auto weights = gather_all(params, params.flat_values(), stream);
   const auto grads = gather_all(params, params.flat_grads(), stream);
@@ -226,6 +227,14 @@ void write_step_dump(const std::string& dir, const ModelConfig& model, const Zer
     SafetensorsWriter writer;
     writer.add("input_ids", DType::i64, {batch, seq_len}, input_ids.data(), input_ids.size() * 8);
     writer.add("labels", DType::i64, {batch, seq_len}, labels.data(), labels.size() * 8);
+    if (!positions.empty()) {
+      writer.add("position_ids", DType::i64, {batch, seq_len}, positions.data(),
+                 positions.size() * 8);
+    }
+    if (!document_starts.empty()) {
+      writer.add("document_starts", DType::i32, {batch, seq_len}, document_starts.data(),
+                 document_starts.size() * 4);
+    }
     writer.write((root / "batch.safetensors").string());
     nlohmann::json j = {{"loss", loss}};
     write_file_atomically((root / "loss.json").string(), j.dump(2) + "\n");

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "core/checkpoint/sharded_checkpoint.h"
@@ -62,9 +63,14 @@ int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroPa
 void write_params_safetensors(const std::string& path, const ZeroParamStore& params, bool gradients,
                               Stream& stream);
 
-// Collective; rank 0 writes (see above). input_ids, labels: the global batch (B*T).
+// Collective; rank 0 writes (see above). input_ids, labels: the global batch (B*T), as the model
+// saw it. With packed documents (training.document_mask / reset_position_ids) also the positions
+// RoPE took, "position_ids" (B*T i64), and with the mask each position's document start,
+// "document_starts" (B*T i32), in batch.safetensors; empty spans are not written.
 void write_step_dump(const std::string& dir, const ModelConfig& model, const ZeroParamStore& params,
                      const std::vector<int64_t>& input_ids, const std::vector<int64_t>& labels,
-                     int64_t batch, int64_t seq_len, double loss, Stream& stream);
+                     int64_t batch, int64_t seq_len, double loss, Stream& stream,
+                     std::span<const int64_t> positions = {},
+                     std::span<const int32_t> document_starts = {});
 
 }  // namespace moepeak

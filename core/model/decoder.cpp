@@ -152,10 +152,12 @@ void DecoderModel::project(const Tensor& x, const Group& w, int weight, int bias
   ops::linear_forward(x, w.value(weight), y, /*accumulate=*/bias >= 0, stream_);
 }
 
-ops::AttentionVariant DecoderModel::attention_variant(int layer, const Group& w) const {
+ops::AttentionVariant DecoderModel::attention_variant(int layer, const Group& w,
+                                                      const TokenBatch& batch) const {
   const LayerParamIndex& L = params_.layout().layers[layer];
   ops::AttentionVariant variant;
   variant.window = spec_.layers[layer].attention.window;
+  variant.doc_start = batch.doc_start;
   if (L.sinks >= 0) {
     const auto [first, last] = ulysses_.q_heads_of(static_cast<int>(ulysses_.rank));
     variant.sinks = w.value(L.sinks).rows(first, last);
@@ -233,7 +235,7 @@ OwnedTensor DecoderModel::attention_forward(int layer, const Group& w, const Ten
                               LiveSet::attention, "attention lse");
   const double scale = spec_.layers[layer].attention.scale;
   ops::attention_forward(a.q.view().reshape(q_heads), a.k.view().reshape(kv_heads),
-                         a.v.view().reshape(kv_heads), scale, attention_variant(layer, w),
+                         a.v.view().reshape(kv_heads), scale, attention_variant(layer, w, batch),
                          a.out.view().reshape(q_heads), a.lse, stream_);
   Tensor attn = a.out.view().reshape(Shape{N, nh * d});
   if (exchange) {
@@ -284,7 +286,7 @@ OwnedTensor DecoderModel::attention_backward(int layer, const Group& w, const Te
   const double scale = spec_.layers[layer].attention.scale;
   // NOTES: a rank adds the sinks' gradient of its own query heads only; the ZeRO-3 reduce-scatter
   // of the layer's gradients sums the sequence group's ranks, whose heads partition nh.
-  const ops::AttentionVariant variant = attention_variant(layer, w);
+  const ops::AttentionVariant variant = attention_variant(layer, w, batch);
   Tensor dsinks;
   if (L.sinks >= 0) {
     const auto [first, last] = U.q_heads_of(static_cast<int>(U.rank));

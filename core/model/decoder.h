@@ -93,9 +93,13 @@ struct TokenBatch {
   // B/(W/Sp) sequences of its sequence group r / Sp (docs/parallelism.md).
   Tensor input_ids;                // (N) i64, device
   Tensor labels;                   // (N) i64, device; -100 = not scored
-  Tensor positions;                // (N) i64, device; global positions in each sequence
+  Tensor positions;                // (N) i64, device; positions in each sequence (RoPE's)
   int64_t batch = 0, seq_len = 0;  // the global batch B and the whole sequence length T
   int64_t scored_tokens = 0;       // this rank's labels != -100
+  // Packed documents (training.document_mask): (B/(W/Sp), T) i32, device — the first position of
+  // each position's document in each whole sequence of the sequence group, what every layer's
+  // attention masks by (ops::AttentionVariant::doc_start); undefined: one document per sequence.
+  Tensor doc_start{};
 };
 
 class DecoderModel {
@@ -209,7 +213,7 @@ class DecoderModel {
   ops::GroupLimitedRouting group_limited_routing(int layer, const Group& w,
                                                  OwnedTensor& bias_f32) const;
   // The layer's window and this rank's slice of its sinks (the query heads it attends over).
-  ops::AttentionVariant attention_variant(int layer, const Group& w) const;
+  ops::AttentionVariant attention_variant(int layer, const Group& w, const TokenBatch& batch) const;
   // y = x W^T (+ b when bias >= 0), written; the bias is broadcast into y first and the GEMM
   // accumulates onto it, so a bf16 y is rounded once (ops/bias.h).
   void project(const Tensor& x, const Group& w, int weight, int bias, const Tensor& y) const;

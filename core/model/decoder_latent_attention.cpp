@@ -147,7 +147,7 @@ OwnedTensor DecoderModel::latent_attention_forward(int layer, const Group& w, co
   a.lse = OwnedTensor::device(backend_, Shape{B, q_heads[2], T}, ops::attention_lse_dtype(dtype_),
                               LiveSet::attention, "attention lse");
   ops::attention_forward(a.q.view().reshape(q_heads), a.k.view().reshape(k_heads),
-                         a.v.view().reshape(v_heads), A.scale, attention_variant(layer, w),
+                         a.v.view().reshape(v_heads), A.scale, attention_variant(layer, w, batch),
                          a.out.view().reshape(out_heads), a.lse, stream_);
   Tensor attn = a.out.view().reshape(Shape{N, nh * dv});
   if (exchange) {
@@ -197,8 +197,8 @@ OwnedTensor DecoderModel::latent_attention_backward(int layer, const Group& w, c
   OwnedTensor dvh = device(v_heads, LiveSet::workspace, "dv");
   ops::attention_backward(a.q.view().reshape(q_heads), a.k.view().reshape(k_heads),
                           a.v.view().reshape(v_heads), a.out.view().reshape(out_heads), a.lse,
-                          dout.view().reshape(out_heads), A.scale, attention_variant(layer, w), dq,
-                          dk, dvh, Tensor(), stream_);
+                          dout.view().reshape(out_heads), A.scale,
+                          attention_variant(layer, w, batch), dq, dk, dvh, Tensor(), stream_);
   dout.reset();
   if (exchange) {
     auto to_tokens = [&](OwnedTensor& heads, const schedules::UlyssesLayout& layout, HeadKind kind,

@@ -163,7 +163,7 @@ PhaseBytes attention_on_rank(const ModelConfig& m, int64_t B, int64_t T,
 
 PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
                              const ParallelDegrees& degrees, int rank, const SchedulesConfig& s,
-                             DType dtype) {
+                             DType dtype, bool document_mask) {
   const DecoderSpec spec = describe_decoder(m);
   const int world = degrees.world;
   const int64_t b = static_cast<int64_t>(dtype_size(dtype));
@@ -178,8 +178,9 @@ PhaseBytes workspace_on_rank(const ModelConfig& m, int64_t B, int64_t T,
   const bool sequence_aux = m.router_aux_loss_coef != 0.0 && spec.aux_loss_per_sequence;
   const int64_t Bg = layout_of(spec.layers.front().attention, B, T, degrees, rank).batch;
 
-  // The trainer's batch: input ids, labels, positions (i64), for the whole run.
-  const uint64_t batch_tensors = 3 * fp(8 * N);
+  // The trainer's batch, for the whole run: input ids, labels, positions (i64) and, with
+  // training.document_mask, the document starts of the sequence group's whole sequences (i32).
+  const uint64_t batch_tensors = 3 * fp(8 * N) + (document_mask ? fp(Bg * T * 4) : 0);
   // The dispatcher's small count exchange (workspace, during its forward's planning).
   const uint64_t counts = schedules::dispatch_workspace_bytes(
       s, {N, k, H, m.expert_intermediate_size(), E, degrees.expert,
@@ -308,9 +309,9 @@ PhaseBytes attention_phase_bytes(const ModelConfig& model, int64_t batch, int64_
 
 PhaseBytes workspace_phase_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
                                  const ParallelDegrees& degrees, const SchedulesConfig& schedules,
-                                 DType dtype) {
+                                 DType dtype, bool document_mask) {
   return largest_rank(degrees, [&](int r) {
-    return workspace_on_rank(model, batch, seq_len, degrees, r, schedules, dtype);
+    return workspace_on_rank(model, batch, seq_len, degrees, r, schedules, dtype, document_mask);
   });
 }
 
@@ -322,8 +323,9 @@ uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_le
 
 uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
                          const ParallelDegrees& degrees, const SchedulesConfig& schedules,
-                         DType dtype) {
-  return workspace_phase_bytes(model, batch, seq_len, degrees, schedules, dtype).max();
+                         DType dtype, bool document_mask) {
+  return workspace_phase_bytes(model, batch, seq_len, degrees, schedules, dtype, document_mask)
+      .max();
 }
 
 bool live_in_phase(LiveSet set, StepPhase phase, const SchedulesConfig& schedules,

@@ -77,10 +77,11 @@ uint64_t attention_bytes(const ModelConfig& model, int64_t batch, int64_t seq_le
                          DType dtype);
 
 // Peak bytes of the `workspace` live set of one training step (forward, backward, grad norm,
-// optimizer step, metrics) on the largest rank, including the trainer's batch tensors.
+// optimizer step, metrics) on the largest rank, including the trainer's batch tensors (with
+// document_mask, training.document_mask, the sequence group's document starts: B/(W/Sp) x T i32).
 uint64_t workspace_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
                          const ParallelDegrees& degrees, const SchedulesConfig& schedules,
-                         DType dtype);
+                         DType dtype, bool document_mask = false);
 
 // The same per phase of the step (each the largest rank's in that phase; their max is the
 // functions' above): attention holds a layer's kept activations beside its experts, and under
@@ -90,7 +91,7 @@ PhaseBytes attention_phase_bytes(const ModelConfig& model, int64_t batch, int64_
                                  DType dtype);
 PhaseBytes workspace_phase_bytes(const ModelConfig& model, int64_t batch, int64_t seq_len,
                                  const ParallelDegrees& degrees, const SchedulesConfig& schedules,
-                                 DType dtype);
+                                 DType dtype, bool document_mask = false);
 
 // Whether a set its schedule sizes may hold bytes in `phase` of a step (the plan counts its whole
 // term there, or nothing): the optimizer always when resident, else

@@ -222,9 +222,13 @@ void add_attention(Plan& p, const Config& cfg, const PlanSizes& z, SetPhases& ph
 
 // workspace: the model's own function, its peak over the phases.
 void add_workspace(Plan& p, const Config& cfg, const PlanSizes& z, SetPhases& phases) {
-  phases.workspace = workspace_phase_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules, z.dt);
+  const bool documents = cfg.training.document_mask;
+  phases.workspace =
+      workspace_phase_bytes(cfg.model, z.B, z.T, z.d, cfg.schedules, z.dt, documents);
   set(p, LiveSet::workspace, phases.workspace.max(),
-      "workspace_bytes(" + args({{"B", z.B}, {"T", z.T}}) + ", " + layout_args(z.d) + ")", "model");
+      "workspace_bytes(" + args({{"B", z.B}, {"T", z.T}}) + ", " + layout_args(z.d) +
+          (documents ? ", documents" : "") + ")",
+      "model");
 }
 
 // dispatch, and what the dispatcher adds to weights and grads (LLEP's spilled-expert copies:

@@ -225,7 +225,13 @@ struct Trainer::State {
   int64_t completed = 0;
   int64_t skipped_in_row = 0, skipped_total = 0;  // training.on_nonfinite = "skip"
   std::vector<int64_t> ids, labels;          // the step-1 dump's m global micro-batches (m*B*T)
+  std::vector<int64_t> dump_positions;       // with packed documents
+  std::vector<int32_t> dump_doc_start;       // with training.document_mask
   OwnedTensor d_ids, d_labels, d_positions;  // this rank's N = B*T/W tokens
+  // training.document_mask / reset_position_ids (core/data/documents.h); with document_mask the
+  // sequence group's document starts, (B/(W/Sp), T) i32.
+  DocumentOptions documents;
+  OwnedTensor d_doc_start;
   double flops = 0, ceiling_gflops = 0;
 };
 
@@ -318,6 +324,12 @@ Trainer::Trainer(const Config& config, const TrainOptions& options)
   s.d_labels = OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "labels");
   s.d_positions =
       OwnedTensor::device(*s.backend, Shape{N}, DType::i64, LiveSet::workspace, "positions");
+  s.documents = DocumentOptions::from(cfg.training, cfg.model);
+  if (s.documents.mask) {
+    const int64_t group_batch = B / s.degrees.sequence_groups();
+    s.d_doc_start = OwnedTensor::device(*s.backend, Shape{group_batch, T}, DType::i32,
+                                        LiveSet::workspace, "document starts");
+  }
   s.flops = static_cast<double>(m) * step_flops(cfg.model, B, T);
   s.ceiling_gflops = measure_gemm_ceiling(512, 3);
 }
@@ -352,6 +364,21 @@ double Trainer::max_over_ranks(double value) const {
   return *std::max_element(all.begin(), all.end());
 }
 
+namespace {
+
+// "; packed documents cut after token 2: attention within each, positions restarting" or "".
+std::string documents_text(const DocumentOptions& d) {
+  if (!d.enabled()) return "";
+  const std::string cut = d.boundaries == DocumentBoundaries::index
+                              ? "by the dataset's document index"
+                              : "after token " + std::to_string(d.eos_token_id);
+  std::string what = d.mask ? "attention within each" : "";
+  if (d.reset_positions) what += std::string(d.mask ? ", " : "") + "positions restarting";
+  return "; packed documents cut " + cut + ": " + what;
+}
+
+}  // namespace
+
 std::string Trainer::describe() const {
   const State& s = *s_;
   const ParamLayout& layout = s.model->params().layout();
@@ -380,7 +407,8 @@ std::string Trainer::describe() const {
          std::to_string(s.cfg.model.num_hidden_layers) + " layers" + moe_layers + " x " +
          std::to_string(s.cfg.model.num_local_experts) + " experts (top-" +
          std::to_string(s.cfg.model.num_experts_per_tok) + "); optimizer " +
-         optimizer_text(s.cfg.optimizer) + "; data " + s.loader->describe();
+         optimizer_text(s.cfg.optimizer) + "; data " + s.loader->describe() +
+         documents_text(s.documents);
 }
 
 namespace {
@@ -415,11 +443,11 @@ int64_t agree_on_batch(Comm& comm, Backend& backend, const std::string& when,
 // `before_advance(i)` runs once batch i's block is read. Returns the error a read threw (bad
 // data: the ranks agree on it in agree_on_batch before anything collective), or null.
 std::exception_ptr read_blocks(DataLoader& loader, const BatchBlock& block, int64_t count,
-                               std::vector<LocalBatch>& locals,
+                               const DocumentOptions& documents, std::vector<LocalBatch>& locals,
                                const std::function<void(int64_t)>& before_advance = {}) {
   try {
     for (int64_t i = 0; i < count; ++i) {
-      locals.push_back(read_local_batch(loader, block));
+      locals.push_back(read_local_batch(loader, block, documents));
       if (before_advance) before_advance(i);
       loader.advance();
     }
@@ -431,15 +459,26 @@ std::exception_ptr read_blocks(DataLoader& loader, const BatchBlock& block, int6
 
 // Copies `local` into the device token buffers (in stream order: the host side must live until
 // the stream has run the copies) and describes them as the model's (B, T) batch.
+// `doc_start`: the (B/(W/Sp), T) i32 buffer of training.document_mask, else empty.
 TokenBatch upload_batch(Backend& backend, OwnedTensor& ids, OwnedTensor& labels,
-                        OwnedTensor& positions, int64_t B, int64_t T, const LocalBatch& local) {
+                        OwnedTensor& positions, OwnedTensor& doc_start, int64_t B, int64_t T,
+                        const LocalBatch& local) {
   Stream& stream = backend.default_stream();
   const size_t bytes = local.input_ids.size() * 8;
   backend.copy_async(ids.data(), local.input_ids.data(), bytes, CopyKind::host_to_device, stream);
   backend.copy_async(labels.data(), local.labels.data(), bytes, CopyKind::host_to_device, stream);
   backend.copy_async(positions.data(), local.positions.data(), bytes, CopyKind::host_to_device,
                      stream);
-  return TokenBatch{ids, labels, positions, B, T, count_scored(local.labels)};
+  TokenBatch batch{ids, labels, positions, B, T, count_scored(local.labels)};
+  if (doc_start.view().defined()) {
+    MOEPEAK_CHECK(local.doc_start.size() == static_cast<size_t>(doc_start.numel()),
+                  "document starts of ", local.doc_start.size(), " positions for ",
+                  doc_start.view().str());
+    backend.copy_async(doc_start.data(), local.doc_start.data(), local.doc_start.size() * 4,
+                       CopyKind::host_to_device, stream);
+    batch.doc_start = doc_start;
+  }
+  return batch;
 }
 
 }  // namespace
@@ -479,10 +518,19 @@ StepMetrics Trainer::step() {
     s.labels.resize(static_cast<size_t>(accum * micro));
   }
   const std::exception_ptr read_error =
-      read_blocks(*s.loader, block, accum, locals, [&](int64_t i) {
-        if (dump) {
+      read_blocks(*s.loader, block, accum, s.documents, locals, [&](int64_t i) {
+        if (dump && !s.documents.enabled()) {
           s.loader->read_block(s.loader->whole_batch(), s.ids.data() + i * micro,
                                s.labels.data() + i * micro);
+        } else if (dump) {  // as the model sees it: labels cut, positions, document starts
+          const LocalBatch whole =
+              read_local_batch(*s.loader, s.loader->whole_batch(), s.documents);
+          std::copy(whole.input_ids.begin(), whole.input_ids.end(), s.ids.begin() + i * micro);
+          std::copy(whole.labels.begin(), whole.labels.end(), s.labels.begin() + i * micro);
+          s.dump_positions.insert(s.dump_positions.end(), whole.positions.begin(),
+                                  whole.positions.end());
+          s.dump_doc_start.insert(s.dump_doc_start.end(), whole.doc_start.begin(),
+                                  whole.doc_start.end());
         }
       });
   const int64_t step_scored =
@@ -492,7 +540,8 @@ StepMetrics Trainer::step() {
   int64_t N = 0;
   for (const LocalBatch& local : locals) {
     N = static_cast<int64_t>(local.input_ids.size());
-    const TokenBatch batch = upload_batch(backend, s.d_ids, s.d_labels, s.d_positions, B, T, local);
+    const TokenBatch batch =
+        upload_batch(backend, s.d_ids, s.d_labels, s.d_positions, s.d_doc_start, B, T, local);
     loss += s.model->forward_backward(batch, step_scored);
     s.router_balance->add(s.model->expert_load());
   }
@@ -526,7 +575,7 @@ StepMetrics Trainer::step() {
   }
   if (dump) {
     write_step_dump(s.options.dump_step_dir, s.cfg.model, params, s.ids, s.labels, accum * B, T,
-                    loss, stream);
+                    loss, stream, s.dump_positions, s.dump_doc_start);
     spdlog::info("wrote the step-1 dump to {}", s.options.dump_step_dir);
   }
   const double max_norm = s.cfg.training.max_norm;
@@ -601,7 +650,7 @@ EvalMetrics Trainer::evaluate() {
       rank_batch_block(B, T, s.ranks.world_size, s.ranks.rank, s.degrees.sequence);
   std::vector<LocalBatch> locals;
   const std::exception_ptr read_error =
-      read_blocks(*s.eval_loader, block, s.cfg.eval.batches, locals);
+      read_blocks(*s.eval_loader, block, s.cfg.eval.batches, s.documents, locals);
   const int64_t scored =
       agree_on_batch(*s.comm, backend, "the evaluation after step " + std::to_string(s.completed),
                      locals, read_error);
@@ -609,7 +658,8 @@ EvalMetrics Trainer::evaluate() {
   // the mean over the whole evaluation.
   double loss = 0;
   for (const LocalBatch& local : locals) {
-    const TokenBatch batch = upload_batch(backend, s.d_ids, s.d_labels, s.d_positions, B, T, local);
+    const TokenBatch batch =
+        upload_batch(backend, s.d_ids, s.d_labels, s.d_positions, s.d_doc_start, B, T, local);
     loss += s.model->forward_cross_entropy(batch, scored);
   }
   stream.synchronize();

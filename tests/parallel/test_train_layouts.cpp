@@ -49,10 +49,8 @@ using test_support::global_batch;
 using test_support::rel;
 using test_support::TrainingRun;
 
-// The model: Mixtral's, or Qwen3-MoE's parts (q/k norms, a dense layer, narrower experts,
-// unnormalised top-k weights), or those with a tied head (standard schedules: Ring-DTP keeps a
-// head of its own).
-enum class LayoutModel { mixtral, qwen3, qwen3_tied, gpt_oss, deepseek_v3 };
+using test_support::LayoutModel;
+using test_support::model_of;
 
 struct LayoutCase {
   int world, ep, sp, ds;
@@ -69,71 +67,6 @@ std::string name_of(const LayoutCase& c) {
 }
 
 void PrintTo(const LayoutCase& c, std::ostream* os) { *os << name_of(c); }
-
-// 8 experts (Ep up to 8), 8 query heads over 2 kv heads (replicated when Sp = 4), the
-// load-balancing loss on (its counts are summed over the expert replicas).
-ModelConfig layout_model() {
-  ModelConfig m;
-  m.vocab_size = 37;
-  m.hidden_size = 16;
-  m.intermediate_size = 20;
-  m.num_hidden_layers = 2;
-  m.num_attention_heads = 8;
-  m.num_key_value_heads = 2;
-  m.head_dim = 4;
-  m.num_local_experts = 8;
-  m.num_experts_per_tok = 2;
-  m.max_position_embeddings = 64;
-  m.router_aux_loss_coef = 0.02;
-  m.initializer_range = 0.2;
-  return m;
-}
-
-ModelConfig model_of(LayoutModel which) {
-  ModelConfig m = layout_model();
-  if (which == LayoutModel::mixtral) return m;
-  if (which == LayoutModel::deepseek_v3) {
-    // Latent attention over 8 heads (Sp = 4: 2 query and 2 key/value heads a rank), q/k heads
-    // of 4 + 2 rotary dims and value heads of 3, a dense first layer, 2 of 4 groups, a shared
-    // expert, the correction biases moving every step (gamma 0.05, so that the choices change
-    // within the 10 steps) and the sequence-wise balance loss (alpha 0.02; under Ulysses each
-    // sequence's counts and scores are summed over its sequence group).
-    m.model_type = ModelType::deepseek_v3;
-    m.num_key_value_heads = 8;
-    m.head_dim = 6;
-    m.q_lora_rank = 6;
-    m.kv_lora_rank = 5;
-    m.qk_nope_head_dim = 4;
-    m.qk_rope_head_dim = 2;
-    m.v_head_dim = 3;
-    m.num_hidden_layers = 3;
-    m.first_k_dense_replace = 1;
-    m.moe_intermediate_size = 12;
-    m.n_group = 4;
-    m.topk_group = 2;
-    m.routed_scaling_factor = 2.5;
-    m.n_shared_experts = 1;
-    m.rope_interleave = true;
-    m.router_aux_loss_coef = 0.02;
-    m.router_bias_update_rate = 0.05;
-    return m;
-  }
-  if (which == LayoutModel::gpt_oss) {
-    m.model_type = ModelType::gpt_oss;
-    m.head_dim = 6;
-    m.attention_bias = true;
-    m.sliding_window = 3;  // below the batches' T = 8: the even layers' window binds
-    m.swiglu_limit = 0.3;  // so that the clamp binds on a good share of the experts' inputs
-    return m;
-  }
-  m.model_type = ModelType::qwen3_moe;
-  m.moe_intermediate_size = 12;
-  m.mlp_only_layers = {0};
-  m.norm_topk_prob = false;
-  m.head_dim = 6;
-  m.tie_word_embeddings = which == LayoutModel::qwen3_tied;
-  return m;
-}
 
 SchedulesConfig schedules_of(bool bounded) {
   return bounded ? test_support::bounded_schedules() : SchedulesConfig{};
@@ -282,7 +215,7 @@ TEST(TrainLayoutsCheckpoint, ACheckpointOfOneLayoutResumesInAnother) {
 }
 
 TEST(TrainLayoutsCheck, DegreesThatDoNotFitAreRejectedWithTheirNumbers) {
-  const ModelConfig m = layout_model();
+  const ModelConfig m = test_support::layout_model();
   auto message = [](const auto& f) -> std::string {
     try {
       f();

@@ -87,6 +87,77 @@ inline ModelConfig small_moe_model(int64_t layers = 2) {
   return m;
 }
 
+// The layouts' models: Mixtral's, or Qwen3-MoE's parts (q/k norms, a dense layer, narrower
+// experts, unnormalised top-k weights), or those with a tied head (standard schedules: Ring-DTP
+// keeps a head of its own), gpt-oss's or DeepSeek-V3's (below). Used by test_train_layouts and
+// test_train_documents.
+enum class LayoutModel { mixtral, qwen3, qwen3_tied, gpt_oss, deepseek_v3 };
+
+// 8 experts (Ep up to 8), 8 query heads over 2 kv heads (replicated when Sp = 4), the
+// load-balancing loss on (its counts are summed over the expert replicas).
+inline ModelConfig layout_model() {
+  ModelConfig m;
+  m.vocab_size = 37;
+  m.hidden_size = 16;
+  m.intermediate_size = 20;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 8;
+  m.num_key_value_heads = 2;
+  m.head_dim = 4;
+  m.num_local_experts = 8;
+  m.num_experts_per_tok = 2;
+  m.max_position_embeddings = 64;
+  m.router_aux_loss_coef = 0.02;
+  m.initializer_range = 0.2;
+  return m;
+}
+
+inline ModelConfig model_of(LayoutModel which) {
+  ModelConfig m = layout_model();
+  if (which == LayoutModel::mixtral) return m;
+  if (which == LayoutModel::deepseek_v3) {
+    // Latent attention over 8 heads (Sp = 4: 2 query and 2 key/value heads a rank), q/k heads
+    // of 4 + 2 rotary dims and value heads of 3, a dense first layer, 2 of 4 groups, a shared
+    // expert, the correction biases moving every step (gamma 0.05, so that the choices change
+    // within the 10 steps) and the sequence-wise balance loss (alpha 0.02; under Ulysses each
+    // sequence's counts and scores are summed over its sequence group).
+    m.model_type = ModelType::deepseek_v3;
+    m.num_key_value_heads = 8;
+    m.head_dim = 6;
+    m.q_lora_rank = 6;
+    m.kv_lora_rank = 5;
+    m.qk_nope_head_dim = 4;
+    m.qk_rope_head_dim = 2;
+    m.v_head_dim = 3;
+    m.num_hidden_layers = 3;
+    m.first_k_dense_replace = 1;
+    m.moe_intermediate_size = 12;
+    m.n_group = 4;
+    m.topk_group = 2;
+    m.routed_scaling_factor = 2.5;
+    m.n_shared_experts = 1;
+    m.rope_interleave = true;
+    m.router_aux_loss_coef = 0.02;
+    m.router_bias_update_rate = 0.05;
+    return m;
+  }
+  if (which == LayoutModel::gpt_oss) {
+    m.model_type = ModelType::gpt_oss;
+    m.head_dim = 6;
+    m.attention_bias = true;
+    m.sliding_window = 3;  // below the batches' T = 8: the even layers' window binds
+    m.swiglu_limit = 0.3;  // so that the clamp binds on a good share of the experts' inputs
+    return m;
+  }
+  m.model_type = ModelType::qwen3_moe;
+  m.moe_intermediate_size = 12;
+  m.mlp_only_layers = {0};
+  m.norm_topk_prob = false;
+  m.head_dim = 6;
+  m.tie_word_embeddings = which == LayoutModel::qwen3_tied;
+  return m;
+}
+
 // All four bounded schedules at the small models' shapes (8 tokens per rank): PipelinedLLEP in
 // several chunks with rebalancing whenever one expert group is busier than the mean, Ring-DTP
 // in strips of 2 columns, SCO (OffloadStreamAdamW is the optimizer's placement, set apart).
@@ -114,6 +185,7 @@ struct TrainingRun {
   std::unique_ptr<RouterBiasBalance> balance;
   DType dtype;
   OwnedTensor ids, labels, positions;  // (N) this rank's share of the loaded batch
+  OwnedTensor doc_start;               // (B/(W/Sp), T) i32 with packed documents
   TokenBatch batch;
   int64_t loss_tokens = 0;  // scored tokens of the whole global batch
 
@@ -152,16 +224,28 @@ struct TrainingRun {
         local.positions.push_back(t);
       }
     }
+    load(local, B, T, count_scored(glabels));
+  }
+
+  // Uploads a share of a (B, T) batch as the trainer reads it (read_local_batch): ids, labels,
+  // positions and, with packed documents, the sequence group's doc_start; loss_tokens: the
+  // scored tokens of the whole batch.
+  void load(const LocalBatch& local, int64_t B, int64_t T, int64_t loss_tokens_) {
     const int64_t N = static_cast<int64_t>(local.input_ids.size());
-    auto upload = [&](OwnedTensor& t, const std::vector<int64_t>& v, const char* what) {
-      t = OwnedTensor::device(*backend, Shape{N}, DType::i64, LiveSet::workspace, what);
-      std::memcpy(t.data(), v.data(), static_cast<size_t>(N) * 8);
+    auto upload = [&](OwnedTensor& t, const void* v, DType dt, Shape shape, const char* what) {
+      t = OwnedTensor::device(*backend, shape, dt, LiveSet::workspace, what);
+      std::memcpy(t.data(), v, static_cast<size_t>(t.view().numel()) * dtype_size(dt));
     };
-    upload(ids, local.input_ids, "ids");
-    upload(labels, local.labels, "labels");
-    upload(positions, local.positions, "positions");
+    upload(ids, local.input_ids.data(), DType::i64, Shape{N}, "ids");
+    upload(labels, local.labels.data(), DType::i64, Shape{N}, "labels");
+    upload(positions, local.positions.data(), DType::i64, Shape{N}, "positions");
     batch = TokenBatch{ids, labels, positions, B, T, count_scored(local.labels)};
-    loss_tokens = count_scored(glabels);
+    if (!local.doc_start.empty()) {
+      upload(doc_start, local.doc_start.data(), DType::i32, Shape{local.batch, T},
+             "document starts");
+      batch.doc_start = doc_start;
+    }
+    loss_tokens = loss_tokens_;
   }
 
   // Forward and backward of the loaded batch from zeroed gradients; returns the job's loss.

@@ -103,6 +103,15 @@ const MeasuredCase kMeasuredCases[] = {
        c.schedules.vocab = VocabSchedule::ring_dtp;
        c.optimizer.placement = OptimizerPlacement::offload_stream;
      }},
+    // Packed documents: the sequences' document starts (B, T) i32 beside the batch's tokens
+    // (the copy task's windows cut at token 3), with SCO recomputing the masked attention.
+    {"documents_sco",
+     [](Config& c) {
+       c.training.document_mask = true;
+       c.training.reset_position_ids = true;
+       c.model.eos_token_id = 3;
+       c.schedules.checkpoint = CheckpointSchedule::sco;
+     }},
     // DeepSeek-V3's parts: the latent attention's kept latents and temporaries, a dense first
     // layer, shared experts beside the routed ones; under each checkpoint schedule, the query
     // bottleneck and the plain q projection.
