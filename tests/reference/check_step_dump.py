@@ -113,16 +113,20 @@ class Reference:
     """The float64 reference loss as a function of one perturbed tensor."""
 
     def __init__(self, params: Dict[str, np.ndarray], cfg: ref.ModelConfig,
-                 input_ids: np.ndarray, labels: np.ndarray, sequence_aux_alpha: float = 0.0):
+                 input_ids: np.ndarray, labels: np.ndarray, sequence_aux_alpha: float = 0.0,
+                 position_ids: Optional[np.ndarray] = None,
+                 document_starts: Optional[np.ndarray] = None):
         self.params, self.cfg, self.input_ids, self.labels = params, cfg, input_ids, labels
         self.alpha = sequence_aux_alpha
+        # packed documents (the dump's position_ids and document_starts, when it has them)
+        self.packing = dict(position_ids=position_ids, document_starts=document_starts)
         self.base_loss, result = ref.loss(params, cfg, input_ids, labels, return_forward=True,
-                                          sequence_aux_alpha=self.alpha)
+                                          sequence_aux_alpha=self.alpha, **self.packing)
         self.base_switches = switches(result)
 
     def _eval(self) -> Tuple[float, bool]:
         value, result = ref.loss(self.params, self.cfg, self.input_ids, self.labels, return_forward=True,
-                                 sequence_aux_alpha=self.alpha)
+                                 sequence_aux_alpha=self.alpha, **self.packing)
         return value, same_switches(switches(result), self.base_switches)
 
     def directional(self, name: str, direction: np.ndarray, h: float) -> Optional[float]:
@@ -226,9 +230,16 @@ def main(argv: List[str]) -> int:
         return 2
     input_ids = np.asarray(batch["input_ids"], dtype=np.int64)
     labels = np.asarray(batch["labels"], dtype=np.int64)
+    position_ids = np.asarray(batch["position_ids"], dtype=np.int64) if "position_ids" in batch else None
+    document_starts = (np.asarray(batch["document_starts"], dtype=np.int64)
+                       if "document_starts" in batch else None)
 
     print(f"# dump {d}: {describe(cfg)}{f', sequence-wise balance loss {alpha:g}' if alpha else ''}; batch {input_ids.shape[0]}x{input_ids.shape[1]}, "
-          f"{int(np.sum(labels != ref.IGNORE_INDEX))} labelled")
+          f"{int(np.sum(labels != ref.IGNORE_INDEX))} labelled"
+          + (f", {int(np.sum(document_starts == np.arange(input_ids.shape[1])))} documents"
+             if document_starts is not None else "")
+          + (", positions restarting" if position_ids is not None and
+             np.any(position_ids != np.arange(input_ids.shape[1])) else ""))
 
     problems = []
     # deepseek_v3's MTP modules: the loss does not read them, so neither their weights nor any
@@ -255,7 +266,7 @@ def main(argv: List[str]) -> int:
         print("0 passed, 1 failed")
         return 1
 
-    reference = Reference(params, cfg, input_ids, labels, alpha)
+    reference = Reference(params, cfg, input_ids, labels, alpha, position_ids, document_starts)
     checks: List[Check] = []
     rel = abs(reference.base_loss - dumped_loss) / abs(reference.base_loss)
     print(f"# loss: moepeak {dumped_loss:.10f}, reference {reference.base_loss:.10f}, "

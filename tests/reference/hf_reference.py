@@ -384,22 +384,27 @@ def check_params(params: Dict[str, np.ndarray], cfg: ModelConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def forward(params: Dict[str, np.ndarray], cfg: ModelConfig, input_ids: np.ndarray) -> ForwardResult:
-    """The CausalLM forward without a cache: (B, T) token ids -> logits (B, T, V)."""
+def forward(params: Dict[str, np.ndarray], cfg: ModelConfig, input_ids: np.ndarray,
+            position_ids: Optional[np.ndarray] = None,
+            document_starts: Optional[np.ndarray] = None) -> ForwardResult:
+    """The CausalLM forward without a cache: (B, T) token ids -> logits (B, T, V). Packed
+    documents: position_ids (B, T) the positions RoPE takes (default 0..T-1 in each row) and
+    document_starts (B, T) the first position of each position's document, whose keys alone a
+    query sees (default: the whole row)."""
     check_params(params, cfg)
     family = FAMILIES[cfg.model_type]
     attend = getattr(family, "attention", attention)  # the family's own, else the shared GQA
     input_ids = np.asarray(input_ids, dtype=np.int64)
     B, T = input_ids.shape
     h = params["model.embed_tokens.weight"][input_ids]  # (B, T, H)
-    cos, sin = rope_cos_sin(cfg, T)
+    cos, sin = rope_cos_sin(cfg, T, position_ids)
     router_logits: List[np.ndarray] = []
     selected: List[np.ndarray] = []
     clamped: List[np.ndarray] = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         a = rms_norm(h, params[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-        h = h + attend(a, params, i, cfg, cos, sin)
+        h = h + attend(a, params, i, cfg, cos, sin, document_starts)
         m = rms_norm(h, params[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
         mlp_out, logits_i, selected_i, clamped_i = family.mlp(m, params, i, cfg)
         h = h + mlp_out
@@ -443,13 +448,14 @@ def load_balancing_loss(router_logits: List[np.ndarray], num_experts: int, top_k
 
 
 def loss(params: Dict[str, np.ndarray], cfg: ModelConfig, input_ids: np.ndarray,
-         labels: np.ndarray, return_forward: bool = False, sequence_aux_alpha: float = 0.0):
+         labels: np.ndarray, return_forward: bool = False, sequence_aux_alpha: float = 0.0,
+         position_ids: Optional[np.ndarray] = None, document_starts: Optional[np.ndarray] = None):
     """The CausalLM's training loss: mean CE over labelled positions, plus
     router_aux_loss_coef * load-balancing loss when output_router_logits is set (as transformers);
     plus, when sequence_aux_alpha > 0 (deepseek_v3 only; not transformers'), DeepSeek-V3's
     sequence-wise balance loss of that alpha. With return_forward=True returns
-    (loss, ForwardResult)."""
-    result = forward(params, cfg, input_ids)
+    (loss, ForwardResult). position_ids, document_starts: packed documents (forward)."""
+    result = forward(params, cfg, input_ids, position_ids, document_starts)
     value = cross_entropy(result.logits, labels)
     if cfg.output_router_logits and not result.router_logits:
         raise ValueError("output_router_logits with no MoE layer: transformers fails on the empty "

@@ -158,10 +158,28 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, axis=-1, kind="stable")[:, :k]
 
 
+def attention_allowed(T: int, window: Optional[int] = None,
+                      document_starts: Optional[np.ndarray] = None) -> np.ndarray:
+    """Which keys each query sees: causal (T, T), within the last `window` keys when given, and
+    with packed documents only the keys of its own document — document_starts (B, T): the first
+    position of each position's document (moepeak's step dump; transformers packs with
+    position_ids into varlen attention) — then (B, 1, T, T)."""
+    qi = np.arange(T)[:, None]
+    ki = np.arange(T)[None, :]
+    allowed = ki <= qi
+    if window is not None:
+        allowed &= ki > qi - int(window)  # transformers' sliding_window_overlay
+    if document_starts is not None:
+        starts = np.asarray(document_starts, dtype=np.int64)[:, None, :, None]  # (B, 1, Tq, 1)
+        allowed = allowed[None, None] & (ki[None, None] >= starts)
+    return allowed
+
+
 def attention(x: np.ndarray, params: Dict[str, np.ndarray], layer: int, cfg: ModelConfig,
-              cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+              cos: np.ndarray, sin: np.ndarray,
+              document_starts: Optional[np.ndarray] = None) -> np.ndarray:
     """Layer `layer`'s MixtralAttention / Qwen3MoeAttention / GptOssAttention (eager): x (B, T, H)
-    already normalised -> o_proj output (B, T, H)."""
+    already normalised -> o_proj output (B, T, H). document_starts: see attention_allowed."""
     prefix = f"model.layers.{layer}.self_attn."
     B, T, _ = x.shape
     nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -184,12 +202,7 @@ def attention(x: np.ndarray, params: Dict[str, np.ndarray], layer: int, cfg: Mod
     k = np.repeat(k, groups, axis=1)  # (B, nh, T, d); kv head j serves query heads j*g..j*g+g-1
     v = np.repeat(v, groups, axis=1)
     scores = (q @ k.transpose(0, 1, 3, 2)) * (1.0 / np.sqrt(d))  # (B, nh, Tq, Tk)
-    qi = np.arange(T)[:, None]
-    ki = np.arange(T)[None, :]
-    allowed = ki <= qi  # causal
-    window = cfg.attention_window(layer)
-    if window is not None:
-        allowed &= ki > qi - int(window)  # transformers' sliding_window_overlay
+    allowed = attention_allowed(T, cfg.attention_window(layer), document_starts)
     scores = np.where(allowed, scores, -np.inf)
     if cfg.attention_sinks:
         # gpt-oss: each row's softmax runs over [scores, sink_h]; the sink's column is dropped.

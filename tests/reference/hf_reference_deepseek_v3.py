@@ -105,8 +105,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from hf_reference_common import (FULL_ATTENTION, ForwardResult, ModelConfig, linear, rms_norm,
-                                 shared_config_fields, silu, top_k)
+from hf_reference_common import (FULL_ATTENTION, ForwardResult, ModelConfig, attention_allowed,
+                                 linear, rms_norm, shared_config_fields, silu, top_k)
 from hf_reference_rope import apply_rope, resolve_rope, rope_dict, yarn_get_mscale
 
 MODEL_TYPE = "deepseek_v3"
@@ -357,9 +357,11 @@ def deinterleave(x: np.ndarray) -> np.ndarray:
 
 
 def attention(x: np.ndarray, params: Dict[str, np.ndarray], layer: int, cfg: ModelConfig,
-              cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+              cos: np.ndarray, sin: np.ndarray,
+              document_starts: Optional[np.ndarray] = None) -> np.ndarray:
     """Layer `layer`'s DeepseekV3Attention (eager): x (B, T, H) already normalised -> o_proj
-    output (B, T, H). cos, sin: (T, qk_rope_head_dim)."""
+    output (B, T, H). cos, sin: (T, qk_rope_head_dim) or (B, 1, T, qk_rope_head_dim);
+    document_starts: see hf_reference_common.attention_allowed."""
     f = cfg.family_fields
     a = f"model.layers.{layer}.self_attn."
     B, T, _ = x.shape
@@ -386,8 +388,7 @@ def attention(x: np.ndarray, params: Dict[str, np.ndarray], layer: int, cfg: Mod
     k = np.concatenate([k_nope, np.broadcast_to(k_rot, (B, nh, T, dr))], axis=-1)
     q = np.concatenate([q_pass, q_rot], axis=-1)
     scores = (q @ k.transpose(0, 1, 3, 2)) * f.softmax_scale       # (B, nh, Tq, Tk)
-    causal = np.arange(T)[None, :] <= np.arange(T)[:, None]
-    scores = np.where(causal, scores, -np.inf)
+    scores = np.where(attention_allowed(T, None, document_starts), scores, -np.inf)
     scores = scores - scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)
     probs = probs / probs.sum(axis=-1, keepdims=True)

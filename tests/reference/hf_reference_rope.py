@@ -239,15 +239,21 @@ def rope_inv_freq(cfg, seq_len: int) -> Tuple[np.ndarray, float]:
     return inv_freq, r.attention_factor
 
 
-def rope_cos_sin(cfg, seq_len: int) -> Tuple[np.ndarray, np.ndarray]:
-    """The rotary embedding's cos and sin, (T, head_dim), for positions 0..T-1 of every sequence.
+def rope_cos_sin(cfg, seq_len: int, position_ids: Optional[np.ndarray] = None
+                 ) -> Tuple[np.ndarray, np.ndarray]:
+    """The rotary embedding's cos and sin, (T, head_dim), for positions 0..T-1 of every sequence
+    — or, given position_ids (B, T) (packed documents whose positions restart), (B, 1, T,
+    head_dim), broadcasting over the heads as transformers' position_ids do.
 
     freqs = position * inv_freq; emb = cat(freqs, freqs) along the last axis (the two halves
     repeat, matching rotate_half); cos and sin are scaled by the attention factor (yarn).
     """
     inv_freq, scale = rope_inv_freq(cfg, seq_len)
-    positions = np.arange(seq_len, dtype=np.float64)
-    freqs = np.outer(positions, inv_freq)                # (T, d/2)
+    if position_ids is None:
+        positions = np.arange(seq_len, dtype=np.float64)
+    else:
+        positions = np.asarray(position_ids, dtype=np.float64)[:, None, :]  # (B, 1, T)
+    freqs = positions[..., None] * inv_freq              # (T, d/2) or (B, 1, T, d/2)
     emb = np.concatenate([freqs, freqs], axis=-1)        # (T, d)
     cos, sin = np.cos(emb), np.sin(emb)
     if scale != 1.0:

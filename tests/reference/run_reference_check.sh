@@ -103,6 +103,17 @@ run_case deepseek_v3_plain "${deepseek[@]}" --set model.q_lora_rank=0 \
 # "seq_aux" and "aux_loss_alpha"), its forward recomputed under checkpointing.
 run_case deepseek_v3_seq_aux "${deepseek[@]}" --set model.router_aux_loss_coef=0.3
 
+# Packed documents: the copy task's windows over a vocabulary of 8 cut after each token 3 (7 and 4
+# documents in the two rows: an EOS at 0, consecutive EOS, one at T - 1), attention within each
+# document, the EOS's label unscored; the dump holds
+# the positions and document starts, which the reference applies (position_ids into RoPE, a
+# document mask beside the causal one). gpt-oss with positions restarting (the window and sinks
+# inside each document), DeepSeek-V3's latent attention with the window's positions.
+documents=(--set model.vocab_size=8 --set model.eos_token_id=3 --set training.document_mask=true)
+run_case documents_gpt_oss "${gpt_oss[@]}" "${documents[@]}" \
+  --set training.reset_position_ids=true --set model.sliding_window=3
+run_case documents_deepseek_v3 "${deepseek[@]}" "${documents[@]}"
+
 # RoPE scaling, each type as transformers' modeling_rope_utils.py computes it (small theta and
 # original contexts so that every frequency band of the 16-dim heads is moved).
 run_case rope_linear --set model.rope_type=linear --set model.rope_factor=4 --set model.rope_theta=100
