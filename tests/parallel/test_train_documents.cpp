@@ -59,13 +59,7 @@ struct Windows {
 Windows packed_windows(int64_t V) {
   const int64_t B = kBatch, T = kSeq;
   uint64_t x = 0x243f6a8885a308d3ull;
-  auto next = [&] {  // splitmix64
-    x += 0x9e3779b97f4a7c15ull;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
+  auto next = [&] { return test_support::splitmix64(x); };
   auto token = [&] {  // any token but the EOS
     int64_t id = static_cast<int64_t>(next() % static_cast<uint64_t>(V - 1));
     return id >= kEos ? id + 1 : id;

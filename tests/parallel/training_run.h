@@ -34,6 +34,15 @@
 
 namespace moepeak::test_support {
 
+// The next value of a splitmix64 sequence whose state is `x`.
+inline uint64_t splitmix64(uint64_t& x) {
+  x += 0x9e3779b97f4a7c15ull;
+  uint64_t z = x;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // The global batch of a step: (n) ids and labels in [0, vocab), about one label in seven -100.
 // `salt` picks an independent sequence of batches (tests differ in it; every rank agrees).
 inline void global_batch(int step, int64_t n, int64_t vocab, std::vector<int64_t>& ids,
@@ -41,13 +50,7 @@ inline void global_batch(int step, int64_t n, int64_t vocab, std::vector<int64_t
   ids.resize(static_cast<size_t>(n));
   labels.resize(static_cast<size_t>(n));
   uint64_t x = 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(step) + salt);
-  auto next = [&] {  // splitmix64
-    x += 0x9e3779b97f4a7c15ull;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
+  auto next = [&] { return splitmix64(x); };
   for (int64_t i = 0; i < n; ++i) {
     ids[i] = static_cast<int64_t>(next() % static_cast<uint64_t>(vocab));
     labels[i] =
