@@ -93,9 +93,13 @@ int run_bench_step(const StepBenchArgs& args, const Context& ctx) {
     nlohmann::json peak = {{"total", last.max_rank_peak()}};  // the fullest rank's
     for (LiveSet s : kAllLiveSets) peak[std::string(live_set_name(s))] = last.peak_per_set[s];
     peak["rank_totals"] = last.rank_peak_bytes;
-    nlohmann::json row = {{"schedule", "standard"}, {"time_s", t},
-                          {"peak_bytes", peak},     {"bound_bytes", nullptr},
-                          {"max_rel_err", 0.0},     {"tokens_per_s", tokens_per_s},
+    nlohmann::json row = {{"schedule", "standard"},
+                          {"time_s", t},
+                          {"step_s", t},
+                          {"peak_bytes", peak},
+                          {"bound_bytes", nullptr},
+                          {"max_rel_err", 0.0},
+                          {"tokens_per_s", tokens_per_s},
                           {"gflops", gflops}};
     nlohmann::json shape = {{"batch", B},
                             {"seq_len", T},

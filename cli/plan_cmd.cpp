@@ -20,9 +20,13 @@
 #include "core/atomic_file.h"
 #include "core/config/config.h"
 #include "core/error.h"
+#include "core/measure/harness.h"
+#include "core/measure/machine_measure.h"
 #include "core/plan/layout_search.h"
+#include "core/plan/machine_rates.h"
 #include "core/plan/plan.h"
 #include "core/plan/plan_svg.h"
+#include "core/plan/step_time.h"
 #include "core/units.h"
 
 namespace moepeak::cli {
@@ -39,7 +43,82 @@ struct PlanArgs {
   int world = 0;
   std::string json_path, svg_path, svg_range;
   bool max_context = false, max_batch = false, search_layout = false;
+  bool time = false;
+  std::string device;  // --device: h100, h200 or "" (this machine, measured)
 };
+
+// The step-time model's rates (core/plan/machine_rates.h): a device's defaults, or this machine's
+// CPU backend measured at the config's shapes with one rank's share of the cores (W ranks on
+// this host), its ranks' links from the link model.
+MachineRates rates_for(const Config& cfg, const PlanInputs& in, const std::string& device) {
+  if (!device.empty()) return device_rates(device, in.dtype);
+  if (cfg.runtime.backend == BackendChoice::cuda) {
+    MOEPEAK_INPUT_ERROR(
+        "moepeak plan --time for runtime.backend = \"cuda\": name the GPU with "
+        "--device h100 or --device h200 (its documented defaults)");
+  }
+  // A rank's share of this host's cores, as W ranks of a CPU job on it run.
+  RankInfo one_of_w;
+  one_of_w.world_size = one_of_w.local_size = in.world();
+  auto backend = Backend::create(measure::bench_backend_options(cfg, one_of_w));
+  MachineRates r = measure::measure_machine_rates(*backend, cfg, in);
+  set_cpu_links(r, cfg.runtime, in.world(), r.host_memory_bytes_per_s / 2);
+  return r;
+}
+
+void print_step_time(const StepTime& t, std::FILE* out) {
+  std::fprintf(out, "# step time: %s (%s); W = %d ranks, %d per node\n", t.rates.name.c_str(),
+               t.rates.source.c_str(), t.world, t.rates.ranks_per_node);
+  std::fprintf(out, "# %-18s %9s %9s %9s %9s %9s %9s %9s %9s %9s  %s\n", "phase", "gemm_s",
+               "grouped_s", "attn_s", "elem_s", "optim_s", "launch_s", "comm_s", "exposed_s",
+               "time_s", "bound");
+  for (const PhaseTime& p : t.phases) {
+    std::fprintf(out, "  %-18s %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f %9.4f  %s\n",
+                 std::string(step_phase_name(p.phase)).c_str(), p.gemm_s, p.grouped_gemm_s,
+                 p.attention_s, p.elementwise_s, p.optimizer_s, p.launch_s, p.comm_s,
+                 p.exposed_comm_s, p.time_s(), p.bound.c_str());
+  }
+  std::fprintf(out,
+               "# predicted step %.4f s, %.0f tokens/s, MFU %.1f%% (of a peak of %.1f GFLOP/s per "
+               "rank)\n",
+               t.step_s, t.tokens_per_s, 100.0 * t.mfu, t.rates.peak_flops / 1e9);
+}
+
+nlohmann::json step_time_json(const StepTime& t) {
+  nlohmann::json phases = nlohmann::json::array();
+  for (const PhaseTime& p : t.phases) {
+    phases.push_back({{"phase", std::string(step_phase_name(p.phase))},
+                      {"gemm_s", p.gemm_s},
+                      {"grouped_gemm_s", p.grouped_gemm_s},
+                      {"attention_s", p.attention_s},
+                      {"elementwise_s", p.elementwise_s},
+                      {"optimizer_s", p.optimizer_s},
+                      {"launch_s", p.launch_s},
+                      {"compute_s", p.compute_s()},
+                      {"comm_s", p.comm_s},
+                      {"exposed_comm_s", p.exposed_comm_s},
+                      {"time_s", p.time_s()},
+                      {"bound", p.bound}});
+  }
+  return {{"step_s", t.step_s},
+          {"tokens_per_s", t.tokens_per_s},
+          {"mfu", t.mfu},
+          {"flops", t.flops},
+          {"rates",
+           {{"name", t.rates.name},
+            {"source", t.rates.source},
+            {"gemm_flops", t.rates.gemm_flops},
+            {"grouped_gemm_flops", t.rates.grouped_gemm_flops},
+            {"attention_flops", t.rates.attention_flops},
+            {"memory_bytes_per_s", t.rates.memory_bytes_per_s},
+            {"host_link_bytes_per_s", t.rates.host_link_bytes_per_s},
+            {"node_link_bytes_per_s", t.rates.node_link_bytes_per_s},
+            {"network_bytes_per_s", t.rates.network_bytes_per_s},
+            {"ranks_per_node", t.rates.ranks_per_node},
+            {"peak_flops", t.rates.peak_flops},
+            {"op_latency_s", t.rates.op_latency_s}}},
+          {"phases", phases}};
+}
 
 struct Reach {
   int64_t configured = 0, standard = 0;
@@ -224,19 +303,42 @@ std::string svg_of(const Config& cfg, const PlanInputs& in, const std::string& r
 }
 
 // The layout search's table: one row per (Ep, Sp, data_shard), the best marked, then its name.
-int print_layout_search(const LayoutSearch& s, const PlanInputs& in, nlohmann::json& j) {
+// With predicted step times (--time; 0 where a layout does not fit), the fastest that fits is
+// the best and the rows are ordered by it.
+int print_layout_search(LayoutSearch s, const PlanInputs& in, nlohmann::json& j,
+                        std::vector<double> step_s = {}) {
+  const bool timed = !step_s.empty();
+  if (timed) {
+    std::vector<size_t> order(s.rows.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    auto key = [&](size_t i) { return step_s[i] > 0 ? step_s[i] : 1e300; };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return key(a) < key(b); });
+    LayoutSearch sorted = s;
+    std::vector<double> times;
+    for (size_t i = 0; i < order.size(); ++i) {
+      sorted.rows[i] = s.rows[order[i]];
+      times.push_back(step_s[order[i]]);
+    }
+    sorted.best = times.empty() || times.front() <= 0 ? -1 : 0;
+    s = std::move(sorted);
+    step_s = std::move(times);
+  }
   const char* goal = s.goal == LayoutGoal::max_context ? "the longest seq_len"
                      : s.goal == LayoutGoal::max_batch ? "the largest micro-batch"
                                                        : "fits at the configured shape";
   std::printf(
       "# moepeak plan --search-layout: W = %d ranks, global batch %lld x seq_len %lld, %s; best: "
-      "%s, then the fewest bytes per step\n",
+      "%s\n",
       in.world(), static_cast<long long>(s.global_batch), static_cast<long long>(in.seq_len),
-      std::string(dtype_name(in.dtype)).c_str(), goal);
+      std::string(dtype_name(in.dtype)).c_str(),
+      timed ? "the shortest predicted step that fits (--time)"
+            : (std::string(goal) + ", then the fewest bytes per step").c_str());
   std::printf(
       "# bytes per step: what one rank sends in a step (docs/parallelism.md#bytes-per-step)\n");
-  std::printf("# %4s %4s %4s %6s %6s  %-13s %-10s %10s %10s %10s %12s\n", "Ep", "Sp", "Ds", "batch",
-              "accum", "verdict", "binding", "peak GiB", "max ctx", "max batch", "GB/step");
+  std::printf("# %4s %4s %4s %6s %6s  %-13s %-10s %10s %10s %10s %12s%s\n", "Ep", "Sp", "Ds",
+              "batch", "accum", "verdict", "binding", "peak GiB", "max ctx", "max batch", "GB/step",
+              timed ? "     step_s" : "");
   nlohmann::json rows = nlohmann::json::array();
   for (size_t i = 0; i < s.rows.size(); ++i) {
     const LayoutRow& r = s.rows[i];
@@ -253,12 +355,19 @@ int print_layout_search(const LayoutSearch& s, const PlanInputs& in, nlohmann::j
       continue;
     }
     const char* verdict = r.plan.fits() ? "fits" : "does not fit";
-    std::printf("%s %4d %4d %4d %6lld %6lld  %-13s %-10s %10.2f %10lld %10lld %12.3f\n",
+    std::printf("%s %4d %4d %4d %6lld %6lld  %-13s %-10s %10.2f %10lld %10lld %12.3f",
                 static_cast<int>(i) == s.best ? "*" : " ", d.expert, d.sequence, d.data_shard,
                 static_cast<long long>(r.batch), static_cast<long long>(r.grad_accum), verdict,
                 r.binding.c_str(), static_cast<double>(r.plan.total) / kGiB,
                 static_cast<long long>(r.max_context), static_cast<long long>(r.max_batch),
                 r.traffic.total() / 1e9);
+    if (timed && step_s[i] > 0) {
+      std::printf(" %10.4f", step_s[i]);
+      jr["step_s"] = step_s[i];
+    } else if (timed) {
+      std::printf(" %10s", "-");
+    }
+    std::printf("\n");
     jr.update({{"batch", r.batch},
                {"grad_accum_steps", r.grad_accum},
                {"fits", r.plan.fits()},
@@ -309,7 +418,23 @@ int run_plan(const PlanArgs& args, const Context& ctx) {
                             : args.max_batch ? LayoutGoal::max_batch
                                              : LayoutGoal::fits;
     nlohmann::json j;
-    const int rc = print_layout_search(search_layouts(any, in, goal), in, j);
+    const LayoutSearch search = search_layouts(any, in, goal);
+    std::vector<double> step_s;
+    if (args.time) {
+      const MachineRates rates = rates_for(any, in, args.device);
+      for (const LayoutRow& r : search.rows) {
+        if (!r.valid || !r.plan.fits()) {
+          step_s.push_back(0);
+          continue;
+        }
+        Config c = any;
+        c.parallelism.expert_parallel = r.degrees.expert;
+        c.parallelism.sequence_parallel = r.degrees.sequence;
+        c.parallelism.data_shard = r.degrees.data_shard;
+        step_s.push_back(predict_step_time(c, r.plan.inputs, rates).step_s);
+      }
+    }
+    const int rc = print_layout_search(search, in, j, step_s);
     if (!args.json_path.empty()) write_file_atomically(args.json_path, j.dump(2) + "\n");
     return rc;
   }
@@ -333,6 +458,11 @@ int run_plan(const PlanArgs& args, const Context& ctx) {
                 static_cast<long long>(in.seq_len), static_cast<long long>(r.configured),
                 static_cast<long long>(r.standard));
     j["max_batch"] = {{"configured", r.configured}, {"standard", r.standard}};
+  }
+  if (args.time) {
+    const StepTime t = predict_step_time(cfg, in, rates_for(cfg, in, args.device));
+    print_step_time(t, stdout);
+    j["time"] = step_time_json(t);
   }
   if (!args.svg_path.empty()) write_file_atomically(args.svg_path, svg_of(cfg, in, args.svg_range));
   if (!args.json_path.empty()) write_file_atomically(args.json_path, j.dump(2) + "\n");
@@ -367,7 +497,18 @@ void register_plan_command(CLI::App& app, Context& ctx) {
                 "enumerate every (expert_parallel, sequence_parallel, data_shard) for W ranks, "
                 "each with the micro-batch and grad_accum_steps of the config's global batch, and "
                 "name the best (with --max-context or --max-batch: by that reach)");
+  cmd->add_flag("--time", args.time,
+                "also predict the step time per phase (docs/plan.md#step-time): compute, "
+                "communication and what the schedules hide; with --search-layout, order the "
+                "layouts that fit by it");
+  cmd->add_option("--device", args.device,
+                  "the rates --time prices with: h100 or h200 (documented defaults); default: this "
+                  "machine's CPU backend, measured at the config's shapes")
+      ->check(CLI::IsMember({"h100", "h200"}));
   cmd->callback([&ctx] {
+    if (!args.device.empty() && !args.time) {
+      throw CLI::ValidationError("--device", "is the rates of --time; add --time");
+    }
     if (args.search_layout && args.max_context && args.max_batch) {
       throw CLI::ValidationError("--search-layout", "takes --max-context or --max-batch, not both");
     }

@@ -103,6 +103,7 @@ check "bench step exits 0" test $rc -eq 0
 check "bench step prints a #-commented header" grep -q '^# moepeak bench step' "$tmp/out"
 check "bench step JSON names the bench" grep -q '"bench": "step"' "$tmp/bench.json"
 check "bench step JSON has tokens_per_s" grep -q '"tokens_per_s"' "$tmp/bench.json"
+check "bench step JSON has step_s (what plan --time predicts)" grep -q '"step_s"' "$tmp/bench.json"
 check "bench step JSON has the shape's seq_len" grep -q '"seq_len": 128' "$tmp/bench.json"
 
 # bench gemm: every GEMM of a step, forward and backward, with its share of the ceiling.

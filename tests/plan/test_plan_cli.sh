@@ -137,4 +137,43 @@ configs="$(dirname "${BASH_SOURCE[0]}")/../../configs"
 check "plan -n 64 -c configs/mixtral-8x7b.toml exits 0" test $rc -eq 0
 check "the Mixtral preset's layout on 64 ranks is Ep 8, Sp 8, data_shard 8" contains "$tmp/out" "W = 64 ranks (Ep 8, Sp 8, data_shard 8)"
 
+# --time: the step-time table (a row per phase, the step, tokens/s, MFU), with an H200's defaults
+# on 64 ranks of the gpt-oss-120b preset and measured on this CPU for the embedded default.
+"$bin" plan -n 64 -c "$configs/gpt-oss-120b.toml" --set runtime.device_memory=141GB \
+  --set runtime.pinned_memory=250GB --time --device h200 --json "$tmp/time.json" \
+  >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan --time --device h200 exits 0" test $rc -eq 0
+check "plan --time names the rates" contains "$tmp/out" "# step time: H200 SXM (public ceilings) (defaults, docs/plan.md#step-time); W = 64 ranks, 8 per node"
+check "plan --time has a row per phase" \
+  sh -c "grep -qE '^  backward_experts +[0-9.]+ ' '$tmp/out' && grep -qE '^  optimizer +[0-9.]+ ' '$tmp/out'"
+check "plan --time predicts the step" grep -qE '^# predicted step [0-9.]+ s, [0-9]+ tokens/s, MFU [0-9.]+%' "$tmp/out"
+check "plan --time --json has the time" python3 - "$tmp/time.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))["time"]
+assert t["step_s"] > 0 and t["tokens_per_s"] > 0 and 0 < t["mfu"] < 1, t
+assert [p["phase"] for p in t["phases"]] == ["embedding", "forward_attention", "forward_experts",
+    "head", "backward_experts", "backward_attention", "optimizer"]
+assert abs(sum(p["time_s"] for p in t["phases"]) - t["step_s"]) < 1e-9 * t["step_s"]
+assert t["rates"]["name"].startswith("H200")
+PY
+"$bin" plan --time "${small[@]}" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan --time on this CPU exits 0" test $rc -eq 0
+check "plan --time measures this CPU" contains "$tmp/out" "# step time: this CPU (measured at the config's shapes)"
+"$bin" plan --device h100 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan --device without --time is refused" test $rc -ne 0
+"$bin" plan -n 8 --set training.batch_size=8 --search-layout --time --device h100 \
+  --json "$tmp/timed.json" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "plan --search-layout --time exits 0" test $rc -eq 0
+check "search-layout --time orders by the predicted step" contains "$tmp/out" "best: the shortest predicted step that fits (--time)"
+check "search-layout --time: the fastest first and best" python3 - "$tmp/timed.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+timed = [r["step_s"] for r in j["layouts"] if "step_s" in r]
+assert timed and timed == sorted(timed), timed
+b = j["best"]
+first = j["layouts"][0]
+assert (first["expert_parallel"], first["sequence_parallel"], first["data_shard"]) == \
+    (b["expert_parallel"], b["sequence_parallel"], b["data_shard"])
+PY
+
 report test_plan_cli

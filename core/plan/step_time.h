@@ -1,0 +1,107 @@
+// The step-time model beside the memory plan (`moepeak plan --time`; docs/plan.md#step-time):
+// what one optimizer step of a config costs on W ranks of a machine, per phase of the step
+// (core/runtime/step_phase.h), from the FLOPs and bytes of each op class at the machine's rates
+// and the bytes of each collective over the link its group crosses, less what the schedules hide.
+//
+//   MachineRates rates = machine_rates(cfg);            // probe file, device defaults, or the CPU
+//   StepTime t = predict_step_time(cfg, plan_inputs(cfg, W), rates);
+//   t.step_s, t.tokens_per_s, t.mfu, t.phase(StepPhase::backward_experts).exposed_comm_s
+//
+// Per micro-batch and rank (N = B T / W tokens; B_g = B / (W/Sp) sequences in the head layout):
+//   dense GEMMs     2 N P_dense per pass: the attention projections, routers, dense MLPs and
+//                   shared experts (their matmul parameters from the DecoderSpec) and the LM head
+//                   (V H, or V/W H per Ring-DTP strip); passes: forward 1, backward 2, and 1 more
+//                   forward when checkpointing recomputes each layer
+//   expert GEMMs    2 N k 3 F H per MoE layer and pass (balanced routing: each rank's experts
+//                   receive N k rows), at the grouped-GEMM rate
+//   attention       forward 2 B_g (nh/Sp) (d + dv) pairs_l per layer, pairs_l = sum_t min(t+1, W_l)
+//                   (every causal pair without a window); backward 2.5x forward (dQ, dK, dV and
+//                   the recomputed QK^T); at the attention rate
+//   elementwise     kElementwiseBytesPerToken x H b per token and layer and pass (norms, RoPE,
+//                   SwiGLU, residuals, routing, permutes) and 4 V b per token at the head, at the
+//                   memory rate
+//   optimizer       the rank's parameter shard x AdamW's bytes per parameter at the memory rate
+//                   (resident), or over the host link and the host's memory rate (offloads)
+//   launches        each op's fixed cost (MachineRates::op_latency_s) times the ops of a phase:
+//                   kOpsPerLayer... in step_time.cpp, counted from the decoder's calls
+// Collectives (bytes as core/plan/layout_search.h's step_traffic, per micro-batch): a ring over a
+// group of G ranks costs (G-1)/G x bytes / bandwidth + (G - 1) latencies on the group's link — the
+// node's link when the group's ranks share a node (runs of consecutive ranks; MachineRates::
+// ranks_per_node), else the network's.
+// What the schedules hide (exposed = what is left on the critical path):
+//   ZeRO-3 gathers    prefetch depth >= 1: each layer's gather behind the layer before it
+//                     (exposed max(0, gather - compute) per layer, the first layer's whole);
+//                     depth 0: all exposed. Reduce-scatters likewise behind the next layer.
+//   Ulysses, standard dispatch, LLEP: exposed (the compute waits for the exchange).
+//   PipelinedLLEP     K chunks: exposed max(0, comm - compute) + comm / K (the first chunk).
+//   Ring-DTP          W - 1 rounds: each round's send behind its strip's GEMM.
+//   SCO               the boundary copies behind the layers' compute (exposed: the excess).
+//   OffloadStreamAdamW   max(h2d, host AdamW, d2h) over the buckets; serial offload: their sum,
+//                     the device idle meanwhile.
+// What the model cannot see: contention between streams, stragglers, kernel selection at odd
+// shapes, routing skew beyond a balanced split, the host's own scheduling.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "core/config/config.h"
+#include "core/plan/plan.h"
+#include "core/runtime/step_phase.h"
+
+namespace moepeak {
+
+// The rates of one rank's device and links. FLOP/s and bytes/s (1e9 bytes = 1 GB).
+struct MachineRates {
+  std::string name;                    // "H200 (public ceilings)", "this machine (probe.toml)", ...
+  std::string source;                  // where the numbers come from, for the output
+  double gemm_flops = 0;               // dense GEMM at the working dtype
+  double grouped_gemm_flops = 0;       // the experts' grouped GEMMs
+  double attention_flops = 0;          // flash attention, forward and backward
+  double memory_bytes_per_s = 0;       // device memory: elementwise ops, norms, resident AdamW
+  double host_link_bytes_per_s = 0;    // pinned host <-> device, each way
+  double host_memory_bytes_per_s = 0;  // the host's AdamW over its pinned state
+  double node_link_bytes_per_s = 0;    // a collective's bus bandwidth within a node
+  double node_link_latency_s = 0;
+  double network_bytes_per_s = 0;  // between nodes, per rank
+  double network_latency_s = 0;
+  int ranks_per_node = 1;
+  double peak_flops = 0;  // for MFU: the device's dense peak at the working dtype
+  // What one op costs beyond its work: the CPU stream's hand-off to its worker and back, a GPU
+  // kernel's launch (0: not modelled).
+  double op_latency_s = 0;
+};
+
+// One phase of the step, summed over its layers and the step's micro-batches.
+struct PhaseTime {
+  StepPhase phase = StepPhase::embedding;
+  double gemm_s = 0, grouped_gemm_s = 0, attention_s = 0, elementwise_s = 0, optimizer_s = 0;
+  double launch_s = 0;        // the phase's ops x MachineRates::op_latency_s
+  double comm_s = 0;          // every collective of the phase, as if alone
+  double exposed_comm_s = 0;  // what the schedules leave on the critical path
+  double compute_s() const {
+    return gemm_s + grouped_gemm_s + attention_s + elementwise_s + optimizer_s + launch_s;
+  }
+  double time_s() const { return compute_s() + exposed_comm_s; }
+  // What bounds the phase: "gemm", "grouped_gemm", "attention", "elementwise", "optimizer" or
+  // the collective with the most exposed time ("zero3", "ulysses", "dispatch", "vocab",
+  // "replicas", "offload").
+  std::string bound;
+};
+
+struct StepTime {
+  MachineRates rates;
+  int world = 1;
+  std::array<PhaseTime, kNumStepPhases> phases{};  // kAllStepPhases order
+  double step_s = 0;
+  double tokens_per_s = 0;  // B T m / step_s
+  double flops = 0;         // the model FLOPs of the step (core/metrics/flops.h)
+  double mfu = 0;           // flops / (step_s W peak_flops)
+  const PhaseTime& phase(StepPhase p) const { return phases[static_cast<size_t>(p)]; }
+};
+
+// Throws moepeak::Error (naming the rate) unless every rate the config needs is positive.
+StepTime predict_step_time(const Config& cfg, const PlanInputs& inputs, const MachineRates& rates);
+
+}  // namespace moepeak
