@@ -250,6 +250,49 @@ class AttentionTest : public ::testing::Test {
     return r;
   }
 
+  // The f64 kernel's gradients of L = sum(out * dout) against central differences of L through
+  // the f64 forward, each the largest relative error (gradcheck.h's max_grad_rel_err): dq, dk and
+  // dsinks at `step`, dv at 1e-3 (L is linear in v, so its central difference has no truncation
+  // error). The window, the sinks and doc_start (undefined when empty) as in run().
+  struct GradientErrors {
+    double dq = 0, dk = 0, dv = 0, dsinks = 0;
+  };
+  GradientErrors central_difference_errors(const Dims& dims, Inputs in, std::vector<double> sinks,
+                                           ops::AttentionBlocks blocks, int64_t window,
+                                           const std::vector<int32_t>& starts, double step) {
+    AttentionTensors t = allocate(dims, DType::f64);
+    OwnedTensor sinks_t = head_vector(sinks, DType::f64, "sinks");
+    OwnedTensor dsinks_t = head_vector(std::vector<double>(dims.heads, 0.0), DType::f64, "dsinks");
+    OwnedTensor starts_t;
+    ops::AttentionVariant variant{window, sinks_t};
+    if (!starts.empty()) {
+      starts_t = doc_tensor(dims, starts);
+      variant.doc_start = starts_t;
+    }
+    upload_inputs(t, in);
+    forward(t, dims, blocks, variant);
+    backward(t, dims, blocks, variant, dsinks_t);
+    const auto dq = download(t.dq), dk = download(t.dk), dv = download(t.dv);
+    const auto dsinks = download(dsinks_t);
+    auto loss = [&] {
+      upload(t.q, in.q);
+      upload(t.k, in.k);
+      upload(t.v, in.v);
+      upload(sinks_t, sinks);
+      forward(t, dims, blocks, variant);
+      const auto out = download(t.out);
+      long double sum = 0;
+      for (size_t i = 0; i < out.size(); ++i) sum += static_cast<long double>(out[i]) * in.dout[i];
+      return static_cast<double>(sum);
+    };
+    GradientErrors e;
+    e.dq = max_grad_rel_err(in.q, dq, loss, step);
+    e.dk = max_grad_rel_err(in.k, dk, loss, step);
+    e.dv = max_grad_rel_err(in.v, dv, loss, 1e-3);
+    e.dsinks = max_grad_rel_err(sinks, dsinks, loss, step);
+    return e;
+  }
+
   std::unique_ptr<Backend> backend_ = Backend::create(BackendOptions{});
 };
 

@@ -47,7 +47,6 @@ using testing::Inputs;
 using testing::kNaN;
 using testing::kOddBlocks;
 using testing::kSmallBlocks;
-using testing::max_grad_rel_err;
 using testing::max_rel_err;
 using testing::norm_rel_err;
 using testing::random_inputs;
@@ -331,38 +330,16 @@ TEST_F(AttentionDocumentsTest, GradientsMatchCentralDifferences) {
   for (const Dims& dims : {Dims{2, 11, 4, 2, 4}, Dims{2, 11, 4, 2, 6, 3}}) {
     SCOPED_TRACE(::testing::Message() << "dqk=" << dims.dqk() << " dv=" << dims.dv());
     const ops::AttentionBlocks blocks{8, 4};
-    Inputs in = random_inputs(dims, 2600);
-    std::vector<double> sinks = random_sinks(dims.heads, 2607);
-    AttentionTensors t = allocate(dims, DType::f64);
-    OwnedTensor sinks_t = head_vector(sinks, DType::f64, "sinks");
-    OwnedTensor dsinks_t = head_vector(std::vector<double>(dims.heads, 0.0), DType::f64, "dsinks");
-    const OwnedTensor starts = doc_tensor(dims, starts_of({{3, 1, 5, 2}, {6, 5}}, dims.seq));
-    const ops::AttentionVariant variant{3, sinks_t, starts};
-    upload_inputs(t, in);
-    forward(t, dims, blocks, variant);
-    backward(t, dims, blocks, variant, dsinks_t);
-    const auto dq = download(t.dq), dk = download(t.dk), dv = download(t.dv);
-    const auto dsinks = download(dsinks_t);
-    auto loss = [&] {
-      upload(t.q, in.q);
-      upload(t.k, in.k);
-      upload(t.v, in.v);
-      upload(sinks_t, sinks);
-      forward(t, dims, blocks, variant);
-      const auto out = download(t.out);
-      long double sum = 0;
-      for (size_t i = 0; i < out.size(); ++i) sum += static_cast<long double>(out[i]) * in.dout[i];
-      return static_cast<double>(sum);
-    };
     // Step 1e-4: the rounding of L over 2h dominates below it (measured worst dq 1.0e-6 at 1e-5
     // and 1.1e-6 at 3e-5, 2.7e-7 at 1e-4, 3.5e-7 at 3e-4 where truncation takes over; dk and
-    // dsinks <= 1.5e-8 at 1e-4). L is linear in v, so its central difference has no truncation
-    // error: 1e-3 there.
-    const double step = 1e-4;
-    EXPECT_LT(max_grad_rel_err(in.q, dq, loss, step), 1e-6) << "dq";
-    EXPECT_LT(max_grad_rel_err(in.k, dk, loss, step), 1e-6) << "dk";
-    EXPECT_LT(max_grad_rel_err(in.v, dv, loss, 1e-3), 1e-6) << "dv";
-    EXPECT_LT(max_grad_rel_err(sinks, dsinks, loss, step), 1e-6) << "dsinks";
+    // dsinks <= 1.5e-8 at 1e-4).
+    const auto e =
+        central_difference_errors(dims, random_inputs(dims, 2600), random_sinks(dims.heads, 2607),
+                                  blocks, 3, starts_of({{3, 1, 5, 2}, {6, 5}}, dims.seq), 1e-4);
+    EXPECT_LT(e.dq, 1e-6) << "dq";
+    EXPECT_LT(e.dk, 1e-6) << "dk";
+    EXPECT_LT(e.dv, 1e-6) << "dv";
+    EXPECT_LT(e.dsinks, 1e-6) << "dsinks";
   }
 }
 

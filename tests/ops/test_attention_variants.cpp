@@ -41,7 +41,6 @@ using testing::gradient_err;
 using testing::Inputs;
 using testing::kOddBlocks;
 using testing::kSmallBlocks;
-using testing::max_grad_rel_err;
 using testing::max_rel_err;
 using testing::norm_rel_err;
 using testing::random_inputs;
@@ -167,38 +166,15 @@ TEST_F(AttentionVariantTest, GradientsMatchCentralDifferences) {
     SCOPED_TRACE(::testing::Message() << "dqk=" << dims.dqk() << " dv=" << dims.dv());
     const ops::AttentionBlocks blocks{8, 4};
     const int64_t window = 3;
-    Inputs in = random_inputs(dims, 700);
-    std::vector<double> sinks = random_sinks(dims.heads, 707);
-    AttentionTensors t = allocate(dims, DType::f64);
-    OwnedTensor sinks_t = head_vector(sinks, DType::f64, "sinks");
-    OwnedTensor dsinks_t = head_vector(std::vector<double>(dims.heads, 0.0), DType::f64, "dsinks");
-    const ops::AttentionVariant variant{window, sinks_t};
-    upload_inputs(t, in);
-    forward(t, dims, blocks, variant);
-    backward(t, dims, blocks, variant, dsinks_t);
-    const auto dq = download(t.dq), dk = download(t.dk), dv = download(t.dv);
-    const auto dsinks = download(dsinks_t);
-
-    auto loss = [&] {
-      upload(t.q, in.q);
-      upload(t.k, in.k);
-      upload(t.v, in.v);
-      upload(sinks_t, sinks);
-      forward(t, dims, blocks, variant);
-      const auto out = download(t.out);
-      long double sum = 0;
-      for (size_t i = 0; i < out.size(); ++i) sum += static_cast<long double>(out[i]) * in.dout[i];
-      return static_cast<double>(sum);
-    };
     // Step 3e-5: at 1e-5 the rounding of L (~1e-16 of it, over 2h) reaches 8e-7 of the smallest
     // dq here; at 3e-5 the worst is 2.7e-7 (dk 4e-8, dsinks 7e-11) and the truncation error,
-    // ~h^2 f'''/6, stays below it (1e-4: 1.6e-7, 3e-4: 3.7e-7). L is linear in v, so its central
-    // difference has no truncation error: 1e-3 there.
-    const double step = 3e-5;
-    EXPECT_LT(max_grad_rel_err(in.q, dq, loss, step), 1e-6) << "dq";
-    EXPECT_LT(max_grad_rel_err(in.k, dk, loss, step), 1e-6) << "dk";
-    EXPECT_LT(max_grad_rel_err(in.v, dv, loss, 1e-3), 1e-6) << "dv";
-    EXPECT_LT(max_grad_rel_err(sinks, dsinks, loss, step), 1e-6) << "dsinks";
+    // ~h^2 f'''/6, stays below it (1e-4: 1.6e-7, 3e-4: 3.7e-7).
+    const auto e = central_difference_errors(
+        dims, random_inputs(dims, 700), random_sinks(dims.heads, 707), blocks, window, {}, 3e-5);
+    EXPECT_LT(e.dq, 1e-6) << "dq";
+    EXPECT_LT(e.dk, 1e-6) << "dk";
+    EXPECT_LT(e.dv, 1e-6) << "dv";
+    EXPECT_LT(e.dsinks, 1e-6) << "dsinks";
   }
 }
 
