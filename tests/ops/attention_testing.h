@@ -126,6 +126,27 @@ inline Reference reference(const Dims& dims, const Inputs& in, int64_t window = 
   return ref;
 }
 
+// The values rounded to bf16: inputs f32 and bf16 both hold exactly.
+inline std::vector<double> rounded_to_bf16(std::vector<double> v) {
+  for (auto& x : v) x = static_cast<float>(bf16(static_cast<float>(x)));
+  return v;
+}
+
+// Every element bitwise equal; else how many differ, and the first.
+inline ::testing::AssertionResult bitwise_equal(const std::vector<double>& got,
+                                                const std::vector<double>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " elements, want " << want.size();
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(double)) != 0 && differ++ == 0) first = i;
+  }
+  if (differ == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << differ << " of " << got.size() << " elements differ, first [" << first
+         << "] = " << got[first] << ", want " << want[first];
+}
+
 class AttentionTest : public ::testing::Test {
  protected:
   Stream& stream() { return backend_->default_stream(); }
@@ -293,6 +314,47 @@ class AttentionTest : public ::testing::Test {
     return e;
   }
 
+  // bf16 against f32 on inputs bf16 holds exactly (`in` and `sinks` already rounded to it; no
+  // sinks when empty, dsinks then starting at `dsinks_start`; doc_start undefined when empty):
+  // lse and dsinks (f32 for both) the f32 run's bitwise, out, dq, dk, dv the f32 run's rounded to
+  // bf16 once. The f32 backward reads the bf16 run's out (widened), as the bf16 backward does.
+  void expect_bf16_is_f32_rounded_once(const Dims& dims, const Inputs& in,
+                                       ops::AttentionBlocks blocks, int64_t window,
+                                       const std::vector<double>& sinks,
+                                       const std::vector<double>& dsinks_start,
+                                       const std::vector<int32_t>& starts = {}) {
+    OwnedTensor starts_t;
+    if (!starts.empty()) starts_t = doc_tensor(dims, starts);
+    ops::AttentionVariant v16{window, Tensor(), starts_t}, v32{window, Tensor(), starts_t};
+    OwnedTensor sinks16, sinks32, dsinks16, dsinks32;
+    if (!sinks.empty()) {
+      sinks16 = head_vector(sinks, DType::bf16, "sinks16");
+      sinks32 = head_vector(sinks, DType::f32, "sinks32");
+      dsinks16 = head_vector(dsinks_start, DType::f32, "dsinks16");
+      dsinks32 = head_vector(dsinks_start, DType::f32, "dsinks32");
+      v16.sinks = sinks16;
+      v32.sinks = sinks32;
+    }
+    AttentionTensors t16 = allocate(dims, DType::bf16);
+    AttentionTensors t32 = allocate(dims, DType::f32);
+    upload_inputs(t16, in);
+    upload_inputs(t32, in);
+    forward(t16, dims, blocks, v16);
+    forward(t32, dims, blocks, v32);
+    const std::vector<double> out16 = download(t16.out);
+    EXPECT_TRUE(bitwise_equal(out16, rounded_to_bf16(download(t32.out)))) << "out";
+    EXPECT_TRUE(bitwise_equal(download(t16.lse), download(t32.lse))) << "lse";
+    upload(t32.out, out16);
+    backward(t16, dims, blocks, v16, dsinks16);
+    backward(t32, dims, blocks, v32, dsinks32);
+    EXPECT_TRUE(bitwise_equal(download(t16.dq), rounded_to_bf16(download(t32.dq)))) << "dq";
+    EXPECT_TRUE(bitwise_equal(download(t16.dk), rounded_to_bf16(download(t32.dk)))) << "dk";
+    EXPECT_TRUE(bitwise_equal(download(t16.dv), rounded_to_bf16(download(t32.dv)))) << "dv";
+    if (!sinks.empty()) {
+      EXPECT_TRUE(bitwise_equal(download(dsinks16), download(dsinks32))) << "dsinks";
+    }
+  }
+
   std::unique_ptr<Backend> backend_ = Backend::create(BackendOptions{});
 };
 
@@ -338,27 +400,6 @@ inline double gradient_err(const std::vector<double>& got, const std::vector<dou
     largest = std::max(largest, std::abs(x));
   }
   return largest;
-}
-
-// The values rounded to bf16: inputs f32 and bf16 both hold exactly.
-inline std::vector<double> rounded_to_bf16(std::vector<double> v) {
-  for (auto& x : v) x = static_cast<float>(bf16(static_cast<float>(x)));
-  return v;
-}
-
-// Every element bitwise equal; else how many differ, and the first.
-inline ::testing::AssertionResult bitwise_equal(const std::vector<double>& got,
-                                                const std::vector<double>& want) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << got.size() << " elements, want " << want.size();
-  size_t differ = 0, first = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(double)) != 0 && differ++ == 0) first = i;
-  }
-  if (differ == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << differ << " of " << got.size() << " elements differ, first [" << first
-         << "] = " << got[first] << ", want " << want[first];
 }
 
 inline constexpr ops::AttentionBlocks kSmallBlocks{8, 16};

@@ -257,21 +257,7 @@ TEST_F(AttentionTest, Bf16IsTheFloatResultRoundedOnce) {
                  << " blocks " << c.blocks.query_rows << "x" << c.blocks.keys);
     Inputs in = random_inputs(dims, seed++);
     for (std::vector<double>* x : {&in.q, &in.k, &in.v, &in.dout}) *x = rounded_to_bf16(*x);
-    AttentionTensors t16 = allocate(dims, DType::bf16);
-    AttentionTensors t32 = allocate(dims, DType::f32);
-    upload_inputs(t16, in);
-    upload_inputs(t32, in);
-    forward(t16, dims, c.blocks);
-    forward(t32, dims, c.blocks);
-    const std::vector<double> out16 = download(t16.out);
-    EXPECT_TRUE(bitwise_equal(out16, rounded_to_bf16(download(t32.out)))) << "out";
-    EXPECT_TRUE(bitwise_equal(download(t16.lse), download(t32.lse))) << "lse";
-    upload(t32.out, out16);
-    backward(t16, dims, c.blocks);
-    backward(t32, dims, c.blocks);
-    EXPECT_TRUE(bitwise_equal(download(t16.dq), rounded_to_bf16(download(t32.dq)))) << "dq";
-    EXPECT_TRUE(bitwise_equal(download(t16.dk), rounded_to_bf16(download(t32.dk)))) << "dk";
-    EXPECT_TRUE(bitwise_equal(download(t16.dv), rounded_to_bf16(download(t32.dv)))) << "dv";
+    expect_bf16_is_f32_rounded_once(dims, in, c.blocks, /*window=*/0, {}, {});
   }
 }
 

@@ -288,36 +288,8 @@ TEST_F(AttentionDocumentsTest, Bf16IsTheFloatResultRoundedOnce) {
     seed += 10;
     for (std::vector<double>* x : {&d.in.q, &d.in.k, &d.in.v, &d.in.dout}) *x = rounded_to_bf16(*x);
     d.sinks = rounded_to_bf16(d.sinks);
-    const Dims& dims = c.dims;
-    const OwnedTensor starts = doc_tensor(dims, d.starts);
-    ops::AttentionVariant v16{c.window, Tensor(), starts}, v32{c.window, Tensor(), starts};
-    OwnedTensor sinks16, sinks32, dsinks16, dsinks32;
-    if (c.sinks) {
-      sinks16 = head_vector(d.sinks, DType::bf16, "sinks16");
-      sinks32 = head_vector(d.sinks, DType::f32, "sinks32");
-      dsinks16 = head_vector(d.start, DType::f32, "dsinks16");
-      dsinks32 = head_vector(d.start, DType::f32, "dsinks32");
-      v16.sinks = sinks16;
-      v32.sinks = sinks32;
-    }
-    AttentionTensors t16 = allocate(dims, DType::bf16);
-    AttentionTensors t32 = allocate(dims, DType::f32);
-    upload_inputs(t16, d.in);
-    upload_inputs(t32, d.in);
-    forward(t16, dims, c.blocks, v16);
-    forward(t32, dims, c.blocks, v32);
-    const std::vector<double> out16 = download(t16.out);
-    EXPECT_TRUE(bitwise_equal(out16, rounded_to_bf16(download(t32.out)))) << "out";
-    EXPECT_TRUE(bitwise_equal(download(t16.lse), download(t32.lse))) << "lse";
-    upload(t32.out, out16);
-    backward(t16, dims, c.blocks, v16, dsinks16);
-    backward(t32, dims, c.blocks, v32, dsinks32);
-    EXPECT_TRUE(bitwise_equal(download(t16.dq), rounded_to_bf16(download(t32.dq)))) << "dq";
-    EXPECT_TRUE(bitwise_equal(download(t16.dk), rounded_to_bf16(download(t32.dk)))) << "dk";
-    EXPECT_TRUE(bitwise_equal(download(t16.dv), rounded_to_bf16(download(t32.dv)))) << "dv";
-    if (c.sinks) {
-      EXPECT_TRUE(bitwise_equal(download(dsinks16), download(dsinks32))) << "dsinks";
-    }
+    expect_bf16_is_f32_rounded_once(c.dims, d.in, c.blocks, c.window,
+                                    c.sinks ? d.sinks : std::vector<double>(), d.start, d.starts);
   }
 }
 

@@ -281,35 +281,7 @@ TEST_F(AttentionVariantTest, Bf16IsTheFloatResultRoundedOnce) {
         c.sinks ? rounded_to_bf16(random_sinks(c.dims.heads, seed + 7)) : std::vector<double>();
     const std::vector<double> start = random_vector(static_cast<size_t>(c.dims.heads), seed + 8);
     seed += 10;
-    const Dims& dims = c.dims;
-    ops::AttentionVariant v16{c.window, Tensor()}, v32{c.window, Tensor()};
-    OwnedTensor sinks16, sinks32, dsinks16, dsinks32;
-    if (c.sinks) {
-      sinks16 = head_vector(sinks, DType::bf16, "sinks16");
-      sinks32 = head_vector(sinks, DType::f32, "sinks32");
-      dsinks16 = head_vector(start, DType::f32, "dsinks16");
-      dsinks32 = head_vector(start, DType::f32, "dsinks32");
-      v16.sinks = sinks16;
-      v32.sinks = sinks32;
-    }
-    AttentionTensors t16 = allocate(dims, DType::bf16);
-    AttentionTensors t32 = allocate(dims, DType::f32);
-    upload_inputs(t16, in);
-    upload_inputs(t32, in);
-    forward(t16, dims, c.blocks, v16);
-    forward(t32, dims, c.blocks, v32);
-    const std::vector<double> out16 = download(t16.out);
-    EXPECT_TRUE(bitwise_equal(out16, rounded_to_bf16(download(t32.out)))) << "out";
-    EXPECT_TRUE(bitwise_equal(download(t16.lse), download(t32.lse))) << "lse";
-    upload(t32.out, out16);
-    backward(t16, dims, c.blocks, v16, dsinks16);
-    backward(t32, dims, c.blocks, v32, dsinks32);
-    EXPECT_TRUE(bitwise_equal(download(t16.dq), rounded_to_bf16(download(t32.dq)))) << "dq";
-    EXPECT_TRUE(bitwise_equal(download(t16.dk), rounded_to_bf16(download(t32.dk)))) << "dk";
-    EXPECT_TRUE(bitwise_equal(download(t16.dv), rounded_to_bf16(download(t32.dv)))) << "dv";
-    if (c.sinks) {
-      EXPECT_TRUE(bitwise_equal(download(dsinks16), download(dsinks32))) << "dsinks";
-    }
+    expect_bf16_is_f32_rounded_once(c.dims, in, c.blocks, c.window, sinks, start);
   }
 }
 
