@@ -24,20 +24,17 @@ void eos_document_starts(std::span<const int64_t> ids, int64_t eos, std::vector<
 }
 
 void document_start_of_positions(std::span<const int64_t> starts, int64_t T, int32_t* doc_start) {
-  int64_t current = 0, previous = 0;
+  int64_t previous = 0;
+  for (int64_t o : starts) {
+    MOEPEAK_CHECK(o > previous && o <= T, "document start ", o, " after ", previous,
+                  " in a window of ", T, " (ascending, in [1, T])");
+    previous = o;
+  }
+  int64_t current = 0;
   size_t next = 0;
   for (int64_t t = 0; t < T; ++t) {
-    while (next < starts.size() && starts[next] <= t) {
-      MOEPEAK_CHECK(starts[next] > previous && starts[next] <= T, "document start ", starts[next],
-                    " after ", previous, " in a window of ", T, " (ascending, in [1, T])");
-      previous = current = starts[next++];
-    }
+    while (next < starts.size() && starts[next] <= t) current = starts[next++];
     doc_start[t] = static_cast<int32_t>(current);
-  }
-  for (; next < starts.size(); ++next) {
-    MOEPEAK_CHECK(starts[next] > previous && starts[next] <= T, "document start ", starts[next],
-                  " after ", previous, " in a window of ", T, " (ascending, in [1, T])");
-    previous = starts[next];
   }
 }
 
