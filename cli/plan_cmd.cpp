@@ -431,7 +431,7 @@ int run_plan(const PlanArgs& args, const Context& ctx) {
         c.parallelism.expert_parallel = r.degrees.expert;
         c.parallelism.sequence_parallel = r.degrees.sequence;
         c.parallelism.data_shard = r.degrees.data_shard;
-        step_s.push_back(predict_step_time(c, r.plan.inputs, rates).step_s);
+        step_s.push_back(predict_step_time(c, r.plan, rates).step_s);
       }
     }
     const int rc = print_layout_search(search, in, j, step_s);
@@ -460,7 +460,7 @@ int run_plan(const PlanArgs& args, const Context& ctx) {
     j["max_batch"] = {{"configured", r.configured}, {"standard", r.standard}};
   }
   if (args.time) {
-    const StepTime t = predict_step_time(cfg, in, rates_for(cfg, in, args.device));
+    const StepTime t = predict_step_time(cfg, p, rates_for(cfg, in, args.device));
     print_step_time(t, stdout);
     j["time"] = step_time_json(t);
   }

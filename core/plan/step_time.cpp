@@ -136,7 +136,8 @@ void name_bound(PhaseTime& p, const std::vector<std::pair<std::string_view, doub
 
 }  // namespace
 
-StepTime predict_step_time(const Config& cfg, const PlanInputs& in, const MachineRates& rates) {
+StepTime predict_step_time(const Config& cfg, const Plan& plan, const MachineRates& rates) {
+  const PlanInputs& in = plan.inputs;
   for (const auto& [v, name] : {std::pair{rates.gemm_flops, "GEMM rate"},
                                 std::pair{rates.grouped_gemm_flops, "grouped GEMM rate"},
                                 std::pair{rates.attention_flops, "attention rate"},
@@ -274,7 +275,6 @@ StepTime predict_step_time(const Config& cfg, const PlanInputs& in, const Machin
   // SCO: the offloaded layers' boundaries out in forward and back in backward, on a copy
   // stream behind the layers' compute.
   if (s.checkpoint == CheckpointSchedule::sco && rates.host_link_bytes_per_s > 0) {
-    const Plan plan = make_plan(cfg, in);
     const double layers = static_cast<double>(plan.sco_offloaded_layers);
     const double copy = N * H * b / rates.host_link_bytes_per_s;
     add_comm(t, by, StepPhase::forward_attention, "sco", layers * copy,

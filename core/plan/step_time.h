@@ -4,7 +4,7 @@
 // and the bytes of each collective over the link its group crosses, less what the schedules hide.
 //
 //   MachineRates rates = machine_rates(cfg);            // probe file, device defaults, or the CPU
-//   StepTime t = predict_step_time(cfg, plan_inputs(cfg, W), rates);
+//   StepTime t = predict_step_time(cfg, make_plan(cfg, plan_inputs(cfg, W)), rates);
 //   t.step_s, t.tokens_per_s, t.mfu, t.phase(StepPhase::backward_experts).exposed_comm_s
 //
 // Per micro-batch and rank (N = B T / W tokens; B_g = B / (W/Sp) sequences in the head layout):
@@ -101,7 +101,9 @@ struct StepTime {
   const PhaseTime& phase(StepPhase p) const { return phases[static_cast<size_t>(p)]; }
 };
 
-// Throws moepeak::Error (naming the rate) unless every rate the config needs is positive.
-StepTime predict_step_time(const Config& cfg, const PlanInputs& inputs, const MachineRates& rates);
+// `plan`: make_plan's for `cfg` (its inputs are the step's shape and layout; SCO's offloaded
+// layers come from it). Throws moepeak::Error (naming the rate) unless every rate the config
+// needs is positive.
+StepTime predict_step_time(const Config& cfg, const Plan& plan, const MachineRates& rates);
 
 }  // namespace moepeak

@@ -62,7 +62,7 @@ Config model_config(int world) {
 }
 
 StepTime predict(const Config& c, int world, const MachineRates& r = round_rates()) {
-  return predict_step_time(c, plan_inputs(c, world), r);
+  return predict_step_time(c, make_plan(c, plan_inputs(c, world)), r);
 }
 
 double total(const StepTime& t, double PhaseTime::*field) {
