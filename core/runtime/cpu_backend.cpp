@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/runtime/blas_kernels.h"
 #include "core/runtime/numa.h"
 #include "core/units.h"
 
@@ -27,6 +28,7 @@ CpuBackend::CpuBackend(const BackendOptions& options) {
                   " of address space for runtime.device_memory: ", std::strerror(errno));
   }
   arena_ = std::make_unique<DeviceArena>(region_, region_bytes_, "cpu device memory");
+  select_blas_kernels();  // before the first GEMM: OpenBLAS may have guessed this CPU wrong
   if (options.cpu_threads > 0) openblas_set_num_threads(options.cpu_threads);
   pinned_ = std::make_unique<PinnedPool>(options.pinned_budget, options.numa_node, nullptr);
   default_stream_ = make_stream("default");
@@ -40,8 +42,12 @@ CpuBackend::~CpuBackend() {
 }
 
 std::string CpuBackend::describe() const {
+  const BlasKernels& blas = select_blas_kernels();
+  const std::string kernels = blas.active == blas.detected
+                                  ? blas.active
+                                  : blas.active + " (detected " + blas.detected + ")";
   return "cpu (" + std::to_string(std::thread::hardware_concurrency()) + " cores, OpenBLAS " +
-         std::to_string(openblas_get_num_threads()) + " threads, " +
+         kernels + " kernels, " + std::to_string(openblas_get_num_threads()) + " threads, " +
          std::to_string(numa_node_count()) + " NUMA node(s), device memory " +
          format_bytes(arena_->capacity()) + ", pinned budget " + format_bytes(pinned_->budget()) +
          " on node " + std::to_string(pinned_->numa_node()) + ")";
