@@ -303,27 +303,10 @@ std::string svg_of(const Config& cfg, const PlanInputs& in, const std::string& r
 }
 
 // The layout search's table: one row per (Ep, Sp, data_shard), the best marked, then its name.
-// With predicted step times (--time; 0 where a layout does not fit), the fastest that fits is
-// the best and the rows are ordered by it.
-int print_layout_search(LayoutSearch s, const PlanInputs& in, nlohmann::json& j,
-                        std::vector<double> step_s = {}) {
-  const bool timed = !step_s.empty();
-  if (timed) {
-    std::vector<size_t> order(s.rows.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    auto key = [&](size_t i) { return step_s[i] > 0 ? step_s[i] : 1e300; };
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return key(a) < key(b); });
-    LayoutSearch sorted = s;
-    std::vector<double> times;
-    for (size_t i = 0; i < order.size(); ++i) {
-      sorted.rows[i] = s.rows[order[i]];
-      times.push_back(step_s[order[i]]);
-    }
-    sorted.best = times.empty() || times.front() <= 0 ? -1 : 0;
-    s = std::move(sorted);
-    step_s = std::move(times);
-  }
+// `timed`: the search went through order_layouts_by_step_time (rows fastest first, a step_s
+// column).
+int print_layout_search(const LayoutSearch& s, const PlanInputs& in, nlohmann::json& j,
+                        bool timed) {
   const char* goal = s.goal == LayoutGoal::max_context ? "the longest seq_len"
                      : s.goal == LayoutGoal::max_batch ? "the largest micro-batch"
                                                        : "fits at the configured shape";
@@ -361,9 +344,9 @@ int print_layout_search(LayoutSearch s, const PlanInputs& in, nlohmann::json& j,
                 r.binding.c_str(), static_cast<double>(r.plan.total) / kGiB,
                 static_cast<long long>(r.max_context), static_cast<long long>(r.max_batch),
                 r.traffic.total() / 1e9);
-    if (timed && step_s[i] > 0) {
-      std::printf(" %10.4f", step_s[i]);
-      jr["step_s"] = step_s[i];
+    if (timed && r.step_s > 0) {
+      std::printf(" %10.4f", r.step_s);
+      jr["step_s"] = r.step_s;
     } else if (timed) {
       std::printf(" %10s", "-");
     }
@@ -418,23 +401,9 @@ int run_plan(const PlanArgs& args, const Context& ctx) {
                             : args.max_batch ? LayoutGoal::max_batch
                                              : LayoutGoal::fits;
     nlohmann::json j;
-    const LayoutSearch search = search_layouts(any, in, goal);
-    std::vector<double> step_s;
-    if (args.time) {
-      const MachineRates rates = rates_for(any, in, args.device);
-      for (const LayoutRow& r : search.rows) {
-        if (!r.valid || !r.plan.fits()) {
-          step_s.push_back(0);
-          continue;
-        }
-        Config c = any;
-        c.parallelism.expert_parallel = r.degrees.expert;
-        c.parallelism.sequence_parallel = r.degrees.sequence;
-        c.parallelism.data_shard = r.degrees.data_shard;
-        step_s.push_back(predict_step_time(c, r.plan, rates).step_s);
-      }
-    }
-    const int rc = print_layout_search(search, in, j, step_s);
+    LayoutSearch search = search_layouts(any, in, goal);
+    if (args.time) order_layouts_by_step_time(any, search, rates_for(any, in, args.device));
+    const int rc = print_layout_search(search, in, j, args.time);
     if (!args.json_path.empty()) write_file_atomically(args.json_path, j.dump(2) + "\n");
     return rc;
   }

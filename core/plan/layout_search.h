@@ -59,6 +59,7 @@ struct LayoutRow {
   int64_t max_context = 0;  // LayoutGoal::max_context: the longest seq_len that fits
   int64_t max_batch = 0;    // LayoutGoal::max_batch: the largest micro-batch that fits
   StepTraffic traffic;      // per rank and step, at (B, m, seq_len)
+  double step_s = 0;        // the predicted step (order_layouts_by_step_time); 0: not timed
 };
 
 struct LayoutSearch {

@@ -335,4 +335,23 @@ StepTime predict_step_time(const Config& cfg, const Plan& plan, const MachineRat
   return t;
 }
 
+void order_layouts_by_step_time(const Config& cfg, LayoutSearch& search,
+                                const MachineRates& rates) {
+  for (LayoutRow& r : search.rows) {
+    if (!r.valid || !r.plan.fits()) continue;
+    Config c = cfg;
+    c.parallelism.expert_parallel = r.degrees.expert;
+    c.parallelism.sequence_parallel = r.degrees.sequence;
+    c.parallelism.data_shard = r.degrees.data_shard;
+    r.step_s = predict_step_time(c, r.plan, rates).step_s;
+  }
+  std::stable_sort(search.rows.begin(), search.rows.end(),
+                   [](const LayoutRow& a, const LayoutRow& b) {
+                     const double ka = a.step_s > 0 ? a.step_s : HUGE_VAL;
+                     const double kb = b.step_s > 0 ? b.step_s : HUGE_VAL;
+                     return ka < kb;
+                   });
+  search.best = !search.rows.empty() && search.rows.front().step_s > 0 ? 0 : -1;
+}
+
 }  // namespace moepeak

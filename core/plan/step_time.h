@@ -47,6 +47,7 @@
 #include <string>
 
 #include "core/config/config.h"
+#include "core/plan/layout_search.h"
 #include "core/plan/plan.h"
 #include "core/runtime/step_phase.h"
 
@@ -105,5 +106,10 @@ struct StepTime {
 // layers come from it). Throws moepeak::Error (naming the rate) unless every rate the config
 // needs is positive.
 StepTime predict_step_time(const Config& cfg, const Plan& plan, const MachineRates& rates);
+
+// `moepeak plan --search-layout --time`: every row that fits gets its predicted step_s (the
+// others keep 0), the rows are ordered fastest first (those that do not fit after, in their
+// order), and `best` is the fastest that fits (-1 when none does). `cfg`: the config searched.
+void order_layouts_by_step_time(const Config& cfg, LayoutSearch& search, const MachineRates& rates);
 
 }  // namespace moepeak

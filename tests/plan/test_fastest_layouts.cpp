@@ -46,11 +46,11 @@ std::string format(const char* fmt, auto... args) {
 // One row of the table: the fastest layout of `c` that fits, or why none does.
 std::string table_row(const Case& c) {
   const std::string T = std::to_string(c.seq_len);
-  Config cfg = test_support::h200_preset(
-      c.preset, true,
-      {"training.seq_len=" + T, "model.max_position_embeddings=" + T,
-       "parallelism.expert_parallel=0", "parallelism.sequence_parallel=0",
-       "parallelism.data_shard=0"});
+  Config cfg =
+      test_support::h200_preset(c.preset, true,
+                                {"training.seq_len=" + T, "model.max_position_embeddings=" + T,
+                                 "parallelism.expert_parallel=0", "parallelism.sequence_parallel=0",
+                                 "parallelism.data_shard=0"});
   const PlanInputs in = plan_inputs(cfg, kWorld);
   LayoutSearch search = search_layouts(cfg, in, LayoutGoal::fits);
   const MachineRates rates = device_rates("h200", in.dtype);
@@ -85,12 +85,13 @@ std::string table_row(const Case& c) {
     if (p.time_s() > longest->time_s()) longest = &p;
   }
   return head +
-         format("(%d, %d, %d), %lld x %lld | %.2f | %.0f | %.1f%% | %s (%s) | %.1f (%s) | %d | %.2f |",
-                best.degrees.expert, best.degrees.sequence, best.degrees.data_shard,
-                static_cast<long long>(best.batch), static_cast<long long>(best.grad_accum),
-                t.step_s, t.tokens_per_s, 100 * t.mfu, std::string(step_phase_name(longest->phase)).c_str(),
-                longest->bound.c_str(), static_cast<double>(best.plan.total) / (1 << 30),
-                best.binding.c_str(), fitting, slowest);
+         format(
+             "(%d, %d, %d), %lld x %lld | %.2f | %.0f | %.1f%% | %s (%s) | %.1f (%s) | %d | %.2f |",
+             best.degrees.expert, best.degrees.sequence, best.degrees.data_shard,
+             static_cast<long long>(best.batch), static_cast<long long>(best.grad_accum), t.step_s,
+             t.tokens_per_s, 100 * t.mfu, std::string(step_phase_name(longest->phase)).c_str(),
+             longest->bound.c_str(), static_cast<double>(best.plan.total) / (1 << 30),
+             best.binding.c_str(), fitting, slowest);
 }
 
 std::string table() {

@@ -14,6 +14,7 @@
 #include "core/model/param_layout.h"
 #include "core/plan/plan.h"
 #include "core/plan/plan_svg.h"
+#include "tests/plan/h200_configs.h"
 #include "tests/source_dir.h"
 
 namespace moepeak {
@@ -21,17 +22,8 @@ namespace {
 
 const std::string kSourceDir = test_support::source_dir();
 
-// `extra`: more --set overrides (a layout, a batch), after the H200 and schedule ones.
 Config h200(const std::string& model, bool bounded, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> sets = {"runtime.device_memory=141GB", "runtime.pinned_memory=250GB"};
-  if (bounded) {
-    for (const char* s : {"schedules.dispatch=pipelined_llep", "schedules.vocab=ring_dtp",
-                          "schedules.checkpoint=sco", "optimizer.placement=offload_stream"}) {
-      sets.emplace_back(s);
-    }
-  }
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  return load_config({kSourceDir + "/configs/" + model + ".toml"}, sets);
+  return test_support::h200_preset(model, bounded, extra);
 }
 
 struct Reach {
