@@ -5,6 +5,9 @@
 #
 #   scripts/bench_step_time.sh            (every case below; about 5 minutes on 2 cores)
 #   MOEPEAK_BIN=build/moepeak scripts/bench_step_time.sh tiny_1
+#   scripts/bench_step_time.sh search small|small_link|tiny|tiny_link
+#       the layout search on 2 ranks: every layout that fits, predicted and measured, and how the
+#       one the search names measures against the fastest measured
 #
 # Cases: the tiny (embedded default) and small presets on 1 and 2 ranks, standard schedules and
 # all four bounded ones, and 2 ranks under the CPU link model (0.2 GB/s, 50 us).
@@ -35,6 +38,47 @@ cases=(
   "small_2_link|2|${small[*]} ${link[*]}"
 )
 want="${1:-}"
+
+if [ "$want" = search ]; then
+  # shellcheck disable=SC2206
+  case "${2:-small}" in
+    small) args=("${small[@]}") ;;
+    small_link) args=("${small[@]}" "${link[@]}") ;;
+    tiny) args=() ;;
+    tiny_link) args=("${link[@]}") ;;
+    *) echo "bench_step_time: search small|small_link|tiny|tiny_link" >&2; exit 2 ;;
+  esac
+  "$bin" plan -n 2 "${args[@]}" --search-layout --time --json "$tmp/search.json" \
+    >"$tmp/search.out" 2>&1 || true
+  printf '# search %s on 2 ranks: every layout that fits, the named one first\n' "${2:-small}"
+  printf '# %4s %4s %4s %6s %6s %12s %12s\n' Ep Sp Ds batch accum predicted_s measured_s
+  /usr/bin/python3 - "$tmp/search.json" >"$tmp/layouts.txt" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["layouts"]:
+    if r.get("step_s", 0) > 0:
+        print(r["expert_parallel"], r["sequence_parallel"], r["data_shard"], r["batch"],
+              r["grad_accum_steps"], r["step_s"])
+PY
+  i=0
+  while read -r ep sp ds batch accum predicted; do
+    i=$((i + 1))
+    "${mpi[@]}" -np 2 "$bin" bench step "${args[@]}" --set metrics.progress=off \
+      --set parallelism.expert_parallel="$ep" --set parallelism.sequence_parallel="$sp" \
+      --set parallelism.data_shard="$ds" --set training.batch_size="$batch" \
+      --set training.grad_accum_steps="$accum" --set job.run_dir="$tmp/runs" --warmup 2 \
+      --iters 7 --json "$tmp/layout$i.json" >"$tmp/layout$i.out" 2>&1
+    measured=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['rows'][0]['step_s'])" "$tmp/layout$i.json")
+    printf '  %4s %4s %4s %6s %6s %12.4f %12.4f\n' "$ep" "$sp" "$ds" "$batch" "$accum" "$predicted" "$measured"
+    echo "$measured" >>"$tmp/measured.txt"
+  done <"$tmp/layouts.txt"
+  /usr/bin/python3 - "$tmp/measured.txt" <<'PY'
+import sys
+m = [float(l) for l in open(sys.argv[1])]
+print(f"# the named layout measures {m[0]:.4f} s, {m[0] / min(m):.3f}x the fastest measured "
+      f"({min(m):.4f} s) of {len(m)} layouts")
+PY
+  exit 0
+fi
 printf '# %-18s %5s %12s %12s %8s\n' case ranks predicted_s measured_s ratio
 for c in "${cases[@]}"; do
   IFS='|' read -r name ranks args <<<"$c"
