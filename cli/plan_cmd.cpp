@@ -28,6 +28,8 @@
 #include "core/plan/plan_svg.h"
 #include "core/plan/step_time.h"
 #include "core/units.h"
+#include "topology/auto_budget.h"
+#include "topology/probe_file.h"
 
 namespace moepeak::cli {
 namespace {
@@ -47,16 +49,28 @@ struct PlanArgs {
   std::string device;  // --device: h100, h200 or "" (this machine, measured)
 };
 
-// The step-time model's rates (core/plan/machine_rates.h): a device's defaults, or this machine's
-// CPU backend measured at the config's shapes with one rank's share of the cores (W ranks on
-// this host), its ranks' links from the link model.
+// The step-time model's rates (core/plan/machine_rates.h), in this order: a device's defaults
+// (--device); the probe file's [rates] (runtime.probe_file, `moepeak probe`) when they are the
+// config's backend's and dtype's; else this machine's CPU backend measured at the config's shapes
+// with one rank's share of the cores (W ranks on this host), its ranks' links from the link model.
+// A probe file without usable rates is said on stdout (a `#` line) before the fallback.
 MachineRates rates_for(const Config& cfg, const PlanInputs& in, const std::string& device) {
   if (!device.empty()) return device_rates(device, in.dtype);
+  std::string unusable;
+  if (!cfg.runtime.probe_file.empty()) {
+    const std::string path = topology::resolve_probe_path(cfg.runtime.probe_file);
+    const topology::ProbeResult probe = topology::read_probe_file(path);
+    unusable = probe_rates_unusable(probe, path, cfg.runtime, in.dtype);
+    if (unusable.empty()) return rates_from_probe(probe, path, cfg.runtime, in.dtype);
+  }
   if (cfg.runtime.backend == BackendChoice::cuda) {
     MOEPEAK_INPUT_ERROR(
         "moepeak plan --time for runtime.backend = \"cuda\": name the GPU with "
-        "--device h100 or --device h200 (its documented defaults)");
+        "--device h100 or --device h200 (its documented defaults), or point runtime.probe_file "
+        "at a probe file with the GPU's rates (`moepeak probe -o FILE` on the node)",
+        unusable.empty() ? "" : "; " + unusable);
   }
+  if (!unusable.empty()) std::printf("# step time: %s; measuring this machine\n", unusable.c_str());
   // A rank's share of this host's cores, as W ranks of a CPU job on it run.
   RankInfo one_of_w;
   one_of_w.world_size = one_of_w.local_size = in.world();
@@ -112,6 +126,7 @@ nlohmann::json step_time_json(const StepTime& t) {
             {"attention_flops", t.rates.attention_flops},
             {"memory_bytes_per_s", t.rates.memory_bytes_per_s},
             {"host_link_bytes_per_s", t.rates.host_link_bytes_per_s},
+            {"host_memory_bytes_per_s", t.rates.host_memory_bytes_per_s},
             {"node_link_bytes_per_s", t.rates.node_link_bytes_per_s},
             {"network_bytes_per_s", t.rates.network_bytes_per_s},
             {"ranks_per_node", t.rates.ranks_per_node},
@@ -471,8 +486,10 @@ void register_plan_command(CLI::App& app, Context& ctx) {
                 "communication and what the schedules hide; with --search-layout, order the "
                 "layouts that fit by it");
   cmd->add_option("--device", args.device,
-                  "the rates --time prices with: h100 or h200 (documented defaults); default: this "
-                  "machine's CPU backend, measured at the config's shapes")
+                  "the rates --time prices with: h100 or h200 (documented defaults); default: "
+                  "the [rates] of runtime.probe_file (`moepeak probe`) when they are the config's "
+                  "backend's and dtype's, else this machine's CPU backend, measured at the "
+                  "config's shapes")
       ->check(CLI::IsMember({"h100", "h200"}));
   cmd->callback([&ctx] {
     if (!args.device.empty() && !args.time) {

@@ -1,16 +1,21 @@
 // `moepeak probe`: run on each node before training — what the node has (packages, NUMA nodes,
 // cores, PCI GPUs and NICs with their NUMA node, CUDA devices, peer access, NVLinks, versions),
-// how fast its host link is, and how much pinned host memory each local rank may take for SCO
-// and the optimizer. Prints `#`-commented fixed-column tables (nccl-tests style); --output writes
-// the probe file that runtime.probe_file points plan/train/tune at; --json the same as JSON.
+// how fast its host link is, how much pinned host memory each local rank may take for SCO and
+// the optimizer, and the step-time model's rates of one rank (core/measure/machine_measure.h at
+// a config's shapes, on the GPU when there is one, else on the CPU backend with one rank's share
+// of the cores). Prints `#`-commented fixed-column tables (nccl-tests style); --output writes the
+// probe file that runtime.probe_file points plan/train/tune at; --json the same as JSON.
 //
 //   moepeak probe [--ranks-per-node N] [--output probe.toml] [--json probe.json]
 //                 [--no-bench | --bench-bytes 256MiB --iters 5] [--topology-xml FILE]
-//                 [--cpu] [--optimizer-share 0.75]
+//                 [--cpu] [--optimizer-share 0.75] [-c config.toml]... [--set key=value]...
 //
 // --topology-xml reads an hwloc XML export (lstopo --of xml) instead of this machine and skips
-// the bandwidth runs. docs/probe.md has the formula, the file format and measured figures.
+// the measurements (as does --no-bench). -c/--set: the config whose shapes and dtype the rates
+// are measured at (default the embedded one). docs/probe.md has the formula, the file format and
+// measured figures.
 // Test: ctest -R test_probe_cli.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -20,6 +25,10 @@
 #include "cli/commands.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/measure/machine_measure.h"
+#include "core/plan/plan.h"
+#include "core/plan/step_time.h"
+#include "core/runtime/backend.h"
 #include "core/units.h"
 #include "topology/host_budget.h"
 #include "topology/host_link_bench.h"
@@ -32,6 +41,7 @@ namespace {
 using namespace moepeak::topology;
 
 struct ProbeArgs {
+  ConfigArgs config;  // the shapes and dtype of the step-time rates
   std::string topology_xml;
   int ranks_per_node = 0;  // 0: one per GPU, else one per NUMA node
   std::string output;
@@ -45,6 +55,36 @@ struct ProbeArgs {
 
 const char* or_dash(const std::string& s) { return s.empty() ? "-" : s.c_str(); }
 std::string node_text(int n) { return n < 0 ? "?" : std::to_string(n); }
+
+const char* not_measured_why(const ProbeArgs& a) {
+  return a.topology_xml.empty() ? "--no-bench" : "--topology-xml";
+}
+
+// The step-time rates as a table: each in the unit people read it in, and its key in the file.
+void print_rates(const ProbeResult& r, const ProbeArgs& a) {
+  if (!r.rates_measured) {
+    std::printf("#\n# Step-time rates: not measured (%s)\n", not_measured_why(a));
+    return;
+  }
+  const ProbeRates& x = r.rates;
+  std::printf(
+      "#\n# Step-time rates (docs/plan.md#step-time): %s, %s, one rank of %d on the node; median "
+      "of 3 after one warm-up\n",
+      x.backend.c_str(), x.dtype.c_str(), x.ranks_sharing);
+  std::printf("# device: %s\n# shapes: %s\n", x.device.c_str(), x.shapes.c_str());
+  std::printf("# %-12s %12s %-8s %s\n", "rate", "value", "unit", "key");
+  auto row = [](const char* name, double v, double scale, const char* unit, const char* key) {
+    std::printf("  %-12s %12.3f %-8s %s\n", name, v / scale, unit, key);
+  };
+  row("gemm", x.gemm_flops, 1e9, "GFLOP/s", "gemm_flops");
+  row("grouped_gemm", x.grouped_gemm_flops, 1e9, "GFLOP/s", "grouped_gemm_flops");
+  row("attention", x.attention_flops, 1e9, "GFLOP/s", "attention_flops");
+  row("memory", x.memory_bytes_per_s, 1e9, "GB/s", "memory_bytes_per_s");
+  row("host_link", x.host_link_bytes_per_s, 1e9, "GB/s", "host_link_bytes_per_s");
+  row("host_memory", x.host_memory_bytes_per_s, 1e9, "GB/s", "host_memory_bytes_per_s");
+  row("op_latency", x.op_latency_s, 1e-6, "us", "op_latency_s");
+  row("peak", x.peak_flops, 1e9, "GFLOP/s", "peak_flops");
+}
 
 void print_tables(const ProbeResult& r, const ProbeArgs& a) {
   const NodeTopology& t = r.topology;
@@ -120,9 +160,10 @@ void print_tables(const ProbeResult& r, const ProbeArgs& a) {
                               : (std::to_string(p.cuda_register_s).substr(0, 5) + " s").c_str());
     for (const auto& n : h.notes) std::printf("# note: %s\n", n.c_str());
   } else {
-    std::printf("#\n# Host link: not measured (%s)\n",
-                a.topology_xml.empty() ? "--no-bench" : "--topology-xml");
+    std::printf("#\n# Host link: not measured (%s)\n", not_measured_why(a));
   }
+
+  print_rates(r, a);
 
   const HostBudgets& b = r.budgets;
   std::printf(
@@ -157,7 +198,76 @@ void print_tables(const ProbeResult& r, const ProbeArgs& a) {
   if (!a.json_path.empty()) std::printf("# json: %s\n", a.json_path.c_str());
 }
 
-int run_probe(const ProbeArgs& a) {
+// "hidden 64, seq 128 x batch 4 on W = 1 (512 tokens a rank), experts 4/2, vocab 256, from the
+// embedded default --set training.seq_len=128": what the rates were measured at.
+std::string shapes_text(const Config& cfg, const PlanInputs& in, const ConfigArgs& from) {
+  const ModelConfig& m = cfg.model;
+  std::string text =
+      "hidden " + std::to_string(m.hidden_size) + ", seq " + std::to_string(in.seq_len) +
+      " x batch " + std::to_string(in.batch) + " on W = " + std::to_string(in.world()) + " (" +
+      std::to_string(in.batch * in.seq_len / in.world()) + " tokens a rank), experts " +
+      std::to_string(m.num_local_experts) + "/" + std::to_string(m.num_experts_per_tok) +
+      ", vocab " + std::to_string(m.vocab_size) + ", from ";
+  if (from.files.empty()) text += "the embedded default";
+  for (size_t i = 0; i < from.files.size(); ++i) text += (i ? " + " : "") + from.files[i];
+  for (const std::string& o : from.overrides) text += " --set " + o;
+  return text;
+}
+
+// The step-time model's rates of one of the node's ranks, at the config's shapes (its own W:
+// parallelism.world_size, else 1) and dtype: on GPU 0 when the probe kept GPUs (not --cpu), else
+// on the CPU backend with one rank's share of the cores (ranks_per_node ranks on this host).
+ProbeRates measure_rates(const Config& loaded, const ProbeResult& r, const ConfigArgs& from) {
+  const bool cuda = !r.topology.gpus.empty();
+  Config cfg = loaded;
+  cfg.runtime.backend = cuda ? BackendChoice::cuda : BackendChoice::cpu;
+  cfg.runtime.probe_file.clear();  // plan_inputs' pinned budget: not from the file being written
+  if (cuda && !cfg.runtime.device_memory_bytes()) {
+    // "auto": plan_inputs wants a capacity, which the measurement does not use.
+    cfg.runtime.device_memory = std::to_string(r.topology.gpus.front().memory_bytes);
+  }
+  const PlanInputs in = plan_inputs(cfg, 0);
+  RankInfo one_of_n;
+  one_of_n.world_size = one_of_n.local_size = r.budgets.ranks_per_node;
+  BackendOptions options = measure::bench_any_backend_options(cfg, one_of_n);
+  // NOTES: on a GPU the probe measures the device, not the config's arena: the card's free
+  // memory (0 = auto), so that large shapes' operands fit.
+  if (cuda) options.device_memory = 0;
+  auto backend = Backend::create(options);
+  const MachineRates m = measure::measure_machine_rates(*backend, cfg, in, 3);
+
+  ProbeRates x;
+  x.backend = cuda ? "cuda" : "cpu";
+  x.device = cuda ? r.topology.gpus.front().name : backend->describe();
+  x.dtype = std::string(dtype_name(in.dtype));
+  x.ranks_sharing = r.budgets.ranks_per_node;
+  x.shapes = shapes_text(cfg, in, from);
+  x.gemm_flops = m.gemm_flops;
+  x.grouped_gemm_flops = m.grouped_gemm_flops;
+  x.attention_flops = m.attention_flops;
+  x.memory_bytes_per_s = m.memory_bytes_per_s;
+  x.host_link_bytes_per_s = m.host_link_bytes_per_s;
+  x.host_memory_bytes_per_s = m.host_memory_bytes_per_s;
+  x.op_latency_s = m.op_latency_s;
+  x.peak_flops = m.peak_flops;
+  if (cuda && r.bench_run) {
+    // The host link of a GPU is its pinned copies from its local node (the slower way), which the
+    // host-link bench has just measured; machine_measure's memcpy is the CPU's.
+    double link = 0;
+    for (const BandwidthRow& row : r.bench.rows) {
+      if (row.gpu != 0 || !row.local || row.memory != "pinned" || row.gb_per_s <= 0) continue;
+      if (row.kind != "h2d" && row.kind != "d2h") continue;
+      link = link > 0 ? std::min(link, row.gb_per_s * 1e9) : row.gb_per_s * 1e9;
+    }
+    if (link > 0) x.host_link_bytes_per_s = link;
+  }
+  return x;
+}
+
+int run_probe(const ProbeArgs& a, const Context& ctx) {
+  const bool measure = !a.no_bench && a.topology_xml.empty();
+  // The config first: a bad one fails before the measurements.
+  const Config cfg = measure ? load_config_for_command(a.config, ctx) : Config{};
   const BuildInfo& bi = build_info();
   ProbeResult r;
   r.host = process_host();
@@ -174,7 +284,7 @@ int run_probe(const ProbeArgs& a) {
   policy.optimizer_share = a.optimizer_share;
   const int ranks = a.ranks_per_node > 0 ? a.ranks_per_node : default_ranks_per_node(r.topology);
   r.budgets = compute_host_budgets(r.topology, ranks, policy);
-  if (!a.no_bench && a.topology_xml.empty()) {
+  if (measure) {
     auto bytes = parse_bytes(a.bench_bytes);
     if (!bytes || *bytes < 4096)
       MOEPEAK_INPUT_ERROR(
@@ -182,6 +292,8 @@ int run_probe(const ProbeArgs& a) {
           "\"");
     r.bench = run_host_link_bench(r.topology, BenchOptions{*bytes, a.iters});
     r.bench_run = true;
+    r.rates = measure_rates(cfg, r, a.config);
+    r.rates_measured = true;
   }
   if (!a.json_path.empty()) {
     write_file_atomically(a.json_path, probe_to_json(r).dump(2) + "\n");
@@ -196,7 +308,8 @@ int run_probe(const ProbeArgs& a) {
 void register_probe_command(CLI::App& app, Context& ctx) {
   auto* sub = app.add_subcommand("probe",
                                  "on each node before training: topology, host-link bandwidth, "
-                                 "per-rank host budgets (the probe file for runtime.probe_file)");
+                                 "the step-time rates at a config's shapes (-c/--set), per-rank "
+                                 "host budgets (the probe file for runtime.probe_file)");
   static ProbeArgs args;
   sub->add_option(
       "--topology-xml", args.topology_xml,
@@ -206,8 +319,9 @@ void register_probe_command(CLI::App& app, Context& ctx) {
       ->check(CLI::PositiveNumber);
   sub->add_option("-o,--output", args.output, "write the probe file (TOML) here, atomically");
   sub->add_option("--json", args.json_path, "write the probe as JSON here");
-  auto* no_bench =
-      sub->add_flag("--no-bench", args.no_bench, "skip the bandwidth and pinning measurements");
+  auto* no_bench = sub->add_flag(
+      "--no-bench", args.no_bench,
+      "skip the measurements: bandwidth, pinning and the step-time rates (no [rates])");
   sub->add_option("--bench-bytes", args.bench_bytes,
                   "buffer size of each measurement (default 256MiB)")
       ->excludes(no_bench);
@@ -215,11 +329,12 @@ void register_probe_command(CLI::App& app, Context& ctx) {
       ->check(CLI::PositiveNumber)
       ->excludes(no_bench);
   sub->add_flag("--cpu", args.cpu, "budgets for ranks on the CPU backend: ignore the GPUs");
+  add_config_options(*sub, args.config);
   sub->add_option("--optimizer-share", args.optimizer_share,
                   "share of each rank's host budget for the optimizer state; SCO gets the rest "
                   "(default 0.75)")
       ->check(CLI::Range(0.0, 1.0));
-  sub->callback([&ctx] { ctx.action = [] { return run_probe(args); }; });
+  sub->callback([&ctx] { ctx.action = [&ctx] { return run_probe(args, ctx); }; });
 }
 
 }  // namespace moepeak::cli

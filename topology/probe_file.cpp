@@ -4,6 +4,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -34,8 +35,13 @@ std::string quote(const std::string& s) {
   return out + "\"";
 }
 
-std::string number(double v) {  // shortest text that reads back to the same double
-  if (!std::isfinite(v)) v = 0;
+// Shortest text that reads back to the same double; a non-finite value is written as 0 (TOML
+// has inf and nan, but a probe file never holds one) unless kept for an error message.
+std::string number(double v, bool keep_nonfinite = false) {
+  if (!std::isfinite(v)) {
+    if (keep_nonfinite) return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
+    v = 0;
+  }
   char buf[64];
   auto [p, ec] = std::to_chars(buf, buf + sizeof(buf), v);
   std::string s(buf, p);
@@ -134,6 +140,29 @@ class Reader {
     if (n.is_integer()) return static_cast<double>(n.as_integer()->get());
     if (!n.is_floating_point()) fail(n, where + "." + key + " must be a number");
     return n.as_floating_point()->get();
+  }
+  // A rate: a number > 0 (>= 0 with `zero_ok`) and finite.
+  double rate(const toml::table& t, const char* key, const std::string& where,
+              bool zero_ok = false) const {
+    const double v = f64(t, key, where);
+    if (!std::isfinite(v) || v < 0 || (v == 0 && !zero_ok)) {
+      fail(at(t, key, where), where + "." + key + " must be a " +
+                                  (zero_ok ? "finite number >= 0" : "positive finite number") +
+                                  ", got " + number(v, /*keep_nonfinite=*/true));
+    }
+    return v;
+  }
+  // A string that is one of `allowed`.
+  std::string one_of(const toml::table& t, const char* key, const std::string& where,
+                     const std::vector<std::string>& allowed) const {
+    std::string v = str(t, key, where);
+    if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "\"" : ", \"") + a + "\"";
+      fail(at(t, key, where),
+           where + "." + key + " must be one of " + list + ", got \"" + v + "\"");
+    }
+    return v;
   }
   bool boolean(const toml::table& t, const char* key, const std::string& where) const {
     const toml::node& n = at(t, key, where);
@@ -289,6 +318,24 @@ std::string probe_to_toml(const ProbeResult& r) {
     w.kv("mlock_s", h.pinning.mlock_s);
     w.kv("mlock_ok", h.pinning.mlock_ok);
     w.kv("cuda_register_s", h.pinning.cuda_register_s);
+  }
+
+  if (r.rates_measured) {
+    const ProbeRates& x = r.rates;
+    w.header("[rates]");
+    w.kv("backend", x.backend);
+    w.kv("device", x.device);
+    w.kv("dtype", x.dtype);
+    w.kv("ranks_sharing", x.ranks_sharing);
+    w.kv("shapes", x.shapes);
+    w.kv("gemm_flops", x.gemm_flops);
+    w.kv("grouped_gemm_flops", x.grouped_gemm_flops);
+    w.kv("attention_flops", x.attention_flops);
+    w.kv("memory_bytes_per_s", x.memory_bytes_per_s);
+    w.kv("host_link_bytes_per_s", x.host_link_bytes_per_s);
+    w.kv("host_memory_bytes_per_s", x.host_memory_bytes_per_s);
+    w.kv("op_latency_s", x.op_latency_s);
+    w.kv("peak_flops", x.peak_flops);
   }
   return w.take();
 }
@@ -454,6 +501,25 @@ ProbeResult read_probe_file(const std::string& path) {
     r.bench.pinning.mlock_s = rd.f64(p, "mlock_s", "bench.pinning");
     r.bench.pinning.mlock_ok = rd.boolean(p, "mlock_ok", "bench.pinning");
     r.bench.pinning.cuda_register_s = rd.f64(p, "cuda_register_s", "bench.pinning");
+  }
+
+  if (doc.get("rates") != nullptr) {  // optional: older files and --no-bench have none
+    const toml::table& t = rd.table(doc, "rates", "rates");
+    ProbeRates& x = r.rates;
+    x.backend = rd.one_of(t, "backend", "rates", {"cpu", "cuda"});
+    x.device = rd.str(t, "device", "rates");
+    x.dtype = rd.one_of(t, "dtype", "rates", {"f32", "bf16"});
+    x.ranks_sharing = rd.i32(t, "ranks_sharing", "rates", 1);
+    x.shapes = rd.str(t, "shapes", "rates");
+    x.gemm_flops = rd.rate(t, "gemm_flops", "rates");
+    x.grouped_gemm_flops = rd.rate(t, "grouped_gemm_flops", "rates");
+    x.attention_flops = rd.rate(t, "attention_flops", "rates");
+    x.memory_bytes_per_s = rd.rate(t, "memory_bytes_per_s", "rates");
+    x.host_link_bytes_per_s = rd.rate(t, "host_link_bytes_per_s", "rates");
+    x.host_memory_bytes_per_s = rd.rate(t, "host_memory_bytes_per_s", "rates");
+    x.op_latency_s = rd.rate(t, "op_latency_s", "rates", /*zero_ok=*/true);
+    x.peak_flops = rd.rate(t, "peak_flops", "rates");
+    r.rates_measured = true;
   }
   return r;
 }

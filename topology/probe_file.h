@@ -1,6 +1,7 @@
-// The probe file: what `moepeak probe` found on a node — topology, measured rates, each local
-// rank's placement and host budgets — as TOML that `plan`, `train` and `tune` read through
-// runtime.probe_file (format in docs/probe.md), and the same content as JSON for `--json`.
+// The probe file: what `moepeak probe` found on a node — topology, measured rates (the host
+// link's, and the step-time model's at a config's shapes), each local rank's placement and host
+// budgets — as TOML that `plan`, `train` and `tune` read through runtime.probe_file (format in
+// docs/probe.md), and the same content as JSON for `--json`.
 //
 //   write_probe_file("probe.toml", result);   // atomic: temp file + rename, never half-written
 //   ProbeResult r = read_probe_file("probe.toml");  // validates; errors name file:line and key
@@ -18,6 +19,28 @@
 
 namespace moepeak::topology {
 
+// The step-time model's rates of one rank of the node (the file's optional [rates]; measured by
+// core/measure/machine_measure.h at a config's shapes, core/plan/machine_rates.h's
+// rates_from_probe turns them into MachineRates). FLOP/s, bytes/s (1e9 bytes = 1 GB) and seconds.
+// NOTES: a plain struct because topology/ sits below core/plan/ (MachineRates); the field names
+// are MachineRates' and the file's keys.
+struct ProbeRates {
+  std::string backend;    // "cpu" | "cuda": the backend the numbers were measured on
+  std::string device;     // the CPU backend's describe(), or the GPU's name
+  std::string dtype;      // "f32" | "bf16": the working dtype of the GEMMs and elementwise ops
+  int ranks_sharing = 1;  // ranks per node: the numbers are one rank's share of cores or device
+  std::string shapes;     // "hidden 512, seq 256 x batch 4 on W = 1, experts 8/2, ... from ..."
+  double gemm_flops = 0;  // the dense GEMMs, forward and backward
+  double grouped_gemm_flops = 0;       // the experts' grouped GEMMs
+  double attention_flops = 0;          // attention, forward and backward
+  double memory_bytes_per_s = 0;       // device memory (a streaming add)
+  double host_link_bytes_per_s = 0;    // host <-> device, each way
+  double host_memory_bytes_per_s = 0;  // the host's memory (a memcpy, read + write)
+  double op_latency_s = 0;             // one op's fixed cost beyond its work (0: not modelled)
+  double peak_flops = 0;               // the backend's GEMM ceiling, for MFU
+  bool operator==(const ProbeRates&) const = default;
+};
+
 struct ProbeResult {
   static constexpr int kFormat = 1;
   std::string host;     // where it ran
@@ -27,6 +50,8 @@ struct ProbeResult {
   bool bench_run = false;  // false with --no-bench: `bench` is empty
   HostLinkBench bench;
   HostBudgets budgets;
+  bool rates_measured = false;  // the file has [rates] (not with --no-bench or --topology-xml)
+  ProbeRates rates;
   bool operator==(const ProbeResult&) const = default;
 };
 
@@ -38,6 +63,8 @@ void write_probe_file(const std::string& path, const ProbeResult& r);
 
 // Throws moepeak::Error "FILE:LINE: ..." for a file that is not TOML, lacks a key, has a key of the
 // wrong type, or has a format this moepeak does not know; "cannot read FILE" when unreadable.
+// [rates] is optional (files written before it, or with --no-bench, have none); when present every
+// key is required, each rate a positive finite number (op_latency_s: finite, >= 0).
 ProbeResult read_probe_file(const std::string& path);
 
 // The budget row of `local_rank`; throws moepeak::Error naming the file when the probe was written

@@ -10,7 +10,8 @@
 //   memory         ops::add over max(N H, 2^22) elements (3 streams of b bytes each)
 //   op latency     16 adds of one element in a row, per add: what an op costs beyond its work
 //   host           a 64 MiB memcpy between host buffers (the CPU's host link and its AdamW's
-//                  memory rate; on CUDA, a pinned host-to-device copy for the host link)
+//                  memory rate; on CUDA `moepeak probe` replaces the host link by its host-link
+//                  bench's pinned copies of GPU 0, cli/probe_cmd.cpp)
 //   peak           the backend's n^3 GEMM ceiling (n = 1024 on the CPU, 8192 on CUDA), for MFU
 // Each the median of `repeats` timings after one warm-up, on the backend's default stream. The
 // links between ranks are not measured here (machine_rates.h: set_cpu_links).

@@ -1,5 +1,11 @@
-// device_rates / set_cpu_links: the step-time model's rates (see machine_rates.h).
+// device_rates / rates_from_probe / set_cpu_links: the step-time model's rates (see
+// machine_rates.h).
 #include "core/plan/machine_rates.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 
@@ -8,7 +14,8 @@ namespace {
 
 // NOTES: each figure is a public ceiling (docs/plan.md#step-time names the datasheet) times an
 // achieved fraction this file states; the fractions are assumptions until a GPU run calibrates
-// them (issue: a probe file from `moepeak probe` on the node replaces every one).
+// them (a probe file's [rates] from `moepeak probe` on the node, rates_from_probe, replaces all
+// but the links).
 constexpr double kTera = 1e12, kGiga = 1e9;
 constexpr double kGemmFraction = 0.70;       // a large cuBLAS GEMM of the dense peak
 constexpr double kGroupedFraction = 0.55;    // the experts' grouped GEMMs
@@ -52,6 +59,70 @@ MachineRates device_rates(std::string_view device, DType dtype) {
   r.network_bytes_per_s = kLinkFraction * 50 * kGiga;  // a 400 Gb/s NDR NIC per GPU
   r.network_latency_s = 10e-6;
   r.ranks_per_node = kRanksPerNode;
+  return r;
+}
+
+namespace {
+
+std::string_view backend_of(const RuntimeConfig& runtime) {
+  return runtime.backend == BackendChoice::cuda ? "cuda" : "cpu";
+}
+
+}  // namespace
+
+std::string probe_rates_unusable(const topology::ProbeResult& probe, const std::string& path,
+                                 const RuntimeConfig& runtime, DType dtype) {
+  const std::string_view backend = backend_of(runtime), want = dtype_name(dtype);
+  const topology::ProbeRates& x = probe.rates;
+  if (probe.rates_measured && x.backend == backend && x.dtype == want) return "";
+  const std::string has = !probe.rates_measured
+                              ? "it has none: written with --no-bench or --topology-xml, or by "
+                                "a moepeak before the probe measured them"
+                              : "it has " + x.dtype + " on " + x.backend;
+  const int ranks = std::max(1, probe.budgets.ranks_per_node);
+  return fmt::format(
+      "{} has no rates for {} on {} ({}; re-run `moepeak probe{} -n {} --set training.dtype={} "
+      "-o {}` with this config's -c/--set on the node)",
+      path, want, backend, has, backend == "cpu" ? " --cpu" : "", ranks,
+      dtype == DType::bf16 ? "bfloat16" : "float32", path);
+}
+
+MachineRates rates_from_probe(const topology::ProbeResult& probe, const std::string& path,
+                              const RuntimeConfig& runtime, DType dtype) {
+  const std::string unusable = probe_rates_unusable(probe, path, runtime, dtype);
+  if (!unusable.empty()) MOEPEAK_INPUT_ERROR(unusable);
+  const topology::ProbeRates& x = probe.rates;
+  MachineRates r;
+  r.name = "this machine (" + path + ")";
+  r.source =
+      fmt::format("{} {}, measured by `moepeak probe` on {}, {}, at {}; a rank of {} on the node",
+                  x.backend, x.dtype, probe.host, probe.date, x.shapes, x.ranks_sharing);
+  r.gemm_flops = x.gemm_flops;
+  r.grouped_gemm_flops = x.grouped_gemm_flops;
+  r.attention_flops = x.attention_flops;
+  r.memory_bytes_per_s = x.memory_bytes_per_s;
+  r.host_link_bytes_per_s = x.host_link_bytes_per_s;
+  r.host_memory_bytes_per_s = x.host_memory_bytes_per_s;
+  r.op_latency_s = x.op_latency_s;
+  r.peak_flops = x.peak_flops;
+  if (x.backend == "cpu") {
+    set_cpu_links(r, runtime, x.ranks_sharing, x.host_memory_bytes_per_s / 2);
+  } else {
+    // NOTES: the probe measures no link between GPUs; an H100's or H200's documented ones stand in.
+    for (const std::string& d : default_devices()) {
+      std::string upper = d;
+      for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      if (x.device.find(upper) == std::string::npos) continue;
+      const MachineRates links = device_rates(d, dtype);
+      r.node_link_bytes_per_s = links.node_link_bytes_per_s;
+      r.node_link_latency_s = links.node_link_latency_s;
+      r.network_bytes_per_s = links.network_bytes_per_s;
+      r.network_latency_s = links.network_latency_s;
+      r.source += "; links: " + links.name + " defaults";
+      break;
+    }
+  }
+  r.ranks_per_node = x.ranks_sharing;
   return r;
 }
 

@@ -176,4 +176,74 @@ assert (first["expert_parallel"], first["sequence_parallel"], first["data_shard"
     (b["expert_parallel"], b["sequence_parallel"], b["data_shard"])
 PY
 
+# --time with the rates of runtime.probe_file (`moepeak probe`): a probe file without [rates] is
+# said and this CPU measured; [rates] written by hand are priced with exactly as written; another
+# dtype's or backend's are not used; on CUDA they stand in for --device, and without them the
+# error names both ways out.
+"$bin" probe --no-bench --cpu -n 1 -o "$tmp/probe.toml" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "probe --no-bench for the plan exits 0" test $rc -eq 0
+plan_with_probe() {  # PROBE_FILE JSON [more args]: plan --time of the small shape
+  local probe=$1 json=$2
+  shift 2
+  "$bin" plan --time "${small[@]}" --set runtime.probe_file="$probe" --json "$json" "$@" \
+    >"$tmp/out" 2>"$tmp/err"
+}
+plan_with_probe "$tmp/probe.toml" "$tmp/none.json"; rc=$?
+check "plan --time with a probe file without rates exits 0" test $rc -eq 0
+check "it says the probe file has no rates" contains "$tmp/out" \
+  "# step time: $tmp/probe.toml has no rates for f32 on cpu (it has none: written with --no-bench"
+check "and how to measure them" contains "$tmp/out" \
+  "re-run \`moepeak probe --cpu -n 1 --set training.dtype=float32 -o $tmp/probe.toml\`"
+check "and measures this CPU instead" grep -qE '; measuring this machine$' "$tmp/out"
+check "the measured rates are priced" contains "$tmp/out" "# step time: this CPU (measured at the config's shapes)"
+rates_table() {  # BACKEND DTYPE DEVICE: a [rates] table of round numbers
+  printf '\n[rates]\nbackend = "%s"\ndevice = "%s"\ndtype = "%s"\nranks_sharing = 1\n' "$1" "$3" "$2"
+  printf 'shapes = "hidden 64, by hand"\ngemm_flops = 1.25e10\ngrouped_gemm_flops = 2.5e10\n'
+  printf 'attention_flops = 3.75e9\nmemory_bytes_per_s = 4.5e10\nhost_link_bytes_per_s = 5.5e9\n'
+  printf 'host_memory_bytes_per_s = 6.5e9\nop_latency_s = 7.5e-7\npeak_flops = 8.5e10\n'
+}
+{ cat "$tmp/probe.toml"; rates_table cpu f32 "cpu (by hand)"; } >"$tmp/f32.toml"
+{ cat "$tmp/probe.toml"; rates_table cpu bf16 "cpu (by hand)"; } >"$tmp/bf16.toml"
+{ cat "$tmp/probe.toml"; rates_table cuda bf16 "NVIDIA H200"; } >"$tmp/cuda.toml"
+plan_with_probe "$tmp/f32.toml" "$tmp/f32.json"; rc=$?
+check "plan --time with the probe's rates exits 0" test $rc -eq 0
+check "the step time names the probe file" \
+  grep -qF "# step time: this machine ($tmp/f32.toml) (cpu f32, measured by \`moepeak probe\` on " "$tmp/out"
+check "and nothing was measured" test -z "$(grep -F 'measuring this machine' "$tmp/out")"
+check "plan --time --json: the rates are the file's" python3 - "$tmp/f32.json" "$tmp/f32.toml" <<'PY'
+import json, sys, tomllib
+r = json.load(open(sys.argv[1]))["time"]["rates"]
+f = tomllib.load(open(sys.argv[2], "rb"))["rates"]
+for k in ("gemm_flops", "grouped_gemm_flops", "attention_flops", "memory_bytes_per_s",
+          "host_link_bytes_per_s", "host_memory_bytes_per_s", "op_latency_s", "peak_flops"):
+    assert r[k] == f[k], (k, r[k], f[k])  # exact: the file's numbers are used as written
+assert r["name"] == "this machine (%s)" % sys.argv[2], r["name"]
+assert "hidden 64, by hand" in r["source"], r["source"]
+assert r["ranks_per_node"] == 1
+assert r["node_link_bytes_per_s"] == f["host_memory_bytes_per_s"] / 2  # the CPU's shared memory
+PY
+plan_with_probe "$tmp/bf16.toml" "$tmp/bf16.json"; rc=$?
+check "plan --time with another dtype's rates exits 0" test $rc -eq 0
+check "it says they are another dtype's" contains "$tmp/out" \
+  "# step time: $tmp/bf16.toml has no rates for f32 on cpu (it has bf16 on cpu; re-run"
+check "and measures this CPU instead (another dtype)" python3 - "$tmp/bf16.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["time"]["rates"]
+assert r["name"] == "this CPU (measured at the config's shapes)" and r["gemm_flops"] != 1.25e10, r
+PY
+plan_with_probe "$tmp/cuda.toml" "$tmp/cuda.json" -n 2 --set runtime.backend=cuda \
+  --set runtime.device_memory=141GB; rc=$?
+check "plan --time on CUDA with a GPU's probe rates exits 0 (rc $rc)" test $rc -eq 0
+check "CUDA: the probe's rates, the H200's links" python3 - "$tmp/cuda.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["time"]["rates"]
+assert r["gemm_flops"] == 1.25e10 and r["ranks_per_node"] == 1, r
+assert r["node_link_bytes_per_s"] > 0 and "links: H200 SXM (public ceilings) defaults" in r["source"], r
+PY
+plan_with_probe "$tmp/f32.toml" "$tmp/never.json" --set runtime.backend=cuda \
+  --set runtime.device_memory=141GB; rc=$?
+check "plan --time on CUDA with a CPU probe exits 1 (rc $rc)" test $rc -eq 1
+check "the error names --device" contains "$tmp/err" "--device h100 or --device h200"
+check "and the probe file" contains "$tmp/err" "$tmp/f32.toml has no rates for bf16 on cuda (it has f32 on cpu"
+
 report test_plan_cli

@@ -2,9 +2,10 @@
 // bytes over its rate (a rate doubled halves it), the model FLOPs equal core/metrics/flops.h's,
 // the schedules hide what they should (ZeRO-3 prefetch, PipelinedLLEP's chunks, the offloads'
 // streams), a group that crosses nodes pays the network, m micro-batches cost m times a
-// micro-batch plus one optimizer step, and a missing rate is an error naming it. How well the
-// model predicts a measured step is a benchmark, not a test (docs/perf.md#step-time).
-// Run: ctest -R test_step_time
+// micro-batch plus one optimizer step, a missing rate is an error naming it, and a probe file's
+// [rates] become the machine's rates only for the backend and dtype they were measured for. How
+// well the model predicts a measured step is a benchmark, not a test (docs/perf.md#step-time). Run:
+// ctest -R test_step_time
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "core/plan/plan.h"
 #include "core/plan/step_time.h"
 #include "tests/expect_contains.h"
+#include "topology/probe_file.h"
 
 namespace moepeak {
 namespace {
@@ -179,6 +181,89 @@ TEST(StepTime, AMissingRateIsAnErrorNamingIt) {
   const MachineRates h200 = device_rates("h200", DType::bf16);
   EXPECT_GT(h200.memory_bytes_per_s, device_rates("h100", DType::bf16).memory_bytes_per_s);
   EXPECT_EQ(h200.ranks_per_node, 8);
+}
+
+// A probe with [rates] as `moepeak probe --cpu -n 2` writes them (numbers by hand).
+topology::ProbeResult probe_with_rates(const std::string& backend, const std::string& dtype) {
+  topology::ProbeResult p;
+  p.host = "node07";
+  p.date = "2026-12-07 10:00:00 UTC";
+  p.budgets.ranks_per_node = 2;
+  p.rates_measured = true;
+  p.rates = {backend,
+             backend == "cuda" ? "NVIDIA H100 80GB HBM3" : "cpu (2 cores)",
+             dtype,
+             2,
+             "hidden 64, from the test",
+             1.5e10,
+             2.5e10,
+             3.5e10,
+             4.5e10,
+             5.5e10,
+             6.5e10,
+             7.5e-7,
+             8.5e10};
+  return p;
+}
+
+TEST(MachineRates, FromTheProbeFileTheirBackendAndDtypeOnly) {
+  RuntimeConfig cpu;
+  cpu.backend = BackendChoice::cpu;
+  const topology::ProbeResult p = probe_with_rates("cpu", "f32");
+  const MachineRates r = rates_from_probe(p, "probe/node07.toml", cpu, DType::f32);
+  EXPECT_EQ(r.name, "this machine (probe/node07.toml)");
+  EXPECT_CONTAINS(r.source, "node07, 2026-12-07 10:00:00 UTC, at hidden 64, from the test");
+  // Every measured number as written (bitwise: nothing is computed from them).
+  EXPECT_EQ(r.gemm_flops, 1.5e10);
+  EXPECT_EQ(r.grouped_gemm_flops, 2.5e10);
+  EXPECT_EQ(r.attention_flops, 3.5e10);
+  EXPECT_EQ(r.memory_bytes_per_s, 4.5e10);
+  EXPECT_EQ(r.host_link_bytes_per_s, 5.5e10);
+  EXPECT_EQ(r.host_memory_bytes_per_s, 6.5e10);
+  EXPECT_EQ(r.op_latency_s, 7.5e-7);
+  EXPECT_EQ(r.peak_flops, 8.5e10);
+  EXPECT_EQ(r.ranks_per_node, 2);
+  // The CPU's links: the host's shared memory (half its memcpy rate), or the link model.
+  EXPECT_EQ(r.node_link_bytes_per_s, 6.5e10 / 2);
+  EXPECT_EQ(r.network_bytes_per_s, 6.5e10 / 2);
+  cpu.cpu_link_gb_per_s = 3;
+  cpu.cpu_link_latency_us = 20;
+  const MachineRates modelled = rates_from_probe(p, "p.toml", cpu, DType::f32);
+  EXPECT_EQ(modelled.node_link_bytes_per_s, 3e9);
+  EXPECT_EQ(modelled.node_link_latency_s, 20 * 1e-6);  // set_cpu_links: us x 1e-6
+  EXPECT_EQ(modelled.ranks_per_node, 2);
+  // "auto" is priced as the CPU.
+  RuntimeConfig any;
+  any.backend = BackendChoice::automatic;
+  EXPECT_EQ(probe_rates_unusable(p, "p.toml", any, DType::f32), "");
+
+  // Another dtype, another backend, no [rates]: the file, what it has, the command.
+  std::string e = error_of([&] { rates_from_probe(p, "p.toml", cpu, DType::bf16); });
+  EXPECT_CONTAINS(e, "p.toml has no rates for bf16 on cpu (it has f32 on cpu; re-run ");
+  EXPECT_CONTAINS(e, "`moepeak probe --cpu -n 2 --set training.dtype=bfloat16 -o p.toml`");
+  EXPECT_EQ(probe_rates_unusable(p, "p.toml", cpu, DType::bf16), e);
+  RuntimeConfig cuda;
+  cuda.backend = BackendChoice::cuda;
+  e = error_of([&] { rates_from_probe(p, "p.toml", cuda, DType::f32); });
+  EXPECT_CONTAINS(e, "p.toml has no rates for f32 on cuda (it has f32 on cpu; ");
+  EXPECT_CONTAINS(e, "`moepeak probe -n 2 --set training.dtype=float32 -o p.toml`");
+  topology::ProbeResult none = p;
+  none.rates_measured = false;
+  EXPECT_CONTAINS(error_of([&] { rates_from_probe(none, "p.toml", cpu, DType::f32); }),
+                  "p.toml has no rates for f32 on cpu (it has none: written with --no-bench");
+
+  // A GPU's: an H100's documented links stand in for the ones the probe does not measure.
+  const MachineRates gpu =
+      rates_from_probe(probe_with_rates("cuda", "bf16"), "p.toml", cuda, DType::bf16);
+  const MachineRates h100 = device_rates("h100", DType::bf16);
+  EXPECT_EQ(gpu.gemm_flops, 1.5e10);
+  EXPECT_EQ(gpu.node_link_bytes_per_s, h100.node_link_bytes_per_s);
+  EXPECT_EQ(gpu.network_bytes_per_s, h100.network_bytes_per_s);
+  EXPECT_EQ(gpu.ranks_per_node, 2);
+  EXPECT_CONTAINS(gpu.source, "links: H100 SXM (public ceilings) defaults");
+  topology::ProbeResult other = probe_with_rates("cuda", "bf16");
+  other.rates.device = "NVIDIA A100-SXM4-80GB";
+  EXPECT_EQ(rates_from_probe(other, "p.toml", cuda, DType::bf16).node_link_bytes_per_s, 0);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// The probe file: round trip (TOML and JSON), atomic writes, clear errors (file:line and key) for
-// unreadable, malformed and inconsistent files, and the "auto" host-budget hook
+// The probe file: round trip (TOML and JSON, with and without the step-time [rates]), atomic
+// writes, clear errors (file:line and key) for unreadable, malformed and inconsistent files and a
+// bad [rates] table, and the "auto" host-budget hook
 // (topology/auto_budget.h) reading it for a rank.
 // Run: ctest -R test_probe_file
 #include <gtest/gtest.h>
@@ -77,6 +78,34 @@ ProbeResult full_probe() {
   r.bench.rows.push_back({"h2d", "pinned", 3, 1, false, 256 * MiB, 0.1});
   r.bench.rows.push_back({"bidir", "pageable", 7, 1, true, 256 * MiB, 87.9});
   r.bench.pinning = {0, 256 * MiB, 0.0812, 0.0123, true, 0.31};
+  r.rates_measured = true;
+  r.rates.backend = "cuda";
+  r.rates.device = "NVIDIA H100 80GB \"HBM3\"";
+  r.rates.dtype = "bf16";
+  r.rates.ranks_sharing = 8;
+  r.rates.shapes = "hidden 4096, seq 4096 x batch 1 on W = 8, from configs/mixtral-8x7b.toml";
+  // Rates with long mantissas and tiny or huge exponents: the shortest text must read back
+  // bit for bit.
+  r.rates.gemm_flops = 6.9230000000000012e14;
+  r.rates.grouped_gemm_flops = 5.4395e14 / 3;
+  r.rates.attention_flops = 4.945e14 + 0.1;
+  r.rates.memory_bytes_per_s = 2.8475e12;
+  r.rates.host_link_bytes_per_s = 5.29e10 * (1 + 1e-15);
+  r.rates.host_memory_bytes_per_s = 2.5e10;
+  r.rates.op_latency_s = 4.7e-6 / 7;
+  r.rates.peak_flops = 9.89e14;
+  return r;
+}
+
+// A probe of this shape with [rates] on the CPU (the round numbers the plan tests read back).
+ProbeResult cpu_rates_probe() {
+  ProbeResult r;
+  r.topology = load_topology_xml(topology_data("1pkg_nogpu.xml"));
+  r.budgets = compute_host_budgets(r.topology, 2);
+  r.rates_measured = true;
+  r.rates = {
+      "cpu", "cpu (2 cores)", "f32", 2, "hidden 64", 1e10, 2e10, 3e10, 4e10, 5e10, 6e10, 7e-7,
+      8e10};
   return r;
 }
 
@@ -89,6 +118,8 @@ TEST(ProbeFile, RoundTripKeepsEverything) {
   EXPECT_EQ(back.topology, r.topology);
   EXPECT_EQ(back.budgets, r.budgets);
   EXPECT_EQ(back.bench, r.bench);
+  EXPECT_TRUE(back.rates_measured);
+  EXPECT_EQ(back.rates, r.rates);
   EXPECT_TRUE(back == r);
   // Written again, the same bytes.
   EXPECT_EQ(probe_to_toml(back), read_text(path));
@@ -102,8 +133,27 @@ TEST(ProbeFile, NoBenchRoundTrip) {
   r.topology = load_topology_xml(topology_data("1pkg_nogpu.xml"));
   r.budgets = compute_host_budgets(r.topology, 2);
   write_probe_file(path, r);
-  EXPECT_TRUE(read_probe_file(path) == r);
+  const ProbeResult back = read_probe_file(path);
+  EXPECT_TRUE(back == r);
+  EXPECT_FALSE(back.rates_measured);
   EXPECT_EQ(read_text(path).find("[bench]"), std::string::npos);
+  EXPECT_EQ(read_text(path).find("[rates]"), std::string::npos);
+}
+
+TEST(ProbeFile, RatesWithoutTheBenchRoundTrip) {
+  TempDir dir;
+  const std::string path = (dir.path() / "probe.toml").string();
+  const ProbeResult r = cpu_rates_probe();
+  write_probe_file(path, r);
+  const ProbeResult back = read_probe_file(path);
+  EXPECT_TRUE(back == r);
+  EXPECT_EQ(back.rates.op_latency_s, 7e-7);
+  EXPECT_CONTAINS(read_text(path), "\n[rates]\nbackend = \"cpu\"\n");
+  // op_latency_s = 0 is "not modelled" (MachineRates), so it reads back.
+  ProbeResult zero = r;
+  zero.rates.op_latency_s = 0;
+  write_probe_file(path, zero);
+  EXPECT_TRUE(read_probe_file(path) == zero);
 }
 
 TEST(ProbeFile, JsonMirrorsTheToml) {
@@ -116,6 +166,11 @@ TEST(ProbeFile, JsonMirrorsTheToml) {
   EXPECT_EQ(j["nic"][1]["os_names"], "mlx5_0,ib0");
   EXPECT_DOUBLE_EQ(j["bench"]["row"][2]["gb_per_s"].get<double>(), 87.9);
   EXPECT_EQ(j["budget"]["node"].size(), 2u);
+  EXPECT_EQ(j["rates"]["backend"], "cuda");
+  EXPECT_EQ(j["rates"]["ranks_sharing"], 8);
+  EXPECT_EQ(j["rates"]["gemm_flops"].get<double>(), full_probe().rates.gemm_flops);  // bitwise
+  EXPECT_EQ(j["rates"]["op_latency_s"].get<double>(), full_probe().rates.op_latency_s);
+  EXPECT_FALSE(probe_to_json(cpu_rates_probe()).contains("bench"));
 }
 
 TEST(ProbeFile, WriteFailsCleanlyAndKeepsTheOldFile) {
@@ -166,6 +221,68 @@ TEST(ProbeFile, BadFilesNameFileLineAndKey) {
   }
   const std::string missing = (dir.path() / "nope.toml").string();
   EXPECT_CONTAINS(error_of([&] { read_probe_file(missing); }), missing);
+}
+
+// Each bad [rates] entry: the error names the file, the line of the entry (the [rates] header for
+// a missing key) and the key.
+TEST(ProbeFile, BadRatesNameFileLineAndKey) {
+  TempDir dir;
+  const std::string good = probe_to_toml(full_probe());
+  struct RatesCase {
+    std::string name;
+    std::string key;   // the line "KEY = ..." of [rates] is replaced by
+    std::string line;  // this line ("" removes it)
+    std::string expect;
+    std::string line_of;  // the text whose line the error names
+  };
+  const std::vector<RatesCase> cases = {
+      {"negative rate", "gemm_flops", "gemm_flops = -6.9e14",
+       "rates.gemm_flops must be a positive finite number, got -6.9e+14", "gemm_flops = -"},
+      {"zero rate", "memory_bytes_per_s", "memory_bytes_per_s = 0.0",
+       "rates.memory_bytes_per_s must be a positive finite number, got 0", "memory_bytes_per_s"},
+      {"infinite rate", "peak_flops", "peak_flops = inf",
+       "rates.peak_flops must be a positive finite number, got inf", "peak_flops"},
+      {"negative latency", "op_latency_s", "op_latency_s = -1e-6",
+       "rates.op_latency_s must be a finite number >= 0, got -1e-06", "op_latency_s"},
+      {"missing key", "attention_flops", "", "rates lacks the key attention_flops", "[rates]"},
+      {"wrong type", "host_link_bytes_per_s", "host_link_bytes_per_s = \"fast\"",
+       "rates.host_link_bytes_per_s must be a number", "host_link_bytes_per_s"},
+      {"integer sharing as text", "ranks_sharing", "ranks_sharing = \"8\"",
+       "rates.ranks_sharing must be an integer", "ranks_sharing"},
+      {"dtype not a string", "dtype", "dtype = 16", "rates.dtype must be a string", "dtype = 16"},
+      {"unknown backend", "backend", "backend = \"tpu\"",
+       "rates.backend must be one of \"cpu\", \"cuda\", got \"tpu\"", "backend"},
+      {"unknown dtype", "dtype", "dtype = \"f16\"",
+       "rates.dtype must be one of \"f32\", \"bf16\", got \"f16\"", "dtype = "},
+      {"no sharing ranks", "ranks_sharing", "ranks_sharing = 0",
+       "rates.ranks_sharing must be at least 1, got 0", "ranks_sharing"},
+  };
+  const size_t rates_at = good.find("\n[rates]\n");
+  ASSERT_NE(rates_at, std::string::npos);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::string text = good;
+    const size_t at = text.find("\n" + c.key + " = ", rates_at) + 1;
+    ASSERT_GT(at, rates_at);
+    const size_t end = text.find('\n', at) + 1;
+    text.replace(at, end - at, c.line.empty() ? "" : c.line + "\n");
+    const size_t line_at = text.find(c.line_of, rates_at);
+    ASSERT_NE(line_at, std::string::npos);
+    const long line = 1 + std::count(text.begin(), text.begin() + static_cast<long>(line_at), '\n');
+    const std::string path = (dir.path() / (c.name + ".toml")).string();
+    std::ofstream(path) << text;
+    const std::string e = error_of([&] { read_probe_file(path); });
+    EXPECT_CONTAINS(e, path + ":" + std::to_string(line) + ": ");
+    EXPECT_CONTAINS(e, c.expect);
+  }
+  // [[rates]] (an array) where a table belongs.
+  std::string text = good;
+  text.replace(rates_at, 9, "\n[[rates]]\n");
+  const std::string path = (dir.path() / "rates array.toml").string();
+  std::ofstream(path) << text;
+  const std::string e = error_of([&] { read_probe_file(path); });
+  EXPECT_CONTAINS(e, path + ":");
+  EXPECT_CONTAINS(e, "rates must be a table");
 }
 
 Config config_with(const std::vector<std::string>& overrides) { return load_config({}, overrides); }
