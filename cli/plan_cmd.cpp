@@ -125,6 +125,8 @@ nlohmann::json step_time_json(const StepTime& t) {
             {"grouped_gemm_flops", t.rates.grouped_gemm_flops},
             {"attention_flops", t.rates.attention_flops},
             {"memory_bytes_per_s", t.rates.memory_bytes_per_s},
+            {"elementwise_bytes_per_s", t.rates.elementwise_bytes_per_s},
+            {"loss_bytes_per_s", t.rates.loss_bytes_per_s},
             {"host_link_bytes_per_s", t.rates.host_link_bytes_per_s},
             {"host_memory_bytes_per_s", t.rates.host_memory_bytes_per_s},
             {"node_link_bytes_per_s", t.rates.node_link_bytes_per_s},

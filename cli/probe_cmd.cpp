@@ -80,6 +80,8 @@ void print_rates(const ProbeResult& r, const ProbeArgs& a) {
   row("grouped_gemm", x.grouped_gemm_flops, 1e9, "GFLOP/s", "grouped_gemm_flops");
   row("attention", x.attention_flops, 1e9, "GFLOP/s", "attention_flops");
   row("memory", x.memory_bytes_per_s, 1e9, "GB/s", "memory_bytes_per_s");
+  row("elementwise", x.elementwise_bytes_per_s, 1e9, "GB/s", "elementwise_bytes_per_s");
+  row("loss", x.loss_bytes_per_s, 1e9, "GB/s", "loss_bytes_per_s");
   row("host_link", x.host_link_bytes_per_s, 1e9, "GB/s", "host_link_bytes_per_s");
   row("host_memory", x.host_memory_bytes_per_s, 1e9, "GB/s", "host_memory_bytes_per_s");
   row("op_latency", x.op_latency_s, 1e-6, "us", "op_latency_s");
@@ -246,6 +248,8 @@ ProbeRates measure_rates(const Config& loaded, const ProbeResult& r, const Confi
   x.grouped_gemm_flops = m.grouped_gemm_flops;
   x.attention_flops = m.attention_flops;
   x.memory_bytes_per_s = m.memory_bytes_per_s;
+  x.elementwise_bytes_per_s = m.elementwise_bytes_per_s;
+  x.loss_bytes_per_s = m.loss_bytes_per_s;
   x.host_link_bytes_per_s = m.host_link_bytes_per_s;
   x.host_memory_bytes_per_s = m.host_memory_bytes_per_s;
   x.op_latency_s = m.op_latency_s;

@@ -332,6 +332,8 @@ std::string probe_to_toml(const ProbeResult& r) {
     w.kv("grouped_gemm_flops", x.grouped_gemm_flops);
     w.kv("attention_flops", x.attention_flops);
     w.kv("memory_bytes_per_s", x.memory_bytes_per_s);
+    w.kv("elementwise_bytes_per_s", x.elementwise_bytes_per_s);
+    w.kv("loss_bytes_per_s", x.loss_bytes_per_s);
     w.kv("host_link_bytes_per_s", x.host_link_bytes_per_s);
     w.kv("host_memory_bytes_per_s", x.host_memory_bytes_per_s);
     w.kv("op_latency_s", x.op_latency_s);
@@ -515,6 +517,8 @@ ProbeResult read_probe_file(const std::string& path) {
     x.grouped_gemm_flops = rd.rate(t, "grouped_gemm_flops", "rates");
     x.attention_flops = rd.rate(t, "attention_flops", "rates");
     x.memory_bytes_per_s = rd.rate(t, "memory_bytes_per_s", "rates");
+    x.elementwise_bytes_per_s = rd.rate(t, "elementwise_bytes_per_s", "rates");
+    x.loss_bytes_per_s = rd.rate(t, "loss_bytes_per_s", "rates");
     x.host_link_bytes_per_s = rd.rate(t, "host_link_bytes_per_s", "rates");
     x.host_memory_bytes_per_s = rd.rate(t, "host_memory_bytes_per_s", "rates");
     x.op_latency_s = rd.rate(t, "op_latency_s", "rates", /*zero_ok=*/true);

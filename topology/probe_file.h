@@ -34,6 +34,8 @@ struct ProbeRates {
   double grouped_gemm_flops = 0;       // the experts' grouped GEMMs
   double attention_flops = 0;          // attention, forward and backward
   double memory_bytes_per_s = 0;       // device memory (a streaming add)
+  double elementwise_bytes_per_s = 0;  // the layers' elementwise ops (the SwiGLU), model bytes
+  double loss_bytes_per_s = 0;         // the head's softmax cross-entropy, model bytes
   double host_link_bytes_per_s = 0;    // host <-> device, each way
   double host_memory_bytes_per_s = 0;  // the host's memory (a memcpy, read + write)
   double op_latency_s = 0;             // one op's fixed cost beyond its work (0: not modelled)

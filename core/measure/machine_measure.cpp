@@ -13,10 +13,12 @@
 #include "core/metrics/flops.h"
 #include "core/model/param_layout.h"
 #include "ops/attention.h"
+#include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "ops/grouped_linear.h"
 #include "ops/linear.h"
 #include "ops/schedules/schedule_dtype.h"
+#include "ops/swiglu.h"
 
 namespace moepeak::measure {
 namespace {
@@ -141,6 +143,45 @@ MachineRates measure_machine_rates(Backend& backend, const Config& cfg, const Pl
     OwnedTensor z = seeded(backend, Shape{n}, dtype, rng);
     const double time = seconds(backend, repeats, [&](Stream& s) { ops::add(x, y, z, s); });
     r.memory_bytes_per_s = 3.0 * static_cast<double>(n) * dtype_size(dtype) / time;
+  }
+
+  // The layers' elementwise ops, priced by the SwiGLU (its exponentials bound it on a CPU):
+  // forward and backward over the rows the rank's experts activate, at most 2^22 elements.
+  {
+    const int64_t F = m.expert_intermediate_size();
+    const int64_t rows = std::clamp<int64_t>(N * m.num_experts_per_tok, 1,
+                                             std::max<int64_t>(1, (int64_t{1} << 22) / F));
+    std::vector<OwnedTensor> t;
+    for (int i = 0; i < 6; ++i) t.push_back(seeded(backend, Shape{rows, F}, dtype, rng));
+    const double time = seconds(backend, repeats, [&](Stream& s) {
+      ops::swiglu_forward(t[0], t[1], t[2], s);
+      ops::swiglu_backward(t[0], t[1], t[3], t[4], t[5], s);
+    });
+    // forward + backward = 3 forwards in the model's count (step_time.h)
+    r.elementwise_bytes_per_s =
+        3 * kSwigluBytesPerElement * static_cast<double>(rows * F) * dtype_size(dtype) / time;
+  }
+
+  // The head's softmax cross-entropy, forward and backward, over at most 2^22 logits.
+  {
+    const int64_t V = m.vocab_size;
+    const int64_t rows = std::clamp<int64_t>(N, 1, std::max<int64_t>(1, (int64_t{1} << 22) / V));
+    OwnedTensor logits = seeded(backend, Shape{rows, V}, dtype, rng);
+    OwnedTensor dlogits = seeded(backend, Shape{rows, V}, dtype, rng);
+    OwnedTensor losses = seeded(backend, Shape{rows}, dtype, rng);
+    OwnedTensor labels =
+        OwnedTensor::device(backend, Shape{rows}, DType::i64, LiveSet::workspace, "rate labels");
+    std::vector<double> host_labels(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) {
+      host_labels[static_cast<size_t>(i)] = static_cast<double>((i * 7919) % V);
+    }
+    copy_from_host_as(host_labels, labels, backend, backend.default_stream());
+    const double time = seconds(backend, repeats, [&](Stream& s) {
+      ops::cross_entropy_forward(logits, labels, losses, s);
+      ops::cross_entropy_backward(logits, labels, 1.0 / static_cast<double>(rows), dlogits, s);
+    });
+    r.loss_bytes_per_s =
+        kLossBytesPerLogit * static_cast<double>(rows * V) * dtype_size(dtype) / time;
   }
 
   // An op's fixed cost: an add of one element, its hand-off and completion.

@@ -8,6 +8,10 @@
 //   attention      the first layer's attention at (B/(W/Sp), T, nh/Sp heads) with its window,
 //                  forward and backward, through ops::attention_*
 //   memory         ops::add over max(N H, 2^22) elements (3 streams of b bytes each)
+//   elementwise    the SwiGLU forward and backward over N k rows of F (at most 2^22 elements), in
+//                  the model's bytes (step_time.h: kSwigluBytesPerElement, 3 forwards)
+//   loss           the cross-entropy forward and backward over N rows of V logits (at most 2^22),
+//                  kLossBytesPerLogit per logit
 //   op latency     16 adds of one element in a row, per add: what an op costs beyond its work
 //   host           a 64 MiB memcpy between host buffers (the CPU's host link and its AdamW's
 //                  memory rate; on CUDA `moepeak probe` replaces the host link by its host-link

@@ -52,6 +52,8 @@ MachineRates device_rates(std::string_view device, DType dtype) {
   r.grouped_gemm_flops = kGroupedFraction * peak;
   r.attention_flops = kAttentionFraction * peak;
   r.memory_bytes_per_s = kMemoryFraction * c.hbm_bytes_per_s;
+  // A GPU's elementwise kernels and its loss stream HBM (their exponentials are cheap there).
+  r.elementwise_bytes_per_s = r.loss_bytes_per_s = r.memory_bytes_per_s;
   r.host_link_bytes_per_s = 0.85 * 64 * kGiga;  // PCIe Gen5 x16, each way, pinned
   r.host_memory_bytes_per_s = 25 * kGiga;       // a rank's share of a 2-socket host's DRAM
   r.node_link_bytes_per_s = kLinkFraction * 450 * kGiga;  // NVLink 4: 900 GB/s both ways
@@ -101,6 +103,8 @@ MachineRates rates_from_probe(const topology::ProbeResult& probe, const std::str
   r.grouped_gemm_flops = x.grouped_gemm_flops;
   r.attention_flops = x.attention_flops;
   r.memory_bytes_per_s = x.memory_bytes_per_s;
+  r.elementwise_bytes_per_s = x.elementwise_bytes_per_s;
+  r.loss_bytes_per_s = x.loss_bytes_per_s;
   r.host_link_bytes_per_s = x.host_link_bytes_per_s;
   r.host_memory_bytes_per_s = x.host_memory_bytes_per_s;
   r.op_latency_s = x.op_latency_s;

@@ -16,12 +16,12 @@
 namespace moepeak {
 namespace {
 
-// NOTES: the elementwise traffic of a layer per token and pass, in units of H working-dtype
-// elements: the two RMSNorms (read, write, and their backward's reads), the residual adds, RoPE
-// on q and k, the SwiGLU's three streams per routed copy, the permutes to and from the experts
-// and the router's scores. A count of the model's passes over (N, H)-sized tensors, rounded; the
-// CPU validation (docs/perf.md) sets how much it matters.
-constexpr double kElementwiseBytesPerToken = 24.0;
+// NOTES: the elementwise traffic of a layer per token and pass besides the SwiGLU, in units of H
+// working-dtype elements: the two RMSNorms (read, write, and their backward's reads), the
+// residual adds, RoPE on q and k, the permutes to and from the experts and the router's scores.
+// A count of the model's passes over (N, H)-sized tensors, rounded. The SwiGLU is counted apart
+// (kSwigluBytesPerElement per activated element, step_time.h) because it scales with F and k.
+constexpr double kElementwiseBytesPerToken = 18.0;
 // NOTES: the ops a layer issues per pass (DecoderModel: the norm, q/k/v and o projections, RoPE,
 // attention and the residual add; the norm, router, top-k, permutes, the experts' three grouped
 // GEMMs, the SwiGLU, the combine and the residual), the backward about twice that, the head's
@@ -141,7 +141,9 @@ StepTime predict_step_time(const Config& cfg, const Plan& plan, const MachineRat
   for (const auto& [v, name] : {std::pair{rates.gemm_flops, "GEMM rate"},
                                 std::pair{rates.grouped_gemm_flops, "grouped GEMM rate"},
                                 std::pair{rates.attention_flops, "attention rate"},
-                                std::pair{rates.memory_bytes_per_s, "memory bandwidth"}}) {
+                                std::pair{rates.memory_bytes_per_s, "memory bandwidth"},
+                                std::pair{rates.elementwise_bytes_per_s, "elementwise rate"},
+                                std::pair{rates.loss_bytes_per_s, "loss rate"}}) {
     check_rate(v, name, rates);
   }
   const ModelConfig& m = cfg.model;
@@ -170,7 +172,13 @@ StepTime predict_step_time(const Config& cfg, const Plan& plan, const MachineRat
 
   // ---- compute, per micro-batch --------------------------------------------------------------
   double attention_gemm_flops = 0, mlp_gemm_flops = 0, expert_flops = 0, attention_flops = 0;
+  double swiglu_elements = 0;  // per token and pass, over the layers
   for (const LayerSpec& l : spec.layers) {
+    const MlpSpec& mlp = l.mlp;
+    swiglu_elements +=
+        static_cast<double>(mlp.moe() ? k * static_cast<double>(mlp.intermediate) +
+                                            static_cast<double>(mlp.shared_intermediate)
+                                      : static_cast<double>(mlp.intermediate));
     const LayerParams p = layer_params(l, m.hidden_size);
     attention_gemm_flops += 2 * N * p.attention;
     mlp_gemm_flops += 2 * N * p.dense_mlp;
@@ -180,32 +188,38 @@ StepTime predict_step_time(const Config& cfg, const Plan& plan, const MachineRat
                        static_cast<double>(a.head_dim + a.value_dim()) *
                        scored_pairs(in.seq_len, a.window);
   }
-  const double elementwise_pass_s =
-      L * N * kElementwiseBytesPerToken * H * b / rates.memory_bytes_per_s;
+  // A forward pass's elementwise work: the layers' (N, H) traffic, half with the attention and
+  // half with the MLP, and the SwiGLU with the MLP.
+  const double norms_pass_s =
+      N * L * kElementwiseBytesPerToken * H * b / rates.elementwise_bytes_per_s;
+  const double swiglu_pass_s =
+      N * kSwigluBytesPerElement * swiglu_elements * b / rates.elementwise_bytes_per_s;
+  const double attention_elementwise_s = norms_pass_s / 2;
+  const double mlp_elementwise_s = norms_pass_s / 2 + swiglu_pass_s;
   const double gemm = rates.gemm_flops, grouped = rates.grouped_gemm_flops;
   PhaseTime& fa = at(t, StepPhase::forward_attention);
   fa.gemm_s = attention_gemm_flops / gemm;
   fa.attention_s = attention_flops / rates.attention_flops;
-  fa.elementwise_s = elementwise_pass_s / 2;
+  fa.elementwise_s = attention_elementwise_s;
   PhaseTime& fe = at(t, StepPhase::forward_experts);
   fe.gemm_s = mlp_gemm_flops / gemm;
   fe.grouped_gemm_s = expert_flops / grouped;
-  fe.elementwise_s = elementwise_pass_s / 2;
+  fe.elementwise_s = mlp_elementwise_s;
   PhaseTime& be = at(t, StepPhase::backward_experts);
   be.gemm_s = (2 + again) * mlp_gemm_flops / gemm;
   be.grouped_gemm_s = (2 + again) * expert_flops / grouped;
-  be.elementwise_s = (2 + again) * elementwise_pass_s / 2;
+  be.elementwise_s = (2 + again) * mlp_elementwise_s;
   PhaseTime& ba = at(t, StepPhase::backward_attention);
   ba.gemm_s = (2 + again) * attention_gemm_flops / gemm;
   ba.attention_s = (2.5 + again) * attention_flops / rates.attention_flops;
-  ba.elementwise_s = (2 + again) * elementwise_pass_s / 2;
+  ba.elementwise_s = (2 + again) * attention_elementwise_s;
   PhaseTime& head = at(t, StepPhase::head);
   // The LM head: forward and both backward GEMMs over the whole vocabulary (Ring-DTP: the same
   // FLOPs in W strips of V/W), the softmax and its gradient over (N, V).
   head.gemm_s = 3 * 2 * N * V * H / gemm;
-  head.elementwise_s = 4 * N * V * b / rates.memory_bytes_per_s;
+  head.elementwise_s = kLossBytesPerLogit * N * V * b / rates.loss_bytes_per_s;
   PhaseTime& emb = at(t, StepPhase::embedding);
-  emb.elementwise_s = 2 * N * H * b / rates.memory_bytes_per_s;
+  emb.elementwise_s = 2 * N * H * b / rates.elementwise_bytes_per_s;
   const double op = rates.op_latency_s;
   fa.launch_s = L * kOpsAttentionForward * op;
   fe.launch_s = L * kOpsExpertsForward * op;

@@ -17,9 +17,10 @@
 //   attention       forward 2 B_g (nh/Sp) (d + dv) pairs_l per layer, pairs_l = sum_t min(t+1, W_l)
 //                   (every causal pair without a window); backward 2.5x forward (dQ, dK, dV and
 //                   the recomputed QK^T); at the attention rate
-//   elementwise     kElementwiseBytesPerToken x H b per token and layer and pass (norms, RoPE,
-//                   SwiGLU, residuals, routing, permutes) and 4 V b per token at the head, at the
-//                   memory rate
+//   elementwise     per token, layer and pass: kElementwiseBytesPerToken x H b (norms, RoPE,
+//                   residuals, routing, permutes) + 3 F b per row the layer's SwiGLU activates
+//                   (k per token in an MoE layer, plus a shared expert's, 1 in a dense MLP), at
+//                   the elementwise rate; 4 V b per token at the head's loss, at the loss rate
 //   optimizer       the rank's parameter shard x AdamW's bytes per parameter at the memory rate
 //                   (resident), or over the host link and the host's memory rate (offloads)
 //   launches        each op's fixed cost (MachineRates::op_latency_s) times the ops of a phase:
@@ -55,12 +56,17 @@ namespace moepeak {
 
 // The rates of one rank's device and links. FLOP/s and bytes/s (1e9 bytes = 1 GB).
 struct MachineRates {
-  std::string name;                    // "H200 (public ceilings)", "this machine (probe.toml)", ...
-  std::string source;                  // where the numbers come from, for the output
-  double gemm_flops = 0;               // dense GEMM at the working dtype
-  double grouped_gemm_flops = 0;       // the experts' grouped GEMMs
-  double attention_flops = 0;          // flash attention, forward and backward
-  double memory_bytes_per_s = 0;       // device memory: elementwise ops, norms, resident AdamW
+  std::string name;               // "H200 (public ceilings)", "this machine (probe.toml)", ...
+  std::string source;             // where the numbers come from, for the output
+  double gemm_flops = 0;          // dense GEMM at the working dtype
+  double grouped_gemm_flops = 0;  // the experts' grouped GEMMs
+  double attention_flops = 0;     // flash attention, forward and backward
+  double memory_bytes_per_s = 0;  // device memory streamed: resident AdamW
+  // What the layers' elementwise ops (norms, RoPE, residuals, the SwiGLU, routing, permutes) and
+  // the head's softmax cross-entropy achieve, in the model's byte counts (step_time.cpp): the
+  // memory rate on a GPU; on a CPU, where the exponentials bound them, measured on the ops.
+  double elementwise_bytes_per_s = 0;
+  double loss_bytes_per_s = 0;
   double host_link_bytes_per_s = 0;    // pinned host <-> device, each way
   double host_memory_bytes_per_s = 0;  // the host's AdamW over its pinned state
   double node_link_bytes_per_s = 0;    // a collective's bus bandwidth within a node
@@ -73,6 +79,13 @@ struct MachineRates {
   // kernel's launch (0: not modelled).
   double op_latency_s = 0;
 };
+
+// The elementwise accounting the model and the rates' measurement (core/measure/machine_measure.h)
+// share, in working-dtype bytes per element: the SwiGLU's forward reads a and b and writes h (3
+// per element of h; a backward counts as 2 forwards); the loss's forward and backward read and
+// write each logit (4 per logit for both).
+inline constexpr double kSwigluBytesPerElement = 3.0;
+inline constexpr double kLossBytesPerLogit = 4.0;
 
 // One phase of the step, summed over its layers and the step's micro-batches.
 struct PhaseTime {

@@ -200,6 +200,7 @@ rates_table() {  # BACKEND DTYPE DEVICE: a [rates] table of round numbers
   printf '\n[rates]\nbackend = "%s"\ndevice = "%s"\ndtype = "%s"\nranks_sharing = 1\n' "$1" "$3" "$2"
   printf 'shapes = "hidden 64, by hand"\ngemm_flops = 1.25e10\ngrouped_gemm_flops = 2.5e10\n'
   printf 'attention_flops = 3.75e9\nmemory_bytes_per_s = 4.5e10\nhost_link_bytes_per_s = 5.5e9\n'
+  printf 'elementwise_bytes_per_s = 2.25e10\nloss_bytes_per_s = 1.125e10\n'
   printf 'host_memory_bytes_per_s = 6.5e9\nop_latency_s = 7.5e-7\npeak_flops = 8.5e10\n'
 }
 { cat "$tmp/probe.toml"; rates_table cpu f32 "cpu (by hand)"; } >"$tmp/f32.toml"
@@ -215,7 +216,7 @@ import json, sys, tomllib
 r = json.load(open(sys.argv[1]))["time"]["rates"]
 f = tomllib.load(open(sys.argv[2], "rb"))["rates"]
 for k in ("gemm_flops", "grouped_gemm_flops", "attention_flops", "memory_bytes_per_s",
-          "host_link_bytes_per_s", "host_memory_bytes_per_s", "op_latency_s", "peak_flops"):
+          "elementwise_bytes_per_s", "loss_bytes_per_s", "host_link_bytes_per_s", "host_memory_bytes_per_s", "op_latency_s", "peak_flops"):
     assert r[k] == f[k], (k, r[k], f[k])  # exact: the file's numbers are used as written
 assert r["name"] == "this machine (%s)" % sys.argv[2], r["name"]
 assert "hidden 64, by hand" in r["source"], r["source"]

@@ -32,6 +32,8 @@ MachineRates round_rates() {
   r.grouped_gemm_flops = 5e11;
   r.attention_flops = 4e11;
   r.memory_bytes_per_s = 1e11;
+  r.elementwise_bytes_per_s = 8e10;
+  r.loss_bytes_per_s = 6e10;
   r.host_link_bytes_per_s = 2e10;
   r.host_memory_bytes_per_s = 5e10;
   r.node_link_bytes_per_s = 1e11;
@@ -92,6 +94,37 @@ TEST(StepTime, EachClassIsItsWorkOverItsRate) {
   EXPECT_NEAR(base.flops / step_flops(c.model, 1, 2048), 1.0, 1e-3);
   EXPECT_NEAR(base.tokens_per_s, 2048 / base.step_s, 1e-9 * base.tokens_per_s);
   EXPECT_NEAR(base.mfu, base.flops / (base.step_s * 2e12), 1e-12);
+}
+
+// The layers' elementwise work at the elementwise rate, the head's loss at the loss rate; the
+// SwiGLU's share grows with the experts' width and lands in the expert phases only.
+TEST(StepTime, ElementwiseAndLossEachAtTheirRate) {
+  const Config c = model_config(1);
+  const StepTime base = predict(c, 1);
+  const StepPhase head = StepPhase::head;
+  MachineRates fast = round_rates();
+  fast.elementwise_bytes_per_s *= 2;
+  const StepTime e = predict(c, 1, fast);
+  for (size_t i = 0; i < kNumStepPhases; ++i) {
+    const double want = base.phases[i].phase == head ? base.phases[i].elementwise_s
+                                                     : base.phases[i].elementwise_s / 2;
+    EXPECT_NEAR(e.phases[i].elementwise_s, want, 1e-15) << i;
+  }
+  fast = round_rates();
+  fast.loss_bytes_per_s *= 2;
+  const StepTime l = predict(c, 1, fast);
+  EXPECT_NEAR(l.phase(head).elementwise_s, base.phase(head).elementwise_s / 2, 1e-15);
+  // 4 V b per token: N = 2048 tokens, V = 1000, f32, at 6e10 B/s.
+  EXPECT_NEAR(base.phase(head).elementwise_s, 4.0 * 2048 * 1000 * 4 / 6e10, 1e-15);
+  Config wide = c;
+  wide.model.intermediate_size *= 2;
+  const StepTime w = predict(wide, 1);
+  const auto fa = StepPhase::forward_attention, fe = StepPhase::forward_experts;
+  EXPECT_EQ(w.phase(fa).elementwise_s, base.phase(fa).elementwise_s);
+  // The forward MLP's elementwise grows by the SwiGLU's 3 F k b per token and layer: 4 layers,
+  // k = 2, F 512 more, at 8e10 B/s.
+  EXPECT_NEAR(w.phase(fe).elementwise_s - base.phase(fe).elementwise_s,
+              2048 * 4 * 3.0 * 2 * 512 * 4 / 8e10, 1e-12);
 }
 
 TEST(StepTime, ASlidingWindowCutsTheAttentionTime) {
@@ -199,6 +232,8 @@ topology::ProbeResult probe_with_rates(const std::string& backend, const std::st
              2.5e10,
              3.5e10,
              4.5e10,
+             4.25e10,
+             4.125e10,
              5.5e10,
              6.5e10,
              7.5e-7,
@@ -218,6 +253,8 @@ TEST(MachineRates, FromTheProbeFileTheirBackendAndDtypeOnly) {
   EXPECT_EQ(r.grouped_gemm_flops, 2.5e10);
   EXPECT_EQ(r.attention_flops, 3.5e10);
   EXPECT_EQ(r.memory_bytes_per_s, 4.5e10);
+  EXPECT_EQ(r.elementwise_bytes_per_s, 4.25e10);
+  EXPECT_EQ(r.loss_bytes_per_s, 4.125e10);
   EXPECT_EQ(r.host_link_bytes_per_s, 5.5e10);
   EXPECT_EQ(r.host_memory_bytes_per_s, 6.5e10);
   EXPECT_EQ(r.op_latency_s, 7.5e-7);

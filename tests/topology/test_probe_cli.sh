@@ -43,8 +43,8 @@ check "rates header: cpu, f32, a rank of 2" \
   grep -qE '^# Step-time rates \(docs/plan.md#step-time\): cpu, f32, one rank of 2 on the node' "$tmp/out"
 check "rates shapes name the --set" \
   grep -qE '^# shapes: hidden [0-9]+, seq 32 x batch 2 on W = 1 .*embedded default --set training.seq_len=32 --set training.batch_size=2$' "$tmp/out"
-for key in gemm_flops grouped_gemm_flops attention_flops memory_bytes_per_s host_link_bytes_per_s \
-           host_memory_bytes_per_s op_latency_s peak_flops; do
+for key in gemm_flops grouped_gemm_flops attention_flops memory_bytes_per_s elementwise_bytes_per_s \
+           loss_bytes_per_s host_link_bytes_per_s host_memory_bytes_per_s op_latency_s peak_flops; do
   check "rates table row $key" grep -qE "^  [a-z_]+ +[0-9]+\.[0-9]{3} [A-Za-z/]+ +$key\$" "$tmp/out"
 done
 check "every non-table line is a # comment (bench)" test -z "$(grep -vE '^(#|  )' "$tmp/out")"
@@ -56,7 +56,7 @@ assert t == j, (t, j)
 assert t["backend"] == "cpu" and t["dtype"] == "f32" and t["ranks_sharing"] == 2, t
 assert t["device"].startswith("cpu ("), t["device"]
 for k in ("gemm_flops", "grouped_gemm_flops", "attention_flops", "memory_bytes_per_s",
-          "host_link_bytes_per_s", "host_memory_bytes_per_s", "peak_flops"):
+          "elementwise_bytes_per_s", "loss_bytes_per_s", "host_link_bytes_per_s", "host_memory_bytes_per_s", "peak_flops"):
     assert t[k] > 0, (k, t[k])
 assert t["op_latency_s"] >= 0
 PY
@@ -70,7 +70,7 @@ import json, sys, tomllib
 r = json.load(open(sys.argv[1]))["time"]["rates"]
 f = tomllib.load(open(sys.argv[2], "rb"))["rates"]
 for k in ("gemm_flops", "grouped_gemm_flops", "attention_flops", "memory_bytes_per_s",
-          "host_link_bytes_per_s", "host_memory_bytes_per_s", "op_latency_s", "peak_flops"):
+          "elementwise_bytes_per_s", "loss_bytes_per_s", "host_link_bytes_per_s", "host_memory_bytes_per_s", "op_latency_s", "peak_flops"):
     assert r[k] == f[k], (k, r[k], f[k])
 assert r["ranks_per_node"] == 2, r
 PY

@@ -90,6 +90,8 @@ ProbeResult full_probe() {
   r.rates.grouped_gemm_flops = 5.4395e14 / 3;
   r.rates.attention_flops = 4.945e14 + 0.1;
   r.rates.memory_bytes_per_s = 2.8475e12;
+  r.rates.elementwise_bytes_per_s = 2.5e12;
+  r.rates.loss_bytes_per_s = 2.25e12;
   r.rates.host_link_bytes_per_s = 5.29e10 * (1 + 1e-15);
   r.rates.host_memory_bytes_per_s = 2.5e10;
   r.rates.op_latency_s = 4.7e-6 / 7;
@@ -103,9 +105,8 @@ ProbeResult cpu_rates_probe() {
   r.topology = load_topology_xml(topology_data("1pkg_nogpu.xml"));
   r.budgets = compute_host_budgets(r.topology, 2);
   r.rates_measured = true;
-  r.rates = {
-      "cpu", "cpu (2 cores)", "f32", 2, "hidden 64", 1e10, 2e10, 3e10, 4e10, 5e10, 6e10, 7e-7,
-      8e10};
+  r.rates = {"cpu", "cpu (2 cores)", "f32",  2,    "hidden 64", 1e10, 2e10, 3e10,
+             4e10,  3.5e10,          2.5e10, 5e10, 6e10,        7e-7, 8e10};
   return r;
 }
 
