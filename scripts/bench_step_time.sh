@@ -66,7 +66,7 @@ PY
       --set parallelism.expert_parallel="$ep" --set parallelism.sequence_parallel="$sp" \
       --set parallelism.data_shard="$ds" --set training.batch_size="$batch" \
       --set training.grad_accum_steps="$accum" --set job.run_dir="$tmp/runs" --warmup 2 \
-      --iters 7 --json "$tmp/layout$i.json" >"$tmp/layout$i.out" 2>&1
+      --iters 7 --json "$tmp/layout$i.json" >"$tmp/layout$i.out" 2>&1 </dev/null
     measured=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['rows'][0]['step_s'])" "$tmp/layout$i.json")
     printf '  %4s %4s %4s %6s %6s %12.4f %12.4f\n' "$ep" "$sp" "$ds" "$batch" "$accum" "$predicted" "$measured"
     echo "$measured" >>"$tmp/measured.txt"

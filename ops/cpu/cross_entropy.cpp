@@ -11,6 +11,7 @@
 
 #include "core/runtime/cpu_stream.h"
 #include "ops/cpu/cpu_storage.h"
+#include "ops/cpu/parallel_ranges.h"
 
 namespace moepeak::ops {
 namespace {
@@ -31,6 +32,9 @@ void check_label(const char* op, int64_t position, int64_t label, int64_t vocab)
                   ") and is not the ignore label ", kIgnoreLabel);
   }
 }
+
+// Rows per parallel range: at least 2^16 logits each (V = 4096: 16 rows).
+int64_t rows_per_task(int64_t vocab) { return std::max<int64_t>(1, (int64_t{1} << 16) / vocab); }
 
 // One stored logit in double (exact for every storage type).
 template <typename T>
@@ -74,15 +78,17 @@ void cross_entropy_forward_cpu(const Tensor& logits, const Tensor& labels, const
     T* loss = losses.data_as<T>();                     // (N)
     int64_t tokens = logits.size(0), vocab = logits.size(1);
     as_cpu_stream(stream).enqueue([=] {
-      for (int64_t n = 0; n < tokens; ++n) {
-        check_label(op, n, label[n], vocab);
-        if (label[n] == kIgnoreLabel) {
-          store(loss + n, C(0));
-          continue;
+      for (int64_t n = 0; n < tokens; ++n) check_label(op, n, label[n], vocab);
+      parallel_ranges(tokens, rows_per_task(vocab), [=](int64_t begin, int64_t end) {
+        for (int64_t n = begin; n < end; ++n) {
+          if (label[n] == kIgnoreLabel) {
+            store(loss + n, C(0));
+            continue;
+          }
+          const T* row = lp + n * vocab;
+          store(loss + n, static_cast<C>(log_sum_exp(row, vocab) - logit(row, label[n])));
         }
-        const T* row = lp + n * vocab;
-        store(loss + n, static_cast<C>(log_sum_exp(row, vocab) - logit(row, label[n])));
-      }
+      });
     });
   });
 }
@@ -99,21 +105,23 @@ void cross_entropy_backward_cpu(const Tensor& logits, const Tensor& labels, doub
     T* dlp = dlogits.data_as<T>();                     // (N, V)
     int64_t tokens = logits.size(0), vocab = logits.size(1);
     as_cpu_stream(stream).enqueue([=] {
-      for (int64_t n = 0; n < tokens; ++n) {
-        check_label(op, n, label[n], vocab);
-        T* drow = dlp + n * vocab;
-        if (label[n] == kIgnoreLabel) {
-          for (int64_t v = 0; v < vocab; ++v) store(drow + v, C(0));
-          continue;
+      for (int64_t n = 0; n < tokens; ++n) check_label(op, n, label[n], vocab);
+      parallel_ranges(tokens, rows_per_task(vocab), [=](int64_t begin, int64_t end) {
+        for (int64_t n = begin; n < end; ++n) {
+          T* drow = dlp + n * vocab;
+          if (label[n] == kIgnoreLabel) {
+            for (int64_t v = 0; v < vocab; ++v) store(drow + v, C(0));
+            continue;
+          }
+          const T* row = lp + n * vocab;
+          double lse = log_sum_exp(row, vocab);  // before the row is overwritten when in place
+          for (int64_t v = 0; v < vocab; ++v) {
+            double softmax = std::exp(logit(row, v) - lse);
+            double onehot = v == label[n] ? 1.0 : 0.0;
+            store(drow + v, static_cast<C>(scale * (softmax - onehot)));
+          }
         }
-        const T* row = lp + n * vocab;
-        double lse = log_sum_exp(row, vocab);  // before the row is overwritten when in place
-        for (int64_t v = 0; v < vocab; ++v) {
-          double softmax = std::exp(logit(row, v) - lse);
-          double onehot = v == label[n] ? 1.0 : 0.0;
-          store(drow + v, static_cast<C>(scale * (softmax - onehot)));
-        }
-      }
+      });
     });
   });
 }

@@ -11,9 +11,13 @@
 
 #include "core/runtime/cpu_stream.h"
 #include "ops/cpu/cpu_storage.h"
+#include "ops/cpu/parallel_ranges.h"
 
 namespace moepeak::ops {
 namespace {
+
+// Elements per parallel range: below two of these an op runs on its stream's thread alone.
+constexpr int64_t kElementsPerTask = 16384;
 
 template <typename T>
 T sigmoid(T v) {
@@ -57,10 +61,12 @@ void swiglu_forward_cpu(const Tensor& a, const Tensor& b, const Tensor& h, Strea
     T* hp = h.data_as<T>();        // (M, F)
     int64_t n = a.numel();
     as_cpu_stream(stream).enqueue([=] {
-      for (int64_t i = 0; i < n; ++i) {
-        const compute_t<T> av = load(ap[i]);
-        store(hp + i, av * sigmoid(av) * load(bp[i]));
-      }
+      parallel_ranges(n, kElementsPerTask, [=](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const compute_t<T> av = load(ap[i]);
+          store(hp + i, av * sigmoid(av) * load(bp[i]));
+        }
+      });
     });
   });
 }
@@ -79,16 +85,18 @@ void swiglu_backward_cpu(const Tensor& a, const Tensor& b, const Tensor& dh, con
     int64_t n = a.numel();
     as_cpu_stream(stream).enqueue([=] {
       using C = compute_t<T>;
-      for (int64_t i = 0; i < n; ++i) {
-        const C av = load(ap[i]), bv = load(bp[i]);
-        C s = sigmoid(av);
-        C silu = av * s;
-        C dsilu = s * (C(1) + av * (C(1) - s));
-        C g = load(dhp[i]);
-        // Element i is read in full before it is written, so da or db may alias an input.
-        store(dap + i, g * bv * dsilu);
-        store(dbp + i, g * silu);
-      }
+      parallel_ranges(n, kElementsPerTask, [=](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const C av = load(ap[i]), bv = load(bp[i]);
+          C s = sigmoid(av);
+          C silu = av * s;
+          C dsilu = s * (C(1) + av * (C(1) - s));
+          C g = load(dhp[i]);
+          // Element i is read in full before it is written, so da or db may alias an input.
+          store(dap + i, g * bv * dsilu);
+          store(dbp + i, g * silu);
+        }
+      });
     });
   });
 }
@@ -130,11 +138,13 @@ void swiglu_forward_cpu(const Tensor& a, const Tensor& b, const SwigluParams& pa
     const int64_t n = a.numel();
     const ClampedSwiglu<C> p(params);
     as_cpu_stream(stream).enqueue([=] {
-      for (int64_t i = 0; i < n; ++i) {
-        const C g = p.gate(load(ap[i])), u = p.up(load(bp[i]));
-        const C glu = g * sigmoid(p.alpha * g);
-        store(hp + i, (u + p.up_offset) * glu);
-      }
+      parallel_ranges(n, kElementsPerTask, [=](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const C g = p.gate(load(ap[i])), u = p.up(load(bp[i]));
+          const C glu = g * sigmoid(p.alpha * g);
+          store(hp + i, (u + p.up_offset) * glu);
+        }
+      });
     });
   });
 }
@@ -160,19 +170,21 @@ void swiglu_backward_cpu(const Tensor& a, const Tensor& b, const Tensor& dh,
     const int64_t n = a.numel();
     const ClampedSwiglu<C> p(params);
     as_cpu_stream(stream).enqueue([=] {
-      for (int64_t i = 0; i < n; ++i) {
-        const C av = load(ap[i]), bv = load(bp[i]), dhv = load(dhp[i]);
-        const C g = p.gate(av), u = p.up(bv);
-        const C ag = p.alpha * g;
-        const C s = sigmoid(ag);
-        // d(g * s)/dg = s + alpha * g * s * (1 - s); the clamps pass the gradient on their
-        // inclusive ranges (a NaN input fails both tests and gets 0).
-        const bool a_passes = av <= p.limit, b_passes = bv >= -p.limit && bv <= p.limit;
-        const C dglu = s * (C(1) + ag * (C(1) - s));
-        // Element i is read in full before it is written, so da or db may alias an input.
-        store(dap + i, a_passes ? dhv * (u + p.up_offset) * dglu : C(0));
-        store(dbp + i, b_passes ? dhv * (g * s) : C(0));
-      }
+      parallel_ranges(n, kElementsPerTask, [=](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const C av = load(ap[i]), bv = load(bp[i]), dhv = load(dhp[i]);
+          const C g = p.gate(av), u = p.up(bv);
+          const C ag = p.alpha * g;
+          const C s = sigmoid(ag);
+          // d(g * s)/dg = s + alpha * g * s * (1 - s); the clamps pass the gradient on their
+          // inclusive ranges (a NaN input fails both tests and gets 0).
+          const bool a_passes = av <= p.limit, b_passes = bv >= -p.limit && bv <= p.limit;
+          const C dglu = s * (C(1) + ag * (C(1) - s));
+          // Element i is read in full before it is written, so da or db may alias an input.
+          store(dap + i, a_passes ? dhv * (u + p.up_offset) * dglu : C(0));
+          store(dbp + i, b_passes ? dhv * (g * s) : C(0));
+        }
+      });
     });
   });
 }
