@@ -12,8 +12,10 @@
 //   beta = 1; the products with V and dout run over dv, those with Q and K over dqk).
 // The forward's lse already holds the sink and out is normalised by it, so this is the plain
 // backward on (out, lse); the sink adds only dsinks, in a pass of its own (sinks_gradient).
-// Query blocks run in a fixed order (b, g, t0), so dk/dv sum the blocks — and, inside a block's
-// GEMM, the query heads of the group — in a fixed order: results are bitwise reproducible.
+// The (b, g) pairs run on the rank's compute threads, one thread per pair whole (for_each_head_
+// pair); a pair's query blocks run in a fixed order (t0), so dk/dv sum the blocks — and, inside a
+// block's GEMM, the query heads of the group — in a fixed order: results are bitwise
+// reproducible and the same on any number of threads.
 //
 // bf16 storage (fp32 arithmetic, ops/cpu/cpu_storage.h): two passes (backward_kernel_widened),
 // dq by query blocks, dk/dv by key blocks, each key block's fp32 sums in scratch. Both visit only
@@ -84,36 +86,37 @@ void backward_dscores(int64_t rows, int64_t keys, int64_t dv, const KvOperand<T>
 template <typename T>
 void backward_kernel(const Geometry& geo, const BlockPlan& plan, const T* q, const T* k, const T* v,
                      const T* out, const T* lse, const T* dout, T scale, T* dq, T* dk, T* dv) {
-  Scratch<T>& s = thread_scratch<T>();
-  s.reserve(plan, geo, /*backward=*/true, /*widened=*/false);
   const int64_t dqk = geo.qk_dim, d_v = geo.v_dim;
   const int64_t k_stride = geo.kv_heads * dqk, v_stride = geo.kv_heads * d_v;
   const int64_t kv_rows = geo.batch * geo.seq * geo.kv_heads;
   std::fill_n(dk, kv_rows * dqk, T(0));
   std::fill_n(dv, kv_rows * d_v, T(0));
 
-  for_each_query_block(geo, plan, [&](const QueryBlock& blk) {
-    const int64_t rows = blk.rows(plan);
-    T* dq_rows = s.accumulator.data();
-    load_backward_rows(geo, plan, blk, q, out, lse, dout, s);
-    std::fill_n(dq_rows, rows * dqk, T(0));
+  for_each_head_pair<T>(
+      geo, plan, /*backward=*/true, /*widened=*/false, [&](int64_t pb, int64_t pg, Scratch<T>& s) {
+        for_each_query_block_of(geo, plan, pb, pg, [&](const QueryBlock& blk) {
+          const int64_t rows = blk.rows(plan);
+          T* dq_rows = s.accumulator.data();
+          load_backward_rows(geo, plan, blk, q, out, lse, dout, s);
+          std::fill_n(dq_rows, rows * dqk, T(0));
 
-    for_each_key_block(plan, blk, [&](int64_t s0, int64_t keys) {
-      const int64_t k_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, dqk);
-      const int64_t v_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, d_v);
-      const KvOperand<T> kb{k + k_offset, k_stride}, vb{v + v_offset, v_stride};
-      backward_probs(plan, blk, rows, s0, keys, dqk, kb, scale, s);
-      // dV += P^T dout;  dS = P * (dout V^T - D);  dQ += scale * dS K;  dK += scale * dS^T Q.
-      gemm(CblasTrans, CblasNoTrans, keys, d_v, rows, T(1), s.scores.data(), keys,
-           s.dout_rows.data(), d_v, T(1), dv + v_offset, v_stride);
-      backward_dscores(rows, keys, d_v, vb, s);
-      gemm(CblasNoTrans, CblasNoTrans, rows, dqk, keys, scale, s.scores.data(), keys, kb.data,
-           kb.ld, T(1), dq_rows, dqk);
-      gemm(CblasTrans, CblasNoTrans, keys, dqk, rows, scale, s.scores.data(), keys, s.q_rows.data(),
-           dqk, T(1), dk + k_offset, k_stride);
-    });
-    scatter_rows(geo, plan, blk, dqk, dq_rows, dq);
-  });
+          for_each_key_block(plan, blk, [&](int64_t s0, int64_t keys) {
+            const int64_t k_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, dqk);
+            const int64_t v_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, d_v);
+            const KvOperand<T> kb{k + k_offset, k_stride}, vb{v + v_offset, v_stride};
+            backward_probs(plan, blk, rows, s0, keys, dqk, kb, scale, s);
+            // dV += P^T dout;  dS = P * (dout V^T - D);  dQ += scale * dS K;  dK += scale * dS^T Q.
+            gemm(CblasTrans, CblasNoTrans, keys, d_v, rows, T(1), s.scores.data(), keys,
+                 s.dout_rows.data(), d_v, T(1), dv + v_offset, v_stride);
+            backward_dscores(rows, keys, d_v, vb, s);
+            gemm(CblasNoTrans, CblasNoTrans, rows, dqk, keys, scale, s.scores.data(), keys, kb.data,
+                 kb.ld, T(1), dq_rows, dqk);
+            gemm(CblasTrans, CblasNoTrans, keys, dqk, rows, scale, s.scores.data(), keys,
+                 s.q_rows.data(), dqk, T(1), dk + k_offset, k_stride);
+          });
+          scatter_rows(geo, plan, blk, dqk, dq_rows, dq);
+        });
+      });
 }
 
 // bf16 storage: each output element is rounded once, so dK and dV cannot sum across query blocks
@@ -128,66 +131,66 @@ void backward_kernel_widened(const Geometry& geo, const BlockPlan& plan, const S
                              const S* v, const S* out, const compute_t<S>* lse, const S* dout,
                              compute_t<S> scale, S* dq, S* dk, S* dv) {
   using T = compute_t<S>;
-  Scratch<T>& s = thread_scratch<T>();
-  s.reserve(plan, geo, /*backward=*/true, /*widened=*/true);
   const int64_t dqk = geo.qk_dim, d_v = geo.v_dim;
   const int64_t k_stride = geo.kv_heads * dqk, v_stride = geo.kv_heads * d_v;
 
-  // Pass 1: dQ += scale * dS K over the key blocks of each query block.
-  for_each_query_block(geo, plan, [&](const QueryBlock& blk) {
-    const int64_t rows = blk.rows(plan);
-    T* dq_rows = s.accumulator.data();
-    load_backward_rows(geo, plan, blk, q, out, lse, dout, s);
-    std::fill_n(dq_rows, rows * dqk, T(0));
-    for_each_key_block(plan, blk, [&](int64_t s0, int64_t keys) {
-      const int64_t k_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, dqk);
-      const int64_t v_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, d_v);
-      const KvOperand<T> kb = kv_operand(geo, dqk, k, k_offset, keys, s.k_block.data());
-      const KvOperand<T> vb = kv_operand(geo, d_v, v, v_offset, keys, s.v_block.data());
-      backward_probs(plan, blk, rows, s0, keys, dqk, kb, scale, s);
-      backward_dscores(rows, keys, d_v, vb, s);
-      gemm(CblasNoTrans, CblasNoTrans, rows, dqk, keys, scale, s.scores.data(), keys, kb.data,
-           kb.ld, T(1), dq_rows, dqk);
-    });
-    scatter_rows(geo, plan, blk, dqk, dq_rows, dq);
-  });
-
-  // Pass 2: dV += P^T dout and dK += scale * dS^T Q of each key block over the query blocks that
-  // visit it (last position >= s0, first key block <= s0), in the one-pass loop's order and with
-  // its key counts (its key block stops at the query block's last position). first_key_block
-  // grows with t0 (a window's start and doc_start both do), so the first query block past s0
-  // ends the loop: with documents, the query blocks of later documents are never visited.
-  T* dk_block = s.dk_block.data();
-  T* dv_block = s.dv_block.data();
-  for (int64_t b = 0; b < geo.batch; ++b)
-    for (int64_t g = 0; g < geo.kv_heads; ++g)
-      for (int64_t s0 = 0; s0 < geo.seq; s0 += plan.keys) {
-        const int64_t block_keys = std::min(plan.keys, geo.seq - s0);
-        const int64_t k_offset = geo.offset(b, s0, g, geo.kv_heads, dqk);
-        const int64_t v_offset = geo.offset(b, s0, g, geo.kv_heads, d_v);
-        const KvOperand<T> kb = kv_operand(geo, dqk, k, k_offset, block_keys, s.k_block.data());
-        const KvOperand<T> vb = kv_operand(geo, d_v, v, v_offset, block_keys, s.v_block.data());
-        std::fill_n(dk_block, block_keys * dqk, T(0));
-        std::fill_n(dv_block, block_keys * d_v, T(0));
-        for (int64_t t0 = s0 / plan.positions * plan.positions; t0 < geo.seq;
-             t0 += plan.positions) {
-          const QueryBlock blk{b, g, t0, std::min(plan.positions, geo.seq - t0)};
-          if (first_key_block(plan, blk) > s0) break;  // and so for every later query block
+  for_each_head_pair<T>(
+      geo, plan, /*backward=*/true, /*widened=*/true, [&](int64_t b, int64_t g, Scratch<T>& s) {
+        // Pass 1: dQ += scale * dS K over the key blocks of each query block.
+        for_each_query_block_of(geo, plan, b, g, [&](const QueryBlock& blk) {
           const int64_t rows = blk.rows(plan);
-          const int64_t keys = std::min(block_keys, blk.last_position() + 1 - s0);
+          T* dq_rows = s.accumulator.data();
           load_backward_rows(geo, plan, blk, q, out, lse, dout, s);
-          backward_probs(plan, blk, rows, s0, keys, dqk, kb, scale, s);
-          gemm(CblasTrans, CblasNoTrans, keys, d_v, rows, T(1), s.scores.data(), keys,
-               s.dout_rows.data(), d_v, T(1), dv_block, d_v);
-          backward_dscores(rows, keys, d_v, vb, s);
-          gemm(CblasTrans, CblasNoTrans, keys, dqk, rows, scale, s.scores.data(), keys,
-               s.q_rows.data(), dqk, T(1), dk_block, dqk);
+          std::fill_n(dq_rows, rows * dqk, T(0));
+          for_each_key_block(plan, blk, [&](int64_t s0, int64_t keys) {
+            const int64_t k_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, dqk);
+            const int64_t v_offset = geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, d_v);
+            const KvOperand<T> kb = kv_operand(geo, dqk, k, k_offset, keys, s.k_block.data());
+            const KvOperand<T> vb = kv_operand(geo, d_v, v, v_offset, keys, s.v_block.data());
+            backward_probs(plan, blk, rows, s0, keys, dqk, kb, scale, s);
+            backward_dscores(rows, keys, d_v, vb, s);
+            gemm(CblasNoTrans, CblasNoTrans, rows, dqk, keys, scale, s.scores.data(), keys, kb.data,
+                 kb.ld, T(1), dq_rows, dqk);
+          });
+          scatter_rows(geo, plan, blk, dqk, dq_rows, dq);
+        });
+
+        // Pass 2: dV += P^T dout and dK += scale * dS^T Q of each key block over the query blocks
+        // that visit it (last position >= s0, first key block <= s0), in the one-pass loop's order
+        // and with its key counts (its key block stops at the query block's last position).
+        // first_key_block grows with t0 (a window's start and doc_start both do), so the first
+        // query block past s0 ends the loop: with documents, the query blocks of later documents
+        // are never visited.
+        T* dk_block = s.dk_block.data();
+        T* dv_block = s.dv_block.data();
+        for (int64_t s0 = 0; s0 < geo.seq; s0 += plan.keys) {
+          const int64_t block_keys = std::min(plan.keys, geo.seq - s0);
+          const int64_t k_offset = geo.offset(b, s0, g, geo.kv_heads, dqk);
+          const int64_t v_offset = geo.offset(b, s0, g, geo.kv_heads, d_v);
+          const KvOperand<T> kb = kv_operand(geo, dqk, k, k_offset, block_keys, s.k_block.data());
+          const KvOperand<T> vb = kv_operand(geo, d_v, v, v_offset, block_keys, s.v_block.data());
+          std::fill_n(dk_block, block_keys * dqk, T(0));
+          std::fill_n(dv_block, block_keys * d_v, T(0));
+          for (int64_t t0 = s0 / plan.positions * plan.positions; t0 < geo.seq;
+               t0 += plan.positions) {
+            const QueryBlock blk{b, g, t0, std::min(plan.positions, geo.seq - t0)};
+            if (first_key_block(plan, blk) > s0) break;  // and so for every later query block
+            const int64_t rows = blk.rows(plan);
+            const int64_t keys = std::min(block_keys, blk.last_position() + 1 - s0);
+            load_backward_rows(geo, plan, blk, q, out, lse, dout, s);
+            backward_probs(plan, blk, rows, s0, keys, dqk, kb, scale, s);
+            gemm(CblasTrans, CblasNoTrans, keys, d_v, rows, T(1), s.scores.data(), keys,
+                 s.dout_rows.data(), d_v, T(1), dv_block, d_v);
+            backward_dscores(rows, keys, d_v, vb, s);
+            gemm(CblasTrans, CblasNoTrans, keys, dqk, rows, scale, s.scores.data(), keys,
+                 s.q_rows.data(), dqk, T(1), dk_block, dqk);
+          }
+          for (int64_t j = 0; j < block_keys; ++j) {
+            narrow(dk_block + j * dqk, dk + k_offset + j * k_stride, dqk);
+            narrow(dv_block + j * d_v, dv + v_offset + j * v_stride, d_v);
+          }
         }
-        for (int64_t j = 0; j < block_keys; ++j) {
-          narrow(dk_block + j * dqk, dk + k_offset + j * k_stride, dqk);
-          narrow(dv_block + j * d_v, dv + v_offset + j * v_stride, d_v);
-        }
-      }
+      });
 }
 
 // dsinks[h] += -sum_{b,t} exp(sinks[h] - lse[b,h,t]) * D[b,t,h], D = dout . out over dv: in

@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "ops/attention.h"
 #include "ops/cpu/cpu_storage.h"
+#include "ops/cpu/parallel_ranges.h"
 
 namespace moepeak::ops::attention_cpu {
 
@@ -386,6 +387,37 @@ void for_each_query_block(const Geometry& geo, const BlockPlan& plan, F&& f) {
     for (int64_t g = 0; g < geo.kv_heads; ++g)
       for (int64_t t0 = 0; t0 < geo.seq; t0 += plan.positions)
         f(QueryBlock{b, g, t0, std::min(plan.positions, geo.seq - t0)});
+}
+
+// f(b, g, scratch) for each (batch, kv head) pair, the pairs spread over the rank's compute
+// threads (ops/cpu/parallel_ranges.h) with OpenBLAS held to one thread meanwhile (the pairs are
+// the parallelism), each thread with its own scratch reserved for (backward, widened). One
+// thread runs a pair whole, so what its blocks accumulate (the kv head's dK, dV) sums in the
+// serial order; OpenBLAS's results do not depend on its thread count: bitwise one thread's.
+template <typename T, typename F>
+void for_each_head_pair(const Geometry& geo, const BlockPlan& plan, bool backward, bool widened,
+                        F&& f) {
+  const int threads = cpu_op_threads();
+  const int64_t pairs = geo.batch * geo.kv_heads;
+  auto run = [&](int64_t begin, int64_t end) {
+    Scratch<T>& s = thread_scratch<T>();
+    s.reserve(plan, geo, backward, widened);
+    for (int64_t pair = begin; pair < end; ++pair) f(pair / geo.kv_heads, pair % geo.kv_heads, s);
+  };
+  if (threads == 1 || pairs < 2) {
+    run(0, pairs);
+    return;
+  }
+  SingleThreadedBlas one_blas_thread;
+  parallel_ranges(pairs, 1, threads, run);
+}
+
+// The query blocks of pair (b, g), in for_each_query_block's order.
+template <typename F>
+void for_each_query_block_of(const Geometry& geo, const BlockPlan& plan, int64_t b, int64_t g,
+                             F&& f) {
+  for (int64_t t0 = 0; t0 < geo.seq; t0 += plan.positions)
+    f(QueryBlock{b, g, t0, std::min(plan.positions, geo.seq - t0)});
 }
 
 }  // namespace moepeak::ops::attention_cpu

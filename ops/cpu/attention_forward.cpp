@@ -39,73 +39,75 @@ template <typename S>
 void forward_kernel(const Geometry& geo, const BlockPlan& plan, const S* q, const S* k, const S* v,
                     const S* sinks, compute_t<S> scale, S* out, compute_t<S>* lse) {
   using T = compute_t<S>;
-  Scratch<T>& s = thread_scratch<T>();
-  s.reserve(plan, geo, /*backward=*/false, kWidened<S>);
   const int64_t dqk = geo.qk_dim, dv = geo.v_dim;
+  for_each_head_pair<T>(
+      geo, plan, /*backward=*/false, kWidened<S>, [&](int64_t b, int64_t g, Scratch<T>& s) {
+        for_each_query_block_of(geo, plan, b, g, [&](const QueryBlock& blk) {
+          const int64_t rows = blk.rows(plan);
+          gather_rows(geo, plan, blk, dqk, q, s.q_rows.data());
+          std::fill_n(s.row_max.begin(), rows, -std::numeric_limits<T>::infinity());
+          std::fill_n(s.row_sum.begin(), rows, T(0));
+          std::fill_n(s.accumulator.begin(), rows * dv, T(0));
 
-  for_each_query_block(geo, plan, [&](const QueryBlock& blk) {
-    const int64_t rows = blk.rows(plan);
-    gather_rows(geo, plan, blk, dqk, q, s.q_rows.data());
-    std::fill_n(s.row_max.begin(), rows, -std::numeric_limits<T>::infinity());
-    std::fill_n(s.row_sum.begin(), rows, T(0));
-    std::fill_n(s.accumulator.begin(), rows * dv, T(0));
+          for_each_key_block(plan, blk, [&](int64_t s0, int64_t keys) {
+            const bool needs_mask = block_needs_mask(plan, blk, s0, keys);
+            const KvOperand<T> kb =
+                kv_operand(geo, dqk, k, geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, dqk), keys,
+                           s.k_block.data());
+            T* scores = s.scores.data();
+            gemm(CblasNoTrans, CblasTrans, rows, keys, dqk, scale, s.q_rows.data(), dqk, kb.data,
+                 kb.ld, T(0), scores, keys);
+            count_scores(rows * keys);
 
-    for_each_key_block(plan, blk, [&](int64_t s0, int64_t keys) {
-      const bool needs_mask = block_needs_mask(plan, blk, s0, keys);
-      const KvOperand<T> kb =
-          kv_operand(geo, dqk, k, geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, dqk), keys,
-                     s.k_block.data());
-      T* scores = s.scores.data();
-      gemm(CblasNoTrans, CblasTrans, rows, keys, dqk, scale, s.q_rows.data(), dqk, kb.data, kb.ld,
-           T(0), scores, keys);
-      count_scores(rows * keys);
+            for (int64_t r = 0; r < rows; ++r) {
+              T* row = scores + r * keys;
+              const KeySpan span = mask_row(plan, blk, needs_mask, r, s0, keys, row);
+              const int64_t visible = span.end - span.begin;
+              if (visible == 0) continue;
+              T* seen = row + span.begin;
+              const T m_old = s.row_max[r];
+              const T m_new = std::max(m_old, row_max(seen, visible));
+              const T rescale =
+                  std::exp(m_old - m_new);  // 0 on the row's first keys (m_old = -inf)
+              const T block_sum = exp_shift_sum(seen, visible, m_new);
+              s.row_sum[r] = s.row_sum[r] * rescale + block_sum;
+              s.row_max[r] = m_new;
+              if (rescale != T(1)) {
+                T* acc = s.accumulator.data() + r * dv;
+                for (int64_t i = 0; i < dv; ++i) acc[i] *= rescale;
+              }
+            }
+            const KvOperand<T> vb =
+                kv_operand(geo, dv, v, geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, dv), keys,
+                           s.v_block.data());
+            gemm(CblasNoTrans, CblasNoTrans, rows, dv, keys, T(1), scores, keys, vb.data, vb.ld,
+                 T(1), s.accumulator.data(), dv);
+          });
 
-      for (int64_t r = 0; r < rows; ++r) {
-        T* row = scores + r * keys;
-        const KeySpan span = mask_row(plan, blk, needs_mask, r, s0, keys, row);
-        const int64_t visible = span.end - span.begin;
-        if (visible == 0) continue;
-        T* seen = row + span.begin;
-        const T m_old = s.row_max[r];
-        const T m_new = std::max(m_old, row_max(seen, visible));
-        const T rescale = std::exp(m_old - m_new);  // 0 on the row's first keys (m_old = -inf)
-        const T block_sum = exp_shift_sum(seen, visible, m_new);
-        s.row_sum[r] = s.row_sum[r] * rescale + block_sum;
-        s.row_max[r] = m_new;
-        if (rescale != T(1)) {
-          T* acc = s.accumulator.data() + r * dv;
-          for (int64_t i = 0; i < dv; ++i) acc[i] *= rescale;
-        }
-      }
-      const KvOperand<T> vb = kv_operand(
-          geo, dv, v, geo.offset(blk.b, s0, blk.kv_head, geo.kv_heads, dv), keys, s.v_block.data());
-      gemm(CblasNoTrans, CblasNoTrans, rows, dv, keys, T(1), scores, keys, vb.data, vb.ld, T(1),
-           s.accumulator.data(), dv);
-    });
-
-    for (int64_t r = 0; r < rows; ++r) {
-      T* acc = s.accumulator.data() + r * dv;
-      if (sinks != nullptr) {
-        // NOTES: the sink is one more column of the softmax, folded in last like a key block of
-        // one key whose value is 0. A sink far below the row's max gives exp(s - m) = 0 and
-        // rescale = 1: bitwise the result without sinks. A dominant sink gives rescale -> 0 and
-        // l -> 1 (never below 1: the larger of m and s contributes exp(0)).
-        const T sink = load(sinks[blk.kv_head * plan.group + r % plan.group]);
-        const T m_old = s.row_max[r];
-        const T m_new = std::max(m_old, sink);
-        const T rescale = std::exp(m_old - m_new);
-        s.row_sum[r] = s.row_sum[r] * rescale + std::exp(sink - m_new);
-        s.row_max[r] = m_new;
-        if (rescale != T(1)) {
-          for (int64_t i = 0; i < dv; ++i) acc[i] *= rescale;
-        }
-      }
-      const T l = s.row_sum[r];  // >= 1: the row's maximum contributes exp(0)
-      for (int64_t i = 0; i < dv; ++i) acc[i] /= l;
-      lse[lse_index(geo, plan, blk, r)] = s.row_max[r] + std::log(l);
-    }
-    scatter_rows(geo, plan, blk, dv, s.accumulator.data(), out);
-  });
+          for (int64_t r = 0; r < rows; ++r) {
+            T* acc = s.accumulator.data() + r * dv;
+            if (sinks != nullptr) {
+              // NOTES: the sink is one more column of the softmax, folded in last like a key block
+              // of one key whose value is 0. A sink far below the row's max gives exp(s - m) = 0
+              // and rescale = 1: bitwise the result without sinks. A dominant sink gives rescale ->
+              // 0 and l -> 1 (never below 1: the larger of m and s contributes exp(0)).
+              const T sink = load(sinks[blk.kv_head * plan.group + r % plan.group]);
+              const T m_old = s.row_max[r];
+              const T m_new = std::max(m_old, sink);
+              const T rescale = std::exp(m_old - m_new);
+              s.row_sum[r] = s.row_sum[r] * rescale + std::exp(sink - m_new);
+              s.row_max[r] = m_new;
+              if (rescale != T(1)) {
+                for (int64_t i = 0; i < dv; ++i) acc[i] *= rescale;
+              }
+            }
+            const T l = s.row_sum[r];  // >= 1: the row's maximum contributes exp(0)
+            for (int64_t i = 0; i < dv; ++i) acc[i] /= l;
+            lse[lse_index(geo, plan, blk, r)] = s.row_max[r] + std::log(l);
+          }
+          scatter_rows(geo, plan, blk, dv, s.accumulator.data(), out);
+        });
+      });
 }
 
 }  // namespace

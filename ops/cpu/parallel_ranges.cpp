@@ -13,9 +13,22 @@ namespace moepeak::ops {
 int cpu_op_threads() { return std::max(1, openblas_get_num_threads()); }
 
 void parallel_ranges(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+  parallel_ranges(n, grain, cpu_op_threads(), body);
+}
+
+SingleThreadedBlas::SingleThreadedBlas() : before_(openblas_get_num_threads()) {
+  if (before_ != 1) openblas_set_num_threads(1);
+}
+
+SingleThreadedBlas::~SingleThreadedBlas() {
+  if (before_ != 1) openblas_set_num_threads(before_);
+}
+
+void parallel_ranges(int64_t n, int64_t grain, int threads,
+                     const std::function<void(int64_t, int64_t)>& body) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
-  const int threads = cpu_op_threads();
+  threads = std::max(1, threads);
   if (threads == 1 || n < 2 * grain) {
     body(0, n);
     return;

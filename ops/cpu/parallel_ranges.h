@@ -29,4 +29,23 @@ int cpu_op_threads();
 
 void parallel_ranges(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
 
+// The same over `threads` threads (>= 1) rather than cpu_op_threads().
+void parallel_ranges(int64_t n, int64_t grain, int threads,
+                     const std::function<void(int64_t, int64_t)>& body);
+
+// Holds OpenBLAS to one thread for its scope (restoring the count after), for loops whose
+// ranges each call GEMMs: the ranges are the parallelism. OpenBLAS's GEMMs split rows and
+// columns among its threads, never the inner dimension, so a GEMM's result does not depend on
+// how many it uses.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas();
+  ~SingleThreadedBlas();
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int before_;
+};
+
 }  // namespace moepeak::ops

@@ -1,7 +1,8 @@
 // The CPU ops' row- and element-parallel loops (ops/cpu/parallel_ranges.h): every index exactly
 // once in ranges cut at multiples of the grain, exceptions rethrown, and the ops that use them
-// (the SwiGLU, plain and clamped, and the cross-entropy) bitwise the same on 1, 2 and 3 threads,
-// f32 and f64, at sizes that split.
+// (the SwiGLU, plain and clamped, the cross-entropy, the attention forward and backward over
+// (batch, kv head) pairs) bitwise the same on 1, 2 and 3 threads, f32 and f64 (and bf16 for the
+// attention's two-pass backward), at sizes that split.
 // Run: ctest -R test_parallel_ranges
 #include <cblas.h>
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "ops/attention.h"
 #include "ops/cpu/parallel_ranges.h"
 #include "ops/cross_entropy.h"
 #include "ops/swiglu.h"
@@ -100,6 +102,70 @@ TEST(ParallelRanges, OpsAreBitwiseTheSameOnAnyThreadCount) {
     for (double v : one) ASSERT_TRUE(std::isfinite(v)) << "every output written";
     for (int threads : {2, 3}) {
       const std::vector<double> many = run_ops(threads, dtype);
+      ASSERT_EQ(many.size(), one.size());
+      EXPECT_EQ(std::memcmp(many.data(), one.data(), one.size() * sizeof(double)), 0)
+          << threads << " threads, " << dtype_name(dtype);
+    }
+  }
+}
+
+// A tensor's elements as doubles, bf16 included.
+std::vector<double> read_any(OpEnv& env, const Tensor& t) {
+  if (t.dtype() != DType::bf16) return env.read(t);
+  env.stream().synchronize();
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data_as<bf16>()[i]);
+  return out;
+}
+
+// The attention's outputs (out, lse, dq, dk, dv, dsinks) at `threads`: B 3, T 150, 4 query heads
+// over 2 kv heads (6 pairs), sinks, with and without a window of 40.
+std::vector<double> run_attention(int threads, DType dtype) {
+  Threads t(threads);
+  OpEnv env;
+  std::vector<double> all;
+  const int64_t B = 3, T = 150, nh = 4, nkv = 2, dqk = 32, dv = 24;
+  const DType lse_dtype = ops::attention_lse_dtype(dtype);
+  auto input = [&](Shape shape, uint64_t seed) {
+    return testing::make_input(env, shape, dtype,
+                               random_values(static_cast<size_t>(shape.numel()), seed, -1.2, 1.3));
+  };
+  auto q = input({B, T, nh, dqk}, 11), k = input({B, T, nkv, dqk}, 12),
+       v = input({B, T, nkv, dv}, 13), dout = input({B, T, nh, dv}, 14), sinks = input({nh}, 15);
+  for (int64_t window : {0, 40}) {
+    ops::AttentionVariant variant;
+    variant.window = window;
+    variant.sinks = sinks;
+    OwnedTensor out_t =
+        OwnedTensor::device(env.backend(), Shape{B, T, nh, dv}, dtype, LiveSet::workspace, "out");
+    OwnedTensor lse =
+        OwnedTensor::device(env.backend(), Shape{B, nh, T}, lse_dtype, LiveSet::workspace, "lse");
+    OwnedTensor dq =
+        OwnedTensor::device(env.backend(), Shape{B, T, nh, dqk}, dtype, LiveSet::workspace, "dq");
+    OwnedTensor dk =
+        OwnedTensor::device(env.backend(), Shape{B, T, nkv, dqk}, dtype, LiveSet::workspace, "dk");
+    OwnedTensor dvt =
+        OwnedTensor::device(env.backend(), Shape{B, T, nkv, dv}, dtype, LiveSet::workspace, "dv");
+    auto dsinks = env.input({nh}, lse_dtype, std::vector<double>(nh, 0.0));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dqk));
+    ops::attention_forward_cpu(q, k, v, scale, variant, out_t, lse, env.stream());
+    ops::attention_backward_cpu(q, k, v, out_t, lse, dout, scale, variant, dq, dk, dvt, dsinks,
+                                env.stream());
+    for (const Tensor* x :
+         {&out_t.view(), &lse.view(), &dq.view(), &dk.view(), &dvt.view(), &dsinks.view()}) {
+      const std::vector<double> values = read_any(env, *x);
+      all.insert(all.end(), values.begin(), values.end());
+    }
+  }
+  return all;
+}
+
+TEST(ParallelRanges, AttentionIsBitwiseTheSameOnAnyThreadCount) {
+  for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+    const std::vector<double> one = run_attention(1, dtype);
+    for (double v : one) ASSERT_TRUE(std::isfinite(v)) << "every output written";
+    for (int threads : {2, 3}) {
+      const std::vector<double> many = run_attention(threads, dtype);
       ASSERT_EQ(many.size(), one.size());
       EXPECT_EQ(std::memcmp(many.data(), one.data(), one.size() * sizeof(double)), 0)
           << threads << " threads, " << dtype_name(dtype);
