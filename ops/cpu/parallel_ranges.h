@@ -37,6 +37,8 @@ void parallel_ranges(int64_t n, int64_t grain, int threads,
 // ranges each call GEMMs: the ranges are the parallelism. OpenBLAS's GEMMs split rows and
 // columns among its threads, never the inner dimension, so a GEMM's result does not depend on
 // how many it uses.
+// NOTES: OpenBLAS's thread count is process-wide: a GEMM another stream starts meanwhile also runs
+// on one thread — slower, never different.
 class SingleThreadedBlas {
  public:
   SingleThreadedBlas();
