@@ -65,7 +65,7 @@ class OpEnv {
     return t;
   }
 
-  // Waits for the stream, then reads the tensor as doubles.
+  // Waits for the stream, then reads the tensor as doubles (every float and index dtype).
   std::vector<double> read(const Tensor& t) {
     stream().synchronize();
     std::vector<double> out(static_cast<size_t>(t.numel()));
@@ -76,6 +76,9 @@ class OpEnv {
           break;
         case DType::f64:
           out[i] = t.data_as<double>()[i];
+          break;
+        case DType::bf16:  // exact in double
+          out[i] = static_cast<float>(t.data_as<bf16>()[i]);
           break;
         case DType::i32:
           out[i] = t.data_as<int32_t>()[i];

@@ -39,15 +39,6 @@ using testing::random_vector;
 using testing::rounded_to_bf16;
 using testing::rounded_to_float;
 
-// env.read, and bf16 elements as their (exact) double values.
-std::vector<double> read_any(OpEnv& env, const Tensor& t) {
-  if (t.dtype() != DType::bf16) return env.read(t);
-  env.stream().synchronize();
-  std::vector<double> out(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data_as<bf16>()[i]);
-  return out;
-}
-
 // Expects `f` to throw a moepeak::Error whose message has every part.
 template <typename F>
 void expect_error(F&& f, const std::vector<std::string>& parts) {
@@ -78,7 +69,7 @@ TEST(Bias, BroadcastWritesTheBiasIntoEveryRowExactly) {
     auto bt = make_input(env, {kN}, d.bias, bias);
     auto y = env.output({kM, kN}, d.y);
     ops::bias_broadcast_cpu(bt, y, env.stream());
-    const auto got = read_any(env, y);
+    const auto got = env.read(y);
     for (int64_t i = 0; i < kM * kN; ++i) ASSERT_EQ(got[i], bias[i % kN]) << what << " " << i;
     auto empty = env.output({0, kN}, d.y);  // M == 0: nothing to write
     ops::bias_broadcast_cpu(bt, empty, env.stream());
@@ -131,7 +122,7 @@ TEST(Bias, LinearWithBiasMatchesReferenceAndRoundsOnce) {
     auto y = env.output({kM, kN}, dt);
     ops::bias_broadcast_cpu(bt, y, env.stream());
     ops::linear_forward_cpu(xt, wt, y, /*accumulate=*/true, env.stream());
-    return read_any(env, y);
+    return env.read(y);
   };
   auto reference = [&] {
     std::vector<double> y(kM * kN);
@@ -163,7 +154,7 @@ TEST(Bias, LinearWithBiasMatchesReferenceAndRoundsOnce) {
   auto y = env.output({1, 1}, DType::bf16);
   ops::bias_broadcast_cpu(bt, y, env.stream());
   ops::linear_forward_cpu(xt, wt, y, true, env.stream());
-  EXPECT_EQ(read_any(env, y)[0], 1.0 + 2 * e8);
+  EXPECT_EQ(env.read(y)[0], 1.0 + 2 * e8);
   // And on random bf16 values: within half a bf16 ulp of the float64 sum, plus the fp32
   // accumulation's error bound (K + 1) 2^-24 sum |terms| (two roundings would reach a whole ulp).
   x = rounded_to_bf16(x), w = rounded_to_bf16(w), b = rounded_to_bf16(b);
@@ -252,7 +243,7 @@ TEST(GroupedBias, IsThePerGroupLoopAndSkipsEmptyAndUndefinedGroups) {
     }
     auto y = env.output({kRows, kN}, dt);
     ops::grouped_bias_broadcast_cpu(biases, offsets, y, env.stream());
-    const auto got = read_any(env, y);
+    const auto got = env.read(y);
     for (size_t g = 0; g < G; ++g) {
       for (int64_t i = offsets[g] * kN; i < offsets[g + 1] * kN; ++i) {
         ASSERT_EQ(got[i], bias_values[g][i % kN]) << what << " group " << g << " element " << i;
@@ -270,7 +261,7 @@ TEST(GroupedBias, IsThePerGroupLoopAndSkipsEmptyAndUndefinedGroups) {
       if (g != 1 && g != 3) {
         ops::bias_backward_cpu(dyt.view().rows(offsets[g], offsets[g + 1]), want, env.stream());
       }
-      EXPECT_EQ(read_any(env, dbiases[g]), read_any(env, want)) << what << " group " << g;
+      EXPECT_EQ(env.read(dbiases[g]), env.read(want)) << what << " group " << g;
     }
   }
 }
@@ -370,7 +361,7 @@ SwigluRun run_clamped(OpEnv& env, DType dt, const std::vector<double>& a,
   auto h = env.output({m, kF}, dt), da = env.output({m, kF}, dt), db = env.output({m, kF}, dt);
   ops::swiglu_forward_cpu(at, bt, p, h, env.stream());
   ops::swiglu_backward_cpu(at, bt, dht, p, da, db, env.stream());
-  return {read_any(env, h), read_any(env, da), read_any(env, db)};
+  return {env.read(h), env.read(da), env.read(db)};
 }
 
 TEST(SwigluClamped, MatchesTheFloat64ReferenceWithInclusiveGradientBounds) {
@@ -452,10 +443,10 @@ TEST(SwigluClamped, DefaultParamsRunThePlainOpsBitwise) {
     ops::swiglu_forward_cpu(at, bt, ops::SwigluParams{}, h1, env.stream());
     ops::swiglu_backward_cpu(at, bt, dht, da0, db0, env.stream());
     ops::swiglu_backward_cpu(at, bt, dht, ops::SwigluParams{}, da1, db1, env.stream());
-    EXPECT_EQ(read_any(env, h1), read_any(env, h0)) << dtype_name(dt);
-    EXPECT_EQ(read_any(env, da1), read_any(env, da0)) << dtype_name(dt);
-    EXPECT_EQ(read_any(env, db1), read_any(env, db0)) << dtype_name(dt);
-    EXPECT_TRUE(testing::all_finite(read_any(env, da0)));
+    EXPECT_EQ(env.read(h1), env.read(h0)) << dtype_name(dt);
+    EXPECT_EQ(env.read(da1), env.read(da0)) << dtype_name(dt);
+    EXPECT_EQ(env.read(db1), env.read(db0)) << dtype_name(dt);
+    EXPECT_TRUE(testing::all_finite(env.read(da0)));
   }
 }
 
@@ -478,8 +469,8 @@ TEST(SwigluClamped, Bf16IsTheF32ResultRoundedOnceAndOutputsMayAliasInputs) {
     r.push_back(make_input(env, {kRowsA, kF}, dt, b));
     ops::swiglu_backward_cpu(r[3], r[4], dht, kGptOss, r[3], r[4], env.stream());
     env.stream().synchronize();
-    EXPECT_EQ(read_any(env, r[3]), read_any(env, r[1])) << dtype_name(dt);
-    EXPECT_EQ(read_any(env, r[4]), read_any(env, r[2])) << dtype_name(dt);
+    EXPECT_EQ(env.read(r[3]), env.read(r[1])) << dtype_name(dt);
+    EXPECT_EQ(env.read(r[4]), env.read(r[2])) << dtype_name(dt);
     return r;
   });
 }

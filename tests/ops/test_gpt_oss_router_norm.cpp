@@ -42,15 +42,6 @@ using testing::rounded_to_float;
 constexpr auto kTopkFirst = ops::RouterScore::topk_then_softmax;
 constexpr auto kSoftmaxFirst = ops::RouterScore::softmax_then_topk;
 
-// env.read, and bf16 elements as their (exact) double values.
-std::vector<double> read_any(OpEnv& env, const Tensor& t) {
-  if (t.dtype() != DType::bf16) return env.read(t);
-  env.stream().synchronize();
-  std::vector<double> out(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data_as<bf16>()[i]);
-  return out;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Router, topk_then_softmax: logits (N, E)
 
@@ -68,7 +59,7 @@ RouterForward run_router(OpEnv& env, DType dtype, const std::vector<double>& log
   auto index = env.output({tokens, k}, DType::i32);
   auto weight = env.output({tokens, k}, dtype);
   ops::router_forward_cpu(lt, k, score, true, probs, index, weight, env.stream());
-  return {read_any(env, probs), env.read(index), read_any(env, weight)};
+  return {env.read(probs), env.read(index), env.read(weight)};
 }
 
 // Plain reference: softmax over all E in double; experts sorted by (logit desc, index asc); the
@@ -220,8 +211,8 @@ TEST(RouterTopkThenSoftmax, Bf16IsTheF32ResultRoundedOnceAndProbsMayBeTheLogits)
     r.push_back(env.output({kTokens, kTopK}, dt));
     ops::router_forward_cpu(r[2], kTopK, kTopkFirst, true, r[2], i2, r[3], env.stream());
     EXPECT_EQ(env.read(i2), index.back());
-    EXPECT_EQ(read_any(env, r[2]), read_any(env, r[0])) << dtype_name(dt);
-    EXPECT_EQ(read_any(env, r[3]), read_any(env, r[1])) << dtype_name(dt);
+    EXPECT_EQ(env.read(r[2]), env.read(r[0])) << dtype_name(dt);
+    EXPECT_EQ(env.read(r[3]), env.read(r[1])) << dtype_name(dt);
     return r;
   });
   ASSERT_EQ(index.size(), 2u);
@@ -317,7 +308,7 @@ TEST(RmsnormWeightOrder, Bf16AfterCastRoundsXhatFirst) {
   EXPECT_EQ(bf16_bits(env, after.rstd), bf16_bits(env, in.rstd));
   // Two roundings of at most 2^-8 relative each (bf16's unit roundoff; rstd's fp32 rounding adds
   // 2^-24): within 2^-7 of the float64 value, element by element (measured 6.5e-3 here).
-  EXPECT_LT(max_rel_err(read_any(env, after.y), ref), std::ldexp(1.0, -7) * (1 + 1e-3));
+  EXPECT_LT(max_rel_err(env.read(after.y), ref), std::ldexp(1.0, -7) * (1 + 1e-3));
 }
 
 }  // namespace

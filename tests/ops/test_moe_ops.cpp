@@ -58,15 +58,6 @@ struct RouterForward {
   std::vector<double> probs, index, weight;
 };
 
-// env.read, and bf16 elements as their (exact) double values.
-std::vector<double> read_any(OpEnv& env, const Tensor& t) {
-  if (t.dtype() != DType::bf16) return env.read(t);
-  env.stream().synchronize();
-  std::vector<double> out(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data_as<bf16>()[i]);
-  return out;
-}
-
 // f32 | bf16 | f64; `renormalize` false: Qwen3-MoE without norm_topk_prob.
 RouterForward run_router_forward(OpEnv& env, DType dtype, const std::vector<double>& logits,
                                  int64_t tokens, int64_t experts, int k, bool renormalize = true) {
@@ -75,7 +66,7 @@ RouterForward run_router_forward(OpEnv& env, DType dtype, const std::vector<doub
   auto index = env.output({tokens, k}, DType::i32);
   auto weight = env.output({tokens, k}, dtype);
   ops::router_forward_cpu(lt, k, kSoftmaxFirst, renormalize, probs, index, weight, env.stream());
-  return {read_any(env, probs), env.read(index), read_any(env, weight)};
+  return {env.read(probs), env.read(index), env.read(weight)};
 }
 
 // dlogits from dtopk_weight, through a fresh forward in the same dtype.
@@ -91,7 +82,7 @@ std::vector<double> run_router_backward(OpEnv& env, DType dtype, const std::vect
   auto dw = make_input(env, {kTokens, kTopK}, dtype, dweight);
   auto dlogits = env.output({kTokens, kExperts}, dtype);
   ops::router_backward_cpu(probs, index, weight, dw, renormalize, dlogits, env.stream());
-  return read_any(env, dlogits);
+  return env.read(dlogits);
 }
 
 // Plain reference: softmax in double, experts sorted by (probability desc, index asc).
@@ -728,7 +719,7 @@ TEST(Bf16Storage, UnnormalisedRouterIsTheF32ResultRoundedOnce) {
     r.push_back(env.output({kN, kE}, dt));
     ops::router_backward_cpu(pt, ci, wt, dwt, false, r[2], env.stream());
     index.push_back(env.read(i));
-    dlogits.push_back(read_any(env, r[2]));
+    dlogits.push_back(env.read(r[2]));
     return r;
   });
   ASSERT_EQ(index.size(), 2u);

@@ -109,15 +109,6 @@ TEST(ParallelRanges, OpsAreBitwiseTheSameOnAnyThreadCount) {
   }
 }
 
-// A tensor's elements as doubles, bf16 included.
-std::vector<double> read_any(OpEnv& env, const Tensor& t) {
-  if (t.dtype() != DType::bf16) return env.read(t);
-  env.stream().synchronize();
-  std::vector<double> out(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data_as<bf16>()[i]);
-  return out;
-}
-
 // The attention's outputs (out, lse, dq, dk, dv, dsinks) at `threads`: B 3, T 150, 4 query heads
 // over 2 kv heads (6 pairs), sinks, with and without a window of 40.
 std::vector<double> run_attention(int threads, DType dtype) {
@@ -153,7 +144,7 @@ std::vector<double> run_attention(int threads, DType dtype) {
                                 env.stream());
     for (const Tensor* x :
          {&out_t.view(), &lse.view(), &dq.view(), &dk.view(), &dvt.view(), &dsinks.view()}) {
-      const std::vector<double> values = read_any(env, *x);
+      const std::vector<double> values = env.read(*x);
       all.insert(all.end(), values.begin(), values.end());
     }
   }

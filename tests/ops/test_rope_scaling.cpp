@@ -551,14 +551,6 @@ std::vector<double> reference(const std::vector<double>& x, int64_t head_dim, co
   return out;
 }
 
-std::vector<double> read_any(OpEnv& env, const Tensor& t) {
-  if (t.dtype() != DType::bf16) return env.read(t);
-  env.stream().synchronize();
-  std::vector<double> out(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data_as<bf16>()[i]);
-  return out;
-}
-
 std::vector<double> run(OpEnv& env, const Case& c, DType dtype, const std::vector<double>& x,
                         bool backward) {
   auto xt = make_input(env, {kTokens, kHeads, c.head_dim}, dtype, x);
@@ -568,7 +560,7 @@ std::vector<double> run(OpEnv& env, const Case& c, DType dtype, const std::vecto
   } else {
     ops::rope_forward_cpu(xt, pos, c.params, env.stream());
   }
-  return read_any(env, xt);
+  return env.read(xt);
 }
 
 std::vector<double> op_inv_freq(const RopeParams& p) {

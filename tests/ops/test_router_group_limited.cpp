@@ -44,15 +44,6 @@ using testing::rounded_to_float;
 constexpr auto kSigmoid = ops::RouterScore::sigmoid_group_limited;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// env.read, and bf16 elements as their (exact) double values.
-std::vector<double> read_any(OpEnv& env, const Tensor& t) {
-  if (t.dtype() != DType::bf16) return env.read(t);
-  env.stream().synchronize();
-  std::vector<double> out(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(t.data_as<bf16>()[i]);
-  return out;
-}
-
 // One router configuration: E experts in `groups` groups, `topk_groups` kept, top k.
 struct Routing {
   int64_t experts, groups, topk_groups;
@@ -84,7 +75,7 @@ RouterForward run_forward(OpEnv& env, DType dtype, const std::vector<double>& lo
   auto weight = env.output({tokens, r.k}, dtype);
   ops::router_forward_cpu(lt, r.k, kSigmoid, r.renormalize, probs, index, weight, env.stream(),
                           {r.groups, r.topk_groups, bt, r.scaling});
-  return {read_any(env, probs), env.read(index), read_any(env, weight)};
+  return {env.read(probs), env.read(index), env.read(weight)};
 }
 
 // dlogits from dtopk_weight through a fresh forward in the same dtype; with `in_place` the
@@ -106,7 +97,7 @@ std::vector<double> run_backward(OpEnv& env, DType dtype, const std::vector<doub
   const Tensor& out = in_place ? probs.view() : dlogits.view();
   ops::router_backward_cpu(probs, index, weight, dw, r.renormalize, out, env.stream(), kSigmoid,
                            routing);
-  return read_any(env, out);
+  return env.read(out);
 }
 
 // The float64 reference, from the formulas of ops/router.h (no NaN in its inputs).
@@ -454,7 +445,7 @@ TEST(RouterGroupLimited, BackwardRoundsOnceFromTheStoredScores) {
       r.push_back(env.output({kN, kE}, dt));
       ops::router_backward_cpu(pt, ci, wt, dwt, renorm, r[0], env.stream(), kSigmoid,
                                {1, 1, Tensor(), scaling});
-      f32_result.push_back(read_any(env, r[0]));
+      f32_result.push_back(env.read(r[0]));
       return r;
     });
     std::vector<double> want(kN * kE, 0.0);
