@@ -76,7 +76,7 @@ MachineRates rates_for(const Config& cfg, const PlanInputs& in, const std::strin
   one_of_w.world_size = one_of_w.local_size = in.world();
   auto backend = Backend::create(measure::bench_backend_options(cfg, one_of_w));
   MachineRates r = measure::measure_machine_rates(*backend, cfg, in);
-  set_cpu_links(r, cfg.runtime, in.world(), r.host_memory_bytes_per_s / 2);
+  set_cpu_links(r, cfg.runtime, in.world());
   return r;
 }
 

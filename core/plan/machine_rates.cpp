@@ -110,7 +110,7 @@ MachineRates rates_from_probe(const topology::ProbeResult& probe, const std::str
   r.op_latency_s = x.op_latency_s;
   r.peak_flops = x.peak_flops;
   if (x.backend == "cpu") {
-    set_cpu_links(r, runtime, x.ranks_sharing, x.host_memory_bytes_per_s / 2);
+    set_cpu_links(r, runtime, x.ranks_sharing);
   } else {
     // NOTES: the probe measures no link between GPUs; an H100's or H200's documented ones stand in.
     for (const std::string& d : default_devices()) {
@@ -130,14 +130,13 @@ MachineRates rates_from_probe(const topology::ProbeResult& probe, const std::str
   return r;
 }
 
-void set_cpu_links(MachineRates& rates, const RuntimeConfig& runtime, int world,
-                   double shared_memory_bytes_per_s) {
+void set_cpu_links(MachineRates& rates, const RuntimeConfig& runtime, int world) {
   rates.ranks_per_node = world;
   if (runtime.cpu_link_gb_per_s > 0) {
     rates.node_link_bytes_per_s = runtime.cpu_link_gb_per_s * kGiga;
     rates.node_link_latency_s = runtime.cpu_link_latency_us * 1e-6;
   } else {
-    rates.node_link_bytes_per_s = shared_memory_bytes_per_s;
+    rates.node_link_bytes_per_s = rates.host_memory_bytes_per_s / 2;
     rates.node_link_latency_s = 0;
   }
   rates.network_bytes_per_s = rates.node_link_bytes_per_s;

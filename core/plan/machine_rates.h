@@ -48,8 +48,8 @@ std::string probe_rates_unusable(const topology::ProbeResult& probe, const std::
                                  const RuntimeConfig& runtime, DType dtype);
 
 // The links of CPU ranks on one host: every group within the node; the link model's rate and
-// latency when runtime.cpu_link_gb_per_s is set, else `shared_memory_bytes_per_s`.
-void set_cpu_links(MachineRates& rates, const RuntimeConfig& runtime, int world,
-                   double shared_memory_bytes_per_s);
+// latency when runtime.cpu_link_gb_per_s is set, else the host's shared memory: half its memcpy
+// rate (rates.host_memory_bytes_per_s counts the read and the write).
+void set_cpu_links(MachineRates& rates, const RuntimeConfig& runtime, int world);
 
 }  // namespace moepeak

@@ -352,12 +352,8 @@ StepTime predict_step_time(const Config& cfg, const Plan& plan, const MachineRat
 void order_layouts_by_step_time(const Config& cfg, LayoutSearch& search,
                                 const MachineRates& rates) {
   for (LayoutRow& r : search.rows) {
-    if (!r.valid || !r.plan.fits()) continue;
-    Config c = cfg;
-    c.parallelism.expert_parallel = r.degrees.expert;
-    c.parallelism.sequence_parallel = r.degrees.sequence;
-    c.parallelism.data_shard = r.degrees.data_shard;
-    r.step_s = predict_step_time(c, r.plan, rates).step_s;
+    // The row's plan carries its layout (plan.inputs.degrees), which is all the model reads of it.
+    if (r.valid && r.plan.fits()) r.step_s = predict_step_time(cfg, r.plan, rates).step_s;
   }
   std::stable_sort(search.rows.begin(), search.rows.end(),
                    [](const LayoutRow& a, const LayoutRow& b) {

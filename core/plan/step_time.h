@@ -115,9 +115,9 @@ struct StepTime {
   const PhaseTime& phase(StepPhase p) const { return phases[static_cast<size_t>(p)]; }
 };
 
-// `plan`: make_plan's for `cfg` (its inputs are the step's shape and layout; SCO's offloaded
-// layers come from it). Throws moepeak::Error (naming the rate) unless every rate the config
-// needs is positive.
+// `plan`: make_plan's for `cfg` (its inputs are the step's shape and layout — cfg.parallelism's
+// degrees are not read; SCO's offloaded layers come from it). Throws moepeak::Error (naming the
+// rate) unless every rate the config needs is positive.
 StepTime predict_step_time(const Config& cfg, const Plan& plan, const MachineRates& rates);
 
 // `moepeak plan --search-layout --time`: every row that fits gets its predicted step_s (the

@@ -74,11 +74,7 @@ std::string table_row(const Case& c) {
       EXPECT_LE(best.step_s, r.step_s) << c.label;
     }
   }
-  Config at = cfg;
-  at.parallelism.expert_parallel = best.degrees.expert;
-  at.parallelism.sequence_parallel = best.degrees.sequence;
-  at.parallelism.data_shard = best.degrees.data_shard;
-  const StepTime t = predict_step_time(at, best.plan, rates);
+  const StepTime t = predict_step_time(cfg, best.plan, rates);
   EXPECT_DOUBLE_EQ(t.step_s, best.step_s) << c.label;
   const PhaseTime* longest = &t.phases[0];
   for (const PhaseTime& p : t.phases) {
