@@ -29,6 +29,7 @@
 #include "ops/attention.h"
 #include "ops/cpu/cpu_storage.h"
 #include "ops/cpu/parallel_ranges.h"
+#include "ops/cpu/simd_exp.h"
 
 namespace moepeak::ops::attention_cpu {
 
@@ -112,9 +113,8 @@ inline void gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int64_t m, in
 
 // ---- Row kernels: max, exp(x - shift) with its sum, dS = P * (dP - D) ---------------------------
 // Generic versions (f64, and f32 without AVX2) use std::exp. The f32 AVX2 versions
-// (ops/cpu/attention_rows.cpp) use a Cephes-style exp (degree-6 polynomial after range reduction,
-// ~2 ulp) so the exponentials, about one per 4d GEMM FLOPs, do not dominate. Arguments below
-// -87.3 give exactly 0.
+// (ops/cpu/attention_rows.cpp) use ops/cpu/simd_exp.h's exp_avx2 (within 1.5 ulp) so the
+// exponentials, about one per 4d GEMM FLOPs, do not dominate. Arguments below -87.3 give exactly 0.
 
 template <typename T>
 T row_max_generic(const T* x, int64_t n) {
@@ -138,8 +138,9 @@ void dscores_generic(T* p_to_ds, const T* dp, int64_t n, T d_row) {
   for (int64_t i = 0; i < n; ++i) p_to_ds[i] *= dp[i] - d_row;
 }
 
+using ops::cpu_has_avx2_fma;  // ops/cpu/simd_exp.h
+
 #if defined(__x86_64__)
-bool cpu_has_avx2_fma();
 float row_max_avx2(const float* x, int64_t n);
 float exp_shift_sum_avx2(float* x, int64_t n, float shift);
 void dscores_avx2(float* p_to_ds, const float* dp, int64_t n, float d_row);

@@ -1,6 +1,6 @@
 // The CPU attention's AVX2 row kernels (declared in ops/cpu/attention_common.h): the row max, the
-// exponentials with their sum (a Cephes-style exp, degree-6 polynomial after range reduction,
-// ~2 ulp; arguments below -87.3 give exactly 0), dS = P * (dP - D), and bf16 -> fp32 widening.
+// exponentials with their sum (ops/cpu/simd_exp.h's exp_avx2: within 1.5 ulp, arguments below -87.3
+// give exactly 0), dS = P * (dP - D), and bf16 -> fp32 widening.
 // Each is called only where cpu_has_avx2_fma() is true.
 #if defined(__x86_64__)
 
@@ -11,50 +11,11 @@
 #include <limits>
 
 #include "ops/cpu/attention_common.h"
+#include "ops/cpu/simd_exp.h"
 
 namespace moepeak::ops::attention_cpu {
 
-bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
-
 namespace {
-
-__attribute__((target("avx2,fma"), always_inline)) inline __m256 exp_avx2(__m256 x) {
-  const __m256 lowest = _mm256_set1_ps(-87.3365447f);  // exp(lowest) = 2^-126
-  const __m256 highest = _mm256_set1_ps(88.0f);
-  __m256 underflow = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lowest), highest);
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // r = x - n ln2, with ln2 split in two so that n * ln2_hi is exact.
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  __m256i exponent =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(exponent)));
-}
-
-// Loads min(n, 8) elements, the rest of the lanes set to `pad`.
-__attribute__((target("avx2,fma"))) __m256 load_tail(const float* x, int64_t n, float pad) {
-  alignas(32) float lanes[8];
-  for (int i = 0; i < 8; ++i) lanes[i] = i < n ? x[i] : pad;
-  return _mm256_load_ps(lanes);
-}
-
-__attribute__((target("avx2,fma"))) void store_tail(float* x, int64_t n, __m256 value) {
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, value);
-  for (int64_t i = 0; i < n; ++i) x[i] = lanes[i];
-}
 
 // Horizontal reductions in a fixed lane order.
 __attribute__((target("avx2,fma"))) float lanes_sum(__m256 v) {
