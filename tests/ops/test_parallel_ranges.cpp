@@ -1,9 +1,9 @@
 // The CPU ops' row- and element-parallel loops (ops/cpu/parallel_ranges.h): every index exactly
 // once in ranges cut at multiples of the grain, exceptions rethrown, and the ops that use them
-// (the SwiGLU, plain and clamped, the cross-entropy, the attention forward and backward over
-// (batch, kv head) pairs) bitwise the same on 1, 2 and 3 threads, f32 and f64 (and bf16 for the
-// attention's two-pass backward), at sizes that split.
-// Run: ctest -R test_parallel_ranges
+// (the SwiGLU, plain and clamped, the cross-entropy, the resident AdamW, the attention forward and
+// backward over (batch, kv head) pairs) bitwise the same on 1, 2 and 3 threads, f32 and f64 (and
+// bf16 for the attention's two-pass backward), at sizes that split. Run: ctest -R
+// test_parallel_ranges
 #include <cblas.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "ops/adamw.h"
 #include "ops/attention.h"
 #include "ops/cpu/parallel_ranges.h"
 #include "ops/cross_entropy.h"
@@ -63,7 +64,7 @@ std::vector<double> random_values(size_t n, uint64_t seed, double lo, double hi)
 }
 
 // Every output of the SwiGLU (plain and clamped) and the cross-entropy, forward and backward,
-// at `threads`, as doubles.
+// and of an AdamW update, at `threads`, as doubles.
 std::vector<double> run_ops(int threads, DType dtype) {
   Threads t(threads);
   OpEnv env;
@@ -93,6 +94,16 @@ std::vector<double> run_ops(int threads, DType dtype) {
   ops::cross_entropy_forward_cpu(logits, label_t, losses, env.stream());
   ops::cross_entropy_backward_cpu(logits, label_t, 1.0 / 640, dlogits, env.stream());
   append(losses), append(dlogits);
+  // AdamW: 300,001 elements, four ranges of 65,536 and a tail that is no multiple of 8.
+  const int64_t P = 300001;
+  auto param = env.input({P}, dtype, random_values(static_cast<size_t>(P), 5, -2.0, 2.0));
+  auto grad = env.input({P}, dtype, random_values(static_cast<size_t>(P), 6, -0.5, 0.4));
+  auto m = env.input({P}, dtype, random_values(static_cast<size_t>(P), 7, -0.1, 0.1));
+  auto v = env.input({P}, dtype, random_values(static_cast<size_t>(P), 8, 0.001, 0.02));
+  ops::AdamWHyper hyper;
+  hyper.lr = 3e-3, hyper.weight_decay = 0.1, hyper.step = 7;
+  ops::adamw_cpu(param, grad, m, v, hyper, /*decay=*/true, env.stream());
+  append(param), append(m), append(v);
   return all;
 }
 
