@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <string_view>
 
 // NOTES: exported by OpenBLAS's DYNAMIC_ARCH builds (driver/others/dynamic.c): quit forgets the
@@ -14,6 +15,15 @@
 extern "C" {
 void gotoblas_dynamic_init(void) __attribute__((weak));
 void gotoblas_dynamic_quit(void) __attribute__((weak));
+}
+
+// NOTES: exported by OpenBLAS's pthreads builds (driver/others/blas_server.c, openblas_env.c):
+// read_env re-reads the OPENBLAS_* variables, shutdown joins the worker threads, init starts them
+// again with the timeout read. Weak, for builds without them (OpenMP, single-threaded).
+extern "C" {
+void openblas_read_env(void) __attribute__((weak));
+int blas_thread_shutdown_(void) __attribute__((weak));
+int blas_thread_init(void) __attribute__((weak));
 }
 
 namespace moepeak {
@@ -61,6 +71,21 @@ BlasKernels select_once() {
   return k;
 }
 
+// Shortens OpenBLAS's idle spin to 2^kBlasIdleSpinLog2 cycles unless the user set
+// OPENBLAS_THREAD_TIMEOUT; returns what applies, for BlasKernels::idle.
+std::string shorten_idle_spin() {
+  if (const char* user = std::getenv("OPENBLAS_THREAD_TIMEOUT"); user != nullptr)
+    return "OPENBLAS_THREAD_TIMEOUT=" + std::string(user) + " kept";
+  if (openblas_read_env == nullptr || blas_thread_shutdown_ == nullptr ||
+      blas_thread_init == nullptr)
+    return "";
+  setenv("OPENBLAS_THREAD_TIMEOUT", std::to_string(kBlasIdleSpinLog2).c_str(), 1);
+  openblas_read_env();
+  blas_thread_shutdown_();
+  blas_thread_init();
+  return "idle workers sleep after 2^" + std::to_string(kBlasIdleSpinLog2) + " cycles";
+}
+
 }  // namespace
 
 std::string preferred_blas_core(const std::string& detected, bool avx2_fma, bool avx512) {
@@ -74,7 +99,10 @@ std::string preferred_blas_core(const std::string& detected, bool avx2_fma, bool
 const BlasKernels& select_blas_kernels() {
   static std::once_flag once;
   static BlasKernels kernels;
-  std::call_once(once, [] { kernels = select_once(); });
+  std::call_once(once, [] {
+    kernels = select_once();
+    kernels.idle = shorten_idle_spin();
+  });
   return kernels;
 }
 
