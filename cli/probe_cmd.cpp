@@ -73,19 +73,8 @@ void print_rates(const ProbeResult& r, const ProbeArgs& a) {
       x.backend.c_str(), x.dtype.c_str(), x.ranks_sharing);
   std::printf("# device: %s\n# shapes: %s\n", x.device.c_str(), x.shapes.c_str());
   std::printf("# %-12s %12s %-8s %s\n", "rate", "value", "unit", "key");
-  auto row = [](const char* name, double v, double scale, const char* unit, const char* key) {
-    std::printf("  %-12s %12.3f %-8s %s\n", name, v / scale, unit, key);
-  };
-  row("gemm", x.gemm_flops, 1e9, "GFLOP/s", "gemm_flops");
-  row("grouped_gemm", x.grouped_gemm_flops, 1e9, "GFLOP/s", "grouped_gemm_flops");
-  row("attention", x.attention_flops, 1e9, "GFLOP/s", "attention_flops");
-  row("memory", x.memory_bytes_per_s, 1e9, "GB/s", "memory_bytes_per_s");
-  row("elementwise", x.elementwise_bytes_per_s, 1e9, "GB/s", "elementwise_bytes_per_s");
-  row("loss", x.loss_bytes_per_s, 1e9, "GB/s", "loss_bytes_per_s");
-  row("host_link", x.host_link_bytes_per_s, 1e9, "GB/s", "host_link_bytes_per_s");
-  row("host_memory", x.host_memory_bytes_per_s, 1e9, "GB/s", "host_memory_bytes_per_s");
-  row("op_latency", x.op_latency_s, 1e-6, "us", "op_latency_s");
-  row("peak", x.peak_flops, 1e9, "GFLOP/s", "peak_flops");
+  for (const ProbeRateField& f : kProbeRateFields)
+    std::printf("  %-12s %12.3f %-8s %s\n", f.label, x.*f.member / f.scale, f.unit, f.key);
 }
 
 void print_tables(const ProbeResult& r, const ProbeArgs& a) {

@@ -328,16 +328,7 @@ std::string probe_to_toml(const ProbeResult& r) {
     w.kv("dtype", x.dtype);
     w.kv("ranks_sharing", x.ranks_sharing);
     w.kv("shapes", x.shapes);
-    w.kv("gemm_flops", x.gemm_flops);
-    w.kv("grouped_gemm_flops", x.grouped_gemm_flops);
-    w.kv("attention_flops", x.attention_flops);
-    w.kv("memory_bytes_per_s", x.memory_bytes_per_s);
-    w.kv("elementwise_bytes_per_s", x.elementwise_bytes_per_s);
-    w.kv("loss_bytes_per_s", x.loss_bytes_per_s);
-    w.kv("host_link_bytes_per_s", x.host_link_bytes_per_s);
-    w.kv("host_memory_bytes_per_s", x.host_memory_bytes_per_s);
-    w.kv("op_latency_s", x.op_latency_s);
-    w.kv("peak_flops", x.peak_flops);
+    for (const ProbeRateField& f : kProbeRateFields) w.kv(f.key, x.*f.member);
   }
   return w.take();
 }
@@ -513,16 +504,8 @@ ProbeResult read_probe_file(const std::string& path) {
     x.dtype = rd.one_of(t, "dtype", "rates", {"f32", "bf16"});
     x.ranks_sharing = rd.i32(t, "ranks_sharing", "rates", 1);
     x.shapes = rd.str(t, "shapes", "rates");
-    x.gemm_flops = rd.rate(t, "gemm_flops", "rates");
-    x.grouped_gemm_flops = rd.rate(t, "grouped_gemm_flops", "rates");
-    x.attention_flops = rd.rate(t, "attention_flops", "rates");
-    x.memory_bytes_per_s = rd.rate(t, "memory_bytes_per_s", "rates");
-    x.elementwise_bytes_per_s = rd.rate(t, "elementwise_bytes_per_s", "rates");
-    x.loss_bytes_per_s = rd.rate(t, "loss_bytes_per_s", "rates");
-    x.host_link_bytes_per_s = rd.rate(t, "host_link_bytes_per_s", "rates");
-    x.host_memory_bytes_per_s = rd.rate(t, "host_memory_bytes_per_s", "rates");
-    x.op_latency_s = rd.rate(t, "op_latency_s", "rates", /*zero_ok=*/true);
-    x.peak_flops = rd.rate(t, "peak_flops", "rates");
+    for (const ProbeRateField& f : kProbeRateFields)
+      x.*f.member = rd.rate(t, f.key, "rates", f.zero_ok);
     r.rates_measured = true;
   }
   return r;

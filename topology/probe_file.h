@@ -43,6 +43,29 @@ struct ProbeRates {
   bool operator==(const ProbeRates&) const = default;
 };
 
+// The numbers of [rates] in the file's order: the key (a ProbeRates member of the same name), and
+// how `moepeak probe` prints it. One list for the writer, the reader and the printout.
+struct ProbeRateField {
+  const char* key;
+  double ProbeRates::*member;
+  const char* label;     // the printout's name
+  double scale;          // the printout's unit in the file's (1e9: GFLOP/s or GB/s)
+  const char* unit;      // "GFLOP/s", "GB/s", "us"
+  bool zero_ok = false;  // 0 is valid (else the reader wants a positive number)
+};
+inline constexpr ProbeRateField kProbeRateFields[] = {
+    {"gemm_flops", &ProbeRates::gemm_flops, "gemm", 1e9, "GFLOP/s"},
+    {"grouped_gemm_flops", &ProbeRates::grouped_gemm_flops, "grouped_gemm", 1e9, "GFLOP/s"},
+    {"attention_flops", &ProbeRates::attention_flops, "attention", 1e9, "GFLOP/s"},
+    {"memory_bytes_per_s", &ProbeRates::memory_bytes_per_s, "memory", 1e9, "GB/s"},
+    {"elementwise_bytes_per_s", &ProbeRates::elementwise_bytes_per_s, "elementwise", 1e9, "GB/s"},
+    {"loss_bytes_per_s", &ProbeRates::loss_bytes_per_s, "loss", 1e9, "GB/s"},
+    {"host_link_bytes_per_s", &ProbeRates::host_link_bytes_per_s, "host_link", 1e9, "GB/s"},
+    {"host_memory_bytes_per_s", &ProbeRates::host_memory_bytes_per_s, "host_memory", 1e9, "GB/s"},
+    {"op_latency_s", &ProbeRates::op_latency_s, "op_latency", 1e-6, "us", /*zero_ok=*/true},
+    {"peak_flops", &ProbeRates::peak_flops, "peak", 1e9, "GFLOP/s"},
+};
+
 struct ProbeResult {
   static constexpr int kFormat = 1;
   std::string host;     // where it ran
