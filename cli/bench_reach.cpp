@@ -17,12 +17,16 @@
 // {W}` (`srun -n {W}` inside a Slurm job; none for W = 1); `{W}` in --launcher is replaced.
 // The search (core/measure/reach_search.h) starts at the plan's limit for the stack and brackets
 // the first failure to one --step (default: the layout's granularity, at least 1/50 of the
-// standard stack's planned limit). Per stack it reports the measured and planned limits, the live
-// set the arena named in the out-of-memory one step past the limit, tokens/s at the stack's
-// own limit and at the standard stack's, and the loss of step 1 at the standard's limit (every
-// stack trains there; the losses agree within the schedules' exactness bars).
+// standard stack's planned limit); it probes no value below the smallest multiple of the step a
+// job can be made at (its config loads and its plan can be made: training.seq_len >= 2, the
+// layout's rules), where it starts when nothing fits by the plan (one rank of configs/reach.toml).
+// Per stack it reports the measured and planned limits, the live set the arena named in the
+// out-of-memory one step past the limit, tokens/s at the stack's own limit and at the standard
+// stack's, and the loss of step 1 at the standard's limit (every stack trains there; the losses
+// agree within the schedules' exactness bars).
 //
-// Test: ctest -R test_bench_reach (tests/cli/test_bench_reach.sh: 2 ranks, a tiny capacity).
+// Test: ctest -R test_bench_reach (tests/cli/test_bench_reach.sh: 2 ranks, a tiny capacity; one
+// rank of configs/reach.toml, where nothing fits by the plan).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +46,7 @@
 #include "cli/bench_common.h"
 #include "cli/commands.h"
 #include "core/atomic_file.h"
+#include "core/checkpoint/hf_import.h"
 #include "core/config/config.h"
 #include "core/error.h"
 #include "core/measure/reach_search.h"
@@ -120,12 +125,9 @@ class Prober {
   }
   const std::string& launcher() const { return launcher_; }
 
-  // A job of the stack at `value` on the axis.
-  ProbeRun run(const std::string& stack, int64_t value) {
-    const std::string name = "probe-" + std::to_string(++count_);
-    std::string cmd = launcher_.empty() ? "" : launcher_ + " ";
-    cmd += shell_word(self_) + " train --force";
-    for (const std::string& f : args_.config.files) cmd += " --config " + shell_word(f);
+  // The --set overrides of a job of the stack at `value` on the axis named `name`.
+  std::vector<std::string> probe_sets(const std::string& stack, int64_t value,
+                                      const std::string& name) const {
     std::vector<std::string> sets = stack_sets(args_.config, stack);
     const std::string key = args_.axis == "context" ? "training.seq_len" : "training.batch_size";
     sets.push_back(key + "=" + std::to_string(value));
@@ -133,12 +135,39 @@ class Prober {
       sets.push_back("model.max_position_embeddings=" +
                      std::to_string(std::max(value, cfg_.model.max_position_embeddings)));
     }
+    // The job has the bench's W ranks, whatever W the config names (reach.toml: 4).
+    sets.push_back("parallelism.world_size=" + std::to_string(args_.world));
     sets.push_back("training.steps=" + std::to_string(args_.steps));
     sets.push_back("checkpoint.enable=false");
     sets.push_back("metrics.progress=off");
     sets.push_back("job.run_dir=" + dir_.string());
     sets.push_back("job.name=" + name);
-    for (const std::string& s : sets) cmd += " --set " + shell_word(s);
+    return sets;
+  }
+
+  // "" when a job of the stack can be made at `value`: its config loads as the job's will (the
+  // schema's bounds, e.g. training.seq_len >= 2, and the rules across keys) and its plan can be
+  // made on W ranks (the layout's rules: the batch over the W/Sp sequence groups, seq_len and the
+  // heads over Sp; core/model/layout_defect.h); else the error that says why not. Whether it
+  // fits is the job's to find.
+  std::string cannot_run(const std::string& stack, int64_t value) const {
+    try {
+      const Config c =
+          with_init_from_model(load_config(args_.config.files, probe_sets(stack, value, "check")));
+      make_plan(c, plan_inputs(c, args_.world));
+      return "";
+    } catch (const Error& e) {
+      return e.message();
+    }
+  }
+
+  // A job of the stack at `value` on the axis.
+  ProbeRun run(const std::string& stack, int64_t value) {
+    const std::string name = "probe-" + std::to_string(++count_);
+    std::string cmd = launcher_.empty() ? "" : launcher_ + " ";
+    cmd += shell_word(self_) + " train --force";
+    for (const std::string& f : args_.config.files) cmd += " --config " + shell_word(f);
+    for (const std::string& s : probe_sets(stack, value, name)) cmd += " --set " + shell_word(s);
     const fs::path log = dir_ / (name + ".log");
     cmd += " >" + shell_word(log.string()) + " 2>&1";
     const int status = std::system(cmd.c_str());
@@ -269,6 +298,24 @@ int run_bench_reach(const ReachArgs& args, const Context& ctx) {
   const int64_t max = std::max<int64_t>(2 * top, 4 * step) / step * step + step;
 
   Prober prober(args, cfg);
+  // Per stack the smallest multiple of the step a job can be made at (a seq_len of 1 is none:
+  // with nothing fitting by the plan, the search would start there), and why those below cannot.
+  std::vector<int64_t> lowest(rows.size(), 0);
+  std::vector<std::string> below(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::string why;
+    for (int64_t v = step; v <= max && lowest[i] == 0; v += step) {
+      why = prober.cannot_run(rows[i].stack, v);
+      if (why.empty()) {
+        lowest[i] = v;
+      } else if (below[i].empty()) {
+        below[i] = std::to_string(v) + ": " + why;
+      }
+    }
+    MOEPEAK_CHECK_INPUT(lowest[i] > 0, "bench reach: no job of the ", rows[i].stack,
+                        " stack can be made at any ", context ? "seq_len" : "global batch",
+                        " that is a multiple of ", step, " up to ", max, "; at ", max, ": ", why);
+  }
   std::printf(
       "# moepeak bench reach: %s axis, %d rank(s) via '%s', %d step(s) per probe, "
       "search step %lld\n",
@@ -278,8 +325,13 @@ int run_bench_reach(const ReachArgs& args, const Context& ctx) {
   std::printf("# host %s, %s; capacity %s per rank\n", process_host().c_str(), now_utc().c_str(),
               cfg.runtime.device_memory.c_str());
   std::fflush(stdout);
-  for (StackResult& r : rows) {
-    r.search = measure::search_reach({r.planned, step, max}, [&](int64_t v) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    StackResult& r = rows[i];
+    if (lowest[i] > step) {
+      std::printf("#   %-15s from %lld: no job can be made at %s\n", r.stack.c_str(),
+                  static_cast<long long>(lowest[i]), below[i].c_str());
+    }
+    r.search = measure::search_reach({r.planned, step, max, lowest[i]}, [&](int64_t v) {
       ProbeRun p = prober.run(r.stack, v);
       std::printf("#   %-15s %9lld %s\n", r.stack.c_str(), static_cast<long long>(v),
                   p.trained ? "trains" : ("out of memory in " + p.binding).c_str());

@@ -1,5 +1,5 @@
 // `moepeak plan [--config F]... [--set k=v]... [-n W] [--json FILE] [--max-context] [--max-batch]
-//  [--svg FILE [--svg-range LO:HI]] [--search-layout]`:
+//  [--svg FILE [--svg-range LO:HI]] [--search-layout [--all]]`:
 // the closed-form per-rank memory plan of a config (core/plan/plan.h;
 // docs/design.md#memory-accounting, paper eq. 6) — one row per live set with the function that gave
 // it, the total against the device capacity, the pinned host terms against the host budget, and the
@@ -44,7 +44,7 @@ struct PlanArgs {
   ConfigArgs config;
   int world = 0;
   std::string json_path, svg_path, svg_range;
-  bool max_context = false, max_batch = false, search_layout = false;
+  bool max_context = false, max_batch = false, search_layout = false, all = false;
   bool time = false;
   std::string device;  // --device: h100, h200 or "" (this machine, measured)
 };
@@ -319,11 +319,35 @@ std::string svg_of(const Config& cfg, const PlanInputs& in, const std::string& r
                               std::string(dtype_name(in.dtype)));
 }
 
-// The layout search's table: one row per (Ep, Sp, data_shard), the best marked, then its name.
-// `timed`: the search went through order_layouts_by_step_time (rows fastest first, a step_s
-// column).
-int print_layout_search(const LayoutSearch& s, const PlanInputs& in, nlohmann::json& j,
-                        bool timed) {
+// What every layout of a kind that cannot exist has in common (LayoutRow::defect), for the line
+// that folds them; other: make_plan rejected it (each such row is listed, its message the reason).
+const char* defect_summary(LayoutDefect d) {
+  switch (d) {
+    case LayoutDefect::experts:
+      return "the experts do not split over Ep";
+    case LayoutDefect::batch:
+      return "the global batch does not split over the W/Sp sequence groups";
+    case LayoutDefect::query_heads:
+      return "the query heads do not split over Sp";
+    case LayoutDefect::seq_len:
+      return "seq_len does not split over Sp";
+    case LayoutDefect::kv_group:
+      return "the query heads are not a multiple of the kv heads";
+    case LayoutDefect::kv_heads:
+      return "neither of the kv heads and Sp divides the other";
+    case LayoutDefect::none:
+    case LayoutDefect::other:
+      break;
+  }
+  return "the plan rejects the layout";
+}
+
+// The layout search's table: one row per layout that can exist (fit or not), the best marked;
+// then those that cannot, one line per kind of reason with their count and the first as an example
+// (`all`: each as a row, where it falls); then the best as --set lines. `timed`: the search went
+// through order_layouts_by_step_time (rows fastest first, a step_s column). The JSON has every row.
+int print_layout_search(const LayoutSearch& s, const PlanInputs& in, nlohmann::json& j, bool timed,
+                        bool all) {
   const char* goal = s.goal == LayoutGoal::max_context ? "the longest seq_len"
                      : s.goal == LayoutGoal::max_batch ? "the largest micro-batch"
                                                        : "fits at the configured shape";
@@ -348,8 +372,12 @@ int print_layout_search(const LayoutSearch& s, const PlanInputs& in, nlohmann::j
                          {"data_shard", d.data_shard},
                          {"valid", r.valid}};
     if (!r.valid) {
-      std::printf("  %4d %4d %4d %6s %6s  %-13s %s\n", d.expert, d.sequence, d.data_shard, "-", "-",
-                  "invalid", r.why.c_str());
+      // A reason whose kind is not known (other) is its own kind: listed, not folded.
+      if (all || r.defect == LayoutDefect::other) {
+        std::printf("  %4d %4d %4d %6s %6s  %-13s %s\n", d.expert, d.sequence, d.data_shard, "-",
+                    "-", "invalid", r.why.c_str());
+      }
+      jr["defect"] = std::string(layout_defect_name(r.defect));
       jr["why"] = r.why;
       rows.push_back(jr);
       continue;
@@ -386,6 +414,30 @@ int print_layout_search(const LayoutSearch& s, const PlanInputs& in, nlohmann::j
     rows.push_back(jr);
   }
   j["layouts"] = rows;
+  if (!all) {
+    // The folded lines: per kind, in the order the kinds first appear.
+    std::vector<LayoutDefect> kinds;
+    std::vector<const LayoutRow*> first;
+    std::vector<int> count;
+    for (const LayoutRow& r : s.rows) {
+      if (r.valid || r.defect == LayoutDefect::other) continue;
+      const auto at = std::find(kinds.begin(), kinds.end(), r.defect);
+      if (at == kinds.end()) {
+        kinds.push_back(r.defect);
+        first.push_back(&r);
+        count.push_back(1);
+      } else {
+        ++count[static_cast<size_t>(at - kinds.begin())];
+      }
+    }
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      const ParallelDegrees& d = first[k]->degrees;
+      std::printf("# %d layout%s cannot exist: %s (e.g. Ep=%d Sp=%d Ds=%d: %s)\n", count[k],
+                  count[k] == 1 ? "" : "s", defect_summary(kinds[k]), d.expert, d.sequence,
+                  d.data_shard, first[k]->why.c_str());
+    }
+    if (!kinds.empty()) std::printf("# (--all lists each layout that cannot exist)\n");
+  }
   if (s.best < 0) {
     std::printf("# best layout: none fits\n");
     j["best"] = nullptr;
@@ -420,7 +472,7 @@ int run_plan(const PlanArgs& args, const Context& ctx) {
     nlohmann::json j;
     LayoutSearch search = search_layouts(any, in, goal);
     if (args.time) order_layouts_by_step_time(any, search, rates_for(any, in, args.device));
-    const int rc = print_layout_search(search, in, j, args.time);
+    const int rc = print_layout_search(search, in, j, args.time, args.all);
     if (!args.json_path.empty()) write_file_atomically(args.json_path, j.dump(2) + "\n");
     return rc;
   }
@@ -483,6 +535,9 @@ void register_plan_command(CLI::App& app, Context& ctx) {
                 "enumerate every (expert_parallel, sequence_parallel, data_shard) for W ranks, "
                 "each with the micro-batch and grad_accum_steps of the config's global batch, and "
                 "name the best (with --max-context or --max-batch: by that reach)");
+  cmd->add_flag("--all", args.all,
+                "with --search-layout, list each layout that cannot exist with its reason "
+                "(default: one line per kind of reason, with a count)");
   cmd->add_flag("--time", args.time,
                 "also predict the step time per phase (docs/plan.md#step-time): compute, "
                 "communication and what the schedules hide; with --search-layout, order the "
@@ -496,6 +551,9 @@ void register_plan_command(CLI::App& app, Context& ctx) {
   cmd->callback([&ctx] {
     if (!args.device.empty() && !args.time) {
       throw CLI::ValidationError("--device", "is the rates of --time; add --time");
+    }
+    if (args.all && !args.search_layout) {
+      throw CLI::ValidationError("--all", "lists the layouts of --search-layout; add it");
     }
     if (args.search_layout && args.max_context && args.max_batch) {
       throw CLI::ValidationError("--search-layout", "takes --max-context or --max-batch, not both");

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/model/decoder_activations.h"
+#include "core/model/layout_defect.h"
 #include "ops/attention.h"
 #include "ops/bias.h"
 #include "ops/convert.h"
@@ -72,24 +73,10 @@ DecoderModel::~DecoderModel() = default;
 
 void DecoderModel::check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len,
                                 const ParallelDegrees& d) {
-  MOEPEAK_CHECK(d.world >= 1 && d.world % d.expert == 0 && d.world % d.sequence == 0 &&
-                    d.world % d.data_shard == 0,
-                "degrees ", d.str(), " do not divide W = ", d.world);
-  if (model.num_local_experts % d.expert != 0) {
-    MOEPEAK_INPUT_ERROR("expert parallelism over Ep = ", d.expert,
-                        " ranks needs model.num_local_experts (", model.num_local_experts,
-                        ") divisible by Ep (parallelism.expert_parallel)");
+  std::string why;
+  if (layout_defect(model, batch, seq_len, d, &why) != LayoutDefect::none) {
+    MOEPEAK_INPUT_ERROR(why);
   }
-  const int groups = d.sequence_groups();
-  if (batch % groups != 0) {
-    MOEPEAK_INPUT_ERROR("sequence parallelism over Sp = ", d.sequence, " of W = ", d.world,
-                        " ranks gives ", groups,
-                        " sequence groups, which need training.batch_size (", batch,
-                        ") divisible by W/Sp = ", groups);
-  }
-  const AttentionSpec& a = cached_param_layout(model).spec().layers.front().attention;
-  schedules::UlyssesLayout::make(batch / groups, seq_len, d.sequence, 0, a.heads, a.kv_heads,
-                                 a.head_dim);
 }
 
 OwnedTensor DecoderModel::device(Shape shape, LiveSet set, const char* what) const {

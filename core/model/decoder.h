@@ -121,10 +121,10 @@ class DecoderModel {
                CheckpointSchedule checkpoint, DType dtype);
   ~DecoderModel();
 
-  // Throws moepeak::Error, naming the numbers, unless a global batch of B x T tokens can be
-  // trained in the layout: E % Ep == 0, B % (W/Sp) == 0 and the sequence-parallel attention's
-  // conditions on the Sp ranks of a group (UlyssesLayout::make). Not collective: every rank
-  // reaches the same verdict before any work.
+  // Throws moepeak::Error (an input error), naming the numbers, unless a global batch of B x T
+  // tokens can be trained in the layout: E % Ep == 0, B % (W/Sp) == 0 and the sequence-parallel
+  // attention's conditions on the Sp ranks of a group (core/model/layout_defect.h, whose first
+  // broken rule it names). Not collective: every rank reaches the same verdict before any work.
   static void check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len,
                            const ParallelDegrees& degrees);
   static void check_layout(const ModelConfig& model, int64_t batch, int64_t seq_len, int world) {

@@ -90,8 +90,16 @@ LayoutSearch search_layouts(const Config& cfg, const PlanInputs& inputs, LayoutG
             batches.push_back(B);
         }
         if (batches.empty()) {
+          row.defect = LayoutDefect::batch;
           row.why = "the global batch " + std::to_string(s.global_batch) +
                     " does not split over W/Sp = " + std::to_string(W / sp) + " sequence groups";
+          s.rows.push_back(std::move(row));
+          continue;
+        }
+        // The rules of the layout (the batch aside, each micro-batch passes it), named as such;
+        // make_plan would throw them too, wrapped.
+        row.defect = layout_defect(cfg.model, batches.front(), in.seq_len, row.degrees, &row.why);
+        if (row.defect != LayoutDefect::none) {
           s.rows.push_back(std::move(row));
           continue;
         }
@@ -107,6 +115,7 @@ LayoutSearch search_layouts(const Config& cfg, const PlanInputs& inputs, LayoutG
           }
         } catch (const Error& e) {
           row.valid = false;
+          row.defect = LayoutDefect::other;
           row.why = nested_message(e);
           s.rows.push_back(std::move(row));
           continue;

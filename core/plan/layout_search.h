@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/model/layout_defect.h"
 #include "core/model/parallel_layout.h"
 #include "core/plan/plan.h"
 
@@ -52,10 +53,11 @@ StepTraffic step_traffic(const Config& cfg, const ParallelDegrees& degrees, int6
 struct LayoutRow {
   ParallelDegrees degrees;
   int64_t batch = 0, grad_accum = 1;  // micro-batch B and m, B * m = the global batch
-  bool valid = false;                 // the model can be laid out so (else `why`)
-  std::string why;
-  Plan plan;                // at (B, seq_len) when valid
-  std::string binding;      // the largest live set of the plan
+  bool valid = false;                 // the model can be laid out so (else `defect` and `why`)
+  LayoutDefect defect = LayoutDefect::none;  // the rule it breaks (other: make_plan threw)
+  std::string why;                           // the message naming the numbers
+  Plan plan;                                 // at (B, seq_len) when valid
+  std::string binding;                       // the largest live set of the plan
   int64_t max_context = 0;  // LayoutGoal::max_context: the longest seq_len that fits
   int64_t max_batch = 0;    // LayoutGoal::max_batch: the largest micro-batch that fits
   StepTraffic traffic;      // per rank and step, at (B, m, seq_len)
@@ -70,8 +72,10 @@ struct LayoutSearch {
 };
 
 // Every (Ep, Sp, Ds) with each dividing W and E % Ep == 0 (rows with `valid` false name why the
-// model cannot be laid out so, e.g. heads not divisible by Sp). For each valid one, the largest
-// micro-batch B dividing the global batch, a multiple of W/Sp, whose plan fits (else the
+// model cannot be laid out so, e.g. heads not divisible by Sp: the kind of the rule in `defect`,
+// LayoutDefect::batch when no micro-batch splits over W/Sp, the message in `why`, from
+// layout_defect, or from make_plan's error with LayoutDefect::other). For each valid one, the
+// largest micro-batch B dividing the global batch, a multiple of W/Sp, whose plan fits (else the
 // smallest), m = global / B. The best: the goal's largest value among the layouts that fit, ties
 // (and LayoutGoal::fits) broken by the fewest bytes per step, then the larger Ds and Ep.
 LayoutSearch search_layouts(const Config& cfg, const PlanInputs& inputs, LayoutGoal goal);

@@ -11,6 +11,7 @@
 #include "ops/schedules/ulysses.h"
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -88,6 +89,38 @@ void check_args(const Tensor& x_seq, const Tensor& x_heads, HeadKind kind, const
 
 // ---- layout -----------------------------------------------------------------------------------
 
+UlyssesDefect UlyssesLayout::defect(int64_t seq_len, int64_t world, int64_t q_heads,
+                                    int64_t kv_heads, std::string* why) {
+  MOEPEAK_CHECK(seq_len > 0 && world > 0 && q_heads > 0 && kv_heads > 0,
+                "Ulysses layout needs positive sizes: seq_len ", seq_len, ", world ", world,
+                ", q_heads ", q_heads, ", kv_heads ", kv_heads);
+  auto broken = [&](UlyssesDefect d, auto&&... message) {
+    if (why) *why = detail::concat("sequence parallel attention: ", message...);
+    return d;
+  };
+  if (q_heads % world != 0) {
+    return broken(UlyssesDefect::query_heads, q_heads, " query heads cannot be split over ", world,
+                  " ranks (", q_heads, " % ", world, " = ", q_heads % world,
+                  "); the number of ranks must divide the number of query heads");
+  }
+  if (seq_len % world != 0) {
+    return broken(UlyssesDefect::seq_len, "sequence length ", seq_len, " cannot be split over ",
+                  world, " ranks (", seq_len, " % ", world, " = ", seq_len % world,
+                  "); each rank owns T/W positions of every sequence");
+  }
+  if (q_heads % kv_heads != 0) {
+    return broken(UlyssesDefect::kv_group, q_heads, " query heads are not a multiple of ", kv_heads,
+                  " kv heads");
+  }
+  if (kv_heads % world != 0 && world % kv_heads != 0) {
+    return broken(UlyssesDefect::kv_heads, kv_heads, " kv heads on ", world,
+                  " ranks: one must divide the other (", q_heads, " query heads in groups of ",
+                  q_heads / kv_heads, ", ", q_heads / world,
+                  " per rank, would straddle kv heads unevenly)");
+  }
+  return UlyssesDefect::none;
+}
+
 UlyssesLayout UlyssesLayout::make(int64_t batch, int64_t seq_len, int64_t world, int64_t rank,
                                   int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
   MOEPEAK_CHECK(
@@ -96,26 +129,8 @@ UlyssesLayout UlyssesLayout::make(int64_t batch, int64_t seq_len, int64_t world,
       world, ", q_heads ", q_heads, ", kv_heads ", kv_heads, ", head_dim ", head_dim);
   MOEPEAK_CHECK(rank >= 0 && rank < world, "Ulysses layout: rank ", rank, " outside [0, ", world,
                 ")");
-  if (q_heads % world != 0) {
-    MOEPEAK_THROW("sequence parallel attention: ", q_heads, " query heads cannot be split over ",
-                  world, " ranks (", q_heads, " % ", world, " = ", q_heads % world,
-                  "); the number of ranks must divide the number of query heads");
-  }
-  if (seq_len % world != 0) {
-    MOEPEAK_THROW("sequence parallel attention: sequence length ", seq_len,
-                  " cannot be split over ", world, " ranks (", seq_len, " % ", world, " = ",
-                  seq_len % world, "); each rank owns T/W positions of every sequence");
-  }
-  if (q_heads % kv_heads != 0) {
-    MOEPEAK_THROW("sequence parallel attention: ", q_heads, " query heads are not a multiple of ",
-                  kv_heads, " kv heads");
-  }
-  if (kv_heads % world != 0 && world % kv_heads != 0) {
-    MOEPEAK_THROW("sequence parallel attention: ", kv_heads, " kv heads on ", world,
-                  " ranks: one must divide the other (", q_heads, " query heads in groups of ",
-                  q_heads / kv_heads, ", ", q_heads / world,
-                  " per rank, would straddle kv heads unevenly)");
-  }
+  std::string why;
+  if (defect(seq_len, world, q_heads, kv_heads, &why) != UlyssesDefect::none) MOEPEAK_THROW(why);
   return UlyssesLayout{batch, seq_len, world, rank, q_heads, kv_heads, head_dim};
 }
 

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "core/comm/comm.h"
@@ -50,9 +51,17 @@ namespace moepeak::schedules {
 // Which heads a tensor carries: query heads (q, out, dout, dq) or kv heads (k, v, dk, dv).
 enum class HeadKind { query, kv };
 
+// The accepted-configuration rule (header comment) a layout breaks, in the order they are tested:
+// query_heads nh % W, seq_len T % W, kv_group nh % nkv, kv_heads nkv and W dividing neither.
+enum class UlyssesDefect { none, query_heads, seq_len, kv_group, kv_heads };
+
 struct UlyssesLayout {
   int64_t batch = 0, seq_len = 0, world = 1, rank = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
 
+  // The first accepted-configuration rule the shapes break (none: they are accepted), and with
+  // `why` the message naming the numbers. Sizes must be positive.
+  static UlyssesDefect defect(int64_t seq_len, int64_t world, int64_t q_heads, int64_t kv_heads,
+                              std::string* why = nullptr);
   // Validates (see the header comment) and throws moepeak::Error naming the numbers.
   static UlyssesLayout make(int64_t batch, int64_t seq_len, int64_t world, int64_t rank,
                             int64_t q_heads, int64_t kv_heads, int64_t head_dim);

@@ -104,17 +104,23 @@ check "train --force reached the allocation" contains "$tmp/err" "out of device 
 check "train that fits exits 0" test $rc -eq 0
 check "train that fits wrote metrics" test -s "$tmp/runs/moepeak/metrics.jsonl"
 
-# --search-layout on 8 ranks of the embedded default (4 experts, 4 heads): every (Ep, Sp, Ds),
-# the best named as --set lines, --json with the rows; a bad degree in a plain plan is named.
-"$bin" plan -n 8 --set training.batch_size=8 --search-layout --max-context --json "$tmp/layouts.json" \
+# --search-layout on 8 ranks of the embedded default (4 experts, 4 heads), a global batch of 2:
+# the layouts that can exist as rows, those that cannot folded into one line per reason with a
+# count (the global batch over W/Sp = 8 or 4 groups, 4 heads over Sp = 8), the best named last as
+# --set lines, --json with every row (a `defect` and `why` where it cannot exist); --all lists
+# each as a row; a bad degree in a plain plan is named.
+"$bin" plan -n 8 --set training.batch_size=2 --search-layout --max-context --json "$tmp/layouts.json" \
   >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "plan --search-layout exits 0" test $rc -eq 0
 check "search-layout prints the column header" grep -qE '^#   Ep   Sp   Ds  batch  accum  verdict' "$tmp/out"
 check "search-layout marks the best row" grep -qE '^\*' "$tmp/out"
-check "search-layout names the best as --set lines" grep -qE '^# best layout: --set parallelism.expert_parallel=[0-9]+ --set parallelism.sequence_parallel=[0-9]+ --set parallelism.data_shard=[0-9]+' "$tmp/out"
-check "search-layout says why Sp = 8 cannot split 4 heads" grep -qE '^ +[0-9]+ +8 +[0-9]+ .*invalid .*heads' "$tmp/out"
-check "search-layout --json has every layout and the best" python3 - "$tmp/layouts.json" <<'PY'
-import json, sys
+check "search-layout names the best as --set lines, last" sh -c "tail -n 1 '$tmp/out' | grep -qE '^# best layout: --set parallelism.expert_parallel=[0-9]+ --set parallelism.sequence_parallel=[0-9]+ --set parallelism.data_shard=[0-9]+'"
+check "search-layout lists no layout that cannot exist as a row" sh -c "! grep -q invalid '$tmp/out'"
+check "search-layout folds the batch that does not split into one line" grep -qE '^# 24 layouts cannot exist: the global batch does not split over the W/Sp sequence groups \(e.g. Ep=1 Sp=1 Ds=1: the global batch 2 does not split over W/Sp = 8 sequence groups\)$' "$tmp/out"
+check "search-layout folds Sp = 8 over 4 heads into one line" grep -qE '^# 12 layouts cannot exist: the query heads do not split over Sp \(e.g. Ep=1 Sp=8 Ds=1: .*4 query heads cannot be split over 8 ranks' "$tmp/out"
+check "search-layout says --all lists them" contains "$tmp/out" "# (--all lists each layout that cannot exist)"
+check "search-layout --json has every layout, why some cannot exist, and the best" python3 - "$tmp/layouts.json" "$tmp/out" <<'PY'
+import json, re, sys
 j = json.load(open(sys.argv[1]))
 rows = j["layouts"]
 # Ep in {1, 2, 4} (4 experts), Sp and Ds in {1, 2, 4, 8}.
@@ -126,7 +132,30 @@ assert len(best) == 1 and best[0]["fits"], best
 assert all(r["max_context"] <= best[0]["max_context"] for r in rows if r["valid"])
 assert set(best[0]["bytes_per_step"]) == {"total", "zero_dense", "dense_replicas", "zero_experts",
                                           "ulysses", "dispatch", "vocab"}
+# Sp 1 and 2 leave 8 and 4 groups for 2 sequences; Sp 8 cannot split 4 heads.
+for r in rows:
+    sp = r["sequence_parallel"]
+    want = "batch" if sp < 4 else "query_heads" if sp == 8 else None
+    assert r["valid"] == (want is None), r
+    assert r.get("defect") == want and (want is None) == ("why" not in r), r
+# The table: a row per valid layout, a folded line per reason whose count is the JSON's.
+out = open(sys.argv[2]).read()
+table = [l for l in out.splitlines() if re.match(r"^[ *] +\d+ +\d+ +\d+ ", l)]
+assert len(table) == sum(r["valid"] for r in rows), len(table)
+folded = [int(n) for n in re.findall(r"^# (\d+) layouts? cannot exist", out, re.M)]
+assert folded == [sum(r.get("defect") == "batch" for r in rows),
+                  sum(r.get("defect") == "query_heads" for r in rows)], folded
 PY
+"$bin" plan -n 8 --set training.batch_size=2 --search-layout --max-context --all \
+  >"$tmp/all" 2>"$tmp/err"; rc=$?
+check "plan --search-layout --all exits 0" test $rc -eq 0
+check "--all lists each of the 36 layouts that cannot exist as a row" \
+  test "$(grep -cE '^ +[0-9]+ +[0-9]+ +[0-9]+ +- +- +invalid ' "$tmp/all")" -eq 36
+check "--all says why Sp = 8 cannot split 4 heads" grep -qE '^ +[0-9]+ +8 +[0-9]+ .*invalid .*4 query heads cannot be split over 8 ranks' "$tmp/all"
+check "--all folds nothing" sh -c "! grep -q 'cannot exist' '$tmp/all'"
+check "--all keeps the rest of the table" bash -c "diff <(grep -v invalid '$tmp/all') <(grep -v 'cannot exist' '$tmp/out')"
+"$bin" plan -n 8 --all >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "--all without --search-layout is refused" test $rc -ne 0
 "$bin" plan -n 8 --set parallelism.expert_parallel=3 >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "plan with Ep = 3 on 8 ranks exits 1" test $rc -eq 1
 check "plan names the degree that does not divide W" contains "$tmp/err" "parallelism.expert_parallel = 3 must divide the world size W = 8"

@@ -1,6 +1,7 @@
 // The layout search (core/plan/layout_search.h, `moepeak plan --search-layout`) on the Mixtral
 // presets at 8, 16 and 64 H200s, on gpt-oss-20b at 8, DeepSeek-V3 at 64 and Kimi-K2 at 128:
-// every (Ep, Sp, data_shard) of W is listed once; the invalid ones say why; each valid row's plan
+// every (Ep, Sp, data_shard) of W is listed once; the invalid ones say why, with the kind of the
+// rule they break (core/model/layout_defect.h, checked on each rule too); each valid row's plan
 // is make_plan's for its degrees, micro-batch and accumulation (B * m = the global batch); the
 // best is eligible and no row beats it on the goal; the traffic terms vanish exactly where a
 // degree makes a collective trivial and equal the documented formula on one row each (Mixtral,
@@ -14,6 +15,9 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/error.h"
+#include "core/model/decoder.h"
+#include "core/model/layout_defect.h"
 #include "core/model/param_layout.h"
 #include "core/plan/layout_search.h"
 #include "core/plan/plan.h"
@@ -61,6 +65,18 @@ void expect_consistent(const std::string& model, int W, LayoutGoal goal,
     const ParallelDegrees& d = r.degrees;
     EXPECT_TRUE(seen.insert({d.expert, d.sequence, d.data_shard}).second) << d.str();
     EXPECT_EQ(W % d.expert + W % d.sequence + W % d.data_shard, 0) << d.str();
+    // The rule a row breaks, from the documented rules (core/model/layout_defect.h) in their
+    // order: the global batch over W/Sp, then the attention's over Sp.
+    const AttentionSpec& a = cached_param_layout(cfg.model).spec().layers.front().attention;
+    const int64_t heads = a.heads, kv = a.kv_heads, sp = d.sequence;
+    const LayoutDefect expected = s.global_batch % d.sequence_groups() != 0 ? LayoutDefect::batch
+                                  : heads % sp != 0              ? LayoutDefect::query_heads
+                                  : in.seq_len % sp != 0         ? LayoutDefect::seq_len
+                                  : heads % kv != 0              ? LayoutDefect::kv_group
+                                  : kv % sp != 0 && sp % kv != 0 ? LayoutDefect::kv_heads
+                                                                 : LayoutDefect::none;
+    EXPECT_EQ(r.defect, expected) << d.str() << ": " << layout_defect_name(r.defect) << " ("
+                                  << r.why << "), expected " << layout_defect_name(expected);
     if (!r.valid) {
       EXPECT_FALSE(r.why.empty()) << d.str();
       continue;
@@ -151,6 +167,57 @@ TEST(LayoutSearch, Mixtral8x7bOn64RanksFitsWithAtMostEightExpertRanks) {
       EXPECT_GE(r.traffic.total(), best.traffic.total());
     }
   }
+}
+
+// Each rule of core/model/layout_defect.h on the embedded default (4 experts, 4 query heads, 2 kv
+// heads) and a 12-head, 3-kv-head variant: the kind and the numbers of the first rule broken, and
+// DecoderModel::check_layout throws that message as an input error (the user's config, no C++
+// location); a layout that breaks none passes both.
+TEST(LayoutDefect, NamesTheFirstRuleBrokenWithItsNumbers) {
+  const Config base = load_config({}, {});
+  const Config twelve =
+      load_config({}, {"model.num_attention_heads=12", "model.num_key_value_heads=3"});
+  struct Case {
+    const Config* cfg;
+    ParallelDegrees degrees;  // W, Ep, Sp, Ds
+    int64_t batch, seq_len;
+    LayoutDefect defect;
+    std::vector<std::string> words;  // in the message
+  };
+  const std::vector<Case> cases = {
+      // Ep = 8 over 4 experts, though the batch (1 over 8 groups) breaks a later rule too.
+      {&base, {8, 8, 1, 1}, 1, 128, LayoutDefect::experts, {"Ep = 8", "num_local_experts (4)"}},
+      {&base, {8, 1, 2, 1}, 2, 128, LayoutDefect::batch, {"Sp = 2", "4 sequence groups", "(2)"}},
+      // Sp = 8 over 4 heads, though seq_len 130 does not split over 8 either.
+      {&base, {8, 1, 8, 1}, 1, 130, LayoutDefect::query_heads, {"4 query heads", "over 8 ranks"}},
+      {&base, {8, 1, 4, 1}, 2, 130, LayoutDefect::seq_len, {"sequence length 130", "130 % 4 = 2"}},
+      {&twelve, {2, 1, 2, 1}, 1, 128, LayoutDefect::kv_heads, {"3 kv heads on 2 ranks"}},
+      {&base, {8, 2, 4, 2}, 2, 128, LayoutDefect::none, {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.degrees.str() + ", batch " + std::to_string(c.batch) + ", seq_len " +
+                 std::to_string(c.seq_len));
+    std::string why = "poison";
+    const LayoutDefect d = layout_defect(c.cfg->model, c.batch, c.seq_len, c.degrees, &why);
+    EXPECT_EQ(d, c.defect) << layout_defect_name(d) << ": " << why;
+    EXPECT_EQ(layout_defect(c.cfg->model, c.batch, c.seq_len, c.degrees), c.defect);
+    if (c.defect == LayoutDefect::none) {
+      EXPECT_NO_THROW(DecoderModel::check_layout(c.cfg->model, c.batch, c.seq_len, c.degrees));
+      continue;
+    }
+    for (const std::string& w : c.words) EXPECT_NE(why.find(w), std::string::npos) << why;
+    try {
+      DecoderModel::check_layout(c.cfg->model, c.batch, c.seq_len, c.degrees);
+      ADD_FAILURE() << "check_layout accepted it";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::input);
+      EXPECT_EQ(e.message(), why);
+    }
+  }
+  // The stable keys the search's --json writes.
+  EXPECT_EQ(layout_defect_name(LayoutDefect::batch), "batch");
+  EXPECT_EQ(layout_defect_name(LayoutDefect::query_heads), "query_heads");
+  EXPECT_EQ(layout_defect_name(LayoutDefect::other), "other");
 }
 
 // The traffic formula of docs/parallelism.md#bytes-per-step, on one layout by hand.
