@@ -18,9 +18,12 @@ uint64_t splitmix64_mix(uint64_t z) {
 
 constexpr uint64_t kGoldenGamma = 0x9e3779b97f4a7c15ULL;  // splitmix64's increment
 
+constexpr size_t kSampleFields = 2;      // [sample index, seed]
+constexpr size_t kLegacyStepFields = 1;  // [micro-batch count]: before sequences had a sample index
+
 // Hashes the counters one after another, each step a splitmix64 round, so that any change in
 // any counter changes the result unpredictably.
-uint64_t counter_hash(std::array<uint64_t, 4> counters) {
+uint64_t counter_hash(std::array<uint64_t, 3> counters) {
   uint64_t h = 0x6d6f657065616b31ULL;  // "moepeak1"
   for (uint64_t c : counters)
     h = splitmix64_mix(h + kGoldenGamma + splitmix64_mix(c + kGoldenGamma));
@@ -29,10 +32,9 @@ uint64_t counter_hash(std::array<uint64_t, 4> counters) {
 
 }  // namespace
 
-int64_t copy_task_random_token(int64_t seed, int64_t step, int64_t sequence, int64_t index,
-                               int64_t vocab_size) {
-  uint64_t bits = counter_hash({static_cast<uint64_t>(seed), static_cast<uint64_t>(step),
-                                static_cast<uint64_t>(sequence), static_cast<uint64_t>(index)});
+int64_t copy_task_random_token(int64_t seed, int64_t sample, int64_t index, int64_t vocab_size) {
+  uint64_t bits = counter_hash(
+      {static_cast<uint64_t>(seed), static_cast<uint64_t>(sample), static_cast<uint64_t>(index)});
   // Multiply-shift maps 64 random bits onto [0, V) (Lemire); the bias is below V / 2^64.
   unsigned __int128 scaled =
       static_cast<unsigned __int128>(bits) * static_cast<uint64_t>(vocab_size);
@@ -56,33 +58,48 @@ void CopyTaskLoader::read_block(const BatchBlock& block, int64_t* input_ids, int
   check_block(block, batch_size_, seq_len_);
   const int64_t h = half();
   for (int64_t r = 0; r < block.rows; ++r) {
-    const int64_t b = block.row_begin + r;
+    const int64_t j = sample_ + block.row_begin + r;  // the run's sequence j
     int64_t* row_inputs = input_ids + r * block.cols;
     int64_t* row_labels = labels + r * block.cols;
     for (int64_t c = 0; c < block.cols; ++c) {
       const int64_t t = block.col_begin + c;
-      row_inputs[c] = copy_task_random_token(seed_, step_, b, t % h, vocab_size_);
-      row_labels[c] = t + 1 >= h ? copy_task_random_token(seed_, step_, b, (t + 1) % h, vocab_size_)
-                                 : kIgnoreLabel;
+      row_inputs[c] = copy_task_random_token(seed_, j, t % h, vocab_size_);
+      row_labels[c] =
+          t + 1 >= h ? copy_task_random_token(seed_, j, (t + 1) % h, vocab_size_) : kIgnoreLabel;
     }
   }
 }
 
 std::vector<uint8_t> CopyTaskLoader::state() const {
-  const uint64_t fields[] = {static_cast<uint64_t>(step_)};
+  const uint64_t fields[] = {static_cast<uint64_t>(sample_), static_cast<uint64_t>(seed_)};
   return encode_loader_state(LoaderKind::copy, fields);
 }
 
 void CopyTaskLoader::restore(std::span<const uint8_t> state) {
-  std::vector<uint64_t> fields = decode_loader_state(state, LoaderKind::copy, 1);
-  if (fields[0] > static_cast<uint64_t>(INT64_MAX)) {
-    MOEPEAK_INPUT_ERROR("data-loader state: copy-task step ", fields[0], " is out of range");
+  const size_t counts[] = {kLegacyStepFields, kSampleFields};
+  const std::vector<uint64_t> fields = decode_loader_state(state, LoaderKind::copy, counts);
+  if (fields.size() == kLegacyStepFields) {
+    MOEPEAK_INPUT_ERROR(
+        "data-loader state: a copy-task state of one field (", fields[0],
+        " micro-batches read), saved by a moepeak that drew the copy task's sequences by "
+        "(micro-batch, row); this build draws them by sample index, the same for any batch size "
+        "and accumulation (docs/data.md#the-copy-task), so it cannot continue the sequences that "
+        "run was reading: start the run again, or from its weights (moepeak export, then train "
+        "--init-from)");
   }
-  step_ = static_cast<int64_t>(fields[0]);
+  if (fields[0] > static_cast<uint64_t>(INT64_MAX)) {
+    MOEPEAK_INPUT_ERROR("data-loader state: copy-task sample index ", fields[0],
+                        " is out of range");
+  }
+  if (fields[1] != static_cast<uint64_t>(seed_)) {
+    MOEPEAK_INPUT_ERROR("data-loader state: the checkpoint's copy task was drawn with job.seed = ",
+                        static_cast<int64_t>(fields[1]), ", but this run has job.seed = ", seed_);
+  }
+  sample_ = static_cast<int64_t>(fields[0]);
 }
 
 std::string CopyTaskLoader::describe() const {
-  return detail::concat("copy task: ", batch_size_, " x ", seq_len_, " tokens per step, ", half(),
+  return detail::concat("copy task: ", batch_size_, " x ", seq_len_, " tokens per batch, ", half(),
                         " random tokens then their copy, vocab ", vocab_size_, ", seed ", seed_);
 }
 

@@ -13,7 +13,10 @@
 //
 // labels[b, t] is the token that should follow input_ids[b, t], or kIgnoreLabel (-100) where the
 // position is not scored. Batches depend only on the seed, the dataset and the loader's cursor,
-// never on wall-clock time, thread timing or which block of them a rank reads.
+// never on wall-clock time, thread timing or which block of them a rank reads. Every source
+// numbers the run's sequences: row b of the k-th batch is sample j = k*B + b, and what sample j
+// holds does not depend on B, so the m micro-batches of B that a step of
+// training.grad_accum_steps = m reads are the one batch of m*B.
 //
 // Three sources (docs/design.md#conventions), chosen by training.dataset, and blends of token
 // files (training.datasets, core/data/blend_loader.h):
@@ -122,7 +125,8 @@ std::unique_ptr<DataLoader> make_eval_loader(const EvalConfig& eval, const Train
 // ---- The state byte string --------------------------------------------------------------------
 // Layout (little-endian): "MPDL" (4 bytes), format version (1 byte, = 1), loader kind (1 byte,
 // the LoaderKind value), field count n (2 bytes), then n uint64 fields. The fields per kind:
-//   copy:      [step]
+//   copy:      [sample index, seed] (core/data/copy_task.h; a one-field [step] state, from
+//              before the copy task was indexed by sample, is refused naming why)
 //   bin, megatron in file order:  [token offset, token count of the dataset]
 //   bin, megatron shuffled:       [sample index, token count of the dataset, seq_len, seed]
 //   blend:                        core/data/blend_loader.h

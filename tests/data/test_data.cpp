@@ -1,4 +1,5 @@
-// Tests of the training data loaders: the copy task's structure, determinism and resume; llm.c /
+// Tests of the training data loaders: the copy task's structure, its sequences indexed by sample
+// (the same for any batch size), its generator's fixed values, determinism and resume; llm.c /
 // nanoGPT .bin files (headerless uint16/uint32 and llm.c's headered form) and Megatron .bin/.idx
 // datasets written here byte by byte, their windows, wrap-around and resume; and every error,
 // whose message must name the file and the position.
@@ -65,11 +66,12 @@ void expect_copy_structure(int64_t B, int64_t T, int64_t V) {
           if (t + 1 < T) {
             EXPECT_EQ(lab[t], in[t + 1]) << "labels are the next input";
           }
-          EXPECT_EQ(lab[t], copy_task_random_token(7, step, b, (t + 1) % h, V));
+          EXPECT_EQ(lab[t], copy_task_random_token(7, step * B + b, (t + 1) % h, V));
         }
       }
       EXPECT_EQ(scored, T - h + 1);
-      for (int64_t i = 0; i < h; ++i) EXPECT_EQ(in[i], copy_task_random_token(7, step, b, i, V));
+      for (int64_t i = 0; i < h; ++i)
+        EXPECT_EQ(in[i], copy_task_random_token(7, step * B + b, i, V)) << "sequence j = k*B + b";
     }
   }
 }
@@ -86,8 +88,8 @@ TEST(CopyTask, ExactLayoutForTEquals5) {
   // T = 5: h = 2, tokens = r0 r1 r0 r1 r0 r1; inputs r0 r1 r0 r1 r0; labels -100 r0 r1 r0 r1.
   CopyTaskLoader loader(1, 5, 1000, 3);
   Batch b = next(loader);
-  const int64_t r0 = copy_task_random_token(3, 0, 0, 0, 1000);
-  const int64_t r1 = copy_task_random_token(3, 0, 0, 1, 1000);
+  const int64_t r0 = copy_task_random_token(3, 0, 0, 1000);
+  const int64_t r1 = copy_task_random_token(3, 0, 1, 1000);
   EXPECT_EQ(b.inputs, (std::vector<int64_t>{r0, r1, r0, r1, r0}));
   EXPECT_EQ(b.labels, (std::vector<int64_t>{kIgnoreLabel, r0, r1, r0, r1}));
 }
@@ -98,7 +100,7 @@ TEST(CopyTask, RejectsBadShapes) {
   EXPECT_CONTAINS(error_of([] { CopyTaskLoader(1, 8, 0, 0); }), "model.vocab_size 0");
 }
 
-TEST(CopyTask, DeterministicFromSeedAndStep) {
+TEST(CopyTask, DeterministicFromSeedAndSample) {
   CopyTaskLoader a(4, 16, 100, 1234), b(4, 16, 100, 1234), c(4, 16, 100, 1235);
   Batch first_a = next(a);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(i == 0 ? first_a : next(a), next(b));
@@ -122,6 +124,56 @@ TEST(CopyTask, TokensCoverTheVocabulary) {
   EXPECT_EQ(*seen.rbegin(), 6);
 }
 
+TEST(CopyTask, SequenceJIsTheSameForAnyBatchSize) {
+  // 24 sequences read as 3 batches of 8, 8 of 3, 24 of 1 and 6 of 4 (one poisoned block of
+  // rows [1, 3) each time, the rest whole): the same sequences in the same order.
+  const int64_t T = 11, V = 97;
+  std::vector<Batch> runs;
+  for (int64_t B : {8, 3, 1, 4}) {
+    SCOPED_TRACE(testing::Message() << "B=" << B);
+    CopyTaskLoader loader(B, T, V, 21);
+    Batch run;
+    for (int64_t k = 0; k < 24 / B; ++k) {
+      EXPECT_EQ(loader.sample(), k * B);
+      Batch batch{std::vector<int64_t>(static_cast<size_t>(B * T), -7),
+                  std::vector<int64_t>(static_cast<size_t>(B * T), -7)};
+      loader.read_block(loader.whole_batch(), batch.inputs.data(), batch.labels.data());
+      if (B >= 3) {  // a block of rows [1, 3), positions [2, 9): those values of the batch
+        const BatchBlock block{1, 2, 2, 7};
+        std::vector<int64_t> in(14, -7), lab(14, -7);
+        loader.read_block(block, in.data(), lab.data());
+        for (int64_t r = 0; r < 2; ++r) {
+          for (int64_t c = 0; c < 7; ++c) {
+            EXPECT_EQ(in[r * 7 + c], batch.inputs[(1 + r) * T + 2 + c]);
+            EXPECT_EQ(lab[r * 7 + c], batch.labels[(1 + r) * T + 2 + c]);
+          }
+        }
+      }
+      loader.advance();
+      run.inputs.insert(run.inputs.end(), batch.inputs.begin(), batch.inputs.end());
+      run.labels.insert(run.labels.end(), batch.labels.begin(), batch.labels.end());
+    }
+    runs.push_back(run);
+  }
+  ASSERT_EQ(runs[0].inputs.size(), static_cast<size_t>(24 * T));
+  for (size_t r = 1; r < runs.size(); ++r) EXPECT_EQ(runs[r], runs[0]) << "run " << r;
+  // Sequences differ from each other.
+  EXPECT_FALSE(
+      std::equal(runs[0].inputs.begin(), runs[0].inputs.begin() + T, runs[0].inputs.begin() + T));
+}
+
+TEST(CopyTask, TheGeneratorsValuesAreFixed) {
+  // The tokens a checkpoint's state points at: a change of the generator (another hash, another
+  // key) would make a resume read other sequences, so it must change the state's layout too.
+  // The values are those of an independent Python transcription of copy_task.cpp's hash
+  // (splitmix64 rounds over seed, sample, index from "moepeak1", then Lemire's multiply-shift).
+  EXPECT_EQ(copy_task_random_token(1234, 0, 0, 256), 236);
+  EXPECT_EQ(copy_task_random_token(1234, 0, 1, 256), 246);
+  EXPECT_EQ(copy_task_random_token(1234, 1, 0, 256), 104);
+  EXPECT_EQ(copy_task_random_token(1234, 123456789, 63, 256), 63);
+  EXPECT_EQ(copy_task_random_token(-5, 7, 3, 1000003), 631507);
+}
+
 TEST(CopyTask, StateRestoreResumesExactly) {
   CopyTaskLoader run(3, 10, 64, 5);
   for (int i = 0; i < 3; ++i) next(run);
@@ -132,15 +184,34 @@ TEST(CopyTask, StateRestoreResumesExactly) {
   CopyTaskLoader resumed(3, 10, 64, 5);
   next(resumed);  // history before restore does not matter
   resumed.restore(saved);
-  EXPECT_EQ(resumed.step(), 3);
+  EXPECT_EQ(resumed.sample(), 9);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(next(resumed), expected[static_cast<size_t>(i)]);
 
-  // Layout: "MPDL", version 1, kind 0 (copy), 1 field, step 3.
-  ASSERT_EQ(saved.size(), 16u);
+  // Layout: "MPDL", version 1, kind 0 (copy), 2 fields: sample index 9 = 3 batches of 3, seed 5.
+  ASSERT_EQ(saved.size(), 24u);
   EXPECT_EQ(std::string(saved.begin(), saved.begin() + 4), "MPDL");
   EXPECT_EQ(saved[4], 1);
   EXPECT_EQ(saved[5], 0);
-  EXPECT_EQ(saved[8], 3);
+  EXPECT_EQ(saved[6], 2);
+  EXPECT_EQ(saved[8], 9);
+  EXPECT_EQ(saved[16], 5);
+}
+
+TEST(CopyTask, AStateResumesAtAnotherBatchSize) {
+  // Saved after 2 batches of 6 (sample 12), resumed with batches of 4 and of 12: each continues
+  // with sequence 12, as a run of 4 or 12 from the start would after 12 sequences.
+  CopyTaskLoader saved_run(6, 8, 50, 9);
+  next(saved_run);
+  next(saved_run);
+  const std::vector<uint8_t> saved = saved_run.state();
+  for (int64_t B : {4, 12}) {
+    SCOPED_TRACE(testing::Message() << "B=" << B);
+    CopyTaskLoader from_start(B, 8, 50, 9), resumed(B, 8, 50, 9);
+    for (int64_t k = 0; k < 12 / B; ++k) next(from_start);
+    resumed.restore(saved);
+    EXPECT_EQ(resumed.sample(), 12);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(next(resumed), next(from_start));
+  }
 }
 
 TEST(CopyTask, RestoreRejectsForeignOrDamagedState) {
@@ -155,9 +226,31 @@ TEST(CopyTask, RestoreRejectsForeignOrDamagedState) {
   const uint64_t fields[] = {0, 100};
   std::vector<uint8_t> bin_state = encode_loader_state(LoaderKind::bin, fields);
   EXPECT_CONTAINS(error_of([&] { loader.restore(bin_state); }), "saved by a 'bin' loader");
+  // The layout before sequences had a sample index: [micro-batches read].
+  const uint64_t legacy[] = {5};
+  EXPECT_EQ(error_of([&] { loader.restore(encode_loader_state(LoaderKind::copy, legacy)); }),
+            "data-loader state: a copy-task state of one field (5 micro-batches read), saved by a "
+            "moepeak that drew the copy task's sequences by (micro-batch, row); this build draws "
+            "them by sample index, the same for any batch size and accumulation "
+            "(docs/data.md#the-copy-task), so it cannot continue the sequences that run was "
+            "reading: start the run again, or from its weights (moepeak export, then train "
+            "--init-from)");
+  const uint64_t other_seed[] = {3, 8};
+  EXPECT_EQ(error_of([&] { loader.restore(encode_loader_state(LoaderKind::copy, other_seed)); }),
+            "data-loader state: the checkpoint's copy task was drawn with job.seed = 8, but this "
+            "run has job.seed = 0");
+  const uint64_t past_range[] = {uint64_t{1} << 63, 0};
+  EXPECT_CONTAINS(
+      error_of([&] { loader.restore(encode_loader_state(LoaderKind::copy, past_range)); }),
+      "sample index 9223372036854775808 is out of range");
+  const uint64_t three[] = {0, 0, 0};
+  EXPECT_CONTAINS(error_of([&] { loader.restore(encode_loader_state(LoaderKind::copy, three)); }),
+                  "3 fields");
   next(loader);
   std::vector<uint8_t> after_one = loader.state();
   EXPECT_THROW(loader.restore(short_state), Error);
+  EXPECT_THROW(loader.restore(encode_loader_state(LoaderKind::copy, legacy)), Error);
+  EXPECT_THROW(loader.restore(encode_loader_state(LoaderKind::copy, other_seed)), Error);
   EXPECT_EQ(loader.state(), after_one) << "a failed restore leaves the loader as it was";
 }
 

@@ -1,5 +1,6 @@
 // bf16 training on the CPU backend end to end (docs/design.md, "bf16 on the CPU"): the tiny
-// preset's first 50 steps in bf16 track the fp32 run's loss curve within a stated bound, and a
+// preset's first 50 steps in bf16 track the fp32 run's loss curve within a stated bound, a bf16
+// run learns the copy task (a smaller one, learned within 100 steps at every seed tried), and a
 // bf16 run's checkpoint keeps the fp32 master weights and the fp32 AdamW moments, says in its
 // config.json the dtype of the weights beside it, and resumes bit for bit; every optimizer
 // placement (resident, offload_serial, offload_stream) trains and resumes a bf16 run alike.
@@ -40,10 +41,12 @@ Config tiny(const fs::path& run_dir, const std::string& dtype, int64_t steps) {
 // NOTES: the bound. Both runs start from the same fp32 initialisation (bf16 rounds it) and read
 // the same batches; bf16 rounds every stored activation, so the losses part by bf16's rounding
 // at once and then by what the optimizer does with slightly different gradients. Measured
-// (2-core VM): within 7.5e-4 relative through step 30, while the loss is flat near ln(V);
-// 1.1e-2 at step 50, as the copy task starts to be learned and the two trajectories amplify
-// their differences (with bf16 main grads: 2.1e-2). Bounds: 2e-3 through step 30, 3e-2 through
-// 50; and both runs learn (the loss of the last 5 steps below the first 5's by 2%).
+// (2-core VM, the copy task indexed by sample): within 1.1e-3 relative through step 30 and
+// 6.8e-3 through 50, the loss flat near ln(V) throughout — at this seed the copy task starts to
+// be learned near step 80, and when it starts is chaotic (other seeds: 0.8e-3 to 6.9e-3 through
+// step 30), which is why learning is checked on the smaller task below. (With the copy task's
+// earlier (micro-batch, row) key it started before step 40: 7.5e-4 through 30, 1.1e-2 at 50,
+// with bf16 main grads 2.1e-2.) Bounds: 2e-3 through step 30, 3e-2 through 50.
 TEST(TrainBf16, FiftyStepsOfTheTinyPresetTrackTheFp32LossCurve) {
   TempDir dir;
   const TrainResult f32 = train(tiny(dir.path(), "float32", 50), {});
@@ -58,15 +61,29 @@ TEST(TrainBf16, FiftyStepsOfTheTinyPresetTrackTheFp32LossCurve) {
     EXPECT_LE(rel, i < 30 ? 2e-3 : 3e-2)
         << "step " << i + 1 << ": bf16 " << bf16.losses[i] << ", fp32 " << f32.losses[i];
   }
-  auto mean = [](const std::vector<double>& v, size_t begin, size_t end) {
-    double s = 0;
-    for (size_t i = begin; i < end; ++i) s += v[i];
-    return s / static_cast<double>(end - begin);
-  };
-  for (const TrainResult* r : {&f32, &bf16}) {
-    EXPECT_LT(mean(r->losses, 45, 50), 0.98 * mean(r->losses, 0, 5)) << r->run_dir;
-  }
   std::printf("  bf16 vs fp32 loss: max rel %.2e through step 30, %.2e through 50\n", early, late);
+}
+
+// A bf16 run learns: the copy task over a vocabulary of 32, 16 sequences of 32 tokens, 100 steps
+// (test_train's task, which it learns in fp32). Measured (2-core VM, `moepeak train`), the mean
+// loss of steps 96-100 at seeds 1234, 1, 2: bf16 0.043, 0.025, 0.032 (fp32 0.020, 0.053, 0.017),
+// from ln(32) = 3.47. The bound, 0.25, is far below what a model that does not copy can reach
+// (the 17 scored positions of 32 then cost about ln(32) each: 3.47).
+TEST(TrainBf16, ABf16RunLearnsTheCopyTask) {
+  TempDir dir;
+  const TrainResult r =
+      train(load_config({}, {"job.run_dir=" + dir.path().string(), "training.steps=100",
+                             "training.seq_len=32", "training.batch_size=16", "model.vocab_size=32",
+                             "training.dtype=\"bfloat16\"", "metrics.progress=\"off\"",
+                             "runtime.log_level=\"warn\""}),
+            {});
+  ASSERT_EQ(r.losses.size(), 100u);
+  EXPECT_GT(r.losses.front(), 3.0);
+  double last5 = 0;
+  for (size_t i = 95; i < 100; ++i) last5 += r.losses[i] / 5;
+  EXPECT_LT(last5, 0.25);
+  std::printf("  bf16 copy task (V = 32): loss %.3f at step 1, %.3f over steps 96-100\n",
+              r.losses.front(), last5);
 }
 
 // A bf16 run's checkpoint: weights in BF16, the fp32 master and both moments in F32 (the step
