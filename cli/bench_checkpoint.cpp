@@ -131,9 +131,9 @@ ModeResult run_mode(const Config& base, SaveMode mode, const CheckpointBenchArgs
 }
 
 int run_bench_checkpoint(const CheckpointBenchArgs& args, const Context& ctx) {
-  MOEPEAK_CHECK(args.every >= 1, "bench checkpoint: --every must be at least 1");
-  MOEPEAK_CHECK(args.common.iters >= args.every,
-                "bench checkpoint: --iters must be at least --every, so a timed step saves");
+  MOEPEAK_CHECK_INPUT(args.every >= 1, "bench checkpoint: --every must be at least 1");
+  MOEPEAK_CHECK_INPUT(args.common.iters >= args.every,
+                      "bench checkpoint: --iters must be at least --every, so a timed step saves");
   const Config cfg = load_config_for_command(args.common.config, ctx);
   std::vector<ModeResult> results;
   for (SaveMode mode : {SaveMode::none, SaveMode::sync, SaveMode::async})

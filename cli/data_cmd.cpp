@@ -3,8 +3,9 @@
 //                       [--json-key text] [--chunk-size 16MiB] [--eos TOKEN] [--bos] [--no-eos]
 //                       [--json FILE]`:
 // text or JSONL to a Megatron .bin/.idx dataset that `moepeak train` reads
-// (training.dataset = "megatron"; core/prepare/prepare.h). A progress line on stderr when it is a
-// terminal (a log line every 10 s otherwise), then a `#`-commented table of what was written.
+// (training.dataset = "megatron"; core/prepare/prepare.h). A progress line on stderr when it is the
+// user's terminal (core/progress_line.h; a log line every 10 s otherwise), then a `#`-commented
+// table of what was written.
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/prepare/prepare.h"
+#include "core/progress_line.h"
 #include "core/units.h"
 
 namespace moepeak::cli {
@@ -50,9 +52,10 @@ std::vector<int> parse_split(const std::string& text) {
   return parts;
 }
 
-// A progress line redrawn on a terminal, or a log line at most every 10 s.
+// A progress line redrawn on the user's terminal (core/progress_line.h's automatic rule, on
+// stderr), or a log line at most every 10 s.
 struct ProgressPrinter {
-  bool tty = isatty(STDERR_FILENO) != 0;
+  bool tty = draws_progress(ProgressMode::automatic, STDERR_FILENO);
   double last_logged = 0;
   void operator()(const PrepareProgress& p) {
     const double fraction =

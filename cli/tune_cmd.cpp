@@ -44,6 +44,7 @@
 #include "core/measure/sweeps.h"
 #include "core/measure/tune_run.h"
 #include "core/plan/plan.h"
+#include "core/progress_line.h"
 #include "core/train/trainer.h"
 #include "core/tune/curve_svg.h"
 #include "core/tune/select.h"
@@ -62,15 +63,12 @@ struct TuneArgs {
   TuneRequest request;  // --repeats, --warmup and the tolerances bind to it; --only fills sweeps
 };
 
-// The progress of the sweeps on rank 0: a bar redrawn in place when metrics.progress is "on", or
-// "auto" on a TTY (as training's progress line), else a plain `#` line per tick.
+// The progress of the sweeps on rank 0: a bar redrawn in place where draws_progress says so (the
+// rule of training's progress line, core/progress_line.h), else a plain `#` line per tick.
 class Progress {
  public:
   Progress(int total, bool show, ProgressMode mode)
-      : total_(total),
-        show_(show),
-        tty_(show && (mode == ProgressMode::on ||
-                      (mode == ProgressMode::automatic && isatty(STDOUT_FILENO)))) {}
+      : total_(total), show_(show), tty_(show && draws_progress(mode, STDOUT_FILENO)) {}
   ~Progress() {
     if (tty_ && done_ > 0) std::fputs("\n", stdout);
   }

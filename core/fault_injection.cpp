@@ -47,15 +47,15 @@ std::vector<std::string> split(const std::string& s, char sep) {
 int64_t parse_integer(const std::string& spec, const std::string& key, const std::string& text) {
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  MOEPEAK_CHECK(!text.empty() && end != nullptr && *end == '\0', "MOEPEAK_FAULT '", spec,
-                "': ", key, " must be an integer, not '", text, "'");
+  MOEPEAK_CHECK_INPUT(!text.empty() && end != nullptr && *end == '\0', "MOEPEAK_FAULT '", spec,
+                      "': ", key, " must be an integer, not '", text, "'");
   return v;
 }
 
 Fault parse_fault(const std::string& spec) {
   const std::vector<std::string> parts = split(spec, ',');
   const size_t at = parts[0].find('@');
-  MOEPEAK_CHECK(at != std::string::npos, "MOEPEAK_FAULT '", spec, "': expected ACTION@POINT");
+  MOEPEAK_CHECK_INPUT(at != std::string::npos, "MOEPEAK_FAULT '", spec, "': expected ACTION@POINT");
   const std::string action = parts[0].substr(0, at);
   Fault f{};
   if (action == "kill") {
@@ -71,18 +71,19 @@ Fault parse_fault(const std::string& spec) {
   } else if (action == "enospc") {
     f.action = FaultAction::enospc;
   } else {
-    MOEPEAK_THROW("MOEPEAK_FAULT '", spec, "': unknown action '", action,
-                  "' (kill, term, usr1, delay, nan, enospc)");
+    MOEPEAK_INPUT_ERROR("MOEPEAK_FAULT '", spec, "': unknown action '", action,
+                        "' (kill, term, usr1, delay, nan, enospc)");
   }
   f.point = parts[0].substr(at + 1);
   bool known = false;
   for (const char* p : kPoints) known = known || f.point == p;
-  MOEPEAK_CHECK(known, "MOEPEAK_FAULT '", spec, "': unknown point '", f.point,
-                "' (step, collective, weights, grads, save_shard, save_manifest, save_write)");
+  MOEPEAK_CHECK_INPUT(
+      known, "MOEPEAK_FAULT '", spec, "': unknown point '", f.point,
+      "' (step, collective, weights, grads, save_shard, save_manifest, save_write)");
   for (size_t i = 1; i < parts.size(); ++i) {
     const size_t eq = parts[i].find('=');
-    MOEPEAK_CHECK(eq != std::string::npos, "MOEPEAK_FAULT '", spec, "': expected key=value, not '",
-                  parts[i], "'");
+    MOEPEAK_CHECK_INPUT(eq != std::string::npos, "MOEPEAK_FAULT '", spec,
+                        "': expected key=value, not '", parts[i], "'");
     const std::string key = parts[i].substr(0, eq), value = parts[i].substr(eq + 1);
     if (key == "rank") {
       f.rank = static_cast<int>(parse_integer(spec, key, value));
@@ -91,11 +92,12 @@ Fault parse_fault(const std::string& spec) {
     } else if (key == "seconds") {
       f.seconds = static_cast<double>(parse_integer(spec, key, value));
     } else {
-      MOEPEAK_THROW("MOEPEAK_FAULT '", spec, "': unknown key '", key, "' (rank, step, seconds)");
+      MOEPEAK_INPUT_ERROR("MOEPEAK_FAULT '", spec, "': unknown key '", key,
+                          "' (rank, step, seconds)");
     }
   }
-  MOEPEAK_CHECK(f.action != FaultAction::delay || f.seconds > 0, "MOEPEAK_FAULT '", spec,
-                "': delay needs seconds=X");
+  MOEPEAK_CHECK_INPUT(f.action != FaultAction::delay || f.seconds > 0, "MOEPEAK_FAULT '", spec,
+                      "': delay needs seconds=X");
   return f;
 }
 

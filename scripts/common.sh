@@ -17,6 +17,8 @@ MOEPEAK_PACKAGES=(
   # tokenizer.json: regular expressions with Unicode properties, NFC/NFKC normalization
   libpcre2-dev libutf8proc-dev
   python3-numpy
+  # protoc: the tests check metrics.tensorboard's hand-encoded events against its .proto
+  protobuf-compiler
   # scripts/format.sh --check (the tree's formatting is clang-format 14's)
   clang-format-14
   # a private single-node Slurm for the srun tests (srun's mpi_pmix plugin dlopens libpmix.so)

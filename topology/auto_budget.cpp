@@ -51,9 +51,12 @@ AutoHostBudget probe_host_budgets(const Config& cfg, int rank, int local_rank, i
     }
     const ProbeResult probe = read_probe_file(path);
     if (probe.budgets.ranks_per_node < local_size) {
-      MOEPEAK_THROW("runtime.probe_file ", path, " was written for ", probe.budgets.ranks_per_node,
-                    " ranks per node, but rank ", rank, " is one of ", local_size,
-                    " on this node: rerun `moepeak probe --ranks-per-node ", local_size, "`");
+      MOEPEAK_INPUT_ERROR("runtime.probe_file ", path, " was written for ",
+                          probe.budgets.ranks_per_node, " ranks per node, but rank ", rank,
+                          " is one of ", local_size,
+                          " on this node: rerun `moepeak probe "
+                          "--ranks-per-node ",
+                          local_size, "`");
     }
     out.rank = rank_budget(probe, local_rank, path);
     out.source = path;

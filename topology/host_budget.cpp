@@ -28,7 +28,7 @@ std::vector<int> parse_index_list(const std::string& text) {
     const char* b = text.data() + pos;
     auto [p, ec] = std::from_chars(b, text.data() + text.size(), v);
     if (ec != std::errc() || p == b || v < 0)
-      MOEPEAK_THROW("bad index list \"", text, "\" (expected e.g. \"0-3,8-11\")");
+      MOEPEAK_INPUT_ERROR("bad index list \"", text, "\" (expected e.g. \"0-3,8-11\")");
     pos = static_cast<size_t>(p - text.data());
   };
   while (pos < text.size()) {
@@ -39,18 +39,18 @@ std::vector<int> parse_index_list(const std::string& text) {
       ++pos;
       number(b);
       if (b < a)
-        MOEPEAK_THROW("bad index list \"", text, "\": range ", a, "-", b, " runs backwards");
+        MOEPEAK_INPUT_ERROR("bad index list \"", text, "\": range ", a, "-", b, " runs backwards");
     }
     // NOTES: a bound, so that a damaged list ("0-2147483647") is an error, not 8 GiB of indices
     // and a signed overflow at INT_MAX (a probe file's [[numa]] cpus, tests/fuzz).
     if (b >= kMaxIndexListEntries ||
         out.size() + static_cast<size_t>(b - a) >= static_cast<size_t>(kMaxIndexListEntries))
-      MOEPEAK_THROW("bad index list \"", text.substr(0, 64), "\": more than ", kMaxIndexListEntries,
-                    " indices, or an index >= ", kMaxIndexListEntries);
+      MOEPEAK_INPUT_ERROR("bad index list \"", text.substr(0, 64), "\": more than ",
+                          kMaxIndexListEntries, " indices, or an index >= ", kMaxIndexListEntries);
     for (int i = a; i <= b; ++i) out.push_back(i);
     if (pos < text.size()) {
       if (text[pos] != ',' || pos + 1 == text.size())
-        MOEPEAK_THROW("bad index list \"", text, "\" (expected e.g. \"0-3,8-11\")");
+        MOEPEAK_INPUT_ERROR("bad index list \"", text, "\" (expected e.g. \"0-3,8-11\")");
       ++pos;
     }
   }
@@ -71,12 +71,12 @@ std::vector<RankPlacement> place_ranks(const NodeTopology& topo, int ranks_per_n
     if (n.pus > 0) compute_nodes.push_back(&n);
   }
   if (compute_nodes.empty())
-    MOEPEAK_THROW("topology ", topo.source, " has no NUMA node with cores to run ranks on");
+    MOEPEAK_INPUT_ERROR("topology ", topo.source, " has no NUMA node with cores to run ranks on");
   const int gpus = topo.gpu_count();
   if (gpus > 0 && ranks_per_node > gpus) {
-    MOEPEAK_THROW(ranks_per_node, " ranks per node but ", topo.source, " has ", gpus, " GPU",
-                  gpus == 1 ? "" : "s", ": run one rank per GPU (--ranks-per-node ", gpus,
-                  " or fewer)");
+    MOEPEAK_INPUT_ERROR(ranks_per_node, " ranks per node but ", topo.source, " has ", gpus, " GPU",
+                        gpus == 1 ? "" : "s", ": run one rank per GPU (--ranks-per-node ", gpus,
+                        " or fewer)");
   }
   const int nodes = static_cast<int>(compute_nodes.size());
   std::vector<RankPlacement> out(ranks_per_node);

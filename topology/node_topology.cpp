@@ -37,17 +37,19 @@ TopologyPtr open_topology(const std::string* xml_path) {
   if (xml_path) {
     const std::string& path = *xml_path;
     std::ifstream probe(path);
-    if (!probe) MOEPEAK_THROW("cannot read hwloc topology ", path, ": ", std::strerror(errno));
+    if (!probe)
+      MOEPEAK_INPUT_ERROR("cannot read hwloc topology ", path, ": ", std::strerror(errno));
     // NOTES: hwloc parses the file in set_xml already; a bad file fails there or at load.
     if (hwloc_topology_set_xml(raw, path.c_str()) != 0 || hwloc_topology_load(raw) != 0) {
-      MOEPEAK_THROW("cannot read hwloc topology ", path,
-                    ": not a valid hwloc XML export (write one with `lstopo --of xml FILE`)");
+      MOEPEAK_INPUT_ERROR("cannot read hwloc topology ", path,
+                          ": not a valid hwloc XML export (write one with `lstopo --of xml "
+                          "FILE`)");
     }
     const int pus = hwloc_get_nbobjs_by_type(raw, HWLOC_OBJ_PU);
     const int nodes = hwloc_get_nbobjs_by_type(raw, HWLOC_OBJ_NUMANODE);
     if (pus <= 0 || nodes <= 0) {
-      MOEPEAK_THROW("hwloc topology ", path, " has ", pus, " PUs and ", nodes,
-                    " NUMA nodes; a node needs at least one of each");
+      MOEPEAK_INPUT_ERROR("hwloc topology ", path, " has ", pus, " PUs and ", nodes,
+                          " NUMA nodes; a node needs at least one of each");
     }
   } else if (hwloc_topology_load(raw) != 0) {
     MOEPEAK_THROW("hwloc: cannot load the topology of this machine: ", std::strerror(errno));

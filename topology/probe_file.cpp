@@ -452,6 +452,11 @@ ProbeResult read_probe_file(const std::string& path) {
     rb.place.gpu = rd.i32(*k, "gpu", "rank");
     rb.place.numa_node = rd.i32(*k, "numa_node", "rank", 0);
     rb.place.cpus = rd.str(*k, "cpus", "rank");
+    try {
+      parse_index_list(rb.place.cpus);  // binding reads it back (topology/binding.cpp)
+    } catch (const Error& e) {
+      rd.fail(*k->get("cpus"), "rank.cpus: " + e.message());
+    }
     rb.host_budget_bytes = rd.u64(*k, "host_budget_bytes", "rank");
     rb.optimizer_budget_bytes = rd.u64(*k, "optimizer_budget_bytes", "rank");
     rb.sco_budget_bytes = rd.u64(*k, "sco_budget_bytes", "rank");

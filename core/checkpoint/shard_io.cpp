@@ -32,7 +32,7 @@ ShardFileWriter::ShardFileWriter(std::string path, size_t buffer_bytes, uint64_t
                 buffer_bytes);
   MOEPEAK_CHECK(block_bytes > 0, "shard checksum blocks need > 0 bytes");
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd_ < 0) MOEPEAK_THROW("cannot create ", path_, ": ", std::strerror(errno));
+  if (fd_ < 0) MOEPEAK_INPUT_ERROR("cannot create ", path_, ": ", std::strerror(errno));
   buffer_.resize(buffer_bytes);
 }
 
@@ -115,7 +115,7 @@ void ShardFileWriter::flush() {
     }
     if (w < 0) {
       if (errno == EINTR) continue;
-      MOEPEAK_THROW("writing ", path_, ": ", std::strerror(errno));
+      MOEPEAK_INPUT_ERROR("writing ", path_, ": ", std::strerror(errno));
     }
     done += static_cast<size_t>(w);
   }
@@ -126,10 +126,10 @@ ShardFileInfo ShardFileWriter::finish() {
   MOEPEAK_CHECK(!finished_, "finish() of ", path_, " twice");
   flush();
   close_block();
-  if (::fsync(fd_) != 0) MOEPEAK_THROW("fsync of ", path_, ": ", std::strerror(errno));
+  if (::fsync(fd_) != 0) MOEPEAK_INPUT_ERROR("fsync of ", path_, ": ", std::strerror(errno));
   if (::close(fd_) != 0) {
     fd_ = -1;
-    MOEPEAK_THROW("closing ", path_, ": ", std::strerror(errno));
+    MOEPEAK_INPUT_ERROR("closing ", path_, ": ", std::strerror(errno));
   }
   fd_ = -1;
   finished_ = true;
@@ -163,20 +163,20 @@ ShardReader::Mapped& ShardReader::mapped(int file, const ShardTensor& tensor) {
   const std::string path = (std::filesystem::path(dir_) / info.name).string();
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    MOEPEAK_THROW(path, ": cannot open (", std::strerror(errno), "); the manifest lists it for ",
-                  "tensor '", tensor.name, "'");
+    MOEPEAK_INPUT_ERROR(path, ": cannot open (", std::strerror(errno),
+                        "); the manifest lists it for tensor '", tensor.name, "'");
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int e = errno;
     ::close(fd);
-    MOEPEAK_THROW(path, ": cannot stat (", std::strerror(e), ")");
+    MOEPEAK_INPUT_ERROR(path, ": cannot stat (", std::strerror(e), ")");
   }
   if (static_cast<uint64_t>(st.st_size) != info.bytes) {
     ::close(fd);
-    MOEPEAK_THROW(path, " is ", st.st_size, " bytes; the manifest says ", info.bytes,
-                  (static_cast<uint64_t>(st.st_size) < info.bytes ? " (truncated)" : ""),
-                  "; tensor '", tensor.name, "' reads from it");
+    MOEPEAK_INPUT_ERROR(path, " is ", st.st_size, " bytes; the manifest says ", info.bytes,
+                        (static_cast<uint64_t>(st.st_size) < info.bytes ? " (truncated)" : ""),
+                        "; tensor '", tensor.name, "' reads from it");
   }
   auto m = std::make_unique<Mapped>();
   m->bytes = info.bytes;
@@ -191,7 +191,7 @@ ShardReader::Mapped& ShardReader::mapped(int file, const ShardTensor& tensor) {
     if (p == MAP_FAILED) {
       const int e = errno;
       ::close(fd);
-      MOEPEAK_THROW(path, ": cannot map (", std::strerror(e), ")");
+      MOEPEAK_INPUT_ERROR(path, ": cannot map (", std::strerror(e), ")");
     }
     m->data = static_cast<const char*>(p);
   }
@@ -213,10 +213,10 @@ void ShardReader::verify(int file, Mapped& m, uint64_t offset, uint64_t bytes,
     const uint64_t lo = m.starts[b], hi = lo + info.blocks[b].bytes;
     const uint64_t got = xxh3_64(m.data + lo, hi - lo);
     if (got != info.blocks[b].xxh3) {
-      MOEPEAK_THROW((std::filesystem::path(dir_) / info.name).string(), ": bytes [", lo, ", ", hi,
-                    ") (block ", b, ") fail their checksum (XXH3 ", checksum_hex(got),
-                    ", the manifest says ", checksum_hex(info.blocks[b].xxh3), "); they hold ",
-                    "tensor '", tensor.name, "': the checkpoint is corrupt");
+      MOEPEAK_INPUT_ERROR((std::filesystem::path(dir_) / info.name).string(), ": bytes [", lo, ", ",
+                          hi, ") (block ", b, ") fail their checksum (XXH3 ", checksum_hex(got),
+                          ", the manifest says ", checksum_hex(info.blocks[b].xxh3),
+                          "); they hold tensor '", tensor.name, "': the checkpoint is corrupt");
     }
     m.verified[b] = true;
     ++blocks_verified_;

@@ -18,7 +18,7 @@ const ShardTensor& ShardManifest::tensor(std::string_view name, std::string_view
   for (const ShardTensor& t : tensors) {
     if (t.name == name) return t;
   }
-  MOEPEAK_THROW(where, ": the checkpoint has no tensor '", name, "'");
+  MOEPEAK_INPUT_ERROR(where, ": the checkpoint has no tensor '", name, "'");
 }
 
 bool ShardManifest::has_tensor(std::string_view name) const {
@@ -67,7 +67,7 @@ constexpr int64_t kMaxTensorBytes = int64_t{1} << 62;
 // The member `key` of `obj`, which must exist; `where` names the object for the message.
 const nlohmann::json& member(const nlohmann::json& obj, const char* key, const std::string& where) {
   if (!obj.is_object() || !obj.contains(key)) {
-    MOEPEAK_THROW(where, ": field \"", key, "\" is missing");
+    MOEPEAK_INPUT_ERROR(where, ": field \"", key, "\" is missing");
   }
   return obj.at(key);
 }
@@ -75,10 +75,11 @@ const nlohmann::json& member(const nlohmann::json& obj, const char* key, const s
 template <typename T>
 T number(const nlohmann::json& obj, const char* key, const std::string& where) {
   const nlohmann::json& v = member(obj, key, where);
-  if (!v.is_number_integer()) MOEPEAK_THROW(where, ": field \"", key, "\" must be an integer");
+  if (!v.is_number_integer())
+    MOEPEAK_INPUT_ERROR(where, ": field \"", key, "\" must be an integer");
   if constexpr (std::is_unsigned_v<T>) {
     if (v.is_number_unsigned() || v.get<int64_t>() >= 0) return v.get<T>();
-    MOEPEAK_THROW(where, ": field \"", key, "\" must be >= 0, not ", v.get<int64_t>());
+    MOEPEAK_INPUT_ERROR(where, ": field \"", key, "\" must be >= 0, not ", v.get<int64_t>());
   } else {
     return v.get<T>();
   }
@@ -86,13 +87,13 @@ T number(const nlohmann::json& obj, const char* key, const std::string& where) {
 
 std::string text(const nlohmann::json& obj, const char* key, const std::string& where) {
   const nlohmann::json& v = member(obj, key, where);
-  if (!v.is_string()) MOEPEAK_THROW(where, ": field \"", key, "\" must be a string");
+  if (!v.is_string()) MOEPEAK_INPUT_ERROR(where, ": field \"", key, "\" must be a string");
   return v.get<std::string>();
 }
 
 const nlohmann::json& array(const nlohmann::json& obj, const char* key, const std::string& where) {
   const nlohmann::json& v = member(obj, key, where);
-  if (!v.is_array()) MOEPEAK_THROW(where, ": field \"", key, "\" must be an array");
+  if (!v.is_array()) MOEPEAK_INPUT_ERROR(where, ": field \"", key, "\" must be an array");
   return v;
 }
 
@@ -114,8 +115,8 @@ ShardFileInfo shard_file_from_json(const nlohmann::json& f, const std::string& w
       sum = parse_checksum_hex(b[1].get<std::string>());
     }
     if (!sum) {
-      MOEPEAK_THROW(where, " (", info.name,
-                    "): a block is not [bytes, \"16 hex digits of its XXH3-64\"]");
+      MOEPEAK_INPUT_ERROR(where, " (", info.name,
+                          "): a block is not [bytes, \"16 hex digits of its XXH3-64\"]");
     }
     info.blocks.push_back({b[0].get<uint64_t>(), *sum});
   }
@@ -127,23 +128,24 @@ ShardManifest ShardManifest::parse(std::string_view text_in, const std::string& 
   try {
     doc = nlohmann::json::parse(text_in);
   } catch (const nlohmann::json::exception& e) {
-    MOEPEAK_THROW(path, ": not valid JSON (", e.what(), ")");
+    MOEPEAK_INPUT_ERROR(path, ": not valid JSON (", e.what(), ")");
   }
-  if (!doc.is_object()) MOEPEAK_THROW(path, ": a manifest is a JSON object");
+  if (!doc.is_object()) MOEPEAK_INPUT_ERROR(path, ": a manifest is a JSON object");
   const std::string format = text(doc, "format", path);
   if (format != kShardManifestFormat) {
-    MOEPEAK_THROW(path, ": format \"", format, "\" is not \"", kShardManifestFormat, "\"");
+    MOEPEAK_INPUT_ERROR(path, ": format \"", format, "\" is not \"", kShardManifestFormat, "\"");
   }
   const int version = number<int>(doc, "version", path);
   if (version != kShardManifestVersion) {
-    MOEPEAK_THROW(path, ": manifest version ", version, "; this build reads version ",
-                  kShardManifestVersion);
+    MOEPEAK_INPUT_ERROR(path, ": manifest version ", version, "; this build reads version ",
+                        kShardManifestVersion);
   }
   ShardManifest m;
   m.block_bytes = number<uint64_t>(doc, "block_bytes", path);
   if (doc.contains("metadata")) {
     m.metadata = doc.at("metadata");
-    if (!m.metadata.is_object()) MOEPEAK_THROW(path, ": field \"metadata\" must be an object");
+    if (!m.metadata.is_object())
+      MOEPEAK_INPUT_ERROR(path, ": field \"metadata\" must be an object");
   }
   for (const nlohmann::json& f : array(doc, "files", path)) {
     m.files.push_back(
@@ -156,11 +158,12 @@ ShardManifest ShardManifest::parse(std::string_view text_in, const std::string& 
     const std::string tensor_where = path + ": tensor '" + tensor.name + "'";
     const std::string dtype = text(t, "dtype", tensor_where);
     std::optional<DType> parsed = dtype_from_safetensors(dtype);
-    if (!parsed) MOEPEAK_THROW(tensor_where, ": dtype \"", dtype, "\" is not one this build reads");
+    if (!parsed)
+      MOEPEAK_INPUT_ERROR(tensor_where, ": dtype \"", dtype, "\" is not one this build reads");
     tensor.dtype = *parsed;
     for (const nlohmann::json& d : array(t, "shape", tensor_where)) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) {
-        MOEPEAK_THROW(tensor_where, ": shape entries must be integers >= 0");
+        MOEPEAK_INPUT_ERROR(tensor_where, ": shape entries must be integers >= 0");
       }
       tensor.shape.push_back(d.get<int64_t>());
     }
@@ -185,7 +188,7 @@ ShardManifest ShardManifest::parse(std::string_view text_in, const std::string& 
 }
 
 void ShardManifest::validate(const std::string& path) const {
-  if (block_bytes == 0) MOEPEAK_THROW(path, ": block_bytes must be > 0");
+  if (block_bytes == 0) MOEPEAK_INPUT_ERROR(path, ": block_bytes must be > 0");
   std::set<std::string> file_names;
   std::vector<const ShardFileInfo*> every_file;
   for (const ShardFileInfo& f : files) every_file.push_back(&f);
@@ -194,34 +197,36 @@ void ShardManifest::validate(const std::string& path) const {
     const ShardFileInfo& f = *file;
     if (f.name.empty() || f.name.find('/') != std::string::npos || f.name == "." ||
         f.name == "..") {
-      MOEPEAK_THROW(path, ": file name \"", f.name, "\" is not a plain name in the directory");
+      MOEPEAK_INPUT_ERROR(path, ": file name \"", f.name,
+                          "\" is not a plain name in the directory");
     }
-    if (!file_names.insert(f.name).second) MOEPEAK_THROW(path, ": file ", f.name, " listed twice");
+    if (!file_names.insert(f.name).second)
+      MOEPEAK_INPUT_ERROR(path, ": file ", f.name, " listed twice");
     uint64_t covered = 0;
     for (const ShardBlock& b : f.blocks) {
       if (b.bytes == 0 || b.bytes > block_bytes) {
-        MOEPEAK_THROW(path, ": file ", f.name, " has a block of ", b.bytes,
-                      " bytes (blocks hold 1 to ", block_bytes, ")");
+        MOEPEAK_INPUT_ERROR(path, ": file ", f.name, " has a block of ", b.bytes,
+                            " bytes (blocks hold 1 to ", block_bytes, ")");
       }
       covered += b.bytes;
     }
     if (covered != f.bytes) {
-      MOEPEAK_THROW(path, ": the checksum blocks of file ", f.name, " cover ", covered,
-                    " bytes of its ", f.bytes);
+      MOEPEAK_INPUT_ERROR(path, ": the checksum blocks of file ", f.name, " cover ", covered,
+                          " bytes of its ", f.bytes);
     }
   }
   std::set<std::string> tensor_names;
   for (const ShardTensor& t : tensors) {
     const std::string where = path + ": tensor '" + t.name + "'";
-    if (!tensor_names.insert(t.name).second) MOEPEAK_THROW(where, " is listed twice");
+    if (!tensor_names.insert(t.name).second) MOEPEAK_INPUT_ERROR(where, " is listed twice");
     const uint64_t es = dtype_size(t.dtype);
     // NOTES: the shape is checked before numel() multiplies it out: a damaged shape must be an
     // error, not a signed overflow, nor a byte count that wraps (tests/fuzz, shape_overflow.json).
     int64_t n = 1;
     for (const int64_t d : t.shape) {
-      if (d < 0) MOEPEAK_THROW(where, ": shape entry ", d, " is negative");
+      if (d < 0) MOEPEAK_INPUT_ERROR(where, ": shape entry ", d, " is negative");
       if (d != 0 && n > kMaxTensorBytes / static_cast<int64_t>(es) / d) {
-        MOEPEAK_THROW(where, ": its shape (an entry ", d, ") makes it over 2^62 bytes");
+        MOEPEAK_INPUT_ERROR(where, ": its shape (an entry ", d, ") makes it over 2^62 bytes");
       }
       n *= d;
     }
@@ -229,35 +234,37 @@ void ShardManifest::validate(const std::string& path) const {
     for (const ShardSlice& s : t.slices) {
       if (s.begin != covered) {
         if (s.begin > covered) {
-          MOEPEAK_THROW(where, ": elements [", covered, ", ", s.begin, ") of its ", n,
-                        " are in no slice (the checkpoint does not cover the tensor)");
+          MOEPEAK_INPUT_ERROR(where, ": elements [", covered, ", ", s.begin, ") of its ", n,
+                              " are in no slice (the checkpoint does not cover the tensor)");
         }
-        MOEPEAK_THROW(where, ": slices overlap or are out of order at element ", s.begin);
+        MOEPEAK_INPUT_ERROR(where, ": slices overlap or are out of order at element ", s.begin);
       }
       if (s.end <= s.begin)
-        MOEPEAK_THROW(where, ": empty or reversed slice [", s.begin, ", ", s.end, ")");
+        MOEPEAK_INPUT_ERROR(where, ": empty or reversed slice [", s.begin, ", ", s.end, ")");
       if (s.end > n) {
-        MOEPEAK_THROW(where, ": slice [", s.begin, ", ", s.end, ") runs past its ", n, " elements");
+        MOEPEAK_INPUT_ERROR(where, ": slice [", s.begin, ", ", s.end, ") runs past its ", n,
+                            " elements");
       }
       if (s.file < 0 || static_cast<size_t>(s.file) >= files.size()) {
-        MOEPEAK_THROW(where, ": slice [", s.begin, ", ", s.end, ") names file index ", s.file,
-                      " of ", files.size());
+        MOEPEAK_INPUT_ERROR(where, ": slice [", s.begin, ", ", s.end, ") names file index ", s.file,
+                            " of ", files.size());
       }
       const ShardFileInfo& f = files[static_cast<size_t>(s.file)];
       if (s.offset % es != 0) {
-        MOEPEAK_THROW(where, ": slice at byte ", s.offset, " of ", f.name,
-                      " is not aligned to its ", es, "-byte elements");
+        MOEPEAK_INPUT_ERROR(where, ": slice at byte ", s.offset, " of ", f.name,
+                            " is not aligned to its ", es, "-byte elements");
       }
       const uint64_t bytes = static_cast<uint64_t>(s.end - s.begin) * es;
       if (s.offset > f.bytes || bytes > f.bytes - s.offset) {
-        MOEPEAK_THROW(where, ": slice [", s.begin, ", ", s.end, ") at bytes [", s.offset, ", ",
-                      s.offset + bytes, ") runs past the ", f.bytes, " bytes of ", f.name);
+        MOEPEAK_INPUT_ERROR(where, ": slice [", s.begin, ", ", s.end, ") at bytes [", s.offset,
+                            ", ", s.offset + bytes, ") runs past the ", f.bytes, " bytes of ",
+                            f.name);
       }
       covered = s.end;
     }
     if (covered != n) {
-      MOEPEAK_THROW(where, ": elements [", covered, ", ", n, ") of its ", n,
-                    " are in no slice (the checkpoint does not cover the tensor)");
+      MOEPEAK_INPUT_ERROR(where, ": elements [", covered, ", ", n, ") of its ", n,
+                          " are in no slice (the checkpoint does not cover the tensor)");
     }
   }
 }

@@ -122,22 +122,23 @@ ShardManifest merge_sidecars(const fs::path& dir, const ZeroParamStore& params,
   }
   for (int r = 0; r < params.world_size(); ++r) {
     const fs::path path = dir / shard_name(r, "json");
-    nlohmann::json side;
+    // NOTES: a sidecar another rank wrote moments ago; a damaged one (a full disk, a file system
+    // that lost it) is named as the file it is, whatever part of it is wrong.
     try {
-      side = nlohmann::json::parse(read_text(path));
+      const nlohmann::json side = nlohmann::json::parse(read_text(path));
+      ShardFileInfo info = shard_file_from_json(side.at("file"), path.string());
+      m.files.push_back(std::move(info));
+      for (const nlohmann::json& s : side.at("slices")) {
+        const std::string name = s.at("tensor").get<std::string>();
+        auto it = index.find(name);
+        MOEPEAK_CHECK_INPUT(it != index.end(), path.string(), " names a tensor '", name,
+                            "' this model does not have");
+        m.tensors[it->second].slices.push_back({r, s.at("offset").get<uint64_t>(),
+                                                s.at("begin").get<int64_t>(),
+                                                s.at("end").get<int64_t>()});
+      }
     } catch (const nlohmann::json::exception& e) {
-      MOEPEAK_THROW(path.string(), ": ", e.what());
-    }
-    ShardFileInfo info = shard_file_from_json(side.at("file"), path.string());
-    m.files.push_back(std::move(info));
-    for (const nlohmann::json& s : side.at("slices")) {
-      const std::string name = s.at("tensor").get<std::string>();
-      auto it = index.find(name);
-      MOEPEAK_CHECK(it != index.end(), path.string(), " names a tensor '", name,
-                    "' this model does not have");
-      m.tensors[it->second].slices.push_back({r, s.at("offset").get<uint64_t>(),
-                                              s.at("begin").get<int64_t>(),
-                                              s.at("end").get<int64_t>()});
+      MOEPEAK_INPUT_ERROR(path.string(), ": not a shard sidecar (", e.what(), ")");
     }
   }
   for (ShardTensor& t : m.tensors) {
@@ -391,7 +392,14 @@ int64_t load_sharded_checkpoint(const std::string& dir, ZeroParamStore& params,
     }
     cursor.push_back(static_cast<uint8_t>(b.get<uint64_t>()));
   }
-  loader.restore(cursor);
+  // NOTES: the loader says what of its state does not match this run's data; the file is named
+  // here, where it is known.
+  try {
+    loader.restore(cursor);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::input) throw;
+    MOEPEAK_INPUT_ERROR(manifest_path.string(), ": ", e.message());
+  }
   return meta["step"].get<int64_t>();
 }
 

@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::vector<uint8_t> unhex(const std::string& text, const std::string& where) {
-  MOEPEAK_CHECK(text.size() % 2 == 0, where, ": malformed hex string");
+  MOEPEAK_CHECK_INPUT(text.size() % 2 == 0, where, ": malformed hex string");
   std::vector<uint8_t> out;
   for (size_t i = 0; i < text.size(); i += 2) {
     auto nibble = [&](char c) -> int {
@@ -194,7 +194,12 @@ int64_t load_checkpoint(const std::string& dir, const ModelConfig& model, ZeroPa
     if (it == meta.end()) MOEPEAK_INPUT_ERROR(state.path(), ": metadata has no '", key, "'");
     return it->second;
   };
-  loader.restore(unhex(field("data_loader_state"), state.path()));
+  try {
+    loader.restore(unhex(field("data_loader_state"), state.path()));
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::input || e.message().rfind(state.path(), 0) == 0) throw;
+    MOEPEAK_INPUT_ERROR(state.path(), ": ", e.message());  // the loader's words, the file named
+  }
   int64_t step = 0;
   try {
     step = std::stoll(field("step"));

@@ -107,12 +107,12 @@ RankInfo init_process_group() {
   // say why first.
   if (!mpi_ready && launcher.launcher == Launcher::slurm && launcher.world_size.value_or(1) > 1 &&
       !env("PMIX_RANK") && !env("PMI_RANK") && !env("PMI_FD")) {
-    MOEPEAK_THROW("started by srun as one of ", *launcher.world_size,
-                  " tasks, but without a "
-                  "process-management interface (no PMIX_RANK or PMI_RANK; SLURM_MPI_TYPE=",
-                  env("SLURM_MPI_TYPE").value_or("unset"),
-                  "), so MPI cannot connect the ranks: "
-                  "launch with `srun --mpi=pmix` (see `srun --mpi=list`), or use mpirun");
+    MOEPEAK_INPUT_ERROR("started by srun as one of ", *launcher.world_size,
+                        " tasks, but without a "
+                        "process-management interface (no PMIX_RANK or PMI_RANK; SLURM_MPI_TYPE=",
+                        env("SLURM_MPI_TYPE").value_or("unset"),
+                        "), so MPI cannot connect the ranks: "
+                        "launch with `srun --mpi=pmix` (see `srun --mpi=list`), or use mpirun");
   }
 
   RankInfo ranks;
@@ -131,25 +131,26 @@ RankInfo init_process_group() {
       MOEPEAK_MPI_CHECK(MPI_Query_thread(&provided));
     }
     if (provided < MPI_THREAD_MULTIPLE) {
-      MOEPEAK_THROW("the MPI library provides thread level ", provided,
-                    " but moepeak needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE,
-                    "): communication runs on several stream threads at once");
+      MOEPEAK_INPUT_ERROR("the MPI library provides thread level ", provided,
+                          " but moepeak needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE,
+                          "): communication runs on several stream threads at once");
     }
     // Errors on the world communicator come back as codes (and become moepeak::Error).
     MOEPEAK_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     MOEPEAK_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &ranks.rank));
     MOEPEAK_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &ranks.world_size));
     if (launcher.world_size && *launcher.world_size != ranks.world_size) {
-      MOEPEAK_THROW(launcher.world_size_var, "=", *launcher.world_size, " but MPI sees ",
-                    ranks.world_size, " rank(s)",
-                    ranks.world_size == 1
-                        ? ": each process started as its own MPI job. Under Slurm launch with "
-                          "`srun --mpi=pmix` (see `srun --mpi=list`), or use mpirun"
-                        : "");
+      MOEPEAK_INPUT_ERROR(
+          launcher.world_size_var, "=", *launcher.world_size, " but MPI sees ", ranks.world_size,
+          " rank(s)",
+          ranks.world_size == 1
+              ? ": each process started as its own MPI job. Under Slurm launch with "
+                "`srun --mpi=pmix` (see `srun --mpi=list`), or use mpirun"
+              : "");
     }
     if (launcher.rank && *launcher.rank != ranks.rank) {
-      MOEPEAK_THROW(launcher.rank_var, "=", *launcher.rank, " but MPI says this is rank ",
-                    ranks.rank, ": the launcher and MPI disagree about this process");
+      MOEPEAK_INPUT_ERROR(launcher.rank_var, "=", *launcher.rank, " but MPI says this is rank ",
+                          ranks.rank, ": the launcher and MPI disagree about this process");
     }
     char name[MPI_MAX_PROCESSOR_NAME];
     int name_length = 0;

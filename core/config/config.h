@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/progress_line.h"  // ProgressMode
+
 namespace moepeak {
 
 // ---- Enumerated settings --------------------------------------------------------------------
@@ -42,7 +44,7 @@ enum class CheckpointSchedule { none, standard, sco };
 enum class OptimizerKind { adamw };
 enum class OptimizerPlacement { resident, offload_serial, offload_stream };
 enum class LrDecay { cosine, linear, constant };
-enum class ProgressMode { automatic, on, off };
+// ProgressMode (metrics.progress) is in core/progress_line.h, beside the rule it feeds.
 enum class BackendChoice { automatic, cpu, cuda };
 enum class LogLevel { trace, debug, info, warn, error };
 enum class BindPolicy { automatic, rank, none };
@@ -118,7 +120,7 @@ struct EnumNames<LrDecay> {
 };
 template <>
 struct EnumNames<ProgressMode> {
-  static constexpr std::array<std::string_view, 3> names{"auto", "on", "off"};
+  static constexpr std::array<std::string_view, 3> names{"auto", "always", "off"};
 };
 template <>
 struct EnumNames<BackendChoice> {
@@ -380,6 +382,7 @@ struct MetricsConfig {
   int64_t log_freq = 1;
   std::string file;  // empty = metrics.jsonl in the run directory
   ProgressMode progress = ProgressMode::automatic;
+  bool tensorboard = false;  // events files in <run directory>/tensorboard (tensorboard_writer.h)
 
   bool operator==(const MetricsConfig&) const = default;
 };

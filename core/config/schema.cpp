@@ -160,7 +160,7 @@ constexpr Section kSections[] = {
     {"lr_scheduler", "Learning-rate warm-up and decay."},
     {"checkpoint", "Saving checkpoints (HF safetensors + per-rank state) during the run."},
     {"eval", "A held-out loss during training: forward only, with the training schedules."},
-    {"metrics", "Per-step metrics: console line, JSONL file, progress line."},
+    {"metrics", "Per-step metrics: console line, JSONL file, progress line, TensorBoard."},
     {"runtime", "Backend, memory capacities, logging and threads."},
 };
 
@@ -464,7 +464,15 @@ const std::vector<Field>& field_table() {
       FIELD(metrics, log_freq, at_least(1), "Steps between console metric lines."),
       FIELD(metrics, file, no_limit(),
             "JSONL metrics file; empty = metrics.jsonl in the run directory."),
-      FIELD(metrics, progress, no_limit(), "Progress line; auto = when stdout is a terminal."),
+      FIELD(metrics, progress, no_limit(),
+            "Progress line redrawn in place: auto = only when stdout is the user's terminal (a "
+            "terminal, and under mpirun one whose window mpirun copied from its own: mpirun "
+            "writing to a file or pipe gets log lines only), always = wherever stdout goes, "
+            "off = never."),
+      FIELD(metrics, tensorboard, no_limit(),
+            "TensorBoard event files of each step's scalars in tensorboard/ of the run directory "
+            "(rank 0; `tensorboard --logdir RUN_DIR/tensorboard`); a resumed run first drops the "
+            "steps it writes again (docs/design.md#machine-readable-outputs)."),
       // [runtime]
       FIELD(runtime, backend, no_limit(), "auto = CUDA when built and a GPU is usable, else CPU."),
       FIELD(runtime, device_memory, byte_size_or_auto(Bound{0, false}),

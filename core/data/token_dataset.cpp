@@ -240,7 +240,8 @@ void DocumentIndex::append_starts(uint64_t lo, uint64_t hi, uint64_t lo_offset,
     any = true;
     last = position;
     // The last entry starts at N > hi, so the walk ends before it (unless the .idx changed).
-    MOEPEAK_CHECK(e + 1 < entries_, idx_->path(), ": the document index ends before position ", hi);
+    MOEPEAK_CHECK_INPUT(e + 1 < entries_, idx_->path(),
+                        ": the document index ends before position ", hi);
     const uint64_t next = entry_sequence(++e);
     position = position_after(s, position, next);
     s = next;

@@ -41,8 +41,8 @@ Ceiling measure_ceiling(Backend& backend, const std::string& dtype, int size, co
   const bool cuda = backend.kind() == BackendKind::cuda;
   Ceiling c;
   c.dtype_text = !dtype.empty() ? dtype : cuda ? "bf16" : "f32";
-  MOEPEAK_CHECK(c.dtype_text == "f32" || c.dtype_text == "bf16", "bench ", bench, " --dtype ",
-                c.dtype_text, ": the GEMM ceiling is measured in f32 or bf16");
+  MOEPEAK_CHECK_INPUT(c.dtype_text == "f32" || c.dtype_text == "bf16", "bench ", bench, " --dtype ",
+                      c.dtype_text, ": the GEMM ceiling is measured in f32 or bf16");
   c.dtype = c.dtype_text == "bf16" ? DType::bf16 : DType::f32;
   c.n = size > 0 ? size : cuda ? 8192 : 1024;
   c.gflops = measure_backend_gemm_gflops(backend, c.dtype, c.n, 5);

@@ -99,12 +99,33 @@ std::string step_metrics_line(const StepMetrics& m) {
   return line;
 }
 
+std::vector<TensorBoardScalar> step_metrics_scalars(const StepMetrics& m) {
+  std::vector<TensorBoardScalar> out = {
+      {"train/loss", m.loss},
+      {"train/grad_norm", m.grad_norm},
+      {"train/lr", m.lr},
+      {"perf/tokens_per_s", m.tokens_per_s},
+      {"perf/tflops", m.tflops},
+      {"perf/mfu", m.mfu},
+      {"memory/total_peak_bytes", static_cast<double>(m.peak_total)}};
+  for (LiveSet s : kAllLiveSets) {
+    out.push_back({"memory/" + std::string(live_set_name(s)) + "_peak_bytes",
+                   static_cast<double>(m.peak_per_set[s])});
+  }
+  if (m.eval) {
+    out.push_back({"eval/loss", m.eval->loss});
+    out.push_back({"eval/perplexity", m.eval->perplexity});
+  }
+  return out;
+}
+
 MetricsLog::MetricsLog(const std::string& path, bool progress, int64_t first_step,
                        int64_t last_step)
     : path_(path), progress_(progress), first_step_(first_step), last_step_(last_step) {
   file_ = std::fopen(path.c_str(), "a");
   if (file_ == nullptr) {
-    MOEPEAK_THROW("cannot open the metrics file ", path, " for appending: ", std::strerror(errno));
+    MOEPEAK_INPUT_ERROR("cannot open the metrics file ", path,
+                        " for appending: ", std::strerror(errno));
   }
 }
 
@@ -116,7 +137,7 @@ MetricsLog::~MetricsLog() {
 void MetricsLog::record(const StepMetrics& m, bool print) {
   std::string line = step_metrics_json(m).dump() + "\n";
   if (std::fputs(line.c_str(), file_) < 0 || std::fflush(file_) != 0) {
-    MOEPEAK_THROW("writing the metrics file ", path_, " failed: ", std::strerror(errno));
+    MOEPEAK_INPUT_ERROR("writing the metrics file ", path_, " failed: ", std::strerror(errno));
   }
   elapsed_s_ += m.step_time_s;
   if (progress_) std::fputs("\r\033[K", stdout);  // clear the progress line before logging

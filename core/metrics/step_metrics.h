@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/data/data_loader.h"  // defines: SourceShare
+#include "core/metrics/tensorboard_writer.h"
 #include "core/runtime/memory_stats.h"
 
 namespace moepeak {
@@ -71,6 +72,11 @@ struct StepMetrics {
 
 nlohmann::json step_metrics_json(const StepMetrics& m);
 std::string step_metrics_line(const StepMetrics& m);
+// The step's scalars for TensorBoard (metrics.tensorboard), each the value of its JSON object's
+// key beside it: train/loss (loss), train/grad_norm, train/lr, perf/tokens_per_s, perf/tflops,
+// perf/mfu, memory/total_peak_bytes and memory/<live set>_peak_bytes (peak_bytes' entries), and
+// after an evaluation eval/loss (eval_loss) and eval/perplexity (eval_perplexity).
+std::vector<TensorBoardScalar> step_metrics_scalars(const StepMetrics& m);
 
 class MetricsLog {
  public:

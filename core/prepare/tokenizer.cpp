@@ -31,7 +31,8 @@ class SentencePieceTokenizer : public Tokenizer {
   void encode(std::string_view text, std::vector<int32_t>& ids) const override {
     std::vector<int> out;
     const auto status = processor_.Encode(text, &out);
-    if (!status.ok()) MOEPEAK_THROW(path_, ": SentencePiece could not encode: ", status.ToString());
+    if (!status.ok())
+      MOEPEAK_INPUT_ERROR(path_, ": SentencePiece could not encode: ", status.ToString());
     ids.insert(ids.end(), out.begin(), out.end());
   }
   int32_t id_of(std::string_view token) const override {

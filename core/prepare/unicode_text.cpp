@@ -183,7 +183,7 @@ ThreadMatchState& match_state() {
 }  // namespace
 
 Regex::Regex(const std::string& pattern, bool literal, const std::string& where)
-    : pattern_(pattern), impl_(std::make_unique<Impl>()) {
+    : pattern_(pattern), where_(where), impl_(std::make_unique<Impl>()) {
   int error = 0;
   PCRE2_SIZE offset = 0;
   const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
@@ -216,8 +216,10 @@ void Regex::find_all(std::string_view s, const std::function<void(size_t, size_t
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof(message));
-      MOEPEAK_THROW("the regular expression \"", pattern_, "\" failed on a text of ", s.size(),
-                    " bytes: ", reinterpret_cast<const char*>(message));
+      // NOTES: e.g. PCRE2's match or depth limit: the tokenizer file's pattern on this text.
+      MOEPEAK_INPUT_ERROR(where_, ": the regular expression \"", pattern_,
+                          "\" failed on a text of ", s.size(),
+                          " bytes: ", reinterpret_cast<const char*>(message));
     }
     const PCRE2_SIZE* v = pcre2_get_ovector_pointer(state.data);
     const size_t begin = v[0], end = v[1];

@@ -62,6 +62,7 @@ class Regex {
  private:
   struct Impl;
   std::string pattern_;
+  std::string where_;  // the file the pattern came from, for errors
   std::unique_ptr<Impl> impl_;
 };
 

@@ -26,9 +26,11 @@
 #include "core/fault_injection.h"
 #include "core/log.h"  // defines: log::every_rank
 #include "core/metrics/flops.h"
+#include "core/metrics/tensorboard_writer.h"
 #include "core/model/decoder.h"
 #include "core/model/decoder_memory.h"  // defines: model_outside_arena
 #include "core/model/optimizer_params.h"
+#include "core/progress_line.h"
 #include "core/run_context.h"
 #include "core/runtime/backend.h"
 #include "core/train/lr_schedule.h"
@@ -724,6 +726,8 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   result.metrics_file = cfg.metrics.file.empty()
                             ? (fs::path(result.run_dir) / "metrics.jsonl").string()
                             : cfg.metrics.file;
+  if (cfg.metrics.tensorboard)
+    result.tensorboard_dir = (fs::path(result.run_dir) / "tensorboard").string();
   Trainer trainer(cfg, options);
   spdlog::info("{}", trainer.describe());
   result.first_step = trainer.completed_steps() + 1;
@@ -735,13 +739,15 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   }
   // Rank 0 writes the metrics (every rank has the job's loss and the per-rank figures).
   std::unique_ptr<MetricsLog> metrics;
+  std::unique_ptr<TensorBoardWriter> tensorboard;  // metrics.tensorboard
   if (trainer.rank() == 0) {
     create_directories(result.run_dir);
-    const bool progress =
-        cfg.metrics.progress == ProgressMode::on ||
-        (cfg.metrics.progress == ProgressMode::automatic && isatty(STDOUT_FILENO));
+    const bool progress = draws_progress(cfg.metrics.progress, STDOUT_FILENO);
     metrics = std::make_unique<MetricsLog>(result.metrics_file, progress, result.first_step,
                                            result.last_step);
+    if (cfg.metrics.tensorboard) {
+      tensorboard = std::make_unique<TensorBoardWriter>(result.tensorboard_dir, result.first_step);
+    }
   }
   while (trainer.completed_steps() < cfg.training.steps) {
     StepMetrics m = trainer.step();
@@ -757,6 +763,7 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
       metrics->record(
           m, m.step % cfg.metrics.log_freq == 0 || m.step == cfg.training.steps || evaluates);
     }
+    if (tensorboard) tensorboard->write_step(m.step, step_metrics_scalars(m));
     result.losses.push_back(m.loss);
     result.last = m;
     const bool at_interval = cfg.checkpoint.interval > 0 && m.step % cfg.checkpoint.interval == 0;

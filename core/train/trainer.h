@@ -61,6 +61,7 @@ struct TrainResult {
   };
   std::vector<Evaluation> evals;  // every evaluation, in order
   std::string run_dir, metrics_file;
+  std::string tensorboard_dir;  // <run_dir>/tensorboard with metrics.tensorboard, else empty
   // Non-zero: training stopped early at last_step on this signal, with a checkpoint of that step
   // written (the `moepeak train` exit code is then kExitRequeue; a --resume continues it).
   int stopped_by_signal = 0;

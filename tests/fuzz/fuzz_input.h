@@ -1,6 +1,6 @@
 // What the fuzz targets share: a per-process scratch directory where a target writes the bytes it
 // was given as the file a parser reads (the parsers take paths, as moepeak's users give them),
-// and the one exception a target lets through as "rejected": moepeak::Error.
+// and the one exception a target lets through as "rejected": moepeak::Error of the input kind.
 #pragma once
 
 #include <unistd.h>
@@ -48,7 +48,9 @@ inline std::string write_scratch(const std::string& name, std::string_view bytes
   return path.string();
 }
 
-// Runs `parse`; a moepeak::Error is a rejected input (the parser's job), anything else escapes.
+// Runs `parse`; an input moepeak::Error is a rejected input (the parser's job), anything else
+// escapes: an internal Error too, since a damaged file is the user's input and must be reported
+// in the user's terms (core/error.h), not as a broken invariant with a C++ location.
 // With MOEPEAK_FUZZ_VERBOSE set, says which (to check what a corpus's seeds exercise).
 template <typename Parse>
 void expect_accept_or_error(Parse&& parse) {
@@ -57,6 +59,10 @@ void expect_accept_or_error(Parse&& parse) {
     parse();
     if (verbose) std::fprintf(stderr, "  accepted\n");
   } catch (const Error& e) {
+    if (e.kind() != ErrorKind::input) {
+      std::fprintf(stderr, "  an internal error on outside input: %s\n", e.what());
+      throw;
+    }
     if (verbose) std::fprintf(stderr, "  rejected: %s\n", e.what());
   }
 }

@@ -1,7 +1,8 @@
 // The fuzz targets' driver in the ordinary (GCC) build: runs LLVMFuzzerTestOneInput once per
 // file of the directories and files on the command line, so CTest replays each target's
 // committed corpus (tests/fuzz/corpus/TARGET/) as a regression test in seconds. A crash, or any
-// exception but moepeak::Error, fails the process; the file it was on is printed first.
+// exception but an input moepeak::Error (fuzz_input.h), fails the process; the file it was on is
+// printed first.
 //
 //   fuzz_config_replay tests/fuzz/corpus/fuzz_config
 #include <algorithm>
