@@ -24,6 +24,7 @@
 #include "ops/cpu/cpu_storage.h"
 #include "ops/cpu/parallel_ranges.h"
 #include "ops/cpu/simd_exp.h"
+#include "ops/cpu/simd_lanes.h"
 
 namespace moepeak::ops {
 namespace {
@@ -69,18 +70,6 @@ template <typename T>
 constexpr bool kFp32Compute = std::is_same_v<compute_t<T>, float>;
 
 #if defined(__x86_64__)
-
-// min(n, 8) logits of storage T in fp32 lanes (exact), the other lanes `pad`.
-template <typename T>
-MOEPEAK_AVX2_FMA inline __m256 load8(const T* p, int64_t n, float pad) {
-  if constexpr (std::is_same_v<T, float>) {
-    return n >= 8 ? _mm256_loadu_ps(p) : load_tail(p, n, pad);
-  } else {
-    alignas(32) float lanes[8];
-    for (int64_t l = 0; l < 8; ++l) lanes[l] = l < n ? load(p[l]) : pad;
-    return _mm256_load_ps(lanes);
-  }
-}
 
 // A row's max (fp32, exact) and sum of e^(x - max) (double).
 struct RowStats {
@@ -140,17 +129,7 @@ MOEPEAK_AVX2_FMA void softmax_gradient_avx2(const T* row, int64_t vocab, int64_t
         _mm256_cmp_ps(lane_index, _mm256_set1_ps(static_cast<float>(label - v)), _CMP_EQ_OQ),
         _mm256_set1_ps(1.0f));
     const __m256 d = _mm256_mul_ps(scale_v, _mm256_sub_ps(_mm256_mul_ps(e, inverse_sum), onehot));
-    if constexpr (std::is_same_v<T, float>) {
-      if (n >= 8) {
-        _mm256_storeu_ps(drow + v, d);
-      } else {
-        store_tail(drow + v, n, d);
-      }
-    } else {
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, d);
-      for (int64_t l = 0; l < n && l < 8; ++l) store(drow + v + l, lanes[l]);
-    }
+    store8(drow + v, n, d);
   }
 }
 

@@ -20,6 +20,7 @@
 #include "ops/cpu/cpu_storage.h"
 #include "ops/cpu/parallel_ranges.h"
 #include "ops/cpu/simd_exp.h"
+#include "ops/cpu/simd_lanes.h"
 
 namespace moepeak::ops {
 namespace {
@@ -38,34 +39,6 @@ constexpr bool kFp32Compute = std::is_same_v<compute_t<T>, float>;
 
 #if defined(__x86_64__)
 
-// min(n, 8) elements of storage T widened into fp32 lanes (the other lanes 0).
-template <typename T>
-MOEPEAK_AVX2_FMA inline __m256 load8(const T* p, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    return n >= 8 ? _mm256_loadu_ps(p) : load_tail(p, n, 0.0f);
-  } else {
-    alignas(32) float lanes[8] = {};
-    for (int64_t l = 0; l < n && l < 8; ++l) lanes[l] = load(p[l]);
-    return _mm256_load_ps(lanes);
-  }
-}
-
-// The first min(n, 8) lanes stored (rounded) into storage T.
-template <typename T>
-MOEPEAK_AVX2_FMA inline void store8(T* p, int64_t n, __m256 v) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (n >= 8) {
-      _mm256_storeu_ps(p, v);
-    } else {
-      store_tail(p, n, v);
-    }
-  } else {
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, v);
-    for (int64_t l = 0; l < n && l < 8; ++l) store(p + l, lanes[l]);
-  }
-}
-
 MOEPEAK_AVX2_FMA inline __m256 sigmoid_avx2(__m256 v) {
   const __m256 one = _mm256_set1_ps(1.0f);
   const __m256 minus_v = _mm256_xor_ps(v, _mm256_set1_ps(-0.0f));
@@ -78,7 +51,7 @@ MOEPEAK_AVX2_FMA void swiglu_forward_avx2(const T* ap, const T* bp, T* hp, int64
                                           int64_t end) {
   for (int64_t i = begin; i < end; i += 8) {
     const int64_t n = end - i;
-    const __m256 av = load8(ap + i, n), bv = load8(bp + i, n);
+    const __m256 av = load8(ap + i, n, 0.0f), bv = load8(bp + i, n, 0.0f);
     store8(hp + i, n, _mm256_mul_ps(_mm256_mul_ps(av, sigmoid_avx2(av)), bv));
   }
 }
@@ -91,7 +64,8 @@ MOEPEAK_AVX2_FMA void swiglu_backward_avx2(const T* ap, const T* bp, const T* dh
   const __m256 one = _mm256_set1_ps(1.0f);
   for (int64_t i = begin; i < end; i += 8) {
     const int64_t n = end - i;
-    const __m256 av = load8(ap + i, n), bv = load8(bp + i, n), g = load8(dhp + i, n);
+    const __m256 av = load8(ap + i, n, 0.0f), bv = load8(bp + i, n, 0.0f),
+                 g = load8(dhp + i, n, 0.0f);
     const __m256 s = sigmoid_avx2(av);
     const __m256 silu = _mm256_mul_ps(av, s);
     const __m256 dsilu =
@@ -228,7 +202,7 @@ MOEPEAK_AVX2_FMA void clamped_forward_avx2(const ClampedSwiglu<float>& p, const 
   const __m256 alpha = _mm256_set1_ps(p.alpha), up_offset = _mm256_set1_ps(p.up_offset);
   for (int64_t i = begin; i < end; i += 8) {
     const int64_t n = end - i;
-    const __m256 g = gate_avx2(p, load8(ap + i, n)), u = up_avx2(p, load8(bp + i, n));
+    const __m256 g = gate_avx2(p, load8(ap + i, n, 0.0f)), u = up_avx2(p, load8(bp + i, n, 0.0f));
     const __m256 glu = _mm256_mul_ps(g, sigmoid_avx2(_mm256_mul_ps(alpha, g)));
     store8(hp + i, n, _mm256_mul_ps(_mm256_add_ps(u, up_offset), glu));
   }
@@ -245,7 +219,8 @@ MOEPEAK_AVX2_FMA void clamped_backward_avx2(const ClampedSwiglu<float>& p, const
                minus_limit = _mm256_set1_ps(-p.limit);
   for (int64_t i = begin; i < end; i += 8) {
     const int64_t n = end - i;
-    const __m256 av = load8(ap + i, n), bv = load8(bp + i, n), dhv = load8(dhp + i, n);
+    const __m256 av = load8(ap + i, n, 0.0f), bv = load8(bp + i, n, 0.0f),
+                 dhv = load8(dhp + i, n, 0.0f);
     const __m256 g = gate_avx2(p, av), u = up_avx2(p, bv);
     const __m256 ag = _mm256_mul_ps(alpha, g);
     const __m256 s = sigmoid_avx2(ag);
